@@ -1,0 +1,18 @@
+import importlib
+
+
+def test_package_imports_and_declares_all() -> None:
+    module = importlib.import_module("monarch.actor")
+    assert isinstance(module.__all__, list)
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+def test_namespace_package_has_no_init() -> None:
+    namespace = importlib.import_module("monarch")
+    assert getattr(namespace, "__file__", None) is None
+
+
+def test_config_module_is_part_of_the_distribution() -> None:
+    config = importlib.import_module("monarch.config")
+    assert isinstance(config.__all__, list)
