@@ -1,0 +1,870 @@
+"""Submissions (spec 4.4, 4.5): admitting commands and stream operations into one FIFO.
+
+Why: the application hands *owned* work to a driver that may run on another thread. Admission
+is where every bound is enforced, in a fixed order, and every refusal hands the caller's value
+back intact (the exception's ``returned``), so nothing is lost and nothing grows without bound:
+
+- send: payload larger than the whole retained budget -> ``ExceedsBudget``; completion credit
+  -> ``WouldBlock(COMPLETION_FULL)``; reserve ``len(payload)`` -> ``WouldBlock(RETAINED_BYTES)``;
+  allocate the operation id and push -> ``WouldBlock(QUEUE_FULL)`` or ``SubmissionClosed``.
+- receive: spare capacity ``capacity - len(buffer) < min_bytes`` -> ``InvalidReceiveBuffer``;
+  capacity larger than the whole posted budget -> ``ExceedsBudget``; credit ->
+  ``COMPLETION_FULL``; reserve ``capacity`` -> ``POSTED_BYTES``; id and push.
+- finish, discard, reset, stop and commands: credit, then id and push.
+
+Two capacities are deliberately distinct: the queue bounds *waiting* items, credits bound
+accepted items over their whole life (until the application consumes the completion).
+
+Commands and stream submissions share **one** FIFO and **one** credit pool (the endpoint
+submission queue). So a terminal command (shutdown or abort, sent with
+``submit_and_close_nowait``) is processed after everything submitted before it, and afterwards
+both senders see ``SubmissionClosed``.
+
+Fix of the reference's busy-spin: a ``WouldBlock`` names the ``Wakeup`` that the blocking
+resource signals on release (queue slot, credit, retained bytes, posted bytes) and the epoch
+read before the failed check. The awaitable twins (``send``, ``receive``, ``submit``, ...) wait
+on exactly that wakeup and retry, and stop with ``SubmissionClosed`` once admission closed.
+
+Cancellation of a posted receive is idempotent: the first ``cancel()`` sets the flag the driver
+consults and queues a hint on a bounded side queue (bounded by the credit capacity: every
+uncompleted receive holds a credit). The driver drains hints before submissions; the outcome is
+linearized by the driver, which builds exactly one ``ReceiveCompletion`` per receive.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar, final
+
+from chrysalis.core.completion._budget import (
+    BudgetStatistics,
+    ByteBudget,
+    BytesLike,
+    PostedBuffer,
+    RetainedBytes,
+    _readonly_view,
+)
+from chrysalis.core.completion._completion import (
+    CommandCompletion,
+    CommandResult,
+    ControlOutcome,
+    DiscardCompletion,
+    FinishCompletion,
+    ReceiveCompletion,
+    ReceiveStatus,
+    ResetCompletion,
+    SendCompletion,
+    SendOutcome,
+    StopCompletion,
+)
+from chrysalis.core.completion._credit import CompletionCredits, CreditPermit, CreditStatistics
+from chrysalis.core.completion._errors import (
+    BlockReason,
+    ExceedsBudget,
+    InvalidReceiveBuffer,
+    QueueClosed,
+    QueueFull,
+    SubmissionClosed,
+    WouldBlock,
+)
+from chrysalis.core.completion._ids import (
+    U64_MAX,
+    DriverId,
+    OperationId,
+    RequestId,
+    StreamRef,
+    _Counter,
+)
+from chrysalis.core.completion._notify import NOOP_NOTIFIER, Notifier
+from chrysalis.core.completion._queue import (
+    QueueReceiver,
+    QueueSender,
+    QueueStatistics,
+    bounded_queue,
+)
+from chrysalis.core.completion._wakeup import Wakeup
+
+__all__ = [
+    "CancelRequest",
+    "CommandReceipt",
+    "CommandSender",
+    "CommandSubmission",
+    "DiscardSubmission",
+    "EndpointSubmission",
+    "EndpointSubmissionQueue",
+    "FinishSubmission",
+    "OperationCancellation",
+    "ReceiveOptions",
+    "ReceiveSubmission",
+    "ResetSubmission",
+    "SendSubmission",
+    "StopSubmission",
+    "StreamSubmission",
+    "StreamSubmitter",
+    "SubmissionLimits",
+    "SubmissionReceipt",
+    "SubmissionReceiver",
+    "SubmissionStatistics",
+]
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+DEFAULT_QUEUE_CAPACITY = 4096
+DEFAULT_RETAINED_SEND_BYTES = 256 * 1024 * 1024
+DEFAULT_POSTED_RECEIVE_BYTES = 256 * 1024 * 1024
+QUIC_VARINT_MAX = (1 << 62) - 1
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _check_varint(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= QUIC_VARINT_MAX:
+        raise ValueError(f"{name} must be in 0..{QUIC_VARINT_MAX}, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionLimits:
+    """Bounds of one endpoint's submission side (all must be at least 1).
+
+    Attributes:
+        queue_capacity: submissions (commands and stream operations) waiting at once.
+        retained_send_bytes: payload bytes held by sends until they are released.
+        posted_receive_bytes: capacity bytes held by posted receive buffers.
+    """
+
+    queue_capacity: int = DEFAULT_QUEUE_CAPACITY
+    retained_send_bytes: int = DEFAULT_RETAINED_SEND_BYTES
+    posted_receive_bytes: int = DEFAULT_POSTED_RECEIVE_BYTES
+
+    def __post_init__(self) -> None:
+        _check_positive("queue_capacity", self.queue_capacity)
+        _check_positive("retained_send_bytes", self.retained_send_bytes)
+        _check_positive("posted_receive_bytes", self.posted_receive_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveOptions:
+    """Options of a posted receive: complete once at least ``min_bytes`` (>= 1) arrived."""
+
+    min_bytes: int = 1
+
+    def __post_init__(self) -> None:
+        _check_positive("min_bytes", self.min_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """A cancellation hint for the driver: the receive ``operation`` on ``stream``."""
+
+    operation: OperationId
+    stream: StreamRef
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionReceipt:
+    """Proof of admission of a stream operation; ``cancellation`` only for receives."""
+
+    operation: OperationId
+    cancellation: OperationCancellation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommandReceipt:
+    """Proof of admission of a command; its completion carries the same ``request``."""
+
+    request: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionStatistics:
+    """A snapshot of an endpoint submission queue and the bounds it draws on."""
+
+    queue: QueueStatistics
+    credits: CreditStatistics
+    retained: BudgetStatistics
+    posted: BudgetStatistics
+    pending_cancellations: int
+
+
+# --- submissions (what the driver pops) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendSubmission:
+    """Send ``payload`` on ``stream``, ordered after the stream's previous sends.
+
+    The driver owns ``payload`` (release it, and every view split from it, once the bytes are
+    acknowledged or abandoned) and ``permit`` (pass it to ``CompletionSender.complete_nowait``).
+    """
+
+    operation: OperationId
+    stream: StreamRef
+    payload: RetainedBytes
+    permit: CreditPermit
+
+    def complete(
+        self, outcome: SendOutcome, acknowledged_through: int | None = None
+    ) -> SendCompletion:
+        """Build this send's terminal completion."""
+        return SendCompletion(
+            self.operation, self.stream, len(self.payload), outcome, acknowledged_through
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveSubmission:
+    """Receive into ``posted`` (appending into its spare capacity) on ``stream``."""
+
+    operation: OperationId
+    stream: StreamRef
+    posted: PostedBuffer
+    options: ReceiveOptions
+    cancellation: OperationCancellation
+    permit: CreditPermit
+
+    def complete(self, status: ReceiveStatus, error_code: int | None = None) -> ReceiveCompletion:
+        """Build this receive's terminal completion (later cancels no longer reach the driver).
+
+        The driver linearizes the outcome: if ``cancellation.cancelled`` was seen before any
+        other outcome it completes with CANCELLED, otherwise with what happened first.
+        """
+        self.cancellation._finish()
+        return ReceiveCompletion(self.operation, self.stream, self.posted, status, error_code)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishSubmission:
+    """Send FIN on ``stream`` after its preceding sends."""
+
+    operation: OperationId
+    stream: StreamRef
+    permit: CreditPermit
+
+    def complete(self, outcome: ControlOutcome) -> FinishCompletion:
+        """Build this finish's terminal completion."""
+        return FinishCompletion(self.operation, self.stream, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardSubmission:
+    """Consume up to ``max_bytes`` received bytes of ``stream`` without copying them out."""
+
+    operation: OperationId
+    stream: StreamRef
+    max_bytes: int
+    permit: CreditPermit
+
+    def complete(
+        self, nbytes: int, status: ReceiveStatus, error_code: int | None = None
+    ) -> DiscardCompletion:
+        """Build this discard's terminal completion."""
+        return DiscardCompletion(self.operation, self.stream, nbytes, status, error_code)
+
+
+@dataclass(frozen=True, slots=True)
+class ResetSubmission:
+    """Reset the send half of ``stream`` with ``error_code`` after its preceding sends."""
+
+    operation: OperationId
+    stream: StreamRef
+    error_code: int
+    permit: CreditPermit
+
+    def complete(self, outcome: ControlOutcome) -> ResetCompletion:
+        """Build this reset's terminal completion."""
+        return ResetCompletion(self.operation, self.stream, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class StopSubmission:
+    """Send STOP_SENDING with ``error_code`` on ``stream`` after its preceding receives."""
+
+    operation: OperationId
+    stream: StreamRef
+    error_code: int
+    permit: CreditPermit
+
+    def complete(self, outcome: ControlOutcome) -> StopCompletion:
+        """Build this stop's terminal completion."""
+        return StopCompletion(self.operation, self.stream, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSubmission(Generic[C]):
+    """A driver command (its type is chosen by the driver package) and its credit."""
+
+    request: RequestId
+    command: C
+    permit: CreditPermit
+
+    def complete(self, result: CommandResult) -> CommandCompletion:
+        """Build this command's terminal completion."""
+        return CommandCompletion(self.request, result)
+
+
+StreamSubmission: TypeAlias = (
+    SendSubmission
+    | ReceiveSubmission
+    | FinishSubmission
+    | DiscardSubmission
+    | ResetSubmission
+    | StopSubmission
+)
+"""Any stream operation."""
+
+EndpointSubmission: TypeAlias = CommandSubmission[C] | StreamSubmission
+"""One item of the endpoint's shared FIFO."""
+
+
+def _release_submission(submission: CommandSubmission[Any] | StreamSubmission) -> None:
+    """Release everything a never-executed submission owns."""
+    if isinstance(submission, SendSubmission):
+        submission.payload.release()
+    elif isinstance(submission, ReceiveSubmission):
+        submission.cancellation._finish()
+        submission.posted.release()
+    submission.permit.release()
+
+
+# --- shared core ---------------------------------------------------------------------------
+
+
+@final
+class _SubmissionCore:
+    """State shared by the senders and the receiver of one endpoint submission queue."""
+
+    __slots__ = (
+        "cancel_capacity",
+        "cancel_lock",
+        "cancel_open",
+        "cancellations",
+        "credits",
+        "driver",
+        "notifier",
+        "operations",
+        "posted",
+        "requests",
+        "retained",
+        "space",
+    )
+
+    def __init__(
+        self,
+        driver: DriverId,
+        limits: SubmissionLimits,
+        credits: CompletionCredits,
+        notifier: Notifier,
+    ) -> None:
+        self.driver = driver
+        self.credits = credits
+        self.notifier = notifier
+        self.space = Wakeup()
+        self.retained = ByteBudget(limits.retained_send_bytes, name="retained-send")
+        self.posted = ByteBudget(limits.posted_receive_bytes, name="posted-receive")
+        self.operations = _Counter("OperationId", U64_MAX)
+        self.requests = _Counter("RequestId", U64_MAX)
+        self.cancel_lock = threading.Lock()
+        self.cancellations: deque[CancelRequest] = deque()
+        self.cancel_capacity = credits.capacity
+        self.cancel_open = True
+
+    def wake_blocked(self) -> None:
+        """Wake every submitter waiting on a bound, so it observes that admission closed."""
+        self.space.notify()
+        self.credits.released.notify()
+        self.retained.released.notify()
+        self.posted.released.notify()
+
+    def check_stream(self, stream: StreamRef) -> None:
+        if not isinstance(stream, StreamRef):
+            raise TypeError(f"stream must be a StreamRef, not {type(stream).__name__}")
+        if stream.connection.driver != self.driver:
+            raise ValueError(f"{stream} belongs to another driver than {self.driver}")
+
+
+@final
+class OperationCancellation:
+    """Cancels one posted receive. Thread-safe, idempotent.
+
+    ``cancel()`` returns True only the first time. The receive then completes *either* with
+    ``ReceiveStatus.CANCELLED`` *or* with whatever outcome won first, never both, and the
+    buffer always comes back.
+    """
+
+    __slots__ = ("_core", "_finished", "_operation", "_requested", "_stream")
+
+    def __init__(self, core: _SubmissionCore, operation: OperationId, stream: StreamRef) -> None:
+        self._core = core
+        self._operation = operation
+        self._stream = stream
+        self._requested = False
+        self._finished = False
+
+    @property
+    def operation(self) -> OperationId:
+        """The receive this cancels."""
+        return self._operation
+
+    @property
+    def stream(self) -> StreamRef:
+        """The stream of the receive."""
+        return self._stream
+
+    @property
+    def cancelled(self) -> bool:
+        """True once ``cancel()`` was called (the flag the driver consults)."""
+        return self._requested
+
+    def cancel(self) -> bool:
+        """Request cancellation; True the first time. Notifies the driver.
+
+        If the receive already completed this only records the request.
+        """
+        core = self._core
+        with core.cancel_lock:
+            if self._requested:
+                return False
+            self._requested = True
+            hint = (
+                not self._finished
+                and core.cancel_open
+                and len(core.cancellations) < core.cancel_capacity
+            )
+            if hint:
+                core.cancellations.append(CancelRequest(self._operation, self._stream))
+        if hint:
+            core.notifier.notify()
+        return True
+
+    def _finish(self) -> None:
+        with self._core.cancel_lock:
+            self._finished = True
+
+    def __repr__(self) -> str:
+        return f"OperationCancellation({self._operation}, cancelled={self._requested})"
+
+
+async def _admit(sender: QueueSender[Any], attempt: Callable[[], R]) -> R:
+    """Retry ``attempt`` until admitted, waiting on the blocking resource's release."""
+    while True:
+        try:
+            return attempt()
+        except WouldBlock as exc:
+            if sender.is_closed():
+                raise SubmissionClosed(exc.returned) from None
+            await exc.released.wait_async(exc.epoch)
+
+
+# --- senders -------------------------------------------------------------------------------
+
+
+@final
+class StreamSubmitter:
+    """Admits stream operations (send, receive, finish, discard, reset, stop). Thread-safe.
+
+    Each ``*_nowait`` method either admits the operation and returns a ``SubmissionReceipt``
+    or raises one of ``WouldBlock``, ``SubmissionClosed``, ``ExceedsBudget`` or
+    ``InvalidReceiveBuffer`` with the caller's value in ``returned``. The awaitable twins
+    (asyncio or trio) wait for the blocking bound to be released and retry; they return once
+    the operation is *admitted*, not when it completes.
+
+    ``clone()`` makes another counted handle sharing the operation-id counter; ``close()``
+    drops this handle.
+    """
+
+    __slots__ = ("_core", "_sender")
+
+    def __init__(self, core: _SubmissionCore, sender: QueueSender[Any]) -> None:
+        self._core = core
+        self._sender = sender
+
+    @property
+    def driver(self) -> DriverId:
+        """The driver this submitter feeds."""
+        return self._core.driver
+
+    def _push(
+        self, submission: StreamSubmission, returned: object, undo: Callable[[], object]
+    ) -> None:
+        space = self._core.space
+        seen = space.epoch()
+        try:
+            self._sender.try_push(submission)
+        except QueueFull:
+            undo()
+            raise WouldBlock(BlockReason.QUEUE_FULL, returned, space, seen) from None
+        except QueueClosed:
+            undo()
+            raise SubmissionClosed(returned) from None
+
+    def _credit(self, returned: object) -> CreditPermit:
+        credits = self._core.credits
+        seen = credits.released.epoch()
+        permit = credits.try_acquire()
+        if permit is None:
+            raise WouldBlock(BlockReason.COMPLETION_FULL, returned, credits.released, seen)
+        return permit
+
+    def send_nowait(self, stream: StreamRef, payload: BytesLike) -> SubmissionReceipt:
+        """Admit a send of ``payload`` (ownership passes to the driver until released)."""
+        core = self._core
+        core.check_stream(stream)
+        nbytes = _readonly_view(payload).nbytes
+        retained_budget = core.retained
+        if nbytes > retained_budget.capacity:
+            raise ExceedsBudget(
+                BlockReason.RETAINED_BYTES, payload, nbytes, retained_budget.capacity
+            )
+        permit = self._credit(payload)
+        seen = retained_budget.released.epoch()
+        retained = retained_budget.try_retain(payload)
+        if retained is None:
+            permit.release()
+            raise WouldBlock(BlockReason.RETAINED_BYTES, payload, retained_budget.released, seen)
+        operation = OperationId(core.driver, core.operations.next())
+
+        def undo() -> None:
+            retained.release()
+            permit.release()
+
+        self._push(SendSubmission(operation, stream, retained, permit), payload, undo)
+        return SubmissionReceipt(operation)
+
+    def receive_nowait(
+        self,
+        stream: StreamRef,
+        buffer: bytearray,
+        capacity: int,
+        options: ReceiveOptions = ReceiveOptions(),
+    ) -> SubmissionReceipt:
+        """Admit a receive appending into ``buffer`` up to ``capacity`` total bytes.
+
+        The whole ``capacity`` is reserved against the posted-receive budget. The receipt's
+        ``cancellation`` cancels the receive.
+        """
+        core = self._core
+        core.check_stream(stream)
+        if not isinstance(buffer, bytearray):
+            raise TypeError(f"a posted buffer must be a bytearray, not {type(buffer).__name__}")
+        if not isinstance(capacity, int) or isinstance(capacity, bool):
+            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+        if capacity - len(buffer) < options.min_bytes:
+            raise InvalidReceiveBuffer(buffer, capacity, options)
+        posted_budget = core.posted
+        if capacity > posted_budget.capacity:
+            raise ExceedsBudget(BlockReason.POSTED_BYTES, buffer, capacity, posted_budget.capacity)
+        permit = self._credit(buffer)
+        seen = posted_budget.released.epoch()
+        posted = posted_budget.try_post(buffer, capacity)
+        if posted is None:
+            permit.release()
+            raise WouldBlock(BlockReason.POSTED_BYTES, buffer, posted_budget.released, seen)
+        operation = OperationId(core.driver, core.operations.next())
+        cancellation = OperationCancellation(core, operation, stream)
+
+        def undo() -> None:
+            cancellation._finish()
+            posted.release()
+            permit.release()
+
+        submission = ReceiveSubmission(operation, stream, posted, options, cancellation, permit)
+        self._push(submission, buffer, undo)
+        return SubmissionReceipt(operation, cancellation)
+
+    def _control(
+        self, stream: StreamRef, build: Callable[[OperationId, CreditPermit], StreamSubmission]
+    ) -> SubmissionReceipt:
+        core = self._core
+        core.check_stream(stream)
+        permit = self._credit(None)
+        operation = OperationId(core.driver, core.operations.next())
+        self._push(build(operation, permit), None, permit.release)
+        return SubmissionReceipt(operation)
+
+    def finish_nowait(self, stream: StreamRef) -> SubmissionReceipt:
+        """Admit a FIN on ``stream`` (after its preceding sends)."""
+        return self._control(stream, lambda op, permit: FinishSubmission(op, stream, permit))
+
+    def discard_nowait(self, stream: StreamRef, max_bytes: int) -> SubmissionReceipt:
+        """Admit discarding up to ``max_bytes`` (>= 1) received bytes of ``stream``."""
+        _check_positive("max_bytes", max_bytes)
+        return self._control(
+            stream, lambda op, permit: DiscardSubmission(op, stream, max_bytes, permit)
+        )
+
+    def reset_nowait(self, stream: StreamRef, error_code: int) -> SubmissionReceipt:
+        """Admit a reset of ``stream``'s send half (bytes already accepted stay accepted)."""
+        _check_varint("error_code", error_code)
+        return self._control(
+            stream, lambda op, permit: ResetSubmission(op, stream, error_code, permit)
+        )
+
+    def stop_nowait(self, stream: StreamRef, error_code: int) -> SubmissionReceipt:
+        """Admit STOP_SENDING on ``stream`` (after its preceding receives and discards)."""
+        _check_varint("error_code", error_code)
+        return self._control(
+            stream, lambda op, permit: StopSubmission(op, stream, error_code, permit)
+        )
+
+    async def send(self, stream: StreamRef, payload: BytesLike) -> SubmissionReceipt:
+        """Wait until the send is admitted (see ``send_nowait``)."""
+        return await _admit(self._sender, lambda: self.send_nowait(stream, payload))
+
+    async def receive(
+        self,
+        stream: StreamRef,
+        buffer: bytearray,
+        capacity: int,
+        options: ReceiveOptions = ReceiveOptions(),
+    ) -> SubmissionReceipt:
+        """Wait until the receive is admitted (see ``receive_nowait``)."""
+        return await _admit(
+            self._sender, lambda: self.receive_nowait(stream, buffer, capacity, options)
+        )
+
+    async def finish(self, stream: StreamRef) -> SubmissionReceipt:
+        """Wait until the finish is admitted."""
+        return await _admit(self._sender, lambda: self.finish_nowait(stream))
+
+    async def discard(self, stream: StreamRef, max_bytes: int) -> SubmissionReceipt:
+        """Wait until the discard is admitted."""
+        return await _admit(self._sender, lambda: self.discard_nowait(stream, max_bytes))
+
+    async def reset(self, stream: StreamRef, error_code: int) -> SubmissionReceipt:
+        """Wait until the reset is admitted."""
+        return await _admit(self._sender, lambda: self.reset_nowait(stream, error_code))
+
+    async def stop(self, stream: StreamRef, error_code: int) -> SubmissionReceipt:
+        """Wait until the stop is admitted."""
+        return await _admit(self._sender, lambda: self.stop_nowait(stream, error_code))
+
+    def clone(self) -> StreamSubmitter:
+        """Return another handle (sharing the operation-id counter)."""
+        return StreamSubmitter(self._core, self._sender.clone())
+
+    def close(self) -> None:
+        """Drop this handle (idempotent)."""
+        self._sender.close()
+
+    def is_closed(self) -> bool:
+        """True when this handle was closed or the queue no longer admits work."""
+        return self._sender.is_closed()
+
+
+@final
+class CommandSender(Generic[C]):
+    """Admits driver commands of type ``C`` into the endpoint FIFO. Thread-safe.
+
+    ``submit_nowait`` raises ``WouldBlock`` (QUEUE_FULL or COMPLETION_FULL) or
+    ``SubmissionClosed`` with the command in ``returned``. ``submit_and_close_nowait`` admits
+    a terminal command and closes admission for every sender of the endpoint.
+    """
+
+    __slots__ = ("_core", "_sender")
+
+    def __init__(self, core: _SubmissionCore, sender: QueueSender[Any]) -> None:
+        self._core = core
+        self._sender = sender
+
+    @property
+    def driver(self) -> DriverId:
+        """The driver this sender feeds."""
+        return self._core.driver
+
+    def _submit(self, command: C, *, terminal: bool) -> CommandReceipt:
+        core = self._core
+        credits = core.credits
+        seen = credits.released.epoch()
+        permit = credits.try_acquire()
+        if permit is None:
+            raise WouldBlock(BlockReason.COMPLETION_FULL, command, credits.released, seen)
+        request = RequestId(core.driver, core.requests.next())
+        submission = CommandSubmission(request, command, permit)
+        space = core.space
+        seen = space.epoch()
+        try:
+            if terminal:
+                self._sender.try_push_and_close(submission)
+            else:
+                self._sender.try_push(submission)
+        except QueueFull:
+            permit.release()
+            raise WouldBlock(BlockReason.QUEUE_FULL, command, space, seen) from None
+        except QueueClosed:
+            permit.release()
+            raise SubmissionClosed(command) from None
+        if terminal:
+            core.wake_blocked()
+        return CommandReceipt(request)
+
+    def submit_nowait(self, command: C) -> CommandReceipt:
+        """Admit ``command``; its completion carries the receipt's ``request``."""
+        return self._submit(command, terminal=False)
+
+    def submit_and_close_nowait(self, command: C) -> CommandReceipt:
+        """Admit a terminal ``command`` (shutdown, abort) and close admission atomically."""
+        return self._submit(command, terminal=True)
+
+    async def submit(self, command: C) -> CommandReceipt:
+        """Wait until ``command`` is admitted."""
+        return await _admit(self._sender, lambda: self._submit(command, terminal=False))
+
+    async def submit_and_close(self, command: C) -> CommandReceipt:
+        """Wait until the terminal ``command`` is admitted, then admission is closed."""
+        return await _admit(self._sender, lambda: self._submit(command, terminal=True))
+
+    def clone(self) -> CommandSender[C]:
+        """Return another handle (sharing the request-id counter)."""
+        return CommandSender(self._core, self._sender.clone())
+
+    def close(self) -> None:
+        """Drop this handle (idempotent)."""
+        self._sender.close()
+
+    def is_closed(self) -> bool:
+        """True when this handle was closed or the queue no longer admits work."""
+        return self._sender.is_closed()
+
+
+# --- receiver (driver side) ----------------------------------------------------------------
+
+
+@final
+class SubmissionReceiver(Generic[C]):
+    """The driver's end of the endpoint submission queue. Thread-safe.
+
+    Drain ``drain_cancellations`` before submissions. ``close()`` stops admission but keeps
+    accepted work poppable; ``discard()`` (the spec's "drop the queue") closes and releases
+    everything still queued: credits, retained bytes, posted buffers.
+    """
+
+    __slots__ = ("_core", "_receiver")
+
+    def __init__(self, core: _SubmissionCore, receiver: QueueReceiver[Any]) -> None:
+        self._core = core
+        self._receiver = receiver
+
+    @property
+    def driver(self) -> DriverId:
+        """The driver this queue feeds."""
+        return self._core.driver
+
+    @property
+    def retained_budget(self) -> ByteBudget:
+        """The retained-send byte budget."""
+        return self._core.retained
+
+    @property
+    def posted_budget(self) -> ByteBudget:
+        """The posted-receive byte budget."""
+        return self._core.posted
+
+    @property
+    def credits(self) -> CompletionCredits:
+        """The completion credit pool shared with the completion side."""
+        return self._core.credits
+
+    def try_pop(self) -> EndpointSubmission[C] | None:
+        """Remove and return the oldest submission, or None when the queue is empty."""
+        item: EndpointSubmission[C] | None = self._receiver.try_pop()
+        return item
+
+    def drain(self, max_items: int) -> list[EndpointSubmission[C]]:
+        """Remove and return up to ``max_items`` of the oldest submissions."""
+        items: list[EndpointSubmission[C]] = self._receiver.drain(max_items)
+        return items
+
+    def drain_cancellations(self, max_items: int) -> list[CancelRequest]:
+        """Remove and return up to ``max_items`` pending cancellation hints (oldest first)."""
+        if max_items < 0:
+            raise ValueError(f"max_items must be non-negative, got {max_items}")
+        core = self._core
+        with core.cancel_lock:
+            pending = core.cancellations
+            return [pending.popleft() for _ in range(min(max_items, len(pending)))]
+
+    def close(self) -> None:
+        """Stop admission (senders then see ``SubmissionClosed``); queued work stays."""
+        self._receiver.close()
+        self._core.wake_blocked()
+
+    def discard(self) -> list[EndpointSubmission[C]]:
+        """Close and release everything queued; return the released submissions."""
+        items: list[EndpointSubmission[C]] = self._receiver.discard()
+        core = self._core
+        with core.cancel_lock:
+            core.cancel_open = False
+            core.cancellations.clear()
+        for item in items:
+            _release_submission(item)
+        core.wake_blocked()
+        return items
+
+    def sequence(self) -> int:
+        """A counter bumped by every push, close and last-sender drop."""
+        return self._receiver.sequence()
+
+    def is_closed(self) -> bool:
+        """True when the queue is empty and nothing more can be admitted."""
+        return self._receiver.is_closed()
+
+    def __len__(self) -> int:
+        return len(self._receiver)
+
+    def statistics(self) -> SubmissionStatistics:
+        """Return an immutable snapshot of the queue, credits and budgets."""
+        core = self._core
+        with core.cancel_lock:
+            pending = len(core.cancellations)
+        return SubmissionStatistics(
+            queue=self._receiver.statistics(),
+            credits=core.credits.statistics(),
+            retained=core.retained.statistics(),
+            posted=core.posted.statistics(),
+            pending_cancellations=pending,
+        )
+
+
+@final
+class EndpointSubmissionQueue(Generic[C]):
+    """One endpoint's submission side: a command sender and a stream submitter sharing one
+    FIFO and one credit pool, and the driver's receiver.
+
+    Usage: ``queue = EndpointSubmissionQueue[MyCommand](driver, limits, credits, notifier)``,
+    then hand ``queue.commands`` and ``queue.streams`` to the application and
+    ``queue.receiver`` to the driver.
+
+    Args:
+        driver: the driver identity stamped on every operation and request id.
+        limits: queue capacity and the two byte budgets.
+        credits: the completion credit pool (shared with the completion queue's consumer).
+        notifier: the driver's notifier (arrivals, cancellations, lifecycle changes).
+    """
+
+    __slots__ = ("commands", "receiver", "streams")
+
+    def __init__(
+        self,
+        driver: DriverId,
+        limits: SubmissionLimits,
+        credits: CompletionCredits,
+        notifier: Notifier = NOOP_NOTIFIER,
+    ) -> None:
+        core = _SubmissionCore(driver, limits, credits, notifier)
+        sender: QueueSender[Any]
+        receiver: QueueReceiver[Any]
+        sender, receiver = bounded_queue(limits.queue_capacity, notifier, space_notifier=core.space)
+        self.commands: CommandSender[C] = CommandSender(core, sender)
+        self.streams = StreamSubmitter(core, sender.clone())
+        self.receiver: SubmissionReceiver[C] = SubmissionReceiver(core, receiver)
