@@ -1,0 +1,126 @@
+"""Chrysalis datagram carriers (UDP, Unix datagram, in-process), socket sets, PID routing and the
+datagram switch.
+
+Every carrier implements the non-blocking :class:`DatagramSocket` contract (see ``_socket``);
+the asyncio and trio adapters (:class:`AsyncDatagramSocket`, :class:`TrioDatagramSocket`) are
+imported lazily so that neither runtime is a hard dependency.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from chrysalis.datagram._inproc import InprocNetwork, InprocSocket
+from chrysalis.datagram._route import (
+    DEFAULT_MAX_ROUTES,
+    Dropped,
+    DropReason,
+    Forwarded,
+    ForwardResult,
+    GatePermit,
+    GateStatistics,
+    Route,
+    RouteGate,
+    Router,
+    RouterStatistics,
+    RoutingTableFullError,
+)
+from chrysalis.datagram._socket import (
+    DATAGRAM_BATCH_SIZE,
+    MAX_DATAGRAM_SIZE,
+    AddressInUseError,
+    AddressNotAvailableError,
+    ConnectionRefusedDatagramError,
+    DatagramError,
+    DatagramRecvMeta,
+    DatagramSocket,
+    DatagramTooLargeError,
+    DatagramTransmit,
+    HostUnreachableError,
+    InvalidDataError,
+    ShutdownState,
+    SocketClosedError,
+    UnsupportedSchemeError,
+    Waker,
+)
+from chrysalis.datagram._socket_set import DatagramSocketSet
+from chrysalis.datagram._switch import (
+    DEFAULT_BINDING_CAPACITY,
+    MAX_BINDING_CAPACITY,
+    BindingStatistics,
+    DatagramSwitch,
+    DestinationMismatchError,
+    SwitchSocket,
+    SwitchStatistics,
+)
+from chrysalis.datagram._udp import UdpSocket, udp_gso_supported
+from chrysalis.datagram._unix import UnixDatagramSocket
+
+if TYPE_CHECKING:
+    from chrysalis.datagram._asyncio import AsyncDatagramSocket
+    from chrysalis.datagram._trio import TrioDatagramSocket
+
+__all__ = [
+    # ---- carriers (owned by the carriers engineer) ---------------------------------------------
+    "DATAGRAM_BATCH_SIZE",
+    "MAX_DATAGRAM_SIZE",
+    "AddressInUseError",
+    "AddressNotAvailableError",
+    "AsyncDatagramSocket",
+    "ConnectionRefusedDatagramError",
+    "DatagramError",
+    "DatagramRecvMeta",
+    "DatagramSocket",
+    "DatagramSocketSet",
+    "DatagramTooLargeError",
+    "DatagramTransmit",
+    "HostUnreachableError",
+    "InprocNetwork",
+    "InprocSocket",
+    "InvalidDataError",
+    "ShutdownState",
+    "SocketClosedError",
+    "TrioDatagramSocket",
+    "UdpSocket",
+    "UnixDatagramSocket",
+    "UnsupportedSchemeError",
+    "Waker",
+    "udp_gso_supported",
+    # ---- routing ----
+    "DEFAULT_MAX_ROUTES",
+    "DropReason",
+    "Dropped",
+    "ForwardResult",
+    "Forwarded",
+    "GatePermit",
+    "GateStatistics",
+    "Route",
+    "RouteGate",
+    "Router",
+    "RouterStatistics",
+    "RoutingTableFullError",
+    "DEFAULT_BINDING_CAPACITY",
+    "MAX_BINDING_CAPACITY",
+    "BindingStatistics",
+    "DatagramSwitch",
+    "DestinationMismatchError",
+    "SwitchSocket",
+    "SwitchStatistics",
+]
+
+_LAZY = {
+    "AsyncDatagramSocket": "chrysalis.datagram._asyncio",
+    "TrioDatagramSocket": "chrysalis.datagram._trio",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the runtime adapters on first use (trio is an optional dependency)."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1117 @@
+"""``DatagramSwitch``: local demultiplexing plus PID forwarding over one physical carrier (3.4).
+
+Why: one process often hosts several QUIC endpoints (the node itself, link-local protocols,
+application endpoints) and also forwards datagrams for the subtree below it, yet it owns one
+UDP port. The switch owns that carrier. Every datagram received on it is delivered to the local
+binding registered for its destination PID if there is one (local bindings win over routes),
+and is otherwise forwarded, byte-identical, through the ``Router``. Bindings are themselves
+``DatagramSocket``\\ s, so QUIC endpoints run on them exactly as on a raw carrier.
+
+Runtime neutrality. The reference implementation spawns a receive task. Here the switch is
+driven from outside: ``pump()`` drains the carrier without blocking (``try_recv`` into 32
+preallocated 65,535-byte buffers) and dispatches what it got. Any runtime can drive it by
+waiting on the carrier's readiness (``readiness_fds()`` / ``add_recv_waker``) and calling
+``pump()``; ``start_thread()`` (or ``DatagramSwitch.spawn``) does exactly that on a daemon
+thread with ``select``. Bindings deliver and forward in the *sender's* thread: a send through a
+binding is one synchronous, non-blocking dispatch.
+
+Batching on the forward path. Consecutive received datagrams that go to the same non-local
+target with the same length, source and ECN (a GSO burst that arrived as separate datagrams) are
+regrouped into one segmented transmit and forwarded with one ``forward_transmit`` call, so the
+egress carrier can send them as one batch again (short-header datagrams only: long headers are
+handshake packets, not worth batching). Received aggregates (``stride < length``) are
+dispatched whole; local delivery queues an aggregate as one item that keeps its stride.
+
+Bounds. Each binding's receive queue holds at most ``queue_capacity`` items (an item is one
+datagram or one aggregate of at most ``DATAGRAM_BATCH_SIZE`` datagrams); a full queue drops with
+``LOCAL_QUEUE_FULL``. The receive buffers are fixed. Send wakers parked on a binding are keyed
+by the sending binding, so there is at most one per binding.
+
+Lifecycle. ``shutdown()`` shuts down every binding and the carrier; ``join()`` waits for the
+pump thread and joins the carrier. A receive error on the carrier shuts the switch down (the
+error is kept in ``error``). Shutting a binding down unregisters exactly its own registration,
+so its PIDs can be bound again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import Final, final
+
+from chrysalis.core import SWITCH_SCHEME, DatagramAddr, Pid
+from chrysalis.datagram._route import (
+    _LINK_LOCAL_KEY,
+    DropReason,
+    Route,
+    Router,
+    _segment_keys,
+    _target_key,
+)
+from chrysalis.datagram._socket import (
+    DATAGRAM_BATCH_SIZE,
+    MAX_DATAGRAM_SIZE,
+    AddressInUseError,
+    Buffer,
+    DatagramError,
+    DatagramRecvMeta,
+    DatagramSocket,
+    DatagramTooLargeError,
+    DatagramTransmit,
+    HostUnreachableError,
+    InvalidDataError,
+    SocketClosedError,
+    Waker,
+)
+
+__all__ = [
+    "DEFAULT_BINDING_CAPACITY",
+    "MAX_BINDING_CAPACITY",
+    "BindingStatistics",
+    "DatagramSwitch",
+    "DestinationMismatchError",
+    "SwitchSocket",
+    "SwitchStatistics",
+]
+
+DEFAULT_BINDING_CAPACITY: Final = 1024
+"""Receive-queue capacity (items) of a binding unless ``queue_capacity`` says otherwise."""
+
+MAX_BINDING_CAPACITY: Final = 1 << 20
+"""Largest accepted ``queue_capacity``."""
+
+_THREAD_BATCHES: Final = 8
+_SWITCH_IDS = itertools.count(1)
+
+# Delivery outcomes of SwitchSocket._deliver.
+_DELIVERED: Final = 0
+_FULL: Final = 1
+_CLOSED: Final = 2
+
+# _dispatch_uniform returns the accepted count (> 0) or a negative drop code.
+_REASONS: Final = tuple(DropReason)
+_CODES: Final = {reason: -1 - index for index, reason in enumerate(_REASONS)}
+_MALFORMED: Final = DropReason.MALFORMED
+_LOCAL_QUEUE_FULL: Final = DropReason.LOCAL_QUEUE_FULL
+_EGRESS_QUEUE_FULL: Final = DropReason.EGRESS_QUEUE_FULL
+_LOCAL_FULL_CODE: Final = _CODES[_LOCAL_QUEUE_FULL]
+_EGRESS_FULL_CODE: Final = _CODES[_EGRESS_QUEUE_FULL]
+_QUEUE_FULL_CODES: Final = frozenset((_LOCAL_FULL_CODE, _EGRESS_FULL_CODE))
+_QUEUE_FULL: Final = frozenset((_LOCAL_QUEUE_FULL, _EGRESS_QUEUE_FULL))
+
+_Item = tuple[bytes, DatagramAddr, int, int | None]  # data, source, stride, ecn
+_Payload = bytes | bytearray | memoryview
+
+
+class DestinationMismatchError(DatagramError, ValueError):
+    """A plain binding sent to a ``switch://`` address whose PID is not the destination PID in
+    every datagram's connection ID (spec: ``InvalidInput``)."""
+
+    default_errno = errno.EINVAL
+    default_message = "datagram CID target does not match the switch destination address"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BindingStatistics:
+    """A snapshot of one binding: ``queued`` items waiting (of ``capacity``), datagrams
+    ``delivered`` into its queue and datagrams ``refused`` because the queue was full (each
+    refusal is counted, also when the sender retries the datagram later)."""
+
+    queued: int
+    capacity: int
+    delivered: int
+    refused: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SwitchStatistics:
+    """A snapshot of a switch.
+
+    ``received``: datagrams taken from the carrier; ``delivered``: datagrams queued to local
+    bindings (from the carrier or from other bindings); ``dropped``: datagrams the switch itself
+    dropped, per reason (``MALFORMED`` and ``LOCAL_QUEUE_FULL``); drops decided by the router
+    are counted in ``Router.statistics()``. As in the router, counts follow the results: a
+    dispatch that returns a drop counts every datagram it covers, a partial acceptance counts
+    only the accepted ones (a sender that retries after a queue-full result is counted again);
+    ``forward_errors``: received datagrams whose forwarding raised a carrier error (they are
+    dropped); ``bindings``: live bindings.
+    """
+
+    switch_id: int
+    bindings: int
+    received: int
+    delivered: int
+    dropped: Mapping[DropReason, int]
+    forward_errors: int
+
+
+def _check_capacity(queue_capacity: object) -> int:
+    if (
+        not isinstance(queue_capacity, int)
+        or isinstance(queue_capacity, bool)
+        or not 1 <= queue_capacity <= MAX_BINDING_CAPACITY
+    ):
+        raise ValueError(
+            f"queue_capacity must be an int in 1..{MAX_BINDING_CAPACITY}, got {queue_capacity!r}"
+        )
+    return queue_capacity
+
+
+class SwitchSocket(DatagramSocket):
+    """One binding of a ``DatagramSwitch``: a ``DatagramSocket`` for one or more PIDs.
+
+    Created by ``DatagramSwitch.bind``, ``bind_routed`` and ``bind_routed_many``; its
+    ``local_addr`` is ``switch://(switch id, first PID)``.
+
+    Sending. A *plain* binding sends datagrams for a ``switch://`` destination of its own
+    switch to that PID (every datagram's CID target must equal the address's PID, else
+    ``DestinationMismatchError``; another switch id is ``HostUnreachableError``) and passes
+    every other destination straight to the egress carrier. A *routed* binding ignores the
+    supplied destination and dispatches by CID (local binding first, else the router), except
+    datagrams for the link-local PID, which go to the supplied destination on the egress
+    carrier. Dispatched sends return the number of datagrams consumed: drops count as consumed,
+    except a full local or egress queue, which returns 0 (would block); ``add_send_waker`` then
+    waits on exactly that queue. At most ``DATAGRAM_BATCH_SIZE`` datagrams are consumed per
+    dispatched call.
+
+    Receiving. Items queue up to the binding's capacity; ``try_recv`` copies queued items (an
+    aggregate keeps its stride; one that does not fit a buffer is split at a stride boundary)
+    and ``try_recv_from`` returns one datagram at a time. There is no descriptor
+    (``fileno()`` is ``None``): the receive waker is called when an item is queued.
+    """
+
+    def __init__(
+        self,
+        switch: DatagramSwitch,
+        pids: tuple[Pid, ...],
+        routed: bool,
+        queue_capacity: int,
+        binding_id: int,
+    ) -> None:
+        self._switch = switch
+        self._pids = pids
+        self._keys = tuple(pid.raw for pid in pids)
+        self._routed = routed
+        self._capacity = queue_capacity
+        self._binding_id = binding_id
+        self._local_addr = DatagramAddr.switch(switch.switch_id, pids[0])
+        self._qlock = threading.Lock()
+        self._queue: deque[_Item] = deque()
+        self._closed = False
+        self._shut = threading.Event()
+        self._recv_waker: Waker | None = None
+        self._send_waiters: dict[int, Waker] = {}
+        self._delivered = 0
+        self._refused = 0
+        # What the last would-block send waited on: a local binding or an egress destination.
+        self._blocked: SwitchSocket | DatagramAddr | None = None
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def local_addr(self) -> DatagramAddr:
+        """``switch://(switch id, first bound PID)``."""
+        return self._local_addr
+
+    @property
+    def pids(self) -> tuple[Pid, ...]:
+        """The PIDs this binding receives for, in registration order."""
+        return self._pids
+
+    @property
+    def routed(self) -> bool:
+        """Whether outbound datagrams are routed by their CID (``bind_routed``)."""
+        return self._routed
+
+    @property
+    def binding_id(self) -> int:
+        """The switch-local id of this registration (from 1)."""
+        return self._binding_id
+
+    @property
+    def queue_capacity(self) -> int:
+        """Receive-queue capacity in items."""
+        return self._capacity
+
+    @property
+    def switch(self) -> DatagramSwitch:
+        """The switch this binding belongs to."""
+        return self._switch
+
+    def statistics(self) -> BindingStatistics:
+        """An immutable snapshot of the binding's queue and counters."""
+        with self._qlock:
+            return BindingStatistics(
+                len(self._queue), self._capacity, self._delivered, self._refused
+            )
+
+    def __repr__(self) -> str:
+        kind = "routed" if self._routed else "plain"
+        state = " shut down" if self._closed else ""
+        return f"<SwitchSocket {kind} {self._local_addr}{state}>"
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def try_send_to(self, data: _Payload, destination: DatagramAddr) -> bool:
+        """Send one datagram (see the class docstring); ``False`` means would block."""
+        return self._send(destination, data, None, None, 1) != 0
+
+    def try_send_transmit(self, transmit: DatagramTransmit) -> int:
+        """Send the leading datagrams of ``transmit``; see the class docstring."""
+        return self._send(
+            transmit.destination,
+            transmit.contents,
+            transmit.segment_size,
+            transmit.ecn,
+            transmit.segment_count,
+        )
+
+    def _send(
+        self,
+        destination: DatagramAddr,
+        contents: _Payload,
+        size: int | None,
+        ecn: int | None,
+        count: int,
+    ) -> int:
+        if self._closed:
+            raise SocketClosedError()
+        switch = self._switch
+        if self._routed:
+            first = contents if count == 1 else memoryview(contents)[:size]
+            if _target_key(first) == _LINK_LOCAL_KEY:
+                return self._send_egress(destination, contents, size, ecn, count)
+        elif destination.scheme != SWITCH_SCHEME:
+            return self._send_egress(destination, contents, size, ecn, count)
+        else:
+            opaque = destination.opaque
+            if opaque[:8] != switch._id_bytes:
+                raise HostUnreachableError(
+                    f"{destination} belongs to another switch (this is switch {switch.switch_id})"
+                )
+            expected = opaque[8:]
+            if count == 1:
+                mismatch = _target_key(contents) != expected
+            else:
+                assert size is not None
+                view = memoryview(contents)
+                mismatch = any(
+                    _target_key(view[i : i + size]) != expected for i in range(0, len(view), size)
+                )
+            if mismatch:
+                raise DestinationMismatchError(
+                    f"every datagram sent to {destination} must carry its PID in the CID"
+                )
+        if count > DATAGRAM_BATCH_SIZE:
+            assert size is not None
+            contents = memoryview(contents)[: DATAGRAM_BATCH_SIZE * size]
+            count = DATAGRAM_BATCH_SIZE
+        largest = len(contents) if size is None or count == 1 else size
+        if largest > MAX_DATAGRAM_SIZE:
+            raise DatagramTooLargeError(
+                f"datagrams of more than {MAX_DATAGRAM_SIZE} bytes cannot be switched"
+            )
+        accepted = switch._dispatch_transmit(contents, size, ecn, count, self._local_addr, self)
+        return count if accepted < 0 and accepted not in _QUEUE_FULL_CODES else max(accepted, 0)
+
+    def _send_egress(
+        self,
+        destination: DatagramAddr,
+        contents: _Payload,
+        size: int | None,
+        ecn: int | None,
+        count: int,
+    ) -> int:
+        egress = self._switch._carrier
+        if count == 1 and ecn is None:
+            accepted = 1 if egress.try_send_to(contents, destination) else 0
+        else:
+            accepted = egress.try_send_transmit(DatagramTransmit(destination, contents, size, ecn))
+        if accepted == 0:
+            self._blocked = destination
+        return accepted
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def _deliver(self, data: bytes, source: DatagramAddr, stride: int, ecn: int | None) -> int:
+        """Queue one item (called by the switch in the sender's or the pump's thread)."""
+        count = 1 if stride >= len(data) else -(-len(data) // stride)
+        with self._qlock:
+            if self._closed:
+                return _CLOSED
+            queue = self._queue
+            if len(queue) >= self._capacity:
+                self._refused += count
+                return _FULL
+            queue.append((data, source, stride, ecn))
+            self._delivered += count
+            waker = self._recv_waker
+            self._recv_waker = None
+        if waker is not None:
+            waker()
+        return _DELIVERED
+
+    def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
+        """Copy queued items into a prefix of ``buffers`` (see ``DatagramSocket.try_recv``).
+
+        An aggregate larger than its buffer is split after the largest whole number of strides
+        that fits; an item whose first datagram does not fit raises ``InvalidDataError`` (the
+        item is consumed) unless other buffers were already filled in this call.
+        """
+        limit = min(len(buffers), DATAGRAM_BATCH_SIZE)
+        filled = 0
+        error: InvalidDataError | None = None
+        with self._qlock:
+            if self._closed:
+                raise SocketClosedError()
+            queue = self._queue
+            freed = False
+            while filled < limit and queue:
+                data, source, stride, ecn = queue[0]
+                buffer = buffers[filled]
+                length = len(data)
+                room = len(buffer)
+                if length > room:
+                    fit = (room // stride) * stride if stride < length else 0
+                    if fit == 0:
+                        if filled:
+                            break
+                        queue.popleft()
+                        freed = True
+                        error = InvalidDataError(
+                            f"datagram of {min(stride, length)} bytes exceeds the "
+                            f"{room}-byte buffer"
+                        )
+                        break
+                    queue[0] = (data[fit:], source, stride, ecn)
+                    data = data[:fit]
+                    length = fit
+                else:
+                    queue.popleft()
+                    freed = True
+                buffer[:length] = data
+                metas.append(DatagramRecvMeta(source, length, min(stride, length), ecn))
+                filled += 1
+            waiters = self._take_send_waiters() if freed else None
+        if waiters:
+            for waker in waiters:
+                waker()
+        if error is not None:
+            raise error
+        return filled
+
+    def try_recv_from(self) -> tuple[bytes, DatagramAddr] | None:
+        """One queued datagram and its source, or ``None``; aggregates are split in order."""
+        with self._qlock:
+            if self._closed:
+                raise SocketClosedError()
+            queue = self._queue
+            if not queue:
+                return None
+            data, source, stride, ecn = queue[0]
+            if stride < len(data):
+                queue[0] = (data[stride:], source, stride, ecn)
+                return data[:stride], source
+            queue.popleft()
+            waiters = self._take_send_waiters()
+        if waiters:
+            for waker in waiters:
+                waker()
+        return data, source
+
+    def _take_send_waiters(self) -> list[Waker] | None:
+        # Called with _qlock held after an item left the queue.
+        if not self._send_waiters:
+            return None
+        waiters = list(self._send_waiters.values())
+        self._send_waiters.clear()
+        return waiters
+
+    # -- readiness --------------------------------------------------------------------------
+
+    def fileno(self) -> int | None:
+        """Always ``None``: bindings have no kernel descriptor; use the wakers."""
+        return None
+
+    def send_readiness_fd(self, destination: DatagramAddr) -> int | None:
+        """The egress carrier's descriptor when the last would-block send waited on the egress
+        carrier, else ``None`` (a full local queue is signalled through ``add_send_waker``)."""
+        blocked = self._blocked
+        if isinstance(blocked, SwitchSocket):
+            return None
+        return self._switch._carrier.send_readiness_fd(destination if blocked is None else blocked)
+
+    def add_recv_waker(self, waker: Waker) -> None:
+        """Keep ``waker`` (one-shot, latest only); called when an item is queued or at
+        shutdown, or at once if an item is already queued or the binding is shut down."""
+        with self._qlock:
+            if not self._closed and not self._queue:
+                self._recv_waker = waker
+                return
+        waker()
+
+    def add_send_waker(self, destination: DatagramAddr, waker: Waker) -> None:
+        """Wake ``waker`` once the send that last returned 0 may be retried: when the full
+        local binding dequeues (or shuts down), or when the egress carrier may accept for the
+        destination it would have used (the supplied ``destination`` if nothing blocked)."""
+        if self._closed:
+            waker()
+            return
+        blocked = self._blocked
+        if isinstance(blocked, SwitchSocket):
+            blocked._add_send_waiter(self._binding_id, waker)
+            return
+        self._switch._carrier.add_send_waker(destination if blocked is None else blocked, waker)
+
+    def _add_send_waiter(self, sender_id: int, waker: Waker) -> None:
+        with self._qlock:
+            if not self._closed and len(self._queue) >= self._capacity:
+                self._send_waiters[sender_id] = waker
+                return
+        waker()
+
+    # -- limits -----------------------------------------------------------------------------
+
+    @property
+    def max_transmit_segments(self) -> int:
+        """The egress carrier's value for routed bindings, 1 for plain ones."""
+        return self._switch._carrier.max_transmit_segments if self._routed else 1
+
+    @property
+    def max_receive_segments(self) -> int:
+        """``DATAGRAM_BATCH_SIZE``: queued aggregates keep up to that many datagrams."""
+        return DATAGRAM_BATCH_SIZE
+
+    @property
+    def may_fragment(self) -> bool:
+        """The egress carrier's value."""
+        return self._switch._carrier.may_fragment
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Unregister this binding (its PIDs can be bound again), drop what is queued and wake
+        every waiter; afterwards every operation raises ``SocketClosedError``."""
+        with self._qlock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.clear()
+            wakers = list(self._send_waiters.values())
+            self._send_waiters.clear()
+            if self._recv_waker is not None:
+                wakers.append(self._recv_waker)
+                self._recv_waker = None
+        self._shut.set()
+        self._switch._unregister(self)
+        for waker in wakers:
+            waker()
+
+    @property
+    def is_shutdown(self) -> bool:
+        """Whether the binding is shut down (by itself or with its switch)."""
+        return self._closed
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the binding is shut down (it owns no other resource)."""
+        return self._shut.wait(timeout)
+
+
+class DatagramSwitch:
+    """Local demultiplexing and PID forwarding over one carrier (spec 3.4).
+
+    ``DatagramSwitch(carrier, router)`` takes ownership of ``carrier`` (the egress for
+    forwarded datagrams); nothing is received until ``pump()`` is called or ``start_thread()``
+    runs the pump loop (``spawn`` does both). Switch ids come from a process-wide counter
+    starting at 1.
+    """
+
+    def __init__(self, carrier: DatagramSocket, router: Router) -> None:
+        if not isinstance(carrier, DatagramSocket):
+            raise TypeError(f"carrier must be a DatagramSocket, not {type(carrier).__name__}")
+        if not isinstance(router, Router):
+            raise TypeError(f"router must be a Router, not {type(router).__name__}")
+        self._id = next(_SWITCH_IDS)
+        self._id_bytes = self._id.to_bytes(8, "big")
+        self._carrier = carrier
+        self._router = router
+        self._lock = threading.Lock()
+        self._bindings: dict[bytes, SwitchSocket] = {}
+        self._binding_ids = itertools.count(1)
+        self._closed = False
+        self._shut = threading.Event()
+        self._error: BaseException | None = None
+        # Receive side (used by one pump at a time).
+        self._pump_lock = threading.Lock()
+        self._buffers = [bytearray(MAX_DATAGRAM_SIZE) for _ in range(DATAGRAM_BATCH_SIZE)]
+        self._views = [memoryview(buffer) for buffer in self._buffers]
+        self._metas: list[DatagramRecvMeta] = []
+        self._received = 0
+        # Counters of slow paths.
+        self._stats_lock = threading.Lock()
+        self._drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
+        self._forward_errors = 0
+        self._retired_delivered = 0
+        # Pump thread.
+        self._thread: threading.Thread | None = None
+        self._wake_lock = threading.Lock()
+        self._wake_pair: tuple[socket.socket, socket.socket] | None = None
+        self._released = False
+
+    @classmethod
+    def spawn(
+        cls, carrier: DatagramSocket, router: Router, *, name: str | None = None
+    ) -> DatagramSwitch:
+        """Build a switch and start its pump thread (the spec's ``spawn``)."""
+        switch = cls(carrier, router)
+        switch.start_thread(name=name)
+        return switch
+
+    # -- accessors --------------------------------------------------------------------------
+
+    @property
+    def switch_id(self) -> int:
+        """This switch's process-wide id (from 1)."""
+        return self._id
+
+    @property
+    def carrier(self) -> DatagramSocket:
+        """The carrier the switch receives from and forwards on."""
+        return self._carrier
+
+    @property
+    def router(self) -> Router:
+        """The router used for non-local datagrams."""
+        return self._router
+
+    @property
+    def is_shutdown(self) -> bool:
+        """Whether ``shutdown`` has happened."""
+        return self._closed
+
+    @property
+    def error(self) -> BaseException | None:
+        """The receive (or pump-thread) error that shut the switch down, if any."""
+        return self._error
+
+    def statistics(self) -> SwitchStatistics:
+        """An immutable snapshot of the switch's counters."""
+        with self._lock:
+            bindings = set(self._bindings.values())
+            retired = self._retired_delivered
+        delivered = retired + sum(binding._delivered for binding in bindings)
+        with self._stats_lock:
+            drops = dict(self._drops)
+            errors = self._forward_errors
+        return SwitchStatistics(
+            self._id,
+            len(bindings),
+            self._received,
+            delivered,
+            MappingProxyType(drops),
+            errors,
+        )
+
+    def __repr__(self) -> str:
+        state = " shut down" if self._closed else ""
+        return f"<DatagramSwitch {self._id} on {self._carrier.local_addr}{state}>"
+
+    # -- bindings ---------------------------------------------------------------------------
+
+    def bind(self, pid: Pid, queue_capacity: int = DEFAULT_BINDING_CAPACITY) -> SwitchSocket:
+        """A plain local binding for ``pid``; ``AddressInUseError`` if ``pid`` is bound."""
+        return self._register((pid,), False, queue_capacity)
+
+    def bind_routed(self, pid: Pid, queue_capacity: int = DEFAULT_BINDING_CAPACITY) -> SwitchSocket:
+        """A routed binding for ``pid``: outbound datagrams are routed by their CID."""
+        return self._register((pid,), True, queue_capacity)
+
+    def bind_routed_many(
+        self, pids: Iterable[Pid], queue_capacity: int = DEFAULT_BINDING_CAPACITY
+    ) -> SwitchSocket:
+        """One routed binding receiving for every PID in ``pids`` (for example a node's own
+        PID and the link-local PID). All-or-nothing: ``AddressInUseError`` if any PID is
+        bound or listed twice; ``ValueError`` for an empty list."""
+        return self._register(tuple(pids), True, queue_capacity)
+
+    def _register(self, pids: tuple[Pid, ...], routed: bool, queue_capacity: int) -> SwitchSocket:
+        capacity = _check_capacity(queue_capacity)
+        if not pids:
+            raise ValueError("a binding needs at least one PID")
+        for pid in pids:
+            if not isinstance(pid, Pid):
+                raise TypeError(f"expected a Pid, not {type(pid).__name__}")
+        keys = [pid.raw for pid in pids]
+        if len(set(keys)) != len(keys):
+            raise AddressInUseError("the PID list contains duplicates")
+        with self._lock:
+            if self._closed:
+                raise SocketClosedError("the datagram switch is shut down")
+            bindings = self._bindings
+            for pid, key in zip(pids, keys, strict=True):
+                holder = bindings.get(key)
+                if holder is not None and not holder._closed:
+                    raise AddressInUseError(f"PID {pid} is already bound on switch {self._id}")
+            binding = SwitchSocket(self, pids, routed, capacity, next(self._binding_ids))
+            for key in keys:
+                bindings[key] = binding
+        return binding
+
+    def _unregister(self, binding: SwitchSocket) -> None:
+        with self._lock:
+            bindings = self._bindings
+            removed = False
+            for key in binding._keys:
+                holder = bindings.get(key)
+                if holder is not None and holder._binding_id == binding._binding_id:
+                    del bindings[key]
+                    removed = True
+            if removed:
+                self._retired_delivered += binding._delivered
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _drop(self, reason: DropReason, count: int) -> None:
+        with self._stats_lock:
+            self._drops[reason] += count
+
+    def _dispatch_transmit(
+        self,
+        contents: _Payload,
+        size: int | None,
+        ecn: int | None,
+        count: int,
+        source: DatagramAddr,
+        sender: SwitchSocket | None,
+        backing: bytearray | None = None,
+    ) -> int:
+        """Dispatch ``count`` datagrams (local binding first, else the router).
+
+        Returns the accepted count (> 0) or a negative code of the ``DropReason`` that ended
+        the dispatch with nothing accepted (``_CODES``). ``backing``: see ``_segment_keys``.
+        """
+        if count == 1:
+            key = _target_key(contents)
+            if key is None:
+                self._drop(_MALFORMED, 1)
+                return _CODES[_MALFORMED]
+            return self._dispatch_uniform(contents, len(contents), ecn, 1, key, source, sender)
+        assert size is not None
+        view = memoryview(contents)
+        first = _target_key(view[:size])
+        if first is None:
+            self._drop(_MALFORMED, count)
+            return _CODES[_MALFORMED]
+        keys = _segment_keys(contents, size, first, backing)
+        if keys is None:
+            return self._dispatch_uniform(view, size, ecn, count, first, source, sender)
+        return self._dispatch_mixed(view, size, keys, ecn, source, sender)
+
+    def _dispatch_mixed(
+        self,
+        view: memoryview,
+        size: int,
+        keys: list[bytes | None],
+        ecn: int | None,
+        source: DatagramAddr,
+        sender: SwitchSocket | None,
+    ) -> int:
+        """Dispatch datagrams with different targets one by one (spec 3.2 mixed rules).
+
+        Outcomes are counted from the result, like the router's mixed walk: a queue-full stop
+        after progress returns the accepted prefix and counts nothing for the rest (the caller
+        retries it); any other drop is returned at once and covers the rest of the transmit.
+        """
+        count = len(keys)
+        router = self._router
+        egress = self._carrier
+        bindings = self._bindings
+        accepted = 0
+        forwarded = 0
+        reason: DropReason | None = None
+        try:
+            for index, key in enumerate(keys):
+                if key is None:
+                    reason = _MALFORMED
+                    break
+                segment = view[index * size : (index + 1) * size]
+                binding = bindings.get(key)
+                if binding is not None:
+                    outcome = binding._deliver(bytes(segment), source, len(segment), ecn)
+                    if outcome == _DELIVERED:
+                        accepted += 1
+                        continue
+                    if outcome == _FULL:
+                        reason = _LOCAL_QUEUE_FULL
+                        if sender is not None:
+                            sender._blocked = binding
+                        break
+                    self._unregister(binding)
+                try:
+                    reason = router._send_one(egress, segment, key)
+                except OSError:
+                    if accepted == 0:
+                        raise
+                    return accepted
+                if reason is None:
+                    accepted += 1
+                    forwarded += 1
+                    continue
+                if reason is _EGRESS_QUEUE_FULL and sender is not None:
+                    self._block_on_route(sender, key)
+                break
+        finally:
+            if forwarded:
+                router._add_counts(forwarded, None)
+        if reason is None:
+            return accepted
+        if reason in _QUEUE_FULL and accepted:
+            return accepted
+        dropped = count - accepted
+        if reason is _MALFORMED or reason is _LOCAL_QUEUE_FULL:
+            self._drop(reason, dropped)
+        else:
+            router._add_counts(0, {reason: dropped})
+        return _CODES[reason] if accepted == 0 else count
+
+    def _block_on_route(self, sender: SwitchSocket, key: bytes) -> None:
+        route = self._router._resolve(key)
+        sender._blocked = route.destination if isinstance(route, Route) else None
+
+    def _dispatch_uniform(
+        self,
+        contents: _Payload,
+        stride: int,
+        ecn: int | None,
+        count: int,
+        key: bytes,
+        source: DatagramAddr,
+        sender: SwitchSocket | None,
+    ) -> int:
+        binding = self._bindings.get(key)
+        if binding is not None:
+            outcome = binding._deliver(bytes(contents), source, stride, ecn)
+            if outcome == _DELIVERED:
+                return count
+            if outcome == _FULL:
+                self._drop(_LOCAL_QUEUE_FULL, count)
+                if sender is not None:
+                    sender._blocked = binding
+                return _LOCAL_FULL_CODE
+            self._unregister(binding)
+        router = self._router
+        if count == 1 and ecn is None:
+            reason = router._forward_key(self._carrier, contents, key)
+            if reason is None:
+                return 1
+        else:
+            reason, _, accepted = router._forward_uniform(
+                self._carrier, contents, stride if count > 1 else None, ecn, count, key
+            )
+            if reason is None:
+                return accepted
+        if reason is _EGRESS_QUEUE_FULL and sender is not None:
+            self._block_on_route(sender, key)
+        return _CODES[reason]
+
+    # -- receive side -----------------------------------------------------------------------
+
+    def pump(self, max_batches: int = 1) -> int:
+        """Receive and dispatch up to ``max_batches`` carrier batches without blocking.
+
+        Returns the number of datagrams received (0: nothing was ready). Only one thread may
+        pump at a time (``RuntimeError`` otherwise). A receive error shuts the switch down and
+        is re-raised; after shutdown ``pump`` raises ``SocketClosedError``. Forwarding errors
+        of the egress carrier drop the datagrams concerned and are counted.
+        """
+        if not self._pump_lock.acquire(blocking=False):
+            raise RuntimeError("the datagram switch is already being pumped by another thread")
+        try:
+            carrier = self._carrier
+            buffers = self._buffers
+            metas = self._metas
+            total = 0
+            for _ in range(max_batches):
+                metas.clear()
+                try:
+                    filled = carrier.try_recv(buffers, metas)
+                except OSError as exc:
+                    if not self._closed and not isinstance(exc, SocketClosedError):
+                        self._error = exc
+                    self.shutdown()
+                    raise
+                if filled == 0:
+                    break
+                total += self._dispatch_received(filled)
+            self._received += total
+            return total
+        finally:
+            self._pump_lock.release()
+
+    def _dispatch_received(self, filled: int) -> int:
+        """Dispatch the ``filled`` received buffers; return the number of datagrams.
+
+        The per-datagram hot path: single datagrams are routed with the router's uncounted
+        ``_send_one`` and the outcomes are added to the router's counters once per batch.
+        """
+        metas = self._metas
+        views = self._views
+        buffers = self._buffers
+        bindings = self._bindings
+        send_one = self._router._send_one
+        egress = self._carrier
+        received = 0
+        forwarded = 0
+        drops: dict[DropReason, int] = {}
+        i = 0
+        try:
+            while i < filled:
+                meta = metas[i]
+                length = meta.length
+                view = views[i][:length]
+                stride = meta.stride
+                if 0 < stride < length:
+                    count = -(-length // stride)
+                    received += count
+                    self._forward_received(view, stride, meta.ecn, count, meta.source, buffers[i])
+                    i += 1
+                    continue
+                received += 1
+                key = _target_key(view)
+                if key is None:
+                    self._drop(_MALFORMED, 1)
+                    i += 1
+                    continue
+                binding = bindings.get(key)
+                if binding is not None:
+                    outcome = binding._deliver(bytes(view), meta.source, length, meta.ecn)
+                    if outcome == _FULL:
+                        self._drop(_LOCAL_QUEUE_FULL, 1)
+                    if outcome != _CLOSED:
+                        i += 1
+                        continue
+                    self._unregister(binding)
+                # Regroup following datagrams of the same shape and target into one transmit.
+                # Only short-header datagrams are regrouped (long headers are handshake
+                # packets); their key is bytes 1..17, compared in place.
+                source = meta.source
+                ecn = meta.ecn
+                j = i + 1
+                end = min(filled, i + DATAGRAM_BATCH_SIZE) if view[0] < 0x80 else j
+                while j < end:
+                    other = metas[j]
+                    if (
+                        other.length != length
+                        or other.stride != length
+                        or other.ecn != ecn
+                        or (other.source is not source and other.source != source)
+                    ):
+                        break
+                    buffer = buffers[j]
+                    if buffer[0] >= 0x80 or buffer[1:17] != key:
+                        break
+                    j += 1
+                if j > i + 1:
+                    received += j - i - 1
+                    group = b"".join([views[k][:length] for k in range(i, j)])
+                    self._forward_group(group, length, ecn, j - i, key)
+                    i = j
+                    continue
+                i += 1
+                try:
+                    if ecn is None:
+                        reason = send_one(egress, view, key)
+                    else:
+                        reason = self._router._forward_uniform(egress, view, None, ecn, 1, key)[0]
+                        continue  # counted by the router
+                except OSError:
+                    self._count_error(1)
+                    continue
+                if reason is None:
+                    forwarded += 1
+                else:
+                    drops[reason] = drops.get(reason, 0) + 1
+        finally:
+            if forwarded or drops:
+                self._router._add_counts(forwarded, drops)
+        return received
+
+    def _forward_group(
+        self, contents: bytes, size: int, ecn: int | None, count: int, key: bytes
+    ) -> None:
+        """Forward a regrouped batch, retrying the unsent suffix after partial progress."""
+        router = self._router
+        egress = self._carrier
+        offset = 0
+        view = memoryview(contents)
+        while count:
+            try:
+                reason, _, accepted = router._forward_uniform(
+                    egress, view[offset:] if offset else contents, size, ecn, count, key
+                )
+            except OSError:
+                self._count_error(count)
+                return
+            if reason is not None:
+                return
+            count -= accepted
+            offset += accepted * size
+
+    def _forward_received(
+        self,
+        view: memoryview,
+        stride: int,
+        ecn: int | None,
+        count: int,
+        source: DatagramAddr,
+        backing: bytearray,
+    ) -> None:
+        """Dispatch a received aggregate, retrying the unsent suffix after partial progress."""
+        offset = 0
+        while count:
+            try:
+                result = self._dispatch_transmit(
+                    view[offset:] if offset else view,
+                    stride,
+                    ecn,
+                    count,
+                    source,
+                    None,
+                    None if offset else backing,
+                )
+            except OSError:
+                self._count_error(count)
+                return
+            if result <= 0 or result >= count:
+                return
+            count -= result
+            offset += result * stride
+
+    def _count_error(self, count: int) -> None:
+        with self._stats_lock:
+            self._forward_errors += count
+
+    # -- pump thread ------------------------------------------------------------------------
+
+    def start_thread(self, *, name: str | None = None) -> None:
+        """Run the pump loop on a daemon thread until the switch shuts down.
+
+        The thread waits with ``select`` on the carrier's ``readiness_fds()`` and on an
+        internal wake-up socket that the carrier's receive waker and ``shutdown`` write to.
+        ``RuntimeError`` if a thread was already started; ``SocketClosedError`` after shutdown.
+        """
+        with self._lock:
+            if self._closed:
+                raise SocketClosedError("the datagram switch is shut down")
+            if self._thread is not None:
+                raise RuntimeError("the pump thread is already running")
+            reader, writer = socket.socketpair()
+            reader.setblocking(False)
+            writer.setblocking(False)
+            with self._wake_lock:
+                self._wake_pair = (reader, writer)
+            thread = threading.Thread(
+                target=self._run, name=name or f"datagram-switch-{self._id}", daemon=True
+            )
+            self._thread = thread
+        thread.start()
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            pair = self._wake_pair
+            if pair is None:
+                return
+            with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed
+                pair[1].send(b"\0")
+
+    def _run(self) -> None:
+        pair = self._wake_pair
+        assert pair is not None
+        reader = pair[0]
+        carrier = self._carrier
+        try:
+            watched: list[int | socket.socket] = [reader, *carrier.readiness_fds()]
+            while not self.is_shutdown:
+                if self.pump(_THREAD_BATCHES):
+                    continue
+                # Called at once if a receive may already succeed or the carrier is shut
+                # down; shutdown() also writes to the wake-up socket.
+                carrier.add_recv_waker(self._wake)
+                readable, _, _ = select.select(watched, [], [])
+                if reader in readable:
+                    with contextlib.suppress(OSError):  # drained
+                        while reader.recv(4096):
+                            pass
+        except SocketClosedError:
+            pass  # the switch or its carrier was shut down
+        except BaseException as exc:
+            if self._error is None:
+                self._error = exc
+        finally:
+            self.shutdown()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Idempotent, non-blocking: shut down every binding and the carrier and stop the
+        pump thread. New binds and pumps then raise ``SocketClosedError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            bindings = set(self._bindings.values())
+        self._shut.set()
+        for binding in bindings:
+            binding.shutdown()
+        self._carrier.shutdown()
+        self._wake()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the switch is shut down, its pump thread has ended and the carrier is
+        joined. ``False`` if ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._shut.wait(timeout):
+            return False
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_remaining(deadline))
+            if thread.is_alive():
+                return False
+        if not self._carrier.join(_remaining(deadline)):
+            return False
+        if thread is None or thread is not threading.current_thread():
+            with self._wake_lock:
+                pair, self._wake_pair = self._wake_pair, None
+            if pair is not None:
+                pair[0].close()
+                pair[1].close()
+        return True
+
+    def __enter__(self) -> DatagramSwitch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+        self.join()
+
+
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.monotonic())

@@ -1,0 +1,348 @@
+"""The Unix datagram carrier: ``AF_UNIX`` / ``SOCK_DGRAM`` between processes of one host.
+
+Why: co-located processes (a task head and its local leaves) exchange datagrams without the
+IP stack; a Unix datagram never fragments, never gets reordered, and a full receive queue
+blocks the sender instead of dropping (spec 2.6). Addresses are socket paths: filesystem paths
+(``unixgram:///run/x.sock``) or Linux abstract names (leading NUL, ``unixgram://@name``).
+
+Facts this module relies on (measured, see python-notes): the largest datagram is the send
+buffer minus 32 bytes, so the send buffer is raised (4 MiB requested, the kernel may grant
+less); the receive queue holds only ``net.unix.max_dgram_qlen`` (10) datagrams, so "would
+block" is common; and both ends must be bound for replies to work: a datagram from an unnamed
+socket is consumed and reported as :class:`AddressNotAvailableError`.
+
+Writability of an unconnected Unix datagram socket only reflects its own send buffer, not the
+destination's queue, so a "writable" wake can be followed by another would-block; the
+runtime adapters back off briefly in that case.
+
+The socket file is removed when the socket shuts down (only if it is still the file this
+socket created); the descriptor is closed by ``join``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import Sequence
+from typing import Any, Final
+
+from chrysalis.core import UNIXGRAM_SCHEME, AddressError, DatagramAddr
+from chrysalis.datagram._socket import (
+    DATAGRAM_BATCH_SIZE,
+    MAX_DATAGRAM_SIZE,
+    AddressInUseError,
+    AddressNotAvailableError,
+    Buffer,
+    ConnectionRefusedDatagramError,
+    DatagramRecvMeta,
+    DatagramSocket,
+    DatagramTooLargeError,
+    HostUnreachableError,
+    InvalidDataError,
+    ShutdownState,
+    SocketClosedError,
+    UnsupportedSchemeError,
+    Waker,
+)
+
+__all__ = ["DEFAULT_UNIX_BUFFER_SIZE", "MAX_UNIX_PATH", "UnixDatagramSocket"]
+
+#: Requested SO_SNDBUF / SO_RCVBUF for Unix datagram sockets.
+DEFAULT_UNIX_BUFFER_SIZE: Final = 4 << 20
+#: Size of ``sun_path``: a filesystem path needs at most 107 bytes (plus the terminator), an
+#: abstract name at most 108 bytes including its leading NUL.
+MAX_UNIX_PATH: Final = 108
+
+_SCHEMES: Final = (UNIXGRAM_SCHEME,)
+_SOURCE_CACHE_LIMIT: Final = 4096
+_UNIQUE_ATTEMPTS: Final = 8
+
+
+def _check_path(raw: bytes) -> bytes:
+    """Validate a socket path for binding or sending (``AddressError`` if invalid)."""
+    if not raw:
+        raise AddressError("unix datagram path is empty")
+    if raw[0] == 0:
+        if len(raw) > MAX_UNIX_PATH:
+            raise AddressError(
+                f"abstract unix name is {len(raw)} bytes, at most {MAX_UNIX_PATH} fit sun_path"
+            )
+        if b"\0" in raw[1:]:
+            raise AddressError("abstract unix name contains a NUL after the leading one")
+        return raw
+    if b"\0" in raw:
+        raise AddressError("unix datagram path contains a NUL byte")
+    if len(raw) >= MAX_UNIX_PATH:
+        raise AddressError(
+            f"unix datagram path is {len(raw)} bytes, at most {MAX_UNIX_PATH - 1} fit sun_path"
+        )
+    return raw
+
+
+def _path_bytes(path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | DatagramAddr) -> bytes:
+    if isinstance(path, DatagramAddr):
+        if path.scheme != UNIXGRAM_SCHEME:
+            raise AddressError(f"UnixDatagramSocket needs a unixgram address, got {path}")
+        return path.opaque
+    if isinstance(path, str | bytes | os.PathLike):
+        raw = os.fsencode(path)
+        return raw
+    raise TypeError(f"unix path must be str, bytes or DatagramAddr, not {type(path).__name__}")
+
+
+class UnixDatagramSocket(DatagramSocket):
+    """A bound Unix datagram socket implementing the :class:`DatagramSocket` contract.
+
+    Build it with :meth:`bind` or :meth:`bind_unique`. Readiness comes from ``fileno()``; the
+    wakers are called only on shutdown. ``may_fragment`` is ``False``,
+    ``max_transmit_segments`` is 32 (a segmented send is a loop of non-blocking ``sendto``).
+    """
+
+    def __init__(self, sock: socket.socket, path: bytes, *, owns_file: bool) -> None:
+        """Wrap an already bound ``AF_UNIX`` datagram socket bound to ``path``. When
+        ``owns_file`` is true the socket file is removed on shutdown. Prefer :meth:`bind`."""
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_DGRAM:
+            raise ValueError("UnixDatagramSocket needs an AF_UNIX SOCK_DGRAM socket")
+        sock.setblocking(False)
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._path = path
+        self._addr = DatagramAddr.unixgram(path)
+        self._state = ShutdownState()
+        self._deferred_error: OSError | None = None
+        self._sources: dict[Any, DatagramAddr] = {}
+        self._file_id: tuple[int, int] | None = None
+        if owns_file and path[:1] != b"\0":
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                self._file_id = (st.st_dev, st.st_ino)
+
+    @classmethod
+    def bind(
+        cls,
+        path_or_addr: str | bytes | os.PathLike[str] | os.PathLike[bytes] | DatagramAddr,
+        *,
+        send_buffer: int = DEFAULT_UNIX_BUFFER_SIZE,
+        recv_buffer: int = DEFAULT_UNIX_BUFFER_SIZE,
+    ) -> UnixDatagramSocket:
+        """Bind to a filesystem path or an abstract name (leading NUL byte).
+
+        Raises ``AddressError`` for an empty path, a NUL inside it, or one that does not fit
+        ``sun_path``; :class:`AddressInUseError` if the path exists (stale files are not
+        removed); ``OSError`` for other failures.
+        """
+        raw = _check_path(_path_bytes(path_or_addr))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            for option, size in ((socket.SO_SNDBUF, send_buffer), (socket.SO_RCVBUF, recv_buffer)):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, option, size)
+            try:
+                sock.bind(raw)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise AddressInUseError(
+                        f"unix datagram address {DatagramAddr.unixgram(raw)} is in use"
+                    ) from error
+                raise
+            return cls(sock, raw, owns_file=True)
+        except BaseException:
+            sock.close()
+            raise
+
+    @classmethod
+    def bind_unique(
+        cls, dir: str | os.PathLike[str] | None = None, *, prefix: str = "chrysalis-"
+    ) -> UnixDatagramSocket:
+        """Bind to a fresh, unpredictable filesystem path in ``dir`` (default: the system
+        temporary directory). The file is removed when the socket shuts down."""
+        directory = os.fspath(dir) if dir is not None else tempfile.gettempdir()
+        for _ in range(_UNIQUE_ATTEMPTS):
+            name = f"{prefix}{os.getpid()}-{secrets.token_hex(8)}.sock"
+            try:
+                return cls.bind(os.path.join(directory, name))
+            except AddressInUseError:
+                continue
+        raise AddressInUseError(f"no free unique socket path in {directory!r}")
+
+    # -- identity ------------------------------------------------------------------------------
+
+    @property
+    def local_addr(self) -> DatagramAddr:
+        """The bound path as a ``unixgram`` address."""
+        return self._addr
+
+    @property
+    def path(self) -> bytes:
+        """The bound path bytes (abstract names start with NUL)."""
+        return self._path
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _send_error(self, error: OSError, destination: DatagramAddr, size: int) -> OSError:
+        if self._state.closed:
+            return SocketClosedError()
+        code = error.errno
+        if code == errno.EMSGSIZE:
+            return DatagramTooLargeError(f"unix datagram of {size} bytes is too large")
+        if code == errno.ENOENT:
+            return HostUnreachableError(f"no unix socket at {destination}")
+        if code in (errno.ECONNREFUSED, errno.EPIPE):
+            return ConnectionRefusedDatagramError(f"{destination} refused the datagram")
+        return error
+
+    def try_send_to(self, data: bytes | bytearray | memoryview, destination: DatagramAddr) -> bool:
+        """Send one datagram; ``False`` if the destination's queue (or our buffer) is full."""
+        if self._state.closed:
+            raise SocketClosedError()
+        if destination.scheme != UNIXGRAM_SCHEME:
+            raise UnsupportedSchemeError.for_scheme(destination.scheme, _SCHEMES)
+        path = _check_path(destination.opaque)  # a NUL would silently truncate the path
+        if len(data) > MAX_DATAGRAM_SIZE:
+            raise DatagramTooLargeError(
+                f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM_SIZE}"
+            )
+        try:
+            self._sock.sendto(data, path)
+        except BlockingIOError:
+            return False
+        except OSError as error:
+            raise self._send_error(error, destination, len(data)) from error
+        return True
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def _source(self, sockaddr: Any) -> DatagramAddr:
+        source = self._sources.get(sockaddr)
+        if source is None:
+            if not sockaddr:
+                raise AddressNotAvailableError(
+                    "unix datagram from an unnamed socket (the sender must bind a path)"
+                )
+            source = DatagramAddr.unixgram(sockaddr)
+            if len(self._sources) >= _SOURCE_CACHE_LIMIT:
+                self._sources.clear()
+            self._sources[sockaddr] = source
+        return source
+
+    def _check_recv(self) -> None:
+        if self._state.closed:
+            raise SocketClosedError()
+        error = self._deferred_error
+        if error is not None:
+            self._deferred_error = None
+            raise error
+
+    def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
+        """Drain up to ``min(len(buffers), 32)`` datagrams, one per buffer."""
+        self._check_recv()
+        limit = min(len(buffers), DATAGRAM_BATCH_SIZE)
+        filled = 0
+        recv = self._sock.recvfrom_into
+        trunc = socket.MSG_TRUNC
+        try:
+            while filled < limit:
+                buffer = buffers[filled]
+                size, sockaddr = recv(buffer, 0, trunc)
+                if size > len(buffer):
+                    raise InvalidDataError(
+                        f"datagram of {size} bytes exceeds the {len(buffer)}-byte buffer"
+                    )
+                metas.append(DatagramRecvMeta(self._source(sockaddr), size, size))
+                filled += 1
+        except BlockingIOError:
+            pass
+        except (InvalidDataError, AddressNotAvailableError) as error:
+            if filled == 0:
+                raise
+            self._deferred_error = error
+        except OSError as error:
+            failure: OSError = SocketClosedError() if self._state.closed else error
+            if filled == 0:
+                raise failure from error
+            self._deferred_error = failure
+        return filled
+
+    def try_recv_from(self) -> tuple[bytes, DatagramAddr] | None:
+        """Receive one datagram (up to :data:`MAX_DATAGRAM_SIZE` bytes)."""
+        self._check_recv()
+        try:
+            data, sockaddr = self._sock.recvfrom(MAX_DATAGRAM_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError as error:
+            if self._state.closed:
+                raise SocketClosedError() from error
+            raise
+        return data, self._source(sockaddr)
+
+    # -- readiness and limits ------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        """The kernel descriptor (``SocketClosedError`` after shutdown)."""
+        if self._state.closed:
+            raise SocketClosedError()
+        return self._fd
+
+    def add_recv_waker(self, waker: Waker) -> None:
+        """Kept until shutdown (readiness otherwise comes from ``fileno()``)."""
+        self._state.set_recv_waker(waker)
+
+    def add_send_waker(self, destination: DatagramAddr, waker: Waker) -> None:
+        """Kept until shutdown (readiness otherwise comes from ``fileno()``)."""
+        self._state.set_send_waker(waker)
+
+    @property
+    def max_transmit_segments(self) -> int:
+        """:data:`DATAGRAM_BATCH_SIZE`."""
+        return DATAGRAM_BATCH_SIZE
+
+    @property
+    def may_fragment(self) -> bool:
+        """``False``: Unix datagrams are delivered whole."""
+        return False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _on_shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._remove_file()
+
+    def _remove_file(self) -> None:
+        file_id, self._file_id = self._file_id, None
+        if file_id is None:
+            return
+        with contextlib.suppress(OSError):
+            st = os.stat(self._path)
+            if (st.st_dev, st.st_ino) == file_id:
+                os.unlink(self._path)
+
+    def shutdown(self) -> None:
+        """Stop: remove the socket file, wake pollers and wakers; later operations raise
+        :class:`SocketClosedError`. The descriptor is closed by :meth:`join`."""
+        self._state.shutdown(self._on_shutdown)
+
+    @property
+    def is_shutdown(self) -> bool:
+        """Whether ``shutdown`` has been called."""
+        return self._state.closed
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for shutdown, then close the kernel socket."""
+        return self._state.join(timeout, self._sock.close)
+
+    def __del__(self) -> None:
+        # Spec: sockets shut themselves down when dropped (wakes wakers, removes the file);
+        # the stdlib socket closes the descriptor when it is collected.
+        with contextlib.suppress(Exception):
+            self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "shut down" if self._state.closed else "open"
+        return f"UnixDatagramSocket({self._addr}, {state})"

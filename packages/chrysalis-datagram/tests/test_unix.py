@@ -1,0 +1,257 @@
+"""Unix datagram carrier: the reference test inventory (unix.rs) plus path and error rules."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chrysalis.core import AddressError, DatagramAddr
+from chrysalis.datagram import (
+    DATAGRAM_BATCH_SIZE,
+    AddressInUseError,
+    AddressNotAvailableError,
+    ConnectionRefusedDatagramError,
+    DatagramRecvMeta,
+    DatagramTransmit,
+    HostUnreachableError,
+    SocketClosedError,
+    UnixDatagramSocket,
+)
+from chrysalis.datagram.testing import recv_datagrams, wait_readable
+
+
+def _close(*socks: UnixDatagramSocket) -> None:
+    for sock in socks:
+        sock.shutdown()
+        assert sock.join(1)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[UnixDatagramSocket, UnixDatagramSocket]]:
+    a = UnixDatagramSocket.bind(tmp_path / "a.sock")
+    b = UnixDatagramSocket.bind(tmp_path / "b.sock")
+    yield a, b
+    _close(a, b)
+
+
+def _abstract(tag: str) -> bytes:
+    return f"\0chrysalis-test-unix-{os.getpid()}-{tag}".encode()
+
+
+def test_round_trip_preserves_boundaries_and_source_addresses(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket], tmp_path: Path
+) -> None:
+    client, server = pair
+    assert client.local_addr == DatagramAddr.unixgram(str(tmp_path / "a.sock"))
+    assert client.try_send_to(b"request", server.local_addr)
+    assert client.try_send_to(b"", server.local_addr)
+    assert recv_datagrams(server, 2) == [(b"request", client.local_addr), (b"", client.local_addr)]
+    assert server.try_send_to(b"response", client.local_addr)
+    assert recv_datagrams(client, 1) == [(b"response", server.local_addr)]
+
+
+def test_abstract_names_round_trip() -> None:
+    a = UnixDatagramSocket.bind(_abstract("a"))
+    b = UnixDatagramSocket.bind(DatagramAddr.unixgram(_abstract("b")))
+    try:
+        assert a.local_addr.is_abstract
+        assert a.try_send_to(b"hi", b.local_addr)
+        assert recv_datagrams(b, 1) == [(b"hi", a.local_addr)]
+    finally:
+        _close(a, b)
+
+
+def test_segmented_send_preserves_datagram_boundaries(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    a, b = pair
+    assert a.max_transmit_segments == DATAGRAM_BATCH_SIZE
+    assert not a.may_fragment
+    segments = [bytes([i]) * 64 for i in range(40)]
+    transmit = DatagramTransmit(b.local_addr, b"".join(segments), 64)
+    received: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while True:
+        accepted = a.try_send_transmit(transmit)
+        assert accepted <= DATAGRAM_BATCH_SIZE
+        if accepted == transmit.segment_count:
+            break
+        if accepted:
+            transmit = transmit.suffix(accepted)
+        else:  # the receiver's short kernel queue is full: drain it
+            got = b.try_recv_from()
+            assert got is not None
+            received.append(got[0])
+        assert time.monotonic() < deadline
+    received += [data for data, _ in recv_datagrams(b, 40 - len(received))]
+    assert received == segments
+
+
+def test_full_receive_queue_would_block_instead_of_dropping(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    a, b = pair
+    sent = 0
+    while a.try_send_to(sent.to_bytes(4, "big"), b.local_addr):
+        sent += 1
+        assert sent < 10_000, "the queue never filled"
+    got = recv_datagrams(b, sent)
+    assert [int.from_bytes(data, "big") for data, _ in got] == list(range(sent))
+    assert a.try_send_to(b"again", b.local_addr)
+
+
+def test_shutdown_wakes_receive_rejects_sends_and_joins(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket], tmp_path: Path
+) -> None:
+    a, b = pair
+    path = tmp_path / "b.sock"
+    woken = threading.Event()
+    b.add_recv_waker(woken.set)
+    b.shutdown()
+    b.shutdown()
+    assert woken.is_set()
+    assert not path.exists(), "the socket file was not removed"
+    started = time.monotonic()
+    assert b.join(1.0)
+    assert time.monotonic() - started < 1.0
+    for operation in (
+        lambda: b.try_send_to(b"x", a.local_addr),
+        lambda: b.try_recv([bytearray(8)], []),
+        b.try_recv_from,
+    ):
+        with pytest.raises(SocketClosedError) as info:
+            operation()
+        assert info.value.errno == errno.EPIPE
+    with pytest.raises(HostUnreachableError):
+        a.try_send_to(b"x", b.local_addr)
+    rebound = UnixDatagramSocket.bind(path)
+    _close(rebound)
+
+
+def test_shutdown_does_not_remove_a_replaced_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    sock = UnixDatagramSocket.bind(path)
+    path.unlink()
+    path.write_bytes(b"someone else's file")
+    _close(sock)
+    assert path.read_bytes() == b"someone else's file"
+
+
+def test_sender_without_a_name_is_address_not_available(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    a, b = pair
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as anonymous:
+        anonymous.sendto(b"who?", b.path)
+    assert a.try_send_to(b"named", b.local_addr)
+    assert wait_readable(b, 2.0)
+    with pytest.raises(AddressNotAvailableError):
+        b.try_recv([bytearray(64)], [])
+    assert recv_datagrams(b, 1) == [(b"named", a.local_addr)]
+
+
+def test_unnamed_sender_after_a_filled_buffer_defers_the_error(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    a, b = pair
+    assert a.try_send_to(b"first", b.local_addr)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as anonymous:
+        anonymous.sendto(b"who?", b.path)
+    metas: list[DatagramRecvMeta] = []
+    assert b.try_recv([bytearray(64), bytearray(64)], metas) == 1
+    assert metas[0].source == a.local_addr
+    with pytest.raises(AddressNotAvailableError):
+        b.try_recv([bytearray(64)], metas)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"",
+        b"/tmp/nul\0inside",
+        b"/tmp/" + b"x" * 103,  # 108 bytes: no room for the terminator
+        b"\0" + b"y" * 108,  # 109 bytes
+        b"\0abstract\0with-nul",
+    ],
+    ids=["empty", "nul", "too-long", "abstract-too-long", "abstract-nul"],
+)
+def test_invalid_paths_are_rejected(path: bytes) -> None:
+    with pytest.raises(AddressError):
+        UnixDatagramSocket.bind(path)
+
+
+def test_longest_paths_fit(tmp_path: Path) -> None:
+    abstract = UnixDatagramSocket.bind(b"\0" + f"{os.getpid():08d}".encode() + b"z" * 99)
+    assert len(abstract.path) == 108
+    _close(abstract)
+    directory = os.fsencode(tmp_path)
+    filler = 107 - len(directory) - 1
+    if filler < 1:
+        pytest.skip("temporary directory path is too long")
+    longest = UnixDatagramSocket.bind(directory + b"/" + b"f" * filler)
+    assert len(longest.path) == 107
+    _close(longest)
+
+
+def test_destination_with_nul_is_rejected_before_sending(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    a, b = pair
+    # Sent as is, the kernel would stop at the NUL and deliver to b.
+    sneaky = DatagramAddr.unixgram(b.path + b"\0suffix")
+    with pytest.raises(AddressError):
+        a.try_send_to(b"x", sneaky)
+    assert b.try_recv_from() is None
+
+
+def test_existing_path_is_address_in_use_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "taken.sock"
+    path.write_bytes(b"stale")
+    with pytest.raises(AddressInUseError):
+        UnixDatagramSocket.bind(path)
+    assert path.read_bytes() == b"stale"
+
+
+def test_missing_and_dead_destinations(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket], tmp_path: Path
+) -> None:
+    a, _ = pair
+    with pytest.raises(HostUnreachableError):
+        a.try_send_to(b"x", DatagramAddr.unixgram(str(tmp_path / "missing.sock")))
+    not_a_socket = tmp_path / "plain"
+    not_a_socket.write_bytes(b"")
+    with pytest.raises(ConnectionRefusedDatagramError):
+        a.try_send_to(b"x", DatagramAddr.unixgram(str(not_a_socket)))
+
+
+def test_bind_unique_makes_distinct_files_that_are_removed(tmp_path: Path) -> None:
+    first = UnixDatagramSocket.bind_unique(tmp_path)
+    second = UnixDatagramSocket.bind_unique(tmp_path)
+    try:
+        assert first.path != second.path
+        assert os.path.exists(first.path)
+        assert os.path.dirname(first.path) == os.fsencode(tmp_path)
+    finally:
+        _close(first, second)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dropped_socket_shuts_down_and_removes_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "dropped.sock"
+    sock: UnixDatagramSocket | None = UnixDatagramSocket.bind(path)
+    assert path.exists()
+    woken = threading.Event()
+    assert sock is not None
+    sock.add_recv_waker(woken.set)
+    sock = None
+    gc.collect()
+    assert woken.is_set()
+    assert not path.exists()
