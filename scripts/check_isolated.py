@@ -79,8 +79,19 @@ def main(argv: list[str]) -> int:
         needed = sorted({dep for n in selected for dep in _sibling_closure(n, workspace)})
         for name in needed:
             folder = workspace[name]["folder"]
-            _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
-                  str(wheels), str(folder)], stdout=subprocess.DEVNULL)
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "build",
+                    "--wheel",
+                    "--no-isolation",
+                    "--outdir",
+                    str(wheels),
+                    str(folder),
+                ],
+                stdout=subprocess.DEVNULL,
+            )
         built = {p.name.split("-")[0].replace("_", "-").lower(): p for p in wheels.glob("*.whl")}
         failures: list[str] = []
         for name in selected:
@@ -90,15 +101,30 @@ def main(argv: list[str]) -> int:
             python = str(env_dir / "bin" / "python")
             closure = _sibling_closure(name, workspace)
             targets = [f"{built[name]}[test]"] + [str(built[d]) for d in closure if d != name]
-            _run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  *targets])
+            _run(
+                [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *targets]
+            )
             tests = Path(workspace[name]["folder"]) / "tests"  # type: ignore[arg-type]
             run_dir = work / "run" / name
             run_dir.mkdir(parents=True)
             result = subprocess.run(
-                [python, "-m", "pytest", "-q", "--import-mode=importlib", "-p", "no:cacheprovider",
-                 "--rootdir", str(run_dir), "-c", os.devnull, str(tests)],
-                cwd=run_dir, timeout=PER_PACKAGE_TEST_TIMEOUT, check=False,
+                [
+                    python,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "--import-mode=importlib",
+                    "-p",
+                    "no:cacheprovider",
+                    "--rootdir",
+                    str(run_dir),
+                    "-c",
+                    os.devnull,
+                    str(tests),
+                ],
+                cwd=run_dir,
+                timeout=PER_PACKAGE_TEST_TIMEOUT,
+                check=False,
             )
             took = time.monotonic() - started
             status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
