@@ -1,0 +1,649 @@
+"""The authoritative directory of one nameserver incarnation, ``Nameserver`` (spec 2.1).
+
+Theory of operation
+-------------------
+A nameserver is the authority for its subtree. Each directly linked child publishes the
+entries of *its* subtree over one link; the directory holds, for every published PID, the
+entry and the link that owns it. The node's own entry is not in the directory (the service
+holds it separately).
+
+A child publishes in two ways, both idempotent under exact replay:
+
+* a *snapshot*: ``BeginSnapshot`` opens a staging area, ``AppendSnapshotChunk`` adds chunks in
+  order (nothing is visible yet), ``CommitSnapshot`` atomically *replaces* everything the link
+  published with the staged entries;
+* a *delta*: ``ApplyDelta`` with sequence ``current + 1`` upserts and removes entries. A delta
+  that does not follow on is not an error: the directory answers ``ResnapshotRequired`` and
+  applies nothing. A delta before any snapshot gets ``ResnapshotRequired(0)``.
+
+Every command is atomic: it is fully validated before the first mutation, so it either applies
+completely or raises ``ApplyError`` and changes nothing. Each *visible* change (a commit that
+changes at least one entry, a link removal that revokes entries) bumps the revision by exactly
+one; staging never does. ``apply`` returns ``ApplyEffects``: the visible ``DirectoryChange``
+(for route projection and watchers) and the response owed to the child (``PublicationAck`` or
+``ResnapshotRequired``), which the session sends only after the commit.
+
+Bounds: at most ``max_links`` links, ``max_entries`` directory entries and, per link,
+``max_staged_entries`` staged entries and chunks. Exceeding one is ``CAPACITY_EXCEEDED``.
+The class is pure and single-threaded: callers serialise ``apply`` (the service's commit
+point); reads are cheap and never mutate visible state.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, final
+
+from chrysalis.core import LinkId, Pid
+from chrysalis.nameserver._errors import ApplyError, ApplyErrorKind
+from chrysalis.nameserver._protocol import (
+    U64_MAX,
+    Found,
+    ProcEntry,
+    PublicationAck,
+    ResnapshotRequired,
+    Revision,
+    _tuple_of,
+)
+
+__all__ = [
+    "DEFAULT_MAX_ENTRIES",
+    "DEFAULT_MAX_LINKS",
+    "AdmitLink",
+    "AppendSnapshotChunk",
+    "ApplyDelta",
+    "ApplyEffects",
+    "BeginSnapshot",
+    "CommitSnapshot",
+    "DirectoryChange",
+    "DirectoryCommand",
+    "LinkIdAllocator",
+    "LinkResponse",
+    "Nameserver",
+    "RemoveLink",
+]
+
+DEFAULT_MAX_LINKS: Final = 65_536
+"""Default bound on admitted links of one nameserver."""
+DEFAULT_MAX_ENTRIES: Final = 1_000_000
+"""Default bound on directory entries (and on staged entries per link)."""
+
+_K = ApplyErrorKind
+
+
+# --------------------------------------------------------------------------------------------
+# Commands and effects
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AdmitLink:
+    """Admit ``link`` for ``child``; idempotent for the same pair. No visible effect."""
+
+    link: LinkId
+    child: Pid
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BeginSnapshot:
+    """Open (or replay) staging of snapshot ``snapshot`` at ``base_sequence``."""
+
+    link: LinkId
+    snapshot: int
+    base_sequence: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AppendSnapshotChunk:
+    """Stage chunk ``chunk`` of snapshot ``snapshot``; nothing becomes visible."""
+
+    link: LinkId
+    snapshot: int
+    chunk: int
+    entries: tuple[ProcEntry, ...]
+
+    def __post_init__(self) -> None:
+        _tuple_of(self, "entries", self.entries, ProcEntry)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CommitSnapshot:
+    """Atomically replace the link's publication with the ``chunks`` staged chunks."""
+
+    link: LinkId
+    snapshot: int
+    chunks: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ApplyDelta:
+    """Apply publication ``sequence`` of the link: upsert and remove entries."""
+
+    link: LinkId
+    sequence: int
+    upserts: tuple[ProcEntry, ...] = ()
+    removals: tuple[Pid, ...] = ()
+
+    def __post_init__(self) -> None:
+        _tuple_of(self, "upserts", self.upserts, ProcEntry)
+        _tuple_of(self, "removals", self.removals, Pid)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RemoveLink:
+    """Remove the link and revoke every entry it owns; idempotent."""
+
+    link: LinkId
+
+
+DirectoryCommand = (
+    AdmitLink | BeginSnapshot | AppendSnapshotChunk | CommitSnapshot | ApplyDelta | RemoveLink
+)
+"""Any command ``Nameserver.apply`` accepts."""
+
+LinkResponse = PublicationAck | ResnapshotRequired
+"""What a command owes the publishing child."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DirectoryChange:
+    """A visible change made by ``link``'s command, now at ``revision``.
+
+    ``upserts`` are the entries that are new or differ (PID order); ``removals`` the PIDs
+    revoked (PID order).
+    """
+
+    link: LinkId
+    revision: Revision
+    upserts: tuple[ProcEntry, ...] = ()
+    removals: tuple[Pid, ...] = ()
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ApplyEffects:
+    """What a successful command did: the visible change (if any) and the response owed to
+    the child (if any)."""
+
+    directory_change: DirectoryChange | None = None
+    link_response: LinkResponse | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the command had no visible effect and owes no response."""
+        return self.directory_change is None and self.link_response is None
+
+
+_NO_EFFECTS: Final = ApplyEffects()
+
+
+# --------------------------------------------------------------------------------------------
+# Internal link state
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _SnapshotCommit:
+    snapshot: int
+    chunks: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _DeltaCommit:
+    upserts: tuple[ProcEntry, ...]
+    removals: tuple[Pid, ...]
+
+
+@final
+@dataclass(slots=True)
+class _Active:
+    sequence: int
+    pids: set[Pid]  # mutated in place by deltas: O(change), not O(publication)
+    last_commit: _SnapshotCommit | _DeltaCommit
+
+
+@final
+@dataclass(slots=True)
+class _Staged:
+    snapshot: int
+    base_sequence: int
+    chunks: list[tuple[ProcEntry, ...]]
+    pids: set[Pid]
+    entries: int = 0
+
+
+@final
+@dataclass(slots=True)
+class _LinkState:
+    child: Pid
+    active: _Active | None = None
+    staging: _Staged | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Link ids
+
+
+@final
+class LinkIdAllocator:
+    """Allocates the link ids of one parent incarnation (spec 3.6): the first 8 bytes of the
+    authority PID followed by a big-endian u64 counter starting at 1.
+
+    Ids are parent-scoped (two parents never collide) and monotonic (a reconnecting child
+    always gets a fresh id). ``allocate()`` raises ``ApplyError`` (``COUNTER_EXHAUSTED``)
+    after 2**64 - 1 ids.
+    """
+
+    __slots__ = ("_next", "_prefix")
+
+    def __init__(self, authority: Pid) -> None:
+        if not isinstance(authority, Pid):
+            raise TypeError(f"authority must be a Pid, not {type(authority).__name__}")
+        self._prefix = authority.raw[:8]
+        self._next = 1
+
+    def allocate(self) -> LinkId:
+        """The next link id."""
+        value = self._next
+        if value > U64_MAX:
+            raise ApplyError(_K.COUNTER_EXHAUSTED, "link ids")
+        self._next = value + 1
+        return LinkId(self._prefix + value.to_bytes(8, "big"))
+
+
+# --------------------------------------------------------------------------------------------
+# The directory
+
+
+@final
+class Nameserver:
+    """The authoritative directory of one nameserver incarnation (see the module docstring).
+
+    ``Nameserver(authority)`` rejects the link-local PID (``ApplyError`` kind
+    ``RESERVED_PID``). ``apply(command)`` is the only mutator.
+    """
+
+    __slots__ = (
+        "_authority",
+        "_children",
+        "_directory",
+        "_index",
+        "_links",
+        "_max_entries",
+        "_max_links",
+        "_max_staged",
+        "_revision",
+    )
+
+    def __init__(
+        self,
+        authority: Pid,
+        *,
+        max_links: int = DEFAULT_MAX_LINKS,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_staged_entries: int | None = None,
+    ) -> None:
+        if not isinstance(authority, Pid):
+            raise TypeError(f"authority must be a Pid, not {type(authority).__name__}")
+        if authority.is_link_local:
+            raise ApplyError(_K.RESERVED_PID, "the authority cannot be the link-local PID")
+        for name, bound in (("max_links", max_links), ("max_entries", max_entries)):
+            if not isinstance(bound, int) or bound < 1:
+                raise ValueError(f"{name} must be a positive int, got {bound!r}")
+        staged = max_entries if max_staged_entries is None else max_staged_entries
+        if not isinstance(staged, int) or staged < 1:
+            raise ValueError(f"max_staged_entries must be a positive int, got {staged!r}")
+        self._authority = authority
+        self._revision = 0
+        self._links: dict[LinkId, _LinkState] = {}
+        self._children: dict[Pid, LinkId] = {}
+        self._directory: dict[Pid, tuple[LinkId, ProcEntry]] = {}
+        self._index: list[Pid] | None = None
+        self._max_links = max_links
+        self._max_entries = max_entries
+        self._max_staged = staged
+
+    # -- reads ------------------------------------------------------------------------------
+
+    @property
+    def authority(self) -> Pid:
+        """The PID of this nameserver."""
+        return self._authority
+
+    @property
+    def revision(self) -> Revision:
+        """The current revision (``authority``, counter)."""
+        return Revision(self._authority, self._revision)
+
+    def __len__(self) -> int:
+        return len(self._directory)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._directory
+
+    def get(self, pid: Pid) -> ProcEntry | None:
+        """The visible entry of ``pid``, if any."""
+        owned = self._directory.get(pid)
+        return None if owned is None else owned[1]
+
+    def owner(self, pid: Pid) -> LinkId | None:
+        """The link that published ``pid``, if any."""
+        owned = self._directory.get(pid)
+        return None if owned is None else owned[0]
+
+    def resolve(self, pid: Pid) -> Found | None:
+        """``Found`` at the current revision when ``pid`` is in the directory."""
+        owned = self._directory.get(pid)
+        return None if owned is None else Found(owned[1], self.revision)
+
+    def snapshot(self) -> tuple[ProcEntry, ...]:
+        """Every visible entry in PID order (the authority's own entry is not included)."""
+        return tuple(self._directory[pid][1] for pid in self._sorted_pids())
+
+    def entries_after(self, after: Pid | None, count: int) -> list[ProcEntry]:
+        """Up to ``count`` visible entries with PIDs above ``after`` (all when ``None``), in
+        PID order. The sorted index is rebuilt once per revision, so paging through one
+        revision costs O(log n + count) per page."""
+        pids = self._sorted_pids()
+        start = 0 if after is None else bisect.bisect_right(pids, after)
+        directory = self._directory
+        return [directory[pid][1] for pid in pids[start : start + max(count, 0)]]
+
+    def child_links(self) -> Mapping[Pid, LinkId]:
+        """Directly admitted children: a read-only copy of child PID -> link."""
+        return MappingProxyType(dict(self._children))
+
+    def link_child(self, link: LinkId) -> Pid | None:
+        """The child PID admitted on ``link``, if the link exists."""
+        state = self._links.get(link)
+        return None if state is None else state.child
+
+    def link_pids(self, link: LinkId) -> frozenset[Pid]:
+        """The PIDs ``link`` currently publishes (empty for an unknown link)."""
+        state = self._links.get(link)
+        if state is None or state.active is None:
+            return frozenset()
+        return frozenset(state.active.pids)
+
+    def link_sequence(self, link: LinkId) -> int | None:
+        """The last committed publication sequence of ``link``, if any."""
+        state = self._links.get(link)
+        if state is None or state.active is None:
+            return None
+        return state.active.sequence
+
+    # -- the commit point -------------------------------------------------------------------
+
+    def apply(self, command: DirectoryCommand) -> ApplyEffects:
+        """Apply one command atomically; ``ApplyError`` leaves the directory unchanged."""
+        if isinstance(command, AdmitLink):
+            return self._admit(command)
+        if isinstance(command, BeginSnapshot):
+            return self._begin(command)
+        if isinstance(command, AppendSnapshotChunk):
+            return self._append(command)
+        if isinstance(command, CommitSnapshot):
+            return self._commit(command)
+        if isinstance(command, ApplyDelta):
+            return self._delta(command)
+        if isinstance(command, RemoveLink):
+            return self._remove(command)
+        raise TypeError(f"not a directory command: {type(command).__name__}")
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _admit(self, cmd: AdmitLink) -> ApplyEffects:
+        if cmd.child.is_link_local:
+            raise ApplyError(_K.RESERVED_PID, "a child cannot be the link-local PID")
+        existing = self._links.get(cmd.link)
+        if existing is not None:
+            if existing.child == cmd.child:
+                return _NO_EFFECTS
+            raise ApplyError(_K.LINK_ALREADY_EXISTS, f"link {cmd.link} belongs to another child")
+        if cmd.child in self._children:
+            raise ApplyError(_K.CHILD_ALREADY_LINKED, pid=cmd.child)
+        if len(self._links) >= self._max_links:
+            raise ApplyError(_K.CAPACITY_EXCEEDED, f"at most {self._max_links} links")
+        self._links[cmd.link] = _LinkState(cmd.child)
+        self._children[cmd.child] = cmd.link
+        return _NO_EFFECTS
+
+    def _begin(self, cmd: BeginSnapshot) -> ApplyEffects:
+        state = self._link(cmd.link)
+        staging = state.staging
+        if staging is not None and staging.snapshot == cmd.snapshot:
+            if staging.base_sequence == cmd.base_sequence:
+                return _NO_EFFECTS
+            raise ApplyError(
+                _K.CONFLICTING_REPLAY,
+                f"snapshot {cmd.snapshot} began at base {staging.base_sequence}, "
+                f"replayed with base {cmd.base_sequence}",
+            )
+        active = state.active
+        if active is not None:
+            last = active.last_commit
+            if (
+                active.sequence == cmd.base_sequence
+                and isinstance(last, _SnapshotCommit)
+                and last.snapshot == cmd.snapshot
+            ):
+                return _NO_EFFECTS
+            if cmd.base_sequence < active.sequence:
+                raise ApplyError(
+                    _K.STALE_PUBLICATION_SEQUENCE,
+                    f"current {active.sequence}, proposed {cmd.base_sequence}",
+                    expected=active.sequence,
+                    actual=cmd.base_sequence,
+                )
+        state.staging = _Staged(cmd.snapshot, cmd.base_sequence, [], set())
+        return _NO_EFFECTS
+
+    def _append(self, cmd: AppendSnapshotChunk) -> ApplyEffects:
+        self._check_entries(cmd.entries)
+        state = self._link(cmd.link)
+        staging = state.staging
+        if staging is None or staging.snapshot != cmd.snapshot:
+            raise ApplyError(_K.WRONG_SNAPSHOT, f"snapshot {cmd.snapshot} is not staging")
+        expected = len(staging.chunks)
+        if cmd.chunk < expected:
+            if staging.chunks[cmd.chunk] == cmd.entries:
+                return _NO_EFFECTS
+            raise ApplyError(
+                _K.CONFLICTING_REPLAY, f"chunk {cmd.chunk} replayed with different entries"
+            )
+        if cmd.chunk > expected:
+            raise ApplyError(
+                _K.UNEXPECTED_SNAPSHOT_CHUNK,
+                f"expected chunk {expected}, got {cmd.chunk}",
+                expected=expected,
+                actual=cmd.chunk,
+            )
+        for entry in cmd.entries:
+            if entry.pid in staging.pids:
+                raise ApplyError(_K.DUPLICATE_PID, "already staged", pid=entry.pid)
+        if (
+            staging.entries + len(cmd.entries) > self._max_staged
+            or len(staging.chunks) >= self._max_staged
+        ):
+            raise ApplyError(
+                _K.CAPACITY_EXCEEDED, f"at most {self._max_staged} staged entries/chunks"
+            )
+        staging.chunks.append(cmd.entries)
+        staging.pids.update(entry.pid for entry in cmd.entries)
+        staging.entries += len(cmd.entries)
+        return _NO_EFFECTS
+
+    def _commit(self, cmd: CommitSnapshot) -> ApplyEffects:
+        state = self._link(cmd.link)
+        staging = state.staging
+        active = state.active
+        if staging is None:
+            if active is not None and active.last_commit == _SnapshotCommit(
+                cmd.snapshot, cmd.chunks
+            ):
+                return ApplyEffects(None, PublicationAck(active.sequence))
+            raise ApplyError(_K.WRONG_SNAPSHOT, f"snapshot {cmd.snapshot} is not staging")
+        if staging.snapshot != cmd.snapshot:
+            raise ApplyError(_K.WRONG_SNAPSHOT, f"snapshot {cmd.snapshot} is not staging")
+        if cmd.chunks != len(staging.chunks):
+            raise ApplyError(
+                _K.INCOMPLETE_SNAPSHOT,
+                f"{cmd.chunks} chunks declared, {len(staging.chunks)} staged",
+                expected=cmd.chunks,
+                actual=len(staging.chunks),
+            )
+        new: dict[Pid, ProcEntry] = {}
+        for chunk in staging.chunks:
+            for entry in chunk:
+                new[entry.pid] = entry
+        directory = self._directory
+        for pid in new:
+            owned = directory.get(pid)
+            if owned is not None and owned[0] != cmd.link:
+                raise ApplyError(_K.PID_OWNED_BY_ANOTHER_LINK, pid=pid)
+        old: set[Pid] = active.pids if active is not None else set()
+        removals = tuple(sorted(old - new.keys()))
+        upserts = tuple(
+            new[pid] for pid in sorted(new) if (o := directory.get(pid)) is None or o[1] != new[pid]
+        )
+        added = sum(1 for pid in new if pid not in old)
+        self._check_capacity(added - len(removals))
+        change = self._publish(cmd.link, upserts, removals)
+        state.staging = None
+        state.active = _Active(
+            staging.base_sequence,
+            set(new),
+            _SnapshotCommit(cmd.snapshot, cmd.chunks),
+        )
+        return ApplyEffects(change, PublicationAck(staging.base_sequence))
+
+    def _delta(self, cmd: ApplyDelta) -> ApplyEffects:
+        self._check_entries(cmd.upserts)
+        state = self._link(cmd.link)
+        if state.staging is not None:
+            raise ApplyError(_K.SNAPSHOT_IN_PROGRESS, f"snapshot {state.staging.snapshot}")
+        active = state.active
+        if active is None:
+            return ApplyEffects(None, ResnapshotRequired(0))
+        current = active.sequence
+        if cmd.sequence <= current:
+            last = active.last_commit
+            if (
+                cmd.sequence == current
+                and isinstance(last, _DeltaCommit)
+                and last != _DeltaCommit(cmd.upserts, cmd.removals)
+            ):
+                raise ApplyError(
+                    _K.CONFLICTING_REPLAY, f"delta {current} replayed with different content"
+                )
+            return ApplyEffects(None, PublicationAck(current))
+        if current == U64_MAX:
+            raise ApplyError(_K.COUNTER_EXHAUSTED, "publication sequence")
+        if cmd.sequence != current + 1:
+            return ApplyEffects(None, ResnapshotRequired(current + 1))
+        upserted = {entry.pid for entry in cmd.upserts}
+        removed: set[Pid] = set()
+        for pid in cmd.removals:
+            if pid in removed:
+                raise ApplyError(_K.DUPLICATE_PID, "removed twice", pid=pid)
+            removed.add(pid)
+        for pid in cmd.removals:
+            if pid in upserted:
+                raise ApplyError(_K.PID_BOTH_UPSERTED_AND_REMOVED, pid=pid)
+        directory = self._directory
+        for pid in upserted:
+            owned = directory.get(pid)
+            if owned is not None and owned[0] != cmd.link:
+                raise ApplyError(_K.PID_OWNED_BY_ANOTHER_LINK, pid=pid)
+        for pid in cmd.removals:
+            if pid not in active.pids:
+                raise ApplyError(_K.PID_NOT_OWNED_BY_LINK, pid=pid)
+        changed = tuple(
+            sorted(
+                (e for e in cmd.upserts if (o := directory.get(e.pid)) is None or o[1] != e),
+                key=lambda e: e.pid,
+            )
+        )
+        removals = tuple(sorted(removed))
+        added = sum(1 for pid in upserted if pid not in active.pids)
+        self._check_capacity(added - len(removals))
+        change = self._publish(cmd.link, changed, removals)
+        active.pids.difference_update(removed)
+        active.pids.update(upserted)
+        active.sequence = cmd.sequence
+        active.last_commit = _DeltaCommit(cmd.upserts, cmd.removals)
+        return ApplyEffects(change, PublicationAck(cmd.sequence))
+
+    def _remove(self, cmd: RemoveLink) -> ApplyEffects:
+        state = self._links.get(cmd.link)
+        if state is None:
+            return _NO_EFFECTS
+        pids = state.active.pids if state.active is not None else set()
+        change = self._publish(cmd.link, (), tuple(sorted(pids))) if pids else None
+        del self._links[cmd.link]
+        if self._children.get(state.child) == cmd.link:
+            del self._children[state.child]
+        return ApplyEffects(change, None)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _link(self, link: LinkId) -> _LinkState:
+        state = self._links.get(link)
+        if state is None:
+            raise ApplyError(_K.UNKNOWN_LINK, f"link {link}")
+        return state
+
+    def _check_entries(self, entries: Iterable[ProcEntry]) -> None:
+        seen: set[Pid] = set()
+        for entry in entries:
+            if entry.pid.is_link_local:
+                raise ApplyError(_K.RESERVED_PID, "an entry cannot be the link-local PID")
+            if entry.pid in seen:
+                raise ApplyError(_K.DUPLICATE_PID, "repeated in one list", pid=entry.pid)
+            seen.add(entry.pid)
+        if self._authority in seen:
+            raise ApplyError(
+                _K.AUTHORITY_PID, "a child cannot publish its parent", pid=self._authority
+            )
+
+    def _check_capacity(self, growth: int) -> None:
+        if growth > 0 and len(self._directory) + growth > self._max_entries:
+            raise ApplyError(_K.CAPACITY_EXCEEDED, f"at most {self._max_entries} entries")
+
+    def _publish(
+        self, link: LinkId, upserts: tuple[ProcEntry, ...], removals: tuple[Pid, ...]
+    ) -> DirectoryChange | None:
+        """Make a validated change visible; bumps the revision once if anything changes.
+
+        Must not fail after the first mutation: the only failure (counter exhaustion) is
+        checked first.
+        """
+        if not upserts and not removals:
+            return None
+        if self._revision == U64_MAX:
+            raise ApplyError(_K.COUNTER_EXHAUSTED, "directory revision")
+        directory = self._directory
+        for pid in removals:
+            del directory[pid]
+        for entry in upserts:
+            directory[entry.pid] = (link, entry)
+        self._revision += 1
+        self._index = None
+        return DirectoryChange(link, self.revision, upserts, removals)
+
+    def _sorted_pids(self) -> list[Pid]:
+        index = self._index
+        if index is None:
+            index = sorted(self._directory)
+            self._index = index
+        return index
