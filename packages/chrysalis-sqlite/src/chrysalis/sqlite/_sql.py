@@ -1,0 +1,113 @@
+"""SQL of the ``__chrysalis_*`` metadata tables and the statements that maintain them.
+
+Why a module of its own: the layout is a compatibility surface (it matches the reference
+implementation table for table, so a database file can move between implementations), and both
+the capture path (``ReplicaTransaction``) and the replica's apply/selection paths use these
+statements. Keeping every metadata statement in one place keeps them consistent with the DDL.
+Nothing here runs SQL; it only defines it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ADVANCE_CLOCK",
+    "ADVANCE_FRONTIER",
+    "BUMP_CLOCK",
+    "INSERT_CHANGE",
+    "INSERT_ORIGIN",
+    "METADATA_DDL",
+    "SELECT_FOR_PEER",
+    "SELECT_RESOLVED",
+    "UPSERT_FRONTIER_ELIGIBLE",
+    "UPSERT_PEER_STATE",
+    "UPSERT_RESOLVED",
+]
+
+METADATA_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS __chrysalis_replica_v1 (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+        site_id BLOB NOT NULL CHECK (length(site_id) = 16),
+        db_version INTEGER NOT NULL CHECK (db_version >= 0))""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_changes_v1 (
+        site_id BLOB NOT NULL,
+        db_version INTEGER NOT NULL CHECK (db_version > 0),
+        seq INTEGER NOT NULL CHECK (seq >= 0),
+        table_name TEXT NOT NULL,
+        key_values BLOB NOT NULL,
+        row_values BLOB,
+        PRIMARY KEY (site_id, db_version, seq)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_resolved_rows_v2 (
+        table_name TEXT NOT NULL,
+        key_values BLOB NOT NULL,
+        db_version INTEGER NOT NULL CHECK (db_version > 0),
+        site_id BLOB NOT NULL,
+        seq INTEGER NOT NULL CHECK (seq >= 0),
+        deleted INTEGER NOT NULL CHECK (deleted IN (0, 1)),
+        PRIMARY KEY (table_name, key_values)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_origins_v1 (
+        position INTEGER PRIMARY KEY,
+        site_id BLOB NOT NULL UNIQUE)""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_peer_state_v1 (
+        peer_pid BLOB NOT NULL,
+        peer_site_id BLOB NOT NULL,
+        origin_position INTEGER NOT NULL CHECK (origin_position >= 0),
+        eligibility_mode INTEGER NOT NULL CHECK (eligibility_mode IN (0, 1)),
+        PRIMARY KEY (peer_pid, peer_site_id)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_frontiers_v5 (
+        peer_pid BLOB NOT NULL,
+        peer_site_id BLOB NOT NULL,
+        origin_site_id BLOB NOT NULL,
+        synced_at INTEGER NOT NULL CHECK (synced_at >= 0),
+        eligible INTEGER NOT NULL CHECK (eligible IN (0, 1)),
+        PRIMARY KEY (peer_pid, peer_site_id, origin_site_id)) WITHOUT ROWID""",
+)
+
+BUMP_CLOCK: Final = (
+    "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1 "
+    "RETURNING db_version"
+)
+ADVANCE_CLOCK: Final = (
+    "UPDATE __chrysalis_replica_v1 SET db_version = MAX(db_version, ?) WHERE singleton = 1"
+)
+INSERT_CHANGE: Final = (
+    "INSERT OR IGNORE INTO __chrysalis_changes_v1 "
+    "(site_id, db_version, seq, table_name, key_values, row_values) VALUES (?, ?, ?, ?, ?, ?)"
+)
+UPSERT_RESOLVED: Final = (
+    "INSERT INTO __chrysalis_resolved_rows_v2 "
+    "(table_name, key_values, db_version, site_id, seq, deleted) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
+    "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
+)
+SELECT_RESOLVED: Final = (
+    "SELECT db_version, site_id, seq FROM __chrysalis_resolved_rows_v2 "
+    "WHERE table_name = ? AND key_values = ?"
+)
+INSERT_ORIGIN: Final = "INSERT OR IGNORE INTO __chrysalis_origins_v1 (site_id) VALUES (?)"
+SELECT_FOR_PEER: Final = (
+    "SELECT c.site_id, c.db_version, c.seq, c.table_name, c.key_values, c.row_values "
+    "FROM __chrysalis_frontiers_v5 AS f JOIN __chrysalis_changes_v1 AS c "
+    "ON c.site_id = f.origin_site_id AND c.db_version > f.synced_at "
+    "WHERE f.peer_pid = ? AND f.peer_site_id = ? AND f.eligible = 1 "
+    "ORDER BY c.site_id, c.db_version, c.seq"
+)
+UPSERT_FRONTIER_ELIGIBLE: Final = (
+    "INSERT INTO __chrysalis_frontiers_v5 "
+    "(peer_pid, peer_site_id, origin_site_id, synced_at, eligible) VALUES (?, ?, ?, 0, ?) "
+    "ON CONFLICT (peer_pid, peer_site_id, origin_site_id) DO UPDATE SET eligible = "
+    "excluded.eligible"
+)
+ADVANCE_FRONTIER: Final = (
+    "INSERT INTO __chrysalis_frontiers_v5 "
+    "(peer_pid, peer_site_id, origin_site_id, synced_at, eligible) VALUES (?, ?, ?, ?, 1) "
+    "ON CONFLICT (peer_pid, peer_site_id, origin_site_id) DO UPDATE SET synced_at = "
+    "MAX(synced_at, excluded.synced_at)"
+)
+UPSERT_PEER_STATE: Final = (
+    "INSERT INTO __chrysalis_peer_state_v1 "
+    "(peer_pid, peer_site_id, origin_position, eligibility_mode) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (peer_pid, peer_site_id) DO UPDATE SET origin_position = "
+    "excluded.origin_position, eligibility_mode = excluded.eligibility_mode"
+)

@@ -1,0 +1,517 @@
+"""The replica's storage: atomic capture, last-writer-wins application, clock, origins,
+frontiers and the apply lock."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chrysalis.core import Pid
+from chrysalis.sqlite import (
+    MAX_CHANGES_PER_VERSION,
+    Change,
+    CorruptMetadataError,
+    EligibilityMode,
+    FrontierEntry,
+    InvalidBatchError,
+    InvalidMutationError,
+    MissingRowError,
+    MissingSchemaError,
+    NonUniqueKeyError,
+    Replica,
+    ReplicaBusyError,
+    ReplicaClosedError,
+    TableSchema,
+    TransactionTooLargeError,
+    decode_values,
+    encode_values,
+)
+
+NOTES = TableSchema(
+    "notes",
+    "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, author TEXT, body TEXT)",
+    ["id", "author", "body"],
+    ["id"],
+)
+LOW, HIGH, OTHER = bytes([1]) * 16, bytes([9]) * 16, bytes([5]) * 16
+
+
+def _replica(path: str | Path = ":memory:", site: bytes = OTHER) -> Replica:
+    return Replica(path, [NOTES], site_id=site)
+
+
+def _rows(replica: Replica) -> list[tuple[object, ...]]:
+    return replica.connection.execute("SELECT id, author, body FROM notes ORDER BY id").fetchall()
+
+
+def _log(replica: Replica) -> list[tuple[Any, ...]]:
+    return replica.connection.execute(
+        "SELECT site_id, db_version, seq, table_name, key_values, row_values "
+        "FROM __chrysalis_changes_v1 ORDER BY site_id, db_version, seq"
+    ).fetchall()
+
+
+def _write(replica: Replica, note: str, author: str, body: str) -> int | None:
+    with replica.transaction() as tx:
+        tx.execute(
+            "INSERT INTO notes VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "author = excluded.author, body = excluded.body",
+            (note, author, body),
+        )
+        tx.capture_upsert("notes", (note,))
+    return tx.version
+
+
+def _busy(replica: Replica) -> bool:
+    return replica.in_transaction  # a call, so type checkers do not narrow it between asserts
+
+
+def _upsert(note: str, body: str, version: int, site: bytes, seq: int = 0) -> Change:
+    return Change("notes", (note,), (note, "remote", body), version, site, seq)
+
+
+def _delete(note: str, version: int, site: bytes, seq: int = 0) -> Change:
+    return Change("notes", (note,), None, version, site, seq)
+
+
+def test_metadata_tables_are_created_on_open() -> None:
+    with _replica() as replica:
+        names = {
+            name
+            for (name,) in replica.connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        assert {
+            "__chrysalis_replica_v1",
+            "__chrysalis_changes_v1",
+            "__chrysalis_resolved_rows_v2",
+            "__chrysalis_origins_v1",
+            "__chrysalis_peer_state_v1",
+            "__chrysalis_frontiers_v5",
+            "notes",
+        } <= names
+        assert replica.site_id == OTHER
+        assert replica.db_version == 0
+        assert replica.origins() == (OTHER,)
+
+
+def test_random_site_id_is_sixteen_bytes_and_survives_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    with Replica(path, [NOTES]) as first:
+        site = first.site_id
+        assert len(site) == 16
+        _write(first, "n1", "alice", "hello")
+    with Replica(path, [NOTES]) as again:
+        assert again.site_id == site
+        assert again.db_version == 1
+        assert _rows(again) == [("n1", "alice", "hello")]
+    with pytest.raises(ValueError, match="already has site id"):
+        Replica(path, [NOTES], site_id=HIGH)
+
+
+def test_captures_application_write_and_log_atomically() -> None:
+    with _replica() as replica:
+        assert _write(replica, "n1", "alice", "hello") == 1
+        assert _rows(replica) == [("n1", "alice", "hello")]
+        [(site, version, seq, table, key, row)] = _log(replica)
+        assert (site, version, seq, table) == (OTHER, 1, 0, "notes")
+        assert decode_values(key) == ("n1",)
+        assert decode_values(row) == ("n1", "alice", "hello")
+        assert replica.db_version == 1
+        resolved = replica.connection.execute(
+            "SELECT table_name, key_values, db_version, site_id, seq, deleted "
+            "FROM __chrysalis_resolved_rows_v2"
+        ).fetchall()
+        assert resolved == [("notes", encode_values(["n1"]), 1, OTHER, 0, 0)]
+
+
+def test_rollback_discards_the_write_and_its_capture() -> None:
+    with _replica() as replica:
+
+        def failing_write() -> None:
+            with replica.transaction() as tx:
+                tx.execute("INSERT INTO notes VALUES ('n1', 'a', 'b')")
+                tx.capture_upsert("notes", ("n1",))
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            failing_write()
+        assert _rows(replica) == []
+        assert _log(replica) == []
+        assert replica.db_version == 0
+        assert not replica.in_transaction
+
+
+def test_commit_without_captures_does_not_advance_the_clock() -> None:
+    with _replica() as replica:
+        with replica.transaction() as tx:
+            tx.execute("INSERT INTO notes VALUES ('local-only', 'a', 'b')")
+        assert tx.version is None
+        assert replica.db_version == 0
+        assert _log(replica) == []
+        assert _rows(replica) == [("local-only", "a", "b")]
+
+
+def test_one_transaction_numbers_its_mutations_in_capture_order() -> None:
+    with _replica() as replica:
+        with replica.transaction("IMMEDIATE") as tx:
+            tx.execute("INSERT INTO notes VALUES ('a', 'x', '1'), ('b', 'x', '2')")
+            tx.capture_upsert("notes", ("a",))
+            tx.capture_upsert("notes", ("b",))
+            tx.execute("DELETE FROM notes WHERE id = 'a'")
+            tx.capture_delete("notes", ("a",))
+            assert tx.pending_mutations == 3
+        log = _log(replica)
+        assert [(v, s) for _, v, s, *_ in log] == [(1, 0), (1, 1), (1, 2)]
+        assert log[2][5] is None  # the delete has no row
+        deleted = replica.connection.execute(
+            "SELECT seq, deleted FROM __chrysalis_resolved_rows_v2 WHERE key_values = ?",
+            (encode_values(["a"]),),
+        ).fetchone()
+        assert deleted == (2, 1)
+
+
+def test_captured_key_comes_from_the_stored_row() -> None:
+    with _replica() as replica:
+        with replica.transaction() as tx:
+            tx.execute("INSERT INTO notes VALUES (7, 'a', 'b')")  # TEXT affinity stores '7'
+            tx.capture_upsert("notes", (7,))
+        [(*_, key, row)] = _log(replica)
+        assert decode_values(key) == ("7",)
+        assert decode_values(row) == ("7", "a", "b")
+
+
+def test_capture_rejects_bad_keys_missing_rows_and_unknown_tables() -> None:
+    with _replica() as replica, replica.transaction() as tx:
+        with pytest.raises(MissingRowError):
+            tx.capture_upsert("notes", ("absent",))
+        with pytest.raises(InvalidMutationError, match="key columns"):
+            tx.capture_upsert("notes", ("a", "b"))
+        with pytest.raises(InvalidMutationError, match="NULL"):
+            tx.capture_delete("notes", (None,))
+        with pytest.raises(InvalidMutationError, match="sequence"):
+            tx.capture_delete("notes", "abc")
+        with pytest.raises(MissingSchemaError):
+            tx.capture_delete("other", ("a",))
+        with pytest.raises(InvalidMutationError, match="cannot be replicated"):
+            tx.capture_delete("notes", ([1],))
+        assert tx.pending_mutations == 0
+
+
+def test_capture_detects_a_key_that_is_not_unique() -> None:
+    schema = TableSchema(
+        "loose",
+        "CREATE TABLE IF NOT EXISTS loose (id TEXT, v TEXT, UNIQUE (id))",
+        ["id", "v"],
+        ["id"],
+    )
+    with Replica(":memory:", [schema]) as replica:
+        # the application replaces the table after open, losing the uniqueness it declared
+        replica.connection.execute("DROP TABLE loose")
+        replica.connection.execute("CREATE TABLE loose (id TEXT, v TEXT)")
+        with replica.transaction() as tx:
+            tx.execute("INSERT INTO loose VALUES ('k', '1'), ('k', '2')")
+            with pytest.raises(NonUniqueKeyError):
+                tx.capture_upsert("loose", ("k",))
+
+
+def test_transactions_hold_the_apply_lock() -> None:
+    with _replica() as replica:
+        tx = replica.transaction()
+        assert _busy(replica)
+        with pytest.raises(ReplicaBusyError):
+            replica.transaction()
+        with pytest.raises(ReplicaBusyError):
+            replica.apply_changes([_upsert("n", "x", 1, HIGH)])
+        tx.rollback()
+        tx.rollback()  # idempotent
+        assert not _busy(replica)
+        with pytest.raises(ReplicaClosedError):
+            tx.execute("SELECT 1")
+        replica.connection.execute("BEGIN")  # a transaction begun behind the replica's back
+        with pytest.raises(ReplicaBusyError):
+            replica.transaction()
+        replica.connection.execute("ROLLBACK")
+        assert _write(replica, "n", "a", "b") == 1
+        with pytest.raises(ValueError, match="behavior"):
+            replica.transaction("SOMETIMES")  # type: ignore[arg-type]
+
+
+def test_transactions_are_bounded() -> None:
+    with _replica() as replica:
+        with replica.transaction() as tx:
+            for i in range(MAX_CHANGES_PER_VERSION):
+                tx.capture_delete("notes", (f"k{i}",))
+            with pytest.raises(TransactionTooLargeError):
+                tx.capture_delete("notes", ("one-more",))
+            tx.rollback()
+        with replica.transaction() as tx:
+            big = "x" * (3 * 1024 * 1024)
+            tx.execute("INSERT INTO notes VALUES ('a', 'x', ?), ('b', 'x', ?)", (big, big))
+            tx.capture_upsert("notes", ("a",))
+            with pytest.raises(TransactionTooLargeError):
+                tx.capture_upsert("notes", ("b",))
+        assert replica.db_version == 1  # the first capture still committed
+
+
+def test_row_resolution_is_deterministic_and_duplicate_safe() -> None:
+    with _replica() as replica:
+        # out of order: the higher site id at the same version arrives first, then the lower
+        first = replica.apply_changes([_upsert("n", "from-high", 2, HIGH)])
+        second = replica.apply_changes([_upsert("n", "from-low", 2, LOW)])
+        assert (first.logged, first.applied) == (1, 1)
+        assert (second.logged, second.applied) == (1, 0)  # logged, but it lost
+        assert _rows(replica) == [("n", "remote", "from-high")]
+        replay = replica.apply_changes(
+            [_upsert("n", "from-high", 2, HIGH), _upsert("n", "from-low", 2, LOW)]
+        )
+        assert (replay.received, replay.logged, replay.applied, replay.duplicates) == (2, 0, 0, 2)
+        newer_delete = replica.apply_changes([_delete("n", 3, LOW)])
+        assert newer_delete.applied == 1
+        assert _rows(replica) == []
+        assert replica.db_version == 3
+        # an older upsert cannot resurrect the deleted row
+        assert replica.apply_changes([_upsert("n", "stale", 2, HIGH, seq=7)]).applied == 0
+        assert _rows(replica) == []
+        assert set(replica.origins()) == {OTHER, LOW, HIGH}
+        # the next local write is newer than everything seen
+        assert _write(replica, "n", "local", "wins") == 4
+        assert replica.apply_changes([_upsert("n", "older", 3, HIGH, seq=9)]).applied == 0
+        assert _rows(replica) == [("n", "local", "wins")]
+
+
+def test_sequence_numbers_break_ties_within_one_version() -> None:
+    with _replica() as replica:
+        replica.apply_changes([_upsert("n", "seq1", 5, HIGH, seq=1)])
+        assert replica.apply_changes([_upsert("n", "seq0", 5, HIGH, seq=0)]).applied == 0
+        assert _rows(replica) == [("n", "remote", "seq1")]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.one_of(st.none(), st.text(max_size=3)),
+            st.integers(1, 6),
+            st.sampled_from([LOW, HIGH, OTHER]),
+            st.integers(0, 2),
+        ),
+        min_size=1,
+        max_size=12,
+        unique_by=lambda t: (t[2], t[3], t[4]),
+    ),
+    st.randoms(use_true_random=False),
+    st.integers(1, 4),
+)
+def test_receipt_order_never_decides_the_winner(
+    specs: list[tuple[str, str | None, int, bytes, int]], rng: object, chunk: int
+) -> None:
+    changes = [
+        _delete(note, v, site, seq) if body is None else _upsert(note, body, v, site, seq)
+        for note, body, v, site, seq in specs
+    ]
+    expected: dict[str, tuple[tuple[int, bytes, int], str | None]] = {}
+    for note, body, v, site, seq in specs:
+        if note not in expected or (v, site, seq) > expected[note][0]:
+            expected[note] = ((v, site, seq), body)
+    shuffled = list(changes)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    with Replica(":memory:", [NOTES], site_id=bytes(16)) as replica:
+        for start in range(0, len(shuffled), chunk):
+            replica.apply_changes(shuffled[start : start + chunk])
+        replica.apply_changes(changes)  # a full replay changes nothing
+        want = sorted((n, "remote", b) for n, (_, b) in expected.items() if b is not None)
+        assert _rows(replica) == want
+        assert replica.db_version == max(v for _, _, v, _, _ in specs)
+        assert len(_log(replica)) == len(specs)
+
+
+def test_invalid_changes_are_rejected_and_roll_back_their_whole_chunk() -> None:
+    good = _upsert("good", "x", 1, HIGH)
+    bad_cases: list[tuple[Change, type[Exception]]] = [
+        (_upsert("n", "x", 1, b"short"), InvalidBatchError),
+        (_upsert("n", "x", 0, HIGH), InvalidBatchError),
+        (_upsert("n", "x", 1, HIGH, seq=-1), InvalidBatchError),
+        (Change("notes", ("n", "m"), None, 1, HIGH, 1), InvalidMutationError),
+        (Change("notes", (None,), None, 1, HIGH, 1), InvalidMutationError),
+        (Change("notes", ("n",), ("n", "short row"), 1, HIGH, 1), InvalidMutationError),
+        (Change("notes", ("n",), ("m", "a", "b"), 1, HIGH, 1), InvalidMutationError),
+        (Change("elsewhere", ("n",), None, 1, HIGH, 1), MissingSchemaError),
+    ]
+    with _replica() as replica:
+        for bad, error in bad_cases:
+            with pytest.raises(error):
+                replica.apply_changes([good, bad])
+            assert _rows(replica) == []
+            assert _log(replica) == []
+            assert replica.db_version == 0
+            assert not replica.in_transaction
+        assert replica.origins() == (OTHER,)
+
+
+def test_a_change_the_table_refuses_rolls_back_its_chunk() -> None:
+    checked = TableSchema(
+        "counts",
+        "CREATE TABLE IF NOT EXISTS counts (id TEXT PRIMARY KEY, n INTEGER CHECK (n >= 0))",
+        ["id", "n"],
+        ["id"],
+    )
+    with Replica(":memory:", [checked], site_id=OTHER) as replica:
+        with pytest.raises(InvalidMutationError, match="IntegrityError"):
+            replica.apply_changes(
+                [
+                    Change("counts", ("a",), ("a", 1), 1, HIGH, 0),
+                    Change("counts", ("b",), ("b", -1), 1, HIGH, 1),
+                ]
+            )
+        assert replica.connection.execute("SELECT COUNT(*) FROM counts").fetchone() == (0,)
+        assert replica.db_version == 0
+
+
+def test_writes_outside_replica_transactions_are_not_replicated() -> None:
+    with _replica() as replica:
+        replica.connection.execute("INSERT INTO notes VALUES ('raw', 'a', 'b')")
+        assert _log(replica) == []
+        assert replica.db_version == 0
+
+
+def test_change_listeners_run_after_commits_that_grow_the_log() -> None:
+    calls: list[int] = []
+    with _replica() as replica:
+        remove = replica.add_change_listener(lambda: calls.append(replica.db_version))
+        _write(replica, "n", "a", "b")
+        replica.apply_changes([_upsert("m", "x", 4, HIGH)])
+        replica.apply_changes([_upsert("m", "x", 4, HIGH)])  # duplicate: log unchanged
+        with replica.transaction() as tx:
+            tx.execute("INSERT INTO notes VALUES ('quiet', 'a', 'b')")  # nothing captured
+        assert calls == [1, 4]
+        remove()
+        _write(replica, "n", "a", "c")
+        assert calls == [1, 4]
+
+
+def test_origins_are_bootstrapped_from_the_change_log(tmp_path: Path) -> None:
+    path = tmp_path / "origins.sqlite"
+    with _replica(path) as replica:
+        replica.apply_changes([_upsert("a", "x", 1, HIGH), _upsert("b", "x", 1, LOW)])
+        replica.connection.execute(
+            "DELETE FROM __chrysalis_origins_v1 WHERE site_id != ?", (OTHER,)
+        )
+    with _replica(path) as reopened:
+        assert reopened.origins() == (OTHER, LOW, HIGH)
+
+
+def test_frontiers_are_peer_incarnation_scoped_and_monotonic() -> None:
+    peer = Pid(b"P" * 16)
+    incarnation_1, incarnation_2 = b"1" * 16, b"2" * 16
+    with _replica() as replica:
+        replica._register_origins([LOW, HIGH])
+        positions = [
+            p for (p,) in replica.connection.execute("SELECT position FROM __chrysalis_origins_v1")
+        ]
+        assert positions == [1, 2, 3]
+        assert replica._origins_after(1) == [LOW, HIGH]  # incremental discovery by position
+        assert replica._origins_after(3) == []
+        replica._reconcile_frontier(
+            peer.raw, incarnation_1, {OTHER: True, LOW: True, HIGH: False}, 3, EligibilityMode.ALLOW
+        )
+        replica._record_ack(peer.raw, incarnation_1, {OTHER: 5, LOW: 2})
+        replica._record_ack(peer.raw, incarnation_1, {OTHER: 3})  # never goes back
+        assert replica.peer_frontier(peer, incarnation_1) == {
+            LOW: FrontierEntry(2, True),
+            OTHER: FrontierEntry(5, True),
+            HIGH: FrontierEntry(0, False),
+        }
+        # eligibility upserts keep the acknowledged progress
+        replica._reconcile_frontier(
+            peer.raw, incarnation_1, {OTHER: False}, 3, EligibilityMode.ALLOW
+        )
+        assert replica.peer_frontier(peer, incarnation_1)[OTHER] == FrontierEntry(5, False)
+        state = replica._load_peer_state(peer.raw, incarnation_1)
+        assert state.origin_position == 3
+        assert state.mode is EligibilityMode.ALLOW
+        assert state.explicit_sites == {LOW}
+        # a new incarnation of the same peer starts from nothing
+        assert replica.peer_frontier(peer, incarnation_2) == {}
+        fresh = replica._load_peer_state(peer.raw, incarnation_2)
+        assert (fresh.origin_position, fresh.mode, fresh.explicit_sites) == (0, None, frozenset())
+
+
+def test_closed_replicas_refuse_work() -> None:
+    replica = _replica()
+    replica.close()
+    replica.close()
+    assert replica.closed
+    with pytest.raises(ReplicaClosedError):
+        replica.transaction()
+    with pytest.raises(ReplicaClosedError):
+        _ = replica.db_version
+    with pytest.raises(ReplicaClosedError):
+        replica.apply_changes([])
+
+
+def test_a_database_with_a_corrupt_site_id_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE __chrysalis_replica_v1 (singleton INTEGER PRIMARY KEY, site_id BLOB, "
+        "db_version INTEGER)"
+    )
+    conn.execute("INSERT INTO __chrysalis_replica_v1 VALUES (1, x'0102', 0)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptMetadataError):
+        Replica(path, [NOTES])
+
+
+def test_upsert_writes_and_captures_the_stored_row_in_one_call() -> None:
+    with _replica() as replica:
+        with replica.transaction() as tx:
+            stored = tx.upsert("notes", (7, "alice", "hello"))  # TEXT affinity stores '7'
+            assert stored == ("7", "alice", "hello")
+            assert tx.upsert("notes", ("7", "alice", "edited")) == ("7", "alice", "edited")
+            with pytest.raises(InvalidMutationError, match="3 columns"):
+                tx.upsert("notes", ("x", "short"))
+        assert _rows(replica) == [("7", "alice", "edited")]
+        log = _log(replica)
+        assert [decode_values(row) for *_, row in log] == [
+            ("7", "alice", "hello"),
+            ("7", "alice", "edited"),
+        ]
+        assert {decode_values(key) for *_, key, _ in log} == {("7",)}
+
+
+def test_upsert_fills_in_an_integer_primary_key_and_handles_key_only_tables() -> None:
+    counters = TableSchema(
+        "counters",
+        "CREATE TABLE IF NOT EXISTS counters (id INTEGER PRIMARY KEY, name TEXT)",
+        ["id", "name"],
+        ["id"],
+    )
+    tags = TableSchema(
+        "tags", "CREATE TABLE IF NOT EXISTS tags (tag TEXT PRIMARY KEY)", ["tag"], ["tag"]
+    )
+    with Replica(":memory:", [counters, tags], site_id=OTHER) as replica:
+        with replica.transaction() as tx:
+            assert tx.upsert("counters", (None, "first")) == (1, "first")
+            assert tx.upsert("tags", ("red",)) == ("red",)
+            assert tx.upsert("tags", ("red",)) == ("red",)  # already there: DO NOTHING
+        assert [decode_values(k) for *_, k, _ in _log(replica)] == [(1,), ("red",), ("red",)]
+
+
+def test_delete_removes_and_captures_even_an_absent_row() -> None:
+    with _replica() as replica:
+        _write(replica, "n1", "a", "b")
+        with replica.transaction() as tx:
+            assert tx.delete("notes", ("n1",)) is True
+            assert tx.delete("notes", ("never-there",)) is False
+        assert _rows(replica) == []
+        deletes = [(decode_values(key), row) for *_, key, row in _log(replica)[1:]]
+        assert deletes == [(("n1",), None), (("never-there",), None)]
