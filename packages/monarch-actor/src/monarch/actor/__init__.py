@@ -1,7 +1,137 @@
-"""Monarch-compatible actors, meshes and supervision on Chrysalis (`from monarch.actor import
-Actor, endpoint, this_host`).
+"""Monarch-compatible actors and meshes (``from monarch.actor import Actor, endpoint``).
+
+This facade is the supported import location; the ``_``-prefixed modules behind it carry no
+stability promise. What is here now: shapes and value meshes, futures, actors and endpoints with
+every adverb, ports and channels, accumulators, context and ranks, the error types with their
+categories and causal chains, the message envelope and argument codec, and an in-process
+runtime (simulated processes on one fabric, ``_local_proc_mesh``) that runs programs end to end.
+Real processes and hosts (``this_host()``, ``HostMesh``) arrive with the Chrysalis Node process
+layer; until then they raise ``NotImplementedError`` naming that layer.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from monarch.actor import _mesh, config
+from monarch.actor._accumulator import Accumulator
+from monarch.actor._actor import Actor
+from monarch.actor._adverbs import Endpoint, as_endpoint, send
+from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
+from monarch.actor._client_api import shutdown_context
+from monarch.actor._context import (
+    Context,
+    Instance,
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+)
+from monarch.actor._endpoint import concurrent_endpoint, endpoint
+from monarch.actor._errors import (
+    ActorError,
+    ErrorCategory,
+    FailureEvent,
+    MeshFailure,
+    PortClosedError,
+    PortOverflowError,
+    SupervisionError,
+)
+from monarch.actor._future import Future
+from monarch.actor._ids import ActorId, ProcId
+from monarch.actor._mesh import ActorMesh, HostMesh, ProcMesh, this_host, this_proc
+from monarch.actor._port import Channel, Port, PortReceiver
+from monarch.actor._shape import Extent, MeshTrait, Point, Region, Shape, Slice
+from monarch.actor._value_mesh import ValueMesh
+
+__all__ = [
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "ActorId",
+    "ActorMesh",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "ErrorCategory",
+    "Extent",
+    "FailureEvent",
+    "Future",
+    "HostMesh",
+    "Instance",
+    "MeshFailure",
+    "MeshTrait",
+    "Point",
+    "Port",
+    "PortClosedError",
+    "PortOverflowError",
+    "PortReceiver",
+    "ProcId",
+    "ProcMesh",
+    "Region",
+    "Shape",
+    "Slice",
+    "SupervisionError",
+    "ValueMesh",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "config",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "send",
+    "shutdown_context",
+    "this_host",
+    "this_proc",
+    "unhandled_fault_hook",
+]
+
+
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Called once per unhandled failure that reaches the root client (looked up at fault time,
+    so replace it by assignment: ``monarch.actor.unhandled_fault_hook = f``).
+
+    Returning normally means handled. Raising anything (the default raises ``SystemExit(1)``)
+    means unhandled: the report goes to stderr and the main thread gets ``KeyboardInterrupt``.
+    """
+    _default_hook(failure)
+
+
+# Public classes claim the facade as their module, so reprs, docs and pickles name
+# ``monarch.actor.X`` rather than a private module that may be reorganised.
+for _public in (
+    Accumulator,
+    Actor,
+    ActorError,
+    ActorId,
+    ActorMesh,
+    Channel,
+    Context,
+    Endpoint,
+    ErrorCategory,
+    Extent,
+    FailureEvent,
+    Future,
+    HostMesh,
+    Instance,
+    MeshFailure,
+    MeshTrait,
+    Point,
+    Port,
+    PortClosedError,
+    PortOverflowError,
+    PortReceiver,
+    ProcId,
+    ProcMesh,
+    Region,
+    Shape,
+    Slice,
+    SupervisionError,
+    ValueMesh,
+):
+    _public.__module__ = __name__
+del _public
+
+#: In-process simulated processes (``_local_proc_mesh(per_host={"gpus": 2})``) until the Node
+#: process layer provides ``this_host().spawn_procs``. Private: no stability promise.
+_local_proc_mesh = _mesh.local_proc_mesh

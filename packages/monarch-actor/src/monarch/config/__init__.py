@@ -1,8 +1,34 @@
-"""Monarch configuration (``monarch.config``): settings of the actor runtime.
+"""Monarch configuration (``monarch.config``): the runtime's settings.
 
-Skeleton: the settings land with the monarch-actor issue.
+``configure(cleanup_timeout=5.0)`` overrides a setting for this process, ``configured(...)`` does
+so for a ``with`` block, ``get_global_config()`` shows every effective value and
+``get_runtime_config()`` only the overrides. Environment variables (``HYPERACTOR_*``,
+``MONARCH_*``) sit between overrides and defaults. See ``settings()`` for the list of keys.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from monarch.config._registry import (
+    Encoding,
+    Setting,
+    clear_runtime_config,
+    configure,
+    configured,
+    get_global_config,
+    get_runtime_config,
+    settings,
+)
+
+__all__ = [
+    "Encoding",
+    "Setting",
+    "clear_runtime_config",
+    "configure",
+    "configured",
+    "get_global_config",
+    "get_runtime_config",
+    "settings",
+]
+
+for _public in (Encoding, Setting):
+    _public.__module__ = __name__

@@ -1,0 +1,176 @@
+"""Who is running: ``context()``, ``current_rank()``, ``current_size()``.
+
+Why a context variable: the same thread can run code for different actors over time, and an
+async actor runs several concurrent endpoint bodies at once, each answering a different message.
+The runtime sets a ``contextvars.ContextVar`` around every handler (tasks copy it when created),
+so ``current_rank()`` inside a concurrent body still sees *its* message. Code that runs outside
+any actor (the client script, user threads, user asyncio loops) sees the root client context.
+
+``Context.message_rank`` is the receiver's position within the slice that was messaged;
+``Instance.rank`` is its position in the mesh it was spawned as. Calling a one-rank slice with
+``call_one`` therefore shows ``current_rank() == {}`` while ``rank`` keeps the coordinate.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from monarch.actor._ids import ActorId, ProcId
+from monarch.actor._shape import Extent, Point
+
+if TYPE_CHECKING:
+    from monarch.actor._mesh import ProcMesh
+    from monarch.actor._runtime import CellBase
+
+__all__ = [
+    "Context",
+    "CreatorInfo",
+    "Instance",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+]
+
+_CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "monarch_actor_context", default=None
+)
+_EMPTY_POINT = Point(0, Extent([], []))
+
+
+class CreatorInfo(msgspec.Struct, frozen=True):
+    """Serialisable description of the actor that spawned another (``name == "root"`` for the
+    client)."""
+
+    name: str
+    actor_id: str
+    chain: str
+
+
+class Instance:
+    """The running actor: identity, spawn-time rank, its proc mesh, and self-control.
+
+    ``str(instance)`` is the creation chain, e.g. ``<root>.<mymod.Trainer trainers{'gpus': 1/2}>``.
+    """
+
+    __slots__ = (
+        "_cell",
+        "_chain",
+        "actor_id",
+        "class_name",
+        "creator",
+        "name",
+        "proc_id",
+        "proc_mesh",
+        "rank",
+    )
+
+    def __init__(
+        self,
+        *,
+        cell: CellBase,
+        actor_id: ActorId,
+        rank: Point,
+        proc_mesh: ProcMesh | None,
+        name: str,
+        class_name: str,
+        creator: CreatorInfo | None,
+        chain: str,
+    ) -> None:
+        self._cell = cell
+        self.actor_id = actor_id
+        self.proc_id: ProcId = actor_id.proc
+        self.rank = rank
+        self.proc_mesh = proc_mesh
+        self.name = name
+        self.class_name = class_name
+        self.creator = creator
+        self._chain = chain
+
+    @property
+    def proc(self) -> ProcMesh:
+        """The one-proc slice of ``proc_mesh`` this actor runs on."""
+        if self.proc_mesh is None:
+            from monarch.actor._mesh import this_proc
+
+            return this_proc()
+        return self.proc_mesh.slice(**dict(self.rank))
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor gracefully after the current message (not a failure)."""
+        self._cell.request_stop(reason or "stopped by the actor itself")
+
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor after the current message; its owner gets a supervision event."""
+        self._cell.request_abort(reason or "no reason provided")
+
+    def kill(self, reason: str | None = None) -> None:
+        """Same as ``abort`` (the actor fails with ``reason``)."""
+        self.abort(reason)
+
+    def __str__(self) -> str:
+        return self._chain
+
+    def __repr__(self) -> str:
+        return f"Instance({self._chain})"
+
+
+class Context:
+    """What ``context()`` returns: the actor instance and the rank of the current message."""
+
+    __slots__ = ("actor_instance", "message_rank")
+
+    def __init__(self, actor_instance: Instance, message_rank: Point) -> None:
+        self.actor_instance = actor_instance
+        self.message_rank = message_rank
+
+    @property
+    def _cell(self) -> CellBase:
+        return self.actor_instance._cell
+
+    def __repr__(self) -> str:
+        return f"Context({self.actor_instance}, message_rank={self.message_rank})"
+
+
+def _current() -> Context | None:
+    return _CURRENT.get()
+
+
+def context() -> Context:
+    """The running actor's context, or the root client's (bootstrapping it if needed)."""
+    ctx = _CURRENT.get()
+    if ctx is not None:
+        return ctx
+    from monarch.actor._runtime import client
+
+    return client().root.context
+
+
+def current_rank() -> Point:
+    """Position of this actor within the slice that sent the current message."""
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """Extent of the slice that sent the current message, as a dict."""
+    return dict(context().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    """Unique name of the running actor (``str`` of its actor id)."""
+    return str(context().actor_instance.actor_id)
+
+
+def _set_context(ctx: Context) -> contextvars.Token[Context | None]:
+    return _CURRENT.set(ctx)
+
+
+def _reset_context(token: contextvars.Token[Context | None]) -> None:
+    _CURRENT.reset(token)
+
+
+def _empty_point() -> Point:
+    return _EMPTY_POINT

@@ -1,0 +1,446 @@
+"""Proc meshes and actor meshes: shapes over process and actor addresses.
+
+Why they are plain data: an actor is addressed by (PID, actor path), so a mesh is a ``Shape``
+over a tuple of ``ProcId`` plus (for actor meshes) the actor path and class. Slicing builds a new
+handle over a subset of the same processes; pickling sends the same data, and the receiving side
+gets a *reference* (it can message the mesh, not stop it). Only the handle returned by ``spawn`` /
+``_local_proc_mesh`` is *owned*; owners are recorded with the spawning actor (or the root
+client), which stops them when it stops or fails.
+
+Spawning is non-blocking and order-preserving: ``spawn`` sends one SPAWN envelope per rank and
+returns at once; messages sent afterwards queue behind construction; ``initialized`` resolves
+when every rank has run ``__init__`` (successfully or not: a failing ``__init__`` becomes a
+supervision event for the owner, not an exception here).
+
+Process layer: ``_local_proc_mesh(per_host=...)`` creates simulated processes in this Python
+process (``InProcessFabric``), and ``this_proc()`` is the caller's own process. ``this_host()``
+and ``HostMesh.spawn_procs`` need the Chrysalis Node process layer and raise
+``NotImplementedError`` until it is plugged in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Generic, NoReturn, TypeVar, cast
+
+from monarch.actor import _codec
+from monarch.actor._actor import check_actor_class
+from monarch.actor._adverbs import Endpoint, NotAnEndpoint
+from monarch.actor._context import CreatorInfo, _current
+from monarch.actor._endpoint import EndpointProperty, endpoints_of
+from monarch.actor._envelope import ActorAddr, CastInfo, MessageKind
+from monarch.actor._future import Future, _Cell
+from monarch.actor._ids import ProcId
+from monarch.actor._runtime import (
+    CellBase,
+    GatherSink,
+    Reply,
+    RootCell,
+    SpawnSpec,
+    client,
+    current_sender,
+    decode_reply,
+    new_local_runtime,
+)
+from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
+
+__all__ = [
+    "ActorMesh",
+    "HostMesh",
+    "ProcMesh",
+    "local_proc_mesh",
+    "this_host",
+    "this_proc",
+]
+
+T = TypeVar("T")
+_MISSING_LAYER = (
+    "needs the Chrysalis Node process layer (chrysalis.node), which is not plugged into "
+    "monarch.actor yet; use monarch.actor._local_proc_mesh(per_host=...) for in-process "
+    "meshes or this_proc() for the current process"
+)
+
+
+def _all_ok(replies: list[Reply]) -> None:
+    for reply in sorted(replies, key=lambda r: r.rank):
+        decode_reply(reply)
+
+
+def _forget(mesh: Any) -> None:
+    """Drop a mesh stopped by its user from its owner's list (its owner need not stop it)."""
+    owner = getattr(mesh, "_owner", None)
+    if owner is not None:
+        with contextlib.suppress(ValueError):
+            owner.owned.remove(mesh)
+        mesh._owner = None
+
+
+def _is_finished(mesh: Any) -> bool:
+    state = getattr(mesh, "_state", None) or getattr(mesh, "_proc_state", None)
+    return bool(getattr(mesh, "_stopped", False) or (state is not None and state.stopped))
+
+
+def _adopt(owner: CellBase, mesh: Any) -> None:
+    """Record ``owner`` as the owner of ``mesh``, dropping meshes that already stopped (so the
+    list stays as long as the number of live meshes)."""
+    owner.owned[:] = [m for m in owner.owned if not _is_finished(m)]
+    owner.owned.append(mesh)
+    mesh._owner = owner
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+def _creator_of(cell: CellBase) -> CreatorInfo:
+    if isinstance(cell, RootCell):
+        return cell.creator_info()
+    return CreatorInfo(cell.user_name, str(cell.actor_id), cell.display)
+
+
+def _targets_of(
+    procs: Sequence[ProcId], shape: Shape, path: str
+) -> list[tuple[ActorAddr, CastInfo]]:
+    labels = tuple(shape.labels)
+    sizes = tuple(shape.ndslice.sizes)
+    return [
+        (ActorAddr(procs[g].pid.raw, path), CastInfo(labels, sizes, i))
+        for i, g in enumerate(shape.ndslice)
+    ]
+
+
+def _fan_out(kind: MessageKind, targets: list[tuple[ActorAddr, CastInfo]]) -> Future[None]:
+    """Send ``kind`` to every target with one gathering reply port; resolve when all ack."""
+    runtime, sender = current_sender()
+    cell: _Cell[list[Reply]] = _Cell()
+    if not targets:
+        cell.set_result([])
+        return Future._create(cell, _all_ok)
+    port = runtime.open_port(sender, GatherSink(len(targets), cell))
+    try:
+        for addr, cast_info in targets:
+            runtime.post(sender, kind, addr, reply_port=port, cast=cast_info)
+    except BaseException:
+        runtime.close_port(port.index)
+        raise
+    return Future._create(cell, _all_ok)
+
+
+class _ProcMeshState:
+    """Shared by an owned proc mesh and the slices made from it in this process."""
+
+    __slots__ = ("stopped",)
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of processes. ``spawn`` creates one actor per process."""
+
+    __slots__ = ("_name", "_owned", "_owner", "_procs", "_shape", "_state")
+
+    def __init__(
+        self,
+        procs: Sequence[ProcId],
+        shape: Shape,
+        *,
+        owned: bool = False,
+        state: _ProcMeshState | None = None,
+        name: str = "procs",
+    ) -> None:
+        self._procs = tuple(procs)
+        self._shape = shape
+        self._owned = owned
+        self._owner: CellBase | None = None
+        self._state = state
+        self._name = name
+        for rank in shape.ndslice:
+            if not 0 <= rank < len(self._procs):
+                raise ValueError(f"shape selects rank {rank} of {len(self._procs)} procs")
+
+    # -- MeshTrait ---------------------------------------------------------------------------
+    @property
+    def _ndslice(self) -> Slice:
+        return self._shape.ndslice
+
+    @property
+    def _labels(self) -> Sequence[str]:
+        return self._shape.labels
+
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh(self._procs, shape, owned=False, state=self._state, name=self._name)
+
+    # -- API -----------------------------------------------------------------------------------
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to ``True`` once the processes are ready (in-process: at once)."""
+        return Future._completed(True)
+
+    @property
+    def host_mesh(self) -> NoReturn:
+        """Not available: host meshes come with the process layer."""
+        raise NotImplementedError(f"ProcMesh.host_mesh {_MISSING_LAYER}")
+
+    def spawn(self, name: str, actor_class: type[T], *args: Any, **kwargs: Any) -> T:
+        """Spawn ``actor_class(*args, **kwargs)`` on every process; returns the actor mesh.
+
+        Non-blocking. ``ValueError`` for classes that are not ``Actor`` subclasses, mix sync and
+        async endpoints, or use reserved endpoint names.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"actor mesh name must be a non-empty str, got {name!r}")
+        check_actor_class(actor_class)
+        path = f"{name}-{uuid.uuid4().hex[:12]}"
+        runtime, sender = current_sender()
+        cell: _Cell[list[Reply]] = _Cell()
+        mesh: ActorMesh[T] = ActorMesh(
+            actor_class,
+            name,
+            path,
+            self._procs,
+            self._shape,
+            owned=True,
+            initialized=Future._create(cell, _all_ok),
+        )
+        if self._state is not None and self._state.stopped:
+            cell.set_exception(RuntimeError("`ProcMesh` has already been stopped"))
+            return cast(T, mesh)
+        spec = SpawnSpec(name, actor_class, args, kwargs, self, _creator_of(sender))
+        payload = _codec.encode(spec)
+        targets = _targets_of(self._procs, self._shape, path)
+        port = runtime.open_port(sender, GatherSink(len(targets), cell))
+        try:
+            for addr, cast_info in targets:
+                runtime.post(
+                    sender,
+                    MessageKind.SPAWN,
+                    addr,
+                    reply_port=port,
+                    cast=cast_info,
+                    payload=payload,
+                )
+        except BaseException:
+            runtime.close_port(port.index)
+            raise
+        mesh._proc_state = self._state
+        _adopt(sender, mesh)
+        return cast(T, mesh)
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every actor on these processes, then the processes (owner only)."""
+        if not self._owned:
+            raise ValueError("ProcMesh is not owned; must be stopped by an owner")
+        _forget(self)
+        return self._stop_owned() or Future._completed(None)
+
+    def _stop_owned(self) -> Future[None] | None:
+        if self._state is None or self._state.stopped:
+            return None
+        self._state.stopped = True
+        targets = [
+            (ActorAddr(self._procs[g].pid.raw, ""), CastInfo((), (), i))
+            for i, g in enumerate(self._shape.ndslice)
+        ]
+        return _fan_out(MessageKind.STOP_PROC, targets)
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._owned:
+            await self.stop()
+
+    def sync_workspace(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Not implemented on ``ProcMesh`` (as in the reference)."""
+        raise NotImplementedError("sync_workspace is not implemented on ProcMesh")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_proc_mesh, (self._procs, self._shape, self._name))
+
+    def __repr__(self) -> str:
+        owned = "owned" if self._owned else "ref"
+        return f"<ProcMesh {self._name} {self.extent} ({owned})>"
+
+
+def _rebuild_proc_mesh(procs: tuple[ProcId, ...], shape: Shape, name: str) -> ProcMesh:
+    return ProcMesh(procs, shape, owned=False, state=None, name=name)
+
+
+class ActorMesh(MeshTrait, Generic[T]):
+    """One actor per process of a proc mesh; endpoints are attributes (``mesh.method.call()``)."""
+
+    def __init__(
+        self,
+        actor_class: type[T],
+        name: str,
+        path: str,
+        procs: Sequence[ProcId],
+        shape: Shape,
+        *,
+        owned: bool = False,
+        initialized: Future[None] | None = None,
+    ) -> None:
+        self._class = actor_class
+        self._user_name = name
+        self._path = path
+        self._procs = tuple(procs)
+        self._shape = shape
+        self._owned = owned
+        self._initialized = initialized
+        self._owner: CellBase | None = None
+        self._proc_state: _ProcMeshState | None = None
+        self._stopped = False
+        self._chooser = itertools.count()
+        self._endpoints: dict[str, EndpointProperty[Any, Any]] = endpoints_of(actor_class)
+
+    # -- MeshTrait ---------------------------------------------------------------------------
+    @property
+    def _ndslice(self) -> Slice:
+        return self._shape.ndslice
+
+    @property
+    def _labels(self) -> Sequence[str]:
+        return self._shape.labels
+
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
+        return ActorMesh(self._class, self._user_name, self._path, self._procs, shape)
+
+    def _targets(self) -> list[tuple[ActorAddr, CastInfo]]:
+        return _targets_of(self._procs, self._shape, self._path)
+
+    # -- endpoints -------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_class", "_endpoints"):
+            raise AttributeError(name)
+        prop = self._endpoints.get(name)
+        if prop is not None:
+            return Endpoint(self, name, prop)
+        if callable(getattr(self._class, name, None)) and not name.startswith("_"):
+            return NotAnEndpoint(self, name)
+        raise AttributeError(f"{self._class.__qualname__} has no endpoint {name!r}")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def initialized(self) -> Future[None]:
+        """Resolves once every rank ran ``__init__`` (even if it raised)."""
+        if self._initialized is not None:
+            return self._initialized
+        # A reference: ask every rank; the answer queues behind construction (FIFO).
+        cell: _Cell[list[Reply]] = _Cell()
+        targets = self._targets()
+        if not targets:
+            cell.set_result([])
+        else:
+            runtime, sender = current_sender()
+            port = runtime.open_port(sender, GatherSink(len(targets), cell))
+            payload = _codec.encode(((), {}))
+            for addr, cast_info in targets:
+                runtime.post(
+                    sender,
+                    MessageKind.CALL,
+                    addr,
+                    endpoint="__monarch_ping__",
+                    reply_port=port,
+                    cast=cast_info,
+                    payload=payload,
+                )
+        return Future._create(cell, _ignore)
+
+    @property
+    def _name(self) -> Future[str]:
+        """The mesh's unique internal name (what ``MeshFailure.mesh_name`` reports)."""
+        return Future._completed(self._path)
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Gracefully stop this actor mesh (owner only); later calls fail with
+        ``SupervisionError``."""
+        if not self._owned:
+            raise ValueError("ActorMesh is not owned; must be stopped by an owner")
+        _forget(self)
+        return self._stop_owned() or Future._completed(None)
+
+    def _stop_owned(self) -> Future[None] | None:
+        if self._stopped:
+            return None
+        self._stopped = True
+        return _fan_out(MessageKind.STOP, self._targets())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_actor_mesh,
+            (self._class, self._user_name, self._path, self._procs, self._shape),
+        )
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._user_name} of {self._class.__qualname__} {self.extent}>"
+
+
+def _rebuild_actor_mesh(
+    actor_class: type[Any], name: str, path: str, procs: tuple[ProcId, ...], shape: Shape
+) -> ActorMesh[Any]:
+    return ActorMesh(actor_class, name, path, procs, shape)
+
+
+class HostMesh(MeshTrait):
+    """A mesh of hosts. Provided by the Chrysalis Node process layer (not available yet)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(f"HostMesh {_MISSING_LAYER}")
+
+    @property
+    def _ndslice(self) -> Slice:  # pragma: no cover - instances cannot exist
+        raise NotImplementedError
+
+    @property
+    def _labels(self) -> Sequence[str]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:  # pragma: no cover
+        raise NotImplementedError
+
+
+def this_host() -> HostMesh:
+    """The host of ``this_proc()``; needs the Chrysalis Node process layer."""
+    raise NotImplementedError(f"this_host() {_MISSING_LAYER}")
+
+
+def this_proc() -> ProcMesh:
+    """The current process as a one-process mesh (extent ``{}``): actors spawned on it run in
+    this process. On the client that is the client's own process."""
+    runtime, _ = current_sender()
+    return ProcMesh([runtime.proc_id], Shape.unity(), owned=False, name=runtime.label)
+
+
+def local_proc_mesh(per_host: dict[str, int] | None = None, *, name: str = "local") -> ProcMesh:
+    """An owned mesh of simulated processes inside this Python process.
+
+    ``per_host`` gives the dimensions (``{"gpus": 2}``, ``{"hosts": 1, "gpus": 2}``); omitted
+    means one process with no dimensions. Each process has its own PID, actors and ports and
+    talks to the others only through envelopes on the in-process fabric.
+    """
+    sizes = dict(per_host or {})
+    for label, size in sizes.items():
+        if not isinstance(label, str) or isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError("per_host maps dimension names to int sizes")
+        if size < 1:
+            raise ValueError(f"per_host size for {label!r} must be at least 1, got {size}")
+    extent = Extent(list(sizes), list(sizes.values()))
+    client()
+    procs = []
+    for point in extent.points():
+        runtime = new_local_runtime(f"{name}{point}")
+        procs.append(runtime.proc_id)
+    mesh = ProcMesh(procs, Shape.from_extent(extent), owned=True, state=_ProcMeshState(), name=name)
+    ctx = _current()
+    _adopt(ctx._cell if ctx is not None else client().root, mesh)
+    return mesh

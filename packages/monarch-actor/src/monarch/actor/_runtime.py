@@ -1,0 +1,1766 @@
+"""The actor runtime of one process: routing, mailboxes, actor threads, ports, supervision.
+
+Theory of operation
+-------------------
+A *process* is a ``ProcRuntime``: a transport attachment (its PID), a ``RuntimeLoop`` that
+receives envelopes, the actors living in it (by path), and the ports opened in it (by index). The
+client script's OS process has one, with the *root client* pseudo-actor at path ``"root"``;
+in-process simulated processes (``_local_proc_mesh``) are more of them on the same fabric.
+
+Threads:
+
+- The runtime loop thread routes every inbound envelope (``_on_envelope``): calls, stops and
+  supervision events go into the target actor's mailbox; port messages complete futures or fill
+  port receivers. It never runs user code and never blocks.
+- Each actor has its own thread, created at spawn, so an actor processes one message at a time in
+  arrival order, thread-local state set in ``__init__`` is visible in every endpoint, and
+  different actors run concurrently. A *sync* actor's thread runs its endpoints directly (no
+  asyncio loop is visible to them, so they may block on ``Future.get()``); an *async* actor's
+  thread runs a private asyncio loop on which its endpoints are awaited one after the other
+  (``concurrent_endpoint`` bodies run as tasks on that loop).
+- Senders (user threads, actor threads) encode values and call the transport themselves; the
+  transport hands envelopes to the destination loop in FIFO order, which is what preserves
+  per-sender, per-receiver order.
+
+Three result paths (spec section 8):
+
+1. An endpoint raises an ``Exception`` and the message has a reply port: the caller gets an
+   ``ActorError``; the actor lives on.
+2. No reply port (``broadcast``/``send``), an explicit-port endpoint raising, a
+   ``BaseException``, ``__init__`` raising, ``abort()``, an unhandled supervision event: the
+   actor *fails*. The message being handled (if it has a reply port) and every message queued or
+   arriving later get a ``SupervisionError``; owned meshes are stopped, concurrent bodies
+   cancelled, ``__cleanup__(exc)`` runs, and the owner receives a ``SUPERVISION`` envelope.
+3. Process death: left to the process layer (a Node reports it); nothing here simulates it.
+
+A retired actor leaves a *tombstone* (bounded, oldest dropped) so later messages to it fail fast
+with the original failure, which is how slices containing a failed rank keep failing.
+
+Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages (a task on async
+actors); truthy means handled, falsy or missing means the owner fails in turn with the child's
+event as ``cause``; at the root, ``monarch.actor.unhandled_fault_hook`` (looked up at call time)
+runs on a dedicated thread, and if it raises the report goes to stderr and the main thread gets
+``KeyboardInterrupt``.
+
+Every queue is bounded by ``monarch.config`` settings: actor mailboxes
+(``actor_mailbox_capacity``; an overflowing call is rejected with a ``SupervisionError``), port
+receivers (``port_queue_capacity``), open ports (``max_open_ports``), actors per process
+(``max_actors_per_proc``), tombstones (``MAX_TOMBSTONES``) and the fault-hook queue.
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import atexit
+import collections
+import contextlib
+import inspect
+import itertools
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from monarch.actor import _codec
+from monarch.actor._actor import check_actor_class
+from monarch.actor._context import (
+    Context,
+    CreatorInfo,
+    Instance,
+    _empty_point,
+    _reset_context,
+    _set_context,
+)
+from monarch.actor._endpoint import EndpointProperty, endpoints_of
+from monarch.actor._envelope import (
+    FLAG_EXPLICIT_PORT,
+    ActorAddr,
+    CastInfo,
+    Envelope,
+    FrameLimits,
+    MessageKind,
+    PortAddr,
+)
+from monarch.actor._errors import (
+    ActorError,
+    CodecError,
+    ErrorCategory,
+    FailureEvent,
+    MeshFailure,
+    PortClosedError,
+    PortOverflowError,
+    SupervisionError,
+    format_remote_traceback,
+)
+from monarch.actor._future import Future, _Cell
+from monarch.actor._ids import ActorId, ProcId
+from monarch.actor._loop import RuntimeLoop
+from monarch.actor._shape import Extent, Point
+from monarch.actor._transport import InProcessFabric
+from monarch.config import _registry as _config
+
+if TYPE_CHECKING:
+    from monarch.actor._mesh import ProcMesh
+
+__all__ = [
+    "MAX_TOMBSTONES",
+    "ActorCell",
+    "CellBase",
+    "ProcRuntime",
+    "Reply",
+    "RootCell",
+    "UndeliverableEnvelope",
+    "client",
+    "current_sender",
+    "decode_reply",
+    "shutdown_client",
+]
+
+_log = logging.getLogger("monarch.actor.runtime")
+
+#: Retired actors remembered per process (for fail-fast replies); the oldest are forgotten.
+MAX_TOMBSTONES = 4096
+#: Pending unhandled faults waiting for the fault hook; more are dropped (and logged).
+MAX_PENDING_FAULTS = 10_000
+_EMPTY = _codec.Payload(b"")
+_NONE_PAYLOAD = _codec.encode(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replies and port sinks (filled on the runtime loop, decoded by whoever observes them)
+# ---------------------------------------------------------------------------------------------
+class Reply:
+    """A raw message delivered to a port: decoded later, in the observer's thread."""
+
+    __slots__ = ("buffers", "kinds", "ok", "payload", "rank")
+
+    def __init__(
+        self, ok: bool, payload: bytes, buffers: Sequence[object], kinds: bytes, rank: int
+    ) -> None:
+        self.ok = ok
+        self.payload = payload
+        self.buffers = buffers
+        self.kinds = kinds
+        self.rank = rank
+
+    @classmethod
+    def error(cls, exc: BaseException, rank: int) -> Reply:
+        payload = _encode_exception(exc)
+        return cls(
+            False,
+            payload.data,
+            _codec.detach_buffers(payload.buffers, payload.kinds),
+            payload.kinds,
+            rank,
+        )
+
+
+def _nothing() -> None:
+    return None
+
+
+def decode_reply(reply: Reply) -> Any:
+    """The value of ``reply``; raises the delivered exception for error replies."""
+    value = _codec.decode(reply.payload, reply.buffers, reply.kinds)
+    if reply.ok:
+        return value
+    if isinstance(value, BaseException):
+        raise value
+    raise CodecError(f"port error payload is a {type(value).__name__}, not an exception")
+
+
+class PortSink:
+    """Receives replies for one port on the runtime loop. ``deliver`` returns True when done.
+
+    A sink that is done calls ``closer()`` *before* completing its futures, so by the time a
+    caller sees the result the port is already closed.
+    """
+
+    __slots__ = ("closer",)
+
+    def __init__(self) -> None:
+        self.closer: Callable[[], None] = _nothing
+
+    def deliver(self, reply: Reply) -> bool:
+        raise NotImplementedError
+
+    def abandon(self, exc: BaseException) -> None:
+        """The port is being closed without its expected replies."""
+
+
+class OneSink(PortSink):
+    """Completes one cell with the first reply."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: _Cell[Reply]) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def deliver(self, reply: Reply) -> bool:
+        self.closer()
+        self.cell.set_result(reply)
+        return True
+
+    def abandon(self, exc: BaseException) -> None:
+        self.cell.set_exception(exc)
+
+
+class GatherSink(PortSink):
+    """Collects one reply per rank (by cast rank); completes with the list when all arrived."""
+
+    __slots__ = ("cell", "count", "slots")
+
+    def __init__(self, n: int, cell: _Cell[list[Reply]]) -> None:
+        super().__init__()
+        self.slots: list[Reply | None] = [None] * n
+        self.count = 0
+        self.cell = cell
+        if n == 0:
+            cell.set_result([])
+
+    def deliver(self, reply: Reply) -> bool:
+        rank = reply.rank
+        if 0 <= rank < len(self.slots) and self.slots[rank] is None:
+            self.slots[rank] = reply
+            self.count += 1
+        if self.count == len(self.slots):
+            self.closer()
+            self.cell.set_result([r for r in self.slots if r is not None])
+            return True
+        return False
+
+    def abandon(self, exc: BaseException) -> None:
+        self.cell.set_exception(exc)
+
+
+class StreamSink(PortSink):
+    """Completes the k-th cell with the k-th arriving reply."""
+
+    __slots__ = ("cells", "next")
+
+    def __init__(self, cells: list[_Cell[Reply]]) -> None:
+        super().__init__()
+        self.cells = cells
+        self.next = 0
+
+    def deliver(self, reply: Reply) -> bool:
+        if self.next >= len(self.cells):
+            return True
+        cell = self.cells[self.next]
+        self.next += 1
+        done = self.next >= len(self.cells)
+        if done:
+            self.closer()
+        cell.set_result(reply)
+        return done
+
+    def abandon(self, exc: BaseException) -> None:
+        for cell in self.cells[self.next :]:
+            cell.set_exception(exc)
+
+
+class QueueSink(PortSink):
+    """A port receiver's bounded queue of replies plus its waiting ``recv`` futures."""
+
+    __slots__ = ("capacity", "closed", "items", "lock", "once", "overflowed", "waiters")
+
+    def __init__(self, capacity: int, once: bool) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.once = once
+        self.items: collections.deque[Reply] = collections.deque()
+        self.waiters: collections.deque[_Cell[Reply]] = collections.deque()
+        self.lock = threading.Lock()
+        self.overflowed = 0
+        self.closed = False
+
+    def deliver(self, reply: Reply) -> bool:
+        with self.lock:
+            if self.closed:
+                return True
+            waiter = self.waiters.popleft() if self.waiters else None
+            if waiter is None:
+                if len(self.items) >= self.capacity:
+                    self.overflowed += 1
+                    return False
+                self.items.append(reply)
+            if self.once:
+                self.closed = True
+        if waiter is not None:
+            waiter.set_result(reply)
+        return self.once
+
+    def take(self) -> _Cell[Reply]:
+        cell: _Cell[Reply] = _Cell()
+        with self.lock:
+            if self.items:
+                cell.set_result(self.items.popleft())
+            elif self.overflowed:
+                dropped, self.overflowed = self.overflowed, 0
+                cell.set_exception(
+                    PortOverflowError(
+                        f"port receiver queue overflowed (capacity {self.capacity}); "
+                        f"{dropped} messages were dropped"
+                    )
+                )
+            elif self.closed:
+                cell.set_exception(PortClosedError("the port is closed"))
+            elif len(self.waiters) >= self.capacity:
+                cell.set_exception(
+                    PortOverflowError(f"more than {self.capacity} pending recv() calls")
+                )
+            else:
+                self.waiters.append(cell)
+        return cell
+
+    def abandon(self, exc: BaseException) -> None:
+        with self.lock:
+            self.closed = True
+            waiters, self.waiters = list(self.waiters), collections.deque()
+        for waiter in waiters:
+            waiter.set_exception(exc)
+
+
+def _encode_exception(exc: BaseException) -> _codec.Payload:
+    try:
+        return _codec.encode(exc)
+    except Exception as first:
+        text = f"{type(exc).__qualname__}: {exc}"
+        stand_in = RuntimeError(f"unpicklable remote exception {text} ({first})")
+        if isinstance(exc, ActorError):
+            fallback: BaseException = ActorError(stand_in, exc.message, exc.exception_formatted)
+        else:
+            fallback = stand_in
+        try:
+            return _codec.encode(fallback)
+        except Exception:
+            return _codec.encode(RuntimeError(text[:4096]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells: anything that can send and own (actors, the root client, a process's agent)
+# ---------------------------------------------------------------------------------------------
+class CellBase:
+    """Something with an address that sends messages and may own meshes."""
+
+    runtime: ProcRuntime
+    path: str
+    addr: ActorAddr
+    display: str
+    user_name: str
+
+    def __init__(self, runtime: ProcRuntime, path: str, display: str, user_name: str) -> None:
+        self.runtime = runtime
+        self.path = path
+        self.addr = ActorAddr(runtime.pid_raw, path)
+        self.display = display
+        self.user_name = user_name
+        self.owned: list[Any] = []
+        self._sequence = itertools.count()
+
+    def next_sequence(self) -> int:
+        """The sender's next message sequence number."""
+        return next(self._sequence)
+
+    @property
+    def actor_id(self) -> ActorId:
+        """This cell's actor id."""
+        return ActorId(self.runtime.proc_id, self.path)
+
+    def request_stop(self, reason: str) -> None:
+        raise RuntimeError(f"{self.display} cannot be stopped this way")
+
+    def request_abort(self, reason: str) -> None:
+        raise RuntimeError(f"{self.display} cannot be aborted this way")
+
+
+class _AgentCell(CellBase):
+    """A process's own sender identity (bounces, acknowledgements)."""
+
+
+class UndeliverableEnvelope:
+    """What ``Actor._handle_undeliverable_message`` receives for a bounced message."""
+
+    __slots__ = ("_dest", "_endpoint", "_error", "_sender")
+
+    def __init__(self, sender: str, dest: str, endpoint: str, error: str) -> None:
+        self._sender = sender
+        self._dest = dest
+        self._endpoint = endpoint
+        self._error = error
+
+    def sender(self) -> str:
+        """The actor that sent the message."""
+        return self._sender
+
+    def dest(self) -> str:
+        """The address it could not reach."""
+        return self._dest
+
+    def endpoint(self) -> str:
+        """The endpoint it named."""
+        return self._endpoint
+
+    def error_msg(self) -> str:
+        """Why it was not delivered."""
+        return self._error
+
+    def __repr__(self) -> str:
+        return f"UndeliverableEnvelope({self._sender} -> {self._dest}: {self._error})"
+
+
+class _Bounce(msgspec.Struct, frozen=True):
+    sender: ActorAddr
+    target: ActorAddr
+    endpoint: str
+    reason: str
+
+
+def _actor_text(addr: ActorAddr) -> str:
+    return f"{addr.path}@{addr.pid.hex()[:12]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Mailbox
+# ---------------------------------------------------------------------------------------------
+class _Item:
+    __slots__ = ()
+
+
+class _InitItem(_Item):
+    __slots__ = ("buffers", "env")
+
+    def __init__(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        self.env = env
+        self.buffers = buffers
+
+
+class _CallItem(_InitItem):
+    __slots__ = ()
+
+
+class _StopItem(_Item):
+    __slots__ = ("done", "env", "reason")
+
+    def __init__(
+        self, reason: str, env: Envelope | None, done: Callable[[], None] | None = None
+    ) -> None:
+        self.reason = reason
+        self.env = env
+        self.done = done
+
+
+class _SuperviseItem(_Item):
+    __slots__ = ("event",)
+
+    def __init__(self, event: FailureEvent) -> None:
+        self.event = event
+
+
+class _BounceItem(_Item):
+    __slots__ = ("bounce",)
+
+    def __init__(self, bounce: _Bounce) -> None:
+        self.bounce = bounce
+
+
+class _FailItem(_Item):
+    __slots__ = ("env", "event", "exc")
+
+    def __init__(
+        self, event: FailureEvent, exc: BaseException | None, env: Envelope | None = None
+    ) -> None:
+        self.event = event
+        self.exc = exc
+        self.env = env
+
+
+class _Mailbox:
+    """Bounded FIFO of items for one actor; blocking ``get`` (sync) or awaitable ``aget``."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: collections.deque[_Item] = collections.deque()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._capacity = capacity
+        self._wake: Callable[[], None] | None = None
+        self._event: asyncio.Event | None = None
+        self._waiting = False
+        self._closed = False
+
+    def put(self, item: _Item, force: bool = False) -> bool:
+        wake = None
+        with self._lock:
+            if self._closed or (len(self._items) >= self._capacity and not force):
+                return False
+            self._items.append(item)
+            if self._wake is None:
+                self._cond.notify()
+            elif self._waiting:
+                self._waiting = False
+                wake = self._wake
+        if wake is not None:
+            wake()
+        return True
+
+    def get(self) -> _Item:
+        with self._cond:
+            while not self._items:
+                self._cond.wait()
+            return self._items.popleft()
+
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        event = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+
+        with self._lock:
+            self._event = event
+            self._wake = wake
+
+    async def aget(self) -> _Item:
+        assert self._event is not None
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                self._waiting = True
+                self._event.clear()
+            await self._event.wait()
+
+    def close(self) -> list[_Item]:
+        with self._lock:
+            self._closed = True
+            items, self._items = list(self._items), collections.deque()
+        return items
+
+
+# ---------------------------------------------------------------------------------------------
+# Actor cells
+# ---------------------------------------------------------------------------------------------
+_STARTING, _RUNNING, _STOPPING, _STOPPED, _FAILED = range(5)
+
+
+class SpawnSpec:
+    """What a SPAWN envelope carries (pickled): the class, its arguments, and context."""
+
+    __slots__ = ("args", "cls", "creator", "kwargs", "name", "proc_mesh")
+
+    def __init__(
+        self,
+        name: str,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        proc_mesh: ProcMesh | None,
+        creator: CreatorInfo | None,
+    ) -> None:
+        self.name = name
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+        self.proc_mesh = proc_mesh
+        self.creator = creator
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            SpawnSpec,
+            (self.name, self.cls, self.args, self.kwargs, self.proc_mesh, self.creator),
+        )
+
+
+def _point_of(cast: CastInfo | None) -> Point:
+    if cast is None:
+        return _empty_point()
+    try:
+        return Point(cast.rank, Extent(cast.labels, cast.sizes))
+    except (ValueError, TypeError):
+        return _empty_point()
+
+
+def _is_default(cls: type, name: str) -> bool:
+    method = getattr(cls, name, None)
+    return method is None or bool(getattr(method, "_monarch_default", False))
+
+
+class ActorCell(CellBase):
+    """One actor instance on its own thread (see the module docstring)."""
+
+    def __init__(self, runtime: ProcRuntime, env: Envelope) -> None:
+        path = env.target.path
+        super().__init__(runtime, path, f"<{path}>", path)
+        self.owner = env.sender
+        self.spawn_point = _point_of(env.cast)
+        self.rank = env.cast.rank if env.cast is not None else 0
+        self.mailbox = _Mailbox(int(_config.get("actor_mailbox_capacity")))
+        self.state = _STARTING
+        self.failure: FailureEvent | None = None
+        self.actor: Any = None
+        self.cls: type | None = None
+        self.is_async = False
+        self.endpoints: dict[str, EndpointProperty[Any, Any]] = {}
+        self.instance: Instance | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
+        self._pending_failure = None
+        self._stopping_tasks = False
+        self._thread = threading.Thread(
+            target=self._main, name=f"monarch-actor:{path}[{self.rank}]", daemon=True
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, init: _InitItem) -> None:
+        self.mailbox.put(init, force=True)
+        self._thread.start()
+
+    def enqueue(self, item: _Item, force: bool = False) -> bool:
+        return self.mailbox.put(item, force=force)
+
+    def request_stop(self, reason: str) -> None:
+        self.mailbox.put(_StopItem(reason, None), force=True)
+
+    def request_abort(self, reason: str) -> None:
+        event = self._event(ErrorCategory.USER, f"aborted: {reason}")
+        self.mailbox.put(_FailItem(event, None), force=True)
+
+    def _event(
+        self,
+        category: ErrorCategory,
+        reason: str,
+        exc: BaseException | None = None,
+        cause: FailureEvent | None = None,
+        kind: str = "failed",
+    ) -> FailureEvent:
+        event = FailureEvent(
+            category=str(category),
+            kind=kind,
+            actor=self.display,
+            mesh_name=self.path,
+            rank=self.rank,
+            reason=reason,
+            traceback=format_remote_traceback(exc) if exc is not None else "",
+        )
+        return event.with_cause(cause) if cause is not None else event
+
+    def _record_failure(
+        self, event: FailureEvent, exc: BaseException | None, env: Envelope | None = None
+    ) -> None:
+        if self._pending_failure is None:
+            self._pending_failure = (event, exc, env)
+
+    def _main(self) -> None:
+        try:
+            init = self.mailbox.get()
+            assert isinstance(init, _InitItem)
+            spec = self._decode_spawn(init)
+            if spec is None:
+                self._die_sync()
+                return
+            if self.is_async:
+                loop = asyncio.new_event_loop()
+                self.loop = loop
+                asyncio.set_event_loop(loop)
+                self.mailbox.use_loop(loop)
+                try:
+                    loop.run_until_complete(self._run_async(spec, init))
+                finally:
+                    with contextlib.suppress(Exception):
+                        leftover = asyncio.all_tasks(loop)
+                        for task in leftover:
+                            task.cancel()
+                        if leftover:
+                            loop.run_until_complete(asyncio.wait(leftover, timeout=1.0))
+                    asyncio.set_event_loop(None)
+                    loop.close()
+            else:
+                self._run_sync(spec, init)
+        except BaseException:  # the thread must always retire the cell
+            _log.exception("actor thread %s crashed", self.display)
+            if self.failure is None:
+                self.failure = self._event(ErrorCategory.SYSTEM, "actor thread crashed")
+                self.state = _FAILED
+        finally:
+            with contextlib.suppress(Exception):
+                self.runtime.loop.call_soon(self.runtime._retire, self)
+
+    def _decode_spawn(self, init: _InitItem) -> SpawnSpec | None:
+        env = init.env
+        try:
+            spec = _codec.decode(env.payload, init.buffers, env.buffer_kinds)
+            if not isinstance(spec, SpawnSpec):
+                raise CodecError("SPAWN payload is not a SpawnSpec")
+        except Exception as exc:
+            self._reply_init(env)
+            self._record_failure(
+                self._event(
+                    ErrorCategory.USER,
+                    "the actor class or its arguments could not be "
+                    f"unpickled: {type(exc).__name__}: {exc}",
+                    exc,
+                ),
+                exc,
+            )
+            return None
+        cls = spec.cls
+        try:
+            self.is_async = check_actor_class(cls)
+        except ValueError as exc:
+            self._reply_init(env)
+            self._record_failure(self._event(ErrorCategory.USER, str(exc), exc), exc)
+            return None
+        self.cls = cls
+        self.user_name = spec.name
+        self.endpoints = endpoints_of(cls)
+        class_name = f"{cls.__module__}.{cls.__qualname__}"
+        creator_chain = spec.creator.chain if spec.creator is not None else "<root>"
+        self.display = f"{creator_chain}.<{class_name} {spec.name}{self.spawn_point}>"
+        self.instance = Instance(
+            cell=self,
+            actor_id=self.actor_id,
+            rank=self.spawn_point,
+            proc_mesh=spec.proc_mesh,
+            name=spec.name,
+            class_name=class_name,
+            creator=spec.creator,
+            chain=self.display,
+        )
+        return spec
+
+    def _construct(self, spec: SpawnSpec, init: _InitItem) -> bool:
+        assert self.instance is not None
+        token = _set_context(Context(self.instance, self.spawn_point))
+        try:
+            self.actor = spec.cls(*spec.args, **spec.kwargs)
+        except BaseException as exc:
+            self._record_failure(
+                self._event(
+                    ErrorCategory.USER, f"__init__ raised {type(exc).__name__}: {exc}", exc
+                ),
+                exc,
+            )
+            return False
+        finally:
+            _reset_context(token)
+            self._reply_init(init.env)
+        self.state = _RUNNING
+        return True
+
+    def _reply_init(self, env: Envelope) -> None:
+        if env.reply_port is not None:
+            self._post_reply(env, _NONE_PAYLOAD)
+
+    # -- sync actors ------------------------------------------------------------------------
+    def _run_sync(self, spec: SpawnSpec, init: _InitItem) -> None:
+        if not self._construct(spec, init):
+            self._die_sync()
+            return
+        while True:
+            item = self.mailbox.get()
+            stop: _StopItem | None = None
+            if isinstance(item, _CallItem):
+                self._call_sync(item)
+            elif isinstance(item, _StopItem):
+                stop = item
+            elif isinstance(item, _SuperviseItem):
+                self._supervise_sync(item.event)
+            elif isinstance(item, _BounceItem):
+                self._bounce(item.bounce)
+            elif isinstance(item, _FailItem):
+                self._record_failure(item.event, item.exc, item.env)
+            if self._pending_failure is not None:
+                self._die_sync()
+                return
+            if stop is not None:
+                self._stop_sync(stop)
+                return
+
+    def _call_sync(self, item: _CallItem) -> None:
+        env = item.env
+        explicit = self._explicit(env)
+        token = _set_context(self._message_context(env))
+        try:
+            fn, args, kwargs = self._begin(item, explicit)
+            result = fn(*args, **kwargs)
+            if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
+                result = asyncio.run(result)
+        except Exception as exc:
+            self._raised(env, exc, explicit)
+            return
+        except BaseException as exc:
+            self._raised_base(env, exc)
+            return
+        finally:
+            _reset_context(token)
+        if not explicit:
+            self._reply_value(env, result)
+
+    def _supervise_sync(self, event: FailureEvent) -> None:
+        if self.cls is None or _is_default(self.cls, "__supervise__"):
+            self._record_failure(self._unhandled(event), None)
+            return
+        assert self.instance is not None
+        token = _set_context(Context(self.instance, self.spawn_point))
+        try:
+            handled = self.actor.__supervise__(MeshFailure(event))
+            if inspect.iscoroutine(handled):
+                handled = asyncio.run(handled)
+        except BaseException as exc:
+            self._record_failure(self._supervise_raised(event, exc), exc)
+            return
+        finally:
+            _reset_context(token)
+        if not handled:
+            self._record_failure(self._unhandled(event), None)
+
+    def _die_sync(self) -> None:
+        exc = self._begin_failure()
+        self._stop_owned()
+        self._cleanup_sync(exc)
+        self._announce_failure()
+
+    def _stop_sync(self, item: _StopItem) -> None:
+        self.state = _STOPPING
+        self._stop_owned()
+        self._cleanup_sync(None)
+        self._finish_stop(item)
+
+    def _cleanup_sync(self, exc: BaseException | None) -> None:
+        if self.actor is None or self.cls is None or _is_default(self.cls, "__cleanup__"):
+            return
+        try:
+            result = self.actor.__cleanup__(exc)
+            if inspect.iscoroutine(result):
+                timeout = float(_config.get("cleanup_timeout"))
+                asyncio.run(asyncio.wait_for(result, timeout))
+        except BaseException as error:
+            self._cleanup_failed(error)
+
+    # -- async actors -----------------------------------------------------------------------
+    async def _run_async(self, spec: SpawnSpec, init: _InitItem) -> None:
+        if not self._construct(spec, init):
+            await self._die_async()
+            return
+        while True:
+            item = await self.mailbox.aget()
+            stop: _StopItem | None = None
+            if isinstance(item, _CallItem):
+                prop = self.endpoints.get(item.env.endpoint)
+                if prop is not None and prop._concurrent:
+                    self._start_concurrent(item, prop)
+                else:
+                    await self._call_async(item)
+            elif isinstance(item, _StopItem):
+                stop = item
+            elif isinstance(item, _SuperviseItem):
+                self._track(self._supervise_async(item.event))
+            elif isinstance(item, _BounceItem):
+                self._bounce(item.bounce)
+            elif isinstance(item, _FailItem):
+                self._record_failure(item.event, item.exc, item.env)
+            if self._pending_failure is not None:
+                await self._die_async()
+                return
+            if stop is not None:
+                await self._stop_async(stop)
+                return
+
+    def _track(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _call_async(self, item: _CallItem) -> None:
+        env = item.env
+        explicit = self._explicit(env)
+        token = _set_context(self._message_context(env))
+        try:
+            fn, args, kwargs = self._begin(item, explicit)
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            self._raised(env, exc, explicit)
+            return
+        except BaseException as exc:
+            self._raised_base(env, exc)
+            return
+        finally:
+            _reset_context(token)
+        if not explicit:
+            self._reply_value(env, result)
+
+    def _start_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
+        token = _set_context(self._message_context(item.env))
+        try:  # the task copies the context, so the body sees its own message rank
+            self._track(self._run_concurrent(item, prop))
+        finally:
+            _reset_context(token)
+
+    async def _run_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
+        env = item.env
+        forwards = not prop._user_port and env.reply_port is not None
+        try:
+            fn, args, kwargs = self._begin(item, prop._user_port)
+            result = await fn(*args, **kwargs)
+        except asyncio.CancelledError:
+            if forwards and self._stopping_tasks:
+                self._reply_error(
+                    env,
+                    SupervisionError(
+                        event=self._event(
+                            ErrorCategory.SYSTEM,
+                            "the actor stopped while the concurrent endpoint was running",
+                            kind="stopped",
+                        ),
+                        endpoint=f"{self.user_name}.{env.endpoint}",
+                    ),
+                )
+            elif forwards:
+                self._reply_error(env, self._actor_error(env, asyncio.CancelledError(), True))
+            raise
+        except Exception as exc:
+            if forwards:
+                self._reply_error(env, self._actor_error(env, exc, False))
+            elif not self._stopping_tasks:
+                self._fail_later(env, exc)
+            return
+        except BaseException as exc:
+            if forwards:
+                self._reply_error(env, self._actor_error(env, exc, True))
+            elif not self._stopping_tasks:
+                self._fail_later(env, exc)
+            return
+        if forwards:
+            self._reply_value(env, result)
+
+    def _fail_later(self, env: Envelope, exc: BaseException) -> None:
+        event = self._event(
+            ErrorCategory.USER,
+            f"endpoint {env.endpoint}() raised {type(exc).__name__}: {exc}",
+            exc,
+        )
+        self.mailbox.put(_FailItem(event, exc, env), force=True)
+
+    async def _supervise_async(self, event: FailureEvent) -> None:
+        if self.cls is None or _is_default(self.cls, "__supervise__"):
+            self.mailbox.put(_FailItem(self._unhandled(event), None), force=True)
+            return
+        assert self.instance is not None
+        token = _set_context(Context(self.instance, self.spawn_point))
+        try:
+            handled = self.actor.__supervise__(MeshFailure(event))
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except asyncio.CancelledError:
+            if self._stopping_tasks:
+                return  # a pending __supervise__ cancelled by stop does not propagate
+            raise
+        except BaseException as exc:
+            self.mailbox.put(_FailItem(self._supervise_raised(event, exc), exc), force=True)
+            return
+        finally:
+            _reset_context(token)
+        if not handled:
+            self.mailbox.put(_FailItem(self._unhandled(event), None), force=True)
+
+    async def _cancel_tasks(self) -> None:
+        self._stopping_tasks = True
+        while self.tasks:
+            pending = list(self.tasks)
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=float(_config.get("cleanup_timeout")))
+            self.tasks.difference_update(pending)
+
+    async def _die_async(self) -> None:
+        exc = self._begin_failure()
+        self._stop_owned()
+        await self._cancel_tasks()
+        await self._cleanup_async(exc)
+        self._announce_failure()
+
+    async def _stop_async(self, item: _StopItem) -> None:
+        self.state = _STOPPING
+        self._stop_owned()
+        await self._cancel_tasks()
+        await self._cleanup_async(None)
+        self._finish_stop(item)
+
+    async def _cleanup_async(self, exc: BaseException | None) -> None:
+        if self.actor is None or self.cls is None or _is_default(self.cls, "__cleanup__"):
+            return
+        try:
+            result = self.actor.__cleanup__(exc)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, float(_config.get("cleanup_timeout")))
+        except BaseException as error:
+            self._cleanup_failed(error)
+
+    # -- shared pieces ------------------------------------------------------------------------
+    def _message_context(self, env: Envelope) -> Context:
+        assert self.instance is not None
+        return Context(self.instance, _point_of(env.cast))
+
+    def _explicit(self, env: Envelope) -> bool:
+        prop = self.endpoints.get(env.endpoint)
+        if prop is not None:
+            return prop._user_port
+        return bool(env.flags & FLAG_EXPLICIT_PORT)
+
+    def _begin(
+        self, item: _CallItem, explicit: bool
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        env = item.env
+        if env.endpoint == "__monarch_ping__":
+            return (lambda: None), (), {}
+        prop = self.endpoints.get(env.endpoint)
+        if prop is not None:
+            fn: Callable[..., Any] = prop._method.__get__(self.actor, self.cls)
+        else:
+            attr = getattr(self.actor, env.endpoint, None) if env.endpoint[:1] != "_" else None
+            if attr is None or not callable(attr):
+                raise AttributeError(f"{self.display} has no endpoint {env.endpoint!r}")
+            fn = attr
+        decoded = _codec.decode(env.payload, item.buffers, env.buffer_kinds)
+        if (
+            not isinstance(decoded, tuple)
+            or len(decoded) != 2
+            or not isinstance(decoded[0], tuple)
+            or not isinstance(decoded[1], dict)
+        ):
+            raise CodecError("call payload is not an (args, kwargs) pair")
+        args, kwargs = decoded
+        if explicit:
+            from monarch.actor._port import Port
+
+            if env.reply_port is None:
+                raise RuntimeError(f"{env.endpoint}() needs a reply port but none was sent")
+            args = (Port._bound(env.reply_port, env.cast), *args)
+        return fn, args, kwargs
+
+    def _actor_error(self, env: Envelope, exc: BaseException, base: bool) -> ActorError:
+        suffix = " with BaseException" if base else ""
+        return ActorError(exc, f"Actor call {self.user_name}.{env.endpoint} failed{suffix}.")
+
+    def _raised(self, env: Envelope, exc: Exception, explicit: bool) -> None:
+        if env.reply_port is not None and not explicit:
+            self._reply_error(env, self._actor_error(env, exc, False))
+            return
+        event = self._event(
+            ErrorCategory.USER,
+            f"endpoint {env.endpoint}() raised {type(exc).__name__}: {exc}",
+            exc,
+        )
+        self._record_failure(event, exc, env)
+
+    def _raised_base(self, env: Envelope, exc: BaseException) -> None:
+        event = self._event(
+            ErrorCategory.USER,
+            f"endpoint {env.endpoint}() raised {type(exc).__name__} (a BaseException): {exc}",
+            exc,
+        )
+        self._record_failure(event, exc, env)
+
+    def _unhandled(self, event: FailureEvent) -> FailureEvent:
+        return self._event(
+            ErrorCategory.SYSTEM,
+            f"a supervision event from owned mesh {event.mesh_name!r} (rank {event.rank}) was "
+            "not handled",
+            cause=event,
+        )
+
+    def _supervise_raised(self, event: FailureEvent, exc: BaseException) -> FailureEvent:
+        return self._event(
+            ErrorCategory.USER,
+            f"__supervise__ raised {type(exc).__name__}: {exc}",
+            exc,
+            cause=event,
+        )
+
+    def _cleanup_failed(self, error: BaseException) -> None:
+        if isinstance(error, TimeoutError | asyncio.TimeoutError):
+            reason = f"__cleanup__ did not finish within {_config.get('cleanup_timeout')} s"
+        else:
+            reason = f"__cleanup__ raised {type(error).__name__}: {error}"
+        if self.state == _FAILED:
+            _log.warning("%s: %s (after the actor had failed)", self.display, reason)
+            return
+        self.failure = self._event(ErrorCategory.USER, reason, error)
+        self.state = _FAILED
+        self._announce_failure()
+
+    def _bounce(self, bounce: _Bounce) -> None:
+        envelope = UndeliverableEnvelope(
+            _actor_text(bounce.sender), _actor_text(bounce.target), bounce.endpoint, bounce.reason
+        )
+        handled = False
+        if self.cls is not None and not _is_default(self.cls, "_handle_undeliverable_message"):
+            try:
+                handled = bool(self.actor._handle_undeliverable_message(envelope))
+            except Exception as exc:
+                self._record_failure(
+                    self._event(ErrorCategory.USER, "_handle_undeliverable_message raised", exc),
+                    exc,
+                )
+                return
+        if not handled:
+            self._record_failure(
+                self._event(
+                    ErrorCategory.SYSTEM,
+                    f"a message it sent to {_actor_text(bounce.target)} "
+                    f"({bounce.endpoint or 'port'}) could not be delivered: {bounce.reason}",
+                ),
+                None,
+            )
+
+    def _begin_failure(self) -> BaseException | None:
+        assert self._pending_failure is not None
+        event, exc, env = self._pending_failure
+        self.state = _FAILED
+        self.failure = event
+        if env is not None and env.reply_port is not None:
+            self._reply_error(
+                env, SupervisionError(event=event, endpoint=f"{self.user_name}.{env.endpoint}")
+            )
+        return exc
+
+    def _announce_failure(self) -> None:
+        assert self.failure is not None
+        payload = _codec.Payload(msgspec.msgpack.encode(self.failure))
+        try:
+            self.runtime.post(self, MessageKind.SUPERVISION, self.owner, payload=payload)
+        except Exception:
+            _log.exception("could not report the failure of %s to its owner", self.display)
+
+    def _finish_stop(self, item: _StopItem) -> None:
+        if self.state != _FAILED:
+            self.state = _STOPPED
+            self.failure = self._event(ErrorCategory.SYSTEM, item.reason, kind="stopped")
+        if item.env is not None and item.env.reply_port is not None:
+            self._post_reply(item.env, _NONE_PAYLOAD)
+        if item.done is not None:
+            self.runtime.loop.call_soon(item.done)
+
+    def _stop_owned(self) -> None:
+        owned, self.owned = self.owned, []
+        _stop_meshes(owned)
+
+    def _reply_value(self, env: Envelope, value: Any) -> None:
+        if env.reply_port is None:
+            return
+        try:
+            payload = _codec.encode(value)
+        except Exception as exc:
+            error = ActorError(
+                exc,
+                f"Actor call {self.user_name}.{env.endpoint} failed: the result could not "
+                "be pickled.",
+            )
+            self._reply_error(env, error)
+            return
+        self._post_reply(env, payload)
+
+    def _post_reply(self, env: Envelope, payload: _codec.Payload) -> None:
+        assert env.reply_port is not None
+        try:
+            self.runtime.post(
+                self,
+                MessageKind.PORT_VALUE,
+                env.reply_port.actor,
+                port=env.reply_port.index,
+                cast=env.cast,
+                payload=payload,
+            )
+        except Exception as exc:  # e.g. the result is too large for a frame
+            self._reply_error(
+                env,
+                ActorError(
+                    exc,
+                    f"Actor call {self.user_name}.{env.endpoint} failed: the reply was not sent.",
+                ),
+            )
+
+    def _reply_error(self, env: Envelope, exc: BaseException) -> None:
+        if env.reply_port is not None:
+            self.runtime.reply_error(self, env.reply_port, env.cast, exc)
+
+
+def _stop_meshes(meshes: Sequence[Any], timeout: float | None = None) -> None:
+    """Stop owned meshes (actor meshes before proc meshes, newest first), all at once, then
+    wait for them within one overall ``timeout``."""
+    if timeout is None:
+        timeout = float(_config.get("stop_actor_timeout"))
+    ordered = list(meshes)[::-1]  # newest first; then actor meshes before proc meshes
+    ordered.sort(key=lambda m: type(m).__name__ == "ProcMesh")
+    pending = []
+    for mesh in ordered:
+        try:
+            future = mesh._stop_owned()
+        except Exception:
+            _log.exception("could not stop owned mesh %r", mesh)
+            continue
+        if future is not None:
+            pending.append((mesh, future))
+    deadline = time.monotonic() + timeout
+    for mesh, future in pending:
+        if not future._cell.wait(max(0.0, deadline - time.monotonic())):
+            _log.warning("owned mesh %r did not stop within %.1f s", mesh, timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The root client
+# ---------------------------------------------------------------------------------------------
+class RootCell(CellBase):
+    """The client script as an actor: owner of everything it spawns, end of supervision."""
+
+    def __init__(self, runtime: ProcRuntime) -> None:
+        super().__init__(runtime, "root", "<root>", "root")
+        self.instance = Instance(
+            cell=self,
+            actor_id=self.actor_id,
+            rank=_empty_point(),
+            proc_mesh=None,
+            name="root",
+            class_name="monarch.actor.RootClientActor",
+            creator=None,
+            chain="<root>",
+        )
+        self.context = Context(self.instance, _empty_point())
+        self._faults: queue.Queue[FailureEvent] = queue.Queue(MAX_PENDING_FAULTS)
+        self._hook_thread: threading.Thread | None = None
+        self._hook_lock = threading.Lock()
+
+    def creator_info(self) -> CreatorInfo:
+        return CreatorInfo("root", str(self.actor_id), "<root>")
+
+    def on_fault(self, event: FailureEvent) -> None:
+        """Queue an unhandled failure for the fault hook (runtime loop thread)."""
+        try:
+            self._faults.put_nowait(event)
+        except queue.Full:
+            _log.error("dropping unhandled fault (hook queue full): %s", event.headline())
+            return
+        with self._hook_lock:
+            if self._hook_thread is None:
+                self._hook_thread = threading.Thread(
+                    target=self._run_hook, name="monarch-fault-hook", daemon=True
+                )
+                self._hook_thread.start()
+
+    def _run_hook(self) -> None:
+        while True:
+            event = self._faults.get()
+            failure = MeshFailure(event)
+            module = sys.modules.get("monarch.actor")
+            hook = getattr(module, "unhandled_fault_hook", None) if module else None
+            try:
+                if hook is None:
+                    raise SystemExit(1)
+                hook(failure)
+            except BaseException:
+                sys.stderr.write(
+                    f"monarch.actor: unhandled fault reached the root client:\n{failure.report()}\n"
+                )
+                sys.stderr.flush()
+                _interrupt_main_thread()
+
+    def request_stop(self, reason: str) -> None:
+        raise RuntimeError("the root client cannot stop itself; use shutdown_context()")
+
+    def request_abort(self, reason: str) -> None:
+        raise RuntimeError("the root client cannot abort itself")
+
+
+def _interrupt_main_thread() -> None:
+    """Raise ``KeyboardInterrupt`` in the main thread, waking it from blocking calls.
+
+    ``_thread.interrupt_main`` alone only sets a flag that a thread blocked in ``sleep`` or a
+    lock wait notices when the call returns; a real SIGINT to the main thread wakes it (when
+    Python's default SIGINT handler is installed, which turns it into ``KeyboardInterrupt``).
+    """
+    main = threading.main_thread()
+    if (
+        hasattr(signal, "pthread_kill")
+        and main.ident is not None
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.pthread_kill(main.ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
+
+
+# ---------------------------------------------------------------------------------------------
+# One process
+# ---------------------------------------------------------------------------------------------
+class ProcRuntime:
+    """The runtime of one (possibly simulated) process. See the module docstring."""
+
+    def __init__(self, fabric: InProcessFabric, loop: RuntimeLoop, label: str) -> None:
+        self.loop = loop
+        self.label = label
+        self.transport = fabric.attach(loop, self._on_envelope, self._on_undeliverable)
+        self.pid_raw = self.transport.pid.raw
+        self.proc_id = ProcId(self.transport.pid, label)
+        self.cells: dict[str, ActorCell] = {}
+        self.tombstones: collections.OrderedDict[str, tuple[FailureEvent, str]] = (
+            collections.OrderedDict()
+        )
+        self.root: RootCell | None = None
+        self.agent = _AgentCell(self, "", f"<proc {label}>", "")
+        self.stopped = False
+        self._ports: dict[int, PortSink] = {}
+        self._port_lock = threading.Lock()
+        self._next_port = itertools.count(1)
+
+    # -- sending ------------------------------------------------------------------------------
+    def post(
+        self,
+        sender: CellBase,
+        kind: MessageKind,
+        target: ActorAddr,
+        *,
+        port: int = -1,
+        endpoint: str = "",
+        reply_port: PortAddr | None = None,
+        cast: CastInfo | None = None,
+        payload: _codec.Payload = _EMPTY,
+        flags: int = 0,
+    ) -> None:
+        """Send one envelope from ``sender`` (any thread; FIFO per thread and destination)."""
+        envelope = Envelope(
+            kind,
+            sender.addr,
+            target,
+            port,
+            endpoint,
+            sender.next_sequence(),
+            reply_port,
+            cast,
+            payload.data,
+            tuple(b.nbytes for b in payload.buffers),
+            payload.kinds,
+            flags,
+        )
+        self.transport.send(envelope, payload.buffers)
+
+    def reply_error(
+        self, sender: CellBase, reply_port: PortAddr, cast: CastInfo | None, exc: BaseException
+    ) -> None:
+        """Send ``exc`` to ``reply_port`` (falling back to a stand-in if it cannot be pickled)."""
+        payload = _encode_exception(exc)
+        try:
+            self.post(
+                sender,
+                MessageKind.PORT_ERROR,
+                reply_port.actor,
+                port=reply_port.index,
+                cast=cast,
+                payload=payload,
+            )
+        except Exception:
+            _log.exception("could not send an error reply to %r", reply_port)
+
+    # -- ports ----------------------------------------------------------------------------------
+    def open_port(self, owner: CellBase, sink: PortSink) -> PortAddr:
+        """Register ``sink`` under a new port index owned by ``owner`` (any thread)."""
+        limit = int(_config.get("max_open_ports"))
+        with self._port_lock:
+            if len(self._ports) >= limit:
+                raise PortOverflowError(f"this process already has {limit} open ports")
+            index = next(self._next_port)
+            self._ports[index] = sink
+        sink.closer = lambda: self.close_port(index)
+        return PortAddr(self.pid_raw, owner.path, index)
+
+    def close_port(self, index: int) -> None:
+        """Forget port ``index`` (idempotent)."""
+        with self._port_lock:
+            self._ports.pop(index, None)
+
+    @property
+    def open_ports(self) -> int:
+        """Number of open ports (for tests and statistics)."""
+        return len(self._ports)
+
+    def _deliver_port(self, index: int, reply: Reply) -> None:
+        with self._port_lock:
+            sink = self._ports.get(index)
+        if sink is None:
+            _log.debug("dropping a message for closed port %d", index)
+            return
+        if sink.deliver(reply):
+            self.close_port(index)
+
+    # -- inbound (runtime loop thread) ---------------------------------------------------------
+    def _on_envelope(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        try:
+            self._route(env, buffers)
+        except Exception:
+            _log.exception("failed to route %s envelope", env.kind.name)
+
+    def _route(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        kind = env.kind
+        if kind in (MessageKind.PORT_VALUE, MessageKind.PORT_ERROR):
+            rank = env.cast.rank if env.cast is not None else 0
+            reply = Reply(
+                kind == MessageKind.PORT_VALUE, env.payload, buffers, env.buffer_kinds, rank
+            )
+            self._deliver_port(env.port, reply)
+            return
+        if kind == MessageKind.SPAWN:
+            self._spawn(env, buffers)
+            return
+        if kind == MessageKind.STOP_PROC:
+            self._stop_proc(env)
+            return
+        path = env.target.path
+        if path == "root" and self.root is not None:
+            self._to_root(env)
+            return
+        cell = self.cells.get(path)
+        if cell is None:
+            self._reject(env, self._missing_event(env))
+            return
+        item: _Item
+        if kind == MessageKind.CALL:
+            item = _CallItem(env, buffers)
+        elif kind == MessageKind.STOP:
+            item = _StopItem("stopped by its owner", env)
+        elif kind == MessageKind.SUPERVISION:
+            item = _SuperviseItem(msgspec.msgpack.decode(env.payload, type=FailureEvent))
+        else:  # UNDELIVERABLE
+            item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
+        if not cell.enqueue(item, force=kind != MessageKind.CALL):
+            event = FailureEvent(
+                category=str(ErrorCategory.SYSTEM),
+                kind="undeliverable",
+                actor=cell.display,
+                mesh_name=path,
+                rank=cell.rank,
+                reason=f"the actor's mailbox is full ({_config.get('actor_mailbox_capacity')})",
+            )
+            self._reject(env, (event, cell.user_name))
+
+    def _to_root(self, env: Envelope) -> None:
+        assert self.root is not None
+        if env.kind == MessageKind.SUPERVISION:
+            self.root.on_fault(msgspec.msgpack.decode(env.payload, type=FailureEvent))
+        elif env.kind == MessageKind.UNDELIVERABLE:
+            bounce = msgspec.msgpack.decode(env.payload, type=_Bounce)
+            self.root.on_fault(
+                FailureEvent(
+                    category=str(ErrorCategory.SYSTEM),
+                    kind="undeliverable",
+                    actor=_actor_text(bounce.target),
+                    mesh_name=bounce.target.path,
+                    rank=-1,
+                    reason=f"a message from the client ({bounce.endpoint or 'port'}) could not "
+                    f"be delivered: {bounce.reason}",
+                )
+            )
+        else:
+            event = FailureEvent(
+                category=str(ErrorCategory.SYSTEM),
+                kind="undeliverable",
+                actor="<root>",
+                mesh_name="root",
+                rank=-1,
+                reason="the root client has no endpoints",
+            )
+            self._reject(env, (event, "root"))
+
+    def _missing_event(self, env: Envelope) -> tuple[FailureEvent, str]:
+        path = env.target.path
+        stone = self.tombstones.get(path)
+        if stone is not None:
+            event, user_name = stone
+            if event.kind == "failed":
+                unhealthy = FailureEvent(
+                    category=event.category,
+                    kind="unhealthy",
+                    actor=event.actor,
+                    mesh_name=event.mesh_name,
+                    rank=event.rank,
+                    reason=event.headline(),
+                ).with_cause(event)
+                return unhealthy, user_name
+            return event, user_name
+        reason = (
+            "actor mesh is stopped due to proc mesh shutdown"
+            if self.stopped
+            else f"no actor {path!r} exists in this process"
+        )
+        event = FailureEvent(
+            category=str(ErrorCategory.SYSTEM),
+            kind="stopped" if self.stopped else "undeliverable",
+            actor=_actor_text(env.target),
+            mesh_name=path,
+            rank=env.cast.rank if env.cast is not None else -1,
+            reason=reason,
+        )
+        return event, path.rsplit("-", 1)[0]
+
+    def _reject(self, env: Envelope, why: tuple[FailureEvent, str]) -> None:
+        event, user_name = why
+        if env.kind in (MessageKind.CALL, MessageKind.SPAWN):
+            if env.reply_port is not None:
+                endpoint = f"{user_name}.{env.endpoint or 'spawn'}"
+                self.reply_error(
+                    self.agent,
+                    env.reply_port,
+                    env.cast,
+                    SupervisionError(event=event, endpoint=endpoint),
+                )
+            elif env.kind == MessageKind.CALL:
+                self._bounce_to_sender(env, event.report())
+        elif env.kind == MessageKind.STOP and env.reply_port is not None:
+            self.post(
+                self.agent,
+                MessageKind.PORT_VALUE,
+                env.reply_port.actor,
+                port=env.reply_port.index,
+                cast=env.cast,
+                payload=_NONE_PAYLOAD,
+            )
+        elif env.kind == MessageKind.SUPERVISION:
+            _log.warning("supervision event for a retired owner %s dropped", env.target.path)
+
+    def _bounce_to_sender(self, env: Envelope, reason: str) -> None:
+        bounce = _Bounce(env.sender, env.target, env.endpoint, reason)
+        payload = _codec.Payload(msgspec.msgpack.encode(bounce))
+        try:
+            self.post(self.agent, MessageKind.UNDELIVERABLE, env.sender, payload=payload)
+        except Exception:
+            _log.exception("could not bounce a message back to its sender")
+
+    def _on_undeliverable(self, env: Envelope, reason: str) -> None:
+        """An envelope this process sent could not be delivered (runtime loop thread)."""
+        event = FailureEvent(
+            category=str(ErrorCategory.INFRASTRUCTURE),
+            kind="undeliverable",
+            actor=_actor_text(env.target),
+            mesh_name=env.target.path,
+            rank=env.cast.rank if env.cast is not None else -1,
+            reason=reason,
+        )
+        if (
+            env.kind
+            in (MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP_PROC, MessageKind.STOP)
+            and env.reply_port is not None
+        ):
+            user_name = env.target.path.rsplit("-", 1)[0]
+            error = SupervisionError(event=event, endpoint=f"{user_name}.{env.endpoint or 'stop'}")
+            rank = env.cast.rank if env.cast is not None else 0
+            if env.reply_port.pid == self.pid_raw:
+                self._deliver_port(env.reply_port.index, Reply.error(error, rank))
+            else:
+                self.reply_error(self.agent, env.reply_port, env.cast, error)
+        elif env.kind == MessageKind.CALL:
+            bounce = _Bounce(env.sender, env.target, env.endpoint, reason)
+            self._route(
+                Envelope(
+                    MessageKind.UNDELIVERABLE,
+                    self.agent.addr,
+                    env.sender,
+                    -1,
+                    "",
+                    0,
+                    None,
+                    None,
+                    msgspec.msgpack.encode(bounce),
+                ),
+                [],
+            )
+        else:
+            _log.debug("undeliverable %s envelope dropped: %s", env.kind.name, reason)
+
+    def _spawn(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        path = env.target.path
+        problem = None
+        if self.stopped:
+            problem = "`ProcMesh` has already been stopped"
+        elif path in self.cells or path in self.tombstones or path in ("", "root"):
+            problem = f"an actor named {path!r} already exists in this process"
+        elif len(self.cells) >= int(_config.get("max_actors_per_proc")):
+            problem = f"this process already runs {len(self.cells)} actors"
+        if problem is not None:
+            if env.reply_port is not None:
+                self.reply_error(self.agent, env.reply_port, env.cast, RuntimeError(problem))
+            return
+        cell = ActorCell(self, env)
+        self.cells[path] = cell
+        cell.start(_InitItem(env, buffers))
+
+    def _stop_proc(self, env: Envelope) -> None:
+        self.stopped = True
+        cells = list(self.cells.values())
+        finished = [False]
+        timer: list[asyncio.TimerHandle] = []
+
+        def finish() -> None:
+            if finished[0]:
+                return
+            finished[0] = True
+            for handle in timer:
+                handle.cancel()
+            if env.reply_port is not None:
+                self.post(
+                    self.agent,
+                    MessageKind.PORT_VALUE,
+                    env.reply_port.actor,
+                    port=env.reply_port.index,
+                    cast=env.cast,
+                    payload=_NONE_PAYLOAD,
+                )
+            if self.root is None:
+                self.transport.close()
+
+        remaining = [len(cells)]
+
+        def one_done() -> None:
+            remaining[0] -= 1
+            if remaining[0] <= 0:
+                finish()
+
+        if not cells:
+            finish()
+            return
+        for cell in cells:
+            cell.enqueue(
+                _StopItem("actor mesh is stopped due to proc mesh shutdown", None, one_done),
+                force=True,
+            )
+        timer.append(self.loop.loop.call_later(float(_config.get("stop_actor_timeout")), finish))
+
+    def _retire(self, cell: ActorCell) -> None:
+        """An actor thread finished: forget it, keep a tombstone, reject what is left."""
+        if self.cells.get(cell.path) is cell:
+            del self.cells[cell.path]
+        event = cell.failure or cell._event(ErrorCategory.SYSTEM, "stopped", kind="stopped")
+        self.tombstones[cell.path] = (event, cell.user_name)
+        while len(self.tombstones) > MAX_TOMBSTONES:
+            self.tombstones.popitem(last=False)
+        for item in cell.mailbox.close():
+            if isinstance(item, _CallItem):
+                self._reject(item.env, self._missing_event(item.env))
+            elif isinstance(item, _StopItem):
+                if item.env is not None:
+                    self._reject(item.env, (event, cell.user_name))
+                if item.done is not None:
+                    item.done()
+
+    def close(self) -> None:
+        """Detach from the transport and abandon open ports."""
+        self.transport.close()
+        with self._port_lock:
+            sinks, self._ports = list(self._ports.values()), {}
+        for sink in sinks:
+            sink.abandon(SupervisionError("the client runtime was shut down"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The client (this OS process)
+# ---------------------------------------------------------------------------------------------
+def _frame_limits() -> FrameLimits:
+    return FrameLimits(max_frame_bytes=int(_config.get("codec_max_frame_length")))
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = RuntimeLoop("monarch-runtime")
+        self.loop.start()
+        self.fabric = InProcessFabric(_frame_limits)
+        self.runtime = ProcRuntime(self.fabric, self.loop, "client")
+        self.root = RootCell(self.runtime)
+        self.runtime.root = self.root
+        self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
+        from monarch.actor._mesh import ProcMesh
+        from monarch.actor._shape import Shape
+
+        self.root.instance.proc_mesh = ProcMesh(
+            [self.runtime.proc_id], Shape.unity(), owned=False, name="client"
+        )
+
+
+_client: _Client | None = None
+_client_lock = threading.Lock()
+_atexit_registered = False
+
+
+def client() -> _Client:
+    """The client runtime of this OS process, bootstrapped on first use (and after fork)."""
+    global _client, _atexit_registered
+    current = _client
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _client_lock:
+        if _client is None or _client.pid != os.getpid():
+            _client = _Client()
+            if not _atexit_registered:
+                atexit.register(_shutdown_at_exit)
+                _atexit_registered = True
+        return _client
+
+
+def current_sender() -> tuple[ProcRuntime, CellBase]:
+    """The process runtime and cell of whoever is running (an actor, or the root client)."""
+    from monarch.actor._context import _current
+
+    ctx = _current()
+    if ctx is not None:
+        cell = ctx._cell
+        return cell.runtime, cell
+    c = client()
+    return c.runtime, c.root
+
+
+def shutdown_client(timeout: float = 5.0) -> None:
+    """Stop everything the root client owns, then the runtime loop (bounded; idempotent)."""
+    global _client
+    with _client_lock:
+        current, _client = _client, None
+    if current is None or current.pid != os.getpid():
+        return
+    owned, current.root.owned = current.root.owned, []
+    _stop_meshes(owned, timeout)
+    for runtime in list(current.local_runtimes):
+        runtime.close()
+    current.runtime.close()
+    current.loop.stop(timeout=min(timeout, 1.0))
+
+
+def _shutdown_at_exit() -> None:
+    with contextlib.suppress(Exception):
+        shutdown_client(timeout=1.0)
+
+
+def new_local_runtime(label: str) -> ProcRuntime:
+    """A simulated process on the client's fabric and loop."""
+    c = client()
+    runtime = ProcRuntime(c.fabric, c.loop, label)
+    c.local_runtimes.add(runtime)
+    return runtime
+
+
+def gather_future(n: int, decode: Callable[[list[Reply]], Any]) -> tuple[PortAddr, Future[Any]]:
+    """Open a port collecting ``n`` ranked replies; the future decodes them with ``decode``."""
+    runtime, sender = current_sender()
+    cell: _Cell[list[Reply]] = _Cell()
+    addr = runtime.open_port(sender, GatherSink(n, cell))
+    if n == 0:
+        runtime.close_port(addr.index)
+    return addr, Future._create(cell, decode)

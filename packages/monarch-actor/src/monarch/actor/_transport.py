@@ -1,0 +1,164 @@
+"""The runtime seam between actor processes and whatever moves envelopes between them.
+
+Why a seam: the actor runtime (mailboxes, ports, supervision) must not care whether two
+processes are threads of one Python process, OS processes on one host, or hosts apart. A
+``ProcessTransport`` is all it sees: a process identity (a Chrysalis PID), ``send(envelope,
+buffers)`` to any (PID, actor path), and two callbacks it installs when it attaches, one for
+envelopes that arrive and one for envelopes that could not be delivered. Both callbacks run on
+the attached process's runtime loop.
+
+``InProcessFabric`` is the implementation used now: every attached "process" lives in this
+Python process and has its own PID and runtime loop (several may share one loop). Sending copies
+the out-of-band buffers once into receiver-owned memory (the header and pickle stream are
+immutable and are shared), then hands the envelope to the destination loop with a thread-safe,
+FIFO call: messages from one thread to one destination arrive in send order. An unknown or
+detached destination makes the envelope bounce to the sender's ``undeliverable`` callback.
+
+The Chrysalis Node process layer will provide the same interface over its streams
+(``encode_frame``/``FrameDecoder`` from ``_envelope``); the runtime does not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from chrysalis.core import Pid
+from monarch.actor._codec import detach_buffers
+from monarch.actor._envelope import Envelope, FrameLimits, check_size
+from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
+
+__all__ = [
+    "DeliverCallback",
+    "InProcessFabric",
+    "InProcessTransport",
+    "ProcessTransport",
+    "UndeliverableCallback",
+]
+
+DeliverCallback = Callable[[Envelope, list[bytes | bytearray]], None]
+UndeliverableCallback = Callable[[Envelope, str], None]
+
+
+class ProcessTransport(Protocol):
+    """What the actor runtime needs from the layer that connects processes.
+
+    Contract:
+
+    - ``pid`` identifies this process for the transport's lifetime.
+    - ``send`` may be called from any thread; it never blocks on the network. Envelopes sent
+      from one thread to one destination are delivered in order. ``buffers`` may alias the
+      sender's memory only until ``send`` returns. Raises ``MessageTooLargeError`` for messages
+      over the transport's bound.
+    - Delivered envelopes reach the ``deliver`` callback, and envelopes that cannot be delivered
+      reach the ``undeliverable`` callback with a reason, both on this process's runtime loop.
+    - ``close`` detaches the process; later envelopes addressed to it are undeliverable.
+    """
+
+    @property
+    def pid(self) -> Pid: ...
+
+    def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessFabric:
+    """A simulated network of processes inside this Python process (see module docstring)."""
+
+    def __init__(self, limits: FrameLimits | Callable[[], FrameLimits] | None = None) -> None:
+        self._limits = limits or FrameLimits()
+        self._members: dict[bytes, InProcessTransport] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def limits(self) -> FrameLimits:
+        """Bounds applied to every message (a callable given at construction is asked each
+        time, so configuration changes apply at once)."""
+        return self._limits if isinstance(self._limits, FrameLimits) else self._limits()
+
+    def attach(
+        self,
+        loop: RuntimeLoop,
+        deliver: DeliverCallback,
+        undeliverable: UndeliverableCallback,
+        pid: Pid | None = None,
+    ) -> InProcessTransport:
+        """Attach a new process with a fresh random PID (or ``pid``) and return its transport."""
+        with self._lock:
+            while pid is None or pid.raw in self._members:
+                pid = Pid(os.urandom(16))
+            transport = InProcessTransport(self, pid, loop, deliver, undeliverable)
+            self._members[pid.raw] = transport
+        return transport
+
+    def _detach(self, transport: InProcessTransport) -> None:
+        with self._lock:
+            if self._members.get(transport.pid.raw) is transport:
+                del self._members[transport.pid.raw]
+
+    def _lookup(self, pid: bytes) -> InProcessTransport | None:
+        return self._members.get(pid)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+
+class InProcessTransport:
+    """One process's attachment to an ``InProcessFabric``."""
+
+    def __init__(
+        self,
+        fabric: InProcessFabric,
+        pid: Pid,
+        loop: RuntimeLoop,
+        deliver: DeliverCallback,
+        undeliverable: UndeliverableCallback,
+    ) -> None:
+        self._fabric = fabric
+        self._pid = pid
+        self._loop = loop
+        self._deliver = deliver
+        self._undeliverable = undeliverable
+        self._closed = False
+
+    @property
+    def pid(self) -> Pid:
+        """This process's PID."""
+        return self._pid
+
+    @property
+    def closed(self) -> bool:
+        """True once detached."""
+        return self._closed
+
+    def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None:
+        """Copy the buffers once and hand the envelope to the destination's loop."""
+        check_size(
+            len(envelope.payload),
+            sum(b.nbytes for b in buffers),
+            len(buffers),
+            self._fabric.limits,
+        )
+        destination = self._fabric._lookup(envelope.target.pid)
+        if destination is None or destination._closed:
+            self._bounce(envelope, "the destination process is not reachable (stopped or unknown)")
+            return
+        owned = detach_buffers(buffers, envelope.buffer_kinds)
+        try:
+            destination._loop.call_soon(destination._deliver, envelope, owned)
+        except RuntimeLoopClosedError:
+            self._bounce(envelope, "the destination process has shut down")
+
+    def _bounce(self, envelope: Envelope, reason: str) -> None:
+        # If the sender's own loop is gone, nobody is left to tell.
+        with contextlib.suppress(RuntimeLoopClosedError):
+            self._loop.call_soon(self._undeliverable, envelope, reason)
+
+    def close(self) -> None:
+        """Detach from the fabric (idempotent)."""
+        self._closed = True
+        self._fabric._detach(self)

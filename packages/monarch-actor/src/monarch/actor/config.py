@@ -1,0 +1,12 @@
+"""Flags of ``monarch.actor`` read at use time (``monarch.actor.config``).
+
+``prefix_python_logs_with_actor``: whether log records emitted inside actors are prefixed with
+``[actor=<instance chain>]``. Kept for compatibility; the log prefix filter itself is not part of
+this increment.
+"""
+
+from __future__ import annotations
+
+__all__ = ["prefix_python_logs_with_actor"]
+
+prefix_python_logs_with_actor: bool = True

@@ -1,0 +1,261 @@
+"""``Future``: the reference's future characterization (catalogue item 76) and thread hand-off."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from typing import Any
+
+import pytest
+
+from monarch.actor import Future
+from monarch.actor._future import _all_done, _Cell
+from monarch.actor._loop import RuntimeLoop
+
+
+def pending() -> tuple[_Cell[Any], Future[Any]]:
+    cell: _Cell[Any] = _Cell()
+    return cell, Future._create(cell)
+
+
+def later(cell: _Cell[Any], value: Any, delay: float = 0.02) -> threading.Timer:
+    timer = threading.Timer(delay, cell.set_result, (value,))
+    timer.start()
+    return timer
+
+
+def test_direct_construction_is_rejected() -> None:
+    with pytest.raises(TypeError, match="cannot be constructed directly"):
+        Future()
+    with pytest.raises(TypeError):
+        Future(coro=None)
+
+
+def test_get_returns_the_value_and_caches_it() -> None:
+    calls: list[int] = []
+
+    def double(raw: int) -> int:
+        calls.append(raw)
+        return raw * 2
+
+    cell: _Cell[int] = _Cell()
+    future = Future._create(cell, double)
+    cell.set_result(21)
+    assert future.get() == 42
+    assert future.get() == 42
+    assert calls == [21]  # decoded once
+
+
+def test_get_reraises_the_identical_exception() -> None:
+    cell, future = pending()
+    error = ValueError("boom")
+    cell.set_exception(error)
+    with pytest.raises(ValueError) as first:
+        future.get()
+    with pytest.raises(ValueError) as second:
+        future.get()
+    assert first.value is error
+    assert second.value is error
+
+
+def test_a_decode_failure_is_the_cached_outcome() -> None:
+    cell: _Cell[int] = _Cell()
+    future = Future._create(cell, lambda raw: 1 // raw)
+    cell.set_result(0)
+    with pytest.raises(ZeroDivisionError) as first:
+        future.get()
+    with pytest.raises(ZeroDivisionError) as second:
+        future.get()
+    assert first.value is second.value
+
+
+def test_timeout_does_not_cancel_the_work() -> None:
+    cell, future = pending()
+    with pytest.raises(TimeoutError):
+        future.get(timeout=0.01)
+    cell.set_result("late")
+    assert future.get(timeout=1) == "late"
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1", True])
+def test_invalid_timeouts_are_value_errors(bad: Any) -> None:
+    cell, future = pending()
+    with pytest.raises(ValueError, match="timeout"):
+        future.get(timeout=bad)
+    cell.set_result(1)
+    assert future.get() == 1
+
+
+def test_first_completion_wins() -> None:
+    cell, future = pending()
+    assert cell.set_result(1)
+    assert not cell.set_result(2)
+    assert not cell.set_exception(ValueError())
+    assert future.get() == 1
+
+
+def test_done_reports_completion() -> None:
+    cell, future = pending()
+    assert not future.done()
+    cell.set_result(None)
+    assert future.done()
+
+
+def test_result_and_exception_aliases() -> None:
+    cell, future = pending()
+    cell.set_exception(KeyError("k"))
+    assert isinstance(future.exception(timeout=1), KeyError)
+    with pytest.raises(KeyError):
+        future.result()
+    ok = Future._completed(5)
+    assert ok.exception() is None
+    assert ok.result() == 5
+
+
+def test_completion_from_another_thread_wakes_get() -> None:
+    cell, future = pending()
+    later(cell, "hi")
+    assert future.get(timeout=5) == "hi"
+
+
+def test_await_repeatedly_and_mixed_with_get() -> None:
+    cell, future = pending()
+
+    async def main() -> list[Any]:
+        later(cell, 7)
+        first = await future
+        second = await future
+        return [first, second, await future.as_asyncio()]
+
+    assert asyncio.run(main()) == [7, 7, 7]
+    assert future.get() == 7
+
+
+def test_get_after_await_and_await_after_get_share_the_exception() -> None:
+    cell, future = pending()
+    cell.set_exception(RuntimeError("x"))
+    with pytest.raises(RuntimeError) as from_get:
+        future.get()
+
+    async def main() -> BaseException:
+        try:
+            await future
+        except RuntimeError as exc:
+            return exc
+        raise AssertionError("no exception")
+
+    assert asyncio.run(main()) is from_get.value
+
+
+def test_awaiting_without_a_running_loop_is_a_value_error_and_leaves_the_future_usable() -> None:
+    cell, future = pending()
+
+    async def waiter() -> Any:
+        return await future
+
+    coro = waiter()
+    with pytest.raises(ValueError, match="no active event loop"):
+        coro.send(None)
+    coro.close()
+    cell.set_result(3)
+    assert future.get() == 3
+
+
+def test_get_inside_a_running_loop_warns_but_returns() -> None:
+    future = Future._completed("v")
+
+    async def main() -> str:
+        with pytest.warns(UserWarning, match="running asyncio event loop"):
+            return future.get()
+
+    assert asyncio.run(main()) == "v"
+
+
+def test_get_outside_a_loop_does_not_warn() -> None:
+    future = Future._completed("v")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert future.get() == "v"
+
+
+def test_as_asyncio_needs_a_running_loop_and_returns_a_new_future_each_time() -> None:
+    cell, future = pending()
+    with pytest.raises(RuntimeError):
+        future.as_asyncio()
+
+    async def main() -> tuple[bool, Any, Any]:
+        a = future.as_asyncio()
+        b = future.as_asyncio()
+        later(cell, "x")
+        return a is b, await a, await b
+
+    assert asyncio.run(main()) == (False, "x", "x")
+
+
+def test_a_cancelled_awaiter_does_not_disturb_the_future() -> None:
+    cell, future = pending()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(future)
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    cell.set_result(1)
+    assert future.get() == 1
+
+
+def test_awaiting_across_two_user_loops() -> None:
+    cell, future = pending()
+    results: list[Any] = []
+
+    def run_loop() -> None:
+        results.append(asyncio.run(_await(future)))
+
+    threads = [threading.Thread(target=run_loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    later(cell, "shared", 0.05)
+    for t in threads:
+        t.join(5)
+    assert results == ["shared", "shared"]
+
+
+async def _await(future: Future[Any]) -> Any:
+    return await future
+
+
+def test_blocking_on_the_runtime_loop_thread_is_refused() -> None:
+    loop = RuntimeLoop("test-loop")
+    loop.start()
+    try:
+        _, future = pending()
+        outcome: _Cell[BaseException] = _Cell()
+
+        def block() -> None:
+            try:
+                future.get(timeout=1)
+            except BaseException as exc:
+                outcome.set_result(exc)
+
+        loop.call_soon(block)
+        assert outcome.wait(5)
+        _, error = outcome.outcome()
+        assert isinstance(error, RuntimeError)
+        assert "deadlock" in str(error)
+    finally:
+        loop.stop()
+
+
+def test_all_done_joins_cells() -> None:
+    cells: list[_Cell[int]] = [_Cell() for _ in range(3)]
+    joined = _all_done(cells)
+    cells[0].set_result(1)
+    cells[2].set_exception(ValueError())
+    assert not joined.done()
+    cells[1].set_result(2)
+    assert joined.done()
+    assert _all_done([]).done()
