@@ -38,6 +38,7 @@ __all__ = [
     "SharedCounters",
     "Trial",
     "alternate",
+    "alternate_sides",
     "format_rate",
     "markdown_table",
     "median",
@@ -189,17 +190,32 @@ def alternate(
     round always runs), so a slow machine shortens the case instead of overrunning the whole
     benchmark. Returns the trials of each side in the order they ran.
     """
+    base, cand = alternate_sides((baseline, candidate), rounds, budget_s=budget_s, clock=clock)
+    return base, cand
+
+
+def alternate_sides(
+    sides: Sequence[Callable[[], Trial]],
+    rounds: int,
+    *,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[tuple[Trial, ...], ...]:
+    """:func:`alternate` for any number of sides: each round runs every side once, in order
+    (``A B C A B C ...``), so trial ``i`` of every side comes from the same round. Returns
+    one tuple of trials per side."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if not sides:
+        raise ValueError("alternate_sides needs at least one side")
     start = clock()
-    base: list[Trial] = []
-    cand: list[Trial] = []
+    trials: list[list[Trial]] = [[] for _ in sides]
     for _ in range(rounds):
-        base.append(baseline())
-        cand.append(candidate())
+        for run, record in zip(sides, trials, strict=True):
+            record.append(run())
         if clock() - start >= budget_s:
             break
-    return tuple(base), tuple(cand)
+    return tuple(tuple(record) for record in trials)
 
 
 # --------------------------------------------------------------------------------------------

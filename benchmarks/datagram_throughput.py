@@ -18,8 +18,11 @@ and the median of the per-round ratios (see ``benchmarks/_common.py`` and
 ``unixgram``
     raw ``AF_UNIX``/``SOCK_DGRAM`` loop vs ``UnixDatagramSocket``. Target 0.9x.
 ``inproc``
-    two *threads* of one process (the carrier is in-process by definition): a bounded
-    ``collections.deque`` with one-shot wakers vs ``InprocNetwork`` sockets. Target 0.9x.
+    two *threads* of one process (the carrier is in-process by definition): the standard
+    library's bounded thread-safe handoff (``queue.Queue(maxsize=1024)`` of ``(source,
+    bytes)`` pairs, ``put_nowait`` / ``get_nowait``) vs ``InprocNetwork`` sockets. Target 0.9x.
+    An extra informational row, ``inproc-deque``, compares the same candidate trials with a
+    bare ``collections.deque`` handoff (no lock, no source address; no target).
 ``udp-asyncio``
     ``UdpSocket`` driven by the non-blocking loop vs through ``AsyncDatagramSocket``
     (informational, no target).
@@ -49,6 +52,7 @@ import datetime
 import json
 import os
 import platform
+import queue
 import re
 import select
 import shutil
@@ -74,7 +78,7 @@ from benchmarks._common import (  # noqa: E402
     ChildLink,
     SharedCounters,
     Trial,
-    alternate,
+    alternate_sides,
     markdown_table,
 )
 from chrysalis.core import ConnectionId, DatagramAddr, Pid  # noqa: E402
@@ -717,7 +721,8 @@ def _result4(value: object) -> tuple[int, float, int, int]:
 
 
 class _Handoff:
-    """The in-process baseline: a bounded deque plus one-shot wakers in each direction."""
+    """The informational in-process reference: a bare bounded deque plus one-shot wakers in
+    each direction (no lock, no source addresses, a bound checked without a lock)."""
 
     __slots__ = ("capacity", "queue", "recv_waker", "send_waker")
 
@@ -729,7 +734,7 @@ class _Handoff:
 
 
 def send_handoff(handoff: _Handoff, pacer: Pacer) -> int:
-    """Baseline sender thread: append while below capacity, else wait for the receiver."""
+    """Reference sender thread: append while below capacity, else wait for the receiver."""
     queue = handoff.queue
     append = queue.append
     capacity = handoff.capacity
@@ -759,7 +764,7 @@ def send_handoff(handoff: _Handoff, pacer: Pacer) -> int:
 
 
 def recv_handoff(handoff: _Handoff, recorder: Recorder) -> None:
-    """Baseline receiver thread: pop up to 32 items into caller-owned buffers."""
+    """Reference receiver thread: pop up to 32 items into caller-owned buffers."""
     queue = handoff.queue
     popleft = queue.popleft
     views = [memoryview(bytearray(RAW_RECV_BUFFER)) for _ in range(DATAGRAM_BATCH_SIZE)]
@@ -787,7 +792,88 @@ def recv_handoff(handoff: _Handoff, recorder: Recorder) -> None:
         event.wait(POLL_MS / 1000)
 
 
-RAW_INPROC: Final = "deque-threads"
+class _QueueHandoff:
+    """The in-process baseline: the standard library's bounded, thread-safe handoff
+    (``queue.Queue``) carrying ``(source, bytes)`` pairs, plus one-shot wakers in each
+    direction (the same waiting scheme as the deque handoff and the carrier)."""
+
+    __slots__ = ("queue", "recv_waker", "send_waker", "source")
+
+    def __init__(self, capacity: int, source: DatagramAddr) -> None:
+        self.queue: queue.Queue[tuple[DatagramAddr, bytes]] = queue.Queue(maxsize=capacity)
+        self.source = source
+        self.recv_waker: Callable[[], None] | None = None
+        self.send_waker: Callable[[], None] | None = None
+
+
+def send_queue(handoff: _QueueHandoff, pacer: Pacer) -> int:
+    """Baseline sender thread: ``put_nowait`` a ``(source, payload)`` pair, else wait for the
+    receiver."""
+    fifo = handoff.queue
+    put = fifo.put_nowait
+    full = queue.Full
+    source = handoff.source
+    payload = PAYLOAD
+    event = threading.Event()
+    sent = 0
+    limit = pacer.next_limit(0)
+    while limit >= 0:
+        if sent >= limit:
+            limit = pacer.next_limit(sent)
+            continue
+        try:
+            put((source, payload))
+        except full:
+            event.clear()
+            handoff.send_waker = event.set
+            if not fifo.full():
+                continue
+            event.wait(POLL_MS / 1000)
+            continue
+        sent += 1
+        waker = handoff.recv_waker
+        if waker is not None:
+            handoff.recv_waker = None
+            waker()
+    pacer.finish(sent)
+    return sent
+
+
+def recv_queue(handoff: _QueueHandoff, recorder: Recorder) -> None:
+    """Baseline receiver thread: ``get_nowait`` up to 32 pairs into caller-owned buffers."""
+    fifo = handoff.queue
+    get = fifo.get_nowait
+    empty = queue.Empty
+    buffers = [bytearray(RAW_RECV_BUFFER) for _ in range(DATAGRAM_BATCH_SIZE)]
+    batch = DATAGRAM_BATCH_SIZE
+    event = threading.Event()
+    while True:
+        got = 0
+        try:
+            while got < batch:
+                _source, item = get()
+                buffers[got][: len(item)] = item
+                got += 1
+        except empty:
+            pass
+        if got:
+            waker = handoff.send_waker
+            if waker is not None:
+                handoff.send_waker = None
+                waker()
+            recorder.add(got)
+            continue
+        if recorder.idle():
+            return
+        event.clear()
+        handoff.recv_waker = event.set
+        if not fifo.empty():
+            continue
+        event.wait(POLL_MS / 1000)
+
+
+RAW_INPROC: Final = "queue-threads"
+DEQUE_INPROC: Final = "deque-threads"
 CHR_INPROC: Final = "inproc-threads"
 
 
@@ -798,6 +884,15 @@ def inproc_main(link: ChildLink, counters: SharedCounters, config: Config, kind:
     sent_box: list[int] = []
     errors: list[BaseException] = []
     if kind == RAW_INPROC:
+        fifo = _QueueHandoff(network.queue_capacity, DatagramAddr.inproc(network.network_id, 1))
+
+        def receive() -> None:
+            recv_queue(fifo, recorder)
+
+        def send() -> None:
+            sent_box.append(send_queue(fifo, Pacer(counters, config)))
+
+    elif kind == DEQUE_INPROC:
         handoff = _Handoff(network.queue_capacity)
 
         def receive() -> None:
@@ -885,8 +980,29 @@ def probe_offload() -> dict[str, Any]:
 # Cases
 
 
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """An extra, informational baseline for a case: its trials run in the same rounds as the
+    case (``A B R A B R ...``) and are compared with the case's candidate trials in a table row
+    of their own, ``name``, without a target."""
+
+    name: str
+    label: str
+    run: Callable[[], Trial]
+    note: str
+
+
+#: ``CaseResult.extra`` key marking a reference row (its value names the case it belongs to).
+REFERENCE_OF: Final = "reference_of"
+
+
 def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> list[CaseResult]:
-    """Run every selected case (ABAB) and return its result rows."""
+    """Run every selected case (ABAB) and return its table rows, in order.
+
+    A case with a :class:`Reference` contributes two rows: the case, then the reference row
+    (``extra[REFERENCE_OF]`` names the case; the case's ``extra["reference"]`` holds the
+    reference row's JSON record).
+    """
     config = bench.config
     results: list[CaseResult] = []
 
@@ -899,11 +1015,14 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
         candidate: Callable[[], Trial],
         note: str = "",
         extra: dict[str, Any] | None = None,
+        reference: Reference | None = None,
     ) -> None:
         if only and name not in only:
             return
         print(f"[{name}] {baseline_label} vs {candidate_label} ...", file=sys.stderr, flush=True)
-        base, cand = alternate(baseline, candidate, config.rounds, budget_s=config.case_budget_s)
+        sides = [baseline, candidate] if reference is None else [baseline, candidate, reference.run]
+        trials = alternate_sides(sides, config.rounds, budget_s=config.case_budget_s)
+        base, cand = trials[0], trials[1]
         result = CaseResult(
             name, baseline_label, candidate_label, target, base, cand, note, extra or {}
         )
@@ -911,6 +1030,24 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
         print(
             f"[{name}] ratio {result.ratio:.2f}x (rounds {len(base)})", file=sys.stderr, flush=True
         )
+        if reference is not None:
+            row = CaseResult(
+                reference.name,
+                reference.label,
+                candidate_label,
+                None,
+                trials[2],
+                cand,
+                reference.note,
+                {REFERENCE_OF: name},
+            )
+            result.extra["reference"] = row.to_json()
+            results.append(row)
+            print(
+                f"[{reference.name}] ratio {row.ratio:.2f}x (informational)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     case(
         "udp",
@@ -945,12 +1082,20 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
     )
     case(
         "inproc",
-        "deque + wakers (threads)",
+        "queue.Queue + wakers (threads)",
         "InprocNetwork (threads)",
         0.9,
         lambda: bench.threads(RAW_INPROC),
         lambda: bench.threads(CHR_INPROC),
-        "two threads of one process (the carrier is in-process by definition)",
+        "two threads of one process (the carrier is in-process by definition); the baseline "
+        "is the stdlib's bounded thread-safe queue carrying (source, bytes) pairs",
+        reference=Reference(
+            "inproc-deque",
+            "bare deque + wakers (threads)",
+            lambda: bench.threads(DEQUE_INPROC),
+            "informational: the inproc candidate trials against a bare deque handoff (no lock, "
+            "no source address); not a thread-safe bounded carrier, so no target",
+        ),
     )
     case(
         "udp-asyncio",
@@ -994,7 +1139,7 @@ def report(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
         f"(Python {meta['python']}, Linux {meta['kernel']}).",
         "",
         "Datagrams per second for 1,200-byte payloads, counted at the receiver; one sending and "
-        "one receiving process per trial (the in-process row uses two threads). Baseline and "
+        "one receiving process per trial (the in-process rows use two threads). Baseline and "
         "candidate runs alternate (ABAB); rates are medians, the ratio is the median of the "
         "per-round ratios. How it is measured: `benchmarks/README.md`.",
         "",
@@ -1049,7 +1194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--case",
         action="append",
         default=[],
-        help="run only this case (repeatable): udp, udp-gso, unixgram, inproc, udp-asyncio, switch",
+        help="run only this case (repeatable): udp, udp-gso, unixgram, inproc (with its "
+        "informational inproc-deque row), udp-asyncio, switch",
     )
     parser.add_argument(
         "--write-readme",
@@ -1086,7 +1232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Bench(config, pin=not args.no_pin)
     started = time.monotonic()
     try:
-        results = run_cases(bench, offload, args.case)
+        results = run_cases(bench, offload, args.case)  # table rows, reference rows included
     except BenchmarkError as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
@@ -1096,7 +1242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = report(results, meta)
     print(section)
     if args.json is not None:
-        document = {**meta, "cases": [r.to_json() for r in results]}
+        cases = [r.to_json() for r in results if REFERENCE_OF not in r.extra]
+        document = {**meta, "cases": cases}
         args.json.write_text(json.dumps(document, indent=2, default=str) + "\n")
     if args.write_readme:
         write_readme_section(ROOT / "packages" / "chrysalis-datagram" / "README.md", section)

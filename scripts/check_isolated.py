@@ -54,7 +54,12 @@ def _sibling_closure(name: str, workspace: dict[str, dict[str, object]]) -> list
         seen.append(current)
         project = workspace[current]["project"]
         assert isinstance(project, dict)
-        for requirement in project.get("dependencies", []):
+        requirements = list(project.get("dependencies", []))
+        if current == name:
+            # The package's own test extra may name siblings (test helpers such as the
+            # fault-injection carrier); they come from the workspace too, never from an index.
+            requirements += project.get("optional-dependencies", {}).get("test", [])
+        for requirement in requirements:
             dep = _requirement_name(requirement)
             if dep in workspace:
                 stack.append(dep)

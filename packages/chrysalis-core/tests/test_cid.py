@@ -96,6 +96,28 @@ def test_target_pid_accepts_bytearray_and_memoryview() -> None:
     assert target_pid(memoryview(b"junk" + datagram)[4:]) == PID
 
 
+def test_target_pid_reads_bytes_of_memoryviews_of_any_format_or_shape() -> None:
+    import array
+    import ctypes
+
+    datagram = b"\x40" + bytes(ConnectionId.issued(PID, 9)) + b"pad"  # 24 bytes
+    assert target_pid(memoryview(array.array("I", datagram))) == PID  # 6 items of 4 bytes
+    spread = array.array("I", list(datagram))  # 24 items of 4 bytes: 96 bytes
+    got = target_pid(memoryview(spread))
+    assert got is not None
+    assert got == target_pid(spread.tobytes())  # the bytes, not 16 items of 4 bytes
+    assert target_pid(memoryview(datagram).cast("I")) == PID  # 6 items, read as 24 bytes
+    assert target_pid(memoryview(datagram).cast("B", (4, 6))) == PID  # two dimensions
+    strided = memoryview(bytearray(datagram)).cast("B", (2, 12))[::1]
+    assert target_pid(strided) == PID
+    rows = datagram[:12] + bytes(12) + datagram[12:] + bytes(12)
+    skipping = memoryview(bytearray(rows)).cast("B", (4, 12))[::2]  # not contiguous
+    assert not skipping.c_contiguous
+    assert target_pid(skipping) == PID
+    assert target_pid(memoryview(ctypes.c_uint8(0x40))) is None  # zero dimensions, 1 byte
+    assert target_pid(memoryview((ctypes.c_uint8 * 24).from_buffer_copy(datagram))) == PID
+
+
 def test_target_pid_of_link_local_cid_is_link_local() -> None:
     pid = target_pid(b"\x40" + bytes(ConnectionId.issued(Pid.LINK_LOCAL, 1)))
     assert pid is not None
@@ -259,7 +281,9 @@ headers = st.one_of(
 @given(headers)
 def test_target_pid_agrees_with_model_and_never_raises(datagram: bytes) -> None:
     expected = model_target_pid(datagram)
-    for view in (datagram, bytearray(datagram), memoryview(datagram)):
+    padded = datagram + bytes(-len(datagram) % 4)
+    wide = memoryview(padded).cast("I") if datagram == padded else memoryview(datagram)
+    for view in (datagram, bytearray(datagram), memoryview(datagram), wide):
         got = target_pid(view)
         if expected is None:
             assert got is None

@@ -3,12 +3,15 @@ contract's value types, errors and lifecycle helper."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import pickle
+import resource
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 
@@ -36,7 +39,14 @@ from chrysalis.datagram import (
     UnixDatagramSocket,
     UnsupportedSchemeError,
 )
-from chrysalis.datagram.testing import CHECKS, PairFactory, check_datagram_socket
+from chrysalis.datagram.testing import (
+    CHECKS,
+    PairFactory,
+    check_datagram_socket,
+    check_readiness_reports_incoming_data,
+    recv_datagrams,
+    wait_readable,
+)
 
 Pair = tuple[DatagramSocket, DatagramSocket]
 
@@ -129,6 +139,39 @@ def _factory(name: str) -> PairFactory:
     if name == "udp6" and not _ipv6_available():
         pytest.skip("IPv6 loopback is not available")
     return CARRIERS[name]
+
+
+@contextlib.contextmanager
+def _descriptors_above_1023() -> Iterator[None]:
+    """Occupy the low descriptor numbers so that sockets made inside get numbers >= 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        if hard != resource.RLIM_INFINITY and hard < 1200:
+            pytest.skip("the descriptor limit is too low for this test")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_conformance_waits_work_with_descriptors_above_1023() -> None:
+    with _descriptors_above_1023():
+        a, b = udp4_pair()
+        with a, b:
+            fd = b.fileno()
+            assert fd is not None
+            assert fd >= 1024
+            assert not wait_readable(b, 0.01)
+            assert a.try_send_to(b"high", b.local_addr)
+            assert wait_readable(b, 5.0)
+            assert recv_datagrams(b, 1) == [(b"high", a.local_addr)]
+        check_readiness_reports_incoming_data(udp4_pair)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.__name__[6:] for check in CHECKS])
@@ -232,6 +275,80 @@ def test_unsupported_scheme_message_is_bounded() -> None:
     error = UnsupportedSchemeError.for_scheme("s" * 1000, ("udp", "inproc"))
     assert len(str(error)) < 200
     assert "'udp', 'inproc'" in str(error)
+
+
+def test_shutdown_state_join_never_reports_a_failed_release() -> None:
+    state = ShutdownState()
+    state.shutdown()
+    attempts: list[int] = []
+
+    def release() -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise OSError(errno.EIO, "release failed")
+
+    for _ in range(2):
+        with pytest.raises(OSError, match="release failed"):
+            state.join(1.0, release)
+    assert state.join(1.0, release)  # a later joiner runs the release again; now it works
+    assert state.join(1.0, release)
+    assert len(attempts) == 3
+
+
+def test_shutdown_state_joiner_waiting_on_a_failing_release_does_not_get_true() -> None:
+    state = ShutdownState()
+    state.shutdown()
+    started, proceed = threading.Event(), threading.Event()
+
+    def failing() -> None:
+        started.set()
+        assert proceed.wait(5.0)
+        raise OSError(errno.EIO, "release failed")
+
+    first_error: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            state.join(5.0, failing)
+        except OSError as error:
+            first_error.append(error)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert started.wait(5.0)
+    results: list[bool | BaseException] = []
+
+    def second() -> None:
+        try:
+            results.append(state.join(5.0, failing))
+        except OSError as error:
+            results.append(error)
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    proceed.set()  # both attempts fail: nobody may report the socket released
+    thread.join(5.0)
+    waiter.join(5.0)
+    assert len(first_error) == 1
+    assert len(results) == 1
+    assert results[0] is not True
+
+
+def test_shutdown_state_keeps_every_send_waker_within_a_bound() -> None:
+    state = ShutdownState()
+    calls = [0] * 1500
+
+    def waker(index: int) -> Callable[[], None]:
+        def wake() -> None:
+            calls[index] += 1
+
+        return wake
+
+    for index in range(1500):
+        state.set_send_waker(waker(index))
+    assert len(state._send_wakers) <= 1024  # overflow wakes the parked ones early
+    state.shutdown()
+    assert calls == [1] * 1500
 
 
 def test_shutdown_state_join_waits_for_shutdown_and_releases_once() -> None:

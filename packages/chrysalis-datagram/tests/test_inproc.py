@@ -154,6 +154,57 @@ def test_blocked_sender_shutdown_calls_its_send_waker_once() -> None:
     assert waker.calls == 1
 
 
+def test_every_waiting_sender_of_one_socket_is_woken() -> None:
+    network = InprocNetwork(queue_capacity=1)
+    a, b = network.bind(), network.bind()
+    assert a.try_send_to(b"fill", b.local_addr)
+    first, second = Flag(), Flag()
+    a.add_send_waker(b.local_addr, first)  # two tasks of one socket wait on one destination
+    a.add_send_waker(b.local_addr, second)
+    assert b.try_recv_from() is not None
+    assert (first.calls, second.calls) == (1, 1)
+
+
+def test_sender_shutdown_wakes_all_of_its_waiting_sends() -> None:
+    network = InprocNetwork(queue_capacity=1)
+    a, b, c = network.bind(), network.bind(), network.bind()
+    for destination in (b, c):
+        assert a.try_send_to(b"fill", destination.local_addr)
+    flags = [Flag() for _ in range(4)]
+    for index, flag in enumerate(flags):
+        a.add_send_waker((b if index % 2 else c).local_addr, flag)
+    a.shutdown()
+    assert [flag.calls for flag in flags] == [1, 1, 1, 1]
+    assert b.try_recv_from() is not None
+    assert c.try_recv_from() is not None
+    assert [flag.calls for flag in flags] == [1, 1, 1, 1]  # never twice
+
+
+def test_fired_send_wakers_are_pruned_from_the_sender() -> None:
+    network = InprocNetwork(queue_capacity=1)
+    a = network.bind()
+    destinations = [network.bind() for _ in range(600)]
+    for destination in destinations:
+        assert a.try_send_to(b"fill", destination.local_addr)
+        waker = Flag()
+        a.add_send_waker(destination.local_addr, waker)
+        assert destination.try_recv_from() is not None
+        assert waker.calls == 1
+    assert len(a._send_wakers) <= 257  # not one entry per destination ever waited on
+
+
+def test_parked_send_wakers_are_bounded_and_each_is_called_once() -> None:
+    network = InprocNetwork(queue_capacity=1)
+    a, b = network.bind(), network.bind()
+    assert a.try_send_to(b"fill", b.local_addr)
+    flags = [Flag() for _ in range(1500)]
+    for flag in flags:
+        a.add_send_waker(b.local_addr, flag)
+    assert len(b._endpoint.blocked) <= 1024  # overflow wakes the parked ones early
+    assert b.try_recv_from() is not None
+    assert [flag.calls for flag in flags] == [1] * 1500
+
+
 def test_destination_shutdown_wakes_blocked_senders() -> None:
     network = InprocNetwork(queue_capacity=1)
     a, b = network.bind(), network.bind()

@@ -98,6 +98,18 @@ def test_raw_target_key_agrees_with_target_pid_on_arbitrary_bytes(data: bytes) -
     assert key == (None if expected is None else expected.raw)
     assert _target_key(memoryview(data)) == key
     assert _target_key(bytearray(data)) == key
+    padded = data + bytes(-len(data) % 4)
+    words = memoryview(padded).cast("I")  # read as bytes, never as 4-byte items
+    assert _target_key(words) == _target_key(padded)
+
+
+def test_raw_target_key_reads_bytes_of_wide_and_multidimensional_views() -> None:
+    datagram = b"\x40" + bytes(ConnectionId.issued(POOL[0], 3)) + b"xyz"  # 24 bytes
+    assert _target_key(memoryview(datagram).cast("I")) == POOL[0].raw
+    assert _target_key(memoryview(datagram).cast("B", (4, 6))) == POOL[0].raw
+    rows = datagram[:12] + bytes(12) + datagram[12:] + bytes(12)
+    skipping = memoryview(bytearray(rows)).cast("B", (4, 12))[::2]
+    assert _target_key(skipping) == POOL[0].raw
 
 
 @SETTINGS

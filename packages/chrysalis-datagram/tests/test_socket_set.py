@@ -282,6 +282,32 @@ def test_member_that_shuts_down_alone_shuts_the_set_down() -> None:
     assert first.is_shutdown
 
 
+def test_member_that_shut_itself_down_is_noticed_by_is_shutdown() -> None:
+    first, second = RecordingSocket(UDP_A), RecordingSocket(UNIX_A)
+    group = DatagramSocketSet(first, second)
+    second.shutdown()  # by itself, as a UDP member does after a receive error
+    assert group.is_shutdown
+    assert first.is_shutdown  # noticing it shut the whole set down
+
+
+def test_member_that_shut_itself_down_is_noticed_on_the_send_path() -> None:
+    first, second = RecordingSocket(UDP_A), RecordingSocket(UNIX_A)
+    group = DatagramSocketSet(first, second)
+    second.shutdown()
+    with pytest.raises(SocketClosedError):
+        group.try_send_to(b"x", UNIX_B)
+    assert first.is_shutdown
+    with pytest.raises(SocketClosedError):
+        group.try_send_to(b"x", UDP_B)  # the set is shut down: no member sends any more
+    third, fourth = RecordingSocket(UDP_A), RecordingSocket(UNIX_A)
+    other = DatagramSocketSet(third, fourth)
+    fourth.shutdown()
+    with pytest.raises(SocketClosedError):
+        other.try_send_transmit(DatagramTransmit(UNIX_B, b"abcd", 2))
+    assert third.is_shutdown
+    assert first.sent == third.sent == []
+
+
 def test_base_class_try_recv_from_splits_aggregates() -> None:
     class Aggregating(RecordingSocket):
         def try_recv(

@@ -3,10 +3,16 @@ the binding, dispatch and pump rules of spec 3.4)."""
 
 from __future__ import annotations
 
+import errno
+import functools
+import os
+import resource
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +24,7 @@ from chrysalis.datagram._route import DropReason, Route, RouteGate, Router
 from chrysalis.datagram._socket import (
     DATAGRAM_BATCH_SIZE,
     AddressInUseError,
+    AddressNotAvailableError,
     Buffer,
     DatagramRecvMeta,
     DatagramSocket,
@@ -29,10 +36,13 @@ from chrysalis.datagram._socket import (
     Waker,
 )
 from chrysalis.datagram._switch import (
+    DEFAULT_BINDING_BYTES,
     DatagramSwitch,
     DestinationMismatchError,
     SwitchSocket,
 )
+from chrysalis.datagram._udp import UdpSocket
+from chrysalis.datagram._unix import UnixDatagramSocket
 
 WAIT = 5.0  # bound on every wait
 
@@ -75,7 +85,8 @@ class FakeCarrier(DatagramSocket):
         self.accept: int | None = None
         self.blocked = False
         self.fail: OSError | None = None
-        self.recv_error: OSError | None = None
+        self.recv_error: OSError | None = None  # raised by every try_recv
+        self.recv_once: deque[OSError] = deque()  # raised by one try_recv each, in order
         self.recv_waker: Waker | None = None
         self.send_wakers: list[tuple[DatagramAddr, Waker]] = []
         self._lock = threading.Lock()
@@ -131,6 +142,8 @@ class FakeCarrier(DatagramSocket):
         self._check()
         if self.recv_error is not None:
             raise self.recv_error
+        if self.recv_once:
+            raise self.recv_once.popleft()
         with self._lock:
             if not self.batches:
                 return 0
@@ -481,6 +494,103 @@ def test_full_local_queue_drops_and_send_waits_for_that_queue(
     assert [data for data, _ in recv_all(b)] == [short(PID_B, b"2"), short(PID_B, b"3")]
 
 
+def test_every_sender_waiting_on_a_full_binding_is_woken(switch: DatagramSwitch) -> None:
+    a = switch.bind(PID_A)
+    c = switch.bind(PID_C)
+    b = switch.bind(PID_B, queue_capacity=1)
+    assert a.try_send_to(short(PID_B, b"1"), b.local_addr)
+    woken: list[str] = []
+    for sender, name in ((a, "a1"), (a, "a2"), (c, "c1")):  # two waiters on one binding
+        assert sender.try_send_to(short(PID_B, name.encode()), b.local_addr) is False
+        sender.add_send_waker(b.local_addr, functools.partial(woken.append, name))
+    assert woken == []
+    assert b.try_recv_from() is not None
+    assert sorted(woken) == ["a1", "a2", "c1"]
+
+
+def test_shutting_a_sender_down_wakes_all_of_its_waiting_sends(
+    switch: DatagramSwitch, carrier: FakeCarrier, router: Router
+) -> None:
+    router.insert(PID_C, Route.permanent(DST_B))
+    a = switch.bind_routed(PID_A)
+    b = switch.bind(PID_B, queue_capacity=1)
+    assert a.try_send_to(short(PID_B, b"1"), SUPPLIED)
+    woken: list[str] = []
+    assert a.try_send_to(short(PID_B, b"2"), SUPPLIED) is False  # waits on binding b
+    a.add_send_waker(SUPPLIED, lambda: woken.append("local"))
+    a.add_send_waker(SUPPLIED, lambda: woken.append("local again"))
+    carrier.blocked = True
+    assert a.try_send_to(short(PID_C), SUPPLIED) is False  # waits on the egress carrier
+    a.add_send_waker(SUPPLIED, lambda: woken.append("egress"))
+    assert woken == []
+    a.shutdown()
+    assert sorted(woken) == ["egress", "local", "local again"]
+    for _, waker in carrier.send_wakers:
+        waker()  # a later wake from the carrier is not delivered twice
+    assert b.try_recv_from() is not None
+    assert sorted(woken) == ["egress", "local", "local again"]
+
+
+def test_parked_send_wakers_are_bounded_and_none_is_lost(switch: DatagramSwitch) -> None:
+    a = switch.bind(PID_A)
+    b = switch.bind(PID_B, queue_capacity=1)
+    assert a.try_send_to(short(PID_B), b.local_addr)
+    assert a.try_send_to(short(PID_B), b.local_addr) is False
+    woken: list[int] = []
+    for index in range(1500):
+        a.add_send_waker(b.local_addr, functools.partial(woken.append, index))
+    assert 0 < len(woken) <= 1500  # overflow wakes the parked ones (spuriously) at once
+    assert len(b._send_waiters) <= 1024
+    assert len(a._own_wakers) <= 1024
+    assert b.try_recv_from() is not None
+    assert sorted(woken) == list(range(1500))  # each exactly once
+
+
+def test_binding_queue_is_bounded_in_bytes(switch: DatagramSwitch, carrier: FakeCarrier) -> None:
+    assert switch.bind(PID_C).queue_bytes == DEFAULT_BINDING_BYTES
+    a = switch.bind(PID_A)
+    b = switch.bind(PID_B, queue_bytes=100)
+    big = short(PID_B, bytes(200))  # more than the bound: an empty queue still takes it
+    assert a.try_send_to(big, b.local_addr)
+    assert a.try_send_to(short(PID_B, b"x"), b.local_addr) is False
+    assert b.statistics().queued_bytes == len(big)
+    assert b.statistics().byte_capacity == 100
+    woken: list[int] = []
+    a.add_send_waker(b.local_addr, lambda: woken.append(1))
+    assert b.try_recv_from() == (big, a.local_addr)
+    assert woken == [1]
+    assert b.statistics().queued_bytes == 0
+    item = short(PID_B, bytes(40))  # 64 bytes
+    assert a.try_send_to(item, b.local_addr)
+    assert a.try_send_to(item, b.local_addr)  # 64 < 100 queued: admitted (128 now)
+    assert a.try_send_to(item, b.local_addr) is False
+    carrier.inject(single(item))
+    switch.pump()
+    assert switch.statistics().dropped[DropReason.LOCAL_QUEUE_FULL] >= 1
+    assert b.statistics().queued == 2
+    with pytest.raises(ValueError):
+        switch.bind(PID_C, queue_bytes=0)
+
+
+def test_draining_part_of_a_queued_aggregate_frees_bytes_and_wakes_senders(
+    switch: DatagramSwitch,
+) -> None:
+    a = switch.bind(PID_A)
+    b = switch.bind(PID_B, queue_bytes=64)
+    batch = b"".join(segment(PID_B, 64, fill) for fill in range(4))
+    assert a.try_send_transmit(DatagramTransmit(b.local_addr, batch, 64)) == 4
+    assert a.try_send_to(short(PID_B), b.local_addr) is False
+    woken: list[int] = []
+    a.add_send_waker(b.local_addr, lambda: woken.append(1))
+    assert b.try_recv_from() == (batch[:64], a.local_addr)  # splits the aggregate
+    assert woken == [1]
+    assert b.statistics().queued_bytes == 192
+    buffers = [bytearray(100)]
+    metas: list[DatagramRecvMeta] = []
+    assert b.try_recv(buffers, metas) == 1  # takes one more 64-byte stride
+    assert b.statistics().queued_bytes == 128
+
+
 def test_full_egress_queue_returns_zero_and_waits_on_the_route_destination(
     switch: DatagramSwitch, carrier: FakeCarrier, router: Router
 ) -> None:
@@ -726,11 +836,11 @@ def test_pump_counts_forwarding_errors_and_keeps_going(
 
 def test_receive_error_shuts_the_switch_down(switch: DatagramSwitch, carrier: FakeCarrier) -> None:
     b = switch.bind(PID_B)
-    carrier.recv_error = InvalidDataError("boom")
-    with pytest.raises(InvalidDataError):
+    carrier.recv_error = OSError(errno.EIO, "the carrier failed")
+    with pytest.raises(OSError, match="the carrier failed"):
         switch.pump()
     assert switch.is_shutdown
-    assert isinstance(switch.error, InvalidDataError)
+    assert switch.error is carrier.recv_error
     assert b.is_shutdown
     assert carrier.is_shutdown
     with pytest.raises(SocketClosedError):
@@ -800,11 +910,122 @@ def test_pump_thread_is_woken_by_the_carrier_and_stops_on_shutdown(
 
 def test_pump_thread_records_a_receive_error(carrier: FakeCarrier, router: Router) -> None:
     with DatagramSwitch.spawn(carrier, router) as switch:
-        carrier.recv_error = InvalidDataError("bad")
+        carrier.recv_error = ConnectionResetError(errno.ECONNRESET, "bad")
         carrier.inject(single(short(PID_A)))
         wait_for(lambda: switch.is_shutdown, "the switch to shut down")
         assert switch.join(WAIT)
-        assert isinstance(switch.error, InvalidDataError)
+        assert isinstance(switch.error, ConnectionResetError)
+
+
+def test_per_datagram_receive_errors_are_dropped_as_malformed_and_pumping_goes_on(
+    switch: DatagramSwitch, carrier: FakeCarrier
+) -> None:
+    b = switch.bind(PID_B)
+    carrier.recv_once.extend(
+        [AddressNotAvailableError("unnamed sender"), InvalidDataError("too long")]
+    )
+    carrier.inject(single(short(PID_B, b"after")))
+    assert switch.pump(4) == 3
+    assert not switch.is_shutdown
+    assert switch.error is None
+    stats = switch.statistics()
+    assert stats.dropped[DropReason.MALFORMED] == 2
+    assert stats.received == 3
+    assert b.try_recv_from() == (short(PID_B, b"after"), PEER)
+
+
+def _unix_switch(tmp_path: Path) -> tuple[DatagramSwitch, str]:
+    path = str(tmp_path / "switch.sock")
+    return DatagramSwitch(UnixDatagramSocket.bind(path), Router()), path
+
+
+def _pump_until(switch: DatagramSwitch, received: int) -> None:
+    deadline = time.monotonic() + WAIT
+    while switch.statistics().received < received:
+        assert time.monotonic() < deadline, "the datagrams did not arrive"
+        if not switch.pump(4):
+            time.sleep(0.001)
+
+
+def test_unix_datagram_from_an_unnamed_socket_does_not_stop_the_switch(tmp_path: Path) -> None:
+    switch, path = _unix_switch(tmp_path)
+    with switch, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unnamed:
+        b = switch.bind(PID_B)
+        unnamed.sendto(short(PID_B, b"anonymous"), path)  # the source has no address
+        named = UnixDatagramSocket.bind(str(tmp_path / "peer.sock"))
+        with named:
+            assert named.try_send_to(short(PID_B, b"named"), switch.carrier.local_addr)
+            _pump_until(switch, 2)
+        assert not switch.is_shutdown
+        assert switch.error is None
+        assert switch.statistics().dropped[DropReason.MALFORMED] == 1
+        assert b.try_recv_from() == (short(PID_B, b"named"), named.local_addr)
+
+
+def test_oversized_unix_datagram_does_not_stop_the_switch(tmp_path: Path) -> None:
+    switch, path = _unix_switch(tmp_path)
+    with switch, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as peer:
+        b = switch.bind(PID_B)
+        peer.bind(str(tmp_path / "peer.sock"))
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        peer.sendto(short(PID_B, b"small"), path)
+        peer.sendto(short(PID_B, bytes(70_000)), path)  # longer than the 65,535-byte buffers
+        peer.sendto(short(PID_B, b"after"), path)
+        _pump_until(switch, 3)
+        assert not switch.is_shutdown
+        assert switch.error is None
+        assert switch.statistics().dropped[DropReason.MALFORMED] == 1
+        source = DatagramAddr.unixgram(str(tmp_path / "peer.sock"))
+        assert recv_all(b) == [(short(PID_B, b"small"), source), (short(PID_B, b"after"), source)]
+
+
+def test_pump_thread_survives_per_datagram_errors_of_a_unix_carrier(tmp_path: Path) -> None:
+    path = str(tmp_path / "switch.sock")
+    with DatagramSwitch.spawn(UnixDatagramSocket.bind(path), Router()) as switch:
+        b = switch.bind(PID_B)
+        got = threading.Event()
+        b.add_recv_waker(got.set)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unnamed:
+            unnamed.sendto(short(PID_B, b"anonymous"), path)
+        wait_for(lambda: switch.statistics().received == 1, "the unnamed datagram")
+        with UnixDatagramSocket.bind(str(tmp_path / "peer.sock")) as named:
+            assert named.try_send_to(short(PID_B, b"named"), switch.carrier.local_addr)
+            assert got.wait(WAIT)
+        assert not switch.is_shutdown
+        assert b.try_recv_from() == (short(PID_B, b"named"), named.local_addr)
+        assert switch.statistics().dropped[DropReason.MALFORMED] == 1
+
+
+def test_pump_thread_works_with_a_carrier_descriptor_above_1023() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1200
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip("the descriptor limit is too low for this test")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    held: list[int] = []
+    try:
+        while True:
+            fd = os.open(os.devnull, os.O_RDONLY)
+            held.append(fd)
+            if fd >= 1030:
+                break
+        carrier = UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0))
+        assert carrier.fileno() >= 1024
+        with DatagramSwitch.spawn(carrier, Router()) as switch:
+            b = switch.bind(PID_B)
+            got = threading.Event()
+            b.add_recv_waker(got.set)
+            with UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)) as peer:
+                assert peer.try_send_to(short(PID_B, b"high"), carrier.local_addr)
+                assert got.wait(WAIT), "the pump thread did not deliver"
+            assert b.try_recv_from() == (short(PID_B, b"high"), peer.local_addr)
+            assert switch.error is None
+            assert not switch.is_shutdown
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 # --------------------------------------------------------------------------------------------

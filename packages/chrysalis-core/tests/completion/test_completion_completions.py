@@ -4,7 +4,10 @@ failed driver push returns completion and permit, dropping the queue releases ev
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -206,6 +209,44 @@ def test_dropping_completion_queue_releases_posted_receive_budget() -> None:
     assert channels.credits.in_use == 0
     assert channels.event_credits.in_use == 0
     assert len(channels.completions) == 0
+
+
+def _eventually(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5.0
+    while not predicate():
+        assert time.monotonic() < deadline, "not released in time"
+        time.sleep(0.001)
+
+
+def test_dropping_the_completion_receiver_releases_leases_and_closes_the_queue() -> None:
+    credits = CompletionCredits(4)
+    tx, rx = _queue(4)
+    for _ in range(2):
+        permit = credits.try_acquire()
+        assert permit is not None
+        tx.complete_nowait(_event(), permit)
+    assert credits.in_use == 2
+    del rx  # never discarded explicitly
+    _eventually(lambda: credits.in_use == 0)
+    permit = credits.try_acquire()
+    assert permit is not None
+    with pytest.raises(CompletionQueueClosed):
+        tx.complete_nowait(_event(), permit)
+
+
+def test_a_completion_receiver_collected_in_a_cycle_releases_posted_budgets() -> None:
+    channels = EndpointChannels[str](DRIVER, SubmissionLimits(4, 64, 64), completion_credits=4)
+    channels.streams.receive_nowait(STREAM, bytearray(), 16)
+    item = channels.submissions.try_pop()
+    assert isinstance(item, ReceiveSubmission)
+    channels.completion_sender.complete_nowait(item.complete(ReceiveStatus.CLOSED), item.permit)
+    posted = channels.submissions.posted_budget
+    credits = channels.credits
+    cycle: list[object] = [channels.completions]
+    cycle.append(cycle)
+    del item, cycle, channels  # the completion receiver now lives only in a garbage cycle
+    gc.collect()
+    _eventually(lambda: posted.used == 0 and credits.in_use == 0)
 
 
 def test_empty_queue_raises_queue_empty_until_closed() -> None:

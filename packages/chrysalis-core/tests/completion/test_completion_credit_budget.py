@@ -140,6 +140,23 @@ def test_retained_bytes_are_read_only_and_unusable_after_release() -> None:
         retained.split_to(0)
 
 
+def test_released_retained_bytes_let_the_caller_resize_its_bytearray() -> None:
+    budget = ByteBudget(64)
+    source = bytearray(b"abcdef")
+    retained = budget.try_retain(source)
+    assert retained is not None
+    head = retained.split_to(2)
+    with pytest.raises(BufferError):
+        source.extend(b"!")  # exported while the driver holds the bytes
+    head.release()
+    with pytest.raises(BufferError):
+        source.extend(b"!")  # the other view still holds it
+    retained.release()
+    source.extend(b"!")  # no garbage collection needed
+    assert source == bytearray(b"abcdef!")
+    del retained, head  # keep the views alive until here
+
+
 def test_retained_split_rejects_out_of_range_points() -> None:
     budget = ByteBudget(8)
     retained = budget.try_retain(b"abc")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -102,6 +103,33 @@ def test_full_queue_returns_the_original_send_allocation() -> None:
     assert pool.in_use == 1
 
 
+def test_refused_send_leaves_the_bytearray_resizable_while_the_error_is_alive() -> None:
+    endpoint, _, _ = make(queue=1)
+    endpoint.streams.send_nowait(STREAM, b"first")
+    payload = bytearray(b"second")
+    with pytest.raises(WouldBlock) as info:
+        endpoint.streams.send_nowait(STREAM, payload)
+    returned = info.value.returned
+    assert isinstance(returned, bytearray)
+    returned.extend(b"!")  # the refused submission's view of it was released
+    assert payload == bytearray(b"second!")
+
+
+def test_driver_release_of_a_send_leaves_the_bytearray_resizable() -> None:
+    endpoint, _, _ = make()
+    payload = bytearray(b"abc")
+    endpoint.streams.send_nowait(STREAM, payload)
+    item = endpoint.receiver.try_pop()
+    assert isinstance(item, SendSubmission)
+    with pytest.raises(BufferError):
+        payload.extend(b"x")  # owned by the driver
+    item.payload.release()
+    item.permit.release()
+    payload.extend(b"x")  # while the submission object is still alive
+    assert payload == bytearray(b"abcx")
+    assert item.payload.released
+
+
 def test_posted_receive_returns_the_same_buffer_and_releases_budget() -> None:
     endpoint, pool, _ = make(posted=16)
     buffer = bytearray(b"pre")
@@ -166,6 +194,24 @@ def test_dropping_driver_queue_closes_senders_and_releases_commands() -> None:
         endpoint.commands.submit_nowait("late")
     with pytest.raises(SubmissionClosed):
         endpoint.streams.send_nowait(STREAM, b"late")
+
+
+def test_dropping_the_driver_receiver_releases_queued_work_and_closes_admission() -> None:
+    endpoint, pool, _ = make(posted=16)
+    streams = endpoint.streams
+    retained = endpoint.receiver.retained_budget
+    posted = endpoint.receiver.posted_budget
+    streams.send_nowait(STREAM, b"abc")
+    streams.receive_nowait(STREAM, bytearray(), 8)
+    assert (pool.in_use, retained.used, posted.used) == (2, 3, 8)
+    del endpoint  # the driver went away without discarding
+    deadline = time.monotonic() + 5.0
+    while (pool.in_use, retained.used, posted.used) != (0, 0, 0):
+        assert time.monotonic() < deadline, "dropping the receiver released nothing"
+        time.sleep(0.001)
+    with pytest.raises(SubmissionClosed):
+        streams.send_nowait(STREAM, b"late")
+    assert pool.in_use == 0
 
 
 def test_closing_driver_queue_rejects_new_work_but_preserves_accepted_commands() -> None:
@@ -362,6 +408,41 @@ def test_late_cancel_after_completion_queues_no_hint() -> None:
     assert receipt.cancellation.cancel() is True
     assert endpoint.receiver.drain_cancellations(10) == []
     assert notifier.count == before
+
+
+def test_completed_receives_leave_no_stale_hints_that_crowd_out_new_cancellations() -> None:
+    endpoint, _, notifier = make(credits=1)
+    for _ in range(3):  # with one credit, a stale hint used to fill the side queue
+        receipt = endpoint.streams.receive_nowait(STREAM, bytearray(), 4)
+        assert receipt.cancellation is not None
+        before = notifier.count
+        assert receipt.cancellation.cancel()
+        assert notifier.count == before + 1
+        assert endpoint.receiver.statistics().pending_cancellations == 1
+        item = endpoint.receiver.try_pop()
+        assert isinstance(item, ReceiveSubmission)
+        item.complete(ReceiveStatus.CANCELLED)  # completed before the hints were drained
+        assert endpoint.receiver.statistics().pending_cancellations == 0
+        item.permit.release()  # the application consumed the completion
+    receipt = endpoint.streams.receive_nowait(STREAM, bytearray(), 4)
+    assert receipt.cancellation is not None
+    assert receipt.cancellation.cancel()
+    hints = endpoint.receiver.drain_cancellations(10)
+    assert [hint.operation for hint in hints] == [receipt.operation]
+
+
+def test_cancellation_hints_drain_oldest_first_in_bounded_batches() -> None:
+    endpoint, _, _ = make(queue=8)
+    receipts = [endpoint.streams.receive_nowait(STREAM, bytearray(), 2) for _ in range(3)]
+    for receipt in reversed(receipts):
+        assert receipt.cancellation is not None
+        receipt.cancellation.cancel()
+    expected = [receipt.operation for receipt in reversed(receipts)]
+    first = endpoint.receiver.drain_cancellations(2)
+    assert [hint.operation for hint in first] == expected[:2]
+    rest = endpoint.receiver.drain_cancellations(2)
+    assert [hint.operation for hint in rest] == expected[2:]
+    assert endpoint.receiver.drain_cancellations(2) == []
 
 
 def test_statistics_snapshot_every_bound() -> None:

@@ -126,6 +126,20 @@ _SHORT_DCID_OFFSET = 1
 _from_trusted = _pid_from_trusted
 
 
+def _as_bytes(data: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """``data`` as a flat sequence of unsigned bytes: the view itself when it already is one,
+    else a byte-format cast of it (C-contiguous data), else a copy (other strided data)."""
+    view = memoryview(data)
+    if view.ndim == 1 and view.format == "B":
+        return view
+    if view.c_contiguous:
+        try:
+            return view.cast("B")
+        except (TypeError, ValueError):
+            pass
+    return view.tobytes()
+
+
 def target_pid(datagram: bytes | bytearray | memoryview) -> Pid | None:
     """The destination PID of the first QUIC packet in a UDP payload, or ``None``.
 
@@ -133,8 +147,17 @@ def target_pid(datagram: bytes | bytearray | memoryview) -> Pid | None:
     implicit, always 20 in Chrysalis). Long header: ``byte[5]`` is the DCID length and must be
     exactly 20; the DCID starts at offset 6. The PID is the DCID's first 16 bytes. Returns
     ``None`` for an empty or too-short datagram or a long header with another DCID length.
-    Never raises for bytes-like input; nothing beyond the first 22 bytes is read.
+
+    Never raises for bytes-like input and always reads *bytes*: a memoryview of another item
+    format (``'I'``, ``'<B'``, ...) or of several dimensions is read as its underlying bytes
+    (a cast, or for non-contiguous data a copy). For ``bytes``, ``bytearray`` and 1-D
+    ``'B'`` views nothing beyond the first 22 bytes is read.
     """
+    if type(datagram) is memoryview:
+        if datagram.ndim != 1 or datagram.format != "B":
+            datagram = _as_bytes(datagram)
+    elif type(datagram) is not bytes and type(datagram) is not bytearray:
+        datagram = _as_bytes(datagram)
     n = len(datagram)
     if n == 0:
         return None

@@ -45,7 +45,9 @@ from chrysalis.datagram._socket import (
 )
 from chrysalis.datagram._socket_set import DatagramSocketSet
 from chrysalis.datagram._switch import (
+    DEFAULT_BINDING_BYTES,
     DEFAULT_BINDING_CAPACITY,
+    MAX_BINDING_BYTES,
     MAX_BINDING_CAPACITY,
     BindingStatistics,
     DatagramSwitch,
@@ -99,7 +101,9 @@ __all__ = [
     "Router",
     "RouterStatistics",
     "RoutingTableFullError",
+    "DEFAULT_BINDING_BYTES",
     "DEFAULT_BINDING_CAPACITY",
+    "MAX_BINDING_BYTES",
     "MAX_BINDING_CAPACITY",
     "BindingStatistics",
     "DatagramSwitch",

@@ -22,13 +22,23 @@ Semantics (all of them tested):
   from offset 0, so a caller that wants "append" semantics passes a view of the free tail of
   its buffer.
 * ``add_send_waker(destination, w)`` checks the destination's capacity and registers ``w`` on
-  the destination's queue under the destination's lock, so no wakeup is lost.
+  the destination's queue under the destination's lock, so no wakeup is lost. Every registered
+  waker is kept (any number of senders, several per socket, may wait on one destination) in a
+  bounded collection (``_park_waker``: at 1,024 the parked wakers are called early, a spurious
+  wake). The sending socket also keeps its own waiting wakers, so that its shutdown wakes them;
+  fired ones are pruned from that table as it grows.
 
 Locking: one lock per endpoint guards its queue, its wakers and its closed flag; the network
 lock guards only the id map, which is read without it on the send path (a single ``dict.get``,
 atomic under the GIL). Wakers always run outside every lock. Sockets have no descriptor:
 ``fileno()`` is ``None`` and readiness comes only from the wakers. Nothing here imports an I/O
 runtime.
+
+Send path cost: each socket caches the endpoints it sends to (destination address -> weak
+reference, at most 4,096 entries), so a send is a dict lookup, a weak reference call and one
+lock round trip rather than an address decode and a network lookup. A cached endpoint that is
+gone or shut down is looked up again, so a dropped destination still becomes unknown and a
+rebound id is found; the cache is weak so that it never keeps a dropped endpoint alive.
 """
 
 from __future__ import annotations
@@ -57,7 +67,9 @@ from chrysalis.datagram._socket import (
     SocketClosedError,
     UnsupportedSchemeError,
     Waker,
-    once,
+    _Once,
+    _park_waker,
+    _remember_waker,
 )
 
 __all__ = ["DEFAULT_QUEUE_CAPACITY", "MAX_QUEUE_CAPACITY", "InprocNetwork", "InprocSocket"]
@@ -69,8 +81,9 @@ MAX_QUEUE_CAPACITY: Final = 1 << 20
 
 _U64: Final = 1 << 64
 _SCHEMES: Final = (INPROC_SCHEME,)
-# Prune fired entries from a socket's send-waker table beyond this many destinations.
-_SEND_WAKER_PRUNE: Final = 256
+# Resolved destinations cached per socket (the table is emptied when it reaches this size).
+_TARGET_CACHE_LIMIT: Final = 4096
+_new_object: Final = object.__new__
 
 _network_ids = itertools.count(1)
 _networks: weakref.WeakValueDictionary[int, InprocNetwork] = weakref.WeakValueDictionary()
@@ -87,8 +100,8 @@ class _Endpoint:
         self.capacity = capacity
         self.closed = False
         self.recv_waker: Waker | None = None
-        # Senders blocked on this endpoint: sender endpoint id -> its one-shot waker.
-        self.blocked: dict[int, Waker] = {}
+        # Wakers of senders blocked on this endpoint (a bounded ordered set, _park_waker).
+        self.blocked: dict[Waker, None] = {}
 
 
 class InprocNetwork:
@@ -213,9 +226,15 @@ class InprocSocket(DatagramSocket):
         self._addr = DatagramAddr.inproc(network.network_id, endpoint_id)
         self._shut = threading.Event()
         self._deferred_error: InvalidDataError | None = None
-        # Destinations this socket waits on: destination id -> (destination, waker), so that
-        # our own shutdown fires them and removes them from the destination's table.
-        self._send_wakers: dict[int, tuple[weakref.ref[_Endpoint], Waker]] = {}
+        # Wakers of this socket's own waiting sends (waker -> its once-wrapper, which is also
+        # parked on the destination), so that our own shutdown fires them all. Guarded by
+        # our endpoint's lock; fired entries are pruned as the table grows.
+        self._send_wakers: dict[Waker, _Once] = {}
+        # Destinations this socket has sent to: address -> weak reference to the endpoint
+        # state. Weak, so that a cached entry never keeps a dropped endpoint alive (its
+        # address must become unknown); an entry whose endpoint is gone or shut down is
+        # resolved again through the network, which finds a rebound id.
+        self._targets: dict[DatagramAddr, weakref.ref[_Endpoint]] = {}
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -236,24 +255,52 @@ class InprocSocket(DatagramSocket):
 
     # -- sending -------------------------------------------------------------------------------
 
+    def _target(self, destination: DatagramAddr) -> _Endpoint:
+        """The endpoint state for ``destination``: from the per-socket cache when it is still
+        alive and open, else resolved through the network (and cached)."""
+        ref = self._targets.get(destination)
+        target = None if ref is None else ref()
+        if target is None or target.closed:
+            target = self._resolve_target(destination)
+        return target
+
+    def _resolve_target(self, destination: DatagramAddr) -> _Endpoint:
+        """Resolve through the network (the cache miss); raises what ``_resolve`` raises."""
+        _, target = self._network._resolve(destination)
+        targets = self._targets
+        if len(targets) >= _TARGET_CACHE_LIMIT:
+            targets.clear()
+        targets[destination] = weakref.ref(target)
+        return target
+
     def try_send_to(self, data: bytes | bytearray | memoryview, destination: DatagramAddr) -> bool:
         """Copy ``data`` into the destination's queue; ``False`` if that queue is full."""
         if self._endpoint.closed:
             raise SocketClosedError()
-        _, target = self._network._resolve(destination)
-        payload = bytes(data)
+        # Hot path, inlined _target(): a dict lookup and a weak reference call.
+        ref = self._targets.get(destination)
+        target = None if ref is None else ref()
+        if target is None or target.closed:
+            target = self._resolve_target(destination)
+        payload = bytes(data)  # no copy for bytes
         if len(payload) > MAX_DATAGRAM_SIZE:
             raise DatagramTooLargeError(
                 f"datagram of {len(payload)} bytes exceeds {MAX_DATAGRAM_SIZE}"
             )
-        with target.lock:
+        lock = target.lock
+        lock.acquire()  # acquire/release: cheaper than a with statement on this path
+        try:
             if target.closed:
                 raise ConnectionRefusedDatagramError(f"{destination} is shut down")
             queue = target.queue
             if len(queue) >= target.capacity:
                 return False
             queue.append((self._addr, payload))
-            waker, target.recv_waker = target.recv_waker, None
+            waker = target.recv_waker
+            if waker is not None:
+                target.recv_waker = None
+        finally:
+            lock.release()
         if waker is not None:
             waker()
         return True
@@ -270,7 +317,7 @@ class InprocSocket(DatagramSocket):
         assert size is not None
         if size > MAX_DATAGRAM_SIZE:
             raise DatagramTooLargeError(f"segment of {size} bytes exceeds {MAX_DATAGRAM_SIZE}")
-        _, target = self._network._resolve(transmit.destination)
+        target = self._target(transmit.destination)
         contents = bytes(transmit.contents)
         source = self._addr
         with target.lock:
@@ -300,17 +347,23 @@ class InprocSocket(DatagramSocket):
         endpoint = self._endpoint
         if endpoint.closed:
             raise SocketClosedError()
-        self._take_deferred()
+        if self._deferred_error is not None:
+            self._take_deferred()
         limit = min(len(buffers), DATAGRAM_BATCH_SIZE)
         filled = 0
         error: InvalidDataError | None = None
         wakers: list[Waker] | None = None
-        with endpoint.lock:
+        append = metas.append
+        new = _new_object
+        lock = endpoint.lock
+        lock.acquire()
+        try:
             if endpoint.closed:
                 raise SocketClosedError()
             queue = endpoint.queue
+            popleft = queue.popleft
             while filled < limit and queue:
-                source, payload = queue.popleft()
+                source, payload = popleft()
                 buffer = buffers[filled]
                 size = len(payload)
                 if size > len(buffer):
@@ -319,11 +372,17 @@ class InprocSocket(DatagramSocket):
                     )
                     break
                 buffer[:size] = payload
-                metas.append(DatagramRecvMeta(source, size, size))
+                meta = new(DatagramRecvMeta)  # no __init__ call: see DatagramRecvMeta
+                meta.source = source
+                meta.length = meta.stride = size
+                meta.ecn = None
+                append(meta)
                 filled += 1
             if (filled or error is not None) and endpoint.blocked:
-                wakers = list(endpoint.blocked.values())
+                wakers = list(endpoint.blocked)
                 endpoint.blocked.clear()
+        finally:
+            lock.release()
         if wakers:
             for waker in wakers:
                 waker()
@@ -347,7 +406,7 @@ class InprocSocket(DatagramSocket):
                 return None
             source, payload = endpoint.queue.popleft()
             if endpoint.blocked:
-                wakers = list(endpoint.blocked.values())
+                wakers = list(endpoint.blocked)
                 endpoint.blocked.clear()
         if wakers:
             for waker in wakers:
@@ -374,34 +433,42 @@ class InprocSocket(DatagramSocket):
         """Wake ``waker`` when ``destination``'s queue has room (or either side shuts down).
 
         Called at once if the destination has room already, is unknown, shut down or not an
-        inproc address (so the retried send reports the error).
+        inproc address (so the retried send reports the error). Every waker is kept, so any
+        number of senders may wait; a waker registered again while still waiting is kept once.
         """
-        waker = once(waker)
-        own = self._endpoint
         if self.is_shutdown:
             waker()
             return
         try:
-            target_id, target = self._network._resolve(destination)
+            _, target = self._network._resolve(destination)
         except (HostUnreachableError, UnsupportedSchemeError):
+            waker()
+            return
+        wrapped = self._own_send_waker(waker)
+        if wrapped is None:  # we were shut down meanwhile
             waker()
             return
         with target.lock:
             ready = target.closed or len(target.queue) < target.capacity
-            if not ready:
-                target.blocked[self._id] = waker
+            flushed = None if ready else _park_waker(target.blocked, wrapped)
         if ready:
-            waker()
-            return
+            wrapped()
+        elif flushed:
+            for parked in flushed:
+                parked()
+
+    def _own_send_waker(self, waker: Waker) -> _Once | None:
+        """Record ``waker`` as one of our waiting sends, wrapped to run once (the destination
+        and our shutdown may both call it); ``None`` if we are shut down. Recording comes
+        before parking on the destination, so a shutdown racing with it still wakes it."""
+        own = self._endpoint
         with own.lock:
-            if not own.closed:
-                table = self._send_wakers
-                if len(table) >= _SEND_WAKER_PRUNE:
-                    for key in [k for k, (ref, _) in table.items() if ref() is None]:
-                        del table[key]
-                table[target_id] = (weakref.ref(target), waker)
-                return
-        waker()  # we were shut down meanwhile
+            if own.closed:
+                return None
+            wrapped, evicted = _remember_waker(self._send_wakers, waker)
+        for stale in evicted:
+            stale()
+        return wrapped
 
     @property
     def max_transmit_segments(self) -> int:
@@ -425,20 +492,15 @@ class InprocSocket(DatagramSocket):
                 return
             endpoint.closed = True
             endpoint.queue.clear()
-            wakers: list[Waker] = list(endpoint.blocked.values())
+            wakers: list[Waker] = list(endpoint.blocked)
             endpoint.blocked.clear()
             if endpoint.recv_waker is not None:
                 wakers.append(endpoint.recv_waker)
                 endpoint.recv_waker = None
-            own = list(self._send_wakers.values())
+            # Our waiting sends: fired here; their entries on the destinations are no-ops now
+            # and go when those destinations next dequeue.
+            wakers.extend(self._send_wakers.values())
             self._send_wakers.clear()
-        for target_ref, waker in own:
-            target = target_ref()
-            if target is not None:
-                with target.lock:
-                    if target.blocked.get(self._id) is waker:
-                        del target.blocked[self._id]
-            wakers.append(waker)
         self._shut.set()
         for waker in wakers:
             waker()

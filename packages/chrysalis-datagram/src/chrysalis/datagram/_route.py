@@ -71,14 +71,35 @@ _LONG_DCID_END: Final = 6 + PID_LEN
 _SHORT_DCID_END: Final = 1 + PID_LEN
 
 
+def _as_bytes(data: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """``data`` as a flat sequence of unsigned bytes (as ``chrysalis.core``'s private helper of
+    ``target_pid``): the view itself, a byte-format cast, or a copy of strided data."""
+    view = memoryview(data)
+    if view.ndim == 1 and view.format == "B":
+        return view
+    if view.c_contiguous:
+        try:
+            return view.cast("B")
+        except (TypeError, ValueError):
+            pass
+    return view.tobytes()
+
+
 def _target_key(datagram: bytes | bytearray | memoryview) -> bytes | None:
     """The raw destination-PID bytes of a datagram, or ``None``.
 
     Exactly the rule of ``chrysalis.core.target_pid`` (spec 1.5), but returning the 16 bytes
     instead of a ``Pid``: the routing tables are keyed by raw bytes so that the per-datagram
     path hashes a ``bytes`` object (C speed) instead of calling ``Pid.__hash__``. The test suite
-    checks that both functions agree on arbitrary input.
+    checks that both functions agree on arbitrary input. As there, a memoryview of another
+    item format or of several dimensions is read as its bytes (the common ``bytes`` and 1-D
+    ``'B'`` view cases pay only a type check for this).
     """
+    if type(datagram) is memoryview:
+        if datagram.ndim != 1 or datagram.format != "B":
+            datagram = _as_bytes(datagram)
+    elif type(datagram) is not bytes and type(datagram) is not bytearray:
+        datagram = _as_bytes(datagram)
     n = len(datagram)
     if n == 0:
         return None

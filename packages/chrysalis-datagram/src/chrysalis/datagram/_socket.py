@@ -20,7 +20,10 @@ Waker rules, shared by every carrier:
 * ``add_send_waker(destination, waker)`` is the send-side twin: descriptor-less carriers call it
   when *that destination* may accept again (the in-process carrier keeps it on the destination's
   queue, so draining endpoint A never wakes a sender blocked on B); every carrier calls it on
-  shutdown.
+  shutdown. Send wakers are *kept*, not replaced: any number of senders may wait at once, each
+  with its own waker, and all of them are called (a waker registered twice is kept once). The
+  collections are bounded (1,024 wakers): at the bound every parked waker is called early,
+  which is a spurious wake, never a lost one.
 
 Lifecycle: ``shutdown()`` is idempotent and non-blocking; it wakes every registered waker and
 from then on every operation raises :class:`SocketClosedError` (errno ``EPIPE``). ``join()``
@@ -37,6 +40,7 @@ from __future__ import annotations
 import abc
 import errno
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -231,7 +235,14 @@ class DatagramTransmit:
 class DatagramRecvMeta:
     """What one filled receive buffer holds: ``length`` bytes from ``source`` that split into
     datagrams of ``stride`` bytes (the last may be shorter). A plain receive has
-    ``stride == length``; ``ecn`` is the received ECN codepoint when the carrier reports it."""
+    ``stride == length``; ``ecn`` is the received ECN codepoint when the carrier reports it.
+
+    Maintenance note: the kernel and in-process carriers build one of these per received
+    datagram, so their receive loops skip the Python-level ``__init__`` call (most of the
+    construction cost on Python 3.11): ``object.__new__(DatagramRecvMeta)`` followed by one
+    assignment per field (``_udp.py``, ``_unix.py``, ``_inproc.py``). A field added here must
+    be assigned there too.
+    """
 
     source: DatagramAddr
     length: int
@@ -273,6 +284,32 @@ class _Once:
         if waker is not None:
             waker()
 
+    @property
+    def fired(self) -> bool:
+        """Whether the wrapped waker was called (a fired wrapper can be forgotten)."""
+        return self._waker is None
+
+
+#: Most wakers one waker collection holds (see :func:`_park_waker`).
+_MAX_PARKED: Final = 1024
+
+
+def _park_waker(wakers: dict[Waker, None], waker: Waker) -> list[Waker] | None:
+    """Add ``waker`` to a bounded waker collection (an insertion-ordered set; the caller holds
+    the lock that guards it). A waker already present is kept once.
+
+    Returns ``None``, or, when the collection is full, every waker in it plus ``waker``, with
+    the collection emptied: the caller calls them outside its lock. Such a wake is spurious
+    (each waiter re-checks and registers again), so the collection stays bounded while any
+    number of parties wait, and no waiter is ever forgotten.
+    """
+    if len(wakers) < _MAX_PARKED or waker in wakers:
+        wakers[waker] = None
+        return None
+    flushed = [*wakers, waker]
+    wakers.clear()
+    return flushed
+
 
 def once(waker: Waker) -> Waker:
     """Return ``waker`` wrapped so that calling the result more than once runs it once."""
@@ -281,25 +318,56 @@ def once(waker: Waker) -> Waker:
     return _Once(waker)
 
 
+#: A table of a socket's own waiting sends reaches this size before fired entries are pruned.
+_OWN_WAKER_PRUNE: Final = 256
+
+
+def _remember_waker(table: dict[Waker, _Once], waker: Waker) -> tuple[_Once, list[_Once]]:
+    """Record ``waker`` in ``table``, a socket's own waiting sends (the caller holds the lock
+    that guards it), wrapped to run once: the destination and the socket's shutdown may both
+    call it. A waker registered again while its wrapper has not fired reuses it.
+
+    Returns the wrapper and a list of evicted wrappers for the caller to call outside its lock:
+    fired entries are pruned once the table reaches 256 entries, and if it still holds
+    :data:`_MAX_PARKED` the rest are evicted and called early (a spurious wake).
+    """
+    wrapped = table.get(waker)
+    if wrapped is not None and not wrapped.fired:
+        return wrapped, []
+    evicted: list[_Once] = []
+    if len(table) >= _OWN_WAKER_PRUNE:
+        for key in [key for key, entry in table.items() if entry.fired]:
+            del table[key]
+        if len(table) >= _MAX_PARKED:
+            evicted = list(table.values())
+            table.clear()
+    wrapped = table[waker] = _Once(waker)
+    return wrapped, evicted
+
+
 class ShutdownState:
     """Thread-safe lifecycle of one socket: running, shut down, released (spec 2.4).
 
-    Holds the latest receive waker and the latest send waker so that ``shutdown`` can wake
-    them; carriers without a descriptor keep their own per-destination send wakers and use
+    Holds the latest receive waker and every send waker (at most 1,024: at the bound the
+    parked ones are called early, a spurious wake) so that ``shutdown`` can wake them all;
+    carriers without a descriptor keep their own per-destination send wakers and use
     ``on_shutdown`` hooks. ``shutdown()`` returns ``True`` only for the call that performed it.
-    ``join(timeout, release)`` waits for the shutdown and then runs ``release`` exactly once
-    (the first joiner runs it; later joiners wait for it).
+    ``join(timeout, release)`` waits for the shutdown and then runs ``release`` until it
+    succeeds once: the first joiner runs it and later joiners wait for it; if it raises, that
+    joiner gets the exception and a joiner that was waiting (or comes later) runs it again, so
+    no joiner reports a release that failed.
     """
 
-    __slots__ = ("_lock", "_recv_waker", "_released", "_send_waker", "_shut", "closed")
+    __slots__ = ("_lock", "_recv_waker", "_released", "_send_wakers", "_shut", "closed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.closed = False  # read without the lock on hot paths; only ever goes False->True
         self._recv_waker: Waker | None = None
-        self._send_waker: Waker | None = None
+        self._send_wakers: dict[Waker, None] = {}
         self._shut = threading.Event()
-        self._released: threading.Event | None = None
+        # The release in progress or done: (finished, succeeded); None when none is.
+        self._released: tuple[threading.Event, list[bool]] | None = None
 
     def check(self) -> None:
         """Raise :class:`SocketClosedError` if shut down."""
@@ -321,30 +389,36 @@ class ShutdownState:
         return waker
 
     def set_send_waker(self, waker: Waker) -> None:
-        """Keep ``waker`` as the (socket-wide) send waker; call it now if shut down."""
+        """Add ``waker`` to the socket-wide send wakers (all are called on shutdown); call it
+        now if shut down."""
         with self._lock:
-            if not self.closed:
-                self._send_waker = waker
-                return
-        waker()
+            closed = self.closed
+            flushed = None if closed else _park_waker(self._send_wakers, waker)
+        if closed:
+            waker()
+        elif flushed:
+            for parked in flushed:
+                parked()
 
     def shutdown(self, on_shutdown: Callable[[], None] | None = None) -> bool:
-        """Move to shut down, run ``on_shutdown`` (first call only), then wake both wakers.
-        ``True`` only for the first call."""
+        """Move to shut down, run ``on_shutdown`` (first call only), then wake the receive
+        waker and every send waker. ``True`` only for the first call."""
         with self._lock:
             if self.closed:
                 return False
             self.closed = True
-            wakers = (self._recv_waker, self._send_waker)
-            self._recv_waker = self._send_waker = None
+            wakers = [*self._send_wakers]
+            if self._recv_waker is not None:
+                wakers.append(self._recv_waker)
+            self._recv_waker = None
+            self._send_wakers.clear()
         try:
             if on_shutdown is not None:
                 on_shutdown()
         finally:
             self._shut.set()
             for waker in wakers:
-                if waker is not None:
-                    waker()
+                waker()
         return True
 
     @property
@@ -353,23 +427,38 @@ class ShutdownState:
         return self.closed
 
     def join(self, timeout: float | None, release: Callable[[], None]) -> bool:
-        """Wait up to ``timeout`` seconds for shutdown, then run ``release`` once; return
-        whether everything is released."""
+        """Wait up to ``timeout`` seconds for shutdown, then for ``release`` to have run
+        successfully once (running it if no other joiner is); return whether everything is
+        released. An exception from ``release`` propagates to the joiner that ran it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._shut.wait(timeout):
             return False
-        with self._lock:
-            released = self._released
-            runner = released is None
+        while True:
+            with self._lock:
+                attempt = self._released
+                runner = attempt is None
+                if attempt is None:
+                    attempt = self._released = (threading.Event(), [])
+            finished, succeeded = attempt
             if runner:
-                released = self._released = threading.Event()
-        assert released is not None
-        if runner:
-            try:
-                release()
-            finally:
-                released.set()
-            return True
-        return released.wait(timeout)
+                try:
+                    release()
+                except BaseException:
+                    with self._lock:
+                        self._released = None  # the next joiner tries again
+                    finished.set()
+                    raise
+                succeeded.append(True)
+                finished.set()
+                return True
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not finished.wait(remaining):
+                return False
+            if succeeded:
+                return True
+            # The release failed in another joiner: try it ourselves (within our timeout).
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
 
 # --------------------------------------------------------------------------------------------

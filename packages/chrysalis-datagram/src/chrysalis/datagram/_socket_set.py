@@ -16,7 +16,9 @@ called". This needs no extra kernel object and no thread. Sends wait on the chos
 (``send_readiness_fd`` / ``add_send_waker`` delegate by scheme).
 
 Ownership: the set owns its members. ``shutdown`` cascades to all of them, ``join`` waits for
-all, and a member that shuts down by itself (a UDP receive error) shuts the whole set down.
+all, and a member that shuts down by itself (a UDP receive error) shuts the whole set down. The
+set notices that on every path: a receive or a send that meets the member's
+:class:`SocketClosedError`, and ``is_shutdown``, which checks the members.
 """
 
 from __future__ import annotations
@@ -99,16 +101,25 @@ class DatagramSocketSet(DatagramSocket):
     # -- sending -------------------------------------------------------------------------------
 
     def try_send_to(self, data: bytes | bytearray | memoryview, destination: DatagramAddr) -> bool:
-        """Send through the member serving ``destination.scheme``."""
+        """Send through the member serving ``destination.scheme``; a member that shut itself
+        down shuts the set down (:class:`SocketClosedError`)."""
         if self._closed:
             raise SocketClosedError()
-        return self.member_for(destination).try_send_to(data, destination)
+        member = self.member_for(destination)
+        try:
+            return member.try_send_to(data, destination)
+        except SocketClosedError as closed:
+            raise self._member_closed() from closed
 
     def try_send_transmit(self, transmit: DatagramTransmit) -> int:
         """Delegate to the member serving the destination's scheme (its accepted prefix)."""
         if self._closed:
             raise SocketClosedError()
-        return self.member_for(transmit.destination).try_send_transmit(transmit)
+        member = self.member_for(transmit.destination)
+        try:
+            return member.try_send_transmit(transmit)
+        except SocketClosedError as closed:
+            raise self._member_closed() from closed
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -249,8 +260,14 @@ class DatagramSocketSet(DatagramSocket):
 
     @property
     def is_shutdown(self) -> bool:
-        """Whether the set was shut down."""
-        return self._closed
+        """Whether the set was shut down, by ``shutdown`` or because a member shut itself down
+        (noticing that shuts the other members down too)."""
+        if self._closed:
+            return True
+        if any(member.is_shutdown for member in self._members):
+            self.shutdown()
+            return True
+        return False
 
     def join(self, timeout: float | None = None) -> bool:
         """Join every member within one overall ``timeout``."""

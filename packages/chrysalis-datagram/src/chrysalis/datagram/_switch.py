@@ -12,8 +12,9 @@ driven from outside: ``pump()`` drains the carrier without blocking (``try_recv`
 preallocated 65,535-byte buffers) and dispatches what it got. Any runtime can drive it by
 waiting on the carrier's readiness (``readiness_fds()`` / ``add_recv_waker``) and calling
 ``pump()``; ``start_thread()`` (or ``DatagramSwitch.spawn``) does exactly that on a daemon
-thread with ``select``. Bindings deliver and forward in the *sender's* thread: a send through a
-binding is one synchronous, non-blocking dispatch.
+thread with ``poll`` (not ``select``: descriptors above 1,023 must work). Bindings deliver and
+forward in the *sender's* thread: a send through a binding is one synchronous, non-blocking
+dispatch.
 
 Batching on the forward path. Consecutive received datagrams that go to the same non-local
 target with the same length, source and ECN (a GSO burst that arrived as separate datagrams) are
@@ -23,14 +24,23 @@ handshake packets, not worth batching). Received aggregates (``stride < length``
 dispatched whole; local delivery queues an aggregate as one item that keeps its stride.
 
 Bounds. Each binding's receive queue holds at most ``queue_capacity`` items (an item is one
-datagram or one aggregate of at most ``DATAGRAM_BATCH_SIZE`` datagrams); a full queue drops with
-``LOCAL_QUEUE_FULL``. The receive buffers are fixed. Send wakers parked on a binding are keyed
-by the sending binding, so there is at most one per binding.
+datagram or one aggregate of at most ``DATAGRAM_BATCH_SIZE`` datagrams) and, unless it is empty,
+admits an item only while fewer than ``queue_bytes`` bytes are queued (default 8 MiB, so at most
+``queue_bytes`` plus one item of up to 32 x 65,535 bytes); a full queue drops with
+``LOCAL_QUEUE_FULL``. The receive buffers are fixed. Send wakers parked on a binding form a
+set of at most 1,024; when it is full, every parked waker is called (a spurious wake: each
+waiting sender retries and parks again) and the set starts over, so any number of senders may
+wait and none is lost. Each binding also remembers the wakers of its own waiting sends (to wake
+them on its shutdown), pruning fired ones as that table grows.
 
 Lifecycle. ``shutdown()`` shuts down every binding and the carrier; ``join()`` waits for the
 pump thread and joins the carrier. A receive error on the carrier shuts the switch down (the
-error is kept in ``error``). Shutting a binding down unregisters exactly its own registration,
-so its PIDs can be bound again.
+error is kept in ``error``), except the two errors that concern one datagram the carrier has
+already consumed (``InvalidDataError``: longer than the 65,535-byte buffers;
+``AddressNotAvailableError``: a Unix datagram from an unnamed socket): such a datagram is
+counted as ``MALFORMED`` and the pump goes on, so no local process can stop the switch with one
+datagram. Shutting a binding down unregisters exactly its own registration, so its PIDs can be
+bound again, and wakes every waker it holds, its own parked send wakers included.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from chrysalis.datagram._socket import (
     DATAGRAM_BATCH_SIZE,
     MAX_DATAGRAM_SIZE,
     AddressInUseError,
+    AddressNotAvailableError,
     Buffer,
     DatagramError,
     DatagramRecvMeta,
@@ -71,10 +82,15 @@ from chrysalis.datagram._socket import (
     InvalidDataError,
     SocketClosedError,
     Waker,
+    _Once,
+    _park_waker,
+    _remember_waker,
 )
 
 __all__ = [
+    "DEFAULT_BINDING_BYTES",
     "DEFAULT_BINDING_CAPACITY",
+    "MAX_BINDING_BYTES",
     "MAX_BINDING_CAPACITY",
     "BindingStatistics",
     "DatagramSwitch",
@@ -88,6 +104,12 @@ DEFAULT_BINDING_CAPACITY: Final = 1024
 
 MAX_BINDING_CAPACITY: Final = 1 << 20
 """Largest accepted ``queue_capacity``."""
+
+DEFAULT_BINDING_BYTES: Final = 8 << 20
+"""Receive-queue byte bound of a binding unless ``queue_bytes`` says otherwise."""
+
+MAX_BINDING_BYTES: Final = 1 << 40
+"""Largest accepted ``queue_bytes``."""
 
 _THREAD_BATCHES: Final = 8
 _SWITCH_IDS = itertools.count(1)
@@ -110,6 +132,8 @@ _QUEUE_FULL: Final = frozenset((_LOCAL_QUEUE_FULL, _EGRESS_QUEUE_FULL))
 
 _Item = tuple[bytes, DatagramAddr, int, int | None]  # data, source, stride, ecn
 _Payload = bytes | bytearray | memoryview
+# Receive errors that concern one datagram the carrier has already consumed.
+_PER_DATAGRAM_ERRORS: Final = (InvalidDataError, AddressNotAvailableError)
 
 
 class DestinationMismatchError(DatagramError, ValueError):
@@ -125,12 +149,15 @@ class DestinationMismatchError(DatagramError, ValueError):
 class BindingStatistics:
     """A snapshot of one binding: ``queued`` items waiting (of ``capacity``), datagrams
     ``delivered`` into its queue and datagrams ``refused`` because the queue was full (each
-    refusal is counted, also when the sender retries the datagram later)."""
+    refusal is counted, also when the sender retries the datagram later), and
+    ``queued_bytes`` of the ``byte_capacity`` bound."""
 
     queued: int
     capacity: int
     delivered: int
     refused: int
+    queued_bytes: int
+    byte_capacity: int
 
 
 @final
@@ -168,6 +195,18 @@ def _check_capacity(queue_capacity: object) -> int:
     return queue_capacity
 
 
+def _check_bytes(queue_bytes: object) -> int:
+    if (
+        not isinstance(queue_bytes, int)
+        or isinstance(queue_bytes, bool)
+        or not 1 <= queue_bytes <= MAX_BINDING_BYTES
+    ):
+        raise ValueError(
+            f"queue_bytes must be an int in 1..{MAX_BINDING_BYTES}, got {queue_bytes!r}"
+        )
+    return queue_bytes
+
+
 class SwitchSocket(DatagramSocket):
     """One binding of a ``DatagramSwitch``: a ``DatagramSocket`` for one or more PIDs.
 
@@ -185,10 +224,14 @@ class SwitchSocket(DatagramSocket):
     waits on exactly that queue. At most ``DATAGRAM_BATCH_SIZE`` datagrams are consumed per
     dispatched call.
 
-    Receiving. Items queue up to the binding's capacity; ``try_recv`` copies queued items (an
-    aggregate keeps its stride; one that does not fit a buffer is split at a stride boundary)
-    and ``try_recv_from`` returns one datagram at a time. There is no descriptor
-    (``fileno()`` is ``None``): the receive waker is called when an item is queued.
+    Any number of senders may wait: ``add_send_waker`` parks every waker (bounded, see the
+    module docstring), and the binding's own ``shutdown`` wakes all of its waiting senders too,
+    wherever they wait.
+
+    Receiving. Items queue up to the binding's capacity (items and bytes); ``try_recv`` copies
+    queued items (an aggregate keeps its stride; one that does not fit a buffer is split at a
+    stride boundary) and ``try_recv_from`` returns one datagram at a time. There is no
+    descriptor (``fileno()`` is ``None``): the receive waker is called when an item is queued.
     """
 
     def __init__(
@@ -198,12 +241,15 @@ class SwitchSocket(DatagramSocket):
         routed: bool,
         queue_capacity: int,
         binding_id: int,
+        queue_bytes: int = DEFAULT_BINDING_BYTES,
     ) -> None:
         self._switch = switch
         self._pids = pids
         self._keys = tuple(pid.raw for pid in pids)
         self._routed = routed
         self._capacity = queue_capacity
+        self._byte_capacity = queue_bytes
+        self._queued_bytes = 0
         self._binding_id = binding_id
         self._local_addr = DatagramAddr.switch(switch.switch_id, pids[0])
         self._qlock = threading.Lock()
@@ -211,7 +257,11 @@ class SwitchSocket(DatagramSocket):
         self._closed = False
         self._shut = threading.Event()
         self._recv_waker: Waker | None = None
-        self._send_waiters: dict[int, Waker] = {}
+        # Wakers of senders waiting for room in this binding's queue (a bounded ordered set).
+        self._send_waiters: dict[Waker, None] = {}
+        # Wakers of this binding's own waiting sends, wherever they wait (waker -> its
+        # once-wrapper), so that its shutdown wakes them all.
+        self._own_wakers: dict[Waker, _Once] = {}
         self._delivered = 0
         self._refused = 0
         # What the last would-block send waited on: a local binding or an egress destination.
@@ -245,6 +295,11 @@ class SwitchSocket(DatagramSocket):
         return self._capacity
 
     @property
+    def queue_bytes(self) -> int:
+        """Receive-queue byte bound (an empty queue admits one item of any size)."""
+        return self._byte_capacity
+
+    @property
     def switch(self) -> DatagramSwitch:
         """The switch this binding belongs to."""
         return self._switch
@@ -253,7 +308,12 @@ class SwitchSocket(DatagramSocket):
         """An immutable snapshot of the binding's queue and counters."""
         with self._qlock:
             return BindingStatistics(
-                len(self._queue), self._capacity, self._delivered, self._refused
+                len(self._queue),
+                self._capacity,
+                self._delivered,
+                self._refused,
+                self._queued_bytes,
+                self._byte_capacity,
             )
 
     def __repr__(self) -> str:
@@ -351,16 +411,27 @@ class SwitchSocket(DatagramSocket):
             if self._closed:
                 return _CLOSED
             queue = self._queue
-            if len(queue) >= self._capacity:
+            # _full_locked(), inlined: this runs once per delivered datagram.
+            if len(queue) >= self._capacity or (
+                queue and self._queued_bytes >= self._byte_capacity
+            ):
                 self._refused += count
                 return _FULL
             queue.append((data, source, stride, ecn))
+            self._queued_bytes += len(data)
             self._delivered += count
             waker = self._recv_waker
             self._recv_waker = None
         if waker is not None:
             waker()
         return _DELIVERED
+
+    def _full_locked(self) -> bool:
+        """Whether the queue admits no further item (called with ``_qlock`` held)."""
+        queue = self._queue
+        return len(queue) >= self._capacity or (
+            bool(queue) and self._queued_bytes >= self._byte_capacity
+        )
 
     def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
         """Copy queued items into a prefix of ``buffers`` (see ``DatagramSocket.try_recv``).
@@ -388,6 +459,7 @@ class SwitchSocket(DatagramSocket):
                         if filled:
                             break
                         queue.popleft()
+                        self._queued_bytes -= length
                         freed = True
                         error = InvalidDataError(
                             f"datagram of {min(stride, length)} bytes exceeds the "
@@ -399,7 +471,8 @@ class SwitchSocket(DatagramSocket):
                     length = fit
                 else:
                     queue.popleft()
-                    freed = True
+                self._queued_bytes -= length
+                freed = True
                 buffer[:length] = data
                 metas.append(DatagramRecvMeta(source, length, min(stride, length), ecn))
                 filled += 1
@@ -422,8 +495,10 @@ class SwitchSocket(DatagramSocket):
             data, source, stride, ecn = queue[0]
             if stride < len(data):
                 queue[0] = (data[stride:], source, stride, ecn)
-                return data[:stride], source
-            queue.popleft()
+                data = data[:stride]
+            else:
+                queue.popleft()
+            self._queued_bytes -= len(data)
             waiters = self._take_send_waiters()
         if waiters:
             for waker in waiters:
@@ -431,10 +506,10 @@ class SwitchSocket(DatagramSocket):
         return data, source
 
     def _take_send_waiters(self) -> list[Waker] | None:
-        # Called with _qlock held after an item left the queue.
+        # Called with _qlock held after bytes left the queue: wake every waiting sender.
         if not self._send_waiters:
             return None
-        waiters = list(self._send_waiters.values())
+        waiters = list(self._send_waiters)
         self._send_waiters.clear()
         return waiters
 
@@ -464,22 +539,39 @@ class SwitchSocket(DatagramSocket):
     def add_send_waker(self, destination: DatagramAddr, waker: Waker) -> None:
         """Wake ``waker`` once the send that last returned 0 may be retried: when the full
         local binding dequeues (or shuts down), or when the egress carrier may accept for the
-        destination it would have used (the supplied ``destination`` if nothing blocked)."""
-        if self._closed:
+        destination it would have used (the supplied ``destination`` if nothing blocked), or
+        when this binding shuts down. Every registered waker is kept (bounded, see the module
+        docstring), so several senders may wait at once."""
+        wrapped = self._own_send_waker(waker)
+        if wrapped is None:
             waker()
             return
         blocked = self._blocked
         if isinstance(blocked, SwitchSocket):
-            blocked._add_send_waiter(self._binding_id, waker)
+            blocked._add_send_waiter(wrapped)
             return
-        self._switch._carrier.add_send_waker(destination if blocked is None else blocked, waker)
+        self._switch._carrier.add_send_waker(destination if blocked is None else blocked, wrapped)
 
-    def _add_send_waiter(self, sender_id: int, waker: Waker) -> None:
+    def _own_send_waker(self, waker: Waker) -> _Once | None:
+        """Record ``waker`` as one of this binding's waiting sends, wrapped to run once; ``None``
+        if the binding is shut down. A waker registered again while still waiting is reused."""
         with self._qlock:
-            if not self._closed and len(self._queue) >= self._capacity:
-                self._send_waiters[sender_id] = waker
-                return
-        waker()
+            if self._closed:
+                return None
+            wrapped, evicted = _remember_waker(self._own_wakers, waker)
+        for stale in evicted:
+            stale()
+        return wrapped
+
+    def _add_send_waiter(self, waker: Waker) -> None:
+        with self._qlock:
+            full = not self._closed and self._full_locked()
+            flushed = _park_waker(self._send_waiters, waker) if full else None
+        if flushed:
+            for parked in flushed:
+                parked()
+        elif not full:
+            waker()
 
     # -- limits -----------------------------------------------------------------------------
 
@@ -508,8 +600,10 @@ class SwitchSocket(DatagramSocket):
                 return
             self._closed = True
             self._queue.clear()
-            wakers = list(self._send_waiters.values())
+            self._queued_bytes = 0
+            wakers: list[Waker] = [*self._send_waiters, *self._own_wakers.values()]
             self._send_waiters.clear()
+            self._own_wakers.clear()
             if self._recv_waker is not None:
                 wakers.append(self._recv_waker)
                 self._recv_waker = None
@@ -629,24 +723,46 @@ class DatagramSwitch:
 
     # -- bindings ---------------------------------------------------------------------------
 
-    def bind(self, pid: Pid, queue_capacity: int = DEFAULT_BINDING_CAPACITY) -> SwitchSocket:
-        """A plain local binding for ``pid``; ``AddressInUseError`` if ``pid`` is bound."""
-        return self._register((pid,), False, queue_capacity)
+    def bind(
+        self,
+        pid: Pid,
+        queue_capacity: int = DEFAULT_BINDING_CAPACITY,
+        *,
+        queue_bytes: int = DEFAULT_BINDING_BYTES,
+    ) -> SwitchSocket:
+        """A plain local binding for ``pid``; ``AddressInUseError`` if ``pid`` is bound.
 
-    def bind_routed(self, pid: Pid, queue_capacity: int = DEFAULT_BINDING_CAPACITY) -> SwitchSocket:
+        ``queue_capacity`` bounds its receive queue in items, ``queue_bytes`` in bytes (see the
+        module docstring); ``ValueError`` when either is out of range."""
+        return self._register((pid,), False, queue_capacity, queue_bytes)
+
+    def bind_routed(
+        self,
+        pid: Pid,
+        queue_capacity: int = DEFAULT_BINDING_CAPACITY,
+        *,
+        queue_bytes: int = DEFAULT_BINDING_BYTES,
+    ) -> SwitchSocket:
         """A routed binding for ``pid``: outbound datagrams are routed by their CID."""
-        return self._register((pid,), True, queue_capacity)
+        return self._register((pid,), True, queue_capacity, queue_bytes)
 
     def bind_routed_many(
-        self, pids: Iterable[Pid], queue_capacity: int = DEFAULT_BINDING_CAPACITY
+        self,
+        pids: Iterable[Pid],
+        queue_capacity: int = DEFAULT_BINDING_CAPACITY,
+        *,
+        queue_bytes: int = DEFAULT_BINDING_BYTES,
     ) -> SwitchSocket:
         """One routed binding receiving for every PID in ``pids`` (for example a node's own
         PID and the link-local PID). All-or-nothing: ``AddressInUseError`` if any PID is
         bound or listed twice; ``ValueError`` for an empty list."""
-        return self._register(tuple(pids), True, queue_capacity)
+        return self._register(tuple(pids), True, queue_capacity, queue_bytes)
 
-    def _register(self, pids: tuple[Pid, ...], routed: bool, queue_capacity: int) -> SwitchSocket:
+    def _register(
+        self, pids: tuple[Pid, ...], routed: bool, queue_capacity: int, queue_bytes: int
+    ) -> SwitchSocket:
         capacity = _check_capacity(queue_capacity)
+        byte_capacity = _check_bytes(queue_bytes)
         if not pids:
             raise ValueError("a binding needs at least one PID")
         for pid in pids:
@@ -663,7 +779,9 @@ class DatagramSwitch:
                 holder = bindings.get(key)
                 if holder is not None and not holder._closed:
                     raise AddressInUseError(f"PID {pid} is already bound on switch {self._id}")
-            binding = SwitchSocket(self, pids, routed, capacity, next(self._binding_ids))
+            binding = SwitchSocket(
+                self, pids, routed, capacity, next(self._binding_ids), byte_capacity
+            )
             for key in keys:
                 bindings[key] = binding
         return binding
@@ -832,8 +950,11 @@ class DatagramSwitch:
 
         Returns the number of datagrams received (0: nothing was ready). Only one thread may
         pump at a time (``RuntimeError`` otherwise). A receive error shuts the switch down and
-        is re-raised; after shutdown ``pump`` raises ``SocketClosedError``. Forwarding errors
-        of the egress carrier drop the datagrams concerned and are counted.
+        is re-raised, except ``InvalidDataError`` and ``AddressNotAvailableError``: they concern
+        one datagram that the carrier has already consumed, which is counted as received and
+        dropped as ``MALFORMED``, and the pump goes on. After shutdown ``pump`` raises
+        ``SocketClosedError``. Forwarding errors of the egress carrier drop the datagrams
+        concerned and are counted.
         """
         if not self._pump_lock.acquire(blocking=False):
             raise RuntimeError("the datagram switch is already being pumped by another thread")
@@ -846,6 +967,10 @@ class DatagramSwitch:
                 metas.clear()
                 try:
                     filled = carrier.try_recv(buffers, metas)
+                except _PER_DATAGRAM_ERRORS:
+                    total += 1
+                    self._drop(_MALFORMED, 1)
+                    continue
                 except OSError as exc:
                     if not self._closed and not isinstance(exc, SocketClosedError):
                         self._error = exc
@@ -1007,7 +1132,7 @@ class DatagramSwitch:
     def start_thread(self, *, name: str | None = None) -> None:
         """Run the pump loop on a daemon thread until the switch shuts down.
 
-        The thread waits with ``select`` on the carrier's ``readiness_fds()`` and on an
+        The thread waits with ``poll`` on the carrier's ``readiness_fds()`` and on an
         internal wake-up socket that the carrier's receive waker and ``shutdown`` write to.
         ``RuntimeError`` if a thread was already started; ``SocketClosedError`` after shutdown.
         """
@@ -1041,15 +1166,19 @@ class DatagramSwitch:
         reader = pair[0]
         carrier = self._carrier
         try:
-            watched: list[int | socket.socket] = [reader, *carrier.readiness_fds()]
+            # poll, not select: select fails for descriptors above 1,023.
+            poller = select.poll()
+            wake_fd = reader.fileno()
+            for fd in {wake_fd, *carrier.readiness_fds()}:
+                poller.register(fd, select.POLLIN)
             while not self.is_shutdown:
                 if self.pump(_THREAD_BATCHES):
                     continue
                 # Called at once if a receive may already succeed or the carrier is shut
                 # down; shutdown() also writes to the wake-up socket.
                 carrier.add_recv_waker(self._wake)
-                readable, _, _ = select.select(watched, [], [])
-                if reader in readable:
+                ready = poller.poll()
+                if any(fd == wake_fd for fd, _ in ready):
                     with contextlib.suppress(OSError):  # drained
                         while reader.recv(4096):
                             pass

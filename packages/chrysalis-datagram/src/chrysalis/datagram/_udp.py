@@ -17,7 +17,8 @@ for that call only. ``gso=`` / ``gro=`` force either way.
 
 Bounds: a GSO call carries at most 32 datagrams (:data:`DATAGRAM_BATCH_SIZE`, below the kernel's
 64) and at most 65,507 bytes; a ``try_recv`` call performs at most 32 receives; the source
-address cache holds at most 4,096 entries. Any receive error other than "would block" shuts the
+address cache and the destination sockaddr cache hold at most 4,096 entries each (emptied when
+full). Any receive error other than "would block" shuts the
 socket down before it is raised. ECN codepoints are neither sent nor reported.
 """
 
@@ -67,6 +68,9 @@ GRO_MAX_RECEIVE_SEGMENTS: Final = 65535 // 1200
 _GSO_MAX_BYTES: Final = 65507  # largest UDP payload over IPv4 (IPv6 allows a little more)
 _GRO_BUFFER_SIZE: Final = 65535
 _CMSG_SPACE: Final = socket.CMSG_SPACE(4)
+_MSG_TRUNC: Final = int(socket.MSG_TRUNC)
+_new_object: Final = object.__new__
+_NOTHING: Final = object()  # a placeholder that is equal to nothing else
 _INT: Final = struct.Struct("@i")
 _U16: Final = struct.Struct("@H")
 _SOURCE_CACHE_LIMIT: Final = 4096
@@ -117,6 +121,9 @@ class UdpSocket(DatagramSocket):
             raise ValueError("UdpSocket needs an AF_INET or AF_INET6 SOCK_DGRAM socket")
         sock.setblocking(False)
         self._sock = sock
+        # Bound methods of the kernel socket, looked up once for the per-datagram paths.
+        self._sendto = sock.sendto
+        self._recvfrom_into = sock.recvfrom_into
         self._fd = sock.fileno()
         self._tag = tag
         self._addr = DatagramAddr.from_sockaddr(sock.getsockname())
@@ -125,10 +132,16 @@ class UdpSocket(DatagramSocket):
         self._state = ShutdownState()
         self._deferred_error: OSError | None = None
         self._sources: dict[Any, DatagramAddr] = {}
+        self._source_lookup = self._sources.get  # the dict is cleared, never replaced
         self._sockaddrs: dict[DatagramAddr, Any] = {}
+        # The destination of the previous send and its sockaddr, as one tuple so that threads
+        # sharing the socket never see a torn pair.
+        self._last_sockaddr: tuple[object, Any] = (_NOTHING, None)
         self._scratch = bytearray(_GRO_BUFFER_SIZE) if gro else None
-        self._seg_size = -1
-        self._seg_cmsg: list[tuple[int, int, bytes]] = []
+        # The GSO control message of the last segment size, as one (size, message) tuple:
+        # replaced whole and read once per send, so concurrent senders of different segment
+        # sizes never pair one size with another size's message.
+        self._seg: tuple[int, list[tuple[int, int, bytes]]] = (-1, [])
 
     @classmethod
     def bind(
@@ -215,17 +228,22 @@ class UdpSocket(DatagramSocket):
     def _sockaddr(self, destination: DatagramAddr) -> Any:
         sockaddr = self._sockaddrs.get(destination)
         if sockaddr is None:
-            if destination.scheme != UDP_SCHEME:
-                raise UnsupportedSchemeError.for_scheme(destination.scheme, _SCHEMES)
-            if destination.opaque[0] != self._tag:
-                version = 6 if self._tag == 0x06 else 4
-                raise HostUnreachableError(
-                    f"{destination} is not reachable from an IPv{version} socket"
-                )
-            sockaddr = destination.to_sockaddr()
-            if len(self._sockaddrs) >= _SOCKADDR_CACHE_LIMIT:
-                self._sockaddrs.clear()
-            self._sockaddrs[destination] = sockaddr
+            sockaddr = self._new_sockaddr(destination)
+        return sockaddr
+
+    def _new_sockaddr(self, destination: DatagramAddr) -> Any:
+        """Validate ``destination`` and cache its sockaddr (the cache miss of every send)."""
+        if destination.scheme != UDP_SCHEME:
+            raise UnsupportedSchemeError.for_scheme(destination.scheme, _SCHEMES)
+        if destination.opaque[0] != self._tag:
+            version = 6 if self._tag == 0x06 else 4
+            raise HostUnreachableError(
+                f"{destination} is not reachable from an IPv{version} socket"
+            )
+        sockaddr = destination.to_sockaddr()
+        if len(self._sockaddrs) >= _SOCKADDR_CACHE_LIMIT:
+            self._sockaddrs.clear()
+        self._sockaddrs[destination] = sockaddr
         return sockaddr
 
     def _send_error(self, error: OSError, size: int) -> OSError:
@@ -241,9 +259,14 @@ class UdpSocket(DatagramSocket):
         """Send one datagram; ``False`` if the kernel buffer is full."""
         if self._state.closed:
             raise SocketClosedError()
-        sockaddr = self._sockaddr(destination)
+        last = self._last_sockaddr
+        if last[0] is destination:  # an identity test: no Python-level __hash__ call
+            sockaddr = last[1]
+        else:
+            sockaddr = self._sockaddrs.get(destination) or self._new_sockaddr(destination)
+            self._last_sockaddr = (destination, sockaddr)
         try:
-            self._sock.sendto(data, sockaddr)
+            self._sendto(data, sockaddr)
         except BlockingIOError:
             return False
         except OSError as error:
@@ -268,11 +291,12 @@ class UdpSocket(DatagramSocket):
         if self._gso:
             batch = min(count, _GSO_MAX_BYTES // size)
             if batch > 1:
-                if size != self._seg_size:
-                    self._seg_cmsg = [(SOL_UDP, UDP_SEGMENT, _U16.pack(size))]
-                    self._seg_size = size
+                seg_size, cmsg = self._seg
+                if seg_size != size:
+                    cmsg = [(SOL_UDP, UDP_SEGMENT, _U16.pack(size))]
+                    self._seg = (size, cmsg)
                 try:
-                    sock.sendmsg((view[: batch * size],), self._seg_cmsg, 0, sockaddr)
+                    sock.sendmsg((view[: batch * size],), cmsg, 0, sockaddr)
                     return batch
                 except BlockingIOError:
                     return 0
@@ -298,10 +322,15 @@ class UdpSocket(DatagramSocket):
     def _source(self, sockaddr: Any) -> DatagramAddr:
         source = self._sources.get(sockaddr)
         if source is None:
-            source = DatagramAddr.from_sockaddr(sockaddr)
-            if len(self._sources) >= _SOURCE_CACHE_LIMIT:
-                self._sources.clear()
-            self._sources[sockaddr] = source
+            source = self._new_source(sockaddr)
+        return source
+
+    def _new_source(self, sockaddr: Any) -> DatagramAddr:
+        """Convert and cache a sockaddr tuple (the cache miss of every receive)."""
+        source = DatagramAddr.from_sockaddr(sockaddr)
+        if len(self._sources) >= _SOURCE_CACHE_LIMIT:
+            self._sources.clear()
+        self._sources[sockaddr] = source
         return source
 
     def _recv_failed(self, error: OSError) -> OSError:
@@ -318,59 +347,112 @@ class UdpSocket(DatagramSocket):
             self._deferred_error = None
             raise error
 
+    def _recv_error(self, error: OSError, filled: int) -> int:
+        """Deliver a receive error: raised at once if nothing was received in this call, else
+        kept for the next call. A kernel error (anything but :class:`InvalidDataError`) shuts
+        the socket down first."""
+        if isinstance(error, InvalidDataError):
+            if filled == 0:
+                raise error
+            self._deferred_error = error
+            return filled
+        failure = self._recv_failed(error)
+        if filled == 0:
+            if failure is error:
+                raise error
+            raise failure from error
+        self._deferred_error = failure
+        return filled
+
     def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
         """Drain up to ``min(len(buffers), 32)`` receives; with GRO each buffer of at least
         64 KiB may receive an aggregate (smaller buffers get whole segments of one)."""
-        self._check_recv()
+        if self._state.closed or self._deferred_error is not None:
+            self._check_recv()  # raises
+        if self._gro:
+            return self._try_recv_gro(buffers, metas)
+        # The per-datagram loop (no GRO, so never a split remainder). It runs once or twice
+        # per readiness wake, so both the "nothing ready" call and each datagram are kept
+        # short: the first receive comes before any set-up, everything the loop touches is a
+        # local, sources are cached by the kernel's sockaddr tuple (and the last one is reused
+        # without a lookup while the sender stays the same), MSG_TRUNC is a plain int
+        # (an IntFlag operand would run Python-level enum code), and metas are built without
+        # a Python-level __init__ call (see DatagramRecvMeta).
+        limit = len(buffers)
+        if limit == 0:
+            return 0
+        recv = self._recvfrom_into
+        buffer = buffers[0]
+        try:
+            size, sockaddr = recv(buffer, 0, _MSG_TRUNC)
+        except BlockingIOError:
+            return 0
+        except OSError as error:
+            return self._recv_error(error, 0)
+        if limit > DATAGRAM_BATCH_SIZE:
+            limit = DATAGRAM_BATCH_SIZE
+        lookup = self._source_lookup
+        append = metas.append
+        new = _new_object
+        last_sockaddr: Any = _NOTHING  # consecutive datagrams mostly share a sender
+        source = self._addr  # (never used: the first datagram always sets it)
+        filled = 0
+        try:
+            while True:
+                if size > len(buffer):
+                    raise InvalidDataError(
+                        f"datagram of {size} bytes exceeds the {len(buffer)}-byte buffer"
+                    )
+                if sockaddr != last_sockaddr:
+                    source = lookup(sockaddr) or self._new_source(sockaddr)
+                    last_sockaddr = sockaddr
+                meta = new(DatagramRecvMeta)
+                meta.source = source
+                meta.length = meta.stride = size
+                meta.ecn = None
+                append(meta)
+                filled += 1
+                if filled == limit:
+                    break
+                buffer = buffers[filled]
+                size, sockaddr = recv(buffer, 0, _MSG_TRUNC)
+        except BlockingIOError:
+            pass
+        except OSError as error:
+            return self._recv_error(error, filled)
+        return filled
+
+    def _try_recv_gro(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
+        """``try_recv`` with GRO: serve the split remainder first, then receive aggregates
+        (directly into buffers of at least 64 KiB, through the scratch buffer otherwise)."""
         limit = min(len(buffers), DATAGRAM_BATCH_SIZE)
         filled = 0
         if self._split_remainder is not None:
             filled = self._fill_from_remainder(buffers, limit, metas)
             if self._has_backlog():
                 return filled  # keep order: the rest of the aggregate comes first
-        sock = self._sock
+        recvmsg_into = self._sock.recvmsg_into
         try:
-            if self._gro:
-                while filled < limit:
-                    buffer = buffers[filled]
-                    if len(buffer) < _GRO_BUFFER_SIZE:
-                        filled += self._recv_via_scratch(buffers[filled:limit], metas)
-                        if self._has_backlog():
-                            break
-                        continue
-                    size, ancdata, flags, sockaddr = sock.recvmsg_into((buffer,), _CMSG_SPACE)
-                    if flags & socket.MSG_TRUNC:
-                        raise InvalidDataError(
-                            f"GRO aggregate exceeds the {len(buffer)}-byte buffer"
-                        )
-                    stride = size
-                    for level, kind, data in ancdata:
-                        if level == SOL_UDP and kind == UDP_GRO:
-                            stride = _INT.unpack_from(data)[0]
-                    metas.append(DatagramRecvMeta(self._source(sockaddr), size, stride))
-                    filled += 1
-            else:
-                trunc = socket.MSG_TRUNC
-                while filled < limit:
-                    buffer = buffers[filled]
-                    size, sockaddr = sock.recvfrom_into(buffer, 0, trunc)
-                    if size > len(buffer):
-                        raise InvalidDataError(
-                            f"datagram of {size} bytes exceeds the {len(buffer)}-byte buffer"
-                        )
-                    metas.append(DatagramRecvMeta(self._source(sockaddr), size, size))
-                    filled += 1
+            while filled < limit:
+                buffer = buffers[filled]
+                if len(buffer) < _GRO_BUFFER_SIZE:
+                    filled += self._recv_via_scratch(buffers[filled:limit], metas)
+                    if self._has_backlog():
+                        break
+                    continue
+                size, ancdata, flags, sockaddr = recvmsg_into((buffer,), _CMSG_SPACE)
+                if flags & _MSG_TRUNC:
+                    raise InvalidDataError(f"GRO aggregate exceeds the {len(buffer)}-byte buffer")
+                stride = size
+                for level, kind, data in ancdata:
+                    if level == SOL_UDP and kind == UDP_GRO:
+                        stride = _INT.unpack_from(data)[0]
+                metas.append(DatagramRecvMeta(self._source(sockaddr), size, stride))
+                filled += 1
         except BlockingIOError:
             pass
-        except InvalidDataError as error:
-            if filled == 0:
-                raise
-            self._deferred_error = error
         except OSError as error:
-            failure = self._recv_failed(error)
-            if filled == 0:
-                raise failure from error
-            self._deferred_error = failure
+            return self._recv_error(error, filled)
         return filled
 
     def _has_backlog(self) -> bool:

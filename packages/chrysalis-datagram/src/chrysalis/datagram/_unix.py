@@ -17,6 +17,10 @@ runtime adapters back off briefly in that case.
 
 The socket file is removed when the socket shuts down (only if it is still the file this
 socket created); the descriptor is closed by ``join``.
+
+Per-datagram cost: a destination path is validated once and then cached, and received source
+paths are converted once and cached (at most 4,096 entries each, emptied when full), so the
+send and receive paths are a cache lookup around the system call.
 """
 
 from __future__ import annotations
@@ -59,6 +63,10 @@ MAX_UNIX_PATH: Final = 108
 
 _SCHEMES: Final = (UNIXGRAM_SCHEME,)
 _SOURCE_CACHE_LIMIT: Final = 4096
+_PATH_CACHE_LIMIT: Final = 4096
+_MSG_TRUNC: Final = int(socket.MSG_TRUNC)  # an IntFlag operand would run enum code
+_new_object: Final = object.__new__
+_NOTHING: Final = object()  # a placeholder that is equal to nothing else
 _UNIQUE_ATTEMPTS: Final = 8
 
 
@@ -109,12 +117,21 @@ class UnixDatagramSocket(DatagramSocket):
             raise ValueError("UnixDatagramSocket needs an AF_UNIX SOCK_DGRAM socket")
         sock.setblocking(False)
         self._sock = sock
+        # Bound methods of the kernel socket, looked up once for the per-datagram paths.
+        self._sendto = sock.sendto
+        self._recvfrom_into = sock.recvfrom_into
         self._fd = sock.fileno()
         self._path = path
         self._addr = DatagramAddr.unixgram(path)
         self._state = ShutdownState()
         self._deferred_error: OSError | None = None
         self._sources: dict[Any, DatagramAddr] = {}
+        self._source_lookup = self._sources.get  # the dict is cleared, never replaced
+        # Destinations already validated by _check_path: address -> sun_path bytes.
+        self._paths: dict[DatagramAddr, bytes] = {}
+        # The destination of the previous send and its path, as one tuple so that threads
+        # sharing the socket never see a torn pair.
+        self._last_path: tuple[object, bytes] = (_NOTHING, b"")
         self._file_id: tuple[int, int] | None = None
         if owns_file and path[:1] != b"\0":
             with contextlib.suppress(OSError):
@@ -196,19 +213,33 @@ class UnixDatagramSocket(DatagramSocket):
             return ConnectionRefusedDatagramError(f"{destination} refused the datagram")
         return error
 
+    def _new_path(self, destination: DatagramAddr) -> bytes:
+        """Validate ``destination`` and cache its path (the cache miss of every send)."""
+        if destination.scheme != UNIXGRAM_SCHEME:
+            raise UnsupportedSchemeError.for_scheme(destination.scheme, _SCHEMES)
+        path = _check_path(destination.opaque)  # a NUL would silently truncate the path
+        paths = self._paths
+        if len(paths) >= _PATH_CACHE_LIMIT:
+            paths.clear()
+        paths[destination] = path
+        return path
+
     def try_send_to(self, data: bytes | bytearray | memoryview, destination: DatagramAddr) -> bool:
         """Send one datagram; ``False`` if the destination's queue (or our buffer) is full."""
         if self._state.closed:
             raise SocketClosedError()
-        if destination.scheme != UNIXGRAM_SCHEME:
-            raise UnsupportedSchemeError.for_scheme(destination.scheme, _SCHEMES)
-        path = _check_path(destination.opaque)  # a NUL would silently truncate the path
+        last = self._last_path
+        if last[0] is destination:  # an identity test: no Python-level __hash__ call
+            path = last[1]
+        else:
+            path = self._paths.get(destination) or self._new_path(destination)
+            self._last_path = (destination, path)
         if len(data) > MAX_DATAGRAM_SIZE:
             raise DatagramTooLargeError(
                 f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM_SIZE}"
             )
         try:
-            self._sock.sendto(data, path)
+            self._sendto(data, path)
         except BlockingIOError:
             return False
         except OSError as error:
@@ -220,14 +251,20 @@ class UnixDatagramSocket(DatagramSocket):
     def _source(self, sockaddr: Any) -> DatagramAddr:
         source = self._sources.get(sockaddr)
         if source is None:
-            if not sockaddr:
-                raise AddressNotAvailableError(
-                    "unix datagram from an unnamed socket (the sender must bind a path)"
-                )
-            source = DatagramAddr.unixgram(sockaddr)
-            if len(self._sources) >= _SOURCE_CACHE_LIMIT:
-                self._sources.clear()
-            self._sources[sockaddr] = source
+            source = self._new_source(sockaddr)
+        return source
+
+    def _new_source(self, sockaddr: Any) -> DatagramAddr:
+        """Convert and cache a received sockaddr (the cache miss of every receive);
+        :class:`AddressNotAvailableError` for an unnamed sender."""
+        if not sockaddr:
+            raise AddressNotAvailableError(
+                "unix datagram from an unnamed socket (the sender must bind a path)"
+            )
+        source = DatagramAddr.unixgram(sockaddr)
+        if len(self._sources) >= _SOURCE_CACHE_LIMIT:
+            self._sources.clear()
+        self._sources[sockaddr] = source
         return source
 
     def _check_recv(self) -> None:
@@ -240,45 +277,91 @@ class UnixDatagramSocket(DatagramSocket):
 
     def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
         """Drain up to ``min(len(buffers), 32)`` datagrams, one per buffer."""
-        self._check_recv()
-        limit = min(len(buffers), DATAGRAM_BATCH_SIZE)
-        filled = 0
-        recv = self._sock.recvfrom_into
-        trunc = socket.MSG_TRUNC
+        if self._state.closed or self._deferred_error is not None:
+            self._check_recv()  # raises
+        # The per-datagram loop, kept short as in UdpSocket.try_recv: the first receive comes
+        # before any set-up, the loop touches only locals, sources are cached by the kernel's
+        # sockaddr (a str path or a bytes abstract name; the last one is reused without a
+        # lookup), MSG_TRUNC is a plain int, and metas skip the Python-level __init__.
+        limit = len(buffers)
+        if limit == 0:
+            return 0
+        recv = self._recvfrom_into
+        buffer = buffers[0]
         try:
-            while filled < limit:
-                buffer = buffers[filled]
-                size, sockaddr = recv(buffer, 0, trunc)
+            size, sockaddr = recv(buffer, 0, _MSG_TRUNC)
+        except BlockingIOError:
+            return 0
+        except OSError as error:
+            return self._recv_error(error, 0)
+        if limit > DATAGRAM_BATCH_SIZE:
+            limit = DATAGRAM_BATCH_SIZE
+        lookup = self._source_lookup
+        append = metas.append
+        new = _new_object
+        last_sockaddr: Any = _NOTHING
+        source = self._addr  # (never used: the first datagram always sets it)
+        filled = 0
+        try:
+            while True:
                 if size > len(buffer):
                     raise InvalidDataError(
                         f"datagram of {size} bytes exceeds the {len(buffer)}-byte buffer"
                     )
-                metas.append(DatagramRecvMeta(self._source(sockaddr), size, size))
+                if sockaddr != last_sockaddr:
+                    source = lookup(sockaddr) or self._new_source(sockaddr)
+                    last_sockaddr = sockaddr
+                meta = new(DatagramRecvMeta)
+                meta.source = source
+                meta.length = meta.stride = size
+                meta.ecn = None
+                append(meta)
                 filled += 1
+                if filled == limit:
+                    break
+                buffer = buffers[filled]
+                size, sockaddr = recv(buffer, 0, _MSG_TRUNC)
         except BlockingIOError:
             pass
-        except (InvalidDataError, AddressNotAvailableError) as error:
-            if filled == 0:
-                raise
-            self._deferred_error = error
         except OSError as error:
-            failure: OSError = SocketClosedError() if self._state.closed else error
+            return self._recv_error(error, filled)
+        return filled
+
+    def _recv_error(self, error: OSError, filled: int) -> int:
+        """Deliver a receive error: raised at once if nothing was received in this call, else
+        kept for the next call. A kernel error after shutdown becomes
+        :class:`SocketClosedError`."""
+        if isinstance(error, InvalidDataError | AddressNotAvailableError):
             if filled == 0:
-                raise failure from error
-            self._deferred_error = failure
+                raise error
+            self._deferred_error = error
+            return filled
+        failure: OSError = SocketClosedError() if self._state.closed else error
+        if filled == 0:
+            if failure is error:
+                raise error
+            raise failure from error
+        self._deferred_error = failure
         return filled
 
     def try_recv_from(self) -> tuple[bytes, DatagramAddr] | None:
-        """Receive one datagram (up to :data:`MAX_DATAGRAM_SIZE` bytes)."""
+        """Receive one datagram (up to :data:`MAX_DATAGRAM_SIZE` bytes). A longer one is
+        consumed and raises :class:`InvalidDataError`, as in ``try_recv``."""
         self._check_recv()
         try:
-            data, sockaddr = self._sock.recvfrom(MAX_DATAGRAM_SIZE)
+            # One byte more than the limit: a longer datagram arrives truncated to that size,
+            # which tells it apart from one of exactly MAX_DATAGRAM_SIZE bytes.
+            data, sockaddr = self._sock.recvfrom(MAX_DATAGRAM_SIZE + 1)
         except BlockingIOError:
             return None
         except OSError as error:
             if self._state.closed:
                 raise SocketClosedError() from error
             raise
+        if len(data) > MAX_DATAGRAM_SIZE:
+            raise InvalidDataError(
+                f"unix datagram exceeds {MAX_DATAGRAM_SIZE} bytes (it was consumed)"
+            )
         return data, self._source(sockaddr)
 
     # -- readiness and limits ------------------------------------------------------------------

@@ -19,11 +19,13 @@ subclass if its name starts with ``Test``)::
 Each check owns the pair it creates and shuts both sockets down (and joins them) at the end.
 Every wait is bounded (:data:`TIMEOUT` seconds): a non-conforming carrier fails, it never
 hangs. The checks use only the runtime-neutral contract: ``try_*`` operations, the receive
-waker and ``readiness_fds()`` (watched with ``select``).
+waker and ``readiness_fds()`` (watched with ``poll``, which, unlike ``select``, accepts
+descriptors above 1,023).
 """
 
 from __future__ import annotations
 
+import math
 import select
 import threading
 import time
@@ -77,6 +79,14 @@ PairFactory = Callable[[], tuple[DatagramSocket, DatagramSocket]]
 # Helpers (public: carrier tests use them too)
 
 
+def _poll_readable(fds: list[int], timeout: float) -> bool:
+    """Whether any of ``fds`` becomes readable within ``timeout`` seconds."""
+    poller = select.poll()
+    for fd in set(fds):
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
 def wait_readable(sock: DatagramSocket, timeout: float) -> bool:
     """Block up to ``timeout`` seconds until the receive waker fires or a descriptor in
     ``readiness_fds()`` is readable. Returns whether either happened."""
@@ -92,8 +102,7 @@ def wait_readable(sock: DatagramSocket, timeout: float) -> bool:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        readable, _, _ = select.select(fds, [], [], min(remaining, _POLL))
-        if readable or event.is_set():
+        if _poll_readable(fds, min(remaining, _POLL)) or event.is_set():
             return True
 
 
@@ -323,7 +332,7 @@ def check_readiness_reports_incoming_data(make_pair: PairFactory) -> None:
         assert a.try_send_to(b"ping", b.local_addr)
         deadline = time.monotonic() + TIMEOUT
         while not event.is_set():
-            if fds and select.select(fds, [], [], _POLL)[0]:
+            if fds and _poll_readable(fds, _POLL):
                 break
             if not fds:
                 event.wait(_POLL)

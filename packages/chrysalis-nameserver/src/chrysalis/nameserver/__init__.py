@@ -1,7 +1,7 @@
 """Chrysalis nameserver: versioned protocol, bounded codec, directory and resolver state
 machines, sessions and route projection.
 
-Everything exported here is pure (sans-IO): no sockets, event loops or clocks. The pieces:
+The core exported here is pure (sans-IO): no sockets, event loops or clocks. The pieces:
 
 - protocol values and the fourteen messages (``Hello`` ... ``EnumerateResult``), constants;
 - ``NsCodec``: the bounded, canonical frame codec (whole frames and incremental streams);
@@ -13,7 +13,9 @@ Everything exported here is pure (sans-IO): no sockets, event loops or clocks. T
 - read-side views (local resolution, enumeration pages, locator rewriting);
 - ``RouteProjector``: directory changes as gated PID routes.
 
-The I/O layer (QUIC streams, the service, parent links and their manager) builds on these.
+The asyncio I/O layer builds on these: ``NsFrameStream`` (frames over a byte stream),
+``NameserverService`` (the commit point and child serving), ``ChildLinkServer``,
+``ParentLink`` (one parent-link incarnation) and ``ParentLinkManager`` (reconnects).
 ``chrysalis.nameserver.testing`` runs both session ends back to back in memory.
 The ``_``-prefixed modules carry no stability promise; import from this facade.
 """
@@ -61,6 +63,23 @@ from chrysalis.nameserver._labels import (
     Labels,
     validate_label_key,
     validate_label_value,
+)
+from chrysalis.nameserver._link import (
+    LinkState,
+    LinkStatus,
+    ParentLink,
+    ParentLinkClosed,
+    ParentLinkError,
+    ParentLinkRejected,
+)
+from chrysalis.nameserver._manager import (
+    DEFAULT_RETRY_DELAY,
+    NamespaceConfig,
+    ParentDialer,
+    ParentLinkManager,
+    ParentStatus,
+    ParentStatusKind,
+    TerminalRejection,
 )
 from chrysalis.nameserver._protocol import (
     DEFAULT_PAGE_LIMIT,
@@ -120,6 +139,15 @@ from chrysalis.nameserver._routes import (
     RouteSession,
     WithdrawRoute,
 )
+from chrysalis.nameserver._server import ChildLinkServer, StreamAcceptor
+from chrysalis.nameserver._service import (
+    DEFAULT_UPSTREAM_TIMEOUT,
+    LocalEntryError,
+    NameserverService,
+    UpstreamClosed,
+    UpstreamNameserver,
+    Watch,
+)
 from chrysalis.nameserver._session import (
     DEFAULT_MAX_PENDING_REQUESTS,
     CacheUpdated,
@@ -156,6 +184,13 @@ from chrysalis.nameserver._state import (
     LinkResponse,
     Nameserver,
     RemoveLink,
+)
+from chrysalis.nameserver._stream import (
+    DEFAULT_READ_SIZE,
+    ByteStream,
+    MemoryByteStream,
+    NsFrameStream,
+    memory_stream_pair,
 )
 from chrysalis.nameserver._views import (
     DEFAULT_NEGATIVE_TTL_MS,
@@ -259,6 +294,27 @@ for _public in (
     VersionRange,
     Welcome,
     WithdrawRoute,
+    ByteStream,
+    StreamAcceptor,
+    UpstreamNameserver,
+    ChildLinkServer,
+    LinkState,
+    LinkStatus,
+    LocalEntryError,
+    MemoryByteStream,
+    NameserverService,
+    NamespaceConfig,
+    NsFrameStream,
+    ParentLink,
+    ParentLinkClosed,
+    ParentLinkError,
+    ParentLinkManager,
+    ParentLinkRejected,
+    ParentStatus,
+    ParentStatusKind,
+    TerminalRejection,
+    UpstreamClosed,
+    Watch,
 ):
     _public.__module__ = __name__
 del _public
@@ -400,4 +456,30 @@ __all__ = [
     "rewrite_resolution",
     "validate_label_key",
     "validate_label_value",
+    "ByteStream",
+    "ChildLinkServer",
+    "DEFAULT_READ_SIZE",
+    "DEFAULT_RETRY_DELAY",
+    "DEFAULT_UPSTREAM_TIMEOUT",
+    "LinkState",
+    "LinkStatus",
+    "LocalEntryError",
+    "MemoryByteStream",
+    "NameserverService",
+    "NamespaceConfig",
+    "NsFrameStream",
+    "ParentDialer",
+    "ParentLink",
+    "ParentLinkClosed",
+    "ParentLinkError",
+    "ParentLinkManager",
+    "ParentLinkRejected",
+    "ParentStatus",
+    "ParentStatusKind",
+    "StreamAcceptor",
+    "TerminalRejection",
+    "UpstreamClosed",
+    "UpstreamNameserver",
+    "Watch",
+    "memory_stream_pair",
 ]

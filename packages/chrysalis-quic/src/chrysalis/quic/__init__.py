@@ -2,13 +2,21 @@
 adapters and the stream transport.
 
 Implemented so far: process identity (``Identity``, the development CA, the ``dev`` and ``file``
-identity-provider plugins, peer-chain verification deriving the peer PID) and the sans-IO
-multi-connection endpoint ``QuicEndpoint`` behind the ``QuicEngine`` seam (aioquic engine).
+identity-provider plugins, peer-chain verification deriving the peer PID), the sans-IO
+multi-connection endpoint ``QuicEndpoint`` behind the ``QuicEngine`` seam, the asyncio and trio
+adapters (``AsyncioEndpoint``, ``TrioEndpoint``) and ``QuicTransport``.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from chrysalis.quic._aioquic_engine import AioquicConnection, AioquicEngine
+from chrysalis.quic._asyncio import (
+    AsyncioConnection,
+    AsyncioEndpoint,
+    AsyncioStream,
+)
 from chrysalis.quic._config import (
     ALPN,
     DEFAULT_FLOW_WINDOW,
@@ -17,6 +25,24 @@ from chrysalis.quic._config import (
     QuicConfig,
 )
 from chrysalis.quic._devca import DevelopmentCA
+from chrysalis.quic._driver import (
+    DEFAULT_DRIVER_MODE,
+    REFUSED_STREAM_CODE,
+    AdapterOptions,
+    ConnectError,
+    ConnectionLostError,
+    DriverStatistics,
+    EndpointClosedError,
+    EndpointDriver,
+    IncompleteReadError,
+    PeerAuthenticationError,
+    QuicTransportError,
+    ReadLimitError,
+    StreamBrokenError,
+    StreamClosedError,
+    StreamResetError,
+    WriteBufferFullError,
+)
 from chrysalis.quic._endpoint import (
     AUTHENTICATION_FAILED_CODE,
     SHUTDOWN_CLOSE_CODE,
@@ -64,23 +90,45 @@ from chrysalis.quic._providers import (
     write_identity,
 )
 from chrysalis.quic._retry import InvalidRetryToken, RetryTokenFault, RetryTokens
+from chrysalis.quic._transport import (
+    LINK_PROTOCOL_ID_LEN,
+    LINK_REJECTED_CODE,
+    DuplicateProtocolError,
+    LinkProtocol,
+    LinkProtocolId,
+    QuicTransport,
+    TransportEndpoint,
+    TransportStatistics,
+)
 
 __all__ = [
     "ALPN",
     "AUTHENTICATION_FAILED_CODE",
     "Abort",
+    "AdapterOptions",
+    "AioquicProvingEngine",
     "AioquicConnection",
     "AioquicEngine",
+    "AsyncioConnection",
+    "AsyncioEndpoint",
+    "AsyncioStream",
     "CidIssued",
     "CidRetired",
     "Close",
     "Connect",
+    "ConnectError",
     "ConnectionKeyExhausted",
+    "ConnectionLostError",
     "ConnectionStatistics",
+    "DEFAULT_DRIVER_MODE",
     "DEFAULT_FLOW_WINDOW",
     "DEV_CA_DIR_ENV",
     "DevelopmentCA",
     "DevelopmentIdentityProvider",
+    "DriverStatistics",
+    "DuplicateProtocolError",
+    "EndpointClosedError",
+    "EndpointDriver",
     "EndpointLimits",
     "EndpointRole",
     "EndpointState",
@@ -92,27 +140,72 @@ __all__ = [
     "Identity",
     "IdentityError",
     "IdentityFiles",
+    "IncompleteReadError",
     "InvalidRetryToken",
+    "LINK_PROTOCOL_ID_LEN",
+    "LINK_REJECTED_CODE",
+    "LinkProtocol",
+    "LinkProtocolId",
     "MAX_CERTIFICATE_DER_LENGTH",
     "MAX_CHAIN_LENGTH",
     "MIN_UDP_PAYLOAD",
     "OpenBidi",
+    "PeerAuthenticationError",
     "PeerVerificationError",
     "QuicCommand",
     "QuicConfig",
     "QuicEndpoint",
     "QuicEngine",
+    "QuicTransport",
+    "Qh3Engine",
+    "QuicTransportError",
+    "REFUSED_STREAM_CODE",
+    "ReadLimitError",
     "RetryTokenFault",
     "RetryTokens",
     "SHUTDOWN_CLOSE_CODE",
     "Shutdown",
     "StopSendingReceived",
+    "StreamBrokenError",
+    "StreamClosedError",
     "StreamDataReceived",
+    "StreamResetError",
     "StreamResetReceived",
     "Terminated",
     "TerminationKind",
     "TlsPrivateKey",
+    "TransportEndpoint",
+    "TransportStatistics",
+    "TrioConnection",
+    "TrioEndpoint",
+    "TrioStream",
+    "WriteBufferFullError",
     "default_dev_ca_directory",
     "verify_peer_chain",
     "write_identity",
 ]
+
+if TYPE_CHECKING:
+    from chrysalis.quic._qh3_engine import AioquicProvingEngine, Qh3Engine
+    from chrysalis.quic._trio import TrioConnection, TrioEndpoint, TrioStream
+
+# trio and qh3 are optional: their modules load on first use.
+_LAZY = {
+    "AioquicProvingEngine": "chrysalis.quic._qh3_engine",
+    "Qh3Engine": "chrysalis.quic._qh3_engine",
+    "TrioConnection": "chrysalis.quic._trio",
+    "TrioEndpoint": "chrysalis.quic._trio",
+    "TrioStream": "chrysalis.quic._trio",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the trio adapter and the qh3 engine on first use (optional dependencies)."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

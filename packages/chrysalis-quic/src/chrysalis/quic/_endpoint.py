@@ -871,6 +871,10 @@ class QuicEndpoint:
                 continue
             self._dirty[conn] = None
             self._drain_events(conn, now)
+            if conn.sending and conn.state is _Conn.ESTABLISHED:
+                # An engine may learn on a timer that bytes were acknowledged (qh3 does).
+                for stream in conn.sending:
+                    self._mark(conn, stream)
         if self._reap:
             self._reap_terminated(now)
         if self._state is EndpointState.DRAINING:

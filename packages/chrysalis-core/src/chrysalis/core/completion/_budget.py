@@ -20,6 +20,7 @@ sent payload or a posted buffer until the driver hands it back.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import final
@@ -225,10 +226,14 @@ class RetainedBytes:
 
     The reservation (the payload's full length) returns to the budget only when every view
     derived from the original submission, through ``split_to``, has been released.
-    Thread-safe release; a view's own ``release()`` acts once.
+    Thread-safe release; a view's own ``release()`` acts once and also releases the view's
+    buffer export (``data`` is then unusable), so a caller's bytearray can be resized again as
+    soon as every view of it is released. Slices taken of ``data`` are the holder's own
+    views: they keep the export alive until they are released or collected.
     """
 
-    __slots__ = ("_released", "_share", "_source", "_view")
+    __slots__ = ("_length", "_released", "_share", "_source", "_view")
+    _length: int
     _released: bool
     _share: _SharedReservation
     _source: BytesLike
@@ -244,6 +249,7 @@ class RetainedBytes:
         self = object.__new__(cls)
         self._source = source
         self._view = view
+        self._length = view.nbytes
         self._share = _SharedReservation(reservation)
         self._released = False
         return self
@@ -266,7 +272,8 @@ class RetainedBytes:
         return self._share.reservation
 
     def __len__(self) -> int:
-        return self._view.nbytes
+        """The byte length of this view (also after ``release()``)."""
+        return self._length
 
     def __bytes__(self) -> bytes:
         return self.data.tobytes()
@@ -288,9 +295,11 @@ class RetainedBytes:
         head = object.__new__(RetainedBytes)
         head._source = self._source
         head._view = view[:at]
+        head._length = at
         head._share = share
         head._released = False
         self._view = view[at:]
+        self._length = view.nbytes - at
         return head
 
     def release(self) -> bool:
@@ -303,6 +312,12 @@ class RetainedBytes:
             self._released = True
             share.views -= 1
             last = share.views == 0
+        # Release the buffer export too, so the caller may resize its bytearray at once
+        # (after a refused submission, or once the driver released the send) instead of
+        # when the garbage collector reaches this object. A view that something else still
+        # exports from (a consumer holding its buffer) is left to the garbage collector.
+        with contextlib.suppress(BufferError):
+            self._view.release()
         if last:
             share.reservation.release()
         return True
@@ -314,7 +329,7 @@ class RetainedBytes:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
-        return f"RetainedBytes({self._view.nbytes} bytes, {state})"
+        return f"RetainedBytes({self._length} bytes, {state})"
 
 
 @final

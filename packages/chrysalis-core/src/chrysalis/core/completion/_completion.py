@@ -21,6 +21,7 @@ queue") releases everything still queued, posted-receive budgets included.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeAlias, final
@@ -48,6 +49,7 @@ from chrysalis.core.completion._queue import (
     QueueReceiver,
     QueueSender,
     QueueStatistics,
+    _discard_when_dropped,
     bounded_queue,
 )
 from chrysalis.core.completion._wakeup import Wakeup
@@ -554,19 +556,27 @@ class CompletionSender:
         return self._sender.is_closed()
 
 
+def _discard_completions(receiver: QueueReceiver[LeasedCompletion]) -> list[Completion]:
+    """Close the queue and release every queued lease (``CompletionReceiver.discard``)."""
+    return [lease.release() for lease in receiver.discard()]
+
+
 @final
 class CompletionReceiver:
     """The application's end of a completion queue. Thread-safe.
 
     The spec's ``try_pop_leased()`` / ``try_pop()`` are ``pop_leased_nowait()`` /
-    ``pop_nowait()`` here (trio naming: each has an awaitable twin).
+    ``pop_nowait()`` here (trio naming: each has an awaitable twin). Dropping the receiver
+    releases what is queued like ``discard()``: once it is garbage-collected, the discard runs
+    on a short-lived thread (call ``discard()`` yourself for a prompt, deterministic release).
     """
 
-    __slots__ = ("_arrived", "_receiver")
+    __slots__ = ("__weakref__", "_arrived", "_receiver")
 
     def __init__(self, receiver: QueueReceiver[LeasedCompletion], arrived: Wakeup) -> None:
         self._receiver = receiver
         self._arrived = arrived
+        _discard_when_dropped(self, functools.partial(_discard_completions, receiver))
 
     @property
     def arrived(self) -> Wakeup:
@@ -631,7 +641,7 @@ class CompletionReceiver:
 
         Returns the released completions, oldest first. This is the spec's "drop the queue".
         """
-        return [lease.release() for lease in self._receiver.discard()]
+        return _discard_completions(self._receiver)
 
     def sequence(self) -> int:
         """A counter bumped by every push, close and last-sender drop."""

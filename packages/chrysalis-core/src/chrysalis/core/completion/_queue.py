@@ -19,8 +19,11 @@ terminal item and closes admission in one step, so nothing can be queued after i
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar, final
@@ -53,6 +56,24 @@ class QueueStatistics:
     senders: int
     admitting: bool
     sequence: int
+
+
+def _run_detached(discard: Callable[[], object]) -> None:
+    # At interpreter shutdown no thread can start; the process is ending anyway.
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(target=discard, name="chrysalis-receiver-drop", daemon=True).start()
+
+
+def _discard_when_dropped(owner: object, discard: Callable[[], object]) -> None:
+    """Run ``discard`` once ``owner`` (a typed receiver) is garbage-collected: the spec's
+    "receiver drop closes the queue and releases what is queued".
+
+    ``discard`` must not refer to ``owner``. It runs on a short-lived thread, not in the
+    collector's context: the collector can run inside any allocation, including one made while
+    this very thread holds a lock that ``discard`` needs (the queue's, a budget's), and running
+    it inline there would deadlock. Nothing runs at interpreter exit.
+    """
+    weakref.finalize(owner, _run_detached, discard).atexit = False
 
 
 def _check_capacity(capacity: int) -> int:

@@ -26,15 +26,20 @@ read before the failed check. The awaitable twins (``send``, ``receive``, ``subm
 on exactly that wakeup and retry, and stop with ``SubmissionClosed`` once admission closed.
 
 Cancellation of a posted receive is idempotent: the first ``cancel()`` sets the flag the driver
-consults and queues a hint on a bounded side queue (bounded by the credit capacity: every
-uncompleted receive holds a credit). The driver drains hints before submissions; the outcome is
-linearized by the driver, which builds exactly one ``ReceiveCompletion`` per receive.
+consults and queues a hint on a side queue. The driver drains hints before submissions; the
+outcome is linearized by the driver, which builds exactly one ``ReceiveCompletion`` per receive.
+The side queue holds only hints of *uncompleted* receives: completing (or discarding) a receive
+removes its pending hint, so stale hints never accumulate. Each uncompleted receive holds a
+completion credit, so the queue can never hold more hints than the credit capacity, and a hint
+is never dropped for lack of room (the capacity check stays as a guard against a driver that
+releases a receive's permit before completing it).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar, final
@@ -83,6 +88,7 @@ from chrysalis.core.completion._queue import (
     QueueReceiver,
     QueueSender,
     QueueStatistics,
+    _discard_when_dropped,
     bounded_queue,
 )
 from chrysalis.core.completion._wakeup import Wakeup
@@ -375,7 +381,9 @@ class _SubmissionCore:
         self.operations = _Counter("OperationId", U64_MAX)
         self.requests = _Counter("RequestId", U64_MAX)
         self.cancel_lock = threading.Lock()
-        self.cancellations: deque[CancelRequest] = deque()
+        # Pending hints by operation, oldest first (a dict, so that finishing a receive removes
+        # its hint in O(1)).
+        self.cancellations: dict[OperationId, CancelRequest] = {}
         self.cancel_capacity = credits.capacity
         self.cancel_open = True
 
@@ -429,7 +437,9 @@ class OperationCancellation:
     def cancel(self) -> bool:
         """Request cancellation; True the first time. Notifies the driver.
 
-        If the receive already completed this only records the request.
+        If the receive already completed this only records the request. Otherwise the hint is
+        queued for the driver (never dropped: see the module docstring for why the side queue
+        always has room) until the driver drains it or the receive completes.
         """
         core = self._core
         with core.cancel_lock:
@@ -442,14 +452,17 @@ class OperationCancellation:
                 and len(core.cancellations) < core.cancel_capacity
             )
             if hint:
-                core.cancellations.append(CancelRequest(self._operation, self._stream))
+                core.cancellations[self._operation] = CancelRequest(self._operation, self._stream)
         if hint:
             core.notifier.notify()
         return True
 
     def _finish(self) -> None:
-        with self._core.cancel_lock:
+        core = self._core
+        with core.cancel_lock:
             self._finished = True
+            if self._requested:
+                core.cancellations.pop(self._operation, None)  # the hint is stale now
 
     def __repr__(self) -> str:
         return f"OperationCancellation({self._operation}, cancelled={self._requested})"
@@ -740,20 +753,38 @@ class CommandSender(Generic[C]):
 # --- receiver (driver side) ----------------------------------------------------------------
 
 
+def _discard_submissions(
+    core: _SubmissionCore, receiver: QueueReceiver[Any]
+) -> list[EndpointSubmission[Any]]:
+    """Close the queue and release everything queued (``SubmissionReceiver.discard``)."""
+    items: list[EndpointSubmission[Any]] = receiver.discard()
+    with core.cancel_lock:
+        core.cancel_open = False
+        core.cancellations.clear()
+    for item in items:
+        _release_submission(item)
+    core.wake_blocked()
+    return items
+
+
 @final
 class SubmissionReceiver(Generic[C]):
     """The driver's end of the endpoint submission queue. Thread-safe.
 
     Drain ``drain_cancellations`` before submissions. ``close()`` stops admission but keeps
     accepted work poppable; ``discard()`` (the spec's "drop the queue") closes and releases
-    everything still queued: credits, retained bytes, posted buffers.
+    everything still queued: credits, retained bytes, posted buffers. Dropping the receiver
+    does the same: once it is garbage-collected, ``discard()`` runs on a short-lived thread
+    (so a driver that simply goes away never strands the application's credits and budgets;
+    call ``discard()`` yourself for a prompt, deterministic release).
     """
 
-    __slots__ = ("_core", "_receiver")
+    __slots__ = ("__weakref__", "_core", "_receiver")
 
     def __init__(self, core: _SubmissionCore, receiver: QueueReceiver[Any]) -> None:
         self._core = core
         self._receiver = receiver
+        _discard_when_dropped(self, functools.partial(_discard_submissions, core, receiver))
 
     @property
     def driver(self) -> DriverId:
@@ -792,7 +823,8 @@ class SubmissionReceiver(Generic[C]):
         core = self._core
         with core.cancel_lock:
             pending = core.cancellations
-            return [pending.popleft() for _ in range(min(max_items, len(pending)))]
+            taken = list(itertools.islice(pending, max_items))
+            return [pending.pop(operation) for operation in taken]
 
     def close(self) -> None:
         """Stop admission (senders then see ``SubmissionClosed``); queued work stays."""
@@ -801,14 +833,7 @@ class SubmissionReceiver(Generic[C]):
 
     def discard(self) -> list[EndpointSubmission[C]]:
         """Close and release everything queued; return the released submissions."""
-        items: list[EndpointSubmission[C]] = self._receiver.discard()
-        core = self._core
-        with core.cancel_lock:
-            core.cancel_open = False
-            core.cancellations.clear()
-        for item in items:
-            _release_submission(item)
-        core.wake_blocked()
+        items: list[EndpointSubmission[C]] = _discard_submissions(self._core, self._receiver)
         return items
 
     def sequence(self) -> int:

@@ -1,0 +1,418 @@
+"""``ParentLink``: the child side of one parent-link incarnation on asyncio (spec 3.5).
+
+Why it looks like this: ``ChildSession`` checks messages, ``ChildPublisher`` decides what to
+publish and ``ResolverCache`` remembers answers; this driver only moves frames. One task runs
+the link:
+
+1. send ``Hello``, read the first frame: ``Welcome`` establishes the link, ``Reject`` ends it
+   (``state`` becomes ``REJECTED`` with the code), a clean end is ``ParentLinkClosed``;
+2. publish the **export view** (this node's entry plus every directory entry, rewritten to this
+   node's locators) as a chunked snapshot; the link is ``ACTIVE`` only once that snapshot is
+   acknowledged;
+3. then two loops share the stream: inbound frames (acks, resnapshot requests, answers, cache
+   updates) and the service's revision watch (each change re-computes the export and sends at
+   most one delta in flight, as the reference does).
+
+Requests (``resolve``, ``enumerate``) are written directly by the caller and completed by the
+inbound loop; they are bounded by the session's ``max_pending_requests``. Every ``Found``
+answer, cached or fresh, is rewritten to a single locator: the parent address this link dialled
+(priority 0). When the link ends every waiter gets ``UpstreamClosed`` and the cache is cleared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, final
+
+from chrysalis.core import DatagramAddr, LinkId, Pid
+from chrysalis.nameserver._cache import ResolverCache
+from chrysalis.nameserver._errors import CacheError, NameserverError
+from chrysalis.nameserver._protocol import (
+    DEFAULT_VERSIONS,
+    Consistency,
+    EnumerationCursor,
+    EnumerationPage,
+    EnumerationResult,
+    EnumerationStale,
+    Found,
+    Locator,
+    NotFound,
+    NsMessage,
+    RejectCode,
+    Resolution,
+    VersionRange,
+)
+from chrysalis.nameserver._publisher import ChildPublisher, export_view
+from chrysalis.nameserver._service import NameserverService, UpstreamClosed, Watch
+from chrysalis.nameserver._session import (
+    CacheUpdated,
+    ChildSession,
+    EnumerateCompleted,
+    Established,
+    PublicationAcked,
+    Rejected,
+    ResnapshotRequested,
+    ResolveCompleted,
+)
+from chrysalis.nameserver._stream import ByteStream, NsFrameStream
+from chrysalis.nameserver._views import rewrite_enumeration, rewrite_resolution
+
+__all__ = [
+    "LinkState",
+    "LinkStatus",
+    "ParentLink",
+    "ParentLinkClosed",
+    "ParentLinkError",
+    "ParentLinkRejected",
+]
+
+_log = logging.getLogger("chrysalis.nameserver")
+_MS: Final = 1000.0
+
+
+class ParentLinkError(NameserverError):
+    """A parent link could not be set up or ended."""
+
+
+class ParentLinkClosed(ParentLinkError):
+    """The parent link ended before (or after) it became active."""
+
+
+class ParentLinkRejected(ParentLinkError):
+    """The parent refused the link; ``code`` says why."""
+
+    def __init__(self, code: RejectCode, message: str = "") -> None:
+        super().__init__(message or f"parent rejected the nameserver link: {code.name}")
+        self.code = code
+
+
+class LinkState(enum.Enum):
+    """Where a ``ParentLink`` stands."""
+
+    PENDING = "pending"
+    ACTIVE = "active"
+    REJECTED = "rejected"
+    CLOSED = "closed"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LinkStatus:
+    """A ``ParentLink`` state with its link id (once welcomed) and reject code."""
+
+    state: LinkState
+    link: LinkId | None = None
+    code: RejectCode | None = None
+
+
+def _loop_millis() -> int:
+    return int(asyncio.get_running_loop().time() * _MS)
+
+
+@final
+class ParentLink:
+    """One incarnation of this node's link to its parent (see the module docstring).
+
+    Use ``ParentLink.spawn(...)`` inside a running loop. ``ValueError`` when the service has
+    no local entry or the parent is this node (``SelfLink``).
+    """
+
+    __slots__ = (
+        "_address",
+        "_cache",
+        "_clock",
+        "_frames",
+        "_ids",
+        "_parent",
+        "_publisher",
+        "_service",
+        "_session",
+        "_status",
+        "_status_watch",
+        "_task",
+        "_waiters",
+    )
+
+    def __init__(
+        self,
+        parent: Pid,
+        address: DatagramAddr,
+        stream: ByteStream,
+        service: NameserverService,
+        *,
+        versions: VersionRange = DEFAULT_VERSIONS,
+        clock: Callable[[], int] = _loop_millis,
+    ) -> None:
+        local = service.local_entry
+        if local is None:
+            raise ValueError("the service needs its local entry before linking to a parent")
+        if parent == service.authority:
+            raise ValueError("a node cannot be its own parent (SelfLink)")
+        self._parent = parent
+        self._address = address
+        self._service = service
+        self._frames = NsFrameStream(stream)
+        self._session = ChildSession(service.authority, parent, versions)
+        self._publisher = ChildPublisher(self._session)
+        self._cache = ResolverCache(parent)
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, asyncio.Future[Resolution | EnumerationResult]] = {}
+        self._status = LinkStatus(LinkState.PENDING)
+        self._status_watch = Watch()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def spawn(
+        cls,
+        parent: Pid,
+        address: DatagramAddr,
+        stream: ByteStream,
+        service: NameserverService,
+        *,
+        versions: VersionRange = DEFAULT_VERSIONS,
+        clock: Callable[[], int] = _loop_millis,
+    ) -> ParentLink:
+        """Build the link and start its task."""
+        link = cls(parent, address, stream, service, versions=versions, clock=clock)
+        link._task = asyncio.get_running_loop().create_task(link._run())
+        return link
+
+    # -- observers --------------------------------------------------------------------------
+
+    @property
+    def parent(self) -> Pid:
+        """The authenticated parent PID."""
+        return self._parent
+
+    @property
+    def address(self) -> DatagramAddr:
+        """The parent address this link dialled."""
+        return self._address
+
+    @property
+    def status(self) -> LinkStatus:
+        """The current status."""
+        return self._status
+
+    @property
+    def cache(self) -> ResolverCache:
+        """Answers cached from the parent."""
+        return self._cache
+
+    async def wait_active(self) -> LinkId:
+        """The link id once the initial snapshot is acknowledged; ``ParentLinkRejected`` or
+        ``ParentLinkClosed`` if the link ends first."""
+        while True:
+            status = self._status
+            if status.state is LinkState.ACTIVE:
+                assert status.link is not None
+                return status.link
+            self._raise_terminal(status)
+            await self._status_watch.wait_change(self._status_watch.version)
+
+    async def wait_closed(self) -> LinkStatus:
+        """Wait until the link ended; return its final status."""
+        while self._status.state not in (LinkState.REJECTED, LinkState.CLOSED):
+            await self._status_watch.wait_change(self._status_watch.version)
+        return self._status
+
+    @staticmethod
+    def _raise_terminal(status: LinkStatus) -> None:
+        if status.state is LinkState.REJECTED:
+            assert status.code is not None
+            raise ParentLinkRejected(status.code)
+        if status.state is LinkState.CLOSED:
+            raise ParentLinkClosed("the parent link closed")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _locators(self) -> tuple[Locator, ...]:
+        return (Locator(self._address, 0),)
+
+    async def resolve(self, pid: Pid, consistency: Consistency = Consistency.CACHED) -> Resolution:
+        """Resolve through the parent (a live cache hit for ``CACHED`` needs no I/O).
+        ``UpstreamClosed`` when the link is not (or no longer) active."""
+        if consistency is Consistency.CACHED and self._status.state is LinkState.ACTIVE:
+            cached = self._cache.resolve(pid, self._clock())
+            if cached is not None:
+                return rewrite_resolution(cached, self._locators())
+        request = self._request_id()
+        try:
+            message = self._session.resolve(request, pid, consistency)
+        except NameserverError as exc:
+            raise UpstreamClosed(f"cannot send the request: {exc}") from exc
+        result = await self._exchange(request, message)
+        assert isinstance(result, Found | NotFound)
+        return rewrite_resolution(result, self._locators())
+
+    async def enumerate(
+        self,
+        cursor: EnumerationCursor | None = None,
+        limit: int = 0,
+        consistency: Consistency = Consistency.CACHED,
+    ) -> EnumerationResult:
+        """A page of the parent's view, every entry rewritten to the parent address."""
+        request = self._request_id()
+        try:
+            message = self._session.enumerate(request, consistency, cursor, limit)
+        except NameserverError as exc:
+            raise UpstreamClosed(f"cannot send the request: {exc}") from exc
+        result = await self._exchange(request, message)
+        assert isinstance(result, EnumerationPage | EnumerationStale)
+        return rewrite_enumeration(result, self._locators())
+
+    def _request_id(self) -> int:
+        if self._status.state is not LinkState.ACTIVE:
+            raise UpstreamClosed("the parent link is not active")
+        return next(self._ids)
+
+    async def _exchange(self, request: int, message: NsMessage) -> Resolution | EnumerationResult:
+        future: asyncio.Future[Resolution | EnumerationResult] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiters[request] = future
+        try:
+            self._frames.send_nowait(message)
+            return await future
+        except (UpstreamClosed, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise UpstreamClosed(f"the parent link failed: {exc}") from exc
+        finally:
+            self._waiters.pop(request, None)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop the link (the stream is finished) and wait for its task."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        await self.join()
+
+    async def join(self) -> None:
+        """Wait for the link task to end."""
+        task = self._task
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.done():
+                    raise
+
+    def _set_status(self, status: LinkStatus) -> None:
+        self._status = status
+        self._status_watch.bump()
+
+    async def _run(self) -> None:
+        clean = False
+        final = LinkStatus(LinkState.CLOSED)
+        try:
+            established = await self._handshake()
+            if isinstance(established, Rejected):
+                final = LinkStatus(LinkState.REJECTED, code=established.code)
+                clean = True
+                return
+            self._publish_snapshot(established)
+            await self._run_active()
+            clean = True
+        except asyncio.CancelledError:
+            clean = True
+        except Exception as exc:
+            _log.info("parent link to %s ended: %r", self._parent, exc)
+        finally:
+            self._session.close()
+            self._cache.clear()
+            for future in self._waiters.values():
+                if not future.done():
+                    future.set_exception(UpstreamClosed("the parent link closed"))
+            self._waiters.clear()
+            if clean:
+                self._frames.finish()
+            else:
+                self._frames.abort()
+            self._set_status(final)
+
+    async def _handshake(self) -> Established | Rejected:
+        await self._frames.send(self._session.hello())
+        message = await self._frames.receive()
+        if message is None:
+            raise ParentLinkClosed("the parent closed the stream before welcoming")
+        event = self._session.receive(message)
+        if not isinstance(event, Established | Rejected):
+            raise ParentLinkError(f"unexpected {type(event).__name__} during the handshake")
+        return event
+
+    def _export(self) -> None:
+        local = self._service.local_entry
+        assert local is not None
+        self._publisher.set_export(export_view(local, self._service.snapshot()))
+
+    def _publish_snapshot(self, established: Established) -> None:
+        self._status = LinkStatus(LinkState.PENDING, established.link)
+        self._export()
+        for message in self._publisher.start():
+            self._frames.send_nowait(message)
+
+    async def _run_active(self) -> None:
+        inbound = asyncio.ensure_future(self._inbound())
+        outbound = asyncio.ensure_future(self._outbound())
+        try:
+            done, _ = await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in (inbound, outbound):
+                task.cancel()
+            await asyncio.gather(inbound, outbound, return_exceptions=True)
+
+    async def _outbound(self) -> None:
+        watch = self._service.revisions
+        seen = watch.version
+        while True:
+            seen = await watch.wait_change(seen)
+            self._export()
+            for message in self._publisher.poll():
+                await self._frames.send(message)
+
+    async def _inbound(self) -> None:
+        while True:
+            message = await self._frames.receive()
+            if message is None:
+                return
+            event = self._session.receive(message)
+            if isinstance(event, PublicationAcked | ResnapshotRequested):
+                if isinstance(event, ResnapshotRequested):
+                    self._set_status(LinkStatus(LinkState.PENDING, self._session.link))
+                for reply in self._publisher.handle(event):
+                    self._frames.send_nowait(reply)
+                if self._publisher.synchronized and self._status.state is LinkState.PENDING:
+                    self._set_status(LinkStatus(LinkState.ACTIVE, self._session.link))
+            elif isinstance(event, ResolveCompleted):
+                self._offer(event.resolution)
+                self._complete(event.request, event.resolution)
+            elif isinstance(event, EnumerateCompleted):
+                self._complete(event.request, event.result)
+            elif isinstance(event, CacheUpdated):
+                self._offer(event.resolution)
+            else:
+                raise ParentLinkError(f"unexpected {type(event).__name__} on an active link")
+
+    def _offer(self, resolution: Resolution) -> None:
+        if resolution.revision.authority != self._parent:
+            return  # an answer relayed from another authority is passed through uncached
+        try:
+            self._cache.update(resolution, self._clock())
+        except CacheError as exc:
+            _log.info("ignoring a cache update from %s: %s", self._parent, exc)
+
+    def _complete(self, request: int, result: Resolution | EnumerationResult) -> None:
+        future = self._waiters.get(request)
+        if future is not None and not future.done():
+            future.set_result(result)

@@ -1,0 +1,396 @@
+"""``NameserverService``: the node's nameserver executor on asyncio (spec 3.3).
+
+Why it looks like this: the directory (``Nameserver``) and the parent session are pure; this
+module is the thin driver that owns the one directory of a node and serves child streams.
+
+* ``apply(command)`` is the **commit point**. It is synchronous: on one event loop nothing
+  interleaves with it, so it needs no lock (the reference needs a mutex because it is
+  multi-threaded). After a successful apply it projects the link's routes (before any
+  acknowledgement can be written), then bumps the coalescing revision watch and, when the
+  admitted children changed, the child-links watch.
+* ``serve(link, peer, stream, upstream)`` runs one ``ParentSession`` over one stream: read a
+  frame, ``receive``, execute the action chain (commit, answer, send). Every exit path (clean
+  EOF, protocol error, truncated frame, write failure, rejected publication, cancellation) does,
+  in order: fence the link's route gate, commit ``RemoveLink``, and only then remove the link's
+  routes. So once a link is gone no datagram is forwarded into its subtree.
+* Answers to a child are rewritten to this node's own locators: this node is the child's next
+  hop toward everything it can name. Misses go upstream (``UpstreamNameserver``) when there is a
+  parent, within ``upstream_timeout``; otherwise (or on failure) a local ``NotFound``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Final, Protocol, final
+
+from chrysalis.core import LinkId, Pid
+from chrysalis.datagram import Router
+from chrysalis.nameserver._errors import ApplyError, NameserverError
+from chrysalis.nameserver._protocol import (
+    DEFAULT_VERSIONS,
+    Consistency,
+    EnumerationCursor,
+    EnumerationResult,
+    Locator,
+    ProcEntry,
+    Resolution,
+    Revision,
+    VersionRange,
+)
+from chrysalis.nameserver._routes import RouteProjector, RouteSession
+from chrysalis.nameserver._session import (
+    CommitCommand,
+    EnumerateForChild,
+    ParentAction,
+    ParentSession,
+    ResolveForChild,
+    SendAndClose,
+    SendMessage,
+)
+from chrysalis.nameserver._state import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_LINKS,
+    AdmitLink,
+    ApplyEffects,
+    DirectoryCommand,
+    Nameserver,
+    RemoveLink,
+)
+from chrysalis.nameserver._stream import ByteStream, NsFrameStream
+from chrysalis.nameserver._views import (
+    DEFAULT_NEGATIVE_TTL_MS,
+    enumerate_local,
+    lookup_local,
+    resolve_local,
+    rewrite_enumeration,
+    rewrite_resolution,
+)
+
+__all__ = [
+    "DEFAULT_UPSTREAM_TIMEOUT",
+    "LocalEntryError",
+    "NameserverService",
+    "UpstreamClosed",
+    "UpstreamNameserver",
+    "Watch",
+]
+
+_log = logging.getLogger("chrysalis.nameserver")
+
+DEFAULT_UPSTREAM_TIMEOUT: Final = 10.0
+"""Seconds a child's request may wait on the upstream before a local answer is sent."""
+_GATE_TIMEOUT: Final = 5.0
+
+
+class UpstreamClosed(NameserverError):
+    """The upstream (parent link or manager) is gone; the request was not answered."""
+
+
+class LocalEntryError(NameserverError):
+    """The local entry is not the authority's (``PidMismatch``) or is already set."""
+
+
+class UpstreamNameserver(Protocol):
+    """Where a non-root nameserver forwards what it cannot answer (spec 3.6).
+
+    Both methods raise ``UpstreamClosed`` when no parent can answer any more.
+    """
+
+    async def resolve(self, pid: Pid, consistency: Consistency) -> Resolution: ...
+
+    async def enumerate(
+        self, cursor: EnumerationCursor | None, limit: int, consistency: Consistency
+    ) -> EnumerationResult: ...
+
+
+@final
+class Watch:
+    """A coalescing change counter: ``bump()`` advances it, ``wait_change(seen)`` returns
+    the current version once it differs from ``seen`` (intermediate versions may be skipped)."""
+
+    __slots__ = ("_event", "_version")
+
+    def __init__(self) -> None:
+        self._version = 0
+        self._event: asyncio.Event | None = None
+
+    @property
+    def version(self) -> int:
+        """The current version."""
+        return self._version
+
+    def bump(self) -> None:
+        """Advance the version and wake every waiter."""
+        self._version += 1
+        event, self._event = self._event, None
+        if event is not None:
+            event.set()
+
+    async def wait_change(self, seen: int) -> int:
+        """Wait until the version is not ``seen``; return it."""
+        while self._version == seen:
+            if self._event is None:
+                self._event = asyncio.Event()
+            await self._event.wait()
+        return self._version
+
+
+@final
+class NameserverService:
+    """The nameserver of one node (see the module docstring).
+
+    ``NameserverService(authority, router=None, ...)``: with a ``router``, every child link's
+    publications become gated routes in it (``RouteProjector``).
+    """
+
+    __slots__ = (
+        "_child_links",
+        "_directory",
+        "_local",
+        "_negative_ttl",
+        "_projector",
+        "_revisions",
+        "_upstream_timeout",
+        "_versions",
+    )
+
+    def __init__(
+        self,
+        authority: Pid,
+        *,
+        router: Router | None = None,
+        versions: VersionRange = DEFAULT_VERSIONS,
+        negative_ttl_ms: int = DEFAULT_NEGATIVE_TTL_MS,
+        upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+        max_links: int = DEFAULT_MAX_LINKS,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
+        if upstream_timeout <= 0:
+            raise ValueError("upstream_timeout must be positive")
+        self._directory = Nameserver(authority, max_links=max_links, max_entries=max_entries)
+        self._projector = None if router is None else RouteProjector(router)
+        self._versions = versions
+        self._negative_ttl = negative_ttl_ms
+        self._upstream_timeout = upstream_timeout
+        self._local: ProcEntry | None = None
+        self._revisions = Watch()
+        self._child_links = Watch()
+
+    # -- observers --------------------------------------------------------------------------
+
+    @property
+    def authority(self) -> Pid:
+        """This node's PID."""
+        return self._directory.authority
+
+    @property
+    def directory(self) -> Nameserver:
+        """The directory (read it; change it only through ``apply``)."""
+        return self._directory
+
+    @property
+    def local_entry(self) -> ProcEntry | None:
+        """This node's own entry, once installed."""
+        return self._local
+
+    @property
+    def versions(self) -> VersionRange:
+        """The protocol versions offered to children."""
+        return self._versions
+
+    @property
+    def revisions(self) -> Watch:
+        """Bumped after every commit that changed the directory (a re-publish hint)."""
+        return self._revisions
+
+    @property
+    def child_links_watch(self) -> Watch:
+        """Bumped when the directly admitted children change."""
+        return self._child_links
+
+    def revision(self) -> Revision:
+        """The current directory revision."""
+        return self._directory.revision
+
+    def get(self, pid: Pid) -> ProcEntry | None:
+        """The local entry or a directory entry for ``pid``."""
+        if self._local is not None and pid == self._local.pid:
+            return self._local
+        return self._directory.get(pid)
+
+    def snapshot(self) -> tuple[ProcEntry, ...]:
+        """Every directory entry in PID order (the local entry is not included)."""
+        return self._directory.snapshot()
+
+    def child_links(self) -> Mapping[Pid, LinkId]:
+        """Directly admitted children: child PID -> link id."""
+        return self._directory.child_links()
+
+    def set_local_entry(self, entry: ProcEntry) -> None:
+        """Install this node's own entry, once (``LocalEntryError`` otherwise)."""
+        if entry.pid != self.authority:
+            raise LocalEntryError(f"local entry {entry.pid} is not the authority {self.authority}")
+        if self._local is not None:
+            raise LocalEntryError("the local entry is already set")
+        self._local = entry
+        self._revisions.bump()
+
+    # -- the commit point -------------------------------------------------------------------
+
+    def apply(self, command: DirectoryCommand) -> ApplyEffects:
+        """Apply ``command`` (``ApplyError`` leaves everything unchanged), project its routes,
+        then notify the watches."""
+        before = self._directory.child_links() if _changes_links(command) else None
+        effects = self._directory.apply(command)
+        change = effects.directory_change
+        if change is not None:
+            projector = self._projector
+            if projector is not None:
+                session = projector.session(change.link)
+                if session is not None and not session.fenced:
+                    session.apply(change)
+            self._revisions.bump()
+        if before is not None and dict(before) != dict(self._directory.child_links()):
+            self._child_links.bump()
+        return effects
+
+    # -- local answers ----------------------------------------------------------------------
+
+    def resolve(self, pid: Pid) -> Resolution:
+        """Resolve as a root does: local entry or directory, else ``NotFound`` with TTL."""
+        return resolve_local(
+            self._directory, pid, local_entry=self._local, negative_ttl_ms=self._negative_ttl
+        )
+
+    def enumerate(self, cursor: EnumerationCursor | None, limit: int) -> EnumerationResult:
+        """One page of the local view (``EnumerationStale`` for a cursor of another
+        revision)."""
+        return enumerate_local(self._directory, local_entry=self._local, cursor=cursor, limit=limit)
+
+    async def resolve_for_child(
+        self, pid: Pid, consistency: Consistency, upstream: UpstreamNameserver | None
+    ) -> Resolution:
+        """What a child learns about ``pid``: rewritten to this node's locators."""
+        found = lookup_local(self._directory, pid, self._local)
+        result: Resolution
+        if found is not None:
+            result = found
+        elif upstream is None:
+            result = self.resolve(pid)
+        else:
+            try:
+                result = await asyncio.wait_for(
+                    upstream.resolve(pid, consistency), self._upstream_timeout
+                )
+            except (UpstreamClosed, TimeoutError):
+                result = self.resolve(pid)
+            if result.pid != pid:
+                result = self.resolve(pid)
+        return rewrite_resolution(result, self._own_locators())
+
+    async def enumerate_for_child(
+        self,
+        cursor: EnumerationCursor | None,
+        limit: int,
+        consistency: Consistency,
+        upstream: UpstreamNameserver | None,
+    ) -> EnumerationResult:
+        """A page for a child: upstream for ``REFRESH`` with a parent, else local; every
+        entry rewritten to this node's locators."""
+        result: EnumerationResult | None = None
+        if consistency is Consistency.REFRESH and upstream is not None:
+            try:
+                result = await asyncio.wait_for(
+                    upstream.enumerate(cursor, limit, consistency), self._upstream_timeout
+                )
+            except (UpstreamClosed, TimeoutError):
+                result = None
+        if result is None:
+            result = self.enumerate(cursor, limit)
+        return rewrite_enumeration(result, self._own_locators())
+
+    def _own_locators(self) -> tuple[Locator, ...]:
+        return () if self._local is None else self._local.locators
+
+    # -- serving one child ------------------------------------------------------------------
+
+    async def serve(
+        self,
+        link: LinkId,
+        peer: Pid,
+        stream: ByteStream,
+        upstream: UpstreamNameserver | None = None,
+    ) -> None:
+        """Serve one child stream until it ends; the link's entries and routes are revoked
+        on every exit path (see the module docstring). Errors are logged, not raised;
+        cancellation is re-raised after the cleanup."""
+        frames = NsFrameStream(stream)
+        session = ParentSession(self.authority, peer, link, self._versions)
+        routes = self._projector.open(link) if self._projector is not None else None
+        clean = False
+        try:
+            clean = await self._serve_loop(session, frames, upstream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.info("nameserver link %s from %s ended: %r", link, peer, exc)
+        finally:
+            self._revoke(session, routes, link)
+            if clean:
+                frames.finish()
+            else:
+                frames.abort()
+
+    async def _serve_loop(
+        self, session: ParentSession, frames: NsFrameStream, upstream: UpstreamNameserver | None
+    ) -> bool:
+        while True:
+            message = await frames.receive()
+            if message is None:
+                return True
+            action: ParentAction | None = session.receive(message)
+            while action is not None:
+                if isinstance(action, CommitCommand):
+                    result: ApplyEffects | ApplyError
+                    try:
+                        result = self.apply(action.command)
+                    except ApplyError as error:
+                        result = error
+                    action = session.complete_commit(result)
+                elif isinstance(action, ResolveForChild):
+                    answer = await self.resolve_for_child(action.pid, action.consistency, upstream)
+                    action = session.resolved(action.request, answer)
+                elif isinstance(action, EnumerateForChild):
+                    page = await self.enumerate_for_child(
+                        action.cursor, action.limit, action.consistency, upstream
+                    )
+                    action = session.enumerated(action.request, page)
+                elif isinstance(action, SendMessage):
+                    await frames.send(action.message)
+                    action = None
+                else:
+                    assert isinstance(action, SendAndClose)
+                    await frames.send(action.message)
+                    return True
+
+    def _revoke(self, session: ParentSession, routes: RouteSession | None, link: LinkId) -> None:
+        """Fence, commit ``RemoveLink``, then (only if that worked) remove the routes."""
+        if routes is not None:
+            try:
+                routes.fence(_GATE_TIMEOUT)
+            except TimeoutError:
+                _log.warning("route gate of link %s did not drain", link)
+        session.close()
+        try:
+            self.apply(RemoveLink(link))
+        except ApplyError:
+            _log.exception("removing nameserver link %s failed; its routes stay fenced", link)
+            return
+        if routes is not None:
+            routes.finish(_GATE_TIMEOUT)
+
+
+def _changes_links(command: DirectoryCommand) -> bool:
+    return isinstance(command, AdmitLink | RemoveLink)

@@ -1,0 +1,415 @@
+"""``Node``: one Chrysalis process on asyncio (upper spec 4, transport spec 6.3).
+
+Why a facade: an application wants "my PID, streams to any PID, streams from anyone, names for
+everything" without wiring a carrier, a switch, a QUIC endpoint, a nameserver, a parent link
+and route projection by hand. ``Node`` composes them in the reference order and tears them
+down in the reverse one:
+
+startup (``async with Node(...)``): PID from the identity and an empty ``Router``; a
+``DatagramSwitch`` over the carrier with one routed binding for ``[PID, PID 0]``; one
+``QuicTransport`` on it; the nameserver link-local protocol (``chrysalis.ns.v3\\0``)
+registered before any user protocol; the ``NameserverService`` (routes projected into the
+router) with this node's entry; the ``ParentLinkManager`` when a parent is configured; the
+``ChildLinkServer`` (upstream = the manager).
+
+shutdown: user protocols, then the parent manager (its link is finished cleanly so the parent
+withdraws this subtree at once), then the child server (every child link revoked), then the
+transport (it drains while the switch still runs so close frames leave), then the switch and
+the carrier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, final
+
+from chrysalis.core import DatagramAddr, Pid, PidPrefix
+from chrysalis.datagram import (
+    DatagramSocket,
+    DatagramSwitch,
+    Router,
+    UdpSocket,
+    UnixDatagramSocket,
+)
+from chrysalis.nameserver import (
+    DEFAULT_NEGATIVE_TTL_MS,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_VERSIONS,
+    NS_PROTOCOL_SELECTOR,
+    ChildLinkServer,
+    Consistency,
+    EnumerationPage,
+    EnumerationStale,
+    Found,
+    Labels,
+    Locator,
+    NameserverService,
+    NamespaceConfig,
+    NotFound,
+    ParentLinkManager,
+    ParentStatus,
+    ProcEntry,
+    Resolution,
+    VersionRange,
+)
+from chrysalis.quic import Identity
+from chrysalis.quic._transport import LinkProtocolId, QuicTransport
+
+__all__ = [
+    "ENUMERATION_ATTEMPTS",
+    "ENUMERATION_PAGE",
+    "JoinSettings",
+    "Node",
+    "NodeError",
+    "NodeStatistics",
+    "bind_carrier",
+]
+
+ENUMERATION_ATTEMPTS: Final = 8
+"""Full enumeration passes before ``EnumerationChanged``."""
+ENUMERATION_PAGE: Final = 256
+"""Entries per enumeration page."""
+_SWITCH_JOIN: Final = 5.0
+
+
+class NodeError(Exception):
+    """A ``Node`` operation failed; ``str`` says which (not found, no locators, prefix,
+    enumeration changed, dial failed)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class JoinSettings:
+    """Where this node's parent is: its carrier ``address`` and optionally its pinned
+    ``authority`` PID (without it the first authenticated parent is pinned)."""
+
+    address: DatagramAddr
+    authority: Pid | None = None
+    retry_delay: float = DEFAULT_RETRY_DELAY
+
+    def config(self) -> NamespaceConfig:
+        """The manager configuration."""
+        return NamespaceConfig((self.address,), self.authority, self.retry_delay)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class NodeStatistics:
+    """A snapshot of a node: directory size and revision, routes, parent status."""
+
+    pid: Pid
+    entries: int
+    revision: int
+    routes: int
+    parent: ParentStatus | None
+
+
+def bind_carrier(address: DatagramAddr | str) -> DatagramSocket:
+    """A carrier socket for ``udp://ip:port`` or ``unix://path`` (``NodeError`` else)."""
+    addr = DatagramAddr.parse(address) if isinstance(address, str) else address
+    if addr.scheme == "udp":
+        return UdpSocket.bind(addr)
+    if addr.scheme == "unixgram":
+        return UnixDatagramSocket.bind(addr)
+    raise NodeError(f"cannot bind a carrier for {addr}")
+
+
+@final
+class Node:
+    """One Chrysalis process (see the module docstring); use ``async with``.
+
+    Args:
+        identity: this process's certificate identity (PID = hash of its leaf).
+        carrier: the datagram socket to own, or ``listen`` to bind one
+            (``udp://127.0.0.1:0`` by default).
+        parent: where to join (``None``: a root).
+        labels, versions, negative_ttl_ms: published labels and nameserver settings.
+    """
+
+    __slots__ = (
+        "_carrier",
+        "_identity",
+        "_labels",
+        "_manager",
+        "_negative_ttl",
+        "_parent",
+        "_pending_protocols",
+        "_router",
+        "_server",
+        "_service",
+        "_switch",
+        "_transport",
+        "_transport_cm",
+        "_versions",
+    )
+
+    def __init__(
+        self,
+        identity: Identity,
+        *,
+        carrier: DatagramSocket | None = None,
+        listen: DatagramAddr | str | None = None,
+        parent: JoinSettings | None = None,
+        labels: Labels = Labels.EMPTY,
+        versions: VersionRange = DEFAULT_VERSIONS,
+        negative_ttl_ms: int = DEFAULT_NEGATIVE_TTL_MS,
+    ) -> None:
+        if carrier is not None and listen is not None:
+            raise ValueError("pass carrier or listen, not both")
+        self._identity = identity
+        self._carrier = carrier
+        if carrier is None:
+            self._carrier = bind_carrier(listen if listen is not None else "udp://127.0.0.1:0")
+        self._parent = parent
+        self._labels = labels
+        self._versions = versions
+        self._negative_ttl = negative_ttl_ms
+        self._router = Router()
+        self._switch: DatagramSwitch | None = None
+        self._transport: QuicTransport[Any] | None = None
+        self._transport_cm: Any = None
+        self._service: NameserverService | None = None
+        self._manager: ParentLinkManager | None = None
+        self._server: ChildLinkServer | None = None
+        self._pending_protocols: dict[LinkProtocolId, Callable[[Pid, Any], Awaitable[object]]] = {}
+
+    @classmethod
+    def serve(cls, identity: Identity, address: DatagramAddr | str, **kwargs: Any) -> Node:
+        """A root node listening on ``address``."""
+        return cls(identity, listen=address, **kwargs)
+
+    @classmethod
+    def join(
+        cls,
+        identity: Identity,
+        address: DatagramAddr | str,
+        authority: Pid | None = None,
+        **kwargs: Any,
+    ) -> Node:
+        """A node whose parent listens on ``address`` (pinned to ``authority`` if given)."""
+        addr = DatagramAddr.parse(address) if isinstance(address, str) else address
+        return cls(identity, parent=JoinSettings(addr, authority), **kwargs)
+
+    # -- accessors --------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> Pid:
+        """This node's PID."""
+        return self._identity.pid
+
+    @property
+    def router(self) -> Router:
+        """The routing table (projected from the nameserver)."""
+        return self._router
+
+    @property
+    def local_addr(self) -> DatagramAddr:
+        """The carrier address peers and children dial."""
+        assert self._carrier is not None
+        return self._carrier.local_addr
+
+    @property
+    def join_token(self) -> str:
+        """``<carrier address>?authority=<pid hex>``: how others join this node."""
+        return f"{self.local_addr}?authority={self.pid.hex()}"
+
+    @property
+    def nameserver(self) -> NameserverService:
+        """The local nameserver (``RuntimeError`` before startup)."""
+        if self._service is None:
+            raise RuntimeError("the node is not started")
+        return self._service
+
+    @property
+    def transport(self) -> QuicTransport[Any]:
+        """The QUIC transport (``RuntimeError`` before startup)."""
+        if self._transport is None:
+            raise RuntimeError("the node is not started")
+        return self._transport
+
+    @property
+    def parent_manager(self) -> ParentLinkManager | None:
+        """The parent link manager (``None`` for a root)."""
+        return self._manager
+
+    def statistics(self) -> NodeStatistics:
+        """An immutable snapshot."""
+        service = self.nameserver
+        return NodeStatistics(
+            self.pid,
+            len(service.directory),
+            service.revision().value,
+            len(self._router.routes()),
+            None if self._manager is None else self._manager.status,
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Node:
+        try:
+            await self._start()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _start(self) -> None:
+        assert self._carrier is not None
+        self._switch = DatagramSwitch.spawn(self._carrier, self._router)
+        binding = self._switch.bind_routed_many([self.pid, Pid.LINK_LOCAL])
+        self._transport_cm = QuicTransport.spawn(self._identity, binding)
+        transport: QuicTransport[Any] = await self._transport_cm.__aenter__()
+        self._transport = transport
+        ns_protocol = transport.register_link_protocol(NS_PROTOCOL_SELECTOR)
+        for protocol_id, handler in self._pending_protocols.items():
+            transport.register_link_protocol(protocol_id, handler)
+        service = NameserverService(
+            self.pid,
+            router=self._router,
+            versions=self._versions,
+            negative_ttl_ms=self._negative_ttl,
+        )
+        service.set_local_entry(
+            ProcEntry(
+                self.pid,
+                self._identity.server_name or "",
+                self._labels,
+                (Locator(self.local_addr, 0),),
+            )
+        )
+        self._service = service
+        if self._parent is not None:
+            self._manager = ParentLinkManager.spawn(
+                service,
+                self._parent.config(),
+                self._dial_parent,
+                router=self._router,
+                versions=self._versions,
+            )
+        self._server = ChildLinkServer.spawn(service, ns_protocol, upstream=self._manager)
+
+    async def _dial_parent(self, address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
+        transport = self.transport
+        if pinned is None:
+            return await transport.dial_link_local_unpinned(address, NS_PROTOCOL_SELECTOR)
+        stream = await transport.dial_link_local(pinned, address, NS_PROTOCOL_SELECTOR)
+        return pinned, stream
+
+    async def wait_connected(self) -> ParentStatus | None:
+        """Wait until the parent link is active (``None`` at once for a root)."""
+        return None if self._manager is None else await self._manager.wait_connected()
+
+    async def aclose(self) -> None:
+        """Shut down in the reference order (idempotent)."""
+        if self._manager is not None:
+            await self._manager.shutdown()
+        if self._server is not None:
+            await self._server.shutdown()
+        if self._transport_cm is not None:
+            cm, self._transport_cm = self._transport_cm, None
+            await cm.__aexit__(None, None, None)
+        if self._switch is not None:
+            switch, self._switch = self._switch, None
+            switch.shutdown()
+            await asyncio.get_running_loop().run_in_executor(None, switch.join, _SWITCH_JOIN)
+        elif self._carrier is not None and self._transport is None:
+            self._carrier.shutdown()
+
+    # -- link-local protocols ---------------------------------------------------------------
+
+    def register_link_protocol(
+        self,
+        protocol_id: LinkProtocolId | bytes,
+        handler: Callable[[Pid, Any], Awaitable[object]],
+    ) -> None:
+        """Run ``await handler(peer_pid, stream)`` for every link-local stream of
+        ``protocol_id`` (``ValueError`` for the nameserver id or a duplicate)."""
+        key = (
+            protocol_id if isinstance(protocol_id, LinkProtocolId) else LinkProtocolId(protocol_id)
+        )
+        if key.raw == NS_PROTOCOL_SELECTOR or key in self._pending_protocols:
+            raise ValueError(f"link protocol {key} is already registered")
+        if self._transport is not None:
+            self._transport.register_link_protocol(key, handler)
+        self._pending_protocols[key] = handler
+
+    async def dial_link_local(
+        self, pid: Pid, address: DatagramAddr, protocol_id: LinkProtocolId | bytes
+    ) -> Any:
+        """A stream of a link-local protocol to the adjacent node ``pid`` at ``address``."""
+        return await self.transport.dial_link_local(pid, address, protocol_id)
+
+    # -- names ------------------------------------------------------------------------------
+
+    async def resolve(self, pid: Pid, consistency: Consistency = Consistency.CACHED) -> Resolution:
+        """Local nameserver first; a miss asks the parent (blocking across reconnects)."""
+        local = self.nameserver.resolve(pid)
+        if isinstance(local, Found) or self._manager is None:
+            return local
+        return await self._manager.resolve(pid, consistency)
+
+    async def enumerate(self, consistency: Consistency = Consistency.CACHED) -> list[ProcEntry]:
+        """Every entry this node can see: local for ``CACHED`` (or a root), the root's view
+        through the parent for ``REFRESH``. ``NodeError`` after 8 stale passes."""
+        for _ in range(ENUMERATION_ATTEMPTS):
+            entries: list[ProcEntry] = []
+            cursor = None
+            while True:
+                if consistency is Consistency.REFRESH and self._manager is not None:
+                    page = await self._manager.enumerate(cursor, ENUMERATION_PAGE, consistency)
+                else:
+                    page = self.nameserver.enumerate(cursor, ENUMERATION_PAGE)
+                if isinstance(page, EnumerationStale):
+                    break
+                assert isinstance(page, EnumerationPage)
+                entries.extend(page.entries)
+                if page.next is None:
+                    return entries
+                cursor = page.next
+        raise NodeError(f"enumeration changed {ENUMERATION_ATTEMPTS} times (EnumerationChanged)")
+
+    async def expand_pid(
+        self, prefix: PidPrefix | str, consistency: Consistency = Consistency.REFRESH
+    ) -> Pid:
+        """The one PID matching ``prefix`` (``NodeError`` for none or several)."""
+        parsed = PidPrefix.parse(prefix) if isinstance(prefix, str) else prefix
+        entries = await self.enumerate(consistency)
+        try:
+            return parsed.expand(entry.pid for entry in entries)
+        except LookupError as exc:
+            raise NodeError(str(exc)) from exc
+
+    # -- streams ----------------------------------------------------------------------------
+
+    async def dial(self, pid: Pid, consistency: Consistency = Consistency.CACHED) -> Any:
+        """A new stream to ``pid``: resolve, then try its locators by priority."""
+        resolution = await self.resolve(pid, consistency)
+        if isinstance(resolution, NotFound):
+            raise NodeError(f"PID {pid.hex()} is not found (NotFound)")
+        entry = resolution.entry
+        if not entry.locators:
+            raise NodeError(f"PID {pid.hex()} has no locators (NoLocators)")
+        last: Exception | None = None
+        for locator in sorted(entry.locators, key=lambda item: item.priority):
+            try:
+                return await self.transport.dial(
+                    pid, locator.address, server_name=entry.tls_server_name or None
+                )
+            except Exception as exc:
+                last = exc
+        raise NodeError(f"dialling {pid.hex()} failed: {last}") from last
+
+    async def accept(self) -> tuple[Pid, Any]:
+        """The next stream another process opened to this node, with its PID."""
+        return await self.transport.accept()

@@ -1,0 +1,296 @@
+"""``EndpointDriver``, the runtime-neutral I/O step both adapters run: regrouping output into
+segmented (GSO) transmits, order and bounds under carrier backpressure, splitting received
+aggregates, per-destination errors, timers, and the thread-mode notifier."""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Sequence
+from typing import Any, cast
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chrysalis.core import DatagramAddr
+from chrysalis.datagram import (
+    DatagramRecvMeta,
+    DatagramSocket,
+    DatagramTransmit,
+    HostUnreachableError,
+    SocketClosedError,
+    Waker,
+)
+from chrysalis.quic import QuicEndpoint
+from chrysalis.quic._driver import EndpointDriver, ThreadNotifier
+
+ADDRS = [DatagramAddr.inproc(77, index) for index in range(1, 4)]
+
+
+class FakeEndpoint:
+    """Stands in for ``QuicEndpoint``: scripted output, recorded input and timer calls."""
+
+    def __init__(self) -> None:
+        self.output: list[tuple[bytes, DatagramAddr]] = []
+        self.fed: list[tuple[bytes, DatagramAddr]] = []
+        self.timer: float | None = None
+        self.timers_fired: list[float] = []
+        self.polls = 0
+        self.is_stopped = False
+
+    def receive_datagram(self, data: bytes, source: DatagramAddr, now: float) -> None:
+        self.fed.append((data, source))
+
+    def get_timer(self) -> float | None:
+        return self.timer
+
+    def handle_timer(self, now: float) -> None:
+        self.timers_fired.append(now)
+        self.timer = None
+
+    def poll(self, now: float) -> None:
+        self.polls += 1
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, DatagramAddr]]:
+        out, self.output = self.output, []
+        return out
+
+
+class FakeSocket(DatagramSocket):
+    """A carrier whose sends follow a script of accepted counts (None: accept all)."""
+
+    def __init__(self, segments: int = 32, receive_segments: int = 1) -> None:
+        self.transmits: list[DatagramTransmit] = []
+        self.accept: list[int | None] = []
+        self.inbox: list[tuple[bytes, DatagramAddr, int]] = []
+        self.failing: set[DatagramAddr] = set()
+        self.closed = False
+        self._segments = segments
+        self._receive_segments = receive_segments
+
+    @property
+    def local_addr(self) -> DatagramAddr:
+        return DatagramAddr.inproc(77, 99)
+
+    def try_send_to(self, data: bytes | bytearray | memoryview, destination: DatagramAddr) -> bool:
+        return self.try_send_transmit(DatagramTransmit(destination, data)) == 1
+
+    def try_send_transmit(self, transmit: DatagramTransmit) -> int:
+        if self.closed:
+            raise SocketClosedError()
+        if transmit.destination in self.failing:
+            raise HostUnreachableError()
+        budget = self.accept.pop(0) if self.accept else None
+        count = transmit.segment_count if budget is None else min(budget, transmit.segment_count)
+        if count:
+            whole = bytes(transmit.contents)
+            size = transmit.segment_size or len(whole)
+            kept = DatagramTransmit(
+                transmit.destination, whole[: count * size], transmit.segment_size
+            )
+            self.transmits.append(kept)
+        return count
+
+    def try_recv(self, buffers: Sequence[Any], metas: list[DatagramRecvMeta]) -> int:
+        if self.closed:
+            raise SocketClosedError()
+        filled = 0
+        while self.inbox and filled < len(buffers):
+            data, source, stride = self.inbox.pop(0)
+            buffers[filled][: len(data)] = data
+            metas.append(DatagramRecvMeta(source, len(data), stride))
+            filled += 1
+        return filled
+
+    def fileno(self) -> int | None:
+        return None
+
+    def add_recv_waker(self, waker: Waker) -> None:
+        pass
+
+    def add_send_waker(self, destination: DatagramAddr, waker: Waker) -> None:
+        pass
+
+    @property
+    def max_transmit_segments(self) -> int:
+        return self._segments
+
+    @property
+    def max_receive_segments(self) -> int:
+        return self._receive_segments
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+    @property
+    def is_shutdown(self) -> bool:
+        return self.closed
+
+    def join(self, timeout: float | None = None) -> bool:
+        return True
+
+    def sent(self) -> list[tuple[bytes, DatagramAddr]]:
+        out = []
+        for transmit in self.transmits:
+            for index in range(transmit.segment_count):
+                out.append((bytes(transmit.segment(index)), transmit.destination))
+        return out
+
+
+def make(
+    segments: int = 32, max_pending: int = 4096, receive_segments: int = 1
+) -> tuple[FakeEndpoint, FakeSocket, EndpointDriver]:
+    endpoint = FakeEndpoint()
+    sock = FakeSocket(segments, receive_segments)
+    clock = iter(float(n) for n in range(10_000))
+    driver = EndpointDriver(
+        cast(QuicEndpoint, endpoint),
+        sock,
+        clock=lambda: next(clock),
+        max_pending_datagrams=max_pending,
+    )
+    return endpoint, sock, driver
+
+
+datagram = st.tuples(st.sampled_from([1200, 1200, 1200, 700, 40]), st.integers(0, 2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(datagram, max_size=80), st.sampled_from([1, 4, 32]))
+def test_output_is_regrouped_into_maximal_uniform_transmits_in_order(
+    shape: list[tuple[int, int]], segments: int
+) -> None:
+    endpoint, sock, driver = make(segments)
+    batch = [
+        (bytes([index % 256]) * size, ADDRS[where]) for index, (size, where) in enumerate(shape)
+    ]
+    endpoint.output = list(batch)
+    driver.step()
+    assert sock.sent() == batch  # nothing lost, duplicated or reordered
+    for transmit in sock.transmits:
+        count = transmit.segment_count
+        assert count <= segments
+        if count > 1:
+            size = transmit.segment_size
+            assert size is not None
+            assert all(len(transmit.segment(i)) == size for i in range(count - 1))
+            assert len(transmit.segment(count - 1)) <= size
+    # Maximal: two neighbouring transmits could not have been one.
+    for left, right in zip(sock.transmits, sock.transmits[1:], strict=False):
+        size = left.segment_size or len(left.contents)
+        last = len(left.segment(left.segment_count - 1))
+        first = len(right.segment(0))
+        assert (
+            left.destination != right.destination
+            or left.segment_count >= segments
+            or last < size
+            or first > size
+        )
+    assert driver.statistics().datagrams_sent == len(batch)
+
+
+def test_backpressure_keeps_order_and_resumes_where_it_stopped() -> None:
+    endpoint, sock, driver = make(segments=32)
+    first = [(bytes([i]) * 1200, ADDRS[0]) for i in range(5)]
+    endpoint.output = list(first)
+    sock.accept = [2, 0]  # two datagrams go out, then the carrier would block
+    driver.step()
+    blocked = driver.blocked_destination
+    assert blocked == ADDRS[0]
+    assert driver.statistics().pending_datagrams == 3
+    second = [(b"z" * 1200, ADDRS[1])]
+    endpoint.output = list(second)
+    driver.step()  # the carrier accepts again: the queue drains first, then new output
+    assert sock.sent() == first + second
+    assert driver.blocked_destination is None
+    assert driver.statistics().pending_datagrams == 0
+
+
+def test_output_beyond_the_pending_bound_is_dropped_and_counted() -> None:
+    endpoint, sock, driver = make(segments=1, max_pending=4)
+    endpoint.output = [(bytes([i]) * 100, ADDRS[0]) for i in range(10)]
+    sock.accept = [0] * 10
+    driver.step()
+    stats = driver.statistics()
+    assert stats.pending_datagrams == 4
+    assert stats.send_drops == 6
+    sock.accept = []
+    driver.step()
+    assert [data[0] for data, _ in sock.sent()] == [0, 1, 2, 3]
+
+
+def test_an_unreachable_destination_drops_only_its_datagrams() -> None:
+    endpoint, sock, driver = make()
+    sock.failing.add(ADDRS[1])
+    endpoint.output = [(b"a" * 10, ADDRS[0]), (b"b" * 10, ADDRS[1]), (b"c" * 10, ADDRS[2])]
+    driver.step()
+    assert sock.sent() == [(b"a" * 10, ADDRS[0]), (b"c" * 10, ADDRS[2])]
+    assert driver.statistics().send_drops == 1
+    assert not driver.socket_failed
+
+
+def test_a_shut_down_socket_fails_the_driver_without_raising() -> None:
+    endpoint, sock, driver = make()
+    sock.closed = True
+    endpoint.output = [(b"x", ADDRS[0])]
+    assert driver.step() is False
+    assert driver.socket_failed
+    endpoint.output = [(b"y", ADDRS[0])]
+    driver.step()  # output after the failure is dropped, the endpoint still runs
+    assert driver.statistics().send_drops == 2
+    assert endpoint.polls == 2
+
+
+def test_received_aggregates_are_split_by_stride_and_fed_in_order() -> None:
+    endpoint, sock, driver = make(receive_segments=8)
+    source = ADDRS[2]
+    aggregate = b"".join(bytes([i]) * 100 for i in range(3)) + b"\x09" * 40
+    sock.inbox = [(aggregate, source, 100), (b"single", ADDRS[0], 6)]
+    driver.step()
+    assert endpoint.fed == [
+        (b"\x00" * 100, source),
+        (b"\x01" * 100, source),
+        (b"\x02" * 100, source),
+        (b"\x09" * 40, source),
+        (b"single", ADDRS[0]),
+    ]
+    assert driver.statistics().datagrams_received == 5
+
+
+def test_a_full_receive_batch_asks_for_another_step() -> None:
+    endpoint, sock, driver = make()
+    sock.inbox = [(bytes([i % 256]), ADDRS[0], 1) for i in range(32 * 4 + 1)]
+    assert driver.step() is True  # stopped at the batch limit: more may be waiting
+    assert len(endpoint.fed) == 32 * 4
+    assert driver.step() is False
+    assert len(endpoint.fed) == 32 * 4 + 1
+
+
+def test_due_timers_fire_and_the_next_deadline_is_reported() -> None:
+    endpoint, _sock, driver = make()
+    endpoint.timer = 0.0  # the clock reads 0.0 at the first step: due
+    driver.step()
+    assert endpoint.timers_fired == [0.0]
+    endpoint.timer = 50.0
+    driver.step()
+    assert endpoint.timers_fired == [0.0]
+    assert driver.deadline == 50.0
+
+
+def test_thread_notifier_coalesces_and_never_loses_a_wakeup() -> None:
+    notifier = ThreadNotifier()
+    try:
+
+        def readable() -> bool:
+            ready, _, _ = select.select([notifier.fileno()], [], [], 0)
+            return bool(ready)
+
+        assert not readable()
+        notifier.notify()
+        notifier.notify()
+        assert readable()
+        notifier.clear()
+        assert not readable()
+        notifier.notify()  # after clear: must wake the next wait
+        assert readable()
+    finally:
+        notifier.close()

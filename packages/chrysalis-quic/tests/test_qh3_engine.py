@@ -1,0 +1,443 @@
+"""The qh3 engine on its own, two connections back to back: endpoint-chosen CIDs, the in-band
+client proof (and when it is not asked for), the exporter both sides share, the receive gate,
+the acknowledgement estimate, termination kinds, address and identity limits."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.append(str(Path(__file__).parent))
+
+pytest.importorskip("qh3")
+
+from aioquic.quic.crypto import CryptoPair
+from aioquic.quic.packet import QuicFrameType, QuicPacketType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import NameOID
+from test_endpoint_harness import T0, issue
+
+from chrysalis.core import ConnectionId, DatagramAddr, Pid, target_pid
+from chrysalis.quic import Identity
+from chrysalis.quic._aioquic_engine import AioquicEngine
+from chrysalis.quic._client_proof import PROOF_STREAM_ID, ExporterTap, ProofFailure
+from chrysalis.quic._config import QuicConfig
+from chrysalis.quic._engine import (
+    CidIssued,
+    EngineConnection,
+    EngineEvent,
+    HandshakeCompleted,
+    StreamDataReceived,
+    Terminated,
+    TerminationKind,
+)
+from chrysalis.quic._identity import IdentityError
+from chrysalis.quic._qh3_engine import AioquicProvingEngine, Qh3Connection, Qh3Engine
+
+CLIENT_ADDR = DatagramAddr.inproc(3, 1)
+SERVER_ADDR = DatagramAddr.inproc(3, 2)
+Factory = Callable[..., Any]
+
+
+class _Pair:
+    """A client and a server engine connection joined back to back, with optional seeded
+    loss and reordering (a datagram is held back one round)."""
+
+    def __init__(
+        self,
+        config: QuicConfig | None = None,
+        *,
+        client: Factory = Qh3Engine,
+        server: Factory = Qh3Engine,
+        client_options: dict[str, Any] | None = None,
+        server_options: dict[str, Any] | None = None,
+        loss: float = 0.0,
+        reorder: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        cfg = QuicConfig() if config is None else config
+        self.client_id, self.server_id = issue(), issue()
+        client_keys, server_keys = itertools.count(1), itertools.count(1)
+        self.client_pid, self.server_pid = self.client_id.pid, self.server_id.pid
+
+        def client_cid() -> bytes:
+            return ConnectionId.issued(self.client_pid, next(client_keys)).raw
+
+        def server_cid() -> bytes:
+            return ConnectionId.issued(self.server_pid, next(server_keys)).raw
+
+        self.now = T0
+        initial_dcid = ConnectionId.initial(self.server_pid, 1).raw
+        self.client: EngineConnection = client(
+            cfg, self.client_id, **(client_options or {})
+        ).connect(
+            host_cid=client_cid(),
+            initial_dcid=initial_dcid,
+            addr=SERVER_ADDR,
+            server_name=None,
+            issue_cid=client_cid,
+            now=self.now,
+        )
+        self.server: EngineConnection = server(
+            cfg, self.server_id, **(server_options or {})
+        ).accept(
+            host_cid=server_cid(),
+            original_dcid=initial_dcid,
+            retry_scid=None,
+            issue_cid=server_cid,
+        )
+        self.events: dict[str, list[EngineEvent]] = {"client": [], "server": []}
+        self.prefixes: list[tuple[str, Pid | None]] = []
+        self.received = 0  # stream bytes the server delivered
+        self.random = random.Random(seed)
+        self.loss, self.reorder = loss, reorder
+        self.held: list[tuple[str, bytes]] = []
+        self.on_server_event: Callable[[EngineEvent], None] | None = None
+
+    def _carry(self, direction: str, data: bytes) -> None:
+        if direction == "to server":
+            self.server.receive_datagram(data, CLIENT_ADDR, self.now)
+        else:
+            self.client.receive_datagram(data, SERVER_ADDR, self.now)
+
+    def step(self, rounds: int = 1, dt: float = 0.005) -> None:
+        for _ in range(rounds):
+            late, self.held = self.held, []
+            for direction, conn in (("to server", self.client), ("to client", self.server)):
+                for data, _ in conn.datagrams_to_send(self.now):
+                    self.prefixes.append((direction, target_pid(data)))
+                    roll = self.random.random()
+                    if roll < self.loss:
+                        continue
+                    if roll < self.loss + self.reorder:
+                        self.held.append((direction, data))
+                        continue
+                    self._carry(direction, data)
+            for direction, data in late:
+                self._carry(direction, data)
+            self.now += dt
+            for name, conn in (("client", self.client), ("server", self.server)):
+                timer = conn.get_timer()
+                if timer is not None and timer <= self.now:
+                    conn.handle_timer(self.now)
+                while (event := conn.next_event()) is not None:
+                    self.events[name].append(event)
+                    if name == "server" and isinstance(event, StreamDataReceived):
+                        self.received += len(event.data)
+                    if name == "server" and self.on_server_event is not None:
+                        self.on_server_event(event)
+
+    def of(self, name: str, kind: type) -> list[Any]:
+        return [e for e in self.events[name] if isinstance(e, kind)]
+
+    def prefixes_ok(self) -> bool:
+        expected = {"to server": self.server_pid, "to client": self.client_pid}
+        return all(prefix == expected[d] for d, prefix in self.prefixes)
+
+
+def test_handshake_uses_endpoint_cids_and_proves_the_client_in_band() -> None:
+    pair = _Pair()
+    pair.step(10)
+    assert pair.of("client", HandshakeCompleted) == [HandshakeCompleted("chrysalis/1")]
+    assert pair.of("server", HandshakeCompleted) == [HandshakeCompleted("chrysalis/1")]
+    assert pair.prefixes
+    assert pair.prefixes_ok()
+    server = pair.server
+    assert isinstance(server, Qh3Connection)
+    assert Pid.from_certificate(server.peer_certificate_chain()[0]) == pair.client_pid
+    assert Pid.from_certificate(pair.client.peer_certificate_chain()[0]) == pair.server_pid
+    assert server.proof_failure is None
+    # qh3's core issues exactly one spare CID per side, drawn at random (not PID-prefixed).
+    assert len(pair.of("client", CidIssued)) == len(pair.of("server", CidIssued)) == 1
+    assert pair.client.peer_packet_seen
+    assert server.peer_packet_seen
+
+
+def test_both_ends_derive_the_same_exporter_and_each_session_its_own() -> None:
+    values = []
+    for client in (Qh3Engine, AioquicProvingEngine):
+        pair = _Pair(client=client)
+        pair.step(10)
+        taps: list[ExporterTap] = []
+        for conn in (pair.client, pair.server):
+            tap = conn._ch_tap if isinstance(conn, Qh3Connection) else conn._tap  # type: ignore[attr-defined]
+            taps.append(tap)
+        client_value, server_value = (tap.exporter() for tap in taps)
+        assert client_value is not None
+        assert client_value == server_value
+        values.append(server_value)
+    assert values[0] != values[1]
+
+
+def test_server_announces_the_handshake_only_once_the_proof_is_judged() -> None:
+    pair = _Pair(
+        client_options={"proof_builder": lambda exporter: None},
+        server_options={"proof_timeout": 0.5},
+    )
+    pair.step(40)  # 0.2 s: handshake done, no proof
+    assert pair.of("client", HandshakeCompleted)
+    assert not pair.of("server", HandshakeCompleted)
+    server = pair.server
+    assert isinstance(server, Qh3Connection)
+    assert server.peer_certificate_chain() == []
+    deadline = server.get_timer()
+    assert deadline is not None
+    assert deadline <= pair.now + 0.5
+    pair.step(200)
+    assert pair.of("server", HandshakeCompleted) == [HandshakeCompleted("chrysalis/1")]
+    assert server.proof_failure is ProofFailure.TIMEOUT
+    assert server.peer_certificate_chain() == []
+    rejected = Terminated(TerminationKind.APPLICATION, 1, "client proof rejected: timeout")
+    assert pair.of("server", Terminated) == [rejected]
+    assert pair.of("client", Terminated) == [rejected]
+
+
+def test_data_sent_before_a_missing_proof_never_comes_with_a_chain() -> None:
+    # A client that never proves but sends application data at once. The engine passes the
+    # bytes up as they come (the endpoint holds them until the verdict); the verdict that
+    # follows carries no chain, so the endpoint refuses and never delivers them.
+    pair = _Pair(
+        client_options={"proof_builder": lambda exporter: None},
+        server_options={"proof_timeout": 0.2},
+    )
+    pair.step(10)
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"before any proof", False)
+    order: list[type] = []
+    pair.on_server_event = lambda event: order.append(type(event))
+    pair.step(100)
+    assert order.index(StreamDataReceived) < order.index(HandshakeCompleted)
+    assert pair.server.peer_certificate_chain() == []
+    assert pair.of("server", Terminated)[0].error_code == 1
+
+
+def test_a_qh3_client_presents_its_certificate_in_tls_to_an_aioquic_server() -> None:
+    pair = _Pair(server=AioquicEngine)
+    pair.step(10)
+    assert pair.of("client", HandshakeCompleted)
+    assert pair.of("server", HandshakeCompleted)
+    assert Pid.from_certificate(pair.server.peer_certificate_chain()[0]) == pair.client_pid
+    assert pair.prefixes_ok()
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"ping", True)
+    pair.step(10)
+    assert [e.data for e in pair.of("server", StreamDataReceived)] == [b"ping"]
+    assert not pair.of("server", Terminated)  # no proof stream was opened (it would be illegal)
+
+
+def test_an_aioquic_client_proves_itself_to_a_qh3_server_only_when_proving() -> None:
+    proving = _Pair(client=AioquicProvingEngine)
+    proving.step(10)
+    server = proving.server
+    assert isinstance(server, Qh3Connection)
+    assert Pid.from_certificate(server.peer_certificate_chain()[0]) == proving.client_pid
+    plain = _Pair(client=AioquicEngine, server_options={"proof_timeout": 0.1})
+    plain.step(100)
+    server = plain.server
+    assert isinstance(server, Qh3Connection)
+    assert server.proof_failure is ProofFailure.TIMEOUT
+    (ended,) = plain.of("client", Terminated)
+    assert (ended.kind, ended.error_code) == (TerminationKind.APPLICATION, 1)
+    assert ended.reason == "client proof rejected: timeout"
+
+
+def test_receive_gate_bounds_unconsumed_bytes_and_resumes_on_consumption() -> None:
+    window = 16384
+    pair = _Pair(QuicConfig(stream_window=window, connection_window=4 * window))
+    pair.step(10)
+    consumed = 0
+
+    def hold(event: EngineEvent) -> None:  # an endpoint that keeps everything unread
+        pair.server.set_buffered(pair.received - consumed)
+
+    pair.on_server_event = hold
+    payload = 400_000
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"d" * payload, True)
+    pair.step(60)
+    stalled = pair.received
+    assert 4 * window <= stalled <= 8 * window + 65536
+    state = pair.client.stream_send_state(0)
+    assert state is not None
+    assert state[0] <= 8 * window + 65536
+    for _ in range(100):
+        if pair.received == payload:
+            break
+        consumed = pair.received
+        pair.server.set_buffered(0)
+        pair.step(5)
+    assert pair.received == payload
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_acknowledged_estimate_never_runs_ahead_of_delivery(seed: int) -> None:
+    pair = _Pair(loss=0.05, reorder=0.1, seed=seed)
+    while not (pair.of("client", HandshakeCompleted) and pair.of("server", HandshakeCompleted)):
+        pair.step(1)
+        assert pair.now < T0 + 5.0
+    payload = 300_000
+    pair.client.open_stream(0)
+    written = 0
+    chunk = random.Random(seed).randbytes(10_000)
+    for _ in range(2000):
+        if written < payload:
+            pair.client.send_stream_data(0, chunk, False)
+            written += len(chunk)
+        pair.step(1)
+        state = pair.client.stream_send_state(0)
+        assert state is not None
+        acked, buffered = state
+        assert acked + buffered == written
+        assert acked <= pair.received  # acknowledged bytes were delivered, never later
+        if acked == payload:
+            break
+    assert pair.client.stream_send_state(0) == (payload, 0)
+    assert pair.received == payload
+    assert pair.prefixes_ok()
+
+
+def test_idle_and_application_terminations_are_distinguished() -> None:
+    idle = _Pair(QuicConfig(idle_timeout=1.0))
+    idle.step(10)
+    idle.now += 10.0
+    idle.step(3)
+    assert idle.of("client", Terminated) == [Terminated(TerminationKind.IDLE, None, "Idle timeout")]
+    assert idle.client.is_terminated
+    closed = _Pair()
+    closed.step(10)
+    closed.client.close(9, "done")
+    closed.client.close(10, "second close is ignored")
+    closed.step(200)
+    done = [Terminated(TerminationKind.APPLICATION, 9, "done")]
+    assert closed.of("client", Terminated) == done
+    assert closed.of("server", Terminated) == done
+
+
+def test_datagrams_from_too_many_addresses_are_dropped_without_harm() -> None:
+    pair = _Pair()
+    pair.step(10)
+    server = pair.server
+    for index in range(20):
+        server.receive_datagram(b"\x40" + bytes(60), DatagramAddr.inproc(8, index + 1), pair.now)
+    assert isinstance(server, Qh3Connection)
+    assert len(server._ch_to_synthetic) == 8
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"still fine", True)
+    pair.step(10)
+    assert [e.data for e in pair.of("server", StreamDataReceived)] == [b"still fine"]
+
+
+def test_transport_parameters_allow_only_the_proof_stream() -> None:
+    pair = _Pair(QuicConfig(max_streams_bidi=77))
+    pair.step(10)
+    client, server = pair.client, pair.server
+    assert isinstance(client, Qh3Connection)
+    assert isinstance(server, Qh3Connection)
+    assert client._tls is not None
+    assert server._tls is not None
+    from_server = client._tls.remote_transport_parameters
+    from_client = server._tls.remote_transport_parameters
+    assert from_server is not None
+    assert from_client is not None
+    assert (from_server.initial_max_streams_bidi, from_server.initial_max_streams_uni) == (77, 1)
+    assert (from_client.initial_max_streams_bidi, from_client.initial_max_streams_uni) == (77, 0)
+    assert from_client.max_datagram_frame_size is None
+    assert PROOF_STREAM_ID == 2
+    with pytest.raises(ValueError, match="bidirectional"):
+        client.open_stream(2)
+
+
+def test_an_identity_qh3_cannot_use_is_refused_up_front() -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ed25519 leaf")])
+    when = datetime.datetime.fromtimestamp(T0, datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(when)
+        .not_valid_after(when + datetime.timedelta(days=1))
+        .sign(key, None)
+    )
+    identity = Identity(chain=(certificate,), private_key=key, roots=(certificate,))
+    with pytest.raises(IdentityError, match="ECDSA or RSA"):
+        Qh3Engine(QuicConfig(), identity)
+    with pytest.raises(ValueError, match="proof_timeout"):
+        Qh3Engine(QuicConfig(), issue(), proof_timeout=0.0)
+
+
+def _ping_only_initial(scid: bytes, dcid: bytes) -> bytes:
+    """A client Initial carrying a PING and padding but no CRYPTO frame (a legal probe)."""
+    crypto = CryptoPair()
+    crypto.setup_initial(dcid, is_client=True, version=1)
+    builder = QuicPacketBuilder(
+        host_cid=scid, peer_cid=dcid, version=1, is_client=True, max_datagram_size=1200
+    )
+    builder.start_packet(QuicPacketType.INITIAL, crypto)
+    builder.start_frame(QuicFrameType.PING)
+    (datagram,), _ = builder.flush()
+    return datagram
+
+
+def test_a_first_initial_without_client_hello_leaves_no_server_state() -> None:
+    server_id = issue()
+    initial_dcid = ConnectionId.initial(server_id.pid, 1).raw
+    engine = Qh3Engine(QuicConfig(), server_id)
+    keys = itertools.count(1)
+
+    def accept() -> EngineConnection:
+        return engine.accept(
+            host_cid=ConnectionId.issued(server_id.pid, next(keys)).raw,
+            original_dcid=initial_dcid,
+            retry_scid=None,
+            issue_cid=lambda: b"",
+        )
+
+    probe = _ping_only_initial(ConnectionId.issued(issue().pid, 1).raw, initial_dcid)
+    assert len(probe) >= 1200
+    refused = accept()
+    refused.receive_datagram(probe, CLIENT_ADDR, T0)
+    # qh3's core calls this a protocol violation; the engine answers nothing and keeps
+    # nothing, so the endpoint drops the connection silently (as for any unauthenticated
+    # first datagram) and the client's ClientHello can start a fresh one.
+    assert not refused.peer_packet_seen
+    assert refused.datagrams_to_send(T0) == []
+    assert refused.next_event() is None
+    assert refused.get_timer() is None
+
+
+def test_an_identity_too_large_to_prove_in_band_is_refused_up_front() -> None:
+    base = issue()
+    padding = [base.chain[0]] * 7  # eight certificates of a few hundred bytes: fits
+    fits = Identity(chain=(base.chain[0], *padding), private_key=base.private_key, roots=base.roots)
+    Qh3Engine(QuicConfig(), fits)
+    big_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "o" * 60)] * 200)
+    when = datetime.datetime.fromtimestamp(T0, datetime.UTC)
+    key = base.private_key
+    bulky = (
+        x509.CertificateBuilder()
+        .subject_name(big_name)
+        .issuer_name(big_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(when)
+        .not_valid_after(when + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    assert len(bulky.public_bytes(Encoding.DER)) > 12_000
+    too_big = Identity(chain=(base.chain[0], *[bulky] * 6), private_key=key, roots=base.roots)
+    with pytest.raises(IdentityError, match="in-band"):
+        Qh3Engine(QuicConfig(), too_big)
