@@ -55,7 +55,7 @@ from chrysalis.nameserver import (
     Resolution,
     VersionRange,
 )
-from chrysalis.quic import Identity
+from chrysalis.quic import Identity, QuicConfig
 from chrysalis.quic._transport import LinkProtocolId, QuicTransport
 
 __all__ = [
@@ -127,6 +127,8 @@ class Node:
             (``udp://127.0.0.1:0`` by default).
         parent: where to join (``None``: a root).
         labels, versions, negative_ttl_ms: published labels and nameserver settings.
+        quic_config: QUIC parameters (idle timeout, windows); the transport's default if
+            ``None``.
     """
 
     __slots__ = (
@@ -137,6 +139,7 @@ class Node:
         "_negative_ttl",
         "_parent",
         "_pending_protocols",
+        "_quic_config",
         "_router",
         "_server",
         "_service",
@@ -156,6 +159,7 @@ class Node:
         labels: Labels = Labels.EMPTY,
         versions: VersionRange = DEFAULT_VERSIONS,
         negative_ttl_ms: int = DEFAULT_NEGATIVE_TTL_MS,
+        quic_config: QuicConfig | None = None,
     ) -> None:
         if carrier is not None and listen is not None:
             raise ValueError("pass carrier or listen, not both")
@@ -167,6 +171,7 @@ class Node:
         self._labels = labels
         self._versions = versions
         self._negative_ttl = negative_ttl_ms
+        self._quic_config = quic_config
         self._router = Router()
         self._switch: DatagramSwitch | None = None
         self._transport: QuicTransport[Any] | None = None
@@ -268,7 +273,7 @@ class Node:
         assert self._carrier is not None
         self._switch = DatagramSwitch.spawn(self._carrier, self._router)
         binding = self._switch.bind_routed_many([self.pid, Pid.LINK_LOCAL])
-        self._transport_cm = QuicTransport.spawn(self._identity, binding)
+        self._transport_cm = QuicTransport.spawn(self._identity, binding, config=self._quic_config)
         transport: QuicTransport[Any] = await self._transport_cm.__aenter__()
         self._transport = transport
         ns_protocol = transport.register_link_protocol(NS_PROTOCOL_SELECTOR)
