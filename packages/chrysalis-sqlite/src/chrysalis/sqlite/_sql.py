@@ -5,10 +5,22 @@ implementation table for table, so a database file can move between implementati
 the capture path (``ReplicaTransaction``) and the replica's apply/selection paths use these
 statements. Keeping every metadata statement in one place keeps them consistent with the DDL.
 Nothing here runs SQL; it only defines it.
+
+Why the local-commit statements look the way they do (``INSERT_LOCAL_CHANGES``,
+``RESOLVE_LOCAL_VERSION``): a local commit writes one change-log row and one winner per captured
+mutation, and through ``sqlite3`` the fixed cost of each bound statement step (binding six
+parameters, one VM run, the Python-to-C crossing) was as large as the B-tree insert itself. So
+the change log is written with multi-row ``VALUES`` statements of ``LOCAL_CHUNK_SIZES`` rows
+(site id, version and first sequence number bound once per statement, three values per row),
+and the winners are not bound at all: ``RESOLVE_LOCAL_VERSION`` copies them from the log rows
+the commit just appended, in sequence order, in one statement. Every SQL text is a constant, so
+``sqlite3``'s statement cache prepares each one once per connection.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 __all__ = [
@@ -16,8 +28,11 @@ __all__ = [
     "ADVANCE_FRONTIER",
     "BUMP_CLOCK",
     "INSERT_CHANGE",
+    "INSERT_LOCAL_CHANGES",
     "INSERT_ORIGIN",
+    "LOCAL_CHUNK_SIZES",
     "METADATA_DDL",
+    "RESOLVE_LOCAL_VERSION",
     "SELECT_FOR_PEER",
     "SELECT_RESOLVED",
     "UPSERT_FRONTIER_ELIGIBLE",
@@ -81,6 +96,43 @@ UPSERT_RESOLVED: Final = (
     "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
     "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
 )
+LOCAL_CHUNK_SIZES: Final = (32, 16, 8, 4, 2, 1)
+"""Rows per ``INSERT_LOCAL_CHANGES`` statement, largest first: a commit of ``n`` mutations
+takes ``n // 32`` full statements and at most five more (the binary digits of ``n % 32``)."""
+
+
+def _insert_local_changes(rows: int) -> str:
+    values = ", ".join(
+        f"(?1, ?2, ?3 + {i}, ?{4 + 3 * i}, ?{5 + 3 * i}, ?{6 + 3 * i})" for i in range(rows)
+    )
+    return (
+        "INSERT INTO __chrysalis_changes_v1 "
+        f"(site_id, db_version, seq, table_name, key_values, row_values) VALUES {values}"
+    )
+
+
+INSERT_LOCAL_CHANGES: Final[Mapping[int, str]] = MappingProxyType(
+    {rows: _insert_local_changes(rows) for rows in LOCAL_CHUNK_SIZES}
+)
+"""Per chunk size, the statement that appends that many local mutations to the change log.
+
+Parameters: ``site_id, db_version, first seq`` and then ``table_name, key_values, row_values``
+per mutation; row ``i`` gets ``seq = first seq + i``. A plain ``INSERT`` (no ``OR IGNORE``): a
+local version is new (the clock is above every logged version), so a conflict means the
+metadata is corrupt and must abort the commit."""
+
+RESOLVE_LOCAL_VERSION: Final = (
+    "INSERT INTO __chrysalis_resolved_rows_v2 "
+    "(table_name, key_values, db_version, site_id, seq, deleted) "
+    "SELECT table_name, key_values, db_version, site_id, seq, row_values IS NULL "
+    "FROM __chrysalis_changes_v1 WHERE site_id = ?1 AND db_version = ?2 ORDER BY seq "
+    "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
+    "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
+)
+"""Record every change of the local version ``(site_id ?1, db_version ?2)`` as its row's
+winner, in sequence order (so the last capture of a row in one transaction wins). A local
+version is greater than every tuple already recorded, so no comparison is needed."""
+
 SELECT_RESOLVED: Final = (
     "SELECT db_version, site_id, seq FROM __chrysalis_resolved_rows_v2 "
     "WHERE table_name = ? AND key_values = ?"

@@ -105,7 +105,7 @@ from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ActorId, ProcId
 from monarch.actor._loop import RuntimeLoop
 from monarch.actor._shape import Extent, Point
-from monarch.actor._transport import InProcessFabric
+from monarch.actor._transport import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
@@ -1308,10 +1308,12 @@ def _interrupt_main_thread() -> None:
 class ProcRuntime:
     """The runtime of one (possibly simulated) process. See the module docstring."""
 
-    def __init__(self, fabric: InProcessFabric, loop: RuntimeLoop, label: str) -> None:
+    def __init__(
+        self, fabric: Attachable, loop: RuntimeLoop, label: str, pid: Pid | None = None
+    ) -> None:
         self.loop = loop
         self.label = label
-        self.transport = fabric.attach(loop, self._on_envelope, self._on_undeliverable)
+        self.transport = fabric.attach(loop, self._on_envelope, self._on_undeliverable, pid)
         self.pid_raw = self.transport.pid.raw
         self.proc_id = ProcId(self.transport.pid, label)
         self.cells: dict[str, ActorCell] = {}

@@ -14,13 +14,17 @@ immutable and are shared), then hands the envelope to the destination loop with 
 FIFO call: messages from one thread to one destination arrive in send order. An unknown or
 detached destination makes the envelope bounce to the sender's ``undeliverable`` callback.
 
-The Chrysalis Node process layer will provide the same interface over its streams
-(``encode_frame``/``FrameDecoder`` from ``_envelope``); the runtime does not change.
+The Chrysalis Node process layer provides the same interface over its streams
+(``_node_transport.NodeProcessTransport``); the runtime does not change. A fabric can have an
+*uplink*: a transport that takes every envelope whose destination is not a fabric member (the
+client's fabric hands them to its Node transport, which in turn delivers inbound envelopes to
+fabric members with ``deliver_inbound``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -32,6 +36,7 @@ from monarch.actor._envelope import Envelope, FrameLimits, check_size
 from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
 
 __all__ = [
+    "Attachable",
     "DeliverCallback",
     "InProcessFabric",
     "InProcessTransport",
@@ -39,6 +44,7 @@ __all__ = [
     "UndeliverableCallback",
 ]
 
+_log = logging.getLogger("monarch.actor.transport")
 DeliverCallback = Callable[[Envelope, list[bytes | bytearray]], None]
 UndeliverableCallback = Callable[[Envelope, str], None]
 
@@ -66,6 +72,18 @@ class ProcessTransport(Protocol):
     def close(self) -> None: ...
 
 
+class Attachable(Protocol):
+    """What ``ProcRuntime`` attaches to: a fabric, or a transport serving one process."""
+
+    def attach(
+        self,
+        loop: RuntimeLoop,
+        deliver: DeliverCallback,
+        undeliverable: UndeliverableCallback,
+        pid: Pid | None = None,
+    ) -> ProcessTransport: ...
+
+
 class InProcessFabric:
     """A simulated network of processes inside this Python process (see module docstring)."""
 
@@ -73,6 +91,8 @@ class InProcessFabric:
         self._limits = limits or FrameLimits()
         self._members: dict[bytes, InProcessTransport] = {}
         self._lock = threading.Lock()
+        self.uplink: ProcessTransport | None = None
+        """Where envelopes for non-members go (``None``: they bounce)."""
 
     @property
     def limits(self) -> FrameLimits:
@@ -102,6 +122,27 @@ class InProcessFabric:
 
     def _lookup(self, pid: bytes) -> InProcessTransport | None:
         return self._members.get(pid)
+
+    def hosts(self, pid: bytes) -> bool:
+        """True when ``pid`` is an attached, open member."""
+        member = self._members.get(pid)
+        return member is not None and not member._closed
+
+    def deliver_inbound(self, envelope: Envelope, buffers: list[bytes | bytearray]) -> None:
+        """Hand an envelope that arrived from the uplink to its member (dropped, with a log
+        line, when the member is gone)."""
+        member = self._members.get(envelope.target.pid)
+        if member is None or member._closed:
+            _log.debug("inbound envelope for a detached process dropped")
+            return
+        with contextlib.suppress(RuntimeLoopClosedError):
+            member._loop.call_soon(member._deliver, envelope, buffers)
+
+    def bounce_inbound(self, envelope: Envelope, reason: str) -> None:
+        """An envelope a member sent through the uplink bounced: tell its sender."""
+        member = self._members.get(envelope.sender.pid)
+        if member is not None:
+            member._bounce(envelope, reason)
 
     def __len__(self) -> int:
         return len(self._members)
@@ -144,6 +185,10 @@ class InProcessTransport:
             self._fabric.limits,
         )
         destination = self._fabric._lookup(envelope.target.pid)
+        uplink = self._fabric.uplink
+        if destination is None and uplink is not None:
+            uplink.send(envelope, buffers)
+            return
         if destination is None or destination._closed:
             self._bounce(envelope, "the destination process is not reachable (stopped or unknown)")
             return
