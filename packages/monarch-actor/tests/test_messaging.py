@@ -421,9 +421,12 @@ def test_this_proc_inside_an_actor_is_that_actors_process(procs: Procs) -> None:
     assert child.split("|")[0] == own
 
 
-def test_this_host_names_the_missing_process_layer() -> None:
-    with pytest.raises(NotImplementedError, match=r"chrysalis\.node"):
-        this_host()
+def test_this_host_is_the_client_host_with_an_empty_extent() -> None:
+    host = this_host()
+    assert host.extent.labels == []
+    assert host is this_host()
+    with pytest.raises(ValueError, match="at least 1"):
+        host.spawn_procs({"gpus": 0})  # checked before any process starts
 
 
 # -- ports ----------------------------------------------------------------------------------------

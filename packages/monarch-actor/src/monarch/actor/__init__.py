@@ -4,9 +4,9 @@ This facade is the supported import location; the ``_``-prefixed modules behind 
 stability promise. What is here now: shapes and value meshes, futures, actors and endpoints with
 every adverb, ports and channels, accumulators, context and ranks, the error types with their
 categories and causal chains, the message envelope and argument codec, and an in-process
-runtime (simulated processes on one fabric, ``_local_proc_mesh``) that runs programs end to end.
-Real processes and hosts (``this_host()``, ``HostMesh``) arrive with the Chrysalis Node process
-layer; until then they raise ``NotImplementedError`` naming that layer.
+runtime (simulated processes on one fabric, ``_local_proc_mesh``) that runs programs end to end,
+and real worker processes on this host (``this_host().spawn_procs``), each a Chrysalis Node
+joined under the client's node.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from monarch.actor._errors import (
     SupervisionError,
 )
 from monarch.actor._future import Future
+from monarch.actor._host import HostMesh, this_host
 from monarch.actor._ids import ActorId, ProcId
-from monarch.actor._mesh import ActorMesh, HostMesh, ProcMesh, this_host, this_proc
+from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
 from monarch.actor._shape import Extent, MeshTrait, Point, Region, Shape, Slice
 from monarch.actor._value_mesh import ValueMesh

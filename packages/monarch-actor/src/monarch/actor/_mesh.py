@@ -13,9 +13,9 @@ when every rank has run ``__init__`` (successfully or not: a failing ``__init__`
 supervision event for the owner, not an exception here).
 
 Process layer: ``_local_proc_mesh(per_host=...)`` creates simulated processes in this Python
-process (``InProcessFabric``), and ``this_proc()`` is the caller's own process. ``this_host()``
-and ``HostMesh.spawn_procs`` need the Chrysalis Node process layer and raise
-``NotImplementedError`` until it is plugged in.
+process (``InProcessFabric``), and ``this_proc()`` is the caller's own process. Real worker
+processes (``this_host().spawn_procs``) come from ``_host``; their proc meshes carry the
+``WorkerGroup`` in their state, which ``stop`` uses to end the processes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import itertools
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Generic, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 
 from monarch.actor import _codec
 from monarch.actor._actor import check_actor_class
@@ -48,21 +48,18 @@ from monarch.actor._runtime import (
 )
 from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
 
+if TYPE_CHECKING:
+    from monarch.actor._host import WorkerGroup
+
 __all__ = [
     "ActorMesh",
-    "HostMesh",
     "ProcMesh",
     "local_proc_mesh",
-    "this_host",
     "this_proc",
 ]
 
 T = TypeVar("T")
-_MISSING_LAYER = (
-    "needs the Chrysalis Node process layer (chrysalis.node), which is not plugged into "
-    "monarch.actor yet; use monarch.actor._local_proc_mesh(per_host=...) for in-process "
-    "meshes or this_proc() for the current process"
-)
+_MISSING_LAYER = "is not implemented yet (only this_host().spawn_procs creates host meshes)"
 
 
 def _all_ok(replies: list[Reply]) -> None:
@@ -131,12 +128,14 @@ def _fan_out(kind: MessageKind, targets: list[tuple[ActorAddr, CastInfo]]) -> Fu
 
 
 class _ProcMeshState:
-    """Shared by an owned proc mesh and the slices made from it in this process."""
+    """Shared by an owned proc mesh and the slices made from it in this process; ``group``
+    is the worker processes behind it (``None`` for simulated processes)."""
 
-    __slots__ = ("stopped",)
+    __slots__ = ("group", "stopped")
 
-    def __init__(self) -> None:
+    def __init__(self, group: WorkerGroup | None = None) -> None:
         self.stopped = False
+        self.group = group
 
 
 class ProcMesh(MeshTrait):
@@ -242,11 +241,17 @@ class ProcMesh(MeshTrait):
         if self._state is None or self._state.stopped:
             return None
         self._state.stopped = True
+        group = self._state.group
+        ranks = list(self._shape.ndslice)
         targets = [
             (ActorAddr(self._procs[g].pid.raw, ""), CastInfo((), (), i))
-            for i, g in enumerate(self._shape.ndslice)
+            for i, g in enumerate(ranks)
+            if group is None or group.alive(g)
         ]
-        return _fan_out(MessageKind.STOP_PROC, targets)
+        if group is None:
+            return _fan_out(MessageKind.STOP_PROC, targets)
+        # Worker processes: acknowledgements from the live ones, then every one exits.
+        return group.stop(ranks, _fan_out(MessageKind.STOP_PROC, targets) if targets else None)
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -389,29 +394,6 @@ def _rebuild_actor_mesh(
     actor_class: type[Any], name: str, path: str, procs: tuple[ProcId, ...], shape: Shape
 ) -> ActorMesh[Any]:
     return ActorMesh(actor_class, name, path, procs, shape)
-
-
-class HostMesh(MeshTrait):
-    """A mesh of hosts. Provided by the Chrysalis Node process layer (not available yet)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f"HostMesh {_MISSING_LAYER}")
-
-    @property
-    def _ndslice(self) -> Slice:  # pragma: no cover - instances cannot exist
-        raise NotImplementedError
-
-    @property
-    def _labels(self) -> Sequence[str]:  # pragma: no cover
-        raise NotImplementedError
-
-    def _new_with_shape(self, shape: Shape) -> HostMesh:  # pragma: no cover
-        raise NotImplementedError
-
-
-def this_host() -> HostMesh:
-    """The host of ``this_proc()``; needs the Chrysalis Node process layer."""
-    raise NotImplementedError(f"this_host() {_MISSING_LAYER}")
 
 
 def this_proc() -> ProcMesh:

@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from chrysalis.core import Pid
 from monarch.actor import _codec
 from monarch.actor._actor import check_actor_class
 from monarch.actor._context import (
@@ -1686,7 +1687,12 @@ class _Client:
         self.loop = RuntimeLoop("monarch-runtime")
         self.loop.start()
         self.fabric = InProcessFabric(_frame_limits)
-        self.runtime = ProcRuntime(self.fabric, self.loop, "client")
+        from monarch.actor._host import ClientNodeLayer, HostMesh
+
+        self.node_layer = ClientNodeLayer()  # the client's PID is its (lazy) node's PID
+        self.host_mesh: HostMesh | None = None
+        self.host_lock = threading.Lock()
+        self.runtime = ProcRuntime(self.fabric, self.loop, "client", pid=self.node_layer.pid)
         self.root = RootCell(self.runtime)
         self.runtime.root = self.root
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
@@ -1741,6 +1747,7 @@ def shutdown_client(timeout: float = 5.0) -> None:
     _stop_meshes(owned, timeout)
     for runtime in list(current.local_runtimes):
         runtime.close()
+    current.node_layer.shutdown(current, timeout)
     current.runtime.close()
     current.loop.stop(timeout=min(timeout, 1.0))
 

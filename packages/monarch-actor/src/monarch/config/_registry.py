@@ -71,6 +71,14 @@ _SETTINGS: dict[str, Setting] = {
             "seconds before an unacknowledged message counts as undeliverable",
         ),
         Setting(
+            "mesh_orphan_timeout",
+            float,
+            3.0,
+            "MONARCH_MESH_ORPHAN_TIMEOUT",
+            "seconds of silence before a worker's parent link fails (QUIC idle timeout); a "
+            "worker whose parent link stays down that long again exits",
+        ),
+        Setting(
             "cleanup_timeout",
             float,
             3.0,

@@ -1,0 +1,163 @@
+"""A Monarch worker process: ``python -m monarch.actor._worker --parent ADDR --authority PID``.
+
+Why a separate entry point: every process of a proc mesh is one Chrysalis Node joined under
+the client's node (the namespace tree is the supervision tree). The worker issues its own leaf
+from the client's development CA directory (``--ca-dir``), joins the client's node (pinned to
+``--authority``), runs one ``ProcRuntime`` over a ``NodeProcessTransport`` and prints its PID
+(hex) as the first line on stdout once its parent link is active: that line is the readiness
+handshake the client waits for.
+
+It ends in one of two ways:
+
+- its runtime receives ``STOP_PROC`` (``ProcMesh.stop()``): actors stop, the acknowledgement
+  is flushed, the transport and the node close, and the process exits with status 0 after a
+  normal interpreter shutdown;
+- its parent link is gone (the client died or was killed): the node keeps the link busy with
+  a small request every ``idle_timeout / 4`` seconds, so a dead parent makes the link fail
+  within about ``idle_timeout`` seconds; when the link has not been connected for
+  ``idle_timeout`` seconds more, the worker exits with status 3 at once (``os._exit``: no
+  orphan survives, even with actor threads stuck in user code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from monarch.actor._loop import RuntimeLoop
+
+__all__ = ["EXIT_ORPHANED", "main"]
+
+#: Exit status of a worker whose parent link was gone for longer than its bound.
+EXIT_ORPHANED: Final = 3
+_STARTUP_TIMEOUT: Final = 30.0
+_log = logging.getLogger("monarch.actor.worker")
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m monarch.actor._worker")
+    parser.add_argument("--parent", required=True, help="carrier address of the parent node")
+    parser.add_argument("--authority", required=True, help="the parent's PID (32 hex digits)")
+    parser.add_argument("--ca-dir", required=True, help="the client's development CA directory")
+    parser.add_argument("--label", default="worker", help="a human label for this process")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=3.0, help="QUIC idle timeout and orphan bound (s)"
+    )
+    return parser.parse_args(list(argv))
+
+
+async def _keepalive(node: Any, interval: float) -> None:
+    """Keep the parent link busy so that only a dead parent reaches the idle timeout."""
+    from chrysalis.nameserver import Consistency
+
+    manager = node.parent_manager
+    while True:
+        await asyncio.sleep(interval)
+        link = manager.current_link
+        if link is None:
+            continue
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(link.enumerate(None, 1, Consistency.CACHED), interval * 2)
+
+
+async def _watch_parent(node: Any, bound: float, orphaned: threading.Event) -> None:
+    """Set ``orphaned`` once the parent link has not been connected for ``bound`` seconds."""
+    from chrysalis.nameserver import ParentStatusKind
+
+    manager = node.parent_manager
+    loop = asyncio.get_running_loop()
+    down_since: float | None = None
+    while True:
+        await asyncio.sleep(min(0.25, bound / 4))
+        if manager.status.kind is ParentStatusKind.CONNECTED:
+            down_since = None
+            continue
+        now = loop.time()
+        if down_since is None:
+            down_since = now
+        elif now - down_since >= bound:
+            orphaned.set()
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one worker process until it is stopped or orphaned (see the module docstring)."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format=f"[{args.label}] %(name)s: %(message)s")
+
+    from chrysalis.core import Pid
+    from chrysalis.node import Node
+    from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
+    from monarch.actor._node_transport import NodeProcessTransport
+    from monarch.actor._runtime import ProcRuntime, _frame_limits
+
+    identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
+    loop = RuntimeLoop("monarch-worker")
+    loop.start()
+    orphaned = threading.Event()
+    node = Node.join(
+        identity,
+        args.parent,
+        Pid(bytes.fromhex(args.authority)),
+        quic_config=QuicConfig(idle_timeout=args.idle_timeout),
+    )
+    background: list[asyncio.Task[None]] = []
+
+    async def start() -> NodeProcessTransport:
+        await node.__aenter__()
+        await asyncio.wait_for(node.wait_connected(), _STARTUP_TIMEOUT)
+        transport = NodeProcessTransport(node, loop, limits=_frame_limits)
+        transport.start()
+        background.append(asyncio.create_task(_keepalive(node, args.idle_timeout / 4)))
+        background.append(asyncio.create_task(_watch_parent(node, args.idle_timeout, orphaned)))
+        return transport
+
+    try:
+        transport = asyncio.run_coroutine_threadsafe(start(), loop.loop).result(
+            _STARTUP_TIMEOUT + 5
+        )
+    except BaseException as exc:
+        sys.stderr.write(f"monarch worker {args.label}: could not join the client: {exc}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    runtime = ProcRuntime(transport, loop, args.label)
+    del runtime  # referenced by the transport's callbacks for the life of the process
+    sys.stdout.write(f"{identity.pid.hex()}\n")
+    sys.stdout.flush()
+
+    def exit_when_orphaned() -> None:
+        orphaned.wait()
+        sys.stderr.write(
+            f"monarch worker {args.label}: the parent link is gone; exiting (no orphans)\n"
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=exit_when_orphaned, name="orphan-watch", daemon=True).start()
+    while not transport.wait_closed(0.5):
+        pass
+
+    async def finish() -> None:
+        for task in background:
+            task.cancel()
+        await node.aclose()
+
+    deadline = time.monotonic() + 5.0
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(finish(), loop.loop).result(
+            max(0.1, deadline - time.monotonic())
+        )
+    loop.stop(timeout=1.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Proc meshes of real worker processes (``this_host().spawn_procs``) over Chrysalis Nodes.
+
+Every test kills the workers it started in ``finally`` (their OS pids come from an endpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monarch.actor import ActorError, ProcMesh, SupervisionError, this_host
+
+sys.path.insert(0, str(Path(__file__).parent))  # workers import procs_actors by name
+import contextlib
+
+from procs_actors import Counter
+
+T = 20.0
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # an exited process not reaped yet (a zombie) counts as gone
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True
+    except (OSError, IndexError):
+        return True
+    try:  # a zombie of ours: reap it
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == pid
+
+
+def _eventually_gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_gone(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[tuple[ProcMesh, Any, list[int]]]:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    pids: list[int] = []
+    try:
+        counters: Any = procs.spawn("counters", Counter, 10)
+        pids = counters.os_pid.call().get(timeout=T).values()
+        yield procs, counters, pids
+        procs.stop().get(timeout=T)
+    finally:
+        _kill(pids)
+
+
+def test_workers_are_separate_os_processes(mesh: tuple[ProcMesh, Any, list[int]]) -> None:
+    _, _, pids = mesh
+    assert len(set(pids)) == 2
+    assert os.getpid() not in pids
+
+
+def test_call_broadcast_call_one_and_slicing(mesh: tuple[ProcMesh, Any, list[int]]) -> None:
+    _, counters, _ = mesh
+    counters.incr.broadcast(5)  # ordered before the next call from this thread
+    assert counters.get.call().get(timeout=T).values() == [15, 16]
+    assert counters.slice(gpus=1).get.call_one().get(timeout=T) == 16
+    counters.slice(gpus=0).incr.broadcast(1)
+    assert counters.get.call().get(timeout=T).values() == [16, 16]
+    counters.slice(gpus=0).incr.broadcast(-1)
+
+
+def test_choose_reaches_one_worker(mesh: tuple[ProcMesh, Any, list[int]]) -> None:
+    _, counters, pids = mesh
+    assert counters.os_pid.choose().get(timeout=T) in pids
+
+
+def test_large_buffers_cross_processes(mesh: tuple[ProcMesh, Any, list[int]]) -> None:
+    _, counters, _ = mesh
+    data = os.urandom(3 * 1024 * 1024)
+    assert counters.slice(gpus=1).echo.call_one(data).get(timeout=T) == data
+
+
+def test_actor_error_reaches_the_caller_and_the_actor_lives_on(
+    mesh: tuple[ProcMesh, Any, list[int]],
+) -> None:
+    _, counters, _ = mesh
+    with pytest.raises(ActorError, match="boom in a worker"):
+        counters.slice(gpus=0).fail.call_one().get(timeout=T)
+    assert counters.slice(gpus=0).get.call_one().get(timeout=T) == 15
+
+
+def test_stop_ends_every_worker_cleanly() -> None:
+    procs = this_host().spawn_procs({"gpus": 2})
+    pids: list[int] = []
+    try:
+        assert procs._state is not None
+        group = procs._state.group
+        assert group is not None
+        counters: Any = procs.spawn("c", Counter, 0)
+        pids = counters.os_pid.call().get(timeout=T).values()
+        procs.stop().get(timeout=T)
+        assert [p.wait(timeout=T) for p in group.popens] == [0, 0]
+        with pytest.raises(SupervisionError):
+            counters.get.call().get(timeout=T)
+    finally:
+        _kill(pids)
+
+
+def test_killed_worker_makes_later_calls_to_its_rank_fail() -> None:
+    procs = this_host().spawn_procs({"gpus": 2})
+    pids: list[int] = []
+    try:
+        counters: Any = procs.spawn("c", Counter, 0)
+        pids = counters.os_pid.call().get(timeout=T).values()
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + T
+        failure: SupervisionError | None = None
+        while failure is None and time.monotonic() < deadline:  # the reaper notices the exit
+            try:
+                counters.slice(gpus=1).get.call_one().get(timeout=T)
+            except SupervisionError as error:
+                failure = error
+            time.sleep(0.05)
+        assert failure is not None, "calls to the killed rank kept succeeding"
+        assert "SIGKILL" in str(failure)
+        assert counters.slice(gpus=0).get.call_one().get(timeout=T) == 0  # rank 0 lives
+        procs.stop().get(timeout=T)  # still succeeds after a crash
+    finally:
+        _kill(pids)
+
+
+def test_workers_exit_when_the_client_is_killed(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from monarch.actor import this_host
+        from procs_actors import Counter
+        procs = this_host().spawn_procs({{"gpus": 2}})
+        pids = procs.spawn("c", Counter, 0).os_pid.call().get(timeout=20).values()
+        print(" ".join(map(str, pids)), flush=True)
+        time.sleep(60)
+        """
+    )
+    env = dict(os.environ, MONARCH_MESH_ORPHAN_TIMEOUT="1.0", TMPDIR=str(tmp_path))
+    client = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True
+    )
+    pids: list[int] = []
+    try:
+        assert client.stdout is not None
+        pids = [int(p) for p in client.stdout.readline().split()]
+        assert len(pids) == 2
+        client.send_signal(signal.SIGKILL)
+        client.wait(timeout=T)
+        assert _eventually_gone(pids, 10.0), "workers outlived their killed client"
+    finally:
+        client.kill()
+        client.wait(timeout=T)
+        if client.stdout is not None:
+            client.stdout.close()
+        _kill(pids)
