@@ -127,16 +127,24 @@ class _Runtime:
 class _LoopNotifier:
     """The driver notifier of the inline mode: resolves the driver task's wait future."""
 
-    __slots__ = ("flag", "future", "loop", "thread")
+    __slots__ = ("flag", "future", "io", "loop", "thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.thread = threading.get_ident()
-        self.flag = False
+        self.flag = False  # new submissions (the channels' driver notifier)
+        self.io = False  # a carrier waker fired (kept apart: a flush does not consume it)
         self.future: asyncio.Future[None] | None = None
+
+    def notify_io(self) -> None:
+        self.io = True
+        self._resolve()
 
     def notify(self) -> None:
         self.flag = True
+        self._resolve()
+
+    def _resolve(self) -> None:
         future = self.future
         if future is not None:
             if threading.get_ident() == self.thread:
@@ -493,17 +501,26 @@ class AsyncioEndpoint:
         try:
             while True:
                 notifier.flag = False
+                notifier.io = False
                 more = driver.step(flush=False)
                 if core.dispatch_ready():
                     # Let the woken tasks answer first: their data then leaves in the same
                     # packets as the acknowledgements of what they answer.
                     await asyncio.sleep(0)
-                driver.flush()
+                    # The flush's poll admits what they submitted: their notifications need
+                    # no further step unless the poll stopped at a bound.
+                    notifier.flag = False
+                    driver.flush()
+                else:
+                    # Nothing ran since the step's own poll: nothing new to admit.
+                    driver.flush(poll=False)
+                if driver.endpoint.backlogged:
+                    notifier.flag = True  # the last poll stopped at a bound: poll again
                 core.dispatch_ready()
                 if driver.endpoint.is_stopped or self._stop.is_set():
                     core.dispatch_ready()
                     break
-                if more or notifier.flag:
+                if more or notifier.flag or notifier.io:
                     await asyncio.sleep(0)
                     continue
                 await self._wait_inline(notifier, fds)
@@ -524,7 +541,7 @@ class AsyncioEndpoint:
         sock = driver.socket
         future: asyncio.Future[None] = loop.create_future()
         notifier.future = future
-        if notifier.flag:
+        if notifier.flag or notifier.io:
             notifier.future = None
             return
         timer: asyncio.TimerHandle | None = None
@@ -532,12 +549,12 @@ class AsyncioEndpoint:
         try:
             if not driver.socket_failed:
                 if not fds:
-                    sock.add_recv_waker(notifier.notify)
+                    sock.add_recv_waker(notifier.notify_io)
                 blocked = driver.blocked_destination
                 if blocked is not None:
                     write_fd = sock.send_readiness_fd(blocked)
                     if write_fd is None:
-                        sock.add_send_waker(blocked, notifier.notify)
+                        sock.add_send_waker(blocked, notifier.notify_io)
                     else:
                         loop.add_writer(write_fd, notifier.wake)
             deadline = driver.deadline

@@ -531,13 +531,18 @@ class EndpointDriver:
                 self._deadline = endpoint.get_timer()
             return more
 
-    def flush(self) -> None:
+    def flush(self, *, poll: bool = True) -> None:
         """Admit new submissions (``poll``), send the endpoint's output once and update
-        ``deadline``."""
+        ``deadline``.
+
+        ``poll=False`` skips admission: for an inline driver whose ``step(flush=False)`` woke
+        no task, so that nothing can have been submitted since that step's own ``poll``.
+        """
         with self._lock:
             now = self._clock()
             endpoint = self._endpoint
-            endpoint.poll(now)
+            if poll:
+                endpoint.poll(now)
             self._flush(now)
             self._deadline = endpoint.get_timer()
 

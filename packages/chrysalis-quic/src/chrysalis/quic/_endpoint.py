@@ -525,6 +525,7 @@ class QuicEndpoint:
 
     __slots__ = (
         "_active",
+        "_backlogged",
         "_channels",
         "_config",
         "_conn_refs",
@@ -548,8 +549,10 @@ class QuicEndpoint:
         "_routing_pid",
         "_shutdown_closed",
         "_staged",
+        "_stale",
         "_state",
         "_stopped_staged",
+        "_timers",
         "_wall_offset",
     )
 
@@ -593,6 +596,12 @@ class QuicEndpoint:
         self._next_key = 1
         self._next_nonce = 1
         self._dirty: dict[_Connection, None] = {}
+        # Engine timers are cached per connection: asking an engine scans its loss-detection
+        # state, so only connections touched since the last look (``_dirty`` and ``_stale``)
+        # are asked again. Every engine call that can move a timer marks its connection.
+        self._timers: dict[_Connection, float] = {}
+        self._stale: dict[_Connection, None] = {}
+        self._backlogged = False
         self._active: dict[_Connection, None] = {}
         self._reap: list[_Connection] = []
         self._outbox: list[tuple[bytes, DatagramAddr]] = []
@@ -636,6 +645,14 @@ class QuicEndpoint:
     def state(self) -> EndpointState:
         """RUNNING, DRAINING (shutdown or abort began) or STOPPED."""
         return self._state
+
+    @property
+    def backlogged(self) -> bool:
+        """True when the last ``poll`` stopped at ``max_submissions_per_poll`` and may have
+        left submissions or cancellations behind: the caller must poll again rather than
+        wait for a new notification. (Work held back by the staged-completion bound is not
+        counted: it waits for the application to consume completions.)"""
+        return self._backlogged
 
     @property
     def is_stopped(self) -> bool:
@@ -832,6 +849,7 @@ class QuicEndpoint:
             for conn in dirty:
                 if conn.terminated is not None and conn.engine.is_terminated:
                     continue
+                self._stale[conn] = None
                 try:
                     batch = conn.engine.datagrams_to_send(now)
                 except Exception:
@@ -850,20 +868,40 @@ class QuicEndpoint:
         return out
 
     def get_timer(self) -> float | None:
-        """The earliest time ``handle_timer`` must run (engine timers, shutdown deadline)."""
+        """The earliest time ``handle_timer`` must run (engine timers, shutdown deadline).
+
+        Only the engines of connections touched since the previous call are asked; the
+        others' timers come from the cache."""
+        if self._dirty or self._stale:
+            self._refresh_timers()
         timer = self._deadline
-        for conn in self._conns.values():
-            at = conn.engine.get_timer()
-            if at is not None and (timer is None or at < timer):
+        timers = self._timers
+        if timers:
+            at = min(timers.values())
+            if timer is None or at < timer:
                 timer = at
         return timer
 
+    def _refresh_timers(self) -> None:
+        timers = self._timers
+        conns = self._conns
+        for pending in (self._dirty, self._stale):
+            for conn in pending:
+                if conns.get(conn.ref) is not conn:
+                    continue
+                at = conn.engine.get_timer()
+                if at is None:
+                    timers.pop(conn, None)
+                else:
+                    timers[conn] = at
+        self._stale.clear()
+
     def handle_timer(self, now: float) -> None:
         """Fire every engine timer that is due and the shutdown deadline."""
-        for conn in list(self._conns.values()):
-            at = conn.engine.get_timer()
-            if at is None or at > now:
-                continue
+        if self._dirty or self._stale:
+            self._refresh_timers()
+        for conn in [conn for conn, at in self._timers.items() if at <= now]:
+            self._stale[conn] = None
             try:
                 conn.engine.handle_timer(now)
             except Exception:
@@ -1034,16 +1072,23 @@ class QuicEndpoint:
             return
         self._flush_staged()
         submissions = self._channels.submissions
+        bound = self._config.max_submissions_per_poll
         if len(self._staged) < self._config.max_staged_completions:
-            for cancel in submissions.drain_cancellations(self._config.max_submissions_per_poll):
+            cancels = submissions.drain_cancellations(bound)
+            for cancel in cancels:
                 conn = self._conns.get(cancel.stream.connection)
                 if conn is not None:
                     stream = conn.streams.get(cancel.stream.stream)
                     if stream is not None:
                         self._mark(conn, stream)
-            for item in submissions.drain(self._config.max_submissions_per_poll):
+            items = submissions.drain(bound)
+            for item in items:
                 self._submit(item, now)
             self._progress()
+            self._backlogged = len(cancels) >= bound or len(items) >= bound
+        else:
+            # Held back by staged completions: consuming them notifies; no busy polling.
+            self._backlogged = False
         if self._reap:
             self._reap_terminated(now)
         if self._state is EndpointState.RUNNING and submissions.is_closed():
@@ -1167,6 +1212,7 @@ class QuicEndpoint:
         sid = conn.next_local_sid
         if sid >= _STREAM_ID_LIMIT:
             return CommandFailed(CommandError.INVALID_ARGUMENT, "stream IDs exhausted")
+        self._stale[conn] = None
         try:
             conn.engine.open_stream(sid)
         except ValueError as exc:
@@ -1449,6 +1495,8 @@ class QuicEndpoint:
         (only for a connection the application knows: dialled, or accepted and judged)."""
         del self._conns[conn.ref]
         self._dirty.pop(conn, None)
+        self._stale.pop(conn, None)
+        self._timers.pop(conn, None)
         self._active.pop(conn, None)
         for cid in conn.cids:
             if self._routes.get(cid) is conn:

@@ -467,7 +467,10 @@ class TrioEndpoint:
                     # Let the woken tasks answer first (their data then rides with the
                     # acknowledgements of what they answer).
                     await trio.lowlevel.checkpoint()
-                driver.flush()
+                    driver.flush()
+                else:
+                    # Nothing ran since the step's own poll: nothing new to admit.
+                    driver.flush(poll=False)
                 core.dispatch_ready()
                 if driver.endpoint.is_stopped or self._stop.is_set():
                     core.dispatch_ready()
