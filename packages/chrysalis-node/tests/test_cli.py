@@ -200,3 +200,12 @@ def test_errors_are_one_line_and_exit_one(
     assert "set by the command itself" in capsys.readouterr().err
     assert main(["serve", "--identity-dir", str(tmp_path / "none")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_scale_is_handed_to_the_scale_tool(capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    code = main(["scale", "--nodes", "0"], out=io.StringIO())
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "chrysalis-scale: error: nodes must be in 2..4096, got 0"

@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ping.add_argument("--json", action="store_true", help="JSON output")
 
+    # `chrysalis scale ...` is handed whole to the scale tool (see main); listed here for --help.
+    commands.add_parser(
+        "scale", help="launch N local processes and measure them (chrysalis scale --help)"
+    )
+
     sqlite = commands.add_parser(
         "sqlite", parents=[common], help="a shell on a node's database (needs chrysalis-sqlite)"
     )
@@ -710,9 +715,14 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     ``out`` receives the normal output (default: stdout); errors go to stderr as one line.
     """
     stdout = sys.stdout if out is None else out
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["scale"]:
+        from chrysalis.node._scale import main as scale_main
+
+        return scale_main(["run", *raw[1:]], out=stdout)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(raw)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
     logging.basicConfig(

@@ -1,0 +1,830 @@
+"""The scale tool (upper spec 7.1-7.3): launch many Chrysalis processes, measure how long the
+root takes to resolve all of them and how fast a fresh stream echoes through the tree.
+
+Why a separate tool: the process tests prove that a handful of nodes form a tree; only a run
+with many processes shows what joining costs when dozens of children publish at once and the
+root's namespace grows entry by entry. ``python -m chrysalis.node._scale run --nodes N`` is the
+whole experiment on one host:
+
+placement (``plan_placement``, pure): ``flat`` puts every worker under the root (UDP); the
+default ``task-head`` groups ranks into tasks of ``nodes_per_task``; each task's first rank is
+a *head* (UDP plus a Unix socket ``task-<t>/head.sock``), task 0's head is the root itself,
+other heads join the root over UDP, and the remaining ranks of a task are *leaves* bound to a
+Unix socket only, joined to their head's ``head.sock`` and pinned to the head's PID.
+
+launch: the supervisor (this process) is rank 0, the root. Workers run
+``python -m chrysalis.node._scale worker ...`` with at most ``launch_concurrency`` starting at
+once (heads first, then leaves); a worker is *ready* when it printed its join token, which it
+does after its parent acknowledged its snapshot. Every worker keeps its stdin open as a
+lifeline: when the supervisor exits for any reason the pipe closes and the worker shuts down,
+so a run never leaves processes behind; ``ProcessGroup.stop`` also terminates, then kills.
+
+convergence (spec 7.3): the root waits on nameserver revision changes until its directory
+holds ``nodes`` entries, then confirms with a ``CACHED`` enumeration and resolves every
+worker's PID. ``join_seconds`` runs from just before the root node starts.
+
+echo: for every worker, one fresh stream per round (``dial`` with ``CACHED``), the request
+``[op u8 = 1][len u32 BE][payload]`` then FIN; the worker answers ``[len][payload]`` then FIN.
+The first round also sets up the QUIC connection to each worker (``first_echo``); later rounds
+open a fresh stream on the pooled connection (``echo``). Any other first byte makes the worker
+echo the raw stream, so ``chrysalis ping`` works against scale workers too.
+
+Output: ``[root] RESULT {json}`` on stdout (``ScaleResult.to_json``), progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, TextIO, final
+
+from chrysalis.core import DatagramAddr, Pid
+from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, UnixDatagramSocket
+from chrysalis.nameserver import Consistency, Found, Labels
+from chrysalis.node._node import JoinSettings, Node
+from chrysalis.quic import DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
+
+__all__ = [
+    "ECHO_OP",
+    "MAX_ECHO_PAYLOAD",
+    "MAX_NODES",
+    "LatencySummary",
+    "Placement",
+    "ProcessGroup",
+    "ScaleError",
+    "ScaleResult",
+    "ScaleSettings",
+    "decode_echo_reply",
+    "encode_echo_request",
+    "main",
+    "plan_placement",
+    "run_scale",
+    "summarize_latencies",
+]
+
+ECHO_OP: Final = 1
+"""First byte of a scale echo request; any other first byte asks for a raw echo."""
+MAX_ECHO_PAYLOAD: Final = 1024 * 1024
+"""Largest echo payload a worker accepts (a longer announced length ends the stream)."""
+MAX_NODES: Final = 4096
+"""Most processes one run may launch on one host."""
+_HEADER: Final = struct.Struct(">BI")
+_LENGTH: Final = struct.Struct(">I")
+_ECHO_STREAMS: Final = 256
+_STOP_GRACE: Final = 5.0
+_LINE_LIMIT: Final = 4096
+_MODULE: Final = "chrysalis.node._scale"
+
+Topology = Literal["flat", "task-head"]
+Role = Literal["root", "head", "leaf"]
+
+
+class ScaleError(Exception):
+    """A scale run failed: a worker exited or stayed silent, convergence or an echo timed out,
+    or an echo came back wrong. ``str`` says which (with the worker's stderr tail)."""
+
+
+# -- placement (pure) ---------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one rank runs: its ``task``, its ``role`` and tree ``level``, and the rank of its
+    parent (``None`` for the root)."""
+
+    rank: int
+    task: int
+    role: Role
+    level: int
+    parent: int | None
+
+
+def plan_placement(nodes: int, nodes_per_task: int, topology: Topology) -> tuple[Placement, ...]:
+    """The placement of ranks ``0 .. nodes - 1`` (spec 7.2).
+
+    ``flat``: rank 0 is the root, every other rank a level-1 leaf under it. ``task-head``:
+    task ``i`` holds ranks ``[i * npt, min((i + 1) * npt, nodes))``; its first rank is the head
+    (the root for task 0, a level-1 head under the root otherwise) and the others are leaves
+    under their task's head. ``ValueError`` for ``nodes`` outside ``2 .. MAX_NODES``, a
+    ``nodes_per_task`` below 1 or an unknown topology.
+    """
+    if not 2 <= nodes <= MAX_NODES:
+        raise ValueError(f"nodes must be in 2..{MAX_NODES}, got {nodes}")
+    if nodes_per_task < 1:
+        raise ValueError(f"nodes_per_task must be at least 1, got {nodes_per_task}")
+    if topology not in ("flat", "task-head"):
+        raise ValueError(f"unknown topology {topology!r} (flat or task-head)")
+    placements = []
+    for rank in range(nodes):
+        task = rank // nodes_per_task
+        if rank == 0:
+            placements.append(Placement(0, 0, "root", 0, None))
+        elif topology == "flat":
+            placements.append(Placement(rank, task, "leaf", 1, 0))
+        elif rank % nodes_per_task == 0:
+            placements.append(Placement(rank, task, "head", 1, 0))
+        else:
+            head = task * nodes_per_task
+            placements.append(Placement(rank, task, "leaf", 1 if head == 0 else 2, head))
+    return tuple(placements)
+
+
+# -- echo codec (pure) --------------------------------------------------------------------------
+
+
+def encode_echo_request(payload: bytes) -> bytes:
+    """``[ECHO_OP][len u32 BE][payload]`` (``ValueError`` above ``MAX_ECHO_PAYLOAD``)."""
+    if len(payload) > MAX_ECHO_PAYLOAD:
+        raise ValueError(f"echo payload of {len(payload)} bytes exceeds {MAX_ECHO_PAYLOAD}")
+    return _HEADER.pack(ECHO_OP, len(payload)) + payload
+
+
+def decode_echo_reply(reply: bytes, expected: bytes) -> None:
+    """Check a reply ``[len u32 BE][payload]`` against ``expected`` (``ScaleError`` if not)."""
+    if len(reply) < _LENGTH.size:
+        raise ScaleError(f"echo reply of {len(reply)} bytes has no length prefix")
+    (length,) = _LENGTH.unpack_from(reply)
+    body = reply[_LENGTH.size :]
+    if length != len(expected) or body != expected:
+        raise ScaleError(
+            f"echo mismatch: announced {length}, got {len(body)} bytes, expected {len(expected)}"
+        )
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Milliseconds of ``count`` operations: nearest-rank p50 and p90, mean and maximum."""
+
+    count: int
+    p50_ms: float
+    p90_ms: float
+    mean_ms: float
+    max_ms: float
+
+    def to_json(self) -> dict[str, float | int]:
+        """A JSON-ready record."""
+        return {
+            "count": self.count,
+            "p50_ms": self.p50_ms,
+            "p90_ms": self.p90_ms,
+            "mean_ms": self.mean_ms,
+            "max_ms": self.max_ms,
+        }
+
+
+def _nearest_rank(ordered: Sequence[float], fraction: float) -> float:
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def summarize_latencies(seconds: Sequence[float]) -> LatencySummary:
+    """Summarise latencies given in seconds (``ValueError`` for none, or a negative or
+    non-finite one)."""
+    if not seconds:
+        raise ValueError("no latencies to summarise")
+    if any(not math.isfinite(s) or s < 0 for s in seconds):
+        raise ValueError("latencies must be finite and non-negative")
+    ordered = sorted(s * 1000 for s in seconds)
+    return LatencySummary(
+        len(ordered),
+        _nearest_rank(ordered, 0.5),
+        _nearest_rank(ordered, 0.9),
+        sum(ordered) / len(ordered),
+        ordered[-1],
+    )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ScaleSettings:
+    """One run (spec 7.1): ``nodes`` processes including the root, ``nodes_per_task`` and
+    ``topology`` for placement, at most ``launch_concurrency`` workers starting at once,
+    ``echo_concurrency`` echoes in flight, ``echo_rounds`` fresh streams per worker (the first
+    also connects), bounded by ``join_timeout`` and ``echo_timeout`` seconds. Workers use the
+    QUIC ``idle_timeout`` and keep their parent link alive every quarter of it. ``host`` is the
+    IPv4 address UDP carriers bind."""
+
+    nodes: int
+    nodes_per_task: int = 100
+    topology: Topology = "task-head"
+    launch_concurrency: int = 8
+    echo_concurrency: int = 1
+    echo_rounds: int = 3
+    echo_payload: int = 1
+    join_timeout: float = 300.0
+    echo_timeout: float = 120.0
+    idle_timeout: float = 60.0
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        plan_placement(self.nodes, self.nodes_per_task, self.topology)
+        if self.launch_concurrency < 1 or self.echo_concurrency < 1 or self.echo_rounds < 1:
+            raise ValueError("concurrencies and echo_rounds must be at least 1")
+        if not 0 <= self.echo_payload <= MAX_ECHO_PAYLOAD:
+            raise ValueError(f"echo_payload must be in 0..{MAX_ECHO_PAYLOAD}")
+        for name in ("join_timeout", "echo_timeout", "idle_timeout"):
+            value = getattr(self, name)
+            if not 0.1 <= value <= 7200:
+                raise ValueError(f"{name} must be in 0.1..7200 seconds, got {value}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ScaleResult:
+    """What a run measured (spec 7.3's RESULT line plus percentiles).
+
+    ``launch_seconds``: from the root's start until the last worker was ready;
+    ``join_seconds``: until every process was resolvable at the root; ``first_echo``: fresh
+    stream plus a new QUIC connection per worker; ``echo``: fresh streams on pooled
+    connections (``None`` with one round); ``echo_seconds`` and ``echoes_per_second`` cover
+    every echo of every round.
+    """
+
+    settings: ScaleSettings
+    tasks: int
+    children: int
+    launch_seconds: float
+    join_seconds: float
+    echo_seconds: float
+    first_echo: LatencySummary
+    echo: LatencySummary | None
+
+    @property
+    def echoes_per_second(self) -> float:
+        """Echo operations per second over the whole echo phase."""
+        total = self.first_echo.count + (0 if self.echo is None else self.echo.count)
+        return total / self.echo_seconds if self.echo_seconds > 0 else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``chrysalis_scale_result`` record."""
+        s = self.settings
+        return {
+            "event": "chrysalis_scale_result",
+            "nodes": s.nodes,
+            "tasks": self.tasks,
+            "nodes_per_task": s.nodes_per_task,
+            "topology": s.topology,
+            "identity_concurrency": s.launch_concurrency,
+            "children": self.children,
+            "launch_seconds": self.launch_seconds,
+            "join_seconds": self.join_seconds,
+            "echo_seconds": self.echo_seconds,
+            "echoes_per_second": self.echoes_per_second,
+            "echo_rounds": s.echo_rounds,
+            "concurrency": s.echo_concurrency,
+            "first_echo": self.first_echo.to_json(),
+            "echo": None if self.echo is None else self.echo.to_json(),
+            "mean_echo_millis": (self.echo or self.first_echo).mean_ms,
+            "max_echo_millis": (self.echo or self.first_echo).max_ms,
+        }
+
+
+# -- process launching --------------------------------------------------------------------------
+
+
+@final
+class ProcessGroup:
+    """Child processes that each print one ready line on stdout, then run until their stdin
+    closes. ``launch`` starts commands with bounded concurrency and returns their first lines;
+    ``stop`` closes every stdin, waits ``grace`` seconds, then terminates and kills. Every
+    process ever started is stopped, also after a failed launch."""
+
+    __slots__ = ("_env", "_logs", "_procs")
+
+    def __init__(self, logs: Path, env: dict[str, str] | None = None) -> None:
+        self._logs = logs
+        self._env = env
+        self._procs: list[asyncio.subprocess.Process] = []
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    async def launch(
+        self,
+        commands: Sequence[Sequence[str]],
+        *,
+        names: Sequence[str],
+        concurrency: int,
+        timeout: float,
+    ) -> list[str]:
+        """Start every command (at most ``concurrency`` not yet ready at once) and return
+        each one's first stdout line; ``ScaleError`` if one exits or stays silent for
+        ``timeout`` seconds."""
+        if len(names) != len(commands):
+            raise ValueError("one name per command")
+        slots = asyncio.Semaphore(concurrency)
+        self._logs.mkdir(parents=True, exist_ok=True)
+
+        async def start(command: Sequence[str], name: str) -> str:
+            async with slots:
+                log_path = self._logs / f"{name}.log"
+                with open(log_path, "wb") as log:
+                    proc = await asyncio.create_subprocess_exec(
+                        *command,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=log,
+                        env=self._env,
+                        limit=_LINE_LIMIT,
+                    )
+                self._procs.append(proc)
+                assert proc.stdout is not None
+                try:
+                    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+                except (TimeoutError, ValueError):
+                    line = b""
+                if not line.endswith(b"\n"):
+                    tail = log_path.read_bytes()[-1500:].decode(errors="replace")
+                    raise ScaleError(f"{name} exited or was not ready within {timeout:g} s: {tail}")
+                return line.decode(errors="replace").strip()
+
+        tasks = [asyncio.ensure_future(start(c, n)) for c, n in zip(commands, names, strict=True)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def stop(self, grace: float = _STOP_GRACE) -> None:
+        """Close every lifeline, then terminate and kill what is still running (bounded)."""
+        procs, self._procs = self._procs, []
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        waits = [asyncio.ensure_future(proc.wait()) for proc in procs]
+        if not waits:
+            return
+        _done, pending = await asyncio.wait(waits, timeout=grace)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not pending:
+                break
+            for proc in procs:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+            _done, pending = await asyncio.wait(pending, timeout=grace)
+        for wait in pending:
+            wait.cancel()
+
+
+# -- worker -------------------------------------------------------------------------------------
+
+
+def _labels(placement: Placement, topology: str) -> Labels:
+    return Labels(
+        [
+            ("client", "chrysalis-scale"),
+            ("level", str(placement.level)),
+            ("rank", str(placement.rank)),
+            ("role", placement.role),
+            ("task", str(placement.task)),
+            ("topology", topology),
+        ]
+    )
+
+
+def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
+    members: list[DatagramSocket] = []
+    try:
+        if udp is not None:
+            members.append(UdpSocket.bind(udp))
+        if unix is not None:
+            members.append(UnixDatagramSocket.bind(unix))
+    except BaseException:
+        for member in members:
+            member.shutdown()
+        raise
+    if not members:
+        raise ValueError("a node needs a UDP or a Unix carrier")
+    return members[0] if len(members) == 1 else DatagramSocketSet(members[0], *members[1:])
+
+
+async def _serve_echo(stream: Any, slots: asyncio.Semaphore) -> None:
+    try:
+        first = await stream.read(1)
+        if first == bytes([ECHO_OP]):
+            (length,) = _LENGTH.unpack(await stream.readexactly(_LENGTH.size))
+            if length > MAX_ECHO_PAYLOAD:
+                raise ScaleError(f"echo of {length} bytes refused")
+            stream.write(_LENGTH.pack(length) + await stream.readexactly(length))
+        else:
+            data = first
+            while data:
+                stream.write(data)
+                await stream.drain()
+                data = await stream.read(64 * 1024)
+        stream.write_eof()
+    except Exception:  # a broken or hostile stream ends itself, never the worker
+        with contextlib.suppress(Exception):
+            stream.write_eof()
+    finally:
+        slots.release()
+
+
+async def _echo_service(node: Node) -> None:
+    slots = asyncio.Semaphore(_ECHO_STREAMS)
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            await slots.acquire()
+            _peer, stream = await node.accept()
+            task = asyncio.create_task(_serve_echo(stream, slots))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _keepalive(node: Node, interval: float) -> None:
+    manager = node.parent_manager
+    while manager is not None:
+        await asyncio.sleep(interval)
+        link = manager.current_link
+        if link is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(link.enumerate(None, 1, Consistency.CACHED), interval * 2)
+
+
+async def _worker(args: argparse.Namespace, out: TextIO) -> int:
+    placement = Placement(args.rank, args.task, args.role, args.level, None)
+    identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
+    udp = None if args.udp is None else DatagramAddr.parse(args.udp)
+    carrier = _carrier(udp, args.unix)
+    parent = JoinSettings(
+        DatagramAddr.parse(args.parent),
+        None if args.authority is None else Pid.parse(args.authority),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    if args.lifeline:
+
+        def on_stdin() -> None:
+            try:
+                data = os.read(sys.stdin.fileno(), 4096)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(sys.stdin.fileno())
+                stop.set()
+
+        loop.add_reader(sys.stdin.fileno(), on_stdin)
+    node = Node(
+        identity,
+        carrier=carrier,
+        parent=parent,
+        labels=_labels(placement, args.topology),
+        quic_config=QuicConfig(idle_timeout=args.idle_timeout),
+    )
+    async with node:
+        connected = asyncio.ensure_future(node.wait_connected())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([connected, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not connected.done():
+            connected.cancel()
+            return 1
+        stopped.cancel()
+        connected.result()
+        background = [
+            asyncio.create_task(_echo_service(node)),
+            asyncio.create_task(_keepalive(node, args.idle_timeout / 4)),
+        ]
+        out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
+        out.flush()
+        await stop.wait()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+    return 0
+
+
+# -- supervisor and root ------------------------------------------------------------------------
+
+
+def _worker_command(
+    settings: ScaleSettings,
+    placement: Placement,
+    *,
+    udp: str | None,
+    unix: str | None,
+    parent: str,
+    authority: str | None,
+    ca_dir: Path,
+) -> list[str]:
+    command = [
+        sys.executable, "-m", _MODULE, "worker",
+        "--rank", str(placement.rank), "--task", str(placement.task),
+        "--role", placement.role, "--level", str(placement.level),
+        "--topology", settings.topology, "--parent", parent,
+        "--ca-dir", str(ca_dir), "--idle-timeout", str(settings.idle_timeout), "--lifeline",
+    ]  # fmt: skip
+    if authority is not None:
+        command += ["--authority", authority]
+    if udp is not None:
+        command += ["--udp", udp]
+    if unix is not None:
+        command += ["--unix", unix]
+    return command
+
+
+def _split_token(line: str, name: str) -> tuple[str, str]:
+    address, sep, authority = line.rpartition("?authority=")
+    if not sep or len(authority) != 32:
+        raise ScaleError(f"{name} printed {line[:200]!r}, not a join token")
+    return address, authority
+
+
+async def _wait_converged(root: Node, nodes: int, timeout: float, progress: TextIO) -> None:
+    service = root.nameserver
+    step = max(1, nodes // 10)
+    reported = 0
+
+    def visible_len() -> int:  # the directory holds the subtree; the root's own entry is apart
+        return len(service.directory) + (service.local_entry is not None)
+
+    async def converge() -> None:
+        nonlocal reported
+        seen = service.revisions.version
+        while (visible := visible_len()) < nodes:
+            if visible >= reported + step:
+                reported = visible - visible % step
+                progress.write(f"[root] joined {visible}/{nodes}\n")
+            seen = await service.revisions.wait_change(seen)
+
+    try:
+        await asyncio.wait_for(converge(), timeout)
+    except TimeoutError:
+        raise ScaleError(
+            f"only {visible_len()}/{nodes} processes visible after {timeout:g} s"
+        ) from None
+
+
+async def _echo_round(
+    root: Node, pids: Sequence[Pid], settings: ScaleSettings, clock: Callable[[], float]
+) -> list[float]:
+    slots = asyncio.Semaphore(settings.echo_concurrency)
+    payload = b"\x2a" * settings.echo_payload
+    request = encode_echo_request(payload)
+
+    async def one(pid: Pid) -> float:
+        async with slots:
+            started = clock()
+            stream = await root.dial(pid, Consistency.CACHED)
+            stream.write(request)
+            stream.write_eof()
+            decode_echo_reply(await stream.read(-1), payload)
+            return clock() - started
+
+    return list(await asyncio.gather(*(one(pid) for pid in pids)))
+
+
+async def run_scale(
+    settings: ScaleSettings,
+    *,
+    workdir: Path | None = None,
+    progress: TextIO = sys.stderr,
+) -> ScaleResult:
+    """Launch the run described by ``settings`` (this process is the root), measure it and
+    stop every worker. ``workdir`` holds the CA, the Unix sockets and the worker logs (a fresh
+    temporary directory, removed afterwards, if ``None``). ``ScaleError`` on any failure."""
+    placements = plan_placement(settings.nodes, settings.nodes_per_task, settings.topology)
+    owned = workdir is None
+    # Unix socket paths are limited to 107 bytes: keep the directory short.
+    work = Path(tempfile.mkdtemp(prefix="chrysalis-scale-")) if workdir is None else workdir
+    loop = asyncio.get_running_loop()
+    group = ProcessGroup(work / "logs")
+    try:
+        ca_dir = work / "ca"
+        DevelopmentCA.load_or_create(ca_dir)  # once, before any worker issues from it
+        tasks = placements[-1].task + 1
+
+        def head_sock(task: int) -> str:
+            (work / f"task-{task}").mkdir(exist_ok=True)
+            return str(work / f"task-{task}" / "head.sock")
+
+        started = loop.time()
+        root_identity = DevelopmentIdentityProvider(ca_dir).issue_identity()
+        udp = DatagramAddr.udp(settings.host, 0)
+        root_unix = head_sock(0) if settings.topology == "task-head" else None
+        root = Node(
+            root_identity,
+            carrier=_carrier(udp, root_unix),
+            labels=_labels(placements[0], settings.topology),
+            quic_config=QuicConfig(idle_timeout=settings.idle_timeout),
+        )
+        async with root:
+            root_token = (str(root.local_addr), root.pid.hex())
+            joined: dict[int, tuple[str, str]] = {0: root_token}
+
+            async def launch(batch: Sequence[Placement]) -> None:
+                commands = []
+                for p in batch:
+                    assert p.parent is not None
+                    if p.role == "head" or settings.topology == "flat":
+                        parent, authority = joined[0]
+                        own_udp, own_unix = (
+                            str(udp),
+                            head_sock(p.task) if p.role == "head" else None,
+                        )
+                    else:
+                        parent = str(DatagramAddr.unixgram(head_sock(p.task)))
+                        authority = joined[p.parent][1]
+                        own_udp, own_unix = None, str(work / f"task-{p.task}/node-{p.rank}.sock")
+                    commands.append(
+                        _worker_command(
+                            settings,
+                            p,
+                            udp=own_udp,
+                            unix=own_unix,
+                            parent=parent,
+                            authority=authority,
+                            ca_dir=ca_dir,
+                        )
+                    )
+                names = [f"rank-{p.rank}" for p in batch]
+                remaining = settings.join_timeout - (loop.time() - started)
+                lines = await group.launch(
+                    commands,
+                    names=names,
+                    concurrency=settings.launch_concurrency,
+                    timeout=max(0.1, remaining),
+                )
+                for p, name, line in zip(batch, names, lines, strict=True):
+                    joined[p.rank] = _split_token(line, name)
+
+            await launch([p for p in placements if p.role == "head"])
+            await launch([p for p in placements if p.role == "leaf"])
+            launch_seconds = loop.time() - started
+            progress.write(f"[root] {len(group)} workers ready after {launch_seconds:.2f} s\n")
+            pids = [Pid.parse(joined[p.rank][1]) for p in placements[1:]]
+
+            def missing() -> list[int]:
+                resolve = root.nameserver.resolve
+                return [
+                    p.rank
+                    for p, pid in zip(placements[1:], pids, strict=True)
+                    if not isinstance(resolve(pid), Found)
+                ]
+
+            remaining = settings.join_timeout - launch_seconds
+            try:
+                await _wait_converged(root, settings.nodes, max(0.1, remaining), progress)
+            except ScaleError as exc:
+                raise ScaleError(f"{exc}; unresolvable ranks: {missing()[:20]}") from None
+            entries = await root.enumerate(Consistency.CACHED)
+            if len(entries) != settings.nodes or missing():
+                raise ScaleError(
+                    f"enumerated {len(entries)} of {settings.nodes}; unresolvable ranks: "
+                    f"{missing()[:20]}"
+                )
+            join_seconds = loop.time() - started
+            progress.write(f"[root] all {settings.nodes} resolvable after {join_seconds:.2f} s\n")
+
+            echo_started = loop.time()
+            rounds: list[list[float]] = []
+            try:
+                async with asyncio.timeout(settings.echo_timeout):
+                    for _ in range(settings.echo_rounds):
+                        rounds.append(await _echo_round(root, pids, settings, loop.time))
+            except TimeoutError:
+                raise ScaleError(
+                    f"echoes did not finish within {settings.echo_timeout:g} s"
+                ) from None
+            echo_seconds = loop.time() - echo_started
+            later = [sample for samples in rounds[1:] for sample in samples]
+            return ScaleResult(
+                settings,
+                tasks,
+                len(pids),
+                launch_seconds,
+                join_seconds,
+                echo_seconds,
+                summarize_latencies(rounds[0]),
+                summarize_latencies(later) if later else None,
+            )
+    finally:
+        await group.stop()
+        if owned:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m chrysalis.node._scale",
+        description="Launch many Chrysalis processes on this host and measure them.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="one sweep: launch, converge, echo (spec 7.3)")
+    env = os.environ.get
+    run.add_argument("--nodes", type=int, default=int(env("CHRYSALIS_SCALE_NODES", "0")) or None)
+    run.add_argument(
+        "--nodes-per-task", type=int, default=int(env("CHRYSALIS_SCALE_NODES_PER_TASK", "100"))
+    )
+    run.add_argument(
+        "--topology",
+        choices=("flat", "task-head"),
+        default=env("CHRYSALIS_SCALE_TOPOLOGY", "task-head"),
+    )
+    run.add_argument(
+        "--identity-concurrency",
+        type=int,
+        default=int(env("CHRYSALIS_SCALE_IDENTITY_CONCURRENCY", "8")),
+        help="workers starting at once (8)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(env("CHRYSALIS_SCALE_CONCURRENCY", "1")),
+        help="echoes in flight (1: latency without queueing)",
+    )
+    run.add_argument("--echo-rounds", type=int, default=3)
+    run.add_argument("--join-timeout-secs", type=float, default=300.0)
+    run.add_argument("--echo-timeout-secs", type=float, default=120.0)
+    run.add_argument("--idle-timeout", type=float, default=60.0)
+    run.add_argument("--host", default="127.0.0.1", help="IPv4 address UDP carriers bind")
+    run.add_argument("--json", type=Path, help="also write the result record to this file")
+
+    worker = commands.add_parser("worker", help=argparse.SUPPRESS)
+    worker.add_argument("--rank", type=int, required=True)
+    worker.add_argument("--task", type=int, required=True)
+    worker.add_argument("--role", choices=("head", "leaf"), required=True)
+    worker.add_argument("--level", type=int, required=True)
+    worker.add_argument("--topology", choices=("flat", "task-head"), required=True)
+    worker.add_argument("--parent", required=True)
+    worker.add_argument("--authority")
+    worker.add_argument("--udp")
+    worker.add_argument("--unix")
+    worker.add_argument("--ca-dir", type=Path, required=True)
+    worker.add_argument("--idle-timeout", type=float, default=60.0)
+    worker.add_argument("--lifeline", action="store_true", help="exit when stdin closes")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
+    """``run``: print ``[root] RESULT {json}`` (exit 0) or one error line (exit 1); usage
+    errors exit 2. ``worker``: one scale worker (launched by ``run``)."""
+    stdout = sys.stdout if out is None else out
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        if args.command == "worker":
+            return asyncio.run(_worker(args, stdout))
+        if args.nodes is None:
+            parser.error("run needs --nodes (or CHRYSALIS_SCALE_NODES)")
+        settings = ScaleSettings(
+            args.nodes,
+            args.nodes_per_task,
+            args.topology,
+            launch_concurrency=args.identity_concurrency,
+            echo_concurrency=args.concurrency,
+            echo_rounds=args.echo_rounds,
+            join_timeout=args.join_timeout_secs,
+            echo_timeout=args.echo_timeout_secs,
+            idle_timeout=args.idle_timeout,
+            host=args.host,
+        )
+        result = asyncio.run(run_scale(settings))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    except (ScaleError, ValueError, OSError) as exc:
+        message = str(exc) or type(exc).__name__
+        print(f"chrysalis-scale: error: {message.splitlines()[0]}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    record = result.to_json()
+    if args.json is not None:
+        args.json.write_text(json.dumps(record))
+    stdout.write(f"[root] RESULT {json.dumps(record)}\n")
+    stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""The scale tool (``chrysalis.node._scale``): placement, the echo codec, latency summaries,
+the launcher's failure handling, the worker's echo service, and one tiny real run that must
+leave no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chrysalis.node._scale import (
+    ECHO_OP,
+    MAX_ECHO_PAYLOAD,
+    ProcessGroup,
+    ScaleError,
+    ScaleSettings,
+    _serve_echo,
+    decode_echo_reply,
+    encode_echo_request,
+    main,
+    plan_placement,
+    run_scale,
+    summarize_latencies,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    nodes=st.integers(2, 400),
+    per_task=st.integers(1, 64),
+    topology=st.sampled_from(["flat", "task-head"]),
+)
+def test_placement_is_a_tree_rooted_at_rank_zero(nodes: int, per_task: int, topology: str) -> None:
+    plan = plan_placement(nodes, per_task, topology)  # type: ignore[arg-type]
+    assert [p.rank for p in plan] == list(range(nodes))
+    assert plan[0].role == "root"
+    assert plan[0].parent is None
+    assert plan[0].level == 0
+    for p in plan[1:]:
+        assert p.parent is not None
+        assert p.parent < p.rank
+        parent = plan[p.parent]
+        assert parent.role in ("root", "head")
+        assert p.level == parent.level + 1
+        assert p.task == p.rank // per_task
+        if topology == "flat":
+            assert p.role == "leaf"
+            assert p.parent == 0
+        elif p.rank % per_task == 0:
+            assert p.role == "head"
+            assert p.parent == 0
+        else:
+            assert p.role == "leaf"
+            assert p.parent == p.task * per_task
+    heads = sum(p.role in ("root", "head") for p in plan)
+    assert heads == (1 if topology == "flat" else -(-nodes // per_task))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "per_task", "topology"),
+    [(1, 10, "flat"), (5000, 10, "flat"), (10, 0, "task-head"), (10, 5, "ring")],
+)
+def test_placement_rejects_invalid_runs(nodes: int, per_task: int, topology: str) -> None:
+    with pytest.raises(ValueError):
+        plan_placement(nodes, per_task, topology)  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(payload=st.binary(max_size=2048))
+def test_echo_request_and_reply_round_trip(payload: bytes) -> None:
+    request = encode_echo_request(payload)
+    op, length = struct.unpack_from(">BI", request)
+    assert (op, length, request[5:]) == (ECHO_OP, len(payload), payload)
+    decode_echo_reply(struct.pack(">I", length) + request[5:], payload)
+    with pytest.raises(ScaleError):
+        decode_echo_reply(struct.pack(">I", length) + request[5:] + b"x", payload)
+
+
+def test_echo_codec_rejects_oversize_short_and_wrong_replies() -> None:
+    with pytest.raises(ValueError, match="exceeds"):
+        encode_echo_request(bytes(MAX_ECHO_PAYLOAD + 1))
+    with pytest.raises(ScaleError, match="no length prefix"):
+        decode_echo_reply(b"\x00\x00", b"*")
+    with pytest.raises(ScaleError, match="mismatch"):
+        decode_echo_reply(b"\x00\x00\x00\x01+", b"*")
+
+
+def test_latency_summary_uses_nearest_rank_percentiles_in_milliseconds() -> None:
+    summary = summarize_latencies([i / 1000 for i in range(10, 0, -1)])  # 1..10 ms, unsorted
+    assert (summary.count, summary.p50_ms, summary.p90_ms, summary.max_ms) == (10, 5, 9, 10)
+    assert summary.mean_ms == pytest.approx(5.5)
+    with pytest.raises(ValueError):
+        summarize_latencies([])
+    with pytest.raises(ValueError):
+        summarize_latencies([0.1, -0.001])
+
+
+def test_settings_reject_zero_concurrency_and_bad_timeouts() -> None:
+    with pytest.raises(ValueError):
+        ScaleSettings(4, launch_concurrency=0)
+    with pytest.raises(ValueError):
+        ScaleSettings(4, join_timeout=0)
+    with pytest.raises(ValueError):
+        ScaleSettings(1)
+
+
+class FakeStream:
+    def __init__(self, data: bytes) -> None:
+        self.reader = asyncio.StreamReader()
+        self.reader.feed_data(data)
+        self.reader.feed_eof()
+        self.written = bytearray()
+        self.eof = False
+
+    async def read(self, n: int = -1) -> bytes:
+        return await self.reader.read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self.reader.readexactly(n)
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    async def drain(self) -> None:
+        return None
+
+
+def _serve(data: bytes) -> FakeStream:
+    async def go() -> FakeStream:
+        stream = FakeStream(data)
+        slots = asyncio.Semaphore(1)
+        await slots.acquire()
+        await _serve_echo(stream, slots)
+        assert not slots.locked()  # the slot is always returned
+        return stream
+
+    return asyncio.run(go())
+
+
+def test_worker_echo_answers_length_and_payload() -> None:
+    stream = _serve(encode_echo_request(b"hello"))
+    assert bytes(stream.written) == b"\x00\x00\x00\x05hello"
+    assert stream.eof
+
+
+def test_worker_echo_returns_other_streams_raw() -> None:
+    stream = _serve(b"plain text")
+    assert bytes(stream.written) == b"plain text"
+    assert stream.eof
+
+
+def test_worker_echo_refuses_an_oversize_length_without_reading_it() -> None:
+    stream = _serve(struct.pack(">BI", ECHO_OP, MAX_ECHO_PAYLOAD + 1) + b"x")
+    assert bytes(stream.written) == b""
+    assert stream.eof
+
+
+def test_worker_echo_survives_a_truncated_request() -> None:
+    stream = _serve(struct.pack(">BI", ECHO_OP, 10) + b"abc")
+    assert bytes(stream.written) == b""
+    assert stream.eof
+
+
+def test_launcher_reports_a_process_that_exits_before_its_ready_line(tmp_path: Path) -> None:
+    async def go() -> None:
+        group = ProcessGroup(tmp_path)
+        try:
+            with pytest.raises(ScaleError, match=r"broken.*boom"):
+                await group.launch(
+                    [[sys.executable, "-c", "import sys; sys.exit('boom')"]],
+                    names=["broken"],
+                    concurrency=1,
+                    timeout=10,
+                )
+        finally:
+            await group.stop()
+
+    asyncio.run(go())
+
+
+def test_launcher_times_out_a_silent_process_and_stop_ends_it(tmp_path: Path) -> None:
+    async def go() -> list[int | None]:
+        group = ProcessGroup(tmp_path)
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+        try:
+            with pytest.raises(ScaleError, match="silent"):
+                await group.launch(
+                    [[sys.executable, "-c", code]], names=["silent"], concurrency=1, timeout=0.5
+                )
+        finally:
+            procs = list(group._procs)
+            await group.stop(grace=0.5)
+        return [proc.returncode for proc in procs]
+
+    assert asyncio.run(go()) == [-9]  # ignored stdin EOF and SIGTERM: killed
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+def test_tiny_run_converges_echoes_and_leaves_no_worker_behind(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    config = ScaleSettings(4, nodes_per_task=2, echo_rounds=2, join_timeout=60, echo_timeout=30)
+    result = asyncio.run(run_scale(config, workdir=work))
+    assert (result.tasks, result.children) == (2, 3)
+    assert 0 < result.launch_seconds <= result.join_seconds
+    assert result.first_echo.count == 3
+    assert result.echo is not None
+    assert result.echo.count == 3
+    record = result.to_json()
+    assert record["event"] == "chrysalis_scale_result"
+    assert record["nodes"] == 4
+    assert _processes_mentioning(str(work)) == []
+
+
+def test_command_line_usage_errors_exit_2() -> None:
+    assert main(["run"]) == 2
+    assert main(["run", "--nodes", "1"]) == 1  # valid syntax, invalid run: one error line
