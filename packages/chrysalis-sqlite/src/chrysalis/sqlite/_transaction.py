@@ -11,6 +11,15 @@ Application rows, log, clock and winners therefore commit or roll back together.
 
 Each transaction is bounded (``MAX_CHANGES_PER_VERSION`` mutations, ``MAX_VERSION_BYTES``
 encoded bytes) so that one version always fits one outbound batch.
+
+Why the capture path is shaped for speed: capture overhead is measured against plain inserts
+(``benchmarks/sqlite_capture.py``). Per captured row the irreducible work is the read-back (or
+``RETURNING``) and the encoding; everything else is batched. Captures are kept as one flat
+list ``[table, key, row, table, key, row, ...]`` (no per-row record objects), and ``commit``
+appends them to the change log with multi-row ``INSERT`` statements of constant SQL text, then
+derives every row winner from those log rows in one ``INSERT ... SELECT`` (see ``_sql``). The
+statements and their order are an implementation detail: what commits is exactly one log row
+and one winner per mutation, numbered in capture order, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from chrysalis.sqlite import _sql
 from chrysalis.sqlite._errors import (
     CodecError,
+    CorruptMetadataError,
     InvalidMutationError,
     MissingRowError,
     NonUniqueKeyError,
@@ -57,6 +67,9 @@ TransactionBehavior = Literal["DEFERRED", "IMMEDIATE", "EXCLUSIVE"]
 _CHANGE_OVERHEAD: Final = 4 + 1 + 8 + 4 + SITE_ID_LEN + 8
 """Encoded bytes of a change besides its table name, key and row (see ``encode_change``)."""
 
+_MAX_CAPTURE_ITEMS: Final = 3 * MAX_CHANGES_PER_VERSION
+"""``MAX_CHANGES_PER_VERSION`` in entries of the flattened capture list."""
+
 
 class ReplicaTransaction:
     """One SQLite transaction of a ``Replica``, holding the replica's apply lock.
@@ -71,12 +84,13 @@ class ReplicaTransaction:
     captured (``TransactionTooLargeError``).
     """
 
-    __slots__ = ("_bytes", "_conn", "_mutations", "_open", "_replica", "version")
+    __slots__ = ("_bytes", "_captures", "_conn", "_open", "_replica", "version")
 
     def __init__(self, replica: Replica, conn: sqlite3.Connection) -> None:
         self._replica = replica
         self._conn = conn
-        self._mutations: list[tuple[str, bytes, bytes | None]] = []
+        # ``table, key_blob, row_blob`` per mutation, flattened (``row_blob`` None: a delete)
+        self._captures: list[str | bytes | None] = []
         self._bytes = 0
         self._open = True
         self.version: int | None = None
@@ -95,7 +109,7 @@ class ReplicaTransaction:
     @property
     def pending_mutations(self) -> int:
         """Mutations captured so far."""
-        return len(self._mutations)
+        return len(self._captures) // 3
 
     def _check_open(self) -> None:
         if not self._open:
@@ -200,8 +214,9 @@ class ReplicaTransaction:
         self._push(schema.table, key_blob, None)
 
     def _push(self, table: str, key_blob: bytes, row_blob: bytes | None) -> None:
+        captures = self._captures
         size = _CHANGE_OVERHEAD + len(table) + len(key_blob) + len(row_blob or b"")
-        if len(self._mutations) >= MAX_CHANGES_PER_VERSION:
+        if len(captures) >= _MAX_CAPTURE_ITEMS:
             raise TransactionTooLargeError(
                 f"a transaction may capture at most {MAX_CHANGES_PER_VERSION} mutations"
             )
@@ -210,7 +225,7 @@ class ReplicaTransaction:
                 f"a transaction may capture at most {MAX_VERSION_BYTES} encoded bytes"
             )
         self._bytes += size
-        self._mutations.append((table, key_blob, row_blob))
+        captures += (table, key_blob, row_blob)
 
     def commit(self) -> int | None:
         """Commit; returns the new logical version, or ``None`` when nothing was captured.
@@ -219,31 +234,22 @@ class ReplicaTransaction:
         """
         self._check_open()
         conn = self._conn
-        mutations = self._mutations
+        captures = self._captures
         try:
-            if not mutations:
+            if not captures:
                 conn.execute("COMMIT")
             else:
                 (version,) = conn.execute(_sql.BUMP_CLOCK).fetchone()
                 site = self._replica.site_id
-                conn.executemany(
-                    _sql.INSERT_CHANGE,
-                    [(site, version, seq, t, k, r) for seq, (t, k, r) in enumerate(mutations)],
-                )
-                conn.executemany(
-                    _sql.UPSERT_RESOLVED,
-                    [
-                        (t, k, version, site, seq, r is None)
-                        for seq, (t, k, r) in enumerate(mutations)
-                    ],
-                )
+                _append_local_changes(conn, site, version, captures)
+                conn.execute(_sql.RESOLVE_LOCAL_VERSION, (site, version))
                 conn.execute("COMMIT")
                 self.version = version
         except BaseException:
             self._end(rollback=True)
             raise
         self._end(rollback=False)
-        if mutations:
+        if captures:
             self._replica._changed()
         return self.version
 
@@ -254,7 +260,7 @@ class ReplicaTransaction:
 
     def _end(self, *, rollback: bool) -> None:
         self._open = False
-        self._mutations = []
+        self._captures = []
         try:
             if rollback and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
@@ -275,6 +281,26 @@ class ReplicaTransaction:
                 self.commit()
         else:
             self.rollback()
+
+
+def _append_local_changes(
+    conn: sqlite3.Connection, site: bytes, version: int, captures: list[str | bytes | None]
+) -> None:
+    """Append the flattened ``captures`` to the change log as ``(site, version, 0..n-1)``, in
+    chunks of ``_sql.LOCAL_CHUNK_SIZES`` rows, largest first."""
+    count = len(captures) // 3
+    seq = 0
+    try:
+        for size in _sql.LOCAL_CHUNK_SIZES:
+            sql = _sql.INSERT_LOCAL_CHANGES[size]
+            while count - seq >= size:
+                conn.execute(sql, [site, version, seq, *captures[3 * seq : 3 * (seq + size)]])
+                seq += size
+    except sqlite3.IntegrityError as exc:
+        raise CorruptMetadataError(
+            f"local version {version} is already in the change log (the clock is behind the "
+            f"log): {exc}"
+        ) from None
 
 
 def check_key(schema: TableSchema, key: Sequence[object]) -> tuple[object, ...]:
