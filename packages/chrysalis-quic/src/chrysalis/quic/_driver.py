@@ -119,6 +119,7 @@ __all__ = [
     "REFUSED_STREAM_CODE",
     "AdapterOptions",
     "ConnectError",
+    "ConnectionView",
     "ConnectionLostError",
     "DriverStatistics",
     "EndpointClosedError",
@@ -876,6 +877,54 @@ _RX_STOPPED: Final = 4
 _EOF_NONE: Final = 0
 _EOF_WANTED: Final = 1
 _EOF_SENT: Final = 2
+
+
+class ConnectionView:
+    """What the asyncio and trio connection handles share: read-only views of one
+    ``ConnectionCore`` (the adapters add their runtime's ``open_stream`` and waits)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: ConnectionCore) -> None:
+        self._conn = conn
+
+    @property
+    def ref(self) -> ConnectionRef:
+        """The endpoint-local handle of this connection."""
+        return self._conn.ref
+
+    @property
+    def peer(self) -> Pid:
+        """The peer's authenticated PID."""
+        peer = self._conn.peer
+        if peer is None:
+            raise QuicTransportError("the connection is not established")
+        return peer
+
+    @property
+    def local_pid(self) -> Pid:
+        """The routing PID of this side of the connection."""
+        return self._conn.local_pid
+
+    @property
+    def dialed(self) -> bool:
+        """True for a connection this side dialled."""
+        return self._conn.dialed
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the connection is gone."""
+        return self._conn.is_closed
+
+    @property
+    def close_codes(self) -> tuple[int | None, int | None]:
+        """``(application_code, transport_code)`` of a closed connection."""
+        return self._conn.application_code, self._conn.transport_code
+
+    @property
+    def core(self) -> ConnectionCore:
+        """The runtime-neutral state behind this connection."""
+        return self._conn
 
 
 @final

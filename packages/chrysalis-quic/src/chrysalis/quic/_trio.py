@@ -33,13 +33,14 @@ from typing import Final, TypeVar, final
 import trio
 
 from chrysalis.core import DatagramAddr, Pid
-from chrysalis.core.completion import ConnectionRef, StreamRef, SubmissionLimits
+from chrysalis.core.completion import StreamRef, SubmissionLimits
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
     AdapterOptions,
     ConnectionCore,
+    ConnectionView,
     EndpointClosedError,
     EndpointCore,
     EndpointSettings,
@@ -678,57 +679,19 @@ class TrioEndpoint:
 
 
 @final
-class TrioConnection:
+class TrioConnection(ConnectionView):
     """One authenticated QUIC connection of a ``TrioEndpoint`` (see ``AsyncioConnection``)."""
 
-    __slots__ = ("__weakref__", "_conn", "_endpoint")
+    __slots__ = ("__weakref__", "_endpoint")
 
     def __init__(self, endpoint: TrioEndpoint, conn: ConnectionCore) -> None:
+        super().__init__(conn)
         self._endpoint = endpoint
-        self._conn = conn
 
     @property
     def endpoint(self) -> TrioEndpoint:
         """The endpoint this connection belongs to."""
         return self._endpoint
-
-    @property
-    def ref(self) -> ConnectionRef:
-        """The endpoint-local handle of this connection."""
-        return self._conn.ref
-
-    @property
-    def peer(self) -> Pid:
-        """The peer's authenticated PID."""
-        peer = self._conn.peer
-        if peer is None:
-            raise QuicTransportError("the connection is not established")
-        return peer
-
-    @property
-    def local_pid(self) -> Pid:
-        """The routing PID of this side of the connection."""
-        return self._conn.local_pid
-
-    @property
-    def dialed(self) -> bool:
-        """True for a connection this side dialled."""
-        return self._conn.dialed
-
-    @property
-    def is_closed(self) -> bool:
-        """True once the connection is gone."""
-        return self._conn.is_closed
-
-    @property
-    def close_codes(self) -> tuple[int | None, int | None]:
-        """``(application_code, transport_code)`` of a closed connection."""
-        return self._conn.application_code, self._conn.transport_code
-
-    @property
-    def core(self) -> ConnectionCore:
-        """The runtime-neutral state behind this connection."""
-        return self._conn
 
     async def open_stream(self) -> TrioStream:
         """Open a bidirectional stream (the peer sees it with the first bytes sent)."""
