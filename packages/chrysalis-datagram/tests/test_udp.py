@@ -87,6 +87,7 @@ def test_single_receive_splits_coalesced_udp_datagrams(pair: tuple[UdpSocket, Ud
 def test_shutdown_wakes_receive_rejects_sends_and_joins(pair: tuple[UdpSocket, UdpSocket]) -> None:
     a, b = pair
     woken = threading.Event()
+    waiting = threading.Event()
     failures: list[OSError] = []
 
     def receiver() -> None:
@@ -98,11 +99,12 @@ def test_shutdown_wakes_receive_rejects_sends_and_joins(pair: tuple[UdpSocket, U
                 failures.append(error)
                 return
             b.add_recv_waker(woken.set)
+            waiting.set()
             woken.wait(2.0)
 
     thread = threading.Thread(target=receiver)
     thread.start()
-    time.sleep(0.01)
+    assert waiting.wait(5.0)  # the receive is parked on its waker before shutdown
     b.shutdown()
     b.shutdown()
     started = time.monotonic()

@@ -48,6 +48,7 @@ from chrysalis.quic._driver import (
     EndpointClosedError,
     EndpointCore,
     EndpointSettings,
+    EndpointView,
     IncompleteReadError,
     StreamCore,
     ThreadNotifier,
@@ -56,7 +57,6 @@ from chrysalis.quic._driver import (
 from chrysalis.quic._endpoint import (
     ConnectionStatistics,
     EndpointRole,
-    EndpointStatistics,
 )
 from chrysalis.quic._engine import EngineFactory
 from chrysalis.quic._identity import Identity
@@ -192,40 +192,8 @@ class _Spawn:
             await endpoint.aclose(abort=True)
 
 
-def _settings(
-    identity: Identity,
-    socket: DatagramSocket,
-    role: EndpointRole,
-    routing_pid: Pid | None,
-    config: QuicConfig | None,
-    limits: EndpointLimits | None,
-    options: AdapterOptions | None,
-    submission_limits: SubmissionLimits | None,
-    completion_credits: int,
-    event_credits: int,
-    driver: str,
-    close_socket: bool,
-    engine: EngineFactory | None,
-) -> EndpointSettings:
-    return EndpointSettings(
-        identity,
-        socket,
-        role,
-        routing_pid,
-        config,
-        limits,
-        options,
-        submission_limits,
-        completion_credits,
-        event_credits,
-        driver,
-        close_socket,
-        engine,
-    )
-
-
 @final
-class AsyncioEndpoint:
+class AsyncioEndpoint(EndpointView):
     """A QUIC endpoint driven on the running asyncio loop (see the module docstring).
 
     Create it with ``spawn_client``, ``spawn_server``, ``spawn_duplex`` or
@@ -240,13 +208,8 @@ class AsyncioEndpoint:
         "_channels",
         "_closed",
         "_closing",
-        "_core",
-        "_driver",
-        "_endpoint",
         "_error",
-        "_identity",
         "_loop",
-        "_mode",
         "_notifier",
         "_runtime",
         "_settings",
@@ -303,7 +266,7 @@ class AsyncioEndpoint:
     ) -> _Spawn:
         """An endpoint that only dials, over ``socket`` (``async with``)."""
         return _Spawn(
-            _settings(
+            EndpointSettings(
                 identity,
                 socket,
                 EndpointRole.CLIENT,
@@ -337,7 +300,7 @@ class AsyncioEndpoint:
     ) -> _Spawn:
         """An endpoint that only accepts, over ``socket`` (``async with``)."""
         return _Spawn(
-            _settings(
+            EndpointSettings(
                 identity,
                 socket,
                 EndpointRole.SERVER,
@@ -371,7 +334,7 @@ class AsyncioEndpoint:
     ) -> _Spawn:
         """An endpoint that dials and accepts, routed by ``identity.pid`` (``async with``)."""
         return _Spawn(
-            _settings(
+            EndpointSettings(
                 identity,
                 socket,
                 EndpointRole.DUPLEX,
@@ -408,7 +371,7 @@ class AsyncioEndpoint:
         (``Pid.LINK_LOCAL`` for a dedicated link-local endpoint), typically over a routed
         ``DatagramSwitch`` binding (``async with``)."""
         return _Spawn(
-            _settings(
+            EndpointSettings(
                 identity,
                 socket,
                 EndpointRole.DUPLEX,
@@ -439,48 +402,9 @@ class AsyncioEndpoint:
     # -- properties -------------------------------------------------------------------------------
 
     @property
-    def identity(self) -> Identity:
-        """This endpoint's identity."""
-        return self._identity
-
-    @property
-    def pid(self) -> Pid:
-        """This process's PID (``identity.pid``)."""
-        return self._identity.pid
-
-    @property
-    def routing_pid(self) -> Pid:
-        """The prefix of the CIDs of connections this endpoint dials."""
-        return self._endpoint.routing_pid
-
-    @property
-    def local_addr(self) -> DatagramAddr:
-        """The carrier's address."""
-        return self._driver.socket.local_addr
-
-    @property
-    def driver_mode(self) -> str:
-        """``"inline"`` or ``"thread"``."""
-        return self._mode
-
-    @property
-    def is_closed(self) -> bool:
-        """True once the driver stopped."""
-        return self._core.stopped
-
-    @property
     def runtime(self) -> _Runtime:
         """The runtime services (``QuicTransport`` uses them to own its tasks)."""
         return self._runtime
-
-    @property
-    def core(self) -> EndpointCore:
-        """The runtime-neutral state behind this endpoint (for ``QuicTransport``)."""
-        return self._core
-
-    def statistics(self) -> EndpointStatistics:
-        """The endpoint's statistics snapshot."""
-        return self._driver.endpoint_statistics()
 
     def connections(self) -> list[AsyncioConnection]:
         """The live connections (dialled and accepted, established or not)."""

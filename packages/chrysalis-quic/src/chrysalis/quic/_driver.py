@@ -126,6 +126,7 @@ __all__ = [
     "EndpointCore",
     "EndpointDriver",
     "EndpointSettings",
+    "EndpointView",
     "IncompleteReadError",
     "PeerAuthenticationError",
     "QuicTransportError",
@@ -877,6 +878,58 @@ _RX_STOPPED: Final = 4
 _EOF_NONE: Final = 0
 _EOF_WANTED: Final = 1
 _EOF_SENT: Final = 2
+
+
+class EndpointView:
+    """What the asyncio and trio endpoints share: read-only views of their identity, sans-IO
+    endpoint, driver and core (the adapters set these attributes and add their runtime)."""
+
+    __slots__ = ("_core", "_driver", "_endpoint", "_identity", "_mode")
+
+    _core: EndpointCore
+    _driver: EndpointDriver
+    _endpoint: QuicEndpoint
+    _identity: Identity
+    _mode: str
+
+    @property
+    def identity(self) -> Identity:
+        """This endpoint's identity."""
+        return self._identity
+
+    @property
+    def pid(self) -> Pid:
+        """This process's PID (``identity.pid``)."""
+        return self._identity.pid
+
+    @property
+    def routing_pid(self) -> Pid:
+        """The prefix of the CIDs of connections this endpoint dials."""
+        return self._endpoint.routing_pid
+
+    @property
+    def local_addr(self) -> DatagramAddr:
+        """The carrier's address."""
+        return self._driver.socket.local_addr
+
+    @property
+    def driver_mode(self) -> str:
+        """``"inline"`` or ``"thread"``."""
+        return self._mode
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the driver stopped."""
+        return self._core.stopped
+
+    @property
+    def core(self) -> EndpointCore:
+        """The runtime-neutral state behind this endpoint (for ``QuicTransport``)."""
+        return self._core
+
+    def statistics(self) -> EndpointStatistics:
+        """The endpoint's statistics snapshot."""
+        return self._driver.endpoint_statistics()
 
 
 class ConnectionView:

@@ -44,6 +44,7 @@ from chrysalis.quic._driver import (
     EndpointClosedError,
     EndpointCore,
     EndpointSettings,
+    EndpointView,
     QuicTransportError,
     StreamClosedError,
     StreamCore,
@@ -53,7 +54,6 @@ from chrysalis.quic._driver import (
 from chrysalis.quic._endpoint import (
     ConnectionStatistics,
     EndpointRole,
-    EndpointStatistics,
 )
 from chrysalis.quic._engine import EngineFactory
 from chrysalis.quic._identity import Identity
@@ -200,7 +200,7 @@ class _Spawn:
 
 
 @final
-class TrioEndpoint:
+class TrioEndpoint(EndpointView):
     """A QUIC endpoint in the current trio run (see the module docstring).
 
     Create it with ``spawn_client``, ``spawn_server``, ``spawn_duplex`` or
@@ -213,12 +213,7 @@ class TrioEndpoint:
         "_channels",
         "_closed",
         "_closing",
-        "_core",
-        "_driver",
-        "_endpoint",
         "_error",
-        "_identity",
-        "_mode",
         "_notifier",
         "_nursery",
         "_runtime",
@@ -405,48 +400,9 @@ class TrioEndpoint:
     # -- properties -------------------------------------------------------------------------------
 
     @property
-    def identity(self) -> Identity:
-        """This endpoint's identity."""
-        return self._identity
-
-    @property
-    def pid(self) -> Pid:
-        """This process's PID (``identity.pid``)."""
-        return self._identity.pid
-
-    @property
-    def routing_pid(self) -> Pid:
-        """The prefix of the CIDs of connections this endpoint dials."""
-        return self._endpoint.routing_pid
-
-    @property
-    def local_addr(self) -> DatagramAddr:
-        """The carrier's address."""
-        return self._driver.socket.local_addr
-
-    @property
-    def driver_mode(self) -> str:
-        """``"inline"`` or ``"thread"``."""
-        return self._mode
-
-    @property
-    def is_closed(self) -> bool:
-        """True once the driver stopped."""
-        return self._core.stopped
-
-    @property
     def runtime(self) -> _Runtime:
         """The runtime services (``QuicTransport`` uses them to own its tasks)."""
         return self._runtime
-
-    @property
-    def core(self) -> EndpointCore:
-        """The runtime-neutral state behind this endpoint (for ``QuicTransport``)."""
-        return self._core
-
-    def statistics(self) -> EndpointStatistics:
-        """The endpoint's statistics snapshot."""
-        return self._driver.endpoint_statistics()
 
     def connections(self) -> list[TrioConnection]:
         """The live connections (dialled and accepted, established or not)."""
