@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
+from monarch.actor._main_module import main_reference
 from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
 from monarch.config import _registry as _config
 
@@ -187,6 +188,10 @@ class WorkerGroup:
         idle = str(float(_config.get("mesh_orphan_timeout")))
         # Workers import what the client can import (actor classes are pickled by reference).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        main_args: list[str] = []
+        reference = main_reference()
+        if reference is not None:
+            main_args = ["--main", f"{reference[0]}:{reference[1]}"]
         for label in self.labels:
             self.popens.append(
                 subprocess.Popen(
@@ -204,6 +209,7 @@ class WorkerGroup:
                         label,
                         "--idle-timeout",
                         idle,
+                        *main_args,
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,

@@ -51,6 +51,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--idle-timeout", type=float, default=3.0, help="QUIC idle timeout and orphan bound (s)"
     )
+    parser.add_argument(
+        "--main",
+        default=None,
+        help="the client's main module, 'name:MODULE' or 'path:FILE' (see _main_module)",
+    )
     return parser.parse_args(list(argv))
 
 
@@ -98,6 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
     from monarch.actor._node_transport import NodeProcessTransport
     from monarch.actor._runtime import ProcRuntime, _frame_limits
+
+    if args.main:
+        from monarch.actor._main_module import import_main
+
+        kind, _, value = args.main.partition(":")
+        try:
+            import_main(kind, value)
+        except Exception as exc:  # the program may still use importable classes only
+            _log.warning("could not load the client's main module %s: %r", value, exc)
 
     identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
     loop = RuntimeLoop("monarch-worker")
