@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chrysalis.core import Pid
-from chrysalis.datagram import InprocNetwork
+from chrysalis.core import DatagramAddr, LinkContext, LinkSide, Pid
+from chrysalis.datagram import DatagramSocketSet, InprocNetwork, UdpSocket, UnixDatagramSocket
 from chrysalis.nameserver import Consistency, Found, Locator, ParentStatusKind, TerminalRejection
-from chrysalis.node import JoinSettings, Node, NodeError
+from chrysalis.node import JoinSettings, LinkSessionVersionError, Node, NodeError
 from chrysalis.quic._transport import LinkProtocolId
 from chrysalis.quic.testing import issue_identity
 
@@ -207,5 +208,180 @@ def test_dial_unknown_pid_reports_not_found() -> None:
         async with root(net) as r:
             with pytest.raises(NodeError, match="NotFound"):
                 await r.dial(Pid(b"\x42" * 16))
+
+    run(main)
+
+
+def _udp() -> UdpSocket:
+    return UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0))
+
+
+def _unix(path: Path) -> UnixDatagramSocket:
+    return UnixDatagramSocket.bind(DatagramAddr.parse(f"unix://{path}"))
+
+
+def test_node_serving_on_unix_while_joined_over_udp_takes_connections_from_everyone(
+    tmp_path: Path,
+) -> None:
+    """Issue 5's mixed-carrier bug: B serves its child on Unix (its primary carrier) while it
+    reaches its parent A over UDP; C serves on UDP while it reaches B over Unix. Each
+    advertises the carrier of its parent link, so every process, the parents included (they
+    dial the advertised address directly), gets answers on the path its requests took."""
+
+    async def echo_forever(node: Node) -> None:
+        while True:
+            _peer, stream = await node.accept()
+            stream.write(await stream.read())
+            stream.write_eof()
+
+    async def main() -> None:
+        settings = {"retry_delay": 0.05}
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(
+                Node(issue_identity(), carrier=DatagramSocketSet(_udp(), _unix(tmp_path / "a")))
+            )
+            b = await stack.enter_async_context(
+                Node(
+                    issue_identity(),
+                    carrier=DatagramSocketSet(_unix(tmp_path / "b"), _udp()),
+                    parent=JoinSettings(a.local_addr, a.pid, **settings),
+                )
+            )
+            await b.wait_connected()
+            assert b.local_addr.scheme == "unixgram"
+            assert b.advertised_addr.scheme == "udp"
+            c = await stack.enter_async_context(
+                Node(
+                    issue_identity(),
+                    carrier=DatagramSocketSet(_udp(), _unix(tmp_path / "c")),
+                    parent=JoinSettings(b.local_addr, b.pid, **settings),
+                )
+            )
+            x = await stack.enter_async_context(
+                Node(
+                    issue_identity(),
+                    carrier=DatagramSocketSet(_udp(), _unix(tmp_path / "x")),
+                    parent=JoinSettings(a.local_addr, a.pid, **settings),
+                )
+            )
+            await c.wait_connected()
+            await x.wait_connected()
+            assert c.advertised_addr.scheme == "unixgram"
+            nodes = [a, b, c, x]
+            await eventually(lambda: all(a.nameserver.get(n.pid) for n in nodes[1:]))
+            a_view = a.nameserver.get(b.pid)
+            assert a_view is not None
+            assert a_view.locators == (Locator(b.advertised_addr, 0),)
+            servers = [asyncio.ensure_future(echo_forever(n)) for n in nodes]
+            try:
+                for source in nodes:
+                    for target in nodes:
+                        if source is not target:
+                            payload = f"{source.pid}->{target.pid}".encode()
+                            async with asyncio.timeout(5):
+                                echoed = await round_trip(source, target.pid, payload)
+                            assert echoed == payload, (source.local_addr, target.local_addr)
+            finally:
+                for server in servers:
+                    server.cancel()
+                await asyncio.gather(*servers, return_exceptions=True)
+
+    run(main, timeout=40)
+
+
+SESSION_PROTOCOL = LinkProtocolId(b"test.session.v1\0")
+
+
+def test_link_sessions_run_once_per_link_with_both_sides_and_restart() -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+        contexts: list[LinkContext] = []
+        restarted = asyncio.Event()
+
+        async def handler(context: LinkContext, stream: Any) -> None:
+            contexts.append(context)
+            if context.side is LinkSide.PARENT:
+                stream.write(b"ping")
+                await stream.drain()
+                assert await stream.readexactly(4) == b"pong"
+                if sum(c.side is LinkSide.PARENT for c in contexts) >= 2:
+                    restarted.set()
+                    await asyncio.Event().wait()  # stay until the link ends
+            else:
+                assert await stream.readexactly(4) == b"ping"
+                stream.write(b"pong")
+                await stream.drain()
+                await stream.read()  # until the child ends the session
+
+        r = root(net)
+        r.register_link_session(SESSION_PROTOCOL, handler)
+        with pytest.raises(ValueError, match="already registered"):
+            r.register_link_session(b"chrysalis.ns.v3\0", handler)
+        c = child(net, r)
+        c.register_link_session(SESSION_PROTOCOL, handler, retry_delay=0.05)
+        async with r, c:
+            status = await c.wait_connected()
+            assert status is not None
+            assert status.link is not None
+            async with asyncio.timeout(10):
+                await restarted.wait()
+            # The first session ended normally and was reopened on the same link.
+            parent_side = [x for x in contexts if x.side is LinkSide.PARENT]
+            child_side = [x for x in contexts if x.side is LinkSide.CHILD]
+            assert {x.link for x in parent_side} == {status.link}
+            assert {x.peer for x in parent_side} == {r.pid}
+            assert {x.peer for x in child_side} == {c.pid}
+            assert len(child_side) >= 2
+            assert r.link_sessions(SESSION_PROTOCOL).active_links == {status.link}
+            assert c.link_sessions(SESSION_PROTOCOL).failure is None
+
+    run(main)
+
+
+def test_link_session_refused_by_a_parent_without_the_protocol_is_given_up() -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+        ran: list[LinkContext] = []
+
+        async def handler(context: LinkContext, stream: Any) -> None:
+            ran.append(context)
+
+        async with root(net) as r:
+            c = child(net, r)
+            c.register_link_session(SESSION_PROTOCOL, handler, retry_delay=0.05)
+            async with c:
+                status = await c.wait_connected()
+                assert status is not None
+                sessions = c.link_sessions(SESSION_PROTOCOL)
+                await eventually(lambda: status.link in sessions.refused_links)
+                assert ran == []
+
+    run(main)
+
+
+def test_link_session_version_mismatch_is_a_clear_error() -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+
+        async def future_parent(peer: Pid, stream: Any) -> None:
+            await stream.readexactly(16)
+            stream.write(bytes([2]))  # a parent speaking session handshake version 2
+            await stream.drain()
+            await stream.read()
+
+        async def handler(context: LinkContext, stream: Any) -> None:
+            raise AssertionError("a session must not run across a version mismatch")
+
+        r = root(net)
+        r.register_link_protocol(SESSION_PROTOCOL, future_parent)
+        async with r:
+            c = child(net, r)
+            c.register_link_session(SESSION_PROTOCOL, handler, retry_delay=0.05)
+            async with c:
+                await c.wait_connected()
+                sessions = c.link_sessions(SESSION_PROTOCOL)
+                await eventually(lambda: sessions.failure is not None)
+                assert isinstance(sessions.failure, LinkSessionVersionError)
+                assert "handshake version 2, this node speaks 1" in str(sessions.failure)
 
     run(main)

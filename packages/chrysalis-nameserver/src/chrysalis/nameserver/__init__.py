@@ -13,8 +13,9 @@ The core exported here is pure (sans-IO): no sockets, event loops or clocks. The
 - read-side views (local resolution, enumeration pages, locator rewriting);
 - ``RouteProjector``: directory changes as gated PID routes.
 
-The asyncio I/O layer builds on these: ``NsFrameStream`` (frames over a byte stream),
-``NameserverService`` (the commit point and child serving), ``ChildLinkServer``,
+The I/O layer builds on these and runs under asyncio or trio (``Spawner``: the asyncio loop
+by default, ``TrioSpawner(nursery)`` under trio): ``NsFrameStream`` (frames over a byte
+stream), ``NameserverService`` (the commit point and child serving), ``ChildLinkServer``,
 ``ParentLink`` (one parent-link incarnation) and ``ParentLinkManager`` (reconnects).
 ``chrysalis.nameserver.testing`` runs both session ends back to back in memory.
 The ``_``-prefixed modules carry no stability promise; import from this facade.
@@ -190,6 +191,7 @@ from chrysalis.nameserver._stream import (
     ByteStream,
     MemoryByteStream,
     NsFrameStream,
+    as_byte_stream,
     memory_stream_pair,
 )
 from chrysalis.nameserver._views import (
@@ -201,6 +203,7 @@ from chrysalis.nameserver._views import (
     rewrite_enumeration,
     rewrite_resolution,
 )
+from chrysalis.nameserver.runtime import AsyncioSpawner, Spawner, Task, TrioSpawner
 
 # Public classes claim the facade as their module, so reprs and pickles name
 # ``chrysalis.nameserver.X`` rather than a private module that may be reorganised.
@@ -315,6 +318,10 @@ for _public in (
     TerminalRejection,
     UpstreamClosed,
     Watch,
+    AsyncioSpawner,
+    TrioSpawner,
+    Spawner,
+    Task,
 ):
     _public.__module__ = __name__
 del _public
@@ -482,4 +489,9 @@ __all__ = [
     "UpstreamNameserver",
     "Watch",
     "memory_stream_pair",
+    "AsyncioSpawner",
+    "Spawner",
+    "Task",
+    "TrioSpawner",
+    "as_byte_stream",
 ]

@@ -1,4 +1,4 @@
-"""``ParentLink``: the child side of one parent-link incarnation on asyncio (spec 3.5).
+"""``ParentLink``: the child side of one parent-link incarnation, on asyncio or trio (spec 3.5).
 
 Why it looks like this: ``ChildSession`` checks messages, ``ChildPublisher`` decides what to
 publish and ``ResolverCache`` remembers answers; this driver only moves frames. One task runs
@@ -17,17 +17,18 @@ Requests (``resolve``, ``enumerate``) are written directly by the caller and com
 inbound loop; they are bounded by the session's ``max_pending_requests``. Every ``Found``
 answer, cached or fresh, is rewritten to a single locator: the parent address this link dialled
 (priority 0). When the link ends every waiter gets ``UpstreamClosed`` and the cache is cleared.
+
+The task runs on a ``Spawner`` (the running asyncio loop by default, a nursery under trio).
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, final
+from typing import final
 
 from chrysalis.core import DatagramAddr, LinkId, Pid
 from chrysalis.nameserver._cache import ResolverCache
@@ -61,6 +62,17 @@ from chrysalis.nameserver._session import (
 )
 from chrysalis.nameserver._stream import ByteStream, NsFrameStream
 from chrysalis.nameserver._views import rewrite_enumeration, rewrite_resolution
+from chrysalis.nameserver.runtime import (
+    Event,
+    Spawner,
+    Task,
+    default_spawner,
+    is_cancellation,
+    join_shielded,
+    monotonic_millis,
+    new_event,
+    race,
+)
 
 __all__ = [
     "LinkState",
@@ -72,7 +84,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("chrysalis.nameserver")
-_MS: Final = 1000.0
 
 
 class ParentLinkError(NameserverError):
@@ -110,8 +121,33 @@ class LinkStatus:
     code: RejectCode | None = None
 
 
-def _loop_millis() -> int:
-    return int(asyncio.get_running_loop().time() * _MS)
+@final
+class _Waiter:
+    """One request's answer slot (an event plus the result or the failure)."""
+
+    __slots__ = ("error", "event", "result")
+
+    def __init__(self) -> None:
+        self.event: Event = new_event()
+        self.result: Resolution | EnumerationResult | None = None
+        self.error: BaseException | None = None
+
+    def complete(self, result: Resolution | EnumerationResult) -> None:
+        if not self.event.is_set():
+            self.result = result
+            self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.event.is_set():
+            self.error = error
+            self.event.set()
+
+    async def wait(self) -> Resolution | EnumerationResult:
+        await self.event.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @final
@@ -126,12 +162,14 @@ class ParentLink:
         "_address",
         "_cache",
         "_clock",
+        "_exported",
         "_frames",
         "_ids",
         "_parent",
         "_publisher",
         "_service",
         "_session",
+        "_spawner",
         "_status",
         "_status_watch",
         "_task",
@@ -146,7 +184,8 @@ class ParentLink:
         service: NameserverService,
         *,
         versions: VersionRange = DEFAULT_VERSIONS,
-        clock: Callable[[], int] = _loop_millis,
+        clock: Callable[[], int] = monotonic_millis,
+        spawner: Spawner | None = None,
     ) -> None:
         local = service.local_entry
         if local is None:
@@ -162,10 +201,12 @@ class ParentLink:
         self._cache = ResolverCache(parent)
         self._clock = clock
         self._ids = itertools.count(1)
-        self._waiters: dict[int, asyncio.Future[Resolution | EnumerationResult]] = {}
+        self._waiters: dict[int, _Waiter] = {}
         self._status = LinkStatus(LinkState.PENDING)
         self._status_watch = Watch()
-        self._task: asyncio.Task[None] | None = None
+        self._spawner = spawner
+        self._exported = 0
+        self._task: Task | None = None
 
     @classmethod
     def spawn(
@@ -176,11 +217,15 @@ class ParentLink:
         service: NameserverService,
         *,
         versions: VersionRange = DEFAULT_VERSIONS,
-        clock: Callable[[], int] = _loop_millis,
+        clock: Callable[[], int] = monotonic_millis,
+        spawner: Spawner | None = None,
     ) -> ParentLink:
-        """Build the link and start its task."""
-        link = cls(parent, address, stream, service, versions=versions, clock=clock)
-        link._task = asyncio.get_running_loop().create_task(link._run())
+        """Build the link and start its task on ``spawner`` (the asyncio loop by default)."""
+        spawner = default_spawner(spawner)
+        link = cls(
+            parent, address, stream, service, versions=versions, clock=clock, spawner=spawner
+        )
+        link._task = spawner.spawn(link._run)
         return link
 
     # -- observers --------------------------------------------------------------------------
@@ -273,14 +318,12 @@ class ParentLink:
         return next(self._ids)
 
     async def _exchange(self, request: int, message: NsMessage) -> Resolution | EnumerationResult:
-        future: asyncio.Future[Resolution | EnumerationResult] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._waiters[request] = future
+        waiter = _Waiter()
+        self._waiters[request] = waiter
         try:
             self._frames.send_nowait(message)
-            return await future
-        except (UpstreamClosed, asyncio.CancelledError):
+            return await waiter.wait()
+        except UpstreamClosed:
             raise
         except Exception as exc:
             raise UpstreamClosed(f"the parent link failed: {exc}") from exc
@@ -290,21 +333,18 @@ class ParentLink:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
-        """Stop the link (the stream is finished) and wait for its task."""
+        """Stop the link (the stream is finished) and wait for its task, even while the
+        caller is being cancelled (it is a cleanup step)."""
         task = self._task
-        if task is not None and not task.done():
+        if task is not None:
             task.cancel()
-        await self.join()
+            await join_shielded([task])
 
     async def join(self) -> None:
         """Wait for the link task to end."""
         task = self._task
         if task is not None:
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if not task.done():
-                    raise
+            await task.join()
 
     def _set_status(self, status: LinkStatus) -> None:
         self._status = status
@@ -322,16 +362,16 @@ class ParentLink:
             self._publish_snapshot(established)
             await self._run_active()
             clean = True
-        except asyncio.CancelledError:
-            clean = True
         except Exception as exc:
             _log.info("parent link to %s ended: %r", self._parent, exc)
+        except BaseException as exc:
+            clean = is_cancellation(exc)
+            raise
         finally:
             self._session.close()
             self._cache.clear()
-            for future in self._waiters.values():
-                if not future.done():
-                    future.set_exception(UpstreamClosed("the parent link closed"))
+            for waiter in self._waiters.values():
+                waiter.fail(UpstreamClosed("the parent link closed"))
             self._waiters.clear()
             if clean:
                 self._frames.finish()
@@ -350,6 +390,9 @@ class ParentLink:
         return event
 
     def _export(self) -> None:
+        # The revision the export reflects: the outbound loop waits for changes after it, so
+        # a commit between this snapshot and the loop's start is never missed.
+        self._exported = self._service.revisions.version
         local = self._service.local_entry
         assert local is not None
         self._publisher.set_export(export_view(local, self._service.snapshot()))
@@ -361,20 +404,12 @@ class ParentLink:
             self._frames.send_nowait(message)
 
     async def _run_active(self) -> None:
-        inbound = asyncio.ensure_future(self._inbound())
-        outbound = asyncio.ensure_future(self._outbound())
-        try:
-            done, _ = await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-        finally:
-            for task in (inbound, outbound):
-                task.cancel()
-            await asyncio.gather(inbound, outbound, return_exceptions=True)
+        assert self._spawner is not None
+        await race(self._spawner, self._inbound, self._outbound)
 
     async def _outbound(self) -> None:
         watch = self._service.revisions
-        seen = watch.version
+        seen = self._exported
         while True:
             seen = await watch.wait_change(seen)
             self._export()
@@ -413,6 +448,6 @@ class ParentLink:
             _log.info("ignoring a cache update from %s: %s", self._parent, exc)
 
     def _complete(self, request: int, result: Resolution | EnumerationResult) -> None:
-        future = self._waiters.get(request)
-        if future is not None and not future.done():
-            future.set_result(result)
+        waiter = self._waiters.get(request)
+        if waiter is not None:
+            waiter.complete(result)

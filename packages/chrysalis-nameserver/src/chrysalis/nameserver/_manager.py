@@ -17,12 +17,12 @@ pass over the endpoints (no exponential growth, no jitter, as in the reference).
   answers or the manager stops (``UpstreamClosed``).
 
 Dialling is injected (``ParentDialer``): the node passes a function that opens a link-local
-nameserver stream, pinned or not; tests pass in-memory streams.
+nameserver stream, pinned or not; tests pass in-memory streams. Tasks run on a ``Spawner``
+(the running asyncio loop by default, a nursery under trio).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
 import logging
@@ -44,6 +44,7 @@ from chrysalis.nameserver._protocol import (
     VersionRange,
 )
 from chrysalis.nameserver._service import NameserverService, UpstreamClosed, Watch
+from chrysalis.nameserver.runtime import Spawner, Task, default_spawner, join_shielded, sleep
 
 __all__ = [
     "DEFAULT_RETRY_DELAY",
@@ -147,6 +148,7 @@ class ParentLinkManager:
         "_pinned",
         "_router",
         "_service",
+        "_spawner",
         "_status",
         "_status_watch",
         "_stopping",
@@ -162,6 +164,7 @@ class ParentLinkManager:
         *,
         router: Router | None = None,
         versions: VersionRange = DEFAULT_VERSIONS,
+        spawner: Spawner | None = None,
     ) -> None:
         if service.local_entry is None:
             raise ValueError("the service needs its local entry before linking to a parent")
@@ -178,7 +181,8 @@ class ParentLinkManager:
         self._status_watch = Watch()
         self._link_watch = Watch()
         self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        self._spawner = spawner
+        self._task: Task | None = None
 
     @classmethod
     def spawn(
@@ -189,10 +193,13 @@ class ParentLinkManager:
         *,
         router: Router | None = None,
         versions: VersionRange = DEFAULT_VERSIONS,
+        spawner: Spawner | None = None,
     ) -> ParentLinkManager:
-        """Build the manager and start its supervisor task."""
-        manager = cls(service, config, dial, router=router, versions=versions)
-        manager._task = asyncio.get_running_loop().create_task(manager._supervise())
+        """Build the manager and start its supervisor task on ``spawner`` (the asyncio loop
+        by default)."""
+        spawner = default_spawner(spawner)
+        manager = cls(service, config, dial, router=router, versions=versions, spawner=spawner)
+        manager._task = spawner.spawn(manager._supervise)
         return manager
 
     # -- observers --------------------------------------------------------------------------
@@ -294,7 +301,7 @@ class ParentLinkManager:
                 if self._status.kind is not ParentStatusKind.CONNECTING:
                     self._set_status(ParentStatus(ParentStatusKind.CONNECTING))
                 if completed_round and outcome is not True:
-                    await asyncio.sleep(self._config.retry_delay)
+                    await sleep(self._config.retry_delay)
                 elif outcome is True:
                     index = 0
         finally:
@@ -307,15 +314,15 @@ class ParentLinkManager:
         retry, a ``FAILED`` status on a terminal rejection."""
         try:
             peer, stream = await self._dial(address, self._pinned)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             _log.info("dialling parent at %s failed: %r", address, exc)
             return False
         if peer == self._service.authority or (self._pinned is not None and peer != self._pinned):
             _abort(stream)
             return False
-        link = ParentLink.spawn(peer, address, stream, self._service, versions=self._versions)
+        link = ParentLink.spawn(
+            peer, address, stream, self._service, versions=self._versions, spawner=self._spawner
+        )
         try:
             link_id = await link.wait_active()
         except ParentLinkRejected as rejected:
@@ -369,9 +376,9 @@ class ParentLinkManager:
         and wait for the supervisor (idempotent)."""
         self._stopping = True
         task = self._task
-        if task is not None and not task.done():
+        if task is not None:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await join_shielded([task])
         if self._status.kind is not ParentStatusKind.FAILED:
             self._set_status(ParentStatus(ParentStatusKind.STOPPED))
 

@@ -1,4 +1,4 @@
-"""``ChildLinkServer``: admits child nameserver streams on asyncio (spec 3.6).
+"""``ChildLinkServer``: admits child nameserver streams, on asyncio or trio (spec 3.6).
 
 Why: the parent side of every child link is ``NameserverService.serve``; something must accept
 the streams, give each a fresh link id and supervise the serving tasks. Link ids come from
@@ -6,12 +6,12 @@ the streams, give each a fresh link id and supervise the serving tasks. Link ids
 so they are parent-scoped and a reconnecting child always gets a new one. The number of
 concurrently served links is bounded (``max_links``); a stream beyond it is refused at once.
 ``shutdown()`` stops accepting, cancels every serving task (each revokes its link on the way
-out) and waits for them.
+out) and waits for them. Tasks run on a ``Spawner`` (the running asyncio loop by default, a
+nursery under trio).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Any, Final, Protocol, final
@@ -20,6 +20,7 @@ from chrysalis.core import LinkId, Pid
 from chrysalis.nameserver._service import NameserverService, UpstreamNameserver
 from chrysalis.nameserver._state import DEFAULT_MAX_LINKS, LinkIdAllocator
 from chrysalis.nameserver._stream import ByteStream
+from chrysalis.nameserver.runtime import Spawner, Task, default_spawner, join_shielded
 
 __all__ = ["ChildLinkServer", "StreamAcceptor"]
 
@@ -44,6 +45,7 @@ class ChildLinkServer:
         "_allocator",
         "_max",
         "_service",
+        "_spawner",
         "_task",
         "_tasks",
         "_upstream",
@@ -56,6 +58,7 @@ class ChildLinkServer:
         *,
         upstream: UpstreamNameserver | None = None,
         max_links: int = DEFAULT_MAX_LINKS,
+        spawner: Spawner | None = None,
     ) -> None:
         if max_links < 1:
             raise ValueError("max_links must be positive")
@@ -64,8 +67,9 @@ class ChildLinkServer:
         self._upstream = upstream
         self._max = max_links
         self._allocator = LinkIdAllocator(service.authority)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._spawner = spawner
+        self._tasks: set[Task] = set()
+        self._task: Task | None = None
         self._accepted = 0
 
     @classmethod
@@ -76,10 +80,13 @@ class ChildLinkServer:
         *,
         upstream: UpstreamNameserver | None = None,
         max_links: int = DEFAULT_MAX_LINKS,
+        spawner: Spawner | None = None,
     ) -> ChildLinkServer:
-        """Build the server and start its accept loop."""
-        server = cls(service, acceptor, upstream=upstream, max_links=max_links)
-        server._task = asyncio.get_running_loop().create_task(server._accept_loop())
+        """Build the server and start its accept loop on ``spawner`` (the asyncio loop by
+        default)."""
+        spawner = default_spawner(spawner)
+        server = cls(service, acceptor, upstream=upstream, max_links=max_links, spawner=spawner)
+        server._task = spawner.spawn(server._accept_loop)
         return server
 
     @property
@@ -100,8 +107,6 @@ class ChildLinkServer:
         while True:
             try:
                 peer, stream = await self._acceptor.accept()
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 _log.debug("child link acceptor ended: %r", exc)
                 return
@@ -110,12 +115,20 @@ class ChildLinkServer:
                 _refuse(stream)
                 continue
             link = self._allocator.allocate()
-            task = asyncio.get_running_loop().create_task(self._serve(link, peer, stream))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            slot: list[Task] = []
+            spawner = self._spawner
+            assert spawner is not None
+            task = spawner.spawn(self._serve, link, peer, stream, slot)
+            slot.append(task)
+            if not task.done:
+                self._tasks.add(task)
 
-    async def _serve(self, link: LinkId, peer: Pid, stream: ByteStream) -> None:
-        await self._service.serve(link, peer, stream, self._upstream)
+    async def _serve(self, link: LinkId, peer: Pid, stream: ByteStream, slot: list[Task]) -> None:
+        try:
+            await self._service.serve(link, peer, stream, self._upstream)
+        finally:
+            for task in slot:
+                self._tasks.discard(task)
 
     async def shutdown(self) -> None:
         """Stop accepting, end every link (each is revoked) and wait (idempotent)."""
@@ -124,7 +137,7 @@ class ChildLinkServer:
             tasks.append(self._task)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await join_shielded(tasks)
 
 
 def _refuse(stream: ByteStream) -> None:

@@ -1,4 +1,4 @@
-"""``NameserverService``: the node's nameserver executor on asyncio (spec 3.3).
+"""``NameserverService``: the node's nameserver executor, on asyncio or trio (spec 3.3).
 
 Why it looks like this: the directory (``Nameserver``) and the parent session are pure; this
 module is the thin driver that owns the one directory of a node and serves child streams.
@@ -16,11 +16,13 @@ module is the thin driver that owns the one directory of a node and serves child
 * Answers to a child are rewritten to this node's own locators: this node is the child's next
   hop toward everything it can name. Misses go upstream (``UpstreamNameserver``) when there is a
   parent, within ``upstream_timeout``; otherwise (or on failure) a local ``NotFound``.
+
+Runtime services (events, deadlines) come from ``runtime``, so the same code runs under
+asyncio and under trio.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Final, Protocol, final
@@ -67,6 +69,7 @@ from chrysalis.nameserver._views import (
     rewrite_enumeration,
     rewrite_resolution,
 )
+from chrysalis.nameserver.runtime import Event, fail_after, new_event
 
 __all__ = [
     "DEFAULT_UPSTREAM_TIMEOUT",
@@ -114,7 +117,7 @@ class Watch:
 
     def __init__(self) -> None:
         self._version = 0
-        self._event: asyncio.Event | None = None
+        self._event: Event | None = None
 
     @property
     def version(self) -> int:
@@ -132,7 +135,7 @@ class Watch:
         """Wait until the version is not ``seen``; return it."""
         while self._version == seen:
             if self._event is None:
-                self._event = asyncio.Event()
+                self._event = new_event()
             await self._event.wait()
         return self._version
 
@@ -281,8 +284,8 @@ class NameserverService:
             result = self.resolve(pid)
         else:
             try:
-                result = await asyncio.wait_for(
-                    upstream.resolve(pid, consistency), self._upstream_timeout
+                result = await fail_after(
+                    self._upstream_timeout, lambda: upstream.resolve(pid, consistency)
                 )
             except (UpstreamClosed, TimeoutError):
                 result = self.resolve(pid)
@@ -302,8 +305,9 @@ class NameserverService:
         result: EnumerationResult | None = None
         if consistency is Consistency.REFRESH and upstream is not None:
             try:
-                result = await asyncio.wait_for(
-                    upstream.enumerate(cursor, limit, consistency), self._upstream_timeout
+                result = await fail_after(
+                    self._upstream_timeout,
+                    lambda: upstream.enumerate(cursor, limit, consistency),
                 )
             except (UpstreamClosed, TimeoutError):
                 result = None
@@ -332,8 +336,6 @@ class NameserverService:
         clean = False
         try:
             clean = await self._serve_loop(session, frames, upstream)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             _log.info("nameserver link %s from %s ended: %r", link, peer, exc)
         finally:

@@ -9,25 +9,29 @@ inside a frame is a ``TruncatedFrame``, distinct from a clean end).
 
 The stream contract (``ByteStream``) is the asyncio ``StreamReader``/``StreamWriter``
 vocabulary that ``chrysalis.quic``'s ``AsyncioStream`` implements: ``read(n)``, ``write``,
-``drain``, ``write_eof``, ``close``, ``abort``. ``memory_stream_pair`` gives two connected
-in-memory ends with a bounded buffer and optional fragmentation, for tests.
+``drain``, ``write_eof``, ``close``, ``abort``. A trio QUIC stream (``TrioStream``, whose
+``send_eof`` is a coroutine) is taken through its runtime-neutral ``core``, which speaks that
+vocabulary under either runtime (``as_byte_stream``), so the frame layer is the same for both.
+``memory_stream_pair`` gives two connected in-memory ends (asyncio or trio) with a bounded
+buffer and optional fragmentation, for tests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections import deque
-from typing import Final, Protocol, final
+from typing import Any, Final, Protocol, cast, final
 
 from chrysalis.nameserver._codec import DEFAULT_BUFFER_LIMIT, NsCodec
 from chrysalis.nameserver._protocol import NsMessage
+from chrysalis.nameserver.runtime import Event, new_event, sleep
 
 __all__ = [
     "DEFAULT_READ_SIZE",
     "ByteStream",
     "MemoryByteStream",
     "NsFrameStream",
+    "as_byte_stream",
     "memory_stream_pair",
 ]
 
@@ -53,6 +57,50 @@ class ByteStream(Protocol):
 
 
 @final
+class _CoreByteStream:
+    """``ByteStream`` over the runtime-neutral core of a QUIC stream (see ``as_byte_stream``)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    async def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = DEFAULT_READ_SIZE
+        data: bytes = await self._core.read_some(n)
+        return data
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._core.write(data)
+
+    async def drain(self) -> None:
+        await self._core.drain()
+
+    def write_eof(self) -> None:
+        self._core.write_eof()
+
+    def close(self, error_code: int = 0) -> None:
+        self._core.close(error_code)
+
+    def abort(self, error_code: int = 0) -> None:
+        self._core.abort(error_code)
+
+
+def as_byte_stream(stream: object) -> ByteStream:
+    """``stream`` itself when it speaks the asyncio vocabulary, else the ``ByteStream`` view of
+    its ``core`` (a ``chrysalis.quic`` trio stream); ``TypeError`` for anything else."""
+    if all(hasattr(stream, name) for name in ("read", "write", "drain", "write_eof", "abort")):
+        return cast(ByteStream, stream)
+    core = getattr(stream, "core", None)
+    if core is not None and all(
+        hasattr(core, name) for name in ("read_some", "write", "drain", "write_eof", "abort")
+    ):
+        return _CoreByteStream(core)
+    raise TypeError(f"{type(stream).__name__} is not a byte stream")
+
+
+@final
 class NsFrameStream:
     """Nameserver messages over one ``ByteStream``.
 
@@ -68,14 +116,14 @@ class NsFrameStream:
 
     def __init__(
         self,
-        stream: ByteStream,
+        stream: ByteStream | Any,
         *,
         read_size: int = DEFAULT_READ_SIZE,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
     ) -> None:
         if not isinstance(read_size, int) or read_size < 1:
             raise ValueError(f"read_size must be a positive int, got {read_size!r}")
-        self._stream = stream
+        self._stream = as_byte_stream(stream)
         self._read_size = read_size
         self._codec = NsCodec(buffer_limit=buffer_limit)
 
@@ -121,16 +169,27 @@ class NsFrameStream:
 
 @final
 class _Pipe:
-    """One direction of a memory stream: bounded bytes plus end-of-stream."""
+    """One direction of a memory stream: bounded bytes plus end-of-stream. The reader waits
+    on a fresh event of the running library (asyncio or trio) that any change sets."""
 
-    __slots__ = ("buffered", "chunks", "eof", "event", "reset")
+    __slots__ = ("buffered", "chunks", "eof", "reset", "waiter")
 
     def __init__(self) -> None:
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.eof = False
         self.reset = False
-        self.event = asyncio.Event()
+        self.waiter: Event | None = None
+
+    def wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.set()
+
+    async def wait(self) -> None:
+        if self.waiter is None:
+            self.waiter = new_event()
+        await self.waiter.wait()
 
 
 @final
@@ -167,8 +226,7 @@ class MemoryByteStream:
                 return chunk
             if pipe.eof:
                 return b""
-            pipe.event.clear()
-            await pipe.event.wait()
+            await pipe.wait()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Queue ``data`` for the peer."""
@@ -182,17 +240,17 @@ class MemoryByteStream:
         if data:
             pipe.chunks.append(bytes(data))
             pipe.buffered += len(data)
-            pipe.event.set()
+            pipe.wake()
 
     async def drain(self) -> None:
         """Memory writes are admitted at once."""
-        await asyncio.sleep(0)
+        await sleep(0)
 
     def write_eof(self) -> None:
         """End our direction (idempotent)."""
         self._write_closed = True
         self._outgoing.eof = True
-        self._outgoing.event.set()
+        self._outgoing.wake()
 
     def close(self, error_code: int = 0) -> None:
         """``write_eof``."""
@@ -205,13 +263,13 @@ class MemoryByteStream:
             pipe.reset = True
             pipe.chunks.clear()
             pipe.buffered = 0
-            pipe.event.set()
+            pipe.wake()
 
 
 def memory_stream_pair(
     *, capacity: int = _MEMORY_CAPACITY, fragment: int = DEFAULT_READ_SIZE
 ) -> tuple[MemoryByteStream, MemoryByteStream]:
-    """Two connected in-memory stream ends (call inside a running event loop)."""
+    """Two connected in-memory stream ends (asyncio or trio)."""
     if capacity < 1 or fragment < 1:
         raise ValueError("capacity and fragment must be positive")
     forward, backward = _Pipe(), _Pipe()

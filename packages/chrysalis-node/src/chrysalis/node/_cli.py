@@ -6,9 +6,10 @@ token as the first stdout line; ``join TOKEN`` starts a child; ``ls``, ``resolve
 ``ping`` start a short-lived client node joined at TOKEN, do one thing and leave (a clean
 shutdown withdraws the client from the namespace at once).
 
-Sockets: every node binds the carriers given with ``--listen`` (the first one is advertised)
-plus a helper of the other kind (UDP on 127.0.0.1:0, or a Unix socket in a private temporary
-directory), so a node can reach parents and peers over either carrier (spec 6.5).
+Sockets: every node binds the carriers given with ``--listen`` (the first one is in the join
+token it prints) plus a helper of the other kind (UDP on 127.0.0.1:0, or a Unix socket in a
+private temporary directory), so a node can reach parents and peers over either carrier (spec
+6.5). A joined node advertises the one it reaches its parent on (``Node.advertised_addr``).
 
 Liveness: nodes started with ``--idle-timeout S`` use that QUIC idle timeout and keep their
 parent link busy with a tiny request every ``S / 4`` seconds, so a killed process is fenced by
@@ -437,7 +438,7 @@ class _Carriers:
     """The sockets of one CLI node: the requested carriers plus a helper of the missing kind;
     owns any private temporary directory it made (removed on ``cleanup``)."""
 
-    def __init__(self, listen: Sequence[DatagramAddr | None], parent: str | None) -> None:
+    def __init__(self, listen: Sequence[DatagramAddr | None]) -> None:
         self._tempdir: str | None = None
         members: list[DatagramSocket] = []
         try:
@@ -451,9 +452,8 @@ class _Carriers:
                 members.append(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)))
             if "unixgram" not in schemes:
                 members.append(self._bind(None))
-            # The advertised locator (the set's primary) is the carrier of the parent link:
-            # the parent routes this subtree to it, so replies take the path requests took.
-            members.sort(key=lambda member: member.local_addr.scheme != parent)
+            # The node itself advertises the member it reaches its parent on
+            # (``Node.advertised_addr``); the primary is the first ``--listen`` carrier.
             self.socket: DatagramSocket = DatagramSocketSet(members[0], *members[1:])
         except BaseException:
             for member in members:
@@ -498,7 +498,7 @@ def _build_node(
 ) -> tuple[Node, _Carriers]:
     labels = _labels(args, command, joined=token is not None)
     identity = _identity(args)
-    carriers = _Carriers(listen, None if token is None else token.address.scheme)
+    carriers = _Carriers(listen)
     parent = None if token is None else JoinSettings(token.address, token.authority)
     config = QuicConfig(idle_timeout=args.idle_timeout)
     try:

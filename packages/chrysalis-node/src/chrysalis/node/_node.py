@@ -1,4 +1,4 @@
-"""``Node``: one Chrysalis process on asyncio (upper spec 4, transport spec 6.3).
+"""``Node``: one Chrysalis process, on asyncio or trio (upper spec 4, transport spec 6.3).
 
 Why a facade: an application wants "my PID, streams to any PID, streams from anyone, names for
 everything" without wiring a carrier, a switch, a QUIC endpoint, a nameserver, a parent link
@@ -16,11 +16,23 @@ shutdown: user protocols, then the parent manager (its link is finished cleanly 
 withdraws this subtree at once), then the child server (every child link revoked), then the
 transport (it drains while the switch still runs so close frames leave), then the switch and
 the carrier.
+
+Runtimes: the node runs under asyncio or trio, whichever runs ``async with``; the components
+are the same (``chrysalis.nameserver``'s I/O layer and ``QuicTransport`` are runtime-neutral).
+Under trio the node opens one nursery for its tasks inside the transport's and closes it before
+the transport, so nothing it starts outlives the ``async with`` block. Streams are the
+runtime's own (``AsyncioStream`` or ``TrioStream``).
+
+Advertised locator: a joined node publishes the address of the carrier it reaches its parent
+on (``advertised_addr``). Ancestors route this subtree to that address and the subtree's
+replies leave through the parent's default route on the same carrier, so both directions of
+a connection take one path. Advertising another member of a socket set (say Unix, when the
+parent link is UDP) made the two directions differ: a process dialling into the subtree saw
+the answers arrive from an address it never sent to and its QUIC handshake failed.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -29,6 +41,7 @@ from typing import Any, Final, final
 from chrysalis.core import DatagramAddr, Pid, PidPrefix
 from chrysalis.datagram import (
     DatagramSocket,
+    DatagramSocketSet,
     DatagramSwitch,
     Router,
     UdpSocket,
@@ -55,6 +68,16 @@ from chrysalis.nameserver import (
     Resolution,
     VersionRange,
 )
+from chrysalis.nameserver.runtime import (
+    AsyncioSpawner,
+    Spawner,
+    Task,
+    TrioSpawner,
+    current_library,
+    join_shielded,
+    run_in_thread,
+)
+from chrysalis.node._sessions import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessionHandler, LinkSessions
 from chrysalis.quic import Identity, QuicConfig
 from chrysalis.quic._transport import LinkProtocolId, QuicTransport
 
@@ -137,12 +160,16 @@ class Node:
         "_labels",
         "_manager",
         "_negative_ttl",
+        "_nursery_cm",
         "_parent",
         "_pending_protocols",
         "_quic_config",
         "_router",
         "_server",
         "_service",
+        "_session_tasks",
+        "_sessions",
+        "_spawner",
         "_switch",
         "_transport",
         "_transport_cm",
@@ -180,6 +207,10 @@ class Node:
         self._manager: ParentLinkManager | None = None
         self._server: ChildLinkServer | None = None
         self._pending_protocols: dict[LinkProtocolId, Callable[[Pid, Any], Awaitable[object]]] = {}
+        self._sessions: dict[LinkProtocolId, LinkSessions] = {}
+        self._session_tasks: list[Task] = []
+        self._spawner: Spawner | None = None
+        self._nursery_cm: Any = None
 
     @classmethod
     def serve(cls, identity: Identity, address: DatagramAddr | str, **kwargs: Any) -> Node:
@@ -215,6 +246,19 @@ class Node:
         """The carrier address peers and children dial."""
         assert self._carrier is not None
         return self._carrier.local_addr
+
+    @property
+    def advertised_addr(self) -> DatagramAddr:
+        """The address this node publishes as its locator: the carrier it reaches its parent
+        on (a socket set's member for the parent's scheme), else ``local_addr``."""
+        carrier = self._carrier
+        assert carrier is not None
+        if self._parent is not None and isinstance(carrier, DatagramSocketSet):
+            try:
+                return carrier.member_for(self._parent.address).local_addr
+            except Exception:
+                return carrier.local_addr
+        return carrier.local_addr
 
     @property
     def join_token(self) -> str:
@@ -276,6 +320,7 @@ class Node:
         self._transport_cm = QuicTransport.spawn(self._identity, binding, config=self._quic_config)
         transport: QuicTransport[Any] = await self._transport_cm.__aenter__()
         self._transport = transport
+        spawner = await self._open_task_scope()
         ns_protocol = transport.register_link_protocol(NS_PROTOCOL_SELECTOR)
         for protocol_id, handler in self._pending_protocols.items():
             transport.register_link_protocol(protocol_id, handler)
@@ -290,7 +335,7 @@ class Node:
                 self.pid,
                 self._identity.server_name or "",
                 self._labels,
-                (Locator(self.local_addr, 0),),
+                (Locator(self.advertised_addr, 0),),
             )
         )
         self._service = service
@@ -301,8 +346,25 @@ class Node:
                 self._dial_parent,
                 router=self._router,
                 versions=self._versions,
+                spawner=spawner,
             )
-        self._server = ChildLinkServer.spawn(service, ns_protocol, upstream=self._manager)
+        self._server = ChildLinkServer.spawn(
+            service, ns_protocol, upstream=self._manager, spawner=spawner
+        )
+        self._start_sessions(spawner, list(self._sessions.values()))
+
+    async def _open_task_scope(self) -> Spawner:
+        """The spawner of this node's tasks: the running loop under asyncio, a nursery this
+        node owns under trio (opened inside the transport's, closed before it)."""
+        if current_library() == "trio":
+            import trio
+
+            self._nursery_cm = trio.open_nursery()
+            nursery = await self._nursery_cm.__aenter__()
+            self._spawner = TrioSpawner(nursery)
+        else:
+            self._spawner = AsyncioSpawner()
+        return self._spawner
 
     async def _dial_parent(self, address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
         transport = self.transport
@@ -317,19 +379,30 @@ class Node:
 
     async def aclose(self) -> None:
         """Shut down in the reference order (idempotent)."""
-        if self._manager is not None:
-            await self._manager.shutdown()
-        if self._server is not None:
-            await self._server.shutdown()
-        if self._transport_cm is not None:
-            cm, self._transport_cm = self._transport_cm, None
-            await cm.__aexit__(None, None, None)
-        if self._switch is not None:
-            switch, self._switch = self._switch, None
-            switch.shutdown()
-            await asyncio.get_running_loop().run_in_executor(None, switch.join, _SWITCH_JOIN)
-        elif self._carrier is not None and self._transport is None:
-            self._carrier.shutdown()
+        try:
+            tasks, self._session_tasks = self._session_tasks, []
+            for task in tasks:
+                task.cancel()
+            await join_shielded(tasks)
+            if self._manager is not None:
+                await self._manager.shutdown()
+            if self._server is not None:
+                await self._server.shutdown()
+        finally:
+            if self._nursery_cm is not None:
+                cm, self._nursery_cm = self._nursery_cm, None
+                assert isinstance(self._spawner, TrioSpawner)
+                self._spawner.nursery.cancel_scope.cancel()
+                await cm.__aexit__(None, None, None)
+            if self._transport_cm is not None:
+                cm, self._transport_cm = self._transport_cm, None
+                await cm.__aexit__(None, None, None)
+            if self._switch is not None:
+                switch, self._switch = self._switch, None
+                switch.shutdown()
+                await run_in_thread(switch.join, _SWITCH_JOIN)
+            elif self._carrier is not None and self._transport is None:
+                self._carrier.shutdown()
 
     # -- link-local protocols ---------------------------------------------------------------
 
@@ -340,9 +413,7 @@ class Node:
     ) -> None:
         """Run ``await handler(peer_pid, stream)`` for every link-local stream of
         ``protocol_id`` (``ValueError`` for the nameserver id or a duplicate)."""
-        key = (
-            protocol_id if isinstance(protocol_id, LinkProtocolId) else LinkProtocolId(protocol_id)
-        )
+        key = _protocol_key(protocol_id)
         if key.raw == NS_PROTOCOL_SELECTOR or key in self._pending_protocols:
             raise ValueError(f"link protocol {key} is already registered")
         if self._transport is not None:
@@ -354,6 +425,53 @@ class Node:
     ) -> Any:
         """A stream of a link-local protocol to the adjacent node ``pid`` at ``address``."""
         return await self.transport.dial_link_local(pid, address, protocol_id)
+
+    def register_link_session(
+        self,
+        protocol_id: LinkProtocolId | bytes,
+        handler: LinkSessionHandler,
+        *,
+        retry_delay: float | None = None,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    ) -> None:
+        """Run ``await handler(LinkContext, stream)`` once per parent<->child nameserver link
+        (spec 4.4; see ``chrysalis.node._sessions``): this node dials its parent's session
+        (link id, then the parent's version byte) and admits its children's. A session that
+        ends is reopened on the same link after ``retry_delay`` (the parent link's retry
+        delay by default); a lost link ends it. ``handshake_timeout`` bounds the link-id /
+        version exchange. ``ValueError`` for the nameserver id or a duplicate. Before or after
+        startup."""
+        key = _protocol_key(protocol_id)
+        if key.raw == NS_PROTOCOL_SELECTOR or key in self._pending_protocols:
+            raise ValueError(f"link protocol {key} is already registered")
+        delay = retry_delay
+        if delay is None:
+            delay = DEFAULT_RETRY_DELAY if self._parent is None else self._parent.retry_delay
+        sessions = LinkSessions(
+            key, handler, retry_delay=delay, handshake_timeout=handshake_timeout
+        )
+        self._sessions[key] = sessions
+
+        async def serve(peer: Pid, stream: Any) -> None:
+            await sessions.serve_child(self.nameserver, peer, stream)
+
+        self._pending_protocols[key] = serve
+        if self._transport is not None and self._spawner is not None:  # already running
+            self._transport.register_link_protocol(key, serve)
+            self._start_sessions(self._spawner, [sessions])
+
+    def link_sessions(self, protocol_id: LinkProtocolId | bytes) -> LinkSessions:
+        """The sessions of a protocol registered with ``register_link_session`` (their
+        counters, refused links and handshake ``failure``); ``KeyError`` otherwise."""
+        key = _protocol_key(protocol_id)
+        return self._sessions[key]
+
+    def _start_sessions(self, spawner: Spawner, which: list[LinkSessions]) -> None:
+        for sessions in which:
+            sessions.start(spawner, self.transport.dial_link_local)
+            if self._manager is not None:
+                task = spawner.spawn(sessions.supervise_parent, self._manager)
+                self._session_tasks.append(task)
 
     # -- names ------------------------------------------------------------------------------
 
@@ -418,3 +536,7 @@ class Node:
     async def accept(self) -> tuple[Pid, Any]:
         """The next stream another process opened to this node, with its PID."""
         return await self.transport.accept()
+
+
+def _protocol_key(protocol_id: LinkProtocolId | bytes) -> LinkProtocolId:
+    return protocol_id if isinstance(protocol_id, LinkProtocolId) else LinkProtocolId(protocol_id)
