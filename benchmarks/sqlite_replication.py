@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/sqlite_replication.py [--quick] [--smoke] [--case NAME] [--rows N]
-                                            [--json OUT] [--write-readme]
+                                            [--json OUT] [--write-readme] [--profile DIR]
 
 Five forked processes form the tree of ``packages/chrysalis-sqlite/tests/
 test_topology_processes.py`` (``root``; ``a`` and ``b`` under it; ``a1`` under ``a``, ``b1``
@@ -457,9 +457,23 @@ def plain_trial(case: Case, rows: int, folder: Path) -> tuple[Trial, TrialDetail
 # Candidate: Node + ReplicationTopology per process
 
 
+PROFILE_ENV: Final = "CHRYSALIS_SQLITE_BENCH_PROFILE"
+"""Set by ``--profile DIR``: each chrysalis process writes its ``cProfile`` statistics there."""
+
+
 def chrysalis_node(link: ChildLink, spec: NodeSpec) -> None:
     """One process of the chrysalis tree (runs in a forked child)."""
-    asyncio.run(_chrysalis_main(link, spec))
+    folder = os.environ.get(PROFILE_ENV)
+    if not folder:
+        asyncio.run(_chrysalis_main(link, spec))
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(asyncio.run, _chrysalis_main(link, spec))
+    finally:
+        profiler.dump_stats(os.path.join(folder, f"{spec.name}.{os.getpid()}.pstats"))
 
 
 async def _receive(link: ChildLink, timeout: float) -> object:
@@ -690,7 +704,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="replace the replication subsection of the package README's benchmark section",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write each chrysalis process's cProfile statistics into this folder",
+    )
     args = parser.parse_args(argv)
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        os.environ[PROFILE_ENV] = str(args.profile.resolve())
     unknown = set(args.case) - {c.name for c in CASES}
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")

@@ -62,6 +62,8 @@ def test_capture_smoke_run_produces_a_well_formed_row_for_every_case(tmp_path: P
         "file-batch-100",
         "memory-batch-100",
         "memory-batch-100-upsert",
+        "file-batch-100-metadata-only",
+        "memory-batch-100-metadata-only",
     }
     for name, row in rows.items():
         _check_trials(name, row)

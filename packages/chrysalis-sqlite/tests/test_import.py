@@ -38,6 +38,7 @@ EXPECTED = {
     "BeginBatch",
     "Change",
     "CommitBatch",
+    "EncodedChange",
     "FrameDecoder",
     "Hello",
     "Message",

@@ -289,3 +289,43 @@ def test_change_layout_matches_the_specification() -> None:
     delete = encode_change(Change("t", (1,), None, 3, b"S" * 16, 2))
     assert delete[5 + 13] == 0  # kind byte: DELETE, no row follows
     assert len(delete) == len(encode_change(change)) - len(encode_values([1, "x"]))
+
+
+@_PROPERTY
+@given(st.lists(changes, max_size=6).map(tuple))
+def test_kept_encodings_are_the_canonical_value_lists(chunk: tuple[Change, ...]) -> None:
+    """A receiver logs a change's key and row as received: they must be exactly the encoding
+    of the decoded values, for every value type."""
+    decoder = FrameDecoder(keep_encodings=True)
+    decoder.feed(encode_message(BatchChunk(chunk)) + encode_message(Ack(1)))
+    received = decoder.next_message()
+    assert isinstance(received, BatchChunk)
+    assert _same(received, BatchChunk(chunk))
+    encodings = decoder.chunk_encodings
+    assert encodings is not None
+    assert encodings == [
+        (encode_values(c.key), None if c.row is None else encode_values(c.row))
+        for c in received.changes
+    ]
+    assert decoder.next_message() == Ack(1)
+    assert decoder.chunk_encodings is None  # only for the chunk just returned
+    plain = FrameDecoder()  # without keep_encodings nothing is kept
+    plain.feed(encode_message(BatchChunk(chunk)))
+    assert plain.next_message() is not None
+    assert plain.chunk_encodings is None
+
+
+def test_every_truncation_of_a_chunk_is_a_codec_error() -> None:
+    chunk = BatchChunk(
+        (
+            Change("notes", ("k",), ("k", 1, 2.5, b"\x00", None), 7, b"s" * 16, 3),
+            Change("notes", (1,), None, 8, b"t" * 16, 0),
+        )
+    )
+    body = encode_message(chunk)[4:]
+    assert decode_body(body) == chunk
+    for end in range(len(body)):
+        with pytest.raises(CodecError):
+            decode_body(body[:end])
+    with pytest.raises(CodecError, match="table name"):
+        decode_body(b"\x04\x00\x00\x00\x01\x00\x00\x00\x02\xff\xfe")

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from chrysalis.core import Pid
 from chrysalis.sqlite import (
     MAX_CHANGES_PER_VERSION,
+    BatchChunk,
     Change,
     CorruptMetadataError,
     EligibilityMode,
+    FrameDecoder,
     FrontierEntry,
     InvalidBatchError,
     InvalidMutationError,
@@ -26,9 +28,11 @@ from chrysalis.sqlite import (
     Replica,
     ReplicaBusyError,
     ReplicaClosedError,
+    SqlValue,
     TableSchema,
     TransactionTooLargeError,
     decode_values,
+    encode_message,
     encode_values,
 )
 
@@ -515,3 +519,116 @@ def test_delete_removes_and_captures_even_an_absent_row() -> None:
         assert _rows(replica) == []
         deletes = [(decode_values(key), row) for *_, key, row in _log(replica)[1:]]
         assert deletes == [(("n1",), None), (("never-there",), None)]
+
+
+PAIRS = TableSchema(
+    "pairs",
+    "CREATE TABLE IF NOT EXISTS pairs (a, b, v, PRIMARY KEY (a, b))",
+    ["a", "b", "v"],
+    ["a", "b"],
+)
+# (no REAL keys: SQLite's own key comparison equates 0 and 0.0, the metadata does not)
+_KEY_PARTS = st.one_of(st.integers(-2, 2), st.sampled_from(["x", "y", "1"]))
+_PAIR_CHANGES = st.lists(
+    st.builds(
+        lambda a, b, v, version, site, seq: Change(
+            "pairs", (a, b), None if v is None else (a, b, v), version, site, seq
+        ),
+        _KEY_PARTS,
+        st.sampled_from([1, "1"]),
+        st.one_of(st.none(), st.integers(0, 3), st.text(max_size=2)),
+        st.integers(1, 4),
+        st.sampled_from([LOW, HIGH, OTHER]),
+        st.integers(0, 2),
+    ),
+    max_size=14,
+)
+
+
+def _state(replica: Replica) -> tuple[list[Any], ...]:
+    conn = replica.connection
+    return (
+        sorted(conn.execute("SELECT a, b, v, typeof(a) FROM pairs").fetchall(), key=repr),
+        conn.execute("SELECT * FROM __chrysalis_changes_v1 ORDER BY 1, 2, 3").fetchall(),
+        conn.execute("SELECT * FROM __chrysalis_resolved_rows_v2 ORDER BY 1, 2").fetchall(),
+        [replica.db_version],
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_PAIR_CHANGES, min_size=1, max_size=4))
+def test_batched_apply_matches_applying_changes_one_by_one(chunks: list[list[Change]]) -> None:
+    """Chunks with duplicates (within a chunk and across chunks), repeated rows, deletes and
+    keys that differ only in type (1 / "1"): the set-based apply gives the same
+    outcome counts, rows, log, winners and clock as a model that applies one change at a time,
+    and the session's path (the encodings as received) gives the same database."""
+    batched = Replica(":memory:", [PAIRS], site_id=bytes(16))
+    wire = Replica(":memory:", [PAIRS], site_id=bytes(16))
+    logged: set[tuple[bytes, int, int]] = set()
+    winners: dict[bytes, tuple[int, bytes, int]] = {}
+    rows: dict[bytes, tuple[Any, ...] | None] = {}
+    for chunk in chunks:
+        want_logged = want_applied = 0
+        for change in chunk:  # the model: one change at a time
+            origin = (change.site_id, change.db_version, change.seq)
+            if origin in logged:
+                continue
+            logged.add(origin)
+            want_logged += 1
+            key = encode_values(change.key)
+            stamp = (change.db_version, change.site_id, change.seq)
+            if key in winners and stamp <= winners[key]:
+                continue
+            winners[key] = stamp
+            rows[key] = change.row
+            want_applied += 1
+        outcome = batched.apply_changes(chunk)
+        assert (outcome.received, outcome.logged, outcome.applied) == (
+            len(chunk),
+            want_logged,
+            want_applied,
+        )
+        decoder = FrameDecoder(keep_encodings=True)
+        decoder.feed(encode_message(BatchChunk(tuple(chunk))))
+        message = decoder.next_message()
+        assert isinstance(message, BatchChunk)
+        assert decoder.chunk_encodings is not None
+        assert wire._apply(message.changes, decoder.chunk_encodings) == outcome
+    want_rows = sorted(
+        (
+            (*row, {int: "integer", float: "real", str: "text"}[type(row[0])])
+            for row in rows.values()
+            if row is not None
+        ),
+        key=repr,
+    )
+    state = _state(batched)
+    assert state[0] == want_rows
+    assert len(state[1]) == len(logged)
+    assert {(k, (v, s, q)) for _, k, v, s, q, _ in state[2]} == set(winners.items())
+    assert state == _state(wire)
+    batched.close()
+    wire.close()
+
+
+def test_a_received_key_must_match_its_row_exactly() -> None:
+    """On the session's path the key is compared with the row's key by type and value (floats
+    by bit pattern), as strictly as comparing their encodings."""
+    cases: list[tuple[tuple[SqlValue, ...], tuple[SqlValue, ...]]] = [
+        ((0.0, 1), (-0.0, 1, "v")),
+        ((1, 1), (1.0, 1, "v")),
+        (("1", 1), (1, 1, "v")),
+    ]
+    with Replica(":memory:", [PAIRS], site_id=OTHER) as replica:
+        for key, row in cases:
+            change = Change("pairs", key, row, 1, HIGH, 0)
+            body = encode_message(BatchChunk((change,)))
+            decoder = FrameDecoder(keep_encodings=True)
+            decoder.feed(body)
+            message = decoder.next_message()
+            assert isinstance(message, BatchChunk)
+            assert decoder.chunk_encodings is not None
+            with pytest.raises(InvalidMutationError, match="differs from its row's key"):
+                replica._apply(message.changes, decoder.chunk_encodings)
+        assert replica.connection.execute("SELECT COUNT(*) FROM pairs").fetchone() == (0,)
+        assert _log(replica) == []

@@ -59,6 +59,7 @@ __all__ = [
     "BeginBatch",
     "Change",
     "CommitBatch",
+    "EncodedChange",
     "FrameDecoder",
     "Hello",
     "Message",
@@ -92,6 +93,15 @@ _I64 = struct.Struct(">q")
 _TAG_U64 = struct.Struct(">BQ")
 _FRAME_TAG = struct.Struct(">IB")
 _CHUNK_HEAD = struct.Struct(">IBI")
+_I64_U32 = struct.Struct(">qI")
+
+_TABLE_FIELD_CACHE: Final = 256
+_TABLE_FIELDS: dict[str, bytes] = {}
+"""Encoded ``string`` fields of table names seen by ``encode_change_parts`` (bounded)."""
+
+EncodedChange = tuple[bytes, bytes | None]
+"""A received change's key and row value lists exactly as they were on the wire (``None``: a
+delete). The value-list encoding is canonical, so these are the bytes the change log stores."""
 
 _HELLO, _SCOPE, _BEGIN, _CHUNK, _COMMIT, _ACK, _SCHEMA, _SYNCHRONIZED = range(1, 9)
 _DELETE, _UPSERT = 0, 1
@@ -220,8 +230,29 @@ def _encode_scope(scope: SiteScope) -> bytes:
 def encode_change_parts(
     table: str, key_blob: bytes, row_blob: bytes | None, db_version: int, site_id: bytes, seq: int
 ) -> bytes:
-    """Encode a change whose key and row are already value-list blobs (as stored in the log)."""
-    parts = [_string_field("table name", table), key_blob]
+    """Encode a change whose key and row are already value-list blobs (as stored in the log).
+
+    This is the sender's per-change cost (every selected log row goes through it), so the
+    table-name field is cached per name and the common case is one ``join``; anything unusual
+    takes the checked path and its ``CodecError``."""
+    head = _TABLE_FIELDS.get(table) if type(table) is str else None
+    if head is None:
+        head = _string_field("table name", table)
+        if len(_TABLE_FIELDS) < _TABLE_FIELD_CACHE:
+            _TABLE_FIELDS[table] = head
+    if (
+        type(db_version) is int
+        and type(seq) is int
+        and type(site_id) is bytes
+        and _I64_MIN <= db_version <= _I64_MAX
+        and _I64_MIN <= seq <= _I64_MAX
+        and len(site_id) <= MAX_BYTES
+    ):
+        tail = _I64_U32.pack(db_version, len(site_id))
+        if row_blob is None:
+            return b"".join((head, key_blob, b"\x00", tail, site_id, _I64.pack(seq)))
+        return b"".join((head, key_blob, b"\x01", row_blob, tail, site_id, _I64.pack(seq)))
+    parts = [head, key_blob]
     if row_blob is None:
         parts.append(b"\x00")
     else:
@@ -345,10 +376,6 @@ class _Reader:
         except UnicodeDecodeError:
             raise CodecError(f"{what} {quote(raw)} is not valid UTF-8") from None
 
-    def values(self) -> tuple[SqlValue, ...]:
-        values, self.offset = read_values(self.data, self.offset)
-        return values
-
     def count(self, what: str, limit: int) -> int:
         n = self.u32(what)
         if n > limit:
@@ -369,20 +396,72 @@ class _Reader:
         except SiteScopeError as exc:
             raise CodecError(f"invalid scope: {exc}") from None
 
-    def change(self) -> Change:
-        table = self.string("table name")
-        key = self.values()
-        kind = self.u8("change kind")
-        if kind == _UPSERT:
-            row: tuple[SqlValue, ...] | None = self.values()
-        elif kind == _DELETE:
-            row = None
-        else:
-            raise CodecError(f"unknown change kind {kind}")
-        db_version = self.i64("db_version")
-        site_id = self.raw_bytes("site id")
-        seq = self.i64("seq")
-        return Change(table, key, row, db_version, site_id, seq)
+    def changes(self, count: int, encodings: list[EncodedChange] | None) -> tuple[Change, ...]:
+        """Decode ``count`` changes; with ``encodings``, also append each change's key and
+        row value lists as received (slices of the body, see ``FrameDecoder``).
+
+        One loop with the reads inlined: a chunk holds thousands of changes and this is the
+        receiver's per-change cost. The checks are those of the field readers above."""
+        data = self.data
+        offset = self.offset
+        end = len(data)
+        changes: list[Change] = []
+        append = changes.append
+        tables: dict[bytes, str] = {}
+        for _ in range(count):
+            if offset + 4 > end:
+                raise CodecError("table name runs past the end of the message")
+            (length,) = _U32.unpack_from(data, offset)
+            if length > MAX_BYTES:
+                raise CodecError(f"table name of {length} bytes exceeds {MAX_BYTES}")
+            start = offset + 4
+            offset = start + length
+            if offset > end:
+                raise CodecError("table name runs past the end of the message")
+            raw = data[start:offset]
+            table = tables.get(raw)
+            if table is None:
+                try:
+                    table = raw.decode()
+                except UnicodeDecodeError:
+                    raise CodecError(f"table name {quote(raw)} is not valid UTF-8") from None
+                tables[raw] = table
+            start = offset
+            key, offset = read_values(data, offset)
+            key_blob = data[start:offset]
+            if offset >= end:
+                raise CodecError("change kind runs past the end of the message")
+            kind = data[offset]
+            offset += 1
+            row: tuple[SqlValue, ...] | None
+            if kind == _UPSERT:
+                start = offset
+                row, offset = read_values(data, offset)
+                row_blob: bytes | None = data[start:offset]
+            elif kind == _DELETE:
+                row = row_blob = None
+            else:
+                raise CodecError(f"unknown change kind {kind}")
+            if offset + 12 > end:
+                what = "db_version" if offset + 8 > end else "site id"
+                raise CodecError(f"{what} runs past the end of the message")
+            db_version, length = _I64_U32.unpack_from(data, offset)
+            if length > MAX_BYTES:
+                raise CodecError(f"site id of {length} bytes exceeds {MAX_BYTES}")
+            start = offset + 12
+            offset = start + length
+            if offset > end:
+                raise CodecError("site id runs past the end of the message")
+            site_id = data[start:offset]
+            if offset + 8 > end:
+                raise CodecError("seq runs past the end of the message")
+            (seq,) = _I64.unpack_from(data, offset)
+            offset += 8
+            append(Change(table, key, row, db_version, site_id, seq))
+            if encodings is not None:
+                encodings.append((key_blob, row_blob))
+        self.offset = offset
+        return tuple(changes)
 
 
 def decode_body(body: bytes) -> Message:
@@ -391,12 +470,16 @@ def decode_body(body: bytes) -> Message:
     Raises ``CodecError`` for an empty body, an unknown tag, a field running past the end,
     trailing bytes, invalid UTF-8 or a count over its limit.
     """
+    return _decode_body(body, None)
+
+
+def _decode_body(body: bytes, encodings: list[EncodedChange] | None) -> Message:
     reader = _Reader(body)
     tag = reader.u8("message tag")
     message: Message
     if tag == _CHUNK:
         n = reader.count("chunk change count", MAX_CHUNK_CHANGES)
-        message = BatchChunk(tuple(reader.change() for _ in range(n)))
+        message = BatchChunk(reader.changes(n, encodings))
     elif tag == _HELLO:
         site_id = reader.raw_bytes("site id")
         message = Hello(site_id, reader.scope())
@@ -435,15 +518,27 @@ class FrameDecoder:
     raising it.
     """
 
-    __slots__ = ("_buffer", "_error", "_max_frame", "_offset")
+    __slots__ = ("_buffer", "_encodings", "_error", "_keep", "_max_frame", "_offset")
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self, max_frame_bytes: int = MAX_FRAME_BYTES, *, keep_encodings: bool = False
+    ) -> None:
         if not 1 <= max_frame_bytes <= MAX_FRAME_BYTES:
             raise ValueError(f"max_frame_bytes must be in 1..{MAX_FRAME_BYTES}")
         self._max_frame = max_frame_bytes
+        self._keep = keep_encodings
         self._buffer = bytearray()
         self._offset = 0
         self._error: CodecError | None = None
+        self._encodings: list[EncodedChange] | None = None
+
+    @property
+    def chunk_encodings(self) -> list[EncodedChange] | None:
+        """With ``keep_encodings``: for the ``BatchChunk`` ``next_message`` returned last, each
+        change's key and row value lists as received (``None`` after any other message, or
+        without ``keep_encodings``). A receiver stores these in its change log as they are
+        instead of encoding the decoded values again."""
+        return self._encodings
 
     @property
     def buffered(self) -> int:
@@ -480,11 +575,16 @@ class FrameDecoder:
         if self._offset == len(self._buffer):
             self._buffer.clear()
             self._offset = 0
+        encodings: list[EncodedChange] | None = [] if self._keep else None
+        self._encodings = None
         try:
-            return decode_body(body)
+            message = _decode_body(body, encodings)
         except CodecError as exc:
             self._error = exc
             raise
+        if type(message) is BatchChunk:
+            self._encodings = encodings
+        return message
 
     def end_of_stream(self) -> None:
         """Declare the end of the stream: fine between frames, ``TruncatedFrameError`` inside

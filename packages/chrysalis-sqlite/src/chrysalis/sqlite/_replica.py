@@ -21,10 +21,12 @@ implementation, so a database can move between implementations):
   the peer acknowledged (``synced_at``) and whether the origin is eligible on that link.
 
 Remote changes (``apply_changes``) are applied one chunk per transaction: each change is logged
-under its *original* origin tuple (``INSERT OR IGNORE``; a duplicate is skipped entirely), the
-clock advances to at least its version, and the row is written only if its tuple is greater
-than the recorded winner's. Receipt order therefore never decides a winner, and losing changes
-stay in the log and are still relayed.
+under its *original* origin tuple (a duplicate is skipped entirely), the clock advances to at
+least its version, and the row is written only if its tuple is greater than the recorded
+winner's. Receipt order therefore never decides a winner, and losing changes stay in the log
+and are still relayed. The chunk is applied set-based (see ``_apply``): it is staged once in a
+per-connection ``TEMP`` table, one join finds duplicates and current winners, and the log rows
+and winners are copied from the stage, with the same result as applying one change at a time.
 
 Concurrency: one replica is one connection, used from one thread. The "apply lock" of the
 reference is the rule that replica transactions do not nest: while the application holds
@@ -38,7 +40,8 @@ from __future__ import annotations
 import bisect
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
@@ -59,7 +62,7 @@ from chrysalis.sqlite._errors import (
     ReplicaClosedError,
     quote,
 )
-from chrysalis.sqlite._protocol import Change, encode_change_parts
+from chrysalis.sqlite._protocol import Change, EncodedChange, encode_change_parts
 from chrysalis.sqlite._schema import TableSchema
 from chrysalis.sqlite._scope import SITE_ID_LEN, EligibilityMode
 from chrysalis.sqlite._transaction import ReplicaTransaction, TransactionBehavior
@@ -78,6 +81,8 @@ MAX_BATCH_ROWS: Final = 4096
 
 MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
 """Most encoded change bytes in one outbound batch; one larger version group is an error."""
+
+_F64 = struct.Struct(">d")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,7 @@ class Replica:
         try:
             for statement in _sql.METADATA_DDL:
                 conn.execute(statement)
+            conn.execute(_sql.INCOMING_DDL)
             if requested_site is None:
                 conn.execute(
                     "INSERT OR IGNORE INTO __chrysalis_replica_v1 (singleton, site_id, db_version)"
@@ -308,46 +314,105 @@ class Replica:
         of the chunk is kept. Raises ``MissingSchemaError``, ``InvalidBatchError``,
         ``InvalidMutationError`` or ``ReplicaBusyError``.
         """
-        chunk = list(changes)
-        logged = applied = 0
+        return self._apply(list(changes), None)
+
+    def _apply(
+        self, chunk: Sequence[Change], encodings: Sequence[EncodedChange] | None
+    ) -> ApplyOutcome:
+        """``apply_changes``, optionally with each change's key and row value lists as
+        received (``FrameDecoder.chunk_encodings``), which are then stored as they are.
+
+        Why set-based: a chunk holds thousands of changes, and one SQL round trip per step
+        per change (log insert, winner lookup, row write, winner update) was the receiver's
+        whole cost. So the chunk is validated in Python first, then one staged join answers
+        "already logged?" and "current winner?" for every change, the last-writer-wins
+        decisions are made in chunk order in Python (exactly as applying the changes one by
+        one would), the log rows and each row's final winner are copied from the stage by
+        ``INSERT ... SELECT``, and the table writes run in chunk order, each run of one
+        statement as one ``executemany``.
+        """
         with self._write() as conn:
             origins = {_check_origin(c) for c in chunk}
-            conn.executemany(_sql.INSERT_ORIGIN, [(s,) for s in sorted(origins)])
-            highest = 0
-            for change in chunk:
+            if encodings is not None and len(encodings) != len(chunk):
+                raise ValueError("one encoding per change is required")
+            items: list[tuple[TableSchema, Change, bytes, bytes | None]] = []
+            for i, change in enumerate(chunk):
                 schema = self._schema(change.table)
-                key_blob, row_blob = _check_change(schema, change)
-                version, site, seq = change.db_version, change.site_id, change.seq
-                inserted = conn.execute(
-                    _sql.INSERT_CHANGE, (site, version, seq, change.table, key_blob, row_blob)
-                ).rowcount
-                if not inserted:
-                    continue
-                logged += 1
-                highest = max(highest, version)
-                winner = conn.execute(_sql.SELECT_RESOLVED, (change.table, key_blob)).fetchone()
-                if winner is not None and (version, site, seq) <= tuple(winner):
-                    continue
-                try:
-                    if change.row is None:
-                        conn.execute(schema.delete_sql, change.key)
-                    else:
-                        conn.execute(schema.upsert_sql, change.row)
-                except sqlite3.Error as exc:
-                    raise _to_sql_error(
-                        exc, f"applying a change to {quote(change.table)}"
-                    ) from None
-                conn.execute(
-                    _sql.UPSERT_RESOLVED,
-                    (change.table, key_blob, version, site, seq, change.row is None),
-                )
-                applied += 1
+                if encodings is None:
+                    key_blob, row_blob = _check_change(schema, change)
+                else:
+                    key_blob, row_blob = encodings[i]
+                    _check_received(schema, change, row_blob)
+                items.append((schema, change, key_blob, row_blob))
+            conn.executemany(_sql.INSERT_ORIGIN, [(s,) for s in sorted(origins)])
+            logged, applied, highest = self._apply_items(conn, items) if items else (0, 0, 0)
             if highest:
                 conn.execute(_sql.ADVANCE_CLOCK, (highest,))
         self._refresh_origins()
         if logged:
             self._changed()
         return ApplyOutcome(len(chunk), logged, applied)
+
+    def _apply_items(
+        self,
+        conn: sqlite3.Connection,
+        items: Sequence[tuple[TableSchema, Change, bytes, bytes | None]],
+    ) -> tuple[int, int, int]:
+        """Log, resolve and write validated changes; returns ``(logged, applied, highest
+        logged version)``. Runs inside the caller's write transaction."""
+        conn.execute(_sql.CLEAR_INCOMING)
+        conn.executemany(
+            _sql.STAGE_INCOMING,
+            [
+                (i, c.site_id, c.db_version, c.seq, c.table, key_blob, row_blob)
+                for i, (_, c, key_blob, row_blob) in enumerate(items)
+            ],
+        )
+        found = conn.execute(_sql.SELECT_INCOMING).fetchall()
+        if len(found) != len(items):
+            raise CorruptMetadataError("the change log or the row winners have duplicate keys")
+        seen: set[tuple[bytes, int, int]] = set()
+        winners: dict[tuple[str, bytes], tuple[int, bytes, int]] = {}
+        final: dict[tuple[str, bytes], int] = {}
+        new_log: list[int] = []
+        writes: list[tuple[TableSchema, Change]] = []
+        highest = 0
+        for i, ((duplicate, w_version, w_site, w_seq), (schema, change, key_blob, _)) in enumerate(
+            zip(found, items, strict=True)
+        ):
+            version, site, seq = change.db_version, change.site_id, change.seq
+            origin = (site, version, seq)
+            if duplicate or origin in seen:
+                continue
+            seen.add(origin)
+            new_log.append(i)
+            if version > highest:
+                highest = version
+            row_id = (change.table, key_blob)
+            current = winners.get(row_id)
+            if current is None and w_version is not None:
+                current = (w_version, w_site, w_seq)
+            candidate = (version, site, seq)
+            if current is not None and candidate <= current:
+                continue
+            winners[row_id] = candidate
+            final[row_id] = i
+            writes.append((schema, change))
+        logged_set = set(new_log)
+        if len(new_log) < len(items):  # drop the duplicates, then log the rest
+            conn.executemany(
+                _sql.DROP_INCOMING, [(i,) for i in range(len(items)) if i not in logged_set]
+            )
+        if new_log:
+            conn.execute(_sql.LOG_INCOMING)
+        _write_rows(conn, writes)
+        if len(final) < len(new_log):  # keep one winner per row, then record them
+            winning = set(final.values())
+            conn.executemany(_sql.DROP_INCOMING, [(i,) for i in new_log if i not in winning])
+        if final:
+            conn.execute(_sql.RESOLVE_INCOMING)
+        conn.execute(_sql.CLEAR_INCOMING)
+        return len(new_log), len(writes), highest
 
     def origins(self) -> tuple[bytes, ...]:
         """Every origin site id this replica knows, in registry (position) order."""
@@ -653,6 +718,65 @@ def _check_origin(change: Change) -> bytes:
     if not isinstance(change.seq, int) or change.seq < 0:
         raise InvalidBatchError(f"origin sequence number {quote(change.seq)} is negative")
     return site
+
+
+def _write_rows(conn: sqlite3.Connection, writes: Sequence[tuple[TableSchema, Change]]) -> None:
+    """Apply winning changes to their tables in order; each run of consecutive changes that
+    use one statement (same table, same kind) is one ``executemany``."""
+    start = 0
+    while start < len(writes):
+        schema, first = writes[start]
+        is_delete = first.row is None
+        stop = start + 1
+        while stop < len(writes):
+            other_schema, other = writes[stop]
+            if other_schema is not schema or (other.row is None) != is_delete:
+                break
+            stop += 1
+        run = writes[start:stop]
+        try:
+            if is_delete:
+                conn.executemany(schema.delete_sql, [c.key for _, c in run])
+            else:
+                conn.executemany(schema.upsert_sql, [c.row for _, c in run if c.row is not None])
+        except sqlite3.Error as exc:
+            raise _to_sql_error(exc, f"applying a change to {quote(schema.table)}") from None
+        start = stop
+
+
+def _check_received(schema: TableSchema, change: Change, row_blob: bytes | None) -> None:
+    """Validate a change decoded from the wire against its schema, given its row as received.
+
+    The decoder only produces ``int``, ``float``, ``str``, ``bytes`` and ``None``, so the key
+    matches the row's key exactly when the types match and the values are equal (floats by
+    their bit pattern, so that ``0.0`` and ``-0.0`` stay different): the same test as
+    comparing encodings, without encoding anything."""
+    key = change.key
+    if len(key) != len(schema.primary_key):
+        raise InvalidMutationError(
+            f"change of {quote(schema.table)} has {len(key)} key values, "
+            f"the table has {len(schema.primary_key)} key columns"
+        )
+    if any(v is None for v in key):
+        raise InvalidMutationError(f"change of {quote(schema.table)} has a NULL key value")
+    row = change.row
+    if (row is None) != (row_blob is None):
+        raise InvalidBatchError("a received change and its encoding disagree")
+    if row is None:
+        return
+    if len(row) != len(schema.columns):
+        raise InvalidMutationError(
+            f"change of {quote(schema.table)} has {len(row)} row values, "
+            f"the table has {len(schema.columns)} columns"
+        )
+    for j, i in enumerate(schema.key_indexes):
+        a, b = key[j], row[i]
+        if type(a) is not type(b) or (
+            _F64.pack(a) != _F64.pack(b) if isinstance(a, float) else a != b
+        ):
+            raise InvalidMutationError(
+                f"change of {quote(schema.table)} has a key that differs from its row's key"
+            )
 
 
 def _check_change(schema: TableSchema, change: Change) -> tuple[bytes, bytes | None]:

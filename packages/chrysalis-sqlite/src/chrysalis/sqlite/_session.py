@@ -245,7 +245,7 @@ class ReplicaSession:
         replica._attach_session(self._peer_raw, self)
         self._state = SessionState.AWAIT_HELLO
         self._error: BaseException | None = None
-        self._decoder = FrameDecoder()
+        self._decoder = FrameDecoder(keep_encodings=True)
         self._outbox: list[bytes] = []
         self._eof = False
         # peer side
@@ -508,7 +508,8 @@ class ReplicaSession:
         self._inbound_batch = message.batch_id
 
     def _on_chunk(self, message: BatchChunk) -> None:
-        outcome = self._replica.apply_changes(message.changes)
+        # the changes' key and row value lists as received: logged as they are, not re-encoded
+        outcome = self._replica._apply(message.changes, self._decoder.chunk_encodings)
         self._changes_received += outcome.received
         self._changes_logged += outcome.logged
         self._changes_applied += outcome.applied

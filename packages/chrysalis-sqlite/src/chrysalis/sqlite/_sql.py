@@ -6,6 +6,10 @@ the capture path (``ReplicaTransaction``) and the replica's apply/selection path
 statements. Keeping every metadata statement in one place keeps them consistent with the DDL.
 Nothing here runs SQL; it only defines it.
 
+Why the apply statements (``*_INCOMING``) go through a scratch table: a received chunk holds
+thousands of changes, so each change's values are bound once (into the ``TEMP`` stage), and the
+duplicate check, the winner lookup and the log and winner writes are set operations on it.
+
 Why the local-commit statements look the way they do (``INSERT_LOCAL_CHANGES``,
 ``RESOLVE_LOCAL_VERSION``): a local commit writes one change-log row and one winner per captured
 mutation, and through ``sqlite3`` the fixed cost of each bound statement step (binding six
@@ -27,17 +31,21 @@ __all__ = [
     "ADVANCE_CLOCK",
     "ADVANCE_FRONTIER",
     "BUMP_CLOCK",
-    "INSERT_CHANGE",
+    "CLEAR_INCOMING",
+    "DROP_INCOMING",
+    "INCOMING_DDL",
     "INSERT_LOCAL_CHANGES",
     "INSERT_ORIGIN",
+    "LOG_INCOMING",
     "LOCAL_CHUNK_SIZES",
     "METADATA_DDL",
+    "RESOLVE_INCOMING",
     "RESOLVE_LOCAL_VERSION",
     "SELECT_FOR_PEER",
-    "SELECT_RESOLVED",
+    "SELECT_INCOMING",
+    "STAGE_INCOMING",
     "UPSERT_FRONTIER_ELIGIBLE",
     "UPSERT_PEER_STATE",
-    "UPSERT_RESOLVED",
 ]
 
 METADATA_DDL: Final = (
@@ -86,16 +94,6 @@ BUMP_CLOCK: Final = (
 ADVANCE_CLOCK: Final = (
     "UPDATE __chrysalis_replica_v1 SET db_version = MAX(db_version, ?) WHERE singleton = 1"
 )
-INSERT_CHANGE: Final = (
-    "INSERT OR IGNORE INTO __chrysalis_changes_v1 "
-    "(site_id, db_version, seq, table_name, key_values, row_values) VALUES (?, ?, ?, ?, ?, ?)"
-)
-UPSERT_RESOLVED: Final = (
-    "INSERT INTO __chrysalis_resolved_rows_v2 "
-    "(table_name, key_values, db_version, site_id, seq, deleted) VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
-    "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
-)
 LOCAL_CHUNK_SIZES: Final = (32, 16, 8, 4, 2, 1)
 """Rows per ``INSERT_LOCAL_CHANGES`` statement, largest first: a commit of ``n`` mutations
 takes ``n // 32`` full statements and at most five more (the binary digits of ``n % 32``)."""
@@ -133,10 +131,53 @@ RESOLVE_LOCAL_VERSION: Final = (
 winner, in sequence order (so the last capture of a row in one transaction wins). A local
 version is greater than every tuple already recorded, so no comparison is needed."""
 
-SELECT_RESOLVED: Final = (
-    "SELECT db_version, site_id, seq FROM __chrysalis_resolved_rows_v2 "
-    "WHERE table_name = ? AND key_values = ?"
+INCOMING_DDL: Final = (
+    "CREATE TEMP TABLE IF NOT EXISTS __chrysalis_incoming_v1 ("
+    "i INTEGER PRIMARY KEY, site_id BLOB NOT NULL, db_version INTEGER NOT NULL, "
+    "seq INTEGER NOT NULL, table_name TEXT NOT NULL, key_values BLOB NOT NULL, row_values BLOB)"
 )
+"""A per-connection scratch table (``TEMP``: never in the database file) holding each change
+of the chunk being applied, as it will be logged. One join then answers "is it already
+logged?" and "what is the row's current winner?" for the whole chunk, and the log rows and
+winners are copied from it by ``INSERT ... SELECT`` (each change's values are bound once)."""
+STAGE_INCOMING: Final = (
+    "INSERT INTO temp.__chrysalis_incoming_v1 "
+    "(i, site_id, db_version, seq, table_name, key_values, row_values) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+SELECT_INCOMING: Final = (
+    "SELECT l.seq IS NOT NULL, r.db_version, r.site_id, r.seq "
+    "FROM temp.__chrysalis_incoming_v1 AS s "
+    "LEFT JOIN __chrysalis_changes_v1 AS l "
+    "ON l.site_id = s.site_id AND l.db_version = s.db_version AND l.seq = s.seq "
+    "LEFT JOIN __chrysalis_resolved_rows_v2 AS r "
+    "ON r.table_name = s.table_name AND r.key_values = s.key_values "
+    "ORDER BY s.i"
+)
+"""Per staged change, in chunk order: whether the log already holds its origin tuple, and the
+recorded winner ``(db_version, site_id, seq)`` of its row (NULLs: none)."""
+DROP_INCOMING: Final = "DELETE FROM temp.__chrysalis_incoming_v1 WHERE i = ?"
+"""Drop one staged change (a duplicate before logging, a non-winner before resolving): in
+the common case (every change new and winning) nothing is dropped, so nothing is bound."""
+LOG_INCOMING: Final = (
+    "INSERT OR IGNORE INTO __chrysalis_changes_v1 "
+    "(site_id, db_version, seq, table_name, key_values, row_values) "
+    "SELECT site_id, db_version, seq, table_name, key_values, row_values "
+    "FROM temp.__chrysalis_incoming_v1 ORDER BY i"
+)
+"""Log every staged change (the caller dropped the duplicates first)."""
+RESOLVE_INCOMING: Final = (
+    "INSERT INTO __chrysalis_resolved_rows_v2 "
+    "(table_name, key_values, db_version, site_id, seq, deleted) "
+    "SELECT table_name, key_values, db_version, site_id, seq, row_values IS NULL "
+    "FROM temp.__chrysalis_incoming_v1 WHERE true ORDER BY i "
+    "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
+    "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
+)
+"""Record every staged change as its row's winner (the caller left one per row). ``WHERE
+true`` keeps SQLite from reading ``ON CONFLICT`` as part of a join."""
+CLEAR_INCOMING: Final = "DELETE FROM temp.__chrysalis_incoming_v1"
+
 INSERT_ORIGIN: Final = "INSERT OR IGNORE INTO __chrysalis_origins_v1 (site_id) VALUES (?)"
 SELECT_FOR_PEER: Final = (
     "SELECT c.site_id, c.db_version, c.seq, c.table_name, c.key_values, c.row_values "

@@ -84,11 +84,12 @@ class ReplicaTransaction:
     captured (``TransactionTooLargeError``).
     """
 
-    __slots__ = ("_bytes", "_captures", "_conn", "_open", "_replica", "version")
+    __slots__ = ("_bytes", "_captures", "_conn", "_cursor", "_open", "_replica", "version")
 
     def __init__(self, replica: Replica, conn: sqlite3.Connection) -> None:
         self._replica = replica
         self._conn = conn
+        self._cursor = conn.cursor()  # reused by every capture (no cursor object per row)
         # ``table, key_blob, row_blob`` per mutation, flattened (``row_blob`` None: a delete)
         self._captures: list[str | bytes | None] = []
         self._bytes = 0
@@ -141,7 +142,9 @@ class ReplicaTransaction:
         self._check_open()
         schema = self._replica._schema(table)
         params = check_key(schema, key)
-        rows = self._conn.execute(schema.select_row_sql, params).fetchmany(2)
+        cursor = self._cursor
+        cursor.execute(schema.select_row_sql, params)
+        rows = cursor.fetchmany(2)
         if not rows:
             raise MissingRowError(f"no row of {quote(table)} has key {quote(params)}")
         if len(rows) > 1:
@@ -164,7 +167,9 @@ class ReplicaTransaction:
             raise InvalidMutationError(
                 f"table {quote(table)} has {len(schema.columns)} columns, got {len(row)} values"
             )
-        stored = self._conn.execute(schema.upsert_returning_sql, row).fetchone()
+        cursor = self._cursor
+        cursor.execute(schema.upsert_returning_sql, row)
+        stored = cursor.fetchone()
         if stored is None:  # a keys-only table whose row already existed (DO NOTHING)
             stored = self._conn.execute(schema.select_row_sql, schema.key_of(row)).fetchone()
             if stored is None:
@@ -261,6 +266,7 @@ class ReplicaTransaction:
     def _end(self, *, rollback: bool) -> None:
         self._open = False
         self._captures = []
+        self._cursor.close()
         try:
             if rollback and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
@@ -304,6 +310,8 @@ def _append_local_changes(
 
 
 def check_key(schema: TableSchema, key: Sequence[object]) -> tuple[object, ...]:
+    """``key`` as a tuple of bind parameters, after checking its arity and that no value is
+    NULL (``InvalidMutationError``)."""
     if type(key) is tuple:
         params: tuple[object, ...] = key
     elif isinstance(key, str | bytes) or not isinstance(key, Sequence):
