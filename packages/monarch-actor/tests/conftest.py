@@ -9,6 +9,7 @@ import pytest
 
 import monarch.actor
 from monarch.actor import MeshFailure, ProcMesh, _local_proc_mesh
+from monarch.config._registry import configured
 
 
 class FaultLog:
@@ -26,6 +27,17 @@ class FaultLog:
             time.sleep(0.005)
         assert len(self.failures) >= count, f"expected {count} faults, got {self.failures}"
         return self.failures
+
+
+@pytest.fixture(scope="module", params=["lanes", "force-quic"])
+def transport_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Multi-process tests run twice: over direct lanes, and with ``force_quic`` (the setting
+    reaches the workers through their environment)."""
+    if request.param == "force-quic":
+        with configured(force_quic=True):
+            yield request.param
+    else:
+        yield request.param
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 from monarch.actor import Actor, context, endpoint
 
@@ -30,3 +32,92 @@ class Counter(Actor):
     @endpoint
     def fail(self) -> None:
         raise ValueError("boom in a worker")
+
+    @endpoint
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+
+class Where(Actor):
+    """Reports where it runs: OS pid and network namespace (for the multi-host tests)."""
+
+    @endpoint
+    def place(self) -> tuple[int, int]:
+        return os.getpid(), os.stat("/proc/self/ns/net").st_ino
+
+    @endpoint
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+
+class Supervisor(Actor):
+    """Owns a ``Counter`` mesh spawned on a proc mesh it was given; records its failures."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.child: Any = None
+
+    @endpoint
+    def spawn_child(self, procs: Any) -> list[int]:
+        self.child = procs.spawn("child", Counter, 0)
+        return list(self.child.os_pid.call().get(timeout=20).values())
+
+    @endpoint
+    def child_pids(self) -> list[int]:
+        return list(self.child.os_pid.call().get(timeout=20).values())
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.failures.append(str(failure))
+        return True
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return list(self.failures)
+
+    @endpoint
+    def os_pid(self) -> int:
+        return os.getpid()
+
+
+class Logged(Actor):
+    """Appends ``<name> cleanup`` to a file when it stops (cleanup order across processes)."""
+
+    def __init__(self, log: str, name: str) -> None:
+        self.log = log
+        self.name = name
+
+    @endpoint
+    def os_pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def get(self) -> int:
+        return 0
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.log, "a") as handle:
+            handle.write(f"{self.name} cleanup\n")
+
+
+class LoggedParent(Logged):
+    """A ``Logged`` that owns a ``Logged`` child mesh on a proc mesh it was given."""
+
+    @endpoint
+    def spawn_child(self, procs: Any) -> list[int]:
+        self.child = procs.spawn("child", Logged, self.log, "child")
+        return list(self.child.os_pid.call().get(timeout=20).values())
+
+
+class NestedSpawner(Actor):
+    """Tries to spawn processes from inside a worker (not supported yet: a clear error)."""
+
+    @endpoint
+    def nested(self) -> str:
+        from monarch.actor import this_host
+
+        try:
+            this_host().spawn_procs(per_host={"procs": 1})
+        except NotImplementedError as exc:
+            return str(exc)
+        return "spawned"

@@ -642,3 +642,61 @@ def test_unhandled_fault_interrupts_the_main_thread_once(tmp_path: Path) -> None
     assert "not interrupted" not in result.stdout
     assert "unhandled in the child" in result.stderr
     assert "KeyboardInterrupt" in result.stderr
+
+
+def test_error_categories_of_any_exception() -> None:
+    from monarch.actor._errors import (
+        CodecError,
+        FrameError,
+        MessageTooLargeError,
+        PortClosedError,
+        PortOverflowError,
+        error_category,
+    )
+
+    event = FailureEvent(
+        category="infrastructure", kind="failed", actor="<a>", mesh_name="m", rank=0, reason="r"
+    )
+    assert error_category(ActorError(ValueError("x"))) is ErrorCategory.USER
+    assert error_category(SupervisionError(event=event)) is ErrorCategory.INFRASTRUCTURE
+    assert error_category(SupervisionError("no event")) is ErrorCategory.SYSTEM
+    assert error_category(MeshFailure(event)) is ErrorCategory.INFRASTRUCTURE  # type: ignore[arg-type]
+    for system in (CodecError("x"), FrameError("x"), PortClosedError(), PortOverflowError()):
+        assert error_category(system) is ErrorCategory.SYSTEM
+    assert error_category(MessageTooLargeError("x")) is ErrorCategory.USER
+    assert error_category(ConnectionResetError()) is ErrorCategory.INFRASTRUCTURE
+    assert error_category(asyncio.CancelledError()) is ErrorCategory.SYSTEM
+    assert error_category(KeyError("k")) is ErrorCategory.USER
+    assert error_category(Fatal("f")) is ErrorCategory.USER
+
+
+def test_failure_events_link_readable_names_to_internal_ids(procs: Procs, faults: Any) -> None:
+    mesh = procs(gpus=2).spawn("named", Faulty)
+    mesh.slice(gpus=1).fail_on.broadcast(1)
+    (failure,) = faults.wait_for(1)
+    event = failure.event
+    assert event.actor.startswith("<root>.<")
+    assert "named{'gpus': 1/2}>" in event.actor
+    path, _, proc = event.actor_id.partition("@")
+    assert path == event.mesh_name
+    assert proc
+    assert event.proc  # the label of the process where it failed
+    assert event.category == "user"
+    assert event.rank == 1
+
+
+def test_failure_event_decodes_without_the_newer_fields() -> None:
+    import msgspec
+
+    old = msgspec.msgpack.encode(
+        {
+            "category": "user",
+            "kind": "failed",
+            "actor": "<a>",
+            "mesh_name": "m",
+            "rank": 0,
+            "reason": "r",
+        }
+    )
+    event = msgspec.msgpack.decode(old, type=FailureEvent)
+    assert (event.actor_id, event.proc) == ("", "")

@@ -22,7 +22,12 @@ from chrysalis.quic.testing import issue_identity
 from monarch.actor._envelope import ActorAddr, Envelope, FrameLimits, MessageKind, PortAddr
 from monarch.actor._errors import MessageTooLargeError
 from monarch.actor._loop import RuntimeLoop
-from monarch.actor._node_transport import NodeProcessTransport, NodeTransportSettings
+from monarch.actor._node_transport import (
+    LaneSettings,
+    NodeProcessTransport,
+    NodeTransportSettings,
+)
+from monarch.config._registry import configured
 
 T = 10.0
 
@@ -52,12 +57,23 @@ class Member:
 
 
 class Cluster:
-    def __init__(self, settings: NodeTransportSettings | None = None) -> None:
+    """Nodes on one in-process network; ``lanes`` gives each transport its identity (so the
+    transports negotiate direct lanes) and ``lane_settings`` bounds them."""
+
+    def __init__(
+        self,
+        settings: NodeTransportSettings | None = None,
+        *,
+        lanes: bool = True,
+        lane_settings: LaneSettings | None = None,
+    ) -> None:
         self.loop = RuntimeLoop("test-node-transport")
         self.loop.start()
         self.net = InprocNetwork()
         self.members: list[Member] = []
         self.settings = settings
+        self.lanes = lanes
+        self.lane_settings = lane_settings
 
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop.loop).result(T)
@@ -65,10 +81,14 @@ class Cluster:
     def add(self, parent: Member | None = None, limits: FrameLimits | None = None) -> Member:
         async def start() -> Member:
             join = None if parent is None else JoinSettings(parent.node.local_addr, parent.node.pid)
-            node = Node(issue_identity(), carrier=self.net.bind(), parent=join)
+            identity = issue_identity()
+            node = Node(identity, carrier=self.net.bind(), parent=join)
             await node.__aenter__()
             await node.wait_connected()
-            transport = NodeProcessTransport(node, self.loop, limits=limits, settings=self.settings)
+            transport = NodeProcessTransport(
+                node, self.loop, limits=limits, settings=self.settings,
+                identity=identity if self.lanes else None, lanes=self.lane_settings,
+            )  # fmt: skip
             member = Member(node, transport)
             transport.attach(self.loop, member.deliver, member.bounce)
             transport.start()
@@ -90,8 +110,18 @@ class Cluster:
             self.loop.stop()
 
 
+@pytest.fixture(params=["lanes", "force-quic"])
+def transport_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test runs with direct lanes and with the ``force_quic`` setting."""
+    if request.param == "force-quic":
+        with configured(force_quic=True):
+            yield request.param
+    else:
+        yield request.param
+
+
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
+def cluster(transport_mode: str) -> Iterator[Cluster]:
     c = Cluster(NodeTransportSettings(dial_timeout=2.0))
     try:
         yield c

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from monarch.actor import ActorError, ProcMesh, SupervisionError, this_host
+from monarch.actor._host import LocalWorkerGroup
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import procs_actors by name
 import contextlib
 
-from procs_actors import Counter
+from procs_actors import Counter, LoggedParent, Supervisor
 
 T = 20.0
 
@@ -60,7 +61,7 @@ def _eventually_gone(pids: list[int], timeout: float) -> bool:
 
 
 @pytest.fixture(scope="module")
-def mesh() -> Iterator[tuple[ProcMesh, Any, list[int]]]:
+def mesh(transport_mode: str) -> Iterator[tuple[ProcMesh, Any, list[int]]]:
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     pids: list[int] = []
     try:
@@ -108,13 +109,13 @@ def test_actor_error_reaches_the_caller_and_the_actor_lives_on(
     assert counters.slice(gpus=0).get.call_one().get(timeout=T) == 15
 
 
-def test_stop_ends_every_worker_cleanly() -> None:
+def test_stop_ends_every_worker_cleanly(transport_mode: str) -> None:
     procs = this_host().spawn_procs({"gpus": 2})
     pids: list[int] = []
     try:
         assert procs._state is not None
         group = procs._state.group
-        assert group is not None
+        assert isinstance(group, LocalWorkerGroup)
         counters: Any = procs.spawn("c", Counter, 0)
         pids = counters.os_pid.call().get(timeout=T).values()
         procs.stop().get(timeout=T)
@@ -125,7 +126,7 @@ def test_stop_ends_every_worker_cleanly() -> None:
         _kill(pids)
 
 
-def test_killed_worker_makes_later_calls_to_its_rank_fail() -> None:
+def test_killed_worker_makes_later_calls_to_its_rank_fail(transport_mode: str) -> None:
     procs = this_host().spawn_procs({"gpus": 2})
     pids: list[int] = []
     try:
@@ -178,4 +179,146 @@ def test_workers_exit_when_the_client_is_killed(tmp_path: Path) -> None:
         client.wait(timeout=T)
         if client.stdout is not None:
             client.stdout.close()
+        _kill(pids)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_process_death_reaches_the_owning_actor_in_another_process(
+    transport_mode: str, faults: Any
+) -> None:
+    owners = this_host().spawn_procs({"gpus": 1}, name="owners")
+    workers = this_host().spawn_procs({"gpus": 2}, name="workers")
+    pids: list[int] = []
+    try:
+        supervisor: Any = owners.spawn("supervisor", Supervisor)
+        pids = [supervisor.os_pid.call_one().get(timeout=T)]
+        child_pids = supervisor.spawn_child.call_one(workers).get(timeout=T)
+        pids += child_pids
+        os.kill(child_pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + T
+        seen: list[str] = []
+        while not seen and time.monotonic() < deadline:
+            seen = supervisor.seen.call_one().get(timeout=T)
+            time.sleep(0.05)
+        assert len(seen) == 1, "the owner was not told about the dead process"
+        assert "MeshFailure" in seen[0]
+        assert "crashed_ranks=[1]" in seen[0]
+        assert "SIGKILL" in seen[0]
+        time.sleep(0.3)
+        assert faults.failures == []  # handled by the owner: nothing reaches the client hook
+        owners.stop().get(timeout=T)
+        workers.stop().get(timeout=T)
+    finally:
+        _kill(pids)
+
+
+def test_unhandled_process_death_reaches_the_client_hook(transport_mode: str, faults: Any) -> None:
+    procs = this_host().spawn_procs({"gpus": 2})
+    pids: list[int] = []
+    try:
+        counters: Any = procs.spawn("c", Counter, 0)
+        pids = counters.os_pid.call().get(timeout=T).values()
+        os.kill(pids[0], signal.SIGKILL)
+        (failure,) = faults.wait_for(1, timeout=T)
+        assert failure.mesh_name == counters._name.get()
+        assert "crashed_ranks=[0]" in str(failure)
+        assert "procs_actors.Counter" in str(failure)
+        with pytest.raises(SupervisionError, match=r"c\.get\(\) failed"):
+            counters.slice(gpus=0).get.call_one().get(timeout=T)
+        procs.stop().get(timeout=T)
+        time.sleep(0.3)
+        assert len(faults.failures) == 1  # at most once per rank, and a stop is no failure
+    finally:
+        _kill(pids)
+
+
+def test_stopping_a_parent_stops_its_children_on_other_processes_first(
+    transport_mode: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "cleanup.log"
+    parents_procs = this_host().spawn_procs({"gpus": 1}, name="parents")
+    children_procs = this_host().spawn_procs({"gpus": 1}, name="children")
+    pids: list[int] = []
+    try:
+        parent: Any = parents_procs.spawn("parent", LoggedParent, str(log), "parent")
+        pids = [parent.os_pid.call_one().get(timeout=T)]
+        pids += parent.spawn_child.call_one(children_procs).get(timeout=T)
+        parent.stop().get(timeout=T)
+        assert _lines(log) == ["child cleanup", "parent cleanup"]  # depth first
+        parents_procs.stop().get(timeout=T)
+        children_procs.stop().get(timeout=T)
+    finally:
+        _kill(pids)
+
+
+def test_children_do_not_outlive_a_parent_killed_with_sigkill(
+    transport_mode: str, tmp_path: Path, faults: Any
+) -> None:
+    log = tmp_path / "cleanup.log"
+    parents_procs = this_host().spawn_procs({"gpus": 1}, name="parents")
+    children_procs = this_host().spawn_procs({"gpus": 1}, name="children")
+    pids: list[int] = []
+    try:
+        parent: Any = parents_procs.spawn("parent", LoggedParent, str(log), "parent")
+        pids = [parent.os_pid.call_one().get(timeout=T)]
+        pids += parent.spawn_child.call_one(children_procs).get(timeout=T)
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + T
+        while "child cleanup" not in _lines(log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _lines(log) == ["child cleanup"], "the child outlived its killed parent"
+        faults.wait_for(1, timeout=T)  # the parent's death reaches its owner, the client
+        parents_procs.stop().get(timeout=T)
+        children_procs.stop().get(timeout=T)
+    finally:
+        _kill(pids)
+
+
+def test_a_call_waiting_on_a_killed_worker_fails_naming_the_actor_and_endpoint(
+    transport_mode: str, faults: Any
+) -> None:
+    procs = this_host().spawn_procs({"gpus": 1})
+    pids: list[int] = []
+    try:
+        counters: Any = procs.spawn("sleepy", Counter, 0)
+        pids = counters.os_pid.call().get(timeout=T).values()
+        pending = counters.nap.call_one(60.0)
+        time.sleep(0.3)  # the call is running in the worker
+        os.kill(pids[0], signal.SIGKILL)
+        # The reason is whichever the caller's process noticed first: the worker's exit
+        # (SIGKILL) or its broken stream; the actor and endpoint are always named.
+        with pytest.raises(SupervisionError, match=r"sleepy\.nap\(\) failed, .*sleepy-"):
+            pending.get(timeout=T)
+        faults.wait_for(1, timeout=T)
+        procs.stop().get(timeout=T)
+    finally:
+        _kill(pids)
+
+
+def test_an_unhandled_child_process_death_fails_the_parent_up_to_the_client(
+    tmp_path: Path, faults: Any
+) -> None:
+    log = tmp_path / "cleanup.log"
+    parents_procs = this_host().spawn_procs({"gpus": 1}, name="parents")
+    children_procs = this_host().spawn_procs({"gpus": 1}, name="children")
+    pids: list[int] = []
+    try:
+        parent: Any = parents_procs.spawn("parent", LoggedParent, str(log), "parent")
+        pids = [parent.os_pid.call_one().get(timeout=T)]
+        child_pids = parent.spawn_child.call_one(children_procs).get(timeout=T)
+        pids += child_pids
+        os.kill(child_pids[0], signal.SIGKILL)
+        (failure,) = faults.wait_for(1, timeout=T)  # the parent has no __supervise__
+        assert failure.mesh_name == parent._name.get()
+        assert "was not handled" in failure.report()
+        assert "SIGKILL" in failure.report()  # the causal chain reaches the process death
+        assert "parent cleanup" in _lines(log)
+        with pytest.raises(SupervisionError, match=r"parent\.get\(\) failed"):
+            parent.get.call_one().get(timeout=T)
+        parents_procs.stop().get(timeout=T)
+        children_procs.stop().get(timeout=T)
+    finally:
         _kill(pids)

@@ -112,10 +112,12 @@ def test_repr_lists_points_and_values() -> None:
     vm = ValueMesh(shape, ["000", "001", "010", "011", "100", "101", "110", "111"])
     lines = repr(vm).splitlines()
     assert lines[0] == "ValueMesh({x: 2, y: 2, z: 2}):"
-    assert lines[1] == "("
-    assert lines[2] == "  ({'x': 0/2, 'y': 0/2, 'z': 0/2}, '000'),"
-    assert lines[-2] == "  ({'x': 1/2, 'y': 1/2, 'z': 1/2}, '111'),"
-    assert lines[-1] == ")"
+    # The reference Monarch 0.7.0's layout: the pairs pretty-printed as a tuple, indented.
+    assert lines[1] == "  (({'x': 0/2, 'y': 0/2, 'z': 0/2}, '000'),"
+    assert lines[2] == "   ({'x': 0/2, 'y': 0/2, 'z': 1/2}, '001'),"
+    assert lines[-1] == "   ({'x': 1/2, 'y': 1/2, 'z': 1/2}, '111'))"
+    short = ValueMesh(Shape(["g"], Slice.new_row_major([2])), [3, 4])
+    assert repr(short) == "ValueMesh({g: 2}):\n  (({'g': 0/2}, 3), ({'g': 1/2}, 4))"
 
 
 def test_pickle_round_trip_of_a_slice_keeps_only_its_values() -> None:

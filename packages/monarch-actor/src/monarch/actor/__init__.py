@@ -15,6 +15,7 @@ from monarch.actor import _mesh, config
 from monarch.actor._accumulator import Accumulator
 from monarch.actor._actor import Actor
 from monarch.actor._adverbs import Endpoint, as_endpoint, send
+from monarch.actor._attach import attach_to_workers, run_worker_loop_forever
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
 from monarch.actor._context import (
@@ -41,6 +42,20 @@ from monarch.actor._ids import ActorId, ProcId
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
 from monarch.actor._shape import Extent, MeshTrait, Point, Region, Shape, Slice
+from monarch.actor._telemetry import (
+    ChainLink,
+    SupervisionRecord,
+    add_supervision_listener,
+    chrome_trace,
+    disable_telemetry,
+    enable_telemetry,
+    finished_spans,
+    get_meter,
+    metrics_snapshot,
+    span,
+    supervision_events,
+    traced,
+)
 from monarch.actor._value_mesh import ValueMesh
 
 __all__ = [
@@ -49,6 +64,7 @@ __all__ = [
     "ActorError",
     "ActorId",
     "ActorMesh",
+    "ChainLink",
     "Channel",
     "Context",
     "Endpoint",
@@ -71,19 +87,32 @@ __all__ = [
     "Shape",
     "Slice",
     "SupervisionError",
+    "SupervisionRecord",
     "ValueMesh",
+    "add_supervision_listener",
     "as_endpoint",
+    "attach_to_workers",
+    "chrome_trace",
     "concurrent_endpoint",
     "config",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "disable_telemetry",
+    "enable_telemetry",
     "endpoint",
+    "finished_spans",
+    "get_meter",
+    "metrics_snapshot",
+    "run_worker_loop_forever",
     "send",
     "shutdown_context",
+    "span",
+    "supervision_events",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]
 
@@ -106,6 +135,7 @@ for _public in (
     ActorError,
     ActorId,
     ActorMesh,
+    ChainLink,
     Channel,
     Context,
     Endpoint,
@@ -128,6 +158,7 @@ for _public in (
     Shape,
     Slice,
     SupervisionError,
+    SupervisionRecord,
     ValueMesh,
 ):
     _public.__module__ = __name__

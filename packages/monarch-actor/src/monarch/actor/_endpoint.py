@@ -92,6 +92,8 @@ class EndpointProperty(Generic[P, R]):
 
     def bind_check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise ``TypeError`` now if the arguments do not fit the method's signature."""
+        if not kwargs and len(args) == self._plain_arity:
+            return  # the common case, decided without Signature.bind (on every call's path)
         if self._signature is None:
             try:
                 self._signature = inspect.signature(self._method)
@@ -99,6 +101,23 @@ class EndpointProperty(Generic[P, R]):
                 return  # builtins without a signature: let the callee decide
         leading: tuple[Any, ...] = (None, None) if self._user_port else (None,)
         self._signature.bind(*leading, *args, **kwargs)
+
+    @functools.cached_property
+    def _plain_arity(self) -> int:
+        """How many positional arguments bind trivially: the method's parameters after
+        ``self`` (and the explicit port) when all are plain positional ones; -1 otherwise."""
+        try:
+            parameters = list(inspect.signature(self._method).parameters.values())
+        except (TypeError, ValueError):
+            return -1
+        leading = 2 if self._user_port else 1
+        if len(parameters) < leading:
+            return -1
+        rest = parameters[leading:]
+        plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if any(p.kind not in plain for p in parameters):
+            return -1
+        return len(rest)
 
     @overload
     def __get__(self, instance: None, owner: type | None = None) -> EndpointProperty[P, R]: ...

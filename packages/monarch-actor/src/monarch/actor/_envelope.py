@@ -131,6 +131,8 @@ class Envelope(msgspec.Struct, frozen=True, array_like=True):
     buffer_sizes: Annotated[tuple[_Size, ...], msgspec.Meta(max_length=MAX_BUFFERS)] = ()
     buffer_kinds: Annotated[bytes, msgspec.Meta(max_length=MAX_BUFFERS)] = b""
     flags: _Size = 0
+    #: The caller's span for tracing (16-byte trace id + 8-byte span id), or empty.
+    trace: Annotated[bytes, msgspec.Meta(max_length=24)] = b""
 
 
 #: ``Envelope.flags`` bit: the callee takes an explicit reply port (``as_endpoint`` methods).

@@ -17,7 +17,15 @@ infrastructure)" with "causal chaining" and the "first triggering event" surface
 
 A ``FailureEvent`` carries its ``cause`` (bounded to ``MAX_CHAIN`` links), so an owner that fails
 because it did not handle a child's failure reports the whole chain, and ``root_cause()`` returns
-the first triggering event.
+the first triggering event. Its ``actor`` is the readable creation chain
+(``<root>.<mymod.Trainer trainers{'gpus': 1/2}>``); ``actor_id`` links it to the internal
+identifier (``path@pid``, as ``current_actor_name()`` prints it) and ``proc`` names the process
+(its label) where the event was made, so a structured log line can be joined with the runtime's
+own records.
+
+``error_category(exc)`` classifies any exception the runtime hands to a user or counts in its
+metrics: the category an error carries, else ``infrastructure`` for OS and connection errors,
+``system`` for cancellation, ``user`` for everything else.
 
 Codec and framing errors (``CodecError`` and subclasses) are ``ValueError`` subclasses: they are
 raised for malformed or oversize input, never anything else.
@@ -43,6 +51,7 @@ __all__ = [
     "PortClosedError",
     "PortOverflowError",
     "SupervisionError",
+    "error_category",
     "format_remote_traceback",
 ]
 
@@ -67,7 +76,9 @@ class FailureEvent(msgspec.Struct, frozen=True, kw_only=True):
 
     ``kind`` is ``"failed"`` (the actor died), ``"stopped"`` (it was stopped gracefully and can
     no longer be messaged), ``"unhealthy"`` (a message reached an actor already known to have
-    failed; the original failure is the ``cause``) or ``"undeliverable"``.
+    failed; the original failure is the ``cause``) or ``"undeliverable"``. ``actor_id``
+    (``path@pid``) and ``proc`` (the label of the process that made the event) are empty when
+    unknown; they were added after the first fields, so older peers simply omit them.
     """
 
     category: str
@@ -78,6 +89,8 @@ class FailureEvent(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     traceback: str = ""
     cause: FailureEvent | None = None
+    actor_id: str = ""
+    proc: str = ""
 
     def chain(self) -> list[FailureEvent]:
         """This event followed by its causes, newest first."""
@@ -277,7 +290,9 @@ class MeshFailure:
 
 
 class CodecError(ValueError):
-    """Base of malformed-input errors of the message codec and framing."""
+    """Base of malformed-input errors of the message codec and framing. Category: ``system``."""
+
+    category = ErrorCategory.SYSTEM
 
 
 class FrameError(CodecError):
@@ -285,12 +300,40 @@ class FrameError(CodecError):
 
 
 class MessageTooLargeError(CodecError):
-    """An outgoing message exceeds the configured frame bound (raised at the sender)."""
+    """An outgoing message exceeds the configured frame bound (raised at the sender).
+
+    Category ``user``: the program asked to send more than the configured bound allows.
+    """
+
+    category = ErrorCategory.USER
 
 
 class PortClosedError(RuntimeError):
-    """A message was sent on, or received from, a port that is closed."""
+    """A message was sent on, or received from, a port that is closed. Category: ``system``."""
+
+    category = ErrorCategory.SYSTEM
 
 
 class PortOverflowError(RuntimeError):
-    """A port receiver's bounded queue overflowed; messages were dropped."""
+    """A port receiver's bounded queue overflowed; messages were dropped. Category: ``system``."""
+
+    category = ErrorCategory.SYSTEM
+
+
+def error_category(exc: BaseException) -> ErrorCategory:
+    """The category of ``exc``: its own ``category`` if it carries one (every error of this
+    module does), ``infrastructure`` for ``OSError`` (connections, files, timeouts of the OS),
+    ``system`` for cancellation, ``user`` otherwise (an exception raised by user code)."""
+    own = getattr(exc, "category", None)
+    if isinstance(own, ErrorCategory):
+        return own
+    if isinstance(own, str) and own in _CATEGORIES:
+        return ErrorCategory(own)
+    if isinstance(exc, OSError):  # ConnectionError, TimeoutError, BrokenPipeError, ...
+        return ErrorCategory.INFRASTRUCTURE
+    if type(exc).__name__ == "CancelledError":  # asyncio's and concurrent.futures'
+        return ErrorCategory.SYSTEM
+    return ErrorCategory.USER
+
+
+_CATEGORIES = frozenset(str(c) for c in ErrorCategory)

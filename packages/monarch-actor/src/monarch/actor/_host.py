@@ -3,65 +3,98 @@
 Why it looks like this (design "Monarch on Chrysalis"): every Monarch process is one Chrysalis
 Node and the namespace tree is the supervision tree.
 
-- The client's identity is a leaf of a development CA created in memory when the client
-  bootstraps (a few milliseconds), so the client runtime's PID *is* its node's PID from the
-  start and meshes, ports and actor addresses made before any worker exists stay valid. The
-  node itself (a root on ``udp://127.0.0.1:0``, on the client's runtime loop) starts lazily,
-  on the first ``spawn_procs``; the CA is then written to a private temporary directory
-  (mode 0700, removed at client shutdown) from which every worker issues its own leaf.
+- Identity: the client's leaf is issued at bootstrap from the *cluster CA*, the development CA
+  directory every Chrysalis tool uses (``$CHRYSALIS_DEV_CA_DIR``, else
+  ``<tmp>/chrysalis-dev-ca-<uid>``, created mode 0700 on first use). Local workers issue their
+  leaves from the same directory and worker daemons on other hosts
+  (``run_worker_loop_forever``) from a copy of it, so every process of a program trusts every
+  other one and nothing else. The client's PID is its node's PID from the start, so meshes,
+  ports and actor addresses made before any worker exists stay valid. If that directory cannot
+  be used (insecure, unreadable) the client falls back to a private in-memory CA written to a
+  temporary directory for its local workers (attaching remote hosts then fails with the reason).
+- The node (a root) starts lazily, on the first ``spawn_procs`` or ``attach_to_workers``. It
+  listens on ``$MONARCH_CLIENT_LISTEN`` (default ``udp://0.0.0.0:0``: every interface, so
+  hosts started separately can join it); local workers are given ``127.0.0.1`` and remote
+  hosts the local address that routes to them.
 - ``spawn_procs`` starts one ``python -m monarch.actor._worker`` per rank, each a Node joined
   under the client's node, and waits (bounded) until each printed its PID, i.e. joined. The
   workers get the client's ``sys.path`` as ``PYTHONPATH``: actor classes travel by reference.
-- The client's ``InProcessFabric`` gets the node's ``NodeProcessTransport`` as its uplink:
-  envelopes for worker PIDs leave through the node; envelopes arriving from workers are
-  handed to the fabric member they name.
-- A reaper thread per worker turns its exit into ``mark_unreachable``: queued and outstanding
-  calls to it, and every later call, fail with ``SupervisionError`` naming the exit status.
-- ``ProcMesh.stop()`` on workers sends ``STOP_PROC`` to the live ones (bounded wait), then
-  waits for every worker to exit and kills stragglers; it succeeds after workers crashed.
+- The client's ``InProcessFabric`` gets the node's ``NodeProcessTransport`` as its uplink.
+- A reaper per worker turns its exit into ``mark_unreachable`` (queued, outstanding and later
+  calls to it fail with ``SupervisionError`` naming the exit status) and, unless the exit was
+  asked for (a stop, a kill by the owner, client shutdown), into a *process death* notice:
+  every owner of an actor on that process gets a ``MeshFailure`` per rank (``__supervise__``,
+  or ``unhandled_fault_hook`` at the root), every other process of the program learns the PID
+  is gone (fail fast), and actors owned by actors of the dead process are stopped (children
+  never outlive their parent). See ``ProcRuntime.proc_died``.
+- ``ProcMesh.stop()`` sends ``STOP_PROC`` to the live workers (bounded wait), then waits for
+  every worker to exit and kills stragglers; it succeeds after workers crashed.
 - A worker whose parent link is gone exits (see ``_worker``): killing the client leaves no
   orphans after about twice ``mesh_orphan_timeout`` seconds.
+- Host meshes of hosts started separately (``attach_to_workers``) use the same worker
+  processes, started by the worker daemon of each host on the client's request (``_attach``).
 
-Only the QUIC path through the Node exists (no direct Unix-socket lanes yet).
+Messages start on the QUIC path through the Node and move to direct lanes where processes can
+reach each other (``_node_transport``, ``_lane``); ``MONARCH_FORCE_QUIC=1`` keeps them on QUIC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 
+# The process layer is imported with monarch.actor rather than on the first spawn_procs: the
+# zygote that forks local workers hands them exactly the modules the client had imported, so
+# importing it here takes several hundred milliseconds of imports out of every worker's start.
+import chrysalis.node  # noqa: F401
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
 from monarch.actor._main_module import main_reference
 from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
+from monarch.actor._zygote import Zygote, ZygoteUnavailableError
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
-    from monarch.actor._mesh import ProcMesh
+    from monarch.actor._attach import HostSession
+    from monarch.actor._mesh import ProcMesh, _ProcMeshState
     from monarch.actor._node_transport import NodeProcessTransport
     from monarch.actor._runtime import _Client
 
-__all__ = ["ClientNodeLayer", "HostMesh", "WorkerGroup", "this_host"]
+__all__ = [
+    "CLIENT_LISTEN_ENV",
+    "ClientNodeLayer",
+    "HostMesh",
+    "LocalWorkerGroup",
+    "WorkerGroup",
+    "this_host",
+    "worker_command",
+]
 
 #: Seconds ``spawn_procs`` waits for a worker to join and report its PID.
 SPAWN_TIMEOUT: Final = 30.0
 #: Seconds a stopping worker may take to exit before it is killed.
 EXIT_TIMEOUT: Final = 5.0
+#: Environment variable: the carrier address the client's node listens on.
+CLIENT_LISTEN_ENV: Final = "MONARCH_CLIENT_LISTEN"
+_DEFAULT_LISTEN: Final = "udp://0.0.0.0:0"
 _MAX_PROCS: Final = 1024
+_log = logging.getLogger("monarch.actor.host")
 
 
 def _describe_exit(code: int) -> str:
@@ -74,19 +107,171 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
+def source_ip_toward(host: str) -> str:
+    """The local IPv4 address the kernel would use to reach ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return str(probe.getsockname()[0])
+
+
+def worker_command(
+    *,
+    parent: str,
+    authority: str,
+    ca_dir: Path | str,
+    label: str,
+    idle: float,
+    main: tuple[str, str] | None,
+    listen: str | None = None,
+    exit_with_stdin: bool = False,
+) -> list[str]:
+    """The command line of one worker process (``python -m monarch.actor._worker``)."""
+    command = [
+        sys.executable, "-m", "monarch.actor._worker",
+        "--parent", parent,
+        "--authority", authority,
+        "--ca-dir", str(ca_dir),
+        "--label", label,
+        "--idle-timeout", str(float(idle)),
+    ]  # fmt: skip
+    if main is not None:
+        command += ["--main", f"{main[0]}:{main[1]}"]
+    if listen is not None:
+        command += ["--listen", listen]
+    if exit_with_stdin:
+        command.append("--exit-with-stdin")
+    return command
+
+
+class WorkerProcess(Protocol):
+    """What spawning uses of a worker process: ``subprocess.Popen`` or ``ZygoteProcess``."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+_worker_process = False
+
+
+def mark_worker_process() -> None:
+    """Called by ``_worker.main``: this process is a worker, not a client."""
+    global _worker_process
+    _worker_process = True
+
+
+def _in_worker_process() -> bool:
+    return _worker_process
+
+
+def forward_output(stream: IO[bytes] | None) -> None:
+    """Copy what a worker writes to its stdout after its PID line to this process's stdout.
+
+    Why: the pipe carries the readiness line; a worker that prints more than a pipe's buffer
+    would block in ``print`` if nobody read it. A daemon thread copies it on (as written, no
+    prefix: like a process sharing the terminal) and closes the pipe at end of file.
+    """
+    if stream is None:
+        return
+
+    def run() -> None:
+        fd = stream.fileno()
+        try:
+            while chunk := os.read(fd, 65536):
+                out = getattr(sys.stdout, "buffer", None)
+                try:
+                    if out is not None:
+                        out.write(chunk)
+                        out.flush()
+                    else:
+                        sys.stdout.write(chunk.decode("utf-8", "replace"))
+                        sys.stdout.flush()
+                except (OSError, ValueError):  # our stdout is closed: keep draining
+                    pass
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+    threading.Thread(target=run, name="monarch-worker-stdout", daemon=True).start()
+
+
+_zygote_lock = threading.Lock()
+_zygote_instance: Zygote | None = None
+#: The zygote's entry point for a worker (``_worker.forked_main``).
+FORKED_WORKER: Final = "monarch.actor._worker:forked_main"
+
+
+def _zygote() -> Zygote | None:
+    """This process's zygote, forked on first use; None where forking is unavailable."""
+    global _zygote_instance
+    with _zygote_lock:
+        current = _zygote_instance
+        if current is not None and current.alive and current.parent == os.getpid():
+            return current
+        try:
+            _zygote_instance = Zygote.start()
+        except (ZygoteUnavailableError, OSError) as exc:
+            _log.info("no zygote (%s): workers start with exec", exc)
+            _zygote_instance = None
+        return _zygote_instance
+
+
+def read_worker_pids(
+    popens: Sequence[WorkerProcess], labels: Sequence[str], timeout: float
+) -> list[Pid] | str:
+    """Wait (bounded) for each worker's first stdout line, its PID; the reason on failure."""
+    from chrysalis.core import Pid
+
+    pids: list[Pid] = []
+    deadline = time.monotonic() + timeout
+    for label, popen in zip(labels, popens, strict=True):
+        assert popen.stdout is not None
+        ready, _, _ = select.select([popen.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = popen.stdout.readline().decode("ascii", "replace").strip() if ready else ""
+        try:
+            pids.append(Pid(bytes.fromhex(line)))
+        except ValueError:
+            status = popen.poll()
+            why = "did not start in time" if status is None else _describe_exit(status)
+            return f"worker process {label} {why}"
+    return pids
+
+
 class ClientNodeLayer:
-    """The client's identity, and (lazily) its root node, transport and CA directory."""
+    """The client's identity, and (lazily) its root node, transport and worker groups."""
 
     def __init__(self) -> None:
-        from chrysalis.quic import DevelopmentCA
+        from chrysalis.quic import DevelopmentCA, default_dev_ca_directory
 
-        self._ca = DevelopmentCA.create("monarch client CA")
+        directory = default_dev_ca_directory()
+        self.cluster_ca_dir: Path | None = directory
+        self.ca_problem = ""
+        try:
+            self._ca = DevelopmentCA.load_or_create(directory)
+        except (OSError, ValueError) as exc:  # IdentityError is a ValueError
+            self.ca_problem = f"the cluster CA directory {directory} cannot be used: {exc}"
+            _log.warning("%s; using a private in-memory CA", self.ca_problem)
+            self.cluster_ca_dir = None
+            self._ca = DevelopmentCA.create("monarch client CA")
         self.identity = self._ca.issue()
         self._lock = threading.Lock()
         self._node: Any = None
+        self._client: _Client | None = None
         self.transport: NodeProcessTransport | None = None
-        self.ca_dir: Path | None = None
+        self.ca_dir: Path | None = self.cluster_ca_dir
+        self._temporary_ca = False
         self.groups: list[WorkerGroup] = []
+        self.sessions: list[HostSession] = []
         self.closed = False
 
     @property
@@ -94,19 +279,45 @@ class ClientNodeLayer:
         """The client's PID (its node's, once started)."""
         return self.identity.pid
 
+    @property
+    def ca_certificate_pem(self) -> bytes:
+        """The client's CA certificate (what every process of the program must trust)."""
+        from cryptography.hazmat.primitives import serialization
+
+        return self._ca.certificate.public_bytes(serialization.Encoding.PEM)
+
+    @property
+    def node(self) -> Any:
+        """The started node (``RuntimeError`` before ``ensure_started``)."""
+        if self._node is None:
+            raise RuntimeError("the client's node is not started")
+        return self._node
+
     def ensure_started(self, client: _Client) -> tuple[str, str, Path]:
-        """Start the node once; return (parent address, authority hex, CA directory)."""
+        """Start the node once; return (local parent address, authority hex, CA directory)."""
         with self._lock:
             if self.closed:
                 raise RuntimeError("the client runtime was shut down")
             if self._node is None:
-                self.ca_dir = self._write_ca()
+                if self.ca_dir is None:
+                    self.ca_dir = self._write_ca()
+                    self._temporary_ca = True
+                self._client = client
                 self._node, self.transport = asyncio.run_coroutine_threadsafe(
                     self._start(client), client.loop.loop
                 ).result(SPAWN_TIMEOUT)
                 client.fabric.uplink = self.transport
             assert self.ca_dir is not None
-            return str(self._node.local_addr), self.pid.hex(), self.ca_dir
+            return self.parent_address(None), self.pid.hex(), self.ca_dir
+
+    def parent_address(self, toward: str | None) -> str:
+        """The node's address as a process at ``toward`` (an IP; ``None``: this host) dials
+        it: a wildcard bind is replaced by the loopback or by the route's source address."""
+        addr = self.node.local_addr
+        if addr.scheme != "udp" or not addr.ip.is_unspecified:
+            return str(addr)
+        ip = "127.0.0.1" if toward is None else source_ip_toward(toward)
+        return f"udp://{ip}:{addr.port}"
 
     def _write_ca(self) -> Path:
         from cryptography.hazmat.primitives import serialization
@@ -117,10 +328,7 @@ class ClientNodeLayer:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        for name, data in (
-            ("ca.key", key),
-            ("ca.pem", self._ca.certificate.public_bytes(serialization.Encoding.PEM)),
-        ):
+        for name, data in (("ca.key", key), ("ca.pem", self.ca_certificate_pem)):
             fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
@@ -133,9 +341,8 @@ class ClientNodeLayer:
         from monarch.actor._runtime import _frame_limits
 
         idle = float(_config.get("mesh_orphan_timeout"))
-        node = Node.serve(
-            self.identity, "udp://127.0.0.1:0", quic_config=QuicConfig(idle_timeout=idle)
-        )
+        listen = os.environ.get(CLIENT_LISTEN_ENV) or _DEFAULT_LISTEN
+        node = Node.serve(self.identity, listen, quic_config=QuicConfig(idle_timeout=idle))
         await node.__aenter__()
         transport = NodeProcessTransport(
             node,
@@ -144,22 +351,42 @@ class ClientNodeLayer:
             undeliverable=client.fabric.bounce_inbound,
             limits=_frame_limits,
             hosts=client.fabric.hosts,
+            identity=self.identity,
         )
         transport.start()
         return node, transport
 
+    def process_died(self, pid: Pid, reason: str, *, failure: bool) -> None:
+        """A worker process is gone (any thread): fail calls to it now and, for a failure,
+        tell the owners of its actors and every other process of the program."""
+        transport = self.transport
+        if transport is not None:
+            transport.mark_unreachable(pid, reason)
+        client = self._client
+        if not failure or client is None or client.loop.closed:
+            return
+        from monarch.actor._runtime import broadcast_proc_death
+
+        with self._lock:
+            others = [p for group in self.groups for p in group.live_pids() if p != pid]
+        broadcast_proc_death(client, pid, reason, others)
+
     def shutdown(self, client: _Client, timeout: float) -> None:
-        """Kill leftover workers, close the transport and node, remove the CA directory."""
+        """Kill leftover workers, detach from remote hosts, close the transport and node,
+        remove a temporary CA directory."""
         with self._lock:
             self.closed = True
             node, self._node = self._node, None
             transport, self.transport = self.transport, None
             groups, self.groups = self.groups, []
+            sessions, self.sessions = self.sessions, []
         for group in groups:
             group.kill()
         if node is not None and not client.loop.closed:
 
             async def close() -> None:
+                for session in sessions:
+                    await session.detach()
                 if transport is not None:
                     await transport.aclose()
                 await node.aclose()
@@ -167,89 +394,47 @@ class ClientNodeLayer:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(close(), client.loop.loop).result(timeout)
         client.fabric.uplink = None
-        if self.ca_dir is not None:
+        if self._temporary_ca and self.ca_dir is not None:
             shutil.rmtree(self.ca_dir, ignore_errors=True)
 
 
 class WorkerGroup:
-    """The worker processes of one ``spawn_procs`` call and their reapers."""
+    """The worker processes of one ``spawn_procs`` call: their PIDs (by rank), exit events,
+    and how to stop and kill them. Subclasses start the processes (``LocalWorkerGroup`` on
+    this host, ``_attach.RemoteWorkerGroup`` through a host's worker daemon)."""
 
     def __init__(self, layer: ClientNodeLayer, labels: Sequence[str]) -> None:
         self._layer = layer
         self.labels = list(labels)
-        self.popens: list[subprocess.Popen[bytes]] = []
         self.pids: list[Pid] = []
         self.exited: list[threading.Event] = []
+        self.state: _ProcMeshState | None = None
+        """The proc mesh state (set by ``spawn_procs``): a stop makes exits expected."""
+        self.killed = False
 
-    def start(self, parent: str, authority: str, ca_dir: Path) -> None:
-        """Start every worker and wait (bounded) for each to report its PID."""
-        from chrysalis.core import Pid
+    def exit_expected(self) -> bool:
+        """True once the owner stopped or killed these processes (their exit is no failure)."""
+        return self.killed or (self.state is not None and self.state.stopped)
 
-        idle = str(float(_config.get("mesh_orphan_timeout")))
-        # Workers import what the client can import (actor classes are pickled by reference).
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        main_args: list[str] = []
-        reference = main_reference()
-        if reference is not None:
-            main_args = ["--main", f"{reference[0]}:{reference[1]}"]
-        for label in self.labels:
-            self.popens.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "monarch.actor._worker",
-                        "--parent",
-                        parent,
-                        "--authority",
-                        authority,
-                        "--ca-dir",
-                        str(ca_dir),
-                        "--label",
-                        label,
-                        "--idle-timeout",
-                        idle,
-                        *main_args,
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    env=env,
-                )
-            )
-        deadline = time.monotonic() + SPAWN_TIMEOUT
-        for label, popen in zip(self.labels, self.popens, strict=True):
-            assert popen.stdout is not None
-            ready, _, _ = select.select(
-                [popen.stdout], [], [], max(0.0, deadline - time.monotonic())
-            )
-            line = popen.stdout.readline().decode("ascii", "replace").strip() if ready else ""
-            try:
-                self.pids.append(Pid(bytes.fromhex(line)))
-            except ValueError:
-                self.kill()
-                status = popen.poll()
-                why = "did not start in time" if status is None else _describe_exit(status)
-                raise RuntimeError(f"worker process {label} {why}") from None
-        for label, popen, pid in zip(self.labels, self.popens, self.pids, strict=True):
-            event = threading.Event()
-            self.exited.append(event)
-            threading.Thread(
-                target=self._reap, args=(label, popen, pid, event), name="monarch-reaper",
-                daemon=True,
-            ).start()  # fmt: skip
+    def on_exit(self, rank: int, reason: str, *, expected: bool = False) -> None:
+        """The worker at ``rank`` exited (any thread; once per rank); ``expected``: the
+        caller knows the exit is no failure."""
+        if self.exited[rank].is_set():
+            return
+        self.exited[rank].set()
+        failure = not (expected or self.exit_expected())
+        self._layer.process_died(self.pids[rank], reason, failure=failure)
 
-    def _reap(
-        self, label: str, popen: subprocess.Popen[bytes], pid: Pid, event: threading.Event
-    ) -> None:
-        code = popen.wait()
-        if popen.stdout is not None:
-            popen.stdout.close()
-        event.set()
-        transport = self._layer.transport
-        if transport is not None:
-            transport.mark_unreachable(
-                pid, f"process {label} (os pid {popen.pid}) {_describe_exit(code)}"
-            )
+    def live_pids(self) -> list[Pid]:
+        """PIDs of the workers still running."""
+        return [pid for pid, gone in zip(self.pids, self.exited, strict=False) if not gone.is_set()]
+
+    def alive(self, rank: int) -> bool:
+        """True while the worker at ``rank`` runs."""
+        return not self.exited[rank].is_set()
+
+    def _kill_ranks(self, ranks: Sequence[int]) -> None:
+        raise NotImplementedError
 
     def stop(self, ranks: Sequence[int], stop_procs: Future[None] | None) -> Future[None]:
         """Wait for the ``STOP_PROC`` acknowledgements (bounded), then for the workers at
@@ -263,20 +448,83 @@ class WorkerGroup:
             deadline = time.monotonic() + EXIT_TIMEOUT
             for rank in ranks:
                 self.exited[rank].wait(max(0.0, deadline - time.monotonic()))
-                if not self.exited[rank].is_set():
-                    self.popens[rank].kill()
+            stragglers = [rank for rank in ranks if not self.exited[rank].is_set()]
+            if stragglers:
+                self._kill_ranks(stragglers)
+                for rank in stragglers:
                     self.exited[rank].wait(EXIT_TIMEOUT)
             cell.set_result(None)
 
         threading.Thread(target=run, name="monarch-proc-stop", daemon=True).start()
         return Future._create(cell)
 
-    def alive(self, rank: int) -> bool:
-        """True while the worker at ``rank`` runs."""
-        return not self.exited[rank].is_set()
+    def kill(self) -> None:
+        """SIGKILL every worker still running (their exits are not failures)."""
+        self.killed = True
+        self._kill_ranks([rank for rank in range(len(self.pids)) if self.alive(rank)])
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """Worker processes on this host, children of the client's OS process."""
+
+    def __init__(self, layer: ClientNodeLayer, labels: Sequence[str]) -> None:
+        super().__init__(layer, labels)
+        self.popens: list[WorkerProcess] = []
+
+    def start(self, parent: str, authority: str, ca_dir: Path) -> None:
+        """Start every worker and wait (bounded) for each to report its PID."""
+        idle = float(_config.get("mesh_orphan_timeout"))
+        # Workers import what the client can import (actor classes are pickled by reference).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        if _config.get("force_quic"):  # a runtime override reaches the workers too
+            env["MONARCH_FORCE_QUIC"] = "1"
+        main = main_reference()
+        method = _config.get("worker_spawn_method")
+        if method not in ("zygote", "exec"):
+            raise ValueError(f"worker_spawn_method must be 'zygote' or 'exec', not {method!r}")
+        zygote = _zygote() if method == "zygote" else None
+        for label in self.labels:
+            command = worker_command(
+                parent=parent, authority=authority, ca_dir=ca_dir, label=label, idle=idle,
+                main=main,
+            )  # fmt: skip
+            if zygote is not None:
+                try:
+                    self.popens.append(zygote.spawn(command[3:], target=FORKED_WORKER, env=env))
+                    continue
+                except ZygoteUnavailableError as exc:
+                    _log.warning("forking workers failed (%s); starting them with exec", exc)
+                    zygote = None
+            self.popens.append(
+                subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
+            )
+        pids = read_worker_pids(self.popens, self.labels, SPAWN_TIMEOUT)
+        if isinstance(pids, str):
+            self.kill()
+            raise RuntimeError(pids)
+        self.pids = pids
+        for rank, popen in enumerate(self.popens):
+            forward_output(popen.stdout)
+            self.exited.append(threading.Event())
+            threading.Thread(
+                target=self._reap, args=(rank, popen), name="monarch-reaper", daemon=True
+            ).start()
+
+    def _reap(self, rank: int, popen: WorkerProcess) -> None:
+        code = popen.wait()  # forward_output closes stdout at its end of file
+        self.on_exit(
+            rank, f"process {self.labels[rank]} (os pid {popen.pid}) {_describe_exit(code)}"
+        )
+
+    def _kill_ranks(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            popen = self.popens[rank]
+            if popen.poll() is None:
+                popen.kill()
 
     def kill(self) -> None:
         """SIGKILL every worker still running and reap them (bounded)."""
+        self.killed = True
         for popen in self.popens:
             if popen.poll() is None:
                 popen.kill()
@@ -286,20 +534,35 @@ class WorkerGroup:
 
 
 class HostMesh(MeshTrait):
-    """A mesh of hosts; ``this_host()`` is the client's own host (extent ``{}``).
+    """A mesh of hosts. ``this_host()`` is the client's own host (extent ``{}``);
+    ``attach_to_workers`` makes one of hosts started separately (extent ``{hosts: N}``).
 
-    ``spawn_procs(per_host)`` starts one worker process per point of ``per_host`` on this
-    host and returns the owned ``ProcMesh``; ``shutdown()`` stops every proc mesh spawned from
-    this handle and makes it unusable; ``stop()`` stops them and keeps the handle usable.
+    ``spawn_procs(per_host)`` starts one worker process per point of ``per_host`` on every host
+    of this mesh and returns the owned ``ProcMesh`` (extent: the host dimensions, then
+    ``per_host``). ``stop()`` stops every proc mesh spawned from this handle and keeps it (and
+    the hosts' worker daemons) usable; ``shutdown()`` does the same, then ends the worker
+    daemons and makes the handle unusable; ``kill()`` force-kills every process at once.
     """
 
-    def __init__(self, shape: Shape, *, owned: bool, name: str = "host") -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        *,
+        owned: bool,
+        name: str = "host",
+        hosts: Sequence[HostSession] | None = None,
+        attached_ref: bool = False,
+        _registry: tuple[list[ProcMesh], threading.Lock] | None = None,
+    ) -> None:
         self._shape = shape
+        self._attached_ref = attached_ref
         self._owned = owned
         self._name = name
-        self._spawned: list[ProcMesh] = []
+        self._hosts = list(hosts) if hosts is not None else None
+        # Proc meshes spawned from this mesh *or its slices* (shared with them), so stopping
+        # the owner stops everything spawned on its hosts.
+        self._spawned, self._lock = _registry or ([], threading.Lock())
         self._shut_down = False
-        self._lock = threading.Lock()
 
     # -- MeshTrait ---------------------------------------------------------------------------
     @property
@@ -311,12 +574,19 @@ class HostMesh(MeshTrait):
         return self._shape.labels
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, owned=False, name=self._name)
+        return HostMesh(
+            shape,
+            owned=False,
+            name=self._name,
+            hosts=self._hosts,
+            attached_ref=self._attached_ref,
+            _registry=(self._spawned, self._lock),
+        )
 
     # -- API -----------------------------------------------------------------------------------
     @property
     def initialized(self) -> Future[bool]:
-        """Resolves to ``True`` (the local host is always ready)."""
+        """Resolves to ``True`` (hosts are attached before the handle exists)."""
         return Future._completed(True)
 
     def spawn_procs(
@@ -327,11 +597,13 @@ class HostMesh(MeshTrait):
         proc_bind: list[dict[str, Any]] | None = None,
         bootstrap_command: Any = None,
     ) -> ProcMesh:
-        """Start one worker process per point of ``per_host`` and return their ``ProcMesh``.
+        """Start one worker process per point of ``per_host`` on every host; return their
+        ``ProcMesh``.
 
         Blocks until every worker joined (bounded by ``SPAWN_TIMEOUT``). ``RuntimeError``
-        after ``shutdown``; ``ValueError`` for a label of the host mesh or a bad size;
-        ``NotImplementedError`` for ``bootstrap``, ``proc_bind`` and ``bootstrap_command``.
+        after ``shutdown`` or for a lost host; ``ValueError`` for a label of the host mesh or
+        a bad size; ``NotImplementedError`` for ``bootstrap``, ``proc_bind`` and
+        ``bootstrap_command``.
         """
         from monarch.actor._context import _current
         from monarch.actor._mesh import ProcMesh, _adopt, _ProcMeshState
@@ -339,6 +611,15 @@ class HostMesh(MeshTrait):
 
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
+        if self._attached_ref:
+            raise NotImplementedError(
+                "spawn_procs on an unpickled host mesh of attached hosts is not supported"
+            )
+        if _in_worker_process():
+            raise NotImplementedError(
+                "spawn_procs from inside a worker process is not supported yet: spawn every "
+                "process mesh from the client and pass it to the actors that need it"
+            )
         for option, value in (
             ("bootstrap", bootstrap),
             ("proc_bind", proc_bind),
@@ -354,19 +635,32 @@ class HostMesh(MeshTrait):
                 raise ValueError(f"per_host label {label!r} is already a host mesh label")
             if size < 1:
                 raise ValueError(f"per_host size for {label!r} must be at least 1, got {size}")
-        extent = Extent(list(sizes), list(sizes.values()))
+        local = Extent(list(sizes), list(sizes.values()))
+        extent = Extent(
+            [*self._shape.labels, *local.labels],
+            [*self._shape.ndslice.sizes, *local.sizes],
+        )
         if extent.nelements > _MAX_PROCS:
             raise ValueError(f"at most {_MAX_PROCS} processes per spawn_procs call")
         mesh_name = name or "procs"
         c = client()
         layer = c.node_layer
         parent, authority, ca_dir = layer.ensure_started(c)
-        group = WorkerGroup(layer, [f"{mesh_name}{point}" for point in extent.points()])
-        with layer._lock:
-            layer.groups.append(group)
-        group.start(parent, authority, ca_dir)
+        group: WorkerGroup
+        if self._hosts is None:
+            local_group = LocalWorkerGroup(layer, [f"{mesh_name}{p}" for p in local.points()])
+            with layer._lock:
+                layer.groups.append(local_group)
+            local_group.start(parent, authority, ca_dir)
+            group = local_group
+        else:
+            from monarch.actor._attach import spawn_on_hosts
+
+            hosts = [self._hosts[rank] for rank in self._shape.ndslice]
+            group = spawn_on_hosts(layer, hosts, extent, local, mesh_name)
         procs = [ProcId(pid, label) for pid, label in zip(group.pids, group.labels, strict=True)]
         state = _ProcMeshState(group)
+        group.state = state
         mesh = ProcMesh(procs, Shape.from_extent(extent), owned=True, state=state, name=mesh_name)
         ctx = _current()
         _adopt(ctx._cell if ctx is not None else c.root, mesh)
@@ -374,32 +668,73 @@ class HostMesh(MeshTrait):
             self._spawned.append(mesh)
         return mesh
 
-    def stop(self) -> Future[None]:
-        """Stop every proc mesh spawned from this handle (the handle stays usable)."""
+    def _stop_spawned(self, then: Callable[[], None] | None = None) -> Future[None]:
         with self._lock:
-            meshes, self._spawned = self._spawned, []
+            meshes = list(self._spawned)
+            self._spawned.clear()
         futures = [m.stop() for m in meshes if m._owned and not m._state.stopped]  # type: ignore[union-attr]
         cell: _Cell[None] = _Cell()
 
         def run() -> None:
             for future in futures:
                 future._cell.wait(float(_config.get("stop_actor_timeout")) + EXIT_TIMEOUT + 2)
-            cell.set_result(None)
+            try:
+                if then is not None:
+                    then()
+            finally:
+                cell.set_result(None)
 
         threading.Thread(target=run, name="monarch-host-stop", daemon=True).start()
         return Future._create(cell)
 
-    def shutdown(self) -> Future[None]:
-        """Stop every proc mesh spawned from this handle; later ``spawn_procs`` raise."""
+    def stop(self) -> Future[None]:
+        """Stop every proc mesh spawned from this handle or its slices (the handle and the
+        hosts' worker daemons stay usable). ``RuntimeError`` on a reference."""
         if not self._owned:
             raise RuntimeError(
-                "HostMesh cannot be shut down: this is a reference instead of owned "
+                "HostMesh cannot be stopped: this is a reference instead of owned "
+                "(a slice or an unpickled copy)"
+            )
+        return self._stop_spawned()
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc mesh spawned from this handle, then end the worker daemons of
+        attached hosts; later ``spawn_procs`` raise."""
+        self._claim_end("shut down")
+        hosts = self._hosts
+        return self._stop_spawned(None if hosts is None else lambda: _end_hosts(hosts, kill=False))
+
+    def kill(self) -> Future[None]:
+        """Force-kill: SIGKILL every process spawned from this handle at once (attached
+        hosts' worker daemons kill theirs and exit immediately). The exits are not failures;
+        the handle becomes unusable."""
+        self._claim_end("killed")
+        with self._lock:
+            meshes = list(self._spawned)
+            self._spawned.clear()
+        for mesh in meshes:
+            state = mesh._state
+            if state is not None:
+                state.stopped = True
+                if state.group is not None:
+                    state.group.killed = True
+        if self._hosts is not None:
+            _end_hosts(self._hosts, kill=True)
+        for mesh in meshes:
+            state = mesh._state
+            if state is not None and state.group is not None:
+                state.group.kill()
+        return Future._completed(None)
+
+    def _claim_end(self, what: str) -> None:
+        if not self._owned:
+            raise RuntimeError(
+                f"HostMesh cannot be {what}: this is a reference instead of owned "
                 "(a slice or an unpickled copy)"
             )
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
         self._shut_down = True
-        return self.stop()
 
     async def __aenter__(self) -> HostMesh:
         return self
@@ -414,15 +749,20 @@ class HostMesh(MeshTrait):
             await self.shutdown()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_host_mesh, (self._shape, self._name))
+        return (_rebuild_host_mesh, (self._shape, self._name, self._hosts is not None))
 
     def __repr__(self) -> str:
         owned = "owned" if self._owned else "ref"
         return f"<HostMesh {self._name} {self.extent} ({owned})>"
 
 
-def _rebuild_host_mesh(shape: Shape, name: str) -> HostMesh:
-    return HostMesh(shape, owned=False, name=name)
+def _end_hosts(hosts: Sequence[HostSession], *, kill: bool) -> None:
+    for session in hosts:
+        session.end(kill=kill)
+
+
+def _rebuild_host_mesh(shape: Shape, name: str, attached: bool = False) -> HostMesh:
+    return HostMesh(shape, owned=False, name=name, attached_ref=attached)
 
 
 def this_host() -> HostMesh:

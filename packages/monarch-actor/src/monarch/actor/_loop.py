@@ -101,6 +101,9 @@ class RuntimeLoop:
         if self._closed:
             raise RuntimeLoopClosedError(f"runtime loop {self._name!r} is stopped")
         try:
+            if threading.get_ident() == self._ident:  # same queue, no wake-up write needed
+                self._loop.call_soon(fn, *args)
+                return
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError as exc:  # the loop closed under us
             raise RuntimeLoopClosedError(str(exc)) from None

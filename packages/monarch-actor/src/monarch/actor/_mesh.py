@@ -243,10 +243,10 @@ class ProcMesh(MeshTrait):
         self._state.stopped = True
         group = self._state.group
         ranks = list(self._shape.ndslice)
+        live = [g for g in ranks if group is None or group.alive(g)]
+        # Cast ranks index the gathering port's slots: number the live targets densely.
         targets = [
-            (ActorAddr(self._procs[g].pid.raw, ""), CastInfo((), (), i))
-            for i, g in enumerate(ranks)
-            if group is None or group.alive(g)
+            (ActorAddr(self._procs[g].pid.raw, ""), CastInfo((), (), i)) for i, g in enumerate(live)
         ]
         if group is None:
             return _fan_out(MessageKind.STOP_PROC, targets)
@@ -306,6 +306,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._proc_state: _ProcMeshState | None = None
         self._stopped = False
         self._chooser = itertools.count()
+        self._targets_cache: list[tuple[ActorAddr, CastInfo]] | None = None
         self._endpoints: dict[str, EndpointProperty[Any, Any]] = endpoints_of(actor_class)
 
     # -- MeshTrait ---------------------------------------------------------------------------
@@ -321,7 +322,12 @@ class ActorMesh(MeshTrait, Generic[T]):
         return ActorMesh(self._class, self._user_name, self._path, self._procs, shape)
 
     def _targets(self) -> list[tuple[ActorAddr, CastInfo]]:
-        return _targets_of(self._procs, self._shape, self._path)
+        # A mesh's processes, shape and path never change: compute the targets once (this is
+        # on every call's path). Callers only read the list.
+        targets = self._targets_cache
+        if targets is None:
+            targets = self._targets_cache = _targets_of(self._procs, self._shape, self._path)
+        return targets
 
     # -- endpoints -------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:

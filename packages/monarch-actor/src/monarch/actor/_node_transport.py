@@ -29,8 +29,18 @@ those bounces into ``SupervisionError`` for callers. ``mark_unreachable(pid, rea
 by the process layer when it learns a process died) does the same at once and makes every
 later envelope to that PID bounce immediately.
 
-Only the QUIC path through the Node exists; direct lanes (Unix stream sockets between
-processes on one host) are not implemented.
+Direct lanes (``_lane``, ``_lane_proto``): when the transport has its process's identity, each
+outbound stream starts with a ``Hello`` and the receiver answers with an ``Offer`` on the
+stream's reverse direction; once the offered lane (Unix socket on one host, TLS over TCP across
+hosts) is authenticated, the writer puts a ``Switch`` marker on the stream after the last
+envelope it wrote there and sends every later envelope on the lane. The receiver starts reading
+the lane only when its stream reader reached the marker, so per-sender order holds across the
+change of path. After the switch the (now idle) stream may end without consequence; the lane's
+end is what fails the peer then, exactly as a broken stream does. ``force_quic`` (setting
+``MONARCH_FORCE_QUIC``) keeps everything on the QUIC path. On a Unix lane, buffers of at least
+``LaneSettings.shm_threshold`` bytes travel as memfd slots (``_shm``): the sender copies them
+once, straight from the caller's memory into a pooled memfd slot, and the receiver reads them
+once, straight into the objects the values are rebuilt from.
 """
 
 from __future__ import annotations
@@ -39,14 +49,20 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
+
+import msgspec
 
 from chrysalis.core import Pid
 from monarch.actor._codec import detach_buffers
 from monarch.actor._envelope import (
+    FRAME_PREFIX,
     Envelope,
     FrameDecoder,
     FrameLimits,
@@ -55,11 +71,22 @@ from monarch.actor._envelope import (
     encode_frame,
 )
 from monarch.actor._errors import FrameError
+from monarch.actor._lane import ZERO_SHM_HEAD, Lane, LaneManager, LaneSettings
+from monarch.actor._lane_proto import (
+    ControlSplitter,
+    Hello,
+    Offer,
+    Switch,
+    encode_control,
+    lane_prefix,
+)
 from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._transport import DeliverCallback, UndeliverableCallback
+from monarch.config import _registry as _config
 
 __all__ = [
     "STREAM_MAGIC",
+    "LaneSettings",
     "NodeProcessTransport",
     "NodeTransportSettings",
     "NodeTransportStatistics",
@@ -72,6 +99,21 @@ _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
 )
 _log = logging.getLogger("monarch.actor.transport")
+_HEADER_ENCODER = msgspec.msgpack.Encoder()
+_UDP_HOST = re.compile(r"^udp://\[?([0-9a-fA-F.:]+)\]?:\d+$")
+
+
+def _tcp_host(node: Any) -> str | None:
+    """The address a TCP lane listener should bind and offer: the node's own UDP address,
+    unless it is a wildcard or loopback (processes that share a loopback share a host, and
+    reach each other over Unix lanes)."""
+    match = _UDP_HOST.match(str(getattr(node, "local_addr", "")))
+    if match is None:
+        return None
+    host = match.group(1)
+    if host in ("0.0.0.0", "::") or host.startswith("127.") or host == "::1":
+        return None
+    return host
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +131,9 @@ class NodeTransportSettings:
             forgotten: they can then no longer be failed when the peer dies).
         read_chunk: bytes asked for per stream read.
         flush_timeout: seconds ``aclose`` waits for queued frames to be written.
+        lane_grace: seconds between a lane's end and failing its peer, so that the process
+            layer, which learns of a process's death at the same moment, can name the cause
+            (``mark_unreachable``: "killed by SIGKILL") before a vaguer "closed its lane".
     """
 
     dial_timeout: float = 10.0
@@ -99,10 +144,12 @@ class NodeTransportSettings:
     max_outstanding: int = 65_536
     read_chunk: int = 256 * 1024
     flush_timeout: float = 5.0
+    lane_grace: float = 0.2
 
     def __post_init__(self) -> None:
         if (
             min(self.dial_timeout, self.flush_timeout) <= 0
+            or self.lane_grace < 0
             or min(
                 self.max_queued_bytes,
                 self.max_queued_frames,
@@ -119,7 +166,7 @@ class NodeTransportSettings:
 @dataclass(frozen=True, slots=True)
 class NodeTransportStatistics:
     """A snapshot: peers with outbound state, inbound streams, queued frames and bytes,
-    envelopes bounced so far, and PIDs marked unreachable."""
+    envelopes bounced so far, PIDs marked unreachable, outbound and inbound lanes in use."""
 
     peers: int
     inbound_streams: int
@@ -127,25 +174,70 @@ class NodeTransportStatistics:
     queued_bytes: int
     bounced: int
     unreachable: int
+    outbound_lanes: int = 0
+    inbound_lanes: int = 0
 
 
 _OutstandingKey = tuple[bytes, int, int]
 
 
+@dataclass(slots=True)
+class _Shared:
+    """A frame whose large buffers were put in ``lane``'s shared-memory slots: ``slots`` pairs
+    each such buffer's index with its slot, ``fds`` holds the descriptors to pass (taken by the
+    writer), ``inline`` the other buffers (``None`` at shared positions)."""
+
+    lane: Lane
+    slots: list[tuple[int, int]]
+    fds: list[int]
+    inline: list[bytes | bytearray | None]
+
+    def close(self) -> None:
+        """The frame will not leave with its descriptors: free the slots (the receiver will
+        never acknowledge them) and close the descriptors."""
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.fds:
+            for _index, slot in self.slots:
+                self.lane.pool.release(slot)
+        self.fds = []
+
+
+_Queued = tuple[Envelope, list[Any], int, _Shared | None]
+
+
 class _Peer:
     """Outbound state for one destination PID (runtime loop thread only)."""
 
-    __slots__ = ("outstanding", "pid", "queue", "stream", "task", "watch")
+    __slots__ = (
+        "failing",
+        "lane",
+        "negotiation",
+        "nonce",
+        "outstanding",
+        "pending_lane",
+        "pid",
+        "queue",
+        "stream",
+        "task",
+        "watch",
+    )
 
     def __init__(self, pid: Pid) -> None:
         self.pid = pid
-        self.queue: collections.deque[tuple[Envelope, list[Any], int]] = collections.deque()
+        self.queue: collections.deque[_Queued] = collections.deque()
         self.stream: Any = None
         self.task: asyncio.Task[None] | None = None
         self.watch: asyncio.Task[None] | None = None
         self.outstanding: collections.OrderedDict[_OutstandingKey, Envelope] = (
             collections.OrderedDict()
         )
+        self.lane: Lane | None = None
+        self.pending_lane: tuple[Lane, bytes] | None = None
+        self.nonce = b""
+        self.negotiation: asyncio.Task[None] | None = None
+        self.failing: str | None = None
 
 
 def _stripped(envelope: Envelope) -> Envelope:
@@ -177,7 +269,9 @@ class NodeProcessTransport:
     envelope addressed to a PID this transport hosts (by default only the node's PID; see
     ``hosts``) and ``undeliverable(envelope, reason)`` every envelope that bounced; both run on
     the loop. Call ``start()`` on the loop before use, ``close()`` (any thread) or
-    ``await aclose()`` to stop.
+    ``await aclose()`` to stop. With ``identity`` (the node's ``chrysalis.quic.Identity``) the
+    transport negotiates direct lanes (``lanes`` bounds them); without it, or with the
+    ``force_quic`` setting, every envelope stays on the QUIC path.
     """
 
     def __init__(
@@ -190,6 +284,8 @@ class NodeProcessTransport:
         limits: FrameLimits | Callable[[], FrameLimits] | None = None,
         settings: NodeTransportSettings | None = None,
         hosts: Callable[[bytes], bool] | None = None,
+        identity: Any = None,
+        lanes: LaneSettings | None = None,
     ) -> None:
         self._node = node
         self._pid: Pid = node.pid
@@ -210,6 +306,18 @@ class NodeProcessTransport:
         self._closed = False
         self._shut = False
         self._closed_event = threading.Event()
+        self._identity = identity
+        self._lane_settings = lanes or LaneSettings(tcp_host=_tcp_host(node))
+        self._lanes: LaneManager | None = None
+        self._accepted: collections.OrderedDict[bytes, tuple[Lane, float]] = (
+            collections.OrderedDict()
+        )
+        self._inbound_lanes: set[Lane] = set()
+        self._outbox: collections.deque[_Queued] = collections.deque()
+        # Guards the outbox, and orders the direct lane path against the loop's own writes.
+        self._outbox_lock = threading.RLock()
+        self._outbox_scheduled = False
+        self._draining = False
 
     # -- seam ---------------------------------------------------------------------------------
     @property
@@ -245,7 +353,19 @@ class NodeProcessTransport:
     def start(self) -> None:
         """Start accepting streams (call on the loop thread, once the node runs)."""
         if self._accept_task is None and not self._closed:
-            self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
+            loop = asyncio.get_running_loop()
+            self._accept_task = loop.create_task(self._accept_loop())
+            if self._identity is not None and self._lane_settings.kinds:
+                self._lanes = LaneManager(
+                    self._identity, self._lane_settings, lambda: self.limits, self._on_accepted
+                )
+                if self._lane_settings.tcp_host is not None:
+                    task = loop.create_task(self._lanes.start_tcp())
+                    task.add_done_callback(_log_failure)
+
+    @staticmethod
+    def _lanes_forced_off() -> bool:
+        return bool(_config.get("force_quic"))
 
     def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None:
         """Queue ``envelope`` for its target (any thread; never blocks on the network).
@@ -255,16 +375,33 @@ class NodeProcessTransport:
         """
         limits = self.limits
         check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
-        owned = detach_buffers(buffers, envelope.buffer_kinds)
         target = envelope.target.pid
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
             return
         if target == self._pid.raw or (self._hosts is not None and self._hosts(target)):
-            self._call_soon(self._deliver, envelope, owned)
+            self._call_soon(self._deliver, envelope, detach_buffers(buffers, envelope.buffer_kinds))
             return
-        pieces: list[Any] = encode_frame(envelope, owned, limits)
-        nbytes = sum(memoryview(p).nbytes for p in pieces)
+        shared: _Shared | None = None
+        pieces: list[Any] | None = None
+        peer = self._peers.get(target)
+        lane = peer.lane if peer is not None else None
+        if buffers and lane is not None and lane.shm:
+            threshold = self._lane_settings.shm_threshold
+            if any(b.nbytes >= threshold for b in buffers):
+                pieces, shared = self._share(envelope, buffers, lane, threshold)
+        if pieces is None:
+            pieces = encode_frame(envelope, detach_buffers(buffers, envelope.buffer_kinds), limits)
+        if (
+            peer is not None
+            and lane is not None
+            and lane.direct
+            and self._send_direct(envelope, peer, lane, pieces, shared)
+        ):
+            return
+        nbytes = 0
+        for p in pieces:
+            nbytes += len(p) if type(p) is bytes else memoryview(p).nbytes
         with self._lock:
             full = self._queued_frames >= self._settings.max_queued_frames or (
                 self._queued_bytes > 0
@@ -274,14 +411,125 @@ class NodeProcessTransport:
                 self._queued_bytes += nbytes
                 self._queued_frames += 1
         if full:
+            if shared is not None:
+                shared.close()
             self._bounce_soon(
                 envelope,
                 f"the outbound queue is full ({self._settings.max_queued_frames} frames, "
                 f"{self._settings.max_queued_bytes} bytes)",
             )
             return
-        if not self._call_soon(self._enqueue, envelope, pieces, nbytes):
-            self._release(nbytes)
+        with self._outbox_lock:
+            self._outbox.append((envelope, pieces, nbytes, shared))
+            if self._outbox_scheduled:
+                return  # the loop drains the outbox soon: no second wake-up
+            self._outbox_scheduled = True
+        if not self._call_soon(self._drain_outbox):
+            with self._outbox_lock:
+                items, self._outbox = list(self._outbox), collections.deque()
+            for _envelope, _pieces, size, frame_shared in items:
+                self._release(size)
+                if frame_shared is not None:
+                    frame_shared.close()
+
+    def _drain_outbox(self) -> None:
+        """Enqueue everything ``send`` put in the outbox, in order (loop thread).
+
+        Why an outbox: ``call_soon_threadsafe`` writes to the loop's wake-up pipe on every call,
+        which dominated the per-message cost of pipelined sends; one wake-up now serves every
+        envelope sent before the loop got to run."""
+        with self._outbox_lock:
+            self._draining = True
+            try:
+                while self._outbox:
+                    items, self._outbox = self._outbox, collections.deque()
+                    for item in items:
+                        self._enqueue(*item)
+            finally:
+                self._draining = False
+                self._outbox_scheduled = False
+
+    def _send_direct(
+        self,
+        envelope: Envelope,
+        peer: _Peer,
+        lane: Lane,
+        pieces: list[Any],
+        shared: _Shared | None,
+    ) -> bool:
+        """Write a frame on ``peer``'s Unix lane from the calling thread, when nothing sent
+        earlier can still be on its way (empty outbox, no backlog): the hot path of a call
+        skips the hop to the runtime loop. False when the frame must take the loop's path."""
+        with self._outbox_lock:
+            if (
+                self._outbox
+                or self._draining
+                or self._shut
+                or peer.lane is not lane
+                or peer.queue
+                or peer.task is not None
+                or peer.failing is not None
+                or not lane.idle
+                or lane.closed
+                or (shared is not None and shared.lane is not lane)
+                or self._peers.get(envelope.target.pid) is not peer
+            ):
+                return False
+            if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
+                rank = envelope.cast.rank if envelope.cast is not None else 0
+                key = (envelope.reply_port.pid, envelope.reply_port.index, rank)
+                peer.outstanding[key] = _stripped(envelope)
+                if len(peer.outstanding) > self._settings.max_outstanding:
+                    peer.outstanding.popitem(last=False)
+            fds: list[int] | None = None
+            if shared is not None:
+                fds, shared.fds = shared.fds, []
+            else:
+                pieces = [ZERO_SHM_HEAD, *pieces]
+            lane.send_direct(pieces, fds)
+        return True
+
+    def _share(
+        self, envelope: Envelope, buffers: Sequence[memoryview], lane: Lane, threshold: int
+    ) -> tuple[list[Any] | None, _Shared | None]:
+        """Lane pieces with the buffers over ``threshold`` in shared-memory slots (one copy,
+        from the caller's memory), or ``(None, None)`` when the shared-bytes bound or the
+        kernel says no."""
+        slots: list[tuple[int, int]] = []
+        fds: list[int] = []
+        for index, buffer in enumerate(buffers):
+            if buffer.nbytes < threshold:
+                continue
+            taken = lane.pool.put(buffer)
+            if taken is None:
+                _Shared(lane, slots, fds, []).close()
+                return None, None
+            slots.append((index, taken[0]))
+            fds.append(taken[1])
+        shared_indexes = {index for index, _slot in slots}
+        kinds = envelope.buffer_kinds
+        inline: list[bytes | bytearray | None] = [
+            None if i in shared_indexes else detach_buffers([b], kinds[i : i + 1])[0]
+            for i, b in enumerate(buffers)
+        ]
+        header = _HEADER_ENCODER.encode(envelope)
+        body = [b for b in inline if b is not None]
+        pieces: list[Any] = [
+            lane_prefix(slots),
+            FRAME_PREFIX.pack(len(header), sum(len(b) for b in body)),
+            header,
+            *body,
+        ]
+        return pieces, _Shared(lane, slots, fds, inline)
+
+    def _unshare(self, envelope: Envelope, shared: _Shared) -> list[Any]:
+        """Stream pieces for a frame prepared for a lane that is no longer the way out."""
+        owned: list[Any] = list(shared.inline)
+        for (index, _slot), fd in zip(shared.slots, shared.fds, strict=True):
+            data = os.pread(fd, envelope.buffer_sizes[index], 0)  # our own descriptor of it
+            owned[index] = data if envelope.buffer_kinds[index] & 1 else bytearray(data)
+        shared.close()
+        return encode_frame(envelope, owned, self.limits)
 
     def close(self) -> None:
         """Stop (any thread, idempotent): queued frames are flushed within ``flush_timeout``
@@ -318,6 +566,8 @@ class NodeProcessTransport:
                 self._queued_bytes,
                 self._bounced,
                 len(self._unreachable),
+                sum(1 for p in list(self._peers.values()) if p.lane is not None),
+                len(self._inbound_lanes),
             )
 
     # -- helpers --------------------------------------------------------------------------------
@@ -345,7 +595,9 @@ class NodeProcessTransport:
             self._queued_frames -= 1
 
     # -- outbound (loop thread) -----------------------------------------------------------------
-    def _enqueue(self, envelope: Envelope, pieces: list[Any], nbytes: int) -> None:
+    def _enqueue(
+        self, envelope: Envelope, pieces: list[Any], nbytes: int, shared: _Shared | None = None
+    ) -> None:
         target = envelope.target.pid
         reason = self._unreachable.get(target)
         if reason is None and self._shut:
@@ -358,6 +610,8 @@ class NodeProcessTransport:
                 peer = self._peers[target] = _Peer(Pid(target))
         if reason is not None or peer is None:
             self._release(nbytes)
+            if shared is not None:
+                shared.close()
             self._bounce(envelope, reason or "unreachable")
             return
         if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
@@ -366,9 +620,39 @@ class NodeProcessTransport:
             peer.outstanding[key] = _stripped(envelope)
             if len(peer.outstanding) > self._settings.max_outstanding:
                 peer.outstanding.popitem(last=False)
-        peer.queue.append((envelope, pieces, nbytes))
-        if peer.task is None:
+        lane = peer.lane
+        if lane is not None and peer.task is None and not peer.queue:
+            self._lane_write(peer, lane, envelope, pieces, nbytes, shared)  # the hot path
+            return
+        peer.queue.append((envelope, pieces, nbytes, shared))
+        if peer.task is None and peer.failing is None:
             peer.task = asyncio.get_running_loop().create_task(self._write_loop(peer))
+
+    def _lane_write(
+        self,
+        peer: _Peer,
+        lane: Lane,
+        envelope: Envelope,
+        pieces: list[Any],
+        nbytes: int,
+        shared: _Shared | None,
+    ) -> None:
+        fds: list[int] | None = None
+        if shared is not None:
+            if shared.lane is lane:
+                fds, shared.fds = shared.fds, []
+            else:
+                pieces = [ZERO_SHM_HEAD, *self._unshare(envelope, shared)]
+        else:
+            pieces = [ZERO_SHM_HEAD, *pieces]
+        try:
+            lane.send_frame(pieces, fds, nbytes)
+        except Exception as exc:
+            for fd in fds or ():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._release(nbytes)
+            self._fail_peer(peer, f"process {peer.pid.hex()} is unreachable: {exc}")
 
     async def _write_loop(self, peer: _Peer) -> None:
         try:
@@ -377,10 +661,21 @@ class NodeProcessTransport:
                     self._node.dial(peer.pid), self._settings.dial_timeout
                 )
                 peer.stream.write(STREAM_MAGIC)
+                if self._lanes is not None and not self._shut and not self._lanes_forced_off():
+                    hello, peer.nonce = self._lanes.hello()
+                    peer.stream.write(encode_control(hello))
                 peer.watch = asyncio.get_running_loop().create_task(self._watch(peer))
             stream = peer.stream
             while peer.queue:
-                _envelope, pieces, nbytes = peer.queue.popleft()
+                if peer.pending_lane is not None:
+                    self._switch(peer)
+                envelope, pieces, nbytes, shared = peer.queue.popleft()
+                lane = peer.lane
+                if lane is not None:
+                    self._lane_write(peer, lane, envelope, pieces, nbytes, shared)
+                    continue
+                if shared is not None:
+                    pieces = self._unshare(envelope, shared)
                 try:
                     for piece in pieces:
                         view = memoryview(piece).cast("B")
@@ -402,25 +697,101 @@ class NodeProcessTransport:
         finally:
             if peer.task is asyncio.current_task():
                 peer.task = None
-        if peer.queue and not self._closed:  # arrived while the last write drained
+        if peer.task is None and peer.pending_lane is not None and peer.stream is not None:
+            self._switch(peer)
+        if peer.queue and not self._closed and peer.task is None:
+            # arrived while the last write drained
             peer.task = asyncio.get_running_loop().create_task(self._write_loop(peer))
 
+    def _switch(self, peer: _Peer) -> None:
+        """Between two frames: mark the end of the stream path and continue on the lane."""
+        assert peer.pending_lane is not None
+        lane, token = peer.pending_lane
+        peer.pending_lane = None
+        if lane.closed or peer.stream is None:
+            return
+        peer.stream.write(encode_control(Switch(token)))
+        peer.lane = lane
+
     async def _watch(self, peer: _Peer) -> None:
-        """Read the (otherwise silent) dialled stream: its end means the peer is gone."""
+        """Read the dialled stream's reverse direction: the receiver's lane ``Offer``, then its
+        end (which means the peer is gone, unless a lane carries the traffic by then)."""
         stream = peer.stream
         reason = f"process {peer.pid.hex()} closed its stream"
+        splitter = ControlSplitter()
         try:
-            while await stream.read(4096):
-                pass  # the receiver never writes; ignore anything it might send
+            while data := await stream.read(4096):
+                for message in splitter.feed(data):
+                    if isinstance(message, Offer):
+                        self._on_offer(peer, stream, message)
+                    else:
+                        raise FrameError(f"unexpected {type(message).__name__} from the receiver")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             reason = f"process {peer.pid.hex()} is unreachable: {exc}"
-        if peer.stream is stream:
+        if peer.stream is stream and peer.lane is None:
             self._fail_peer(peer, reason)
 
+    def _on_offer(self, peer: _Peer, stream: Any, offer: Offer) -> None:
+        if (
+            not offer.kind
+            or self._lanes is None
+            or peer.negotiation is not None
+            or peer.lane is not None
+            or self._shut
+        ):
+            return
+        task = asyncio.get_running_loop().create_task(self._negotiate(peer, stream, offer))
+        peer.negotiation = task
+
+    async def _negotiate(self, peer: _Peer, stream: Any, offer: Offer) -> None:
+        assert self._lanes is not None
+        try:
+            lane = await self._lanes.dial(peer.pid.raw, offer, peer.nonce)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.info("no %s lane to %s, staying on QUIC: %r", offer.kind, peer.pid.hex(), exc)
+            return
+        finally:
+            peer.negotiation = None
+        if self._peers.get(peer.pid.raw) is not peer or peer.stream is not stream or self._shut:
+            lane.close()
+            return
+        lane.on_written = self._release_lane
+        lane.on_failed = partial(self._lane_failed, peer, lane)
+        lane.start_sender()
+        peer.pending_lane = (lane, offer.token)
+        if peer.task is None:
+            self._switch(peer)
+
+    def _release_lane(self, nbytes: int) -> None:
+        self._release(nbytes)
+
+    def _lane_failed(self, peer: _Peer, lane: Lane, reason: str) -> None:
+        if peer.lane is lane:
+            # Nothing more leaves for this peer (envelopes wait in its queue); the peer fails
+            # after the grace period unless ``mark_unreachable`` names the cause first.
+            peer.lane = None
+            peer.failing = f"process {peer.pid.hex()} is unreachable: {reason}"
+            asyncio.get_running_loop().call_later(
+                self._settings.lane_grace, self._finish_failing, peer
+            )
+        elif peer.pending_lane is not None and peer.pending_lane[0] is lane:
+            peer.pending_lane = None
+
+    def _finish_failing(self, peer: _Peer) -> None:
+        if self._peers.get(peer.pid.raw) is peer and peer.failing is not None:
+            self._fail_peer(peer, peer.failing)
+
     def _fail_peer(self, peer: _Peer, reason: str) -> None:
-        """Bounce what is queued for ``peer`` and its outstanding calls; forget the stream."""
+        """Bounce what is queued for ``peer`` and its outstanding calls; forget the stream and
+        the lane."""
+        with self._outbox_lock:  # no direct write may slip in between
+            self._fail_peer_locked(peer, reason)
+
+    def _fail_peer_locked(self, peer: _Peer, reason: str) -> None:
         stream, peer.stream = peer.stream, None
         if stream is not None:
             with contextlib.suppress(Exception):
@@ -428,11 +799,22 @@ class NodeProcessTransport:
         if peer.watch is not None and peer.watch is not asyncio.current_task():
             peer.watch.cancel()
         peer.watch = None
+        if peer.negotiation is not None and peer.negotiation is not asyncio.current_task():
+            peer.negotiation.cancel()
+        peer.negotiation = None
+        lane, peer.lane = peer.lane, None
+        if lane is not None:
+            lane.close()
+        if peer.pending_lane is not None:
+            peer.pending_lane[0].close()
+            peer.pending_lane = None
         queued, peer.queue = list(peer.queue), collections.deque()
         outstanding = list(peer.outstanding.values())
         peer.outstanding.clear()
-        for envelope, _pieces, nbytes in queued:
+        for envelope, _pieces, nbytes, shared in queued:
             self._release(nbytes)
+            if shared is not None:
+                shared.close()
             if not (envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None):
                 self._bounce(envelope, reason)
         for envelope in outstanding:
@@ -472,7 +854,8 @@ class NodeProcessTransport:
             task.add_done_callback(self._inbound.discard)
 
     async def _read_loop(self, peer: Pid, stream: Any) -> None:
-        decoder = FrameDecoder(self.limits)
+        splitter = ControlSplitter(FrameDecoder(self.limits))
+        switched = False
         try:
             magic = await stream.readexactly(len(STREAM_MAGIC))
             if magic != STREAM_MAGIC:
@@ -481,15 +864,28 @@ class NodeProcessTransport:
                 data = await stream.read(self._settings.read_chunk)
                 if not data:
                     break
-                decoder.receive_data(data)
-                while (message := decoder.next_message()) is not None:
-                    envelope, buffers = message
-                    if envelope.sender.pid != peer.raw:
+                for item in splitter.feed(data):
+                    if type(item) is tuple:
+                        if switched:
+                            raise FrameError(
+                                f"process {peer.hex()} sent an envelope after its switch"
+                            )
+                        envelope, buffers = item
+                        if envelope.sender.pid != peer.raw:
+                            raise FrameError(
+                                f"process {peer.hex()} sent an envelope claiming sender "
+                                f"{envelope.sender.pid.hex()}"
+                            )
+                        self._on_inbound(peer, envelope, buffers)
+                    elif isinstance(item, Hello):
+                        stream.write(encode_control(self._offer(peer, item)))
+                    elif isinstance(item, Switch) and not switched:
+                        self._switch_inbound(peer, item.token)
+                        switched = True
+                    else:
                         raise FrameError(
-                            f"process {peer.hex()} sent an envelope claiming sender "
-                            f"{envelope.sender.pid.hex()}"
+                            f"process {peer.hex()} sent an unexpected {type(item).__name__}"
                         )
-                    self._on_inbound(peer, envelope, buffers)
         except asyncio.CancelledError:
             raise
         except FrameError as exc:
@@ -500,14 +896,62 @@ class NodeProcessTransport:
             _log.debug("stream from %s ended: %s", peer.hex(), exc)
         else:
             with contextlib.suppress(Exception):
-                stream.write_eof()  # finish our (unused) half so the stream is reclaimed
+                stream.write_eof()  # finish our half so the stream is reclaimed
+        if not switched:  # after a switch the lane's end is what counts
+            self._peer_closed(peer)
+
+    def _peer_closed(self, peer: Pid) -> None:
         outbound = self._peers.get(peer.raw)
         if outbound is not None and outbound.outstanding:
-            # No reply can come from that process any more on this stream.
+            # No reply can come from that process any more on this path.
             queued = list(outbound.outstanding.values())
             outbound.outstanding.clear()
             for envelope in queued:
                 self._bounce(envelope, f"process {peer.hex()} closed its stream to this one")
+
+    def _offer(self, peer: Pid, hello: Hello) -> Offer:
+        if self._lanes is None or self._shut or self._lanes_forced_off():
+            return Offer("", "", 0, os.urandom(32), os.urandom(16))
+        return self._lanes.offer(peer.raw, hello, asyncio.get_running_loop().time())
+
+    def _on_accepted(self, token: bytes, lane: Lane) -> None:
+        """An inbound lane passed its handshake: hold it until its ``Switch`` (bounded)."""
+        if self._shut:
+            lane.close()
+            return
+        now = asyncio.get_running_loop().time()
+        while self._accepted:
+            oldest_token, (oldest, deadline) = next(iter(self._accepted.items()))
+            if deadline > now and len(self._accepted) < self._lane_settings.max_pending:
+                break
+            del self._accepted[oldest_token]
+            oldest.close()
+        self._accepted[token] = (lane, now + self._lane_settings.handshake_timeout * 4)
+
+    def _switch_inbound(self, peer: Pid, token: bytes) -> None:
+        entry = self._accepted.pop(token, None)
+        if entry is None or entry[0].peer != peer.raw:
+            if entry is not None:
+                entry[0].close()
+            raise FrameError(f"process {peer.hex()} switched to a lane it did not open")
+        lane = entry[0]
+        self._inbound_lanes.add(lane)
+        lane.start(partial(self._on_lane_message, peer), partial(self._on_lane_end, peer, lane))
+
+    def _on_lane_message(
+        self, peer: Pid, envelope: Envelope, buffers: list[bytes | bytearray]
+    ) -> None:
+        if envelope.sender.pid != peer.raw:
+            raise FrameError(
+                f"process {peer.hex()} sent an envelope claiming sender {envelope.sender.pid.hex()}"
+            )
+        self._on_inbound(peer, envelope, buffers)
+
+    def _on_lane_end(self, peer: Pid, lane: Lane, reason: str | None) -> None:
+        self._inbound_lanes.discard(lane)
+        if reason is not None:
+            _log.debug("lane from %s ended: %s", peer.hex(), reason)
+        self._peer_closed(peer)
 
     def _on_inbound(self, peer: Pid, envelope: Envelope, buffers: list[bytes | bytearray]) -> None:
         target = envelope.target.pid
@@ -531,10 +975,21 @@ class NodeProcessTransport:
 
     async def _shutdown(self) -> None:
         try:
+            loop = asyncio.get_running_loop()
             writers = [p.task for p in self._peers.values() if p.task is not None]
             if writers:
                 await asyncio.wait(writers, timeout=self._settings.flush_timeout)
+            deadline = loop.time() + self._settings.flush_timeout
+            while loop.time() < deadline and any(
+                p.lane is not None and not p.lane.idle for p in self._peers.values()
+            ):
+                await asyncio.sleep(0.005)
             self._shut = True
+            if self._lanes is not None:
+                self._lanes.close()
+            for lane, _deadline in self._accepted.values():
+                lane.close()
+            self._accepted.clear()
             accept, self._accept_task = self._accept_task, None
             if accept is not None:
                 accept.cancel()
@@ -559,5 +1014,13 @@ class NodeProcessTransport:
                     )
             for task in list(self._inbound):
                 task.cancel()
+            for lane in list(self._inbound_lanes):
+                lane.close()
+            self._inbound_lanes.clear()
         finally:
             self._closed_event.set()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _log.warning("TCP lane listener not started: %r", task.exception())

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _codec
+from monarch.actor import _codec, _logging, _telemetry
 from monarch.actor._actor import check_actor_class
 from monarch.actor._context import (
     Context,
@@ -116,10 +116,12 @@ __all__ = [
     "MAX_TOMBSTONES",
     "ActorCell",
     "CellBase",
+    "ProcDeath",
     "ProcRuntime",
     "Reply",
     "RootCell",
     "UndeliverableEnvelope",
+    "broadcast_proc_death",
     "client",
     "current_sender",
     "decode_reply",
@@ -130,6 +132,10 @@ _log = logging.getLogger("monarch.actor.runtime")
 
 #: Retired actors remembered per process (for fail-fast replies); the oldest are forgotten.
 MAX_TOMBSTONES = 4096
+#: Calls held for an actor whose spawn has not reached this process yet (per process), and
+#: how long (seconds) one is held before it is rejected as addressed to no actor.
+MAX_PARKED_CALLS = 1024
+PARK_TIMEOUT = 3.0
 #: Pending unhandled faults waiting for the fault hook; more are dropped (and logged).
 MAX_PENDING_FAULTS = 10_000
 _EMPTY = _codec.Payload(b"")
@@ -653,6 +659,8 @@ class ActorCell(CellBase):
             rank=self.rank,
             reason=reason,
             traceback=format_remote_traceback(exc) if exc is not None else "",
+            actor_id=str(self.actor_id),
+            proc=self.runtime.label,
         )
         return event.with_cause(cause) if cause is not None else event
 
@@ -725,7 +733,8 @@ class ActorCell(CellBase):
         self.cls = cls
         self.user_name = spec.name
         self.endpoints = endpoints_of(cls)
-        class_name = f"{cls.__module__}.{cls.__qualname__}"
+        module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__  # _main_module
+        class_name = f"{module}.{cls.__qualname__}"
         creator_chain = spec.creator.chain if spec.creator is not None else "<root>"
         self.display = f"{creator_chain}.<{class_name} {spec.name}{self.spawn_point}>"
         self.instance = Instance(
@@ -841,6 +850,9 @@ class ActorCell(CellBase):
     def _cleanup_sync(self, exc: BaseException | None) -> None:
         if self.actor is None or self.cls is None or _is_default(self.cls, "__cleanup__"):
             return
+        assert self.instance is not None
+        # The actor's own context: __cleanup__ may call context() and message other actors.
+        token = _set_context(Context(self.instance, self.spawn_point))
         try:
             result = self.actor.__cleanup__(exc)
             if inspect.iscoroutine(result):
@@ -848,6 +860,8 @@ class ActorCell(CellBase):
                 asyncio.run(asyncio.wait_for(result, timeout))
         except BaseException as error:
             self._cleanup_failed(error)
+        finally:
+            _reset_context(token)
 
     # -- async actors -----------------------------------------------------------------------
     async def _run_async(self, spec: SpawnSpec, init: _InitItem) -> None:
@@ -1003,12 +1017,17 @@ class ActorCell(CellBase):
     async def _cleanup_async(self, exc: BaseException | None) -> None:
         if self.actor is None or self.cls is None or _is_default(self.cls, "__cleanup__"):
             return
+        assert self.instance is not None
+        # The actor's own context: __cleanup__ may call context() and message other actors.
+        token = _set_context(Context(self.instance, self.spawn_point))
         try:
             result = self.actor.__cleanup__(exc)
             if inspect.isawaitable(result):
                 await asyncio.wait_for(result, float(_config.get("cleanup_timeout")))
         except BaseException as error:
             self._cleanup_failed(error)
+        finally:
+            _reset_context(token)
 
     # -- shared pieces ------------------------------------------------------------------------
     def _message_context(self, env: Envelope) -> Context:
@@ -1050,6 +1069,8 @@ class ActorCell(CellBase):
             if env.reply_port is None:
                 raise RuntimeError(f"{env.endpoint}() needs a reply port but none was sent")
             args = (Port._bound(env.reply_port, env.cast), *args)
+        if _telemetry.ACTIVE:
+            fn = _telemetry.wrap_endpoint(self, env, fn, prop)
         return fn, args, kwargs
 
     def _actor_error(self, env: Envelope, exc: BaseException, base: bool) -> ActorError:
@@ -1140,6 +1161,7 @@ class ActorCell(CellBase):
 
     def _announce_failure(self) -> None:
         assert self.failure is not None
+        _telemetry.record_supervision("actor_failed", self.failure, self.runtime.label)
         payload = _codec.Payload(msgspec.msgpack.encode(self.failure))
         try:
             self.runtime.post(self, MessageKind.SUPERVISION, self.owner, payload=payload)
@@ -1150,6 +1172,7 @@ class ActorCell(CellBase):
         if self.state != _FAILED:
             self.state = _STOPPED
             self.failure = self._event(ErrorCategory.SYSTEM, item.reason, kind="stopped")
+            _telemetry.record_supervision("actor_stopped", self.failure, self.runtime.label)
         if item.env is not None and item.env.reply_port is not None:
             self._post_reply(item.env, _NONE_PAYLOAD)
         if item.done is not None:
@@ -1157,7 +1180,18 @@ class ActorCell(CellBase):
 
     def _stop_owned(self) -> None:
         owned, self.owned = self.owned, []
-        _stop_meshes(owned)
+        if not owned:
+            return
+        if self.instance is None:
+            _stop_meshes(owned)
+            return
+        # Stop messages must leave from this actor's process (in a worker, outside an
+        # endpoint, ``current_sender`` would otherwise fall back to a fresh local client).
+        token = _set_context(Context(self.instance, self.spawn_point))
+        try:
+            _stop_meshes(owned)
+        finally:
+            _reset_context(token)
 
     def _reply_value(self, env: Envelope, value: Any) -> None:
         if env.reply_port is None:
@@ -1199,9 +1233,12 @@ class ActorCell(CellBase):
             self.runtime.reply_error(self, env.reply_port, env.cast, exc)
 
 
-def _stop_meshes(meshes: Sequence[Any], timeout: float | None = None) -> None:
+def _stop_meshes(
+    meshes: Sequence[Any], timeout: float | None = None, *, at_exit: bool = False
+) -> None:
     """Stop owned meshes (actor meshes before proc meshes, newest first), all at once, then
-    wait for them within one overall ``timeout``."""
+    wait for them within one overall ``timeout``. ``at_exit``: the interpreter is ending and
+    stragglers are killed next, so a slow stop is only worth a debug line."""
     if timeout is None:
         timeout = float(_config.get("stop_actor_timeout"))
     ordered = list(meshes)[::-1]  # newest first; then actor meshes before proc meshes
@@ -1218,7 +1255,12 @@ def _stop_meshes(meshes: Sequence[Any], timeout: float | None = None) -> None:
     deadline = time.monotonic() + timeout
     for mesh, future in pending:
         if not future._cell.wait(max(0.0, deadline - time.monotonic())):
-            _log.warning("owned mesh %r did not stop within %.1f s", mesh, timeout)
+            _log.log(
+                logging.DEBUG if at_exit else logging.WARNING,
+                "owned mesh %r did not stop within %.1f s",
+                mesh,
+                timeout,
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1249,6 +1291,7 @@ class RootCell(CellBase):
 
     def on_fault(self, event: FailureEvent) -> None:
         """Queue an unhandled failure for the fault hook (runtime loop thread)."""
+        _telemetry.record_supervision("unhandled_fault", event, self.runtime.label)
         try:
             self._faults.put_nowait(event)
         except queue.Full:
@@ -1314,6 +1357,7 @@ class ProcRuntime:
     ) -> None:
         self.loop = loop
         self.label = label
+        _logging.install(label)
         self.transport = fabric.attach(loop, self._on_envelope, self._on_undeliverable, pid)
         self.pid_raw = self.transport.pid.raw
         self.proc_id = ProcId(self.transport.pid, label)
@@ -1321,12 +1365,18 @@ class ProcRuntime:
         self.tombstones: collections.OrderedDict[str, tuple[FailureEvent, str]] = (
             collections.OrderedDict()
         )
+        # Calls that overtook their actor's spawn (a mesh handed on by its owner reaches a
+        # third process before the owner's SPAWN reaches the target): held, in order, until
+        # the spawn lands or PARK_TIMEOUT passes. Bounded by MAX_PARKED_CALLS.
+        self._parked: dict[str, list[tuple[Envelope, list[bytes | bytearray]]]] = {}
+        self._parked_count = 0
         self.root: RootCell | None = None
         self.agent = _AgentCell(self, "", f"<proc {label}>", "")
         self.stopped = False
         self._ports: dict[int, PortSink] = {}
         self._port_lock = threading.Lock()
         self._next_port = itertools.count(1)
+        self._dead: collections.OrderedDict[bytes, str] = collections.OrderedDict()
 
     # -- sending ------------------------------------------------------------------------------
     def post(
@@ -1356,7 +1406,10 @@ class ProcRuntime:
             tuple(b.nbytes for b in payload.buffers),
             payload.kinds,
             flags,
+            _telemetry.outgoing_trace(kind) if _telemetry.TRACING else b"",
         )
+        if _telemetry.ACTIVE:
+            _telemetry.on_sent(envelope)
         self.transport.send(envelope, payload.buffers)
 
     def reply_error(
@@ -1385,6 +1438,8 @@ class ProcRuntime:
                 raise PortOverflowError(f"this process already has {limit} open ports")
             index = next(self._next_port)
             self._ports[index] = sink
+        if _telemetry.ACTIVE:
+            _telemetry.on_port_opened(self, index)
         sink.closer = lambda: self.close_port(index)
         return PortAddr(self.pid_raw, owner.path, index)
 
@@ -1406,9 +1461,13 @@ class ProcRuntime:
             return
         if sink.deliver(reply):
             self.close_port(index)
+            if _telemetry.ACTIVE:
+                _telemetry.on_port_completed(self, index)
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        if _telemetry.ACTIVE:
+            _telemetry.on_received(env)
         try:
             self._route(env, buffers)
         except Exception:
@@ -1435,6 +1494,12 @@ class ProcRuntime:
             return
         cell = self.cells.get(path)
         if cell is None:
+            if not path and kind == MessageKind.SUPERVISION:  # a process-death notice
+                notice = msgspec.msgpack.decode(env.payload, type=ProcDeath)
+                self.proc_died(notice.pid, notice.reason)
+                return
+            if self._park(env, buffers):
+                return
             self._reject(env, self._missing_event(env))
             return
         item: _Item
@@ -1444,8 +1509,11 @@ class ProcRuntime:
             item = _StopItem("stopped by its owner", env)
         elif kind == MessageKind.SUPERVISION:
             item = _SuperviseItem(msgspec.msgpack.decode(env.payload, type=FailureEvent))
+            _telemetry.record_supervision("supervision_received", item.event, self.label)
         else:  # UNDELIVERABLE
             item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
+        if _telemetry.ACTIVE:
+            _telemetry.on_enqueued(len(cell.mailbox._items))
         if not cell.enqueue(item, force=kind != MessageKind.CALL):
             event = FailureEvent(
                 category=str(ErrorCategory.SYSTEM),
@@ -1484,6 +1552,37 @@ class ProcRuntime:
                 reason="the root client has no endpoints",
             )
             self._reject(env, (event, "root"))
+
+    def _park(self, env: Envelope, buffers: list[bytes | bytearray]) -> bool:
+        """Hold a call to an unknown actor that may still be on its way (see ``_parked``)."""
+        path = env.target.path
+        if (
+            env.kind != MessageKind.CALL
+            or self.stopped
+            or path in self.tombstones
+            or path in ("", "root")
+            or self._parked_count >= MAX_PARKED_CALLS
+        ):
+            return False
+        waiting = self._parked.get(path)
+        if waiting is None:
+            waiting = self._parked[path] = []
+            self.loop.loop.call_later(PARK_TIMEOUT, self._unpark, path)
+        waiting.append((env, buffers))
+        self._parked_count += 1
+        return True
+
+    def _unpark(self, path: str) -> None:
+        """Route the calls held for ``path``: to the actor if it exists now, else rejected."""
+        waiting = self._parked.pop(path, None)
+        if not waiting:
+            return
+        self._parked_count -= len(waiting)
+        for env, buffers in waiting:
+            if path in self.cells:
+                self._route(env, buffers)
+            else:
+                self._reject(env, self._missing_event(env))
 
     def _missing_event(self, env: Envelope) -> tuple[FailureEvent, str]:
         path = env.target.path
@@ -1559,6 +1658,7 @@ class ProcRuntime:
             rank=env.cast.rank if env.cast is not None else -1,
             reason=reason,
         )
+        _telemetry.record_supervision("undeliverable", event, self.label)
         if (
             env.kind
             in (MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP_PROC, MessageKind.STOP)
@@ -1606,6 +1706,8 @@ class ProcRuntime:
         cell = ActorCell(self, env)
         self.cells[path] = cell
         cell.start(_InitItem(env, buffers))
+        if path in self._parked:
+            self._unpark(path)
 
     def _stop_proc(self, env: Envelope) -> None:
         self.stopped = True
@@ -1665,6 +1767,33 @@ class ProcRuntime:
                 if item.done is not None:
                     item.done()
 
+    def proc_died(self, pid: bytes, reason: str) -> None:
+        """The process ``pid`` died (runtime loop thread; once per PID): later messages to it
+        fail fast, the owners here of actors on it get a ``MeshFailure`` per rank
+        (``__supervise__``; the root client's go to ``unhandled_fault_hook``), and actors here
+        owned by actors of that process are stopped (children never outlive their parent)."""
+        if pid in self._dead or pid == self.pid_raw:
+            return
+        self._dead[pid] = reason
+        while len(self._dead) > MAX_TOMBSTONES:
+            self._dead.popitem(last=False)
+        mark = getattr(self.transport, "mark_unreachable", None)
+        if mark is not None:
+            mark(pid, reason)
+        owners: list[CellBase] = [self.root] if self.root is not None else []
+        owners += [c for c in self.cells.values() if c.state in (_STARTING, _RUNNING)]
+        for owner in owners:
+            for mesh in list(owner.owned):
+                for event in _dead_ranks(owner, mesh, pid, reason):
+                    _telemetry.record_supervision("process_died", event, self.label)
+                    if isinstance(owner, RootCell):
+                        owner.on_fault(event)
+                    elif isinstance(owner, ActorCell):
+                        owner.enqueue(_SuperviseItem(event), force=True)
+        for cell in list(self.cells.values()):
+            if cell.owner.pid == pid:
+                cell.request_stop(f"the process of its owner died: {reason}")
+
     def close(self) -> None:
         """Detach from the transport and abandon open ports."""
         self.transport.close()
@@ -1677,8 +1806,16 @@ class ProcRuntime:
 # ---------------------------------------------------------------------------------------------
 # The client (this OS process)
 # ---------------------------------------------------------------------------------------------
+_frame_limits_cache: list[FrameLimits] = [FrameLimits()]
+
+
 def _frame_limits() -> FrameLimits:
-    return FrameLimits(max_frame_bytes=int(_config.get("codec_max_frame_length")))
+    # Asked on every send: reuse the last FrameLimits while the setting is unchanged.
+    value = int(_config.get("codec_max_frame_length"))
+    cached = _frame_limits_cache[0]
+    if cached.max_frame_bytes != value:
+        cached = _frame_limits_cache[0] = FrameLimits(max_frame_bytes=value)
+    return cached
 
 
 class _Client:
@@ -1724,11 +1861,17 @@ def client() -> _Client:
         return _client
 
 
+_current_context: Callable[[], Any] | None = None
+
+
 def current_sender() -> tuple[ProcRuntime, CellBase]:
     """The process runtime and cell of whoever is running (an actor, or the root client)."""
-    from monarch.actor._context import _current
+    global _current_context
+    if _current_context is None:  # imported once: this runs for every message sent
+        from monarch.actor._context import _current
 
-    ctx = _current()
+        _current_context = _current
+    ctx = _current_context()
     if ctx is not None:
         cell = ctx._cell
         return cell.runtime, cell
@@ -1736,7 +1879,7 @@ def current_sender() -> tuple[ProcRuntime, CellBase]:
     return c.runtime, c.root
 
 
-def shutdown_client(timeout: float = 5.0) -> None:
+def shutdown_client(timeout: float = 5.0, *, at_exit: bool = False) -> None:
     """Stop everything the root client owns, then the runtime loop (bounded; idempotent)."""
     global _client
     with _client_lock:
@@ -1744,7 +1887,7 @@ def shutdown_client(timeout: float = 5.0) -> None:
     if current is None or current.pid != os.getpid():
         return
     owned, current.root.owned = current.root.owned, []
-    _stop_meshes(owned, timeout)
+    _stop_meshes(owned, timeout, at_exit=at_exit)
     for runtime in list(current.local_runtimes):
         runtime.close()
     current.node_layer.shutdown(current, timeout)
@@ -1754,7 +1897,57 @@ def shutdown_client(timeout: float = 5.0) -> None:
 
 def _shutdown_at_exit() -> None:
     with contextlib.suppress(Exception):
-        shutdown_client(timeout=1.0)
+        shutdown_client(timeout=1.0, at_exit=True)
+
+
+class ProcDeath(msgspec.Struct, frozen=True):
+    """A process-death notice: a SUPERVISION envelope to a process's agent (path ``""``)."""
+
+    pid: bytes
+    reason: str
+
+
+def _dead_ranks(owner: CellBase, mesh: Any, pid: bytes, reason: str) -> list[FailureEvent]:
+    """One failure event per rank of the owned actor mesh ``mesh`` that lived on ``pid``."""
+    procs = getattr(mesh, "_procs", None)
+    path = getattr(mesh, "_path", None)
+    if procs is None or path is None or getattr(mesh, "_stopped", True):
+        return []
+    shape = mesh._shape
+    extent = Extent(list(shape.labels), list(shape.ndslice.sizes))
+    cls = mesh._class
+    events = []
+    for rank, global_rank in enumerate(shape.ndslice):
+        if procs[global_rank].pid.raw != pid:
+            continue
+        point = Point(rank, extent)
+        display = f"{owner.display}.<{cls.__module__}.{cls.__qualname__} {mesh._user_name}{point}>"
+        events.append(
+            FailureEvent(
+                category=str(ErrorCategory.INFRASTRUCTURE),
+                kind="failed",
+                actor=display,
+                mesh_name=path,
+                rank=rank,
+                reason=f"its process failed: {reason}",
+                actor_id=f"{path}@{pid.hex()}",
+                proc=procs[global_rank].label,
+            )
+        )
+    return events
+
+
+def broadcast_proc_death(client: _Client, pid: Pid, reason: str, others: Sequence[Pid]) -> None:
+    """Tell the client's runtime and every process in ``others`` that ``pid`` died."""
+    with contextlib.suppress(Exception):
+        client.loop.call_soon(client.runtime.proc_died, pid.raw, reason)
+    runtime = client.runtime
+    payload = _codec.Payload(msgspec.msgpack.encode(ProcDeath(pid.raw, reason)))
+    for other in others:
+        with contextlib.suppress(Exception):
+            runtime.post(
+                runtime.agent, MessageKind.SUPERVISION, ActorAddr(other.raw, ""), payload=payload
+            )
 
 
 def new_local_runtime(label: str) -> ProcRuntime:

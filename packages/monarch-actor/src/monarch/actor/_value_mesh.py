@@ -9,6 +9,8 @@ value of ``vm.slice(x=1)`` is local index 0.
 
 from __future__ import annotations
 
+import pprint
+import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -133,11 +135,10 @@ class ValueMesh(MeshTrait, Generic[R]):
         return self._by_rank[self._shape.ndslice.nditem(position)]
 
     def __repr__(self) -> str:
-        lines = [f"ValueMesh({self._shape.extent}):", "("]
-        for point, value in self.items():
-            lines.append(f"  ({point}, {value!r}),")
-        lines.append(")")
-        return "\n".join(lines)
+        # The reference's layout exactly (pformat of the pairs, indented), so programs that
+        # print a value mesh produce the same output under both implementations.
+        body = textwrap.indent(pprint.pformat(tuple(self.items())), "  ")
+        return f"ValueMesh({self._shape.extent}):\n{body}"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ValueMesh):

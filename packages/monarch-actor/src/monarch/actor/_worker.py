@@ -7,7 +7,12 @@ from the client's development CA directory (``--ca-dir``), joins the client's no
 (hex) as the first line on stdout once its parent link is active: that line is the readiness
 handshake the client waits for.
 
-It ends in one of two ways:
+Options for workers started by a host's worker loop (``_attach``): ``--listen`` binds the node
+to an address the client can reach (the default is ``udp://127.0.0.1:0``), and
+``--exit-with-stdin`` makes the worker exit (status 3) when its stdin ends, i.e. when the worker
+loop that started it is gone.
+
+It ends in one of three ways (the third only with ``--exit-with-stdin``):
 
 - its runtime receives ``STOP_PROC`` (``ProcMesh.stop()``): actors stop, the acknowledgement
   is flushed, the transport and the node close, and the process exits with status 0 after a
@@ -16,7 +21,8 @@ It ends in one of two ways:
   a small request every ``idle_timeout / 4`` seconds, so a dead parent makes the link fail
   within about ``idle_timeout`` seconds; when the link has not been connected for
   ``idle_timeout`` seconds more, the worker exits with status 3 at once (``os._exit``: no
-  orphan survives, even with actor threads stuck in user code).
+  orphan survives, even with actor threads stuck in user code);
+- its stdin ends (``--exit-with-stdin``): the host's worker loop died; it exits with status 3.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import sys
@@ -34,7 +41,7 @@ from typing import Any, Final
 
 from monarch.actor._loop import RuntimeLoop
 
-__all__ = ["EXIT_ORPHANED", "main"]
+__all__ = ["EXIT_ORPHANED", "forked_main", "main"]
 
 #: Exit status of a worker whose parent link was gone for longer than its bound.
 EXIT_ORPHANED: Final = 3
@@ -50,6 +57,14 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--label", default="worker", help="a human label for this process")
     parser.add_argument(
         "--idle-timeout", type=float, default=3.0, help="QUIC idle timeout and orphan bound (s)"
+    )
+    parser.add_argument(
+        "--listen", default=None, help="carrier address of this node (default udp://127.0.0.1:0)"
+    )
+    parser.add_argument(
+        "--exit-with-stdin",
+        action="store_true",
+        help="exit when stdin ends (the host daemon that started this worker is gone)",
     )
     parser.add_argument(
         "--main",
@@ -93,9 +108,22 @@ async def _watch_parent(node: Any, bound: float, orphaned: threading.Event) -> N
             return
 
 
+def _exit_when_stdin_ends(label: str) -> None:
+    """The host daemon holds our stdin open while it lives; its end means it died."""
+    with contextlib.suppress(Exception):  # the raw fd: no buffer lock held at shutdown
+        while os.read(0, 4096):
+            pass
+    sys.stderr.write(f"monarch worker {label}: the host's worker loop is gone; exiting\n")
+    sys.stderr.flush()
+    os._exit(EXIT_ORPHANED)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker process until it is stopped or orphaned (see the module docstring)."""
     args = _parse(sys.argv[1:] if argv is None else argv)
+    from monarch.actor._host import mark_worker_process
+
+    mark_worker_process()
     logging.basicConfig(level=logging.WARNING, format=f"[{args.label}] %(name)s: %(message)s")
 
     from chrysalis.core import Pid
@@ -122,13 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.parent,
         Pid(bytes.fromhex(args.authority)),
         quic_config=QuicConfig(idle_timeout=args.idle_timeout),
+        **({"listen": args.listen} if args.listen else {}),
     )
     background: list[asyncio.Task[None]] = []
 
     async def start() -> NodeProcessTransport:
         await node.__aenter__()
         await asyncio.wait_for(node.wait_connected(), _STARTUP_TIMEOUT)
-        transport = NodeProcessTransport(node, loop, limits=_frame_limits)
+        transport = NodeProcessTransport(node, loop, limits=_frame_limits, identity=identity)
         transport.start()
         background.append(asyncio.create_task(_keepalive(node, args.idle_timeout / 4)))
         background.append(asyncio.create_task(_watch_parent(node, args.idle_timeout, orphaned)))
@@ -144,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(1)
     runtime = ProcRuntime(transport, loop, args.label)
     del runtime  # referenced by the transport's callbacks for the life of the process
+    # Everything allocated so far (modules, node, TLS state) lives as long as the process:
+    # keep the cyclic collector, which message traffic triggers often, from walking it again.
+    gc.collect()
+    gc.freeze()
     sys.stdout.write(f"{identity.pid.hex()}\n")
     sys.stdout.flush()
 
@@ -156,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(EXIT_ORPHANED)
 
     threading.Thread(target=exit_when_orphaned, name="orphan-watch", daemon=True).start()
+    if args.exit_with_stdin:
+        threading.Thread(
+            target=_exit_when_stdin_ends, args=(args.label,), name="host-watch", daemon=True
+        ).start()
     while not transport.wait_closed(0.5):
         pass
 
@@ -171,6 +208,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     loop.stop(timeout=1.0)
     return 0
+
+
+def forked_main(argv: Sequence[str]) -> int:
+    """``main`` in a process forked by the client's zygote (see ``_zygote``).
+
+    The fork carries the client's in-memory state as of the zygote's start; a worker must
+    begin as an exec'd one would: runtime configuration only from the environment, no
+    metrics or spans recorded by the client.
+    """
+    from monarch.actor import _telemetry
+    from monarch.config import _registry
+
+    _registry.clear_runtime_config()
+    _telemetry.reset_metrics()
+    wanted = os.environ.get("MONARCH_TELEMETRY")
+    _telemetry.disable_telemetry()  # also clears the variable: put it back, then apply it
+    if wanted is not None:
+        os.environ["MONARCH_TELEMETRY"] = wanted
+    _telemetry._from_environment()
+    return main(argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """Flags of ``monarch.actor`` read at use time (``monarch.actor.config``).
 
 ``prefix_python_logs_with_actor``: whether log records emitted inside actors are prefixed with
-``[actor=<instance chain>]``. Kept for compatibility; the log prefix filter itself is not part of
-this increment.
+``[actor=<instance chain>]`` (read at every record by the log-record factory of ``_logging``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,253 @@
+"""Direct lanes between NodeProcessTransports: negotiation, order across the switch, shared
+memory, TLS over TCP, failure and hostile peers (real Nodes on an in-process network)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chrysalis.quic.testing import issue_identity
+from monarch.actor._envelope import Envelope, FrameLimits
+from monarch.actor._lane import LaneManager, LaneSettings, TcpLane, UnixLane
+from monarch.actor._lane_proto import Auth, Offer, Refuse, decode_control, encode_handshake
+from monarch.actor._node_transport import NodeTransportSettings
+from monarch.config._registry import configured
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_node_transport import Cluster, Member, T, envelope
+
+
+def wait_for(predicate: Any, timeout: float = T) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def on_lane(a: Member, b: Member) -> None:
+    """Send until ``a`` writes to ``b`` on a lane."""
+    a.transport.send(envelope(a, b.transport.pid, 10**6), [])
+    wait_for(lambda: a.transport.statistics().outbound_lanes == 1)
+    b.wait("got", 1)
+    b.got.clear()
+
+
+def with_buffers(env: Envelope, buffers: list[bytes | bytearray]) -> Envelope:
+    sizes = tuple(len(b) for b in buffers)
+    kinds = bytes(1 if isinstance(b, bytes) else 0 for b in buffers)
+    return Envelope(
+        env.kind, env.sender, env.target, env.port, env.endpoint, env.sequence, env.reply_port,
+        env.cast, env.payload, sizes, kinds,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(NodeTransportSettings(dial_timeout=2.0))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_order_holds_across_the_switch_to_the_lane(cluster: Cluster) -> None:
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    sent = 0
+    deadline = time.monotonic() + T
+    while a.transport.statistics().outbound_lanes == 0:  # the switch happens mid-stream
+        assert time.monotonic() < deadline, "no lane"
+        for _ in range(20):
+            a.transport.send(envelope(a, b.transport.pid, sent), [])
+            sent += 1
+        time.sleep(0.002)
+    for _ in range(500):
+        a.transport.send(envelope(a, b.transport.pid, sent), [])
+        sent += 1
+    b.wait("got", sent)
+    assert [env.sequence for env, _ in b.got] == list(range(sent))
+    assert b.transport.statistics().inbound_lanes == 1
+
+
+def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Cluster) -> None:
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    on_lane(a, b)
+    big = bytearray(range(256)) * 4096
+    small = b"abc"
+    a.transport.send(with_buffers(envelope(a, b.transport.pid, 1), [big, small]), [
+        memoryview(big), memoryview(small)
+    ])  # fmt: skip
+    big[0] = 255  # the sender may reuse its memory once send returned
+    b.wait("got", 1)
+    buffers = b.got[0][1]
+    assert type(buffers[0]) is bytearray  # writable at the sender
+    assert buffers[0][0] == 0
+    assert bytes(buffers[0]) == bytes(bytearray(range(256)) * 4096)
+    assert bytes(buffers[1]) == b"abc"
+    lane = a.transport._peers[b.transport.pid.raw].lane
+    assert isinstance(lane, UnixLane)
+    wait_for(lambda: lane.shm_outstanding == 0)  # the receiver acknowledged the slot
+    frozen = bytes(range(256)) * 2048
+    for i in range(20):  # the slot is reused, never rewritten while in flight
+        a.transport.send(
+            with_buffers(envelope(a, b.transport.pid, 2 + i), [frozen]), [memoryview(frozen)]
+        )
+    b.wait("got", 21)
+    assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got[1:])
+    assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got[1:])
+    assert lane.pool.issued == 21  # every large buffer went through a slot
+
+
+def test_over_the_shared_bytes_bound_buffers_go_inline() -> None:
+    c = Cluster(lane_settings=LaneSettings(shm_threshold=1024, max_shm_bytes=1000))
+    try:
+        root = c.add()
+        a, b = c.add(root), c.add(root)
+        on_lane(a, b)
+        data = bytes(range(256)) * 16
+        a.transport.send(with_buffers(envelope(a, b.transport.pid, 1), [data]), [memoryview(data)])
+        b.wait("got", 1)
+        assert bytes(b.got[0][1][0]) == data
+        lane = a.transport._peers[b.transport.pid.raw].lane
+        assert isinstance(lane, UnixLane)
+        assert lane.pool.issued == 0
+    finally:
+        c.close()
+
+
+def test_force_quic_keeps_everything_on_the_stream(cluster: Cluster) -> None:
+    with configured(force_quic=True):
+        root = cluster.add()
+        a, b = cluster.add(root), cluster.add(root)
+        for i in range(50):
+            a.transport.send(envelope(a, b.transport.pid, i), [])
+            time.sleep(0.002)
+        b.wait("got", 50)
+    assert [env.sequence for env, _ in b.got] == list(range(50))
+    assert a.transport.statistics().outbound_lanes == 0
+    assert b.transport.statistics().inbound_lanes == 0
+
+
+def test_a_tls_lane_over_tcp_checks_peers_and_keeps_order() -> None:
+    c = Cluster(lane_settings=LaneSettings(kinds=("tcp",), tcp_host="127.0.0.1", force_tcp=True))
+    try:
+        root = c.add()
+        a, b = c.add(root), c.add(root)
+        for i in range(300):
+            a.transport.send(envelope(a, b.transport.pid, i), [])
+            if i % 50 == 0:
+                time.sleep(0.01)
+        wait_for(lambda: a.transport.statistics().outbound_lanes == 1)
+        for i in range(300, 600):
+            a.transport.send(envelope(a, b.transport.pid, i), [])
+        b.wait("got", 600)
+        assert [env.sequence for env, _ in b.got] == list(range(600))
+        lane = a.transport._peers[b.transport.pid.raw].lane
+        assert isinstance(lane, TcpLane)
+        data = bytearray(b"z" * 300_000)
+        a.transport.send(
+            with_buffers(envelope(a, b.transport.pid, 600), [data]), [memoryview(data)]
+        )
+        b.wait("got", 601)
+        assert bytes(b.got[-1][1][0]) == bytes(data)
+    finally:
+        c.close()
+
+
+def test_a_broken_lane_fails_the_peer_like_a_broken_stream_and_a_later_send_recovers(
+    cluster: Cluster,
+) -> None:
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    on_lane(a, b)
+    a.transport.send(envelope(a, b.transport.pid, 1, reply=True), [])
+    b.wait("got", 1)
+    cluster.loop.call_soon(lambda: [lane.close() for lane in list(b.transport._inbound_lanes)])
+    a.wait("bounced", 1)
+    assert a.bounced[0][0].sequence == 1
+    assert "closed its lane" in a.bounced[0][1]
+    a.transport.send(envelope(a, b.transport.pid, 2), [])  # a new stream, a new lane
+    b.wait("got", 2)
+    assert b.got[-1][0].sequence == 2
+
+
+def test_hostile_bytes_on_the_lane_listener_close_that_connection_only(cluster: Cluster) -> None:
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    on_lane(a, b)
+    manager = b.transport._lanes
+    assert manager is not None
+    answers = []
+    for garbage in (b"\xff\xff\xff\xff", encode_handshake(Offer("x", "", 0, b"n" * 32, b"t" * 16))):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(T)
+            sock.connect("\0" + manager._unix_name)
+            sock.sendall(garbage)
+            answer = b""
+            while chunk := sock.recv(65536):  # the acceptor closes after its answer
+                answer += chunk
+            answers.append(answer)
+    assert answers[0] == b""  # a length over the bound: closed without an answer
+    assert decode_control(answers[1][4:]) == Refuse("expected an Auth message")
+    a.transport.send(envelope(a, b.transport.pid, 7), [])
+    b.wait("got", 1)
+
+
+def test_a_lane_handshake_refuses_an_impostor_and_a_foreign_certificate() -> None:
+    settings = LaneSettings(handshake_timeout=2.0)
+    ids = {name: issue_identity() for name in ("a", "b", "mallory")}
+    # A certificate from another development CA.
+    from chrysalis.quic import DevelopmentCA
+
+    ids["foreign"] = DevelopmentCA.create("another CA").issue()
+
+    async def scenario() -> list[str]:
+        accepted: list[bytes] = []
+
+        def accept(token: bytes, lane: UnixLane | TcpLane) -> None:
+            accepted.append(token)
+            lane.close()
+
+        b = LaneManager(ids["b"], settings, FrameLimits, accept)
+        outcomes = []
+        for name in ("a", "mallory", "foreign"):
+            dialer = LaneManager(
+                ids[name], settings, FrameLimits, lambda _token, lane: lane.close()
+            )
+            hello, nonce = dialer.hello()
+            offer = b.offer(ids["a"].pid.raw, hello, asyncio.get_running_loop().time())
+            assert offer.kind == "unix"
+            try:
+                lane = await dialer.dial(ids["b"].pid.raw, offer, nonce)
+            except Exception as exc:
+                outcomes.append(f"{name}: {exc}")
+            else:
+                lane.close()
+                outcomes.append(f"{name}: ok")
+        b.close()
+        assert len(accepted) == 1
+        return outcomes
+
+    loop = asyncio.new_event_loop()
+    try:
+        outcomes = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert outcomes[0] == "a: ok"
+    assert outcomes[1].startswith("mallory:")
+    assert "expected" in outcomes[1]
+    assert outcomes[2].startswith("foreign:")
+    assert "refused" in outcomes[2]
+
+
+def test_decoding_a_handshake_message_is_bounded() -> None:
+    auth = Auth(b"t" * 16, (b"c" * 10,), b"s")
+    assert decode_control(encode_handshake(auth)[4:]) == auth

@@ -1,0 +1,246 @@
+"""User logs vs system logs, the actor prefix, and the line prefixer for forwarded output."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import monarch.actor
+from monarch.actor import Actor, ProcMesh, endpoint
+from monarch.actor._logging import LinePrefixer, _level, system_log_path
+
+Procs = Callable[..., ProcMesh]
+T = 5.0
+USER_LOGGER = "tests.user.logging"
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    @property
+    def messages(self) -> list[str]:
+        return [r.getMessage() for r in self.records]
+
+
+@pytest.fixture
+def capture() -> Iterator[_Capture]:
+    handler = _Capture()
+    logger = logging.getLogger(USER_LOGGER)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+class Talker(Actor):
+    @endpoint
+    def say(self, text: str, *args: object) -> None:
+        logging.getLogger(USER_LOGGER).info(text, *args)
+
+    @endpoint
+    def say_with_own_logger(self, text: str) -> str:
+        self.logger.addHandler(_FORWARD)
+        try:
+            self.logger.info(text)
+        finally:
+            self.logger.removeHandler(_FORWARD)
+        return self.logger.name
+
+    @endpoint
+    def system(self, text: str) -> None:
+        logging.getLogger("monarch.actor.test").warning(text)
+
+
+class _Forward(logging.Handler):
+    """Hands records of the actor's own logger to the user logger's handlers."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger(USER_LOGGER).handle(record)
+
+
+_FORWARD = _Forward()
+
+
+def test_user_logs_in_actors_carry_the_actor_chain(procs: Procs, capture: _Capture) -> None:
+    talkers = procs(gpus=2).spawn("talkers", Talker)
+    talkers.slice(gpus=1).say.call_one("hello %s", "there").get(timeout=T)
+    (record,) = capture.records
+    assert record.getMessage().startswith("[actor=<root>.<")
+    assert "talkers{'gpus': 1/2}>] hello there" in record.getMessage()
+    assert record.actor == record.getMessage()[len("[actor=") :].split("] ")[0]  # type: ignore[attr-defined]
+
+
+def test_the_actor_logger_is_prefixed_too(procs: Procs, capture: _Capture) -> None:
+    talker = procs(gpus=1).spawn("own", Talker)
+    name = talker.say_with_own_logger.call_one("from self.logger").get(timeout=T)
+    assert name.endswith("Talker")
+    assert capture.messages[-1].endswith("own{'gpus': 0/1}>] from self.logger")
+
+
+def test_client_logs_carry_root_and_empty_messages_stay_empty(
+    procs: Procs, capture: _Capture
+) -> None:
+    procs(gpus=1)  # the client runtime exists
+    logging.getLogger(USER_LOGGER).info("on the client")
+    logging.getLogger(USER_LOGGER).info("")
+    assert capture.messages == ["[actor=<root>] on the client", ""]
+
+
+def test_prefix_can_be_switched_off(
+    procs: Procs, capture: _Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    talker = procs(gpus=1).spawn("quiet", Talker)
+    monkeypatch.setattr(monarch.actor.config, "prefix_python_logs_with_actor", False)
+    talker.say.call_one("plain").get(timeout=T)
+    assert capture.messages == ["plain"]
+    assert "quiet" in capture.records[0].actor  # type: ignore[attr-defined]
+
+
+def test_percent_in_actor_names_does_not_break_formatting(procs: Procs, capture: _Capture) -> None:
+    talker = procs(gpus=1).spawn("100%", Talker)
+    talker.say.call_one("value %d", 7).get(timeout=T)
+    talker.say.call_one("literal %d").get(timeout=T)
+    assert capture.messages[0].endswith("100%{'gpus': 0/1}>] value 7")
+    assert capture.messages[1].endswith("] literal %d")
+
+
+def test_system_logs_are_not_prefixed_and_do_not_propagate(procs: Procs, capture: _Capture) -> None:
+    procs(gpus=1)
+    system = logging.getLogger("monarch")
+    assert system.propagate is False
+    assert system.handlers  # its own handlers
+    root_capture = _Capture()
+    logging.getLogger().addHandler(root_capture)
+    own = _Capture()
+    logging.getLogger("monarch.actor.test").addHandler(own)
+    try:
+        talker = procs(gpus=1).spawn("sys", Talker)
+        talker.system.call_one("runtime trouble").get(timeout=T)
+    finally:
+        logging.getLogger().removeHandler(root_capture)
+        logging.getLogger("monarch.actor.test").removeHandler(own)
+    assert own.messages == ["runtime trouble"]  # no actor prefix on system records
+    assert not any("runtime trouble" in m for m in root_capture.messages)
+
+
+def test_separation_in_a_fresh_process(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import logging, sys
+        logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="USER %(message)s")
+        from monarch.actor import _local_proc_mesh
+        import talker_module
+        procs = _local_proc_mesh(per_host={"gpus": 1})
+        t = procs.spawn("t", talker_module.T)
+        t.run.call_one().get(timeout=10)
+        procs.stop().get(timeout=10)
+        """
+    )
+    (tmp_path / "talker_module.py").write_text(
+        textwrap.dedent(
+            """
+            import logging
+            from monarch.actor import Actor, endpoint
+
+            class T(Actor):
+                @endpoint
+                def run(self) -> None:
+                    logging.getLogger("user.code").info("user line")
+                    print("printed line")
+                    logging.getLogger("monarch.actor.runtime").warning("system line")
+                    logging.getLogger("monarch.actor.runtime").info("quiet system line")
+            """
+        )
+    )
+    log_file = tmp_path / "system.log"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(tmp_path),
+        "MONARCH_FILE_LOG": "info",
+        "MONARCH_LOG_FILE": str(log_file),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert "USER [actor=<root>.<talker_module.T t{'gpus': 0/1}>] user line" in out.stdout
+    assert "printed line" in out.stdout
+    assert "system line" not in out.stdout
+    assert "[monarch client] WARNING monarch.actor.runtime: system line" in out.stderr
+    assert "quiet system line" not in out.stderr
+    text = log_file.read_text()
+    assert "system line" in text
+    assert "quiet system line" in text
+    assert "user line" not in text
+
+
+def test_level_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MONARCH_STDERR_LOG", "ERROR")
+    assert _level("MONARCH_STDERR_LOG", logging.WARNING) == logging.ERROR
+    monkeypatch.setenv("MONARCH_STDERR_LOG", "off")
+    assert _level("MONARCH_STDERR_LOG", logging.WARNING) is None
+    monkeypatch.setenv("MONARCH_STDERR_LOG", "15")
+    assert _level("MONARCH_STDERR_LOG", logging.WARNING) == 15
+    monkeypatch.delenv("MONARCH_STDERR_LOG")
+    assert _level("MONARCH_STDERR_LOG", logging.WARNING) == logging.WARNING
+    monkeypatch.setenv("MONARCH_STDERR_LOG", "loud")
+    with pytest.raises(ValueError, match="not a log level"):
+        _level("MONARCH_STDERR_LOG", logging.WARNING)
+    monkeypatch.setenv("MONARCH_LOG_FILE", "/x/y.log")
+    assert system_log_path() == Path("/x/y.log")
+    monkeypatch.delenv("MONARCH_LOG_FILE")
+    assert system_log_path().name == "monarch_log.log"
+
+
+# -- LinePrefixer -------------------------------------------------------------------------
+def test_line_prefixer_basics() -> None:
+    p = LinePrefixer(b"[gpus=1] ", max_line=8)
+    assert p.feed(b"ab") == []
+    assert p.feed(b"c\nde\n\nf") == [b"[gpus=1] abc\n", b"[gpus=1] de\n", b"[gpus=1] \n"]
+    assert p.flush() == [b"[gpus=1] f\n"]
+    assert p.flush() == []
+    assert p.feed(b"0123456789abcdefXY") == [b"[gpus=1] 01234567\n", b"[gpus=1] 89abcdef\n"]
+    assert p.feed(b"\n") == [b"[gpus=1] XY\n"]
+    with pytest.raises(ValueError):
+        LinePrefixer(b"", max_line=0)
+
+
+@given(
+    st.binary(max_size=400),
+    st.lists(st.integers(min_value=1, max_value=50), max_size=20),
+    st.integers(min_value=1, max_value=32),
+)
+def test_line_prefixer_is_independent_of_chunking(
+    data: bytes, cuts: list[int], max_line: int
+) -> None:
+    whole = LinePrefixer(b"> ", max_line)
+    expected = whole.feed(data) + whole.flush()
+    chunked = LinePrefixer(b"> ", max_line)
+    got: list[bytes] = []
+    pos = 0
+    for cut in cuts:
+        got += chunked.feed(data[pos : pos + cut])
+        pos += cut
+    got += chunked.feed(data[pos:]) + chunked.flush()
+    assert got == expected
+    for line in got:
+        assert line.startswith(b"> ")
+        assert line.endswith(b"\n")
+        assert len(line) <= 2 + max_line + 1
+        assert b"\n" not in line[:-1]
+    assert b"".join(line[2:-1] for line in got) == data.replace(b"\n", b"")

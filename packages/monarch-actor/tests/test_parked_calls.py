@@ -1,0 +1,95 @@
+"""Calls that overtake their actor's spawn are held (bounded), then routed or rejected."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from monarch.actor import Future, SupervisionError
+from monarch.actor import _runtime as rt
+from monarch.actor._envelope import ActorAddr, Envelope, MessageKind
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[rt.ProcRuntime]:
+    monkeypatch.setattr(rt, "PARK_TIMEOUT", 0.2)
+    runtime = rt.new_local_runtime("parking")
+    yield runtime
+    runtime.close()
+
+
+def _call_to(runtime: rt.ProcRuntime, path: str) -> Future[list[rt.Reply]]:
+    port, future = rt.gather_future(1, lambda replies: replies)
+    sender = ActorAddr(port.actor.pid, port.actor.path)
+    env = Envelope(
+        MessageKind.CALL, sender, ActorAddr(runtime.pid_raw, path),
+        -1, "ping", 0, port, None, b"",
+    )  # fmt: skip
+    done = threading.Event()
+
+    def route() -> None:
+        runtime._route(env, [])
+        done.set()
+
+    runtime.loop.loop.call_soon_threadsafe(route)
+    assert done.wait(5)
+    return future
+
+
+def test_call_to_an_actor_that_never_arrives_is_rejected_after_the_park_timeout(
+    runtime: rt.ProcRuntime,
+) -> None:
+    future = _call_to(runtime, "ghost-0001")
+    assert not future.done()  # held, not rejected at once
+    assert runtime._parked_count == 1
+    (reply,) = future.get(timeout=5)
+    assert reply.ok is False
+    with pytest.raises(SupervisionError, match="no actor 'ghost-0001' exists"):
+        rt.decode_reply(reply)
+    assert runtime._parked_count == 0
+    assert not runtime._parked
+
+
+class _FakeCell:
+    """Stands in for an actor cell that appears after the calls were parked."""
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+
+    def enqueue(self, item: object, force: bool = False) -> bool:
+        self.items.append(item)
+        return True
+
+
+def test_parked_calls_reach_the_actor_in_order_once_it_exists(runtime: rt.ProcRuntime) -> None:
+    futures = [_call_to(runtime, "late-0001") for _ in range(3)]
+    cell = _FakeCell()
+    done = threading.Event()
+
+    def spawn_lands() -> None:
+        runtime.cells["late-0001"] = cell  # type: ignore[assignment]
+        runtime._unpark("late-0001")
+        done.set()
+
+    runtime.loop.loop.call_soon_threadsafe(spawn_lands)
+    assert done.wait(5)
+    ports = [item.env.reply_port for item in cell.items]  # type: ignore[attr-defined]
+    assert len(ports) == 3
+    assert all(p is not None for p in ports)
+    assert [p.index for p in ports] == sorted(p.index for p in ports)
+    assert runtime._parked_count == 0
+    assert not any(f.done() for f in futures)  # delivered, not rejected
+    runtime.cells.pop("late-0001")
+
+
+def test_parked_calls_are_bounded(runtime: rt.ProcRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rt, "MAX_PARKED_CALLS", 2)
+    held = [_call_to(runtime, f"ghost-{i}") for i in range(2)]
+    overflow = _call_to(runtime, "ghost-9")
+    (reply,) = overflow.get(timeout=5)  # rejected at once: nothing more is held
+    assert reply.ok is False
+    assert runtime._parked_count == 2
+    for future in held:
+        assert future.get(timeout=5)[0].ok is False

@@ -1,0 +1,555 @@
+"""Metrics, tracing and supervision event records (in process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import monarch.actor
+from monarch.actor import (
+    Actor,
+    ActorError,
+    ProcMesh,
+    SupervisionRecord,
+    add_supervision_listener,
+    chrome_trace,
+    context,
+    endpoint,
+    finished_spans,
+    get_meter,
+    metrics_snapshot,
+    span,
+    supervision_events,
+    traced,
+)
+from monarch.actor import _telemetry as tm
+from monarch.actor._errors import ErrorCategory, FailureEvent
+
+Procs = Callable[..., ProcMesh]
+T = 5.0
+
+
+@pytest.fixture
+def telemetry() -> Iterator[None]:
+    saved = os.environ.get("MONARCH_TELEMETRY")
+    tm.enable_telemetry(metrics=True, tracing=True)
+    tm.reset_metrics()
+    try:
+        yield
+    finally:
+        tm.disable_telemetry()
+        tm.reset_metrics()
+        if saved is None:
+            os.environ.pop("MONARCH_TELEMETRY", None)
+        else:
+            os.environ["MONARCH_TELEMETRY"] = saved
+
+
+def _value(name: str, **attributes: str) -> float:
+    for point in metrics_snapshot().get(name, []):
+        if dict(point.attributes) == attributes:
+            return point.value if point.kind != "histogram" else float(point.count)
+    return 0.0
+
+
+class Worker(Actor):
+    @endpoint
+    def double(self, x: int) -> int:
+        return 2 * x
+
+    @endpoint
+    def boom(self) -> None:
+        raise ValueError("boom")
+
+    @endpoint
+    def nested(self, other: Any) -> int:
+        with span("inner work"):
+            return int(other.double.call_one(5).get(timeout=T))
+
+    @endpoint
+    def die(self) -> None:
+        context().actor_instance.abort("on purpose")
+
+
+class AsyncWorker(Actor):
+    @endpoint
+    async def double(self, x: int) -> int:
+        return 2 * x
+
+    @endpoint
+    async def boom(self) -> None:
+        raise KeyError("async boom")
+
+
+class Quiet(Actor):
+    @endpoint(instrument=False)
+    def ping(self) -> int:
+        return 1
+
+
+class Parent(Actor):
+    def __init__(self) -> None:
+        self.child = context().actor_instance.proc.spawn("child", Worker)
+
+    @endpoint
+    def kill_child(self) -> None:
+        self.child.die.broadcast()
+
+
+# -- the registry ---------------------------------------------------------------------------
+def test_counter_series_by_attributes_and_no_decrease() -> None:
+    counter = get_meter("test").create_counter("test.counter.a", "1", "a counter")
+    assert get_meter("other").create_counter("test.counter.a") is counter  # one per name
+    counter.add(2, {"k": "x"})
+    counter.add(3, {"k": "x"})
+    counter.add(1)
+    points = {tuple(p.attributes.items()): p.value for p in metrics_snapshot()["test.counter.a"]}
+    assert points == {(("k", "x"),): 5.0, (): 1.0}
+    with pytest.raises(ValueError, match="cannot decrease"):
+        counter.add(-1)
+    updown = get_meter("test").create_up_down_counter("test.updown.a")
+    updown.add(3)
+    updown.add(-5)
+    assert metrics_snapshot("test.updown.a")["test.updown.a"][0].value == -2.0
+    with pytest.raises(ValueError, match="already exists"):
+        get_meter("test").create_histogram("test.counter.a")
+
+
+def test_histogram_buckets_min_max() -> None:
+    h = get_meter("test").create_histogram(
+        "test.hist.a", explicit_bucket_boundaries_advisory=[1.0, 10.0]
+    )
+    for value in (0.5, 1.0, 5.0, 50.0):
+        h.record(value)
+    (point,) = metrics_snapshot()["test.hist.a"]
+    assert (point.count, point.sum, point.min, point.max) == (4, 56.5, 0.5, 50.0)
+    assert point.buckets == ((1.0, 2), (10.0, 1), (math.inf, 1))
+    with pytest.raises(ValueError, match="sorted"):
+        get_meter("test").create_histogram(
+            "test.hist.bad", explicit_bucket_boundaries_advisory=[2.0, 1.0]
+        )
+
+
+def test_series_per_instrument_are_bounded() -> None:
+    counter = get_meter("test").create_counter("test.counter.many")
+    for i in range(tm.MAX_SERIES + 50):
+        counter.add(1, {"i": i})
+    points = metrics_snapshot()["test.counter.many"]
+    assert len(points) == tm.MAX_SERIES + 1
+    overflow = [p for p in points if p.attributes == {"otel.metric.overflow": "true"}]
+    assert overflow[0].value == 50.0
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=1))
+def test_histogram_totals_match_observations(values: list[float]) -> None:
+    h = tm.Histogram("scratch", explicit_bucket_boundaries_advisory=tm.BYTES_BOUNDS)
+    for v in values:
+        h.record(v)
+    (point,) = h._points()
+    assert point.count == len(values) == sum(c for _, c in point.buckets)
+    assert point.min == min(values)
+    assert point.max == max(values)
+    for (bound, count), lower in zip(point.buckets, (-1.0, *tm.BYTES_BOUNDS), strict=True):
+        assert count == sum(1 for v in values if lower < v <= bound)
+
+
+# -- runtime metrics ----------------------------------------------------------------------
+def test_disabled_telemetry_records_nothing(procs: Procs) -> None:
+    tm.disable_telemetry()
+    tm.reset_metrics()
+    workers = procs(gpus=1).spawn("w", Worker)
+    assert workers.double.call_one(2).get(timeout=T) == 4
+    assert metrics_snapshot("monarch.") == {}
+    assert finished_spans() == [] or all(s.name != "double" for s in finished_spans())
+
+
+@pytest.mark.parametrize("cls", [Worker, AsyncWorker])
+def test_messages_latency_and_errors_are_counted(
+    telemetry: None, procs: Procs, cls: type[Actor]
+) -> None:
+    workers: Any = procs(gpus=2).spawn("w", cls)
+    assert workers.double.call(3).get(timeout=T).values() == [6, 6]
+    with pytest.raises(ActorError):
+        workers.slice(gpus=0).boom.call_one().get(timeout=T)
+    assert _value("monarch.messages.sent", kind="call") >= 3  # spawn init aside
+    assert _value("monarch.messages.received", kind="call") >= 3
+    assert _value("monarch.messages.received", kind="port_value") >= 2
+    assert _value("monarch.endpoint.latency", endpoint="double") == 2
+    assert _value("monarch.endpoint.latency", endpoint="boom") == 1
+    assert _value("monarch.endpoint.errors", endpoint="boom", category="user") == 1
+    assert _value("monarch.client.call_latency") >= 2
+    assert _value("monarch.mailbox.depth") >= 3
+    (payload,) = [
+        p
+        for p in metrics_snapshot()["monarch.messages.payload_size"]
+        if p.attributes == {"kind": "call"}
+    ]
+    assert payload.min > 0
+
+
+# -- tracing ------------------------------------------------------------------------------
+def test_span_is_noop_when_tracing_is_off() -> None:
+    tm.disable_telemetry()
+    with span("nothing") as s:
+        s.set_attribute("a", 1)
+    assert not isinstance(s, tm.Span)
+
+
+def test_spans_nest_and_traced_names_them(telemetry: None) -> None:
+    @traced
+    def inner() -> int:
+        return 1
+
+    @traced(name="named")
+    async def other() -> int:
+        return 2
+
+    import asyncio
+
+    with span("outer", {"step": 1}) as outer:
+        assert inner() == 1
+        assert asyncio.run(other()) == 2
+    assert isinstance(outer, tm.Span)
+    by_name = {s.name: s for s in finished_spans()[-3:]}
+    assert set(by_name) == {"outer", "inner", "named"}
+    for name in ("inner", "named"):
+        assert by_name[name].parent_id == outer.span_id
+        assert by_name[name].trace_id == outer.trace_id
+    assert outer.parent_id == bytes(8)
+    assert outer.status == "ok"
+    assert outer.attributes == {"step": 1}
+    with pytest.raises(ZeroDivisionError), span("fails") as failing:
+        _ = 1 / 0
+    assert isinstance(failing, tm.Span)
+    assert failing.status == "error"
+    assert "ZeroDivisionError" in failing.error
+
+
+def test_caller_span_propagates_to_endpoint_spans(telemetry: None, procs: Procs) -> None:
+    mesh = procs(gpus=1)
+    a = mesh.spawn("a", Worker)
+    b = mesh.spawn("b", Worker)
+    with span("client step") as root:
+        assert a.nested.call_one(b).get(timeout=T) == 10
+    assert isinstance(root, tm.Span)
+    spans = [s for s in finished_spans() if s.trace_id == root.trace_id]
+    by_name = {s.name: s for s in spans}
+    assert {"client step", "nested", "inner work", "double"} <= set(by_name)
+    assert by_name["nested"].parent_id == root.span_id
+    assert by_name["inner work"].parent_id == by_name["nested"].span_id
+    assert by_name["double"].parent_id == by_name["inner work"].span_id
+    assert by_name["double"].attributes["endpoint"] == "double"
+    assert "<root>.<" in str(by_name["nested"].attributes["actor"])
+    trace = chrome_trace(spans)
+    json.dumps(trace)  # serialisable as is
+    events = {e["name"]: e for e in trace["traceEvents"]}
+    assert events["nested"]["ph"] == "X"
+    assert events["nested"]["args"]["parent_id"] == root.span_id.hex()
+    assert events["nested"]["dur"] >= events["double"]["dur"]
+
+
+def test_endpoint_span_records_errors(telemetry: None, procs: Procs) -> None:
+    workers = procs(gpus=1).spawn("w", AsyncWorker)
+    with pytest.raises(ActorError):
+        workers.boom.call_one().get(timeout=T)
+    failed = [s for s in finished_spans() if s.name == "boom"]
+    assert failed
+    assert failed[-1].status == "error"
+    assert "KeyError" in failed[-1].error
+
+
+def test_uninstrumented_endpoints_get_no_span(telemetry: None, procs: Procs) -> None:
+    before = len([s for s in finished_spans() if s.name == "ping"])
+    assert procs(gpus=1).spawn("q", Quiet).ping.call_one().get(timeout=T) == 1
+    assert len([s for s in finished_spans() if s.name == "ping"]) == before
+    assert _value("monarch.endpoint.latency", endpoint="ping") == 1  # still timed
+
+
+def test_span_and_record_listeners(telemetry: None) -> None:
+    seen: list[tm.Span] = []
+    remove = tm.add_span_listener(seen.append)
+    try:
+        with span("listened"):
+            pass
+    finally:
+        remove()
+    with span("not listened"):
+        pass
+    assert [s.name for s in seen] == ["listened"]
+
+
+def test_listeners_are_bounded() -> None:
+    removers = [tm.add_span_listener(lambda s: None) for _ in range(tm.MAX_LISTENERS)]
+    try:
+        with pytest.raises(ValueError, match="too many listeners"):
+            tm.add_span_listener(lambda s: None)
+    finally:
+        for remove in removers:
+            remove()
+
+
+# -- supervision records ------------------------------------------------------------------
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_failure_produces_structured_records(procs: Procs, faults: Any) -> None:
+    logger = logging.getLogger("monarch.supervision")
+    capture = _Capture()
+    logger.addHandler(capture)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    received: list[SupervisionRecord] = []
+    remove = add_supervision_listener(received.append)
+    last = supervision_events()[-1].seq if supervision_events() else 0
+    try:
+        workers = procs(gpus=1).spawn("dying", Worker)
+        workers.die.broadcast()
+        faults.wait_for(1)
+    finally:
+        remove()
+        logger.removeHandler(capture)
+        logger.setLevel(old_level)
+    records = [r for r in supervision_events(after=last) if r.mesh_name.startswith("dying")]
+    events = [r.event for r in records]
+    assert "actor_failed" in events
+    assert "unhandled_fault" in events
+    failed = records[events.index("actor_failed")]
+    assert failed.version == tm.SCHEMA_VERSION
+    assert failed.category == "user"
+    assert failed.kind == "failed"
+    assert "on purpose" in failed.reason
+    assert failed.actor.startswith("<root>.<")
+    assert "dying" in failed.actor
+    assert failed.actor_id.startswith(failed.mesh_name + "@")
+    assert failed.proc
+    assert failed.rank == 0
+    assert failed.timestamp > 0
+    assert failed.chain[0].reason == failed.reason
+    assert failed.root_cause
+    assert all(r.seq > last for r in records)
+    assert [r.seq for r in records] == sorted(r.seq for r in records)
+    assert {r.seq for r in records} <= {r.seq for r in received}
+    lines = [json.loads(line) for line in capture.lines]
+    assert any(d["event"] == "actor_failed" and d["mesh_name"] == failed.mesh_name for d in lines)
+    assert all("\n" not in line for line in capture.lines)
+
+
+def test_unhandled_child_failure_chain_names_both_actors(procs: Procs, faults: Any) -> None:
+    last = supervision_events()[-1].seq if supervision_events() else 0
+    parent = procs(gpus=1).spawn("parent", Parent)
+    parent.kill_child.call_one().get(timeout=T)
+    faults.wait_for(1)
+    records = supervision_events(after=last)
+    received = [r for r in records if r.event == "supervision_received"]
+    assert received
+    assert received[0].mesh_name.startswith("child")
+    at_root = [r for r in records if r.event == "unhandled_fault"]
+    assert at_root
+    chain = at_root[-1].chain
+    assert len(chain) == 2
+    assert "parent" in chain[0].actor
+    assert chain[0].category == "system"
+    assert "child" in chain[1].actor
+    assert chain[1].category == "user"
+    assert at_root[-1].root_cause.startswith(f"The actor {chain[1].actor}")
+
+
+def test_stop_is_recorded(procs: Procs) -> None:
+    last = supervision_events()[-1].seq if supervision_events() else 0
+    workers = procs(gpus=1).spawn("stopping", Worker)
+    workers.stop().get(timeout=T)
+    stopped = [
+        r
+        for r in supervision_events(after=last)
+        if r.event == "actor_stopped" and r.mesh_name.startswith("stopping")
+    ]
+    assert stopped
+    assert stopped[0].kind == "stopped"
+    assert stopped[0].category == "system"
+
+
+def test_record_schema_round_trips_as_json() -> None:
+    cause = FailureEvent(
+        category=str(ErrorCategory.INFRASTRUCTURE),
+        kind="failed",
+        actor="<root>.<m.C c{}>",
+        mesh_name="c-1",
+        rank=0,
+        reason="process died",
+        actor_id="c-1@abc",
+        proc="p0",
+    )
+    event = FailureEvent(
+        category="system",
+        kind="failed",
+        actor="<root>.<m.P p{}>",
+        mesh_name="p-1",
+        rank=1,
+        reason="unhandled",
+    ).with_cause(cause)
+    record = tm.record_supervision("actor_failed", event, "test-proc", now=123.5)
+    assert record.timestamp == 123.5
+    decoded = msgspec.json.decode(record.to_json(), type=SupervisionRecord)
+    assert decoded == record
+    assert decoded.root_cause.endswith("process died")
+    assert [link.category for link in decoded.chain] == ["system", "infrastructure"]
+    assert json.loads(record.to_json())["version"] == 1
+
+
+_links = st.builds(
+    FailureEvent,
+    category=st.sampled_from([str(c) for c in ErrorCategory]),
+    kind=st.sampled_from(["failed", "stopped", "unhealthy", "undeliverable"]),
+    actor=st.text(max_size=30),
+    mesh_name=st.text(max_size=20),
+    rank=st.integers(min_value=-1, max_value=10_000),
+    reason=st.text(max_size=60),
+    actor_id=st.text(max_size=30),
+    proc=st.text(max_size=10),
+)
+
+
+@given(st.lists(_links, min_size=1, max_size=20), st.floats(min_value=0, max_value=4e9))
+def test_records_mirror_any_chain_and_round_trip(links: list[FailureEvent], now: float) -> None:
+    event = links[-1]
+    for link in reversed(links[:-1]):
+        event = link.with_cause(event)
+    record = SupervisionRecord.from_event("actor_failed", event, "p", 7, now)
+    chain = event.chain()
+    assert len(record.chain) == len(chain) <= 16
+    assert [(c.actor, c.reason, c.category) for c in record.chain] == [
+        (e.actor, e.reason, e.category) for e in chain
+    ]
+    assert record.root_cause == chain[-1].headline()
+    line = record.to_json()
+    assert "\n" not in line
+    assert msgspec.json.decode(line, type=SupervisionRecord) == record
+
+
+def test_ring_is_bounded() -> None:
+    event = FailureEvent(
+        category="user", kind="failed", actor="a", mesh_name="m", rank=0, reason="r"
+    )
+    tm.set_ring_capacity(8)
+    try:
+        for _ in range(20):
+            tm.record_supervision("actor_failed", event, "p")
+        assert len(supervision_events()) == 8
+    finally:
+        tm.set_ring_capacity(tm.DEFAULT_RING_CAPACITY)
+    with pytest.raises(ValueError):
+        tm.set_ring_capacity(0)
+
+
+def test_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MONARCH_TELEMETRY", "metrics")
+    try:
+        tm._from_environment()
+        assert tm.telemetry_state() == {"metrics": True, "tracing": False, "otel": False}
+        assert tm.ACTIVE
+    finally:
+        tm.disable_telemetry()
+    assert not tm.ACTIVE
+
+
+def test_enable_sets_the_environment_for_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MONARCH_TELEMETRY", raising=False)
+    try:
+        tm.enable_telemetry(metrics=False, tracing=True)
+        assert os.environ["MONARCH_TELEMETRY"] == "tracing"
+    finally:
+        tm.disable_telemetry()
+
+
+def test_otel_mirror_needs_the_optional_package() -> None:
+    if importlib.util.find_spec("opentelemetry") is not None:
+        pytest.skip("opentelemetry is installed here")
+    with pytest.raises(ImportError):
+        tm.enable_telemetry(otel=True)
+    assert tm.telemetry_state()["otel"] is False
+
+
+_OTEL_SCRIPT = """
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+from monarch.actor import _local_proc_mesh, enable_telemetry, span
+from otel_actor import Doubler
+
+enable_telemetry(metrics=True, tracing=True, otel=True)
+procs = _local_proc_mesh(per_host={"gpus": 1})
+d = procs.spawn("d", Doubler)
+with span("client step") as root:
+    assert d.double.call_one(4).get(timeout=10) == 8
+procs.stop().get(timeout=10)
+spans = {s.name: s for s in exporter.get_finished_spans()}
+assert spans["double"].parent.span_id == spans["client step"].context.span_id, spans
+assert spans["double"].context.trace_id == int.from_bytes(root.trace_id, "big")
+names = {
+    m.name
+    for rm in reader.get_metrics_data().resource_metrics
+    for sm in rm.scope_metrics
+    for m in sm.metrics
+}
+assert "monarch.endpoint.latency" in names and "monarch.messages.sent" in names, names
+print("otel ok")
+"""
+
+
+def test_otel_mirror_with_an_sdk(tmp_path: Path) -> None:
+    """Runs where ``opentelemetry-sdk`` is importable (``OTEL_TEST_PATH`` may point at it)."""
+    extra = os.environ.get("OTEL_TEST_PATH", "")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (extra, str(tmp_path)) if p))
+    env.pop("MONARCH_TELEMETRY", None)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import opentelemetry.sdk"], env=env, capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip("opentelemetry-sdk is not installed")
+    (tmp_path / "otel_actor.py").write_text(
+        "from monarch.actor import Actor, endpoint\n"
+        "class Doubler(Actor):\n"
+        "    @endpoint\n"
+        "    def double(self, x: int) -> int:\n"
+        "        return 2 * x\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _OTEL_SCRIPT], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "otel ok" in out.stdout
+
+
+def test_facade_names() -> None:
+    assert monarch.actor.get_meter is get_meter
+    assert monarch.actor.SupervisionRecord.__module__ == "monarch.actor"

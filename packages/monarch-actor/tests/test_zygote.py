@@ -1,0 +1,103 @@
+"""The zygote forks warm processes on request and reports how they end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from monarch.actor._zygote import Zygote, ZygoteUnavailableError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+HERE = __name__
+
+
+def _echo(argv: Sequence[str]) -> int:
+    print(" ".join(argv), threading.active_count(), sys.stdin.read() == "", flush=True)
+    return int(argv[0])
+
+
+def _sleep(argv: Sequence[str]) -> int:
+    print("ready", flush=True)
+    threading.Event().wait(30)
+    return 0
+
+
+def _fail(argv: Sequence[str]) -> int:
+    raise RuntimeError("boom in the child")
+
+
+@pytest.fixture
+def zygote() -> Iterator[Zygote]:
+    z = Zygote.start()
+    yield z
+    z.close()
+
+
+def _read_line(process: object) -> str:
+    stdout = process.stdout  # type: ignore[attr-defined]
+    assert stdout is not None
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = stdout.read(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+def test_child_runs_target_with_argv_single_threaded_and_its_status_is_reported(
+    zygote: Zygote,
+) -> None:
+    child = zygote.spawn(["7", "b"], target=f"{HERE}:_echo")
+    # The zygote runs no threads, so neither does a fresh child; stdin is /dev/null.
+    assert _read_line(child) == "7 b 1 True\n"
+    assert child.wait(10) == 7
+    assert child.poll() == 7
+
+
+def test_killed_child_reports_the_signal(zygote: Zygote) -> None:
+    child = zygote.spawn([], target=f"{HERE}:_sleep")
+    assert _read_line(child) == "ready\n"
+    assert child.poll() is None
+    child.kill()
+    assert child.wait(10) == -signal.SIGKILL
+
+
+def test_failing_target_exits_with_status_one(zygote: Zygote) -> None:
+    child = zygote.spawn([], target=f"{HERE}:_fail")
+    assert child.wait(10) == 1
+
+
+def test_unknown_target_exits_with_status_one(zygote: Zygote) -> None:
+    child = zygote.spawn([], target="no_such_module_zz:main")
+    assert child.wait(10) == 1
+
+
+def test_many_children_each_get_their_own_status(zygote: Zygote) -> None:
+    children = [zygote.spawn([str(i)], target=f"{HERE}:_echo") for i in range(8)]
+    assert [c.wait(10) for c in children] == list(range(8))
+
+
+def test_closed_zygote_refuses_spawns_clearly() -> None:
+    z = Zygote.start()
+    z.close()
+    with pytest.raises(ZygoteUnavailableError):
+        z.spawn(["0"], target=f"{HERE}:_echo")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(z.pid, os.WNOHANG)  # reaped by close()
+
+
+def test_wait_times_out_without_killing(zygote: Zygote) -> None:
+    import subprocess
+
+    child = zygote.spawn([], target=f"{HERE}:_sleep")
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(0.05)
+    assert child.poll() is None
+    child.kill()
+    assert child.wait(10) == -signal.SIGKILL

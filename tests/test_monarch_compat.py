@@ -1,0 +1,121 @@
+"""Programs written for Meta's Monarch run unchanged here and print what the reference prints.
+
+Each program in ``examples/monarch/`` runs under this workspace's interpreter and its standard
+output must equal ``<name>.expected``, the reference Monarch's (``torchmonarch==0.7.0``) output
+recorded by ``scripts/monarch_compat.py --record``. When ``MONARCH_REFERENCE_PYTHON`` names an
+interpreter with the reference installed, every program also runs under it, live, and must still
+print its recording (so a stale recording, or a program that is not really portable, fails).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "monarch_compat_script", ROOT / "scripts" / "monarch_compat.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+compat = _load_script()
+EXAMPLES: list[Path] = compat.examples()
+REFERENCE = os.environ.get(compat.REFERENCE_ENV, "")
+TIMEOUT = 180.0
+
+
+RECORD = "./dev compat --record"  # how to record again, with the reference
+
+
+def _check(python: str, example: Path) -> None:
+    recorded = compat.read_expected(example)
+    assert recorded is not None, f"{example.name} was never recorded: {RECORD} {example.stem}"
+    run = compat.run_example(python, example, TIMEOUT)
+    assert run.ok, f"{example.name} under {python}: {run.status()}\n{run.stderr[-4000:]}"
+    diff = compat.differences(recorded[1], run.stdout, "reference", python)
+    assert not diff, "\n".join(diff)
+
+
+def test_there_are_examples_and_recordings() -> None:
+    assert len(EXAMPLES) >= 4
+    for example in EXAMPLES:
+        recorded = compat.read_expected(example)
+        assert recorded is not None, example.name
+        assert recorded[1].strip(), example.name
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_recording_comes_from_the_reference_for_this_version_of_the_program(
+    example: Path,
+) -> None:
+    recorded = compat.read_expected(example)
+    assert recorded is not None
+    assert recorded[0].startswith(f"{compat.HEADER_PREFIX} torchmonarch 0.7.0 ran "), recorded[0]
+    assert compat.matches_program(example, recorded[0]), (
+        f"{example.name} changed since its output was recorded: {RECORD} {example.stem}"
+    )
+
+
+def test_a_changed_program_no_longer_matches_its_recording(tmp_path: Path) -> None:
+    program = tmp_path / "p.py"
+    program.write_text("print(1)\n")
+    line = compat.header(program, "0.7.0")
+    assert compat.matches_program(program, line)
+    program.write_text("print(2)\n")
+    assert not compat.matches_program(program, line)
+
+
+def test_examples_use_only_the_public_monarch_actor_api() -> None:
+    for example in EXAMPLES:
+        imports = [
+            line.split()[1]
+            for line in example.read_text().splitlines()
+            if line.startswith(("import ", "from ")) and "monarch" in line
+        ]
+        assert imports, example.name
+        assert set(imports) <= {"monarch.actor"}, (example.name, imports)
+
+
+def test_differences_finds_a_changed_line_and_nothing_else() -> None:
+    assert compat.differences("a\nb\n", "a\nb\n", "x", "y") == []
+    diff = compat.differences("a\nb\nc\n", "a\nB\nc\n", "x", "y")
+    assert "-b" in diff
+    assert "+B" in diff
+    assert not [line for line in diff if line in ("-a", "+a", "-c", "+c")]
+
+
+def test_a_program_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    run = compat.run_example(sys.executable, hang, timeout=1.0)
+    assert run.returncode == -1
+    assert not run.ok
+    assert run.stdout == "started\n"
+    assert "TIMEOUT" in run.status()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_prints_what_the_reference_printed(example: Path) -> None:
+    _check(sys.executable, example)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REFERENCE, reason=f"${compat.REFERENCE_ENV} is not set")
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_under_the_reference_prints_its_recording(example: Path) -> None:
+    _check(REFERENCE, example)
