@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-from chrysalis.core import LinkId, LinkSide, Pid
+from chrysalis.core import LinkContext, LinkId, LinkSide, Pid
 from chrysalis.datagram import InprocNetwork
-from chrysalis.node import JoinSettings, Node
+from chrysalis.node import SESSION_VERSION, JoinSettings, Node
 from chrysalis.quic.testing import issue_identity
 from chrysalis.sqlite import Replica, ReplicaSession, SitePublisher, TableSchema
 from chrysalis.sqlite._topology import (
-    SESSION_ACK,
     SQLITE_LINK_PROTOCOL,
     ReplicationTopology,
     pump_session,
@@ -56,11 +55,12 @@ class Member:
 
     node: Node
 
-    def __init__(self, net: InprocNetwork, name: str, parent: Member | None) -> None:
+    def __init__(self, net: InprocNetwork, name: str, parent: Member | Node | None) -> None:
         self.name = name
         settings = None
         if parent is not None:
-            settings = JoinSettings(parent.node.local_addr, parent.node.pid, retry_delay=0.05)
+            up = parent.node if isinstance(parent, Member) else parent
+            settings = JoinSettings(up.local_addr, up.pid, retry_delay=0.05)
         self.node = Node(issue_identity(), carrier=net.bind(), parent=settings)
         self.replica = Replica(":memory:", [NOTES])
         self.topology = ReplicationTopology(
@@ -160,6 +160,10 @@ def test_parent_link_session_restarts_when_the_nameserver_link_is_replaced() -> 
             write(root.replica, "down", "root", "3")
             await eventually(lambda: ("after", "child", "2") in rows(root.replica))
             await eventually(lambda: ("down", "root", "3") in rows(child.replica))
+            # the root admitted the new link while dropping the old one's session: the new
+            # session waited for the stale one instead of failing on the duplicate peer
+            assert root.topology.session_errors == 0
+            assert child.topology.session_errors == 0
 
     run(main)
 
@@ -226,7 +230,89 @@ def test_parent_drops_streams_that_do_not_name_the_current_link() -> None:
             async with asyncio.timeout(5):
                 assert await stream.read(1) == b""
             assert len(root.topology.links()) == 1
-            assert SESSION_ACK == 1
+            assert SESSION_VERSION == 1
+
+    run(main)
+
+
+def test_a_parent_without_the_protocol_refuses_and_the_link_is_given_up() -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+        async with AsyncExitStack() as stack:
+            root = Node(issue_identity(), carrier=net.bind())  # no topology on the root
+            await stack.enter_async_context(root)
+            child = await Member(net, "child", root).enter(stack)
+            manager = child.node.parent_manager
+            assert manager is not None
+            sessions = child.topology.link_sessions
+            await eventually(lambda: manager.status.link in sessions.refused_links)
+            assert sessions.failure is None
+            assert child.topology.links() == ()
+            assert child.topology.sessions_started == 0
+
+    run(main)
+
+
+def test_sessions_wait_for_the_start_and_end_with_the_close() -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+        async with AsyncExitStack() as stack:
+            root = await Member(net, "root", None).enter(stack)
+            child = Member(net, "child", root)
+            stack.callback(child.replica.close)
+            await stack.enter_async_context(child.node)
+            await child.node.wait_connected()
+            # the node admitted the link, but the topology has not started: no replication
+            await eventually(
+                lambda: child.node.link_sessions(SQLITE_LINK_PROTOCOL).sessions_started > 0
+            )
+            await asyncio.sleep(0.1)
+            assert child.topology.links() == ()
+            write(child.replica, "early", "child", "1")
+            await child.topology.start()
+            await eventually(lambda: ("early", "child", "1") in rows(root.replica))
+            await eventually(lambda: len(child.topology.links()) == 1)
+            await child.topology.aclose()
+            assert child.topology.links() == ()
+            write(child.replica, "late", "child", "2")
+            await asyncio.sleep(0.3)  # several retry delays: the node reopens, we end it
+            assert ("late", "child", "2") not in rows(root.replica)
+            assert child.topology.links() == ()
+            assert child.topology.session_errors == 0
+
+    run(main)
+
+
+def test_a_reconnected_childs_new_session_waits_for_its_stale_one() -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+        async with AsyncExitStack() as stack:
+            root = await Member(net, "root", None).enter(stack)
+            peer = Pid(b"\x05" * 16)
+            old, new = LinkId(b"\x01" * 16), LinkId(b"\x02" * 16)
+
+            def pipe() -> _Pipe:
+                ours, theirs = _Pipe(), _Pipe()
+                ours.peer, theirs.peer = theirs, ours
+                return ours
+
+            # what the node does: the old link's session still runs when the new one is admitted
+            stale = asyncio.ensure_future(
+                root.topology._session(LinkContext(old, peer, LinkSide.CHILD), pipe())
+            )
+            await eventually(lambda: [s.link for s in root.topology.links()] == [old])
+            fresh = asyncio.ensure_future(
+                root.topology._session(LinkContext(new, peer, LinkSide.CHILD), pipe())
+            )
+            await asyncio.sleep(0.1)
+            assert [s.link for s in root.topology.links()] == [old]  # waiting, not failing
+            stale.cancel()  # the node drops the old link's session
+            await asyncio.gather(stale, return_exceptions=True)
+            await eventually(lambda: [s.link for s in root.topology.links()] == [new])
+            assert root.topology.session_errors == 0
+            fresh.cancel()
+            await asyncio.gather(fresh, return_exceptions=True)
+            assert root.topology.links() == ()
 
     run(main)
 

@@ -12,20 +12,25 @@ Toward each child it advertises ``ComplementOfPeer``. A link therefore carries o
 subtree's origins upward and everything else downward; no change travels back toward its
 origin subtree.
 
-Per-link sessions (spec 4.4, the handshake the reference's ``LinkProtocolManager`` runs): after
-the 16-byte protocol selector the *child* node writes the 16-byte ``LinkId`` of its current
-nameserver link to the parent and reads one byte, which must be ``SESSION_ACK`` (1). The
-*parent* node admits the stream only if its nameserver maps (child PID -> that link id) and no
-session runs on that link; otherwise it drops the stream without a byte. So a replication
-session is always tied to one nameserver link incarnation:
+Per-link sessions (spec 4.4) are the node's: the topology registers ``chrysalis.sql.v5`` with
+``Node.register_link_session``, which runs the handshake (the child writes the 16-byte
+``LinkId`` of its current nameserver link, ``chrysalis.node.LINK_ID_BYTES``; the parent admits
+it only for the child's current link with no session on it and answers the version byte
+``chrysalis.node.SESSION_VERSION``) and the supervision, so a replication session is always
+tied to one nameserver link incarnation:
 
-- child side (this node's parent link): the supervisor watches the parent manager's status. A
-  ``CONNECTED`` status with a new link id aborts the old session and starts a new one; a lost
-  link aborts it. If the ack fails before the first success on a link, the parent does not run
-  the protocol and the link is given up; after a success, a session that ends (cleanly or not)
-  is reopened on the same link after ``retry_delay``.
-- parent side (our children's links): a session whose link leaves the nameserver's child-link
-  map is aborted; a new session of the same child PID replaces a stale one.
+- child side (this node's parent link, ``LinkSide.PARENT``): a new link id cancels the old
+  session and starts a new one; a lost link cancels it; a session that ends is reopened on the
+  same link after ``retry_delay``. A parent that refuses the first handshake on a link does
+  not run the protocol: the link is given up (``node.link_sessions(SQLITE_LINK_PROTOCOL)``
+  keeps ``refused_links`` and a version mismatch in ``failure``).
+- parent side (our children's links, ``LinkSide.CHILD``): a session is cancelled when its link
+  leaves the nameserver's child-link map. A child that reconnects may be admitted on its new
+  link just before the session of its old link is dropped; its new session waits for the old
+  one to end (the replica runs one session per peer).
+
+The topology adds only what is replication's: one ``ReplicaSession`` per admitted link, the
+child's subtree scope while its session runs, and the start/close of the whole.
 
 The session itself is the pure ``ReplicaSession``; ``pump_session`` is the thin asyncio pump
 that moves bytes between it and a stream, wakes it on local commits (the replica's change
@@ -43,8 +48,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol, final
 
 from chrysalis.core import LinkContext, LinkId, LinkSide, Pid
-from chrysalis.nameserver import ParentLinkManager, ParentStatusKind
-from chrysalis.node import Node
+from chrysalis.node import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessions, Node
 from chrysalis.quic import LinkProtocolId
 from chrysalis.sqlite._protocol import PROTOCOL_ID
 from chrysalis.sqlite._replica import Replica
@@ -59,9 +63,7 @@ from chrysalis.sqlite._session import (
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
-    "LINK_ID_BYTES",
     "READ_SIZE",
-    "SESSION_ACK",
     "SQLITE_LINK_PROTOCOL",
     "LinkReplicationStatus",
     "ReplicaStream",
@@ -73,14 +75,8 @@ _log = logging.getLogger("chrysalis.sqlite")
 
 SQLITE_LINK_PROTOCOL: Final = LinkProtocolId(PROTOCOL_ID)
 """The link-local protocol selector ``chrysalis.sql.v5`` (16 ASCII bytes)."""
-SESSION_ACK: Final = 1
-"""The byte a parent writes to admit a per-link session."""
-LINK_ID_BYTES: Final = 16
-"""Bytes of the link id the child writes after the selector."""
 DEFAULT_RETRY_DELAY: Final = 1.0
 """Seconds between a parent-link session's end (or a failed dial) and the next attempt."""
-DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
-"""Seconds the link-id/ack exchange may take on either side."""
 READ_SIZE: Final = 256 * 1024
 """Most bytes one stream read hands to the session."""
 _ABORT_CODE: Final = 0x3
@@ -204,12 +200,7 @@ class _Live:
     context: LinkContext
     session: ReplicaSession
     wake: asyncio.Event
-
-
-@dataclass(eq=False, slots=True)
-class _ChildEntry:
-    peer: Pid
-    task: asyncio.Task[Any] | None
+    ended: asyncio.Event
 
 
 @final
@@ -223,28 +214,28 @@ class ReplicationTopology:
         async with node, ReplicationTopology(node, replica) as topology:
             ...
 
-    Children are admitted only while the topology runs; register it before children join
-    (a child that is refused before its first session gives the link up, per spec 4.4).
-    ``retry_delay`` separates reconnect attempts of the parent-link session,
-    ``handshake_timeout`` bounds the link-id/ack exchange and ``max_children`` the tracked
+    The node admits and supervises the sessions (``Node.register_link_session``); they
+    replicate only while the topology runs (one the node opens earlier waits for ``start``).
+    Construct it before children join: a child that is refused before its first session gives
+    the link up (spec 4.4). ``retry_delay`` separates the node's reopening of a link's session,
+    ``handshake_timeout`` bounds the link-id/version exchange and ``max_children`` the tracked
     child links. The replica is not closed by ``aclose``.
     """
 
     __slots__ = (
         "_aggregator",
-        "_children",
         "_closed",
         "_errors",
         "_handshake_timeout",
         "_live",
         "_node",
         "_poll_interval",
+        "_pumps",
         "_remove_listener",
         "_replica",
-        "_retry_delay",
+        "_running",
         "_sessions_started",
         "_started",
-        "_tasks",
     )
 
     def __init__(
@@ -261,19 +252,23 @@ class ReplicationTopology:
             raise ValueError("retry_delay, handshake_timeout and poll_interval must be positive")
         self._node = node
         self._replica = replica
-        self._retry_delay = retry_delay
         self._handshake_timeout = handshake_timeout
         self._poll_interval = poll_interval
         self._aggregator = SubtreeScopeAggregator(replica.site_id, max_children=max_children)
         self._live: dict[LinkId, _Live] = {}
-        self._children: dict[LinkId, _ChildEntry] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._running = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
         self._started = False
         self._closed = False
         self._sessions_started = 0
         self._errors = 0
-        node.register_link_protocol(SQLITE_LINK_PROTOCOL, self._serve_child)
+        node.register_link_session(
+            SQLITE_LINK_PROTOCOL,
+            self._session,
+            retry_delay=retry_delay,
+            handshake_timeout=handshake_timeout,
+        )
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -286,6 +281,12 @@ class ReplicationTopology:
     def upstream_scope(self) -> SiteScope:
         """The scope advertised to the parent: own site plus every child subtree's sites."""
         return self._aggregator.upstream.scope
+
+    @property
+    def link_sessions(self) -> LinkSessions:
+        """The node's sessions of ``chrysalis.sql.v5``: handshake refusals (``refused_links``)
+        and a version mismatch (``failure``) are reported there."""
+        return self._node.link_sessions(SQLITE_LINK_PROTOCOL)
 
     @property
     def sessions_started(self) -> int:
@@ -320,32 +321,28 @@ class ReplicationTopology:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start supervising the node's links (the node must be running)."""
+        """Start running the node's link sessions (the node must be running)."""
         if self._started or self._closed:
             raise RuntimeError("the topology was already started")
         nameserver = self._node.nameserver  # RuntimeError before the node starts
         del nameserver
         self._started = True
         self._remove_listener = self._replica.add_change_listener(self._wake_all)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._watch_children()))
-        manager = self._node.parent_manager
-        if manager is not None:
-            self._tasks.append(loop.create_task(self._supervise_parent(manager)))
+        self._running.set()
 
     async def aclose(self) -> None:
-        """Stop every session and supervisor and wait for them (idempotent)."""
+        """Stop every session and wait for them (idempotent). The node keeps its links: a
+        session the node opens afterwards is ended at once (and retried by the node)."""
         self._closed = True
+        self._running.set()  # sessions still waiting for the start end instead
         if self._remove_listener is not None:
             self._remove_listener()
             self._remove_listener = None
-        tasks = list(self._tasks)
-        tasks.extend(e.task for e in self._children.values() if e.task is not None)
+        tasks = list(self._pumps)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=self._handshake_timeout)
-        self._tasks.clear()
 
     async def __aenter__(self) -> ReplicationTopology:
         await self.start()
@@ -365,12 +362,67 @@ class ReplicationTopology:
         for live in self._live.values():
             live.wake.set()
 
+    async def _session(self, context: LinkContext, stream: Any) -> None:
+        """The node's per-link session handler (spec 4.4, ``Node.register_link_session``).
+
+        The node has already admitted the link (link id and version byte), cancels this call
+        when the link ends and reopens the session after ``retry_delay`` when it returns. The
+        replication itself runs in a task of its own, so that ``aclose`` can stop it without
+        cancelling the node's supervisor of the parent link (which calls this directly): a
+        session stopped that way returns normally. Sessions the node opens before ``start``
+        wait for it; after ``aclose`` they end at once.
+        """
+        await self._running.wait()
+        if self._closed:
+            with contextlib.suppress(Exception):  # the stream may already be gone
+                stream.abort(_ABORT_CODE)
+            return
+        pump = asyncio.ensure_future(self._run_link(context, stream))
+        self._pumps.add(pump)
+        try:
+            await asyncio.wait([pump])
+        finally:
+            # Cancelled by the node (link gone, node stopping): stop the pump and join it.
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+            self._pumps.discard(pump)
+
+    async def _run_link(self, context: LinkContext, stream: Any) -> None:
+        if context.side is LinkSide.PARENT:
+            await self._run_session(context, stream, self._aggregator.upstream)
+            return
+        # A child that reconnected can be admitted on its new link before the node has
+        # cancelled the session of its old one (the node drops a stale session when its
+        # link leaves the child-link map); the replica allows one session per peer, so wait
+        # for the stale one to end.
+        stale = [
+            live.ended
+            for live in self._live.values()
+            if live.context.peer == context.peer and live.context.link != context.link
+        ]
+        if stale:
+            try:
+                async with asyncio.timeout(self._handshake_timeout):
+                    await asyncio.gather(*(event.wait() for event in stale))
+            except TimeoutError:
+                self._errors += 1
+                _log.warning("a stale session with %s did not end", context.peer.hex())
+                with contextlib.suppress(Exception):
+                    stream.abort(_ABORT_CODE)
+                return
+        self._aggregator.update_child(context.link, None)
+        try:
+            await self._run_session(context, stream, SitePublisher.complement(self._site))
+        finally:
+            if self._aggregator.remove_child(context.link):
+                self._wake_all()
+
     async def _run_session(
         self, context: LinkContext, stream: Any, publisher: SitePublisher
     ) -> bool:
         """One session on an admitted stream; returns whether it ended cleanly."""
         session = ReplicaSession(self._replica, context.peer, publisher)
-        live = _Live(context, session, asyncio.Event())
+        live = _Live(context, session, asyncio.Event(), asyncio.Event())
         self._live[context.link] = live
         self._sessions_started += 1
         on_event = None
@@ -398,6 +450,7 @@ class ReplicationTopology:
         finally:
             if self._live.get(context.link) is live:
                 del self._live[context.link]
+            live.ended.set()
         return True
 
     def _child_scope_watcher(self, link: LinkId, session: ReplicaSession) -> Callable[[], None]:
@@ -408,113 +461,6 @@ class ReplicationTopology:
 
         return changed
 
-    # -- parent side of our children's links ------------------------------------------------
-
-    async def _serve_child(self, peer: Pid, stream: Any) -> None:
-        """The link-protocol handler: admit a child's session stream (spec 4.4) and run it."""
-        if not self._started or self._closed:
-            return
-        try:
-            async with asyncio.timeout(self._handshake_timeout):
-                raw = await stream.readexactly(LINK_ID_BYTES)
-        except (TimeoutError, asyncio.IncompleteReadError):
-            return
-        link = LinkId(raw)
-        if self._node.nameserver.child_links().get(peer) != link or link in self._children:
-            return  # not the child's current link, or a session already runs on it
-        entry = _ChildEntry(peer, asyncio.current_task())
-        self._children[link] = entry
-        try:
-            stale = [e.task for k, e in self._children.items() if e.peer == peer and k != link]
-            for task in stale:
-                if task is not None:
-                    task.cancel()
-            if stale:
-                await asyncio.wait([t for t in stale if t is not None])
-            stream.write(bytes([SESSION_ACK]))
-            self._aggregator.update_child(link, None)
-            context = LinkContext(link, peer, LinkSide.CHILD)
-            await self._run_session(context, stream, SitePublisher.complement(self._site))
-        finally:
-            if self._children.get(link) is entry:
-                del self._children[link]
-            if self._aggregator.remove_child(link):
-                self._wake_all()
-
     @property
     def _site(self) -> bytes:
         return self._replica.site_id
-
-    async def _watch_children(self) -> None:
-        nameserver = self._node.nameserver
-        watch = nameserver.child_links_watch
-        while True:
-            seen = watch.version
-            current = nameserver.child_links()
-            for link, entry in list(self._children.items()):
-                if current.get(entry.peer) != link and entry.task is not None:
-                    entry.task.cancel()  # the link is gone: its session ends with it
-            await watch.wait_change(seen)
-
-    # -- child side: our parent link --------------------------------------------------------
-
-    async def _supervise_parent(self, manager: ParentLinkManager) -> None:
-        watch = manager.status_watch
-        current: tuple[LinkId, asyncio.Task[None]] | None = None
-        try:
-            while True:
-                seen = watch.version
-                status = manager.status
-                link = status.link if status.kind is ParentStatusKind.CONNECTED else None
-                if current is not None and current[0] != link:
-                    current[1].cancel()
-                    await asyncio.gather(current[1], return_exceptions=True)
-                    current = None
-                if link is not None and current is None:
-                    assert status.peer is not None
-                    assert status.address is not None
-                    task = asyncio.ensure_future(
-                        self._run_parent_link(status.peer, status.address, link)
-                    )
-                    current = (link, task)
-                if status.kind in (ParentStatusKind.FAILED, ParentStatusKind.STOPPED):
-                    return
-                await watch.wait_change(seen)
-        finally:
-            if current is not None:
-                current[1].cancel()
-                await asyncio.gather(current[1], return_exceptions=True)
-
-    async def _run_parent_link(self, peer: Pid, address: Any, link: LinkId) -> None:
-        succeeded = False
-        context = LinkContext(link, peer, LinkSide.PARENT)
-        while not self._closed:
-            try:
-                stream = await self._node.dial_link_local(peer, address, SQLITE_LINK_PROTOCOL)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                _log.info("dialling %s for replication failed: %r", peer.hex(), exc)
-                await asyncio.sleep(self._retry_delay)
-                continue
-            try:
-                stream.write(link.raw)
-                async with asyncio.timeout(self._handshake_timeout):
-                    ack = await stream.readexactly(1)
-                admitted = ack == bytes([SESSION_ACK])
-            except asyncio.CancelledError:
-                stream.abort(_ABORT_CODE)
-                raise
-            except Exception:
-                admitted = False
-            if not admitted:
-                with contextlib.suppress(Exception):
-                    stream.abort(_ABORT_CODE)
-                if not succeeded:
-                    _log.info("%s refused chrysalis.sql.v5 on link %s", peer.hex(), link.hex())
-                    return
-                await asyncio.sleep(self._retry_delay)
-                continue
-            succeeded = True
-            await self._run_session(context, stream, self._aggregator.upstream)
-            await asyncio.sleep(self._retry_delay)

@@ -10,9 +10,7 @@ from __future__ import annotations
 from chrysalis.sqlite._topology import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_RETRY_DELAY,
-    LINK_ID_BYTES,
     READ_SIZE,
-    SESSION_ACK,
     SQLITE_LINK_PROTOCOL,
     LinkReplicationStatus,
     ReplicaStream,
@@ -23,9 +21,7 @@ from chrysalis.sqlite._topology import (
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
-    "LINK_ID_BYTES",
     "READ_SIZE",
-    "SESSION_ACK",
     "SQLITE_LINK_PROTOCOL",
     "LinkReplicationStatus",
     "ReplicaStream",

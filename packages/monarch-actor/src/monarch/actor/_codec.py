@@ -164,7 +164,11 @@ def _cloudpickle_pickler() -> _PicklerFactory | None:
     return _cloud_pickler
 
 
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def _needs_persistent(obj: object, depth: int) -> bool:
+    # On every message's path: plain loops (no generators), scalars skipped without a call.
     kind = type(obj)
     if kind is bytes or kind is bytearray:
         return len(obj) >= OOB_THRESHOLD  # type: ignore[arg-type]
@@ -172,12 +176,20 @@ def _needs_persistent(obj: object, depth: int) -> bool:
         return True
     if depth <= 0:
         return False
+    items: Sequence[object]
     if kind is tuple or kind is list:
-        items: Sequence[object] = obj  # type: ignore[assignment]
-        return any(_needs_persistent(x, depth - 1) for x in items[:_SCAN_WIDTH])
-    if kind is dict:
-        values = list(obj.values())[:_SCAN_WIDTH]  # type: ignore[attr-defined]
-        return any(_needs_persistent(x, depth - 1) for x in values)
+        items = obj[:_SCAN_WIDTH]  # type: ignore[index]
+    elif kind is dict:
+        if not obj:
+            return False
+        items = list(obj.values())[:_SCAN_WIDTH]  # type: ignore[attr-defined]
+    else:
+        return False
+    for item in items:
+        if type(item) in _SCALARS:
+            continue
+        if _needs_persistent(item, depth - 1):
+            return True
     return False
 
 

@@ -51,7 +51,10 @@ class _Cell(Generic[T]):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        # Made by the first wait that finds the cell pending: most cells of a pipelining
+        # caller complete before anyone waits, and an Event (a Condition and its lock) per
+        # call was a measurable share of a call's cost.
+        self._event: threading.Event | None = None
         self._state = _PENDING
         self._value: Any = None
         self._callbacks: list[Callable[[], None]] = []
@@ -66,7 +69,9 @@ class _Cell(Generic[T]):
             self._state = state
             self._value = value
             callbacks, self._callbacks = self._callbacks, []
-        self._event.set()
+            event = self._event
+        if event is not None:
+            event.set()
         for callback in callbacks:
             _run_callback(callback)
         return True
@@ -91,20 +96,26 @@ class _Cell(Generic[T]):
         """Block until complete or ``timeout`` seconds passed; True if complete."""
         if self._state != _PENDING:
             return True
+        with self._lock:
+            if self._state != _PENDING:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
         if threading.current_thread() is not threading.main_thread():
-            return self._event.wait(timeout)
+            return event.wait(timeout)
         # Main thread: wait in slices so an interrupt (unhandled fault) is raised promptly.
         if timeout is None:
-            while not self._event.wait(_MAIN_WAIT_SLICE):
+            while not event.wait(_MAIN_WAIT_SLICE):
                 pass
             return True
         remaining = timeout
         while remaining > 0:
             step = min(remaining, _MAIN_WAIT_SLICE)
-            if self._event.wait(step):
+            if event.wait(step):
                 return True
             remaining -= step
-        return self._event.is_set()
+        return event.is_set()
 
     def outcome(self) -> tuple[bool, Any]:
         """``(ok, value_or_exception)`` of a completed cell."""

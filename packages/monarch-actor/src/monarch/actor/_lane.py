@@ -187,6 +187,7 @@ class UnixLane:
         self._limits = limits
         self._out: collections.deque[list[Any]] = collections.deque()
         self._writing = False
+        self._corked = False
         self._closed = False
         self.on_written: Callable[[int], None] = lambda _n: None
         self.on_failed: Callable[[str], None] = lambda _r: None
@@ -262,7 +263,18 @@ class UnixLane:
         last = len(pieces) - 1
         for i, piece in enumerate(pieces):
             out.append([piece, fds if i == 0 else None, nbytes if i == last else 0])
-        if not self._writing:
+        if not self._writing and not self._corked:
+            self._flush()
+
+    def cork(self) -> None:
+        """Hold frames handed over until ``uncork`` (loop thread): a batch of frames then goes
+        out in as few ``sendmsg`` calls as the iovec limit allows."""
+        self._corked = True
+
+    def uncork(self) -> None:
+        """Write what ``cork`` held (loop thread)."""
+        self._corked = False
+        if self._out and not self._writing and not self._closed:
             self._flush()
 
     def _flush(self) -> None:

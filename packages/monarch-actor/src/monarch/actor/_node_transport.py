@@ -71,7 +71,7 @@ from monarch.actor._envelope import (
     encode_frame,
 )
 from monarch.actor._errors import FrameError
-from monarch.actor._lane import ZERO_SHM_HEAD, Lane, LaneManager, LaneSettings
+from monarch.actor._lane import ZERO_SHM_HEAD, Lane, LaneManager, LaneSettings, UnixLane
 from monarch.actor._lane_proto import (
     ControlSplitter,
     Hello,
@@ -318,6 +318,7 @@ class NodeProcessTransport:
         self._outbox_lock = threading.RLock()
         self._outbox_scheduled = False
         self._draining = False
+        self._corked: list[UnixLane] | None = None  # lanes corked while the outbox drains
 
     # -- seam ---------------------------------------------------------------------------------
     @property
@@ -438,16 +439,21 @@ class NodeProcessTransport:
         Why an outbox: ``call_soon_threadsafe`` writes to the loop's wake-up pipe on every call,
         which dominated the per-message cost of pipelined sends; one wake-up now serves every
         envelope sent before the loop got to run."""
+        corked: list[UnixLane] = []
         with self._outbox_lock:
             self._draining = True
+            self._corked = corked
             try:
                 while self._outbox:
                     items, self._outbox = self._outbox, collections.deque()
                     for item in items:
                         self._enqueue(*item)
             finally:
+                self._corked = None
                 self._draining = False
                 self._outbox_scheduled = False
+        for lane in corked:  # one sendmsg per lane for the whole batch
+            lane.uncork()
 
     def _send_direct(
         self,
@@ -471,6 +477,9 @@ class NodeProcessTransport:
                 or peer.failing is not None
                 or not lane.idle
                 or lane.closed
+                # Calls to this peer are in flight (a pipelining sender): take the outbox, whose
+                # drain writes the whole batch in one sendmsg, instead of one syscall per call.
+                or peer.outstanding
                 or (shared is not None and shared.lane is not lane)
                 or self._peers.get(envelope.target.pid) is not peer
             ):
@@ -645,6 +654,10 @@ class NodeProcessTransport:
                 pieces = [ZERO_SHM_HEAD, *self._unshare(envelope, shared)]
         else:
             pieces = [ZERO_SHM_HEAD, *pieces]
+        corked = self._corked
+        if corked is not None and isinstance(lane, UnixLane) and not lane._corked:
+            lane.cork()
+            corked.append(lane)
         try:
             lane.send_frame(pieces, fds, nbytes)
         except Exception as exc:
