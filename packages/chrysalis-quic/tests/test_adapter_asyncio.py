@@ -15,7 +15,7 @@ import pytest
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.core.completion import SubmissionLimits
 from chrysalis.datagram import InprocNetwork, UdpSocket
-from chrysalis.quic import DevelopmentCA
+from chrysalis.quic import DevelopmentCA, QuicConfig
 from chrysalis.quic._asyncio import AsyncioEndpoint, AsyncioStream
 from chrysalis.quic._driver import (
     AdapterOptions,
@@ -423,5 +423,48 @@ def test_establishes_streams_over_udp_on_ipv6_loopback_then_shuts_down_and_joins
             assert server.is_closed
         assert client_sock.is_shutdown
         assert server_sock.is_shutdown
+
+    run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keepalive_carries_a_silent_connection_past_its_idle_timeout(mode: str) -> None:
+    """With ``keepalive_interval`` set, a connection silent for three idle timeouts is still
+    open and usable, because the endpoint pinged (real clock, in-process carrier)."""
+    config = QuicConfig(idle_timeout=0.4, keepalive_interval=0.08)
+
+    async def main() -> None:
+        async with open_endpoint_pair(config=config, driver=mode) as (a, b):
+            opened, accepted = await connected_stream_pair(a, b)
+            await asyncio.sleep(1.2)
+            assert [conn.is_closed for conn in a.connections()] == [False]
+            assert a.statistics().keepalive_pings + b.statistics().keepalive_pings >= 3
+            opened.write(b"still here")
+            assert await accepted.readexactly(10) == b"still here"
+
+    run(main)
+
+
+def test_runtime_event_wakes_every_waiter_and_forgets_cancelled_ones() -> None:
+    """The adapter's lean set-once event: several waiters, set before or after waiting, and
+    a waiter cancelled by a timeout leaves nothing behind (no growth on a never-set event)."""
+    from chrysalis.quic._asyncio import _Runtime
+
+    async def main() -> None:
+        runtime = _Runtime(asyncio.get_running_loop())
+        event = runtime.event()
+        waiters = [asyncio.ensure_future(event.wait()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert not event.is_set()
+        assert not any(waiter.done() for waiter in waiters)
+        event.set()
+        event.set()  # idempotent
+        assert await asyncio.gather(*waiters) == [True, True, True]
+        assert await event.wait()  # already set: returns at once
+        never = runtime.event()
+        for _ in range(50):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(never.wait(), 0.001)
+        assert not never._waiters  # every cancelled waiter removed itself
 
     run(main)

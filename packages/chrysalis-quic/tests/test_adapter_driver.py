@@ -43,6 +43,9 @@ class FakeEndpoint:
     def get_timer(self) -> float | None:
         return self.timer
 
+    def timer_due(self, now: float) -> bool:
+        return self.timer is not None and self.timer <= now
+
     def handle_timer(self, now: float) -> None:
         self.timers_fired.append(now)
         self.timer = None

@@ -217,6 +217,8 @@ def test_completion_backpressure_bounds_internal_staging_until_reader_resumes() 
     for _ in range(40):
         stream = server.open(server_conn)
         server.send(stream, b"!")
+    net.run_for(0.05)  # the streams arrive (in as few as one datagram) and stage their events
+    server.send(stream, b"?")  # this datagram arrives while staging is over its bound
     peak = 0
 
     def observe() -> bool:

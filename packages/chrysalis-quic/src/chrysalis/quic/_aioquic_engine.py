@@ -23,6 +23,14 @@ its choices conflict with Chrysalis and are changed here, each as narrowly as ai
    CIDs (one spare), so each side issues one extra CID, and a connection issues at most
    eight extra CIDs in its lifetime however often the peer retires them.
 
+5. **Acknowledgements ride along.** aioquic delays every ACK by ``K_GRANULARITY`` (1 ms)
+   even when it is about to send a packet anyway, so a request answered within a millisecond
+   leaves without the ACK of the request, and a separate ACK-only packet follows when the
+   timer fires: one more datagram, one more wake-up and one more receive on each side per
+   round trip. ``datagrams_to_send`` moves a pending 1-RTT ACK to "now" when stream data was
+   queued since the last call, so it leaves in the same packet (RFC 9000 section 13.2.1
+   allows acknowledging sooner); without new data the delay is unchanged.
+
 Addresses are the endpoint's ``DatagramAddr`` values: aioquic only compares them (its one use
 of IP structure, the server's preferred address, is never configured here), so no synthetic
 address mapping is needed.
@@ -35,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Final, final
 
+from aioquic import tls
 from aioquic.quic import events as aq_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
@@ -117,6 +126,7 @@ class AioquicConnection(QuicConnection):
         self._chrysalis_connection_window = configuration.max_data
         self._chrysalis_buffered = 0
         self._chrysalis_idle = False
+        self._chrysalis_piggyback = False  # (5) stream data queued since datagrams_to_send
         # (1) Endpoint-chosen CIDs, replacing the random ones before anything used them.
         self._host_cids[0].cid = host_cid
         self.host_cid = host_cid
@@ -199,6 +209,16 @@ class AioquicConnection(QuicConnection):
     def receive_datagram(self, data: bytes, addr: DatagramAddr, now: float) -> None:
         super().receive_datagram(data, addr, now)
 
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, DatagramAddr]]:
+        if self._chrysalis_piggyback:
+            # (5) A packet leaves anyway: acknowledge in it rather than in an ACK-only packet
+            # when the delayed-ACK timer fires.
+            self._chrysalis_piggyback = False
+            space = self._spaces.get(tls.Epoch.ONE_RTT)
+            if space is not None and space.ack_at is not None and space.ack_at > now:
+                space.ack_at = now
+        return super().datagrams_to_send(now)
+
     def handle_timer(self, now: float) -> None:
         close_at = self._close_at
         if self._close_event is None and close_at is not None and now >= close_at:
@@ -247,6 +267,7 @@ class AioquicConnection(QuicConnection):
         # aioquic copies ``data`` into its own buffer (``bytearray +=`` accepts a view).
         stream = self._get_or_create_stream_for_send(stream_id)
         stream.sender.write(data, end_stream=end_stream)  # type: ignore[arg-type]
+        self._chrysalis_piggyback = True
 
     def stream_send_state(self, stream_id: int) -> tuple[int, int] | None:
         stream = self._streams.get(stream_id)

@@ -4,20 +4,21 @@ Why it looks like this: the endpoint is sans-IO and the runtime-neutral work (th
 completion dispatch, stream state) lives in ``_driver``; this module only supplies asyncio's
 waiting and task primitives and the familiar ``StreamReader``/``StreamWriter`` vocabulary.
 
-Driver placement. By default (``driver="inline"``) the endpoint runs *on the event loop*: one
-task waits for the socket (``loop.add_reader`` on its descriptors, registered once, or its
-receive waker), the channels' driver notifier and the endpoint's timer, then runs one
-``EndpointDriver.step`` (drain the socket, feed every datagram, poll, flush once) and
-dispatches the completions it produced before waiting again. ``driver="thread"`` runs the same
-step on a dedicated thread (``chrysalis-quic-<pid>``, as the reference implementation does)
-and a pump task dispatches completions on the loop. Inline won the measurement that decided
-the default (``benchmarks/quic_driver_choice.py``: 16-byte ping-pong on one stream, two
-processes over UDP loopback, 2 shared cores): p50 round trip 691 us inline against 926 us on a
-thread with aioquic (median per-round ratio 1.32x over 8 ABAB rounds), 395 us against 583 us
-with qh3 (1.48x), and about 1.5 times the messages per second with 64 in flight. A thread
-hand-off costs tens of microseconds each way and both sides share the GIL, and only the
-inline loop can let the tasks a completion woke answer before flushing, so that replies carry
-the acknowledgements (about 27% fewer datagrams per round trip).
+Driver placement. By default (``driver="inline"``) the endpoint runs *on the event loop*, as
+loop callbacks (``_InlineDriver``): a readable socket (``loop.add_reader`` on its descriptors,
+registered once, or its receive waker), the channels' driver notifier and the endpoint's timer
+each run or schedule one ``EndpointDriver.step`` (drain the socket, feed every datagram, poll),
+whose completions are dispatched at once; the output is flushed once, after the tasks those
+completions woke had their turn. A lifecycle task only awaits the driver's end.
+``driver="thread"`` runs the same step on a dedicated thread (``chrysalis-quic-<pid>``, as the
+reference implementation does) and a pump task dispatches completions on the loop. Inline won
+the measurement that decided the default (``benchmarks/quic_driver_choice.py``: 16-byte
+ping-pong on one stream, two processes over UDP loopback, 2 shared cores): p50 round trip 691
+us inline against 926 us on a thread with aioquic (median per-round ratio 1.32x over 8 ABAB
+rounds), 395 us against 583 us with qh3 (1.48x), and about 1.5 times the messages per second
+with 64 in flight. A thread hand-off costs tens of microseconds each way and both sides share
+the GIL, and only the inline loop can let the tasks a completion woke answer before flushing,
+so that replies carry the acknowledgements (about 27% fewer datagrams per round trip).
 
 Structure: ``AsyncioEndpoint.spawn_*`` return async context managers; every task the endpoint
 starts (its driver or pump, and tasks ``QuicTransport`` spawns through it) ends before
@@ -47,6 +48,7 @@ from chrysalis.quic._driver import (
     ConnectionView,
     EndpointClosedError,
     EndpointCore,
+    EndpointDriver,
     EndpointSettings,
     EndpointView,
     IncompleteReadError,
@@ -64,6 +66,7 @@ from chrysalis.quic._identity import Identity
 __all__ = ["AsyncioConnection", "AsyncioEndpoint", "AsyncioStream"]
 
 T = TypeVar("T")
+_NEVER: Final = float("inf")
 _log = logging.getLogger("chrysalis.quic")
 
 DEFAULT_SHUTDOWN_GRACE: Final = 1.0
@@ -74,6 +77,58 @@ _STREAM_LIMIT: Final = 64 * 1024
 
 
 # --- runtime services --------------------------------------------------------------------------
+
+
+@final
+class _Event:
+    """A set-once event (the adapters' ``AsyncEvent``): ``asyncio.Event`` without ``clear``.
+
+    Why not ``asyncio.Event``: a stream makes one event per wait (every read that finds no
+    data), and this one is cheaper to create, wait on and set (no deque, no mixin, one
+    future per waiter). Several tasks may wait; a cancelled waiter is removed.
+    """
+
+    __slots__ = ("_loop", "_set", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        waiters = self._waiters
+        if waiters is not None:
+            self._waiters = None
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> bool:
+        if self._set:
+            return True
+        future = self._loop.create_future()
+        waiters = self._waiters
+        if waiters is None:
+            self._waiters = [future]
+        else:
+            waiters.append(future)
+        try:
+            await future
+        except BaseException:
+            # Cancelled (a timeout): forget the future, so that waiters abandoned on an event
+            # that is never set do not pile up.
+            waiters = self._waiters
+            if waiters is not None:
+                with contextlib.suppress(ValueError):
+                    waiters.remove(future)
+            raise
+        return True
 
 
 @final
@@ -88,8 +143,8 @@ class _Runtime:
         self.errors = 0
         self.closed = False
 
-    def event(self) -> asyncio.Event:
-        return asyncio.Event()
+    def event(self) -> _Event:
+        return _Event(self.loop)
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         if self.closed:  # the endpoint is closing: nothing new may start
@@ -125,39 +180,225 @@ class _Runtime:
 
 @final
 class _LoopNotifier:
-    """The driver notifier of the inline mode: resolves the driver task's wait future."""
+    """The driver notifier of the inline mode: records why the driver must run and schedules
+    it (``kick``) through ``call_soon``, never running it inside the caller (a ``write``)."""
 
-    __slots__ = ("flag", "future", "io", "loop", "thread")
+    __slots__ = ("flag", "io", "kick", "loop", "thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.thread = threading.get_ident()
         self.flag = False  # new submissions (the channels' driver notifier)
         self.io = False  # a carrier waker fired (kept apart: a flush does not consume it)
-        self.future: asyncio.Future[None] | None = None
+        self.kick: Callable[[], None] | None = None  # set while the inline driver runs
 
     def notify_io(self) -> None:
         self.io = True
-        self._resolve()
+        self._schedule()
 
     def notify(self) -> None:
         self.flag = True
-        self._resolve()
+        self._schedule()
 
-    def _resolve(self) -> None:
-        future = self.future
-        if future is not None:
+    def _schedule(self) -> None:
+        kick = self.kick
+        if kick is not None:
             if threading.get_ident() == self.thread:
-                if not future.done():
-                    future.set_result(None)
+                kick()
             else:
                 with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
-                    self.loop.call_soon_threadsafe(self.wake)
+                    self.loop.call_soon_threadsafe(kick)
 
-    def wake(self) -> None:
-        future = self.future
-        if future is not None and not future.done():
-            future.set_result(None)
+
+@final
+class _InlineDriver:
+    """The inline driver as loop callbacks rather than a task that awaits its next wake-up.
+
+    Why callbacks: a wake-up then costs one callback instead of a future, a task step and an
+    extra loop turn. A readable socket runs ``_run`` straight from the selector's callback: one
+    ``step`` without flushing, then the completions it produced are dispatched; if they woke
+    tasks, ``_finish`` is queued behind those tasks (``call_soon`` is FIFO), so that their
+    replies are admitted by its poll and leave in the same datagrams as the acknowledgements of
+    what they answer. Submissions, carrier wakers and the timer only *schedule* ``_run``
+    (``kick``). The loop timer is re-armed only when the endpoint's deadline moved earlier:
+    one that moved later (every packet sent pushes the loss timer out) leaves the armed timer
+    in place, which then fires early once and re-arms for the real deadline. ``done`` resolves
+    when the endpoint stopped (or fails with the driver's error); the endpoint's lifecycle
+    task awaits it.
+    """
+
+    __slots__ = (
+        "_core",
+        "_driver",
+        "_fds",
+        "_finishing",
+        "_loop",
+        "_more",
+        "_notifier",
+        "_scheduled",
+        "_stop",
+        "_timer",
+        "_timer_at",
+        "_write_fd",
+        "done",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        driver: EndpointDriver,
+        core: EndpointCore,
+        notifier: _LoopNotifier,
+        stop: threading.Event,
+    ) -> None:
+        self._loop = loop
+        self._driver = driver
+        self._core = core
+        self._notifier = notifier
+        self._stop = stop
+        self._fds = driver.socket.readiness_fds()
+        self._scheduled = False  # a _run is queued
+        self._finishing = False  # a _finish is queued behind the tasks a dispatch woke
+        self._more = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = _NEVER
+        self._write_fd: int | None = None
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    def start(self) -> None:
+        loop = self._loop
+        for fd in self._fds:
+            loop.add_reader(fd, self._run)
+        self._notifier.kick = self.kick
+        self.kick()
+
+    def kick(self) -> None:
+        """Run the driver soon (on this loop's thread only)."""
+        if not (self._scheduled or self._finishing):
+            self._scheduled = True
+            self._loop.call_soon(self._kicked)
+
+    def _kicked(self) -> None:
+        self._scheduled = False
+        self._run()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = _NEVER
+        self._run()
+
+    def _on_writable(self) -> None:
+        self._drop_writer()
+        self._run()
+
+    def _run(self) -> None:
+        if self._finishing or self.done.done():
+            return  # the queued _finish polls and flushes; it runs before any new I/O
+        notifier = self._notifier
+        try:
+            notifier.flag = False
+            notifier.io = False
+            driver = self._driver
+            more = driver.step(flush=False)
+            # Set before dispatching: submissions the handlers make need no kick of their
+            # own, the queued _finish polls them.
+            self._finishing = True
+            if self._core.dispatch_ready():
+                # Let the woken tasks answer first (see the class docstring).
+                self._more = more
+                self._loop.call_soon(self._finish)
+                return
+            self._finishing = False
+            # Nothing ran since the step's own poll: nothing new to admit.
+            driver.flush(poll=False)
+            self._settle(more)
+        except BaseException as exc:  # a bug: end the driver, report it from aclose
+            self._fail(exc)
+
+    def _finish(self) -> None:
+        self._finishing = False
+        if self.done.done():
+            return
+        try:
+            # The flush's poll admits what the woken tasks submitted: their notifications
+            # need no further step unless the poll stopped at a bound.
+            self._notifier.flag = False
+            self._driver.flush()
+            self._settle(self._more)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _settle(self, more: bool) -> None:
+        driver = self._driver
+        core = self._core
+        notifier = self._notifier
+        endpoint = driver.endpoint
+        if endpoint.backlogged:
+            notifier.flag = True  # the last poll stopped at a bound: poll again
+        core.dispatch_ready()
+        if endpoint.is_stopped or self._stop.is_set():
+            core.dispatch_ready()
+            self.close()
+            if not self.done.done():
+                self.done.set_result(None)
+            return
+        if more or notifier.flag or notifier.io:
+            self.kick()
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        driver = self._driver
+        loop = self._loop
+        if not driver.socket_failed:
+            sock = driver.socket
+            if not self._fds:
+                sock.add_recv_waker(self._notifier.notify_io)
+            blocked = driver.blocked_destination
+            if blocked is not None and self._write_fd is None:
+                write_fd = sock.send_readiness_fd(blocked)
+                if write_fd is None:
+                    sock.add_send_waker(blocked, self._notifier.notify_io)
+                else:
+                    loop.add_writer(write_fd, self._on_writable)
+                    self._write_fd = write_fd
+        deadline = driver.deadline
+        if deadline is None:
+            return  # an armed timer fires once more, harmlessly
+        if deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(deadline, self._on_timer)
+            self._timer_at = deadline
+
+    def _drop_writer(self) -> None:
+        write_fd = self._write_fd
+        if write_fd is not None:
+            self._write_fd = None
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(write_fd)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.close()
+        if not self.done.done():
+            self.done.set_exception(exc)
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise exc  # as from a task: these still stop the loop
+
+    def close(self) -> None:
+        """Unregister every callback (idempotent); queued callbacks then do nothing."""
+        self._notifier.kick = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = _NEVER
+        self._drop_writer()
+        for fd in self._fds:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(fd)
+        self._fds = []
+        if not self.done.done():
+            self._finishing = True  # makes every queued callback a no-op
 
 
 # --- the endpoint ------------------------------------------------------------------------------
@@ -413,85 +654,20 @@ class AsyncioEndpoint(EndpointView):
     # -- the driver -------------------------------------------------------------------------------
 
     async def _run_inline(self) -> None:
-        loop = self._loop
-        driver = self._driver
-        core = self._core
         notifier = self._notifier
         assert isinstance(notifier, _LoopNotifier)
-        sock = driver.socket
-        fds = sock.readiness_fds()
-        for fd in fds:
-            loop.add_reader(fd, notifier.wake)
+        inline = _InlineDriver(self._loop, self._driver, self._core, notifier, self._stop)
         try:
-            while True:
-                notifier.flag = False
-                notifier.io = False
-                more = driver.step(flush=False)
-                if core.dispatch_ready():
-                    # Let the woken tasks answer first: their data then leaves in the same
-                    # packets as the acknowledgements of what they answer.
-                    await asyncio.sleep(0)
-                    # The flush's poll admits what they submitted: their notifications need
-                    # no further step unless the poll stopped at a bound.
-                    notifier.flag = False
-                    driver.flush()
-                else:
-                    # Nothing ran since the step's own poll: nothing new to admit.
-                    driver.flush(poll=False)
-                if driver.endpoint.backlogged:
-                    notifier.flag = True  # the last poll stopped at a bound: poll again
-                core.dispatch_ready()
-                if driver.endpoint.is_stopped or self._stop.is_set():
-                    core.dispatch_ready()
-                    break
-                if more or notifier.flag or notifier.io:
-                    await asyncio.sleep(0)
-                    continue
-                await self._wait_inline(notifier, fds)
+            inline.start()
+            await inline.done
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 self._error = exc
                 _log.exception("the QUIC endpoint driver failed")
-            core._on_driver_stopped(None)
+            self._core._on_driver_stopped(None)
             raise
         finally:
-            for fd in fds:
-                with contextlib.suppress(Exception):
-                    loop.remove_reader(fd)
-
-    async def _wait_inline(self, notifier: _LoopNotifier, fds: list[int]) -> None:
-        loop = self._loop
-        driver = self._driver
-        sock = driver.socket
-        future: asyncio.Future[None] = loop.create_future()
-        notifier.future = future
-        if notifier.flag or notifier.io:
-            notifier.future = None
-            return
-        timer: asyncio.TimerHandle | None = None
-        write_fd: int | None = None
-        try:
-            if not driver.socket_failed:
-                if not fds:
-                    sock.add_recv_waker(notifier.notify_io)
-                blocked = driver.blocked_destination
-                if blocked is not None:
-                    write_fd = sock.send_readiness_fd(blocked)
-                    if write_fd is None:
-                        sock.add_send_waker(blocked, notifier.notify_io)
-                    else:
-                        loop.add_writer(write_fd, notifier.wake)
-            deadline = driver.deadline
-            if deadline is not None:
-                timer = loop.call_at(deadline, notifier.wake)
-            await future
-        finally:
-            notifier.future = None
-            if timer is not None:
-                timer.cancel()
-            if write_fd is not None:
-                with contextlib.suppress(Exception):
-                    loop.remove_writer(write_fd)
+            inline.close()
 
     def _run_thread(self) -> None:
         notifier = self._notifier

@@ -115,6 +115,13 @@ class QuicConfig:
         shutdown_grace: seconds of graceful shutdown when the application closes every
             submission handle without submitting ``Shutdown`` (1 s, as the reference's
             transport).
+        keepalive_interval: seconds without any datagram from the peer after which the
+            endpoint sends a QUIC PING on an established connection (and again every
+            interval while the silence lasts), or None (default) for no keepalive. The PING
+            is acknowledged by a live peer, whose ACK restarts both sides' idle timers, so only
+            a dead or unreachable peer reaches ``idle_timeout``; it must therefore be shorter
+            than ``idle_timeout`` (the effective idle timeout is the smaller of both peers'
+            values: choose it below the peer's too).
     """
 
     alpn: str = ALPN
@@ -131,6 +138,7 @@ class QuicConfig:
     retry_secret_lifetime: float = 3600.0
     max_staged_completions: int = 4096
     shutdown_grace: float = 1.0
+    keepalive_interval: float | None = None
 
     def __post_init__(self) -> None:
         owner = "QuicConfig"
@@ -159,3 +167,11 @@ class QuicConfig:
         _seconds(owner, "retry_secret_lifetime", self.retry_secret_lifetime)
         _positive(owner, "max_staged_completions", self.max_staged_completions, _MAX_COUNT)
         _seconds(owner, "shutdown_grace", self.shutdown_grace)
+        if self.keepalive_interval is not None:
+            _seconds(owner, "keepalive_interval", self.keepalive_interval)
+            if self.keepalive_interval >= self.idle_timeout:
+                raise ValueError(
+                    f"{owner}.keepalive_interval ({self.keepalive_interval} s) must be shorter "
+                    f"than idle_timeout ({self.idle_timeout} s), or the connection idles out "
+                    "before its first PING"
+                )

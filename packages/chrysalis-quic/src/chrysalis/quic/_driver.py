@@ -91,6 +91,8 @@ from chrysalis.datagram import (
     DatagramTransmit,
     InvalidDataError,
     SocketClosedError,
+    UdpSocket,
+    UnixDatagramSocket,
 )
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._endpoint import (
@@ -419,6 +421,7 @@ class EndpointDriver:
         "_clock",
         "_counters",
         "_deadline",
+        "_drains_fully",
         "_endpoint",
         "_lock",
         "_max_pending",
@@ -455,6 +458,15 @@ class EndpointDriver:
         self._metas: list[Any] = []
         self._max_segments = max(1, min(socket.max_transmit_segments, DATAGRAM_BATCH_SIZE))
         self._receive_batches = max(1, receive_batches)
+        # A lone receive (one datagram, or one GRO aggregate) from these carriers means their
+        # queue is empty (their ``try_recv`` stops only at "would block", an error it defers,
+        # or the batch limit) and their descriptor is level-triggered, so nothing is lost by
+        # not asking again: one system call less per request/response step. A fuller batch
+        # is a stream of data: keep draining (more data per step, fewer acknowledgements).
+        # Other carriers are asked until they return nothing.
+        self._drains_fully = isinstance(socket, UdpSocket | UnixDatagramSocket) and bool(
+            socket.readiness_fds()
+        )
         self._max_pending = max(1, max_pending_datagrams)
         self._pending: deque[DatagramTransmit] = deque()
         self._pending_count = 0
@@ -524,8 +536,9 @@ class EndpointDriver:
             endpoint = self._endpoint
             self._counters[0] += 1
             more = False if self._socket_failed else self._receive(now)
-            timer = endpoint.get_timer()
-            if timer is not None and timer <= now:
+            # The cached deadlines suffice here (no engine is asked): a timer that the datagrams
+            # just received made due is seen by the flush's ``get_timer``.
+            if endpoint.timer_due(now):
                 endpoint.handle_timer(now)
             endpoint.poll(now)
             if flush:
@@ -555,6 +568,8 @@ class EndpointDriver:
         metas = self._metas
         feed = self._endpoint.receive_datagram
         counters = self._counters
+        full = min(len(buffers), DATAGRAM_BATCH_SIZE)
+        drains_fully = self._drains_fully
         for _ in range(self._receive_batches):
             metas.clear()
             try:
@@ -585,6 +600,8 @@ class EndpointDriver:
                     for start in range(0, length, stride):
                         counters[1] += 1
                         feed(bytes(view[start : min(start + stride, length)]), source, now)
+            if drains_fully and count == 1 < full:
+                return False
         return True
 
     def _fail_socket(self) -> None:

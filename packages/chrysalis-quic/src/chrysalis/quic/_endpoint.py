@@ -293,7 +293,9 @@ class EndpointStatistics:
     ``cid_collisions``, ``authentication_failures``, ``engine_errors`` (the QUIC engine raised;
     its connection was dropped), ``admission_rejections``, ``invalid_retry_tokens``,
     ``retries_sent``, ``backpressure_drops`` (datagrams dropped while completions were staged
-    beyond the bound), ``refused_streams`` (peer streams over the per-connection limit).
+    beyond the bound), ``refused_streams`` (peer streams over the per-connection limit),
+    ``keepalive_pings`` (PINGs sent because a connection was silent for
+    ``QuicConfig.keepalive_interval``).
     """
 
     state: EndpointState
@@ -314,6 +316,7 @@ class EndpointStatistics:
     retries_sent: int
     backpressure_drops: int
     refused_streams: int
+    keepalive_pings: int = 0
 
 
 # --- internal state ----------------------------------------------------------------------------
@@ -423,6 +426,7 @@ class _Connection:
         "expected",
         "initial_key",
         "is_client",
+        "last_heard",
         "local_pid",
         "next_local_sid",
         "peer",
@@ -461,6 +465,7 @@ class _Connection:
         self.peer: Pid | None = None
         self.state = _Conn.HANDSHAKING
         self.pending = False
+        self.last_heard = 0.0  # when the last datagram of this connection arrived (keepalive)
         self.source_key: object | None = None
         self.initial_key: tuple[bytes, bytes, DatagramAddr] | None = None
         self.cids: set[bytes] = set()
@@ -542,6 +547,7 @@ class QuicEndpoint:
         "_outbox",
         "_pending",
         "_per_source",
+        "_ping_uid",
         "_reap",
         "_retry",
         "_role",
@@ -625,9 +631,11 @@ class QuicEndpoint:
                 "backpressure_drops",
                 "refused_streams",
                 "reclaimed_streams",
+                "keepalive_pings",
             ),
             0,
         )
+        self._ping_uid = 0
 
     # -- public properties ----------------------------------------------------------------------
 
@@ -822,6 +830,7 @@ class QuicEndpoint:
 
     def _feed(self, conn: _Connection, data: bytes, source: DatagramAddr, now: float) -> None:
         conn.datagrams_received += 1
+        conn.last_heard = now
         conn.bytes_received += len(data)
         try:
             conn.engine.receive_datagram(data, source, now)
@@ -882,14 +891,34 @@ class QuicEndpoint:
                 timer = at
         return timer
 
+    def timer_due(self, now: float) -> bool:
+        """Whether ``handle_timer`` has work at ``now`` by the cached deadlines, without asking
+        any engine: a cheap check for a driver that just fed datagrams. A deadline those
+        datagrams moved earlier is not seen here; the next ``get_timer`` reports it."""
+        deadline = self._deadline
+        if deadline is not None and deadline <= now:
+            return True
+        timers = self._timers
+        return bool(timers) and min(timers.values()) <= now
+
     def _refresh_timers(self) -> None:
         timers = self._timers
         conns = self._conns
+        keepalive = self._config.keepalive_interval
         for pending in (self._dirty, self._stale):
             for conn in pending:
                 if conns.get(conn.ref) is not conn:
                     continue
                 at = conn.engine.get_timer()
+                if (
+                    keepalive is not None
+                    and conn.state is _Conn.ESTABLISHED
+                    and conn.close_code is None
+                ):
+                    # The keepalive shares the connection's one timer slot.
+                    ping_at = conn.last_heard + keepalive
+                    if at is None or ping_at < at:
+                        at = ping_at
                 if at is None:
                     timers.pop(conn, None)
                 else:
@@ -900,9 +929,24 @@ class QuicEndpoint:
         """Fire every engine timer that is due and the shutdown deadline."""
         if self._dirty or self._stale:
             self._refresh_timers()
+        keepalive = self._config.keepalive_interval
         for conn in [conn for conn, at in self._timers.items() if at <= now]:
             self._stale[conn] = None
             try:
+                if (
+                    keepalive is not None
+                    and conn.state is _Conn.ESTABLISHED
+                    and conn.terminated is None
+                    and conn.close_code is None
+                    and now >= conn.last_heard + keepalive
+                ):
+                    # Silent for a whole interval: a PING makes a live peer answer (its ACK
+                    # restarts both idle timers). The next one follows an interval later
+                    # unless the peer is heard from before.
+                    conn.last_heard = now
+                    self._ping_uid += 1
+                    conn.engine.send_ping(self._ping_uid)
+                    self._counters["keepalive_pings"] += 1
                 conn.engine.handle_timer(now)
             except Exception:
                 self._engine_failed(conn)
@@ -1650,6 +1694,7 @@ class QuicEndpoint:
             retries_sent=c["retries_sent"],
             backpressure_drops=c["backpressure_drops"],
             refused_streams=c["refused_streams"],
+            keepalive_pings=c["keepalive_pings"],
         )
 
     def connection_statistics(self, connection: ConnectionRef) -> ConnectionStatistics | None:

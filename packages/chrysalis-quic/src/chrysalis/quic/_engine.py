@@ -203,6 +203,10 @@ class EngineConnection(Protocol):
     def close(self, error_code: int, reason: str) -> None:
         """Close with an application error code (idempotent; the first close wins)."""
 
+    def send_ping(self, uid: int) -> None:
+        """Queue a PING frame (an ack-eliciting packet) for the next ``datagrams_to_send``:
+        the endpoint's keepalive. Its acknowledgement is not reported as an event."""
+
     def peer_certificate_chain(self) -> list[bytes]:
         """The DER chain the peer presented, leaf first (empty when it presented none)."""
 

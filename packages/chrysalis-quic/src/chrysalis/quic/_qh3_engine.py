@@ -1009,6 +1009,9 @@ class _ProvingAioquicClient:
     def close(self, error_code: int, reason: str) -> None:
         self._engine().close(error_code, reason)
 
+    def send_ping(self, uid: int) -> None:
+        self._engine().send_ping(uid)
+
     def peer_certificate_chain(self) -> list[bytes]:
         return self._engine().peer_certificate_chain()
 

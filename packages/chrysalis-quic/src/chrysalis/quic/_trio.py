@@ -424,10 +424,15 @@ class TrioEndpoint(EndpointView):
                     # Let the woken tasks answer first (their data then rides with the
                     # acknowledgements of what they answer).
                     await trio.lowlevel.checkpoint()
+                    # The flush's poll admits what they submitted: their notifications need
+                    # no further step unless the poll stopped at a bound.
+                    notifier.flag = False
                     driver.flush()
                 else:
                     # Nothing ran since the step's own poll: nothing new to admit.
                     driver.flush(poll=False)
+                if driver.endpoint.backlogged:
+                    notifier.flag = True  # the last poll stopped at a bound: poll again
                 core.dispatch_ready()
                 if driver.endpoint.is_stopped or self._stop.is_set():
                     core.dispatch_ready()

@@ -100,6 +100,20 @@ class RequestId:
         _check_int("RequestId.sequence", self.sequence, 1, U64_MAX)
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _operation_id(driver: DriverId, sequence: int) -> OperationId:
+    """An ``OperationId`` from parts that are valid by construction (the submitter's
+    ``DriverId`` and a value of its counter), without re-validating them: one is made per
+    stream operation, so this is on the hot path. Equal to ``OperationId(driver, sequence)``."""
+    operation: OperationId = _new(OperationId)
+    _set(operation, "driver", driver)
+    _set(operation, "sequence", sequence)
+    return operation
+
+
 @final
 class _Counter:
     """A thread-safe counter yielding 1, 2, ... up to ``maximum``, then ``IdExhausted``."""

@@ -263,6 +263,10 @@ class QueueReceiver(Generic[T]):
         if max_items < 0:
             raise ValueError(f"max_items must be non-negative, got {max_items}")
         core = self._core
+        if not core.items:
+            # Empty: no lock needed (an item pushed concurrently is taken by the next drain,
+            # exactly as if it had been pushed just after this call).
+            return []
         with core.lock:
             items = core.items
             count = min(max_items, len(items))
@@ -311,6 +315,10 @@ class QueueReceiver(Generic[T]):
         That is: empty, and either every sender handle is closed or admission is closed.
         """
         core = self._core
+        if core.admitting and core.senders > 0:
+            # Still open (closing never reverts), so not closed, without the lock: this is
+            # the answer of every call made before a concurrent close, which is allowed.
+            return False
         with core.lock:
             return not core.items and (core.senders == 0 or not core.admitting)
 

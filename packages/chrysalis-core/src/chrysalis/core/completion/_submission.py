@@ -82,6 +82,7 @@ from chrysalis.core.completion._ids import (
     RequestId,
     StreamRef,
     _Counter,
+    _operation_id,
 )
 from chrysalis.core.completion._notify import NOOP_NOTIFIER, Notifier
 from chrysalis.core.completion._queue import (
@@ -397,7 +398,8 @@ class _SubmissionCore:
     def check_stream(self, stream: StreamRef) -> None:
         if not isinstance(stream, StreamRef):
             raise TypeError(f"stream must be a StreamRef, not {type(stream).__name__}")
-        if stream.connection.driver != self.driver:
+        driver = stream.connection.driver
+        if driver is not self.driver and driver != self.driver:  # identity: the common case
             raise ValueError(f"{stream} belongs to another driver than {self.driver}")
 
 
@@ -545,7 +547,7 @@ class StreamSubmitter:
         if retained is None:
             permit.release()
             raise WouldBlock(BlockReason.RETAINED_BYTES, payload, retained_budget.released, seen)
-        operation = OperationId(core.driver, core.operations.next())
+        operation = _operation_id(core.driver, core.operations.next())
 
         def undo() -> None:
             retained.release()
@@ -583,7 +585,7 @@ class StreamSubmitter:
         if posted is None:
             permit.release()
             raise WouldBlock(BlockReason.POSTED_BYTES, buffer, posted_budget.released, seen)
-        operation = OperationId(core.driver, core.operations.next())
+        operation = _operation_id(core.driver, core.operations.next())
         cancellation = OperationCancellation(core, operation, stream)
 
         def undo() -> None:
@@ -601,7 +603,7 @@ class StreamSubmitter:
         core = self._core
         core.check_stream(stream)
         permit = self._credit(None)
-        operation = OperationId(core.driver, core.operations.next())
+        operation = _operation_id(core.driver, core.operations.next())
         self._push(build(operation, permit), None, permit.release)
         return SubmissionReceipt(operation)
 
@@ -821,6 +823,10 @@ class SubmissionReceiver(Generic[C]):
         if max_items < 0:
             raise ValueError(f"max_items must be non-negative, got {max_items}")
         core = self._core
+        if not core.cancellations:
+            # The common case, without the lock: a hint added concurrently is simply taken by
+            # the next drain, as if it had arrived just after this one.
+            return []
         with core.cancel_lock:
             pending = core.cancellations
             taken = list(itertools.islice(pending, max_items))

@@ -1,0 +1,119 @@
+"""QUIC-level keepalive (``QuicConfig.keepalive_interval``) on the sans-IO endpoint.
+
+A silent but live connection must survive its idle timeout when one side pings; a dead peer
+must still reach it. Everything runs on the harness's virtual clock, so the timings are exact.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).parent))
+
+import pytest
+from test_endpoint_harness import Net, Node
+
+from chrysalis.core import DatagramAddr
+from chrysalis.core.completion import ConnectionClosed, ReceiveCompletion
+from chrysalis.quic._config import QuicConfig
+from chrysalis.quic._endpoint import EndpointRole
+
+IDLE = 2.0
+
+
+def _config(keepalive: float | None) -> QuicConfig:
+    return QuicConfig(idle_timeout=IDLE, keepalive_interval=keepalive)
+
+
+def _pair(engine: str, client_keepalive: float | None) -> tuple[Net, Node, Node]:
+    """A client (pinging every ``client_keepalive`` seconds of silence, or never) and a
+    server that never pings on its own, with the same idle timeout."""
+    net = Net()
+    if engine == "aioquic":
+        client = net.add("client", role=EndpointRole.CLIENT, config=_config(client_keepalive))
+        server = net.add("server", role=EndpointRole.SERVER, config=_config(None))
+    else:
+        pytest.importorskip("qh3")
+        from test_qh3_harness import add  # skips with its module when qh3 is absent
+
+        client = add(net, "client", role=EndpointRole.CLIENT, config=_config(client_keepalive))
+        server = add(net, "server", role=EndpointRole.SERVER, config=_config(None))
+    return net, client, server
+
+
+def _closed(node: Node) -> list[ConnectionClosed]:
+    return node.of_type(ConnectionClosed)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, IDLE, IDLE + 1.0])
+def test_keepalive_interval_must_be_positive_and_below_the_idle_timeout(value: float) -> None:
+    with pytest.raises(ValueError, match="keepalive_interval"):
+        QuicConfig(idle_timeout=IDLE, keepalive_interval=value)
+
+
+def test_keepalive_interval_type_is_checked() -> None:
+    with pytest.raises(TypeError, match="keepalive_interval"):
+        QuicConfig(keepalive_interval="1")  # type: ignore[arg-type]
+
+
+def test_without_keepalive_a_silent_connection_idles_out() -> None:
+    net, client, server = _pair("aioquic", None)
+    conn = client.connect(server)
+    net.run_for(3 * IDLE)
+    assert _closed(client) == [ConnectionClosed(conn)]
+    assert len(_closed(server)) == 1
+    assert client.endpoint.statistics().keepalive_pings == 0
+
+
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])
+def test_keepalive_keeps_a_silent_connection_alive_on_both_sides(engine: str) -> None:
+    net, client, server = _pair(engine, 0.5)
+    conn = client.connect(server)
+    sent_before = net.sent
+    net.run_for(10 * IDLE)
+    assert _closed(client) == []
+    assert _closed(server) == []
+    # One PING per interval of silence (each answered by one ACK): 20 s / 0.5 s, give or
+    # take the first interval and the ACK delay.
+    pings = client.endpoint.statistics().keepalive_pings
+    assert 35 <= pings <= 41, pings
+    assert net.sent - sent_before <= 2 * pings + 4  # PINGs and their ACKs, nothing else
+    assert server.endpoint.statistics().keepalive_pings == 0
+    # The connection still carries data both ways.
+    stream = client.open(conn)
+    client.send(stream, b"still here")
+    incoming = server.incoming()
+    got = server.wait_op(server.receive(incoming, 64))
+    assert isinstance(got, ReceiveCompletion)
+    assert bytes(got.data()) == b"still here"
+
+
+def test_traffic_postpones_the_pings() -> None:
+    net, client, server = _pair("aioquic", 0.5)
+    conn = client.connect(server)
+    stream = client.open(conn)
+    incoming: object = None
+    for _ in range(20):  # a datagram from the server every 0.25 s: never 0.5 s of silence
+        client.send(stream, b"x")
+        if incoming is None:
+            incoming = server.incoming()
+        net.run_for(0.25)
+    assert client.endpoint.statistics().keepalive_pings == 0
+    net.run_for(2.0)
+    assert client.endpoint.statistics().keepalive_pings >= 3
+
+
+def test_a_dead_peer_still_reaches_the_idle_timeout() -> None:
+    net, client, server = _pair("aioquic", 0.5)
+    conn = client.connect(server)
+    net.run_for(1.0)
+    dead_at = net.now
+    server_addr: DatagramAddr = server.addr
+    net.filters.append(lambda source, destination, data: server_addr not in (source, destination))
+    net.run_until(lambda: bool(_closed(client)), within=3 * IDLE)
+    assert _closed(client) == [ConnectionClosed(conn)]  # silently: an idle timeout
+    # Pinging does not extend the idle timeout past the last sign of life (plus at most one
+    # interval: the first PING after it restarts the timer, RFC 9000 section 10.1).
+    assert net.now - dead_at <= IDLE + 0.5 + 0.01
+    assert client.endpoint.statistics().keepalive_pings >= 1
