@@ -454,16 +454,6 @@ async def _echo_service(node: Node) -> None:
             task.cancel()
 
 
-async def _keepalive(node: Node, interval: float) -> None:
-    manager = node.parent_manager
-    while manager is not None:
-        await asyncio.sleep(interval)
-        link = manager.current_link
-        if link is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(link.enumerate(None, 1, Consistency.CACHED), interval * 2)
-
-
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     placement = Placement(args.rank, args.task, args.role, args.level, None)
     identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
@@ -494,7 +484,9 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         carrier=carrier,
         parent=parent,
         labels=_labels(placement, args.topology),
-        quic_config=QuicConfig(idle_timeout=args.idle_timeout),
+        quic_config=QuicConfig(
+            idle_timeout=args.idle_timeout, keepalive_interval=args.idle_timeout / 4
+        ),
     )
     async with node:
         connected = asyncio.ensure_future(node.wait_connected())
@@ -505,10 +497,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             return 1
         stopped.cancel()
         connected.result()
-        background = [
-            asyncio.create_task(_echo_service(node)),
-            asyncio.create_task(_keepalive(node, args.idle_timeout / 4)),
-        ]
+        background = [asyncio.create_task(_echo_service(node))]
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
         await stop.wait()
@@ -630,7 +619,10 @@ async def run_scale(
             root_identity,
             carrier=_carrier(udp, root_unix),
             labels=_labels(placements[0], settings.topology),
-            quic_config=QuicConfig(idle_timeout=settings.idle_timeout),
+            quic_config=QuicConfig(
+                idle_timeout=settings.idle_timeout,
+                keepalive_interval=settings.idle_timeout / 4,
+            ),
         )
         async with root:
             root_token = (str(root.local_addr), root.pid.hex())

@@ -361,7 +361,11 @@ class WorkerDaemon:
 
         identity = DevelopmentIdentityProvider(self.ca_dir).issue_identity()
         self._done = asyncio.Event()
-        node = Node.serve(identity, self.address, quic_config=QuicConfig(idle_timeout=self.idle))
+        node = Node.serve(
+            identity,
+            self.address,
+            quic_config=QuicConfig(idle_timeout=self.idle, keepalive_interval=self.idle / 4),
+        )
         node.register_link_protocol(ATTACH_PROTOCOL, self._on_stream)
         async with node:
             self.address = str(node.local_addr)

@@ -342,7 +342,11 @@ class ClientNodeLayer:
 
         idle = float(_config.get("mesh_orphan_timeout"))
         listen = os.environ.get(CLIENT_LISTEN_ENV) or _DEFAULT_LISTEN
-        node = Node.serve(self.identity, listen, quic_config=QuicConfig(idle_timeout=idle))
+        node = Node.serve(
+            self.identity,
+            listen,
+            quic_config=QuicConfig(idle_timeout=idle, keepalive_interval=idle / 4),
+        )
         await node.__aenter__()
         transport = NodeProcessTransport(
             node,

@@ -17,8 +17,8 @@ It ends in one of three ways (the third only with ``--exit-with-stdin``):
 - its runtime receives ``STOP_PROC`` (``ProcMesh.stop()``): actors stop, the acknowledgement
   is flushed, the transport and the node close, and the process exits with status 0 after a
   normal interpreter shutdown;
-- its parent link is gone (the client died or was killed): the node keeps the link busy with
-  a small request every ``idle_timeout / 4`` seconds, so a dead parent makes the link fail
+- its parent link is gone (the client died or was killed): QUIC sends a PING whenever the
+  connection has been silent for ``idle_timeout / 4`` seconds, so a dead parent makes the link fail
   within about ``idle_timeout`` seconds; when the link has not been connected for
   ``idle_timeout`` seconds more, the worker exits with status 3 at once (``os._exit``: no
   orphan survives, even with actor threads stuck in user code);
@@ -72,20 +72,6 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         help="the client's main module, 'name:MODULE' or 'path:FILE' (see _main_module)",
     )
     return parser.parse_args(list(argv))
-
-
-async def _keepalive(node: Any, interval: float) -> None:
-    """Keep the parent link busy so that only a dead parent reaches the idle timeout."""
-    from chrysalis.nameserver import Consistency
-
-    manager = node.parent_manager
-    while True:
-        await asyncio.sleep(interval)
-        link = manager.current_link
-        if link is None:
-            continue
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(link.enumerate(None, 1, Consistency.CACHED), interval * 2)
 
 
 async def _watch_parent(node: Any, bound: float, orphaned: threading.Event) -> None:
@@ -149,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         identity,
         args.parent,
         Pid(bytes.fromhex(args.authority)),
-        quic_config=QuicConfig(idle_timeout=args.idle_timeout),
+        quic_config=QuicConfig(
+            idle_timeout=args.idle_timeout, keepalive_interval=args.idle_timeout / 4
+        ),
         **({"listen": args.listen} if args.listen else {}),
     )
     background: list[asyncio.Task[None]] = []
@@ -159,7 +147,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         await asyncio.wait_for(node.wait_connected(), _STARTUP_TIMEOUT)
         transport = NodeProcessTransport(node, loop, limits=_frame_limits, identity=identity)
         transport.start()
-        background.append(asyncio.create_task(_keepalive(node, args.idle_timeout / 4)))
         background.append(asyncio.create_task(_watch_parent(node, args.idle_timeout, orphaned)))
         return transport
 
