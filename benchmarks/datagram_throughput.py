@@ -29,7 +29,17 @@ and the median of the per-round ratios (see ``benchmarks/_common.py`` and
 ``switch``
     ``UdpSocket`` sender -> ``UdpSocket`` receiver directly vs through a forwarder process
     running a ``DatagramSwitch`` on a UDP carrier with a route to the receiver's PID.
-    Target 0.7x.
+    Target 0.7x. Fairness: both sides use the same sender process and loop (single-datagram
+    ``try_send_to``), the same receiver loop and the same carrier settings (default offloads),
+    and the sender and receiver are pinned the same way; only the hop differs. The forwarder
+    regroups the sender's datagrams into GSO batches, which reach the receiver as GRO
+    aggregates, so the switch side's receiver works less per datagram than the direct one;
+    the informational ``switch-vs-plain`` row therefore compares the same switch trials with a
+    direct receiver that has GRO off (the cheaper path for single datagrams).
+``switch-cpu``
+    the forwarder alone, in one process: datagrams per CPU second of the plainest Python
+    forwarder (``recvfrom_into`` + ``sendto`` per datagram) vs ``DatagramSwitch.pump``, each
+    draining 2,000 datagrams queued at its socket to a GRO receiver (informational, no target).
 
 How a trial works (processes, except ``inproc``): the receiver binds and reports its address,
 then the sender sends 1,200-byte datagrams for a fixed time. Rates are counted at the
@@ -40,7 +50,10 @@ receiver's socket buffer (which would measure drops, not throughput). Lost datag
 drop) are written off after a short stall and reported. Both sides of a case use the same
 driver loop, pacing and waiting strategy (``select.poll`` on the descriptor when an operation
 would block, or one-shot wakers for descriptor-less sockets); only the datagram calls differ.
-Sender and receiver processes are pinned to different CPUs (``--no-pin`` to disable).
+Sender and receiver processes are pinned to different CPUs (``--no-pin`` to disable); the
+forwarder of the switch case is left to the scheduler. Every process also reports the CPU time
+it used while it worked, listed below the table per case and side (share of one core and CPU
+time per datagram): which process bounds a side, and the forwarder's own cost per datagram.
 """
 
 from __future__ import annotations
@@ -48,12 +61,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import datetime
 import json
 import os
 import platform
 import queue
 import re
+import resource
 import select
 import shutil
 import socket
@@ -80,6 +95,7 @@ from benchmarks._common import (  # noqa: E402
     Trial,
     alternate_sides,
     markdown_table,
+    median,
 )
 from chrysalis.core import ConnectionId, DatagramAddr, Pid  # noqa: E402
 from chrysalis.datagram import (  # noqa: E402
@@ -527,17 +543,40 @@ def _chrysalis_endpoint(kind: str, path: str, *, receiver: bool) -> DatagramSock
     raise BenchmarkError(f"unknown endpoint kind {kind!r}")
 
 
+def _cpu_seconds() -> float:
+    """CPU time (user + system) this process has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Busy:
+    """How much CPU a process used while it worked, from construction to :meth:`used`."""
+
+    __slots__ = ("_cpu", "_wall")
+
+    def __init__(self) -> None:
+        self._cpu = _cpu_seconds()
+        self._wall = time.perf_counter()
+
+    def used(self) -> tuple[float, float]:
+        """``(CPU seconds, wall-clock seconds)`` so far."""
+        return _cpu_seconds() - self._cpu, time.perf_counter() - self._wall
+
+
 def receiver_main(
     link: ChildLink, counters: SharedCounters, config: Config, kind: str, path: str
 ) -> None:
-    """Child process: bind a receiver of ``kind``, report its address, receive, report."""
+    """Child process: bind a receiver of ``kind``, report its address, receive, then report
+    ``(counted, seconds, received, (CPU seconds, wall seconds))``."""
     recorder_timeout = config.trial_timeout_s - 2.0
     if kind in (RAW_UDP, RAW_UNIX):
         raw = _raw_udp() if kind == RAW_UDP else _raw_unix(path)
         try:
             link.send(raw.getsockname())
             recorder = Recorder(counters, recorder_timeout)
+            busy = Busy()
             recv_stdlib(raw, recorder)
+            used = busy.used()
         finally:
             raw.close()
     else:
@@ -545,14 +584,16 @@ def receiver_main(
         try:
             link.send(sock.local_addr)
             recorder = Recorder(counters, recorder_timeout)
+            busy = Busy()
             if kind == CHR_UDP_ASYNC:
                 asyncio.run(recv_asyncio(sock, recorder))
             else:
                 size = GRO_RECV_BUFFER if sock.max_receive_segments > 1 else RAW_RECV_BUFFER
                 recv_chrysalis(sock, recorder, size)
+            used = busy.used()
         finally:
             _close(sock)
-    link.send(recorder.result())
+    link.send((*recorder.result(), used))
 
 
 def sender_main(
@@ -563,31 +604,40 @@ def sender_main(
     path: str,
     destination: Any,
 ) -> None:
-    """Child process: bind a sender of ``kind`` and send to ``destination`` until done."""
+    """Child process: bind a sender of ``kind``, send to ``destination`` until done, then
+    report ``(sent, (CPU seconds, wall seconds))``."""
     if kind in (RAW_UDP, RAW_UNIX):
         raw = _raw_udp() if kind == RAW_UDP else _raw_unix(path)
         try:
+            busy = Busy()
             sent = send_stdlib(raw, destination, Pacer(counters, config))
+            used = busy.used()
         finally:
             raw.close()
-        link.send(sent)
+        link.send((sent, used))
         return
     sock = _chrysalis_endpoint(kind, path, receiver=False)
     try:
+        busy = Busy()
         if kind == CHR_UDP_GSO:
             sent = send_transmit(sock, destination, Pacer(counters, config, GSO_SEGMENTS))
         elif kind == CHR_UDP_ASYNC:
             sent = asyncio.run(send_asyncio(sock, destination, Pacer(counters, config)))
         else:
             sent = send_chrysalis(sock, destination, Pacer(counters, config))
+        used = busy.used()
     finally:
         _close(sock)
-    link.send(sent)
+    link.send((sent, used))
 
 
 def forwarder_main(link: ChildLink, counters: SharedCounters, receiver: DatagramAddr) -> None:
     """Child process: a ``DatagramSwitch`` on a UDP carrier routing ``DEST_PID`` to
-    ``receiver``, pumped from this thread until the parent sets ``STOP``."""
+    ``receiver``, pumped from this thread until the parent sets ``STOP``.
+
+    The loop is the one an application would write: ``pump`` drains what is ready (it stops
+    after a batch that did not fill its buffers), then wait for readability (returns at once
+    if more arrived meanwhile)."""
     router = Router()
     router.insert(DEST_PID, Route.permanent(receiver))
     switch = DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), router)
@@ -596,20 +646,134 @@ def forwarder_main(link: ChildLink, counters: SharedCounters, receiver: Datagram
         link.send(carrier.local_addr)
         wait = _recv_waiter(carrier)
         pump = switch.pump
+        busy = Busy()
+        pumps = 0
         while not counters.get(STOP):
-            if not pump(8):
-                wait()
+            if pump(8):
+                pumps += 1
+            wait()
+        used = busy.used()
         stats = switch.statistics()
         link.send(
             {
                 "received": stats.received,
                 "dropped": {reason.name: count for reason, count in stats.dropped.items() if count},
+                "router_dropped": {
+                    reason.name: count
+                    for reason, count in router.statistics().dropped.items()
+                    if count
+                },
+                "datagrams_per_pump": round(stats.received / pumps, 1) if pumps else 0.0,
+                "cpu_wall_s": used,
             }
         )
     finally:
         switch.shutdown()
         if not switch.join(5.0):
             raise BenchmarkError("the datagram switch did not shut down within 5 s")
+
+
+# --------------------------------------------------------------------------------------------
+# The forwarder's CPU cost, in one process (the switch-cpu case)
+
+FORWARD_BATCH: Final = 2000  # datagrams queued at the forwarder before each timed drain
+RAW_FORWARDER: Final = "raw-forwarder"
+SWITCH_FORWARDER: Final = "switch-forwarder"
+
+
+def forward_cpu_main(link: ChildLink, config: Config, kind: str) -> None:
+    """Child process: queue ``FORWARD_BATCH`` datagrams at a forwarder's socket, then forward
+    them all to a GRO receiver, timing only the forwarding with the process CPU clock; repeat
+    for the trial's sending time. Reports ``(forwarded, CPU seconds, received, queued)``.
+
+    ``kind`` is the plainest Python forwarder (``recvfrom_into`` and ``sendto`` per datagram)
+    or a ``DatagramSwitch`` (default UDP offloads) pumped until its socket is empty. Nothing
+    else runs in the process, so CPU time is the forwarder's own cost, kernel work included,
+    and it moves far less with the machine's load than a rate between processes does.
+    """
+    tx = _raw_udp()
+    rx = _raw_udp()
+    with contextlib.suppress(OSError):  # UDP_GRO, as the receiver of the switch case has
+        rx.setsockopt(17, 104, 1)
+    target = DatagramAddr.from_sockaddr(rx.getsockname())
+    switch = None
+    raw = None
+    if kind == SWITCH_FORWARDER:
+        router = Router()
+        router.insert(DEST_PID, Route.permanent(target))
+        switch = DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), router)
+        address = switch.carrier.local_addr.to_sockaddr()
+    elif kind == RAW_FORWARDER:
+        raw = _raw_udp()
+        address = raw.getsockname()
+    else:
+        raise BenchmarkError(f"unknown forwarder kind {kind!r}")
+    scratch = bytearray(GRO_RECV_BUFFER)
+    forwarded = received = queued = 0
+    cpu = 0.0
+    end = time.perf_counter() + config.seconds
+    try:
+        while queued == 0 or (time.perf_counter() < end and queued < config.max_datagrams):
+            for _ in range(FORWARD_BATCH):
+                tx.sendto(PAYLOAD, address)
+            queued += FORWARD_BATCH
+            start = time.process_time()
+            if switch is not None:
+                pump = switch.pump
+                while pump(8):
+                    pass
+                done = switch.statistics().received
+            else:
+                assert raw is not None
+                done = forwarded + _forward_raw(raw, rx.getsockname())
+            cpu += time.process_time() - start
+            forwarded = done
+            received += _drain_gro(rx, scratch, queued - received)
+    finally:
+        if switch is not None:
+            switch.shutdown()
+            switch.join(5.0)
+        for sock in (tx, rx, raw):
+            if sock is not None:
+                sock.close()
+    link.send((forwarded, cpu, received, queued))
+
+
+def _forward_raw(sock: socket.socket, destination: Any) -> int:
+    """The plainest forwarder: receive and send one datagram at a time until none is left."""
+    receive = sock.recvfrom_into
+    send = sock.sendto
+    buffer = bytearray(RAW_RECV_BUFFER)
+    view = memoryview(buffer)
+    count = 0
+    while True:
+        try:
+            size, _ = receive(buffer)
+        except BlockingIOError:
+            return count
+        send(view[:size], destination)
+        count += 1
+
+
+def _drain_gro(sock: socket.socket, buffer: bytearray, expected: int) -> int:
+    """Receive (not timed) until ``expected`` datagrams arrived or nothing came for 100 ms;
+    the number received (GRO aggregates count as the datagrams they hold)."""
+    got = 0
+    while got < expected:
+        ready, _, _ = select.select([sock], [], [], DRAIN_GRACE_S)
+        if not ready:
+            break
+        while got < expected:
+            try:
+                size, ancdata, _, _ = sock.recvmsg_into([buffer], socket.CMSG_SPACE(4))
+            except BlockingIOError:
+                break
+            stride = size
+            for level, kind, data in ancdata:
+                if level == 17 and kind == 104:
+                    stride = struct.unpack("@i", data[:4])[0]
+            got += -(-size // stride) if 0 < stride < size else 1
+    return got
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,6 +794,10 @@ class Bench:
         self._tmp = tempfile.mkdtemp(prefix="chrysalis-bench-")
         self._serial = 0
         self.forwarder_stats: list[dict[str, Any]] = []
+        #: Per process-pair trial, in order: each process's CPU share (``<role>_share``: CPU
+        #: seconds over wall seconds) and CPU microseconds per received datagram
+        #: (``<role>_us``), roles ``sender``, ``forwarder``, ``receiver`` (see ``Busy``).
+        self.usage: list[dict[str, float]] = []
 
     def close(self) -> None:
         """Remove the scratch directory."""
@@ -675,20 +843,35 @@ class Bench:
                 cpu=self._sender_cpu,
             ).start()
             children.append(sender)
-            sent = sender.receive(timeout)
-            counted, seconds, received = _result(receiver.receive(timeout))
+            sent, sender_used = _sender_result(sender.receive(timeout))
+            counted, seconds, received, receiver_used = _result(receiver.receive(timeout))
+            used = {"sender": sender_used, "receiver": receiver_used}
             if forwarder is not None:
                 counters.set(STOP, 1)
                 stats = forwarder.receive(timeout)
                 assert isinstance(stats, dict)
                 self.forwarder_stats.append(stats)
-            if not isinstance(sent, int):
-                raise BenchmarkError(f"sender returned {sent!r}")
+                used["forwarder"] = _used(stats["cpu_wall_s"])
+            usage: dict[str, float] = {}
+            for role, (cpu, wall) in used.items():
+                usage[f"{role}_share"] = cpu / wall if wall > 0 else 0.0
+                usage[f"{role}_us"] = cpu / received * 1e6 if received else 0.0
+            self.usage.append(usage)
             return Trial(counted, seconds, received, sent)
         finally:
             counters.set(STOP, 1)
             for child in reversed(children):
                 child.stop(5.0)
+
+    def forward_cpu(self, kind: str) -> Trial:
+        """One forwarder-cost trial (``forward_cpu_main``): the rate is datagrams per CPU
+        second of the forwarder."""
+        child = Child(forward_cpu_main, self.config, kind, name=f"forward-cpu[{kind}]").start()
+        try:
+            counted, seconds, received, sent = _result4(child.receive(self.config.trial_timeout_s))
+            return Trial(counted, seconds, received, sent)
+        finally:
+            child.stop(5.0)
 
     def threads(self, kind: str) -> Trial:
         """One in-process trial: sender and receiver threads in one child process."""
@@ -702,11 +885,24 @@ class Bench:
             child.stop(5.0)
 
 
-def _result(value: object) -> tuple[int, float, int]:
-    if not (isinstance(value, tuple) and len(value) == 3):
+def _used(value: object) -> tuple[float, float]:
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise BenchmarkError(f"malformed CPU usage {value!r:.200}")
+    return float(value[0]), float(value[1])
+
+
+def _result(value: object) -> tuple[int, float, int, tuple[float, float]]:
+    if not (isinstance(value, tuple) and len(value) == 4):
         raise BenchmarkError(f"malformed receiver result {value!r:.200}")
-    counted, seconds, received = value
-    return int(counted), float(seconds), int(received)
+    counted, seconds, received, used = value
+    return int(counted), float(seconds), int(received), _used(used)
+
+
+def _sender_result(value: object) -> tuple[int, tuple[float, float]]:
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], int)):
+        raise BenchmarkError(f"malformed sender result {value!r:.200}")
+    sent, used = value
+    return sent, _used(used)
 
 
 def _result4(value: object) -> tuple[int, float, int, int]:
@@ -994,6 +1190,25 @@ class Reference:
 
 #: ``CaseResult.extra`` key marking a reference row (its value names the case it belongs to).
 REFERENCE_OF: Final = "reference_of"
+#: ``CaseResult.extra`` key of the medians of ``Bench.usage`` per side.
+CPU_USE: Final = "cpu"
+
+
+def _median_usage(usage: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The median of every ``Bench.usage`` figure over ``usage`` (one dict per trial)."""
+    keys = sorted({key for trial in usage for key in trial})
+    return {key: round(median([trial[key] for trial in usage if key in trial]), 2) for key in keys}
+
+
+def _usage_text(use: dict[str, dict[str, float]]) -> str:
+    def side(values: dict[str, float]) -> str:
+        roles = [role for role in ("sender", "forwarder", "receiver") if f"{role}_us" in values]
+        return ", ".join(
+            f"{role} {values[f'{role}_share']:.2f} ({values[f'{role}_us']:.1f} µs)"
+            for role in roles
+        )
+
+    return f"baseline {side(use['baseline'])}; candidate {side(use['candidate'])}"
 
 
 def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> list[CaseResult]:
@@ -1021,11 +1236,17 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
             return
         print(f"[{name}] {baseline_label} vs {candidate_label} ...", file=sys.stderr, flush=True)
         sides = [baseline, candidate] if reference is None else [baseline, candidate, reference.run]
+        first_usage = len(bench.usage)
         trials = alternate_sides(sides, config.rounds, budget_s=config.case_budget_s)
         base, cand = trials[0], trials[1]
         result = CaseResult(
             name, baseline_label, candidate_label, target, base, cand, note, extra or {}
         )
+        usage = bench.usage[first_usage:]
+        side_usage: list[dict[str, float]] = []
+        if len(usage) == sum(len(t) for t in trials):  # every side ran process pairs (ABAB)
+            side_usage = [_median_usage(usage[k :: len(sides)]) for k in range(len(sides))]
+            result.extra[CPU_USE] = {"baseline": side_usage[0], "candidate": side_usage[1]}
         results.append(result)
         print(
             f"[{name}] ratio {result.ratio:.2f}x (rounds {len(base)})", file=sys.stderr, flush=True
@@ -1041,6 +1262,8 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
                 reference.note,
                 {REFERENCE_OF: name},
             )
+            if side_usage:
+                row.extra[CPU_USE] = {"baseline": side_usage[2], "candidate": side_usage[1]}
             result.extra["reference"] = row.to_json()
             results.append(row)
             print(
@@ -1115,10 +1338,33 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
         0.7,
         lambda: bench.pair(CHR_UDP_AUTO, CHR_UDP_AUTO),
         lambda: bench.pair(CHR_UDP_AUTO, CHR_UDP_AUTO, via_switch=True),
-        "three processes (sender, forwarder, receiver) vs two; default UdpSocket offloads",
+        "three processes (sender, forwarder, receiver) vs two; default UdpSocket offloads "
+        "(GSO on, GRO on) everywhere, as a node binds its carrier",
+        reference=Reference(
+            "switch-vs-plain",
+            "UdpSocket direct, receiver GRO off",
+            lambda: bench.pair(CHR_UDP, CHR_UDP_AUTO),
+            "informational: the same switch trials against the cheapest direct receiver: "
+            "single datagrams gain nothing from GRO, whose receive path costs more per "
+            "datagram, while the switch's regrouped batches reach its receiver as GRO "
+            "aggregates; this row shows how much of the switch's ratio comes from that",
+        ),
     )
-    if results and results[-1].name == "switch":
-        results[-1].extra["forwarder"] = bench.forwarder_stats[start:]
+    case(
+        "switch-cpu",
+        "raw Python forwarder",
+        "DatagramSwitch.pump",
+        None,
+        lambda: bench.forward_cpu(RAW_FORWARDER),
+        lambda: bench.forward_cpu(SWITCH_FORWARDER),
+        "informational: the forwarder alone, in one process: 2,000 datagrams queued at its "
+        "socket, then forwarded to a GRO receiver; rates are datagrams per CPU second of the "
+        "forwarder (kernel work included), against the plainest Python forwarder "
+        "(`recvfrom_into` + `sendto` per datagram)",
+    )
+    for result in results:
+        if result.name == "switch":
+            result.extra["forwarder"] = bench.forwarder_stats[start:]
     return results
 
 
@@ -1161,6 +1407,17 @@ def report(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
     for result in results:
         if result.note:
             lines.append(f"- `{result.name}`: {result.note}.")
+    uses = [(r.name, r.extra[CPU_USE]) for r in results if CPU_USE in r.extra]
+    if uses:
+        lines += [
+            "",
+            "CPU use of each process while it ran, medians over the trials: the share of one "
+            "core (1.00 = busy all the time; a side whose processes all stay well below 1.00 "
+            "was slowed by something else, such as other jobs or waiting for each other) and, "
+            "in brackets, CPU time per datagram received:",
+            "",
+        ]
+        lines += [f"- `{name}`: {_usage_text(use)}." for name, use in uses]
     return "\n".join(lines) + "\n"
 
 
@@ -1195,7 +1452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         help="run only this case (repeatable): udp, udp-gso, unixgram, inproc (with its "
-        "informational inproc-deque row), udp-asyncio, switch",
+        "informational inproc-deque row), udp-asyncio, switch (with its informational "
+        "switch-vs-plain row), switch-cpu",
     )
     parser.add_argument(
         "--write-readme",

@@ -19,7 +19,7 @@ from benchmarks._common import CaseResult, Trial, alternate, markdown_table  # n
 from benchmarks.datagram_throughput import write_readme_section  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "datagram_throughput.py"
-CASES = {"udp", "udp-gso", "unixgram", "inproc", "udp-asyncio", "switch"}
+CASES = {"udp", "udp-gso", "unixgram", "inproc", "udp-asyncio", "switch", "switch-cpu"}
 
 
 def test_smoke_run_produces_a_well_formed_row_for_every_carrier(tmp_path: Path) -> None:

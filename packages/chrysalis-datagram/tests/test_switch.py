@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from chrysalis.core import ConnectionId, DatagramAddr, Pid
 from chrysalis.datagram._inproc import InprocNetwork, InprocSocket
+from chrysalis.datagram._mmsg import RecvRing, recv_ring_supported
 from chrysalis.datagram._route import DropReason, Route, RouteGate, Router
 from chrysalis.datagram._socket import (
     DATAGRAM_BATCH_SIZE,
@@ -41,7 +42,7 @@ from chrysalis.datagram._switch import (
     DestinationMismatchError,
     SwitchSocket,
 )
-from chrysalis.datagram._udp import UdpSocket
+from chrysalis.datagram._udp import UdpSocket, udp_gso_supported
 from chrysalis.datagram._unix import UnixDatagramSocket
 
 WAIT = 5.0  # bound on every wait
@@ -1117,3 +1118,200 @@ def test_pump_dispatch_agrees_with_the_model(
         drops[reason] += count
     assert drops == expected_drops
     assert router.statistics().forwarded == len(expected_forwarded)
+
+
+# --------------------------------------------------------------------------------------------
+# pump over a real UDP carrier: one recvmmsg per batch (chrysalis.datagram._mmsg)
+
+
+def _pump_while_not(switch: DatagramSwitch, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not done():
+        assert time.monotonic() < deadline, "timed out pumping the switch"
+        if not switch.pump(8):
+            time.sleep(0.001)
+
+
+def _drain(sock: UdpSocket, into: list[bytes]) -> int:
+    """Receive what is ready from ``sock`` (aggregates split); the number of datagrams."""
+    before = len(into)
+    while (item := sock.try_recv_from()) is not None:
+        into.append(item[0])
+    return len(into) - before
+
+
+def test_udp_switch_forwards_batches_byte_identical_and_in_order() -> None:
+    with (
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)) as receiver,
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0), gso=False) as sender,
+        DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), Router()) as switch,
+    ):
+        switch.router.insert(PID_B, Route.permanent(receiver.local_addr))
+        if recv_ring_supported():
+            assert switch._ring is not None  # the batched receive path is the one under test
+        sent = [segment(PID_B, 1200, n % 251) for n in range(70)]
+        long_header = bytes([0xC0, 0, 0, 0, 1, 20]) + bytes(ConnectionId.issued(PID_B, 1))
+        sent += [segment(PID_B, 700, 1), long_header + b"hs", segment(PID_B, 1200)]
+        for datagram in sent:
+            assert sender.try_send_to(datagram, switch.carrier.local_addr)
+        got: list[bytes] = []
+        _pump_while_not(switch, lambda: _drain(receiver, got) >= 0 and len(got) >= len(sent))
+        assert got == sent
+        assert switch.statistics().received == len(sent)
+        assert switch.router.statistics().forwarded == len(sent)
+
+
+def test_udp_switch_delivers_locally_with_the_sender_address_and_drops_malformed() -> None:
+    with (
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)) as sender,
+        DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), Router()) as switch,
+    ):
+        local = switch.bind(PID_A)
+        for datagram in (short(PID_A, b"one"), b"", b"\x40\x01", short(PID_A, b"two")):
+            assert sender.try_send_to(datagram, switch.carrier.local_addr)
+        _pump_while_not(switch, lambda: switch.statistics().received >= 4)
+        assert recv_all(local) == [
+            (short(PID_A, b"one"), sender.local_addr),
+            (short(PID_A, b"two"), sender.local_addr),
+        ]
+        assert switch.statistics().dropped[DropReason.MALFORMED] == 2
+
+
+@pytest.mark.skipif(not udp_gso_supported(), reason="no UDP GSO")
+def test_udp_switch_serves_a_split_remainder_on_its_carrier_first() -> None:
+    carrier = UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0), gro=True)
+    with (
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0), gso=True) as sender,
+        DatagramSwitch(carrier, Router()) as switch,
+    ):
+        local = switch.bind(PID_A)
+        parts = [segment(PID_A, 500, n) for n in range(3)]
+        assert sender.try_send_transmit(DatagramTransmit(carrier.local_addr, b"".join(parts), 500))
+        deadline = time.monotonic() + WAIT
+        while (first := carrier.try_recv_from()) is None:  # leaves the rest of an aggregate
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert first[0] == parts[0]
+        assert sender.try_send_to(short(PID_A, b"later"), carrier.local_addr)
+        _pump_while_not(switch, lambda: switch.statistics().received >= 3)
+        assert [data for data, _ in recv_all(local)] == [*parts[1:], short(PID_A, b"later")]
+
+
+def test_udp_switch_counts_a_datagram_too_large_for_its_ring_as_malformed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not recv_ring_supported():
+        pytest.skip("no recvmmsg here")
+
+    def small_ring(self: UdpSocket) -> RecvRing:
+        return RecvRing(socket.AF_INET, 4, 256)
+
+    monkeypatch.setattr(UdpSocket, "_new_recv_ring", small_ring)
+    with (
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)) as sender,
+        DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), Router()) as switch,
+    ):
+        local = switch.bind(PID_A)
+        for datagram in (short(PID_A, b"x" * 300), short(PID_A, b"fits")):
+            assert sender.try_send_to(datagram, switch.carrier.local_addr)
+        _pump_while_not(switch, lambda: switch.statistics().received >= 2)
+        assert recv_all(local) == [(short(PID_A, b"fits"), sender.local_addr)]
+        assert switch.statistics().dropped[DropReason.MALFORMED] == 1
+
+
+def test_udp_switch_without_recvmmsg_receives_through_try_recv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("chrysalis.datagram._udp.recv_ring_supported", lambda: False)
+    with (
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)) as receiver,
+        UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)) as sender,
+        DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), Router()) as switch,
+    ):
+        assert switch._ring is None
+        switch.router.insert(PID_B, Route.permanent(receiver.local_addr))
+        sent = [segment(PID_B, 300, n) for n in range(5)]
+        for datagram in sent:
+            assert sender.try_send_to(datagram, switch.carrier.local_addr)
+        got: list[bytes] = []
+        _pump_while_not(switch, lambda: _drain(receiver, got) >= 0 and len(got) >= len(sent))
+        assert got == sent
+
+
+def test_pump_stops_after_a_batch_that_did_not_fill_the_buffers(
+    switch: DatagramSwitch, carrier: FakeCarrier, router: Router
+) -> None:
+    router.insert(PID_B, Route.permanent(DST_B))
+    carrier.inject(*(single(segment(PID_B, 40, n)) for n in range(DATAGRAM_BATCH_SIZE)))
+    carrier.inject(single(segment(PID_B, 40)), single(segment(PID_B, 41)))
+    carrier.inject(single(segment(PID_B, 42)))
+
+    assert switch.pump(8) == DATAGRAM_BATCH_SIZE + 2  # the full batch, then a partial one
+    assert len(carrier.batches) == 1
+    assert switch.pump(8) == 1
+    assert switch.pump(8) == 0
+
+
+def test_a_waker_called_inside_pump_may_shut_down_and_join_the_switch(
+    switch: DatagramSwitch, carrier: FakeCarrier
+) -> None:
+    local = switch.bind(PID_B)
+    joined: list[bool] = []
+
+    def waker() -> None:
+        switch.shutdown()
+        joined.append(switch.join(WAIT))
+
+    local.add_recv_waker(waker)
+    carrier.inject(single(short(PID_B)))
+    switch.pump()
+    assert joined == [True]
+    assert carrier.joined
+
+
+def test_join_waits_for_a_pump_in_progress_before_joining_the_carrier(
+    carrier: FakeCarrier,
+) -> None:
+    switch = DatagramSwitch(carrier, Router())
+    local = switch.bind(PID_B)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow_waker() -> None:  # runs inside pump(), holding the pump
+        entered.set()
+        release.wait(WAIT)
+
+    local.add_recv_waker(slow_waker)
+    carrier.inject(single(short(PID_B)))
+    pumper = threading.Thread(target=switch.pump)
+    pumper.start()
+    try:
+        assert entered.wait(WAIT)
+        switch.shutdown()
+        assert switch.join(0.05) is False  # the pump still runs: the carrier stays open
+        assert not carrier.joined
+    finally:
+        release.set()
+        pumper.join(WAIT)
+    assert switch.join(WAIT)
+    assert carrier.joined
+
+
+def test_udp_switch_ring_receive_error_shuts_the_carrier_and_the_switch_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not recv_ring_supported():
+        pytest.skip("no recvmmsg here")
+
+    def failing(self: RecvRing, fd: int) -> int:
+        raise OSError(errno.EIO, "the kernel failed")
+
+    switch = DatagramSwitch(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)), Router())
+    monkeypatch.setattr(RecvRing, "receive", failing)
+    with pytest.raises(OSError, match="the kernel failed"):
+        switch.pump()
+    assert switch.is_shutdown
+    assert switch.carrier.is_shutdown
+    assert isinstance(switch.error, OSError)
+    assert switch.error.errno == errno.EIO
+    assert switch.join(WAIT)

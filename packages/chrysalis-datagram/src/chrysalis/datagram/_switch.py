@@ -12,9 +12,20 @@ driven from outside: ``pump()`` drains the carrier without blocking (``try_recv`
 preallocated 65,535-byte buffers) and dispatches what it got. Any runtime can drive it by
 waiting on the carrier's readiness (``readiness_fds()`` / ``add_recv_waker``) and calling
 ``pump()``; ``start_thread()`` (or ``DatagramSwitch.spawn``) does exactly that on a daemon
-thread with ``poll`` (not ``select``: descriptors above 1,023 must work). Bindings deliver and
-forward in the *sender's* thread: a send through a binding is one synchronous, non-blocking
-dispatch.
+thread with ``poll`` (not ``select``: descriptors above 1,023 must work). ``pump`` stops after
+a batch that did not fill the buffers (nothing more was ready), so the driver goes back to its
+readiness wait without another empty receive. Bindings deliver and forward in the *sender's*
+thread: a send through a binding is one synchronous, non-blocking dispatch.
+
+Cost per forwarded datagram. A forwarder in Python is bound by per-datagram work, so the
+receive side does as little as possible per datagram: on a UDP carrier (Linux) one
+``recvmmsg`` system call fills up to 32 of the switch's buffers (``_mmsg.RecvRing``, owned by
+the switch, created by the carrier) and the lengths, GRO segment sizes and sources are read
+from the kernel's headers: no ``DatagramRecvMeta`` and no address object per datagram (a
+source ``DatagramAddr`` is looked up only for local delivery). Other carriers, or a carrier
+with a split GRO remainder or a deferred error pending, go through ``try_recv``. Routes are
+looked up once per regrouped batch by the raw 16 PID bytes (a ``dict`` of ``bytes`` keys),
+and a batch leaves as one segmented send (one GSO ``sendmsg`` on UDP).
 
 Batching on the forward path. Consecutive received datagrams that go to the same non-local
 target with the same length, source and ECN (a GSO burst that arrived as separate datagrams) are
@@ -53,12 +64,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Final, final
 
 from chrysalis.core import SWITCH_SCHEME, DatagramAddr, Pid
+from chrysalis.datagram._mmsg import RecvRing
 from chrysalis.datagram._route import (
     _LINK_LOCAL_KEY,
     DropReason,
@@ -86,6 +98,7 @@ from chrysalis.datagram._socket import (
     _park_waker,
     _remember_waker,
 )
+from chrysalis.datagram._udp import UdpSocket
 
 __all__ = [
     "DEFAULT_BINDING_BYTES",
@@ -648,8 +661,20 @@ class DatagramSwitch:
         self._error: BaseException | None = None
         # Receive side (used by one pump at a time).
         self._pump_lock = threading.Lock()
-        self._buffers = [bytearray(MAX_DATAGRAM_SIZE) for _ in range(DATAGRAM_BATCH_SIZE)]
-        self._views = [memoryview(buffer) for buffer in self._buffers]
+        self._pump_owner: int | None = None  # the thread inside pump(), if any
+        # A UDP carrier fills the switch's buffers with one recvmmsg per batch (_mmsg.py);
+        # other carriers (or a platform without recvmmsg) through try_recv.
+        ring = carrier._new_recv_ring() if isinstance(carrier, UdpSocket) else None
+        self._ring = ring
+        self._ring_carrier: tuple[UdpSocket, RecvRing] | None = None
+        if ring is not None:
+            assert isinstance(carrier, UdpSocket)
+            self._ring_carrier = (carrier, ring)
+            self._buffers = ring.buffers
+            self._views = ring.views
+        else:
+            self._buffers = [bytearray(MAX_DATAGRAM_SIZE) for _ in range(DATAGRAM_BATCH_SIZE)]
+            self._views = [memoryview(buffer) for buffer in self._buffers]
         self._metas: list[DatagramRecvMeta] = []
         self._received = 0
         # Counters of slow paths.
@@ -948,49 +973,109 @@ class DatagramSwitch:
     def pump(self, max_batches: int = 1) -> int:
         """Receive and dispatch up to ``max_batches`` carrier batches without blocking.
 
-        Returns the number of datagrams received (0: nothing was ready). Only one thread may
-        pump at a time (``RuntimeError`` otherwise). A receive error shuts the switch down and
-        is re-raised, except ``InvalidDataError`` and ``AddressNotAvailableError``: they concern
-        one datagram that the carrier has already consumed, which is counted as received and
-        dropped as ``MALFORMED``, and the pump goes on. After shutdown ``pump`` raises
-        ``SocketClosedError``. Forwarding errors of the egress carrier drop the datagrams
-        concerned and are counted.
+        Returns the number of datagrams received (0: nothing was ready). The pump stops early
+        after a batch that did not fill every receive buffer (the carrier had nothing more
+        ready), so a driver may wait for readiness as soon as ``pump`` returns. Only one
+        thread may pump at a time (``RuntimeError`` otherwise). A receive error shuts the
+        switch down and is re-raised, except ``InvalidDataError`` and
+        ``AddressNotAvailableError``: they concern one datagram that the carrier has already
+        consumed, which is counted as received and dropped as ``MALFORMED``, and the pump goes
+        on. After shutdown ``pump`` raises ``SocketClosedError``. Forwarding errors of the
+        egress carrier drop the datagrams concerned and are counted.
         """
+        return self._pump(max_batches)[0]
+
+    def _pump(self, max_batches: int) -> tuple[int, bool]:
+        """``pump``, also saying whether the last batch was full (more may be ready)."""
         if not self._pump_lock.acquire(blocking=False):
             raise RuntimeError("the datagram switch is already being pumped by another thread")
+        self._pump_owner = threading.get_ident()
         try:
+            if self._closed:
+                raise SocketClosedError("the datagram switch is shut down")
             carrier = self._carrier
+            ring_carrier = self._ring_carrier
             buffers = self._buffers
+            slots = len(buffers)
             metas = self._metas
             total = 0
+            full = False
             for _ in range(max_batches):
-                metas.clear()
                 try:
-                    filled = carrier.try_recv(buffers, metas)
+                    filled = -1
+                    if ring_carrier is not None:
+                        filled = ring_carrier[0]._recv_into_ring(ring_carrier[1])
+                    from_ring = filled >= 0
+                    if not from_ring:
+                        metas.clear()
+                        filled = carrier.try_recv(buffers, metas)
                 except _PER_DATAGRAM_ERRORS:
                     total += 1
                     self._drop(_MALFORMED, 1)
+                    full = True
                     continue
                 except OSError as exc:
                     if not self._closed and not isinstance(exc, SocketClosedError):
                         self._error = exc
                     self.shutdown()
                     raise
-                if filled == 0:
+                if filled:
+                    if from_ring:
+                        total += self._dispatch_ring(filled)
+                    else:
+                        total += self._dispatch_metas(filled)
+                full = filled == slots
+                if not full:
                     break
-                total += self._dispatch_received(filled)
             self._received += total
-            return total
+            return total, full
         finally:
+            self._pump_owner = None
             self._pump_lock.release()
 
-    def _dispatch_received(self, filled: int) -> int:
-        """Dispatch the ``filled`` received buffers; return the number of datagrams.
+    def _dispatch_metas(self, filled: int) -> int:
+        """Dispatch the ``filled`` buffers a carrier's ``try_recv`` described in ``_metas``."""
+        metas = self._metas[:filled]
+        sources = [meta.source for meta in metas]
+        return self._dispatch_batch(
+            filled,
+            [meta.length for meta in metas],
+            [meta.stride for meta in metas],
+            [meta.ecn for meta in metas],
+            sources,
+            sources.__getitem__,
+        )
+
+    def _dispatch_ring(self, filled: int) -> int:
+        """Dispatch the ``filled`` slots of the carrier's receive ring (``recvmmsg``)."""
+        ring = self._ring
+        assert ring is not None
+        return self._dispatch_batch(
+            filled, ring.lengths, ring.strides, None, ring.source_keys, ring.source
+        )
+
+    def _dispatch_batch(
+        self,
+        filled: int,
+        lengths: list[int],
+        strides: list[int],
+        ecns: list[int | None] | None,
+        senders: Sequence[object],
+        source_of: Callable[[int], DatagramAddr],
+    ) -> int:
+        """Dispatch the first ``filled`` receive buffers; return the number of datagrams.
+
+        Buffer ``i`` holds ``lengths[i]`` bytes (``-1``: a datagram the carrier lost for want
+        of room, counted as ``MALFORMED``) in datagrams of ``strides[i]`` bytes, with ECN
+        ``ecns[i]`` (``None``: none reported); ``senders[i]`` compares equal for buffers from
+        the same source and ``source_of(i)`` is that source's address (looked up only for
+        local delivery and aggregates: forwarding does not need it).
 
         The per-datagram hot path: single datagrams are routed with the router's uncounted
         ``_send_one`` and the outcomes are added to the router's counters once per batch.
+        Consecutive short-header datagrams of the same length, source, ECN and target are
+        regrouped into one segmented transmit (one GSO send on a UDP egress).
         """
-        metas = self._metas
         views = self._views
         buffers = self._buffers
         bindings = self._bindings
@@ -1002,17 +1087,21 @@ class DatagramSwitch:
         i = 0
         try:
             while i < filled:
-                meta = metas[i]
-                length = meta.length
-                view = views[i][:length]
-                stride = meta.stride
-                if 0 < stride < length:
-                    count = -(-length // stride)
-                    received += count
-                    self._forward_received(view, stride, meta.ecn, count, meta.source, buffers[i])
+                length = lengths[i]
+                received += 1
+                if length < 0:
+                    self._drop(_MALFORMED, 1)
                     i += 1
                     continue
-                received += 1
+                view = views[i][:length]
+                stride = strides[i]
+                ecn = None if ecns is None else ecns[i]
+                if 0 < stride < length:
+                    count = -(-length // stride)
+                    received += count - 1
+                    self._forward_received(view, stride, ecn, count, source_of(i), buffers[i])
+                    i += 1
+                    continue
                 key = _target_key(view)
                 if key is None:
                     self._drop(_MALFORMED, 1)
@@ -1020,7 +1109,7 @@ class DatagramSwitch:
                     continue
                 binding = bindings.get(key)
                 if binding is not None:
-                    outcome = binding._deliver(bytes(view), meta.source, length, meta.ecn)
+                    outcome = binding._deliver(bytes(view), source_of(i), length, ecn)
                     if outcome == _FULL:
                         self._drop(_LOCAL_QUEUE_FULL, 1)
                     if outcome != _CLOSED:
@@ -1030,21 +1119,34 @@ class DatagramSwitch:
                 # Regroup following datagrams of the same shape and target into one transmit.
                 # Only short-header datagrams are regrouped (long headers are handshake
                 # packets); their key is bytes 1..17, compared in place.
-                source = meta.source
-                ecn = meta.ecn
+                sender = senders[i]
                 j = i + 1
                 end = min(filled, i + DATAGRAM_BATCH_SIZE) if view[0] < 0x80 else j
-                while j < end:
-                    other = metas[j]
-                    if (
-                        other.length != length
-                        or other.stride != length
-                        or other.ecn != ecn
-                        or (other.source is not source and other.source != source)
+                if j < end:
+                    # Same shape (length, stride, ECN, source) up to where? Usually up to the
+                    # end (a burst from one peer): compare whole columns at C speed first.
+                    run = end - i
+                    if not (
+                        lengths[i:end].count(length) == run
+                        and (strides is lengths or strides[i:end].count(length) == run)
+                        and (ecns is None or ecns[i:end].count(ecn) == run)
+                        and senders[i:end].count(sender) == run
                     ):
-                        break
+                        shape_end = j
+                        while shape_end < end:
+                            other = senders[shape_end]
+                            if (
+                                lengths[shape_end] != length
+                                or strides[shape_end] != length
+                                or (ecns is not None and ecns[shape_end] != ecn)
+                                or (other is not sender and other != sender)
+                            ):
+                                break
+                            shape_end += 1
+                        end = shape_end
+                while j < end:
                     buffer = buffers[j]
-                    if buffer[0] >= 0x80 or buffer[1:17] != key:
+                    if buffer[0] >= 0x80 or not buffer.startswith(key, 1):
                         break
                     j += 1
                 if j > i + 1:
@@ -1172,8 +1274,8 @@ class DatagramSwitch:
             for fd in {wake_fd, *carrier.readiness_fds()}:
                 poller.register(fd, select.POLLIN)
             while not self.is_shutdown:
-                if self.pump(_THREAD_BATCHES):
-                    continue
+                if self._pump(_THREAD_BATCHES)[1]:
+                    continue  # the last batch was full: more may be ready
                 # Called at once if a receive may already succeed or the carrier is shut
                 # down; shutdown() also writes to the wake-up socket.
                 carrier.add_recv_waker(self._wake)
@@ -1217,6 +1319,13 @@ class DatagramSwitch:
             thread.join(_remaining(deadline))
             if thread.is_alive():
                 return False
+        # No pump may still be using the carrier's descriptor when the carrier closes it
+        # (unless this thread is the pumping one: a waker called from a pump joined).
+        if self._pump_owner != threading.get_ident():
+            timeout = _remaining(deadline)
+            if not self._pump_lock.acquire(timeout=-1 if timeout is None else timeout):
+                return False
+            self._pump_lock.release()
         if not self._carrier.join(_remaining(deadline)):
             return False
         if thread is None or thread is not threading.current_thread():

@@ -15,6 +15,10 @@ without checksum offload, a kernel without support) the socket remembers and fal
 ``sendto`` per datagram; ``EINVAL`` / ``EMSGSIZE`` (a segment too big for the path) fall back
 for that call only. ``gso=`` / ``gro=`` force either way.
 
+Batched receives for the datagram switch: :meth:`UdpSocket._recv_into_ring` fills a
+:class:`~chrysalis.datagram._mmsg.RecvRing` (32 ring-owned buffers) with one ``recvmmsg`` call
+where the C library has it; ``try_recv`` itself keeps receiving into the caller's buffers.
+
 Bounds: a GSO call carries at most 32 datagrams (:data:`DATAGRAM_BATCH_SIZE`, below the kernel's
 64) and at most 65,507 bytes; a ``try_recv`` call performs at most 32 receives; the source
 address cache and the destination sockaddr cache hold at most 4,096 entries each (emptied when
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from chrysalis.core import UDP_SCHEME, AddressError, DatagramAddr
+from chrysalis.datagram._mmsg import RecvRing, recv_ring_supported
 from chrysalis.datagram._socket import (
     DATAGRAM_BATCH_SIZE,
     MAX_DATAGRAM_SIZE,
@@ -510,6 +515,28 @@ class UdpSocket(DatagramSocket):
             filled += 1
         self._split_remainder = (blob, offset, stride, source) if offset < end else None
         return filled
+
+    def _new_recv_ring(self) -> RecvRing | None:
+        """A :class:`RecvRing` of 32 x 65,535-byte slots for :meth:`_recv_into_ring`, or
+        ``None`` where ``recvmmsg`` is unavailable (the datagram switch then uses
+        :meth:`try_recv`)."""
+        if not recv_ring_supported():
+            return None
+        return RecvRing(self._sock.family, DATAGRAM_BATCH_SIZE, _GRO_BUFFER_SIZE)
+
+    def _recv_into_ring(self, ring: RecvRing) -> int:
+        """``try_recv`` into ``ring`` with one system call: the number of slots filled (GRO
+        aggregates keep their stride), ``0`` if nothing was ready, or ``-1`` when a split
+        remainder or a deferred error must be delivered through :meth:`try_recv` first. Errors
+        as in ``try_recv`` (a kernel error shuts the socket down first)."""
+        if self._state.closed:
+            raise SocketClosedError()
+        if self._split_remainder is not None or self._deferred_error is not None:
+            return -1
+        try:
+            return ring.receive(self._fd)
+        except OSError as error:
+            return self._recv_error(error, 0)
 
     def try_recv_from(self) -> tuple[bytes, DatagramAddr] | None:
         """Receive one datagram; a GRO aggregate is split and its rest kept for later calls."""
