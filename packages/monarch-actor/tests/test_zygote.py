@@ -101,3 +101,30 @@ def test_wait_times_out_without_killing(zygote: Zygote) -> None:
     assert child.poll() is None
     child.kill()
     assert child.wait(10) == -signal.SIGKILL
+
+
+def _runtime_threads(argv: Sequence[str]) -> int:
+    from monarch.actor import _loop
+
+    print(len(_loop._RUNTIME_THREADS), flush=True)
+    return 0
+
+
+def test_forked_child_forgets_the_parents_runtime_loop_threads() -> None:
+    # A child's threads can reuse the parent's thread idents: a stale entry made a worker's
+    # actor thread look like a runtime loop (Future.get refused to block).
+    from monarch.actor._loop import RuntimeLoop, is_runtime_thread
+
+    loop = RuntimeLoop("parent-loop")
+    loop.start()
+    try:
+        z = Zygote.start()
+        try:
+            child = z.spawn([], target=f"{HERE}:_runtime_threads")
+            assert _read_line(child) == "0\n"
+            assert child.wait(10) == 0
+        finally:
+            z.close()
+    finally:
+        loop.stop(timeout=1.0)
+    assert not is_runtime_thread()

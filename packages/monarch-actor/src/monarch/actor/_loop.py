@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +32,12 @@ __all__ = ["RuntimeLoop", "RuntimeLoopClosedError", "is_runtime_thread"]
 T = TypeVar("T")
 _log = logging.getLogger("monarch.actor.runtime")
 _RUNTIME_THREADS: set[int] = set()
+
+
+# No RuntimeLoop thread survives a fork, and a child's new threads can reuse the parent's
+# thread idents (a zygote-forked worker did): forget them in the child.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_RUNTIME_THREADS.clear)
 
 
 def is_runtime_thread() -> bool:
