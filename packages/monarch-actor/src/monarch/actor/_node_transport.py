@@ -484,12 +484,7 @@ class NodeProcessTransport:
                 or self._peers.get(envelope.target.pid) is not peer
             ):
                 return False
-            if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
-                rank = envelope.cast.rank if envelope.cast is not None else 0
-                key = (envelope.reply_port.pid, envelope.reply_port.index, rank)
-                peer.outstanding[key] = _stripped(envelope)
-                if len(peer.outstanding) > self._settings.max_outstanding:
-                    peer.outstanding.popitem(last=False)
+            self._track(peer, envelope)
             fds: list[int] | None = None
             if shared is not None:
                 fds, shared.fds = shared.fds, []
@@ -497,6 +492,16 @@ class NodeProcessTransport:
                 pieces = [ZERO_SHM_HEAD, *pieces]
             lane.send_direct(pieces, fds)
         return True
+
+    def _track(self, peer: _Peer, envelope: Envelope) -> None:
+        """Remember a call until its reply arrives, to bounce it if ``peer`` fails (bounded:
+        the oldest is forgotten)."""
+        if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
+            rank = envelope.cast.rank if envelope.cast is not None else 0
+            key = (envelope.reply_port.pid, envelope.reply_port.index, rank)
+            peer.outstanding[key] = _stripped(envelope)
+            if len(peer.outstanding) > self._settings.max_outstanding:
+                peer.outstanding.popitem(last=False)
 
     def _share(
         self, envelope: Envelope, buffers: Sequence[memoryview], lane: Lane, threshold: int
@@ -623,12 +628,7 @@ class NodeProcessTransport:
                 shared.close()
             self._bounce(envelope, reason or "unreachable")
             return
-        if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
-            rank = envelope.cast.rank if envelope.cast is not None else 0
-            key = (envelope.reply_port.pid, envelope.reply_port.index, rank)
-            peer.outstanding[key] = _stripped(envelope)
-            if len(peer.outstanding) > self._settings.max_outstanding:
-                peer.outstanding.popitem(last=False)
+        self._track(peer, envelope)
         lane = peer.lane
         if lane is not None and peer.task is None and not peer.queue:
             self._lane_write(peer, lane, envelope, pieces, nbytes, shared)  # the hot path
