@@ -48,6 +48,13 @@ def with_buffers(env: Envelope, buffers: list[bytes | bytearray]) -> Envelope:
     )  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _lanes_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about lanes: a suite run with MONARCH_FORCE_QUIC=1 must not turn them
+    off (the rest of the suite runs in whichever mode the environment says)."""
+    monkeypatch.delenv("MONARCH_FORCE_QUIC", raising=False)
+
+
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     c = Cluster(NodeTransportSettings(dial_timeout=2.0))
