@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -13,19 +14,35 @@ from monarch.config._registry import configured
 
 
 class FaultLog:
-    """Records what reaches ``monarch.actor.unhandled_fault_hook``."""
+    """Records what reaches ``monarch.actor.unhandled_fault_hook``.
+
+    The hook call is the event: it wakes the tests waiting in :meth:`wait_until` (a condition
+    variable, bounded by a timeout), so they need not poll the list."""
 
     def __init__(self) -> None:
         self.failures: list[MeshFailure] = []
+        self._changed = threading.Condition()
 
     def __call__(self, failure: MeshFailure) -> None:
-        self.failures.append(failure)
+        with self._changed:
+            self.failures.append(failure)
+            self._changed.notify_all()
+
+    def wait_until(
+        self, predicate: Callable[[list[MeshFailure]], bool], timeout: float = 5.0
+    ) -> list[MeshFailure]:
+        """Wait (at most ``timeout`` seconds) until ``predicate(failures)`` holds; fails the
+        test with the failures seen so far if it never does."""
+        with self._changed:
+            met = self._changed.wait_for(lambda: predicate(self.failures), timeout)
+        assert met, f"the faults never matched: {[f.report() for f in self.failures]}"
+        return self.failures
 
     def wait_for(self, count: int, timeout: float = 5.0) -> list[MeshFailure]:
-        deadline = time.monotonic() + timeout
-        while len(self.failures) < count and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert len(self.failures) >= count, f"expected {count} faults, got {self.failures}"
+        """Wait (bounded) until at least ``count`` faults arrived."""
+        with self._changed:
+            met = self._changed.wait_for(lambda: len(self.failures) >= count, timeout)
+        assert met, f"expected {count} faults, got {self.failures}"
         return self.failures
 
 

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from monarch.actor import Actor, context, endpoint
+from monarch.actor import Actor, Port, context, endpoint
 
 
 class Counter(Actor):
@@ -38,6 +38,14 @@ class Counter(Actor):
         time.sleep(seconds)
         return os.getpid()
 
+    @endpoint
+    def nap_after_telling(self, started: Port[int], seconds: float) -> int:
+        """``nap``, after sending this process's pid on ``started``: the caller then knows the
+        call is running (an event to wait on, not a guess of how long delivery takes)."""
+        started.send(os.getpid())
+        time.sleep(seconds)
+        return os.getpid()
+
 
 class Where(Actor):
     """Reports where it runs: OS pid and network namespace (for the multi-host tests)."""
@@ -57,6 +65,7 @@ class Supervisor(Actor):
     def __init__(self) -> None:
         self.failures: list[str] = []
         self.child: Any = None
+        self.watcher: Port[str] | None = None
 
     @endpoint
     def spawn_child(self, procs: Any) -> list[int]:
@@ -69,7 +78,15 @@ class Supervisor(Actor):
 
     def __supervise__(self, failure: Any) -> bool:
         self.failures.append(str(failure))
+        if self.watcher is not None:
+            self.watcher.send(str(failure))
         return True
+
+    @endpoint
+    def watch(self, watcher: Port[str]) -> None:
+        """Send every failure, from now on, to ``watcher``: the caller waits on its receiver
+        instead of polling ``seen``."""
+        self.watcher = watcher
 
     @endpoint
     def seen(self) -> list[str]:
@@ -110,7 +127,7 @@ class LoggedParent(Logged):
 
 
 class NestedSpawner(Actor):
-    """Tries to spawn processes from inside a worker (not supported yet: a clear error)."""
+    """Spawns processes from inside a worker (they are owned by this actor)."""
 
     @endpoint
     def nested(self) -> str:

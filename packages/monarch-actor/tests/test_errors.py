@@ -17,6 +17,7 @@ from monarch.actor import (
     Actor,
     ActorError,
     ActorMesh,
+    Channel,
     ErrorCategory,
     MeshFailure,
     Port,
@@ -122,13 +123,29 @@ class ConcurrentFaulty(Actor):
         return "pong"
 
 
-class Swallower(Faulty):
+class Watched:
+    """An actor mixin: ``watch(port)`` makes :meth:`_tell` send on that port, so that a test
+    waits on the port's receiver for what the actor saw instead of polling an endpoint."""
+
+    watcher: Port[str] | None = None
+
+    @endpoint
+    def watch(self, watcher: Port[str]) -> None:
+        self.watcher = watcher
+
+    def _tell(self, what: str) -> None:
+        if self.watcher is not None:
+            self.watcher.send(what)
+
+
+class Swallower(Watched, Faulty):
     def __init__(self) -> None:
         super().__init__()
         self.bounced: list[tuple[str, str, str]] = []
 
     def _handle_undeliverable_message(self, envelope: Any) -> bool:
         self.bounced.append((envelope.sender(), envelope.dest(), envelope.error_msg()))
+        self._tell("bounced")
         return True
 
     @endpoint
@@ -136,7 +153,7 @@ class Swallower(Faulty):
         return self.bounced
 
 
-class Supervisor(Actor):
+class Supervisor(Watched, Actor):
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.failures: list[MeshFailure] = []
@@ -159,6 +176,7 @@ class Supervisor(Actor):
 
     def __supervise__(self, failure: MeshFailure) -> bool:
         self.failures.append(failure)
+        self._tell("supervised")
         if self.mode == "raise":
             raise RuntimeError("supervise raised on purpose")
         return self.mode == "handle"
@@ -440,13 +458,13 @@ def test_other_meshes_on_the_same_procs_keep_working(procs: Procs, faults: Any) 
 
 
 # -- supervision at the owner ------------------------------------------------------------------
-def test_supervise_receives_mesh_failures_and_can_contain_them(
-    procs: Procs, faults: Any, wait_until: Callable[..., None]
-) -> None:
+def test_supervise_receives_mesh_failures_and_can_contain_them(procs: Procs, faults: Any) -> None:
     sup = procs(gpus=1).spawn("sup", Supervisor, "handle")
     child_name = sup.spawn_child.call_one().get(timeout=T)
+    watcher, told = Channel[str].open()
+    sup.watch.call_one(watcher).get(timeout=T)
     sup.kill_child.call_one().get(timeout=T)
-    wait_until(lambda: bool(sup.seen.call_one().get(timeout=T)))
+    assert told.recv().get(timeout=T) == "supervised"
     ((text, mesh_name, ranks, report),) = sup.seen.call_one().get(timeout=T)
     assert "MeshFailure" in text
     assert child_name in text
@@ -577,15 +595,15 @@ def test_message_to_a_stopped_actor_bounces_to_the_client_hook(procs: Procs, fau
     assert "could not be delivered" in failure.report()
 
 
-def test_actor_can_swallow_its_bounced_messages(
-    procs: Procs, faults: Any, wait_until: Callable[..., None]
-) -> None:
+def test_actor_can_swallow_its_bounced_messages(procs: Procs, faults: Any) -> None:
     pm = procs(gpus=1)
     gone = pm.spawn("gone", Faulty)
     gone.stop().get(timeout=T)
     swallower = pm.spawn("swallower", Swallower)
+    watcher, told = Channel[str].open()
+    swallower.watch.call_one(watcher).get(timeout=T)
     swallower.send_to.call_one(gone).get(timeout=T)
-    wait_until(lambda: bool(swallower.bounces.call_one().get(timeout=T)))
+    assert told.recv().get(timeout=T) == "bounced"
     ((sender, dest, error),) = swallower.bounces.call_one().get(timeout=T)
     assert "swallower" in sender
     assert "gone" in dest

@@ -274,10 +274,7 @@ def test_a_killed_worker_loop_takes_its_workers_and_fails_their_actors(
         daemon.popen.send_signal(signal.SIGKILL)
         assert _eventually_gone(pids, 10.0), "workers outlived their worker loop"
         name = counters._name.get()
-        deadline = time.monotonic() + T
-        while len([f for f in faults.failures if f.mesh_name == name]) < 2:
-            assert time.monotonic() < deadline, [f.report() for f in faults.failures]
-            time.sleep(0.05)
+        faults.wait_until(lambda seen: sum(f.mesh_name == name for f in seen) >= 2, timeout=T)
         ours = [f for f in faults.failures if f.mesh_name == name]  # to the owner, the client
         assert sorted(r for f in ours for r in f.crashed_ranks) == [0, 1], [str(f) for f in ours]
         for failure in ours:  # whichever the client noticed first: the lost session or the

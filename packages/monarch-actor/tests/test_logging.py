@@ -244,3 +244,48 @@ def test_line_prefixer_is_independent_of_chunking(
         assert len(line) <= 2 + max_line + 1
         assert b"\n" not in line[:-1]
     assert b"".join(line[2:-1] for line in got) == data.replace(b"\n", b"")
+
+
+def test_a_forked_worker_labels_system_lines_as_its_own(tmp_path: Path) -> None:
+    """Workers forked from the client's zygote inherit its logging state; their system lines
+    must still name the worker, not ``client``."""
+    (tmp_path / "syslog_module.py").write_text(
+        textwrap.dedent(
+            """
+            import logging
+            from monarch.actor import Actor, endpoint
+
+            class T(Actor):
+                @endpoint
+                def run(self) -> None:
+                    logging.getLogger("monarch.actor.runtime").warning("worker system line")
+            """
+        )
+    )
+    script = textwrap.dedent(
+        """
+        from monarch.actor import this_host
+        import syslog_module
+        if __name__ == "__main__":
+            procs = this_host().spawn_procs(per_host={"gpus": 1})
+            procs.spawn("t", syslog_module.T).run.call_one().get(timeout=30)
+            procs.stop().get(timeout=30)
+        """
+    )
+    (tmp_path / "main_script.py").write_text(script)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(tmp_path),
+        "MONARCH_WORKER_SPAWN_METHOD": "zygote",
+    }
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "main_script.py")],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "WARNING monarch.actor.runtime: worker system line" in out.stderr
+    assert "[monarch client] WARNING monarch.actor.runtime: worker system line" not in out.stderr
+    assert "[monarch procs{'gpus': 0/1}] WARNING" in out.stderr

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from monarch.actor import ActorError, ProcMesh, SupervisionError, this_host
+from monarch.actor import ActorError, Channel, ProcMesh, SupervisionError, this_host
 from monarch.actor._host import LocalWorkerGroup
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import procs_actors by name
@@ -126,28 +126,20 @@ def test_stop_ends_every_worker_cleanly(transport_mode: str) -> None:
         _kill(pids)
 
 
-def test_killed_worker_makes_later_calls_to_its_rank_fail(transport_mode: str) -> None:
+def test_killed_worker_makes_later_calls_to_its_rank_fail(transport_mode: str, faults: Any) -> None:
     procs = this_host().spawn_procs({"gpus": 2})
     pids: list[int] = []
     try:
         counters: Any = procs.spawn("c", Counter, 0)
         pids = counters.os_pid.call().get(timeout=T).values()
         os.kill(pids[1], signal.SIGKILL)
-        deadline = time.monotonic() + T
-        failure: SupervisionError | None = None
-        # The first failures may name the broken connection (the transport can notice it
-        # before the reaper has the exit status); once the exit is reaped, calls name it.
-        while time.monotonic() < deadline:
-            try:
-                counters.slice(gpus=1).get.call_one().get(timeout=T)
-                assert failure is None, "a call to the killed rank succeeded after a failure"
-            except SupervisionError as error:
-                failure = error
-                if "SIGKILL" in str(error):
-                    break
-            time.sleep(0.05)
-        assert failure is not None, "calls to the killed rank kept succeeding"
-        assert "SIGKILL" in str(failure)
+        # The reaper marks the rank unreachable with its exit status, then reports the death
+        # to the owner: the client's fault hook. Once the hook has it, calls name the exit
+        # (earlier ones may name the broken connection, which the transport can notice first).
+        (death,) = faults.wait_for(1, timeout=T)
+        assert "crashed_ranks=[1]" in str(death)
+        with pytest.raises(SupervisionError, match=r"c\.get\(\) failed.*SIGKILL"):
+            counters.slice(gpus=1).get.call_one().get(timeout=T)
         assert counters.slice(gpus=0).get.call_one().get(timeout=T) == 0  # rank 0 lives
         procs.stop().get(timeout=T)  # still succeeds after a crash
     finally:
@@ -202,13 +194,12 @@ def test_process_death_reaches_the_owning_actor_in_another_process(
         pids = [supervisor.os_pid.call_one().get(timeout=T)]
         child_pids = supervisor.spawn_child.call_one(workers).get(timeout=T)
         pids += child_pids
+        watcher, told = Channel[str].open()
+        supervisor.watch.call_one(watcher).get(timeout=T)
         os.kill(child_pids[1], signal.SIGKILL)
-        deadline = time.monotonic() + T
-        seen: list[str] = []
-        while not seen and time.monotonic() < deadline:
-            seen = supervisor.seen.call_one().get(timeout=T)
-            time.sleep(0.05)
-        assert len(seen) == 1, "the owner was not told about the dead process"
+        told.recv().get(timeout=T)  # the owner's __supervise__ ran
+        seen = supervisor.seen.call_one().get(timeout=T)
+        assert len(seen) == 1, "the owner was not told about the dead process once"
         assert "MeshFailure" in seen[0]
         assert "crashed_ranks=[1]" in seen[0]
         assert "SIGKILL" in seen[0]
@@ -290,12 +281,14 @@ def test_a_call_waiting_on_a_killed_worker_fails_naming_the_actor_and_endpoint(
     try:
         counters: Any = procs.spawn("sleepy", Counter, 0)
         pids = counters.os_pid.call().get(timeout=T).values()
-        pending = counters.nap.call_one(60.0)
-        time.sleep(0.3)  # the call is running in the worker
+        started, running = Channel[int].open(once=True)
+        pending = counters.nap_after_telling.call_one(started, 60.0)
+        assert running.recv().get(timeout=T) == pids[0]  # the call is running in the worker
         os.kill(pids[0], signal.SIGKILL)
         # The reason is whichever the caller's process noticed first: the worker's exit
         # (SIGKILL) or its broken stream; the actor and endpoint are always named.
-        with pytest.raises(SupervisionError, match=r"sleepy\.nap\(\) failed, .*sleepy-"):
+        named = r"sleepy\.nap_after_telling\(\) failed, .*sleepy-"
+        with pytest.raises(SupervisionError, match=named):
             pending.get(timeout=T)
         faults.wait_for(1, timeout=T)
         procs.stop().get(timeout=T)

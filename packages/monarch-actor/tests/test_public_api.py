@@ -53,6 +53,7 @@ EXPECTED = {
     "endpoint",
     "finished_spans",
     "get_meter",
+    "get_or_spawn_controller",
     "metrics_snapshot",
     "run_worker_loop_forever",
     "send",

@@ -38,6 +38,7 @@ from monarch.actor._errors import (
 )
 from monarch.actor._future import Future
 from monarch.actor._host import HostMesh, this_host
+from monarch.actor._host_agent import get_or_spawn_controller
 from monarch.actor._ids import ActorId, ProcId
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
@@ -104,6 +105,7 @@ __all__ = [
     "endpoint",
     "finished_spans",
     "get_meter",
+    "get_or_spawn_controller",
     "metrics_snapshot",
     "run_worker_loop_forever",
     "send",

@@ -33,6 +33,9 @@ Node and the namespace tree is the supervision tree.
   orphans after about twice ``mesh_orphan_timeout`` seconds.
 - Host meshes of hosts started separately (``attach_to_workers``) use the same worker
   processes, started by the worker daemon of each host on the client's request (``_attach``).
+- ``spawn_procs`` in a worker's actor asks the client's host agent (``_host_agent``), which
+  starts the processes here (``_start_group``, as for the client's own spawns) and SIGKILLs
+  them when the process that asked for them exits.
 
 Messages start on the QUIC path through the Node and move to direct lanes where processes can
 reach each other (``_node_transport``, ``_lane``); ``MONARCH_FORCE_QUIC=1`` keeps them on QUIC.
@@ -160,12 +163,21 @@ class WorkerProcess(Protocol):
 
 
 _worker_process = False
+_worker_pid: bytes | None = None
+_worker_authority: bytes | None = None
 
 
 def mark_worker_process() -> None:
     """Called by ``_worker.main``: this process is a worker, not a client."""
     global _worker_process
     _worker_process = True
+
+
+def register_worker(pid: bytes, authority: bytes) -> None:
+    """Called by ``_worker.main`` once its identity exists: its own PID and its client's (whose
+    host agent spawns the processes this worker's actors ask for, see ``_host_agent``)."""
+    global _worker_pid, _worker_authority
+    _worker_pid, _worker_authority = pid, authority
 
 
 def _in_worker_process() -> bool:
@@ -273,6 +285,10 @@ class ClientNodeLayer:
         self.groups: list[WorkerGroup] = []
         self.sessions: list[HostSession] = []
         self.closed = False
+        from monarch.actor._host_agent import NestedProcs
+
+        self.nested = NestedProcs(self)
+        """Process groups spawned for workers, by owner (``_host_agent``)."""
 
     @property
     def pid(self) -> Pid:
@@ -366,6 +382,7 @@ class ClientNodeLayer:
         transport = self.transport
         if transport is not None:
             transport.mark_unreachable(pid, reason)
+        self.nested.process_gone(pid)  # what it spawned from inside dies with it
         client = self._client
         if not failure or client is None or client.loop.closed:
             return
@@ -384,6 +401,7 @@ class ClientNodeLayer:
             transport, self.transport = self.transport, None
             groups, self.groups = self.groups, []
             sessions, self.sessions = self.sessions, []
+        self.nested.clear()
         for group in groups:
             group.kill()
         if node is not None and not client.loop.closed:
@@ -537,6 +555,36 @@ class LocalWorkerGroup(WorkerGroup):
                 popen.wait(EXIT_TIMEOUT)
 
 
+def _start_group(
+    client: _Client,
+    sessions: Sequence[HostSession] | None,
+    extent: Extent,
+    local: Extent,
+    mesh_name: str,
+) -> WorkerGroup:
+    """Start the processes of one ``spawn_procs``: ``local`` on this host (``sessions`` is
+    None) or on every host of ``sessions`` (``extent``: the host dimensions, then ``local``)."""
+    from monarch.actor._host_agent import ensure_agent
+
+    layer = client.node_layer
+    parent, authority, ca_dir = layer.ensure_started(client)
+    group: WorkerGroup
+    if sessions is None:
+        local_group = LocalWorkerGroup(layer, [f"{mesh_name}{p}" for p in local.points()])
+        with layer._lock:
+            layer.groups.append(local_group)
+        local_group.start(parent, authority, ca_dir)
+        group = local_group
+    else:
+        from monarch.actor._attach import spawn_on_hosts
+
+        group = spawn_on_hosts(layer, sessions, extent, local, mesh_name)
+    # The workers' actors may ask the host agent for processes once they exist. It starts
+    # after the first workers, so the zygote is forked before the agent's thread exists.
+    ensure_agent(client)
+    return group
+
+
 class HostMesh(MeshTrait):
     """A mesh of hosts. ``this_host()`` is the client's own host (extent ``{}``);
     ``attach_to_workers`` makes one of hosts started separately (extent ``{hosts: N}``).
@@ -546,6 +594,12 @@ class HostMesh(MeshTrait):
     ``per_host``). ``stop()`` stops every proc mesh spawned from this handle and keeps it (and
     the hosts' worker daemons) usable; ``shutdown()`` does the same, then ends the worker
     daemons and makes the handle unusable; ``kill()`` force-kills every process at once.
+
+    ``target`` says which hosts a *reference* means wherever it is used (it pickles with the
+    handle): ``client`` (the client's host), ``proc:<PID hex>`` (the host of that process:
+    ``this_host()`` in a worker, ``ProcMesh.host_mesh``) or ``attached:<token>`` (attached
+    hosts, looked up in the client's table when the handle was pickled). In a worker,
+    ``spawn_procs`` asks the client's host agent (``_host_agent``) to start the processes.
     """
 
     def __init__(
@@ -556,10 +610,14 @@ class HostMesh(MeshTrait):
         name: str = "host",
         hosts: Sequence[HostSession] | None = None,
         attached_ref: bool = False,
+        target: str | None = None,
         _registry: tuple[list[ProcMesh], threading.Lock] | None = None,
     ) -> None:
         self._shape = shape
         self._attached_ref = attached_ref
+        if target is None:
+            target = "client" if hosts is None else f"attached:{os.urandom(12).hex()}"
+        self._target = target
         self._owned = owned
         self._name = name
         self._hosts = list(hosts) if hosts is not None else None
@@ -584,6 +642,7 @@ class HostMesh(MeshTrait):
             name=self._name,
             hosts=self._hosts,
             attached_ref=self._attached_ref,
+            target=self._target,
             _registry=(self._spawned, self._lock),
         )
 
@@ -607,7 +666,9 @@ class HostMesh(MeshTrait):
         Blocks until every worker joined (bounded by ``SPAWN_TIMEOUT``). ``RuntimeError``
         after ``shutdown`` or for a lost host; ``ValueError`` for a label of the host mesh or
         a bad size; ``NotImplementedError`` for ``bootstrap``, ``proc_bind`` and
-        ``bootstrap_command``.
+        ``bootstrap_command``. In a worker's actor the processes are started by the client
+        (``_host_agent``) and owned by the calling actor; ``RuntimeError`` past the nesting
+        bounds (``MAX_SPAWN_DEPTH`` levels, ``MAX_NESTED_PROCS`` processes).
         """
         from monarch.actor._context import _current
         from monarch.actor._mesh import ProcMesh, _adopt, _ProcMeshState
@@ -615,15 +676,6 @@ class HostMesh(MeshTrait):
 
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
-        if self._attached_ref:
-            raise NotImplementedError(
-                "spawn_procs on an unpickled host mesh of attached hosts is not supported"
-            )
-        if _in_worker_process():
-            raise NotImplementedError(
-                "spawn_procs from inside a worker process is not supported yet: spawn every "
-                "process mesh from the client and pass it to the actors that need it"
-            )
         for option, value in (
             ("bootstrap", bootstrap),
             ("proc_bind", proc_bind),
@@ -647,21 +699,18 @@ class HostMesh(MeshTrait):
         if extent.nelements > _MAX_PROCS:
             raise ValueError(f"at most {_MAX_PROCS} processes per spawn_procs call")
         mesh_name = name or "procs"
-        c = client()
-        layer = c.node_layer
-        parent, authority, ca_dir = layer.ensure_started(c)
-        group: WorkerGroup
-        if self._hosts is None:
-            local_group = LocalWorkerGroup(layer, [f"{mesh_name}{p}" for p in local.points()])
-            with layer._lock:
-                layer.groups.append(local_group)
-            local_group.start(parent, authority, ca_dir)
-            group = local_group
-        else:
-            from monarch.actor._attach import spawn_on_hosts
+        ranks = list(self._shape.ndslice)
+        if _in_worker_process():
+            from monarch.actor._host_agent import spawn_from_worker
 
-            hosts = [self._hosts[rank] for rank in self._shape.ndslice]
-            group = spawn_on_hosts(layer, hosts, extent, local, mesh_name)
+            return spawn_from_worker(self._target, ranks, extent, local, mesh_name)
+        c = client()
+        sessions: list[HostSession] | None
+        if self._hosts is not None:
+            sessions = [self._hosts[rank] for rank in ranks]
+        else:
+            sessions = c.node_layer.nested.resolve(self._target, ranks)
+        group = _start_group(c, sessions, extent, local, mesh_name)
         procs = [ProcId(pid, label) for pid, label in zip(group.pids, group.labels, strict=True)]
         state = _ProcMeshState(group)
         group.state = state
@@ -705,6 +754,7 @@ class HostMesh(MeshTrait):
         """Stop every proc mesh spawned from this handle, then end the worker daemons of
         attached hosts; later ``spawn_procs`` raise."""
         self._claim_end("shut down")
+        self._forget_target()
         hosts = self._hosts
         return self._stop_spawned(None if hosts is None else lambda: _end_hosts(hosts, kill=False))
 
@@ -713,6 +763,7 @@ class HostMesh(MeshTrait):
         hosts' worker daemons kill theirs and exit immediately). The exits are not failures;
         the handle becomes unusable."""
         self._claim_end("killed")
+        self._forget_target()
         with self._lock:
             meshes = list(self._spawned)
             self._spawned.clear()
@@ -729,6 +780,12 @@ class HostMesh(MeshTrait):
             if state is not None and state.group is not None:
                 state.group.kill()
         return Future._completed(None)
+
+    def _forget_target(self) -> None:
+        if self._hosts is not None and not _in_worker_process():
+            from monarch.actor._runtime import client
+
+            client().node_layer.nested.forget_hosts(self._target.partition(":")[2])
 
     def _claim_end(self, what: str) -> None:
         if not self._owned:
@@ -753,7 +810,16 @@ class HostMesh(MeshTrait):
             await self.shutdown()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_host_mesh, (self._shape, self._name, self._hosts is not None))
+        if self._hosts is not None and not self._shut_down:
+            # Attached hosts: references find their sessions in the client's table.
+            from monarch.actor._runtime import client
+
+            token = self._target.partition(":")[2]
+            client().node_layer.nested.register_hosts(token, self._hosts)
+        return (
+            _rebuild_host_mesh,
+            (self._shape, self._name, self._hosts is not None, self._target),
+        )
 
     def __repr__(self) -> str:
         owned = "owned" if self._owned else "ref"
@@ -765,14 +831,22 @@ def _end_hosts(hosts: Sequence[HostSession], *, kill: bool) -> None:
         session.end(kill=kill)
 
 
-def _rebuild_host_mesh(shape: Shape, name: str, attached: bool = False) -> HostMesh:
-    return HostMesh(shape, owned=False, name=name, attached_ref=attached)
+def _rebuild_host_mesh(
+    shape: Shape, name: str, attached: bool = False, target: str = "client"
+) -> HostMesh:
+    return HostMesh(shape, owned=False, name=name, attached_ref=attached, target=target)
 
 
 def this_host() -> HostMesh:
-    """The client's host as a host mesh with an empty extent (one per client runtime)."""
+    """The host of this process as a host mesh with an empty extent: on the client its own
+    (owned, one per client runtime); in a worker a reference to the worker's host, where
+    ``spawn_procs`` starts processes owned by the calling actor (``_host_agent``)."""
     from monarch.actor._runtime import client
 
+    if _in_worker_process():
+        if _worker_pid is None:
+            raise RuntimeError("this worker process has not joined its client yet")
+        return HostMesh(Shape.unity(), owned=False, target=f"proc:{_worker_pid.hex()}")
     c = client()
     with c.host_lock:
         if c.host_mesh is None or c.host_mesh._shut_down:

@@ -748,6 +748,10 @@ class LaneManager:
         assert self.settings.tcp_host is not None
         return Offer("tcp", self.settings.tcp_host, self._tcp_port, nonce, token)
 
+    def forget(self, token: bytes) -> None:
+        """Refuse a later handshake for ``token`` (the stream that negotiated it ended)."""
+        self._pending.pop(token, None)
+
     def _expire(self, now: float) -> None:
         while self._pending:
             token, pending = next(iter(self._pending.items()))

@@ -47,6 +47,7 @@ __all__ = [
     "install_actor_log_prefix",
     "install_system_logging",
     "system_log_path",
+    "uninstall_system_logging",
 ]
 
 #: Root of the runtime's own loggers.
@@ -141,8 +142,9 @@ def install(label: str) -> None:
         install_actor_log_prefix()
 
 
-def _uninstall_for_tests() -> None:
-    """Undo ``install_system_logging`` (tests only)."""
+def uninstall_system_logging() -> None:
+    """Undo ``install_system_logging``: a worker forked from the client's zygote inherits the
+    client's handlers and its ``client`` label, and must install its own."""
     global _installed_label
     with _lock:
         logger = logging.getLogger(SYSTEM_LOGGER)

@@ -15,7 +15,9 @@ supervision event for the owner, not an exception here).
 Process layer: ``_local_proc_mesh(per_host=...)`` creates simulated processes in this Python
 process (``InProcessFabric``), and ``this_proc()`` is the caller's own process. Real worker
 processes (``this_host().spawn_procs``) come from ``_host``; their proc meshes carry the
-``WorkerGroup`` in their state, which ``stop`` uses to end the processes.
+``WorkerGroup`` in their state, which ``stop`` uses to end the processes; in a worker, a proc
+mesh an actor spawned carries a ``NestedDelegate`` instead: the client's host agent
+(``_host_agent``) started those processes and stops them.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from monarch.actor._runtime import (
 from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
 
 if TYPE_CHECKING:
-    from monarch.actor._host import WorkerGroup
+    from monarch.actor._host import HostMesh, WorkerGroup
+    from monarch.actor._host_agent import NestedDelegate
 
 __all__ = [
     "ActorMesh",
@@ -59,7 +62,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_MISSING_LAYER = "is not implemented yet (only this_host().spawn_procs creates host meshes)"
 
 
 def _all_ok(replies: list[Reply]) -> None:
@@ -131,11 +133,14 @@ class _ProcMeshState:
     """Shared by an owned proc mesh and the slices made from it in this process; ``group``
     is the worker processes behind it (``None`` for simulated processes)."""
 
-    __slots__ = ("group", "stopped")
+    __slots__ = ("delegate", "group", "stopped")
 
     def __init__(self, group: WorkerGroup | None = None) -> None:
         self.stopped = False
         self.group = group
+        #: In a worker: the processes were spawned for it by the client's host agent, which
+        #: stops them (``_host_agent``); ``group`` is then ``None``.
+        self.delegate: NestedDelegate | None = None
 
 
 class ProcMesh(MeshTrait):
@@ -181,9 +186,18 @@ class ProcMesh(MeshTrait):
         return Future._completed(True)
 
     @property
-    def host_mesh(self) -> NoReturn:
-        """Not available: host meshes come with the process layer."""
-        raise NotImplementedError(f"ProcMesh.host_mesh {_MISSING_LAYER}")
+    def host_mesh(self) -> HostMesh:
+        """The host of a one-process mesh, as a host mesh with extent ``{}`` (a reference:
+        ``spawn_procs`` on it starts processes on that host, owned by the caller).
+        ``NotImplementedError`` for a mesh of several processes, as in the reference."""
+        from monarch.actor._host import HostMesh
+
+        if len(self._shape.ndslice) != 1:
+            raise NotImplementedError(
+                "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
+            )
+        pid = self._procs[next(iter(self._shape.ndslice))].pid
+        return HostMesh(Shape.unity(), owned=False, target=f"proc:{pid.hex()}")
 
     def spawn(self, name: str, actor_class: type[T], *args: Any, **kwargs: Any) -> T:
         """Spawn ``actor_class(*args, **kwargs)`` on every process; returns the actor mesh.
@@ -194,7 +208,11 @@ class ProcMesh(MeshTrait):
         if not isinstance(name, str) or not name:
             raise ValueError(f"actor mesh name must be a non-empty str, got {name!r}")
         check_actor_class(actor_class)
-        path = f"{name}-{uuid.uuid4().hex[:12]}"
+        return self._spawn(name, f"{name}-{uuid.uuid4().hex[:12]}", actor_class, args, kwargs)
+
+    def _spawn(
+        self, name: str, path: str, actor_class: type[T], args: Any, kwargs: dict[str, Any]
+    ) -> T:
         runtime, sender = current_sender()
         cell: _Cell[list[Reply]] = _Cell()
         mesh: ActorMesh[T] = ActorMesh(
@@ -241,6 +259,8 @@ class ProcMesh(MeshTrait):
         if self._state is None or self._state.stopped:
             return None
         self._state.stopped = True
+        if self._state.delegate is not None:  # the client's host agent stops them
+            return self._state.delegate.stop()
         group = self._state.group
         ranks = list(self._shape.ndslice)
         live = [g for g in ranks if group is None or group.alive(g)]
@@ -275,6 +295,13 @@ class ProcMesh(MeshTrait):
     def __repr__(self) -> str:
         owned = "owned" if self._owned else "ref"
         return f"<ProcMesh {self._name} {self.extent} ({owned})>"
+
+
+def _spawn_system_actor(procs: ProcMesh, path: str, actor_class: type[Any]) -> None:
+    """Spawn ``actor_class()`` at the fixed ``path`` (a well-known address such as the host
+    agent's); it belongs to no one, so no stop reaches it before its process ends."""
+    mesh: Any = procs._spawn(path, path, actor_class, (), {})
+    _forget(mesh)
 
 
 def _rebuild_proc_mesh(procs: tuple[ProcId, ...], shape: Shape, name: str) -> ProcMesh:

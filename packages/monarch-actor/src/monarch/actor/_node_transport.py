@@ -35,12 +35,16 @@ stream's reverse direction; once the offered lane (Unix socket on one host, TLS 
 hosts) is authenticated, the writer puts a ``Switch`` marker on the stream after the last
 envelope it wrote there and sends every later envelope on the lane. The receiver starts reading
 the lane only when its stream reader reached the marker, so per-sender order holds across the
-change of path. After the switch the (now idle) stream may end without consequence; the lane's
-end is what fails the peer then, exactly as a broken stream does. ``force_quic`` (setting
-``MONARCH_FORCE_QUIC``) keeps everything on the QUIC path. On a Unix lane, buffers of at least
-``LaneSettings.shm_threshold`` bytes travel as memfd slots (``_shm``): the sender copies them
-once, straight from the caller's memory into a pooled memfd slot, and the receiver reads them
-once, straight into the objects the values are rebuilt from.
+change of path. An accepted lane waits for its ``Switch`` as long as the stream that offered it
+is read (one offer per stream; a ``Switch`` naming another stream's token is refused), also
+while this transport shuts down: its streams are still read then, so a ``Switch`` already on its
+way finds its lane and nothing sent after it is lost. After the switch the (now idle) stream
+may end without consequence; the lane's end is what fails the peer then, exactly as a broken
+stream does. ``force_quic`` (setting ``MONARCH_FORCE_QUIC``) keeps everything on the QUIC
+path. On a Unix lane, buffers of at least ``LaneSettings.shm_threshold`` bytes travel as memfd
+slots (``_shm``): the sender copies them once, straight from the caller's memory into a pooled
+memfd slot, and the receiver reads them once, straight into the objects the values are rebuilt
+from.
 """
 
 from __future__ import annotations
@@ -309,9 +313,12 @@ class NodeProcessTransport:
         self._identity = identity
         self._lane_settings = lanes or LaneSettings(tcp_host=_tcp_host(node))
         self._lanes: LaneManager | None = None
-        self._accepted: collections.OrderedDict[bytes, tuple[Lane, float]] = (
-            collections.OrderedDict()
-        )
+        # Inbound lanes whose handshake succeeded, held until their ``Switch`` (oldest first).
+        self._accepted: collections.OrderedDict[bytes, Lane] = collections.OrderedDict()
+        # Tokens offered on inbound streams that are still read and have not switched yet: an
+        # accepted lane lives as long as the stream that offered it, not by a clock.
+        self._offered: set[bytes] = set()
+        self._finished = False  # the inbound streams are no longer read
         self._inbound_lanes: set[Lane] = set()
         self._outbox: collections.deque[_Queued] = collections.deque()
         # Guards the outbox, and orders the direct lane path against the loop's own writes.
@@ -869,6 +876,7 @@ class NodeProcessTransport:
     async def _read_loop(self, peer: Pid, stream: Any) -> None:
         splitter = ControlSplitter(FrameDecoder(self.limits))
         switched = False
+        offered: bytes | None = None  # the lane token offered on this stream
         try:
             magic = await stream.readexactly(len(STREAM_MAGIC))
             if magic != STREAM_MAGIC:
@@ -890,10 +898,16 @@ class NodeProcessTransport:
                                 f"{envelope.sender.pid.hex()}"
                             )
                         self._on_inbound(peer, envelope, buffers)
-                    elif isinstance(item, Hello):
-                        stream.write(encode_control(self._offer(peer, item)))
+                    elif isinstance(item, Hello) and offered is None and not switched:
+                        offer = self._offer(peer, item)
+                        if offer.kind:
+                            offered = offer.token
+                            self._offered.add(offered)
+                        else:
+                            offered = b""  # answered: one Hello per stream
+                        stream.write(encode_control(offer))
                     elif isinstance(item, Switch) and not switched:
-                        self._switch_inbound(peer, item.token)
+                        self._switch_inbound(peer, item.token, offered)
                         switched = True
                     else:
                         raise FrameError(
@@ -910,6 +924,9 @@ class NodeProcessTransport:
         else:
             with contextlib.suppress(Exception):
                 stream.write_eof()  # finish our half so the stream is reclaimed
+        finally:
+            if offered and not switched:
+                self._drop_offer(offered)
         if not switched:  # after a switch the lane's end is what counts
             self._peer_closed(peer)
 
@@ -927,27 +944,40 @@ class NodeProcessTransport:
             return Offer("", "", 0, os.urandom(32), os.urandom(16))
         return self._lanes.offer(peer.raw, hello, asyncio.get_running_loop().time())
 
+    def _drop_offer(self, token: bytes) -> None:
+        """The stream that offered ``token`` ended before its ``Switch``: the lane, accepted or
+        still to be, can never carry anything."""
+        self._offered.discard(token)
+        lane = self._accepted.pop(token, None)
+        if lane is not None:
+            lane.close()
+        if self._lanes is not None:
+            self._lanes.forget(token)
+
     def _on_accepted(self, token: bytes, lane: Lane) -> None:
-        """An inbound lane passed its handshake: hold it until its ``Switch`` (bounded)."""
-        if self._shut:
+        """An inbound lane passed its handshake: hold it until its ``Switch`` (bounded).
+
+        Why not while shutting down too: the inbound streams are still read until the end of
+        ``_shutdown`` (queued envelopes still arrive on them), so a ``Switch`` already on its
+        way must find its lane, or the sender's envelopes after it would be lost and the
+        stream refused with a spurious "switched to a lane it did not open"."""
+        if self._finished or token not in self._offered:
             lane.close()
             return
-        now = asyncio.get_running_loop().time()
-        while self._accepted:
-            oldest_token, (oldest, deadline) = next(iter(self._accepted.items()))
-            if deadline > now and len(self._accepted) < self._lane_settings.max_pending:
-                break
-            del self._accepted[oldest_token]
+        while len(self._accepted) >= self._lane_settings.max_pending:
+            _oldest_token, oldest = self._accepted.popitem(last=False)
             oldest.close()
-        self._accepted[token] = (lane, now + self._lane_settings.handshake_timeout * 4)
+        self._accepted[token] = lane
 
-    def _switch_inbound(self, peer: Pid, token: bytes) -> None:
-        entry = self._accepted.pop(token, None)
-        if entry is None or entry[0].peer != peer.raw:
-            if entry is not None:
-                entry[0].close()
+    def _switch_inbound(self, peer: Pid, token: bytes, offered: bytes | None) -> None:
+        if token != offered:
+            raise FrameError(f"process {peer.hex()} switched to a lane not offered on its stream")
+        self._offered.discard(token)
+        lane = self._accepted.pop(token, None)
+        if lane is None or lane.peer != peer.raw:
+            if lane is not None:
+                lane.close()
             raise FrameError(f"process {peer.hex()} switched to a lane it did not open")
-        lane = entry[0]
         self._inbound_lanes.add(lane)
         lane.start(partial(self._on_lane_message, peer), partial(self._on_lane_end, peer, lane))
 
@@ -1000,9 +1030,8 @@ class NodeProcessTransport:
             self._shut = True
             if self._lanes is not None:
                 self._lanes.close()
-            for lane, _deadline in self._accepted.values():
-                lane.close()
-            self._accepted.clear()
+            # Accepted lanes stay until the inbound streams are no longer read (below): a
+            # ``Switch`` read meanwhile still finds its lane.
             accept, self._accept_task = self._accept_task, None
             if accept is not None:
                 accept.cancel()
@@ -1025,11 +1054,14 @@ class NodeProcessTransport:
                         asyncio.gather(*(s.wait_closed() for s in streams), return_exceptions=True),
                         self._settings.flush_timeout,
                     )
+            self._finished = True
             for task in list(self._inbound):
                 task.cancel()
-            for lane in list(self._inbound_lanes):
+            for lane in list(self._inbound_lanes) + list(self._accepted.values()):
                 lane.close()
             self._inbound_lanes.clear()
+            self._accepted.clear()
+            self._offered.clear()
         finally:
             self._closed_event.set()
 

@@ -1829,6 +1829,8 @@ class _Client:
         self.node_layer = ClientNodeLayer()  # the client's PID is its (lazy) node's PID
         self.host_mesh: HostMesh | None = None
         self.host_lock = threading.Lock()
+        #: The host agent (``_host_agent``), spawned in this process on first use.
+        self.host_agent: Any = None
         self.runtime = ProcRuntime(self.fabric, self.loop, "client", pid=self.node_layer.pid)
         self.root = RootCell(self.runtime)
         self.runtime.root = self.root

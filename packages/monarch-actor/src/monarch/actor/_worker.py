@@ -128,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log.warning("could not load the client's main module %s: %r", value, exc)
 
     identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
+    from monarch.actor._host import register_worker
+
+    register_worker(identity.pid.raw, bytes.fromhex(args.authority))
     loop = RuntimeLoop("monarch-worker")
     loop.start()
     orphaned = threading.Event()
@@ -202,12 +205,13 @@ def forked_main(argv: Sequence[str]) -> int:
 
     The fork carries the client's in-memory state as of the zygote's start; a worker must
     begin as an exec'd one would: runtime configuration only from the environment, no
-    metrics or spans recorded by the client.
+    metrics or spans recorded by the client, system log lines labelled as its own.
     """
-    from monarch.actor import _telemetry
+    from monarch.actor import _logging, _telemetry
     from monarch.config import _registry
 
     _registry.clear_runtime_config()
+    _logging.uninstall_system_logging()  # the client's label and handlers
     _telemetry.reset_metrics()
     wanted = os.environ.get("MONARCH_TELEMETRY")
     _telemetry.disable_telemetry()  # also clears the variable: put it back, then apply it
