@@ -17,22 +17,21 @@ is skipped with the reason.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import select
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
+from node_processes import CLI, eventually, run_json, start_node, stop_all
+
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-CLI = [sys.executable, "-m", "chrysalis.node._cli"]
 IDLE = "10"
 
 
@@ -87,20 +86,10 @@ class Hosts:
         return ["ip", "netns", "exec", self.names[host], *args]
 
     def start(self, name: str, host: str, *args: str) -> str:
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 (owned by the process)
-        proc = subprocess.Popen(
-            self.in_host(host, [*CLI, *args, "--echo", "--idle-timeout", IDLE, "--timeout", "20"]),
-            stdout=subprocess.PIPE,
-            stderr=log,
-            env=self.env,
-        )
-        log.close()
+        command = [*CLI, *args, "--echo", "--idle-timeout", IDLE, "--timeout", "20"]
+        argv = self.in_host(host, command)
+        proc, line = start_node(argv, self.env, self.tmp / f"{name}.log")
         self.procs[name] = proc
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        line = proc.stdout.readline().decode().strip() if ready else ""
-        log_text = (self.tmp / f"{name}.log").read_text()[-2000:]
-        assert "?authority=" in line, f"{name} printed no token: {log_text}"
         self.tokens[name] = line
         return line
 
@@ -108,14 +97,8 @@ class Hosts:
         return self.tokens[name].rsplit("=", 1)[1]
 
     def cli(self, host: str, *args: str) -> tuple[int, Any, str]:
-        done = subprocess.run(
-            self.in_host(host, [*CLI, *args, "--json", "--timeout", "20"]),
-            capture_output=True,
-            env=self.env,
-            timeout=40,
-            check=False,
-        )
-        return done.returncode, json.loads(done.stdout or b"null"), done.stderr.decode()
+        command = [*CLI, *args, "--json", "--timeout", "20"]
+        return run_json(self.in_host(host, command), self.env, timeout=40)
 
     def members(self) -> dict[str, dict[str, Any]]:
         rc, entries, err = self.cli("a", "ls", self.tokens["root"])
@@ -123,22 +106,9 @@ class Hosts:
         return {e["pid"]: e for e in entries if e["labels"].get("command") in ("serve", "join")}
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_all(self.procs.values())
         for name in reversed(self.created):  # deleting a namespace removes its veth ends
             _ip("netns", "delete", name)
-
-
-def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s: {what}"
-        time.sleep(0.3)
 
 
 def assert_pings_ok(results: dict[str, Any], expected: set[str]) -> None:

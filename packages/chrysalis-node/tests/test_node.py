@@ -1,34 +1,50 @@
-"""``Node`` end to end over in-process carriers: publication enables streams, a 3-level tree
-resolves and echoes through the gateway, duplicates are rejected, discovery pins the parent,
-link-local protocols coexist with the nameserver, and clean or hard child exits withdraw (hard
-ones fence the routes before removing them)."""
+"""``Node`` end to end over in-process carriers, each scenario under asyncio and under trio
+(``node_runtimes``): publication enables streams, a 3-level tree resolves, enumerates and
+echoes through the gateway, duplicates are rejected, discovery pins the parent, link-local
+protocols and link sessions coexist with the nameserver, clean or hard child exits withdraw
+(hard ones fence the routes before removing them), and a node serving one carrier while joined
+over another takes connections from everyone. Mixed processes (trio here, asyncio in a
+``chrysalis`` process) are in ``test_node_trio.py``."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared runtime helper, by name
+from node_runtimes import AsyncioRuntime, Runtime, TrioRuntime, directory_until, eventually
+
 from chrysalis.core import DatagramAddr, LinkContext, LinkSide, Pid
-from chrysalis.datagram import DatagramSocketSet, InprocNetwork, UdpSocket, UnixDatagramSocket
-from chrysalis.nameserver import Consistency, Found, Locator, ParentStatusKind, TerminalRejection
+from chrysalis.datagram import (
+    DatagramSocketSet,
+    InprocNetwork,
+    UdpSocket,
+    UnixDatagramSocket,
+)
+from chrysalis.nameserver import (
+    Consistency,
+    Found,
+    Locator,
+    ParentStatusKind,
+    TerminalRejection,
+)
 from chrysalis.node import JoinSettings, LinkSessionVersionError, Node, NodeError
 from chrysalis.quic._transport import LinkProtocolId
 from chrysalis.quic.testing import issue_identity
 
 
-def run(main: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> Any:
-    return asyncio.run(asyncio.wait_for(main(), timeout))
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
+@pytest.fixture(params=["asyncio", "trio"])
+def runtime(request: pytest.FixtureRequest) -> Runtime:
+    """Every scenario runs once per runtime the node supports."""
+    if request.param == "trio":
+        pytest.importorskip("trio")
+        return TrioRuntime()
+    return AsyncioRuntime()
 
 
 def withdrawn_from(parent: Node, pid: Pid) -> Callable[[], bool]:
@@ -44,21 +60,36 @@ def child(net: InprocNetwork, parent: Node, *, pinned: bool = True, **kw: Any) -
     return Node(kw.pop("identity", None) or issue_identity(), carrier=net.bind(), parent=settings)
 
 
-async def echo_once(node: Node) -> None:
-    _peer, stream = await node.accept()
-    data = await stream.read()
-    stream.write(data[::-1])
-    stream.write_eof()
+async def echo_forever(rt: Runtime, node: Node) -> None:
+    """Answer every stream opened to ``node`` with its bytes reversed, one stream at a time."""
+    while True:
+        _peer, stream = await node.accept()
+        data = await rt.receive_all(stream)
+        await rt.send(stream, data[::-1])
+        await rt.send_eof(stream)
 
 
-async def round_trip(source: Node, target: Pid, payload: bytes) -> bytes:
+async def round_trip(rt: Runtime, source: Node, target: Pid, payload: bytes) -> bytes:
     stream = await source.dial(target, Consistency.REFRESH)
-    stream.write(payload)
-    stream.write_eof()
-    return bytes(await stream.read())
+    await rt.send(stream, payload)
+    await rt.send_eof(stream)
+    return await rt.receive_all(stream)
 
 
-def test_child_publication_enables_application_stream_round_trip() -> None:
+async def echo_between_every_pair(rt: Runtime, nodes: list[Node]) -> None:
+    async with rt.background() as servers:
+        for node in nodes:
+            servers.spawn(echo_forever, rt, node)
+        for source in nodes:
+            for target in nodes:
+                if source is not target:
+                    payload = f"{source.pid}->{target.pid}".encode()
+                    async with rt.bounded(5):
+                        echoed = await round_trip(rt, source, target.pid, payload)
+                    assert echoed == payload[::-1], (source.local_addr, target.local_addr)
+
+
+def test_child_publication_enables_application_stream_round_trip(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         async with root(net) as r, child(net, r) as c:
@@ -66,14 +97,17 @@ def test_child_publication_enables_application_stream_round_trip() -> None:
             assert status is not None
             assert status.peer == r.pid
             assert r.router.get(c.pid) is not None
-            task = asyncio.ensure_future(echo_once(c))
-            assert await round_trip(r, c.pid, b"ping") == b"gnip"
-            await task
+            async with runtime.background() as servers:
+                servers.spawn(echo_forever, runtime, c)
+                servers.spawn(echo_forever, runtime, r)
+                assert await round_trip(runtime, r, c.pid, b"down") == b"nwod"
+                assert await round_trip(runtime, c, r.pid, b"up") == b"pu"
+        assert r.transport.is_closed
 
-    run(main)
+    runtime.run(main)
 
 
-def test_three_level_tree_resolves_and_echoes_between_every_pair() -> None:
+def test_three_level_tree_resolves_and_echoes_between_every_pair(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         async with AsyncExitStack() as stack:
@@ -82,7 +116,7 @@ def test_three_level_tree_resolves_and_echoes_between_every_pair() -> None:
             await g.wait_connected()
             leaf = await stack.enter_async_context(child(net, g))
             await leaf.wait_connected()
-            await eventually(lambda: r.nameserver.get(leaf.pid) is not None)
+            await directory_until(runtime, r, lambda: r.nameserver.get(leaf.pid) is not None)
             seen = r.nameserver.get(leaf.pid)
             assert seen is not None
             assert seen.locators == (Locator(g.local_addr, 0),)
@@ -92,36 +126,31 @@ def test_three_level_tree_resolves_and_echoes_between_every_pair() -> None:
             answer = await leaf.resolve(r.pid, Consistency.REFRESH)
             assert isinstance(answer, Found)
             assert await leaf.expand_pid(r.pid.hex()[:12]) == r.pid
-            nodes = [r, g, leaf]
-            for source in nodes:
-                for target in nodes:
-                    if source is target:
-                        continue
-                    task = asyncio.ensure_future(echo_once(target))
-                    payload = f"{source.pid.hex()[:4]}->{target.pid.hex()[:4]}".encode()
-                    assert await round_trip(source, target.pid, payload) == payload[::-1]
-                    await task
+            await echo_between_every_pair(runtime, [r, g, leaf])
 
-    run(main)
+    runtime.run(main)
 
 
-def test_duplicate_child_pid_reports_terminal_parent_rejection() -> None:
+def test_duplicate_child_pid_is_rejected_and_clean_exits_are_withdrawn(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         identity = issue_identity()
-        async with root(net) as r, child(net, r, identity=identity) as first:
-            await first.wait_connected()
-            async with child(net, r, identity=identity) as twin:
-                with pytest.raises(TerminalRejection, match="already_linked"):
-                    await twin.wait_connected()
-                manager = twin.parent_manager
-                assert manager is not None
-                assert manager.status.kind is ParentStatusKind.FAILED
+        async with root(net) as r:
+            async with child(net, r, identity=identity) as first:
+                await first.wait_connected()
+                async with child(net, r, identity=identity) as twin:
+                    with pytest.raises(TerminalRejection, match="already_linked"):
+                        await twin.wait_connected()
+                    manager = twin.parent_manager
+                    assert manager is not None
+                    assert manager.status.kind is ParentStatusKind.FAILED
+            await directory_until(runtime, r, withdrawn_from(r, first.pid))
+            assert r.router.get(first.pid) is None
 
-    run(main)
+    runtime.run(main)
 
 
-def test_child_discovers_parent_identity_from_address() -> None:
+def test_child_discovers_parent_identity_from_address(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         async with root(net) as r, child(net, r, pinned=False) as c:
@@ -132,10 +161,10 @@ def test_child_discovers_parent_identity_from_address() -> None:
             assert manager is not None
             assert manager.pinned == r.pid
 
-    run(main)
+    runtime.run(main)
 
 
-def test_custom_link_local_protocol_coexists_with_nameserver() -> None:
+def test_custom_link_local_protocol_coexists_with_nameserver(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         protocol = LinkProtocolId(b"test.custom.v1\0\0")
@@ -143,8 +172,8 @@ def test_custom_link_local_protocol_coexists_with_nameserver() -> None:
 
         async def handler(peer: Pid, stream: Any) -> None:
             seen.append(peer)
-            stream.write(await stream.readexactly(5))
-            stream.write_eof()
+            await runtime.send(stream, await runtime.receive_exactly(stream, 5))
+            await runtime.send_eof(stream)
 
         r = root(net)
         r.register_link_protocol(protocol, handler)
@@ -155,15 +184,15 @@ def test_custom_link_local_protocol_coexists_with_nameserver() -> None:
         async with r, child(net, r) as c:
             await c.wait_connected()
             stream = await c.dial_link_local(r.pid, r.local_addr, protocol)
-            stream.write(b"hello")
-            assert await stream.readexactly(5) == b"hello"
+            await runtime.send(stream, b"hello")
+            assert await runtime.receive_exactly(stream, 5) == b"hello"
             assert seen == [c.pid]
             assert r.nameserver.get(c.pid) is not None  # the nameserver link is unaffected
 
-    run(main)
+    runtime.run(main)
 
 
-def test_short_lived_children_are_withdrawn_after_clean_shutdown() -> None:
+def test_short_lived_children_are_withdrawn_after_clean_shutdown(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         async with root(net) as r:
@@ -171,45 +200,40 @@ def test_short_lived_children_are_withdrawn_after_clean_shutdown() -> None:
                 async with child(net, r) as c:
                     await c.wait_connected()
                     assert r.nameserver.get(c.pid) is not None
-                await eventually(withdrawn_from(r, c.pid))
+                await directory_until(runtime, r, withdrawn_from(r, c.pid))
                 assert r.router.get(c.pid) is None
 
-    run(main)
+    runtime.run(main)
 
 
-def test_killing_a_childs_transport_fences_its_routes() -> None:
+def test_killing_a_childs_transport_fences_its_routes(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
-        async with root(net) as r:
-            c = child(net, r)
-            await c.__aenter__()
-            try:
-                await c.wait_connected()
-                route = r.router.get(c.pid)
-                assert route is not None
-                assert route.gate is not None
-                gate = route.gate
-                assert gate.is_active
-                # A hard stop: the child's transport aborts, nothing is finished cleanly.
-                await c.transport.aclose(abort=True)
-                # The parent fences first (the gate is closed) and removes the route after.
-                await eventually(lambda: not gate.is_active, timeout=10)
-                await eventually(lambda: r.router.get(c.pid) is None)
-                assert r.nameserver.get(c.pid) is None
-            finally:
-                await c.aclose()
+        async with root(net) as r, child(net, r) as c:
+            await c.wait_connected()
+            route = r.router.get(c.pid)
+            assert route is not None
+            assert route.gate is not None
+            gate = route.gate
+            assert gate.is_active
+            # A hard stop: the child's transport aborts, nothing is finished cleanly.
+            await c.transport.aclose(abort=True)
+            # The parent fences first (the gate is closed) and removes the route after.
+            await eventually(runtime, lambda: not gate.is_active, timeout=10)
+            await directory_until(runtime, r, lambda: r.router.get(c.pid) is None)
+            assert r.nameserver.get(c.pid) is None
 
-    run(main, timeout=30)
+    runtime.run(main, timeout=30)
 
 
-def test_dial_unknown_pid_reports_not_found() -> None:
+def test_dial_unknown_pid_reports_not_found(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         async with root(net) as r:
             with pytest.raises(NodeError, match="NotFound"):
                 await r.dial(Pid(b"\x42" * 16))
 
-    run(main)
+    runtime.run(main)
 
 
 def _udp() -> UdpSocket:
@@ -221,18 +245,12 @@ def _unix(path: Path) -> UnixDatagramSocket:
 
 
 def test_node_serving_on_unix_while_joined_over_udp_takes_connections_from_everyone(
-    tmp_path: Path,
+    runtime: Runtime, tmp_path: Path
 ) -> None:
     """Issue 5's mixed-carrier bug: B serves its child on Unix (its primary carrier) while it
     reaches its parent A over UDP; C serves on UDP while it reaches B over Unix. Each
     advertises the carrier of its parent link, so every process, the parents included (they
     dial the advertised address directly), gets answers on the path its requests took."""
-
-    async def echo_forever(node: Node) -> None:
-        while True:
-            _peer, stream = await node.accept()
-            stream.write(await stream.read())
-            stream.write_eof()
 
     async def main() -> None:
         settings = {"retry_delay": 0.05}
@@ -268,62 +286,50 @@ def test_node_serving_on_unix_while_joined_over_udp_takes_connections_from_every
             await x.wait_connected()
             assert c.advertised_addr.scheme == "unixgram"
             nodes = [a, b, c, x]
-            await eventually(lambda: all(a.nameserver.get(n.pid) for n in nodes[1:]))
+            published = lambda: all(a.nameserver.get(n.pid) for n in nodes[1:])  # noqa: E731
+            await directory_until(runtime, a, published)
             a_view = a.nameserver.get(b.pid)
             assert a_view is not None
             assert a_view.locators == (Locator(b.advertised_addr, 0),)
-            servers = [asyncio.ensure_future(echo_forever(n)) for n in nodes]
-            try:
-                for source in nodes:
-                    for target in nodes:
-                        if source is not target:
-                            payload = f"{source.pid}->{target.pid}".encode()
-                            async with asyncio.timeout(5):
-                                echoed = await round_trip(source, target.pid, payload)
-                            assert echoed == payload, (source.local_addr, target.local_addr)
-            finally:
-                for server in servers:
-                    server.cancel()
-                await asyncio.gather(*servers, return_exceptions=True)
+            await echo_between_every_pair(runtime, nodes)
 
-    run(main, timeout=40)
+    runtime.run(main, timeout=40)
 
 
 SESSION_PROTOCOL = LinkProtocolId(b"test.session.v1\0")
 
 
-def test_link_sessions_run_once_per_link_with_both_sides_and_restart() -> None:
+def test_link_sessions_run_once_per_link_with_both_sides_and_restart(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
         contexts: list[LinkContext] = []
-        restarted = asyncio.Event()
+        restarted = runtime.event()
 
         async def handler(context: LinkContext, stream: Any) -> None:
             contexts.append(context)
             if context.side is LinkSide.PARENT:
-                stream.write(b"ping")
-                await stream.drain()
-                assert await stream.readexactly(4) == b"pong"
+                await runtime.send(stream, b"ping")
+                assert await runtime.receive_exactly(stream, 4) == b"pong"
                 if sum(c.side is LinkSide.PARENT for c in contexts) >= 2:
                     restarted.set()
-                    await asyncio.Event().wait()  # stay until the link ends
+                    await runtime.sleep_forever()  # stay until the link ends
             else:
-                assert await stream.readexactly(4) == b"ping"
-                stream.write(b"pong")
-                await stream.drain()
-                await stream.read()  # until the child ends the session
+                assert await runtime.receive_exactly(stream, 4) == b"ping"
+                await runtime.send(stream, b"pong")
+                await runtime.receive_all(stream)  # until the child ends the session
 
         r = root(net)
         r.register_link_session(SESSION_PROTOCOL, handler)
         with pytest.raises(ValueError, match="already registered"):
             r.register_link_session(b"chrysalis.ns.v3\0", handler)
         c = child(net, r)
-        c.register_link_session(SESSION_PROTOCOL, handler, retry_delay=0.05)
         async with r, c:
+            # registered after startup: the session still runs on the existing link
+            c.register_link_session(SESSION_PROTOCOL, handler, retry_delay=0.05)
             status = await c.wait_connected()
             assert status is not None
             assert status.link is not None
-            async with asyncio.timeout(10):
+            async with runtime.bounded(10):
                 await restarted.wait()
             # The first session ended normally and was reopened on the same link.
             parent_side = [x for x in contexts if x.side is LinkSide.PARENT]
@@ -331,14 +337,17 @@ def test_link_sessions_run_once_per_link_with_both_sides_and_restart() -> None:
             assert {x.link for x in parent_side} == {status.link}
             assert {x.peer for x in parent_side} == {r.pid}
             assert {x.peer for x in child_side} == {c.pid}
+            assert {x.link for x in child_side} == {status.link}
             assert len(child_side) >= 2
             assert r.link_sessions(SESSION_PROTOCOL).active_links == {status.link}
             assert c.link_sessions(SESSION_PROTOCOL).failure is None
 
-    run(main)
+    runtime.run(main)
 
 
-def test_link_session_refused_by_a_parent_without_the_protocol_is_given_up() -> None:
+def test_link_session_refused_by_a_parent_without_the_protocol_is_given_up(
+    runtime: Runtime,
+) -> None:
     async def main() -> None:
         net = InprocNetwork()
         ran: list[LinkContext] = []
@@ -353,21 +362,20 @@ def test_link_session_refused_by_a_parent_without_the_protocol_is_given_up() -> 
                 status = await c.wait_connected()
                 assert status is not None
                 sessions = c.link_sessions(SESSION_PROTOCOL)
-                await eventually(lambda: status.link in sessions.refused_links)
+                await eventually(runtime, lambda: status.link in sessions.refused_links)
                 assert ran == []
 
-    run(main)
+    runtime.run(main)
 
 
-def test_link_session_version_mismatch_is_a_clear_error() -> None:
+def test_link_session_version_mismatch_is_a_clear_error(runtime: Runtime) -> None:
     async def main() -> None:
         net = InprocNetwork()
 
         async def future_parent(peer: Pid, stream: Any) -> None:
-            await stream.readexactly(16)
-            stream.write(bytes([2]))  # a parent speaking session handshake version 2
-            await stream.drain()
-            await stream.read()
+            await runtime.receive_exactly(stream, 16)
+            await runtime.send(stream, bytes([2]))  # a parent speaking handshake version 2
+            await runtime.receive_all(stream)
 
         async def handler(context: LinkContext, stream: Any) -> None:
             raise AssertionError("a session must not run across a version mismatch")
@@ -380,8 +388,8 @@ def test_link_session_version_mismatch_is_a_clear_error() -> None:
             async with c:
                 await c.wait_connected()
                 sessions = c.link_sessions(SESSION_PROTOCOL)
-                await eventually(lambda: sessions.failure is not None)
+                await eventually(runtime, lambda: sessions.failure is not None)
                 assert isinstance(sessions.failure, LinkSessionVersionError)
                 assert "handshake version 2, this node speaks 1" in str(sessions.failure)
 
-    run(main)
+    runtime.run(main)

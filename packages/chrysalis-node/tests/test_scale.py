@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chrysalis.node._echo import serve_stream
 from chrysalis.node._scale import (
     ECHO_OP,
     MAX_ECHO_PAYLOAD,
@@ -137,10 +138,7 @@ class FakeStream:
 def _serve(data: bytes) -> FakeStream:
     async def go() -> FakeStream:
         stream = FakeStream(data)
-        slots = asyncio.Semaphore(1)
-        await slots.acquire()
-        await _serve_echo(stream, slots)
-        assert not slots.locked()  # the slot is always returned
+        await serve_stream(stream, _serve_echo)  # as the worker's echo service runs it
         return stream
 
     return asyncio.run(go())

@@ -12,21 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
+from node_processes import CLI, eventually, run_json, start_node, stop_all
+
 pytestmark = pytest.mark.slow
 
 IDLE = "3"  # QUIC idle timeout of every node: a killed process is fenced about 3 s later
-CLI = [sys.executable, "-m", "chrysalis.node._cli"]
 
 
 class Tree:
@@ -37,37 +36,17 @@ class Tree:
         self.tokens: dict[str, str] = {}
 
     def start(self, name: str, *args: str) -> str:
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 (owned by the process)
-        proc = subprocess.Popen(
-            [*CLI, *args, "--echo", "--idle-timeout", IDLE, "--timeout", "20"],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            env=self.env,
-        )
-        log.close()
+        argv = [*CLI, *args, "--echo", "--idle-timeout", IDLE, "--timeout", "20"]
+        proc, line = start_node(argv, self.env, self.tmp / f"{name}.log")
         self.procs[name] = proc
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        line = proc.stdout.readline().decode().strip() if ready else ""
-        assert "?authority=" in line, f"{name} printed no token: {self.log(name)}"
         self.tokens[name] = line
         return line
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()[-2000:]
 
     def pid(self, name: str) -> str:
         return self.tokens[name].rsplit("=", 1)[1]
 
-    def cli(self, *args: str) -> Any:
-        done = subprocess.run(
-            [*CLI, *args, "--json", "--timeout", "15"],
-            capture_output=True,
-            env=self.env,
-            timeout=30,
-            check=False,
-        )
-        return done.returncode, json.loads(done.stdout or b"null"), done.stderr.decode()
+    def cli(self, *args: str) -> tuple[int, Any, str]:
+        return run_json([*CLI, *args, "--json", "--timeout", "15"], self.env, timeout=30)
 
     def members(self) -> set[str]:
         rc, entries, err = self.cli("ls", self.tokens["root"])
@@ -92,20 +71,7 @@ class Tree:
         return results
 
     def kill_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
-def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s: {what}"
-        time.sleep(0.3)
+        stop_all(self.procs.values())
 
 
 def assert_all_ok(results: dict[str, dict[str, Any]], expected: set[str]) -> None:

@@ -46,6 +46,7 @@ from chrysalis.node._address import (
     parse_listen,
     parse_pid_reference,
 )
+from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node, NodeError
 from chrysalis.quic import (
     DevelopmentCA,
@@ -64,10 +65,6 @@ _log = logging.getLogger("chrysalis.cli")
 
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a client command may take to join, look up and finish."""
-ECHO_CHUNK: Final = 16 * 1024
-"""Largest read of the echo service."""
-MAX_ECHO_STREAMS: Final = 256
-"""Echo streams served at once; more wait in ``accept`` (the transport bounds its queue)."""
 PING_PAYLOAD: Final = 64
 """Bytes ``ping`` sends and expects back."""
 _USAGE_EXIT: Final = 2
@@ -513,36 +510,6 @@ def _build_node(
     return node, carriers
 
 
-async def _echo_stream(stream: Any, slots: asyncio.Semaphore) -> None:
-    try:
-        while True:
-            data = await stream.read(ECHO_CHUNK)
-            if not data:
-                break
-            stream.write(data)
-            await stream.drain()
-        stream.write_eof()
-    except Exception as exc:
-        _log.debug("echo stream ended: %s", exc)
-    finally:
-        slots.release()
-
-
-async def _echo_service(node: Node) -> None:
-    slots = asyncio.Semaphore(MAX_ECHO_STREAMS)
-    tasks: set[asyncio.Task[None]] = set()
-    try:
-        while True:
-            await slots.acquire()
-            _peer, stream = await node.accept()
-            task = asyncio.create_task(_echo_stream(stream, slots))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
     token: JoinToken | None = getattr(args, "token", None)
     listen: list[DatagramAddr | None] = args.listen or [DatagramAddr.udp("127.0.0.1", 0)]
@@ -557,7 +524,7 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
             if token is not None:
                 await _wait_connected(node, args.timeout)
             if args.echo:
-                background.append(asyncio.create_task(_echo_service(node)))
+                background.append(asyncio.create_task(serve_streams(node, echo_raw)))
             _emit(out, f"{format_address(carriers.token_addr)}?authority={node.pid.hex()}")
             await stop.wait()
             for task in background:

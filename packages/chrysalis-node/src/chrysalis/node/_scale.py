@@ -53,6 +53,7 @@ from typing import Any, Final, Literal, TextIO, final
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, UnixDatagramSocket
 from chrysalis.nameserver import Consistency, Found, Labels
+from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node
 from chrysalis.quic import DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
 
@@ -82,7 +83,6 @@ MAX_NODES: Final = 4096
 """Most processes one run may launch on one host."""
 _HEADER: Final = struct.Struct(">BI")
 _LENGTH: Final = struct.Struct(">I")
-_ECHO_STREAMS: Final = 256
 _STOP_GRACE: Final = 5.0
 _LINE_LIMIT: Final = 4096
 _MODULE: Final = "chrysalis.node._scale"
@@ -417,41 +417,18 @@ def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
     return members[0] if len(members) == 1 else DatagramSocketSet(members[0], *members[1:])
 
 
-async def _serve_echo(stream: Any, slots: asyncio.Semaphore) -> None:
-    try:
-        first = await stream.read(1)
-        if first == bytes([ECHO_OP]):
-            (length,) = _LENGTH.unpack(await stream.readexactly(_LENGTH.size))
-            if length > MAX_ECHO_PAYLOAD:
-                raise ScaleError(f"echo of {length} bytes refused")
-            stream.write(_LENGTH.pack(length) + await stream.readexactly(length))
-        else:
-            data = first
-            while data:
-                stream.write(data)
-                await stream.drain()
-                data = await stream.read(64 * 1024)
-        stream.write_eof()
-    except Exception:  # a broken or hostile stream ends itself, never the worker
-        with contextlib.suppress(Exception):
-            stream.write_eof()
-    finally:
-        slots.release()
-
-
-async def _echo_service(node: Node) -> None:
-    slots = asyncio.Semaphore(_ECHO_STREAMS)
-    tasks: set[asyncio.Task[None]] = set()
-    try:
-        while True:
-            await slots.acquire()
-            _peer, stream = await node.accept()
-            task = asyncio.create_task(_serve_echo(stream, slots))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    finally:
-        for task in tasks:
-            task.cancel()
+async def _serve_echo(stream: Any) -> None:
+    """A worker's echo: a scale request (``[ECHO_OP][len][payload]``) is answered with
+    ``[len][payload]``; any other first byte gets the raw echo (``chrysalis ping``). Errors end
+    the stream in ``chrysalis.node._echo.serve_stream``, never the worker."""
+    first = await stream.read(1)
+    if first == bytes([ECHO_OP]):
+        (length,) = _LENGTH.unpack(await stream.readexactly(_LENGTH.size))
+        if length > MAX_ECHO_PAYLOAD:
+            raise ScaleError(f"echo of {length} bytes refused")
+        stream.write(_LENGTH.pack(length) + await stream.readexactly(length))
+    else:
+        await echo_raw(stream, first)
 
 
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
@@ -497,7 +474,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             return 1
         stopped.cancel()
         connected.result()
-        background = [asyncio.create_task(_echo_service(node))]
+        background = [asyncio.create_task(serve_streams(node, _serve_echo))]
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
         await stop.wait()
