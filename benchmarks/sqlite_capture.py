@@ -13,7 +13,7 @@ Every case runs the same inserts two ways, alternately (``A B A B ...``, see
 - **candidate** (captured): a ``Replica`` on the same kind of database,
   ``with replica.transaction() as tx``, the same ``INSERT`` through ``tx.execute`` followed by
   ``tx.capture_upsert`` per row (or ``tx.upsert`` where the case says so); the commit then also
-  bumps the logical clock, appends to the change log and records the row winners.
+  bumps the logical clock and writes each row's clock entry and the version's row.
 
 The rows are the shared-chalkboard schema ``(id TEXT PRIMARY KEY, author TEXT, message TEXT)``
 with a 43-character message. A trial runs whole transactions until ``seconds`` have passed and
@@ -36,20 +36,18 @@ Cases:
     in one ``INSERT ... RETURNING`` statement) instead of ``execute`` + ``capture_upsert``.
 ``file-batch-100-metadata-only`` and ``memory-batch-100-metadata-only``
     the **floor** of the metadata layout, not a way to use the package: the candidate is the
-    plain inserts plus exactly the metadata rows a commit writes (the clock update, one
-    change-log row per row, the winners copied from the log, with the package's own
-    statements), from encodings computed before the clock starts: no read-back, no encoding,
-    no Python call per capture. Capture cannot be cheaper than this with this layout.
+    plain inserts plus exactly the statements a commit runs (the clock update, one clock
+    entry per row written by one ``INSERT ... SELECT`` over the keys as JSON joined with the
+    table, and the version's row), with the package's own statements, from JSON prepared
+    before the clock starts: no Python call per capture. Capture cannot be cheaper than this
+    with this layout.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import re
 import sqlite3
 import sys
 import tempfile
@@ -63,8 +61,20 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks._common`` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import CaseResult, Trial, alternate  # noqa: E402
-from chrysalis.sqlite import Replica, TableSchema, _sql, encode_values  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    CaseResult,
+    Trial,
+    add_run_arguments,
+    alternate,
+    check_cases,
+    filesystem_of,
+    machine_facts,
+    machine_line,
+    run_mode,
+    write_json,
+    write_readme_subsection,
+)
+from chrysalis.sqlite import Replica, TableSchema, _sql  # noqa: E402
 
 README: Final = ROOT / "packages" / "chrysalis-sqlite" / "README.md"
 SUBSECTION: Final = "### Capture overhead"
@@ -176,52 +186,53 @@ def captured_trial(path: str, case: Case, seconds: float) -> Trial:
 
 def metadata_only_trial(path: str, case: Case, seconds: float) -> Trial:
     """The floor: plain inserts plus the metadata rows a commit writes, nothing else (with the
-    package's own statements from ``chrysalis.sqlite._sql``)."""
+    package's own statements from ``chrysalis.sqlite._sql``): the clock update, one clock
+    entry per row (one ``INSERT ... SELECT`` over the keys as JSON, prepared in advance) and
+    the version's row in ``__chrysalis_versions_v1``."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute(CHALKBOARD.create_sql)
-        for statement in _sql.METADATA_DDL:
+        clock = _sql.clock_sql(
+            CHALKBOARD.table, CHALKBOARD.columns, CHALKBOARD.primary_key, ("TEXT",)
+        )
+        for statement in (*_sql.METADATA_DDL, *_sql.VERSIONS_DDL, *clock.ddl):
             conn.execute(statement)
         conn.execute("INSERT INTO __chrysalis_replica_v1 VALUES (1, randomblob(16), 0)")
         (site,) = conn.execute("SELECT site_id FROM __chrysalis_replica_v1").fetchone()
+        conn.execute(_sql.INSERT_ORIGIN, (site,))
         per = case.per_transaction
-        # enough pre-encoded rows for any trial (refilled if a fast machine outruns them)
-        encoded: list[tuple[str, bytes, bytes]] = []
+        # the keys of each transaction as JSON, prepared in advance (refilled if a fast
+        # machine outruns them)
+        prepared: list[str] = []
         rows = 0
         start = time.perf_counter()
         deadline = start + seconds
         while True:
-            if rows + per > len(encoded):
+            if rows // per >= len(prepared):
                 pause = time.perf_counter()
-                encoded += [
-                    ("chalkboard", encode_values((f"note-{i}",)), encode_values(_row(i)))
-                    for i in range(len(encoded), len(encoded) + 50 * per)
+                first = len(prepared)
+                prepared += [
+                    json.dumps([f"note-{i}" for i in range(t * per, (t + 1) * per)])
+                    for t in range(first, first + 50)
                 ]
                 paused = time.perf_counter() - pause
                 start += paused
                 deadline += paused
+            keys = prepared[rows // per]
             conn.execute("BEGIN")
             for _ in range(per):
                 conn.execute(INSERT, (f"note-{rows}", "alice", MESSAGE))
                 rows += 1
             (version,) = conn.execute(_sql.BUMP_CLOCK).fetchone()
-            conn.executemany(
-                "INSERT INTO __chrysalis_changes_v1 "
-                "(site_id, db_version, seq, table_name, key_values, row_values) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(site, version, seq, *encoded[rows - per + seq]) for seq in range(per)],
-            )
-            conn.execute(_sql.RESOLVE_LOCAL_VERSION, (site, version))
+            # the entries, their keys read from the table (no byte bound: any row passes)
+            conn.execute(clock.capture_upserts, (version, 1, keys, 2**63 - 1))
+            conn.execute(_sql.INSERT_VERSION, (1, version, CHALKBOARD.table, keys))
             conn.execute("COMMIT")
             now = time.perf_counter()
             if now >= deadline:
                 return _trial(rows, now - start)
     finally:
         conn.close()
-
-
-def _row(i: int) -> tuple[str, str, str]:
-    return (f"note-{i}", "alice", MESSAGE)
 
 
 def run_case(case: Case, config: Config, folder: str) -> CaseResult:
@@ -261,15 +272,18 @@ def slowdown(result: CaseResult) -> float:
 
 
 _COST_NOTE: Final = (
-    "Where the time goes: each captured row costs, besides the application's own insert, a",
-    "read-back of the full row (`capture_upsert`'s `SELECT`, or `RETURNING` for `tx.upsert`),",
-    "its encoding, a change-log row and a winner row (two more B-tree inserts, and their pages",
-    "on disk); each transaction adds one clock update. The `*-metadata-only` rows are the floor",
-    "of the metadata layout: the same plain inserts plus only the metadata rows a commit",
-    "writes, from encodings computed in advance (nothing per capture). In memory that floor",
-    "alone is well above 1.5x, so batched capture cannot reach 1.5x with this layout on the",
-    "stdlib `sqlite3`; where a durable commit is paid per transaction the cost is lost in the",
-    "`fsync`. cr-sqlite's published figure is about 2.5x.",
+    "Where the time goes (the clock layout): each captured row costs, besides the",
+    "application's own insert, a Python call that remembers its key and, at commit, one clock",
+    "entry (a B-tree insert) written by one `INSERT ... SELECT` per table over the keys as",
+    "JSON, joined with the table (a key lookup, which supplies the stored key, finds missing",
+    "rows by the change count and checks each row against its share of the byte bound; only",
+    "when some row is missing or above its share does a second, aggregate query run); each",
+    "transaction adds one clock update and one `__chrysalis_versions_v1` row. `tx.upsert` adds",
+    "`RETURNING` only for values its column's affinity would convert. The `*-metadata-only`",
+    "rows are the floor of the layout: the same plain inserts plus only the commit's",
+    "statements (that join included), from JSON prepared in advance, with no Python per",
+    "capture. Where a durable commit is paid per transaction the cost is lost in the `fsync`.",
+    "cr-sqlite's published figure is about 2.5x.",
 )
 
 
@@ -284,7 +298,7 @@ def markdown(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
         SUBSECTION,
         "",
         "Measured by `benchmarks/sqlite_capture.py` "
-        f"({meta['mode']} run, {meta['date']}, {meta['machine']}, Python {meta['python']}, "
+        f"({meta['mode']} run, {machine_line(meta)}, "
         f"SQLite {meta['sqlite']}, database files on {meta['filesystem']}). Plain `sqlite3` "
         "inserts and captured inserts through `Replica.transaction()` alternate (A B A B), "
         "each trial on a fresh database; the slowdown is the ratio of the median rates. "
@@ -310,83 +324,27 @@ def markdown(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_readme_subsection(readme: Path, heading: str, text: str) -> None:
-    """Replace the subsection ``heading`` (a ``### `` line, up to the next ``### `` or ``## ``
-    heading) of the ``## Benchmark`` section of ``readme`` with ``text``.
-
-    A missing subsection is appended at the end of the section, and a missing section at the
-    end of the file; everything else in the file is left as it was."""
-    body = text.rstrip("\n") + "\n"
-    content = readme.read_text()
-    section = re.search(r"^## Benchmark[ \t]*$", content, re.MULTILINE)
-    if section is None:
-        readme.write_text(content.rstrip("\n") + "\n\n## Benchmark\n\n" + body)
-        return
-    after = re.compile(r"^## ", re.MULTILINE).search(content, section.end())
-    section_end = after.start() if after is not None else len(content)
-    own = re.compile(rf"^{re.escape(heading)}[ \t]*$", re.MULTILINE).search(
-        content, section.end(), section_end
-    )
-    if own is None:
-        head = content[:section_end].rstrip("\n") + "\n\n"
-        tail = content[section_end:]
-        readme.write_text(head + body + ("\n" + tail if tail else ""))
-        return
-    following = re.compile(r"^##+ ", re.MULTILINE).search(content, own.end(), section_end)
-    end = following.start() if following is not None else section_end
-    tail = content[end:]
-    readme.write_text(content[: own.start()] + body + ("\n" + tail if tail else ""))
-
-
-def _filesystem(folder: str) -> str:
-    try:
-        best = ("", "unknown")
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if (
-                    len(fields) > 2
-                    and folder.startswith(fields[1])
-                    and len(fields[1]) > len(best[0])
-                ):
-                    best = (fields[1], fields[2])
-        return best[1]
-    except OSError:
-        return "unknown"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
-    parser.add_argument("--smoke", action="store_true", help="one tiny round per case")
-    parser.add_argument("--json", type=Path, help="also write every trial as JSON to this file")
-    parser.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        help="run only this case (repeatable): " + ", ".join(c.name for c in CASES),
-    )
-    parser.add_argument(
-        "--write-readme",
-        action="store_true",
-        help="replace the capture subsection of the package README's benchmark section",
+    add_run_arguments(
+        parser,
+        quick="fewer, shorter rounds",
+        smoke="one tiny round per case",
+        cases=[c.name for c in CASES],
+        readme="replace the capture subsection of the package README's benchmark section",
     )
     args = parser.parse_args(argv)
-    unknown = set(args.case) - {c.name for c in CASES}
-    if unknown:
-        parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    check_cases(parser, args.case, [c.name for c in CASES])
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
     cases = [c for c in CASES if not args.case or c.name in args.case]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sqlite-capture-") as folder:
         meta: dict[str, Any] = {
-            "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
-            "date": datetime.date.today().isoformat(),
-            "machine": f"{os.cpu_count()} cores, {platform.machine()}, shared with other jobs",
-            "python": platform.python_version(),
+            "mode": run_mode(args),
+            **machine_facts(),
             "sqlite": sqlite3.sqlite_version,
-            "filesystem": _filesystem(folder),
+            "filesystem": filesystem_of(folder),
             "config": {"rounds": config.rounds, "seconds": config.seconds},
         }
         results: list[CaseResult] = []
@@ -402,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target_slowdown": TARGET_SLOWDOWN,
             "cases": [{**r.to_json(), "slowdown": slowdown(r)} for r in results],
         }
-        args.json.write_text(json.dumps(document, indent=2))
+        write_json(args.json, document)
     if args.write_readme:
         write_readme_subsection(README, SUBSECTION, section)
     return 0

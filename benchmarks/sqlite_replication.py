@@ -21,7 +21,7 @@ fresh processes:
 - **candidate** (chrysalis): each process runs a ``chrysalis.node.Node`` (QUIC over UDP on
   loopback) with a ``ReplicationTopology`` on a ``Replica``; writers write through
   ``replica.transaction()`` with ``tx.upsert`` per row, and the ``chrysalis.sql.v5`` sessions
-  carry the changes (captured, logged, batched, acknowledged, applied under last-writer-wins).
+  carry the changes (captured, batched, acknowledged, applied under last-writer-wins).
 
 Both sides are set up completely before the clock starts (processes, links, replication
 sessions synchronized). The clock starts when the writers are told to go and stops when the
@@ -49,12 +49,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import hashlib
-import json
 import logging
 import os
-import platform
 import selectors
 import socket
 import sqlite3
@@ -79,9 +76,16 @@ from benchmarks._common import (  # noqa: E402
     Child,
     ChildLink,
     Trial,
+    add_run_arguments,
     alternate,
+    check_cases,
+    filesystem_of,
+    machine_facts,
+    machine_line,
+    run_mode,
+    write_json,
+    write_readme_subsection,
 )
-from benchmarks.sqlite_capture import write_readme_subsection  # noqa: E402
 from chrysalis.sqlite import Replica, TableSchema  # noqa: E402
 
 README: Final = ROOT / "packages" / "chrysalis-sqlite" / "README.md"
@@ -638,7 +642,7 @@ def markdown(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
         SUBSECTION,
         "",
         "Measured by `benchmarks/sqlite_replication.py` "
-        f"({meta['mode']} run, {meta['date']}, {meta['machine']}, Python {meta['python']}, "
+        f"({meta['mode']} run, {machine_line(meta)}, "
         f"SQLite {meta['sqlite']}, database files on {meta['filesystem']}): five processes "
         "in a tree (root; a, b; a1 under a, b1 under b), each with its own database file, "
         f"{ROWS_PER_TRANSACTION} rows per transaction. Plain: `sqlite3` files and the rows "
@@ -664,23 +668,6 @@ def markdown(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _filesystem(folder: str) -> str:
-    try:
-        best = ("", "unknown")
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if (
-                    len(fields) > 2
-                    and folder.startswith(fields[1])
-                    and len(fields[1]) > len(best[0])
-                ):
-                    best = (fields[1], fields[2])
-        return best[1]
-    except OSError:
-        return "unknown"
-
-
 def _iter_cases(names: Sequence[str]) -> Iterator[Case]:
     return (c for c in CASES if not names or c.name in names)
 
@@ -688,22 +675,15 @@ def _iter_cases(names: Sequence[str]) -> Iterator[Case]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="10 000 rows")
-    parser.add_argument("--smoke", action="store_true", help="200 rows, one round")
+    add_run_arguments(
+        parser,
+        quick="10 000 rows",
+        smoke="200 rows, one round",
+        cases=[c.name for c in CASES],
+        readme="replace the replication subsection of the package README's benchmark section",
+    )
     parser.add_argument("--rows", type=int, help="override the number of rows")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
-    parser.add_argument("--json", type=Path, help="also write every trial as JSON to this file")
-    parser.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        help="run only this case (repeatable): " + ", ".join(c.name for c in CASES),
-    )
-    parser.add_argument(
-        "--write-readme",
-        action="store_true",
-        help="replace the replication subsection of the package README's benchmark section",
-    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -713,9 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
         os.environ[PROFILE_ENV] = str(args.profile.resolve())
-    unknown = set(args.case) - {c.name for c in CASES}
-    if unknown:
-        parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    check_cases(parser, args.case, [c.name for c in CASES])
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.rows is not None:
         if args.rows < len(TREE):
@@ -732,12 +710,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca_dir = os.path.join(folder, "ca")
         DevelopmentCA.load_or_create(Path(ca_dir))
         meta: dict[str, Any] = {
-            "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
-            "date": datetime.date.today().isoformat(),
-            "machine": f"{os.cpu_count()} cores, {platform.machine()}, shared with other jobs",
-            "python": platform.python_version(),
+            "mode": run_mode(args),
+            **machine_facts(),
             "sqlite": sqlite3.sqlite_version,
-            "filesystem": _filesystem(folder),
+            "filesystem": filesystem_of(folder),
             "config": {"rows": config.rows, "rounds": config.rounds},
         }
         results: list[CaseResult] = []
@@ -752,7 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             **meta,
             "cases": [{**r.to_json(), "slowdown": slowdown(r)} for r in results],
         }
-        args.json.write_text(json.dumps(document, indent=2))
+        write_json(args.json, document)
     if args.write_readme:
         write_readme_subsection(README, SUBSECTION, section)
     return 0

@@ -38,12 +38,19 @@ class Model:
 
     writes: list[tuple[int, bytes, int, str, str | None]] = field(default_factory=list)
 
-    def expected(self) -> list[tuple[str, str]]:
+    def best(self) -> dict[str, tuple[tuple[int, bytes, int], str | None]]:
         best: dict[str, tuple[tuple[int, bytes, int], str | None]] = {}
         for version, site, seq, key, value in self.writes:
             if key not in best or (version, site, seq) > best[key][0]:
                 best[key] = ((version, site, seq), value)
-        return sorted((k, v) for k, (_, v) in best.items() if v is not None)
+        return best
+
+    def expected(self) -> list[tuple[str, str]]:
+        return sorted((k, v) for k, (_, v) in self.best().items() if v is not None)
+
+    def winners(self) -> dict[str, tuple[int, bytes, int, bool]]:
+        """Per key, the winning origin tuple and whether it is a delete (a tombstone)."""
+        return {k: (*stamp, v is None) for k, (stamp, v) in self.best().items()}
 
 
 class Cluster:
@@ -79,9 +86,7 @@ class Cluster:
 
     def write(self, node: int, edits: list[tuple[str, str | None]]) -> None:
         replica = self.net.replica(self.names[node])
-        (seen,) = replica.connection.execute(
-            "SELECT COALESCE(MAX(db_version), 0) FROM __chrysalis_changes_v1"
-        ).fetchone()
+        seen = max((v for v, *_ in self.winners(self.names[node]).values()), default=0)
         with replica.transaction() as tx:
             for key, value in edits:
                 if value is None:
@@ -105,23 +110,27 @@ class Cluster:
             self.net.replica(name).connection.execute("SELECT k, v FROM kv ORDER BY k").fetchall()
         )
 
-    def log(self, name: str) -> set[tuple[bytes, int, int]]:
-        return set(
-            self.net.replica(name).connection.execute(
-                "SELECT site_id, db_version, seq FROM __chrysalis_changes_v1"
-            )
+    def winners(self, name: str) -> dict[str, tuple[int, bytes, int, bool]]:
+        """The replica's clock entries of ``kv``: per key, the winning origin tuple and
+        whether the row is a tombstone."""
+        rows = self.net.replica(name).connection.execute(
+            "SELECT c._k0, c._version, o.site_id, c._seq, c._deleted "
+            "FROM __chrysalis_clock_v1_kv AS c "
+            "JOIN __chrysalis_origins_v1 AS o ON o.position = c._origin"
         )
+        return {k: (v, site, seq, bool(d)) for k, v, site, seq, d in rows}
 
     def check_converged(self) -> None:
         expected = self.model.expected()
-        everything = {(site, v, seq) for v, site, seq, _, _ in self.model.writes}
+        winners = self.model.winners()
         for name in self.names:
             assert self.rows(name) == expected, name
-            assert self.log(name) == everything, name
+            assert self.winners(name) == winners, name
 
     def check_frontiers_are_backed_by_the_peer(self) -> None:
-        """A frontier never claims more than the peer durably holds: every change of an origin
-        up to ``synced_at`` is in the peer's log (frontiers move only after the Ack)."""
+        """A frontier never claims more than the peer durably holds: every row whose winning
+        change here is of an origin and at most ``synced_at`` is won at the peer by that change
+        or a greater one (frontiers move only after the Ack)."""
         for link in self.net.links:
             for here, there in ((link.parent, link.child), (link.child, link.parent)):
                 try:
@@ -130,14 +139,12 @@ class Cluster:
                 except RuntimeError:
                     continue  # a crashed end
                 frontier = mine.peer_frontier(self.net.pid(there), theirs.site_id)
-                their_log = self.log(there)
-                for origin, entry in frontier.items():
-                    for site, version, seq in mine.connection.execute(
-                        "SELECT site_id, db_version, seq FROM __chrysalis_changes_v1 "
-                        "WHERE site_id = ? AND db_version <= ?",
-                        (origin, entry.synced_at),
-                    ):
-                        assert (site, version, seq) in their_log, (here, there, version)
+                theirs_won = self.winners(there)
+                for key, (version, site, seq, _) in self.winners(here).items():
+                    entry = frontier.get(site)
+                    if entry is not None and version <= entry.synced_at:
+                        assert key in theirs_won, (here, there, key)
+                        assert theirs_won[key][:3] >= (version, site, seq), (here, there, key)
 
     def close(self) -> None:
         for name in self.names:
@@ -310,3 +317,16 @@ def test_restart_with_a_fresh_database_is_a_new_incarnation() -> None:
             assert r0.peer_frontier(cluster.net.pid("r1"), fresh.site_id)[_site(0)].synced_at == 1
         finally:
             cluster.close()
+
+
+def test_keys_with_a_nul_are_relayed_whole() -> None:
+    # r1 relays r0's changes to r2 from the versions it recorded; a key's NUL must survive
+    cluster = Cluster(3, [0, 1], seed=5)  # r0 - r1 - r2
+    try:
+        cluster.write(0, [("k\0a", "one"), ("k", "two"), ("\0", "three")])
+        cluster.write(2, [("k\0b", "four")])
+        cluster.net.settle()
+        cluster.check_converged()
+        assert len(cluster.rows("r1")) == 4
+    finally:
+        cluster.close()

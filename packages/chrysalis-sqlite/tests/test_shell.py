@@ -108,7 +108,7 @@ def test_tables_and_schema_list_user_and_metadata_objects(tmp_path: Path) -> Non
     try:
         names = tables(replica)
         assert "notes" in names
-        assert "__chrysalis_changes_v1" in names
+        assert "__chrysalis_clock_v1_notes" in names
         assert not any(n.startswith("sqlite_") for n in names)
         assert schema(replica, "NOTES") == ["CREATE TABLE notes (id TEXT PRIMARY KEY, body TEXT);"]
         assert len(schema(replica)) >= len(names)

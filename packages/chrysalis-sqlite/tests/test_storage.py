@@ -31,9 +31,9 @@ from chrysalis.sqlite import (
     SqlValue,
     TableSchema,
     TransactionTooLargeError,
-    decode_values,
     encode_message,
     encode_values,
+    pack_batch_chunks,
 )
 
 NOTES = TableSchema(
@@ -53,10 +53,13 @@ def _rows(replica: Replica) -> list[tuple[object, ...]]:
     return replica.connection.execute("SELECT id, author, body FROM notes ORDER BY id").fetchall()
 
 
-def _log(replica: Replica) -> list[tuple[Any, ...]]:
+def _log(replica: Replica, table: str = "notes") -> list[tuple[Any, ...]]:
+    """The clock entries of ``table``: ``(origin site, version, seq, key, deleted)`` in
+    origin-tuple order (single-column keys)."""
     return replica.connection.execute(
-        "SELECT site_id, db_version, seq, table_name, key_values, row_values "
-        "FROM __chrysalis_changes_v1 ORDER BY site_id, db_version, seq"
+        "SELECT o.site_id, c._version, c._seq, c._k0, c._deleted "
+        f"FROM __chrysalis_clock_v1_{table} AS c "
+        "JOIN __chrysalis_origins_v1 AS o ON o.position = c._origin ORDER BY 1, 2, 3"
     ).fetchall()
 
 
@@ -93,13 +96,14 @@ def test_metadata_tables_are_created_on_open() -> None:
         }
         assert {
             "__chrysalis_replica_v1",
-            "__chrysalis_changes_v1",
-            "__chrysalis_resolved_rows_v2",
+            "__chrysalis_clock_v1_notes",
+            "__chrysalis_versions_v1",
             "__chrysalis_origins_v1",
             "__chrysalis_peer_state_v1",
             "__chrysalis_frontiers_v5",
             "notes",
         } <= names
+        assert not names & {"__chrysalis_changes_v1", "__chrysalis_resolved_rows_v2"}
         assert replica.site_id == OTHER
         assert replica.db_version == 0
         assert replica.origins() == (OTHER,)
@@ -123,16 +127,13 @@ def test_captures_application_write_and_log_atomically() -> None:
     with _replica() as replica:
         assert _write(replica, "n1", "alice", "hello") == 1
         assert _rows(replica) == [("n1", "alice", "hello")]
-        [(site, version, seq, table, key, row)] = _log(replica)
-        assert (site, version, seq, table) == (OTHER, 1, 0, "notes")
-        assert decode_values(key) == ("n1",)
-        assert decode_values(row) == ("n1", "alice", "hello")
+        assert _log(replica) == [(OTHER, 1, 0, "n1", 0)]
         assert replica.db_version == 1
-        resolved = replica.connection.execute(
-            "SELECT table_name, key_values, db_version, site_id, seq, deleted "
-            "FROM __chrysalis_resolved_rows_v2"
+        versions = replica.connection.execute(
+            "SELECT o.site_id, v.db_version, v.table_name, v.keys FROM __chrysalis_versions_v1 "
+            "AS v JOIN __chrysalis_origins_v1 AS o ON o.position = v.origin"
         ).fetchall()
-        assert resolved == [("notes", encode_values(["n1"]), 1, OTHER, 0, 0)]
+        assert versions == [(OTHER, 1, "notes", '["n1"]')]
 
 
 def test_rollback_discards_the_write_and_its_capture() -> None:
@@ -171,14 +172,8 @@ def test_one_transaction_numbers_its_mutations_in_capture_order() -> None:
             tx.execute("DELETE FROM notes WHERE id = 'a'")
             tx.capture_delete("notes", ("a",))
             assert tx.pending_mutations == 3
-        log = _log(replica)
-        assert [(v, s) for _, v, s, *_ in log] == [(1, 0), (1, 1), (1, 2)]
-        assert log[2][5] is None  # the delete has no row
-        deleted = replica.connection.execute(
-            "SELECT seq, deleted FROM __chrysalis_resolved_rows_v2 WHERE key_values = ?",
-            (encode_values(["a"]),),
-        ).fetchone()
-        assert deleted == (2, 1)
+        # one entry per row: the last capture of "a" (a delete, seq 2) stands for it
+        assert _log(replica) == [(OTHER, 1, 1, "b", 0), (OTHER, 1, 2, "a", 1)]
 
 
 def test_captured_key_comes_from_the_stored_row() -> None:
@@ -186,15 +181,30 @@ def test_captured_key_comes_from_the_stored_row() -> None:
         with replica.transaction() as tx:
             tx.execute("INSERT INTO notes VALUES (7, 'a', 'b')")  # TEXT affinity stores '7'
             tx.capture_upsert("notes", (7,))
-        [(*_, key, row)] = _log(replica)
-        assert decode_values(key) == ("7",)
-        assert decode_values(row) == ("7", "a", "b")
+        assert _log(replica) == [(OTHER, 1, 0, "7", 0)]
 
 
 def test_capture_rejects_bad_keys_missing_rows_and_unknown_tables() -> None:
+    with _replica() as replica:
+        # a captured upsert whose row is missing at commit fails the commit, which rolls back
+        tx = replica.transaction()
+        tx.execute("INSERT INTO notes VALUES ('here', 'a', 'b')")
+        tx.capture_upsert("notes", ("here",))
+        tx.capture_upsert("notes", ("absent",))
+        with pytest.raises(MissingRowError, match="absent"):
+            tx.commit()
+        assert not tx.is_open
+        assert not replica.in_transaction
+        assert _rows(replica) == []
+        assert _log(replica) == []
+        assert replica.db_version == 0
+        # ... unless a later delete capture of the key replaced it
+        with replica.transaction() as tx:
+            tx.execute("INSERT INTO notes VALUES ('gone', 'a', 'b')")
+            tx.capture_upsert("notes", ("gone",))
+            tx.delete("notes", ("gone",))
+        assert _log(replica) == [(OTHER, 1, 1, "gone", 1)]
     with _replica() as replica, replica.transaction() as tx:
-        with pytest.raises(MissingRowError):
-            tx.capture_upsert("notes", ("absent",))
         with pytest.raises(InvalidMutationError, match="key columns"):
             tx.capture_upsert("notes", ("a", "b"))
         with pytest.raises(InvalidMutationError, match="NULL"):
@@ -208,7 +218,7 @@ def test_capture_rejects_bad_keys_missing_rows_and_unknown_tables() -> None:
         assert tx.pending_mutations == 0
 
 
-def test_capture_detects_a_key_that_is_not_unique() -> None:
+def test_commit_detects_a_key_that_is_not_unique() -> None:
     schema = TableSchema(
         "loose",
         "CREATE TABLE IF NOT EXISTS loose (id TEXT, v TEXT, UNIQUE (id))",
@@ -219,10 +229,12 @@ def test_capture_detects_a_key_that_is_not_unique() -> None:
         # the application replaces the table after open, losing the uniqueness it declared
         replica.connection.execute("DROP TABLE loose")
         replica.connection.execute("CREATE TABLE loose (id TEXT, v TEXT)")
-        with replica.transaction() as tx:
-            tx.execute("INSERT INTO loose VALUES ('k', '1'), ('k', '2')")
-            with pytest.raises(NonUniqueKeyError):
-                tx.capture_upsert("loose", ("k",))
+        tx = replica.transaction()
+        tx.execute("INSERT INTO loose VALUES ('k', '1'), ('k', '2')")
+        tx.capture_upsert("loose", ("k",))
+        with pytest.raises(NonUniqueKeyError):
+            tx.commit()
+        assert replica.connection.execute("SELECT COUNT(*) FROM loose").fetchone() == (0,)
 
 
 def test_transactions_hold_the_apply_lock() -> None:
@@ -255,13 +267,19 @@ def test_transactions_are_bounded() -> None:
             with pytest.raises(TransactionTooLargeError):
                 tx.capture_delete("notes", ("one-more",))
             tx.rollback()
+        big = "x" * (3 * 1024 * 1024)
         with replica.transaction() as tx:
-            big = "x" * (3 * 1024 * 1024)
-            tx.execute("INSERT INTO notes VALUES ('a', 'x', ?), ('b', 'x', ?)", (big, big))
+            tx.execute("INSERT INTO notes VALUES ('a', 'x', ?)", (big,))
             tx.capture_upsert("notes", ("a",))
-            with pytest.raises(TransactionTooLargeError):
-                tx.capture_upsert("notes", ("b",))
-        assert replica.db_version == 1  # the first capture still committed
+        assert replica.db_version == 1  # one 3 MiB row fits
+        tx = replica.transaction()
+        tx.execute("INSERT INTO notes VALUES ('b', 'x', ?), ('c', 'x', ?)", (big, big))
+        tx.capture_upsert("notes", ("b",))
+        tx.capture_upsert("notes", ("c",))
+        with pytest.raises(TransactionTooLargeError):
+            tx.commit()  # the bytes are bounded at commit, which rolls everything back
+        assert replica.db_version == 1
+        assert [r[0] for r in _rows(replica)] == ["a"]
 
 
 def test_row_resolution_is_deterministic_and_duplicate_safe() -> None:
@@ -270,12 +288,13 @@ def test_row_resolution_is_deterministic_and_duplicate_safe() -> None:
         first = replica.apply_changes([_upsert("n", "from-high", 2, HIGH)])
         second = replica.apply_changes([_upsert("n", "from-low", 2, LOW)])
         assert (first.logged, first.applied) == (1, 1)
-        assert (second.logged, second.applied) == (1, 0)  # logged, but it lost
+        assert (second.logged, second.applied) == (1, 0)  # new, but it lost
         assert _rows(replica) == [("n", "remote", "from-high")]
         replay = replica.apply_changes(
             [_upsert("n", "from-high", 2, HIGH), _upsert("n", "from-low", 2, LOW)]
         )
-        assert (replay.received, replay.logged, replay.applied, replay.duplicates) == (2, 0, 0, 2)
+        # the winner's replay is a duplicate; the loser's cannot be told from a new loser
+        assert (replay.received, replay.logged, replay.applied, replay.duplicates) == (2, 1, 0, 1)
         newer_delete = replica.apply_changes([_delete("n", 3, LOW)])
         assert newer_delete.applied == 1
         assert _rows(replica) == []
@@ -334,7 +353,8 @@ def test_receipt_order_never_decides_the_winner(
         want = sorted((n, "remote", b) for n, (_, b) in expected.items() if b is not None)
         assert _rows(replica) == want
         assert replica.db_version == max(v for _, _, v, _, _ in specs)
-        assert len(_log(replica)) == len(specs)
+        winners = sorted((stamp[1], stamp[0], stamp[2], n) for n, (stamp, _) in expected.items())
+        assert [(s, v, q, n) for s, v, q, n, _ in _log(replica)] == winners
 
 
 def test_invalid_changes_are_rejected_and_roll_back_their_whole_chunk() -> None:
@@ -392,7 +412,7 @@ def test_change_listeners_run_after_commits_that_grow_the_log() -> None:
         remove = replica.add_change_listener(lambda: calls.append(replica.db_version))
         _write(replica, "n", "a", "b")
         replica.apply_changes([_upsert("m", "x", 4, HIGH)])
-        replica.apply_changes([_upsert("m", "x", 4, HIGH)])  # duplicate: log unchanged
+        replica.apply_changes([_upsert("m", "x", 4, HIGH)])  # duplicate: nothing changed
         with replica.transaction() as tx:
             tx.execute("INSERT INTO notes VALUES ('quiet', 'a', 'b')")  # nothing captured
         assert calls == [1, 4]
@@ -401,15 +421,111 @@ def test_change_listeners_run_after_commits_that_grow_the_log() -> None:
         assert calls == [1, 4]
 
 
-def test_origins_are_bootstrapped_from_the_change_log(tmp_path: Path) -> None:
+def test_origins_survive_reopening_and_entries_keep_their_origin(tmp_path: Path) -> None:
     path = tmp_path / "origins.sqlite"
     with _replica(path) as replica:
         replica.apply_changes([_upsert("a", "x", 1, HIGH), _upsert("b", "x", 1, LOW)])
-        replica.connection.execute(
-            "DELETE FROM __chrysalis_origins_v1 WHERE site_id != ?", (OTHER,)
-        )
     with _replica(path) as reopened:
-        assert reopened.origins() == (OTHER, LOW, HIGH)
+        assert set(reopened.origins()) == {OTHER, LOW, HIGH}
+        assert reopened.origins()[0] == OTHER
+        assert [(site, key) for site, _, _, key, _ in _log(reopened)] == [
+            (LOW, "b"),
+            (HIGH, "a"),
+        ]
+
+
+_EARLIER_LAYOUT = (
+    "CREATE TABLE __chrysalis_replica_v1 (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), "
+    "site_id BLOB NOT NULL, db_version INTEGER NOT NULL)",
+    "CREATE TABLE __chrysalis_changes_v1 (site_id BLOB NOT NULL, db_version INTEGER NOT NULL, "
+    "seq INTEGER NOT NULL, table_name TEXT NOT NULL, key_values BLOB NOT NULL, row_values BLOB, "
+    "PRIMARY KEY (site_id, db_version, seq)) WITHOUT ROWID",
+    "CREATE TABLE __chrysalis_resolved_rows_v2 (table_name TEXT NOT NULL, key_values BLOB NOT "
+    "NULL, db_version INTEGER NOT NULL, site_id BLOB NOT NULL, seq INTEGER NOT NULL, deleted "
+    "INTEGER NOT NULL, PRIMARY KEY (table_name, key_values)) WITHOUT ROWID",
+    "CREATE TABLE __chrysalis_origins_v1 (position INTEGER PRIMARY KEY, site_id BLOB NOT NULL "
+    "UNIQUE)",
+    "CREATE TABLE notes (id TEXT PRIMARY KEY, author TEXT, body TEXT)",
+)
+
+
+def _earlier_layout_database(path: Path, table: str = "notes") -> None:
+    """A database as the earlier layout left it: rows, their changes logged (with payloads)
+    and winners; ``a`` won by HIGH at version 2 (an older change of OTHER lost), ``b``
+    deleted by OTHER at version 3."""
+    conn = sqlite3.connect(path)
+    for statement in _EARLIER_LAYOUT:
+        conn.execute(statement)
+    conn.execute("INSERT INTO __chrysalis_replica_v1 VALUES (1, ?, 3)", (OTHER,))
+    conn.executemany("INSERT INTO __chrysalis_origins_v1 (site_id) VALUES (?)", [(OTHER,), (HIGH,)])
+    conn.execute("INSERT INTO notes VALUES ('a', 'high', 'won')")
+    a, b = encode_values(["a"]), encode_values(["b"])
+    conn.executemany(
+        "INSERT INTO __chrysalis_changes_v1 VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (OTHER, 1, 0, table, a, encode_values(["a", "other", "lost"])),
+            (OTHER, 1, 1, table, b, encode_values(["b", "other", "x"])),
+            (HIGH, 2, 0, table, a, encode_values(["a", "high", "won"])),
+            (OTHER, 3, 1, table, b, None),
+        ],
+    )
+    conn.executemany(
+        "INSERT INTO __chrysalis_resolved_rows_v2 VALUES (?, ?, ?, ?, ?, ?)",
+        [(table, a, 2, HIGH, 0, 0), (table, b, 3, OTHER, 1, 1)],
+    )
+    conn.commit()
+    conn.close()
+
+
+def test_a_database_of_the_earlier_log_layout_is_converted_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    _earlier_layout_database(path)
+    with Replica(path, [NOTES]) as replica:
+        assert replica.site_id == OTHER
+        assert replica.db_version == 3
+        names = {
+            n
+            for (n,) in replica.connection.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table'"
+            )
+        }
+        assert not names & {"__chrysalis_changes_v1", "__chrysalis_resolved_rows_v2"}
+        assert _rows(replica) == [("a", "high", "won")]
+        assert _log(replica) == [(OTHER, 3, 1, "b", 1), (HIGH, 2, 0, "a", 0)]
+        # the winners travel to a new peer with their origin tuples, the delete as a delete
+        peer, peer_site = b"P" * 16, b"S" * 16
+        replica._reconcile_frontier(
+            peer,
+            peer_site,
+            {OTHER: True, HIGH: True},
+            replica._origin_position,
+            EligibilityMode.ALLOW,
+        )
+        sent = _decode_changes(replica._select_for_peer(peer, peer_site).encoded)
+        assert sorted((c.site_id, c.db_version, c.seq, c.key, c.row) for c in sent) == [
+            (OTHER, 3, 1, ("b",), None),
+            (HIGH, 2, 0, ("a",), ("a", "high", "won")),
+        ]
+        # a remote change older than the converted winner still loses
+        assert replica.apply_changes([_upsert("a", "stale", 2, LOW)]).applied == 0
+
+
+def test_earlier_metadata_of_an_unregistered_table_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    _earlier_layout_database(path, table="elsewhere")
+    with pytest.raises(CorruptMetadataError, match=r"elsewhere.*register every table"):
+        Replica(path, [NOTES])
+    conn = sqlite3.connect(path)
+    names = {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    assert names == {
+        "__chrysalis_replica_v1",
+        "__chrysalis_changes_v1",
+        "__chrysalis_resolved_rows_v2",
+        "__chrysalis_origins_v1",
+        "notes",
+    }  # nothing was created, converted or dropped
+    assert conn.execute("SELECT COUNT(*) FROM __chrysalis_changes_v1").fetchone() == (4,)
+    conn.close()
 
 
 def test_frontiers_are_peer_incarnation_scoped_and_monotonic() -> None:
@@ -484,12 +600,7 @@ def test_upsert_writes_and_captures_the_stored_row_in_one_call() -> None:
             with pytest.raises(InvalidMutationError, match="3 columns"):
                 tx.upsert("notes", ("x", "short"))
         assert _rows(replica) == [("7", "alice", "edited")]
-        log = _log(replica)
-        assert [decode_values(row) for *_, row in log] == [
-            ("7", "alice", "hello"),
-            ("7", "alice", "edited"),
-        ]
-        assert {decode_values(key) for *_, key, _ in log} == {("7",)}
+        assert _log(replica) == [(OTHER, 1, 1, "7", 0)]  # one entry: the last capture
 
 
 def test_upsert_fills_in_an_integer_primary_key_and_handles_key_only_tables() -> None:
@@ -507,7 +618,8 @@ def test_upsert_fills_in_an_integer_primary_key_and_handles_key_only_tables() ->
             assert tx.upsert("counters", (None, "first")) == (1, "first")
             assert tx.upsert("tags", ("red",)) == ("red",)
             assert tx.upsert("tags", ("red",)) == ("red",)  # already there: DO NOTHING
-        assert [decode_values(k) for *_, k, _ in _log(replica)] == [(1,), ("red",), ("red",)]
+        assert [k for *_, k, _ in _log(replica, "counters")] == [1]
+        assert [(q, k) for _, _, q, k, _ in _log(replica, "tags")] == [(2, "red")]
 
 
 def test_delete_removes_and_captures_even_an_absent_row() -> None:
@@ -517,8 +629,8 @@ def test_delete_removes_and_captures_even_an_absent_row() -> None:
             assert tx.delete("notes", ("n1",)) is True
             assert tx.delete("notes", ("never-there",)) is False
         assert _rows(replica) == []
-        deletes = [(decode_values(key), row) for *_, key, row in _log(replica)[1:]]
-        assert deletes == [(("n1",), None), (("never-there",), None)]
+        # tombstones: a newer delete wins over older upserts of the key elsewhere
+        assert _log(replica) == [(OTHER, 2, 0, "n1", 1), (OTHER, 2, 1, "never-there", 1)]
 
 
 PAIRS = TableSchema(
@@ -549,8 +661,14 @@ def _state(replica: Replica) -> tuple[list[Any], ...]:
     conn = replica.connection
     return (
         sorted(conn.execute("SELECT a, b, v, typeof(a) FROM pairs").fetchall(), key=repr),
-        conn.execute("SELECT * FROM __chrysalis_changes_v1 ORDER BY 1, 2, 3").fetchall(),
-        conn.execute("SELECT * FROM __chrysalis_resolved_rows_v2 ORDER BY 1, 2").fetchall(),
+        sorted(
+            conn.execute(
+                "SELECT c._k0, c._k1, c._version, o.site_id, c._seq, c._deleted "
+                "FROM __chrysalis_clock_v1_pairs AS c "
+                "JOIN __chrysalis_origins_v1 AS o ON o.position = c._origin"
+            ).fetchall(),
+            key=repr,
+        ),
         [replica.db_version],
     )
 
@@ -559,26 +677,26 @@ def _state(replica: Replica) -> tuple[list[Any], ...]:
 @given(st.lists(_PAIR_CHANGES, min_size=1, max_size=4))
 def test_batched_apply_matches_applying_changes_one_by_one(chunks: list[list[Change]]) -> None:
     """Chunks with duplicates (within a chunk and across chunks), repeated rows, deletes and
-    keys that differ only in type (1 / "1"): the set-based apply gives the same
-    outcome counts, rows, log, winners and clock as a model that applies one change at a time,
-    and the session's path (the encodings as received) gives the same database."""
+    keys that differ only in type (1 / "1"): the chunk apply gives the same outcome counts,
+    rows, clock entries and clock as a model that applies one change at a time (a change equal
+    to its row's winner is a duplicate, a smaller one loses), and the session's path (the
+    encodings as received) gives the same database."""
     batched = Replica(":memory:", [PAIRS], site_id=bytes(16))
     wire = Replica(":memory:", [PAIRS], site_id=bytes(16))
-    logged: set[tuple[bytes, int, int]] = set()
     winners: dict[bytes, tuple[int, bytes, int]] = {}
     rows: dict[bytes, tuple[Any, ...] | None] = {}
+    keys: dict[bytes, tuple[Any, ...]] = {}
     for chunk in chunks:
         want_logged = want_applied = 0
         for change in chunk:  # the model: one change at a time
-            origin = (change.site_id, change.db_version, change.seq)
-            if origin in logged:
-                continue
-            logged.add(origin)
-            want_logged += 1
             key = encode_values(change.key)
             stamp = (change.db_version, change.site_id, change.seq)
-            if key in winners and stamp <= winners[key]:
+            if winners.get(key) == stamp:
+                continue  # a duplicate
+            want_logged += 1
+            if key in winners and stamp < winners[key]:
                 continue
+            keys[key] = change.key
             winners[key] = stamp
             rows[key] = change.row
             want_applied += 1
@@ -604,8 +722,8 @@ def test_batched_apply_matches_applying_changes_one_by_one(chunks: list[list[Cha
     )
     state = _state(batched)
     assert state[0] == want_rows
-    assert len(state[1]) == len(logged)
-    assert {(k, (v, s, q)) for _, k, v, s, q, _ in state[2]} == set(winners.items())
+    want_clock = [(*keys[k], *stamp, int(rows[k] is None)) for k, stamp in winners.items()]
+    assert state[1] == sorted(want_clock, key=repr)
     assert state == _state(wire)
     batched.close()
     wire.close()
@@ -631,4 +749,37 @@ def test_a_received_key_must_match_its_row_exactly() -> None:
             with pytest.raises(InvalidMutationError, match="differs from its row's key"):
                 replica._apply(message.changes, decoder.chunk_encodings)
         assert replica.connection.execute("SELECT COUNT(*) FROM pairs").fetchone() == (0,)
-        assert _log(replica) == []
+        assert _state(replica)[1] == []
+
+
+def test_only_the_change_that_still_wins_a_row_is_selected() -> None:
+    """A row written in two versions travels once, under the later one; the earlier
+    version's list, left with no row it still wins, is removed by the selection."""
+    peer, peer_site = b"P" * 16, b"S" * 16
+    with _replica() as replica:
+        _write(replica, "n", "a", "first")
+        _write(replica, "m", "a", "other")
+        _write(replica, "n", "a", "second")
+        replica._reconcile_frontier(
+            peer, peer_site, {OTHER: True}, replica._origin_position, EligibilityMode.ALLOW
+        )
+        selection = replica._select_for_peer(peer, peer_site)
+        sent = [(c.db_version, c.seq, c.key, c.row) for c in _decode_changes(selection.encoded)]
+        assert sent == [(2, 0, ("m",), ("m", "a", "other")), (3, 0, ("n",), ("n", "a", "second"))]
+        assert selection.advances == {OTHER: 3}
+        assert selection.complete
+        listed = replica.connection.execute(
+            "SELECT db_version FROM __chrysalis_versions_v1 ORDER BY db_version"
+        ).fetchall()
+        assert listed == [(2,), (3,)]  # version 1 lost its only row
+
+
+def _decode_changes(encoded: tuple[bytes, ...]) -> list[Change]:
+    decoder = FrameDecoder()
+    for frame in pack_batch_chunks(encoded):
+        decoder.feed(frame)
+    changes: list[Change] = []
+    while (message := decoder.next_message()) is not None:
+        assert isinstance(message, BatchChunk)
+        changes += message.changes
+    return changes

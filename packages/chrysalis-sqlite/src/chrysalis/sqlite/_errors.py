@@ -220,7 +220,7 @@ class DuplicatePeerError(SessionError):
 
 
 class ChangeVersionTooLargeError(SessionError):
-    """One (origin site, version) group of the change log is larger than one batch may be, so
+    """One (origin site, version) group of changes is larger than one batch may be, so
     it can never be sent."""
 
 

@@ -101,7 +101,7 @@ _TABLE_FIELDS: dict[str, bytes] = {}
 
 EncodedChange = tuple[bytes, bytes | None]
 """A received change's key and row value lists exactly as they were on the wire (``None``: a
-delete). The value-list encoding is canonical, so these are the bytes the change log stores."""
+delete). The value-list encoding is canonical, so these are the bytes a re-encoding gives."""
 
 _HELLO, _SCOPE, _BEGIN, _CHUNK, _COMMIT, _ACK, _SCHEMA, _SYNCHRONIZED = range(1, 9)
 _DELETE, _UPSERT = 0, 1
@@ -536,7 +536,7 @@ class FrameDecoder:
     def chunk_encodings(self) -> list[EncodedChange] | None:
         """With ``keep_encodings``: for the ``BatchChunk`` ``next_message`` returned last, each
         change's key and row value lists as received (``None`` after any other message, or
-        without ``keep_encodings``). A receiver stores these in its change log as they are
+        without ``keep_encodings``). A receiver checks keys against rows with these
         instead of encoding the decoded values again."""
         return self._encodings
 

@@ -1,32 +1,47 @@
 """``Replica``: replicated SQLite on a stdlib ``sqlite3`` connection, with row-level LWW.
 
-Why a replica owns its connection: replication state (site id, logical clock, change log, row
-winners, origins, per-peer frontiers) lives in the same SQLite database as the application's
-tables, so every write to it can share a transaction with the data it describes. The
-application writes through ``Replica.transaction()`` (see ``_transaction``); writes made outside
-it are invisible to replication.
+Why a replica owns its connection: replication state (site id, logical clock, per-row clocks,
+origins, per-peer frontiers) lives in the same SQLite database as the application's tables, so
+every write to it can share a transaction with the data it describes. The application writes
+through ``Replica.transaction()`` (see ``_transaction``).
 
-Metadata lives in ordinary tables, created on open (their layout matches the reference
-implementation, so a database can move between implementations):
+Metadata lives in ordinary tables, created on open. The layout is local storage, not the wire
+(issue 6, see ``_sql``): what peers exchange, the LWW order ``(version, site id, seq)``, the
+per-origin frontiers and the origin identities are the protocol's; how a replica remembers
+them is not, and this one keeps only what those contracts need:
 
 - ``__chrysalis_replica_v1``: the singleton ``(site_id, db_version)``; the site id is 16 random
   bytes chosen on first open, ``db_version`` is the Lamport clock.
-- ``__chrysalis_changes_v1``: the durable change log, keyed by the origin tuple, so replays of
-  the same change are recognised and ignored. Logs are never compacted.
-- ``__chrysalis_resolved_rows_v2``: the winning origin tuple per ``(table, encoded key)``.
+- ``__chrysalis_clock_v1_<table>``: per replicated table, one entry per row ever written or
+  received: the row's key and the origin tuple of the change that wins it (the origin as its
+  registry position), and whether that change is a delete (a tombstone). The table itself
+  holds the winning row; no copy of it is kept.
+- ``__chrysalis_versions_v1``: per (origin, version, table), the keys that version wrote; how
+  a sender finds "the changes of an origin after a frontier" without an index on every entry.
 - ``__chrysalis_origins_v1``: an append-only registry of every origin site seen, with strictly
   increasing positions (sessions discover new origins incrementally by position).
 - ``__chrysalis_peer_state_v1`` / ``__chrysalis_frontiers_v5``: per peer incarnation
   ``(peer PID, peer site)``, the outbound eligibility mode and, per origin, the highest version
   the peer acknowledged (``synced_at``) and whether the origin is eligible on that link.
 
-Remote changes (``apply_changes``) are applied one chunk per transaction: each change is logged
-under its *original* origin tuple (a duplicate is skipped entirely), the clock advances to at
-least its version, and the row is written only if its tuple is greater than the recorded
-winner's. Receipt order therefore never decides a winner, and losing changes stay in the log
-and are still relayed. The chunk is applied set-based (see ``_apply``): it is staged once in a
-per-connection ``TEMP`` table, one join finds duplicates and current winners, and the log rows
-and winners are copied from the stage, with the same result as applying one change at a time.
+Why only the winning state is kept (and sent): under row-level last-writer-wins a row's value
+everywhere ends as that of its greatest change, and a change that lost here can never win
+anywhere this replica forwards it to, because the change that beat it travels the same links
+(or came from the peer's side of the tree, which then holds it already). So a relay forwards,
+per row, only the latest change it holds, with its *original* origin tuple; a change replaced
+before it was sent is never sent. The per-origin frontiers keep their meaning: "every change
+of this origin up to ``synced_at`` is held by the peer, or replaced there by a greater one".
+
+Remote changes (``apply_changes``) are applied one chunk per transaction: a change equal to its
+row's recorded winner is a duplicate and skipped, the clock advances to at least every
+version received, and a change is written only if its tuple is greater than the winner's.
+Receipt order therefore never decides a winner.
+
+Databases of the earlier layout (a change log ``__chrysalis_changes_v1`` with every row's
+payload, and ``__chrysalis_resolved_rows_v2`` with each row's winner) are converted on open,
+in the opening transaction: each winner becomes a clock entry, and the old tables are dropped
+(see ``_migrate``; one that cannot be converted is refused with ``CorruptMetadataError`` and
+left as it was).
 
 Concurrency: one replica is one connection, used from one thread. The "apply lock" of the
 reference is the rule that replica transactions do not nest: while the application holds
@@ -38,12 +53,13 @@ open the same database file; their commits are noticed through ``PRAGMA data_ver
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import sqlite3
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Final
 
@@ -66,7 +82,13 @@ from chrysalis.sqlite._protocol import Change, EncodedChange, encode_change_part
 from chrysalis.sqlite._schema import TableSchema
 from chrysalis.sqlite._scope import SITE_ID_LEN, EligibilityMode
 from chrysalis.sqlite._transaction import ReplicaTransaction, TransactionBehavior
-from chrysalis.sqlite._values import encode_row_and_key, encode_values
+from chrysalis.sqlite._values import (
+    SqlValue,
+    decode_values,
+    encode_row_and_key,
+    encode_values,
+    read_values,
+)
 
 __all__ = [
     "MAX_BATCH_BYTES",
@@ -89,9 +111,12 @@ _F64 = struct.Struct(">d")
 class ApplyOutcome:
     """What ``Replica.apply_changes`` did with one chunk of changes.
 
-    ``received``: changes in the chunk. ``logged``: new to the change log (the rest were
-    duplicates, skipped entirely). ``applied``: logged changes that won last-writer-wins and
-    were written to their table; ``logged - applied`` lost to an existing winner.
+    ``received``: changes in the chunk. ``logged``: changes that were not duplicates (a
+    duplicate equals the origin tuple its row's winner already has, and is skipped).
+    ``applied``: changes that won last-writer-wins and were written to their table;
+    ``logged - applied`` lost to a greater winner. (The name is the earlier layout's, which
+    logged every change; without a log, a replay of a change that has lost since is counted
+    as a losing change, not as a duplicate.)
     """
 
     received: int
@@ -100,7 +125,7 @@ class ApplyOutcome:
 
     @property
     def duplicates(self) -> int:
-        """Changes that were already in the log."""
+        """Changes equal to their row's recorded winner."""
         return self.received - self.logged
 
 
@@ -133,6 +158,42 @@ class _Selection:
     tables: frozenset[str]
     advances: Mapping[bytes, int]
     complete: bool
+
+
+@dataclass(slots=True)
+class _Batch:
+    """An outbound batch being selected."""
+
+    encoded: list[bytes] = field(default_factory=list)
+    tables: set[str] = field(default_factory=set)
+    advances: dict[bytes, int] = field(default_factory=dict)
+    dead: list[int] = field(default_factory=list)
+    size: int = 0
+
+    def take(self, site: bytes, version: int, group: list[tuple[int, str, bytes]]) -> bool:
+        """Add one whole version group (``(seq, table, encoded change)`` entries) if it fits;
+        an empty group (every entry dead) just moves the origin's advance past it."""
+        group_bytes = sum(len(e) for _, _, e in group)
+        encoded = self.encoded
+        if group_bytes > MAX_BATCH_BYTES and not encoded:
+            raise ChangeVersionTooLargeError(
+                f"version {version} of site {site.hex()} holds more than "
+                f"{MAX_BATCH_BYTES} bytes of changes"
+            )
+        if encoded and (
+            self.size + group_bytes > MAX_BATCH_BYTES or len(encoded) + len(group) > MAX_BATCH_ROWS
+        ):
+            return False
+        group.sort()
+        seen: set[int] = set()
+        for seq, table, change in group:
+            if seq not in seen:  # one entry per (version, seq), however it was found
+                seen.add(seq)
+                encoded.append(change)
+                self.tables.add(table)
+                self.size += len(change)
+        self.advances[site] = version
+        return True
 
 
 def _to_sql_error(exc: sqlite3.Error, what: str) -> InvalidMutationError:
@@ -186,10 +247,25 @@ class Replica:
         self._origins: list[bytes] = []
         self._positions: list[int] = []
         self._origin_positions: dict[bytes, int] = {}
+        self._site_at: dict[int, bytes] = {}
         self._last_position = 0
+        self._clocks: dict[str, _sql.ClockSql] = {}
+        # tables with one key column whose affinity keeps TEXT as it is (capture fast path)
+        self._text_keyed: set[str] = set()
+        # per table, per column: value types stored exactly as given (``tx.upsert`` then
+        # needs no ``RETURNING``); absent for a table with an INTEGER PRIMARY KEY
+        self._stable_rows: dict[str, tuple[frozenset[type], ...]] = {}
+        # ``(table, *value types)`` of upserted rows -> whether stored exactly as given
+        self._stable_kinds: dict[tuple[object, ...], bool] = {}
+        self._json_capture = _has_json(self._conn)
+        # the ``PRAGMA schema_version`` at which every table's key was last found unique (a
+        # commit that sees another one checks the tables again, see ``_unique_keys``)
+        self._checked_schema_version = -1
+        self._unique: frozenset[str] = frozenset()
         try:
             self._site_id = self._initialise(site_id)
             self._refresh_origins()
+            self._local_origin = self._origin_positions[self._site_id]
         except BaseException:
             self._conn.close()
             self._closed = True
@@ -199,9 +275,15 @@ class Replica:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in _sql.METADATA_DDL:
+            legacy = {
+                str(name)
+                for (name,) in conn.execute(
+                    "SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?)",
+                    _sql.LEGACY_TABLES,
+                )
+            }
+            for statement in (*_sql.METADATA_DDL, *_sql.VERSIONS_DDL):
                 conn.execute(statement)
-            conn.execute(_sql.INCOMING_DDL)
             if requested_site is None:
                 conn.execute(
                     "INSERT OR IGNORE INTO __chrysalis_replica_v1 (singleton, site_id, db_version)"
@@ -221,6 +303,15 @@ class Replica:
                         f"create_sql of {quote(schema.table)} failed: {exc}"
                     ) from None
                 _check_table(conn, schema)
+                clock = _clock_for(conn, schema)
+                stable = _stable_row(conn, schema)
+                if stable is not None:
+                    self._stable_rows[schema.table] = stable
+                for statement in (*clock.ddl, clock.normalize[0]):
+                    conn.execute(statement)
+                self._clocks[schema.table] = clock
+                if len(clock.json_types) == 1 and str in clock.json_types[0]:
+                    self._text_keyed.add(schema.table)
             row = conn.execute(
                 "SELECT site_id FROM __chrysalis_replica_v1 WHERE singleton = 1"
             ).fetchone()
@@ -232,16 +323,64 @@ class Replica:
                     f"the database already has site id {site.hex()}, not {requested_site.hex()}"
                 )
             conn.execute(_sql.INSERT_ORIGIN, (site,))
-            conn.execute(
-                "INSERT OR IGNORE INTO __chrysalis_origins_v1 (site_id) SELECT DISTINCT site_id "
-                "FROM __chrysalis_changes_v1 ORDER BY site_id"
-            )
+            if legacy:
+                self._migrate(conn, legacy)
+            self._unique_keys()
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         return site
+
+    def _migrate(self, conn: sqlite3.Connection, legacy: set[str]) -> None:
+        """Convert the earlier layout (a change log and a winner table) to clock entries,
+        inside the opening transaction (any failure leaves the database as it was).
+
+        The winner table holds exactly what the clock layout keeps: per row, the winning
+        origin tuple and whether it is a delete; the tables hold the rows. So each winner
+        becomes a clock entry and is listed under its version in ``__chrysalis_versions_v1``;
+        frontiers keep their meaning. A winner of a table this replica does not register
+        cannot be converted (its key columns' affinities are unknown): that is refused."""
+        winners_table, log_table = "__chrysalis_resolved_rows_v2", "__chrysalis_changes_v1"
+        if winners_table not in legacy:
+            raise CorruptMetadataError(
+                f"the database holds {log_table} without {winners_table}: its metadata cannot "
+                "be converted to this release's layout"
+            )
+        winners = conn.execute(
+            "SELECT table_name, key_values, db_version, site_id, seq, deleted "
+            f"FROM {winners_table} ORDER BY site_id, db_version, seq"
+        ).fetchall()
+        unknown = sorted({str(t) for t, *_ in winners} - self._schemas.keys())
+        if unknown:
+            raise CorruptMetadataError(
+                f"the database's earlier metadata has rows of {', '.join(map(quote, unknown))}, "
+                "which this replica does not register: register every table to convert it"
+            )
+        conn.executemany(_sql.INSERT_ORIGIN, [(site,) for site in sorted({w[3] for w in winners})])
+        positions = dict(conn.execute("SELECT site_id, position FROM __chrysalis_origins_v1"))
+        entries: dict[str, list[tuple[object, ...]]] = {}
+        listed: dict[tuple[int, int, str], list[tuple[tuple[SqlValue, ...], bytes]]] = {}
+        for table, key_blob, version, site, seq, deleted in winners:
+            try:
+                key = decode_values(key_blob)
+            except CodecError as exc:
+                raise CorruptMetadataError(f"a key of {quote(table)} is invalid: {exc}") from None
+            position = positions[site]
+            entries.setdefault(table, []).append((*key, version, position, seq, deleted))
+            listed.setdefault((position, version, table), []).append((key, key_blob))
+        for table, rows in entries.items():
+            conn.executemany(self._clocks[table].write, rows)
+        conn.executemany(
+            _sql.INSERT_VERSION,
+            [
+                (position, version, table, _version_keys(keys, self._clocks[table].json_types))
+                for (position, version, table), keys in listed.items()
+            ],
+        )
+        for name in sorted(legacy):
+            conn.execute(f'DROP TABLE "{name}"')
 
     # ----------------------------------------------------------------------------------------
     # Public surface
@@ -308,7 +447,7 @@ class Replica:
     def apply_changes(self, changes: Iterable[Change]) -> ApplyOutcome:
         """Apply remote changes atomically (one transaction) under last-writer-wins.
 
-        Each change is validated, logged under its original origin tuple (duplicates are
+        Each change is validated, recorded under its original origin tuple (duplicates are
         skipped), advances the clock, and is written to its table only if its
         ``(db_version, site_id, seq)`` beats the row's recorded winner. On any error nothing
         of the chunk is kept. Raises ``MissingSchemaError``, ``InvalidBatchError``,
@@ -320,99 +459,110 @@ class Replica:
         self, chunk: Sequence[Change], encodings: Sequence[EncodedChange] | None
     ) -> ApplyOutcome:
         """``apply_changes``, optionally with each change's key and row value lists as
-        received (``FrameDecoder.chunk_encodings``), which are then stored as they are.
+        received (``FrameDecoder.chunk_encodings``), which the key check then uses instead of
+        encoding the decoded values again.
 
-        Why set-based: a chunk holds thousands of changes, and one SQL round trip per step
-        per change (log insert, winner lookup, row write, winner update) was the receiver's
-        whole cost. So the chunk is validated in Python first, then one staged join answers
-        "already logged?" and "current winner?" for every change, the last-writer-wins
-        decisions are made in chunk order in Python (exactly as applying the changes one by
-        one would), the log rows and each row's final winner are copied from the stage by
-        ``INSERT ... SELECT``, and the table writes run in chunk order, each run of one
-        statement as one ``executemany``.
+        The chunk is validated in Python first; then, per change in chunk order, one clock
+        lookup gives its row's winner (a row met earlier in the chunk uses the winner the
+        chunk gave it), the last-writer-wins decisions are made in Python (exactly as applying
+        the changes one by one would), the table writes run in chunk order, each run of one
+        statement as one ``executemany``, and each row's final winner is written to its clock
+        entry with one ``executemany`` per table.
         """
-        with self._write() as conn:
-            origins = {_check_origin(c) for c in chunk}
-            if encodings is not None and len(encodings) != len(chunk):
-                raise ValueError("one encoding per change is required")
-            items: list[tuple[TableSchema, Change, bytes, bytes | None]] = []
-            for i, change in enumerate(chunk):
-                schema = self._schema(change.table)
-                if encodings is None:
-                    key_blob, row_blob = _check_change(schema, change)
-                else:
-                    key_blob, row_blob = encodings[i]
-                    _check_received(schema, change, row_blob)
-                items.append((schema, change, key_blob, row_blob))
-            conn.executemany(_sql.INSERT_ORIGIN, [(s,) for s in sorted(origins)])
-            logged, applied, highest = self._apply_items(conn, items) if items else (0, 0, 0)
-            if highest:
-                conn.execute(_sql.ADVANCE_CLOCK, (highest,))
-        self._refresh_origins()
-        if logged:
+        try:
+            with self._write() as conn:
+                origins = {_check_origin(c) for c in chunk}
+                if encodings is not None and len(encodings) != len(chunk):
+                    raise ValueError("one encoding per change is required")
+                items: list[tuple[TableSchema, Change, bytes]] = []
+                for i, change in enumerate(chunk):
+                    schema = self._schema(change.table)
+                    if encodings is None:
+                        key_blob, _ = _check_change(schema, change)
+                    else:
+                        key_blob, row_blob = encodings[i]
+                        _check_received(schema, change, row_blob)
+                    items.append((schema, change, key_blob))
+                if origins - self._origin_positions.keys():
+                    conn.executemany(_sql.INSERT_ORIGIN, [(s,) for s in sorted(origins)])
+                    self._refresh_origins()  # positions of the new origins, for their entries
+                logged, applied = self._apply_items(conn, items) if items else (0, 0)
+                if items:
+                    conn.execute(_sql.ADVANCE_CLOCK, (max(c.db_version for c in chunk),))
+        except BaseException:
+            self._reload_origins()  # positions read inside a rolled-back transaction
+            raise
+        if applied:
             self._changed()
         return ApplyOutcome(len(chunk), logged, applied)
 
     def _apply_items(
-        self,
-        conn: sqlite3.Connection,
-        items: Sequence[tuple[TableSchema, Change, bytes, bytes | None]],
-    ) -> tuple[int, int, int]:
-        """Log, resolve and write validated changes; returns ``(logged, applied, highest
-        logged version)``. Runs inside the caller's write transaction."""
-        conn.execute(_sql.CLEAR_INCOMING)
+        self, conn: sqlite3.Connection, items: Sequence[tuple[TableSchema, Change, bytes]]
+    ) -> tuple[int, int]:
+        """Resolve and write validated changes; returns ``(new, applied)``. Runs inside the
+        caller's write transaction.
+
+        Per change, in chunk order: its row's current winner (the clock entry, or the change
+        of this chunk that won the row before it); a change equal to the winner is a
+        duplicate, one below it loses, one above it wins. The winners are written to their
+        tables in chunk order and each row's final winner to its clock entry."""
+        clocks = self._clocks
+        site_at = self._site_at
+        tracked: dict[tuple[str, bytes], tuple[int, bytes, int] | None] = {}
+        final: dict[tuple[str, bytes], tuple[TableSchema, Change, bytes]] = {}
+        writes: list[tuple[TableSchema, Change]] = []
+        new = 0
+        for schema, change, key_blob in items:
+            row_id = (schema.table, key_blob)
+            if row_id in tracked:
+                current = tracked[row_id]
+            else:
+                found = conn.execute(clocks[schema.table].winner, change.key).fetchone()
+                current = None
+                if found is not None:
+                    site = site_at.get(found[1])
+                    if site is None:
+                        raise CorruptMetadataError(
+                            f"a clock entry of {quote(schema.table)} names origin {found[1]}, "
+                            "which the origin registry lacks"
+                        )
+                    current = (found[0], site, found[2])
+            candidate = (change.db_version, change.site_id, change.seq)
+            if current is not None:
+                if candidate == current:
+                    tracked[row_id] = current
+                    continue  # a duplicate
+                if candidate < current:
+                    tracked[row_id] = current
+                    new += 1
+                    continue  # loses to the recorded winner
+            new += 1
+            tracked[row_id] = candidate
+            final[row_id] = (schema, change, key_blob)
+            writes.append((schema, change))
+        _write_rows(conn, writes)
+        positions = self._origin_positions
+        by_table: dict[str, list[tuple[object, ...]]] = {}
+        by_version: dict[tuple[int, int, str], list[tuple[tuple[SqlValue, ...], bytes]]] = {}
+        for schema, change, key_blob in final.values():
+            position = positions[change.site_id]
+            by_table.setdefault(schema.table, []).append(
+                (*change.key, change.db_version, position, change.seq, int(change.row is None))
+            )
+            by_version.setdefault((position, change.db_version, schema.table), []).append(
+                (change.key, key_blob)
+            )
+        stable = {table: clocks[table].json_types for table in by_table}
+        for table, entries in by_table.items():
+            conn.executemany(clocks[table].write, entries)
         conn.executemany(
-            _sql.STAGE_INCOMING,
+            _sql.INSERT_VERSION,
             [
-                (i, c.site_id, c.db_version, c.seq, c.table, key_blob, row_blob)
-                for i, (_, c, key_blob, row_blob) in enumerate(items)
+                (position, version, table, _version_keys(written, stable[table]))
+                for (position, version, table), written in by_version.items()
             ],
         )
-        found = conn.execute(_sql.SELECT_INCOMING).fetchall()
-        if len(found) != len(items):
-            raise CorruptMetadataError("the change log or the row winners have duplicate keys")
-        seen: set[tuple[bytes, int, int]] = set()
-        winners: dict[tuple[str, bytes], tuple[int, bytes, int]] = {}
-        final: dict[tuple[str, bytes], int] = {}
-        new_log: list[int] = []
-        writes: list[tuple[TableSchema, Change]] = []
-        highest = 0
-        for i, ((duplicate, w_version, w_site, w_seq), (schema, change, key_blob, _)) in enumerate(
-            zip(found, items, strict=True)
-        ):
-            version, site, seq = change.db_version, change.site_id, change.seq
-            origin = (site, version, seq)
-            if duplicate or origin in seen:
-                continue
-            seen.add(origin)
-            new_log.append(i)
-            if version > highest:
-                highest = version
-            row_id = (change.table, key_blob)
-            current = winners.get(row_id)
-            if current is None and w_version is not None:
-                current = (w_version, w_site, w_seq)
-            candidate = (version, site, seq)
-            if current is not None and candidate <= current:
-                continue
-            winners[row_id] = candidate
-            final[row_id] = i
-            writes.append((schema, change))
-        logged_set = set(new_log)
-        if len(new_log) < len(items):  # drop the duplicates, then log the rest
-            conn.executemany(
-                _sql.DROP_INCOMING, [(i,) for i in range(len(items)) if i not in logged_set]
-            )
-        if new_log:
-            conn.execute(_sql.LOG_INCOMING)
-        _write_rows(conn, writes)
-        if len(final) < len(new_log):  # keep one winner per row, then record them
-            winning = set(final.values())
-            conn.executemany(_sql.DROP_INCOMING, [(i,) for i in new_log if i not in winning])
-        if final:
-            conn.execute(_sql.RESOLVE_INCOMING)
-        conn.execute(_sql.CLEAR_INCOMING)
-        return len(new_log), len(writes), highest
+        return new, len(writes)
 
     def origins(self) -> tuple[bytes, ...]:
         """Every origin site id this replica knows, in registry (position) order."""
@@ -431,7 +581,7 @@ class Replica:
         return {site: FrontierEntry(int(at), bool(ok)) for site, at, ok in rows}
 
     def add_change_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Run ``callback()`` after every commit that added to the change log; returns a
+        """Run ``callback()`` after every commit that captured or applied a change; returns a
         function that removes it. Callbacks run after the data is durable; an exception from
         one propagates to the committer (after the commit)."""
         self._listeners.append(callback)
@@ -472,6 +622,28 @@ class Replica:
     def _check_open(self) -> None:
         if self._closed:
             raise ReplicaClosedError(f"replica {self._path!r} is closed")
+
+    def _unique_keys(self) -> frozenset[str]:
+        """The tables whose key is still unique under binary comparison (checked again when
+        ``PRAGMA schema_version`` moved: the application may replace a table after open).
+
+        Why: the commit's fast path writes clock entries with one join of the keys with the
+        table and trusts its change count; only a unique key makes that count the number of
+        rows found. For other tables the commit counts the rows first (``NonUniqueKeyError``).
+        """
+        conn = self._conn
+        (version,) = conn.execute("PRAGMA schema_version").fetchone()
+        if version != self._checked_schema_version:
+            unique = set()
+            for schema in self._schemas.values():
+                try:
+                    _check_table(conn, schema)
+                except InvalidSchemaError:
+                    continue
+                unique.add(schema.table)
+            self._unique = frozenset(unique)
+            self._checked_schema_version = version
+        return self._unique
 
     def _schema(self, table: str) -> TableSchema:
         schema = self._schemas.get(table)
@@ -515,7 +687,7 @@ class Replica:
             self._release(token)
 
     def _change_marker(self) -> tuple[int, int]:
-        """A value that changes whenever the change log may have grown: own commits and
+        """A value that changes whenever there may be new changes to send: own commits and
         applies, plus commits by other connections (``PRAGMA data_version``)."""
         self._check_open()
         (data_version,) = self._conn.execute("PRAGMA data_version").fetchone()
@@ -540,7 +712,16 @@ class Replica:
             self._origins.append(site)
             self._positions.append(position)
             self._origin_positions[site] = position
+            self._site_at[position] = site
             self._last_position = position
+
+    def _reload_origins(self) -> None:
+        """Forget the in-memory origin registry and read it again (after a rollback)."""
+        self._origins, self._positions = [], []
+        self._origin_positions, self._site_at = {}, {}
+        self._last_position = 0
+        if not self._closed:
+            self._refresh_origins()
 
     def _origins_after(self, position: int) -> list[bytes]:
         """Origin sites registered after ``position`` (refreshing from the database first)."""
@@ -618,63 +799,154 @@ class Replica:
     def _select_for_peer(self, peer: bytes, peer_site: bytes) -> _Selection:
         """The next batch toward a peer: whole (site, version) groups in origin-tuple order,
         at most ``MAX_BATCH_ROWS`` changes (unless the first group alone is larger) and
-        ``MAX_BATCH_BYTES`` encoded bytes. ``complete`` is false when changes were left out."""
+        ``MAX_BATCH_BYTES`` encoded bytes. ``complete`` is false when changes were left out.
+
+        A version's changes are the rows it wrote (``__chrysalis_versions_v1``) whose clock
+        entry it still holds; their values are read from the table itself (the clock layout
+        keeps no copy), all inside one read transaction so that entries and rows come from one
+        snapshot. A row gone from its table is sent as a delete. Version rows found to hold
+        no live entry are deleted afterwards (nothing can revive them)."""
         self._check_open()
         if self._busy is not None:
             raise ReplicaBusyError("a replica transaction is open")
-        encoded: list[bytes] = []
-        tables: set[str] = set()
-        advances: dict[bytes, int] = {}
-        total_bytes = 0
-        group: list[bytes] = []
-        group_tables: set[str] = set()
-        group_key: tuple[bytes, int] | None = None
-        group_bytes = 0
+        conn = self._conn
+        if conn.in_transaction:
+            raise ReplicaBusyError("the connection is inside a transaction begun outside")
+        frontier = conn.execute(
+            "SELECT origin_site_id, synced_at FROM __chrysalis_frontiers_v5 "
+            "WHERE peer_pid = ? AND peer_site_id = ? AND eligible = 1 ORDER BY origin_site_id",
+            (peer, peer_site),
+        ).fetchall()
+        batch = _Batch()
         complete = True
-
-        def take_group() -> bool:
-            nonlocal total_bytes
-            if encoded and (
-                total_bytes + group_bytes > MAX_BATCH_BYTES
-                or len(encoded) + len(group) > MAX_BATCH_ROWS
-            ):
-                return False
-            assert group_key is not None
-            encoded.extend(group)
-            tables.update(group_tables)
-            advances[group_key[0]] = group_key[1]
-            total_bytes += group_bytes
-            return True
-
-        cursor = self._conn.execute(_sql.SELECT_FOR_PEER, (peer, peer_site))
+        conn.execute("BEGIN")
         try:
-            for site, version, seq, table, key_blob, row_blob in cursor:
-                if (site, version) != group_key:
-                    if group and not take_group():
-                        complete = False
-                        break
-                    group, group_tables, group_key, group_bytes = [], set(), (site, version), 0
-                change = encode_change_parts(table, key_blob, row_blob, version, site, seq)
-                group.append(change)
-                group_tables.add(table)
-                group_bytes += len(change)
-                if group_bytes > MAX_BATCH_BYTES:
-                    if not encoded:
-                        raise ChangeVersionTooLargeError(
-                            f"version {version} of site {site.hex()} holds more than "
-                            f"{MAX_BATCH_BYTES} bytes of changes"
-                        )
+            self._refresh_origins()
+            for site, synced_at in frontier:
+                position = self._origin_positions.get(site)
+                if position is None:
+                    continue  # no entry can name an origin the registry lacks
+                if not self._select_origin(site, position, synced_at, batch):
                     complete = False
                     break
-                if encoded and len(encoded) + len(group) > MAX_BATCH_ROWS:
-                    complete = False
-                    break
-            else:
-                if group and not take_group():
-                    complete = False
+        finally:
+            conn.execute("COMMIT")
+        if batch.dead and self._busy is None:
+            with self._write() as write:
+                write.executemany(_sql.DELETE_VERSION, [(rowid,) for rowid in batch.dead])
+        return _Selection(tuple(batch.encoded), frozenset(batch.tables), batch.advances, complete)
+
+    def _select_origin(self, site: bytes, position: int, synced_at: int, batch: _Batch) -> bool:
+        """Add the whole version groups of one origin after ``synced_at`` to ``batch``;
+        returns false when the batch is full (changes were left out)."""
+        cursor = self._conn.execute(_sql.SELECT_VERSIONS, (position, synced_at))
+        try:
+            group: list[tuple[int, str, bytes]] = []
+            group_version = 0
+            for rowid, version, table, keys in cursor:
+                if version != group_version:
+                    if group_version and not batch.take(site, group_version, group):
+                        return False
+                    group, group_version = [], version
+                entries = self._live_entries(table, keys, position, version, site)
+                if not entries:
+                    batch.dead.append(rowid)
+                group.extend(entries)
+            if group_version and not batch.take(site, group_version, group):
+                return False
         finally:
             cursor.close()
-        return _Selection(tuple(encoded), frozenset(tables), advances, complete)
+        return True
+
+    def _live_entries(
+        self, table: str, keys: str | bytes, position: int, version: int, site: bytes
+    ) -> list[tuple[int, str, bytes]]:
+        """The entries of one ``__chrysalis_versions_v1`` row that its version still wins,
+        each as ``(seq, table, encoded change)``."""
+        clock = self._clocks.get(table)
+        if clock is None:
+            return []  # a table no longer registered: nothing of it can be sent
+        conn = self._conn
+        if isinstance(keys, str):
+            rows = conn.execute(clock.select_json, (keys, position, version)).fetchall()
+        elif isinstance(keys, bytes):
+            rows = []
+            offset = 0
+            while offset < len(keys):
+                key, offset = read_values(keys, offset)
+                rows += conn.execute(clock.select_one, (*key, position, version)).fetchall()
+        else:
+            raise CorruptMetadataError(f"a version row holds keys of type {type(keys).__name__}")
+        return [
+            (row[0], table, self._encode_entry(table, row, version, site, row[0])) for row in rows
+        ]
+
+    def _encode_entry(
+        self, table: str, row: tuple[SqlValue, ...], version: int, site: bytes, seq: int
+    ) -> bytes:
+        """One selected clock entry as an encoded ``Change``: ``row`` is ``(seq, deleted,
+        present, clock key..., table row...)``."""
+        schema = self._schemas[table]
+        width = len(schema.primary_key)
+        if row[1] or not row[2]:
+            key_blob = encode_values(row[3 : 3 + width])
+            return encode_change_parts(table, key_blob, None, version, site, seq)
+        # the key sent is the table row's own (the clock key compares equal to it)
+        key_blob, row_blob = encode_row_and_key(row[3 + width :], schema.key_indexes)
+        return encode_change_parts(table, key_blob, row_blob, version, site, seq)
+
+
+def _version_keys(
+    written: Sequence[tuple[tuple[SqlValue, ...], bytes]], stable: tuple[frozenset[type], ...]
+) -> str | bytes:
+    """The ``keys`` of a ``__chrysalis_versions_v1`` row: a JSON array when every key value
+    has a type its column's affinity keeps (scalars for one key column), else the
+    concatenated value lists (also for a text with a NUL, where SQLite's JSON functions would
+    end it)."""
+    if all(
+        type(v) in t and not (type(v) is str and "\0" in v)
+        for key, _ in written
+        for v, t in zip(key, stable, strict=True)
+    ):
+        if all(len(key) == 1 for key, _ in written):
+            return json.dumps([key[0] for key, _ in written], separators=(",", ":"))
+        return json.dumps([list(key) for key, _ in written], separators=(",", ":"))
+    return b"".join(blob for _, blob in written)
+
+
+def _has_json(conn: sqlite3.Connection) -> bool:
+    """Whether this SQLite has ``json_each`` (the capture fast path; built in since 3.38)."""
+    try:
+        conn.execute("SELECT value FROM json_each('[1]')").fetchall()
+    except sqlite3.Error:
+        return False
+    return True
+
+
+def _stable_row(
+    conn: sqlite3.Connection, schema: TableSchema
+) -> tuple[frozenset[type], ...] | None:
+    """Per column of ``schema`` (in its order), the value types its affinity keeps as they
+    are; ``None`` when the table has an INTEGER PRIMARY KEY (SQLite fills in a NULL)."""
+    info = {
+        str(r[1]).lower(): (str(r[2] or ""), int(r[5]))
+        for r in conn.execute(f'PRAGMA table_info("{schema.table}")').fetchall()
+    }
+    if sum(1 for _, pk in info.values() if pk) == 1 and any(
+        pk and declared.upper() == "INTEGER" for declared, pk in info.values()
+    ):
+        return None
+    return _sql.stable_row_types(tuple(_sql.affinity(info[c.lower()][0]) for c in schema.columns))
+
+
+def _clock_for(conn: sqlite3.Connection, schema: TableSchema) -> _sql.ClockSql:
+    """The clock statements of ``schema``, its key columns typed with the table's affinities."""
+    declared = {
+        str(r[1]).lower(): str(r[2] or "")
+        for r in conn.execute(f'PRAGMA table_info("{schema.table}")').fetchall()
+    }
+    key_types = tuple(_sql.affinity(declared[k.lower()]) for k in schema.primary_key)
+    return _sql.clock_sql(schema.table, schema.columns, schema.primary_key, key_types)
 
 
 def _check_table(conn: sqlite3.Connection, schema: TableSchema) -> None:
@@ -691,19 +963,46 @@ def _check_table(conn: sqlite3.Connection, schema: TableSchema) -> None:
             f"the schema declares {sorted(declared)}"
         )
     key = {k.lower() for k in schema.primary_key}
-    if {str(r[1]).lower() for r in info if r[5]} == key:
-        return
+    unique = {str(r[1]).lower() for r in info if r[5]} == key
     for index in conn.execute(f'PRAGMA index_list("{schema.table}")').fetchall():
         if index[2]:  # unique
             name = str(index[1]).replace('"', '""')
-            cols = conn.execute(f'PRAGMA index_info("{name}")').fetchall()
+            cols = [c for c in conn.execute(f'PRAGMA index_xinfo("{name}")') if c[5]]
             if {str(c[2]).lower() for c in cols if c[2] is not None} == key and len(cols) == len(
                 key
             ):
-                return
+                unique = True
+                for c in cols:
+                    if str(c[4]).upper() != "BINARY":
+                        _refuse_collation(schema, str(c[2]), f"index {index[1]}", str(c[4]))
+    if not unique:
+        raise InvalidSchemaError(
+            f"primary key {list(schema.primary_key)} of {quote(schema.table)} is neither the "
+            "table's PRIMARY KEY nor covered by a UNIQUE index"
+        )
+    table = schema.table.replace('"', '""')
+    for column in schema.primary_key:
+        # the column's own collation (what ``key = ?`` compares with), seen through a compound
+        # SELECT, whose column takes the collation of its leftmost part: distinct texts that
+        # the collation equates collapse (NOCASE, RTRIM)
+        probe = " UNION ".join(f"SELECT '{t}'" for t in _COLLATION_PROBE)
+        (distinct,) = conn.execute(
+            f'SELECT count(*) FROM (SELECT "{column}" FROM "{table}" WHERE 0 UNION {probe})'
+        ).fetchone()
+        if distinct != len(_COLLATION_PROBE):
+            _refuse_collation(schema, column, "the column", "not BINARY")
+
+
+_COLLATION_PROBE: Final = ("a", "A", "a ", "b")
+"""Texts that only a collation other than BINARY equates (NOCASE: ``a``/``A``; RTRIM:
+``a``/``a ``)."""
+
+
+def _refuse_collation(schema: TableSchema, column: str, where: str, collation: str) -> None:
     raise InvalidSchemaError(
-        f"primary key {list(schema.primary_key)} of {quote(schema.table)} is neither the "
-        "table's PRIMARY KEY nor covered by a UNIQUE index"
+        f"key column {quote(column)} of {quote(schema.table)} compares with collation "
+        f"{collation} ({where}); replicated keys must compare as BINARY, since texts the "
+        "collation equates would be one row of the table but different rows to replication"
     )
 
 

@@ -24,12 +24,12 @@ transaction (the reference's async apply lock): received bytes stay buffered, bo
 ``MAX_DEFERRED_BYTES``, and the next call after the transaction handles them.
 
 Receiving. ``BeginBatch`` opens a batch, each ``BatchChunk`` is applied in its own transaction
-(``Replica.apply_changes``: logged under the original origin tuple, last-writer-wins), and
+(``Replica.apply_changes``: recorded under the original origin tuple, last-writer-wins), and
 ``CommitBatch`` closes it and answers ``Ack{id}``: by then every chunk is durable. ``Schema``,
 ``Synchronized``, ``BeginBatch`` and ``Hello`` are not allowed inside a batch. ``Synchronized``
 marks the peer as having nothing more to send.
 
-Sending (``_send_next``). At most one batch is in flight. When the change log may have grown
+Sending (``_send_next``). At most one batch is in flight. When there may be new changes
 (a marker built from the replica's own commit counter and ``PRAGMA data_version``), or the
 scopes changed, the sender reconciles the durable frontier (which origins the link carries, from
 ``outbound_eligibility``), selects whole ``(origin, version)`` groups after each eligible origin's
@@ -508,7 +508,7 @@ class ReplicaSession:
         self._inbound_batch = message.batch_id
 
     def _on_chunk(self, message: BatchChunk) -> None:
-        # the changes' key and row value lists as received: logged as they are, not re-encoded
+        # the changes' key and row value lists as received: checked without re-encoding
         outcome = self._replica._apply(message.changes, self._decoder.chunk_encodings)
         self._changes_received += outcome.received
         self._changes_logged += outcome.logged

@@ -18,7 +18,7 @@ ends.
   line between sets. ``NULL``, integers, reals, text with ``\\`` tab, newline and carriage return
   escaped, blobs as ``x'hex'``.
 - ``replication_status`` reads the durable per-peer state the sessions keep (eligibility mode
-  and, per origin, the acknowledged version and how many logged changes are still to send), so
+  and, per origin, the acknowledged version and how many rows it still has to send), so
   it works on a database file whether or not its node is running.
 
 Bounds: one statement's text is at most ``MAX_STATEMENT_BYTES``; a result set returns at most
@@ -37,6 +37,7 @@ from typing import Final, final
 from chrysalis.core import Pid
 from chrysalis.sqlite._replica import Replica
 from chrysalis.sqlite._scope import EligibilityMode
+from chrysalis.sqlite._sql import CLOCK_PREFIX
 from chrysalis.sqlite._values import SqlValue
 
 __all__ = [
@@ -101,8 +102,9 @@ class OriginProgress:
     """Outbound progress toward one peer for one origin site.
 
     ``synced_at``: the highest version of the origin the peer acknowledged; ``latest``: the
-    highest version of it in our log; ``pending``: logged changes after ``synced_at``
-    (0 when the origin is not ``eligible`` on this link).
+    highest version of it that still wins a row here; ``pending``: rows whose winning change
+    is of this origin and after ``synced_at``, which the peer has yet to acknowledge (0 when
+    the origin is not ``eligible`` on this link).
     """
 
     origin_site_id: bytes
@@ -234,11 +236,37 @@ def replication_status(
     """Per peer incarnation: eligibility mode and per-origin progress (see
     ``PeerReplicationStatus``), ordered by peer PID; at most ``max_peers`` peers."""
     conn = _conn(source)
-    latest = dict(
-        conn.execute(
-            "SELECT site_id, MAX(db_version) FROM __chrysalis_changes_v1 GROUP BY site_id"
-        ).fetchall()
+    # per origin site: its newest version still winning a row, and per clock table the
+    # (origin position, version) of every entry (the clock layout: see ``chrysalis.sqlite``)
+    positions = dict(
+        conn.execute("SELECT site_id, position FROM __chrysalis_origins_v1").fetchall()
     )
+    clocks = [
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND substr(name, 1, ?) = ?",
+            (len(CLOCK_PREFIX), CLOCK_PREFIX),
+        )
+    ]
+    latest: dict[int, int] = {}
+    for name in clocks:
+        quoted = '"' + name.replace('"', '""') + '"'
+        for position, version in conn.execute(
+            f"SELECT _origin, MAX(_version) FROM {quoted} GROUP BY _origin"
+        ):
+            latest[position] = max(latest.get(position, 0), int(version))
+
+    def pending_after(position: int, synced_at: int) -> int:
+        count = 0
+        for name in clocks:
+            quoted = '"' + name.replace('"', '""') + '"'
+            (n,) = conn.execute(
+                f"SELECT COUNT(*) FROM {quoted} WHERE _origin = ? AND _version > ?",
+                (position, synced_at),
+            ).fetchone()
+            count += int(n)
+        return count
+
     peers = conn.execute(
         "SELECT peer_pid, peer_site_id, eligibility_mode FROM __chrysalis_peer_state_v1 "
         "ORDER BY peer_pid, peer_site_id LIMIT ?",
@@ -253,20 +281,17 @@ def replication_status(
             (peer_pid, peer_site),
         ).fetchall()
         for origin, synced_at, eligible in frontier:
+            position = positions.get(origin)
             pending = 0
-            if eligible:
-                (pending,) = conn.execute(
-                    "SELECT COUNT(*) FROM __chrysalis_changes_v1 "
-                    "WHERE site_id = ? AND db_version > ?",
-                    (origin, synced_at),
-                ).fetchone()
+            if eligible and position is not None:
+                pending = pending_after(position, synced_at)
             origins.append(
                 OriginProgress(
                     bytes(origin),
                     bool(eligible),
                     int(synced_at),
-                    int(latest.get(origin, 0)),
-                    int(pending),
+                    latest.get(position, 0) if position is not None else 0,
+                    pending,
                 )
             )
         statuses.append(

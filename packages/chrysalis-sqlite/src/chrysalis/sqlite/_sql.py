@@ -1,51 +1,63 @@
 """SQL of the ``__chrysalis_*`` metadata tables and the statements that maintain them.
 
-Why a module of its own: the layout is a compatibility surface (it matches the reference
-implementation table for table, so a database file can move between implementations), and both
-the capture path (``ReplicaTransaction``) and the replica's apply/selection paths use these
-statements. Keeping every metadata statement in one place keeps them consistent with the DDL.
-Nothing here runs SQL; it only defines it.
+Why a module of its own: the capture path (``ReplicaTransaction``), the replica's apply and
+selection paths and the shell all read or write these tables, and keeping every metadata
+statement next to the DDL keeps them consistent. Nothing here runs SQL; it only defines it.
 
-Why the apply statements (``*_INCOMING``) go through a scratch table: a received chunk holds
-thousands of changes, so each change's values are bound once (into the ``TEMP`` stage), and the
-duplicate check, the winner lookup and the log and winner writes are set operations on it.
+The layout (issue 6, "clock layout"): the metadata is local storage, not the wire, so it keeps
+only what the protocol's contracts need. Per replicated table ``T`` there is one clock table
+``__chrysalis_clock_v1_T`` with one small row per row of ``T`` that was ever captured or
+received: the row's key (in columns ``_k0 .. _kN`` declared with the same type affinity as
+``T``'s key columns, so a key means the same row in both tables) and the origin tuple of the
+change that currently wins it (``_version``, ``_origin``: the site's position in
+``__chrysalis_origins_v1``, ``_seq``) plus ``_deleted`` (a tombstone). There is no change log
+and no copy of the row: ``T`` itself holds the winning state, which a sender reads when it
+builds a batch. ``__chrysalis_versions_v1`` lists, per origin, version and table, the keys the
+version wrote: it answers "changes of this origin after that frontier" with one B-tree insert
+per transaction, where an index over the clock entries would cost one per row.
 
-Why the local-commit statements look the way they do (``INSERT_LOCAL_CHANGES``,
-``RESOLVE_LOCAL_VERSION``): a local commit writes one change-log row and one winner per captured
-mutation, and through ``sqlite3`` the fixed cost of each bound statement step (binding six
-parameters, one VM run, the Python-to-C crossing) was as large as the B-tree insert itself. So
-the change log is written with multi-row ``VALUES`` statements of ``LOCAL_CHUNK_SIZES`` rows
-(site id, version and first sequence number bound once per statement, three values per row),
-and the winners are not bound at all: ``RESOLVE_LOCAL_VERSION`` copies them from the log rows
-the commit just appended, in sequence order, in one statement. Every SQL text is a constant, so
-``sqlite3``'s statement cache prepares each one once per connection.
+Why the local-commit statements look the way they do (``ClockSql.capture_*``): capture overhead
+is measured against plain inserts, and through ``sqlite3`` every bound statement step costs
+about as much as the B-tree insert itself. So a commit writes a table's clock entries with one
+``INSERT ... SELECT`` per kind over a JSON array of the captured keys (``json_each``: one bound
+parameter for the whole transaction). The upserts' statement joins the keys with ``T``, which
+supplies the key as ``T`` stores it, and writes only rows whose values take at most a given
+share of the byte bound: for a key known to be unique (``Replica._unique_keys``) its change
+count then says at once that every captured row exists and that the transaction fits
+(``ReplicaTransaction`` passes ``MAX_VERSION_BYTES`` divided by the number of captures). Only
+when the count falls short does the commit run the aggregate query (``measure``: rows found and
+their encoded size) to tell a missing row, a non-unique key, a version too large and rows
+merely above their share apart. Only keys whose types the key columns' affinities keep as they
+are take this path, so the key a JSON entry names is the key ``T`` stores; other keys (BLOB,
+REAL, ``7`` for a TEXT key, texts with a NUL, where SQLite's JSON functions end a text) are
+first put through a ``TEMP`` table with the same affinities (``normalize``) and written by the
+per-row statements (``capture_*_one``). Every SQL text is fixed per table, so ``sqlite3``'s
+statement cache prepares each once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
     "ADVANCE_CLOCK",
     "ADVANCE_FRONTIER",
     "BUMP_CLOCK",
-    "CLEAR_INCOMING",
-    "DROP_INCOMING",
-    "INCOMING_DDL",
-    "INSERT_LOCAL_CHANGES",
+    "CLOCK_PREFIX",
+    "DELETE_VERSION",
+    "INSERT_VERSION",
+    "SELECT_VERSIONS",
+    "VERSIONS_DDL",
     "INSERT_ORIGIN",
-    "LOG_INCOMING",
-    "LOCAL_CHUNK_SIZES",
+    "LEGACY_TABLES",
     "METADATA_DDL",
-    "RESOLVE_INCOMING",
-    "RESOLVE_LOCAL_VERSION",
-    "SELECT_FOR_PEER",
-    "SELECT_INCOMING",
-    "STAGE_INCOMING",
     "UPSERT_FRONTIER_ELIGIBLE",
     "UPSERT_PEER_STATE",
+    "ClockSql",
+    "affinity",
+    "clock_sql",
+    "stable_row_types",
 ]
 
 METADATA_DDL: Final = (
@@ -53,22 +65,6 @@ METADATA_DDL: Final = (
         singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
         site_id BLOB NOT NULL CHECK (length(site_id) = 16),
         db_version INTEGER NOT NULL CHECK (db_version >= 0))""",
-    """CREATE TABLE IF NOT EXISTS __chrysalis_changes_v1 (
-        site_id BLOB NOT NULL,
-        db_version INTEGER NOT NULL CHECK (db_version > 0),
-        seq INTEGER NOT NULL CHECK (seq >= 0),
-        table_name TEXT NOT NULL,
-        key_values BLOB NOT NULL,
-        row_values BLOB,
-        PRIMARY KEY (site_id, db_version, seq)) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS __chrysalis_resolved_rows_v2 (
-        table_name TEXT NOT NULL,
-        key_values BLOB NOT NULL,
-        db_version INTEGER NOT NULL CHECK (db_version > 0),
-        site_id BLOB NOT NULL,
-        seq INTEGER NOT NULL CHECK (seq >= 0),
-        deleted INTEGER NOT NULL CHECK (deleted IN (0, 1)),
-        PRIMARY KEY (table_name, key_values)) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS __chrysalis_origins_v1 (
         position INTEGER PRIMARY KEY,
         site_id BLOB NOT NULL UNIQUE)""",
@@ -87,6 +83,37 @@ METADATA_DDL: Final = (
         PRIMARY KEY (peer_pid, peer_site_id, origin_site_id)) WITHOUT ROWID""",
 )
 
+VERSIONS_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS __chrysalis_versions_v1 (
+        origin INTEGER NOT NULL,
+        db_version INTEGER NOT NULL CHECK (db_version > 0),
+        table_name TEXT NOT NULL,
+        keys NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS __chrysalis_versions_v1_by_origin "
+    "ON __chrysalis_versions_v1 (origin, db_version)",
+)
+"""Which rows each version wrote: one row per (origin, version, table) written (or per
+applied chunk), ``keys`` the written keys as a JSON array (TEXT; ``null`` entries are padding)
+or, for keys JSON cannot carry exactly, concatenated v5 value lists (BLOB). This replaces an
+index on the clock tables (one B-tree insert per transaction instead of one per row). An entry
+whose row a later change won is dead; a row with only dead entries is deleted when a selection
+finds it."""
+INSERT_VERSION: Final = (
+    "INSERT INTO __chrysalis_versions_v1 (origin, db_version, table_name, keys) VALUES (?, ?, ?, ?)"
+)
+SELECT_VERSIONS: Final = (
+    "SELECT rowid, db_version, table_name, keys FROM __chrysalis_versions_v1 "
+    "WHERE origin = ? AND db_version > ? ORDER BY db_version, rowid"
+)
+DELETE_VERSION: Final = "DELETE FROM __chrysalis_versions_v1 WHERE rowid = ?"
+
+LEGACY_TABLES: Final = ("__chrysalis_changes_v1", "__chrysalis_resolved_rows_v2")
+"""Tables of the earlier log layout (a change log with every row payload, and a winner
+table). A database holding them is converted on open (``Replica._migrate``)."""
+
+CLOCK_PREFIX: Final = "__chrysalis_clock_v1_"
+"""Clock table of replicated table ``T``: ``CLOCK_PREFIX + T``."""
+
 BUMP_CLOCK: Final = (
     "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1 "
     "RETURNING db_version"
@@ -94,98 +121,216 @@ BUMP_CLOCK: Final = (
 ADVANCE_CLOCK: Final = (
     "UPDATE __chrysalis_replica_v1 SET db_version = MAX(db_version, ?) WHERE singleton = 1"
 )
-LOCAL_CHUNK_SIZES: Final = (32, 16, 8, 4, 2, 1)
-"""Rows per ``INSERT_LOCAL_CHANGES`` statement, largest first: a commit of ``n`` mutations
-takes ``n // 32`` full statements and at most five more (the binary digits of ``n % 32``)."""
 
 
-def _insert_local_changes(rows: int) -> str:
-    values = ", ".join(
-        f"(?1, ?2, ?3 + {i}, ?{4 + 3 * i}, ?{5 + 3 * i}, ?{6 + 3 * i})" for i in range(rows)
+def affinity(declared: str) -> str:
+    """SQLite's type affinity of a column declared as ``declared`` (the rules of section 3.1
+    of SQLite's datatype documentation), as a type name with exactly that affinity."""
+    upper = declared.upper()
+    if "INT" in upper:
+        return "INTEGER"
+    if "CHAR" in upper or "CLOB" in upper or "TEXT" in upper:
+        return "TEXT"
+    if "BLOB" in upper or not upper.strip():
+        return "BLOB"
+    if "REAL" in upper or "FLOA" in upper or "DOUB" in upper:
+        return "REAL"
+    return "NUMERIC"
+
+
+_JSON_STABLE: Final = {
+    "TEXT": frozenset({str}),
+    "INTEGER": frozenset({int}),
+    "NUMERIC": frozenset({int}),
+    "REAL": frozenset[type](),
+    "BLOB": frozenset({str, int}),
+}
+"""Per key affinity, the Python types whose values the affinity leaves as they are: only keys
+of these types take the JSON statements, since a value read from ``json_each`` gets no
+affinity when it is compared (``7`` would not find the TEXT row ``'7'``)."""
+
+
+_ROW_STABLE: Final[dict[str, frozenset[type]]] = {
+    "TEXT": frozenset({str, bytes, type(None)}),
+    "INTEGER": frozenset({int, bytes, type(None)}),
+    "NUMERIC": frozenset({int, bytes, type(None)}),
+    "REAL": frozenset({bytes, type(None)}),
+    "BLOB": frozenset({str, int, bytes, type(None)}),
+}
+"""Per column affinity, the Python types SQLite stores exactly as given (floats never: NaN is
+stored as NULL, and INTEGER/NUMERIC affinities turn integral reals into integers)."""
+
+
+def stable_row_types(affinities: tuple[str, ...]) -> tuple[frozenset[type], ...]:
+    """Per column, the value types a row can be written with and read back unchanged."""
+    return tuple(_ROW_STABLE[a] for a in affinities)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSql:
+    """The statements of one table's clock table (see the module docstring).
+
+    ``json_types``: per key column, the value types the JSON statements may carry (see
+    ``_JSON_STABLE``). ``normalize``: a per-connection ``TEMP`` table with the key columns'
+    affinities (DDL), an insert (row number, key values) and a delete that returns the stored
+    values: other keys make this round trip first, so that a key means one row whatever type
+    it was captured with.
+
+    Parameters, in order: ``capture_upserts`` / ``capture_deletes``: version, origin
+    position, JSON array (entry ``i``: the key of capture ``seq = i``, ``null`` for captures
+    of other statements; a key is a scalar for one key column, an array otherwise), and for
+    ``capture_upserts`` the most bytes a row's values (key values counted twice, as lengths
+    as BLOBs) may take to be written (rows above it, and missing rows, are skipped).
+    ``capture_upsert_one``: version, origin, seq, key values. ``capture_delete_one``: key
+    values, version, origin, seq. ``write``: key values, version, origin, seq, deleted.
+    ``winner``: key values. ``measure`` (the JSON array) / ``measure_one`` (key values):
+    ``(rows found, total length as BLOBs of their values, the same of their key values)``,
+    which counts missing rows and bounds the encoded size. ``select_json`` (a JSON array of
+    keys, origin, version) / ``select_one`` (key values, origin, version): the entries among
+    those keys that the version still wins, as rows ``(seq, deleted, present, clock key
+    values..., row values...)``. The local-capture statements update an existing clock row
+    only with a greater ``(version, seq)`` (the last capture of a row wins, and a clock
+    behind its rows writes nothing, which the commit reports as corrupt metadata).
+    """
+
+    table: str
+    clock: str
+    key_types: tuple[str, ...]
+    json_types: tuple[frozenset[type], ...]
+    ddl: tuple[str, ...]
+    capture_upserts: str
+    capture_deletes: str
+    capture_upsert_one: str
+    capture_delete_one: str
+    write: str
+    winner: str
+    select_json: str
+    select_one: str
+    measure: str
+    measure_one: str
+    normalize: tuple[str, str, str]
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def clock_sql(
+    table: str, columns: tuple[str, ...], primary_key: tuple[str, ...], key_types: tuple[str, ...]
+) -> ClockSql:
+    """The clock statements of ``table`` whose key columns have the affinities
+    ``key_types`` (see ``affinity``)."""
+    name = CLOCK_PREFIX + table
+    clock = _q(name)
+    qt = _q(table)
+    keys = [f"_k{i}" for i in range(len(primary_key))]
+    key_list = ", ".join(keys)
+    meta = "_version, _origin, _seq, _deleted"
+    row_size = (
+        "("
+        + " + ".join(
+            f"ifnull(length(CAST(t.{_q(c)} AS BLOB)), 0)" for c in (*columns, *primary_key)
+        )
+        + ")"
     )
-    return (
-        "INSERT INTO __chrysalis_changes_v1 "
-        f"(site_id, db_version, seq, table_name, key_values, row_values) VALUES {values}"
+    size = (
+        " + ".join(f"total(length(CAST(t.{_q(c)} AS BLOB)))" for c in columns)
+        + ", "
+        + " + ".join(f"total(length(CAST(t.{_q(c)} AS BLOB)))" for c in primary_key)
+    )
+    ddl = (
+        f"CREATE TABLE IF NOT EXISTS {clock} ("
+        + "".join(f"{k} {t} NOT NULL, " for k, t in zip(keys, key_types, strict=True))
+        + "_version INTEGER NOT NULL CHECK (_version > 0), _origin INTEGER NOT NULL, "
+        "_seq INTEGER NOT NULL CHECK (_seq >= 0), "
+        "_deleted INTEGER NOT NULL CHECK (_deleted IN (0, 1)), "
+        f"PRIMARY KEY ({key_list})) WITHOUT ROWID",
+    )
+    assign = (
+        "_version = excluded._version, _origin = excluded._origin, _seq = excluded._seq, "
+        "_deleted = excluded._deleted"
+    )
+    newer = (
+        "WHERE excluded._version > _version OR "
+        "(excluded._version = _version AND excluded._seq > _seq)"
+    )
+    conflict = f"ON CONFLICT ({key_list}) DO UPDATE SET {assign}"
+    if len(keys) == 1:
+        json_parts = ["j.value"]
+    else:
+        json_parts = [f"json_extract(j.value, '$[{i}]')" for i in range(len(keys))]
+    t_keys = [f"t.{_q(k)}" for k in primary_key]
+    join_json = " AND ".join(f"{t} = {j}" for t, j in zip(t_keys, json_parts, strict=True))
+    join_bound = " AND ".join(f"{t} = ?" for t in t_keys)
+    join_clock = " AND ".join(f"{t} = c.{k}" for t, k in zip(t_keys, keys, strict=True))
+    placeholders = ", ".join("?" for _ in keys)
+    cols = ", ".join(f"t.{_q(c)}" for c in columns)
+    return ClockSql(
+        table=table,
+        clock=name,
+        key_types=key_types,
+        json_types=tuple(_JSON_STABLE[t] for t in key_types),
+        ddl=ddl,
+        capture_upserts=(
+            f"INSERT INTO {clock} ({key_list}, {meta}) "
+            f"SELECT {', '.join(t_keys)}, ?1, ?2, j.key, 0 FROM json_each(?3) AS j "
+            f"CROSS JOIN {qt} AS t ON {join_json} "
+            f"WHERE j.type != 'null' AND {row_size} <= ?4 {conflict} {newer}"
+        ),
+        capture_deletes=(
+            f"INSERT INTO {clock} ({key_list}, {meta}) "
+            f"SELECT {', '.join(json_parts)}, ?1, ?2, j.key, 1 FROM json_each(?3) AS j "
+            f"WHERE j.type != 'null' {conflict} {newer}"
+        ),
+        capture_upsert_one=(
+            f"INSERT INTO {clock} ({key_list}, {meta}) "
+            f"SELECT {', '.join(t_keys)}, ?, ?, ?, 0 FROM {qt} AS t "
+            f"WHERE {join_bound} {conflict} {newer}"
+        ),
+        capture_delete_one=(
+            f"INSERT INTO {clock} ({key_list}, {meta}) VALUES ({placeholders}, ?, ?, ?, 1) "
+            f"{conflict} {newer}"
+        ),
+        write=(
+            f"INSERT INTO {clock} ({key_list}, {meta}) VALUES ({placeholders}, ?, ?, ?, ?) "
+            f"{conflict}"
+        ),
+        winner=(
+            f"SELECT _version, _origin, _seq FROM {clock} WHERE "
+            + " AND ".join(f"{k} = ?" for k in keys)
+        ),
+        select_json=(
+            f"SELECT c._seq, c._deleted, t.{_q(primary_key[0])} IS NOT NULL, "
+            f"{', '.join('c.' + k for k in keys)}, {cols} "
+            f"FROM json_each(?1) AS j JOIN {clock} AS c ON "
+            + " AND ".join(f"c.{k} = {j}" for k, j in zip(keys, json_parts, strict=True))
+            + f" LEFT JOIN {qt} AS t ON {join_clock} "
+            "WHERE j.type != 'null' AND c._origin = ?2 AND c._version = ?3"
+        ),
+        select_one=(
+            f"SELECT c._seq, c._deleted, t.{_q(primary_key[0])} IS NOT NULL, "
+            f"{', '.join('c.' + k for k in keys)}, {cols} "
+            f"FROM {clock} AS c LEFT JOIN {qt} AS t ON {join_clock} WHERE "
+            + " AND ".join(f"c.{k} = ?" for k in keys)
+            + " AND c._origin = ? AND c._version = ?"
+        ),
+        measure=(
+            f"SELECT count(*), {size} FROM json_each(?1) AS j JOIN {qt} AS t ON {join_json} "
+            "WHERE j.type != 'null'"
+        ),
+        measure_one=f"SELECT count(*), {size} FROM {qt} AS t WHERE {join_bound}",
+        normalize=(
+            f"CREATE TEMP TABLE IF NOT EXISTS {_q('__chrysalis_keys_v1_' + table)} ("
+            + ", ".join(f"{k} {t}" for k, t in zip(keys, key_types, strict=True))
+            + ")",
+            f"INSERT INTO temp.{_q('__chrysalis_keys_v1_' + table)} (rowid, {key_list}) "
+            f"VALUES (?, {placeholders})",
+            f"DELETE FROM temp.{_q('__chrysalis_keys_v1_' + table)} RETURNING rowid, {key_list}",
+        ),
     )
 
-
-INSERT_LOCAL_CHANGES: Final[Mapping[int, str]] = MappingProxyType(
-    {rows: _insert_local_changes(rows) for rows in LOCAL_CHUNK_SIZES}
-)
-"""Per chunk size, the statement that appends that many local mutations to the change log.
-
-Parameters: ``site_id, db_version, first seq`` and then ``table_name, key_values, row_values``
-per mutation; row ``i`` gets ``seq = first seq + i``. A plain ``INSERT`` (no ``OR IGNORE``): a
-local version is new (the clock is above every logged version), so a conflict means the
-metadata is corrupt and must abort the commit."""
-
-RESOLVE_LOCAL_VERSION: Final = (
-    "INSERT INTO __chrysalis_resolved_rows_v2 "
-    "(table_name, key_values, db_version, site_id, seq, deleted) "
-    "SELECT table_name, key_values, db_version, site_id, seq, row_values IS NULL "
-    "FROM __chrysalis_changes_v1 WHERE site_id = ?1 AND db_version = ?2 ORDER BY seq "
-    "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
-    "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
-)
-"""Record every change of the local version ``(site_id ?1, db_version ?2)`` as its row's
-winner, in sequence order (so the last capture of a row in one transaction wins). A local
-version is greater than every tuple already recorded, so no comparison is needed."""
-
-INCOMING_DDL: Final = (
-    "CREATE TEMP TABLE IF NOT EXISTS __chrysalis_incoming_v1 ("
-    "i INTEGER PRIMARY KEY, site_id BLOB NOT NULL, db_version INTEGER NOT NULL, "
-    "seq INTEGER NOT NULL, table_name TEXT NOT NULL, key_values BLOB NOT NULL, row_values BLOB)"
-)
-"""A per-connection scratch table (``TEMP``: never in the database file) holding each change
-of the chunk being applied, as it will be logged. One join then answers "is it already
-logged?" and "what is the row's current winner?" for the whole chunk, and the log rows and
-winners are copied from it by ``INSERT ... SELECT`` (each change's values are bound once)."""
-STAGE_INCOMING: Final = (
-    "INSERT INTO temp.__chrysalis_incoming_v1 "
-    "(i, site_id, db_version, seq, table_name, key_values, row_values) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-SELECT_INCOMING: Final = (
-    "SELECT l.seq IS NOT NULL, r.db_version, r.site_id, r.seq "
-    "FROM temp.__chrysalis_incoming_v1 AS s "
-    "LEFT JOIN __chrysalis_changes_v1 AS l "
-    "ON l.site_id = s.site_id AND l.db_version = s.db_version AND l.seq = s.seq "
-    "LEFT JOIN __chrysalis_resolved_rows_v2 AS r "
-    "ON r.table_name = s.table_name AND r.key_values = s.key_values "
-    "ORDER BY s.i"
-)
-"""Per staged change, in chunk order: whether the log already holds its origin tuple, and the
-recorded winner ``(db_version, site_id, seq)`` of its row (NULLs: none)."""
-DROP_INCOMING: Final = "DELETE FROM temp.__chrysalis_incoming_v1 WHERE i = ?"
-"""Drop one staged change (a duplicate before logging, a non-winner before resolving): in
-the common case (every change new and winning) nothing is dropped, so nothing is bound."""
-LOG_INCOMING: Final = (
-    "INSERT OR IGNORE INTO __chrysalis_changes_v1 "
-    "(site_id, db_version, seq, table_name, key_values, row_values) "
-    "SELECT site_id, db_version, seq, table_name, key_values, row_values "
-    "FROM temp.__chrysalis_incoming_v1 ORDER BY i"
-)
-"""Log every staged change (the caller dropped the duplicates first)."""
-RESOLVE_INCOMING: Final = (
-    "INSERT INTO __chrysalis_resolved_rows_v2 "
-    "(table_name, key_values, db_version, site_id, seq, deleted) "
-    "SELECT table_name, key_values, db_version, site_id, seq, row_values IS NULL "
-    "FROM temp.__chrysalis_incoming_v1 WHERE true ORDER BY i "
-    "ON CONFLICT (table_name, key_values) DO UPDATE SET db_version = excluded.db_version, "
-    "site_id = excluded.site_id, seq = excluded.seq, deleted = excluded.deleted"
-)
-"""Record every staged change as its row's winner (the caller left one per row). ``WHERE
-true`` keeps SQLite from reading ``ON CONFLICT`` as part of a join."""
-CLEAR_INCOMING: Final = "DELETE FROM temp.__chrysalis_incoming_v1"
 
 INSERT_ORIGIN: Final = "INSERT OR IGNORE INTO __chrysalis_origins_v1 (site_id) VALUES (?)"
-SELECT_FOR_PEER: Final = (
-    "SELECT c.site_id, c.db_version, c.seq, c.table_name, c.key_values, c.row_values "
-    "FROM __chrysalis_frontiers_v5 AS f JOIN __chrysalis_changes_v1 AS c "
-    "ON c.site_id = f.origin_site_id AND c.db_version > f.synced_at "
-    "WHERE f.peer_pid = ? AND f.peer_site_id = ? AND f.eligible = 1 "
-    "ORDER BY c.site_id, c.db_version, c.seq"
-)
 UPSERT_FRONTIER_ELIGIBLE: Final = (
     "INSERT INTO __chrysalis_frontiers_v5 "
     "(peer_pid, peer_site_id, origin_site_id, synced_at, eligible) VALUES (?, ?, ?, 0, ?) "

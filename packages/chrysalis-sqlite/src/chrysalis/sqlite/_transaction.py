@@ -2,28 +2,30 @@
 
 Why explicit capture: the stdlib ``sqlite3`` exposes no session/changeset API, and triggers
 would capture writes the application never meant to replicate. So the application runs its own
-SQL in a replica transaction and names the rows it changed: ``capture_upsert`` reads the full
-row back inside the same transaction (so the captured row is exactly what was stored), and
-``capture_delete`` records the key. ``commit`` then, in the *same* SQLite transaction, bumps the
-logical clock to a new version ``V``, appends one change-log record per mutation with the
-origin tuple ``(V, local site, seq)`` and records that tuple as the row's current winner.
-Application rows, log, clock and winners therefore commit or roll back together.
+SQL in a replica transaction and names the rows it changed (``capture_upsert`` /
+``capture_delete``). ``commit`` then, in the *same* SQLite transaction, bumps the logical clock
+to a new version ``V`` and records, per captured row, the origin tuple ``(V, local site, seq)``
+(``seq``: the capture's index in the transaction; the last capture of a row wins) in the row's
+clock entry. Application rows, clock and clock entries commit or roll back together.
+
+Why captures are only remembered until the commit (issue 6): the clock layout keeps no copy of
+a row, so a capture needs only the row's key. The commit then writes every clock entry of a
+table with one ``INSERT ... SELECT`` joined with the table (see ``_sql``): the join supplies
+the stored key (type affinity applied, so ``7`` captured on a TEXT key is the row ``'7'``), and
+its change count finds a missing row and, with each row held to an equal share of the byte
+bound, bounds the version's size without a second lookup per row (the exact size is measured
+only when a row is above its share). A capture costs one Python call and no SQL; the errors a
+read-back used to raise at capture time (``MissingRowError``, ``NonUniqueKeyError``) and the
+byte bound are raised by ``commit``, which then rolls the whole transaction back.
 
 Each transaction is bounded (``MAX_CHANGES_PER_VERSION`` mutations, ``MAX_VERSION_BYTES``
-encoded bytes) so that one version always fits one outbound batch.
-
-Why the capture path is shaped for speed: capture overhead is measured against plain inserts
-(``benchmarks/sqlite_capture.py``). Per captured row the irreducible work is the read-back (or
-``RETURNING``) and the encoding; everything else is batched. Captures are kept as one flat
-list ``[table, key, row, table, key, row, ...]`` (no per-row record objects), and ``commit``
-appends them to the change log with multi-row ``INSERT`` statements of constant SQL text, then
-derives every row winner from those log rows in one ``INSERT ... SELECT`` (see ``_sql``). The
-statements and their order are an implementation detail: what commits is exactly one log row
-and one winner per mutation, numbered in capture order, as before.
+encoded bytes, checked with an upper bound of the rows' encodings) so that one version always
+fits one outbound batch.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
@@ -42,7 +44,7 @@ from chrysalis.sqlite._errors import (
 )
 from chrysalis.sqlite._schema import TableSchema
 from chrysalis.sqlite._scope import SITE_ID_LEN
-from chrysalis.sqlite._values import SqlValue, encode_row_and_key, encode_values
+from chrysalis.sqlite._values import MAX_BYTES, SqlValue, encode_values
 
 if TYPE_CHECKING:
     from chrysalis.sqlite._replica import Replica
@@ -67,8 +69,11 @@ TransactionBehavior = Literal["DEFERRED", "IMMEDIATE", "EXCLUSIVE"]
 _CHANGE_OVERHEAD: Final = 4 + 1 + 8 + 4 + SITE_ID_LEN + 8
 """Encoded bytes of a change besides its table name, key and row (see ``encode_change``)."""
 
-_MAX_CAPTURE_ITEMS: Final = 3 * MAX_CHANGES_PER_VERSION
-"""``MAX_CHANGES_PER_VERSION`` in entries of the flattened capture list."""
+_STABLE_KINDS_CACHE: Final = 256
+"""Most (table, value types) combinations whose ``tx.upsert`` path a replica remembers."""
+
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
 
 
 class ReplicaTransaction:
@@ -76,23 +81,41 @@ class ReplicaTransaction:
 
     Run application SQL with ``execute`` / ``executemany`` (or on ``connection``), and name
     every replicated row it changed with ``capture_upsert`` (after the write) or
-    ``capture_delete``. ``commit()`` makes the application writes, the change-log records, the
-    new logical version and the row winners durable together, and returns the version (``None``
-    when nothing was captured). ``rollback()`` discards everything. As a context manager it
-    commits on normal exit and rolls back on an exception. At most
-    ``MAX_CHANGES_PER_VERSION`` mutations and ``MAX_VERSION_BYTES`` encoded bytes may be
-    captured (``TransactionTooLargeError``).
+    ``capture_delete``. ``commit()`` makes the application writes, the new logical version and
+    the rows' clock entries durable together, and returns the version (``None`` when nothing
+    was captured). ``rollback()`` discards everything. As a context manager it commits on
+    normal exit and rolls back on an exception. At most ``MAX_CHANGES_PER_VERSION`` mutations
+    (``TransactionTooLargeError`` from the capture) and ``MAX_VERSION_BYTES`` encoded bytes
+    (from ``commit``) may be captured.
     """
 
-    __slots__ = ("_bytes", "_captures", "_conn", "_cursor", "_open", "_replica", "version")
+    __slots__ = (
+        "_conn",
+        "_deletes",
+        "_json",
+        "_keys",
+        "_open",
+        "_replica",
+        "_schemas",
+        "_stable_kinds",
+        "_stable_rows",
+        "_tables",
+        "_text_keyed",
+        "version",
+    )
 
     def __init__(self, replica: Replica, conn: sqlite3.Connection) -> None:
         self._replica = replica
         self._conn = conn
-        self._cursor = conn.cursor()  # reused by every capture (no cursor object per row)
-        # ``table, key_blob, row_blob`` per mutation, flattened (``row_blob`` None: a delete)
-        self._captures: list[str | bytes | None] = []
-        self._bytes = 0
+        self._schemas = replica._schemas
+        self._text_keyed = replica._text_keyed
+        self._stable_rows = replica._stable_rows
+        self._stable_kinds = replica._stable_kinds
+        # per capture, in order: table name and key values; and which captures are deletes
+        self._tables: list[str] = []
+        self._keys: list[tuple[SqlValue, ...]] = []
+        self._deletes: set[int] = set()
+        self._json = replica._json_capture  # every key so far is TEXT or INTEGER
         self._open = True
         self.version: int | None = None
         """The version this transaction committed (``None`` before, or with no captures)."""
@@ -110,7 +133,7 @@ class ReplicaTransaction:
     @property
     def pending_mutations(self) -> int:
         """Mutations captured so far."""
-        return len(self._captures) // 3
+        return len(self._keys)
 
     def _check_open(self) -> None:
         if not self._open:
@@ -120,7 +143,8 @@ class ReplicaTransaction:
         self, sql: str, parameters: Sequence[object] | Mapping[str, object] = ()
     ) -> sqlite3.Cursor:
         """Run one application statement inside the transaction."""
-        self._check_open()
+        if not self._open:
+            self._check_open()
         return self._conn.execute(sql, parameters)
 
     def executemany(
@@ -131,50 +155,89 @@ class ReplicaTransaction:
         return self._conn.executemany(sql, parameters)
 
     def capture_upsert(self, table: str, key: Sequence[object]) -> None:
-        """Capture the current full row of ``table`` with primary key ``key``.
+        """Capture the row of ``table`` with primary key ``key`` as written by this
+        transaction.
 
-        The row is read inside this transaction, so it is exactly what the transaction wrote.
-        The captured key is taken from the stored row (its stored types). Raises
-        ``MissingSchemaError``, ``InvalidMutationError`` (key arity, NULL key, value SQLite
-        cannot hold), ``MissingRowError``, ``NonUniqueKeyError`` or
-        ``TransactionTooLargeError``.
+        Nothing is read now: ``commit`` records the row's key as stored (after type affinity)
+        and raises ``MissingRowError`` if the row no longer exists then (unless a later
+        ``capture_delete`` of the same key replaced this capture) or ``NonUniqueKeyError`` if
+        the key finds several rows. Raises ``MissingSchemaError``, ``InvalidMutationError`` (key
+        arity, NULL key, a value SQLite cannot hold) or ``TransactionTooLargeError`` at once.
         """
-        self._check_open()
+        if not self._open:
+            self._check_open()
+        schema = self._schemas.get(table)
+        if (
+            schema is not None
+            and table in self._text_keyed
+            and type(key) is tuple
+            and len(key) == 1
+            and type(key[0]) is str
+            and key[0].isascii()
+            and "\0" not in key[0]
+            and len(self._keys) < MAX_CHANGES_PER_VERSION
+        ):  # the common case, checked inline: one ASCII text key
+            self._tables.append(table)
+            self._keys.append(key)  # type: ignore[arg-type]
+            return
         schema = self._replica._schema(table)
-        params = check_key(schema, key)
-        cursor = self._cursor
-        cursor.execute(schema.select_row_sql, params)
-        rows = cursor.fetchmany(2)
-        if not rows:
-            raise MissingRowError(f"no row of {quote(table)} has key {quote(params)}")
-        if len(rows) > 1:
-            raise NonUniqueKeyError(f"several rows of {quote(table)} have key {quote(params)}")
-        self._capture_row(schema, rows[0])
+        self._push(schema, check_key(schema, key), False)
 
     def upsert(self, table: str, row: Sequence[object]) -> tuple[SqlValue, ...]:
         """Write the full ``row`` of ``table`` (insert, or update on a key conflict) and capture
-        it, in one statement; returns the row as stored (after SQLite's type affinity, with an
-        ``INTEGER PRIMARY KEY`` given as ``None`` filled in).
+        it; returns the row as stored (after SQLite's type affinity, with an ``INTEGER PRIMARY
+        KEY`` given as ``None`` filled in).
 
         Equivalent to an application upsert followed by ``capture_upsert``. ``row`` lists every
         column in ``columns`` order. Raises what ``capture_upsert`` raises,
         ``InvalidMutationError`` for a row of the wrong length, and ``sqlite3`` errors from the
         write itself.
         """
-        self._check_open()
-        schema = self._replica._schema(table)
+        if not self._open:
+            self._check_open()
+        schema = self._schemas.get(table) or self._replica._schema(table)
         if len(row) != len(schema.columns):
             raise InvalidMutationError(
                 f"table {quote(table)} has {len(schema.columns)} columns, got {len(row)} values"
             )
-        cursor = self._cursor
-        cursor.execute(schema.upsert_returning_sql, row)
-        stored = cursor.fetchone()
-        if stored is None:  # a keys-only table whose row already existed (DO NOTHING)
-            stored = self._conn.execute(schema.select_row_sql, schema.key_of(row)).fetchone()
-            if stored is None:
-                raise MissingRowError(f"the upsert into {quote(table)} left no row")
-        return self._capture_row(schema, stored)
+        # whether a row of these value types is stored exactly as given, remembered per
+        # (table, types) in a bounded cache: the per-value check costs more than the insert
+        kinds = (table, *map(type, row))
+        stable_kinds = self._stable_kinds
+        exact = stable_kinds.get(kinds)
+        if exact is None:
+            stable = self._stable_rows.get(table)
+            exact = stable is not None and all(
+                type(v) in types for v, types in zip(row, stable, strict=True)
+            )
+            if len(stable_kinds) < _STABLE_KINDS_CACHE:
+                stable_kinds[kinds] = exact
+        stored: tuple[SqlValue, ...] | None
+        if exact:  # stored exactly as given: no ``RETURNING`` needed
+            self._conn.execute(schema.upsert_sql, row)
+            stored = tuple(row)  # type: ignore[arg-type]
+        else:
+            stored = self._conn.execute(schema.upsert_returning_sql, row).fetchone()
+            if stored is None:  # a keys-only table whose row already existed (DO NOTHING)
+                stored = self._conn.execute(schema.select_row_sql, schema.key_of(row)).fetchone()
+                if stored is None:
+                    raise MissingRowError(f"the upsert into {quote(table)} left no row")
+        if table in self._text_keyed:
+            value = stored[schema.key_indexes[0]]
+            if (
+                type(value) is str
+                and value.isascii()
+                and "\0" not in value
+                and len(self._keys) < MAX_CHANGES_PER_VERSION
+            ):
+                self._tables.append(table)
+                self._keys.append((value,))
+                return stored
+        key = tuple(stored[i] for i in schema.key_indexes)
+        if None in key:
+            raise InvalidMutationError(f"the stored key of {quote(table)} is NULL")
+        self._push(schema, key, False)
+        return stored
 
     def delete(self, table: str, key: Sequence[object]) -> bool:
         """Delete the row of ``table`` with primary key ``key`` and capture the deletion;
@@ -183,21 +246,8 @@ class ReplicaTransaction:
         self._check_open()
         schema = self._replica._schema(table)
         params = check_key(schema, key)
-        deleted = self._conn.execute(schema.delete_sql, params).rowcount > 0
-        self._capture_key(schema, params)
-        return deleted
-
-    def _capture_row(self, schema: TableSchema, row: tuple[SqlValue, ...]) -> tuple[SqlValue, ...]:
-        for i in schema.key_indexes:
-            if row[i] is None:
-                raise InvalidMutationError(f"the stored key of {quote(schema.table)} is NULL")
-        try:
-            key_blob, row_blob = encode_row_and_key(row, schema.key_indexes)
-        except CodecError as exc:
-            msg = f"row of {quote(schema.table)} cannot be replicated: {exc}"
-            raise InvalidMutationError(msg) from None
-        self._push(schema.table, key_blob, row_blob)
-        return row
+        self._push(schema, params, True)  # checks the key before anything is deleted
+        return self._conn.execute(schema.delete_sql, params).rowcount > 0
 
     def capture_delete(self, table: str, key: Sequence[object]) -> None:
         """Capture the deletion of the row of ``table`` with primary key ``key``.
@@ -208,55 +258,279 @@ class ReplicaTransaction:
         """
         self._check_open()
         schema = self._replica._schema(table)
-        self._capture_key(schema, check_key(schema, key))
+        self._push(schema, check_key(schema, key), True)
 
-    def _capture_key(self, schema: TableSchema, key: tuple[object, ...]) -> None:
-        try:
-            key_blob = encode_values(key)
-        except CodecError as exc:
-            msg = f"key of {quote(schema.table)} cannot be replicated: {exc}"
-            raise InvalidMutationError(msg) from None
-        self._push(schema.table, key_blob, None)
-
-    def _push(self, table: str, key_blob: bytes, row_blob: bytes | None) -> None:
-        captures = self._captures
-        size = _CHANGE_OVERHEAD + len(table) + len(key_blob) + len(row_blob or b"")
-        if len(captures) >= _MAX_CAPTURE_ITEMS:
+    def _push(self, schema: TableSchema, key: tuple[object, ...], deleted: bool) -> None:
+        keys = self._keys
+        if len(keys) >= MAX_CHANGES_PER_VERSION:
             raise TransactionTooLargeError(
                 f"a transaction may capture at most {MAX_CHANGES_PER_VERSION} mutations"
             )
-        if self._bytes + size > MAX_VERSION_BYTES:
-            raise TransactionTooLargeError(
-                f"a transaction may capture at most {MAX_VERSION_BYTES} encoded bytes"
-            )
-        self._bytes += size
-        captures += (table, key_blob, row_blob)
+        stable = self._replica._clocks[schema.table].json_types
+        for value, types in zip(key, stable, strict=True):
+            kind = type(value)
+            if kind is str:
+                if not value.isascii():  # type: ignore[attr-defined]
+                    _check_text(schema, value)  # type: ignore[arg-type]
+                if "\0" in value:  # type: ignore[operator]
+                    self._json = False  # SQLite's JSON functions end a text at a NUL
+            elif kind is int:
+                if not _I64_MIN <= value <= _I64_MAX:  # type: ignore[operator]
+                    _invalid(schema, "integer out of 64-bit range")
+            else:
+                key = _check_other(schema, key)
+                self._json = False
+                break
+            if kind not in types:
+                self._json = False
+        if deleted:
+            self._deletes.add(len(keys))
+        self._tables.append(schema.table)
+        keys.append(key)  # type: ignore[arg-type]
 
     def commit(self) -> int | None:
         """Commit; returns the new logical version, or ``None`` when nothing was captured.
 
-        On any error the transaction is rolled back and the error re-raised.
+        Raises (after rolling everything back) ``MissingRowError`` for a captured upsert whose
+        row is gone, ``NonUniqueKeyError``, ``TransactionTooLargeError`` when the captured rows
+        may take more than ``MAX_VERSION_BYTES`` encoded, and ``CorruptMetadataError`` when a
+        clock entry is newer than the new version (the clock is behind its entries). On any
+        error the transaction is rolled back and the error re-raised.
         """
         self._check_open()
         conn = self._conn
-        captures = self._captures
+        captured = bool(self._keys)
         try:
-            if not captures:
-                conn.execute("COMMIT")
-            else:
+            if captured:
                 (version,) = conn.execute(_sql.BUMP_CLOCK).fetchone()
-                site = self._replica.site_id
-                _append_local_changes(conn, site, version, captures)
-                conn.execute(_sql.RESOLVE_LOCAL_VERSION, (site, version))
-                conn.execute("COMMIT")
+                self._write_clock(version)
                 self.version = version
+            conn.execute("COMMIT")
         except BaseException:
+            self.version = None
             self._end(rollback=True)
             raise
         self._end(rollback=False)
-        if captures:
+        if captured:
             self._replica._changed()
         return self.version
+
+    def _write_clock(self, version: int) -> None:
+        """Record every captured row's clock entry ``(version, local origin, seq)`` and, per
+        table, which keys the version wrote (``__chrysalis_versions_v1``)."""
+        replica = self._replica
+        conn = self._conn
+        origin = replica._local_origin
+        if not self._json:
+            self._normalize_keys()
+        tables, keys, delete_seqs = self._tables, self._keys, self._deletes
+        n = len(keys)
+        names = set(tables)
+        # the common case: one table, upserts only, each row captured once
+        simple = len(names) == 1 and not delete_seqs and len(set(keys)) == n
+        last: dict[tuple[str, tuple[SqlValue, ...]], int] = {}
+        if not simple:
+            # the last capture of each (table, key) stands for the row; earlier ones are dropped
+            last = dict(zip(zip(tables, keys, strict=True), range(n), strict=True))
+        total = 0
+        captures = n if simple else len(last)
+        unique = replica._unique_keys()
+        estimated: list[tuple[TableSchema, _sql.ClockSql, list[int], str | None]] = []
+        for table in sorted(names):
+            schema = replica._schemas[table]
+            clock = replica._clocks[table]
+            width = len(schema.primary_key)
+            upserts: list[int] = []
+            deletes: list[int] = []
+            if simple:
+                upserts = list(range(n))
+            else:
+                for (name, _), seq in last.items():
+                    if name == table:
+                        (deletes if seq in delete_seqs else upserts).append(seq)
+                upserts.sort()
+                deletes.sort()
+            json_ok = self._json
+            if upserts:
+                entries = self._entries(upserts, width) if json_ok else None
+                bound, exact = self._write_upserts(
+                    schema, clock, version, origin, upserts, entries, captures, table in unique
+                )
+                total += bound
+                if not exact:
+                    estimated.append((schema, clock, upserts, entries))
+            if deletes:
+                entries = self._entries(deletes, width) if json_ok else None
+                total += self._write_deletes(schema, clock, version, origin, deletes, entries)
+            if total > MAX_VERSION_BYTES and estimated:
+                # a share-based bound is too coarse here: measure those rows exactly
+                for schema_, clock_, seqs_, entries_ in estimated:
+                    total -= len(seqs_) * (MAX_VERSION_BYTES // captures)
+                    total += self._measure(schema_, clock_, seqs_, entries_, version)
+                estimated.clear()
+            if total > MAX_VERSION_BYTES:
+                raise TransactionTooLargeError(
+                    f"a transaction may capture at most {MAX_VERSION_BYTES} encoded bytes "
+                    f"(its rows may take up to {total})"
+                )
+            if json_ok:
+                written: str | bytes = (
+                    entries  # type: ignore[assignment]
+                    if not deletes or not upserts
+                    else self._entries(sorted(upserts + deletes), width)
+                )
+            else:
+                written = b"".join(encode_values(keys[seq]) for seq in sorted(upserts + deletes))
+            conn.execute(_sql.INSERT_VERSION, (origin, version, table, written))
+
+    def _normalize_keys(self) -> None:
+        """Replace every captured key by the values its table stores for it (type affinity
+        applied, through the table's ``TEMP`` key table), so that keys captured with
+        different types for one row are recognised as one row."""
+        conn = self._conn
+        keys = self._keys
+        by_table: dict[str, list[int]] = {}
+        for seq, table in enumerate(self._tables):
+            by_table.setdefault(table, []).append(seq)
+        for table, seqs in by_table.items():
+            _, insert, take = self._replica._clocks[table].normalize
+            conn.executemany(insert, [(seq, *keys[seq]) for seq in seqs])
+            for seq, *values in conn.execute(take).fetchall():
+                keys[seq] = tuple(values)
+
+    def _entries(self, seqs: list[int], width: int) -> str:
+        """The JSON array of ``ClockSql``: key ``seq`` at index ``seq``, ``null`` elsewhere."""
+        keys = self._keys
+        entries: list[object]
+        if width == 1:
+            if len(seqs) == len(keys):
+                return _json_array([k[0] for k in keys])
+            entries = [None] * (seqs[-1] + 1)
+            for seq in seqs:
+                entries[seq] = keys[seq][0]
+        else:
+            entries = [None] * (seqs[-1] + 1)
+            for seq in seqs:
+                entries[seq] = list(keys[seq])
+        return json.dumps(entries, separators=(",", ":"))
+
+    def _write_upserts(
+        self,
+        schema: TableSchema,
+        clock: _sql.ClockSql,
+        version: int,
+        origin: int,
+        seqs: list[int],
+        entries: str | None,
+        captures: int,
+        unique: bool,
+    ) -> tuple[int, bool]:
+        """Write the clock entries of the captured upserts ``seqs`` of ``schema`` (``entries``:
+        their JSON array, or ``None`` for the per-row statements); returns an upper bound of
+        their encoded size and whether it was measured (``False``: the bound is their share,
+        ``len(seqs)`` of ``captures``, of ``MAX_VERSION_BYTES``). ``unique``: whether the
+        table's key is known to be unique (else the rows are counted first)."""
+        conn = self._conn
+        keys = self._keys
+        n = len(seqs)
+        per_row = _per_row(schema)
+        if entries is not None and unique:
+            # The fast path: one statement writes the entry of every row that exists and
+            # whose values take at most an equal share of the byte bound (the join supplies
+            # the stored key). When it writes them all, every row was found, once, and the
+            # rows fit their share: no second lookup per row.
+            quota = MAX_VERSION_BYTES // captures
+            params = (version, origin, entries, quota - per_row)
+            written = conn.execute(clock.capture_upserts, params).rowcount
+            if written == n:
+                return n * quota, False
+            total = self._measure(schema, clock, seqs, entries, version)
+        else:
+            written = 0
+            total = self._measure(schema, clock, seqs, entries, version)
+        if total > MAX_VERSION_BYTES:
+            return total, True  # the caller raises TransactionTooLargeError
+        if entries is not None:
+            # rows above their share, but the version fits: write those
+            params = (version, origin, entries, _I64_MAX)
+            written += conn.execute(clock.capture_upserts, params).rowcount
+        else:
+            for seq in seqs:
+                cursor = conn.execute(clock.capture_upsert_one, (version, origin, seq, *keys[seq]))
+                written += cursor.rowcount
+        if written != n:
+            self._explain_mismatch(schema, seqs, version)
+        return total, True
+
+    def _measure(
+        self,
+        schema: TableSchema,
+        clock: _sql.ClockSql,
+        seqs: list[int],
+        entries: str | None,
+        version: int,
+    ) -> int:
+        """An upper bound of the encoded size of the captured upserts ``seqs`` of ``schema``
+        (their keys as the JSON array ``entries``, or ``None`` for per-row statements); raises
+        ``MissingRowError`` / ``NonUniqueKeyError`` unless exactly one row per capture is
+        found."""
+        conn = self._conn
+        if entries is not None:
+            found, size, key_size = conn.execute(clock.measure, (entries,)).fetchone()
+        else:
+            found, size, key_size = 0, 0.0, 0.0
+            for seq in seqs:
+                one = conn.execute(clock.measure_one, self._keys[seq]).fetchone()
+                found += one[0]
+                size += one[1]
+                key_size += one[2]
+        if found != len(seqs):
+            self._explain_mismatch(schema, seqs, version)
+        return len(seqs) * _per_row(schema) + int(size) + int(key_size)
+
+    def _explain_mismatch(self, schema: TableSchema, seqs: list[int], version: int) -> None:
+        """Why the captured upserts of ``schema`` did not write one clock entry each."""
+        conn = self._conn
+        for seq in seqs:
+            key = self._keys[seq]
+            rows = conn.execute(schema.select_row_sql, key).fetchmany(2)
+            if not rows:
+                raise MissingRowError(f"no row of {quote(schema.table)} has key {quote(key)}")
+            if len(rows) > 1:
+                raise NonUniqueKeyError(
+                    f"several rows of {quote(schema.table)} have key {quote(key)}"
+                )
+        raise CorruptMetadataError(
+            f"a clock entry of {quote(schema.table)} is at or above the new local version "
+            f"{version} (the clock is behind its entries)"
+        )
+
+    def _write_deletes(
+        self,
+        schema: TableSchema,
+        clock: _sql.ClockSql,
+        version: int,
+        origin: int,
+        seqs: list[int],
+        entries: str | None,
+    ) -> int:
+        """Write the tombstones of the captured deletes ``seqs``; returns their encoded size."""
+        conn = self._conn
+        keys = self._keys
+        if entries is not None:
+            written = conn.execute(clock.capture_deletes, (version, origin, entries)).rowcount
+        else:
+            written = 0
+            for seq in seqs:
+                cursor = conn.execute(clock.capture_delete_one, (*keys[seq], version, origin, seq))
+                written += cursor.rowcount
+        if written != len(seqs):
+            raise CorruptMetadataError(
+                f"a clock entry of {quote(schema.table)} is at or above the new local version "
+                f"{version} (the clock is behind its entries)"
+            )
+        size = sum(len(encode_values(keys[seq])) for seq in seqs)
+        return len(seqs) * (_CHANGE_OVERHEAD + len(schema.table)) + size
 
     def rollback(self) -> None:
         """Discard the transaction (application writes and captures). Idempotent."""
@@ -265,8 +539,7 @@ class ReplicaTransaction:
 
     def _end(self, *, rollback: bool) -> None:
         self._open = False
-        self._captures = []
-        self._cursor.close()
+        self._tables, self._keys, self._deletes = [], [], set()
         try:
             if rollback and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
@@ -289,24 +562,55 @@ class ReplicaTransaction:
             self.rollback()
 
 
-def _append_local_changes(
-    conn: sqlite3.Connection, site: bytes, version: int, captures: list[str | bytes | None]
-) -> None:
-    """Append the flattened ``captures`` to the change log as ``(site, version, 0..n-1)``, in
-    chunks of ``_sql.LOCAL_CHUNK_SIZES`` rows, largest first."""
-    count = len(captures) // 3
-    seq = 0
+def _json_array(values: list[SqlValue]) -> str:
+    """``values`` as a JSON array. Why not just ``json.dumps``: for a hundred short texts it
+    costs more than the commit's other Python together; texts that need no escaping (no
+    quote, backslash or unprintable character) are joined as they are."""
     try:
-        for size in _sql.LOCAL_CHUNK_SIZES:
-            sql = _sql.INSERT_LOCAL_CHANGES[size]
-            while count - seq >= size:
-                conn.execute(sql, [site, version, seq, *captures[3 * seq : 3 * (seq + size)]])
-                seq += size
-    except sqlite3.IntegrityError as exc:
-        raise CorruptMetadataError(
-            f"local version {version} is already in the change log (the clock is behind the "
-            f"log): {exc}"
-        ) from None
+        joined = '","'.join(values)  # type: ignore[arg-type]
+    except TypeError:  # not only texts
+        pass
+    else:
+        if (
+            joined.isprintable()
+            and "\\" not in joined
+            and joined.count('"') == 2 * (len(values) - 1)
+        ):
+            return f'["{joined}"]'
+    return json.dumps(values, separators=(",", ":"))
+
+
+def _per_row(schema: TableSchema) -> int:
+    """Encoded bytes of an upsert of ``schema`` besides its values' lengths as BLOBs: per
+    value at most 9 (a number's text is longer than its encoding's payload, a text's or
+    blob's is exact), per list 4."""
+    columns = len(schema.columns) + len(schema.primary_key)
+    return _CHANGE_OVERHEAD + len(schema.table) + 8 + 9 * columns
+
+
+def _invalid(schema: TableSchema, why: str) -> None:
+    raise InvalidMutationError(f"key of {quote(schema.table)} cannot be replicated: {why}")
+
+
+def _check_text(schema: TableSchema, value: str) -> None:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        _invalid(schema, "text that is not valid Unicode")
+    else:
+        if size > MAX_BYTES:
+            _invalid(schema, "text too long")
+
+
+def _check_other(schema: TableSchema, key: tuple[object, ...]) -> tuple[SqlValue, ...]:
+    """A key with values other than TEXT and INTEGER, checked by encoding it (bytes-like values
+    become ``bytes``)."""
+    values = tuple(bytes(v) if isinstance(v, bytearray | memoryview) else v for v in key)
+    try:
+        encode_values(values)
+    except CodecError as exc:
+        _invalid(schema, str(exc))
+    return values  # type: ignore[return-value]
 
 
 def check_key(schema: TableSchema, key: Sequence[object]) -> tuple[object, ...]:

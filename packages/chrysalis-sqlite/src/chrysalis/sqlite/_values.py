@@ -1,10 +1,11 @@
 """SQLite values and their wire encoding (the v5 value list).
 
 Why a module of its own: the same byte encoding is used on the wire (inside ``Change``) and in
-storage (the ``key_values`` / ``row_values`` blobs of the change log and the resolved-row table).
-Row identity compares these *encoded bytes*, so the encoding must be canonical: every value has
-exactly one encoding, and decoding then encoding gives back the same bytes. That is why
-``Integer 7`` and ``Real 7.0`` are different keys.
+storage (the keys of ``__chrysalis_versions_v1`` rows that JSON cannot carry). A receiver
+compares a change's key with its row's key as received, so the encoding must be canonical:
+every value has exactly one encoding, and decoding then encoding gives back the same bytes
+(``Integer 7`` and ``Real 7.0`` encode differently). Row identity in storage is the table's own
+key comparison (the clock tables' key columns have the table's affinities).
 
 Encoding (all integers big-endian): a value is ``u8 tag`` and a payload: 0 NULL (nothing),
 1 INTEGER (i64), 2 REAL (the IEEE-754 bit pattern as u64), 3 TEXT (u32 length + UTF-8),
@@ -78,11 +79,29 @@ def encode_row_and_key(row: Sequence[object], key_indexes: Sequence[int]) -> tup
 
 
 def _encode_each(values: Sequence[object]) -> list[bytes]:
-    """Each value's encoding (tag and payload), in order."""
+    """Each value's encoding (tag and payload), in order.
+
+    The sender encodes every row it sends (the clock layout keeps no encoded copy), so the
+    exact types ``str`` and ``int`` are tested first by identity; other values, subclasses
+    included, take the ``isinstance`` path."""
     parts: list[bytes] = []
     append = parts.append
+    text, integer, pack_text, pack_int = str, int, _TAG_LEN.pack, _INT.pack
     for value in values:
-        if isinstance(value, str):
+        kind = type(value)
+        if kind is text:
+            try:
+                raw = value.encode()  # type: ignore[attr-defined]
+            except UnicodeEncodeError:
+                raise CodecError(f"TEXT value {quote(value)} is not valid Unicode") from None
+            if len(raw) > MAX_BYTES:
+                raise CodecError(f"TEXT value of {len(raw)} bytes exceeds {MAX_BYTES}")
+            append(pack_text(3, len(raw)) + raw)
+        elif kind is integer:
+            if not _I64_MIN <= value <= _I64_MAX:  # type: ignore[operator]
+                raise CodecError(f"INTEGER {quote(value)} does not fit in 64 bits")
+            append(pack_int(1, value))
+        elif isinstance(value, str):
             try:
                 raw = value.encode()
             except UnicodeEncodeError:
