@@ -297,3 +297,62 @@ def test_thread_notifier_coalesces_and_never_loses_a_wakeup() -> None:
         assert readable()
     finally:
         notifier.close()
+
+
+def test_request_response_traffic_receives_one_datagram_per_step_and_loses_nothing() -> None:
+    """On a real UDP socket (level-triggered): after a few steps that each found one lone
+    datagram, a step asks for one datagram only (no second, empty receive); queued small
+    datagrams are then taken one per step, in order, while the descriptor stays readable;
+    a full-size datagram or a fuller batch returns to full draining within the same step."""
+    import socket as stdlib_socket
+
+    from chrysalis.datagram import UdpSocket
+
+    endpoint = FakeEndpoint()
+    sock = UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0), gso=False, gro=False)
+    peer = stdlib_socket.socket(stdlib_socket.AF_INET, stdlib_socket.SOCK_DGRAM)
+    try:
+        target = sock.local_addr.to_sockaddr()
+        driver = EndpointDriver(cast(QuicEndpoint, endpoint), sock)
+        (fd,) = sock.readiness_fds()
+
+        def readable() -> bool:
+            return bool(select.select([fd], [], [], 0)[0])
+
+        def send(*payloads: bytes) -> None:
+            for payload in payloads:
+                peer.sendto(payload, target)
+            deadline = 100
+            while not readable() and deadline:  # loopback delivery is immediate, but bounded
+                deadline -= 1
+                select.select([], [], [], 0.001)
+
+        for index in range(6):  # request/response: one lone datagram per step
+            send(b"q%d" % index)
+            assert driver.step() is False
+        assert [data for data, _ in endpoint.fed] == [b"q%d" % index for index in range(6)]
+        endpoint.fed.clear()
+
+        send(b"a", b"b", b"c")  # three small datagrams queued at once
+        assert driver.step() is False
+        assert [data for data, _ in endpoint.fed] == [b"a"]  # one per step now
+        assert readable()  # the rest re-fires the level-triggered descriptor
+        steps = 0
+        while readable() and steps < 10:
+            driver.step()
+            steps += 1
+        assert [data for data, _ in endpoint.fed] == [b"a", b"b", b"c"]
+        endpoint.fed.clear()
+
+        for index in range(6):  # back to lone datagrams
+            send(b"r%d" % index)
+            driver.step()
+        endpoint.fed.clear()
+        big = [bytes([index]) * 1200 for index in range(4)]
+        send(*big)  # full-size datagrams: bulk data, drained in the same step
+        driver.step()
+        assert [data for data, _ in endpoint.fed] == big
+        assert not readable()
+    finally:
+        peer.close()
+        sock.shutdown()

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from chrysalis.core import Pid
+from chrysalis.core.completion import ConnectionClosed
 from chrysalis.datagram import InprocNetwork
 from chrysalis.quic import QuicConfig
 from chrysalis.quic._driver import (
@@ -43,6 +44,63 @@ async def receive_to_the_end(stream: TrioStream) -> None:
     while await stream.receive_some(10):
         pass
     raise AssertionError("the stream read as a clean EOF")
+
+
+def quic_stream(stream: TrioStream) -> Any:
+    """The QUIC engine's state of ``stream`` (aioquic's ``QuicStream``), or None."""
+    endpoint = stream.connection.endpoint._endpoint
+    connection = endpoint._conns.get(stream.ref.connection)
+    if connection is None:
+        return None
+    engine: Any = connection.engine  # the aioquic engine (the default)
+    return engine._streams.get(stream.ref.stream)
+
+
+def is_clogged(stream: TrioStream, peer: TrioStream) -> bool:
+    """True when the writer of ``stream`` stays blocked until ``peer`` reads, whatever the
+    timers do (called when every task is blocked, so no work is runnable):
+
+    - the peer's adapter holds its whole read-ahead and posts no receive: nothing consumes
+      the stream at the peer, so its flow-control limit cannot grow;
+    - both ends agree on that limit (no window update is on its way);
+    - every byte up to the limit was sent and acknowledged (no byte or acknowledgement is on
+      its way, so every send that fits below the limit has completed);
+    - and the writer is still blocked: what it holds in flight crosses the limit.
+    """
+    reader = peer.core
+    if reader.buffered < reader.core.options.read_ahead or reader.posted:
+        return False
+    sending, receiving = quic_stream(stream), quic_stream(peer)
+    if sending is None or receiving is None:
+        return False
+    limit = receiving.max_stream_data_local
+    return (
+        receiving.max_stream_data_local_sent == limit
+        and sending.max_stream_data_remote == limit
+        and sending.sender._buffer_start == limit
+        and not stream.core.writable_now()
+    )
+
+
+async def clog(stream: TrioStream, peer: TrioStream) -> None:
+    """Write to ``stream`` until its writer is provably blocked (see ``is_clogged``), then
+    cancel the blocked write (its bytes stay queued, so the stream stays clogged)."""
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def fill() -> None:
+                while True:
+                    await stream.send_all(b"c" * 1024)
+
+            nursery.start_soon(fill)
+            while True:
+                # Quiescent first (every runnable task ran, I/O polled), then the condition;
+                # progress rides on timers (acknowledgements), so re-check after a tick.
+                await trio.testing.wait_all_tasks_blocked()
+                if is_clogged(stream, peer):
+                    break
+                await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -77,19 +135,11 @@ def test_clogged_streams_pass_the_backpressure_checks() -> None:
                 # The suite's 1 MiB duplex exchange runs on normal windows.
                 return await connected_stream_pair(fast_first, fast_second)
 
-            async def clog(stream: TrioStream) -> None:
-                for _ in range(200):
-                    with trio.move_on_after(0.03) as scope:
-                        await stream.send_all(b"c" * 1024)
-                    if scope.cancelled_caught:
-                        return
-                raise AssertionError("the stream never clogged")
-
             async def clogged_maker() -> tuple[TrioStream, TrioStream]:
                 # Clogged both ways: the suite also runs with the pair flipped.
                 opened, accepted = await connected_stream_pair(first, second)
-                await clog(opened)
-                await clog(accepted)
+                await clog(opened, accepted)
+                await clog(accepted, opened)
                 return opened, accepted
 
             await trio.testing.check_half_closeable_stream(maker, clogged_maker)
@@ -146,9 +196,25 @@ def test_peer_reset_is_a_broken_resource_with_the_code_chained() -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_connection_loss_breaks_blocked_receivers(mode: str) -> None:
+    # The completion model delivers a blocked read's ``ReceiveStatus.CLOSED`` before the
+    # connection's ``ConnectionClosed`` (which carries the close codes). With the thread
+    # driver the adapter can dispatch the first, and run the woken reader, before the driver
+    # thread has queued the second. This test forces that ordering on both drivers: it holds
+    # the ``ConnectionClosed`` back, proves the reader is still waiting (it must not report a
+    # lost connection without its codes), then delivers it.
     async def main() -> None:
         async with open_endpoint_pair(driver=mode) as (first, second):
             opened, accepted = await connected_stream_pair(first, second)
+            core = second._core
+            deliver = core._handlers[ConnectionClosed]
+            held: list[ConnectionClosed] = []
+            arrived = trio.Event()
+
+            def hold(completion: ConnectionClosed) -> None:
+                held.append(completion)
+                arrived.set()
+
+            core._handlers[ConnectionClosed] = hold
             outcome: list[BaseException] = []
 
             async def receiver() -> None:
@@ -159,8 +225,13 @@ def test_connection_loss_breaks_blocked_receivers(mode: str) -> None:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(receiver)
-                await trio.sleep(0.01)
+                await trio.testing.wait_all_tasks_blocked()  # the read is posted and waiting
                 opened.connection.close(5)
+                await arrived.wait()  # the read's completion was dispatched before it
+                await trio.testing.wait_all_tasks_blocked()  # the woken reader has run
+                assert not outcome, "the reader gave up before the close codes arrived"
+                core._handlers[ConnectionClosed] = deliver
+                deliver(held[0])
             assert isinstance(outcome[0].__cause__, ConnectionLostError)
             assert outcome[0].__cause__.application_code == 5
 

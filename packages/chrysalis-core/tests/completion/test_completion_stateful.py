@@ -105,6 +105,8 @@ class Accepted:
 
 
 class EndpointMachine(RuleBasedStateMachine):
+    threadsafe = True
+
     def __init__(self) -> None:
         super().__init__()
         self.ch = EndpointChannels[str](
@@ -113,6 +115,7 @@ class EndpointMachine(RuleBasedStateMachine):
             completion_credits=CREDITS,
             event_credits=EVENTS,
             completion_queue_capacity=COMPLETION_QUEUE,
+            threadsafe=self.threadsafe,
         )
         self.accepted: dict[Key, Accepted] = {}
         self.admission: list[Key] = []  # admitted, not yet popped (FIFO model)
@@ -502,3 +505,16 @@ class EndpointMachine(RuleBasedStateMachine):
 
 TestEndpointMachine = EndpointMachine.TestCase
 TestEndpointMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+class SingleThreadedEndpointMachine(EndpointMachine):
+    """The same model with ``threadsafe=False`` (the inline drivers' lock-free paths): one
+    thread drives both sides, so every guarantee above must hold unchanged."""
+
+    threadsafe = False
+
+
+TestSingleThreadedEndpointMachine = SingleThreadedEndpointMachine.TestCase
+TestSingleThreadedEndpointMachine.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None
+)

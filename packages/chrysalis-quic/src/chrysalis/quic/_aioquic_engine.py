@@ -31,6 +31,11 @@ its choices conflict with Chrysalis and are changed here, each as narrowly as ai
    queued since the last call, so it leaves in the same packet (RFC 9000 section 13.2.1
    allows acknowledging sooner); without new data the delay is unchanged.
 
+6. **Cheaper packets.** The base class is ``_aioquic_fast.FastQuicConnection``: aioquic's
+   hot paths (flush, short-header receive, ACK processing, timers) restated for the
+   established state with identical behaviour, pinned to aioquic 1.7.2 (aioquic's own code on
+   any other version, or with ``fast=False``).
+
 Addresses are the endpoint's ``DatagramAddr`` values: aioquic only compares them (its one use
 of IP structure, the server's preferred address, is never configured here), so no synthetic
 address mapping is needed.
@@ -49,7 +54,6 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
     CONNECTION_LIMIT_FRAME_CAPACITY,
     MAX_STREAM_DATA_FRAME_CAPACITY,
-    QuicConnection,
     QuicConnectionId,
     QuicConnectionState,
 )
@@ -60,6 +64,7 @@ from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from chrysalis.core import CID_LEN, DatagramAddr
+from chrysalis.quic._aioquic_fast import FastQuicConnection
 from chrysalis.quic._config import QuicConfig
 from chrysalis.quic._engine import (
     CidIssued,
@@ -90,7 +95,7 @@ key that is never reused, so a peer retiring CIDs in a loop must not drain the k
 
 
 @final
-class AioquicConnection(QuicConnection):
+class AioquicConnection(FastQuicConnection):
     """``QuicConnection`` with endpoint-chosen CIDs, client-certificate requests and
     consumption-driven receive windows; implements ``EngineConnection``.
 
@@ -102,6 +107,8 @@ class AioquicConnection(QuicConnection):
         original_dcid: server only: the destination CID of the client's first Initial.
         retry_scid: server only: the Retry's source CID when the client answered a Retry.
         max_streams_bidi: bidirectional streams the peer may open.
+        fast: use the steady-state fast paths of ``_aioquic_fast`` (they are off anyway on an
+            aioquic other than the pinned version); False runs aioquic's own code throughout.
     """
 
     def __init__(
@@ -114,12 +121,14 @@ class AioquicConnection(QuicConnection):
         original_dcid: bytes | None = None,
         retry_scid: bytes | None = None,
         max_streams_bidi: int,
+        fast: bool = True,
     ) -> None:
         super().__init__(
             configuration=configuration,
             original_destination_connection_id=original_dcid,
             retry_source_connection_id=retry_scid,
         )
+        self._enable_fast_paths(fast)
         self._chrysalis_issue_cid = issue_cid
         self._chrysalis_cid_budget = _CID_ISSUE_BUDGET
         self._chrysalis_stream_window = configuration.max_stream_data
@@ -185,6 +194,8 @@ class AioquicConnection(QuicConnection):
                 )
                 buf.push_uint_var(limit.value)
                 limit.sent = limit.value
+
+    _stream_limits_on_change_only = True  # see FastQuicConnection: true of the override below
 
     def _write_stream_limits(
         self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream

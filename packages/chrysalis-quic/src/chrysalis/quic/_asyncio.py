@@ -285,6 +285,15 @@ class _InlineDriver:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = _NEVER
+        deadline = self._driver.deadline
+        if deadline is not None and deadline > self._loop.time():
+            # Armed for a deadline that has since moved later (every packet sent pushes the
+            # loss timer out; an ACK that rode along cancels the ACK timer): re-arm for the
+            # real one instead of running a whole step. ``deadline`` is current: it is
+            # refreshed by every flush, and anything that could move it queues a step.
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+            self._timer_at = deadline
+            return
         self._run()
 
     def _on_writable(self) -> None:
@@ -350,7 +359,8 @@ class _InlineDriver:
     def _arm(self) -> None:
         driver = self._driver
         loop = self._loop
-        if not driver.socket_failed:
+        # Registered descriptors and nothing blocked (the common case): only the timer.
+        if (not self._fds or driver.blocked_destination is not None) and not driver.socket_failed:
             sock = driver.socket
             if not self._fds:
                 sock.add_recv_waker(self._notifier.notify_io)

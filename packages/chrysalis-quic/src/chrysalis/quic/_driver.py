@@ -158,6 +158,10 @@ DEFAULT_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 """Bytes ``write`` may hold locally (not yet admitted) before it raises."""
 _MAX_SEND_CHUNK: Final = 1024 * 1024
 _DIRECT_SEND: Final = 16 * 1024
+_LONE_STEPS: Final = 4  # steps with one lone datagram before receiving one at a time
+_LONE_RECHECK: Final = 8  # then every 8th step drains fully again
+_LONE_LIMIT: Final = 1 << 20  # the counter wraps back to _LONE_STEPS here
+_BULK_DATAGRAM: Final = 1000  # a datagram this large is taken as part of a bulk transfer
 _DISPATCH_BATCH: Final = 256
 _MAX_DEFERRED: Final = 4096
 _THREAD_MAX_WAIT: Final = 1.0
@@ -424,9 +428,11 @@ class EndpointDriver:
         "_drains_fully",
         "_endpoint",
         "_lock",
+        "_lone",
         "_max_pending",
         "_max_segments",
         "_metas",
+        "_one",
         "_pending",
         "_pending_count",
         "_receive_batches",
@@ -467,6 +473,16 @@ class EndpointDriver:
         self._drains_fully = isinstance(socket, UdpSocket | UnixDatagramSocket) and bool(
             socket.readiness_fds()
         )
+        # Request/response traffic: once several steps in a row found at most one lone
+        # datagram, a step asks the carrier for one datagram only, which spares its second,
+        # empty system call (and the exception that reports it); more queued input re-fires
+        # the level-triggered descriptor. Every ``_LONE_RECHECK``-th step drains fully
+        # again, and a fuller batch, a GRO aggregate or a full-size datagram (bulk data,
+        # not a request, a response or an acknowledgement) returns to full draining at once,
+        # as does a step that sends more than two datagrams (its acknowledgements will come
+        # in bursts).
+        self._one = self._buffers[:1]
+        self._lone = 0
         self._max_pending = max(1, max_pending_datagrams)
         self._pending: deque[DatagramTransmit] = deque()
         self._pending_count = 0
@@ -570,10 +586,14 @@ class EndpointDriver:
         counters = self._counters
         full = min(len(buffers), DATAGRAM_BATCH_SIZE)
         drains_fully = self._drains_fully
+        lone = self._lone
+        single = drains_fully and lone >= _LONE_STEPS and lone % _LONE_RECHECK
+        if drains_fully:
+            self._lone = lone + 1 if lone < _LONE_LIMIT else _LONE_STEPS
         for _ in range(self._receive_batches):
             metas.clear()
             try:
-                count = sock.try_recv(buffers, metas)
+                count = sock.try_recv(self._one if single else buffers, metas)
             except InvalidDataError:
                 counters[5] += 1
                 continue
@@ -587,6 +607,7 @@ class EndpointDriver:
                 return False
             if not count:
                 return False
+            bulk = False  # a GRO aggregate or a full-size datagram: part of a stream of data
             for index in range(count):
                 meta = metas[index]
                 view = views[index]
@@ -595,13 +616,22 @@ class EndpointDriver:
                 source = meta.source
                 if stride <= 0 or stride >= length:
                     counters[1] += 1
+                    if length >= _BULK_DATAGRAM:
+                        bulk = True
                     feed(bytes(view[:length]), source, now)
                 else:
+                    bulk = True
                     for start in range(0, length, stride):
                         counters[1] += 1
                         feed(bytes(view[start : min(start + stride, length)]), source, now)
-            if drains_fully and count == 1 < full:
-                return False
+            if drains_fully:
+                if count > 1 or bulk:
+                    self._lone = 0  # a stream of data: drain fully
+                    if single:
+                        single = False
+                        continue  # and drain the rest of this burst now
+                if single or count == 1 < full:
+                    return False
         return True
 
     def _fail_socket(self) -> None:
@@ -621,9 +651,30 @@ class EndpointDriver:
         if self._socket_failed:
             self._counters[4] += len(batch)
             return
-        if batch:
-            self._queue(batch)
         pending = self._pending
+        if len(batch) == 1 and not pending:
+            # One datagram and nothing queued before it (every request/response step): send
+            # it straight away, without building a transmit. A refusal queues it as usual.
+            data, destination = batch[0]
+            counters = self._counters
+            try:
+                sent = self._socket.try_send_to(data, destination)
+            except SocketClosedError:
+                self._fail_socket()
+                return
+            except OSError:  # this destination refused (unreachable, gone, too large)
+                counters[4] += 1
+                self._blocked = None
+                return
+            if sent:
+                counters[2] += 1
+                counters[3] += 1
+                self._blocked = None
+                return
+        if batch:
+            if len(batch) > 2:
+                self._lone = 0  # sending a stream of data: its acknowledgements come in bursts
+            self._queue(batch)
         sock = self._socket
         counters = self._counters
         while pending:
@@ -891,6 +942,14 @@ _RX_FIN: Final = 1
 _RX_RESET: Final = 2
 _RX_LOST: Final = 3
 _RX_STOPPED: Final = 4
+# The endpoint ended the receive half because the connection is going (``ReceiveStatus.CLOSED``),
+# but its ``ConnectionClosed``, which carries the close codes, has not been dispatched yet. The
+# completion model delivers it after every completion of the connection's operations, and with
+# the thread driver (or staged event credits) the application can drain the first before the
+# endpoint has queued the second: a reader that raised at once would report a lost connection
+# without its codes. Readers keep waiting in this state; nothing more is posted, and
+# ``ConnectionClosed`` (or ``StreamClosed``, or the driver stopping) turns it into ``_RX_LOST``.
+_RX_CLOSING: Final = 5
 # Finish progress.
 _EOF_NONE: Final = 0
 _EOF_WANTED: Final = 1
@@ -1101,7 +1160,8 @@ class StreamCore:
     @property
     def at_eof(self) -> bool:
         """True when every byte was read and the peer finished (or nothing more can come)."""
-        return not self.rlen and self.rstate != _RX_OPEN
+        state = self.rstate
+        return not self.rlen and state != _RX_OPEN and state != _RX_CLOSING
 
     def post_receive(self) -> WouldBlock[Any] | None:
         """Keep one receive posted while the stream is open and the buffer has room."""
@@ -1158,8 +1218,11 @@ class StreamCore:
         """Remove and return exactly ``count`` buffered bytes (``count <= buffered``)."""
         if count <= 0:
             return b""
-        parts = [self.take(count)]
-        missing = count - len(parts[0])
+        first = self.take(count)
+        missing = count - len(first)
+        if not missing:
+            return first  # one chunk held it all (the common case)
+        parts = [first]
         while missing:
             part = self.take(missing)
             parts.append(part)
@@ -1219,7 +1282,8 @@ class StreamCore:
                 raise StreamClosedError("the stream is closed")
             if self.rlen:
                 return self.take(max_bytes)
-            if self.rstate != _RX_OPEN:
+            state = self.rstate
+            if state != _RX_OPEN and state != _RX_CLOSING:
                 error = self._receive_error()
                 if error is None:
                     return b""
@@ -1228,12 +1292,30 @@ class StreamCore:
             if blocked is not None:
                 await blocked.released.wait_async(blocked.epoch)
                 continue
-            await self._wait_read()
+            event = self.rwait
+            if event is None:
+                event = self.rwait = self.core.runtime.event()
+            await event.wait()
 
     async def read_exactly(self, count: int) -> bytes:
         """Read exactly ``count`` bytes; ``IncompleteReadError`` at an earlier clean EOF."""
         if count <= 0:
             return b""
+        # Wait here for the first bytes (one coroutine less than through read_some).
+        if (
+            self.rlen < count
+            and self.rstate == _RX_OPEN
+            and not self.read_closed
+            and self.post_receive() is None
+            and self.rstate == _RX_OPEN
+            and not self.rlen
+        ):
+            event = self.rwait
+            if event is None:
+                event = self.rwait = self.core.runtime.event()
+            await event.wait()
+        if self.rlen >= count and not self.read_closed:
+            return self.take_buffered(count)
         parts: list[bytes] = []
         missing = count
         while missing:
@@ -1260,7 +1342,7 @@ class StreamCore:
     async def wait_readable(self, buffered: int = 0) -> None:
         """Wait until more than ``buffered`` bytes are buffered or the receive side ended (no
         bytes consumed); ``StreamClosedError`` after a local close."""
-        while self.rlen <= buffered and self.rstate == _RX_OPEN:
+        while self.rlen <= buffered and (self.rstate == _RX_OPEN or self.rstate == _RX_CLOSING):
             if self.read_closed:
                 raise StreamClosedError("the stream is closed")
             blocked = self.post_receive()
@@ -1295,7 +1377,9 @@ class StreamCore:
         elif status is ReceiveStatus.STOPPED:
             self._terminate_receive(_RX_STOPPED)
         elif status is ReceiveStatus.CLOSED:
-            self._terminate_receive(_RX_LOST)
+            # Final only when nothing will tell us more (see ``_RX_CLOSING``).
+            final = self.reclaimed or self.conn.state >= _FAILED or self.core.stopped
+            self._terminate_receive(_RX_LOST if final else _RX_CLOSING)
         self._wake_readers()
 
     # -- sending ------------------------------------------------------------------------------
@@ -1309,7 +1393,24 @@ class StreamCore:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Queue ``data`` (copied unless it is ``bytes``) and submit what the bounds allow."""
-        self.check_writable()
+        if self.write_closed or self.werror is not None:
+            self.check_writable()  # raises
+        if type(data) is bytes and not self.pending:
+            # The common case (nothing waits before it, so order is kept): submit the
+            # caller's immutable bytes at once, without the pending queue. Whatever the
+            # bounds refuse takes the general path below, which queues it and retries.
+            core = self.core
+            size = len(data)
+            if 0 < size <= core.max_send_piece and (
+                self.in_flight + size <= core.options.write_high_water
+            ):
+                try:
+                    core.submitter.send_nowait(self.ref, data)
+                except (WouldBlock, SubmissionClosed, ExceedsBudget):
+                    pass
+                else:
+                    self.in_flight += size
+                    return
         size = len(data) if not isinstance(data, memoryview) else data.nbytes
         if not size:
             return
@@ -1538,7 +1639,9 @@ class StreamCore:
 
     def on_closed(self, completion: StreamClosed) -> None:
         self.reclaimed = True
-        if self.rstate == _RX_OPEN:  # cannot happen (reclaim needs a terminal receive half)
+        if self.rstate == _RX_OPEN or self.rstate == _RX_CLOSING:
+            # OPEN cannot happen (reclaim needs a terminal receive half); CLOSING: the stream
+            # is gone before its connection (no codes to wait for).
             self.rstate = _RX_LOST
         if self.werror is None and (self.pending or self.eof != _EOF_SENT):
             # The endpoint ended the send half without our FIN: the peer stopped reading.
@@ -1552,7 +1655,7 @@ class StreamCore:
         return self.reclaimed and not self.in_flight and not self.posted
 
     def on_connection_lost(self) -> None:
-        if self.rstate == _RX_OPEN:
+        if self.rstate == _RX_OPEN or self.rstate == _RX_CLOSING:
             self.rstate = _RX_LOST
         if self.werror is None and (self.pending or self.in_flight or not self.write_closed):
             self._fail_write(StreamBrokenError("the connection closed"))
@@ -2087,6 +2190,9 @@ class EndpointSettings:
             completion_credits=self.completion_credits,
             event_credits=self.event_credits,
             driver_notifier=notifier,
+            # Inline, the driver and the application share the event loop's thread: the
+            # channels' per-operation locks can go (see ``EndpointChannels``).
+            threadsafe=self.driver != "inline",
         )
         now = clock()
         endpoint = QuicEndpoint(

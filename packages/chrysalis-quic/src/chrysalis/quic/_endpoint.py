@@ -866,7 +866,10 @@ class QuicEndpoint:
                     continue
                 if batch:
                     conn.datagrams_sent += len(batch)
-                    conn.bytes_sent += sum(len(datagram) for datagram, _ in batch)
+                    if len(batch) == 1:
+                        conn.bytes_sent += len(batch[0][0])
+                    else:
+                        conn.bytes_sent += sum(len(datagram) for datagram, _ in batch)
                     out.extend(batch)
                 # Writing can queue events too (a NEW_CONNECTION_ID announces a CID): route it
                 # before the peer can use it.
@@ -1114,7 +1117,8 @@ class QuicEndpoint:
         new work is taken (the application must consume completions first)."""
         if self._state is EndpointState.STOPPED:
             return
-        self._flush_staged()
+        if self._staged:
+            self._flush_staged()
         submissions = self._channels.submissions
         bound = self._config.max_submissions_per_poll
         if len(self._staged) < self._config.max_staged_completions:
@@ -1128,7 +1132,8 @@ class QuicEndpoint:
             items = submissions.drain(bound)
             for item in items:
                 self._submit(item, now)
-            self._progress()
+            if self._active:
+                self._progress()
             self._backlogged = len(cancels) >= bound or len(items) >= bound
         else:
             # Held back by staged completions: consuming them notifies; no busy polling.
@@ -1139,7 +1144,8 @@ class QuicEndpoint:
             self._begin_shutdown(now, float(self._config.shutdown_grace))
         if self._state is EndpointState.DRAINING:
             self._advance_shutdown(now)
-        self._flush_staged()
+        if self._staged:
+            self._flush_staged()
         if self._stopped_staged and not self._staged:
             self._state = EndpointState.STOPPED
             self._channels.completion_sender.close()
@@ -1148,10 +1154,18 @@ class QuicEndpoint:
         if isinstance(item, CommandSubmission):
             self._complete(item.complete(self._command(item.command, now)), item.permit)
             return
-        conn = self._conns.get(item.stream.connection)
-        stream = None if conn is None else conn.streams.get(item.stream.stream)
+        ref = item.stream
+        conn = self._conns.get(ref.connection)
+        stream = None if conn is None else conn.streams.get(ref.stream)
         if conn is None or stream is None:
             self._complete_unknown(item)
+            return
+        if type(item) is ReceiveSubmission:  # the most common operation: a read
+            stream.recv_ops.append(item)
+            if not stream.queued:
+                stream.queued = True
+                conn.runnable.append(stream)
+            self._active[conn] = None
             return
         if isinstance(item, SendSubmission):
             nbytes = len(item.payload)
@@ -1411,6 +1425,24 @@ class QuicEndpoint:
         while ops:
             op = ops[0]
             state = stream.recv_state
+            if (
+                type(op) is ReceiveSubmission
+                and state is _Recv.OPEN
+                and not stream.fin_received
+                and not op.cancellation.cancelled
+            ):
+                # The common case, a read on an open stream, without the general checks
+                # below (same outcome: it completes once it holds ``min_bytes`` or is full).
+                posted = op.posted
+                spare = posted.spare
+                if stream.buffered and spare:
+                    self._consume(conn, stream, spare, posted.append)
+                    spare = posted.spare
+                if posted.appended >= op.options.min_bytes or not spare:
+                    ops.popleft()
+                    self._complete(op.complete(ReceiveStatus.DATA), op.permit)
+                    continue
+                return
             if isinstance(op, StopSubmission):
                 ops.popleft()
                 if state is not _Recv.OPEN:

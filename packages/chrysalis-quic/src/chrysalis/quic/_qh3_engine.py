@@ -515,7 +515,9 @@ class Qh3Connection(QuicConnection):
             self._all_acked(core)
             return
         outstanding = core.outstanding_application_packets
-        low = min(packet[0] for packet in outstanding) if outstanding else 1 << 62
+        # Packet numbers are unique, so the smallest tuple holds the smallest number (no
+        # generator: this runs after every receipt).
+        low = min(outstanding)[0] if outstanding else 1 << 62
         for sid, track in list(unacked.items()):
             checkpoints = track.checkpoints
             while checkpoints and checkpoints[0][0] < low:
@@ -545,7 +547,7 @@ class Qh3Connection(QuicConnection):
         outstanding = core.outstanding_application_packets
         if not outstanding:
             return
-        top = max(packet[0] for packet in outstanding)
+        top = max(outstanding)[0]  # unique packet numbers: the largest tuple's
         for sid, track in unacked.items():
             sent = track.written - core.get_send_buffer_size(sid)
             checkpoints = track.checkpoints

@@ -20,7 +20,6 @@ sent payload or a posted buffer until the driver hands it back.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import dataclass
 from typing import final
@@ -66,12 +65,20 @@ class ByteBudget:
         capacity: the most bytes reserved at once (1 to 2**48).
         notifier: signalled after every release.
         name: a label for ``repr`` (for example "retained-send").
+        threadsafe: False promises that the budget and what it hands out are used from one
+            thread only (an inline driver and its application on one event loop): the hot
+            reserve and release paths then skip the lock.
     """
 
-    __slots__ = ("_capacity", "_lock", "_name", "_notify", "_released", "_used")
+    __slots__ = ("_capacity", "_lock", "_name", "_notify", "_released", "_single", "_used")
 
     def __init__(
-        self, capacity: int, notifier: Notifier = NOOP_NOTIFIER, *, name: str = "bytes"
+        self,
+        capacity: int,
+        notifier: Notifier = NOOP_NOTIFIER,
+        *,
+        name: str = "bytes",
+        threadsafe: bool = True,
     ) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool):
             raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
@@ -80,8 +87,9 @@ class ByteBudget:
         self._capacity = capacity
         self._used = 0
         self._lock = threading.Lock()
+        self._single = not threadsafe
         self._name = name
-        self._released = Wakeup()
+        self._released = Wakeup(threadsafe=threadsafe)
         self._notify = _fanout(notifier, self._released).notify
 
     @property
@@ -119,11 +127,22 @@ class ByteBudget:
         ``TypeError`` for a value that is not bytes-like, ``ValueError`` for a
         non-contiguous memoryview.
         """
-        view = _readonly_view(payload)
-        reservation = self.try_reserve(view.nbytes)
-        if reservation is None:
-            return None
-        return RetainedBytes._create(payload, view, reservation)
+        return self._try_retain_view(payload, _readonly_view(payload))
+
+    def _try_retain_view(self, payload: BytesLike, view: memoryview) -> RetainedBytes | None:
+        """``try_retain`` with ``view = _readonly_view(payload)`` already made by the caller
+        (a submitter needs its size first; one view per send instead of two)."""
+        nbytes = view.nbytes
+        if self._single:
+            if self._used + nbytes > self._capacity:
+                return None
+            self._used += nbytes
+        else:
+            with self._lock:
+                if self._used + nbytes > self._capacity:
+                    return None
+                self._used += nbytes
+        return RetainedBytes._create(payload, view, ByteReservation(self, nbytes))
 
     def try_post(self, buffer: bytearray, capacity: int) -> PostedBuffer | None:
         """Reserve ``capacity`` bytes for ``buffer`` (which may grow up to ``capacity``).
@@ -132,10 +151,20 @@ class ByteBudget:
         bytearray; ``ValueError`` when ``capacity < len(buffer)``.
         """
         _check_posted(buffer, capacity)
-        reservation = self.try_reserve(capacity)
-        if reservation is None:
-            return None
-        return PostedBuffer._create(buffer, capacity, reservation)
+        return self._try_post_checked(buffer, capacity)
+
+    def _try_post_checked(self, buffer: bytearray, capacity: int) -> PostedBuffer | None:
+        """``try_post`` for arguments the caller already checked (a submitter does)."""
+        if self._single:
+            if self._used + capacity > self._capacity:
+                return None
+            self._used += capacity
+        else:
+            with self._lock:
+                if self._used + capacity > self._capacity:
+                    return None
+                self._used += capacity
+        return PostedBuffer._create(buffer, capacity, ByteReservation(self, capacity))
 
     def statistics(self) -> BudgetStatistics:
         """Return an immutable snapshot of the budget."""
@@ -147,6 +176,8 @@ class ByteBudget:
 
 
 def _readonly_view(payload: BytesLike) -> memoryview:
+    if type(payload) is bytes:
+        return memoryview(payload)  # already read-only, contiguous, one-dimensional bytes
     if not isinstance(payload, bytes | bytearray | memoryview):
         raise TypeError(f"payload must be bytes-like, not {type(payload).__name__}")
     view = memoryview(payload)
@@ -195,6 +226,13 @@ class ByteReservation:
     def release(self) -> bool:
         """Return the bytes to the budget. True the first time, False afterwards."""
         budget = self._budget
+        if budget._single:
+            if self._released:
+                return False
+            self._released = True
+            budget._used -= self._nbytes
+            budget._notify()
+            return True
         with budget._lock:
             if self._released:
                 return False
@@ -306,18 +344,27 @@ class RetainedBytes:
         """Drop this view. True the first time; the last view frees the reservation."""
         share = self._share
         budget = share.reservation.budget
-        with budget._lock:
+        if budget._single:
             if self._released:
                 return False
             self._released = True
             share.views -= 1
             last = share.views == 0
+        else:
+            with budget._lock:
+                if self._released:
+                    return False
+                self._released = True
+                share.views -= 1
+                last = share.views == 0
         # Release the buffer export too, so the caller may resize its bytearray at once
         # (after a refused submission, or once the driver released the send) instead of
         # when the garbage collector reaches this object. A view that something else still
         # exports from (a consumer holding its buffer) is left to the garbage collector.
-        with contextlib.suppress(BufferError):
+        try:  # noqa: SIM105 (contextlib.suppress costs two calls, and this runs per send)
             self._view.release()
+        except BufferError:
+            pass
         if last:
             share.reservation.release()
         return True

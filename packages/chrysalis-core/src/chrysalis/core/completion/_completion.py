@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TypeAlias, final
+from typing import Any, TypeAlias, final
 
 from chrysalis.core._pid import Pid
 from chrysalis.core.completion._budget import PostedBuffer
@@ -331,6 +332,67 @@ class ReceiveCompletion:
         return memoryview(self.posted.buffer)[self.posted.start : self.end]
 
 
+# Fast construction of the two per-operation completions. A frozen dataclass's generated
+# ``__init__`` sets every field through ``object.__setattr__`` and then validates; the
+# completions a driver builds from its own submissions are valid by construction once the
+# caller's arguments were checked (``SendSubmission.complete``, ``ReceiveSubmission.complete``
+# check them and fall back to the validating constructor otherwise), and one of each is made
+# per stream operation. The slot descriptors' setters are about twice as fast.
+_new = object.__new__
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """The setter of a slotted field's descriptor (it bypasses a frozen class's guard)."""
+    setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
+    return setter
+
+
+_sc_operation = _slot_setter(SendCompletion, "operation")
+_sc_stream = _slot_setter(SendCompletion, "stream")
+_sc_nbytes = _slot_setter(SendCompletion, "nbytes")
+_sc_outcome = _slot_setter(SendCompletion, "outcome")
+_sc_through = _slot_setter(SendCompletion, "acknowledged_through")
+_rc_operation = _slot_setter(ReceiveCompletion, "operation")
+_rc_stream = _slot_setter(ReceiveCompletion, "stream")
+_rc_posted = _slot_setter(ReceiveCompletion, "posted")
+_rc_status = _slot_setter(ReceiveCompletion, "status")
+_rc_code = _slot_setter(ReceiveCompletion, "error_code")
+_rc_end = _slot_setter(ReceiveCompletion, "end")
+
+
+def _make_send_completion(
+    operation: OperationId,
+    stream: StreamRef,
+    nbytes: int,
+    outcome: SendOutcome,
+    acknowledged_through: int | None,
+) -> SendCompletion:
+    """``SendCompletion(...)`` without re-validation; equal to it when the arguments are valid
+    (the caller checked them)."""
+    completion: SendCompletion = _new(SendCompletion)
+    _sc_operation(completion, operation)
+    _sc_stream(completion, stream)
+    _sc_nbytes(completion, nbytes)
+    _sc_outcome(completion, outcome)
+    _sc_through(completion, acknowledged_through)
+    return completion
+
+
+def _make_receive_completion(
+    operation: OperationId, stream: StreamRef, posted: PostedBuffer, status: ReceiveStatus
+) -> ReceiveCompletion:
+    """``ReceiveCompletion(operation, stream, posted, status)`` without re-validation, for a
+    status that carries no error code (the caller checked it)."""
+    completion: ReceiveCompletion = _new(ReceiveCompletion)
+    _rc_operation(completion, operation)
+    _rc_stream(completion, stream)
+    _rc_posted(completion, posted)
+    _rc_status(completion, status)
+    _rc_code(completion, None)
+    _rc_end(completion, len(posted.buffer))
+    return completion
+
+
 @dataclass(frozen=True, slots=True)
 class FinishCompletion:
     """The terminal completion of a finish (local FIN after the preceding sends)."""
@@ -492,6 +554,7 @@ def completion_queue(
     notifier: Notifier = NOOP_NOTIFIER,
     *,
     space_notifier: Notifier = NOOP_NOTIFIER,
+    threadsafe: bool = True,
 ) -> tuple[CompletionSender, CompletionReceiver]:
     """Create a completion queue; return the driver's sender and the application's receiver.
 
@@ -501,12 +564,14 @@ def completion_queue(
             on lifecycle changes (the receiver's own ``arrived`` wakeup is always signalled).
         space_notifier: the driver's notifier, signalled on the full -> not-full transition
             so it can retry staged completions.
+        threadsafe: False promises that the driver and the application use the queue from
+            one thread (see ``EndpointChannels``): the hot paths then skip their locks.
     """
-    arrived = Wakeup()
+    arrived = Wakeup(threadsafe=threadsafe)
     sender: QueueSender[LeasedCompletion]
     receiver: QueueReceiver[LeasedCompletion]
     sender, receiver = bounded_queue(
-        capacity, _fanout(notifier, arrived), space_notifier=space_notifier
+        capacity, _fanout(notifier, arrived), space_notifier=space_notifier, threadsafe=threadsafe
     )
     return CompletionSender(sender), CompletionReceiver(receiver, arrived)
 

@@ -55,12 +55,20 @@ class CompletionCredits:
         capacity: the number of credits (1 to 2**24).
         notifier: signalled on every release (for example the driver's, or a consumer's).
         name: a label for ``repr`` (for example "completion" or "event").
+        threadsafe: False promises that the pool and its permits are used from one thread
+            only (an inline driver and its application on one event loop): the acquire,
+            lease and release paths then skip the lock.
     """
 
-    __slots__ = ("_capacity", "_in_use", "_lock", "_name", "_notify", "_released")
+    __slots__ = ("_capacity", "_in_use", "_lock", "_name", "_notify", "_released", "_single")
 
     def __init__(
-        self, capacity: int, notifier: Notifier = NOOP_NOTIFIER, *, name: str = "completion"
+        self,
+        capacity: int,
+        notifier: Notifier = NOOP_NOTIFIER,
+        *,
+        name: str = "completion",
+        threadsafe: bool = True,
     ) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool):
             raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
@@ -69,8 +77,9 @@ class CompletionCredits:
         self._capacity = capacity
         self._in_use = 0
         self._lock = threading.Lock()
+        self._single = not threadsafe
         self._name = name
-        self._released = Wakeup()
+        self._released = Wakeup(threadsafe=threadsafe)
         self._notify = _fanout(notifier, self._released).notify
 
     @property
@@ -97,6 +106,11 @@ class CompletionCredits:
 
     def try_acquire(self) -> CreditPermit | None:
         """Take one credit and return its permit, or None when every credit is held."""
+        if self._single:
+            if self._in_use >= self._capacity:
+                return None
+            self._in_use += 1
+            return CreditPermit(self)
         with self._lock:
             if self._in_use >= self._capacity:
                 return None
@@ -140,6 +154,13 @@ class CreditPermit:
     def release(self) -> bool:
         """Return the credit to its pool. True the first time, False afterwards."""
         pool = self._pool
+        if pool._single:
+            if self._released:
+                return False
+            self._released = True
+            pool._in_use -= 1
+            pool._notify()
+            return True
         with pool._lock:
             if self._released:
                 return False
@@ -150,6 +171,11 @@ class CreditPermit:
 
     def _lease(self) -> bool:
         """Mark the permit as backing a completion; False if released or already leased."""
+        if self._pool._single:
+            if self._released or self._leased:
+                return False
+            self._leased = True
+            return True
         with self._pool._lock:
             if self._released or self._leased:
                 return False

@@ -62,6 +62,12 @@ class EndpointChannels(Generic[C]):
         driver_notifier: how to wake the driver; a new ``Wakeup`` when omitted.
         consumer_notifier: an extra notifier for the application (``completions.arrived``
             is always signalled).
+        threadsafe: True (the default) lets the driver run on its own thread. False is a
+            promise that the driver and the application use every channel from one thread
+            (an inline driver on the application's event loop): the per-operation paths
+            (admission, credits, budgets, queue push and drain, wakeups) then skip their
+            locks, which cost about as much as a few Python calls each and are taken about
+            a dozen times per stream operation. Thread-blocking waits are then unsupported.
     """
 
     __slots__ = (
@@ -86,14 +92,25 @@ class EndpointChannels(Generic[C]):
         completion_queue_capacity: int | None = None,
         driver_notifier: Notifier | None = None,
         consumer_notifier: Notifier = NOOP_NOTIFIER,
+        threadsafe: bool = True,
     ) -> None:
-        notifier: Notifier = Wakeup() if driver_notifier is None else driver_notifier
+        notifier: Notifier = (
+            Wakeup(threadsafe=threadsafe) if driver_notifier is None else driver_notifier
+        )
         self.driver = driver
         self.driver_notifier = notifier
-        self.credits = CompletionCredits(completion_credits, name="completion")
-        self.event_credits = CompletionCredits(event_credits, notifier, name="event")
+        self.credits = CompletionCredits(
+            completion_credits, name="completion", threadsafe=threadsafe
+        )
+        self.event_credits = CompletionCredits(
+            event_credits, notifier, name="event", threadsafe=threadsafe
+        )
         queue: EndpointSubmissionQueue[C] = EndpointSubmissionQueue(
-            driver, SubmissionLimits() if limits is None else limits, self.credits, notifier
+            driver,
+            SubmissionLimits() if limits is None else limits,
+            self.credits,
+            notifier,
+            threadsafe=threadsafe,
         )
         self.commands: CommandSender[C] = queue.commands
         self.streams: StreamSubmitter = queue.streams
@@ -103,6 +120,8 @@ class EndpointChannels(Generic[C]):
             if completion_queue_capacity is None
             else completion_queue_capacity
         )
-        sender, receiver = completion_queue(capacity, consumer_notifier, space_notifier=notifier)
+        sender, receiver = completion_queue(
+            capacity, consumer_notifier, space_notifier=notifier, threadsafe=threadsafe
+        )
         self.completion_sender: CompletionSender = sender
         self.completions: CompletionReceiver = receiver

@@ -13,7 +13,7 @@ connection ID.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import final
 
 from chrysalis.core.completion._errors import IdExhausted
@@ -50,6 +50,9 @@ class DriverId:
     def __post_init__(self) -> None:
         _check_int("DriverId", self.value, 0, U16_MAX)
 
+    def __hash__(self) -> int:
+        return hash(self.value)  # equal ids have equal values (no tuple per call)
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class ConnectionRef:
@@ -57,9 +60,16 @@ class ConnectionRef:
 
     driver: DriverId
     sequence: int
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_int("ConnectionRef.sequence", self.sequence, 1, U64_MAX)
+        object.__setattr__(self, "_hash", hash((self.driver.value, self.sequence)))
+
+    def __hash__(self) -> int:
+        # Cached: refs key the endpoint's and the adapters' tables, looked up several times
+        # per stream operation, and the generated hash recursed into ``DriverId`` each time.
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,9 +78,14 @@ class StreamRef:
 
     connection: ConnectionRef
     stream: int
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_int("StreamRef.stream", self.stream, 0, QUIC_STREAM_ID_MAX)
+        object.__setattr__(self, "_hash", hash((self.connection._hash, self.stream)))
+
+    def __hash__(self) -> int:
+        return self._hash  # cached, as ``ConnectionRef``'s
 
     @property
     def driver(self) -> DriverId:
@@ -118,15 +133,22 @@ def _operation_id(driver: DriverId, sequence: int) -> OperationId:
 class _Counter:
     """A thread-safe counter yielding 1, 2, ... up to ``maximum``, then ``IdExhausted``."""
 
-    __slots__ = ("_lock", "_maximum", "_name", "_next")
+    __slots__ = ("_lock", "_maximum", "_name", "_next", "_single")
 
-    def __init__(self, name: str, maximum: int) -> None:
+    def __init__(self, name: str, maximum: int, *, threadsafe: bool = True) -> None:
         self._lock = threading.Lock()
+        self._single = not threadsafe  # one thread only: no lock
         self._next = 1
         self._maximum = maximum
         self._name = name
 
     def next(self) -> int:
+        if self._single:
+            value = self._next
+            if value > self._maximum:
+                raise IdExhausted(f"{self._name} identifiers are exhausted")
+            self._next = value + 1
+            return value
         with self._lock:
             value = self._next
             if value > self._maximum:

@@ -96,13 +96,21 @@ class _QueueCore(Generic[T]):
         "notifier",
         "senders",
         "sequence",
+        "single",
         "space_notifier",
     )
 
-    def __init__(self, capacity: int, notifier: Notifier, space_notifier: Notifier) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        notifier: Notifier,
+        space_notifier: Notifier,
+        threadsafe: bool = True,
+    ) -> None:
         self.capacity = _check_capacity(capacity)
         self.items: deque[T] = deque()
         self.lock = threading.Lock()
+        self.single = not threadsafe  # one thread only: push and drain skip the lock
         self.senders = 1
         self.admitting = True
         self.sequence = 0
@@ -115,6 +123,7 @@ def bounded_queue(
     notifier: Notifier = NOOP_NOTIFIER,
     *,
     space_notifier: Notifier = NOOP_NOTIFIER,
+    threadsafe: bool = True,
 ) -> tuple[QueueSender[T], QueueReceiver[T]]:
     """Create a bounded MPSC queue and return its first sender and its receiver.
 
@@ -125,8 +134,11 @@ def bounded_queue(
             sender closes.
         space_notifier: signalled on the full -> not-full transition and when the receiver
             closes, so senders waiting for a slot re-check.
+        threadsafe: False promises that every handle is used from one thread (an inline
+            driver and its application on one event loop): ``try_push`` and ``drain`` then
+            skip the lock.
     """
-    core: _QueueCore[T] = _QueueCore(capacity, notifier, space_notifier)
+    core: _QueueCore[T] = _QueueCore(capacity, notifier, space_notifier, threadsafe)
     return QueueSender(core), QueueReceiver(core)
 
 
@@ -158,7 +170,7 @@ class QueueSender(Generic[T]):
         if item is None:
             raise TypeError("None cannot be queued")
         core = self._core
-        with core.lock:
+        if core.single:
             if self._dropped or not core.admitting:
                 raise QueueClosed(item)
             items = core.items
@@ -167,6 +179,16 @@ class QueueSender(Generic[T]):
             was_empty = not items
             items.append(item)
             core.sequence += 1
+        else:
+            with core.lock:
+                if self._dropped or not core.admitting:
+                    raise QueueClosed(item)
+                items = core.items
+                if len(items) >= core.capacity:
+                    raise QueueFull(item)
+                was_empty = not items
+                items.append(item)
+                core.sequence += 1
         if was_empty:
             core.notifier.notify()
 
@@ -267,13 +289,21 @@ class QueueReceiver(Generic[T]):
             # Empty: no lock needed (an item pushed concurrently is taken by the next drain,
             # exactly as if it had been pushed just after this call).
             return []
-        with core.lock:
-            items = core.items
-            count = min(max_items, len(items))
-            if count == 0:
-                return []
+        items = core.items
+        if core.single:
             was_full = len(items) >= core.capacity
-            out = [items.popleft() for _ in range(count)]
+            if len(items) <= max_items:
+                out = list(items)
+                items.clear()
+            else:
+                out = [items.popleft() for _ in range(max_items)]
+        else:
+            with core.lock:
+                count = min(max_items, len(items))
+                if count == 0:
+                    return []
+                was_full = len(items) >= core.capacity
+                out = [items.popleft() for _ in range(count)]
         if was_full:
             core.space_notifier.notify()
         return out

@@ -65,13 +65,24 @@ class Wakeup:
     Args:
         max_waiters: the most coroutines that may wait at once; one more raises
             ``TooManyWaiters`` (threads are bounded by the threads that exist).
+        threadsafe: False promises that every call comes from one thread (an inline driver
+            and its application on one event loop): ``notify`` then skips its lock.
     """
 
-    __slots__ = ("_async_waiters", "_cond", "_epoch", "_lock", "_max_waiters", "_sleepers")
+    __slots__ = (
+        "_async_waiters",
+        "_cond",
+        "_epoch",
+        "_lock",
+        "_max_waiters",
+        "_single",
+        "_sleepers",
+    )
 
-    def __init__(self, *, max_waiters: int = DEFAULT_MAX_WAITERS) -> None:
+    def __init__(self, *, max_waiters: int = DEFAULT_MAX_WAITERS, threadsafe: bool = True) -> None:
         if max_waiters < 1:
             raise ValueError(f"max_waiters must be at least 1, got {max_waiters}")
+        self._single = not threadsafe
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._epoch = 0
@@ -80,7 +91,17 @@ class Wakeup:
         self._max_waiters = max_waiters
 
     def notify(self) -> None:
-        """Increment the epoch and wake every current waiter. Safe from any thread."""
+        """Increment the epoch and wake every current waiter. Safe from any thread (from
+        the owning thread only when made with ``threadsafe=False``)."""
+        if self._single and not self._sleepers:
+            # One thread: nothing can race (a lock costs as much as a few Python calls).
+            self._epoch += 1
+            waiters = self._async_waiters
+            if waiters:
+                self._async_waiters = {}
+                for wake in waiters:
+                    wake()
+            return
         with self._lock:
             self._epoch += 1
             if self._sleepers:
