@@ -12,22 +12,36 @@ Child processes are forked (``multiprocessing`` with the ``fork`` start method):
 has already imported everything, so a child starts in milliseconds and inherits shared memory
 and sockets created before the fork. Every wait here has a timeout, and a child that overstays
 is terminated; a benchmark run therefore always ends.
+
+The scripts also share their command-line plumbing (``--quick`` / ``--smoke`` / ``--json`` /
+``--case`` / ``--write-readme``), the facts about the machine that head every report, and the
+writers that put a report into its package README: one copy here keeps every script's options,
+JSON records and README sections alike.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime
+import json
 import math
 import mmap
 import multiprocessing
 import os
+import platform
+import re
 import statistics
 import struct
+import subprocess
+import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -37,11 +51,22 @@ __all__ = [
     "ChildLink",
     "SharedCounters",
     "Trial",
+    "add_run_arguments",
     "alternate",
     "alternate_sides",
+    "check_cases",
+    "filesystem_of",
     "format_rate",
+    "machine_facts",
+    "machine_line",
     "markdown_table",
     "median",
+    "partial_run_warning",
+    "run_mode",
+    "run_smoke",
+    "write_json",
+    "write_readme_section",
+    "write_readme_subsection",
 ]
 
 
@@ -402,3 +427,205 @@ class Child:
             self._process.kill()
             self._process.join(1.0)
         self._conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Command line, machine facts and README sections
+
+
+def add_run_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    quick: str,
+    smoke: str,
+    json_help: str = "also write every trial as JSON to this file",
+    cases: Iterable[str] | None = None,
+    case_help: str | None = None,
+    readme: str | None = None,
+) -> None:
+    """Add the options every benchmark script has: ``--quick`` and ``--smoke`` (with the
+    script's own description of what they shrink), ``--json OUT``, ``--case NAME``
+    (repeatable, when the script has named ``cases``; ``case_help`` replaces the generated list
+    of names) and ``--write-readme`` (when ``readme`` says what it replaces).
+
+    ``--smoke`` wins over ``--quick`` (see :func:`run_mode`): the smoke run is the one CI
+    executes, and it must stay short whatever else is given."""
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+    parser.add_argument("--json", type=Path, help=json_help)
+    if cases is not None:
+        names = ", ".join(cases)
+        parser.add_argument(
+            "--case",
+            action="append",
+            default=[],
+            help=case_help or f"run only this case (repeatable): {names}",
+        )
+    if readme is not None:
+        parser.add_argument("--write-readme", action="store_true", help=readme)
+
+
+def check_cases(
+    parser: argparse.ArgumentParser, given: Iterable[str], known: Iterable[str]
+) -> None:
+    """Exit through ``parser.error`` (status 2, usage on stderr) if ``--case`` named a case
+    the script does not have: a typo must not silently run nothing."""
+    unknown = set(given) - set(known)
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+
+
+def run_mode(args: argparse.Namespace) -> str:
+    """``"smoke"``, ``"quick"`` or ``"full"``, from the options :func:`add_run_arguments`
+    added (smoke first)."""
+    if args.smoke:
+        return "smoke"
+    return "quick" if args.quick else "full"
+
+
+def run_smoke(
+    script: Path, json_out: Path, *extra: str, cwd: Path, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script --smoke --json json_out *extra`` with this interpreter in ``cwd`` (bounded
+    by ``timeout`` seconds) and return it, stdout and stderr captured as text: how the smoke
+    tests in ``tests/`` prove that a script still works. :class:`BenchmarkError`, with the
+    tail of its stderr, if the script failed."""
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--json", str(json_out), *extra],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BenchmarkError(
+            f"{script.name} --smoke exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def partial_run_warning(mode: str) -> list[str]:
+    """Report lines (a bold warning, then a blank line) for a ``quick`` or ``smoke`` run, none
+    for a ``full`` one: numbers from a shortened run must not be quoted as the benchmark's."""
+    if mode == "full":
+        return []
+    return [
+        f"**{mode} run: fewer or shorter trials than the full benchmark; do not "
+        "quote these numbers.**",
+        "",
+    ]
+
+
+def machine_facts(script: str | None = None, argv: Sequence[str] | None = None) -> dict[str, str]:
+    """The facts that head every report and JSON record: the date, the machine (cores,
+    architecture), the Python version, the kernel release and, given the ``script``'s path
+    relative to the repository (``benchmarks/x.py``), the command line that reproduces the run
+    (``argv`` as given to ``main``; ``None`` means ``sys.argv[1:]``)."""
+    facts = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, shared with other jobs",
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+    if script is not None:
+        given = list(argv) if argv is not None else sys.argv[1:]
+        facts["command"] = f"python {script}" + "".join(f" {a}" for a in given)
+    return facts
+
+
+def machine_line(meta: dict[str, Any]) -> str:
+    """``date, machine, Python x.y.z`` from :func:`machine_facts` (for a report's header)."""
+    return f"{meta['date']}, {meta['machine']}, Python {meta['python']}"
+
+
+def filesystem_of(folder: str) -> str:
+    """The type of the file system ``folder`` lives on (``ext4``, ``tmpfs``, ...), from the
+    longest matching mount point in ``/proc/mounts``; ``"unknown"`` where that cannot be read.
+    Disk-bound numbers mean little without it (a ``tmpfs`` commit never waits for a disk)."""
+    try:
+        best = ("", "unknown")
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if (
+                    len(fields) > 2
+                    and folder.startswith(fields[1])
+                    and len(fields[1]) > len(best[0])
+                ):
+                    best = (fields[1], fields[2])
+        return best[1]
+    except OSError:
+        return "unknown"
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` as indented JSON (values JSON does not know, such as
+    paths, are written as their ``str``)."""
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one atomic rename, keeping its permission bits: an
+    interrupted run leaves the old README, never half of a new one (nor a temporary file)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(temporary, os.stat(path).st_mode & 0o777)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+_SECTION_HEADING = re.compile(r"^## ", re.MULTILINE)
+
+
+def write_readme_section(readme: Path, section: str, heading: str = "## Benchmark") -> None:
+    """Replace the ``heading`` section of ``readme`` (up to the next ``## `` heading) with
+    ``section`` (which starts with that heading), or append it at the end if absent.
+
+    Nothing else in the file changes; the file is read right before it is replaced, and
+    replaced atomically."""
+    text = readme.read_text()
+    found = re.search(rf"^{re.escape(heading)}[ \t]*$", text, re.MULTILINE)
+    if found is None:
+        updated = text.rstrip("\n") + "\n\n" + section
+    else:
+        following = _SECTION_HEADING.search(text, found.end())
+        rest = "" if following is None else "\n" + text[following.start() :]
+        updated = text[: found.start()] + section + rest
+    _replace_file(readme, updated)
+
+
+def write_readme_subsection(
+    readme: Path, heading: str, text: str, section: str = "## Benchmark"
+) -> None:
+    """Replace the subsection ``heading`` (a ``### `` line, up to the next ``### `` or ``## ``
+    heading) of the ``section`` of ``readme`` with ``text``: several scripts can share one
+    package's benchmark section, each owning its subsection.
+
+    A missing subsection is appended at the end of the section, and a missing section at the
+    end of the file; everything else in the file is left as it was (replaced atomically)."""
+    body = text.rstrip("\n") + "\n"
+    content = readme.read_text()
+    found = re.search(rf"^{re.escape(section)}[ \t]*$", content, re.MULTILINE)
+    if found is None:
+        _replace_file(readme, content.rstrip("\n") + f"\n\n{section}\n\n" + body)
+        return
+    after = _SECTION_HEADING.search(content, found.end())
+    section_end = after.start() if after is not None else len(content)
+    own = re.compile(rf"^{re.escape(heading)}[ \t]*$", re.MULTILINE).search(
+        content, found.end(), section_end
+    )
+    if own is None:
+        head = content[:section_end].rstrip("\n") + "\n\n"
+        tail = content[section_end:]
+        _replace_file(readme, head + body + ("\n" + tail if tail else ""))
+        return
+    following = re.compile(r"^##+ ", re.MULTILINE).search(content, own.end(), section_end)
+    end = following.start() if following is not None else section_end
+    tail = content[end:]
+    _replace_file(readme, content[: own.start()] + body + ("\n" + tail if tail else ""))

@@ -22,7 +22,9 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
   context in every CALL envelope).
 
     .venv/bin/python benchmarks/actor_telemetry.py            # about 40 s
+    .venv/bin/python benchmarks/actor_telemetry.py --quick    # about 15 s
     .venv/bin/python benchmarks/actor_telemetry.py --smoke    # about 3 s
+    .venv/bin/python benchmarks/actor_telemetry.py --json out.json   # every trial as JSON
 """
 
 from __future__ import annotations
@@ -38,7 +40,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import CaseResult, Trial, alternate  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    CaseResult,
+    Trial,
+    add_run_arguments,
+    alternate,
+    machine_facts,
+    run_mode,
+    write_json,
+)
 from monarch.actor import Actor, _local_proc_mesh, _telemetry, endpoint  # noqa: E402
 
 HOOKS_PER_ROUND_TRIP = 8
@@ -134,13 +144,33 @@ def run(rounds: int, trial_s: float, budget_s: float) -> list[CaseResult]:
     return results
 
 
+MODES: dict[str, tuple[int, float, float]] = {
+    "full": (12, 0.4, 15.0),
+    "quick": (6, 0.3, 5.0),
+    "smoke": (2, 0.2, 2.0),
+}
+"""Rounds, seconds of CPU per trial and budget per case (seconds) of each mode."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a few short rounds (~3 s)")
+    add_run_arguments(
+        parser, quick="fewer, shorter rounds (~15 s)", smoke="a few short rounds (~3 s)"
+    )
     args = parser.parse_args(argv)
-    rounds, trial_s, budget_s = (2, 0.2, 2.0) if args.smoke else (12, 0.4, 15.0)
+    mode = run_mode(args)
+    rounds, trial_s, budget_s = MODES[mode]
     results = run(rounds, trial_s, budget_s)
     print(table(results))
+    if args.json is not None:
+        document = {
+            "mode": mode,
+            **machine_facts("benchmarks/actor_telemetry.py", argv),
+            "config": {"rounds": rounds, "trial_cpu_s": trial_s, "budget_s": budget_s},
+            "cases": [r.to_json() for r in results],
+        }
+        write_json(args.json, document)
     loops, calls = results[0], results[1]
     if loops.measured and calls.measured:
         # One loop iteration makes HOOKS_PER_ROUND_TRIP calls: its extra cost is a round trip's.

@@ -36,11 +36,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
-import platform
-import re
 import signal
 import subprocess
 import sys
@@ -55,7 +52,14 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks._common`` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import BenchmarkError  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    BenchmarkError,
+    add_run_arguments,
+    machine_facts,
+    machine_line,
+    write_json,
+    write_readme_section,
+)
 from chrysalis.node._scale import (  # noqa: E402
     ProcessGroup,
     encode_echo_request,
@@ -276,7 +280,7 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
     )
     return (
         "## Benchmark\n\n"
-        f"`{meta['command']}`, {meta['date']}, {meta['machine']}, Python {meta['python']}"
+        f"`{meta['command']}`, {machine_line(meta)}"
         f"{note}. Task-head topology, {config.nodes_per_task} processes per task (the root's "
         f"task has the root and its Unix leaves; other tasks a UDP head and Unix leaves), "
         f"{LAUNCH_CONCURRENCY} processes starting at once in every launch, one round per "
@@ -297,57 +301,28 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
     )
 
 
-def write_readme_section(readme: Path, section: str) -> None:
-    """Replace the ``## Benchmark`` section of ``readme`` (up to the next ``## `` heading), or
-    append it at the end if absent; the file is read right before it is replaced."""
-    text = readme.read_text()
-    heading = re.search(r"^## Benchmark[ \t]*$", text, re.MULTILINE)
-    if heading is None:
-        updated = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = re.compile(r"^## ", re.MULTILINE).search(text, heading.end())
-        rest = "" if following is None else "\n" + text[following.start() :]
-        updated = text[: heading.start()] + section + rest
-    fd, temporary = tempfile.mkstemp(dir=readme.parent, prefix=".README.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(updated)
-        os.chmod(temporary, os.stat(readme).st_mode & 0o777)
-        os.replace(temporary, readme)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="8 and 16 processes")
-    parser.add_argument("--smoke", action="store_true", help="4 processes: proves it runs")
+    add_run_arguments(
+        parser,
+        quick="8 and 16 processes",
+        smoke="4 processes: proves it runs",
+        json_help="also write every record as JSON here",
+        readme="replace the '## Benchmark' section of packages/chrysalis-node/README.md",
+    )
     parser.add_argument("--size", type=int, action="append", help="processes (repeatable)")
-    parser.add_argument("--json", type=Path, help="also write every record as JSON here")
     parser.add_argument(
         "--no-import-baseline", action="store_true", help="skip the import-only launches"
-    )
-    parser.add_argument(
-        "--write-readme",
-        action="store_true",
-        help="replace the '## Benchmark' section of packages/chrysalis-node/README.md",
     )
     args = parser.parse_args(argv)
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
     sizes = tuple(args.size) if args.size else config.sizes
     if any(not 2 <= n <= 512 for n in sizes):
         parser.error("--size must be in 2..512")
-    given = list(argv) if argv is not None else sys.argv[1:]
     meta: dict[str, Any] = {
         "mode": config.mode,
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, shared with other jobs",
-        "command": "python benchmarks/node_scale.py" + "".join(f" {a}" for a in given),
-        "python": platform.python_version(),
-        "kernel": platform.release(),
+        **machine_facts("benchmarks/node_scale.py", argv),
     }
     started = time.monotonic()
     try:
@@ -360,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.json is not None:
         document = {**meta, "rounds": [r.to_json() for r in rounds]}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, document)
     if args.write_readme:
         write_readme_section(README, section)
     return 0

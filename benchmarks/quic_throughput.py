@@ -52,12 +52,8 @@ import asyncio
 import contextlib
 import cProfile
 import dataclasses
-import datetime
-import json
 import math
 import os
-import platform
-import re
 import shutil
 import sys
 import tempfile
@@ -87,7 +83,17 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks._common`` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import BenchmarkError, Child, ChildLink, median  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    BenchmarkError,
+    Child,
+    ChildLink,
+    add_run_arguments,
+    machine_facts,
+    median,
+    partial_run_warning,
+    write_json,
+    write_readme_section,
+)
 
 __all__ = [
     "CASES",
@@ -796,12 +802,7 @@ def report(rows: Sequence[Row], meta: dict[str, Any]) -> str:
         markdown_table(rows),
         "",
     ]
-    if meta["mode"] != "full":
-        lines += [
-            f"**{meta['mode']} run: fewer or shorter trials than the full benchmark; do not "
-            "quote these numbers.**",
-            "",
-        ]
+    lines += partial_run_warning(meta["mode"])
     lines += [
         "- Baseline: `aioquic.asyncio.serve` / `connect` with a stream handler (the stock "
         "asyncio adapter), over UDP only, since the stock adapter has no other carrier; the "
@@ -826,29 +827,6 @@ def report(rows: Sequence[Row], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme_section(readme: Path, section: str) -> None:
-    """Replace the ``## Benchmark`` section of ``readme`` (up to the next ``## `` heading), or
-    append it if absent, in one atomic replace of the file; nothing else changes."""
-    text = readme.read_text()
-    heading = re.search(r"^## Benchmark[ \t]*$", text, re.MULTILINE)
-    if heading is None:
-        updated = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = re.compile(r"^## ", re.MULTILINE).search(text, heading.end())
-        rest = "" if following is None else "\n" + text[following.start() :]
-        updated = text[: heading.start()] + section + rest
-    fd, temporary = tempfile.mkstemp(dir=readme.parent, prefix=".README.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(updated)
-        os.chmod(temporary, os.stat(readme).st_mode & 0o777)
-        os.replace(temporary, readme)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
 def _version(module: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -861,13 +839,13 @@ def _version(module: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="16 MiB bulk, fewer round trips")
-    parser.add_argument("--smoke", action="store_true", help="one tiny round: proves it runs")
-    parser.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        help="run only this case (repeatable): " + ", ".join(spec.name for spec in CASES),
+    add_run_arguments(
+        parser,
+        quick="16 MiB bulk, fewer round trips",
+        smoke="one tiny round: proves it runs",
+        json_help="also write every trial as JSON here",
+        cases=[spec.name for spec in CASES],
+        readme="replace the '## Benchmark' section of packages/chrysalis-quic/README.md",
     )
     parser.add_argument("--bulk-mib", type=int, help="bulk transfer size in MiB (1..1024)")
     parser.add_argument(
@@ -875,18 +853,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="candidates use the baseline's 1,200-byte datagrams and Reno, UDP without GSO/GRO",
     )
-    parser.add_argument("--json", type=Path, help="also write every trial as JSON here")
     parser.add_argument(
         "--pin", action="store_true", help="pin the server and the client to different CPUs"
     )
     parser.add_argument("--profile", type=Path, help="cProfile one role of every trial here")
     parser.add_argument(
         "--profile-role", choices=("client", "server"), default="client", help="with --profile"
-    )
-    parser.add_argument(
-        "--write-readme",
-        action="store_true",
-        help="replace the '## Benchmark' section of packages/chrysalis-quic/README.md",
     )
     args = parser.parse_args(argv)
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -896,16 +868,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = dataclasses.replace(config, bulk_bytes=args.bulk_mib * MIB)
     if args.like_for_like:
         config = dataclasses.replace(config, like_for_like=True)
-    given = list(argv) if argv is not None else sys.argv[1:]
     meta: dict[str, Any] = {
         "mode": config.mode,
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, shared with other jobs",
-        "command": "python benchmarks/quic_throughput.py" + "".join(f" {a}" for a in given),
-        "python": platform.python_version(),
+        **machine_facts("benchmarks/quic_throughput.py", argv),
         "aioquic": _version("aioquic"),
         "qh3": _version("qh3"),
-        "kernel": platform.release(),
         "gso": udp_gso_supported(),
         "pinned": args.pin,
         "config": {
@@ -931,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(section)
     if args.json is not None:
         document = {**meta, "cases": [row.to_json() for row in rows]}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, document)
     if args.write_readme:
         write_readme_section(README, section)
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,22 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.node_scale import SMOKE, write_readme_section  # noqa: E402
+from benchmarks._common import run_smoke, write_readme_section  # noqa: E402
+from benchmarks.node_scale import SMOKE  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "node_scale.py"
 
 
 def test_smoke_run_measures_launches_convergence_and_echoes(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--json", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_smoke(SCRIPT, out, cwd=tmp_path)
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     (row,) = document["rounds"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import BenchmarkError  # noqa: E402
+from benchmarks._common import BenchmarkError, run_smoke  # noqa: E402
 from benchmarks.quic_throughput import (  # noqa: E402
     BULK,
     CASES,
@@ -46,15 +45,7 @@ NAMES = {
 
 def test_smoke_run_produces_a_well_formed_row_for_every_case(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--json", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_smoke(SCRIPT, out, cwd=tmp_path)
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     rows = {row["case"]: row for row in document["cases"]}

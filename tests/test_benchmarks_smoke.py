@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,8 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import CaseResult, Trial, alternate, markdown_table  # noqa: E402
-from benchmarks.datagram_throughput import write_readme_section  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    CaseResult,
+    Trial,
+    alternate,
+    markdown_table,
+    run_smoke,
+    write_readme_section,
+)
 
 SCRIPT = ROOT / "benchmarks" / "datagram_throughput.py"
 CASES = {"udp", "udp-gso", "unixgram", "inproc", "udp-asyncio", "switch", "switch-cpu"}
@@ -24,15 +29,7 @@ CASES = {"udp", "udp-gso", "unixgram", "inproc", "udp-asyncio", "switch", "switc
 
 def test_smoke_run_produces_a_well_formed_row_for_every_carrier(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--smoke", "--json", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_smoke(SCRIPT, out, "--quick", cwd=tmp_path)  # --smoke wins over --quick
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     rows = {row["case"]: row for row in document["cases"]}

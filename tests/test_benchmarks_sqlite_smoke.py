@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.sqlite_capture import write_readme_subsection  # noqa: E402
+from benchmarks._common import run_smoke, write_readme_subsection  # noqa: E402
 from benchmarks.sqlite_replication import TREE, Case, neighbours, shares  # noqa: E402
 
 CAPTURE = ROOT / "benchmarks" / "sqlite_capture.py"
@@ -22,16 +22,7 @@ REPLICATION = ROOT / "benchmarks" / "sqlite_replication.py"
 
 
 def _run(script: Path, out: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--json", str(out)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return run_smoke(script, out, cwd=cwd)
 
 
 def _check_trials(name: str, row: dict[str, object]) -> None:
