@@ -16,7 +16,14 @@ and the median of the per-round ratios (see ``benchmarks/_common.py`` and
     the same raw single-datagram loop vs ``UdpSocket`` sending 32 x 1,200-byte GSO transmits
     (``try_send_transmit``) to a GRO receiver. Target 2x where the kernel supports GSO.
 ``unixgram``
-    raw ``AF_UNIX``/``SOCK_DGRAM`` loop vs ``UnixDatagramSocket``. Target 0.9x.
+    raw ``AF_UNIX``/``SOCK_DGRAM`` loop vs ``UnixDatagramSocket``. Target 0.9x. Fairness: both
+    sides bind filesystem paths in the same scratch directory with the same socket buffers,
+    send the same ``bytes`` payload one datagram per call to the receiver's path, wait the
+    same way when a send would block (the destination's queue of ``net.unix.max_dgram_qlen``
+    datagrams is full) and receive up to 32 datagrams per wake, one 2,048-byte buffer per
+    datagram of the batch (32 buffers each side). The baseline drops the source address that
+    ``recvfrom_into`` returns; the candidate reports length and source in
+    ``DatagramRecvMeta`` records, the contract's work.
 ``inproc``
     two *threads* of one process (the carrier is in-process by definition): the standard
     library's bounded thread-safe handoff (``queue.Queue(maxsize=1024)`` of ``(source,
@@ -62,12 +69,8 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import datetime
-import json
 import os
-import platform
 import queue
-import re
 import resource
 import select
 import shutil
@@ -93,9 +96,15 @@ from benchmarks._common import (  # noqa: E402
     ChildLink,
     SharedCounters,
     Trial,
+    add_run_arguments,
     alternate_sides,
+    machine_facts,
     markdown_table,
     median,
+    partial_run_warning,
+    run_mode,
+    write_json,
+    write_readme_section,
 )
 from chrysalis.core import ConnectionId, DatagramAddr, Pid  # noqa: E402
 from chrysalis.datagram import (  # noqa: E402
@@ -393,16 +402,21 @@ def send_transmit(sock: DatagramSocket, destination: DatagramAddr, pacer: Pacer)
 
 
 def recv_stdlib(sock: socket.socket, recorder: Recorder) -> None:
-    """Baseline receiver: drain up to 32 ``recvfrom_into`` calls, then record the batch."""
+    """Baseline receiver: drain up to 32 ``recvfrom_into`` calls, then record the batch.
+
+    Each datagram of a batch lands in its own buffer, as with the candidate's ``try_recv``
+    (32 buffers of the same size): a receiver that drains a batch before handling it must
+    keep every datagram, and overwriting one hot buffer would spare the baseline the cache
+    traffic of the buffers the candidate fills."""
     receive = sock.recvfrom_into
-    buffer = bytearray(RAW_RECV_BUFFER)
+    buffers = [bytearray(RAW_RECV_BUFFER) for _ in range(DATAGRAM_BATCH_SIZE)]
     batch = DATAGRAM_BATCH_SIZE
     wait = _fd_waiter([sock.fileno()], select.POLLIN)
     while True:
         got = 0
         try:
             while got < batch:
-                receive(buffer)
+                receive(buffers[got])
                 got += 1
         except BlockingIOError:
             pass
@@ -1392,12 +1406,7 @@ def report(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
         markdown_table(results),
         "",
     ]
-    if meta["mode"] != "full":
-        lines += [
-            f"**{meta['mode']} run: fewer or shorter trials than the full benchmark; do not "
-            "quote these numbers.**",
-            "",
-        ]
+    lines += partial_run_warning(meta["mode"])
     lines += [
         f"Kernel offload: GSO {'yes' if offload['gso'] else 'no'}, GRO "
         f"{'yes' if offload['gro'] else 'no'}, GRO aggregation on loopback "
@@ -1421,44 +1430,19 @@ def report(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme_section(readme: Path, section: str) -> None:
-    """Replace the ``## Benchmark`` section of ``readme`` (up to the next ``## `` heading),
-    or append it at the end if absent. Nothing else in the file changes."""
-    text = readme.read_text()
-    heading = re.search(r"^## Benchmark[ \t]*$", text, re.MULTILINE)
-    if heading is None:
-        readme.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    following = re.compile(r"^## ", re.MULTILINE).search(text, heading.end())
-    if following is None:
-        readme.write_text(text[: heading.start()] + section)
-    else:
-        rest = text[following.start() :]
-        readme.write_text(text[: heading.start()] + section + "\n" + rest)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a few thousand datagrams per trial, one round: proves the script works",
-    )
-    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
-    parser.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        help="run only this case (repeatable): udp, udp-gso, unixgram, inproc (with its "
+    add_run_arguments(
+        parser,
+        quick="fewer, shorter rounds",
+        smoke="a few thousand datagrams per trial, one round: proves the script works",
+        json_help="also write the results as JSON to this file",
+        cases=(),
+        case_help="run only this case (repeatable): udp, udp-gso, unixgram, inproc (with its "
         "informational inproc-deque row), udp-asyncio, switch (with its informational "
         "switch-vs-plain row), switch-cpu",
-    )
-    parser.add_argument(
-        "--write-readme",
-        action="store_true",
-        help="replace the '## Benchmark' section of the package README",
+        readme="replace the '## Benchmark' section of the package README",
     )
     parser.add_argument(
         "--no-pin",
@@ -1467,17 +1451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
-    command = "python benchmarks/datagram_throughput.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
     offload = probe_offload()
     meta: dict[str, Any] = {
-        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, shared with other jobs",
-        "command": command,
-        "python": platform.python_version(),
-        "kernel": platform.release(),
+        "mode": run_mode(args),
+        **machine_facts("benchmarks/datagram_throughput.py", argv),
         "offload": offload,
         "config": {
             "rounds": config.rounds,
@@ -1502,7 +1479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         cases = [r.to_json() for r in results if REFERENCE_OF not in r.extra]
         document = {**meta, "cases": cases}
-        args.json.write_text(json.dumps(document, indent=2, default=str) + "\n")
+        write_json(args.json, document)
     if args.write_readme:
         write_readme_section(ROOT / "packages" / "chrysalis-datagram" / "README.md", section)
     return 0

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chrysalis.core import AddressError, DatagramAddr
 from chrysalis.datagram import (
@@ -286,3 +288,82 @@ def test_every_send_waker_is_kept_and_woken_by_shutdown(
     a.add_send_waker(b.local_addr, lambda: woken.append("second"))
     a.shutdown()
     assert sorted(woken) == ["first", "second"]
+
+
+def test_equal_consecutive_datagrams_share_one_read_only_meta(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket], tmp_path: Path
+) -> None:
+    a, b = pair
+    c = UnixDatagramSocket.bind(tmp_path / "c.sock")
+    try:
+        # Same sender and length (shared), a new length, then a new sender of that length: the
+        # meta must follow the source even though the length did not change.
+        for sender, payload in ((a, b"x" * 5), (a, b"y" * 5), (a, b"z" * 3), (c, b"w" * 3)):
+            assert sender.try_send_to(payload, b.local_addr)
+        assert wait_readable(b, 2.0)
+        buffers = [bytearray(16) for _ in range(4)]
+        metas: list[DatagramRecvMeta] = []
+        assert b.try_recv(buffers, metas) == 4
+        assert metas[0] is metas[1]
+        assert [(m.source, m.length, m.stride, m.ecn) for m in metas] == [
+            (a.local_addr, 5, 5, None),
+            (a.local_addr, 5, 5, None),
+            (a.local_addr, 3, 3, None),
+            (c.local_addr, 3, 3, None),
+        ]
+        assert [bytes(buf[: m.length]) for buf, m in zip(buffers, metas, strict=True)] == [
+            b"x" * 5,
+            b"y" * 5,
+            b"z" * 3,
+            b"w" * 3,
+        ]
+        # Across calls: the next call continues from the last datagram (from c, 3 bytes).
+        for sender in (c, a):
+            assert sender.try_send_to(b"v" * 3, b.local_addr)
+        later: list[DatagramRecvMeta] = []
+        for _ in range(2):
+            assert wait_readable(b, 2.0)
+            assert b.try_recv(buffers[:1], later) == 1
+        assert later[0] is metas[3]
+        assert [(m.source, m.length) for m in later] == [(c.local_addr, 3), (a.local_addr, 3)]
+    finally:
+        _close(c)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from([0, 1, 7, 1200])), min_size=1, max_size=24
+    ),
+    st.integers(1, DATAGRAM_BATCH_SIZE + 4),
+)
+def test_any_mix_of_senders_and_lengths_gets_exact_metas(
+    sends: list[tuple[int, int]], buffer_count: int
+) -> None:
+    tag = os.urandom(6).hex()
+    receiver = UnixDatagramSocket.bind(_abstract(f"mix-rx-{tag}"))
+    senders = [UnixDatagramSocket.bind(_abstract(f"mix-tx{i}-{tag}")) for i in range(3)]
+    try:
+        expected: list[tuple[bytes, DatagramAddr]] = []
+        got: list[tuple[bytes, DatagramAddr, int, int]] = []
+        buffers = [bytearray(2048) for _ in range(buffer_count)]
+        # At most 8 datagrams queued at a time: the kernel queue holds about 10.
+        for start in range(0, len(sends), 8):
+            for n, (who, size) in enumerate(sends[start : start + 8]):
+                payload = bytes([(start + n) % 256]) * size
+                assert senders[who].try_send_to(payload, receiver.local_addr)
+                expected.append((payload, senders[who].local_addr))
+            while len(got) < len(expected):
+                metas: list[DatagramRecvMeta] = []
+                filled = receiver.try_recv(buffers, metas)
+                assert filled == len(metas) <= min(buffer_count, DATAGRAM_BATCH_SIZE)
+                got.extend(
+                    (bytes(buf[: m.length]), m.source, m.stride, m.length)
+                    for buf, m in zip(buffers, metas, strict=False)
+                )
+                if filled == 0:
+                    assert wait_readable(receiver, 2.0)
+        assert [(data, source) for data, source, _, _ in got] == expected
+        assert all(stride == length for _, _, stride, length in got)
+    finally:
+        _close(receiver, *senders)

@@ -237,6 +237,10 @@ class DatagramRecvMeta:
     datagrams of ``stride`` bytes (the last may be shorter). A plain receive has
     ``stride == length``; ``ecn`` is the received ECN codepoint when the carrier reports it.
 
+    Treat received metas as read-only: a carrier may hand out one object for several datagrams
+    that share every field, within one receive call or across calls (the Unix carrier does, so
+    a stream of equal-size datagrams from one sender costs no object per datagram).
+
     Maintenance note: the kernel and in-process carriers build one of these per received
     datagram, so their receive loops skip the Python-level ``__init__`` call (most of the
     construction cost on Python 3.11): ``object.__new__(DatagramRecvMeta)`` followed by one

@@ -126,6 +126,13 @@ class UnixDatagramSocket(DatagramSocket):
         self._state = ShutdownState()
         self._deferred_error: OSError | None = None
         self._sources: dict[Any, DatagramAddr] = {}
+        # try_recv's memo of the last datagram it delivered: (sockaddr, length, meta); the
+        # placeholder's sockaddr equals no kernel sockaddr, so the first datagram replaces it.
+        self._recv_memo: tuple[Any, int, DatagramRecvMeta] = (
+            _NOTHING,
+            -1,
+            DatagramRecvMeta(self._addr, 0, 0),
+        )
         self._source_lookup = self._sources.get  # the dict is cleared, never replaced
         # Destinations already validated by _check_path: address -> sun_path bytes.
         self._paths: dict[DatagramAddr, bytes] = {}
@@ -283,6 +290,9 @@ class UnixDatagramSocket(DatagramSocket):
         # before any set-up, the loop touches only locals, sources are cached by the kernel's
         # sockaddr (a str path or a bytes abstract name; the last one is reused without a
         # lookup), MSG_TRUNC is a plain int, and metas skip the Python-level __init__.
+        # Consecutive datagrams of one length from one sender share one meta object, also
+        # across calls (see DatagramRecvMeta: metas are read-only): a full-size stream from one
+        # peer then costs a list append per datagram instead of an object with four fields.
         limit = len(buffers)
         if limit == 0:
             return 0
@@ -299,8 +309,11 @@ class UnixDatagramSocket(DatagramSocket):
         lookup = self._source_lookup
         append = metas.append
         new = _new_object
-        last_sockaddr: Any = _NOTHING
-        source = self._addr  # (never used: the first datagram always sets it)
+        # The previous call's last datagram: its sockaddr, length and meta (one tuple, so a
+        # thread never sees a torn triple). A batch that continues the same stream makes no
+        # meta and looks nothing up.
+        last_sockaddr, last_size, meta = self._recv_memo
+        source = meta.source
         filled = 0
         try:
             while True:
@@ -311,10 +324,13 @@ class UnixDatagramSocket(DatagramSocket):
                 if sockaddr != last_sockaddr:
                     source = lookup(sockaddr) or self._new_source(sockaddr)
                     last_sockaddr = sockaddr
-                meta = new(DatagramRecvMeta)
-                meta.source = source
-                meta.length = meta.stride = size
-                meta.ecn = None
+                    last_size = -1
+                if size != last_size:
+                    meta = new(DatagramRecvMeta)
+                    meta.source = source
+                    meta.length = meta.stride = size
+                    meta.ecn = None
+                    last_size = size
                 append(meta)
                 filled += 1
                 if filled == limit:
@@ -324,7 +340,9 @@ class UnixDatagramSocket(DatagramSocket):
         except BlockingIOError:
             pass
         except OSError as error:
+            self._recv_memo = (last_sockaddr, last_size, meta)
             return self._recv_error(error, filled)
+        self._recv_memo = (last_sockaddr, last_size, meta)
         return filled
 
     def _recv_error(self, error: OSError, filled: int) -> int:
