@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from monarch.actor._lane_proto import Switch, encode_control
 from monarch.actor._node_transport import STREAM_MAGIC, NodeTransportSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_lanes import wait_for
 from test_node_transport import Cluster, Member, T, envelope
 
 
@@ -62,13 +62,6 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
-
-
-def wait_for(predicate: Any, timeout: float = T) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 class _HeldSwitch:

@@ -7,7 +7,6 @@ kills the processes it started in ``finally`` (their OS pids come from endpoints
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -32,34 +31,9 @@ from monarch.actor import (
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import nested_actors by name
 from nested_actors import Spawner
+from test_procs_mesh import _eventually_gone, _kill
 
 T = 30.0
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # an exited process not reaped yet (a zombie) counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _eventually_gone(pids: list[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(_gone(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _wait_for(fetch: Any, timeout: float = T) -> Any:
