@@ -24,6 +24,9 @@ and the median of the per-round ratios (see ``benchmarks/_common.py`` and
     datagram of the batch (32 buffers each side). The baseline drops the source address that
     ``recvfrom_into`` returns; the candidate reports length and source in
     ``DatagramRecvMeta`` records, the contract's work.
+``unixgram-recv``, ``udp-recv``
+    diagnostics, run only when named with ``--case``: the raw pair against the raw sender
+    feeding the carrier's receiver, which isolates the receive side (no target).
 ``inproc``
     two *threads* of one process (the carrier is in-process by definition): the standard
     library's bounded thread-safe handoff (``queue.Queue(maxsize=1024)`` of ``(source,
@@ -69,6 +72,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import os
 import queue
 import resource
@@ -846,6 +850,11 @@ class Bench:
                 forwarder = Child(forwarder_main, counters, destination, name="forwarder").start()
                 children.append(forwarder)
                 destination = forwarder.receive(timeout)
+            if sender_kind in (RAW_UDP, RAW_UNIX) and isinstance(destination, DatagramAddr):
+                # A raw sender to a carrier's receiver (the --case *-recv diagnostics).
+                destination = (
+                    destination.to_sockaddr() if sender_kind == RAW_UDP else destination.opaque
+                )
             sender = Child(
                 sender_main,
                 counters,
@@ -1245,9 +1254,10 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
         note: str = "",
         extra: dict[str, Any] | None = None,
         reference: Reference | None = None,
+        diagnostic: bool = False,
     ) -> None:
-        if only and name not in only:
-            return
+        if (only or diagnostic) and name not in only:
+            return  # diagnostic cases run only when named
         print(f"[{name}] {baseline_label} vs {candidate_label} ...", file=sys.stderr, flush=True)
         sides = [baseline, candidate] if reference is None else [baseline, candidate, reference.run]
         first_usage = len(bench.usage)
@@ -1317,6 +1327,20 @@ def run_cases(bench: Bench, offload: dict[str, Any], only: Sequence[str]) -> lis
         lambda: bench.pair(CHR_UNIX, CHR_UNIX),
         "two processes; the kernel queue never drops (a full queue blocks the sender)",
     )
+    for name, raw_kind, carrier_kind, label in (
+        ("unixgram-recv", RAW_UNIX, CHR_UNIX, "UnixDatagramSocket"),
+        ("udp-recv", RAW_UDP, CHR_UDP, "UdpSocket (no GRO)"),
+    ):
+        case(
+            name,
+            f"raw sender, raw receiver ({raw_kind})",
+            f"raw sender, {label} receiver",
+            None,
+            functools.partial(bench.pair, raw_kind, raw_kind),
+            functools.partial(bench.pair, carrier_kind, raw_kind),
+            "diagnostic, only with --case: the receiver alone, behind the baseline's sender",
+            diagnostic=True,
+        )
     case(
         "inproc",
         "queue.Queue + wakers (threads)",
@@ -1441,7 +1465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases=(),
         case_help="run only this case (repeatable): udp, udp-gso, unixgram, inproc (with its "
         "informational inproc-deque row), udp-asyncio, switch (with its informational "
-        "switch-vs-plain row), switch-cpu",
+        "switch-vs-plain row), switch-cpu; diagnostics run only when named: unixgram-recv, "
+        "udp-recv (a raw sender with the carrier's receiver against a raw pair)",
         readme="replace the '## Benchmark' section of the package README",
     )
     parser.add_argument(

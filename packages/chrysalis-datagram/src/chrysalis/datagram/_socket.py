@@ -540,7 +540,10 @@ class DatagramSocket(abc.ABC):
         buffers are filled; ``0`` means nothing is ready. A datagram longer than its buffer
         raises :class:`InvalidDataError` (the datagram is consumed); when that happens after
         other buffers were filled in the same call, those are returned first and the error is
-        raised by the next call. Buffers are only used during the call.
+        raised by the next call. Data is only written during the call; a carrier may keep a
+        ``bytearray`` exported between calls (the Unix and UDP carriers cache the kernel headers
+        of a reused buffer list, so such a buffer cannot be resized until ``release_buffers()``
+        or shutdown).
         """
 
     def try_recv_from(self) -> tuple[bytes, DatagramAddr] | None:

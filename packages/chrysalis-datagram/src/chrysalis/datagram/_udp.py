@@ -15,9 +15,13 @@ without checksum offload, a kernel without support) the socket remembers and fal
 ``sendto`` per datagram; ``EINVAL`` / ``EMSGSIZE`` (a segment too big for the path) fall back
 for that call only. ``gso=`` / ``gro=`` force either way.
 
-Batched receives for the datagram switch: :meth:`UdpSocket._recv_into_ring` fills a
-:class:`~chrysalis.datagram._mmsg.RecvRing` (32 ring-owned buffers) with one ``recvmmsg`` call
-where the C library has it; ``try_recv`` itself keeps receiving into the caller's buffers.
+Batched receives: without GRO, ``try_recv`` takes a whole batch with one ``recvmmsg`` call
+(through ctypes, Linux) straight into the caller's buffers
+(:class:`~chrysalis.datagram._recvmmsg.BatchReceiver`: headers cached per buffer list, a cached
+``bytearray`` cannot be resized until ``release_buffers()`` or shutdown); after a
+single-datagram batch, with GRO, and where recvmmsg is missing, it receives one datagram (or
+aggregate) per call as before. For the datagram switch :meth:`UdpSocket._recv_into_ring` fills
+a :class:`~chrysalis.datagram._mmsg.RecvRing` (32 ring-owned buffers) with one call.
 
 Bounds: a GSO call carries at most 32 datagrams (:data:`DATAGRAM_BATCH_SIZE`, below the kernel's
 64) and at most 65,507 bytes; a ``try_recv`` call performs at most 32 receives; the source
@@ -36,11 +40,13 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from chrysalis.core import UDP_SCHEME, AddressError, DatagramAddr
-from chrysalis.datagram._mmsg import RecvRing, recv_ring_supported
+from chrysalis.datagram._mmsg import RecvRing, _udp_source, recv_ring_supported
+from chrysalis.datagram._recvmmsg import BatchReceiver
 from chrysalis.datagram._socket import (
     DATAGRAM_BATCH_SIZE,
     MAX_DATAGRAM_SIZE,
     AddressInUseError,
+    AddressNotAvailableError,
     Buffer,
     DatagramRecvMeta,
     DatagramSocket,
@@ -84,6 +90,10 @@ _GSO_DISABLE_ERRNOS: Final = frozenset({errno.EIO, errno.ENOPROTOOPT, errno.EOPN
 _GSO_RETRY_PLAIN_ERRNOS: Final = frozenset({errno.EINVAL, errno.EMSGSIZE})
 _SCHEMES: Final = (UDP_SCHEME,)
 _TAG_BY_FAMILY: Final = {socket.AF_INET: 0x04, socket.AF_INET6: 0x06}
+#: One source slot of a batched receive: ``sizeof(struct sockaddr_in6)`` (28) rounded up to 8.
+_NAME_SLOT: Final = 32
+#: ``sizeof(struct sockaddr_in)`` less the family: what a batch reports for an IPv4 sender.
+_SOCKADDR_IN_TAIL: Final = 14
 
 _gso_support: dict[int, bool] = {}
 
@@ -107,7 +117,7 @@ def _set_buffer(sock: socket.socket, option: int, size: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, option, size)
 
 
-class UdpSocket(DatagramSocket):
+class UdpSocket(BatchReceiver, DatagramSocket):
     """A bound UDP socket (IPv4 or IPv6) implementing the :class:`DatagramSocket` contract.
 
     Build it with :meth:`bind`. Readiness comes from the kernel descriptor (``fileno()``);
@@ -143,6 +153,16 @@ class UdpSocket(DatagramSocket):
         # sharing the socket never see a torn pair.
         self._last_sockaddr: tuple[object, Any] = (_NOTHING, None)
         self._scratch = bytearray(_GRO_BUFFER_SIZE) if gro else None
+        # try_recv's memo of the last datagram it delivered: (sockaddr, length, meta); the
+        # placeholder's sockaddr equals no kernel sockaddr, so the first datagram replaces it.
+        self._recv_memo: tuple[Any, int, DatagramRecvMeta] = (
+            _NOTHING,
+            -1,
+            DatagramRecvMeta(self._addr, 0, 0),
+        )
+        # Batched receives without GRO (Linux): recvmmsg into the caller's buffers, see
+        # _recvmmsg.py. With GRO each receive may be an aggregate: recvmsg_into as before.
+        self._init_batches(_NAME_SLOT, enabled=not gro)
         # The GSO control message of the last segment size, as one (size, message) tuple:
         # replaced whole and read once per send, so concurrent senders of different segment
         # sizes never pair one size with another size's message.
@@ -369,9 +389,24 @@ class UdpSocket(DatagramSocket):
         self._deferred_error = failure
         return filled
 
-    def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
-        """Drain up to ``min(len(buffers), 32)`` receives; with GRO each buffer of at least
-        64 KiB may receive an aggregate (smaller buffers get whole segments of one)."""
+    def _new_raw_source(self, sockaddr: bytes) -> DatagramAddr:
+        """Convert and cache a kernel ``sockaddr_in`` / ``sockaddr_in6`` from a batch, less
+        its 2-byte family (the cache miss of a batched receive); the length tells the family
+        (14 or 26 bytes)."""
+        family = socket.AF_INET if len(sockaddr) == _SOCKADDR_IN_TAIL else socket.AF_INET6
+        source = _udp_source(family, b"\0\0" + sockaddr)
+        if len(self._sources) >= _SOURCE_CACHE_LIMIT:
+            self._sources.clear()
+        self._sources[sockaddr] = source
+        return source
+
+    def _unnamed_error(self) -> OSError:
+        return AddressNotAvailableError("UDP datagram without a source address")
+
+    def _recv_each(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
+        """``try_recv`` without batches: with GRO each buffer of at least 64 KiB may receive
+        an aggregate (smaller buffers get whole segments of one); without, one
+        ``recvfrom_into`` per datagram."""
         if self._state.closed or self._deferred_error is not None:
             self._check_recv()  # raises
         if self._gro:
@@ -546,6 +581,8 @@ class UdpSocket(DatagramSocket):
                 raise SocketClosedError()
             return self._next_from_remainder(remainder)
         self._check_recv()
+        if self._pending:  # kept from a batch that held a datagram too long for its buffer
+            return self._next_pending()
         try:
             if self._gro:
                 scratch = self._scratch
@@ -605,6 +642,7 @@ class UdpSocket(DatagramSocket):
         # ENOTCONN on an unconnected socket, yet the shutdown still wakes pollers.
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        self._drop_batches()
 
     def shutdown(self) -> None:
         """Stop: later operations raise :class:`SocketClosedError`; pollers of the descriptor
@@ -618,7 +656,12 @@ class UdpSocket(DatagramSocket):
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for shutdown, then close the kernel socket."""
-        return self._state.join(timeout, self._sock.close)
+        return self._state.join(timeout, self._release)
+
+    def _release(self) -> None:
+        with self._fd_lock:  # never under a batched receive's recvmmsg call
+            self._sock.close()
+        self.release_buffers()  # a receive that raced shutdown may have cached a batch
 
     def __del__(self) -> None:
         # Spec: sockets shut themselves down when dropped (wakes wakers, removes the file);

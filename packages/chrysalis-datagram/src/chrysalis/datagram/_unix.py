@@ -20,7 +20,11 @@ socket created); the descriptor is closed by ``join``.
 
 Per-datagram cost: a destination path is validated once and then cached, and received source
 paths are converted once and cached (at most 4,096 entries each, emptied when full), so the
-send and receive paths are a cache lookup around the system call.
+send and receive paths are a cache lookup around the system call. On Linux ``try_recv`` takes
+a whole batch with one ``recvmmsg`` call straight into the caller's buffers
+(:class:`~chrysalis.datagram._recvmmsg.BatchReceiver`: headers cached per buffer list, a
+cached ``bytearray`` cannot be resized until ``release_buffers()`` or shutdown); after a
+single-datagram batch, and where recvmmsg is missing, it is one ``recvfrom_into`` per datagram.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from chrysalis.core import UNIXGRAM_SCHEME, AddressError, DatagramAddr
+from chrysalis.datagram._recvmmsg import BatchReceiver
 from chrysalis.datagram._socket import (
     DATAGRAM_BATCH_SIZE,
     MAX_DATAGRAM_SIZE,
@@ -68,6 +73,14 @@ _MSG_TRUNC: Final = int(socket.MSG_TRUNC)  # an IntFlag operand would run enum c
 _new_object: Final = object.__new__
 _NOTHING: Final = object()  # a placeholder that is equal to nothing else
 _UNIQUE_ATTEMPTS: Final = 8
+#: ``sizeof(struct sockaddr_un)`` (110) rounded up to 8: one source slot of a batch.
+_NAME_SLOT: Final = 112
+
+
+def _unnamed_error() -> AddressNotAvailableError:
+    return AddressNotAvailableError(
+        "unix datagram from an unnamed socket (the sender must bind a path)"
+    )
 
 
 def _check_path(raw: bytes) -> bytes:
@@ -102,7 +115,7 @@ def _path_bytes(path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | Data
     raise TypeError(f"unix path must be str, bytes or DatagramAddr, not {type(path).__name__}")
 
 
-class UnixDatagramSocket(DatagramSocket):
+class UnixDatagramSocket(BatchReceiver, DatagramSocket):
     """A bound Unix datagram socket implementing the :class:`DatagramSocket` contract.
 
     Build it with :meth:`bind` or :meth:`bind_unique`. Readiness comes from ``fileno()``; the
@@ -134,6 +147,8 @@ class UnixDatagramSocket(DatagramSocket):
             DatagramRecvMeta(self._addr, 0, 0),
         )
         self._source_lookup = self._sources.get  # the dict is cleared, never replaced
+        # Batched receives (Linux): recvmmsg into the caller's buffers, see _recvmmsg.py.
+        self._init_batches(_NAME_SLOT, enabled=True)
         # Destinations already validated by _check_path: address -> sun_path bytes.
         self._paths: dict[DatagramAddr, bytes] = {}
         # The destination of the previous send and its path, as one tuple so that threads
@@ -282,10 +297,30 @@ class UnixDatagramSocket(DatagramSocket):
             self._deferred_error = None
             raise error
 
-    def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
-        """Drain up to ``min(len(buffers), 32)`` datagrams, one per buffer."""
-        if self._state.closed or self._deferred_error is not None:
-            self._check_recv()  # raises
+    #: ``msg_namelen`` of an unnamed sender: the family alone, or nothing.
+    _unnamed_len = 2
+    #: Batches from four datagrams on (``recvfrom_into`` of a Unix datagram is cheap; see
+    #: BatchReceiver).
+    _batch_from = 10
+
+    def _unnamed_error(self) -> OSError:
+        return _unnamed_error()
+
+    def _new_raw_source(self, sockaddr: bytes) -> DatagramAddr:
+        """Convert and cache a source read from a kernel ``sun_path`` (``sockaddr``: the
+        bytes after the family, ``msg_namelen - 2`` of them): an abstract name as is, a
+        filesystem path up to its NUL terminator."""
+        raw = sockaddr if sockaddr[:1] == b"\0" else sockaddr.partition(b"\0")[0]
+        if not raw:
+            raise _unnamed_error()
+        source = DatagramAddr.unixgram(raw)
+        if len(self._sources) >= _SOURCE_CACHE_LIMIT:
+            self._sources.clear()
+        self._sources[sockaddr] = source
+        return source
+
+    def _recv_each(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
+        """``try_recv`` without ``recvmmsg``: one ``recvfrom_into`` per datagram."""
         # The per-datagram loop, kept short as in UdpSocket.try_recv: the first receive comes
         # before any set-up, the loop touches only locals, sources are cached by the kernel's
         # sockaddr (a str path or a bytes abstract name; the last one is reused without a
@@ -366,6 +401,8 @@ class UnixDatagramSocket(DatagramSocket):
         """Receive one datagram (up to :data:`MAX_DATAGRAM_SIZE` bytes). A longer one is
         consumed and raises :class:`InvalidDataError`, as in ``try_recv``."""
         self._check_recv()
+        if self._pending:
+            return self._next_pending()
         try:
             # One byte more than the limit: a longer datagram arrives truncated to that size,
             # which tells it apart from one of exactly MAX_DATAGRAM_SIZE bytes.
@@ -414,6 +451,7 @@ class UnixDatagramSocket(DatagramSocket):
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._remove_file()
+        self._drop_batches()
 
     def _remove_file(self) -> None:
         file_id, self._file_id = self._file_id, None
@@ -436,7 +474,12 @@ class UnixDatagramSocket(DatagramSocket):
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for shutdown, then close the kernel socket."""
-        return self._state.join(timeout, self._sock.close)
+        return self._state.join(timeout, self._release)
+
+    def _release(self) -> None:
+        with self._fd_lock:
+            self._sock.close()
+        self.release_buffers()  # a receive that raced shutdown may have put a batch back
 
     def __del__(self) -> None:
         # Spec: sockets shut themselves down when dropped (wakes wakers, removes the file);
