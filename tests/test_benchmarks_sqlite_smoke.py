@@ -50,9 +50,13 @@ def test_capture_smoke_run_produces_a_well_formed_row_for_every_case(tmp_path: P
     rows = {row["case"]: row for row in document["cases"]}
     assert set(rows) == {
         "file-commit-each",
+        "file-commit-each+fold",
         "file-batch-100",
+        "file-batch-100+fold",
         "memory-batch-100",
+        "memory-batch-100+fold",
         "memory-batch-100-upsert",
+        "memory-batch-100-upsert+fold",
         "file-batch-100-metadata-only",
         "memory-batch-100-metadata-only",
     }

@@ -53,7 +53,9 @@ def _replica() -> Replica:
 
 
 def _clock(replica: Replica) -> dict[tuple[str, tuple[Any, ...]], tuple[Any, ...]]:
-    """Every clock entry: ``(table, key) -> (version, origin site, seq, deleted)``."""
+    """Every clock entry: ``(table, key) -> (version, origin site, seq, deleted)``, pending
+    local versions folded first."""
+    replica._fold_all()
     entries = {}
     for table, schema in SCHEMAS.items():
         keys = ", ".join(f"c._k{i}" for i in range(len(schema.primary_key)))

@@ -86,7 +86,12 @@ class Cluster:
 
     def write(self, node: int, edits: list[tuple[str, str | None]]) -> None:
         replica = self.net.replica(self.names[node])
-        seen = max((v for v, *_ in self.winners(self.names[node]).values()), default=0)
+        # without folding: the entries written so far, and the pending local versions
+        (pending,) = replica.connection.execute(
+            "SELECT max(db_version) FROM __chrysalis_versions_v1"
+        ).fetchone()
+        folded = self.winners(self.names[node], fold=False).values()
+        seen = max([v for v, *_ in folded] + [pending or 0])
         with replica.transaction() as tx:
             for key, value in edits:
                 if value is None:
@@ -110,10 +115,14 @@ class Cluster:
             self.net.replica(name).connection.execute("SELECT k, v FROM kv ORDER BY k").fetchall()
         )
 
-    def winners(self, name: str) -> dict[str, tuple[int, bytes, int, bool]]:
+    def winners(self, name: str, *, fold: bool = True) -> dict[str, tuple[int, bytes, int, bool]]:
         """The replica's clock entries of ``kv``: per key, the winning origin tuple and
-        whether the row is a tombstone."""
-        rows = self.net.replica(name).connection.execute(
+        whether the row is a tombstone (pending local versions folded first, unless
+        ``fold`` is false)."""
+        replica = self.net.replica(name)
+        if fold:
+            replica._fold_all()
+        rows = replica.connection.execute(
             "SELECT c._k0, c._version, o.site_id, c._seq, c._deleted "
             "FROM __chrysalis_clock_v1_kv AS c "
             "JOIN __chrysalis_origins_v1 AS o ON o.position = c._origin"
@@ -130,7 +139,9 @@ class Cluster:
     def check_frontiers_are_backed_by_the_peer(self) -> None:
         """A frontier never claims more than the peer durably holds: every row whose winning
         change here is of an origin and at most ``synced_at`` is won at the peer by that change
-        or a greater one (frontiers move only after the Ack)."""
+        or a greater one (frontiers move only after the Ack). Nothing is folded here, so that
+        pending versions live on between operations: a pending version only ever raises
+        entries, and a change applied at the peer was compared after folding there."""
         for link in self.net.links:
             for here, there in ((link.parent, link.child), (link.child, link.parent)):
                 try:
@@ -139,12 +150,20 @@ class Cluster:
                 except RuntimeError:
                     continue  # a crashed end
                 frontier = mine.peer_frontier(self.net.pid(there), theirs.site_id)
-                theirs_won = self.winners(there)
-                for key, (version, site, seq, _) in self.winners(here).items():
+                theirs_won = self.winners(there, fold=False)
+                for key, (version, site, seq, _) in self.winners(here, fold=False).items():
                     entry = frontier.get(site)
                     if entry is not None and version <= entry.synced_at:
                         assert key in theirs_won, (here, there, key)
                         assert theirs_won[key][:3] >= (version, site, seq), (here, there, key)
+
+    def fold(self, node: int, budget: int | None) -> None:
+        """Fold pending local versions of one replica now: ``budget`` keys (whole versions)
+        in one transaction, or all of them (``None``)."""
+        with contextlib.suppress(RuntimeError):  # a crashed node
+            replica = self.net.replica(self.names[node])
+            with replica._write() as conn:
+                replica._fold(conn, budget)
 
     def close(self) -> None:
         for name in self.names:
@@ -168,6 +187,7 @@ def scenarios(draw: st.DrawFn) -> tuple[int, list[int], int, bool, list[tuple[An
         st.tuples(st.just("write"), st.integers(0, n - 1), edits),
         st.tuples(st.just("write"), st.integers(0, n - 1), edits),
         st.tuples(st.just("run"), st.integers(1, 60)),
+        st.tuples(st.just("fold"), st.integers(0, n - 1), st.sampled_from([1, 3, None])),
         st.tuples(st.just("cut"), st.integers(0, links - 1)),
         st.tuples(st.just("heal"), st.integers(0, links - 1)),
         st.tuples(st.just("lose_acks"), st.integers(0, links - 1), st.booleans()),
@@ -205,6 +225,8 @@ def test_random_concurrent_writes_converge_to_the_lww_model(
             elif op[0] == "run":
                 for _ in range(op[1]):
                     cluster.net.step()
+            elif op[0] == "fold":
+                cluster.fold(op[1], op[2])
             else:
                 link = links[op[1] % len(links)]
                 if op[0] == "cut":

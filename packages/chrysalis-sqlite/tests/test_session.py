@@ -142,7 +142,9 @@ class Pair:
 
 
 def _clock(replica: Replica) -> list[tuple[object, ...]]:
-    """The clock entries of ``notes``: key, version, origin site id, seq, deleted."""
+    """The clock entries of ``notes``: key, version, origin site id, seq, deleted (pending
+    local versions folded first)."""
+    replica._fold_all()
     return replica.connection.execute(
         "SELECT c._k0, c._version, o.site_id, c._seq, c._deleted "
         "FROM __chrysalis_clock_v1_notes AS c "

@@ -55,7 +55,8 @@ def _rows(replica: Replica) -> list[tuple[object, ...]]:
 
 def _log(replica: Replica, table: str = "notes") -> list[tuple[Any, ...]]:
     """The clock entries of ``table``: ``(origin site, version, seq, key, deleted)`` in
-    origin-tuple order (single-column keys)."""
+    origin-tuple order (single-column keys), pending local versions folded first."""
+    replica._fold_all()
     return replica.connection.execute(
         "SELECT o.site_id, c._version, c._seq, c._k0, c._deleted "
         f"FROM __chrysalis_clock_v1_{table} AS c "
@@ -98,6 +99,7 @@ def test_metadata_tables_are_created_on_open() -> None:
             "__chrysalis_replica_v1",
             "__chrysalis_clock_v1_notes",
             "__chrysalis_versions_v1",
+            "__chrysalis_folded_v1",
             "__chrysalis_origins_v1",
             "__chrysalis_peer_state_v1",
             "__chrysalis_frontiers_v5",
@@ -658,6 +660,7 @@ _PAIR_CHANGES = st.lists(
 
 
 def _state(replica: Replica) -> tuple[list[Any], ...]:
+    replica._fold_all()
     conn = replica.connection
     return (
         sorted(conn.execute("SELECT a, b, v, typeof(a) FROM pairs").fetchall(), key=repr),
@@ -753,13 +756,15 @@ def test_a_received_key_must_match_its_row_exactly() -> None:
 
 
 def test_only_the_change_that_still_wins_a_row_is_selected() -> None:
-    """A row written in two versions travels once, under the later one; the earlier
-    version's list, left with no row it still wins, is removed by the selection."""
+    """A row written in two versions travels once, under the later one, once they are
+    folded (pending versions are sent as they are: see ``test_fold``); the earlier version's
+    list, left with no row it still wins, is removed by the selection."""
     peer, peer_site = b"P" * 16, b"S" * 16
     with _replica() as replica:
         _write(replica, "n", "a", "first")
         _write(replica, "m", "a", "other")
         _write(replica, "n", "a", "second")
+        replica._fold_all()
         replica._reconcile_frontier(
             peer, peer_site, {OTHER: True}, replica._origin_position, EligibilityMode.ALLOW
         )

@@ -17,7 +17,9 @@ them is not, and this one keeps only what those contracts need:
   registry position), and whether that change is a delete (a tombstone). The table itself
   holds the winning row; no copy of it is kept.
 - ``__chrysalis_versions_v1``: per (origin, version, table), the keys that version wrote; how
-  a sender finds "the changes of an origin after a frontier" without an index on every entry.
+  a sender finds "the changes of an origin after a frontier" without an index on every entry,
+  and, for local versions above the fold mark ``__chrysalis_folded_v1``, the list of entries
+  still to write (the upserts' entries are written after the commit: see ``_fold``).
 - ``__chrysalis_origins_v1``: an append-only registry of every origin site seen, with strictly
   increasing positions (sessions discover new origins incrementally by position).
 - ``__chrysalis_peer_state_v1`` / ``__chrysalis_frontiers_v5``: per peer incarnation
@@ -53,6 +55,7 @@ open the same database file; their commits are noticed through ``PRAGMA data_ver
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import sqlite3
@@ -105,6 +108,20 @@ MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
 """Most encoded change bytes in one outbound batch; one larger version group is an error."""
 
 _F64 = struct.Struct(">d")
+
+FOLD_STEP_KEYS: Final = MAX_BATCH_ROWS
+"""Most keys (about: whole versions are folded) one fold transaction writes entries for,
+besides the version that reaches it, so that folding a long backlog never holds the write
+lock for long (see ``Replica._fold``)."""
+
+FOLD_INLINE_ROWS: Final = 64
+"""Most pending version rows ``apply_changes`` folds inside its own transaction (more are
+folded first in steps of their own, so that one apply never holds the write lock long)."""
+
+_SET_FOLDED_TO_CLOCK: Final = (
+    "UPDATE __chrysalis_folded_v1 SET folded_through = "
+    "(SELECT db_version FROM __chrysalis_replica_v1 WHERE singleton = 1) WHERE singleton = 1"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +283,7 @@ class Replica:
             self._site_id = self._initialise(site_id)
             self._refresh_origins()
             self._local_origin = self._origin_positions[self._site_id]
+            self._fold_all()  # versions a crash left pending (durable since their commit)
         except BaseException:
             self._conn.close()
             self._closed = True
@@ -282,7 +300,7 @@ class Replica:
                     _sql.LEGACY_TABLES,
                 )
             }
-            for statement in (*_sql.METADATA_DDL, *_sql.VERSIONS_DDL):
+            for statement in (*_sql.METADATA_DDL, *_sql.VERSIONS_DDL, _sql.FOLDED_DDL):
                 conn.execute(statement)
             if requested_site is None:
                 conn.execute(
@@ -323,8 +341,10 @@ class Replica:
                     f"the database already has site id {site.hex()}, not {requested_site.hex()}"
                 )
             conn.execute(_sql.INSERT_ORIGIN, (site,))
+            conn.execute(_sql.INIT_FOLDED)
             if legacy:
                 self._migrate(conn, legacy)
+                conn.execute(_SET_FOLDED_TO_CLOCK)
             self._unique_keys()
             conn.execute("COMMIT")
         except BaseException:
@@ -468,7 +488,12 @@ class Replica:
         the changes one by one would), the table writes run in chunk order, each run of one
         statement as one ``executemany``, and each row's final winner is written to its clock
         entry with one ``executemany`` per table.
+
+        Pending local versions are folded inside the apply transaction (a remote change must
+        be compared with the entry a pending local write gives its row); a backlog of more
+        than ``FOLD_INLINE_ROWS`` version rows is first folded in bounded steps of their own.
         """
+        self._fold_backlog(FOLD_INLINE_ROWS)
         try:
             with self._write() as conn:
                 origins = {_check_origin(c) for c in chunk}
@@ -486,9 +511,13 @@ class Replica:
                 if origins - self._origin_positions.keys():
                     conn.executemany(_sql.INSERT_ORIGIN, [(s,) for s in sorted(origins)])
                     self._refresh_origins()  # positions of the new origins, for their entries
+                if items:
+                    self._fold(conn, None)
                 logged, applied = self._apply_items(conn, items) if items else (0, 0)
                 if items:
                     conn.execute(_sql.ADVANCE_CLOCK, (max(c.db_version for c in chunk),))
+                    # nothing is pending and every entry is at or below the clock
+                    conn.execute(_SET_FOLDED_TO_CLOCK)
         except BaseException:
             self._reload_origins()  # positions read inside a rolled-back transaction
             raise
@@ -593,9 +622,16 @@ class Replica:
         return remove
 
     def close(self) -> None:
-        """Roll back any open transaction and close the connection. Idempotent."""
+        """Fold pending local versions (unless a transaction is open), roll back any open
+        transaction and close the connection. Idempotent.
+
+        A fold that fails here (the database locked by another process past the timeout, a
+        read-only file) is left for the next open: the pending versions are durable."""
         if self._closed:
             return
+        if self._busy is None and not self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._fold_all()
         self._closed = True
         self._busy = None
         self._listeners.clear()
@@ -790,11 +826,95 @@ class Replica:
             conn.execute(_sql.UPSERT_PEER_STATE, (peer, peer_site, origin_position, int(mode)))
 
     def _record_ack(self, peer: bytes, peer_site: bytes, advances: Mapping[bytes, int]) -> None:
+        """Advance the frontiers an ``Ack`` confirms; the same transaction folds a step of
+        pending local versions (written while the batch was in flight), so that a streaming
+        sender's next selection needs no write transaction (and no ``fsync``) of its own."""
         with self._write() as conn:
             conn.executemany(
                 _sql.ADVANCE_FRONTIER,
                 [(peer, peer_site, site, version) for site, version in sorted(advances.items())],
             )
+            if self._pending():
+                self._fold(conn, FOLD_STEP_KEYS)
+
+    def _pending(self) -> bool:
+        """Whether local versions are waiting to be folded (one index lookup)."""
+        return self._conn.execute(_sql.PENDING_EXISTS, (self._local_origin,)).fetchone() is not None
+
+    def _fold_backlog(self, keep: int) -> None:
+        """Fold pending local versions in bounded steps (``_fold_all``) while more than
+        ``keep`` version rows are pending (one index range count)."""
+        self._check_open()
+        while True:
+            (rows,) = self._conn.execute(
+                _sql.COUNT_PENDING, (self._local_origin, keep + 1)
+            ).fetchone()
+            if rows <= keep:
+                return
+            with self._write() as conn:
+                if self._fold(conn, FOLD_STEP_KEYS):
+                    return
+
+    def _fold_all(self) -> None:
+        """Fold every pending local version, ``FOLD_STEP_KEYS`` keys per write transaction
+        (nothing happens, and no transaction begins, when none is pending)."""
+        self._check_open()
+        while self._pending():
+            with self._write() as conn:
+                if self._fold(conn, FOLD_STEP_KEYS):
+                    return
+
+    def _fold(self, conn: sqlite3.Connection, budget: int | None) -> bool:
+        """Write the clock entries of pending local versions, in version order, inside the
+        caller's write transaction; returns whether none is left pending.
+
+        Why deferred (issue 6): the entry's B-tree insert cost about as much as the
+        application's own insert, so a commit writes only its version's row in
+        ``__chrysalis_versions_v1`` (the keys it wrote, which it has to write anyway) and the
+        entries are written here, in write transactions that run anyway: the ``Ack``'s
+        (``_record_ack``), ``apply_changes``'s before it compares (a remote change must meet
+        the entry a pending local write gives its row), the status query, ``close`` and the
+        next open (a crash between commit and fold loses nothing: the list is durable with
+        the commit). A sender selects pending versions without folding them
+        (``_select_for_peer``).
+
+        Each listed key gets ``(version, local origin, seq)``, ``seq`` being its position in
+        the version's array (the capture's index), unless its entry is already greater: a
+        later local write, or a remote change applied after this fold's predecessors. A local
+        version is greater than every change known at its commit (the Lamport clock) and
+        every remote change applied since was compared after folding it, so folding in version
+        order gives each row the entry it would have had at commit. Deletes are not deferred
+        (their tombstones are written at commit, without a lookup, and are rare): the fold
+        writes upserts, and a listed key whose entry is the version's own tombstone, or any
+        later entry, is left as it is.
+
+        ``budget``: stop after the version at which about that many keys were folded (whole
+        versions only; ``None``: fold everything). Rows of a version whose keys are value
+        lists (BLOB) had their entries written at commit (see ``ReplicaTransaction``)."""
+        origin = self._local_origin
+        cursor = conn.execute(_sql.SELECT_PENDING, (origin,))
+        done = True
+        try:
+            used = 0
+            last = 0
+            for version, table, keys in cursor.fetchall() if budget is None else cursor:
+                if version != last:
+                    if last and budget is not None and used >= budget:
+                        done = False
+                        break
+                    last = version
+                clock = self._clocks.get(table)
+                if clock is None or not isinstance(keys, str):
+                    continue  # an unregistered table's, or written at commit (value lists)
+                conn.execute(clock.fold, (version, origin, keys))
+                used += keys.count(",") + 1
+        finally:
+            cursor.close()
+        if done:
+            conn.execute(_SET_FOLDED_TO_CLOCK)
+        else:
+            conn.execute(_sql.SET_FOLDED, (last,))
+        return done
 
     def _select_for_peer(self, peer: bytes, peer_site: bytes) -> _Selection:
         """The next batch toward a peer: whole (site, version) groups in origin-tuple order,
@@ -805,7 +925,14 @@ class Replica:
         entry it still holds; their values are read from the table itself (the clock layout
         keeps no copy), all inside one read transaction so that entries and rows come from one
         snapshot. A row gone from its table is sent as a delete. Version rows found to hold
-        no live entry are deleted afterwards (nothing can revive them)."""
+        no live entry are deleted afterwards (nothing can revive them).
+
+        Pending local versions (above the fold mark, read in the selection's snapshot) are
+        selected without folding them, so that a selection never needs a write transaction
+        (and, on a file, its ``fsync``): a listed key is sent as the version's change unless
+        its entry is newer (``ClockSql.select_pending``). A row written by several pending
+        versions is then sent once per version, all with the row as it is now: the receiver
+        keeps the last, as a fold would. Pending rows are never taken for dead."""
         self._check_open()
         if self._busy is not None:
             raise ReplicaBusyError("a replica transaction is open")
@@ -822,11 +949,13 @@ class Replica:
         conn.execute("BEGIN")
         try:
             self._refresh_origins()
+            (folded,) = conn.execute(_sql.SELECT_FOLDED).fetchone()
             for site, synced_at in frontier:
                 position = self._origin_positions.get(site)
                 if position is None:
                     continue  # no entry can name an origin the registry lacks
-                if not self._select_origin(site, position, synced_at, batch):
+                above = folded if position == self._local_origin else None
+                if not self._select_origin(site, position, synced_at, batch, above):
                     complete = False
                     break
         finally:
@@ -836,20 +965,24 @@ class Replica:
                 write.executemany(_sql.DELETE_VERSION, [(rowid,) for rowid in batch.dead])
         return _Selection(tuple(batch.encoded), frozenset(batch.tables), batch.advances, complete)
 
-    def _select_origin(self, site: bytes, position: int, synced_at: int, batch: _Batch) -> bool:
+    def _select_origin(
+        self, site: bytes, position: int, synced_at: int, batch: _Batch, folded: int | None
+    ) -> bool:
         """Add the whole version groups of one origin after ``synced_at`` to ``batch``;
-        returns false when the batch is full (changes were left out)."""
+        returns false when the batch is full (changes were left out). ``folded``: for the
+        local origin, the fold mark (versions above it are pending)."""
         cursor = self._conn.execute(_sql.SELECT_VERSIONS, (position, synced_at))
         try:
             group: list[tuple[int, str, bytes]] = []
             group_version = 0
             for rowid, version, table, keys in cursor:
+                pending = folded is not None and version > folded
                 if version != group_version:
                     if group_version and not batch.take(site, group_version, group):
                         return False
                     group, group_version = [], version
-                entries = self._live_entries(table, keys, position, version, site)
-                if not entries:
+                entries = self._live_entries(table, keys, position, version, site, pending)
+                if not entries and not pending:
                     batch.dead.append(rowid)
                 group.extend(entries)
             if group_version and not batch.take(site, group_version, group):
@@ -859,16 +992,24 @@ class Replica:
         return True
 
     def _live_entries(
-        self, table: str, keys: str | bytes, position: int, version: int, site: bytes
+        self,
+        table: str,
+        keys: str | bytes,
+        position: int,
+        version: int,
+        site: bytes,
+        pending: bool = False,
     ) -> list[tuple[int, str, bytes]]:
         """The entries of one ``__chrysalis_versions_v1`` row that its version still wins,
-        each as ``(seq, table, encoded change)``."""
+        each as ``(seq, table, encoded change)`` (``pending``: a local version not folded
+        yet, whose keys are JSON)."""
         clock = self._clocks.get(table)
         if clock is None:
             return []  # a table no longer registered: nothing of it can be sent
         conn = self._conn
         if isinstance(keys, str):
-            rows = conn.execute(clock.select_json, (keys, position, version)).fetchall()
+            select = clock.select_pending if pending else clock.select_json
+            rows = conn.execute(select, (keys, position, version)).fetchall()
         elif isinstance(keys, bytes):
             rows = []
             offset = 0

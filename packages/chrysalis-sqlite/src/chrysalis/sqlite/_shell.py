@@ -234,7 +234,14 @@ def replication_status(
     source: sqlite3.Connection | Replica, *, max_peers: int = 1024
 ) -> list[PeerReplicationStatus]:
     """Per peer incarnation: eligibility mode and per-origin progress (see
-    ``PeerReplicationStatus``), ordered by peer PID; at most ``max_peers`` peers."""
+    ``PeerReplicationStatus``), ordered by peer PID; at most ``max_peers`` peers.
+
+    Local versions whose clock entries are not yet written (pending a fold, see
+    ``chrysalis.sqlite``): a ``Replica`` outside a transaction folds them first; on a plain
+    connection (the shell's, possibly read-only) their listed keys are counted as they are,
+    a row written by several pending versions once per version."""
+    if isinstance(source, Replica) and not source.in_transaction:
+        source._fold_all()
     conn = _conn(source)
     # per origin site: its newest version still winning a row, and per clock table the
     # (origin position, version) of every entry (the clock layout: see ``chrysalis.sqlite``)
@@ -255,9 +262,36 @@ def replication_status(
             f"SELECT _origin, MAX(_version) FROM {quoted} GROUP BY _origin"
         ):
             latest[position] = max(latest.get(position, 0), int(version))
+    # pending local versions: above the fold mark (a database without one has none)
+    local, folded = -1, 0
+    if conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '__chrysalis_folded_v1'"
+    ).fetchone():
+        row = conn.execute(
+            "SELECT o.position, f.folded_through FROM __chrysalis_replica_v1 AS r "
+            "JOIN __chrysalis_origins_v1 AS o ON o.site_id = r.site_id "
+            "CROSS JOIN __chrysalis_folded_v1 AS f"
+        ).fetchone()
+        if row is not None:
+            local, folded = int(row[0]), int(row[1])
+            (newest,) = conn.execute(
+                "SELECT max(db_version) FROM __chrysalis_versions_v1 "
+                "WHERE origin = ? AND db_version > ?",
+                (local, folded),
+            ).fetchone()
+            if newest is not None:
+                latest[local] = max(latest.get(local, 0), int(newest))
 
     def pending_after(position: int, synced_at: int) -> int:
         count = 0
+        if position == local:
+            (n,) = conn.execute(
+                "SELECT count(*) FROM __chrysalis_versions_v1 AS v, json_each(CASE WHEN "
+                "typeof(v.keys) = 'text' THEN v.keys ELSE '[]' END) AS j "
+                "WHERE v.origin = ? AND v.db_version > max(?, ?) AND j.type != 'null'",
+                (local, synced_at, folded),
+            ).fetchone()
+            count += int(n)
         for name in clocks:
             quoted = '"' + name.replace('"', '""') + '"'
             (n,) = conn.execute(

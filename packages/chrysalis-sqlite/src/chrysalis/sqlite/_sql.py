@@ -16,11 +16,15 @@ builds a batch. ``__chrysalis_versions_v1`` lists, per origin, version and table
 version wrote: it answers "changes of this origin after that frontier" with one B-tree insert
 per transaction, where an index over the clock entries would cost one per row.
 
-Why the local-commit statements look the way they do (``ClockSql.capture_*``): capture overhead
-is measured against plain inserts, and through ``sqlite3`` every bound statement step costs
-about as much as the B-tree insert itself. So a commit writes a table's clock entries with one
-``INSERT ... SELECT`` per kind over a JSON array of the captured keys (``json_each``: one bound
-parameter for the whole transaction). The upserts' statement joins the keys with ``T``, which
+Why the local-commit statements look the way they do: capture overhead is measured against
+plain inserts, and through ``sqlite3`` every bound statement step costs about as much as the
+B-tree insert itself. So a commit handles a table's captures with one statement per kind over
+a JSON array of the captured keys (``json_each``: one bound parameter for the whole
+transaction). In the common case (JSON keys, a key known unique) that is the aggregate
+``measure`` / ``measure_values`` query, the deletes' tombstones (``capture_deletes``) and the
+version's row; the upserts' entries are written later by ``fold`` from that row (the
+deferred entries: see ``Replica._fold``). Otherwise (``ClockSql.capture_*``), the upserts'
+statement joins the keys with ``T``, which
 supplies the key as ``T`` stores it, and writes only rows whose values take at most a given
 share of the byte bound: for a key known to be unique (``Replica._unique_keys``) its change
 count then says at once that every captured row exists and that the transaction fits
@@ -45,7 +49,14 @@ __all__ = [
     "ADVANCE_FRONTIER",
     "BUMP_CLOCK",
     "CLOCK_PREFIX",
+    "COUNT_PENDING",
     "DELETE_VERSION",
+    "FOLDED_DDL",
+    "INIT_FOLDED",
+    "PENDING_EXISTS",
+    "SELECT_FOLDED",
+    "SELECT_PENDING",
+    "SET_FOLDED",
     "INSERT_VERSION",
     "SELECT_VERSIONS",
     "VERSIONS_DDL",
@@ -114,10 +125,46 @@ table). A database holding them is converted on open (``Replica._migrate``)."""
 CLOCK_PREFIX: Final = "__chrysalis_clock_v1_"
 """Clock table of replicated table ``T``: ``CLOCK_PREFIX + T``."""
 
+FOLDED_DDL: Final = """CREATE TABLE IF NOT EXISTS __chrysalis_folded_v1 (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+        folded_through INTEGER NOT NULL CHECK (folded_through >= 0))"""
+"""The fold watermark (see ``ReplicaTransaction`` and ``Replica._fold``): every local version
+up to ``folded_through`` has its clock entries written; the local versions above it listed in
+``__chrysalis_versions_v1`` are *pending*, their entries not yet written. A commit writes only
+its version's row (the pending list is that table itself, durable in the same transaction);
+whoever next needs the entries writes them ("folds"), in version order, and moves the mark."""
+INIT_FOLDED: Final = (
+    "INSERT OR IGNORE INTO __chrysalis_folded_v1 (singleton, folded_through) "
+    "SELECT 1, db_version FROM __chrysalis_replica_v1 WHERE singleton = 1"
+)
+"""A database without the mark (new, or of a release that wrote every entry at commit) has
+nothing pending: the mark starts at the clock."""
+SELECT_FOLDED: Final = "SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1"
+SET_FOLDED: Final = "UPDATE __chrysalis_folded_v1 SET folded_through = ? WHERE singleton = 1"
+PENDING_EXISTS: Final = (
+    "SELECT 1 FROM __chrysalis_versions_v1 WHERE origin = ? AND db_version > "
+    "(SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1) LIMIT 1"
+)
+COUNT_PENDING: Final = (
+    "SELECT count(*) FROM (SELECT 1 FROM __chrysalis_versions_v1 WHERE origin = ?1 AND "
+    "db_version > (SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1) "
+    "LIMIT ?2)"
+)
+SELECT_PENDING: Final = (
+    "SELECT db_version, table_name, keys FROM __chrysalis_versions_v1 WHERE origin = ? AND "
+    "db_version > (SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1) "
+    "ORDER BY db_version, rowid"
+)
+
 BUMP_CLOCK: Final = (
     "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1 "
-    "RETURNING db_version"
+    "RETURNING db_version, max("
+    "(SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1), "
+    "ifnull((SELECT max(db_version) FROM __chrysalis_versions_v1 WHERE origin = ?), 0))"
 )
+"""The new local version, and the greater of the fold mark and the newest local version
+listed (parameter: the local origin's position; both are index lookups): a new version at or
+below it means the clock is behind entries written or pending (corrupt metadata)."""
 ADVANCE_CLOCK: Final = (
     "UPDATE __chrysalis_replica_v1 SET db_version = MAX(db_version, ?) WHERE singleton = 1"
 )
@@ -183,14 +230,24 @@ class ClockSql:
     as BLOBs) may take to be written (rows above it, and missing rows, are skipped).
     ``capture_upsert_one``: version, origin, seq, key values. ``capture_delete_one``: key
     values, version, origin, seq. ``write``: key values, version, origin, seq, deleted.
-    ``winner``: key values. ``measure`` (the JSON array) / ``measure_one`` (key values):
+    ``winner``: key values. ``fold``: version, origin position, the JSON array of a
+    pending version's row in ``__chrysalis_versions_v1``: writes each listed key's entry
+    ``(version, origin, position in the array)`` as an upsert, unless an equal or greater
+    entry is there (a delete's tombstone is written at commit, see ``Replica._fold``).
+    ``measure`` (the
+    JSON array) / ``measure_one`` (key values):
     ``(rows found, total length as BLOBs of their values, the same of their key values)``,
-    which counts missing rows and bounds the encoded size. ``select_json`` (a JSON array of
+    which counts missing rows and bounds the encoded size; ``measure_values`` (the JSON
+    array): the same without the key columns, whose size the caller knows (a TEXT key: its
+    UTF-8 length, without reading it back). ``select_json`` (a JSON array of
     keys, origin, version) / ``select_one`` (key values, origin, version): the entries among
     those keys that the version still wins, as rows ``(seq, deleted, present, clock key
-    values..., row values...)``. The local-capture statements update an existing clock row
-    only with a greater ``(version, seq)`` (the last capture of a row wins, and a clock
-    behind its rows writes nothing, which the commit reports as corrupt metadata).
+    values..., row values...)``; ``select_pending`` (the same parameters): the same for a
+    pending version, whose upserts have no entry yet: a listed key wins unless its entry is
+    newer (its own tombstone, written at commit, is its entry). The local-capture statements
+    update an existing clock row only with a greater ``(version, seq)`` (the last capture of
+    a row wins, and a clock behind its rows writes nothing, which the commit reports as
+    corrupt metadata).
     """
 
     table: str
@@ -205,9 +262,12 @@ class ClockSql:
     write: str
     winner: str
     select_json: str
+    select_pending: str
     select_one: str
+    fold: str
     measure: str
     measure_one: str
+    measure_values: str
     normalize: tuple[str, str, str]
 
 
@@ -307,6 +367,20 @@ def clock_sql(
             + f" LEFT JOIN {qt} AS t ON {join_clock} "
             "WHERE j.type != 'null' AND c._origin = ?2 AND c._version = ?3"
         ),
+        select_pending=(
+            f"SELECT j.key, ifnull(c._version = ?3 AND c._deleted, 0), "
+            f"t.{_q(primary_key[0])} IS NOT NULL, {', '.join(json_parts)}, {cols} "
+            f"FROM json_each(?1) AS j LEFT JOIN {clock} AS c ON "
+            + " AND ".join(f"c.{k} = {j}" for k, j in zip(keys, json_parts, strict=True))
+            + f" LEFT JOIN {qt} AS t ON {join_json} "
+            "WHERE j.type != 'null' AND (c._version IS NULL OR c._version < ?3 OR "
+            "(c._version = ?3 AND c._origin = ?2 AND c._seq = j.key))"
+        ),
+        fold=(
+            f"INSERT INTO {clock} ({key_list}, {meta}) "
+            f"SELECT {', '.join(json_parts)}, ?1, ?2, j.key, 0 FROM json_each(?3) AS j "
+            f"WHERE j.type != 'null' {conflict} {newer}"
+        ),
         select_one=(
             f"SELECT c._seq, c._deleted, t.{_q(primary_key[0])} IS NOT NULL, "
             f"{', '.join('c.' + k for k in keys)}, {cols} "
@@ -319,6 +393,19 @@ def clock_sql(
             "WHERE j.type != 'null'"
         ),
         measure_one=f"SELECT count(*), {size} FROM {qt} AS t WHERE {join_bound}",
+        measure_values=(
+            "SELECT count(*), "
+            + (
+                " + ".join(
+                    f"total(length(CAST(t.{_q(c)} AS BLOB)))"
+                    for c in columns
+                    if c not in primary_key
+                )
+                or "0"
+            )
+            + f" FROM json_each(?1) AS j CROSS JOIN {qt} AS t ON {join_json} "
+            "WHERE j.type != 'null'"
+        ),
         normalize=(
             f"CREATE TEMP TABLE IF NOT EXISTS {_q('__chrysalis_keys_v1_' + table)} ("
             + ", ".join(f"{k} {t}" for k, t in zip(keys, key_types, strict=True))
