@@ -32,9 +32,12 @@ its choices conflict with Chrysalis and are changed here, each as narrowly as ai
    allows acknowledging sooner); without new data the delay is unchanged.
 
 6. **Cheaper packets.** The base class is ``_aioquic_fast.FastQuicConnection``: aioquic's
-   hot paths (flush, short-header receive, ACK processing, timers) restated for the
-   established state with identical behaviour, pinned to aioquic 1.7.2 (aioquic's own code on
-   any other version, or with ``fast=False``).
+   hot paths (flush, a direct writer for the common 1-RTT packet, short-header receive, ACK
+   processing, timers) restated for the established state with identical behaviour, pinned
+   to aioquic 1.7.2 (aioquic's own code on any other version, or with ``fast=False``). The
+   direct writer needs to know that (3)'s ``_write_connection_limits`` owes nothing, which
+   ``_connection_limits_pending`` answers with the same rule; stream data events are mapped
+   without a call per event.
 
 Addresses are the endpoint's ``DatagramAddr`` values: aioquic only compares them (its one use
 of IP structure, the server's preferred address, is never configured here), so no synthetic
@@ -195,6 +198,21 @@ class AioquicConnection(FastQuicConnection):
                 buf.push_uint_var(limit.value)
                 limit.sent = limit.value
 
+    def _connection_limits_pending(self) -> bool:
+        # True when _write_connection_limits below would slide the window or write a
+        # frame (the same rule, changing nothing), so _send_simple leaves it the flush.
+        max_data = self._local_max_data
+        window = self._chrysalis_connection_window
+        target = max_data.used - self._chrysalis_buffered + window
+        if 2 * (target - max_data.value) >= window or max_data.value != max_data.sent:
+            return True
+        for limit in (self._local_max_streams_bidi, self._local_max_streams_uni):
+            if limit.sent - limit.used >= limit.value - limit.sent:
+                continue
+            if limit.value != limit.sent:
+                return True
+        return False
+
     _stream_limits_on_change_only = True  # see FastQuicConnection: true of the override below
 
     def _write_stream_limits(
@@ -217,15 +235,17 @@ class AioquicConnection(FastQuicConnection):
 
     # -- EngineConnection ---------------------------------------------------------------------
 
-    def receive_datagram(self, data: bytes, addr: DatagramAddr, now: float) -> None:
-        super().receive_datagram(data, addr, now)
+    # receive_datagram is the base class's (its address parameter is aioquic's ``Any``):
+    # an override that only called it cost a Python call per datagram.
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, DatagramAddr]]:
         if self._chrysalis_piggyback:
             # (5) A packet leaves anyway: acknowledge in it rather than in an ACK-only packet
             # when the delayed-ACK timer fires.
             self._chrysalis_piggyback = False
-            space = self._spaces.get(tls.Epoch.ONE_RTT)
+            space = self._fast_space  # the 1-RTT space (cached with the fast paths on)
+            if space is None:
+                space = self._spaces.get(tls.Epoch.ONE_RTT)
             if space is not None and space.ack_at is not None and space.ack_at > now:
                 space.ack_at = now
         return super().datagrams_to_send(now)
@@ -237,13 +257,17 @@ class AioquicConnection(FastQuicConnection):
         super().handle_timer(now)
 
     def next_event(self) -> EngineEvent | None:  # type: ignore[override]
-        while True:
-            event = super().next_event()
-            if event is None:
-                return None
+        # aioquic's next_event pops from this deque; stream data, the common event, is
+        # mapped inline.
+        events = self._events
+        while events:
+            event = events.popleft()
+            if type(event) is aq_events.StreamDataReceived:
+                return StreamDataReceived(event.stream_id, event.data, event.end_stream)
             mapped = self._map_event(event)
             if mapped is not None:
                 return mapped
+        return None
 
     def _map_event(self, event: aq_events.QuicEvent) -> EngineEvent | None:
         if isinstance(event, aq_events.StreamDataReceived):
@@ -276,7 +300,11 @@ class AioquicConnection(FastQuicConnection):
         self, stream_id: int, data: bytes | memoryview, end_stream: bool = False
     ) -> None:
         # aioquic copies ``data`` into its own buffer (``bytearray +=`` accepts a view).
-        stream = self._get_or_create_stream_for_send(stream_id)
+        # An open bidirectional stream is what _get_or_create_stream_for_send would return
+        # after its checks (it can send, and is not discarded while in _streams).
+        stream = None if stream_id & 2 else self._streams.get(stream_id)
+        if stream is None:
+            stream = self._get_or_create_stream_for_send(stream_id)
         stream.sender.write(data, end_stream=end_stream)  # type: ignore[arg-type]
         self._chrysalis_piggyback = True
 
