@@ -468,3 +468,66 @@ def test_runtime_event_wakes_every_waiter_and_forgets_cancelled_ones() -> None:
         assert not never._waiters  # every cancelled waiter removed itself
 
     run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sends_dropped_with_their_connection_fail_the_writer_with_its_close_codes(
+    mode: str,
+) -> None:
+    # The completion model delivers the ABANDONED completions of a closing connection's
+    # unacknowledged sends before its ``ConnectionClosed`` (which carries the close codes);
+    # with the thread driver the second may not even be queued when the first is dispatched.
+    # This test holds the ``ConnectionClosed`` back: the writer must not fail with "the send
+    # was abandoned" meanwhile, and fails with the connection's error once it arrives.
+    from chrysalis.core.completion import ConnectionClosed
+    from chrysalis.faultnet import FaultyNetwork
+
+    async def main() -> None:
+        with FaultyNetwork() as net:
+            async with open_endpoint_pair(network=net, driver=mode) as (first, second):
+                opened, _accepted = await connected_stream_pair(first, second)
+                core = first._core
+                deliver = core._handlers[ConnectionClosed]
+                held: list[ConnectionClosed] = []
+                arrived = asyncio.Event()
+
+                def hold(completion: ConnectionClosed) -> None:
+                    held.append(completion)
+                    arrived.set()
+
+                core._handlers[ConnectionClosed] = hold
+                net.partition([first.local_addr], [second.local_addr])  # nothing is acked
+                opened.write(b"x" * 100)
+                await asyncio.sleep(0.02)
+                assert opened.core.in_flight >= 100
+                opened.connection.close(5)
+                await asyncio.wait_for(arrived.wait(), 5)  # the sends completed before it
+                assert opened.core.in_flight == 0
+                assert opened.core.werror is None, "failed before the close codes arrived"
+                opened.write(b"y")  # still accepted: the error is not known yet
+                core._handlers[ConnectionClosed] = deliver
+                deliver(held[0])
+                with pytest.raises(StreamBrokenError) as caught:
+                    opened.write(b"z")
+                assert str(caught.value) == "the connection closed"
+                cause = caught.value.__cause__
+                assert isinstance(cause, ConnectionLostError)
+                assert cause.application_code == 5
+
+    run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_send_abandoned_by_the_peer_fails_the_writer_at_once(mode: str) -> None:
+    # The other side of the rule above: a send abandoned while its connection lives (the
+    # peer stopped reading) fails the writer at once; no ``ConnectionClosed`` will come.
+    async def main() -> None:
+        async with open_endpoint_pair(driver=mode) as (first, second):
+            opened, accepted = await connected_stream_pair(first, second)
+            accepted.close(7)
+            with pytest.raises(StreamBrokenError) as caught:
+                await write_until_broken(opened)
+            assert "connection" not in str(caught.value)
+            assert not opened.connection.is_closed
+
+    run(main)

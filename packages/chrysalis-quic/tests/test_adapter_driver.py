@@ -8,6 +8,7 @@ import select
 from collections.abc import Sequence
 from typing import Any, cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -140,7 +141,10 @@ class FakeSocket(DatagramSocket):
 
 
 def make(
-    segments: int = 32, max_pending: int = 4096, receive_segments: int = 1
+    segments: int = 32,
+    max_pending: int = 4096,
+    receive_segments: int = 1,
+    threadsafe: bool = True,
 ) -> tuple[FakeEndpoint, FakeSocket, EndpointDriver]:
     endpoint = FakeEndpoint()
     sock = FakeSocket(segments, receive_segments)
@@ -150,6 +154,7 @@ def make(
         sock,
         clock=lambda: next(clock),
         max_pending_datagrams=max_pending,
+        threadsafe=threadsafe,
     )
     return endpoint, sock, driver
 
@@ -191,8 +196,10 @@ def test_output_is_regrouped_into_maximal_uniform_transmits_in_order(
     assert driver.statistics().datagrams_sent == len(batch)
 
 
-def test_backpressure_keeps_order_and_resumes_where_it_stopped() -> None:
-    endpoint, sock, driver = make(segments=32)
+@pytest.mark.parametrize("threadsafe", [True, False])
+def test_backpressure_keeps_order_and_resumes_where_it_stopped(threadsafe: bool) -> None:
+    """(Also without the step lock, as the inline drivers run it.)"""
+    endpoint, sock, driver = make(segments=32, threadsafe=threadsafe)
     first = [(bytes([i]) * 1200, ADDRS[0]) for i in range(5)]
     endpoint.output = list(first)
     sock.accept = [2, 0]  # two datagrams go out, then the carrier would block
@@ -268,8 +275,9 @@ def test_a_full_receive_batch_asks_for_another_step() -> None:
     assert len(endpoint.fed) == 32 * 4 + 1
 
 
-def test_due_timers_fire_and_the_next_deadline_is_reported() -> None:
-    endpoint, _sock, driver = make()
+@pytest.mark.parametrize("threadsafe", [True, False])
+def test_due_timers_fire_and_the_next_deadline_is_reported(threadsafe: bool) -> None:
+    endpoint, _sock, driver = make(threadsafe=threadsafe)
     endpoint.timer = 0.0  # the clock reads 0.0 at the first step: due
     driver.step()
     assert endpoint.timers_fired == [0.0]
@@ -277,6 +285,45 @@ def test_due_timers_fire_and_the_next_deadline_is_reported() -> None:
     driver.step()
     assert endpoint.timers_fired == [0.0]
     assert driver.deadline == 50.0
+    endpoint.timer = 20.0
+    driver.flush()  # a flush polls, sends and refreshes the deadline too
+    assert driver.deadline == 20.0
+    assert endpoint.polls == 3
+
+
+def test_the_inline_drivers_step_without_a_lock_and_the_thread_driver_with_one() -> None:
+    """Inline, the driver and the application share the event loop's thread: the step's
+    lock would only cost time. A driver thread's step must hold it (statistics are read
+    from the loop thread meanwhile)."""
+    import threading
+
+    from chrysalis.datagram import UdpSocket
+    from chrysalis.quic import DevelopmentCA, EndpointRole
+    from chrysalis.quic._driver import EndpointSettings
+
+    identity = DevelopmentCA.create().issue()
+    for mode, locked in (("inline", False), ("thread", True)):
+        sock = UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0))
+        notifier = ThreadNotifier()
+        try:
+            settings = EndpointSettings(identity, sock, EndpointRole.DUPLEX, driver=mode)
+            _channels, endpoint, driver = settings.build(notifier, lambda: 0.0)
+            lock = driver._lock
+            assert (lock is not None) is locked
+            assert driver.endpoint_statistics() == endpoint.statistics()
+            if lock is not None:
+                # A step waits for the lock (a statistics read in progress elsewhere).
+                with lock:
+                    stepper = threading.Thread(target=driver.step)
+                    stepper.start()
+                    stepper.join(0.05)
+                    assert stepper.is_alive()
+                stepper.join(5)
+                assert not stepper.is_alive()
+            assert driver.statistics().steps == (1 if locked else 0)
+        finally:
+            sock.shutdown()
+            notifier.close()
 
 
 def test_thread_notifier_coalesces_and_never_loses_a_wakeup() -> None:

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chrysalis.core.completion import (
+    BlockReason,
     ConnectionRef,
     DriverId,
     EndpointChannels,
@@ -155,3 +156,81 @@ def test_single_threaded_wakeup_wakes_async_waiters() -> None:
         assert wakeup.statistics().async_waiters == 0
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("threadsafe", [True, False])
+@pytest.mark.parametrize("bound", ["credits", "retained", "posted", "queue"])
+def test_a_refusal_carries_a_snapshot_that_the_next_release_moves(
+    threadsafe: bool, bound: str
+) -> None:
+    """Every ``WouldBlock`` names its bound's wakeup and an epoch snapshot: waiting on it must
+    sleep while nothing was released and return once something is. (Single-threaded
+    submitters take the snapshot after the failed attempt instead of before it.)"""
+
+    async def main() -> None:
+        ch = EndpointChannels[str](
+            DRIVER,
+            SubmissionLimits(queue_capacity=2, retained_send_bytes=8, posted_receive_bytes=8),
+            completion_credits=2 if bound == "credits" else 8,
+            threadsafe=threadsafe,
+        )
+
+        def send_one() -> None:
+            ch.streams.send_nowait(STREAM, b"c")
+
+        def receive_one() -> None:
+            ch.streams.receive_nowait(STREAM, bytearray(), 1)
+
+        attempt = send_one
+        if bound == "retained":
+            ch.streams.send_nowait(STREAM, b"a" * 8)
+        elif bound == "posted":
+            ch.streams.receive_nowait(STREAM, bytearray(), 8)
+            attempt = receive_one
+        else:  # two credits, or two queue slots
+            ch.streams.send_nowait(STREAM, b"a")
+            ch.streams.send_nowait(STREAM, b"b")
+        with pytest.raises(WouldBlock) as refused:
+            attempt()
+        blocked = refused.value
+        expected = {
+            "credits": BlockReason.COMPLETION_FULL,
+            "retained": BlockReason.RETAINED_BYTES,
+            "posted": BlockReason.POSTED_BYTES,
+            "queue": BlockReason.QUEUE_FULL,
+        }
+        assert blocked.reason is expected[bound]
+        waiter = asyncio.ensure_future(blocked.released.wait_async(blocked.epoch))
+        await asyncio.sleep(0.01)
+        assert not waiter.done(), "a wait on an unchanged bound must sleep"
+        items = ch.submissions.drain(10)  # frees a queue slot (the queue bound's wakeup)
+        for item in items:
+            if isinstance(item, SendSubmission):
+                item.payload.release()
+            elif isinstance(item, ReceiveSubmission):
+                item.cancellation._finish()
+                item.posted.release()
+            item.permit.release()
+        await asyncio.wait_for(waiter, 1)
+        attempt()  # and the bound has room again
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("threadsafe", [True, False])
+def test_submission_queue_empty_and_open_answers(threadsafe: bool) -> None:
+    """``drain`` and ``is_closed`` answer "empty" and "open" without the receiver; what they
+    answer must not change."""
+    ch = _channels(threadsafe)
+    assert ch.submissions.drain(4) == []
+    with pytest.raises(ValueError):
+        ch.submissions.drain(-1)
+    assert not ch.submissions.is_closed()
+    ch.streams.send_nowait(STREAM, b"x")
+    assert not ch.submissions.is_closed()
+    ch.submissions.close()
+    assert not ch.submissions.is_closed()  # closed, but an accepted item is still queued
+    (item,) = ch.submissions.drain(4)
+    assert isinstance(item, SendSubmission)
+    assert ch.submissions.is_closed()
+    assert ch.submissions.drain(4) == []

@@ -112,7 +112,9 @@ class _Event:
     async def wait(self) -> bool:
         if self._set:
             return True
-        future = self._loop.create_future()
+        # The Future class directly: ``loop.create_future()`` is one more Python call per
+        # wait (every read that finds no data) to build the same object.
+        future: asyncio.Future[None] = asyncio.Future(loop=self._loop)
         waiters = self._waiters
         if waiters is None:
             self._waiters = [future]
@@ -230,12 +232,14 @@ class _InlineDriver:
     __slots__ = (
         "_core",
         "_driver",
+        "_endpoint",
         "_fds",
         "_finishing",
         "_loop",
         "_more",
         "_notifier",
         "_scheduled",
+        "_seen",
         "_stop",
         "_timer",
         "_timer_at",
@@ -253,6 +257,8 @@ class _InlineDriver:
     ) -> None:
         self._loop = loop
         self._driver = driver
+        self._endpoint = driver.endpoint
+        self._seen = -1  # ``endpoint.emitted`` at the last dispatch
         self._core = core
         self._notifier = notifier
         self._stop = stop
@@ -285,7 +291,7 @@ class _InlineDriver:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = _NEVER
-        deadline = self._driver.deadline
+        deadline = self._driver._deadline  # the property's value, one call less per wake-up
         if deadline is not None and deadline > self._loop.time():
             # Armed for a deadline that has since moved later (every packet sent pushes the
             # loss timer out; an ACK that rode along cancels the ACK timer): re-arm for the
@@ -312,6 +318,7 @@ class _InlineDriver:
             # Set before dispatching: submissions the handlers make need no kick of their
             # own, the queued _finish polls them.
             self._finishing = True
+            self._seen = self._endpoint.emitted  # handlers never run the endpoint
             if self._core.dispatch_ready():
                 # Let the woken tasks answer first (see the class docstring).
                 self._more = more
@@ -338,13 +345,17 @@ class _InlineDriver:
             self._fail(exc)
 
     def _settle(self, more: bool) -> None:
-        driver = self._driver
         core = self._core
         notifier = self._notifier
-        endpoint = driver.endpoint
+        endpoint = self._endpoint
         if endpoint.backlogged:
             notifier.flag = True  # the last poll stopped at a bound: poll again
-        core.dispatch_ready()
+        emitted = endpoint.emitted
+        if emitted != self._seen:
+            # Only what the endpoint emitted since the last dispatch can be queued (the
+            # usual flush emits nothing: its reply is acknowledged later).
+            self._seen = emitted
+            core.dispatch_ready()
         if endpoint.is_stopped or self._stop.is_set():
             core.dispatch_ready()
             self.close()
@@ -359,8 +370,9 @@ class _InlineDriver:
     def _arm(self) -> None:
         driver = self._driver
         loop = self._loop
-        # Registered descriptors and nothing blocked (the common case): only the timer.
-        if (not self._fds or driver.blocked_destination is not None) and not driver.socket_failed:
+        # Registered descriptors and nothing blocked (the common case): only the timer. (The
+        # driver's attributes behind its properties: this runs after every step.)
+        if (not self._fds or driver._blocked is not None) and not driver._socket_failed:
             sock = driver.socket
             if not self._fds:
                 sock.add_recv_waker(self._notifier.notify_io)
@@ -372,7 +384,7 @@ class _InlineDriver:
                 else:
                     loop.add_writer(write_fd, self._on_writable)
                     self._write_fd = write_fd
-        deadline = driver.deadline
+        deadline = driver._deadline
         if deadline is None:
             return  # an armed timer fires once more, harmlessly
         if deadline < self._timer_at:
@@ -489,6 +501,7 @@ class AsyncioEndpoint(EndpointView):
         self._driver = driver
         options = AdapterOptions() if settings.options is None else settings.options
         self._core = EndpointCore(channels, self._runtime, options, endpoint.routing_pid)
+        self._core.connection_gone = driver.connection_gone
         driver.on_socket_failure = self._core.abort_nowait
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None

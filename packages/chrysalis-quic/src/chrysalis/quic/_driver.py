@@ -417,6 +417,8 @@ class EndpointDriver:
         receive_batches: carrier batches drained per step before the endpoint is polled.
         max_pending_datagrams: datagrams queued while the carrier would block; beyond it
             new output is dropped.
+        threadsafe: False promises that every method is called from one thread (the inline
+            drivers: the event loop's); ``step`` and ``flush`` then take no lock.
     """
 
     __slots__ = (
@@ -451,6 +453,7 @@ class EndpointDriver:
         max_datagram_size: int = 1472,
         receive_batches: int = 4,
         max_pending_datagrams: int = 4096,
+        threadsafe: bool = True,
     ) -> None:
         self._endpoint = endpoint
         self._socket = socket
@@ -489,7 +492,10 @@ class EndpointDriver:
         self._blocked: DatagramAddr | None = None
         self._deadline: float | None = None
         self._socket_failed = False
-        self._lock = threading.Lock()
+        # ``threadsafe=False`` (the inline drivers): every call comes from the event loop's
+        # thread, so ``step`` and ``flush`` skip the lock (an uncontended ``with lock:`` still
+        # costs about ten Python calls' worth of time, twice per request/response step).
+        self._lock: threading.Lock | None = threading.Lock() if threadsafe else None
         self._counters = [0, 0, 0, 0, 0, 0]  # steps, received, sent, transmits, drops, errors
         self.on_socket_failure: Callable[[], None] | None = None
 
@@ -531,13 +537,29 @@ class EndpointDriver:
         )
 
     def endpoint_statistics(self) -> EndpointStatistics:
-        """The endpoint's statistics (safe from any thread: taken between steps)."""
-        with self._lock:
+        """The endpoint's statistics (safe from any thread when ``threadsafe``: taken between
+        steps)."""
+        lock = self._lock
+        if lock is None:
+            return self._endpoint.statistics()
+        with lock:
             return self._endpoint.statistics()
 
+    def connection_gone(self, connection: ConnectionRef) -> bool:
+        """True once the endpoint forgot ``connection`` (see ``QuicEndpoint.knows_connection``;
+        safe from any thread when ``threadsafe``: a step in progress finishes first)."""
+        lock = self._lock
+        if lock is None:
+            return not self._endpoint.knows_connection(connection)
+        with lock:
+            return not self._endpoint.knows_connection(connection)
+
     def connection_statistics(self, connection: ConnectionRef) -> ConnectionStatistics | None:
-        """One connection's statistics, or None (safe from any thread)."""
-        with self._lock:
+        """One connection's statistics, or None (safe from any thread when ``threadsafe``)."""
+        lock = self._lock
+        if lock is None:
+            return self._endpoint.connection_statistics(connection)
+        with lock:
             return self._endpoint.connection_statistics(connection)
 
     def step(self, *, flush: bool = True) -> bool:
@@ -547,20 +569,26 @@ class EndpointDriver:
         driver first lets the tasks that the new completions woke run, so that their replies
         leave in the same packets as the acknowledgements of what they answer.
         """
-        with self._lock:
-            now = self._clock()
-            endpoint = self._endpoint
-            self._counters[0] += 1
-            more = False if self._socket_failed else self._receive(now)
-            # The cached deadlines suffice here (no engine is asked): a timer that the datagrams
-            # just received made due is seen by the flush's ``get_timer``.
-            if endpoint.timer_due(now):
-                endpoint.handle_timer(now)
-            endpoint.poll(now)
-            if flush:
-                self._flush(now)
-                self._deadline = endpoint.get_timer()
-            return more
+        lock = self._lock
+        if lock is None:
+            return self._step(flush)
+        with lock:
+            return self._step(flush)
+
+    def _step(self, flush: bool) -> bool:
+        now = self._clock()
+        endpoint = self._endpoint
+        self._counters[0] += 1
+        more = False if self._socket_failed else self._receive(now)
+        # The cached deadlines suffice here (no engine is asked): a timer that the datagrams
+        # just received made due is seen by the flush's ``get_timer``.
+        if endpoint.timer_due(now):
+            endpoint.handle_timer(now)
+        endpoint.poll(now)
+        if flush:
+            self._flush(now)
+            self._deadline = endpoint.get_timer()
+        return more
 
     def flush(self, *, poll: bool = True) -> None:
         """Admit new submissions (``poll``), send the endpoint's output once and update
@@ -569,13 +597,20 @@ class EndpointDriver:
         ``poll=False`` skips admission: for an inline driver whose ``step(flush=False)`` woke
         no task, so that nothing can have been submitted since that step's own ``poll``.
         """
-        with self._lock:
-            now = self._clock()
-            endpoint = self._endpoint
-            if poll:
-                endpoint.poll(now)
-            self._flush(now)
-            self._deadline = endpoint.get_timer()
+        lock = self._lock
+        if lock is None:
+            self._flush_step(poll)
+            return
+        with lock:
+            self._flush_step(poll)
+
+    def _flush_step(self, poll: bool) -> None:
+        now = self._clock()
+        endpoint = self._endpoint
+        if poll:
+            endpoint.poll(now)
+        self._flush(now)
+        self._deadline = endpoint.get_timer()
 
     def _receive(self, now: float) -> bool:
         sock = self._socket
@@ -906,6 +941,12 @@ class ConnectionCore:
             application_code=self.application_code,
             transport_code=self.transport_code,
         )
+
+    def broken_error(self) -> StreamBrokenError:
+        """What a writer of this closed connection raises: the close codes are its cause."""
+        error = StreamBrokenError("the connection closed")
+        error.__cause__ = self.lost_error()
+        return error
 
     def close_nowait(self, error_code: int = 0, reason: str = "") -> None:
         """Queue an application close with ``error_code`` (best effort, idempotent)."""
@@ -1306,7 +1347,7 @@ class StreamCore:
             self.rlen < count
             and self.rstate == _RX_OPEN
             and not self.read_closed
-            and self.post_receive() is None
+            and (self.posted or self.post_receive() is None)  # read-ahead usually posted it
             and self.rstate == _RX_OPEN
             and not self.rlen
         ):
@@ -1624,9 +1665,19 @@ class StreamCore:
         self.in_flight -= completion.nbytes
         outcome = completion.outcome
         if outcome is not SendOutcome.ACKNOWLEDGED and self.werror is None:
-            if self.conn.state >= _FAILED:
-                self._fail_write(StreamBrokenError("the connection closed"))
+            conn = self.conn
+            if conn.state >= _FAILED:
+                self._fail_write(conn.broken_error())
             else:
+                gone = self.core.connection_gone
+                if gone is not None and gone(conn.ref):
+                    # The connection is going: the completion model delivers its sends'
+                    # completions before its ``ConnectionClosed`` (with the thread driver, or
+                    # staged event credits, the second may not even be queued yet). Fail the
+                    # writer with the connection's error when that arrives
+                    # (``on_connection_lost``), not with this send's.
+                    self._wake_writers()
+                    return
                 self._fail_write(StreamBrokenError(f"the send was {outcome.value}"))
         if self.pending or self.eof == _EOF_WANTED:
             self.flush()
@@ -1658,7 +1709,7 @@ class StreamCore:
         if self.rstate == _RX_OPEN or self.rstate == _RX_CLOSING:
             self.rstate = _RX_LOST
         if self.werror is None and (self.pending or self.in_flight or not self.write_closed):
-            self._fail_write(StreamBrokenError("the connection closed"))
+            self._fail_write(self.conn.broken_error())
         if self.posted:
             self.posted = False
             self.core.posted_receives -= 1
@@ -1752,6 +1803,7 @@ class EndpointCore:
         "accepts",
         "channels",
         "commands",
+        "connection_gone",
         "conns",
         "deferred",
         "draining",
@@ -1799,6 +1851,9 @@ class EndpointCore:
         self.stopped = False
         self.stopped_event: AsyncEvent = runtime.event()
         self.on_connection_closed: list[Callable[[ConnectionCore], None]] = []
+        # ``EndpointDriver.connection_gone``, set by the adapter (None: unknown, a send that
+        # did not complete fails its writer at once).
+        self.connection_gone: Callable[[ConnectionRef], bool] | None = None
         self.on_established: list[Callable[[ConnectionCore], None]] = []
         self._blocked: dict[StreamCore, None] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -2207,7 +2262,11 @@ class EndpointSettings:
             engine=self.engine,
         )
         driver = EndpointDriver(
-            endpoint, self.socket, clock=clock, max_datagram_size=config.max_udp_payload
+            endpoint,
+            self.socket,
+            clock=clock,
+            max_datagram_size=config.max_udp_payload,
+            threadsafe=self.driver != "inline",
         )
         return channels, endpoint, driver
 

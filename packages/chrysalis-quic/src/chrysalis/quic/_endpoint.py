@@ -366,6 +366,7 @@ class _Stream:
     """Per-stream state: both halves, the ordered operation queues, received bytes."""
 
     __slots__ = (
+        "ack_check",
         "announced",
         "buffered",
         "chunks",
@@ -396,6 +397,11 @@ class _Stream:
         self.send_state = _Send.OPEN
         self.send_ops: deque[_SendOp] = deque()
         self.send_order: deque[_SendRecord] = deque()
+        # Whether ``send_order`` may hold records that can complete now: set where the engine
+        # may have learned of acknowledgements (a datagram received, a timer) and when a
+        # rejected record is queued; a progress pass that only submitted data skips the
+        # check (nothing it does acknowledges anything).
+        self.ack_check = False
         self.send_pos = 0  # bytes of the head data op already handed to the engine
         self.queued_end = 0  # stream offset after every accepted send
         self.recv_state = _Recv.OPEN
@@ -560,6 +566,7 @@ class QuicEndpoint:
         "_stopped_staged",
         "_timers",
         "_wall_offset",
+        "emitted",
     )
 
     def __init__(
@@ -608,6 +615,10 @@ class QuicEndpoint:
         self._timers: dict[_Connection, float] = {}
         self._stale: dict[_Connection, None] = {}
         self._backlogged = False
+        # Completions handed to the completion queue so far (and one more when it closes):
+        # a driver that saw it unchanged since its last dispatch has nothing to dispatch.
+        # Read-only for callers.
+        self.emitted = 0
         self._active: dict[_Connection, None] = {}
         self._reap: list[_Connection] = []
         self._outbox: list[tuple[bytes, DatagramAddr]] = []
@@ -842,6 +853,7 @@ class QuicEndpoint:
         if conn.sending and conn.state is _Conn.ESTABLISHED:
             # Acknowledgements may have arrived: completions and room for more data.
             for stream in conn.sending:
+                stream.ack_check = True
                 self._mark(conn, stream)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, DatagramAddr]]:
@@ -959,6 +971,7 @@ class QuicEndpoint:
             if conn.sending and conn.state is _Conn.ESTABLISHED:
                 # An engine may learn on a timer that bytes were acknowledged (qh3 does).
                 for stream in conn.sending:
+                    stream.ack_check = True
                     self._mark(conn, stream)
         if self._reap:
             self._reap_terminated(now)
@@ -1148,6 +1161,7 @@ class QuicEndpoint:
             self._flush_staged()
         if self._stopped_staged and not self._staged:
             self._state = EndpointState.STOPPED
+            self.emitted += 1
             self._channels.completion_sender.close()
 
     def _submit(self, item: EndpointSubmission[QuicCommand], now: float) -> None:
@@ -1171,6 +1185,7 @@ class QuicEndpoint:
             nbytes = len(item.payload)
             if stream.send_state is not _Send.OPEN:
                 stream.send_order.append(_SendRecord(item, stream.queued_end, rejected=True))
+                stream.ack_check = True
             else:
                 stream.queued_end += nbytes
                 stream.send_order.append(_SendRecord(item, stream.queued_end, rejected=False))
@@ -1316,7 +1331,8 @@ class QuicEndpoint:
             self._progress_receive(conn, stream)
         if stream.send_ops:
             self._progress_send(conn, stream)
-        if stream.send_order:
+        if stream.send_order and stream.ack_check:
+            stream.ack_check = False
             self._complete_acked(conn, stream)
         if not stream.send_ops and not stream.send_order:
             conn.sending.discard(stream)
@@ -1675,6 +1691,8 @@ class QuicEndpoint:
             self._staged.append((completion, permit))
         except CompletionQueueClosed:
             _release(completion, permit)
+        else:
+            self.emitted += 1
 
     def _event(self, completion: Completion) -> None:
         """Emit an unsolicited lifecycle event (it takes an event credit)."""
@@ -1700,6 +1718,7 @@ class QuicEndpoint:
                     _release(item, held)
                 staged.clear()
                 return
+            self.emitted += 1
             staged.popleft()
 
     # -- statistics ---------------------------------------------------------------------------
@@ -1728,6 +1747,11 @@ class QuicEndpoint:
             refused_streams=c["refused_streams"],
             keepalive_pings=c["keepalive_pings"],
         )
+
+    def knows_connection(self, connection: ConnectionRef) -> bool:
+        """Whether ``connection`` is live here. Once it is not, every operation of it has
+        completed and its ``ConnectionClosed`` was emitted or staged behind them."""
+        return connection in self._conns
 
     def connection_statistics(self, connection: ConnectionRef) -> ConnectionStatistics | None:
         """A snapshot of one live connection, or None when it is unknown or gone."""

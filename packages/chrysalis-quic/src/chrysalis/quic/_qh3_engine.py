@@ -602,12 +602,21 @@ class Qh3Connection(QuicConnection):
         self.connect(synthetic, self._core_time(now))
 
     def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
-        synthetic = self._synthetic(addr)
-        if synthetic is None or not data:
+        synthetic = self._ch_to_synthetic.get(addr)  # a known path: no call (every datagram)
+        if synthetic is None:
+            synthetic = self._synthetic(addr)
+            if synthetic is None:
+                return
+        if not data:
             return
         self._ch_now = now
-        elapsed = self._core_time(now)
         core = self._core
+        epoch = self._ch_epoch
+        if epoch is not None and now - epoch >= self._ch_core_now:
+            # ``_core_time`` inline: the clock moved on (the usual case).
+            elapsed = self._ch_core_now = now - epoch
+        else:
+            elapsed = self._core_time(now)
         if core is not None and self._handshake_complete and not data[0] & 0x80:
             # Fast path: a short-header datagram holds one packet; version negotiation,
             # Retry, coalescing and CID learning only concern long headers.

@@ -238,6 +238,7 @@ class TrioEndpoint(EndpointView):
         self._driver = driver
         options = AdapterOptions() if settings.options is None else settings.options
         self._core = EndpointCore(channels, self._runtime, options, endpoint.routing_pid)
+        self._core.connection_gone = driver.connection_gone
         driver.on_socket_failure = self._core.abort_nowait
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
