@@ -439,3 +439,27 @@ def test_aggregate_remainder_is_spread_over_any_buffers_in_order(
         assert all(any(part == seg for seg in kept) for part in delivered)  # in order
     finally:
         _close(sock)
+
+
+def test_sends_to_a_remembered_destination_fail_after_shutdown_and_join(
+    pair: tuple[UdpSocket, UdpSocket],
+) -> None:
+    # try_send_to has no shutdown test on its fast path (a remembered destination): shutdown
+    # empties the memo, and a memo put back by a sender that raced shutdown (simulated here)
+    # meets a shut down (EPIPE even though shutdown of an unconnected socket reports
+    # ENOTCONN), then closed, kernel socket.
+    a, b = pair
+    assert a.try_send_to(b"warm", b.local_addr)
+    remembered = a._last_sockaddr
+    assert remembered[0] is b.local_addr
+    a.shutdown()
+    for raced in (False, True, True):
+        if raced:
+            a._last_sockaddr = remembered
+        with pytest.raises(SocketClosedError):
+            a.try_send_to(b"x", b.local_addr)
+        if raced:
+            assert a.join(5)
+    _wait_for_data(b)
+    assert recv_datagrams(b, 1) == [(b"warm", a.local_addr)]
+    assert b.try_recv_from() is None

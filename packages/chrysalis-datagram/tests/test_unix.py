@@ -23,6 +23,7 @@ from chrysalis.datagram import (
     AddressNotAvailableError,
     ConnectionRefusedDatagramError,
     DatagramRecvMeta,
+    DatagramTooLargeError,
     DatagramTransmit,
     HostUnreachableError,
     InvalidDataError,
@@ -367,3 +368,56 @@ def test_any_mix_of_senders_and_lengths_gets_exact_metas(
         assert all(stride == length for _, _, stride, length in got)
     finally:
         _close(receiver, *senders)
+
+
+def test_sends_to_a_remembered_destination_fail_after_shutdown_and_join(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    # try_send_to has no shutdown test on its fast path (a remembered destination): shutdown
+    # empties the memo, and a memo put back by a sender that raced shutdown (simulated here)
+    # meets a shut down, then closed, kernel socket.
+    a, b = pair
+    assert a.try_send_to(b"warm", b.local_addr)
+    remembered = a._last_path
+    assert remembered[0] is b.local_addr
+    a.shutdown()
+    for raced in (False, True, True):
+        if raced:
+            a._last_path = remembered
+        with pytest.raises(SocketClosedError):
+            a.try_send_to(b"x", b.local_addr)
+        if raced:
+            assert a.join(5)
+    assert recv_datagrams(b, 1) == [(b"warm", a.local_addr)]
+    assert b.try_recv_from() is None
+
+
+def test_oversized_datagram_is_refused_also_to_a_remembered_destination(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    a, b = pair
+    assert a.try_send_to(b"x" * MAX_DATAGRAM_SIZE, b.local_addr)
+    with pytest.raises(DatagramTooLargeError):
+        a.try_send_to(bytearray(MAX_DATAGRAM_SIZE + 1), b.local_addr)
+    assert [len(data) for data, _ in recv_datagrams(b, 1)] == [MAX_DATAGRAM_SIZE]
+
+
+def test_segmented_send_checks_once_and_reports_errors_only_before_progress(
+    pair: tuple[UnixDatagramSocket, UnixDatagramSocket], tmp_path: Path
+) -> None:
+    # try_send_transmit validates the destination and the segment size once per call, then
+    # loops sendto: a short last segment, and every refusal before the first datagram.
+    a, b = pair
+    assert a.try_send_transmit(DatagramTransmit(b.local_addr, b"aaabbbc", 3)) == 3
+    assert [data for data, _ in recv_datagrams(b, 3)] == [b"aaa", b"bbb", b"c"]
+    big = MAX_DATAGRAM_SIZE + 1
+    with pytest.raises(DatagramTooLargeError):
+        a.try_send_transmit(DatagramTransmit(b.local_addr, bytes(2 * big), big))
+    with pytest.raises(HostUnreachableError):
+        a.try_send_transmit(DatagramTransmit(DatagramAddr.unixgram(str(tmp_path / "no")), b"xy", 1))
+    with pytest.raises(AddressError):
+        a.try_send_transmit(DatagramTransmit(DatagramAddr.unixgram(b"x\0y"), b"xy", 1))
+    assert b.try_recv_from() is None  # nothing of the refused transmits arrived
+    a.shutdown()
+    with pytest.raises(SocketClosedError):
+        a.try_send_transmit(DatagramTransmit(b.local_addr, b"xy", 1))

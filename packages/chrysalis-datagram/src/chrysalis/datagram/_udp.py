@@ -271,6 +271,15 @@ class UdpSocket(BatchReceiver, DatagramSocket):
         self._sockaddrs[destination] = sockaddr
         return sockaddr
 
+    def _memo_sockaddr(self, destination: DatagramAddr) -> Any:
+        """``try_send_to``'s memo miss: refuse after shutdown, look the destination up (or
+        validate it), and remember it as the last destination."""
+        if self._state.closed:
+            raise SocketClosedError()
+        sockaddr = self._sockaddrs.get(destination) or self._new_sockaddr(destination)
+        self._last_sockaddr = (destination, sockaddr)
+        return sockaddr
+
     def _send_error(self, error: OSError, size: int) -> OSError:
         if self._state.closed:
             return SocketClosedError()
@@ -282,16 +291,21 @@ class UdpSocket(BatchReceiver, DatagramSocket):
 
     def try_send_to(self, data: bytes | bytearray | memoryview, destination: DatagramAddr) -> bool:
         """Send one datagram; ``False`` if the kernel buffer is full."""
-        if self._state.closed:
-            raise SocketClosedError()
-        last = self._last_sockaddr
-        if last[0] is destination:  # an identity test: no Python-level __hash__ call
-            sockaddr = last[1]
-        else:
-            sockaddr = self._sockaddrs.get(destination) or self._new_sockaddr(destination)
-            self._last_sockaddr = (destination, sockaddr)
+        # The per-datagram path, a handful of bytecodes around the system call (issue #3):
+        # the destination memo is one tuple unpacked at once (threads sharing the socket never
+        # see a torn pair) and tested by identity (no Python-level __hash__); the bound
+        # ``sendto`` is read as a plain attribute (a method-style call of an instance
+        # attribute takes CPython's unspecialised lookup). There is no shutdown test here:
+        # shutdown empties the memo, so the first send after it takes the miss path, which
+        # tests; and a send that still finds a memo (a thread that raced shutdown) reaches a
+        # kernel socket that is shut down (EPIPE) or closed (EBADF), which ``_send_error``
+        # reports as SocketClosedError.
+        last, sockaddr = self._last_sockaddr
+        if last is not destination:
+            sockaddr = self._memo_sockaddr(destination)
+        sendto = self._sendto
         try:
-            self._sendto(data, sockaddr)
+            sendto(data, sockaddr)
         except BlockingIOError:
             return False
         except OSError as error:
@@ -642,6 +656,7 @@ class UdpSocket(BatchReceiver, DatagramSocket):
         # ENOTCONN on an unconnected socket, yet the shutdown still wakes pollers.
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        self._last_sockaddr = (_NOTHING, None)  # the next try_send_to tests for shutdown
         self._drop_batches()
 
     def shutdown(self) -> None:
