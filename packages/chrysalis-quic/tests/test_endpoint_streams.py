@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.append(str(Path(__file__).parent))
 
@@ -31,10 +32,11 @@ from chrysalis.core.completion import (
     StopCompletion,
     StreamClosed,
     StreamRef,
+    SubmissionReceipt,
     WouldBlock,
 )
 from chrysalis.quic._config import EndpointLimits, QuicConfig
-from chrysalis.quic._endpoint import Close, EndpointRole, OpenBidi
+from chrysalis.quic._endpoint import Close, EndpointRole, OpenBidi, QuicEndpoint
 
 
 def _connected() -> tuple[Net, Node, Node, ConnectionRef]:
@@ -406,3 +408,114 @@ def test_server_opened_streams_reach_the_client() -> None:
     incoming = client.incoming()
     assert incoming.stream == 1
     assert client.read_all(incoming) == b"from the server"
+
+
+def _stream_record(node: Node, stream: StreamRef) -> Any:
+    """White-box: the endpoint's record of ``stream`` (its buffered and consumed counts)."""
+    return node.endpoint._conns[stream.connection].streams[stream.stream]
+
+
+def _count_progress_passes(monkeypatch: pytest.MonkeyPatch, node: Node) -> list[int]:
+    """White-box: count ``node``'s per-stream progress passes (the general path)."""
+    general = QuicEndpoint._progress_stream
+    passes = [0]
+
+    def counted(self: QuicEndpoint, conn: Any, stream: Any) -> None:
+        if self is node.endpoint:
+            passes[0] += 1
+        general(self, conn, stream)
+
+    monkeypatch.setattr(QuicEndpoint, "_progress_stream", counted)
+    return passes
+
+
+def _received(node: Node, receipt: SubmissionReceipt) -> ReceiveCompletion:
+    done = node.wait_op(receipt)
+    assert isinstance(done, ReceiveCompletion), done
+    return done
+
+
+def test_receives_posted_before_the_data_complete_like_buffered_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receive already posted when data arrives completes straight from the engine event
+    (the request/response path); every case that path does not take falls back to the
+    buffered one, and the outcomes are the same either way."""
+    net, client, server, conn = _connected()
+    stream = client.open(conn)
+    client.send(stream, b"!")
+    incoming = server.incoming()
+    assert bytes(_received(server, server.receive(incoming, 1)).data()) == b"!"
+    record = _stream_record(server, incoming)
+    # Fits: completes on arrival, nothing buffered, flow-control credit consumed.
+    first = server.receive(incoming, 8, prefix=b">")
+    net.run_for(0.01)
+    assert server.op(first) is None
+    passes = _count_progress_passes(monkeypatch, server)
+    client.send(stream, b"ping")
+    done = server.wait_op(first)
+    assert passes == [0]  # neither posting nor completing it needed a progress pass
+    assert isinstance(done, ReceiveCompletion)
+    assert (done.status, bytes(done.buffer)) == (ReceiveStatus.DATA, b">ping")
+    assert (record.buffered, record.consumed) == (0, 1 + 4)
+    # Below min_bytes: held (in the posted buffer) until the rest arrives, one completion.
+    waiting = server.receive(incoming, 16, min_bytes=6)
+    client.send(stream, b"abc")
+    net.run_for(0.01)
+    assert server.op(waiting) is None
+    assert (record.buffered, record.consumed) == (0, 8)
+    client.send(stream, b"def")
+    done = server.wait_op(waiting)
+    assert isinstance(done, ReceiveCompletion)
+    assert bytes(done.data()) == b"abcdef"
+    # Larger than the spare room: the posted receive fills up, the rest waits buffered.
+    small = server.receive(incoming, 4)
+    client.send(stream, b"0123456789")
+    done = server.wait_op(small)
+    assert isinstance(done, ReceiveCompletion)
+    assert bytes(done.data()) == b"0123"
+    assert record.buffered == 6
+    rest = server.wait_op(server.receive(incoming, 64))
+    assert isinstance(rest, ReceiveCompletion)
+    assert bytes(rest.data()) == b"456789"
+    # Two posted: the first takes the data, the second stays posted for the next bytes.
+    one, two = server.receive(incoming, 8), server.receive(incoming, 8)
+    client.send(stream, b"x")
+    assert bytes(_received(server, one).data()) == b"x"
+    net.run_for(0.01)
+    assert server.op(two) is None
+    client.send(stream, b"y")
+    assert bytes(_received(server, two).data()) == b"y"
+    # Cancelled before the data: CANCELLED, and the data goes to the next receive.
+    cancelled = server.receive(incoming, 8)
+    net.run_for(0.01)
+    assert cancelled.cancellation is not None
+    assert cancelled.cancellation.cancel()
+    assert _received(server, cancelled).status is ReceiveStatus.CANCELLED
+    client.send(stream, b"z")
+    net.run_for(0.01)
+    assert record.buffered == 1
+    assert bytes(_received(server, server.receive(incoming, 8)).data()) == b"z"
+    assert record.consumed == 1 + 4 + 6 + 10 + 2 + 1  # every byte, each counted once
+    assert server.channels.submissions.posted_budget.used == 0
+
+
+def test_a_send_on_an_idle_established_stream_reaches_the_engine_in_its_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    net, client, server, conn = _connected()
+    stream = client.open(conn)
+    receipt = client.send(stream, b"hello")
+    passes = _count_progress_passes(monkeypatch, client)
+    client.endpoint.poll(net.now)  # admission alone hands the bytes to the engine
+    assert _engine_stream_state(client, stream) == (0, 5)
+    assert passes == [0]
+    later = client.send(stream, b"world")
+    client.endpoint.poll(net.now)
+    assert _engine_stream_state(client, stream) == (0, 10)
+    incoming = server.incoming()
+    got = server.wait_op(server.receive(incoming, 64, min_bytes=10))
+    assert isinstance(got, ReceiveCompletion)
+    assert bytes(got.data()) == b"helloworld"
+    assert client.wait_op(receipt).outcome is SendOutcome.ACKNOWLEDGED  # type: ignore[union-attr]
+    assert client.wait_op(later).outcome is SendOutcome.ACKNOWLEDGED  # type: ignore[union-attr]

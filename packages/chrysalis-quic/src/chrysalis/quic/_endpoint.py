@@ -1076,6 +1076,18 @@ class QuicEndpoint:
         data = event.data
         if stream is None or stream.recv_state is not _Recv.OPEN or stream.fin_received:
             return  # nobody will read it: it never counts as buffered
+        if (
+            data
+            and not stream.buffered
+            and not event.fin
+            and stream.recv_ops
+            and stream.announced
+            and conn.state is _Conn.ESTABLISHED
+            and conn.terminated is None
+            and not self._staged  # held-back completions: the progress pass decides
+            and self._deliver_direct(conn, stream, data)
+        ):
+            return
         if data:
             conn.stream_bytes_received += len(data)
             stream.chunks.append(data)
@@ -1090,6 +1102,36 @@ class QuicEndpoint:
                 self._event(IncomingStream(stream.ref))
             if stream.recv_ops:
                 self._mark(conn, stream)
+
+    def _deliver_direct(self, conn: _Connection, stream: _Stream, data: bytes) -> bool:
+        """Complete the stream's first posted receive with ``data`` straight from the event.
+
+        Why: in a request/response exchange the reader's next receive is already posted when
+        the bytes arrive (the driver reads ahead), nothing is buffered and the bytes fit. Then
+        buffering them and completing the receive in the progress pass (mark, progress,
+        consume) only moves the same bytes twice; completing here has the same outcome: the
+        same bytes in the same order, the same flow-control credit returned to the engine, and
+        ``DATA`` once the buffer holds ``min_bytes`` (otherwise nothing is done here and the
+        general path runs). False: not applicable, nothing changed.
+        """
+        op = stream.recv_ops[0]
+        if type(op) is not ReceiveSubmission or op.cancellation.cancelled:
+            return False
+        posted = op.posted
+        size = len(data)
+        if size > posted.spare or posted.appended + size < op.options.min_bytes:
+            return False
+        posted.append(data)
+        conn.stream_bytes_received += size
+        stream.consumed += size
+        engine = conn.engine
+        engine.stream_consumed(stream.sid, stream.consumed)
+        self._dirty[conn] = None
+        stream.recv_ops.popleft()
+        self._complete(op.complete(ReceiveStatus.DATA), op.permit)
+        if stream.recv_ops:  # further receives (and stops) go through the progress pass
+            self._mark(conn, stream)
+        return True
 
     def _on_stream_reset(self, conn: _Connection, sid: int, code: int) -> None:
         stream = self._peer_stream(conn, sid)
@@ -1175,7 +1217,20 @@ class QuicEndpoint:
             self._complete_unknown(item)
             return
         if type(item) is ReceiveSubmission:  # the most common operation: a read
-            stream.recv_ops.append(item)
+            ops = stream.recv_ops
+            ops.append(item)
+            if (
+                len(ops) == 1
+                and not stream.buffered
+                and stream.recv_state is _Recv.OPEN
+                and not stream.fin_received
+                and conn.state is _Conn.ESTABLISHED
+                and conn.terminated is None
+                and not item.cancellation.cancelled
+            ):
+                # Nothing to progress: it waits for data, and whatever can complete it (data,
+                # FIN, reset, a cancellation, the connection's end) marks the stream itself.
+                return
             if not stream.queued:
                 stream.queued = True
                 conn.runnable.append(stream)
@@ -1191,6 +1246,19 @@ class QuicEndpoint:
                 stream.send_order.append(_SendRecord(item, stream.queued_end, rejected=False))
                 if nbytes:
                     stream.send_ops.append(item)
+                    if (
+                        len(stream.send_ops) == 1
+                        and conn.state is _Conn.ESTABLISHED
+                        and conn.terminated is None
+                    ):
+                        # Nothing queued before it on this stream: hand it to the engine now,
+                        # as the progress pass would (same order, same bounds), without
+                        # marking the stream. Anything else left to do marks it as usual.
+                        conn.sending.add(stream)
+                        self._progress_send(conn, stream)
+                        if not stream.send_order:  # the engine refused: the half was abandoned
+                            self._mark(conn, stream)
+                        return
             conn.sending.add(stream)
         elif isinstance(item, FinishSubmission | ResetSubmission):
             if stream.send_state is not _Send.OPEN:

@@ -655,15 +655,20 @@ class StreamSubmitter:
     def send_nowait(self, stream: StreamRef, payload: BytesLike) -> SubmissionReceipt:
         """Admit a send of ``payload`` (ownership passes to the driver until released)."""
         core = self._core
-        core.check_stream(stream)
+        if type(stream) is not StreamRef or stream.connection.driver is not core.driver:
+            core.check_stream(stream)  # the full check (and its error) off the common path
         view = _readonly_view(payload)
         nbytes = view.nbytes
         retained_budget = core.retained
-        if nbytes > retained_budget.capacity:
+        if nbytes > retained_budget._capacity:
             raise ExceedsBudget(
                 BlockReason.RETAINED_BYTES, payload, nbytes, retained_budget.capacity
             )
-        permit = self._credit(payload)
+        # One thread: take the credit inline; a refusal (and every threadsafe admission)
+        # goes through ``_credit``, which raises the ``WouldBlock``.
+        permit = core.credits.try_acquire() if core.single else None
+        if permit is None:
+            permit = self._credit(payload)
         seen = 0 if core.single else retained_budget.released.epoch()
         retained = retained_budget._try_retain_view(payload, view)
         if retained is None:
@@ -692,7 +697,8 @@ class StreamSubmitter:
         ``cancellation`` cancels the receive.
         """
         core = self._core
-        core.check_stream(stream)
+        if type(stream) is not StreamRef or stream.connection.driver is not core.driver:
+            core.check_stream(stream)  # the full check (and its error) off the common path
         if not isinstance(buffer, bytearray):
             raise TypeError(f"a posted buffer must be a bytearray, not {type(buffer).__name__}")
         if not isinstance(capacity, int) or isinstance(capacity, bool):
@@ -700,9 +706,11 @@ class StreamSubmitter:
         if capacity - len(buffer) < options.min_bytes:
             raise InvalidReceiveBuffer(buffer, capacity, options)
         posted_budget = core.posted
-        if capacity > posted_budget.capacity:
+        if capacity > posted_budget._capacity:
             raise ExceedsBudget(BlockReason.POSTED_BYTES, buffer, capacity, posted_budget.capacity)
-        permit = self._credit(buffer)
+        permit = core.credits.try_acquire() if core.single else None  # as in ``send_nowait``
+        if permit is None:
+            permit = self._credit(buffer)
         seen = 0 if core.single else posted_budget.released.epoch()
         posted = posted_budget._try_post_checked(buffer, capacity)  # checked above
         if posted is None:
