@@ -304,6 +304,38 @@ def test_the_keys_json_reads_back_as_the_keys(values: list[str | int]) -> None:
     assert read == values
 
 
+@given(st.lists(st.text(st.sampled_from('a"\\\x00\x01\x1f\x7f~ '), max_size=4), max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_the_keys_json_escapes_every_ascii_text_that_needs_it(values: list[str]) -> None:
+    # the quick JSON of ASCII texts decides with one ``translate``: quotes, backslashes and
+    # unprintable characters (NUL included) must all reach ``json.dumps``
+    text = _json_array(values)  # type: ignore[arg-type]
+    assert json.loads(text) == values
+    quick = '["' + '","'.join(values) + '"]' if values else None
+    if text == quick:
+        assert all(v.isprintable() and '"' not in v and "\\" not in v for v in values)
+
+
+@pytest.mark.parametrize("with_delete", [False, True])
+def test_a_key_with_a_nul_is_found_at_commit_on_the_general_path(with_delete: bool) -> None:
+    # the captures' fast path leaves the NUL search to the commit: with several tables (or a
+    # delete) the keys take the general path, which must not list them as JSON either
+    replica = _replica()
+    with replica.transaction() as tx:
+        tx.upsert("notes", ("gone", 0))
+    with replica.transaction() as tx:
+        tx.execute("INSERT INTO notes VALUES (?, ?)", ("a\0b", 1))
+        tx.capture_upsert("notes", ("a\0b",))
+        tx.upsert("tags", (1, 2, "x"))
+        if with_delete:
+            tx.delete("notes", ("gone",))
+    clock = _clock(replica)
+    assert clock[("notes", ("a\0b",))] == (2, SITE, 0, 0)
+    assert clock[("tags", (1, 2))] == (2, SITE, 1, 0)
+    notes = {("a\0b",), ("gone",)} if with_delete else {("a\0b",)}
+    assert _version_rows(replica, 2) == {"notes": notes, "tags": {(1, 2)}}
+
+
 @pytest.mark.parametrize("use_upsert", [False, True])
 def test_a_key_with_a_nul_keeps_every_character(use_upsert: bool) -> None:
     replica = _replica()

@@ -403,8 +403,10 @@ def clock_sql(
                 )
                 or "0"
             )
-            + f" FROM json_each(?1) AS j CROSS JOIN {qt} AS t ON {join_json} "
-            "WHERE j.type != 'null'"
+            # no ``j.type != 'null'`` filter: its array has no ``null`` (every capture is
+            # listed), and a ``null`` would join no row anyway; the filter cost a tenth of the
+            # query
+            + f" FROM json_each(?1) AS j CROSS JOIN {qt} AS t ON {join_json}"
         ),
         normalize=(
             f"CREATE TEMP TABLE IF NOT EXISTS {_q('__chrysalis_keys_v1_' + table)} ("

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
@@ -74,6 +75,13 @@ _CHANGE_OVERHEAD: Final = 4 + 1 + 8 + 4 + SITE_ID_LEN + 8
 
 _STABLE_KINDS_CACHE: Final = 256
 """Most (table, value types) combinations whose ``tx.upsert`` path a replica remembers."""
+
+_ESCAPED_ASCII: Final = bytes(range(0x20)) + b'\x7f\\"'
+"""ASCII characters a key text cannot hold as they are in ``_json_array``'s quick JSON:
+the unprintable ones (as ``str.isprintable`` says), the backslash and the quote."""
+
+_first: Final = itemgetter(0)
+"""A captured key's first value (a C call per key, cheaper than a comprehension)."""
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
@@ -170,20 +178,20 @@ class ReplicaTransaction:
         the key finds several rows. Raises ``MissingSchemaError``, ``InvalidMutationError`` (key
         arity, NULL key, a value SQLite cannot hold) or ``TransactionTooLargeError`` at once.
         """
-        if not self._open:
-            self._check_open()
+        keys = self._keys
         if (
-            table in self._text_keyed  # (registered)
-            and type(key) is tuple
+            type(key) is tuple
             and len(key) == 1
             and type(key[0]) is str
             and key[0].isascii()
-            and "\0" not in key[0]
-            and len(self._keys) < MAX_CHANGES_PER_VERSION
-        ):  # the common case, checked inline: one ASCII text key
+            and table in self._text_keyed  # (registered)
+            and len(keys) < MAX_CHANGES_PER_VERSION
+            and self._open
+        ):  # the common case, checked inline: one ASCII text key (a NUL in it: see commit)
             self._tables.append(table)
-            self._keys.append(key)  # type: ignore[arg-type]
+            keys.append(key)  # type: ignore[arg-type]
             return
+        self._check_open()
         schema = self._replica._schema(table)
         self._push(schema, check_key(schema, key), False)
 
@@ -228,12 +236,7 @@ class ReplicaTransaction:
                     raise MissingRowError(f"the upsert into {quote(table)} left no row")
         if table in self._text_keyed:
             value = stored[schema.key_indexes[0]]
-            if (
-                type(value) is str
-                and value.isascii()
-                and "\0" not in value
-                and len(self._keys) < MAX_CHANGES_PER_VERSION
-            ):
+            if type(value) is str and value.isascii() and len(self._keys) < MAX_CHANGES_PER_VERSION:
                 self._tables.append(table)
                 self._keys.append((value,))
                 return stored
@@ -339,15 +342,20 @@ class ReplicaTransaction:
         replica = self._replica
         conn = self._conn
         origin = replica._local_origin
-        if not self._json:
-            self._normalize_keys()
         tables, keys, delete_seqs = self._tables, self._keys, self._deletes
         n = len(keys)
-        if self._json and not delete_seqs and tables.count(tables[0]) == n:
+        if self._json:
             table = tables[0]
-            if table in replica._unique_keys():
-                self._defer_one_table(replica._schemas[table], version, origin)
+            if (
+                not delete_seqs
+                and tables.count(table) == n
+                and table in replica._unique_keys()
+                and self._defer_one_table(replica._schemas[table], version, origin)
+            ):
                 return
+            self._check_nul()
+        if not self._json:
+            self._normalize_keys()
         names = set(tables)
         # the common case: one table, upserts only, each row captured once
         simple = len(names) == 1 and not delete_seqs and len(set(keys)) == n
@@ -414,11 +422,13 @@ class ReplicaTransaction:
         if not defer:
             conn.execute(_sql.SET_FOLDED, (version,))
 
-    def _defer_one_table(self, schema: TableSchema, version: int, origin: int) -> None:
+    def _defer_one_table(self, schema: TableSchema, version: int, origin: int) -> bool:
         """``_write_clock``'s common case, deferred: upserts of one table with a key known
         unique, every key listed as JSON. A row captured more than once is listed (and
         measured) once per capture: the fold gives it its last capture's entry, and the
-        sender sends it once. Raises what ``_measure`` raises, and
+        sender sends it once. Returns ``False``, having run nothing, when a key turns out to
+        hold a NUL (the captures' fast path leaves that check to here: the keys cannot be
+        listed as JSON then). Raises what ``_measure`` raises, and
         ``TransactionTooLargeError``."""
         clock = self._replica._clocks[schema.table]
         keys = self._keys
@@ -426,8 +436,11 @@ class ReplicaTransaction:
         if schema.table in self._text_keyed:
             # one TEXT key column (every key a ``str`` here): the keys' bytes are counted in
             # Python, so the query reads only the other columns
-            values: list[str] = [k[0] for k in keys]  # type: ignore[misc]
+            values: list[str] = list(map(_first, keys))
             joined = '","'.join(values)
+            if "\0" in joined:
+                self._json = False  # SQLite's JSON functions end a text at a NUL
+                return False
             entries = _json_array(values, joined)  # type: ignore[arg-type]
             key_bytes = len(joined if joined.isascii() else joined.encode()) - 3 * (n - 1)
             found, size = self._conn.execute(clock.measure_values, (entries,)).fetchone()
@@ -443,6 +456,19 @@ class ReplicaTransaction:
                 f"(its rows may take up to {total})"
             )
         self._conn.execute(_sql.INSERT_VERSION, (origin, version, schema.table, entries))
+        return True
+
+    def _check_nul(self) -> None:
+        """Stop listing the keys as JSON if a text key holds a NUL (SQLite's JSON functions
+        end a text there). Why here and not at the capture: ``capture_upsert``'s and
+        ``upsert``'s fast path skip the search (a tenth of their cost), and while the keys
+        are JSON every key of a TEXT-keyed table is one ``str``, so one search of them all
+        at commit says the same."""
+        text_keyed = self._text_keyed
+        for table, key in zip(self._tables, self._keys, strict=True):
+            if table in text_keyed and type(key[0]) is str and "\0" in key[0]:
+                self._json = False
+                return
 
     def _normalize_keys(self) -> None:
         """Replace every captured key by the values its table stores for it (type affinity
@@ -649,11 +675,15 @@ def _json_array(values: list[SqlValue], joined: str | None = None) -> str:
     except TypeError:  # not only texts
         pass
     else:
-        if (
-            joined.isprintable()
-            and "\\" not in joined
-            and joined.count('"') == 2 * (len(values) - 1)
-        ):
+        separators = 2 * (len(values) - 1)
+        if joined.isascii():
+            # one pass in C: deleting the unprintable characters, backslashes and quotes
+            # removes exactly the separators' quotes when the texts need no escaping (four
+            # times cheaper than ``isprintable`` and ``count``)
+            raw = joined.encode("ascii")
+            if len(raw.translate(None, _ESCAPED_ASCII)) == len(raw) - separators:
+                return f'["{joined}"]'
+        elif joined.isprintable() and "\\" not in joined and joined.count('"') == separators:
             return f'["{joined}"]'
     return json.dumps(values, separators=(",", ":"))
 
