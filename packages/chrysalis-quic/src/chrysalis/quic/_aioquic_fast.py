@@ -161,6 +161,29 @@ def _varint(value: int) -> bytes:
     raise ValueError("Integer is too big for a variable-length integer")
 
 
+def _frame_handler(
+    handlers: dict[int, tuple[Any, tuple[tls.Epoch, ...]]], frame_type: int, epoch: tls.Epoch
+) -> Any:
+    """The handler of ``frame_type`` in a packet of ``epoch`` (aioquic 1.7.2's checks: an
+    unknown type is a FRAME_ENCODING_ERROR, a type the epoch does not allow a
+    PROTOCOL_VIOLATION)."""
+    entry = handlers.get(frame_type)
+    if entry is None:
+        raise QuicConnectionError(
+            error_code=QuicErrorCode.FRAME_ENCODING_ERROR,
+            frame_type=frame_type,
+            reason_phrase="Unknown frame type",
+        )
+    frame_handler, frame_epochs = entry
+    if epoch not in frame_epochs:
+        raise QuicConnectionError(
+            error_code=QuicErrorCode.PROTOCOL_VIOLATION,
+            frame_type=frame_type,
+            reason_phrase="Unexpected frame type",
+        )
+    return frame_handler
+
+
 def _sender_idle(sender: QuicStreamSender) -> bool:
     """True when ``sender`` has nothing left to send (no pending range, no pending FIN).
 
@@ -1131,20 +1154,7 @@ class FastQuicConnection(QuicConnection):
                         pos += 1
                     buf.seek(pos)
                 elif frame_type != 1:  # (PING has no body)
-                    entry = handlers.get(frame_type)
-                    if entry is None:
-                        raise QuicConnectionError(
-                            error_code=QuicErrorCode.FRAME_ENCODING_ERROR,
-                            frame_type=frame_type,
-                            reason_phrase="Unknown frame type",
-                        )
-                    frame_handler, frame_epochs = entry
-                    if _ONE_RTT not in frame_epochs:
-                        raise QuicConnectionError(
-                            error_code=QuicErrorCode.PROTOCOL_VIOLATION,
-                            frame_type=frame_type,
-                            reason_phrase="Unexpected frame type",
-                        )
+                    frame_handler = _frame_handler(handlers, frame_type, _ONE_RTT)
                     if context is None:
                         context = QuicReceiveContext(
                             epoch=_ONE_RTT,
@@ -1338,20 +1348,7 @@ class FastQuicConnection(QuicConnection):
                     frame_type=None,  # type: ignore[arg-type]
                     reason_phrase="Malformed frame type",
                 ) from None
-            entry = handlers.get(frame_type)
-            if entry is None:
-                raise QuicConnectionError(
-                    error_code=QuicErrorCode.FRAME_ENCODING_ERROR,
-                    frame_type=frame_type,
-                    reason_phrase="Unknown frame type",
-                )
-            frame_handler, frame_epochs = entry
-            if epoch not in frame_epochs:
-                raise QuicConnectionError(
-                    error_code=QuicErrorCode.PROTOCOL_VIOLATION,
-                    frame_type=frame_type,
-                    reason_phrase="Unexpected frame type",
-                )
+            frame_handler = _frame_handler(handlers, frame_type, epoch)
             try:
                 frame_handler(context, frame_type, buf)
             except BufferReadError:
