@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,17 @@ import pytest
 
 from chrysalis.core import Pid
 from chrysalis.sqlite import (
-    BatchChunk,
     Change,
     EligibilityMode,
-    FrameDecoder,
     Replica,
     TableSchema,
     TransactionTooLargeError,
-    pack_batch_chunks,
 )
 from chrysalis.sqlite.shell import replication_status
 from chrysalis.sqlite.testing import ReplicaNetwork
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared batch helper, by name
+from sqlite_batches import decode_changes
 
 NOTES = TableSchema(
     "notes",
@@ -57,17 +58,6 @@ def _entries(conn: sqlite3.Connection, table: str = "notes") -> dict[Any, tuple[
 def _folded(conn: sqlite3.Connection) -> int:
     (mark,) = conn.execute("SELECT folded_through FROM __chrysalis_folded_v1").fetchone()
     return int(mark)
-
-
-def _decode_changes(encoded: tuple[bytes, ...]) -> list[Change]:
-    decoder = FrameDecoder()
-    for frame in pack_batch_chunks(encoded):
-        decoder.feed(frame)
-    changes: list[Change] = []
-    while (message := decoder.next_message()) is not None:
-        assert isinstance(message, BatchChunk)
-        changes += message.changes
-    return changes
 
 
 def _write(replica: Replica, *edits: tuple[str, int | None]) -> int:
@@ -193,7 +183,7 @@ def test_the_sender_selects_pending_versions_without_folding_them() -> None:
         _write(replica, ("b", 2), ("c", 2))
         selection = replica._select_for_peer(PEER.raw, HIGH)
         assert _folded(conn) == 0  # nothing folded: the selection wrote nothing
-        sent = [(c.db_version, c.seq, c.key, c.row) for c in _decode_changes(selection.encoded)]
+        sent = [(c.db_version, c.seq, c.key, c.row) for c in decode_changes(selection.encoded)]
         # a: the tombstone of version 2 beats version 1's upsert; b, written by two pending
         # versions, goes with each, as the row is now (the receiver keeps the last)
         assert sent == [
@@ -221,7 +211,7 @@ def test_a_pending_version_whose_rows_all_lost_is_not_taken_for_dead() -> None:
         )
         _write(replica, ("a", 1))
         _write(replica, ("a", None))
-        sent = _decode_changes(replica._select_for_peer(PEER.raw, HIGH).encoded)
+        sent = decode_changes(replica._select_for_peer(PEER.raw, HIGH).encoded)
         assert [(c.db_version, c.key, c.row) for c in sent] == [(2, ("a",), None)]
         listed = replica.connection.execute(
             "SELECT db_version FROM __chrysalis_versions_v1 ORDER BY 1"

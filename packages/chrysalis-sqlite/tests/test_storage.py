@@ -4,6 +4,7 @@ frontiers and the apply lock."""
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,10 @@ from chrysalis.sqlite import (
     TransactionTooLargeError,
     encode_message,
     encode_values,
-    pack_batch_chunks,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared batch helper, by name
+from sqlite_batches import decode_changes
 
 NOTES = TableSchema(
     "notes",
@@ -503,7 +506,7 @@ def test_a_database_of_the_earlier_log_layout_is_converted_on_open(tmp_path: Pat
             replica._origin_position,
             EligibilityMode.ALLOW,
         )
-        sent = _decode_changes(replica._select_for_peer(peer, peer_site).encoded)
+        sent = decode_changes(replica._select_for_peer(peer, peer_site).encoded)
         assert sorted((c.site_id, c.db_version, c.seq, c.key, c.row) for c in sent) == [
             (OTHER, 3, 1, ("b",), None),
             (HIGH, 2, 0, ("a",), ("a", "high", "won")),
@@ -769,7 +772,7 @@ def test_only_the_change_that_still_wins_a_row_is_selected() -> None:
             peer, peer_site, {OTHER: True}, replica._origin_position, EligibilityMode.ALLOW
         )
         selection = replica._select_for_peer(peer, peer_site)
-        sent = [(c.db_version, c.seq, c.key, c.row) for c in _decode_changes(selection.encoded)]
+        sent = [(c.db_version, c.seq, c.key, c.row) for c in decode_changes(selection.encoded)]
         assert sent == [(2, 0, ("m",), ("m", "a", "other")), (3, 0, ("n",), ("n", "a", "second"))]
         assert selection.advances == {OTHER: 3}
         assert selection.complete
@@ -777,14 +780,3 @@ def test_only_the_change_that_still_wins_a_row_is_selected() -> None:
             "SELECT db_version FROM __chrysalis_versions_v1 ORDER BY db_version"
         ).fetchall()
         assert listed == [(2,), (3,)]  # version 1 lost its only row
-
-
-def _decode_changes(encoded: tuple[bytes, ...]) -> list[Change]:
-    decoder = FrameDecoder()
-    for frame in pack_batch_chunks(encoded):
-        decoder.feed(frame)
-    changes: list[Change] = []
-    while (message := decoder.next_message()) is not None:
-        assert isinstance(message, BatchChunk)
-        changes += message.changes
-    return changes
