@@ -222,8 +222,12 @@ async def directory_until(
 
 
 async def eventually(runtime: Runtime, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` every 10 ms until it holds, failing after ``timeout`` seconds (for
-    node state that offers no event to wait on: route gates, link-session outcomes)."""
+    """Poll ``predicate`` every 10 ms until it holds, failing after ``timeout`` seconds.
+
+    Only for node state that offers no event to wait on: the outcome of a link session
+    (``LinkSessions.refused_links``, ``LinkSessions.failure``: set by the session task, with no
+    change notification; ``test_node.py``). Anything the nameserver directory reflects waits
+    with ``directory_until`` instead (a route's removal, which follows its gate's fence)."""
     async with runtime.bounded(timeout):
         while not predicate():
             await runtime.sleep(0.01)

@@ -10,6 +10,7 @@ import pytest
 
 import monarch.actor
 from monarch.actor import MeshFailure, ProcMesh, _local_proc_mesh
+from monarch.actor._client_api import flush_supervision
 from monarch.config._registry import configured
 
 
@@ -37,6 +38,14 @@ class FaultLog:
             met = self._changed.wait_for(lambda: predicate(self.failures), timeout)
         assert met, f"the faults never matched: {[f.report() for f in self.failures]}"
         return self.failures
+
+    def settled(self, timeout: float = 20.0) -> list[MeshFailure]:
+        """The faults once every supervision event already received or in flight reached the
+        hook (``flush_supervision``): what a negative check ("no fault reached the client")
+        compares, instead of sleeping a while first."""
+        flush_supervision(timeout)
+        with self._changed:
+            return list(self.failures)
 
     def wait_for(self, count: int, timeout: float = 5.0) -> list[MeshFailure]:
         """Wait (bounded) until at least ``count`` faults arrived."""
@@ -80,6 +89,11 @@ def procs() -> Iterator[Callable[..., ProcMesh]]:
 
 @pytest.fixture
 def wait_until() -> Callable[..., None]:
+    """A bounded 5 ms poll, only for state with no event to wait on: how many threads are left
+    (``test_bounds.py``: actor threads end on their own, and the threads of a finished mesh are
+    not reachable from the test to join). Faults wait on ``faults`` (a condition), "nothing
+    more comes" on ``faults.settled()``."""
+
     def wait(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():

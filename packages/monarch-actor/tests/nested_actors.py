@@ -93,7 +93,9 @@ class Spawner(Actor):
     @endpoint
     def try_spawn(self, n: int) -> str:
         try:
-            this_host().spawn_procs(per_host={"gpus": n})
+            # spawn_procs returns at once: the bounds are checked by the client's host agent,
+            # whose refusal reaches ``initialized``.
+            this_host().spawn_procs(per_host={"gpus": n}).initialized.get(timeout=60)
         except RuntimeError as exc:
             return str(exc)
         return "spawned"

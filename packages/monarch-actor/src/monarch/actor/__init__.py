@@ -37,7 +37,7 @@ from monarch.actor._errors import (
     SupervisionError,
 )
 from monarch.actor._future import Future
-from monarch.actor._host import HostMesh, this_host
+from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
 from monarch.actor._host_agent import get_or_spawn_controller
 from monarch.actor._ids import ActorId, ProcId
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
@@ -65,6 +65,7 @@ __all__ = [
     "ActorError",
     "ActorId",
     "ActorMesh",
+    "BootstrapCommand",
     "ChainLink",
     "Channel",
     "Context",
@@ -100,6 +101,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
     "disable_telemetry",
     "enable_telemetry",
     "endpoint",
@@ -162,6 +164,7 @@ for _public in (
     SupervisionError,
     SupervisionRecord,
     ValueMesh,
+    BootstrapCommand,
 ):
     _public.__module__ = __name__
 del _public

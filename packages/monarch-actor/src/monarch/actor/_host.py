@@ -17,8 +17,14 @@ Node and the namespace tree is the supervision tree.
   hosts started separately can join it); local workers are given ``127.0.0.1`` and remote
   hosts the local address that routes to them.
 - ``spawn_procs`` starts one ``python -m monarch.actor._worker`` per rank, each a Node joined
-  under the client's node, and waits (bounded) until each printed its PID, i.e. joined. The
-  workers get the client's ``sys.path`` as ``PYTHONPATH``: actor classes travel by reference.
+  under the client's node, and returns at once, as the reference does: a thread of its own
+  (``bring_up``) waits (bounded) until each worker printed its PID, i.e. joined, runs the
+  owner's setup on them (``bootstrap=``, ``proc_bind`` ``cpus``, through a ``ProcSetup`` actor)
+  and resolves the mesh's pending state (``_mesh._ProcMeshState.ready``), which
+  ``initialized``, actor spawns, calls and stops wait or chain on. The workers get the
+  client's ``sys.path`` as ``PYTHONPATH``: actor classes travel by reference. A
+  ``bootstrap_command`` or a numactl ``proc_bind`` key starts them with exec instead of the
+  zygote; their options then travel in ``MONARCH_WORKER_ARGV``.
 - The client's ``InProcessFabric`` gets the node's ``NodeProcessTransport`` as its uplink.
 - A reaper per worker turns its exit into ``mark_unreachable`` (queued, outstanding and later
   calls to it fail with ``SupervisionError`` naming the exit status) and, unless the exit was
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import select
@@ -56,7 +63,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, Protocol
@@ -68,7 +75,7 @@ import chrysalis.node  # noqa: F401
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
 from monarch.actor._main_module import main_reference
-from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
+from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
 from monarch.config import _registry as _config
 
@@ -81,16 +88,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_LISTEN_ENV",
+    "BootstrapCommand",
     "ClientNodeLayer",
     "HostMesh",
     "LocalWorkerGroup",
     "WorkerGroup",
+    "default_bootstrap_cmd",
     "this_host",
     "worker_command",
 ]
 
 #: Seconds ``spawn_procs`` waits for a worker to join and report its PID.
 SPAWN_TIMEOUT: Final = 30.0
+#: Seconds the ``bootstrap=`` callable (and a ``cpus`` binding) may take on the new processes.
+SETUP_TIMEOUT: Final = 120.0
 #: Seconds a stopping worker may take to exit before it is killed.
 EXIT_TIMEOUT: Final = 5.0
 #: Environment variable: the carrier address the client's node listens on.
@@ -144,6 +155,216 @@ def worker_command(
     if exit_with_stdin:
         command.append("--exit-with-stdin")
     return command
+
+
+class BootstrapCommand:
+    """The command that starts one process of a ``spawn_procs`` (``bootstrap_command=``).
+
+    The reference's fields and methods: ``program``, ``arg0`` (the ``argv[0]`` the program sees;
+    ``None``: the program itself), ``args``, ``env`` (applied on top of the spawning side's
+    environment; a ``None`` value removes a variable; the property returns a copy, assign it to
+    replace the mapping) and ``inherit_env`` (``False``: start from an empty environment), and
+    ``with_env(mapping)`` (a new command with ``mapping`` merged into ``env``).
+
+    Why the worker's options travel in the environment: this implementation's worker is
+    ``python -m monarch.actor._worker``, not the reference's ``bootstrap_main``, and it needs
+    its options (parent address, authority, CA directory, ...). They are passed as JSON in
+    ``MONARCH_WORKER_ARGV``, so a custom command only has to end up running our worker entry
+    point (for instance a wrapper script that sets things up, then ``exec``s it) and need not
+    forward any arguments. Unlike the reference's, this class pickles (an actor's
+    ``spawn_procs`` sends it to the client's host agent).
+    """
+
+    __slots__ = ("_env", "arg0", "args", "inherit_env", "program")
+
+    def __init__(
+        self,
+        program: str,
+        arg0: str | None,
+        args: Sequence[str],
+        env: Mapping[str, str | None],
+        inherit_env: bool = True,
+    ) -> None:
+        if not isinstance(program, str) or not program:
+            raise TypeError(f"BootstrapCommand program must be a non-empty str, got {program!r}")
+        if arg0 is not None and not isinstance(arg0, str):
+            raise TypeError(f"BootstrapCommand arg0 must be a str or None, got {arg0!r}")
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise TypeError("BootstrapCommand args must be a list of str")
+        self.program = program
+        self.arg0 = arg0
+        self.args = list(args)
+        self.inherit_env = bool(inherit_env)
+        self._env: dict[str, str | None] = {}
+        self.env = env
+
+    @property
+    def env(self) -> dict[str, str | None]:
+        """A copy of the environment changes (``None``: remove the variable)."""
+        return dict(self._env)
+
+    @env.setter
+    def env(self, value: Mapping[str, str | None]) -> None:
+        checked: dict[str, str | None] = {}
+        for key, item in dict(value).items():
+            if not isinstance(key, str) or not (item is None or isinstance(item, str)):
+                raise TypeError("BootstrapCommand env maps str names to str values or None")
+            checked[key] = item
+        self._env = checked
+
+    def with_env(self, env: Mapping[str, str | None]) -> BootstrapCommand:
+        """A new command whose environment changes are this one's updated with ``env``."""
+        return BootstrapCommand(
+            self.program, self.arg0, self.args, {**self._env, **env}, self.inherit_env
+        )
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The environment a process started with this command gets, spawned from ``base``."""
+        result = dict(base) if self.inherit_env else {}
+        for key, value in self._env.items():
+            if value is None:
+                result.pop(key, None)
+            else:
+                result[key] = value
+        return result
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            BootstrapCommand,
+            (self.program, self.arg0, self.args, self._env, self.inherit_env),
+        )
+
+    def __repr__(self) -> str:
+        arg0 = "" if self.arg0 is None else f", arg0={self.arg0!r}"
+        return (
+            f"BootstrapCommand(program={self.program!r}{arg0}, args={self.args!r}, "
+            f"env={self._env!r}, inherit_env={self.inherit_env})"
+        )
+
+
+def default_bootstrap_cmd() -> BootstrapCommand:
+    """The command this client starts its workers with: ``sys.executable -m
+    monarch.actor._worker`` (this implementation's entry point, not the reference's
+    ``monarch._src.actor.bootstrap_main``), inheriting the environment. A base for
+    ``with_env({...})``; a custom program must end up running that module (see
+    ``BootstrapCommand``)."""
+    return BootstrapCommand(sys.executable, None, ["-m", "monarch.actor._worker"], {})
+
+
+#: ``proc_bind`` keys applied with numactl (a command prefix) and the one applied in-process.
+_NUMACTL_KEYS: Final = ("cpunodebind", "membind", "physcpubind")
+_PROC_BIND_KEYS: Final = (*_NUMACTL_KEYS, "cpus")
+_MAX_CPU: Final = 1 << 16
+
+
+def parse_cpus(spec: str) -> list[int]:
+    """A CPU list as taskset and numactl write it (``"0"``, ``"0-3,6"``), as sorted ints."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise ValueError(f"proc_bind cpus {spec!r} is not a CPU list like '0-3,6'") from None
+        if not 0 <= low <= high < _MAX_CPU:
+            raise ValueError(f"proc_bind cpus {spec!r} has a bad range {part.strip()!r}")
+        cpus.update(range(low, high + 1))
+    return sorted(cpus)
+
+
+class ProcBinding:
+    """One process's ``proc_bind`` entry, checked: the numactl prefix and the CPU set."""
+
+    __slots__ = ("cpus", "numactl")
+
+    def __init__(self, entry: Mapping[str, Any]) -> None:
+        if not isinstance(entry, Mapping):
+            raise TypeError(f"each proc_bind entry must be a dict, got {entry!r}")
+        options: list[str] = []
+        self.cpus: list[int] | None = None
+        for key, value in entry.items():
+            if key not in _PROC_BIND_KEYS:
+                raise ValueError(
+                    f"unknown proc_bind key {key!r} (expected one of {', '.join(_PROC_BIND_KEYS)})"
+                )
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise TypeError(f"proc_bind {key} must be a str, got {value!r}")
+            text = str(value)
+            if key == "cpus":
+                self.cpus = parse_cpus(text)
+            else:
+                options.append(f"--{key}={text}")
+        self.numactl: list[str] = []
+        if options:
+            numactl = shutil.which("numactl")
+            if numactl is None:
+                raise RuntimeError(
+                    f"proc_bind {', '.join(o.split('=')[0][2:] for o in options)} needs "
+                    "numactl, which is not installed on this host (a 'cpus' binding needs no "
+                    "tool)"
+                )
+            self.numactl = [numactl, *options]
+
+
+def check_proc_bind(
+    proc_bind: Sequence[Mapping[str, Any]] | None, procs_per_host: int
+) -> list[ProcBinding] | None:
+    """Check ``proc_bind`` as the reference does (one entry per process on a host)."""
+    if proc_bind is None:
+        return None
+    if isinstance(proc_bind, Mapping | str) or not isinstance(proc_bind, Sequence):
+        raise TypeError("proc_bind must be a list of dicts, one per process on a host")
+    if len(proc_bind) != procs_per_host:
+        raise ValueError(
+            f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({procs_per_host})"
+        )
+    return [ProcBinding(entry) for entry in proc_bind]
+
+
+def bootstrap_commands(
+    bootstrap_command: Any, extent: Extent
+) -> list[BootstrapCommand | None] | None:
+    """One command per process (rank order) from a ``BootstrapCommand`` or a callable
+    ``Point -> BootstrapCommand`` (called once per point of the whole extent)."""
+    if bootstrap_command is None:
+        return None
+    if isinstance(bootstrap_command, BootstrapCommand):
+        return [bootstrap_command] * extent.nelements
+    if not callable(bootstrap_command):
+        raise TypeError(
+            "bootstrap_command must be a BootstrapCommand or a callable Point -> "
+            f"BootstrapCommand, got {bootstrap_command!r}"
+        )
+    commands: list[BootstrapCommand | None] = []
+    for point in extent.points():
+        command = bootstrap_command(point)
+        if not isinstance(command, BootstrapCommand):
+            raise TypeError(
+                f"bootstrap_command({point}) returned {command!r}, not a BootstrapCommand"
+            )
+        commands.append(command)
+    return commands
+
+
+def exec_spec(
+    command: Sequence[str],
+    custom: BootstrapCommand | None,
+    numactl: Sequence[str],
+    env: Mapping[str, str],
+) -> tuple[list[str], str | None, dict[str, str]]:
+    """(argv, executable, environment) of one exec'd worker: ``command`` (our worker command
+    line), run by ``custom`` when given (the worker options then travel in
+    ``MONARCH_WORKER_ARGV``), behind ``numactl`` options when given."""
+    from monarch.actor._worker import WORKER_ARGV_ENV
+
+    if custom is None:
+        return [*numactl, *command], None, dict(env)
+    environment = custom.environment(env)
+    environment[WORKER_ARGV_ENV] = json.dumps(list(command[3:]))  # after "python -m module"
+    if numactl:  # numactl execs the program: it sees the program as its argv[0]
+        return [*numactl, custom.program, *custom.args], None, environment
+    return [custom.arg0 or custom.program, *custom.args], custom.program, environment
 
 
 class WorkerProcess(Protocol):
@@ -254,6 +475,9 @@ def read_worker_pids(
             pids.append(Pid(bytes.fromhex(line)))
         except ValueError:
             status = popen.poll()
+            if status is None and ready:  # end of file: it is exiting; name its status
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    status = popen.wait(1.0)
             why = "did not start in time" if status is None else _describe_exit(status)
             return f"worker process {label} {why}"
     return pids
@@ -430,6 +654,8 @@ class WorkerGroup:
         self.labels = list(labels)
         self.pids: list[Pid] = []
         self.exited: list[threading.Event] = []
+        self._exit_lock = threading.Lock()
+        self._exiting: set[int] = set()
         self.state: _ProcMeshState | None = None
         """The proc mesh state (set by ``spawn_procs``): a stop makes exits expected."""
         self.killed = False
@@ -441,11 +667,15 @@ class WorkerGroup:
     def on_exit(self, rank: int, reason: str, *, expected: bool = False) -> None:
         """The worker at ``rank`` exited (any thread; once per rank); ``expected``: the
         caller knows the exit is no failure."""
-        if self.exited[rank].is_set():
-            return
-        self.exited[rank].set()
+        with self._exit_lock:
+            if rank in self._exiting:
+                return
+            self._exiting.add(rank)
         failure = not (expected or self.exit_expected())
-        self._layer.process_died(self.pids[rank], reason, failure=failure)
+        try:
+            self._layer.process_died(self.pids[rank], reason, failure=failure)
+        finally:  # set last: once set, the notices of this exit are out (flush_supervision)
+            self.exited[rank].set()
 
     def live_pids(self) -> list[Pid]:
         """PIDs of the workers still running."""
@@ -493,33 +723,58 @@ class LocalWorkerGroup(WorkerGroup):
         super().__init__(layer, labels)
         self.popens: list[WorkerProcess] = []
 
-    def start(self, parent: str, authority: str, ca_dir: Path) -> None:
-        """Start every worker and wait (bounded) for each to report its PID."""
+    def start(
+        self,
+        parent: str,
+        authority: str,
+        ca_dir: Path,
+        *,
+        commands: Sequence[BootstrapCommand | None] | None = None,
+        numactl: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        """Start every worker and wait (bounded) for each to report its PID. ``commands``
+        (per rank) replace the worker's program; ``numactl`` (per rank) prefixes it. Either
+        means an exec'd worker: a zygote fork can run neither."""
         idle = float(_config.get("mesh_orphan_timeout"))
         # Workers import what the client can import (actor classes are pickled by reference).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         if _config.get("force_quic"):  # a runtime override reaches the workers too
             env["MONARCH_FORCE_QUIC"] = "1"
         main = main_reference()
-        method = _config.get("worker_spawn_method")
-        if method not in ("zygote", "exec"):
-            raise ValueError(f"worker_spawn_method must be 'zygote' or 'exec', not {method!r}")
+        method = check_spawn_method()
         zygote = _zygote() if method == "zygote" else None
-        for label in self.labels:
+        for rank, label in enumerate(self.labels):
+            if self.killed:  # killed while starting: start no more
+                break
             command = worker_command(
                 parent=parent, authority=authority, ca_dir=ca_dir, label=label, idle=idle,
                 main=main,
             )  # fmt: skip
-            if zygote is not None:
+            custom = commands[rank] if commands is not None else None
+            prefix = numactl[rank] if numactl is not None else ()
+            if zygote is not None and custom is None and not prefix:
                 try:
                     self.popens.append(zygote.spawn(command[3:], target=FORKED_WORKER, env=env))
                     continue
                 except ZygoteUnavailableError as exc:
                     _log.warning("forking workers failed (%s); starting them with exec", exc)
                     zygote = None
-            self.popens.append(
-                subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
-            )
+            argv, executable, environment = exec_spec(command, custom, prefix, env)
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    executable=executable,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    env=environment,
+                )
+            except OSError as exc:
+                self.kill()
+                raise RuntimeError(f"worker process {label} could not be started: {exc}") from exc
+            self.popens.append(process)
+        if self.killed:
+            self.kill()
+            raise RuntimeError("the processes were killed while they started")
         pids = read_worker_pids(self.popens, self.labels, SPAWN_TIMEOUT)
         if isinstance(pids, str):
             self.kill()
@@ -555,34 +810,140 @@ class LocalWorkerGroup(WorkerGroup):
                 popen.wait(EXIT_TIMEOUT)
 
 
+def check_spawn_method() -> str:
+    """The configured ``worker_spawn_method`` (``ValueError`` for an unknown one)."""
+    method = str(_config.get("worker_spawn_method"))
+    if method not in ("zygote", "exec"):
+        raise ValueError(f"worker_spawn_method must be 'zygote' or 'exec', not {method!r}")
+    return method
+
+
 def _start_group(
     client: _Client,
     sessions: Sequence[HostSession] | None,
     extent: Extent,
     local: Extent,
     mesh_name: str,
+    *,
+    group: LocalWorkerGroup | None = None,
+    commands: Sequence[BootstrapCommand | None] | None = None,
+    numactl: Sequence[Sequence[str]] | None = None,
 ) -> WorkerGroup:
     """Start the processes of one ``spawn_procs``: ``local`` on this host (``sessions`` is
-    None) or on every host of ``sessions`` (``extent``: the host dimensions, then ``local``)."""
+    None; into ``group`` when given) or on every host of ``sessions`` (``extent``: the host
+    dimensions, then ``local``). ``commands`` and ``numactl``: per rank, this host only."""
     from monarch.actor._host_agent import ensure_agent
 
     layer = client.node_layer
     parent, authority, ca_dir = layer.ensure_started(client)
-    group: WorkerGroup
+    started: WorkerGroup
     if sessions is None:
-        local_group = LocalWorkerGroup(layer, [f"{mesh_name}{p}" for p in local.points()])
+        local_group = group or LocalWorkerGroup(layer, [f"{mesh_name}{p}" for p in local.points()])
         with layer._lock:
+            if layer.closed:  # shut down since ensure_started: it would never kill the group
+                raise RuntimeError("the client runtime was shut down")
             layer.groups.append(local_group)
-        local_group.start(parent, authority, ca_dir)
-        group = local_group
+        local_group.start(parent, authority, ca_dir, commands=commands, numactl=numactl)
+        started = local_group
     else:
+        if commands is not None or numactl is not None:
+            raise NotImplementedError(
+                "spawn_procs on attached hosts supports neither bootstrap_command nor numactl "
+                "proc_bind keys (their worker loop starts the processes); 'cpus' works"
+            )
         from monarch.actor._attach import spawn_on_hosts
 
-        group = spawn_on_hosts(layer, sessions, extent, local, mesh_name)
+        started = spawn_on_hosts(layer, sessions, extent, local, mesh_name)
     # The workers' actors may ask the host agent for processes once they exist. It starts
     # after the first workers, so the zygote is forked before the agent's thread exists.
     ensure_agent(client)
-    return group
+    return started
+
+
+class _SpawnOptions:
+    """The checked ``bootstrap``, ``proc_bind`` and ``bootstrap_command`` of one
+    ``spawn_procs``, per rank (``procs``: how many processes in all; ``proc_bind`` entries
+    repeat on every host)."""
+
+    __slots__ = ("bootstrap", "commands", "cpus", "numactl")
+
+    def __init__(
+        self,
+        bootstrap: Callable[[], Any] | None,
+        bindings: Sequence[ProcBinding] | None,
+        commands: list[BootstrapCommand | None] | None,
+        procs: int,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.commands = commands
+        self.cpus: list[list[int] | None] | None = None
+        self.numactl: list[list[str]] | None = None
+        if bindings:
+            per = len(bindings)
+            if any(b.cpus is not None for b in bindings):
+                self.cpus = [bindings[rank % per].cpus for rank in range(procs)]
+            if any(b.numactl for b in bindings):
+                self.numactl = [bindings[rank % per].numactl for rank in range(procs)]
+
+    @property
+    def needs_setup(self) -> bool:
+        """True if the owner runs something on the new processes before they are ready."""
+        return self.bootstrap is not None or self.cpus is not None
+
+
+def run_setup(procs: Sequence[ProcId], shape: Shape, name: str, options: _SpawnOptions) -> None:
+    """Run the owner's setup on every new process (``_host_agent.ProcSetup``), as the calling
+    actor (or client); ``ActorError`` if ``bootstrap`` raised on a process."""
+    import uuid
+
+    from monarch.actor._host_agent import ProcSetup
+    from monarch.actor._mesh import ProcMesh, _forget
+
+    mesh = ProcMesh(procs, shape, owned=False, name=name)
+    setup: Any = mesh._spawn("setup", f"monarch-setup-{uuid.uuid4().hex[:12]}", ProcSetup, (), {})
+    _forget(setup)
+    future = setup.setup.call(options.bootstrap, options.cpus)
+    try:
+        future.get(timeout=SETUP_TIMEOUT)
+    except TimeoutError:
+        raise RuntimeError(
+            f"the bootstrap of proc mesh {name!r} did not finish within {SETUP_TIMEOUT:.0f} s"
+        ) from None
+
+
+def bring_up(
+    state: _ProcMeshState,
+    shape: Shape,
+    name: str,
+    start: Callable[[], list[ProcId]],
+    options: _SpawnOptions,
+    cleanup: Callable[[], None],
+) -> None:
+    """Start the processes of one ``spawn_procs`` on a thread of its own (in the caller's
+    context: the setup is sent as the owner) and resolve ``state.ready``: with the process
+    ids once ``start()`` returned and the setup ran, or with the error, after ``cleanup()``
+    ended whatever had started. Every step is bounded, so ``ready`` always resolves."""
+    import contextvars
+
+    ready = state.ready
+    assert ready is not None
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            procs = tuple(start())
+            if options.needs_setup and not state.stopped:
+                run_setup(procs, shape, name, options)
+        except BaseException as exc:  # every outcome resolves ``ready``
+            with contextlib.suppress(Exception):
+                cleanup()
+            ready.set_exception(exc)
+        else:
+            ready.set_result(procs)
+
+    threading.Thread(
+        target=context.run, args=(run,), name="monarch-spawn-procs", daemon=True
+    ).start()
 
 
 class HostMesh(MeshTrait):
@@ -655,20 +1016,35 @@ class HostMesh(MeshTrait):
     def spawn_procs(
         self,
         per_host: dict[str, int] | None = None,
-        bootstrap: Any = None,
+        bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
         proc_bind: list[dict[str, Any]] | None = None,
-        bootstrap_command: Any = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
         """Start one worker process per point of ``per_host`` on every host; return their
-        ``ProcMesh``.
+        ``ProcMesh`` at once (as the reference: the processes start in the background).
 
-        Blocks until every worker joined (bounded by ``SPAWN_TIMEOUT``). ``RuntimeError``
-        after ``shutdown`` or for a lost host; ``ValueError`` for a label of the host mesh or
-        a bad size; ``NotImplementedError`` for ``bootstrap``, ``proc_bind`` and
-        ``bootstrap_command``. In a worker's actor the processes are started by the client
-        (``_host_agent``) and owned by the calling actor; ``RuntimeError`` past the nesting
-        bounds (``MAX_SPAWN_DEPTH`` levels, ``MAX_NESTED_PROCS`` processes).
+        ``await pm.initialized`` (or ``.get()``) resolves to ``True`` once every process
+        joined and ran ``bootstrap``; it raises if they could not be brought up (a failing
+        ``bootstrap`` is an ``ActorError``). Spawning actors on the mesh does not wait;
+        calls, stops and pickling wait (bounded) for the processes and fail with the same
+        error if the spawn failed.
+
+        ``bootstrap``: a sync or async zero-argument callable run on every new process before
+        any user actor. ``proc_bind``: one dict per process on a host; ``cpus`` (a CPU list
+        such as ``"0-3,6"``) binds the process with ``sched_setaffinity``, ``cpunodebind``,
+        ``membind`` and ``physcpubind`` start it under ``numactl`` (``RuntimeError`` if it is
+        not installed). ``bootstrap_command``: a ``BootstrapCommand`` or a callable ``Point ->
+        BootstrapCommand`` (see ``default_bootstrap_cmd``): the program that starts each
+        process; it must end up running ``monarch.actor._worker``.
+
+        Raised at once: ``RuntimeError`` after ``shutdown`` or for a lost host; ``ValueError``
+        for a label of the host mesh, a bad size or a ``proc_bind`` of the wrong length;
+        ``TypeError`` for arguments of the wrong type; ``NotImplementedError`` for
+        ``bootstrap_command`` or numactl keys on attached hosts. In a worker's actor the
+        processes are started by the client (``_host_agent``) and owned by the calling actor;
+        past the nesting bounds (``MAX_SPAWN_DEPTH`` levels, ``MAX_NESTED_PROCS`` processes)
+        ``initialized`` raises ``RuntimeError``.
         """
         from monarch.actor._context import _current
         from monarch.actor._mesh import ProcMesh, _adopt, _ProcMeshState
@@ -676,13 +1052,6 @@ class HostMesh(MeshTrait):
 
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
-        for option, value in (
-            ("bootstrap", bootstrap),
-            ("proc_bind", proc_bind),
-            ("bootstrap_command", bootstrap_command),
-        ):
-            if value is not None:
-                raise NotImplementedError(f"spawn_procs({option}=...) is not supported yet")
         sizes = dict(per_host or {})
         for label, size in sizes.items():
             if not isinstance(label, str) or isinstance(size, bool) or not isinstance(size, int):
@@ -698,27 +1067,76 @@ class HostMesh(MeshTrait):
         )
         if extent.nelements > _MAX_PROCS:
             raise ValueError(f"at most {_MAX_PROCS} processes per spawn_procs call")
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"bootstrap must be a zero-argument callable, got {bootstrap!r}")
+        options = _SpawnOptions(
+            bootstrap,
+            check_proc_bind(proc_bind, local.nelements),
+            bootstrap_commands(bootstrap_command, extent),
+            extent.nelements,
+        )
         mesh_name = name or "procs"
         ranks = list(self._shape.ndslice)
+        shape = Shape.from_extent(extent)
+        state = _ProcMeshState(ready=_Cell())
         if _in_worker_process():
             from monarch.actor._host_agent import spawn_from_worker
 
-            return spawn_from_worker(self._target, ranks, extent, local, mesh_name)
+            ctx = _current()
+            if ctx is None:
+                raise RuntimeError(
+                    "spawn_procs in a worker process must be called by an actor (the actor "
+                    "owns the processes)"
+                )
+            mesh = ProcMesh(None, shape, owned=True, state=state, name=mesh_name)
+            spawn_from_worker(self._target, ranks, extent, local, mesh_name, state, options)
+            _adopt(ctx._cell, mesh)
+            return mesh
         c = client()
         sessions: list[HostSession] | None
         if self._hosts is not None:
             sessions = [self._hosts[rank] for rank in ranks]
         else:
             sessions = c.node_layer.nested.resolve(self._target, ranks)
-        group = _start_group(c, sessions, extent, local, mesh_name)
-        procs = [ProcId(pid, label) for pid, label in zip(group.pids, group.labels, strict=True)]
-        state = _ProcMeshState(group)
-        group.state = state
-        mesh = ProcMesh(procs, Shape.from_extent(extent), owned=True, state=state, name=mesh_name)
+        local_group: LocalWorkerGroup | None = None
+        if sessions is None:
+            check_spawn_method()
+            local_group = LocalWorkerGroup(
+                c.node_layer, [f"{mesh_name}{p}" for p in local.points()]
+            )
+            state.adopt_group(local_group)
+        else:
+            for session in sessions:  # a host known to be gone fails now, not in the background
+                if session.lost is not None:
+                    raise RuntimeError(session.lost)
+        if sessions is not None and (options.commands is not None or options.numactl is not None):
+            raise NotImplementedError(
+                "spawn_procs on attached hosts supports neither bootstrap_command nor numactl "
+                "proc_bind keys (their worker loop starts the processes); 'cpus' works"
+            )
+
+        def start() -> list[ProcId]:
+            group = _start_group(
+                c, sessions, extent, local, mesh_name,
+                group=local_group, commands=options.commands, numactl=options.numactl,
+            )  # fmt: skip
+            if state.adopt_group(group):  # HostMesh.kill() while it started
+                group.kill()
+                raise RuntimeError("the processes were killed while they started")
+            return [ProcId(pid, label) for pid, label in zip(group.pids, group.labels, strict=True)]
+
+        def cleanup() -> None:
+            group = state.group
+            if group is not None:
+                group.killed = True  # their exits are no failures: the owner learns why
+                group.kill()
+
+        mesh = ProcMesh(None, shape, owned=True, state=state, name=mesh_name)
         ctx = _current()
         _adopt(ctx._cell if ctx is not None else c.root, mesh)
         with self._lock:
             self._spawned.append(mesh)
+        bring_up(state, shape, mesh_name, start, options, cleanup)
         return mesh
 
     def _stop_spawned(self, then: Callable[[], None] | None = None) -> Future[None]:
@@ -767,18 +1185,15 @@ class HostMesh(MeshTrait):
         with self._lock:
             meshes = list(self._spawned)
             self._spawned.clear()
-        for mesh in meshes:
-            state = mesh._state
-            if state is not None:
-                state.stopped = True
-                if state.group is not None:
-                    state.group.killed = True
+        groups = [
+            group
+            for group in (m._state.request_kill() for m in meshes if m._state is not None)
+            if group is not None
+        ]  # a group still starting is killed by its starting thread
         if self._hosts is not None:
             _end_hosts(self._hosts, kill=True)
-        for mesh in meshes:
-            state = mesh._state
-            if state is not None and state.group is not None:
-                state.group.kill()
+        for group in groups:
+            group.kill()
         return Future._completed(None)
 
     def _forget_target(self) -> None:

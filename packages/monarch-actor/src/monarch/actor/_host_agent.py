@@ -40,10 +40,12 @@ to every caller, and swallows its failure, answering later lookups with ``ActorE
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from monarch.actor._actor import Actor
@@ -57,8 +59,8 @@ if TYPE_CHECKING:
     from chrysalis.core import Pid
     from monarch.actor._attach import HostSession
     from monarch.actor._errors import MeshFailure
-    from monarch.actor._host import ClientNodeLayer, WorkerGroup
-    from monarch.actor._mesh import ProcMesh
+    from monarch.actor._host import BootstrapCommand, ClientNodeLayer, WorkerGroup, _SpawnOptions
+    from monarch.actor._mesh import ProcMesh, _ProcMeshState
     from monarch.actor._runtime import _Client
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "MAX_SPAWN_DEPTH",
     "NestedDelegate",
     "NestedProcs",
+    "ProcSetup",
     "get_or_spawn_controller",
 ]
 
@@ -187,6 +190,9 @@ class NestedProcs:
         extent: Extent,
         local: Extent,
         name: str,
+        *,
+        commands: Sequence[BootstrapCommand | None] | None = None,
+        numactl: Sequence[Sequence[str]] | None = None,
     ) -> tuple[str, list[ProcId]]:
         """Start the processes ``requester`` asked for; return the group id and processes."""
         from monarch.actor._host import _start_group
@@ -212,7 +218,9 @@ class NestedProcs:
                     f"at once ({live} run now, {extent.nelements} asked for)"
                 )
         sessions = self.resolve(target, host_ranks)
-        group = _start_group(client, sessions, extent, local, name)
+        group = _start_group(
+            client, sessions, extent, local, name, commands=commands, numactl=numactl
+        )
         state = _ProcMeshState(group)
         group.state = state
         procs = [ProcId(pid, label) for pid, label in zip(group.pids, group.labels, strict=True)]
@@ -332,6 +340,8 @@ class _HostAgent(Actor):
         local_labels: list[str],
         local_sizes: list[int],
         name: str,
+        commands: list[BootstrapCommand | None] | None = None,
+        numactl: list[list[str]] | None = None,
     ) -> None:
         from monarch.actor._runtime import client
 
@@ -339,11 +349,25 @@ class _HostAgent(Actor):
         nested = c.node_layer.nested
         extent = Extent(labels, sizes)
         local = Extent(local_labels, local_sizes)
+        for per_rank in (commands, numactl):
+            if per_rank is not None and len(per_rank) != extent.nelements:
+                port.exception(ValueError("spawn_procs options must have one entry per process"))
+                return
         try:
             _answer(
                 nested,
                 port,
-                lambda: nested.spawn(c, requester, target, host_ranks, extent, local, name),
+                lambda: nested.spawn(
+                    c,
+                    requester,
+                    target,
+                    host_ranks,
+                    extent,
+                    local,
+                    name,
+                    commands=commands,
+                    numactl=numactl,
+                ),
             )
         except Exception as exc:
             port.exception(exc)
@@ -456,22 +480,24 @@ class NestedDelegate:
 
 
 def spawn_from_worker(
-    target: str, host_ranks: Sequence[int], extent: Extent, local: Extent, name: str
-) -> ProcMesh:
-    """``HostMesh.spawn_procs`` in a worker process: the client's host agent starts the
-    processes; the mesh is owned by the calling actor."""
+    target: str,
+    host_ranks: Sequence[int],
+    extent: Extent,
+    local: Extent,
+    name: str,
+    state: _ProcMeshState,
+    options: _SpawnOptions,
+) -> None:
+    """``HostMesh.spawn_procs`` in a worker process (by an actor, which owns the mesh): ask
+    the client's host agent to start the processes, and resolve ``state.ready`` in the
+    background once it answered and the owner's setup ran (``_host.bring_up``)."""
     from monarch.actor._context import _current
-    from monarch.actor._mesh import ProcMesh, _adopt, _ProcMeshState
+    from monarch.actor._host import bring_up
 
     ctx = _current()
-    if ctx is None:
-        raise RuntimeError(
-            "spawn_procs in a worker process must be called by an actor (the actor owns the "
-            "processes)"
-        )
-    runtime = ctx._cell.runtime
+    assert ctx is not None  # checked by the caller
     future = _agent().spawn_procs.call_one(
-        runtime.pid_raw,
+        ctx._cell.runtime.pid_raw,
         target,
         list(host_ranks),
         list(extent.labels),
@@ -479,13 +505,52 @@ def spawn_from_worker(
         list(local.labels),
         list(local.sizes),
         name,
+        options.commands,
+        options.numactl,
     )
-    group_id, procs = _wait(future, REQUEST_TIMEOUT, "spawn_procs")
-    state = _ProcMeshState(None)
-    state.delegate = NestedDelegate(group_id)
-    mesh = ProcMesh(procs, Shape.from_extent(extent), owned=True, state=state, name=name)
-    _adopt(ctx._cell, mesh)
-    return mesh
+
+    def start() -> list[ProcId]:
+        group_id, procs = _wait(future, REQUEST_TIMEOUT, "spawn_procs")
+        state.delegate = NestedDelegate(group_id)
+        return list(procs)
+
+    def cleanup() -> None:
+        if state.delegate is not None:
+            state.delegate.stop()
+
+    bring_up(state, Shape.from_extent(extent), name, start, options, cleanup)
+
+
+class ProcSetup(Actor):
+    """Runs the owner's setup on each new process of a ``spawn_procs`` before its mesh is
+    ready (the reference's ``SetupActor``): the ``cpus`` binding, then ``bootstrap``. A
+    ``bootstrap`` that raises reaches the owner as ``ActorError`` (through this call), which
+    fails the mesh's ``initialized``."""
+
+    @endpoint
+    def setup(
+        self, bootstrap: Callable[[], Any] | None, cpus: Sequence[Sequence[int] | None] | None
+    ) -> None:
+        from monarch.actor._context import context
+        from monarch.actor._worker import bind_cpus
+
+        rank = context().actor_instance.rank.rank
+        if cpus is not None and cpus[rank] is not None:
+            bind_cpus(cpus[rank] or ())
+        if bootstrap is not None:
+            try:
+                result = bootstrap()
+                if inspect.isawaitable(result):
+                    asyncio.run(_awaited(result))
+            except Exception:
+                raise
+            except BaseException as exc:  # sys.exit: an error of the spawn (initialized), not
+                # a failure of this actor, which would reach the owner as a supervision fault
+                raise RuntimeError(f"bootstrap raised {exc!r}") from exc
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any) -> Future[T]:

@@ -15,7 +15,9 @@ supervision event for the owner, not an exception here).
 Process layer: ``_local_proc_mesh(per_host=...)`` creates simulated processes in this Python
 process (``InProcessFabric``), and ``this_proc()`` is the caller's own process. Real worker
 processes (``this_host().spawn_procs``) come from ``_host``; their proc meshes carry the
-``WorkerGroup`` in their state, which ``stop`` uses to end the processes; in a worker, a proc
+``WorkerGroup`` in their state, which ``stop`` uses to end the processes, and are returned
+before the processes are up (the state's ``ready``; an actor mesh spawned meanwhile sends its
+SPAWN envelopes once they are, see ``_PendingSpawn``); in a worker, a proc
 mesh an actor spawned carries a ``NestedDelegate`` instead: the client's host agent
 (``_host_agent``) started those processes and stops them.
 """
@@ -23,11 +25,14 @@ mesh an actor spawned carries a ``NestedDelegate`` instead: the client's host ag
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
+import logging
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast
 
 from monarch.actor import _codec
 from monarch.actor._actor import check_actor_class
@@ -62,6 +67,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_log = logging.getLogger("monarch.actor.mesh")
 
 
 def _all_ok(replies: list[Reply]) -> None:
@@ -129,43 +135,190 @@ def _fan_out(kind: MessageKind, targets: list[tuple[ActorAddr, CastInfo]]) -> Fu
     return Future._create(cell, _all_ok)
 
 
+#: Seconds anything that needs the processes of a ``spawn_procs`` waits for them: the start
+#: (``_host.SPAWN_TIMEOUT``, or the host agent's ``REQUEST_TIMEOUT`` in a worker) plus the
+#: owner's setup (``_host.SETUP_TIMEOUT``), with slack. The spawning thread resolves or fails
+#: the processes within those bounds itself; this only guards against a lost thread.
+READY_TIMEOUT: Final = 200.0
+
+
+def _true(_: object) -> bool:
+    return True
+
+
+def wait_ready(ready: _Cell[tuple[ProcId, ...]]) -> tuple[ProcId, ...]:
+    """The processes once ``ready`` resolved (bounded); its error if the spawn failed."""
+    if not ready.wait(READY_TIMEOUT):
+        raise RuntimeError(f"the processes of this ProcMesh are not up after {READY_TIMEOUT} s")
+    ok, value = ready.outcome()
+    if not ok:
+        raise value
+    return cast(tuple[ProcId, ...], value)
+
+
 class _ProcMeshState:
     """Shared by an owned proc mesh and the slices made from it in this process; ``group``
-    is the worker processes behind it (``None`` for simulated processes)."""
+    is the worker processes behind it (``None`` for simulated processes).
 
-    __slots__ = ("delegate", "group", "stopped")
+    ``ready`` (``None``: the processes were known when the mesh was made) is how
+    ``spawn_procs`` returns at once: the processes start on a thread of their own, which
+    resolves ``ready`` with their ids once they joined and the owner's setup (``bootstrap=``,
+    ``proc_bind``) ran on them, or fails it with the reason. Whatever needs the processes
+    (actor spawns, calls, stop, pickling) waits for it or chains on it."""
 
-    def __init__(self, group: WorkerGroup | None = None) -> None:
+    __slots__ = ("delegate", "group", "kill_requested", "lock", "ready", "stopped")
+
+    def __init__(
+        self, group: WorkerGroup | None = None, ready: _Cell[tuple[ProcId, ...]] | None = None
+    ) -> None:
         self.stopped = False
         self.group = group
+        self.ready = ready
+        self.kill_requested = False
+        self.lock = threading.Lock()
         #: In a worker: the processes were spawned for it by the client's host agent, which
         #: stops them (``_host_agent``); ``group`` is then ``None``.
         self.delegate: NestedDelegate | None = None
 
+    def pending(self) -> bool:
+        """True while the processes are still starting."""
+        return self.ready is not None and not self.ready.done()
 
-class ProcMesh(MeshTrait):
-    """A mesh of processes. ``spawn`` creates one actor per process."""
+    def failed(self) -> BaseException | None:
+        """The reason the processes could not be brought up (``None`` otherwise)."""
+        if self.ready is None or not self.ready.done():
+            return None
+        ok, value = self.ready.outcome()
+        return None if ok else cast(BaseException, value)
 
-    __slots__ = ("_name", "_owned", "_owner", "_procs", "_shape", "_state")
+    def request_kill(self) -> WorkerGroup | None:
+        """``HostMesh.kill``: the group to kill now, or ``None`` if it is still starting (the
+        starting thread kills it as soon as it exists, see ``adopt_group``)."""
+        with self.lock:
+            self.stopped = True
+            self.kill_requested = True
+            group = self.group
+        if group is not None:
+            group.killed = True
+        return group
+
+    def adopt_group(self, group: WorkerGroup) -> bool:
+        """The starting thread's group exists; True if it must be killed at once."""
+        with self.lock:
+            self.group = group
+            group.state = self
+            return self.kill_requested
+
+
+def _after_ready(
+    ready: _Cell[tuple[ProcId, ...]], then: Callable[[tuple[ProcId, ...]], Future[None] | None]
+) -> Future[None]:
+    """Run ``then(procs)`` once ``ready`` resolved, on a thread of its own in the caller's
+    context (it sends as the caller); resolve when its future does. A failed spawn has
+    nothing to stop: the result is ``None`` then too."""
+    cell: _Cell[None] = _Cell()
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            procs = wait_ready(ready)
+        except Exception:
+            cell.set_result(None)
+            return
+        try:
+            future = context.run(then, procs)
+            if future is not None:
+                future._cell.wait(READY_TIMEOUT)
+        except Exception:
+            _log.exception("stopping a proc mesh after its processes started failed")
+        cell.set_result(None)
+
+    threading.Thread(target=run, name="monarch-stop-pending", daemon=True).start()
+    return Future._create(cell)
+
+
+class _PendingSpawn:
+    """An actor mesh spawned on processes that are still starting: its SPAWN envelopes go out
+    exactly once, as soon as the processes are up (from the starting thread) or when a
+    message needs the targets first (from the caller's thread), whichever comes first. Either
+    way they are sent before any message that needed the targets, so construction still
+    precedes every call from the spawner."""
+
+    __slots__ = ("_error", "_fail", "_lock", "_post", "ready")
 
     def __init__(
         self,
-        procs: Sequence[ProcId],
+        ready: _Cell[tuple[ProcId, ...]],
+        post: Callable[[tuple[ProcId, ...]], None],
+        fail: Callable[[BaseException], object],
+    ) -> None:
+        self.ready = ready
+        self._post: Callable[[tuple[ProcId, ...]], None] | None = post
+        self._fail = fail
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def ensure(self) -> tuple[ProcId, ...]:
+        """The processes, with the SPAWN sent; raises why the actors cannot exist."""
+        try:
+            procs = wait_ready(self.ready)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            post, self._post = self._post, None
+            if post is not None:
+                try:
+                    post(procs)
+                except BaseException as exc:
+                    self._error = exc
+                    self._fail(exc)
+                    raise
+        return procs
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of processes. ``spawn`` creates one actor per process.
+
+    The process ids are known at construction, or (a mesh ``spawn_procs`` just returned)
+    later, when the state's ``ready`` resolves: ``procs`` is then ``None``."""
+
+    __slots__ = ("_known", "_name", "_owned", "_owner", "_shape", "_state")
+
+    def __init__(
+        self,
+        procs: Sequence[ProcId] | None,
         shape: Shape,
         *,
         owned: bool = False,
         state: _ProcMeshState | None = None,
         name: str = "procs",
     ) -> None:
-        self._procs = tuple(procs)
+        self._known = tuple(procs) if procs is not None else None
         self._shape = shape
         self._owned = owned
         self._owner: CellBase | None = None
         self._state = state
         self._name = name
+        if self._known is None:
+            if state is None or state.ready is None:
+                raise ValueError("a ProcMesh without process ids needs a pending state")
+            return
         for rank in shape.ndslice:
-            if not 0 <= rank < len(self._procs):
-                raise ValueError(f"shape selects rank {rank} of {len(self._procs)} procs")
+            if not 0 <= rank < len(self._known):
+                raise ValueError(f"shape selects rank {rank} of {len(self._known)} procs")
+
+    def _proc_ids(self) -> tuple[ProcId, ...]:
+        """The process ids, waiting (bounded) for processes that are still starting; the
+        spawn's error if they could not be brought up."""
+        known = self._known
+        if known is None:
+            assert self._state is not None
+            assert self._state.ready is not None
+            known = self._known = wait_ready(self._state.ready)
+        return known
 
     # -- MeshTrait ---------------------------------------------------------------------------
     @property
@@ -177,13 +330,18 @@ class ProcMesh(MeshTrait):
         return self._shape.labels
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(self._procs, shape, owned=False, state=self._state, name=self._name)
+        return ProcMesh(self._known, shape, owned=False, state=self._state, name=self._name)
 
     # -- API -----------------------------------------------------------------------------------
     @property
     def initialized(self) -> Future[bool]:
-        """Resolves to ``True`` once the processes are ready (in-process: at once)."""
-        return Future._completed(True)
+        """Resolves to ``True`` once the processes joined and the owner's ``bootstrap`` ran
+        on each (at once for processes known at construction); raises why they could not be
+        brought up (``ActorError`` from a failing ``bootstrap``)."""
+        state = self._state
+        if state is None or state.ready is None:
+            return Future._completed(True)
+        return Future._create(state.ready, _true)
 
     @property
     def host_mesh(self) -> HostMesh:
@@ -196,14 +354,15 @@ class ProcMesh(MeshTrait):
             raise NotImplementedError(
                 "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
             )
-        pid = self._procs[next(iter(self._shape.ndslice))].pid
+        pid = self._proc_ids()[next(iter(self._shape.ndslice))].pid
         return HostMesh(Shape.unity(), owned=False, target=f"proc:{pid.hex()}")
 
     def spawn(self, name: str, actor_class: type[T], *args: Any, **kwargs: Any) -> T:
         """Spawn ``actor_class(*args, **kwargs)`` on every process; returns the actor mesh.
 
-        Non-blocking. ``ValueError`` for classes that are not ``Actor`` subclasses, mix sync and
-        async endpoints, or use reserved endpoint names.
+        Non-blocking, also while the processes are still starting (the actors are created
+        once they are up, before any message to them). ``ValueError`` for classes that are
+        not ``Actor`` subclasses, mix sync and async endpoints, or use reserved endpoint names.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"actor mesh name must be a non-empty str, got {name!r}")
@@ -215,58 +374,93 @@ class ProcMesh(MeshTrait):
     ) -> T:
         runtime, sender = current_sender()
         cell: _Cell[list[Reply]] = _Cell()
+        state = self._state
         mesh: ActorMesh[T] = ActorMesh(
             actor_class,
             name,
             path,
-            self._procs,
+            self._known,
             self._shape,
             owned=True,
             initialized=Future._create(cell, _all_ok),
         )
-        if self._state is not None and self._state.stopped:
+        creator = _creator_of(sender)
+        shape = self._shape
+
+        def post(procs: tuple[ProcId, ...]) -> None:
+            if state is not None and state.stopped:
+                raise RuntimeError("`ProcMesh` has already been stopped")
+            proc_mesh = self if self._known is not None else self._with_procs(procs)
+            payload = _codec.encode(SpawnSpec(name, actor_class, args, kwargs, proc_mesh, creator))
+            targets = _targets_of(procs, shape, path)
+            port = runtime.open_port(sender, GatherSink(len(targets), cell))
+            try:
+                for addr, cast_info in targets:
+                    runtime.post(
+                        sender,
+                        MessageKind.SPAWN,
+                        addr,
+                        reply_port=port,
+                        cast=cast_info,
+                        payload=payload,
+                    )
+            except BaseException:
+                runtime.close_port(port.index)
+                raise
+
+        if state is not None and state.stopped:
             cell.set_exception(RuntimeError("`ProcMesh` has already been stopped"))
+            if self._known is None:  # calls fail with that error too
+                assert state.ready is not None
+                mesh._pending = _PendingSpawn(state.ready, post, cell.set_exception)
             return cast(T, mesh)
-        spec = SpawnSpec(name, actor_class, args, kwargs, self, _creator_of(sender))
-        payload = _codec.encode(spec)
-        targets = _targets_of(self._procs, self._shape, path)
-        port = runtime.open_port(sender, GatherSink(len(targets), cell))
-        try:
-            for addr, cast_info in targets:
-                runtime.post(
-                    sender,
-                    MessageKind.SPAWN,
-                    addr,
-                    reply_port=port,
-                    cast=cast_info,
-                    payload=payload,
-                )
-        except BaseException:
-            runtime.close_port(port.index)
-            raise
-        mesh._proc_state = self._state
+        if self._known is not None:
+            post(self._known)
+        else:
+            assert state is not None
+            assert state.ready is not None
+            mesh._pending = _PendingSpawn(state.ready, post, cell.set_exception)
+            state.ready.add_done_callback(mesh._on_ready)
+        mesh._proc_state = state
         _adopt(sender, mesh)
         return cast(T, mesh)
 
+    def _with_procs(self, procs: tuple[ProcId, ...]) -> ProcMesh:
+        """This mesh with its (now known) process ids: what a spawned actor gets as its
+        ``proc_mesh``."""
+        self._known = procs
+        return self
+
     def stop(self, reason: str = "stopped by client") -> Future[None]:
-        """Stop every actor on these processes, then the processes (owner only)."""
+        """Stop every actor on these processes, then the processes (owner only). Processes
+        that are still starting are stopped once they are up."""
         if not self._owned:
             raise ValueError("ProcMesh is not owned; must be stopped by an owner")
         _forget(self)
         return self._stop_owned() or Future._completed(None)
 
     def _stop_owned(self) -> Future[None] | None:
-        if self._state is None or self._state.stopped:
+        state = self._state
+        if state is None or state.stopped:
             return None
-        self._state.stopped = True
-        if self._state.delegate is not None:  # the client's host agent stops them
-            return self._state.delegate.stop()
-        group = self._state.group
+        state.stopped = True
+        if state.ready is not None and state.pending():
+            return _after_ready(state.ready, self._stop_started)
+        if state.failed() is not None:
+            return None  # the starting thread killed what had started
+        return self._stop_started(self._proc_ids())
+
+    def _stop_started(self, procs: tuple[ProcId, ...]) -> Future[None] | None:
+        state = self._state
+        assert state is not None
+        if state.delegate is not None:  # the client's host agent stops them
+            return state.delegate.stop()
+        group = state.group
         ranks = list(self._shape.ndslice)
         live = [g for g in ranks if group is None or group.alive(g)]
         # Cast ranks index the gathering port's slots: number the live targets densely.
         targets = [
-            (ActorAddr(self._procs[g].pid.raw, ""), CastInfo((), (), i)) for i, g in enumerate(live)
+            (ActorAddr(procs[g].pid.raw, ""), CastInfo((), (), i)) for i, g in enumerate(live)
         ]
         if group is None:
             return _fan_out(MessageKind.STOP_PROC, targets)
@@ -290,7 +484,7 @@ class ProcMesh(MeshTrait):
         raise NotImplementedError("sync_workspace is not implemented on ProcMesh")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_proc_mesh, (self._procs, self._shape, self._name))
+        return (_rebuild_proc_mesh, (self._proc_ids(), self._shape, self._name))
 
     def __repr__(self) -> str:
         owned = "owned" if self._owned else "ref"
@@ -316,16 +510,19 @@ class ActorMesh(MeshTrait, Generic[T]):
         actor_class: type[T],
         name: str,
         path: str,
-        procs: Sequence[ProcId],
+        procs: Sequence[ProcId] | None,
         shape: Shape,
         *,
         owned: bool = False,
         initialized: Future[None] | None = None,
+        pending: _PendingSpawn | None = None,
     ) -> None:
         self._class = actor_class
         self._user_name = name
         self._path = path
-        self._procs = tuple(procs)
+        #: ``None`` while the processes are still starting (``_pending`` sends the spawn).
+        self._procs = tuple(procs) if procs is not None else None
+        self._pending = pending
         self._shape = shape
         self._owned = owned
         self._initialized = initialized
@@ -346,14 +543,26 @@ class ActorMesh(MeshTrait, Generic[T]):
         return self._shape.labels
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
-        return ActorMesh(self._class, self._user_name, self._path, self._procs, shape)
+        return ActorMesh(
+            self._class, self._user_name, self._path, self._procs, shape, pending=self._pending
+        )
+
+    def _proc_ids(self) -> tuple[ProcId, ...]:
+        """The process ids; for processes still starting, waits (bounded) until they are up
+        and the spawn is sent, or raises why the actors cannot exist."""
+        procs = self._procs
+        if procs is None:
+            if self._pending is None:
+                raise RuntimeError("this actor mesh has no processes")
+            procs = self._procs = self._pending.ensure()
+        return procs
 
     def _targets(self) -> list[tuple[ActorAddr, CastInfo]]:
         # A mesh's processes, shape and path never change: compute the targets once (this is
         # on every call's path). Callers only read the list.
         targets = self._targets_cache
         if targets is None:
-            targets = self._targets_cache = _targets_of(self._procs, self._shape, self._path)
+            targets = self._targets_cache = _targets_of(self._proc_ids(), self._shape, self._path)
         return targets
 
     # -- endpoints -------------------------------------------------------------------------
@@ -407,16 +616,34 @@ class ActorMesh(MeshTrait, Generic[T]):
         _forget(self)
         return self._stop_owned() or Future._completed(None)
 
+    def _on_ready(self) -> None:
+        """The processes of a pending spawn are up (or failed; on the starting thread): send
+        the spawn now and learn the process ids (process-death supervision reads them)."""
+        with contextlib.suppress(Exception):
+            self._proc_ids()
+
     def _stop_owned(self) -> Future[None] | None:
         if self._stopped:
             return None
         self._stopped = True
+        pending = self._pending
+        if self._procs is None and pending is not None:
+            if not pending.ready.done():  # stop once the processes are up and it exists
+                return _after_ready(pending.ready, lambda _: self._stop_started())
+            return self._stop_started()
         return _fan_out(MessageKind.STOP, self._targets())
+
+    def _stop_started(self) -> Future[None] | None:
+        try:
+            targets = self._targets()
+        except Exception:
+            return None  # the actors never existed: nothing to stop
+        return _fan_out(MessageKind.STOP, targets)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_actor_mesh,
-            (self._class, self._user_name, self._path, self._procs, self._shape),
+            (self._class, self._user_name, self._path, self._proc_ids(), self._shape),
         )
 
     def __repr__(self) -> str:

@@ -42,6 +42,11 @@ event as ``cause``; at the root, ``monarch.actor.unhandled_fault_hook`` (looked 
 runs on a dedicated thread, and if it raises the report goes to stderr and the main thread gets
 ``KeyboardInterrupt``.
 
+Settling (``_client_api.flush_supervision``, test support): a process's agent answers a flush
+request once every actor took a marker queued behind its pending supervision events; each
+process counts the supervision envelopes it sent and received per peer, so the client can tell
+that none is still in flight between two workers.
+
 Every queue is bounded by ``monarch.config`` settings: actor mailboxes
 (``actor_mailbox_capacity``; an overflowing call is rejected with a ``SupervisionError``), port
 receivers (``port_queue_capacity``), open ports (``max_open_ports``), actors per process
@@ -113,9 +118,11 @@ if TYPE_CHECKING:
     from monarch.actor._mesh import ProcMesh
 
 __all__ = [
+    "FLUSH_ENDPOINT",
     "MAX_TOMBSTONES",
     "ActorCell",
     "CellBase",
+    "FlushReport",
     "ProcDeath",
     "ProcRuntime",
     "Reply",
@@ -139,6 +146,9 @@ PARK_TIMEOUT = 3.0
 #: Pending unhandled faults waiting for the fault hook; more are dropped (and logged).
 MAX_PENDING_FAULTS = 10_000
 _EMPTY = _codec.Payload(b"")
+#: The agent endpoint (path ``""``) that answers a ``flush_supervision`` round.
+FLUSH_ENDPOINT = "__flush_supervision__"
+_SUPERVISION_TRAFFIC = (MessageKind.SUPERVISION, MessageKind.UNDELIVERABLE)
 _NONE_PAYLOAD = _codec.encode(None)
 
 
@@ -481,6 +491,17 @@ class _BounceItem(_Item):
         self.bounce = bounce
 
 
+class _FlushItem(_Item):
+    """A ``flush_supervision`` marker: ``done`` runs once every item queued before it (a
+    supervision event included, with whatever handling it sent) has been handled, or when the
+    actor retires with the marker still queued."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: Callable[[], None]) -> None:
+        self.done = done
+
+
 class _FailItem(_Item):
     __slots__ = ("env", "event", "exc")
 
@@ -621,6 +642,8 @@ class ActorCell(CellBase):
         self.instance: Instance | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
+        #: The ``__supervise__`` tasks of an async actor (a flush marker waits for them).
+        self.supervising: set[asyncio.Task[Any]] = set()
         self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
         self._pending_failure = None
         self._stopping_tasks = False
@@ -790,6 +813,8 @@ class ActorCell(CellBase):
                 self._bounce(item.bounce)
             elif isinstance(item, _FailItem):
                 self._record_failure(item.event, item.exc, item.env)
+            elif isinstance(item, _FlushItem):
+                item.done()
             if self._pending_failure is not None:
                 self._die_sync()
                 return
@@ -880,11 +905,15 @@ class ActorCell(CellBase):
             elif isinstance(item, _StopItem):
                 stop = item
             elif isinstance(item, _SuperviseItem):
-                self._track(self._supervise_async(item.event))
+                task = self._track(self._supervise_async(item.event))
+                self.supervising.add(task)
+                task.add_done_callback(self.supervising.discard)
             elif isinstance(item, _BounceItem):
                 self._bounce(item.bounce)
             elif isinstance(item, _FailItem):
                 self._record_failure(item.event, item.exc, item.env)
+            elif isinstance(item, _FlushItem):
+                self._flush_async(item)
             if self._pending_failure is not None:
                 await self._die_async()
                 return
@@ -892,10 +921,28 @@ class ActorCell(CellBase):
                 await self._stop_async(stop)
                 return
 
-    def _track(self, coro: Any) -> None:
+    def _track(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
+
+    def _flush_async(self, item: _FlushItem) -> None:
+        """A flush marker on an async actor: ``__supervise__`` runs as a task and an unhandled
+        event comes back as a ``_FailItem``, so the marker is queued again behind whatever the
+        supervise tasks running now put in the mailbox, once they are all done."""
+        pending = set(self.supervising)
+        if not pending:
+            item.done()
+            return
+
+        def one_done(task: asyncio.Task[Any]) -> None:
+            pending.discard(task)
+            if not pending and not self.mailbox.put(item, force=True):
+                item.done()  # the mailbox closed: the actor retired
+
+        for task in list(pending):
+            task.add_done_callback(one_done)
 
     async def _call_async(self, item: _CallItem) -> None:
         env = item.env
@@ -1282,7 +1329,9 @@ class RootCell(CellBase):
             chain="<root>",
         )
         self.context = Context(self.instance, _empty_point())
-        self._faults: queue.Queue[FailureEvent] = queue.Queue(MAX_PENDING_FAULTS)
+        # Faults for the hook, and flush markers (an Event the hook thread sets when it gets
+        # there, i.e. once every fault queued before it went through the hook).
+        self._faults: queue.Queue[FailureEvent | threading.Event] = queue.Queue(MAX_PENDING_FAULTS)
         self._hook_thread: threading.Thread | None = None
         self._hook_lock = threading.Lock()
 
@@ -1297,6 +1346,9 @@ class RootCell(CellBase):
         except queue.Full:
             _log.error("dropping unhandled fault (hook queue full): %s", event.headline())
             return
+        self._ensure_hook_thread()
+
+    def _ensure_hook_thread(self) -> None:
         with self._hook_lock:
             if self._hook_thread is None:
                 self._hook_thread = threading.Thread(
@@ -1304,9 +1356,24 @@ class RootCell(CellBase):
                 )
                 self._hook_thread.start()
 
+    def flush_hook(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds; any thread but the hook's) until every fault
+        queued so far went through the fault hook; False on timeout."""
+        deadline = time.monotonic() + timeout
+        marker = threading.Event()
+        try:
+            self._faults.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        self._ensure_hook_thread()
+        return marker.wait(max(0.0, deadline - time.monotonic()))
+
     def _run_hook(self) -> None:
         while True:
             event = self._faults.get()
+            if isinstance(event, threading.Event):
+                event.set()
+                continue
             failure = MeshFailure(event)
             module = sys.modules.get("monarch.actor")
             hook = getattr(module, "unhandled_fault_hook", None) if module else None
@@ -1377,6 +1444,63 @@ class ProcRuntime:
         self._port_lock = threading.Lock()
         self._next_port = itertools.count(1)
         self._dead: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        # Supervision traffic (SUPERVISION and UNDELIVERABLE envelopes: what can turn into a
+        # fault) counted per peer PID, for ``flush_supervision``'s check that nothing is in
+        # flight between two processes. ``_sent`` is net of bounces. Bounded (oldest dropped).
+        self._traffic_lock = threading.Lock()
+        self._sent: dict[bytes, int] = {}
+        self._received: dict[bytes, int] = {}
+
+    # -- supervision traffic and flushes -------------------------------------------------------
+    def _count(self, table: dict[bytes, int], pid: bytes, delta: int) -> None:
+        with self._traffic_lock:
+            table[pid] = table.pop(pid, 0) + delta  # re-inserted: the most recent stay
+            if len(table) > MAX_TOMBSTONES:
+                del table[next(iter(table))]
+
+    def _snapshot(self, table: dict[bytes, int]) -> dict[str, int]:
+        with self._traffic_lock:
+            return {pid.hex(): n for pid, n in table.items()}
+
+    def _flush_request(self, env: Envelope) -> None:
+        """A ``flush_supervision`` round reached this process (runtime loop thread), behind
+        everything that reached it before, death notices included (their supervision events
+        are in the owners' mailboxes by now). A marker goes into every actor's mailbox; once
+        each actor handled its marker (so the supervision events queued before it, and sent
+        what handling them sent) or retired, the last one to finish replies with a
+        ``FlushReport``. The reply leaves after those sends (a happens-before edge through the
+        countdown's lock), so on the same path to the client it arrives after them.
+
+        What it reports as received is counted *now*, when everything received is queued
+        ahead of the markers (so handled before the reply); what it reports as sent is
+        counted at the reply, so it includes what handling sent (an event received after
+        the markers may be counted as sent and not yet as received: the next round sees it).
+        """
+        received = self._snapshot(self._received)
+        cells = list(self.cells.values())
+        remaining = [len(cells) + 1]
+        lock = threading.Lock()
+
+        def one_done() -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last and env.reply_port is not None:
+                report = FlushReport(self._snapshot(self._sent), received)
+                payload = _codec.Payload(msgspec.msgpack.encode(report))
+                with contextlib.suppress(Exception):  # the client is gone: nobody waits
+                    self.post(
+                        self.agent,
+                        MessageKind.PORT_VALUE,
+                        env.reply_port.actor,
+                        port=env.reply_port.index,
+                        payload=payload,
+                    )
+
+        for cell in cells:
+            if not cell.enqueue(_FlushItem(one_done), force=True):
+                one_done()  # its mailbox is closed: it retired, its sends are done
+        one_done()
 
     # -- sending ------------------------------------------------------------------------------
     def post(
@@ -1411,6 +1535,8 @@ class ProcRuntime:
         if _telemetry.ACTIVE:
             _telemetry.on_sent(envelope)
         self.transport.send(envelope, payload.buffers)
+        if kind in _SUPERVISION_TRAFFIC:
+            self._count(self._sent, target.pid, 1)
 
     def reply_error(
         self, sender: CellBase, reply_port: PortAddr, cast: CastInfo | None, exc: BaseException
@@ -1468,6 +1594,8 @@ class ProcRuntime:
     def _on_envelope(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
         if _telemetry.ACTIVE:
             _telemetry.on_received(env)
+        if env.kind in _SUPERVISION_TRAFFIC:
+            self._count(self._received, env.sender.pid, 1)
         try:
             self._route(env, buffers)
         except Exception:
@@ -1497,6 +1625,9 @@ class ProcRuntime:
             if not path and kind == MessageKind.SUPERVISION:  # a process-death notice
                 notice = msgspec.msgpack.decode(env.payload, type=ProcDeath)
                 self.proc_died(notice.pid, notice.reason)
+                return
+            if not path and kind == MessageKind.CALL and env.endpoint == FLUSH_ENDPOINT:
+                self._flush_request(env)
                 return
             if self._park(env, buffers):
                 return
@@ -1650,6 +1781,8 @@ class ProcRuntime:
 
     def _on_undeliverable(self, env: Envelope, reason: str) -> None:
         """An envelope this process sent could not be delivered (runtime loop thread)."""
+        if env.kind in _SUPERVISION_TRAFFIC:
+            self._count(self._sent, env.target.pid, -1)
         event = FailureEvent(
             category=str(ErrorCategory.INFRASTRUCTURE),
             kind="undeliverable",
@@ -1766,6 +1899,8 @@ class ProcRuntime:
                     self._reject(item.env, (event, cell.user_name))
                 if item.done is not None:
                     item.done()
+            elif isinstance(item, _FlushItem):
+                item.done()
 
     def proc_died(self, pid: bytes, reason: str) -> None:
         """The process ``pid`` died (runtime loop thread; once per PID): later messages to it
@@ -1889,7 +2024,13 @@ def shutdown_client(timeout: float = 5.0, *, at_exit: bool = False) -> None:
     if current is None or current.pid != os.getpid():
         return
     owned, current.root.owned = current.root.owned, []
-    _stop_meshes(owned, timeout, at_exit=at_exit)
+    # The stops leave as this client's root: with no context, ``current_sender`` would
+    # bootstrap a fresh client (this one is unpublished already), whose ports get the acks.
+    token = _set_context(current.root.context)
+    try:
+        _stop_meshes(owned, timeout, at_exit=at_exit)
+    finally:
+        _reset_context(token)
     for runtime in list(current.local_runtimes):
         runtime.close()
     current.node_layer.shutdown(current, timeout)
@@ -1900,6 +2041,14 @@ def shutdown_client(timeout: float = 5.0, *, at_exit: bool = False) -> None:
 def _shutdown_at_exit() -> None:
     with contextlib.suppress(Exception):
         shutdown_client(timeout=1.0, at_exit=True)
+
+
+class FlushReport(msgspec.Struct, frozen=True):
+    """A process's answer to a ``flush_supervision`` round: supervision envelopes it sent
+    (net of bounces) and received, per peer PID (hex)."""
+
+    sent: dict[str, int]
+    received: dict[str, int]
 
 
 class ProcDeath(msgspec.Struct, frozen=True):

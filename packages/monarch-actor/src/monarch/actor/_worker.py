@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import os
 import sys
@@ -41,11 +42,16 @@ from typing import Any, Final
 
 from monarch.actor._loop import RuntimeLoop
 
-__all__ = ["EXIT_ORPHANED", "forked_main", "main"]
+__all__ = ["EXIT_ORPHANED", "WORKER_ARGV_ENV", "bind_cpus", "forked_main", "main"]
 
 #: Exit status of a worker whose parent link was gone for longer than its bound.
 EXIT_ORPHANED: Final = 3
 _STARTUP_TIMEOUT: Final = 30.0
+#: Environment variable: the worker's options as a JSON list of strings, read when the worker
+#: is started without arguments. A custom ``BootstrapCommand`` (a wrapper script, another
+#: interpreter) then only has to end up running this module; it need not forward arguments.
+WORKER_ARGV_ENV: Final = "MONARCH_WORKER_ARGV"
+_MAX_ARGV_ENV: Final = 64 * 1024
 _log = logging.getLogger("monarch.actor.worker")
 
 
@@ -104,9 +110,44 @@ def _exit_when_stdin_ends(label: str) -> None:
     os._exit(EXIT_ORPHANED)
 
 
+def _argv_from_environment() -> list[str]:
+    """The options in ``WORKER_ARGV_ENV`` (removed from the environment, so that processes
+    this worker starts do not inherit them); a clear error if malformed."""
+    raw = os.environ.pop(WORKER_ARGV_ENV, "")
+    if not raw:
+        return []
+    if len(raw) > _MAX_ARGV_ENV:
+        raise SystemExit(f"{WORKER_ARGV_ENV} is longer than {_MAX_ARGV_ENV} characters")
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{WORKER_ARGV_ENV} is not JSON: {exc}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise SystemExit(f"{WORKER_ARGV_ENV} must be a JSON list of strings")
+    return value
+
+
+def bind_cpus(cpus: Sequence[int]) -> None:
+    """Bind every thread of this process to ``cpus`` (``proc_bind`` key ``cpus``).
+
+    Why every thread: Linux affinity is per thread, and by the time the owner's setup runs the
+    worker has its runtime and transport threads; threads started later inherit the mask of
+    the thread that starts them, which is then bound too."""
+    mask = set(cpus)
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, mask)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker process until it is stopped or orphaned (see the module docstring)."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        argv = sys.argv[1:] or _argv_from_environment()
+    args = _parse(argv)
     from monarch.actor._host import mark_worker_process
 
     mark_worker_process()
