@@ -132,9 +132,52 @@ class Cluster:
     def check_converged(self) -> None:
         expected = self.model.expected()
         winners = self.model.winners()
+        collected: dict[bytes, int] = {}
+        for name in self.names:
+            for site, through in self.collected(name).items():
+                collected[site] = max(collected.get(site, 0), through)
         for name in self.names:
             assert self.rows(name) == expected, name
-            assert self.winners(name) == winners, name
+            held = self.winners(name)
+            for key, winner in winners.items():
+                if winner[3] and held.get(key, winner)[3] and held.get(key) != winner:
+                    # a collected tombstone (here, or before this replica first synced): gone,
+                    # or replaced by an older delete a newcomer sent after it went (the row
+                    # is absent either way, and no upsert between the two can arrive: known
+                    # peers held the newer one, a newcomer's older upserts are refused)
+                    assert collected.get(winner[1], 0) >= winner[0], (name, key)
+                else:
+                    assert held.get(key) == winner, (name, key)
+            assert held.keys() <= winners.keys(), name
+
+    def collected(self, name: str) -> dict[bytes, int]:
+        """Per origin site, the greatest tombstone version ``name`` collected."""
+        rows = self.net.replica(name).connection.execute(
+            "SELECT o.site_id, c.collected_through FROM __chrysalis_gc_collected_v1 AS c "
+            "JOIN __chrysalis_origins_v1 AS o ON o.position = c.origin"
+        )
+        return {bytes(site): int(through) for site, through in rows}
+
+    def collect_garbage(self, node: int, budget: int) -> None:
+        """Run the collector on one replica, within its rules: only once the replica knows
+        every peer it links to (peers it has not met are protected by the retention horizon
+        in real use; here the horizon is zero)."""
+        name = self.names[node]
+        with contextlib.suppress(RuntimeError):  # a crashed node
+            replica = self.net.replica(name)
+            known = {
+                bytes(site)
+                for (site,) in replica.connection.execute(
+                    "SELECT peer_site_id FROM __chrysalis_gc_peers_v1 WHERE forgotten = 0"
+                )
+            }
+            neighbours = {
+                self.net.replica(link.child if link.parent == name else link.parent).site_id
+                for link in self.net.links
+                if name in (link.parent, link.child)
+            }
+            if neighbours <= known:
+                replica.collect_garbage(now=0.0, retention=0.0, budget=budget)
 
     def check_frontiers_are_backed_by_the_peer(self) -> None:
         """A frontier never claims more than the peer durably holds: every row whose winning
@@ -151,9 +194,14 @@ class Cluster:
                     continue  # a crashed end
                 frontier = mine.peer_frontier(self.net.pid(there), theirs.site_id)
                 theirs_won = self.winners(there, fold=False)
-                for key, (version, site, seq, _) in self.winners(here, fold=False).items():
+                collected = self.collected(there)
+                for key, (version, site, seq, dead) in self.winners(here, fold=False).items():
                     entry = frontier.get(site)
                     if entry is not None and version <= entry.synced_at:
+                        if key not in theirs_won and dead:
+                            # the peer collected the tombstone (or one of a greater version)
+                            assert max(collected.values(), default=0) >= version
+                            continue
                         assert key in theirs_won, (here, there, key)
                         assert theirs_won[key][:3] >= (version, site, seq), (here, there, key)
 
@@ -188,6 +236,7 @@ def scenarios(draw: st.DrawFn) -> tuple[int, list[int], int, bool, list[tuple[An
         st.tuples(st.just("write"), st.integers(0, n - 1), edits),
         st.tuples(st.just("run"), st.integers(1, 60)),
         st.tuples(st.just("fold"), st.integers(0, n - 1), st.sampled_from([1, 3, None])),
+        st.tuples(st.just("gc"), st.integers(0, n - 1), st.sampled_from([1, 2, 4096])),
         st.tuples(st.just("cut"), st.integers(0, links - 1)),
         st.tuples(st.just("heal"), st.integers(0, links - 1)),
         st.tuples(st.just("lose_acks"), st.integers(0, links - 1), st.booleans()),
@@ -227,6 +276,8 @@ def test_random_concurrent_writes_converge_to_the_lww_model(
                     cluster.net.step()
             elif op[0] == "fold":
                 cluster.fold(op[1], op[2])
+            elif op[0] == "gc":
+                cluster.collect_garbage(op[1], op[2])
             else:
                 link = links[op[1] % len(links)]
                 if op[0] == "cut":
@@ -239,6 +290,11 @@ def test_random_concurrent_writes_converge_to_the_lww_model(
             cluster.check_frontiers_are_backed_by_the_peer()
         cluster.net.heal_all()
         cluster.net.settle(max_steps=50_000)
+        cluster.check_converged()
+        cluster.check_frontiers_are_backed_by_the_peer()
+        # once settled, every replica may collect; the result must not change
+        for node in range(n):
+            cluster.collect_garbage(node, 4096)
         cluster.check_converged()
         cluster.check_frontiers_are_backed_by_the_peer()
     finally:
@@ -299,6 +355,8 @@ def test_a_replica_restarted_from_its_file_mid_stream_loses_nothing(
                     node, [(k, f"{node}-{round_}-{rng.randrange(9)}") for k in rng.sample(KEYS, 3)]
                 )
             cluster.net.run(rng.randrange(5, 60))  # crash somewhere inside the stream
+            for node in range(3):
+                cluster.collect_garbage(node, rng.choice([1, 4096]))
         # an application transaction is open (uncommitted) when the process dies
         doomed = cluster.net.replica(name).transaction()
         doomed.execute("INSERT INTO kv VALUES ('lost', 'never committed', 'x')")
@@ -313,6 +371,8 @@ def test_a_replica_restarted_from_its_file_mid_stream_loses_nothing(
         cluster.net.run(rng.randrange(40))
         cluster.write(victim, [("k0", "after-restart")])
         cluster.net.settle()
+        for node in range(3):
+            cluster.collect_garbage(node, 4096)
         cluster.check_converged()
         for other in cluster.names:
             keys = [k for k, _ in cluster.rows(other)]

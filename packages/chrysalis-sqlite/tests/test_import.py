@@ -28,6 +28,7 @@ EXPECTED = {
     # storage
     "ApplyOutcome",
     "FrontierEntry",
+    "GarbageCollection",
     "Replica",
     "ReplicaTransaction",
     "TableSchema",
@@ -45,6 +46,7 @@ EXPECTED = {
     "Schema",
     "Scope",
     "SqlValue",
+    "StalePeerError",
     "Synchronized",
     "decode_body",
     "decode_values",

@@ -35,6 +35,7 @@ from chrysalis.sqlite._errors import (
     SessionError,
     SiteScopeError,
     SiteScopeErrorKind,
+    StalePeerError,
     TransactionTooLargeError,
     TruncatedFrameError,
 )
@@ -63,6 +64,7 @@ from chrysalis.sqlite._replica import (
     MAX_BATCH_ROWS,
     ApplyOutcome,
     FrontierEntry,
+    GarbageCollection,
     Replica,
 )
 from chrysalis.sqlite._schema import SCHEMA_HASH_LEN, TableSchema
@@ -117,6 +119,7 @@ for _public in (
     SessionError,
     SiteScopeError,
     SiteScopeErrorKind,
+    StalePeerError,
     TransactionTooLargeError,
     TruncatedFrameError,
     Ack,
@@ -131,6 +134,7 @@ for _public in (
     Synchronized,
     ApplyOutcome,
     FrontierEntry,
+    GarbageCollection,
     Replica,
     ReplicaTransaction,
     TableSchema,
@@ -177,6 +181,7 @@ __all__ = [
     "FrameDecoder",
     "FrameTooLargeError",
     "FrontierEntry",
+    "GarbageCollection",
     "Hello",
     "InvalidBatchError",
     "InvalidMutationError",
@@ -206,6 +211,7 @@ __all__ = [
     "SiteScopeErrorKind",
     "SiteSet",
     "SqlValue",
+    "StalePeerError",
     "SubtreeScopeAggregator",
     "Synchronized",
     "TableSchema",

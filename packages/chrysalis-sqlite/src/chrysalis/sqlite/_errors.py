@@ -16,7 +16,7 @@ one small documented hierarchy to catch. Every error derives from ``ReplicationE
 - ``SiteScopeError``: a site scope is invalid or an update breaks the scope rules (``kind``).
 - ``SessionError``: a replication session must end (``RemoteProtocolError`` with a ``kind``,
   ``SchemaConflictError``, ``DuplicatePeerError``, ``ChangeVersionTooLargeError``,
-  ``SessionClosedError``).
+  ``SessionClosedError``, ``StalePeerError``).
 
 Messages quote offending input truncated to a bounded length, so hostile input never produces a
 huge message, and every exception pickles back to an equal-looking exception.
@@ -49,6 +49,7 @@ __all__ = [
     "SessionError",
     "SiteScopeError",
     "SiteScopeErrorKind",
+    "StalePeerError",
     "TransactionTooLargeError",
     "TruncatedFrameError",
     "quote",
@@ -226,3 +227,13 @@ class ChangeVersionTooLargeError(SessionError):
 
 class SessionClosedError(SessionError):
     """The session already ended (closed locally, by end of stream, or by an error)."""
+
+
+class StalePeerError(SessionError):
+    """The peer may hold rows whose deletions this replica collected (see
+    ``Replica.collect_garbage``): syncing with it could resurrect deleted rows here and, where
+    other replicas still hold the tombstones, leave replicas disagreeing forever. Raised for a
+    peer site this replica forgot (``Replica.forget_peer_site``), and for a change from a peer
+    site first seen after a collection that names a row this replica has no entry for at a
+    version at or below what was collected then. The peer must be rebuilt: a new, empty
+    database (a new site id) that syncs before it writes."""

@@ -39,6 +39,14 @@ row's recorded winner is a duplicate and skipped, the clock advances to at least
 version received, and a change is written only if its tuple is greater than the winner's.
 Receipt order therefore never decides a winner.
 
+Garbage collection (``collect_garbage``, issue 6): tombstones go once every known peer site
+holds them (acknowledged from us, or sent to us: ``__chrysalis_gc_inbound_v1``) and they are
+older than a retention horizon (wall time passed in, turned into a version by recorded marks);
+version rows go once their version wins none of their keys. Peers that could bring a
+collected row back (a forgotten site, or a site first seen after a collection sending an old
+row the collected-rows filter may hold) are refused with ``StalePeerError``. Commits keep the
+pending (unfolded) backlog bounded (``MAX_PENDING_VERSIONS``, see ``_changed``).
+
 Databases of the earlier layout (a change log ``__chrysalis_changes_v1`` with every row's
 payload, and ``__chrysalis_resolved_rows_v2`` with each row's winner) are converted on open,
 in the opening transaction: each winner becomes a clock entry, and the old tables are dropped
@@ -56,7 +64,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import json
+import math
 import os
 import sqlite3
 import struct
@@ -79,6 +89,7 @@ from chrysalis.sqlite._errors import (
     MissingSchemaError,
     ReplicaBusyError,
     ReplicaClosedError,
+    StalePeerError,
     quote,
 )
 from chrysalis.sqlite._protocol import Change, EncodedChange, encode_change_parts
@@ -98,6 +109,7 @@ __all__ = [
     "MAX_BATCH_ROWS",
     "ApplyOutcome",
     "FrontierEntry",
+    "GarbageCollection",
     "Replica",
 ]
 
@@ -117,6 +129,26 @@ lock for long (see ``Replica._fold``)."""
 FOLD_INLINE_ROWS: Final = 64
 """Most pending version rows ``apply_changes`` folds inside its own transaction (more are
 folded first in steps of their own, so that one apply never holds the write lock long)."""
+
+MAX_PENDING_VERSIONS: Final = 256
+"""Most local versions a commit leaves pending above the fold mark: the commit that finds a
+listed version further above it folds one bounded step (``FOLD_STEP_KEYS``) in a write
+transaction of its own, after its own commit, so that a replica that runs no session (no
+``Ack`` or apply to fold in) keeps a bounded backlog (see ``Replica._changed``)."""
+
+GC_BUDGET: Final = 4096
+"""Default most keys (about: whole version rows) one ``collect_garbage`` call examines."""
+
+GC_FILTER_BITS: Final = 1 << 19
+"""Size of the collected-rows Bloom filter (64 KiB): with ``_FILTER_HASHES`` hashes, about
+1 % false positives at 50 000 collected rows, 8 % at 100 000 (a false positive refuses a
+newcomer's change of a row that was never collected: loud, never silent)."""
+
+_FILTER_HASHES: Final = 4
+
+_MARKS_PER_RETENTION: Final = 8
+"""Horizon marks kept per retention span (a new mark once the newest is older than
+``retention / _MARKS_PER_RETENTION``): the horizon lags the retention by at most that much."""
 
 _SET_FOLDED_TO_CLOCK: Final = (
     "UPDATE __chrysalis_folded_v1 SET folded_through = "
@@ -156,6 +188,25 @@ class FrontierEntry:
 
     synced_at: int
     eligible: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GarbageCollection:
+    """What one ``Replica.collect_garbage`` call did.
+
+    ``tombstones``: clock entries of deleted rows removed. ``version_rows``:
+    ``__chrysalis_versions_v1`` rows removed (every key they list won by a later change, or
+    collected). ``examined``: keys looked at (about; bounded by the budget). ``wrapped``: the
+    scan reached the last version row and starts again from the first next time (so a call
+    sequence with ``wrapped`` true has looked at every row once). ``horizon``: the version at
+    or below which tombstones were old enough (``retention``) to be collected this time.
+    """
+
+    tombstones: int
+    version_rows: int
+    examined: int
+    wrapped: bool
+    horizon: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,13 +318,13 @@ class Replica:
         self._site_at: dict[int, bytes] = {}
         self._last_position = 0
         self._clocks: dict[str, _sql.ClockSql] = {}
+        self._gc_sql: dict[str, _sql.GcSql] = {}
+        self._gc_rowid = 0  # where the collector's scan of the version rows resumes
         # tables with one key column whose affinity keeps TEXT as it is (capture fast path)
         self._text_keyed: set[str] = set()
         # per table, per column: value types stored exactly as given (``tx.upsert`` then
         # needs no ``RETURNING``); absent for a table with an INTEGER PRIMARY KEY
         self._stable_rows: dict[str, tuple[frozenset[type], ...]] = {}
-        # ``(table, *value types)`` of upserted rows -> whether stored exactly as given
-        self._stable_kinds: dict[tuple[object, ...], bool] = {}
         self._json_capture = _has_json(self._conn)
         # the ``PRAGMA schema_version`` at which every table's key was last found unique (a
         # commit that sees another one checks the tables again, see ``_unique_keys``)
@@ -300,7 +351,12 @@ class Replica:
                     _sql.LEGACY_TABLES,
                 )
             }
-            for statement in (*_sql.METADATA_DDL, *_sql.VERSIONS_DDL, _sql.FOLDED_DDL):
+            for statement in (
+                *_sql.METADATA_DDL,
+                *_sql.VERSIONS_DDL,
+                _sql.FOLDED_DDL,
+                *_sql.GC_DDL,
+            ):
                 conn.execute(statement)
             if requested_site is None:
                 conn.execute(
@@ -328,6 +384,7 @@ class Replica:
                 for statement in (*clock.ddl, clock.normalize[0]):
                     conn.execute(statement)
                 self._clocks[schema.table] = clock
+                self._gc_sql[schema.table] = _sql.gc_sql(clock)
                 if len(clock.json_types) == 1 and str in clock.json_types[0]:
                     self._text_keyed.add(schema.table)
             row = conn.execute(
@@ -476,7 +533,11 @@ class Replica:
         return self._apply(list(changes), None)
 
     def _apply(
-        self, chunk: Sequence[Change], encodings: Sequence[EncodedChange] | None
+        self,
+        chunk: Sequence[Change],
+        encodings: Sequence[EncodedChange] | None,
+        source: bytes | None = None,
+        floor: int = 0,
     ) -> ApplyOutcome:
         """``apply_changes``, optionally with each change's key and row value lists as
         received (``FrameDecoder.chunk_encodings``), which the key check then uses instead of
@@ -492,6 +553,13 @@ class Replica:
         Pending local versions are folded inside the apply transaction (a remote change must
         be compared with the entry a pending local write gives its row); a backlog of more
         than ``FOLD_INLINE_ROWS`` version rows is first folded in bounded steps of their own.
+
+        ``source``: the peer site the chunk came from (a session's); the same transaction
+        records, per origin, the greatest version received from it (what the collector knows
+        the peer holds). ``floor``: an upsert of a row with no clock entry here, at a version
+        at or below it, of a row the collected-rows filter says may have been collected, is
+        refused with ``StalePeerError`` (a peer first seen after tombstones up to ``floor``
+        were collected: see ``collect_garbage``).
         """
         self._fold_backlog(FOLD_INLINE_ROWS)
         try:
@@ -513,7 +581,16 @@ class Replica:
                     self._refresh_origins()  # positions of the new origins, for their entries
                 if items:
                     self._fold(conn, None)
-                logged, applied = self._apply_items(conn, items) if items else (0, 0)
+                logged, applied = self._apply_items(conn, items, floor) if items else (0, 0)
+                if source is not None and chunk:
+                    received: dict[int, int] = {}
+                    for change in chunk:
+                        position = self._origin_positions[change.site_id]
+                        received[position] = max(received.get(position, 0), change.db_version)
+                    conn.executemany(
+                        _sql.ADVANCE_INBOUND,
+                        [(source, p, v) for p, v in sorted(received.items())],
+                    )
                 if items:
                     conn.execute(_sql.ADVANCE_CLOCK, (max(c.db_version for c in chunk),))
                     # nothing is pending and every entry is at or below the clock
@@ -526,7 +603,10 @@ class Replica:
         return ApplyOutcome(len(chunk), logged, applied)
 
     def _apply_items(
-        self, conn: sqlite3.Connection, items: Sequence[tuple[TableSchema, Change, bytes]]
+        self,
+        conn: sqlite3.Connection,
+        items: Sequence[tuple[TableSchema, Change, bytes]],
+        floor: int = 0,
     ) -> tuple[int, int]:
         """Resolve and write validated changes; returns ``(new, applied)``. Runs inside the
         caller's write transaction.
@@ -538,6 +618,7 @@ class Replica:
         clocks = self._clocks
         site_at = self._site_at
         tracked: dict[tuple[str, bytes], tuple[int, bytes, int] | None] = {}
+        filter_bits: bytearray | None = None
         final: dict[tuple[str, bytes], tuple[TableSchema, Change, bytes]] = {}
         writes: list[tuple[TableSchema, Change]] = []
         new = 0
@@ -548,6 +629,24 @@ class Replica:
             else:
                 found = conn.execute(clocks[schema.table].winner, change.key).fetchone()
                 current = None
+                if (
+                    found is None
+                    and change.row is not None
+                    and change.db_version <= floor
+                    and _maybe_collected(
+                        filter_bits := filter_bits or self._load_filter(conn),
+                        schema.table,
+                        change.key,
+                    )
+                ):
+                    raise StalePeerError(
+                        f"a change of {quote(schema.table)} at version {change.db_version} "
+                        f"of site {change.site_id.hex()} names a row this replica has no entry "
+                        "for and may have deleted and collected, from a peer first seen after "
+                        f"deletions through version {floor} were collected here: it may be a "
+                        "deleted row coming back; rebuild that replica (a new, empty database "
+                        "that syncs before it writes)"
+                    )
                 if found is not None:
                     site = site_at.get(found[1])
                     if site is None:
@@ -608,6 +707,199 @@ class Replica:
             (peer.raw, bytes(peer_site_id)),
         ).fetchall()
         return {site: FrontierEntry(int(at), bool(ok)) for site, at, ok in rows}
+
+    def collect_garbage(
+        self, *, now: float, retention: float, budget: int = GC_BUDGET
+    ) -> GarbageCollection:
+        """Remove metadata no replica can need any more, examining at most about ``budget``
+        keys (whole version rows) in one write transaction; returns what was removed.
+
+        Removed: the tombstone of a deleted row (its clock entry, whose only job is to make
+        older upserts of the row lose) once no older change of the row can still arrive, and
+        every ``__chrysalis_versions_v1`` row whose keys its version no longer wins. A
+        tombstone of origin ``O`` at version ``v`` goes when all of these hold:
+
+        - ``v`` is at or below the horizon: the clock this replica had ``retention`` seconds
+          before ``now`` (wall time passed in, as recorded by earlier calls; ``retention`` 0:
+          the clock now), which protects peers this replica does not know yet;
+        - every peer site this replica knows (any session, any incarnation; not forgotten),
+          other than ``O`` itself, holds ``O`` up to ``v``: it acknowledged ``O`` at or past
+          ``v`` from us, or sent us ``O``'s changes at or past ``v``. Such a peer's winner
+          for the row is the tombstone or a greater change, and it sends only its winners
+          (whatever it sent before its Ack or before that change reached us first, on the same
+          ordered stream, and lost to the tombstone here);
+        - for a local tombstone, its version is folded (a pending version still needs its
+          tombstone to tell its delete from its upserts; each call folds one bounded step
+          first).
+
+        A peer site first seen later may hold a row whose tombstone went: its upserts of rows
+        this replica has no entry for, at versions up to what had been collected, of rows a
+        Bloom filter of the collected rows says may be among them, are refused
+        (``StalePeerError``), as is a session with a site dropped by ``forget_peer_site``.
+
+        The scan resumes where the previous call stopped (``wrapped``: it reached the end).
+        Raises ``ReplicaBusyError`` while a replica transaction is open.
+        """
+        self._check_open()
+        if not math.isfinite(now) or not math.isfinite(retention) or retention < 0:
+            raise ValueError("now must be finite and retention finite and not negative")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError("budget must be a positive integer")
+        tombstones = version_rows = examined = 0
+        wrapped = False
+        with self._write() as conn:
+            self._refresh_origins()
+            (clock,) = conn.execute(
+                "SELECT db_version FROM __chrysalis_replica_v1 WHERE singleton = 1"
+            ).fetchone()
+            horizon = self._horizon(conn, float(now), float(retention), int(clock))
+            if self._pending():
+                self._fold(conn, FOLD_STEP_KEYS)  # one bounded step: folded tombstones may go
+            (folded,) = conn.execute(_sql.SELECT_FOLDED).fetchone()
+            safe = self._safe_through(conn, horizon, int(folded))
+            collected: dict[int, int] = {}
+            filter_bits: bytearray | None = None
+            rows = conn.execute(_sql.SCAN_VERSIONS, (self._gc_rowid, budget)).fetchall()
+            done = 0
+            for rowid, origin, version, table, keys in rows:
+                if examined >= budget:
+                    break
+                done += 1
+                self._gc_rowid = rowid
+                gc = self._gc_sql.get(table)
+                if gc is None or (origin == self._local_origin and version > folded):
+                    examined += 1
+                    continue  # an unregistered table's, or a pending local version
+                live, listed = self._gc_live(conn, gc, keys, origin, version)
+                examined += max(1, listed)
+                doomed = (
+                    [key for key, deleted in live if deleted]
+                    if version <= safe.get(origin, 0)
+                    else []
+                )
+                if doomed:
+                    conn.executemany(gc.collect, [(*key, origin, version) for key in doomed])
+                    filter_bits = filter_bits or self._load_filter(conn)
+                    for key in doomed:
+                        for bit in _filter_bits(table, key):
+                            filter_bits[bit >> 3] |= 1 << (bit & 7)
+                    tombstones += len(doomed)
+                    collected[origin] = max(collected.get(origin, 0), version)
+                if len(doomed) == len(live):
+                    conn.execute(_sql.DELETE_VERSION, (rowid,))
+                    version_rows += 1
+            if done == len(rows) and len(rows) < budget:
+                self._gc_rowid = 0
+                wrapped = True
+            conn.executemany(_sql.RECORD_COLLECTED, sorted(collected.items()))
+            if filter_bits is not None:
+                conn.execute(_sql.UPSERT_FILTER, (bytes(filter_bits),))
+        return GarbageCollection(tombstones, version_rows, examined, wrapped, horizon)
+
+    def forget_peer_site(self, peer_site_id: bytes) -> bool:
+        """Stop waiting for a peer site that will not come back (a decommissioned replica):
+        its frontiers, peer states and received-version records are dropped, so it no longer
+        holds tombstones back, and a later session with that site is refused with
+        ``StalePeerError`` (it may hold rows whose deletions were collected meanwhile; a
+        replica rebuilt from an empty database has a new site id). Returns whether the site
+        was known."""
+        site = bytes(peer_site_id)
+        if len(site) != SITE_ID_LEN:
+            raise ValueError("peer_site_id must be exactly 16 bytes")
+        with self._write() as conn:
+            (known,) = conn.execute(
+                f"SELECT count(*) FROM ({_sql.KNOWN_PEER_SITES}) WHERE peer_site_id = ?",
+                (site,),
+            ).fetchone()
+            for table in (
+                "__chrysalis_frontiers_v5",
+                "__chrysalis_peer_state_v1",
+                "__chrysalis_gc_inbound_v1",
+            ):
+                conn.execute(f"DELETE FROM {table} WHERE peer_site_id = ?", (site,))
+            conn.execute(
+                "INSERT INTO __chrysalis_gc_peers_v1 (peer_site_id, floor, forgotten) "
+                "VALUES (?, 0, 1) ON CONFLICT (peer_site_id) DO UPDATE SET forgotten = 1",
+                (site,),
+            )
+        return bool(known)
+
+    def _admit_peer(self, peer_site: bytes) -> int:
+        """Record a peer site as known when a session learns it (``Hello``); returns its
+        floor (the greatest tombstone version collected before it was first seen: see
+        ``_apply``). A forgotten site is refused."""
+        with self._write() as conn:
+            conn.execute(_sql.ADMIT_PEER, (peer_site,))
+            floor, forgotten = conn.execute(_sql.SELECT_PEER_GC, (peer_site,)).fetchone()
+        if forgotten:
+            raise StalePeerError(
+                f"peer site {peer_site.hex()} was forgotten (Replica.forget_peer_site): it may "
+                "hold rows whose deletions were collected since; rebuild it from a new, empty "
+                "database"
+            )
+        return int(floor)
+
+    def _load_filter(self, conn: sqlite3.Connection) -> bytearray:
+        """The collected-rows Bloom filter (all zeros before the first collection)."""
+        row = conn.execute(_sql.SELECT_FILTER).fetchone()
+        if row is None:
+            return bytearray(GC_FILTER_BITS // 8)
+        bits = row[0]
+        if not isinstance(bits, bytes) or len(bits) != GC_FILTER_BITS // 8:
+            raise CorruptMetadataError("the collected-rows filter has the wrong size")
+        return bytearray(bits)
+
+    def _horizon(self, conn: sqlite3.Connection, now: float, retention: float, clock: int) -> int:
+        """The version horizon for ``retention`` seconds before ``now``: the clock recorded
+        by the newest mark at least that old (0 if none yet; the clock itself for a zero
+        retention). Marks older than that one are pruned, and a new mark is recorded once the
+        newest is ``retention / _MARKS_PER_RETENTION`` old, so the table stays small."""
+        mark = conn.execute(_sql.HORIZON_MARK, (now - retention,)).fetchone()
+        horizon = clock if retention == 0 else (int(mark[1]) if mark else 0)
+        if mark is not None:
+            conn.execute(_sql.PRUNE_MARKS, (mark[0],))
+        (last,) = conn.execute(_sql.LAST_MARK).fetchone()
+        if last is None or now - float(last) >= retention / _MARKS_PER_RETENTION:
+            conn.execute(_sql.INSERT_MARK, (now,))
+        return min(horizon, clock)
+
+    def _safe_through(self, conn: sqlite3.Connection, horizon: int, folded: int) -> dict[int, int]:
+        """Per origin position, the greatest tombstone version that may be collected: the
+        horizon, lowered to what every known peer site (other than the origin) holds of that
+        origin, and for the local origin to the fold mark."""
+        known = {bytes(s) for (s,) in conn.execute(_sql.KNOWN_PEER_SITES)}
+        cover: dict[tuple[bytes, int], int] = {}
+        for site, position, through in conn.execute(_sql.COVERAGE):
+            pair = (bytes(site), int(position))
+            cover[pair] = max(cover.get(pair, 0), int(through))
+        safe: dict[int, int] = {}
+        for position in self._positions:
+            origin_site = self._site_at[position]
+            limit = min(horizon, folded) if position == self._local_origin else horizon
+            for site in known:
+                if site != origin_site:
+                    limit = min(limit, cover.get((site, position), 0))
+            safe[position] = limit
+        return safe
+
+    def _gc_live(
+        self, conn: sqlite3.Connection, gc: _sql.GcSql, keys: object, origin: int, version: int
+    ) -> tuple[list[tuple[tuple[SqlValue, ...], bool]], int]:
+        """The entries of one version row that its version still wins, as ``(key, deleted)``,
+        and how many keys the row lists (about, for JSON: what the budget counts)."""
+        if isinstance(keys, str):
+            rows = conn.execute(gc.live_json, (keys, origin, version)).fetchall()
+            listed = keys.count(",") + 1
+        elif isinstance(keys, bytes):
+            rows = []
+            offset = listed = 0
+            while offset < len(keys):
+                key, offset = read_values(keys, offset)
+                rows += conn.execute(gc.live_one, (*key, origin, version)).fetchall()
+                listed += 1
+        else:
+            raise CorruptMetadataError(f"a version row holds keys of type {type(keys).__name__}")
+        return [(tuple(row[:-1]), bool(row[-1])) for row in rows], listed
 
     def add_change_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Run ``callback()`` after every commit that captured or applied a change; returns a
@@ -699,6 +991,19 @@ class Replica:
 
     def _changed(self) -> None:
         self._epoch += 1
+        conn = self._conn
+        if (
+            self._busy is None
+            and not conn.in_transaction
+            and conn.execute(
+                _sql.PENDING_BEYOND, (self._local_origin, MAX_PENDING_VERSIONS)
+            ).fetchone()
+            is not None
+        ):
+            # the pending backlog crossed its bound (no session folds it): one bounded step,
+            # after the application's commit; a locked database leaves it for the next commit
+            with contextlib.suppress(sqlite3.OperationalError), self._write() as write:
+                self._fold(write, FOLD_STEP_KEYS)
         for callback in list(self._listeners):
             callback()
 
@@ -1035,6 +1340,23 @@ class Replica:
         # the key sent is the table row's own (the clock key compares equal to it)
         key_blob, row_blob = encode_row_and_key(row[3 + width :], schema.key_indexes)
         return encode_change_parts(table, key_blob, row_blob, version, site, seq)
+
+
+def _filter_bits(table: str, key: Sequence[SqlValue]) -> list[int]:
+    """The Bloom filter bits of one row: ``_FILTER_HASHES`` positions taken from a BLAKE2b
+    digest of the table name and the key's canonical encoding."""
+    digest = hashlib.blake2b(
+        table.encode() + b"\0" + encode_values(tuple(key)), digest_size=4 * _FILTER_HASHES
+    ).digest()
+    return [
+        int.from_bytes(digest[4 * i : 4 * i + 4], "big") % GC_FILTER_BITS
+        for i in range(_FILTER_HASHES)
+    ]
+
+
+def _maybe_collected(bits: bytearray, table: str, key: Sequence[SqlValue]) -> bool:
+    """Whether the row may have been collected (false: certainly never)."""
+    return all(bits[b >> 3] & (1 << (b & 7)) for b in _filter_bits(table, key))
 
 
 def _version_keys(

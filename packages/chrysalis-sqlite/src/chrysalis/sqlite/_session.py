@@ -250,6 +250,7 @@ class ReplicaSession:
         self._eof = False
         # peer side
         self._peer_site: bytes | None = None
+        self._gc_floor = 0
         self._peer_scope: SiteScope | None = None
         self._peer_schemas: dict[str, bytes] = {}
         self._peer_synchronized = False
@@ -471,6 +472,8 @@ class ReplicaSession:
         if site == self._replica.site_id:
             raise RemoteProtocolError(RemoteProtocolErrorKind.SAME_SITE, site.hex())
         validate_scope_pair(self._replica.site_id, self._local_scope, site, message.scope)
+        # a forgotten site is refused; one first seen after a collection gets its floor
+        self._gc_floor = self._replica._admit_peer(site)
         self._peer_site = site
         self._peer_scope = message.scope
         durable = self._replica._load_peer_state(self._peer_raw, site)
@@ -509,7 +512,9 @@ class ReplicaSession:
 
     def _on_chunk(self, message: BatchChunk) -> None:
         # the changes' key and row value lists as received: checked without re-encoding
-        outcome = self._replica._apply(message.changes, self._decoder.chunk_encodings)
+        outcome = self._replica._apply(
+            message.changes, self._decoder.chunk_encodings, self._peer_site, self._gc_floor
+        )
         self._changes_received += outcome.received
         self._changes_logged += outcome.logged
         self._changes_applied += outcome.applied

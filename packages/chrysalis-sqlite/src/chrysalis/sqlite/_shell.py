@@ -19,7 +19,8 @@ ends.
   escaped, blobs as ``x'hex'``.
 - ``replication_status`` reads the durable per-peer state the sessions keep (eligibility mode
   and, per origin, the acknowledged version and how many rows it still has to send), so
-  it works on a database file whether or not its node is running.
+  it works on a database file whether or not its node is running; ``gc_status`` adds the
+  garbage collector's state (tombstones held, pending versions, peers, what was collected).
 
 Bounds: one statement's text is at most ``MAX_STATEMENT_BYTES``; a result set returns at most
 ``max_rows`` rows (``truncated`` says more existed). Writes made here bypass replication
@@ -37,7 +38,7 @@ from typing import Final, final
 from chrysalis.core import Pid
 from chrysalis.sqlite._replica import Replica
 from chrysalis.sqlite._scope import EligibilityMode
-from chrysalis.sqlite._sql import CLOCK_PREFIX
+from chrysalis.sqlite._sql import CLOCK_PREFIX, KNOWN_PEER_SITES, SELECT_COLLECTED
 from chrysalis.sqlite._values import SqlValue
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_STATEMENT_BYTES",
     "PROMPT",
     "PROMPT_CONTINUE",
+    "GcStatus",
     "OriginProgress",
     "PeerReplicationStatus",
     "ResultSet",
@@ -52,9 +54,11 @@ __all__ = [
     "ShellOutcome",
     "ShellSession",
     "connect",
+    "format_gc_status",
     "format_result_sets",
     "format_status",
     "format_value",
+    "gc_status",
     "query",
     "replication_status",
     "schema",
@@ -76,7 +80,7 @@ HELP: Final = """\
 .help                  Show this message
 .quit                  Exit the shell
 .schema ?TABLE?        Show the CREATE statements (of TABLE only)
-.status                Replication status per peer
+.status                Replication status per peer, then garbage collection
 .tables                List tables and views"""
 
 
@@ -336,6 +340,79 @@ def replication_status(
     return statuses
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class GcStatus:
+    """The garbage collector's view of a database (see ``Replica.collect_garbage``).
+
+    ``tombstones``: clock entries of deleted rows still held; ``version_rows``: rows of
+    ``__chrysalis_versions_v1``; ``pending_versions``: local version rows above the fold mark
+    (bounded by ``MAX_PENDING_VERSIONS`` plus a fold step); ``peers`` / ``forgotten``: peer
+    sites that bound collection / that were forgotten (refused); ``collected``: per origin
+    site, the greatest tombstone version collected (rows deleted at or below it may be gone
+    without trace)."""
+
+    tombstones: int
+    version_rows: int
+    pending_versions: int
+    peers: int
+    forgotten: int
+    collected: dict[bytes, int]
+
+
+def gc_status(source: sqlite3.Connection | Replica) -> GcStatus:
+    """``GcStatus`` read from the database alone (a full count of each clock table's
+    tombstones: an administrative query, not one for a hot path). A database no release
+    with the collector has opened reports zeros."""
+    conn = _conn(source)
+    present = {
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE '\\_\\_chrysalis%' "
+            "ESCAPE '\\'"
+        )
+    }
+    tombstones = 0
+    for name in sorted(n for n in present if n.startswith(CLOCK_PREFIX)):
+        quoted = '"' + name.replace('"', '""') + '"'
+        (n,) = conn.execute(f"SELECT count(*) FROM {quoted} WHERE _deleted = 1").fetchone()
+        tombstones += int(n)
+    (version_rows,) = conn.execute("SELECT count(*) FROM __chrysalis_versions_v1").fetchone()
+    pending = 0
+    if "__chrysalis_folded_v1" in present:
+        (pending,) = conn.execute(
+            "SELECT count(*) FROM __chrysalis_versions_v1 WHERE origin = (SELECT o.position "
+            "FROM __chrysalis_replica_v1 AS r JOIN __chrysalis_origins_v1 AS o "
+            "ON o.site_id = r.site_id) AND db_version > "
+            "(SELECT folded_through FROM __chrysalis_folded_v1)"
+        ).fetchone()
+    peers = forgotten = 0
+    collected: dict[bytes, int] = {}
+    if "__chrysalis_gc_peers_v1" in present:
+        (peers,) = conn.execute(f"SELECT count(*) FROM ({KNOWN_PEER_SITES})").fetchone()
+        (forgotten,) = conn.execute(
+            "SELECT count(*) FROM __chrysalis_gc_peers_v1 WHERE forgotten = 1"
+        ).fetchone()
+        collected = {bytes(s): int(v) for s, v in conn.execute(SELECT_COLLECTED)}
+    return GcStatus(
+        int(tombstones), int(version_rows), int(pending), int(peers), int(forgotten), collected
+    )
+
+
+def format_gc_status(status: GcStatus) -> str:
+    """``gc_status`` as tab-separated ``name\\tvalue`` lines, then one
+    ``collected\\t<origin>\\t<version>`` line per origin."""
+    lines = [
+        f"tombstones\t{status.tombstones}",
+        f"version_rows\t{status.version_rows}",
+        f"pending_versions\t{status.pending_versions}",
+        f"gc_peers\t{status.peers}",
+        f"forgotten_peers\t{status.forgotten}",
+    ]
+    lines += [f"collected\t{site.hex()}\t{v}" for site, v in sorted(status.collected.items())]
+    return "\n".join(lines)
+
+
 def format_value(value: SqlValue) -> str:
     """One value as the shell prints it (``NULL``, numbers, escaped text, ``x'hex'``)."""
     if value is None:
@@ -452,7 +529,10 @@ class ShellSession:
             if name == ".schema":
                 return ShellOutcome.CONTINUE, "\n".join(schema(self._conn, argument or None))
             if name == ".status":
-                return ShellOutcome.CONTINUE, format_status(replication_status(self._conn))
+                peers = format_status(replication_status(self._conn))
+                return ShellOutcome.CONTINUE, peers + "\n\n" + format_gc_status(
+                    gc_status(self._conn)
+                )
         except (sqlite3.Error, sqlite3.Warning) as exc:
             return ShellOutcome.CONTINUE, f"Error: {exc}"
         return ShellOutcome.CONTINUE, f'Error: unknown command "{name}"; enter ".help"'

@@ -45,9 +45,28 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "ADMIT_PEER",
     "ADVANCE_CLOCK",
+    "ADVANCE_INBOUND",
+    "COVERAGE",
+    "GC_DDL",
+    "HORIZON_MARK",
+    "INSERT_MARK",
+    "KNOWN_PEER_SITES",
+    "LAST_MARK",
+    "PENDING_BEYOND",
+    "PRUNE_MARKS",
+    "RECORD_COLLECTED",
+    "SCAN_VERSIONS",
+    "SELECT_COLLECTED",
+    "SELECT_FILTER",
+    "UPSERT_FILTER",
+    "SELECT_PEER_GC",
+    "GcSql",
+    "gc_sql",
     "ADVANCE_FRONTIER",
     "BUMP_CLOCK",
+    "CLOCK_STATE",
     "CLOCK_PREFIX",
     "COUNT_PENDING",
     "DELETE_VERSION",
@@ -157,13 +176,29 @@ SELECT_PENDING: Final = (
 )
 
 BUMP_CLOCK: Final = (
-    "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1 "
-    "RETURNING db_version, max("
-    "(SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1), "
-    "ifnull((SELECT max(db_version) FROM __chrysalis_versions_v1 WHERE origin = ?), 0))"
+    "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1"
 )
-"""The new local version, and the greater of the fold mark and the newest local version
-listed (parameter: the local origin's position; both are index lookups): a new version at or
+"""A commit's first statement: the clock moves to the new local version. Why no
+``RETURNING``: through ``sqlite3`` it cost about 40 000 instructions per commit (its rows go
+through a temporary table), four times a plain statement; the new version is read by the
+commit's next query (``CLOCK_STATE``, or ``ClockSql.measure_commit``)."""
+
+
+def _clock_floor(origin: str) -> str:
+    """The greater of the fold mark and the newest version of the local origin (the
+    parameter ``origin``) listed: both index lookups."""
+    return (
+        "max((SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1), "
+        "ifnull((SELECT max(db_version) FROM __chrysalis_versions_v1 "
+        f"WHERE origin = {origin}), 0))"
+    )
+
+
+CLOCK_STATE: Final = (
+    f"SELECT db_version, {_clock_floor('?')} FROM __chrysalis_replica_v1 WHERE singleton = 1"
+)
+"""After ``BUMP_CLOCK``: the new local version, and the greater of the fold mark and the
+newest local version listed (parameter: the local origin's position): a new version at or
 below it means the clock is behind entries written or pending (corrupt metadata)."""
 ADVANCE_CLOCK: Final = (
     "UPDATE __chrysalis_replica_v1 SET db_version = MAX(db_version, ?) WHERE singleton = 1"
@@ -238,8 +273,12 @@ class ClockSql:
     JSON array) / ``measure_one`` (key values):
     ``(rows found, total length as BLOBs of their values, the same of their key values)``,
     which counts missing rows and bounds the encoded size; ``measure_values`` (the JSON
-    array): the same without the key columns, whose size the caller knows (a TEXT key: its
-    UTF-8 length, without reading it back). ``select_json`` (a JSON array of
+    array, the local origin's position): the same without the key columns, whose size the
+    caller knows (a TEXT key: its UTF-8 length, without reading it back), followed by what
+    the commit's other checks need, so that a commit runs one query where it ran three:
+    the clock (the new version after ``BUMP_CLOCK``), the floor it must be above (see
+    ``CLOCK_STATE``) and ``PRAGMA schema_version`` (whether the keys' uniqueness must be
+    checked again). ``select_json`` (a JSON array of
     keys, origin, version) / ``select_one`` (key values, origin, version): the entries among
     those keys that the version still wins, as rows ``(seq, deleted, present, clock key
     values..., row values...)``; ``select_pending`` (the same parameters): the same for a
@@ -403,6 +442,9 @@ def clock_sql(
                 )
                 or "0"
             )
+            + ", (SELECT db_version FROM __chrysalis_replica_v1 WHERE singleton = 1), "
+            + _clock_floor("?2")
+            + ", (SELECT schema_version FROM pragma_schema_version)"
             # no ``j.type != 'null'`` filter: its array has no ``null`` (every capture is
             # listed), and a ``null`` would join no row anyway; the filter cost a tenth of the
             # query
@@ -438,3 +480,141 @@ UPSERT_PEER_STATE: Final = (
     "ON CONFLICT (peer_pid, peer_site_id) DO UPDATE SET origin_position = "
     "excluded.origin_position, eligibility_mode = excluded.eligibility_mode"
 )
+
+
+# --------------------------------------------------------------------------------------------
+# Garbage collection (issue 6: "clock-entry garbage collection"; see ``Replica.collect_garbage``)
+
+GC_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS __chrysalis_gc_peers_v1 (
+        peer_site_id BLOB PRIMARY KEY,
+        floor INTEGER NOT NULL CHECK (floor >= 0),
+        forgotten INTEGER NOT NULL DEFAULT 0 CHECK (forgotten IN (0, 1))) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_gc_inbound_v1 (
+        peer_site_id BLOB NOT NULL,
+        origin INTEGER NOT NULL,
+        received_through INTEGER NOT NULL CHECK (received_through >= 0),
+        PRIMARY KEY (peer_site_id, origin)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_gc_collected_v1 (
+        origin INTEGER PRIMARY KEY,
+        collected_through INTEGER NOT NULL CHECK (collected_through > 0))""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_gc_marks_v1 (
+        at REAL PRIMARY KEY,
+        clock INTEGER NOT NULL CHECK (clock >= 0)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS __chrysalis_gc_filter_v1 (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+        bits BLOB NOT NULL)""",
+)
+"""The garbage collector's durable state. ``gc_peers``: every peer site seen in a session
+(``floor``: the greatest tombstone version collected before it was first seen; ``forgotten``:
+dropped by ``Replica.forget_peer_site``, refused from then on). ``gc_inbound``: per peer site
+and origin (registry position), the greatest version received from that peer (it held every
+change of that origin up to there, or a greater one, since it sends per origin in version
+order). ``gc_collected``: per origin, the greatest version of a tombstone collected.
+``gc_marks``: ``(wall time passed in, clock)`` samples that turn a retention in seconds into
+a version horizon. ``gc_filter``: a Bloom filter of every collected row (table and key),
+which tells a row that may have been collected from one that certainly was not."""
+SELECT_FILTER: Final = "SELECT bits FROM __chrysalis_gc_filter_v1 WHERE singleton = 1"
+UPSERT_FILTER: Final = (
+    "INSERT INTO __chrysalis_gc_filter_v1 (singleton, bits) VALUES (1, ?) "
+    "ON CONFLICT (singleton) DO UPDATE SET bits = excluded.bits"
+)
+ADMIT_PEER: Final = (
+    "INSERT OR IGNORE INTO __chrysalis_gc_peers_v1 (peer_site_id, floor) VALUES (?, "
+    "ifnull((SELECT max(collected_through) FROM __chrysalis_gc_collected_v1), 0))"
+)
+SELECT_PEER_GC: Final = (
+    "SELECT floor, forgotten FROM __chrysalis_gc_peers_v1 WHERE peer_site_id = ?"
+)
+ADVANCE_INBOUND: Final = (
+    "INSERT INTO __chrysalis_gc_inbound_v1 (peer_site_id, origin, received_through) "
+    "VALUES (?, ?, ?) ON CONFLICT (peer_site_id, origin) DO UPDATE SET received_through = "
+    "MAX(received_through, excluded.received_through)"
+)
+KNOWN_PEER_SITES: Final = (
+    "SELECT peer_site_id FROM __chrysalis_gc_peers_v1 WHERE forgotten = 0 "
+    "UNION SELECT peer_site_id FROM __chrysalis_frontiers_v5 "
+    "UNION SELECT peer_site_id FROM __chrysalis_gc_inbound_v1 "
+    "EXCEPT SELECT peer_site_id FROM __chrysalis_gc_peers_v1 WHERE forgotten = 1"
+)
+"""Peer sites whose coverage bounds collection (a database of a release without
+``gc_peers`` knows its peers from their frontiers)."""
+COVERAGE: Final = (
+    "SELECT f.peer_site_id, o.position, max(f.synced_at) FROM __chrysalis_frontiers_v5 AS f "
+    "JOIN __chrysalis_origins_v1 AS o ON o.site_id = f.origin_site_id "
+    "GROUP BY f.peer_site_id, o.position "
+    "UNION ALL SELECT peer_site_id, origin, received_through FROM __chrysalis_gc_inbound_v1"
+)
+"""Per peer site and origin position, what the peer is known to hold: acknowledged
+(frontiers, every incarnation of the site, eligible or not) or sent to us (``gc_inbound``);
+the caller takes the maximum of the rows of one pair."""
+RECORD_COLLECTED: Final = (
+    "INSERT INTO __chrysalis_gc_collected_v1 (origin, collected_through) VALUES (?, ?) "
+    "ON CONFLICT (origin) DO UPDATE SET collected_through = "
+    "MAX(collected_through, excluded.collected_through)"
+)
+SELECT_COLLECTED: Final = (
+    "SELECT o.site_id, c.collected_through FROM __chrysalis_gc_collected_v1 AS c "
+    "JOIN __chrysalis_origins_v1 AS o ON o.position = c.origin ORDER BY o.site_id"
+)
+HORIZON_MARK: Final = (
+    "SELECT at, clock FROM __chrysalis_gc_marks_v1 WHERE at <= ? ORDER BY at DESC LIMIT 1"
+)
+PRUNE_MARKS: Final = "DELETE FROM __chrysalis_gc_marks_v1 WHERE at < ?"
+LAST_MARK: Final = "SELECT max(at) FROM __chrysalis_gc_marks_v1"
+INSERT_MARK: Final = (
+    "INSERT INTO __chrysalis_gc_marks_v1 (at, clock) SELECT ?, db_version "
+    "FROM __chrysalis_replica_v1 WHERE singleton = 1 "
+    "ON CONFLICT (at) DO UPDATE SET clock = excluded.clock"
+)
+SCAN_VERSIONS: Final = (
+    "SELECT rowid, origin, db_version, table_name, keys FROM __chrysalis_versions_v1 "
+    "WHERE rowid > ? ORDER BY rowid LIMIT ?"
+)
+PENDING_BEYOND: Final = (
+    "SELECT 1 FROM __chrysalis_versions_v1 WHERE origin = ?1 AND db_version > "
+    "(SELECT folded_through FROM __chrysalis_folded_v1 WHERE singleton = 1) + ?2 LIMIT 1"
+)
+"""Whether a local version more than ``?2`` above the fold mark is listed (one index seek):
+how a commit notices that the pending backlog crossed its bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class GcSql:
+    """The collector's statements for one clock table. ``live_json`` (JSON array of keys,
+    origin, version) / ``live_one`` (key values, origin, version): the entries among those keys
+    that the version still wins, as ``(key values..., deleted)``. ``collect`` (key values,
+    origin, version): delete that entry if it is still that version's tombstone.
+    ``tombstones``: how many tombstones the table holds (a full scan: status only)."""
+
+    live_json: str
+    live_one: str
+    collect: str
+    tombstones: str
+
+
+def gc_sql(clock: ClockSql) -> GcSql:
+    """The collector's statements for the clock table of ``clock``."""
+    name = _q(clock.clock)
+    keys = [f"_k{i}" for i in range(len(clock.key_types))]
+    if len(keys) == 1:
+        json_parts = ["j.value"]
+    else:
+        json_parts = [f"json_extract(j.value, '$[{i}]')" for i in range(len(keys))]
+    by_key = " AND ".join(f"{k} = ?" for k in keys)
+    return GcSql(
+        live_json=(
+            f"SELECT {', '.join('c.' + k for k in keys)}, c._deleted FROM json_each(?1) AS j "
+            f"JOIN {name} AS c ON "
+            + " AND ".join(f"c.{k} = {j}" for k, j in zip(keys, json_parts, strict=True))
+            + " WHERE j.type != 'null' AND c._origin = ?2 AND c._version = ?3"
+        ),
+        live_one=(
+            f"SELECT {', '.join(keys)}, _deleted FROM {name} WHERE {by_key} "
+            "AND _origin = ? AND _version = ?"
+        ),
+        collect=(
+            f"DELETE FROM {name} WHERE {by_key} AND _origin = ? AND _version = ? AND _deleted = 1"
+        ),
+        tombstones=f"SELECT count(*) FROM {name} WHERE _deleted = 1",
+    )

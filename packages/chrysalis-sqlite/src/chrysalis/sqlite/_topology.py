@@ -42,6 +42,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -50,8 +53,9 @@ from typing import Any, Final, Protocol, final
 from chrysalis.core import LinkContext, LinkId, LinkSide, Pid
 from chrysalis.node import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessions, Node
 from chrysalis.quic import LinkProtocolId
+from chrysalis.sqlite._errors import ReplicaBusyError
 from chrysalis.sqlite._protocol import PROTOCOL_ID
-from chrysalis.sqlite._replica import Replica
+from chrysalis.sqlite._replica import GC_BUDGET, Replica
 from chrysalis.sqlite._scope import SitePublisher, SiteScope, SubtreeScopeAggregator
 from chrysalis.sqlite._session import (
     POLL_INTERVAL,
@@ -61,6 +65,7 @@ from chrysalis.sqlite._session import (
 )
 
 __all__ = [
+    "DEFAULT_GC_INTERVAL",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
     "READ_SIZE",
@@ -69,6 +74,7 @@ __all__ = [
     "ReplicaStream",
     "ReplicationTopology",
     "pump_session",
+    "run_collector",
 ]
 
 _log = logging.getLogger("chrysalis.sqlite")
@@ -80,6 +86,45 @@ DEFAULT_RETRY_DELAY: Final = 1.0
 READ_SIZE: Final = 256 * 1024
 """Most bytes one stream read hands to the session."""
 _ABORT_CODE: Final = 0x3
+DEFAULT_GC_INTERVAL: Final = 10.0
+"""Seconds between the garbage collector's bounded passes (``run_collector``)."""
+
+
+async def run_collector(
+    replica: Replica,
+    *,
+    retention: float,
+    interval: float = DEFAULT_GC_INTERVAL,
+    budget: int = GC_BUDGET,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Run ``replica.collect_garbage`` until cancelled (or the replica closes): one bounded
+    pass (``budget`` keys) every ``interval`` seconds, back to back (yielding in between)
+    while a scan has not reached the end of the version rows. ``clock`` supplies the wall
+    time the replica's horizon marks record (it must survive restarts: ``time.time``).
+
+    Why here and not in the session: the replication core is sans-IO and takes the time as
+    an argument; the adapter owns the clock. A pass that finds the replica busy (an
+    application transaction open) or its file locked by another process is skipped."""
+    if not math.isfinite(retention) or retention < 0:
+        raise ValueError("retention must be finite and not negative")
+    if not math.isfinite(interval) or interval <= 0:
+        raise ValueError("interval must be positive")
+    delay = interval
+    while True:
+        await asyncio.sleep(delay)
+        if replica.closed:
+            return
+        delay = interval
+        try:
+            result = replica.collect_garbage(now=clock(), retention=retention, budget=budget)
+        except ReplicaBusyError:
+            continue
+        except sqlite3.OperationalError as exc:  # the file locked by another process
+            _log.debug("garbage collection skipped: %s", exc)
+            continue
+        if not result.wrapped:
+            delay = 0.0
 
 
 class ReplicaStream(Protocol):
@@ -220,12 +265,18 @@ class ReplicationTopology:
     the link up (spec 4.4). ``retry_delay`` separates the node's reopening of a link's session,
     ``handshake_timeout`` bounds the link-id/version exchange and ``max_children`` the tracked
     child links. The replica is not closed by ``aclose``.
+    ``gc_retention`` (seconds, ``None``: off) runs ``run_collector`` while the topology runs:
+    a bounded garbage-collection pass every ``gc_interval`` seconds (see
+    ``Replica.collect_garbage``).
     """
 
     __slots__ = (
         "_aggregator",
         "_closed",
+        "_collector",
         "_errors",
+        "_gc_interval",
+        "_gc_retention",
         "_handshake_timeout",
         "_live",
         "_node",
@@ -247,9 +298,18 @@ class ReplicationTopology:
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         poll_interval: float = POLL_INTERVAL,
         max_children: int = 4096,
+        gc_retention: float | None = None,
+        gc_interval: float = DEFAULT_GC_INTERVAL,
     ) -> None:
         if retry_delay <= 0 or handshake_timeout <= 0 or poll_interval <= 0:
             raise ValueError("retry_delay, handshake_timeout and poll_interval must be positive")
+        if gc_retention is not None and (not math.isfinite(gc_retention) or gc_retention < 0):
+            raise ValueError("gc_retention must be finite and not negative")
+        if not math.isfinite(gc_interval) or gc_interval <= 0:
+            raise ValueError("gc_interval must be positive")
+        self._gc_retention = gc_retention
+        self._gc_interval = gc_interval
+        self._collector: asyncio.Task[None] | None = None
         self._node = node
         self._replica = replica
         self._handshake_timeout = handshake_timeout
@@ -328,6 +388,12 @@ class ReplicationTopology:
         del nameserver
         self._started = True
         self._remove_listener = self._replica.add_change_listener(self._wake_all)
+        if self._gc_retention is not None:
+            self._collector = asyncio.create_task(
+                run_collector(
+                    self._replica, retention=self._gc_retention, interval=self._gc_interval
+                )
+            )
         self._running.set()
 
     async def aclose(self) -> None:
@@ -339,6 +405,9 @@ class ReplicationTopology:
             self._remove_listener()
             self._remove_listener = None
         tasks = list(self._pumps)
+        if self._collector is not None:
+            tasks.append(self._collector)
+            self._collector = None
         for task in tasks:
             task.cancel()
         if tasks:

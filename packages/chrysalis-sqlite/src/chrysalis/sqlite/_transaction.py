@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
-from types import TracebackType
+from types import NoneType, TracebackType
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from chrysalis.sqlite import _sql
@@ -73,8 +73,8 @@ TransactionBehavior = Literal["DEFERRED", "IMMEDIATE", "EXCLUSIVE"]
 _CHANGE_OVERHEAD: Final = 4 + 1 + 8 + 4 + SITE_ID_LEN + 8
 """Encoded bytes of a change besides its table name, key and row (see ``encode_change``)."""
 
-_STABLE_KINDS_CACHE: Final = 256
-"""Most (table, value types) combinations whose ``tx.upsert`` path a replica remembers."""
+_ROW_CHECKS_CACHE: Final = 256
+"""Most column type patterns whose compiled ``tx.upsert`` row writer the process keeps."""
 
 _ESCAPED_ASCII: Final = bytes(range(0x20)) + b'\x7f\\"'
 """ASCII characters a key text cannot hold as they are in ``_json_array``'s quick JSON:
@@ -103,12 +103,14 @@ class ReplicaTransaction:
     __slots__ = (
         "_conn",
         "_deletes",
+        "_fast",
+        "_fast_table",
         "_json",
         "_keys",
         "_open",
+        "_plans",
         "_replica",
         "_schemas",
-        "_stable_kinds",
         "_stable_rows",
         "_tables",
         "_text_keyed",
@@ -131,11 +133,21 @@ class ReplicaTransaction:
         self._schemas = replica._schemas
         self._text_keyed = replica._text_keyed
         self._stable_rows = replica._stable_rows
-        self._stable_kinds = replica._stable_kinds
-        # per capture, in order: table name and key values; and which captures are deletes
+        # The fast captures (see ``capture_upsert``): while every capture of the transaction
+        # is an upsert of one table with one TEXT key given as an ASCII ``str``, only the key
+        # texts are kept, in order, and ``_fast_table`` names the table ("" otherwise, and
+        # once the transaction has ended, so that the fast path's one comparison also
+        # refuses a closed transaction). Any other capture moves them to the general lists.
+        self._fast: list[str] = []
+        self._fast_table = ""
+        # the general lists, per capture in order: table name and key values; and which
+        # captures are deletes
         self._tables: list[str] = []
         self._keys: list[tuple[SqlValue, ...]] = []
         self._deletes: set[int] = set()
+        # per table ``tx.upsert`` wrote in this transaction: its row check, upsert statement
+        # and key column (emptied when the transaction ends)
+        self._plans: dict[str, _UpsertPlan] = {}
         self._json = replica._json_capture  # every key so far is TEXT or INTEGER
         self._open = True
         self.execute = conn.execute
@@ -155,7 +167,7 @@ class ReplicaTransaction:
     @property
     def pending_mutations(self) -> int:
         """Mutations captured so far."""
-        return len(self._keys)
+        return len(self._keys) + len(self._fast)
 
     def _check_open(self) -> None:
         if not self._open:
@@ -178,22 +190,55 @@ class ReplicaTransaction:
         the key finds several rows. Raises ``MissingSchemaError``, ``InvalidMutationError`` (key
         arity, NULL key, a value SQLite cannot hold) or ``TransactionTooLargeError`` at once.
         """
-        keys = self._keys
-        if (
-            type(key) is tuple
-            and len(key) == 1
-            and type(key[0]) is str
-            and key[0].isascii()
-            and table in self._text_keyed  # (registered)
-            and len(keys) < MAX_CHANGES_PER_VERSION
-            and self._open
-        ):  # the common case, checked inline: one ASCII text key (a NUL in it: see commit)
-            self._tables.append(table)
-            keys.append(key)  # type: ignore[arg-type]
-            return
+        # The fast path, a Python call per captured row and nothing else (every check here
+        # is paid per row, so it is as few bytecodes as the checks allow): the table of the
+        # transaction's fast captures (registered, one TEXT key column, the transaction open),
+        # a one-value tuple (the unpacking checks the arity), an ASCII text (valid as it is;
+        # a NUL in it is searched for at commit) and room for one more capture.
+        if table == self._fast_table and type(key) is tuple:
+            try:
+                (value,) = key
+            except ValueError:
+                pass
+            else:
+                if type(value) is str and value.isascii():
+                    fast = self._fast
+                    if len(fast) < MAX_CHANGES_PER_VERSION:
+                        fast.append(value)
+                        return
         self._check_open()
         schema = self._replica._schema(table)
-        self._push(schema, check_key(schema, key), False)
+        params = check_key(schema, key)
+        value = params[0]
+        if type(value) is str and self._start_fast(table):
+            if not value.isascii():
+                _check_text(schema, value)
+            self._fast.append(value)
+            return
+        self._push(schema, params, False)
+
+    def _start_fast(self, table: str) -> bool:
+        """Whether a capture of ``table`` whose one key value is a text goes to the
+        fast captures: it is the fast table, or nothing was captured yet and ``table`` has
+        one TEXT key column (it then becomes the fast table). Called with the transaction
+        open and ``table`` registered."""
+        if table == self._fast_table:
+            return len(self._fast) < MAX_CHANGES_PER_VERSION
+        if self._fast_table or self._keys or not self._json or table not in self._text_keyed:
+            return False
+        self._fast_table = table
+        return True
+
+    def _spill(self) -> None:
+        """Move the fast captures to the general lists and end the fast path for the rest of
+        the transaction (a capture it cannot take, or a commit that needs the general
+        path). In fast mode the general lists are empty, so the order is kept."""
+        fast = self._fast
+        if fast:
+            self._tables = [self._fast_table] * len(fast)
+            self._keys = [(value,) for value in fast]
+            self._fast = []
+        self._fast_table = ""
 
     def upsert(self, table: str, row: Sequence[object]) -> tuple[SqlValue, ...]:
         """Write the full ``row`` of ``table`` (insert, or update on a key conflict) and capture
@@ -205,45 +250,67 @@ class ReplicaTransaction:
         ``InvalidMutationError`` for a row of the wrong length, and ``sqlite3`` errors from the
         write itself.
         """
-        if not self._open:
-            self._check_open()
-        schema = self._schemas.get(table) or self._replica._schema(table)
+        try:
+            write, sql = self._plans[table]
+        except KeyError:  # the first upsert of ``table`` in this transaction, or it ended
+            write, sql = self._plan(table)
+        stored: tuple[SqlValue, ...] = tuple(row)  # type: ignore[arg-type]
+        if write(self, stored, sql, table):  # stored exactly as given, and captured
+            return stored
+        stored = self._upsert_returning(table, stored)
+        if table == self._fast_table:
+            value = stored[self._schemas[table].key_indexes[0]]
+            if type(value) is str:  # read back by ``sqlite3``: valid
+                fast = self._fast
+                if len(fast) < MAX_CHANGES_PER_VERSION:
+                    fast.append(value)
+                    return stored
+        self._capture_stored(table, stored)
+        return stored
+
+    def _capture_stored(self, table: str, stored: tuple[SqlValue, ...]) -> None:
+        """Capture the row ``upsert`` wrote (``stored``) when the fast captures cannot take it
+        as they are: the first capture of the transaction, another key type or table."""
+        schema = self._schemas[table]
+        key = tuple(stored[i] for i in schema.key_indexes)
+        if None in key:
+            raise InvalidMutationError(f"the stored key of {quote(table)} is NULL")
+        value = key[0]
+        if type(value) is str and self._start_fast(table):
+            if not value.isascii():
+                _check_text(schema, value)
+            self._fast.append(value)
+            return
+        self._push(schema, key, False)
+
+    def _plan(self, table: str) -> _UpsertPlan:
+        """``upsert``'s per-table plan for this transaction (checks that it is open and
+        ``table`` registered): the row writer (the fast path for rows stored exactly as
+        given, compiled per column type pattern, see ``_row_writer``) and the upsert
+        statement."""
+        self._check_open()
+        schema = self._replica._schema(table)
+        stable = self._stable_rows.get(table)
+        key_index = schema.key_indexes[0] if table in self._text_keyed else -1
+        write = _never_exact if stable is None else _row_writer(stable, key_index)
+        plan = (write, schema.upsert_sql)
+        self._plans[table] = plan
+        return plan
+
+    def _upsert_returning(self, table: str, row: tuple[SqlValue, ...]) -> tuple[SqlValue, ...]:
+        """``upsert``'s write of a row SQLite may store otherwise than given (or of the wrong
+        length): the stored row read back with ``RETURNING``."""
+        schema = self._schemas[table]
         if len(row) != len(schema.columns):
             raise InvalidMutationError(
                 f"table {quote(table)} has {len(schema.columns)} columns, got {len(row)} values"
             )
-        # whether a row of these value types is stored exactly as given, remembered per
-        # (table, types) in a bounded cache: the per-value check costs more than the insert
-        kinds = (table, *map(type, row))
-        stable_kinds = self._stable_kinds
-        exact = stable_kinds.get(kinds)
-        if exact is None:
-            stable = self._stable_rows.get(table)
-            exact = stable is not None and all(
-                type(v) in types for v, types in zip(row, stable, strict=True)
-            )
-            if len(stable_kinds) < _STABLE_KINDS_CACHE:
-                stable_kinds[kinds] = exact
         stored: tuple[SqlValue, ...] | None
-        if exact:  # stored exactly as given: no ``RETURNING`` needed
-            self._conn.execute(schema.upsert_sql, row)
-            stored = tuple(row)  # type: ignore[arg-type]
-        else:
-            stored = self._conn.execute(schema.upsert_returning_sql, row).fetchone()
-            if stored is None:  # a keys-only table whose row already existed (DO NOTHING)
-                stored = self._conn.execute(schema.select_row_sql, schema.key_of(row)).fetchone()
-                if stored is None:
-                    raise MissingRowError(f"the upsert into {quote(table)} left no row")
-        if table in self._text_keyed:
-            value = stored[schema.key_indexes[0]]
-            if type(value) is str and value.isascii() and len(self._keys) < MAX_CHANGES_PER_VERSION:
-                self._tables.append(table)
-                self._keys.append((value,))
-                return stored
-        key = tuple(stored[i] for i in schema.key_indexes)
-        if None in key:
-            raise InvalidMutationError(f"the stored key of {quote(table)} is NULL")
-        self._push(schema, key, False)
+        stored = self._conn.execute(schema.upsert_returning_sql, row).fetchone()
+        if stored is None:  # a keys-only table whose row already existed (DO NOTHING)
+            stored = self._conn.execute(schema.select_row_sql, schema.key_of(row)).fetchone()
+            if stored is None:
+                raise MissingRowError(f"the upsert into {quote(table)} left no row")
         return stored
 
     def delete(self, table: str, key: Sequence[object]) -> bool:
@@ -268,6 +335,10 @@ class ReplicaTransaction:
         self._push(schema, check_key(schema, key), True)
 
     def _push(self, schema: TableSchema, key: tuple[object, ...], deleted: bool) -> None:
+        """Check ``key`` and append the capture to the general lists (after the fast
+        captures, moved there first)."""
+        if self._fast_table:
+            self._spill()
         keys = self._keys
         if len(keys) >= MAX_CHANGES_PER_VERSION:
             raise TransactionTooLargeError(
@@ -306,18 +377,11 @@ class ReplicaTransaction:
         """
         self._check_open()
         conn = self._conn
-        captured = bool(self._keys)
+        captured = bool(self._keys) or bool(self._fast)
         try:
             if captured:
-                origin = self._replica._local_origin
-                version, floor = conn.execute(_sql.BUMP_CLOCK, (origin,)).fetchone()
-                if version <= floor:
-                    raise CorruptMetadataError(
-                        f"the new local version {version} is not above version {floor}, "
-                        "already written or pending: the clock is behind its entries"
-                    )
-                self._write_clock(version)
-                self.version = version
+                conn.execute(_sql.BUMP_CLOCK)
+                self.version = self._write_clock()
             conn.execute("COMMIT")
         except BaseException:
             self.version = None
@@ -328,9 +392,10 @@ class ReplicaTransaction:
             self._replica._changed()
         return self.version
 
-    def _write_clock(self, version: int) -> None:
-        """List, per table, the keys the version wrote (``__chrysalis_versions_v1``) and
-        check the captures (rows present, keys unique, bytes bounded); the rows' clock entries
+    def _write_clock(self) -> int:
+        """After ``BUMP_CLOCK``: list, per table, the keys the new version wrote
+        (``__chrysalis_versions_v1``) and check the captures (rows present, keys unique, bytes
+        bounded, the clock above its entries); returns the version. The rows' clock entries
         ``(version, local origin, seq)`` of upserts are written later by ``Replica._fold``
         (deferred); deletes' tombstones are written now.
 
@@ -340,8 +405,16 @@ class ReplicaTransaction:
         with the per-row or quota statements, after folding the pending versions (entries
         are written in version order), and move the fold mark to this version."""
         replica = self._replica
-        conn = self._conn
         origin = replica._local_origin
+        fast = self._fast
+        if fast:  # the fast captures: upserts of one table with one TEXT key, as texts
+            deferred = self._defer_text(replica._schemas[self._fast_table], fast, origin)
+            if deferred is not None:
+                return deferred
+            self._spill()  # a NUL in a key (``_json`` is off now), or a key not known unique
+        conn = self._conn
+        version, floor = conn.execute(_sql.CLOCK_STATE, (origin,)).fetchone()
+        _check_clock(version, floor)
         tables, keys, delete_seqs = self._tables, self._keys, self._deletes
         n = len(keys)
         if self._json:
@@ -352,7 +425,7 @@ class ReplicaTransaction:
                 and table in replica._unique_keys()
                 and self._defer_one_table(replica._schemas[table], version, origin)
             ):
-                return
+                return int(version)
             self._check_nul()
         if not self._json:
             self._normalize_keys()
@@ -421,6 +494,7 @@ class ReplicaTransaction:
             conn.execute(_sql.INSERT_VERSION, (origin, version, table, written))
         if not defer:
             conn.execute(_sql.SET_FOLDED, (version,))
+        return int(version)
 
     def _defer_one_table(self, schema: TableSchema, version: int, origin: int) -> bool:
         """``_write_clock``'s common case, deferred: upserts of one table with a key known
@@ -430,26 +504,13 @@ class ReplicaTransaction:
         hold a NUL (the captures' fast path leaves that check to here: the keys cannot be
         listed as JSON then). Raises what ``_measure`` raises, and
         ``TransactionTooLargeError``."""
-        clock = self._replica._clocks[schema.table]
         keys = self._keys
+        if schema.table in self._text_keyed:  # every key one ``str`` here
+            return self._defer_text(schema, list(map(_first, keys)), origin) is not None
         n = len(keys)
-        if schema.table in self._text_keyed:
-            # one TEXT key column (every key a ``str`` here): the keys' bytes are counted in
-            # Python, so the query reads only the other columns
-            values: list[str] = list(map(_first, keys))
-            joined = '","'.join(values)
-            if "\0" in joined:
-                self._json = False  # SQLite's JSON functions end a text at a NUL
-                return False
-            entries = _json_array(values, joined)  # type: ignore[arg-type]
-            key_bytes = len(joined if joined.isascii() else joined.encode()) - 3 * (n - 1)
-            found, size = self._conn.execute(clock.measure_values, (entries,)).fetchone()
-            if found != n:
-                self._explain_mismatch(schema, range(n), version)
-            total = n * _per_row(schema) + int(size) + 2 * key_bytes
-        else:
-            entries = self._entries(range(n), len(schema.primary_key))
-            total = self._measure(schema, clock, range(n), entries, version)
+        clock = self._replica._clocks[schema.table]
+        entries = self._entries(range(n), len(schema.primary_key))
+        total = self._measure(schema, clock, range(n), entries, version)
         if total > MAX_VERSION_BYTES:
             raise TransactionTooLargeError(
                 f"a transaction may capture at most {MAX_VERSION_BYTES} encoded bytes "
@@ -457,6 +518,45 @@ class ReplicaTransaction:
             )
         self._conn.execute(_sql.INSERT_VERSION, (origin, version, schema.table, entries))
         return True
+
+    def _defer_text(self, schema: TableSchema, values: list[str], origin: int) -> int | None:
+        """``_defer_one_table`` for a table with one TEXT key column, its keys ``values``
+        (the fast captures, or the general lists' keys), after ``BUMP_CLOCK``; returns the
+        version. The keys' bytes are counted in Python, so the query reads only the other
+        columns, and the same query reads the clock and the schema version (see
+        ``ClockSql.measure_values``). Returns ``None``, having written nothing, when a key
+        holds a NUL (SQLite's JSON functions end a text there) or the table's key is not
+        known unique (the schema changed)."""
+        n = len(values)
+        joined = '","'.join(values)
+        if "\0" in joined:
+            self._json = False
+            return None
+        entries = _json_array(values, joined)  # type: ignore[arg-type]
+        key_bytes = len(joined if joined.isascii() else joined.encode()) - 3 * (n - 1)
+        replica = self._replica
+        table = schema.table
+        found, size, version, floor, schema_version = self._conn.execute(
+            replica._clocks[table].measure_values, (entries, origin)
+        ).fetchone()
+        _check_clock(version, floor)
+        if schema_version == replica._checked_schema_version:
+            unique = replica._unique
+        else:  # the application changed the schema: check the keys again
+            unique = replica._unique_keys()
+        if table not in unique:
+            return None
+        if found != n:
+            self._spill()  # the general lists name each capture's key
+            self._explain_mismatch(schema, range(n), version)
+        total = n * _per_row(schema) + int(size) + 2 * key_bytes
+        if total > MAX_VERSION_BYTES:
+            raise TransactionTooLargeError(
+                f"a transaction may capture at most {MAX_VERSION_BYTES} encoded bytes "
+                f"(its rows may take up to {total})"
+            )
+        self._conn.execute(_sql.INSERT_VERSION, (origin, version, table, entries))
+        return int(version)
 
     def _check_nul(self) -> None:
         """Stop listing the keys as JSON if a text key holds a NUL (SQLite's JSON functions
@@ -627,6 +727,7 @@ class ReplicaTransaction:
         self._open = False
         self.execute = _execute_ended
         self._tables, self._keys, self._deletes = [], [], set()
+        self._fast, self._fast_table, self._plans = [], "", {}
         try:
             if rollback and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
@@ -664,6 +765,88 @@ def _execute_ended(
     raise ReplicaClosedError("the replica transaction has already ended")
 
 
+_RowWriter = Callable[["ReplicaTransaction", tuple[SqlValue, ...], str, str], bool]
+"""``upsert``'s compiled fast path for one table (see ``_row_writer``)."""
+
+_UpsertPlan = tuple[_RowWriter, str]
+"""``ReplicaTransaction.upsert``'s per-table plan: the row writer and the upsert statement."""
+
+_ROW_WRITERS: Final[dict[tuple[tuple[frozenset[type], ...], int], _RowWriter]] = {}
+"""Compiled row writers by column type pattern and key column (``_row_writer``), at most
+``_ROW_CHECKS_CACHE``."""
+
+_FIRST_TYPES: Final = (str, int, bytes, NoneType)
+"""The order in which a compiled row check tries a column's types (the most common
+first: one ``is`` comparison decides a text or an integer)."""
+
+
+def _never_exact(tx: ReplicaTransaction, row: tuple[SqlValue, ...], sql: str, table: str) -> bool:
+    """The row writer of a table no row of which is stored exactly as given (an ``INTEGER
+    PRIMARY KEY`` fills in ``None``): every upsert reads its row back."""
+    return False
+
+
+def _row_writer(stable: tuple[frozenset[type], ...], key_index: int) -> _RowWriter:
+    """``upsert``'s fast path for a table whose columns keep the value types ``stable``
+    (``Replica._stable_rows``) and whose one TEXT key is column ``key_index`` (-1: another
+    key): ``write(tx, row, sql, table)`` returns ``False``, having done nothing, unless
+    ``row`` has ``len(stable)`` values each of a type its column keeps; then it runs ``sql``
+    (the upsert, no ``RETURNING``: the row is stored as given), captures the key (appended
+    to the fast captures, or through ``ReplicaTransaction._capture_stored``) and returns
+    ``True``.
+
+    Why compiled: it runs once per ``tx.upsert`` row, and a generic loop over the columns,
+    or a cache keyed by the row's value types, cost as much again as the plain insert's
+    Python. So it is generated for the column count (unpacking the row checks its length)
+    with one ``type(v) is T`` test per column for the common type and a set lookup for the
+    others, and takes the key from its variable. The source is built from column positions
+    only, never from names or values. Writers are kept per pattern, a bounded number; past
+    that one is compiled per transaction and table (correct, slower)."""
+    writer = _ROW_WRITERS.get((stable, key_index))
+    if writer is None:
+        writer = _compile_row_writer(stable, key_index)
+        if len(_ROW_WRITERS) < _ROW_CHECKS_CACHE:
+            _ROW_WRITERS[(stable, key_index)] = writer
+    return writer
+
+
+def _compile_row_writer(stable: tuple[frozenset[type], ...], key_index: int) -> _RowWriter:
+    """Generate ``_row_writer``'s function."""
+    names = [f"v{i}" for i in range(len(stable))]
+    namespace: dict[str, object] = {"MAX": MAX_CHANGES_PER_VERSION}
+    tests = []
+    for i, types in enumerate(stable):
+        first = next((t for t in _FIRST_TYPES if t in types), None)
+        if first is None:
+            tests.append("False")
+            continue
+        namespace[f"f{i}"] = first
+        namespace[f"s{i}"] = types - {first}
+        tests.append(f"(type(v{i}) is f{i} or type(v{i}) in s{i})")
+    lines = [
+        "def write(tx, row, sql, table):",
+        "    try:",
+        f"        {', '.join(names)}, = row",
+        "    except ValueError:",
+        "        return False",
+        f"    if not ({' and '.join(tests)}):",
+        "        return False",
+        "    tx.execute(sql, row)",
+    ]
+    if key_index >= 0:  # a text bound by ``sqlite3`` just now is valid: no ``isascii``
+        lines += [
+            f"    if table == tx._fast_table and type(v{key_index}) is str:",
+            "        fast = tx._fast",
+            "        if len(fast) < MAX:",
+            f"            fast.append(v{key_index})",
+            "            return True",
+        ]
+    lines += ["    tx._capture_stored(table, row)", "    return True", ""]
+    exec(compile("\n".join(lines), "<chrysalis.sqlite row writer>", "exec"), namespace)
+    writer: _RowWriter = namespace["write"]  # type: ignore[assignment]
+    return writer
+
+
 def _json_array(values: list[SqlValue], joined: str | None = None) -> str:
     """``values`` as a JSON array (``joined``: ``'","'.join(values)`` when the caller has it).
     Why not just ``json.dumps``: for a hundred short texts it costs more than the commit's
@@ -686,6 +869,16 @@ def _json_array(values: list[SqlValue], joined: str | None = None) -> str:
         elif joined.isprintable() and "\\" not in joined and joined.count('"') == separators:
             return f'["{joined}"]'
     return json.dumps(values, separators=(",", ":"))
+
+
+def _check_clock(version: int, floor: int) -> None:
+    """Raise ``CorruptMetadataError`` unless the new local ``version`` is above ``floor`` (the
+    fold mark and the newest local version listed)."""
+    if version <= floor:
+        raise CorruptMetadataError(
+            f"the new local version {version} is not above version {floor}, "
+            "already written or pending: the clock is behind its entries"
+        )
 
 
 def _deletes_size(schema: TableSchema, keys: list[tuple[SqlValue, ...]]) -> int:

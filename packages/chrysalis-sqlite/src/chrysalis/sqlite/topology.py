@@ -8,6 +8,7 @@ replication core does not import the Node stack.
 from __future__ import annotations
 
 from chrysalis.sqlite._topology import (
+    DEFAULT_GC_INTERVAL,
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_RETRY_DELAY,
     READ_SIZE,
@@ -16,9 +17,11 @@ from chrysalis.sqlite._topology import (
     ReplicaStream,
     ReplicationTopology,
     pump_session,
+    run_collector,
 )
 
 __all__ = [
+    "DEFAULT_GC_INTERVAL",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
     "READ_SIZE",
@@ -27,4 +30,5 @@ __all__ = [
     "ReplicaStream",
     "ReplicationTopology",
     "pump_session",
+    "run_collector",
 ]
