@@ -20,7 +20,13 @@ Usage::
     .venv/bin/python benchmarks/quic_cpu.py                     # calls per round trip, both engines
     .venv/bin/python benchmarks/quic_cpu.py --callgrind         # + instructions (~3 minutes)
     .venv/bin/python benchmarks/quic_cpu.py --engine qh3 --callgrind
+    .venv/bin/python benchmarks/quic_cpu.py --engine plain-aioquic --callgrind   # the baseline
     .venv/bin/python benchmarks/quic_cpu.py --smoke --json out.json   # seconds: proves it runs
+
+``--engine plain-aioquic`` counts the baseline of ``quic_throughput.py`` the same way: aioquic's
+stock asyncio adapter (``aioquic.asyncio.serve`` / ``connect``, its defaults) running the very
+same ping-pong in one process over UDP, so that an instruction ratio can stand beside the time
+ratio (UDP only: the stock adapter has no other carrier).
 
 Lower is better for every number here; compare two trees by running the script in each.
 """
@@ -55,7 +61,9 @@ from benchmarks._common import (  # noqa: E402
     write_json,
 )
 
-ENGINES = ("qh3", "aioquic")
+PLAIN = "plain-aioquic"
+ENGINES = ("qh3", "aioquic")  # the default: the chrysalis stack on either engine
+BASELINES = (PLAIN,)  # on request only (``--engine plain-aioquic``; UDP only)
 CARRIERS = ("udp", "inproc")
 MESSAGE = b"0123456789abcdef"
 WARMUP = 50
@@ -129,6 +137,10 @@ async def ping_pong(
     from chrysalis.quic._asyncio import AsyncioEndpoint
     from chrysalis.quic.testing import connected_stream_pair, issue_identities
 
+    if engine == PLAIN:
+        if carrier != "udp":
+            raise BenchmarkError(f"{PLAIN} runs over UDP only (aioquic's stock adapter)")
+        return await _plain_ping_pong(round_trips, counter)
     factory = _engine(engine)
     first_id, second_id = issue_identities(2)
     if carrier == "udp":
@@ -170,6 +182,66 @@ async def ping_pong(
         await run(WARMUP)
         with _counting(counter):
             await run(round_trips)
+    return echoed
+
+
+async def _plain_ping_pong(round_trips: int, counter: _CallCounter | None) -> int:
+    """The baseline of ``quic_throughput.py``, in one process: aioquic's stock asyncio adapter
+    (``aioquic.asyncio.serve`` / ``connect`` with a stream handler, its defaults and
+    server-only TLS), the very same ping-pong loops."""
+    from aioquic.asyncio.client import connect
+    from aioquic.asyncio.server import serve
+
+    from benchmarks.quic_throughput import _plain_client_config, _plain_server_config
+    from chrysalis.quic.testing import issue_identities
+
+    server_id, client_id = issue_identities(2)
+    streams: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue(1)
+    server = await serve(
+        "127.0.0.1",
+        0,
+        configuration=_plain_server_config(server_id),
+        stream_handler=lambda reader, writer: streams.put_nowait((reader, writer)),
+    )
+    echoed = 0
+    try:
+        transport = server._transport
+        assert transport is not None
+        port = int(transport.get_extra_info("sockname")[1])
+        async with connect(
+            "127.0.0.1", port, configuration=_plain_client_config(client_id, server_id)
+        ) as protocol:
+            a_reader, a_writer = await asyncio.wait_for(protocol.create_stream(), 30)
+            a_writer.write(b"!")  # the server learns of the stream with its first bytes
+            b_reader, b_writer = await asyncio.wait_for(streams.get(), 30)
+            if await b_reader.readexactly(1) != b"!":
+                raise BenchmarkError("unexpected stream marker")
+
+            async def echo(count: int) -> None:
+                nonlocal echoed
+                for _ in range(count):
+                    data = await b_reader.readexactly(len(MESSAGE))
+                    b_writer.write(data)
+                    echoed += len(data)
+
+            async def pings(count: int) -> None:
+                for _ in range(count):
+                    a_writer.write(MESSAGE)
+                    reply = await a_reader.readexactly(len(MESSAGE))
+                    if reply != MESSAGE:
+                        raise BenchmarkError(f"echo returned {reply!r}")
+
+            async def run(count: int) -> None:
+                await asyncio.wait_for(
+                    asyncio.gather(pings(count), echo(count)),
+                    ROUND_TRIP_TIMEOUT_S * (1 + count / 100),
+                )
+
+            await run(WARMUP)
+            with _counting(counter):
+                await run(round_trips)
+    finally:
+        server.close()
     return echoed
 
 
@@ -252,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         quick=f"count calls over {QUICK.round_trips} round trips",
         smoke=f"count calls over {SMOKE.round_trips} round trips (CI)",
     )
-    parser.add_argument("--engine", action="append", choices=ENGINES, default=[])
+    parser.add_argument("--engine", action="append", choices=ENGINES + BASELINES, default=[])
     parser.add_argument("--carrier", choices=CARRIERS, default="udp")
     parser.add_argument(
         "--callgrind",

@@ -39,6 +39,8 @@ Usage::
     .venv/bin/python benchmarks/quic_throughput.py --json out.json   # every trial as JSON
     .venv/bin/python benchmarks/quic_throughput.py --profile prof/   # cProfile the clients
     .venv/bin/python benchmarks/quic_throughput.py --like-for-like   # baseline's packet settings
+    .venv/bin/python benchmarks/quic_throughput.py --syscalls --json out.json  # + perf counts
+    .venv/bin/python benchmarks/quic_throughput.py --path-calls --json out.json  # see below
     .venv/bin/python benchmarks/quic_throughput.py --write-readme  # refresh the package README
 
 The table goes to stdout as Markdown, progress to stderr. Linux only (forked children). Every
@@ -55,6 +57,8 @@ import dataclasses
 import math
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -285,6 +289,8 @@ class ServerOutcome:
     counted: int
     seconds: float
     cpu_s: float
+    syscalls: dict[str, int] = field(default_factory=dict)
+    path: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +301,8 @@ class ClientOutcome:
     rtts: tuple[float, ...]
     sent: int
     cpu_s: float
+    syscalls: dict[str, int] = field(default_factory=dict)
+    path: dict[str, float] = field(default_factory=dict)
 
 
 def _percentile(values: Sequence[float], fraction: float) -> float:
@@ -313,16 +321,20 @@ def reduce_trial(kind: str, client: object, server: object, config: Config) -> S
         echoed = (config.warmup + config.pings) * len(MESSAGE)
         if server.received != echoed:
             raise BenchmarkError(f"the server echoed {server.received} bytes, not {echoed}")
-        return Sample(
-            median(rtts) * 1e6,
-            {
-                "pings": len(rtts),
-                "p90_us": _percentile(rtts, 0.9) * 1e6,
-                "min_us": min(rtts) * 1e6,
-                "client_cpu_us_per_rtt": client.cpu_s / len(rtts) * 1e6,
-                "server_cpu_us_per_rtt": server.cpu_s / (config.warmup + config.pings) * 1e6,
-            },
-        )
+        detail: dict[str, float | int] = {
+            "pings": len(rtts),
+            "p90_us": _percentile(rtts, 0.9) * 1e6,
+            "min_us": min(rtts) * 1e6,
+            "client_cpu_us_per_rtt": client.cpu_s / len(rtts) * 1e6,
+            "server_cpu_us_per_rtt": server.cpu_s / (config.warmup + config.pings) * 1e6,
+        }
+        for role, counts in (("client", client.syscalls), ("server", server.syscalls)):
+            for name, count in counts.items():
+                detail[f"{role}_{name}_per_rtt"] = count / (config.warmup + config.pings)
+        for role, path in (("client", client.path), ("server", server.path)):
+            for name, value in path.items():
+                detail[f"{role}_{name}"] = value
+        return Sample(median(rtts) * 1e6, detail)
     if client.sent != config.bulk_bytes or server.received != client.sent:
         raise BenchmarkError(f"the receiver got {server.received} bytes of {client.sent}")
     if server.counted <= 0 or server.seconds <= 0:
@@ -338,6 +350,165 @@ def reduce_trial(kind: str, client: object, server: object, config: Config) -> S
             "server_cpu_s_per_mib": server.cpu_s / mib,
         },
     )
+
+
+# --------------------------------------------------------------------------------------------
+# System calls (``--syscalls``): counted by ``perf stat`` on the kernel's syscall tracepoints
+
+
+SYSCALLS: Final = (
+    "epoll_wait",
+    "epoll_pwait",
+    "recvfrom",
+    "recvmsg",
+    "recvmmsg",
+    "sendto",
+    "sendmsg",
+    "sendmmsg",
+    "futex",
+    "timerfd_settime",
+)
+_PERF_READY_S: Final = 0.3  # perf attaches in milliseconds; the warm-up waits this long
+_counted_syscalls: tuple[str, ...] = ()  # set by ``main`` before any fork (children inherit)
+
+
+class _SyscallCounter:
+    """``perf stat`` attached to this process from ``start`` to ``stop``: the count of every
+    system call (``all``) and of each name in ``names``. Why perf: the kernel's tracepoints
+    cost nothing measurable per call (``strace`` slows every call and would change the very
+    timing, delayed ACKs included, that decides how many calls a round trip makes)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = tuple(names)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._out = ""
+
+    def start(self) -> None:
+        perf = shutil.which("perf")
+        if perf is None:
+            raise BenchmarkError("--syscalls needs perf on PATH")
+        fd, self._out = tempfile.mkstemp(prefix="quic-syscalls-", suffix=".csv")
+        os.close(fd)
+        events = ["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{n}" for n in self._names]
+        self._proc = subprocess.Popen(
+            [perf, "stat", "-x,", "-o", self._out, "-e", ",".join(events), "-p", str(os.getpid())],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> dict[str, int]:
+        """Stop perf; the counts (``all`` and each name perf could count)."""
+        proc = self._proc
+        if proc is None:
+            return {}
+        self._proc = None
+        try:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        counts: dict[str, int] = {}
+        try:
+            with open(self._out, encoding="utf-8") as lines:
+                for line in lines:
+                    fields = line.strip().split(",")
+                    if len(fields) > 2 and fields[0].isdigit():
+                        event = fields[2]
+                        if event == "raw_syscalls:sys_enter":
+                            counts["all"] = int(fields[0])
+                        else:
+                            counts[event.removeprefix("syscalls:sys_enter_")] = int(fields[0])
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self._out)
+        return counts
+
+
+class _PathCounter:
+    """``--path-calls``: counts the calls (Python functions and builtins, ``sys.setprofile``)
+    from the receipt of a datagram to the next send, per request/response step, and all calls.
+
+    Why: both processes of a ping-pong wait only on that path (receive, answer, send); work
+    after the send overlaps the peer's. The hooks wrap the receive and send of both stacks
+    (chrysalis' carriers, aioquic's protocol and asyncio's datagram transport) in this
+    forked child only. The profiler slows everything several times, so timers (delayed
+    ACKs) fire where they would not: compare calls, never the times of such a run.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.mark: int | None = None
+        self.paths: list[int] = []
+
+    def profile(self, frame: object, event: str, arg: object) -> None:
+        if event == "call" or event == "c_call":
+            self.calls += 1
+
+    def received(self) -> None:
+        if self.mark is None:
+            self.mark = self.calls
+
+    def sending(self) -> None:
+        if self.mark is not None:
+            self.paths.append(self.calls - self.mark)
+            self.mark = None
+
+    def install(self) -> None:
+        from asyncio.selector_events import _SelectorDatagramTransport  # type: ignore[attr-defined]
+
+        from aioquic.asyncio.protocol import QuicConnectionProtocol
+
+        def after(fn: Callable[..., Any], hook: Callable[[], None]) -> Callable[..., Any]:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                result = fn(*args, **kwargs)
+                if result:  # a datagram (chrysalis: their count)
+                    hook()
+                return result
+
+            return wrapped
+
+        def before(fn: Callable[..., Any], hook: Callable[[], None]) -> Callable[..., Any]:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                hook()
+                return fn(*args, **kwargs)
+
+            return wrapped
+
+        for cls in (UdpSocket, UnixDatagramSocket):
+            cls.try_recv = after(cls.try_recv, self.received)  # type: ignore[method-assign]
+            cls.try_send_to = before(cls.try_send_to, self.sending)  # type: ignore[method-assign]
+        protocol: Any = QuicConnectionProtocol
+        protocol.datagram_received = before(protocol.datagram_received, self.received)
+        transport: Any = _SelectorDatagramTransport
+        transport.sendto = before(transport.sendto, self.sending)
+        sys.setprofile(self.profile)
+
+    def stop(self, messages: int) -> dict[str, float]:
+        sys.setprofile(None)
+        paths = sorted(self.paths[len(self.paths) // 5 :])  # after the warm-up
+        if not paths:
+            return {}
+        return {"path_calls": median([float(p) for p in paths]), "calls": self.calls / messages}
+
+
+_path_calls = False  # set by ``main`` before any fork (children inherit)
+
+
+def _path_counter() -> _PathCounter | None:
+    if not _path_calls:
+        return None
+    counter = _PathCounter()
+    counter.install()
+    return counter
+
+
+def _syscall_counter() -> _SyscallCounter | None:
+    if not _counted_syscalls:
+        return None
+    counter = _SyscallCounter(_counted_syscalls)
+    counter.start()
+    return counter
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,6 +551,10 @@ async def _serve_stream(stream: _Stream, kind: str) -> ServerOutcome:
     clock, cpu = time.perf_counter, time.process_time
     received = counted = 0
     first = last = cpu_start = 0.0
+    syscalls = _syscall_counter() if kind == RTT else None
+    if syscalls is not None:
+        await asyncio.sleep(_PERF_READY_S)  # let perf attach (the first ping waits, untimed)
+    path = _path_counter() if kind == RTT else None
     while True:
         data = await stream.read(CHUNK)
         if not data:
@@ -397,10 +572,12 @@ async def _serve_stream(stream: _Stream, kind: str) -> ServerOutcome:
             counted += len(data)
         received += len(data)
     cpu_s = cpu() - cpu_start
+    counts = {} if syscalls is None else syscalls.stop()
+    paths = {} if path is None else path.stop(max(1, received // len(MESSAGE)))
     if kind == BULK:
         stream.write(b"ok")
     stream.write_eof()
-    return ServerOutcome(received, counted, last - first, cpu_s)
+    return ServerOutcome(received, counted, last - first, cpu_s, counts, paths)
 
 
 async def _run_client(stream: _Stream, kind: str, config: Config) -> ClientOutcome:
@@ -409,6 +586,10 @@ async def _run_client(stream: _Stream, kind: str, config: Config) -> ClientOutco
     clock, cpu = time.perf_counter, time.process_time
     if kind == RTT:
         size = len(MESSAGE)
+        syscalls = _syscall_counter()
+        if syscalls is not None:
+            await asyncio.sleep(_PERF_READY_S)  # let perf attach before the first ping
+        path = _path_counter()
         for _ in range(config.warmup):
             stream.write(MESSAGE)
             await stream.readexactly(size)
@@ -419,7 +600,9 @@ async def _run_client(stream: _Stream, kind: str, config: Config) -> ClientOutco
             stream.write(MESSAGE)
             await stream.readexactly(size)
             rtts.append(clock() - start)
-        outcome = ClientOutcome(tuple(rtts), 0, cpu() - cpu_start)
+        counts = {} if syscalls is None else syscalls.stop()
+        paths = {} if path is None else path.stop(config.warmup + config.pings)
+        outcome = ClientOutcome(tuple(rtts), 0, cpu() - cpu_start, counts, paths)
         stream.write_eof()
         tail = await asyncio.wait_for(stream.read(CHUNK), 10)
         if tail:
@@ -714,8 +897,21 @@ def run_kind(bench: Bench, kind: str, specs: Sequence[CaseSpec]) -> list[Row]:
         for side, record in zip(sides, samples, strict=True):
             sample = bench.trial(side, kind)
             record.append(sample)
+            calls = ""
+            if "client_all_per_rtt" in sample.detail:
+                calls = " syscalls/rtt " + " ".join(
+                    f"{role} {sample.detail.get(f'{role}_all_per_rtt', 0.0):.2f}"
+                    for role in ("client", "server")
+                )
+            if "client_path_calls" in sample.detail:
+                calls += " path calls " + " ".join(
+                    f"{role} {sample.detail.get(f'{role}_path_calls', 0.0):.0f}"
+                    f"/{sample.detail.get(f'{role}_calls', 0.0):.0f}"
+                    for role in ("client", "server")
+                )
             print(
-                f"{kind} round {index + 1}/{rounds} {side.label:>18}: {sample.value:9.1f} {unit}",
+                f"{kind} round {index + 1}/{rounds} {side.label:>18}: {sample.value:9.1f} {unit}"
+                + calls,
                 file=sys.stderr,
                 flush=True,
             )
@@ -856,6 +1052,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--pin", action="store_true", help="pin the server and the client to different CPUs"
     )
+    parser.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="round trips: count system calls per round trip and side with perf (JSON detail)",
+    )
+    parser.add_argument(
+        "--path-calls",
+        action="store_true",
+        help="round trips: count calls from each datagram received to the next send (slow; "
+        "JSON detail; compare the counts, not the times)",
+    )
     parser.add_argument("--profile", type=Path, help="cProfile one role of every trial here")
     parser.add_argument(
         "--profile-role", choices=("client", "server"), default="client", help="with --profile"
@@ -868,6 +1075,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = dataclasses.replace(config, bulk_bytes=args.bulk_mib * MIB)
     if args.like_for_like:
         config = dataclasses.replace(config, like_for_like=True)
+    global _counted_syscalls, _path_calls
+    _counted_syscalls = SYSCALLS if args.syscalls else ()
+    _path_calls = args.path_calls
     meta: dict[str, Any] = {
         "mode": config.mode,
         **machine_facts("benchmarks/quic_throughput.py", argv),

@@ -57,6 +57,12 @@ async def read_to_the_end(stream: AsyncioStream) -> None:
     raise AssertionError("the stream read as a clean EOF")
 
 
+async def read_into(stream: AsyncioStream, received: bytearray) -> None:
+    """Read until EOF, collecting the bytes (an error is what the callers expect)."""
+    while chunk := await stream.read(100):
+        received += chunk
+
+
 async def write_until_broken(stream: AsyncioStream, rounds: int = 400) -> None:
     """Keep writing (letting the loop run) until a write or drain fails."""
     for _ in range(rounds):
@@ -241,6 +247,61 @@ def test_peer_reset_and_stop_surface_as_errors() -> None:
                 await write_until_broken(opened)
             with pytest.raises(StreamClosedError):
                 await accepted.read(1)
+
+    run(main)
+
+
+def test_a_reset_arriving_with_the_last_bytes_still_reads_as_a_reset() -> None:
+    # The bytes before a reset can leave alone (a small write goes out from inside
+    # ``write``) and arrive in the same driver step as the RESET_STREAM and STOP_SENDING
+    # of ``abort``: the bytes complete the posted receive, and the endpoint reclaims the
+    # stream before the next receive is posted. The reader must still see the bytes, then
+    # the reset (from the stream's close event), never a lost connection.
+    async def main() -> None:
+        async with open_endpoint_pair() as (first, second):
+            for attempt in range(12):
+                opened, accepted = await connected_stream_pair(first, second)
+                opened.write(b"partial")
+                opened.abort(40 + attempt)
+                received = bytearray()
+                with pytest.raises(StreamResetError) as caught:
+                    await read_into(accepted, received)
+                assert caught.value.error_code == 40 + attempt
+                assert bytes(received) in (b"", b"partial")
+
+    run(main, timeout=20.0)
+
+
+def test_a_small_reply_leaves_from_inside_write_and_later_writes_are_batched() -> None:
+    # The inline driver sends the first small write of a woken task at once (the reply is
+    # on the path both peers wait on); further writes of the same step wait for the flush
+    # after the task's step, so that they still share datagrams.
+    async def main() -> None:
+        async with open_stream_pair() as (opened, accepted):
+            endpoint = accepted.connection.endpoint
+            for index in range(10):
+                message = f"ping {index}".encode()
+                opened.write(message)
+                request = await accepted.readexactly(len(message))
+                before = endpoint.statistics().datagrams_sent
+                accepted.write(request.upper())
+                assert endpoint.statistics().datagrams_sent == before + 1
+                accepted.write(b"!")
+                accepted.write(b"?")
+                assert endpoint.statistics().datagrams_sent == before + 1
+                reply = await opened.readexactly(len(message) + 2)
+                assert reply == message.upper() + b"!?"
+                await asyncio.sleep(0)
+                assert endpoint.statistics().datagrams_sent == before + 2
+            # Bulk writes are never sent from inside ``write`` (their batching matters).
+            before = endpoint.statistics().datagrams_sent
+            accepted.write(payload(64 * 1024, 3))
+            assert endpoint.statistics().datagrams_sent == before
+            assert await opened.readexactly(64 * 1024) == payload(64 * 1024, 3)
+            # The read-ahead the dispatch deferred is posted by the end of each cycle.
+            await asyncio.sleep(0.01)
+            assert accepted.core.posted
+            assert opened.core.posted
 
     run(main)
 

@@ -519,3 +519,36 @@ def test_a_send_on_an_idle_established_stream_reaches_the_engine_in_its_poll(
     assert bytes(got.data()) == b"helloworld"
     assert client.wait_op(receipt).outcome is SendOutcome.ACKNOWLEDGED  # type: ignore[union-attr]
     assert client.wait_op(later).outcome is SendOutcome.ACKNOWLEDGED  # type: ignore[union-attr]
+
+
+def test_held_ack_checks_complete_sends_only_at_a_poll_without_the_hold() -> None:
+    # ``hold_ack_checks`` (the inline driver sets it from a datagram's arrival until its
+    # reply left) postpones completing the sends a datagram acknowledged to the next poll
+    # without the hold: the same completion, later.
+    net, client, server, conn = _connected()
+    stream = client.open(conn)
+    endpoint = client.endpoint
+    endpoint.hold_ack_checks = True
+    sent = client.send(stream, b"hello")
+    incoming = server.incoming()
+    net.run_until(lambda: _engine_stream_state(client, stream) == (5, 0))
+
+    def held() -> bool:  # a call, so that the type checker does not narrow the property
+        return endpoint.acks_held
+
+    # The engine has the acknowledgement; the endpoint only noted the connection.
+    assert held()
+    net.run_for(0.01)
+    assert client.op(sent) is None
+    endpoint.hold_ack_checks = False
+    endpoint.poll(net.now)
+    client.drain()
+    assert not held()
+    assert client.op(sent) == SendCompletion(sent.operation, stream, 5, SendOutcome.ACKNOWLEDGED, 5)
+    # Without the hold nothing is noted: acknowledgements complete in the same poll.
+    again = client.send(stream, b"again")
+    net.run_until(lambda: client.op(again) is not None)
+    assert not held()
+    received = server.wait_op(server.receive(incoming, 64, min_bytes=10))
+    assert isinstance(received, ReceiveCompletion)
+    assert bytes(received.data()) == b"helloagain"

@@ -9,7 +9,8 @@ loop callbacks (``_InlineDriver``): a readable socket (``loop.add_reader`` on it
 registered once, or its receive waker), the channels' driver notifier and the endpoint's timer
 each run or schedule one ``EndpointDriver.step`` (drain the socket, feed every datagram, poll),
 whose completions are dispatched at once; the output is flushed once, after the tasks those
-completions woke had their turn. A lifecycle task only awaits the driver's end.
+completions woke had their turn (the first small write of such a task is flushed at once,
+from inside ``write``: see ``_InlineDriver``). A lifecycle task only awaits the driver's end.
 ``driver="thread"`` runs the same step on a dedicated thread (``chrysalis-quic-<pid>``, as the
 reference implementation does) and a pump task dispatches completions on the loop. Inline won
 the measurement that decided the default (``benchmarks/quic_driver_choice.py``: 16-byte
@@ -227,11 +228,20 @@ class _InlineDriver:
     in place, which then fires early once and re-arms for the real deadline. ``done`` resolves
     when the endpoint stopped (or fails with the driver's error); the endpoint's lifecycle
     task awaits it.
+
+    The path from a datagram to the reply it causes is what both peers of a request/response
+    exchange wait on, so work that the reply does not need waits until the reply left: the
+    first small write of a woken task is flushed from inside ``write`` (``write_through``),
+    and the read-aheads the dispatch would post (``EndpointCore.read_ahead_due``) and the
+    completion of sends the datagram acknowledged (``QuicEndpoint.hold_ack_checks``) follow
+    it, admitted by one poll (``EndpointDriver.admit``) before the next datagram is read.
     """
 
     __slots__ = (
+        "_busy",
         "_core",
         "_driver",
+        "_due",
         "_endpoint",
         "_fds",
         "_finishing",
@@ -244,6 +254,7 @@ class _InlineDriver:
         "_timer",
         "_timer_at",
         "_write_fd",
+        "_wrote",
         "done",
     )
 
@@ -266,6 +277,9 @@ class _InlineDriver:
         self._scheduled = False  # a _run is queued
         self._finishing = False  # a _finish is queued behind the tasks a dispatch woke
         self._more = False
+        self._busy = False  # a step, dispatch or flush of this driver is on the stack
+        self._due: list[StreamCore] = []  # ``core.read_ahead_due`` during a cycle
+        self._wrote = False  # a write went out through ``write_through`` this cycle
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = _NEVER
         self._write_fd: int | None = None
@@ -276,6 +290,7 @@ class _InlineDriver:
         for fd in self._fds:
             loop.add_reader(fd, self._run)
         self._notifier.kick = self.kick
+        self._core.write_through = self.write_through
         self.kick()
 
     def kick(self) -> None:
@@ -306,48 +321,125 @@ class _InlineDriver:
         self._drop_writer()
         self._run()
 
+    def write_through(self) -> None:
+        """Send a small write that was just admitted now, from inside ``write``.
+
+        Why: the woken task's reply otherwise waits for the queued ``_finish``, behind the
+        rest of the task's step (usually its next read: a receive to post, an event and a
+        future to build) and a loop callback. Sending it first takes that off the path from
+        the request to the reply, and both peers wait on that path. Once per cycle only
+        (more writes of the same step are batched by ``_finish`` as before), never from
+        the driver's own stack (a completion handler), never for bulk writes (the stream
+        calls this only for small ones). When the driver was idle (a write that no datagram
+        woke), a ``_finish`` is queued to admit the rest of the step and arm the timer,
+        unless a step is already queued.
+        """
+        if self._busy or self._wrote or self.done.done():
+            return
+        self._wrote = True
+        self._busy = True
+        try:
+            if not (self._finishing or self._scheduled):
+                self._finishing = True
+                self._more = False
+                self._loop.call_soon(self._finish)
+            notifier = self._notifier
+            notifier.flag = False
+            driver = self._driver
+            driver.flush()
+            # The reply left: now the acknowledgements the step held back and the deferred
+            # read-aheads (``admit`` polls them in).
+            endpoint = self._endpoint
+            endpoint.hold_ack_checks = False
+            if self._core.post_read_aheads_from(self._due) or endpoint.acks_held:
+                notifier.flag = False
+                driver.admit()
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            self._busy = False
+
     def _run(self) -> None:
         if self._finishing or self.done.done():
             return  # the queued _finish polls and flushes; it runs before any new I/O
         notifier = self._notifier
+        self._busy = True
         try:
             notifier.flag = False
             notifier.io = False
             driver = self._driver
+            endpoint = self._endpoint
+            # Sends that the datagrams acknowledge complete after the reply left (see
+            # ``QuicEndpoint.hold_ack_checks``; released by ``write_through`` or ``_finish``).
+            endpoint.hold_ack_checks = True
             more = driver.step(flush=False)
             # Set before dispatching: submissions the handlers make need no kick of their
             # own, the queued _finish polls them.
             self._finishing = True
-            self._seen = self._endpoint.emitted  # handlers never run the endpoint
-            if self._core.dispatch_ready():
+            self._seen = endpoint.emitted  # handlers never run the endpoint
+            core = self._core
+            # Read-aheads wait until the reply left (``write_through`` or ``_finish``).
+            core.read_ahead_due = self._due
+            dispatched = core.dispatch_ready()
+            if not dispatched:
+                # Nothing to answer (an acknowledgement alone, a timer): no reply to hurry.
+                endpoint.hold_ack_checks = False
+                if endpoint.acks_held:
+                    driver.admit()
+                    self._seen = endpoint.emitted
+                    dispatched = core.dispatch_ready()
+            if dispatched:
                 # Let the woken tasks answer first (see the class docstring).
                 self._more = more
                 self._loop.call_soon(self._finish)
                 return
+            core.read_ahead_due = None  # nothing was dispatched: nothing deferred
             self._finishing = False
             # Nothing ran since the step's own poll: nothing new to admit.
             driver.flush(poll=False)
             self._settle(more)
         except BaseException as exc:  # a bug: end the driver, report it from aclose
             self._fail(exc)
+        finally:
+            self._busy = False
 
     def _finish(self) -> None:
-        self._finishing = False
         if self.done.done():
+            self._finishing = False
             return
+        self._busy = True
         try:
             # The flush's poll admits what the woken tasks submitted: their notifications
-            # need no further step unless the poll stopped at a bound.
-            self._notifier.flag = False
-            self._driver.flush()
+            # need no further step unless the poll stopped at a bound. A write that went
+            # out through ``write_through`` already flushed everything up to it: flush
+            # again only if something was submitted since.
+            notifier = self._notifier
+            driver = self._driver
+            endpoint = self._endpoint
+            endpoint.hold_ack_checks = False
+            if not self._wrote or notifier.flag:
+                notifier.flag = False
+                driver.flush()
+            # The read-aheads deferred since the dispatch (``_finishing`` still suppresses
+            # the kick of their notifications: ``admit`` admits them).
+            core = self._core
+            core.read_ahead_due = None
+            if core.post_read_aheads_from(self._due) or endpoint.acks_held:
+                notifier.flag = False
+                driver.admit()
+            self._finishing = False
             self._settle(self._more)
         except BaseException as exc:
+            self._finishing = False
             self._fail(exc)
+        finally:
+            self._busy = False
 
     def _settle(self, more: bool) -> None:
         core = self._core
         notifier = self._notifier
         endpoint = self._endpoint
+        self._wrote = False  # the cycle ends: the next one may write through again
         if endpoint.backlogged:
             notifier.flag = True  # the last poll stopped at a bound: poll again
         emitted = endpoint.emitted
@@ -410,6 +502,13 @@ class _InlineDriver:
     def close(self) -> None:
         """Unregister every callback (idempotent); queued callbacks then do nothing."""
         self._notifier.kick = None
+        core = self._core
+        core.write_through = None
+        core.read_ahead_due = None  # streams post their own receives again (moot now)
+        self._endpoint.hold_ack_checks = False
+        for stream in self._due:
+            stream.ahead_due = False
+        self._due.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

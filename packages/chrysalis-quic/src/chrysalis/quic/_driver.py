@@ -158,6 +158,9 @@ DEFAULT_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 """Bytes ``write`` may hold locally (not yet admitted) before it raises."""
 _MAX_SEND_CHUNK: Final = 1024 * 1024
 _DIRECT_SEND: Final = 16 * 1024
+_WRITE_THROUGH_MAX: Final = 1024
+"""The largest write an inline driver may send from inside ``write`` (one small message: a
+request or a reply, never bulk data, whose batching is worth more than a loop callback)."""
 _LONE_STEPS: Final = 4  # steps with one lone datagram before receiving one at a time
 _LONE_RECHECK: Final = 8  # then every 8th step drains fully again
 _LONE_LIMIT: Final = 1 << 20  # the counter wraps back to _LONE_STEPS here
@@ -603,6 +606,25 @@ class EndpointDriver:
             return
         with lock:
             self._flush_step(poll)
+
+    def admit(self) -> None:
+        """Admit new submissions (a poll) and flush only if that gave an engine something to
+        send (a posted receive can complete at once from buffered bytes, and consuming them
+        may open the peer's window): ``flush`` without its usually empty second half."""
+        lock = self._lock
+        if lock is None:
+            self._admit()
+            return
+        with lock:
+            self._admit()
+
+    def _admit(self) -> None:
+        now = self._clock()
+        endpoint = self._endpoint
+        endpoint.poll(now)
+        if endpoint.has_output:
+            self._flush(now)
+            self._deadline = endpoint.get_timer()
 
     def _flush_step(self, poll: bool) -> None:
         now = self._clock()
@@ -1110,6 +1132,7 @@ class StreamCore:
     __slots__ = (
         "__weakref__",
         "aborted",
+        "ahead_due",
         "blocked",
         "cancellation",
         "chunks",
@@ -1162,6 +1185,7 @@ class StreamCore:
         self.reclaimed = False
         self.blocked = False
         self.aborted = False
+        self.ahead_due = False  # queued in ``core.read_ahead_due``
         self.cancellation: OperationCancellation | None = None
         self.facade: object | None = None
 
@@ -1234,6 +1258,16 @@ class StreamCore:
         if core.posted_receives < core.read_ahead_slots:
             self.post_receive()
 
+    def _read_ahead(self) -> None:
+        """``_maybe_read_ahead`` now, or after the inline driver's flush while it defers
+        read-aheads (see ``EndpointCore.read_ahead_due``)."""
+        due = self.core.read_ahead_due
+        if due is None:
+            self._maybe_read_ahead()
+        elif not self.ahead_due:
+            self.ahead_due = True
+            due.append(self)
+
     def take(self, max_bytes: int) -> bytes:
         """Remove and return up to ``max_bytes`` buffered bytes (at least one is buffered)."""
         chunks = self.chunks
@@ -1252,7 +1286,7 @@ class StreamCore:
             self.head = head + max_bytes
         self.rlen -= len(taken)
         if not self.posted:
-            self._maybe_read_ahead()
+            self._read_ahead()
         return taken
 
     def take_buffered(self, count: int) -> bytes:
@@ -1409,7 +1443,7 @@ class StreamCore:
             self.rlen += len(buffer)
         if status is ReceiveStatus.DATA:
             if self.rwait is not None or self.rlen < self.core.options.read_ahead:
-                self._maybe_read_ahead()
+                self._read_ahead()
         elif status is ReceiveStatus.FIN:
             self._terminate_receive(_RX_FIN)
         elif status is ReceiveStatus.RESET:
@@ -1451,6 +1485,10 @@ class StreamCore:
                     pass
                 else:
                     self.in_flight += size
+                    if size <= _WRITE_THROUGH_MAX:
+                        hook = core.write_through
+                        if hook is not None:
+                            hook()
                     return
         size = len(data) if not isinstance(data, memoryview) else data.nbytes
         if not size:
@@ -1690,9 +1728,17 @@ class StreamCore:
 
     def on_closed(self, completion: StreamClosed) -> None:
         self.reclaimed = True
-        if self.rstate == _RX_OPEN or self.rstate == _RX_CLOSING:
-            # OPEN cannot happen (reclaim needs a terminal receive half); CLOSING: the stream
-            # is gone before its connection (no codes to wait for).
+        state = self.rstate
+        if state == _RX_OPEN and completion.peer_reset_code is not None:
+            # The peer reset the stream while no receive of ours was posted (its bytes and
+            # the reset arrived in one step, after the receive before them completed): the
+            # reset reaches the reader through this event instead of a receive.
+            self.reset_code = completion.peer_reset_code
+            self.rstate = _RX_RESET
+        elif state in (_RX_OPEN, _RX_CLOSING):
+            # OPEN otherwise means the endpoint ended the receive half without telling a
+            # receive; CLOSING: the stream is gone before its connection (no codes to wait
+            # for).
             self.rstate = _RX_LOST
         if self.werror is None and (self.pending or self.eof != _EOF_SENT):
             # The endpoint ended the send half without our FIN: the peer stopped reading.
@@ -1813,6 +1859,7 @@ class EndpointCore:
         "on_established",
         "options",
         "posted_receives",
+        "read_ahead_due",
         "read_ahead_slots",
         "refused_streams",
         "routing_pid",
@@ -1822,6 +1869,7 @@ class EndpointCore:
         "streams",
         "submitter",
         "unknown_completions",
+        "write_through",
     )
 
     def __init__(
@@ -1845,6 +1893,16 @@ class EndpointCore:
         self.link_accepts = _AcceptQueue(self, options.accept_backlog, options.peer_accept_backlog)
         self.posted_receives = 0
         self.read_ahead_slots = max(1, channels.credits.capacity // 2)
+        # Two hooks of the asyncio inline driver (None elsewhere), both to shorten the path
+        # from a datagram to the reply it causes. ``read_ahead_due`` (a list only from a
+        # step's dispatch to the end of its flush): streams whose read-ahead receive would
+        # be posted now (by the dispatch, or by a read that took buffered bytes); the
+        # driver posts them with ``post_read_aheads_from`` once its flush sent the reply, before
+        # the next datagram can arrive. ``write_through``: called after a small write was
+        # admitted (not from a completion handler's stack: the driver checks); the driver
+        # may flush it at once.
+        self.read_ahead_due: list[StreamCore] | None = None
+        self.write_through: Callable[[], None] | None = None
         self.deferred: deque[tuple[str, Any, int]] = deque()
         self.refused_streams = 0
         self.unknown_completions = 0
@@ -1897,6 +1955,19 @@ class EndpointCore:
         if total:
             self._retry()
         return total
+
+    def post_read_aheads_from(self, due: list[StreamCore]) -> bool:
+        """Post the read-aheads deferred to ``due`` (a ``read_ahead_due`` list) and empty
+        it; True if any receive was submitted."""
+        if not due:
+            return False
+        before = self.posted_receives
+        for stream in due:
+            stream.ahead_due = False
+            if not stream.posted:
+                stream._maybe_read_ahead()
+        due.clear()
+        return self.posted_receives != before
 
     def _retry(self) -> None:
         deferred = self.deferred

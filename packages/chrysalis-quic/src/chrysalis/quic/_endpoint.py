@@ -535,6 +535,7 @@ class QuicEndpoint:
     """
 
     __slots__ = (
+        "_acks_held",
         "_active",
         "_backlogged",
         "_channels",
@@ -567,6 +568,7 @@ class QuicEndpoint:
         "_timers",
         "_wall_offset",
         "emitted",
+        "hold_ack_checks",
     )
 
     def __init__(
@@ -619,6 +621,13 @@ class QuicEndpoint:
         # a driver that saw it unchanged since its last dispatch has nothing to dispatch.
         # Read-only for callers.
         self.emitted = 0
+        # While a driver sets ``hold_ack_checks``, a datagram that may acknowledge stream data
+        # only records its connection here; the first ``poll`` without the hold checks its
+        # sending streams. Why: the inline driver holds them from a datagram's arrival until
+        # the reply it causes has left, so that completing the sends it acknowledged is no
+        # longer on the path from request to reply (both peers wait on that path).
+        self.hold_ack_checks = False
+        self._acks_held: dict[_Connection, None] = {}
         self._active: dict[_Connection, None] = {}
         self._reap: list[_Connection] = []
         self._outbox: list[tuple[bytes, DatagramAddr]] = []
@@ -852,6 +861,9 @@ class QuicEndpoint:
         self._drain_events(conn, now)
         if conn.sending and conn.state is _Conn.ESTABLISHED:
             # Acknowledgements may have arrived: completions and room for more data.
+            if self.hold_ack_checks:
+                self._acks_held[conn] = None
+                return
             for stream in conn.sending:
                 stream.ack_check = True
                 self._mark(conn, stream)
@@ -970,6 +982,9 @@ class QuicEndpoint:
             self._drain_events(conn, now)
             if conn.sending and conn.state is _Conn.ESTABLISHED:
                 # An engine may learn on a timer that bytes were acknowledged (qh3 does).
+                if self.hold_ack_checks:
+                    self._acks_held[conn] = None
+                    continue
                 for stream in conn.sending:
                     stream.ack_check = True
                     self._mark(conn, stream)
@@ -1172,6 +1187,8 @@ class QuicEndpoint:
         new work is taken (the application must consume completions first)."""
         if self._state is EndpointState.STOPPED:
             return
+        if self._acks_held and not self.hold_ack_checks:
+            self._check_held_acks()
         if self._staged:
             self._flush_staged()
         submissions = self._channels.submissions
@@ -1205,6 +1222,29 @@ class QuicEndpoint:
             self._state = EndpointState.STOPPED
             self.emitted += 1
             self._channels.completion_sender.close()
+
+    @property
+    def acks_held(self) -> bool:
+        """Whether datagrams arrived under ``hold_ack_checks`` whose acknowledgements the
+        next poll without the hold must check."""
+        return bool(self._acks_held)
+
+    @property
+    def has_output(self) -> bool:
+        """Whether ``datagrams_to_send`` may return anything (a connection was touched
+        since the last call, or a Retry or stateless packet is queued)."""
+        return bool(self._dirty or self._outbox)
+
+    def _check_held_acks(self) -> None:
+        held = self._acks_held
+        self._acks_held = {}
+        conns = self._conns
+        for conn in held:
+            if conns.get(conn.ref) is not conn or conn.state is not _Conn.ESTABLISHED:
+                continue
+            for stream in conn.sending:
+                stream.ack_check = True
+                self._mark(conn, stream)
 
     def _submit(self, item: EndpointSubmission[QuicCommand], now: float) -> None:
         if isinstance(item, CommandSubmission):
@@ -1658,6 +1698,7 @@ class QuicEndpoint:
         self._stale.pop(conn, None)
         self._timers.pop(conn, None)
         self._active.pop(conn, None)
+        self._acks_held.pop(conn, None)
         for cid in conn.cids:
             if self._routes.get(cid) is conn:
                 del self._routes[cid]
