@@ -41,6 +41,7 @@ Usage::
     .venv/bin/python benchmarks/quic_throughput.py --like-for-like   # baseline's packet settings
     .venv/bin/python benchmarks/quic_throughput.py --syscalls --json out.json  # + perf counts
     .venv/bin/python benchmarks/quic_throughput.py --path-calls --json out.json  # see below
+    .venv/bin/python benchmarks/quic_throughput.py --path-calls --path-dump dump/  # + names
     .venv/bin/python benchmarks/quic_throughput.py --write-readme  # refresh the package README
 
 The table goes to stdout as Markdown, progress to stderr. Linux only (forked children). Every
@@ -436,23 +437,39 @@ class _PathCounter:
     ACKs) fire where they would not: compare calls, never the times of such a run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dump: Path | None = None) -> None:
         self.calls = 0
         self.mark: int | None = None
         self.paths: list[int] = []
+        # ``--path-dump``: the names of the calls of every path (bounded: at most
+        # ``_PATH_DUMP_LIMIT`` paths of at most ``_PATH_DUMP_CALLS`` names each).
+        self.dump = dump
+        self.names: list[str] = []
+        self.named: list[list[str]] = []
 
     def profile(self, frame: object, event: str, arg: object) -> None:
         if event == "call" or event == "c_call":
             self.calls += 1
+            if self.dump is not None and self.mark is not None:
+                names = self.names
+                if len(names) < _PATH_DUMP_CALLS:
+                    if event == "call":
+                        code = frame.f_code  # type: ignore[attr-defined]
+                        names.append(f"{Path(code.co_filename).name}:{code.co_name}")
+                    else:
+                        names.append(f"C:{getattr(arg, '__qualname__', arg)}")
 
     def received(self) -> None:
         if self.mark is None:
             self.mark = self.calls
+            self.names = []
 
     def sending(self) -> None:
         if self.mark is not None:
             self.paths.append(self.calls - self.mark)
             self.mark = None
+            if self.dump is not None and len(self.named) < _PATH_DUMP_LIMIT:
+                self.named.append(self.names)
 
     def install(self) -> None:
         from asyncio.selector_events import _SelectorDatagramTransport  # type: ignore[attr-defined]
@@ -489,16 +506,25 @@ class _PathCounter:
         paths = sorted(self.paths[len(self.paths) // 5 :])  # after the warm-up
         if not paths:
             return {}
+        if self.dump is not None:
+            named = sorted(self.named[len(self.named) // 5 :], key=len)
+            if named:
+                # The median path by length, one call a line (``C:`` marks a builtin).
+                out = self.dump / f"path-calls.{os.getpid()}.txt"
+                out.write_text("\n".join(named[len(named) // 2]) + "\n")
         return {"path_calls": median([float(p) for p in paths]), "calls": self.calls / messages}
 
 
 _path_calls = False  # set by ``main`` before any fork (children inherit)
+_path_dump: Path | None = None  # ``--path-dump``, likewise
+_PATH_DUMP_LIMIT = 4096  # paths kept for ``--path-dump``
+_PATH_DUMP_CALLS = 4096  # names kept per path
 
 
 def _path_counter() -> _PathCounter | None:
     if not _path_calls:
         return None
-    counter = _PathCounter()
+    counter = _PathCounter(_path_dump)
     counter.install()
     return counter
 
@@ -1063,6 +1089,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="round trips: count calls from each datagram received to the next send (slow; "
         "JSON detail; compare the counts, not the times)",
     )
+    parser.add_argument(
+        "--path-dump",
+        type=Path,
+        help="with --path-calls: write each process's median path, one call name a line, "
+        "to DIR/path-calls.PID.txt",
+    )
     parser.add_argument("--profile", type=Path, help="cProfile one role of every trial here")
     parser.add_argument(
         "--profile-role", choices=("client", "server"), default="client", help="with --profile"
@@ -1075,9 +1107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = dataclasses.replace(config, bulk_bytes=args.bulk_mib * MIB)
     if args.like_for_like:
         config = dataclasses.replace(config, like_for_like=True)
-    global _counted_syscalls, _path_calls
+    global _counted_syscalls, _path_calls, _path_dump
     _counted_syscalls = SYSCALLS if args.syscalls else ()
     _path_calls = args.path_calls
+    if args.path_dump is not None:
+        if not args.path_calls:
+            parser.error("--path-dump needs --path-calls")
+        args.path_dump.mkdir(parents=True, exist_ok=True)
+        _path_dump = args.path_dump
     meta: dict[str, Any] = {
         "mode": config.mode,
         **machine_facts("benchmarks/quic_throughput.py", argv),

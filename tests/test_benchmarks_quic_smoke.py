@@ -27,6 +27,7 @@ from benchmarks.quic_throughput import (  # noqa: E402
     Row,
     Sample,
     ServerOutcome,
+    _PathCounter,
     markdown_table,
     reduce_trial,
     write_readme_section,
@@ -145,3 +146,22 @@ def test_readme_section_is_appended_once_then_replaced_in_place(tmp_path: Path) 
         "# pkg\n\nintro\n\n## Usage\n\ntext\n\n## Benchmark\n\nsecond\n\n## Later\n\nkept\n"
     )
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temporary left behind
+
+
+def test_path_dump_writes_the_median_path_by_name(tmp_path: Path) -> None:
+    # ``--path-dump``: the counter keeps the names of each path's calls and writes the median
+    # one (by length, after the first fifth as warm-up); calls outside a path are not named.
+    counter = _PathCounter(tmp_path)
+    frame = sys._getframe()
+    for length in (9, 1, 3, 2, 5):  # the first is warm-up; median of [1, 2, 3, 5] is 3
+        counter.profile(frame, "c_call", len)  # before the receipt: not on a path
+        counter.received()
+        for _ in range(length):
+            counter.profile(frame, "call", None)
+        counter.profile(frame, "c_call", len)
+        counter.sending()
+    result = counter.stop(messages=5)
+    assert result["path_calls"] == 3.5  # each path plus its builtin: [2, 3, 4, 6]
+    (dump,) = tmp_path.iterdir()
+    name = f"{Path(__file__).name}:test_path_dump_writes_the_median_path_by_name"
+    assert dump.read_text().splitlines() == [name] * 3 + ["C:len"]
