@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/sqlite_capture.py [--quick] [--smoke] [--case NAME] [--json OUT]
-                                        [--write-readme]
+                                        [--write-readme] [--clock {auto,cpu,wall}]
 
 Every case runs the same inserts two ways, alternately (``A B A B ...``, see
 ``benchmarks/_common.py``), each trial on a fresh database:
@@ -23,11 +23,26 @@ Every case runs the same inserts two ways, alternately (``A B A B ...``, see
   write transaction), the **total**.
 
 The rows are the shared-chalkboard schema ``(id TEXT PRIMARY KEY, author TEXT, message TEXT)``
-with a 43-character message. A trial runs whole transactions until ``seconds`` have passed and
-counts the rows; rate = rows / elapsed time. The headline number is the **slowdown**, the ratio
-of the median rates (plain median / captured median); the table also shows the min-max of the
-per-round slowdowns (the noise). Target: captured at most 1.5x slower. No network is involved;
-replication throughput across processes is a separate benchmark.
+with a 43-character message. A trial runs whole transactions until ``seconds`` have passed on
+its clock and counts the rows; rate = rows / elapsed time on that clock. The headline number is
+the **slowdown**, the ratio of the median rates (plain median / captured median); the table
+also shows the min-max of the per-round slowdowns (the noise). Target: captured at most 1.5x
+slower. No network is involved; replication throughput across processes is a separate
+benchmark.
+
+Which clock (``--clock``, default ``auto``): both sides of a ``memory-*`` case are pure
+in-process CPU work, so their trials are timed in **process CPU time**
+(``time.process_time``): wall time there also counts the time the process was descheduled by
+other jobs on a shared machine. ``file-*`` cases are timed in **wall time**, since waiting for
+``fsync`` is a real cost of a durable commit that CPU time would hide. Both sides of a case
+always use the same clock, in the same way (the baseline's code is the same whichever clock);
+every trial also records the other clock (``wall_s`` / ``cpu_s`` in the JSON), and ``--clock
+cpu`` / ``--clock wall`` time every case on one clock, to compare. Measured on the same
+trials (2026-12-01, busy 2-core machine): CPU time removes the descheduled stretches (the
+upsert case's per-round slowdowns 0.96-1.94 in CPU time, 0.75-2.11 on the wall) but not the
+rest of the noise, which is the CPU's own throughput under other jobs (the plain baseline's
+rate still ranged 189k-353k rows/s in CPU time). Instruction counts (callgrind) are the
+steady measure; see the package README.
 
 Cases:
 
@@ -63,7 +78,7 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -111,9 +126,19 @@ class Config:
     budget_s: float
 
 
+# Why not more and shorter trials in the same time: tried (40 rounds of 0.2 s against 20 of
+# 0.4 s, 2026-12-01, same tree, busy 2-core machine), the interquartile range of the per-round
+# slowdowns did not narrow (memory-batch-100 1.28-1.52 against 1.27-1.51, the upsert case
+# 1.42-1.76 against 1.23-1.56) and the extremes widened
 FULL: Final = Config(rounds=20, seconds=0.4, budget_s=40.0)
 QUICK: Final = Config(rounds=6, seconds=0.25, budget_s=10.0)
 SMOKE: Final = Config(rounds=1, seconds=0.03, budget_s=1.0)
+
+Clock = Callable[[], float]
+"""What a trial is timed with (``time.perf_counter`` or ``time.process_time``)."""
+
+CLOCKS: Final[dict[str, Clock]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""The clocks by name (``--clock``)."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +173,43 @@ CASES: Final = (
 )
 
 
-def _trial(rows: int, seconds: float) -> Trial:
-    return Trial(counted=rows, seconds=seconds, received=rows, sent=rows)
+def clock_name(case: Case, choice: str) -> str:
+    """The clock of ``case`` for ``--clock choice``: ``auto`` is CPU time in memory, wall time
+    on a file (``fsync`` waits are a real cost)."""
+    if choice == "auto":
+        return "wall" if case.on_file else "cpu"
+    return choice
+
+
+class Timer:
+    """Times one trial on its clock (``timed``) and on the other (``other``), with pauses
+    (untimed work) taken out of both; ``trial`` makes the record. The same for both sides."""
+
+    def __init__(self, timed: Clock, other: Clock) -> None:
+        self.timed = timed
+        self._other = other
+        self.start = timed()
+        self._other_start = other()
+        self._paused_other = 0.0
+
+    def pause(self, started: float, other_started: float) -> float:
+        """Take the time since ``started`` (on the timed clock; ``other_started`` on the other)
+        out of the trial; returns the paused time on the timed clock."""
+        paused = self.timed() - started
+        self._paused_other += self._other() - other_started
+        self.start += paused
+        return paused
+
+    def trial(self, rows: int, now: float) -> tuple[Trial, float]:
+        """The trial ending at ``now`` (timed clock) and its length on the other clock."""
+        other = self._other() - self._other_start - self._paused_other
+        return Trial(counted=rows, seconds=now - self.start, received=rows, sent=rows), other
+
+
+def _clocks(name: str) -> tuple[Clock, Clock]:
+    """The timed clock named ``name`` and the other one."""
+    other = "cpu" if name == "wall" else "wall"
+    return CLOCKS[name], CLOCKS[other]
 
 
 def _database(folder: str, case: Case, side: str, counter: list[int]) -> str:
@@ -159,29 +219,33 @@ def _database(folder: str, case: Case, side: str, counter: list[int]) -> str:
     return os.path.join(folder, f"{case.name}-{side}-{counter[0]}.sqlite")
 
 
-def plain_trial(path: str, case: Case, seconds: float) -> Trial:
-    """Plain ``sqlite3`` inserts for ``seconds``; returns the rows and the elapsed time."""
+def plain_trial(path: str, case: Case, seconds: float, timing: str = "wall") -> tuple[Trial, float]:
+    """Plain ``sqlite3`` inserts for ``seconds`` on the clock ``timing``; returns the rows and the
+    elapsed time on that clock, and the elapsed time on the other clock."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute(CHALKBOARD.create_sql)
         rows = 0
         per = case.per_transaction
-        start = time.perf_counter()
-        deadline = start + seconds
+        timed, other = _clocks(timing)
+        timer = Timer(timed, other)
+        deadline = timer.start + seconds
         while True:
             conn.execute("BEGIN")
             for _ in range(per):
                 conn.execute(INSERT, (f"note-{rows}", "alice", MESSAGE))
                 rows += 1
             conn.execute("COMMIT")
-            now = time.perf_counter()
+            now = timed()
             if now >= deadline:
-                return _trial(rows, now - start)
+                return timer.trial(rows, now)
     finally:
         conn.close()
 
 
-def captured_trial(path: str, case: Case, seconds: float) -> Trial:
+def captured_trial(
+    path: str, case: Case, seconds: float, timing: str = "wall"
+) -> tuple[Trial, float]:
     """The same inserts through ``Replica.transaction`` with a capture per row (and, for a
     ``+fold`` case, a fold of the clock entries after every transaction)."""
     replica = Replica(path, [CHALKBOARD])
@@ -189,8 +253,9 @@ def captured_trial(path: str, case: Case, seconds: float) -> Trial:
         rows = 0
         transactions = 0
         per = case.per_transaction
-        start = time.perf_counter()
-        deadline = start + seconds
+        timed, other = _clocks(timing)
+        timer = Timer(timed, other)
+        deadline = timer.start + seconds
         while True:
             with replica.transaction() as tx:
                 if case.use_upsert:
@@ -209,19 +274,19 @@ def captured_trial(path: str, case: Case, seconds: float) -> Trial:
             elif transactions % REPLICATOR_EVERY == 0:
                 # the commit path: a replicator folds off the application's path (below the
                 # replica's pending bound, so no commit folds); untimed here
-                pause = time.perf_counter()
+                pause, other_pause = timed(), other()
                 replica._fold_all()
-                paused = time.perf_counter() - pause
-                start += paused
-                deadline += paused
-            now = time.perf_counter()
+                deadline += timer.pause(pause, other_pause)
+            now = timed()
             if now >= deadline:
-                return _trial(rows, now - start)
+                return timer.trial(rows, now)
     finally:
         replica.close()
 
 
-def metadata_only_trial(path: str, case: Case, seconds: float) -> Trial:
+def metadata_only_trial(
+    path: str, case: Case, seconds: float, timing: str = "wall"
+) -> tuple[Trial, float]:
     """The floor: plain inserts plus the statements a commit runs, nothing else (with the
     package's own statements from ``chrysalis.sqlite._sql``): the clock update, the aggregate
     query over the keys as JSON (prepared in advance) joined with the table (which also reads
@@ -243,19 +308,18 @@ def metadata_only_trial(path: str, case: Case, seconds: float) -> Trial:
         # machine outruns them)
         prepared: list[str] = []
         rows = 0
-        start = time.perf_counter()
-        deadline = start + seconds
+        timed, other = _clocks(timing)
+        timer = Timer(timed, other)
+        deadline = timer.start + seconds
         while True:
             if rows // per >= len(prepared):
-                pause = time.perf_counter()
+                pause, other_pause = timed(), other()
                 first = len(prepared)
                 prepared += [
                     json.dumps([f"note-{i}" for i in range(t * per, (t + 1) * per)])
                     for t in range(first, first + 50)
                 ]
-                paused = time.perf_counter() - pause
-                start += paused
-                deadline += paused
+                deadline += timer.pause(pause, other_pause)
             keys = prepared[rows // per]
             conn.execute("BEGIN")
             for _ in range(per):
@@ -267,25 +331,34 @@ def metadata_only_trial(path: str, case: Case, seconds: float) -> Trial:
             version = conn.execute(clock.measure_values, (keys, 1)).fetchone()[2]
             conn.execute(_sql.INSERT_VERSION, (1, version, CHALKBOARD.table, keys))
             conn.execute("COMMIT")
-            now = time.perf_counter()
+            now = timed()
             if now >= deadline:
-                return _trial(rows, now - start)
+                return timer.trial(rows, now)
     finally:
         conn.close()
 
 
-def run_case(case: Case, config: Config, folder: str) -> CaseResult:
-    """Alternate plain and captured trials of ``case``; every trial gets a fresh database."""
+def run_case(case: Case, config: Config, folder: str, clock: str = "auto") -> CaseResult:
+    """Alternate plain and captured trials of ``case``; every trial gets a fresh database.
+    Both sides are timed on the same clock (``clock_name(case, clock)``)."""
     counter = [0]
+    name = clock_name(case, clock)
+    other_seconds: dict[str, list[float]] = {"plain": [], "captured": []}
 
     def baseline() -> Trial:
-        return plain_trial(_database(folder, case, "plain", counter), case, config.seconds)
+        path = _database(folder, case, "plain", counter)
+        trial, other = plain_trial(path, case, config.seconds, name)
+        other_seconds["plain"].append(other)
+        return trial
 
     def candidate() -> Trial:
         path = _database(folder, case, "captured", counter)
         if case.metadata_only:
-            return metadata_only_trial(path, case, config.seconds)
-        return captured_trial(path, case, config.seconds)
+            trial, other = metadata_only_trial(path, case, config.seconds, name)
+        else:
+            trial, other = captured_trial(path, case, config.seconds, name)
+        other_seconds["captured"].append(other)
+        return trial
 
     base, cand = alternate(baseline, candidate, config.rounds, budget_s=config.budget_s)
     if case.metadata_only:
@@ -303,7 +376,14 @@ def run_case(case: Case, config: Config, folder: str) -> CaseResult:
         1 / TARGET_SLOWDOWN,
         baseline=base,
         candidate=cand,
-        extra={"rows_per_transaction": case.per_transaction, "file": case.on_file},
+        extra={
+            "rows_per_transaction": case.per_transaction,
+            "file": case.on_file,
+            "clock": name,
+            # each trial's length on the other clock, in order (``cpu_s`` when timed on the
+            # wall, ``wall_s`` when timed in CPU time)
+            f"{'wall' if name == 'cpu' else 'cpu'}_s": other_seconds,
+        },
     )
 
 
@@ -348,12 +428,16 @@ def markdown(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
         f"({meta['mode']} run, {machine_line(meta)}, "
         f"SQLite {meta['sqlite']}, database files on {meta['filesystem']}). Plain `sqlite3` "
         "inserts and captured inserts through `Replica.transaction()` alternate (A B A B), "
-        "each trial on a fresh database; the slowdown is the ratio of the median rates. "
+        f"each trial ({meta['config']['seconds']} s) on a fresh database; the slowdown is the "
+        "ratio of the median rates. Clock: both sides of a case are timed on the same clock, "
+        "process CPU time (`cpu`) for the in-memory cases (pure CPU work: wall time would also "
+        "count the time other jobs held the CPU) and wall time (`wall`) on files (`fsync` "
+        "waits are a real cost). "
         f"Target: captured at most {TARGET_SLOWDOWN}x slower.",
         "",
-        "| case | rows per transaction | plain rows/s (median) | captured rows/s (median) "
+        "| case | rows per transaction | clock | plain rows/s (median) | captured rows/s (median) "
         "| slowdown (ratio of medians) | per-round slowdown min-max | met? | rounds |",
-        "|---|---:|---:|---:|---:|---:|:---:|---:|",
+        "|---|---:|:---:|---:|---:|---:|---:|:---:|---:|",
     ]
     for r in results:
         per_round = [1 / x for x in r.pair_ratios if x > 0]
@@ -366,7 +450,8 @@ def markdown(results: Sequence[CaseResult], meta: dict[str, Any]) -> str:
             met = "yes" if s <= TARGET_SLOWDOWN else "**no**"
         lines.append(
             f"| {r.name} ({r.candidate_label}) | {r.extra['rows_per_transaction']} "
-            f"| {_rate(r.baseline_median)} | {_rate(r.candidate_median)} | {s:.2f}x "
+            f"| {r.extra['clock']} | {_rate(r.baseline_median)} | {_rate(r.candidate_median)} "
+            f"| {s:.2f}x "
             f"| {min(per_round):.2f}-{max(per_round):.2f} | {met} | {len(per_round)} |"
         )
     lines += ["", *_COST_NOTE, ""]
@@ -383,6 +468,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases=[c.name for c in CASES],
         readme="replace the capture subsection of the package README's benchmark section",
     )
+    parser.add_argument(
+        "--clock",
+        choices=("auto", *CLOCKS),
+        default="auto",
+        help="what the trials are timed with: auto (CPU time in memory, wall time on a file), "
+        "or one clock for every case",
+    )
     args = parser.parse_args(argv)
     check_cases(parser, args.case, [c.name for c in CASES])
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -395,11 +487,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sqlite": sqlite3.sqlite_version,
             "filesystem": filesystem_of(folder),
             "config": {"rounds": config.rounds, "seconds": config.seconds},
+            "clock": args.clock,
         }
         results: list[CaseResult] = []
         for case in cases:
             print(f"running {case.name} ...", file=sys.stderr, flush=True)
-            results.append(run_case(case, config, folder))
+            results.append(run_case(case, config, folder, args.clock))
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
     section = markdown(results, meta)
     print(section)
