@@ -27,6 +27,12 @@ client adopts):
   cut) counts as the death of every worker of that host. The daemon, in turn, SIGKILLs the
   workers of a lost client at once, and the workers watch the daemon through a stdin pipe
   (``--exit-with-stdin``): no worker outlives its host daemon or its client.
+- ``spawn_procs`` options: ``Spawn`` may carry each worker's ``bootstrap_command``
+  (``WorkerCommand``) and numactl options; the daemon starts the worker with them exactly as the
+  client starts local ones (``_host.exec_spec``), resolving ``numactl`` on its own host. Running
+  a client's command grants the client nothing new: it is authenticated (mutual TLS, same
+  cluster CA) and can already run any code in the workers the daemon starts for it. The daemon
+  still checks their bounds and shape (``spawn_problem``) and answers ``SpawnFailed``.
 - Lifecycle (release notes 0.2.0): ``HostMesh.stop()`` stops the procs and keeps the session
   (the handle stays usable); ``shutdown()`` stops the procs, then the daemon ends its loop;
   ``kill()`` makes the daemon SIGKILL its workers and return from its loop at once. A client
@@ -42,6 +48,8 @@ import contextlib
 import itertools
 import logging
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,10 +63,12 @@ import msgspec
 from monarch.actor._future import Future
 from monarch.actor._host import (
     SPAWN_TIMEOUT,
+    BootstrapCommand,
     ClientNodeLayer,
     HostMesh,
     WorkerGroup,
     _describe_exit,
+    exec_spec,
     forward_output,
     read_worker_pids,
     source_ip_toward,
@@ -73,6 +83,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTACH_PROTOCOL",
+    "MAX_COMMAND_ARGS",
+    "MAX_COMMAND_BYTES",
+    "MAX_COMMAND_ENV",
     "MAX_HOST_PROCS",
     "MAX_SESSION_FRAME",
     "PROTOCOL_VERSION",
@@ -92,11 +105,13 @@ __all__ = [
     "SpawnFailed",
     "Spawned",
     "Welcome",
+    "WorkerCommand",
     "WorkerDaemon",
     "attach_to_workers",
     "encode_message",
     "run_worker_loop_forever",
     "spawn_on_hosts",
+    "spawn_problem",
 ]
 
 #: The link-local protocol id of a host session (16 bytes).
@@ -109,6 +124,16 @@ MAX_SESSION_FRAME: Final = 1 << 20
 MAX_HOSTS: Final = 1024
 #: Most workers one worker loop runs at once.
 MAX_HOST_PROCS: Final = 4096
+#: Most arguments of one worker's ``bootstrap_command``.
+MAX_COMMAND_ARGS: Final = 256
+#: Most environment changes of one worker's ``bootstrap_command``.
+MAX_COMMAND_ENV: Final = 256
+#: Most bytes (UTF-8) of one worker's ``bootstrap_command``: program, arg0, args, env.
+MAX_COMMAND_BYTES: Final = 64 * 1024
+#: The numactl options a ``Spawn`` may carry (``--KEY=VALUE``, one per ``proc_bind`` key).
+_NUMACTL_OPTION: Final = re.compile(
+    r"--(cpunodebind|membind|physcpubind)=[0-9A-Za-z,.\-+!:]{1,256}"
+)
 #: Seconds to wait for a daemon's answer to ``Hello``.
 ATTACH_TIMEOUT: Final = 30.0
 _TRUST_ALL: Final = "trust_all_connections"
@@ -145,11 +170,31 @@ class Refused(msgspec.Struct, tag=True, frozen=True):
     reason: str
 
 
+class WorkerCommand(msgspec.Struct, frozen=True):
+    """A ``BootstrapCommand`` on the wire (its fields; ``None`` env values remove one)."""
+
+    program: str
+    arg0: str | None
+    args: list[str]
+    env: dict[str, str | None]
+    inherit_env: bool = True
+
+    @classmethod
+    def of(cls, command: BootstrapCommand) -> WorkerCommand:
+        return cls(command.program, command.arg0, command.args, command.env, command.inherit_env)
+
+    def bootstrap_command(self) -> BootstrapCommand:
+        return BootstrapCommand(self.program, self.arg0, self.args, self.env, self.inherit_env)
+
+
 class Spawn(msgspec.Struct, tag=True, frozen=True):
-    """Client to daemon: start one worker per label."""
+    """Client to daemon: start one worker per label; ``commands`` and ``numactl`` (one entry
+    per label when given): its ``bootstrap_command`` and its numactl options (``[]``: none)."""
 
     request: int
     labels: list[str]
+    commands: list[WorkerCommand | None] | None = None
+    numactl: list[list[str]] | None = None
 
 
 class Spawned(msgspec.Struct, tag=True, frozen=True):
@@ -209,6 +254,54 @@ _MAX_LABELS: Final = 1024
 
 class SessionProtocolError(Exception):
     """A session peer sent something malformed or over a bound."""
+
+
+def _bad_text(text: str) -> bool:
+    return "\0" in text
+
+
+def _command_problem(command: WorkerCommand) -> str | None:
+    if len(command.args) > MAX_COMMAND_ARGS:
+        return f"{len(command.args)} arguments (at most {MAX_COMMAND_ARGS})"
+    if len(command.env) > MAX_COMMAND_ENV:
+        return f"{len(command.env)} environment entries (at most {MAX_COMMAND_ENV})"
+    texts = [command.program, command.arg0 or "", *command.args]
+    for key, value in command.env.items():
+        if not key or "=" in key:
+            return f"the environment name {key[:64]!r} is not valid"
+        texts += [key, value or ""]
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    if size > MAX_COMMAND_BYTES:
+        return f"{size} bytes (at most {MAX_COMMAND_BYTES})"
+    if not command.program:
+        return "an empty program"
+    if any(_bad_text(t) for t in texts):
+        return "a NUL character"
+    return None
+
+
+def spawn_problem(request: Spawn) -> str | None:
+    """Why a daemon refuses ``request`` (``None``: it may start it): per-label options of the
+    wrong count, a command over its bounds or malformed, numactl options that are not
+    ``--cpunodebind``/``--membind``/``--physcpubind`` values."""
+    count = len(request.labels)
+    if request.commands is not None:
+        if len(request.commands) != count:
+            return f"{len(request.commands)} bootstrap commands for {count} workers"
+        for index, command in enumerate(request.commands):
+            problem = None if command is None else _command_problem(command)
+            if problem is not None:
+                return f"the bootstrap command of worker {index} has {problem}"
+    if request.numactl is not None:
+        if len(request.numactl) != count:
+            return f"{len(request.numactl)} numactl bindings for {count} workers"
+        for index, options in enumerate(request.numactl):
+            if len(options) > 3 or not all(_NUMACTL_OPTION.fullmatch(o) for o in options):
+                return (
+                    f"the numactl binding of worker {index} is not a list of --cpunodebind, "
+                    "--membind or --physcpubind options"
+                )
+    return None
 
 
 def encode_message(message: Message) -> bytes:
@@ -461,7 +554,11 @@ class WorkerDaemon:
             )
             await channel.send(SpawnFailed(request.request, reason))
             return
-        starting = loop.run_in_executor(None, self._start_procs, peer, hello, list(request.labels))
+        problem = spawn_problem(request)
+        if problem is not None:
+            await channel.send(SpawnFailed(request.request, f"refused spawn: {problem}"))
+            return
+        starting = loop.run_in_executor(None, self._start_procs, peer, hello, request)
         try:
             procs = await asyncio.shield(starting)
         except asyncio.CancelledError:  # the session ended while they started: none survives
@@ -479,26 +576,53 @@ class WorkerDaemon:
             Spawned(request.request, [p.pid for p in procs], [p.os_pid for p in procs])
         )
 
-    def _start_procs(self, peer: Pid, hello: Hello, labels: list[str]) -> list[_DaemonProc]:
+    def _start_procs(self, peer: Pid, hello: Hello, request: Spawn) -> list[_DaemonProc]:
+        """Start the workers of a checked ``request`` (``spawn_problem``) as the client starts
+        local ones: a custom command runs with the worker's options in
+        ``MONARCH_WORKER_ARGV``, numactl (found on this host) prefixes it."""
+        labels = list(request.labels)
         client_ip = hello.address.removeprefix("udp://").rpartition(":")[0]
         listen = f"udp://{source_ip_toward(client_ip)}:0"
         popens: list[subprocess.Popen[bytes]] = []
         env = dict(os.environ)
         if hello.force_quic:  # every process of the program takes the same path
             env["MONARCH_FORCE_QUIC"] = "1"
-        for label in labels:
+        prefixes: list[list[str]] = [[] for _ in labels]
+        if request.numactl is not None and any(request.numactl):
+            numactl = shutil.which("numactl")
+            if numactl is None:
+                keys = sorted({o.split("=")[0][2:] for opts in request.numactl for o in opts})
+                raise RuntimeError(
+                    f"proc_bind {', '.join(keys)} needs numactl, which is not installed on "
+                    f"host {socket.gethostname()} (a 'cpus' binding needs no tool)"
+                )
+            prefixes = [[numactl, *options] if options else [] for options in request.numactl]
+        for rank, label in enumerate(labels):
             command = worker_command(
                 parent=hello.address, authority=peer.hex(), ca_dir=self.ca_dir, label=label,
                 idle=hello.idle_timeout, main=hello.main, listen=listen, exit_with_stdin=True,
             )  # fmt: skip
-            popens.append(
-                subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-            )
+            wire = request.commands[rank] if request.commands is not None else None
+            custom = wire.bootstrap_command() if wire is not None else None
+            argv, executable, environment = exec_spec(command, custom, prefixes[rank], env)
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    executable=executable,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=environment,
+                )
+            except (OSError, ValueError) as exc:
+                _kill_all_of(popens)
+                raise RuntimeError(
+                    f"worker process {label} could not be started on host "
+                    f"{socket.gethostname()}: {exc}"
+                ) from None
+            popens.append(popen)
         pids = read_worker_pids(popens, labels, SPAWN_TIMEOUT)
         if isinstance(pids, str):
-            for popen in popens:
-                _kill(popen)
-                popen.wait(5.0)
+            _kill_all_of(popens)
             raise RuntimeError(pids)
         for popen in popens:
             forward_output(popen.stdout)
@@ -532,6 +656,18 @@ def _kill_started(future: asyncio.Future[list[_DaemonProc]]) -> None:
     if not future.cancelled() and future.exception() is None:
         for proc in future.result():
             _kill(proc.popen)
+
+
+def _kill_all_of(popens: Sequence[subprocess.Popen[bytes]]) -> None:
+    for popen in popens:
+        _kill(popen)
+    for popen in popens:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(5.0)
+        for pipe in (popen.stdin, popen.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 def _kill(popen: subprocess.Popen[bytes]) -> None:
@@ -663,7 +799,12 @@ class HostSession:
         if early is not None:
             self._exited(pid, early)
 
-    async def spawn(self, labels: list[str]) -> Spawned:
+    async def spawn(
+        self,
+        labels: list[str],
+        commands: list[WorkerCommand | None] | None = None,
+        numactl: list[list[str]] | None = None,
+    ) -> Spawned:
         if self.lost is not None:
             raise RuntimeError(self.lost)
         if self._closing or self._channel is None:
@@ -672,7 +813,7 @@ class HostSession:
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._requests[number] = waiter
         try:
-            await self._channel.send(Spawn(number, labels))
+            await self._channel.send(Spawn(number, labels, commands, numactl))
             reply = await asyncio.wait_for(waiter, SPAWN_TIMEOUT + 5)
         finally:
             self._requests.pop(number, None)
@@ -743,16 +884,32 @@ def spawn_on_hosts(
     extent: Extent,
     local: Extent,
     mesh_name: str,
+    *,
+    commands: Sequence[BootstrapCommand | None] | None = None,
+    numactl: Sequence[Sequence[str]] | None = None,
 ) -> RemoteWorkerGroup:
-    """Start ``local.nelements`` workers on every host of ``hosts`` (in parallel, bounded)."""
+    """Start ``local.nelements`` workers on every host of ``hosts`` (in parallel, bounded).
+    ``commands`` and ``numactl`` (per rank, host-major; numactl as ``_host.ProcBinding``
+    makes it: the program, then its options) travel in ``Spawn``; each daemon finds numactl
+    on its own host."""
     from chrysalis.core import Pid
     from monarch.actor._runtime import client
 
     labels = [f"{mesh_name}{point}" for point in extent.points()]
     per = local.nelements
     loop = client().loop.loop
+    wire = (
+        None if commands is None else [None if c is None else WorkerCommand.of(c) for c in commands]
+    )
+    options = None if numactl is None else [list(prefix[1:]) for prefix in numactl]
+
+    def part(values: list[Any] | None, index: int) -> list[Any] | None:
+        return None if values is None else values[index * per : (index + 1) * per]
+
     futures = [
-        asyncio.run_coroutine_threadsafe(host.spawn(labels[i * per : (i + 1) * per]), loop)
+        asyncio.run_coroutine_threadsafe(
+            host.spawn(labels[i * per : (i + 1) * per], part(wire, i), part(options, i)), loop
+        )
         for i, host in enumerate(hosts)
     ]
     group = RemoteWorkerGroup(layer, labels)

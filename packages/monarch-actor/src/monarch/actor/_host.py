@@ -276,7 +276,7 @@ def parse_cpus(spec: str) -> list[int]:
 class ProcBinding:
     """One process's ``proc_bind`` entry, checked: the numactl prefix and the CPU set."""
 
-    __slots__ = ("cpus", "numactl")
+    __slots__ = ("cpus", "numactl", "numactl_missing")
 
     def __init__(self, entry: Mapping[str, Any]) -> None:
         if not isinstance(entry, Mapping):
@@ -296,15 +296,18 @@ class ProcBinding:
             else:
                 options.append(f"--{key}={text}")
         self.numactl: list[str] = []
+        # Why not raised here: on attached hosts the daemon's host runs numactl, not this one
+        # (``spawn_procs`` raises it at once for processes of this host).
+        self.numactl_missing: str | None = None
         if options:
             numactl = shutil.which("numactl")
             if numactl is None:
-                raise RuntimeError(
+                self.numactl_missing = (
                     f"proc_bind {', '.join(o.split('=')[0][2:] for o in options)} needs "
                     "numactl, which is not installed on this host (a 'cpus' binding needs no "
                     "tool)"
                 )
-            self.numactl = [numactl, *options]
+            self.numactl = [numactl or "numactl", *options]
 
 
 def check_proc_bind(
@@ -846,14 +849,11 @@ def _start_group(
         local_group.start(parent, authority, ca_dir, commands=commands, numactl=numactl)
         started = local_group
     else:
-        if commands is not None or numactl is not None:
-            raise NotImplementedError(
-                "spawn_procs on attached hosts supports neither bootstrap_command nor numactl "
-                "proc_bind keys (their worker loop starts the processes); 'cpus' works"
-            )
         from monarch.actor._attach import spawn_on_hosts
 
-        started = spawn_on_hosts(layer, sessions, extent, local, mesh_name)
+        started = spawn_on_hosts(
+            layer, sessions, extent, local, mesh_name, commands=commands, numactl=numactl
+        )
     # The workers' actors may ask the host agent for processes once they exist. It starts
     # after the first workers, so the zygote is forked before the agent's thread exists.
     ensure_agent(client)
@@ -865,7 +865,7 @@ class _SpawnOptions:
     ``spawn_procs``, per rank (``procs``: how many processes in all; ``proc_bind`` entries
     repeat on every host)."""
 
-    __slots__ = ("bootstrap", "commands", "cpus", "numactl")
+    __slots__ = ("bootstrap", "commands", "cpus", "numactl", "numactl_missing")
 
     def __init__(
         self,
@@ -878,6 +878,9 @@ class _SpawnOptions:
         self.commands = commands
         self.cpus: list[list[int] | None] | None = None
         self.numactl: list[list[str]] | None = None
+        self.numactl_missing = next(
+            (b.numactl_missing for b in bindings or () if b.numactl_missing), None
+        )
         if bindings:
             per = len(bindings)
             if any(b.cpus is not None for b in bindings):
@@ -1040,11 +1043,11 @@ class HostMesh(MeshTrait):
 
         Raised at once: ``RuntimeError`` after ``shutdown`` or for a lost host; ``ValueError``
         for a label of the host mesh, a bad size or a ``proc_bind`` of the wrong length;
-        ``TypeError`` for arguments of the wrong type; ``NotImplementedError`` for
-        ``bootstrap_command`` or numactl keys on attached hosts. In a worker's actor the
-        processes are started by the client (``_host_agent``) and owned by the calling actor;
-        past the nesting bounds (``MAX_SPAWN_DEPTH`` levels, ``MAX_NESTED_PROCS`` processes)
-        ``initialized`` raises ``RuntimeError``.
+        ``TypeError`` for arguments of the wrong type (on attached hosts a missing numactl or
+        a command the host's worker loop cannot start fail ``initialized``). In a worker's
+        actor the processes are started by the client (``_host_agent``) and owned by the
+        calling actor; past the nesting bounds (``MAX_SPAWN_DEPTH`` levels,
+        ``MAX_NESTED_PROCS`` processes) ``initialized`` raises ``RuntimeError``.
         """
         from monarch.actor._context import _current
         from monarch.actor._mesh import ProcMesh, _adopt, _ProcMeshState
@@ -1075,6 +1078,8 @@ class HostMesh(MeshTrait):
             bootstrap_commands(bootstrap_command, extent),
             extent.nelements,
         )
+        if options.numactl_missing is not None and self._hosts is None:
+            raise RuntimeError(options.numactl_missing)  # attached hosts: their daemon says
         mesh_name = name or "procs"
         ranks = list(self._shape.ndslice)
         shape = Shape.from_extent(extent)
@@ -1109,11 +1114,6 @@ class HostMesh(MeshTrait):
             for session in sessions:  # a host known to be gone fails now, not in the background
                 if session.lost is not None:
                     raise RuntimeError(session.lost)
-        if sessions is not None and (options.commands is not None or options.numactl is not None):
-            raise NotImplementedError(
-                "spawn_procs on attached hosts supports neither bootstrap_command nor numactl "
-                "proc_bind keys (their worker loop starts the processes); 'cpus' works"
-            )
 
         def start() -> list[ProcId]:
             group = _start_group(
