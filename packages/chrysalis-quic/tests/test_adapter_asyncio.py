@@ -298,8 +298,12 @@ def test_a_small_reply_leaves_from_inside_write_and_later_writes_are_batched() -
             accepted.write(payload(64 * 1024, 3))
             assert endpoint.statistics().datagrams_sent == before
             assert await opened.readexactly(64 * 1024) == payload(64 * 1024, 3)
-            # The read-ahead the dispatch deferred is posted by the end of each cycle.
-            await asyncio.sleep(0.01)
+            # The read-ahead the dispatch deferred is posted by the end of each cycle: within
+            # a few loop turns, not after a while.
+            for _ in range(10):
+                if accepted.core.posted and opened.core.posted:
+                    break
+                await asyncio.sleep(0)
             assert accepted.core.posted
             assert opened.core.posted
 

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -31,6 +30,7 @@ from monarch.actor import (
     BootstrapCommand,
     Point,
     ProcMesh,
+    _mesh,
     default_bootstrap_cmd,
     this_host,
 )
@@ -166,22 +166,26 @@ def test_spawn_procs_returns_before_the_workers_are_up(
 
 
 def test_calls_made_before_the_workers_are_up_wait_for_them(
-    tmp_path: Path, stopped: list[ProcMesh]
+    tmp_path: Path, stopped: list[ProcMesh], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = tmp_path / "gate"
     procs = this_host().spawn_procs({"gpus": 1}, bootstrap=partial(wait_for_file, str(gate)))
     stopped.append(procs)
     probe: Any = procs.spawn("probe", Probe)
-    opened = time.monotonic() + 0.3  # the gate opens after the call below was made
+    waits: list[bool] = []
+    wait_ready = _mesh.wait_ready
 
-    def open_gate() -> None:
-        time.sleep(max(0.0, opened - time.monotonic()))
+    def open_gate_then_wait(ready: Any) -> Any:
+        # the call below is waiting for the processes, which are held in their bootstrap
+        # until the gate opens: open it now, from inside the wait
+        waits.append(ready.done())
         gate.touch()
+        return wait_ready(ready)
 
-    threading.Thread(target=open_gate, daemon=True).start()
+    monkeypatch.setattr(_mesh, "wait_ready", open_gate_then_wait)
     # The call waits (bounded) until the processes are up and the actor exists.
     assert probe.env.call_one("M1_BOOTSTRAP").get(timeout=T) == "released"
-    assert time.monotonic() >= opened
+    assert waits[:1] == [False]  # it did wait, for processes not up yet
 
 
 @pytest.mark.parametrize("bootstrap", [set_marker, set_marker_async], ids=["sync", "async"])
