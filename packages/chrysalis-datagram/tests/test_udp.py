@@ -238,13 +238,18 @@ class _FailingSocket(socket.socket):
             raise OSError(self.fail_recv, "injected")
         return super().recvfrom_into(*args, **kwargs)
 
+    def recvmsg_into(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail_recv is not None:
+            raise OSError(self.fail_recv, "injected")
+        return super().recvmsg_into(*args, **kwargs)
 
-def _failing_udp(**failures: int) -> UdpSocket:
+
+def _failing_udp(*, gro: bool = False, **failures: int) -> UdpSocket:
     raw = _FailingSocket(socket.AF_INET, socket.SOCK_DGRAM)
     raw.bind(LOOPBACK)
     for name, code in failures.items():
         setattr(raw, name, code)
-    return UdpSocket(raw, gso=True, gro=False)
+    return UdpSocket(raw, gso=True, gro=gro)
 
 
 @pytest.mark.parametrize(
@@ -319,16 +324,85 @@ def test_other_gso_errors_are_raised_when_nothing_was_sent() -> None:
         _close(a)
 
 
-def test_receive_error_shuts_the_socket_down() -> None:
-    sock = _failing_udp(fail_recv=errno.ENOMEM)
+@pytest.mark.parametrize("gro", [False, True])
+@pytest.mark.parametrize("size", [100, 65535])  # GRO: through the scratch buffer, or direct
+def test_receive_error_shuts_the_socket_down(gro: bool, size: int) -> None:
+    sock = _failing_udp(gro=gro, fail_recv=errno.ENOMEM)
     try:
         with pytest.raises(OSError, match="injected"):
-            sock.try_recv([bytearray(100)], [])
+            sock.try_recv([bytearray(size)], [])
         assert sock.is_shutdown
         with pytest.raises(SocketClosedError):
-            sock.try_recv([bytearray(100)], [])
+            sock.try_recv([bytearray(size)], [])
     finally:
         assert sock.join(1)
+
+
+def _gro_receiver() -> UdpSocket:
+    sock = UdpSocket.bind(LOOPBACK)
+    if not sock.gro_enabled:
+        _close(sock)
+        pytest.skip("kernel without UDP GRO")
+    return sock
+
+
+def test_gro_receive_into_large_buffers_keeps_order_sources_and_the_batch_limit() -> None:
+    """The GRO receive with the driver's buffers (64 KiB each, served by ``try_recv`` itself):
+    one meta per datagram in arrival order with its own source, at most one per buffer and
+    32 per call, a small buffer after large ones ends the call, and "nothing yet" is 0."""
+    b = _gro_receiver()
+    a, c = UdpSocket.bind(LOOPBACK, gso=False), UdpSocket.bind(LOOPBACK, gso=False)
+    try:
+        # Growing sizes from alternating senders: no two of them can form one aggregate.
+        sent = [(bytes([index]) * (10 + index), (a, c)[index % 2]) for index in range(40)]
+        for payload, sender in sent:
+            assert sender.try_send_to(payload, b.local_addr)
+        _wait_for_data(b)
+        got: list[tuple[bytes, DatagramAddr]] = []
+
+        def take(buffers: list[bytearray]) -> int:
+            metas: list[DatagramRecvMeta] = []
+            count = b.try_recv(buffers, metas)
+            assert len(metas) == count
+            for buffer, meta in zip(buffers, metas, strict=False):
+                assert meta.stride == meta.length
+                assert meta.ecn is None
+                got.append((bytes(buffer[: meta.length]), meta.source))
+            return count
+
+        assert take([bytearray(65535) for _ in range(33)]) == DATAGRAM_BATCH_SIZE
+        assert take([bytearray(65535), bytearray(100), bytearray(65535)]) == 1
+        assert take([bytearray(65535)]) == 1
+        assert take([bytearray(65535) for _ in range(8)]) == 6
+        assert take([bytearray(65535) for _ in range(8)]) == 0
+        assert got == [(payload, sender.local_addr) for payload, sender in sent]
+    finally:
+        _close(a, b, c)
+
+
+@needs_gso
+def test_gro_receive_into_large_buffers_after_a_split_remainder_serves_it_first() -> None:
+    b = _gro_receiver()
+    a = UdpSocket.bind(LOOPBACK)
+    try:
+        contents = _segments(3)
+        assert a.try_send_transmit(DatagramTransmit(b.local_addr, contents, 1200)) == 3
+        _wait_for_data(b)
+        assert b.try_recv_from() == (contents[:1200], a.local_addr)  # keeps a remainder
+        assert a.try_send_to(b"later", b.local_addr)
+        metas: list[DatagramRecvMeta] = []
+        buffers = [bytearray(65535) for _ in range(4)]
+        assert b.try_recv(buffers, metas) == 2  # the remainder first, then what came later
+        assert [(m.length, m.stride) for m in metas] == [(2400, 1200), (5, 5)]
+        assert bytes(buffers[0][:2400]) == contents[1200:]
+        assert bytes(buffers[1][:5]) == b"later"
+        metas.clear()
+        assert b.try_recv(buffers, metas) == 0
+        b.shutdown()
+        with pytest.raises(SocketClosedError):
+            b.try_recv(buffers, metas)
+    finally:
+        _close(a, b)
 
 
 def test_ipv6_destination_from_ipv4_socket_is_unreachable(

@@ -139,6 +139,7 @@ class UdpSocket(BatchReceiver, DatagramSocket):
         # Bound methods of the kernel socket, looked up once for the per-datagram paths.
         self._sendto = sock.sendto
         self._recvfrom_into = sock.recvfrom_into
+        self._recvmsg_into = sock.recvmsg_into
         self._fd = sock.fileno()
         self._tag = tag
         self._addr = DatagramAddr.from_sockaddr(sock.getsockname())
@@ -470,6 +471,62 @@ class UdpSocket(BatchReceiver, DatagramSocket):
                     break
                 buffer = buffers[filled]
                 size, sockaddr = recv(buffer, 0, _MSG_TRUNC)
+        except BlockingIOError:
+            pass
+        except OSError as error:
+            return self._recv_error(error, filled)
+        return filled
+
+    def try_recv(self, buffers: Sequence[Buffer], metas: list[DatagramRecvMeta]) -> int:
+        """Drain up to ``min(len(buffers), 32)`` datagrams or GRO aggregates, one per buffer.
+
+        With GRO, the usual call (open socket, nothing kept from an earlier call, buffers of
+        at least 64 KiB: the driver's) is served here in one frame: ``BatchReceiver.try_recv``,
+        ``_recv_each`` and ``_try_recv_gro`` in a row were three, plus ``_source`` and the
+        meta's ``__init__``, on every wake-up. Everything else takes the general path, which
+        this method's loop mirrors (the same errors, metas and source cache); a small buffer
+        after big ones ends the call (the rest stays queued in the kernel).
+        """
+        if (
+            not self._gro
+            or self._state.closed
+            or self._deferred_error is not None
+            or self._split_remainder is not None
+            or self._pending
+            or not buffers
+            or len(buffers[0]) < _GRO_BUFFER_SIZE
+        ):
+            return BatchReceiver.try_recv(self, buffers, metas)
+        limit = len(buffers)
+        if limit > DATAGRAM_BATCH_SIZE:
+            limit = DATAGRAM_BATCH_SIZE
+        recvmsg_into = self._recvmsg_into
+        lookup = self._source_lookup
+        append = metas.append
+        new = _new_object
+        filled = 0
+        buffer = buffers[0]
+        try:
+            while True:
+                size, ancdata, flags, sockaddr = recvmsg_into((buffer,), _CMSG_SPACE)
+                if flags & _MSG_TRUNC:
+                    raise InvalidDataError(f"GRO aggregate exceeds the {len(buffer)}-byte buffer")
+                stride = size
+                for level, kind, data in ancdata:  # (none for a datagram that was not merged)
+                    if level == SOL_UDP and kind == UDP_GRO:
+                        stride = _INT.unpack_from(data)[0]
+                meta = new(DatagramRecvMeta)
+                meta.source = lookup(sockaddr) or self._new_source(sockaddr)
+                meta.length = size
+                meta.stride = stride
+                meta.ecn = None
+                append(meta)
+                filled += 1
+                if filled == limit:
+                    break
+                buffer = buffers[filled]
+                if len(buffer) < _GRO_BUFFER_SIZE:
+                    break
         except BlockingIOError:
             pass
         except OSError as error:
