@@ -530,7 +530,8 @@ def test_runtime_event_wakes_every_waiter_and_forgets_cancelled_ones() -> None:
         for _ in range(50):
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(never.wait(), 0.001)
-        assert not never._waiters  # every cancelled waiter removed itself
+        # Cancelled waiters are forgotten by the next wait: at most the last one is left.
+        assert len(never._waiters or ()) <= 1
 
     run(main)
 

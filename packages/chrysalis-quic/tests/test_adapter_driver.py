@@ -68,6 +68,8 @@ class FakeSocket(DatagramSocket):
         self.inbox: list[tuple[bytes, DatagramAddr, int]] = []
         self.failing: set[DatagramAddr] = set()
         self.closed = False
+        self.receive_calls = 0
+        self.per_call = 1 << 30  # datagrams (or aggregates) one try_recv hands over at most
         self._segments = segments
         self._receive_segments = receive_segments
 
@@ -97,8 +99,9 @@ class FakeSocket(DatagramSocket):
     def try_recv(self, buffers: Sequence[Any], metas: list[DatagramRecvMeta]) -> int:
         if self.closed:
             raise SocketClosedError()
+        self.receive_calls += 1
         filled = 0
-        while self.inbox and filled < len(buffers):
+        while self.inbox and filled < min(len(buffers), self.per_call):
             data, source, stride = self.inbox.pop(0)
             buffers[filled][: len(data)] = data
             metas.append(DatagramRecvMeta(source, len(data), stride))
@@ -266,6 +269,35 @@ def test_received_aggregates_are_split_by_stride_and_fed_in_order() -> None:
     assert driver.statistics().datagrams_received == 5
 
 
+def test_one_datagram_per_receive_call_is_fed_in_order_and_counted() -> None:
+    """A carrier that hands over one datagram or aggregate per call (the lone-datagram path
+    of the step, mixed with aggregates): every batch of the step is still asked for, in
+    order, and each datagram counted once."""
+    endpoint, sock, driver = make(receive_segments=8)
+    sock.per_call = 1
+    aggregate = b"A" * 100 + b"B" * 100 + b"C" * 30
+    sock.inbox = [
+        (b"one", ADDRS[0], 3),
+        (bytes(1200), ADDRS[1], 1200),  # full-size: a lone datagram all the same here
+        (aggregate, ADDRS[2], 100),
+        (b"four", ADDRS[0], 0),  # stride 0: one datagram
+        (b"five", ADDRS[1], 4),
+    ]
+    assert driver.step() is True  # four batches (the default), each one datagram or aggregate
+    assert sock.receive_calls == 4
+    assert endpoint.fed == [
+        (b"one", ADDRS[0]),
+        (bytes(1200), ADDRS[1]),
+        (b"A" * 100, ADDRS[2]),
+        (b"B" * 100, ADDRS[2]),
+        (b"C" * 30, ADDRS[2]),
+        (b"four", ADDRS[0]),
+    ]
+    assert driver.step() is False
+    assert endpoint.fed[6:] == [(b"five", ADDRS[1])]
+    assert driver.statistics().datagrams_received == 7
+
+
 def test_a_full_receive_batch_asks_for_another_step() -> None:
     endpoint, sock, driver = make()
     sock.inbox = [(bytes([i % 256]), ADDRS[0], 1) for i in range(32 * 4 + 1)]
@@ -346,17 +378,24 @@ def test_thread_notifier_coalesces_and_never_loses_a_wakeup() -> None:
         notifier.close()
 
 
-def test_request_response_traffic_receives_one_datagram_per_step_and_loses_nothing() -> None:
-    """On a real UDP socket (level-triggered): after a few steps that each found one lone
-    datagram, a step asks for one datagram only (no second, empty receive); queued small
-    datagrams are then taken one per step, in order, while the descriptor stays readable;
-    a full-size datagram or a fuller batch returns to full draining within the same step."""
+@pytest.mark.parametrize("gro", [False, True])
+def test_request_response_traffic_receives_one_datagram_per_step_and_loses_nothing(
+    gro: bool,
+) -> None:
+    """On a real UDP socket (level-triggered; with GRO, the carrier's own large-buffer
+    receive): after a few steps that each found one lone datagram, a step asks for one
+    datagram only (no second, empty receive); queued small datagrams are then taken one per
+    step, in order, while the descriptor stays readable; a full-size datagram or a fuller
+    batch returns to full draining within the same step."""
     import socket as stdlib_socket
 
     from chrysalis.datagram import UdpSocket
 
     endpoint = FakeEndpoint()
-    sock = UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0), gso=False, gro=False)
+    sock = UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0), gso=False, gro=None if gro else False)
+    if sock.gro_enabled is not gro:
+        sock.shutdown()
+        pytest.skip("kernel without UDP GRO")
     peer = stdlib_socket.socket(stdlib_socket.AF_INET, stdlib_socket.SOCK_DGRAM)
     try:
         target = sock.local_addr.to_sockaddr()

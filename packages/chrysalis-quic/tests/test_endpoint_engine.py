@@ -3,9 +3,12 @@ consumption-driven receive windows, the CID issuance cap and termination kinds."
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.append(str(Path(__file__).parent))
 
@@ -154,3 +157,30 @@ def test_idle_and_application_terminations_are_distinguished() -> None:
     server_end = closed.of("server", Terminated)
     assert client_end == [Terminated(TerminationKind.APPLICATION, 9, "done")]
     assert server_end == [Terminated(TerminationKind.APPLICATION, 9, "done")]
+
+
+def test_stream_data_event_is_complete() -> None:
+    """The engine builds ``StreamDataReceived`` through its slots, not its ``__init__``: every
+    field the dataclass declares must be set, and the event must equal (and hash like) the
+    one the constructor makes, in order, with the FIN on the last."""
+    assert [field.name for field in dataclasses.fields(StreamDataReceived)] == [
+        "stream_id",
+        "data",
+        "fin",
+    ]
+    pair = _Pair()
+    pair.step(10)
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"first", False)
+    pair.step(3)
+    pair.client.send_stream_data(0, b"second", True)
+    pair.step(3)
+    events = [e for e in pair.of("server", StreamDataReceived) if type(e) is StreamDataReceived]
+    assert len(events) == len(pair.of("server", StreamDataReceived))
+    assert events == [
+        StreamDataReceived(0, b"first", False),
+        StreamDataReceived(0, b"second", True),
+    ]
+    assert hash(events[1]) == hash(StreamDataReceived(0, b"second", True))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        events[0].fin = True  # type: ignore[misc]

@@ -4,6 +4,7 @@ the acknowledgement estimate, termination kinds, address and identity limits."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import random
@@ -441,3 +442,63 @@ def test_an_identity_too_large_to_prove_in_band_is_refused_up_front() -> None:
     too_big = Identity(chain=(base.chain[0], *[bulky] * 6), private_key=key, roots=base.roots)
     with pytest.raises(IdentityError, match="in-band"):
         Qh3Engine(QuicConfig(), too_big)
+
+
+def test_qh3_stream_data_event_is_complete() -> None:
+    """The engine builds ``StreamDataReceived`` through its slots, not its ``__init__``: every
+    field the dataclass declares must be set, and the event must equal (and hash like) the
+    one the constructor makes."""
+    assert [field.name for field in dataclasses.fields(StreamDataReceived)] == [
+        "stream_id",
+        "data",
+        "fin",
+    ]
+    pair = _Pair()
+    pair.step(10)
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"sixteen bytes!!!", True)
+    pair.step(5)
+    (event,) = pair.of("server", StreamDataReceived)
+    assert type(event) is StreamDataReceived
+    assert event == StreamDataReceived(0, b"sixteen bytes!!!", True)
+    assert hash(event) == hash(StreamDataReceived(0, b"sixteen bytes!!!", True))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.fin = False  # type: ignore[misc]
+
+
+def test_each_datagram_is_mapped_to_its_own_path_with_the_last_path_memo() -> None:
+    """Receipt remembers the last sender by identity. Equal address objects, alternating
+    senders and a sender beyond the path limit must each still map to their own path (or
+    be dropped), never to the remembered one."""
+    pair = _Pair()
+    pair.step(10)
+    server = pair.server
+    assert isinstance(server, Qh3Connection)
+    probe = b"\x40" + bytes(60)  # a short-header packet that does not decrypt
+    paths = [DatagramAddr.inproc(8, index + 1) for index in range(7)]  # 7 + the client's: 8
+    for addr in [paths[0], paths[1], paths[0], DatagramAddr.inproc(8, 2), *paths[2:]]:
+        server.receive_datagram(probe, addr, pair.now)
+        assert server._ch_last_addr is addr
+        assert server._ch_last_synthetic == server._ch_to_synthetic[addr]
+    assert len(set(server._ch_to_synthetic.values())) == 8
+    remembered = server._ch_last_addr
+    server.receive_datagram(probe, DatagramAddr.inproc(8, 99), pair.now)  # beyond the limit
+    assert server._ch_last_addr is remembered
+    assert DatagramAddr.inproc(8, 99) not in server._ch_to_synthetic
+    # The client's path, under a fresh but equal address object, still carries its data.
+    pair.client.open_stream(0)
+    pair.client.send_stream_data(0, b"still mapped", True)
+    for _ in range(10):
+        for data, destination in pair.client.datagrams_to_send(pair.now):
+            assert destination == SERVER_ADDR
+            server.receive_datagram(data, DatagramAddr.inproc(3, 1), pair.now)
+        for data, destination in server.datagrams_to_send(pair.now):
+            assert destination == CLIENT_ADDR
+            pair.client.receive_datagram(data, SERVER_ADDR, pair.now)
+        pair.now += 0.005
+    assert server._ch_last_synthetic == server._ch_to_synthetic[CLIENT_ADDR]
+    received = []
+    while (event := server.next_event()) is not None:
+        if isinstance(event, StreamDataReceived):
+            received.append(event.data)
+    assert received == [b"still mapped"]

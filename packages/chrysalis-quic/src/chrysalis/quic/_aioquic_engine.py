@@ -80,6 +80,10 @@ from chrysalis.quic._engine import (
     StreamResetReceived,
     Terminated,
     TerminationKind,
+    new_stream_data,
+    set_sdr_data,
+    set_sdr_fin,
+    set_sdr_stream_id,
 )
 from chrysalis.quic._identity import Identity
 
@@ -263,7 +267,12 @@ class AioquicConnection(FastQuicConnection):
         while events:
             event = events.popleft()
             if type(event) is aq_events.StreamDataReceived:
-                return StreamDataReceived(event.stream_id, event.data, event.end_stream)
+                # Built through its slots: see ``new_stream_data`` (every datagram with data).
+                mapped_data = new_stream_data(StreamDataReceived)
+                set_sdr_stream_id(mapped_data, event.stream_id)
+                set_sdr_data(mapped_data, event.data)
+                set_sdr_fin(mapped_data, event.end_stream)
+                return mapped_data
             mapped = self._map_event(event)
             if mapped is not None:
                 return mapped

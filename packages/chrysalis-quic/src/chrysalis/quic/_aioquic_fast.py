@@ -473,10 +473,20 @@ class FastQuicConnection(QuicConnection):
             r = ack_ranges[-1]
             largest = r.stop - 1
             first_length = largest - r.start
+            # Packet numbers and ACK delays pass 63 within the first round trips: their
+            # two-byte varints are inline too (no ``_varint`` frame per packet).
             parts = [
                 _BYTE[_ACK_FRAME],
-                _BYTE[largest] if largest < 64 else _varint(largest),
-                _BYTE[delay] if 0 <= delay < 64 else _varint(delay),
+                _BYTE[largest]
+                if largest < 64
+                else (largest | 0x4000).to_bytes(2, "big")
+                if largest < 0x4000
+                else _varint(largest),
+                _BYTE[delay]
+                if 0 <= delay < 64
+                else (delay | 0x4000).to_bytes(2, "big")
+                if 0 <= delay < 0x4000
+                else _varint(delay),
                 _BYTE[ranges - 1] if ranges <= 64 else _varint(ranges - 1),
                 _BYTE[first_length] if first_length < 64 else _varint(first_length),
             ]
@@ -550,8 +560,14 @@ class FastQuicConnection(QuicConnection):
                 frame_type |= 1
             parts.append(_BYTE[frame_type])
             parts.append(_BYTE[stream_id] if stream_id < 64 else _varint(stream_id))
-            if start:
-                parts.append(_BYTE[start] if start < 64 else _varint(start))
+            if start:  # (a long-lived stream's offset: two-byte varint inline up to 16 KiB)
+                parts.append(
+                    _BYTE[start]
+                    if start < 64
+                    else (start | 0x4000).to_bytes(2, "big")
+                    if start < 0x4000
+                    else _varint(start)
+                )
             parts.append((len(data) | 0x4000).to_bytes(2, "big"))
             parts.append(data)
         elif not need_ack:

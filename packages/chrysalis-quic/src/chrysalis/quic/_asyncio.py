@@ -39,7 +39,13 @@ from types import TracebackType
 from typing import Any, Final, TypeVar, final
 
 from chrysalis.core import DatagramAddr, Pid
-from chrysalis.core.completion import StreamRef, SubmissionLimits
+from chrysalis.core.completion import (
+    ExceedsBudget,
+    StreamRef,
+    SubmissionClosed,
+    SubmissionLimits,
+    WouldBlock,
+)
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
@@ -60,6 +66,7 @@ from chrysalis.quic._driver import (
 from chrysalis.quic._endpoint import (
     ConnectionStatistics,
     EndpointRole,
+    EndpointState,
 )
 from chrysalis.quic._engine import EngineFactory
 from chrysalis.quic._identity import Identity
@@ -86,7 +93,10 @@ class _Event:
 
     Why not ``asyncio.Event``: a stream makes one event per wait (every read that finds no
     data), and this one is cheaper to create, wait on and set (no deque, no mixin, one
-    future per waiter). Several tasks may wait; a cancelled waiter is removed.
+    future per waiter). ``wait()`` returns the waiter's future itself rather than a
+    coroutine around it: awaiting it is the same, without a coroutine frame per wait (every
+    read that finds no data waits once). Several tasks may wait; a waiter cancelled while
+    waiting cancels its own future, which ``set`` skips and the next ``wait`` forgets.
     """
 
     __slots__ = ("_loop", "_set", "_waiters")
@@ -94,7 +104,7 @@ class _Event:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._set = False
-        self._waiters: list[asyncio.Future[None]] | None = None
+        self._waiters: list[asyncio.Future[bool]] | None = None
 
     def set(self) -> None:
         if self._set:
@@ -105,33 +115,31 @@ class _Event:
             self._waiters = None
             for future in waiters:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(True)
 
     def is_set(self) -> bool:
         return self._set
 
-    async def wait(self) -> bool:
-        if self._set:
-            return True
+    def wait(self) -> asyncio.Future[bool]:
+        """An awaitable that gives True once the event is set (at once if it is)."""
         # The Future class directly: ``loop.create_future()`` is one more Python call per
-        # wait (every read that finds no data) to build the same object.
-        future: asyncio.Future[None] = asyncio.Future(loop=self._loop)
+        # wait to build the same object.
+        future: asyncio.Future[bool] = asyncio.Future(loop=self._loop)
+        if self._set:
+            future.set_result(True)
+            return future
         waiters = self._waiters
         if waiters is None:
             self._waiters = [future]
         else:
+            # Forget waiters cancelled meanwhile (timeouts), so that they cannot pile up on
+            # an event that is never set: after a cancelled last waiter (one reader timing
+            # out again and again) and whenever the list doubled (amortised O(1) per wait).
+            count = len(waiters)
+            if waiters[-1].done() or not count & (count - 1):
+                waiters[:] = [waiter for waiter in waiters if not waiter.done()]
             waiters.append(future)
-        try:
-            await future
-        except BaseException:
-            # Cancelled (a timeout): forget the future, so that waiters abandoned on an event
-            # that is never set do not pile up.
-            waiters = self._waiters
-            if waiters is not None:
-                with contextlib.suppress(ValueError):
-                    waiters.remove(future)
-            raise
-        return True
+        return future
 
 
 @final
@@ -186,13 +194,20 @@ class _LoopNotifier:
     """The driver notifier of the inline mode: records why the driver must run and schedules
     it (``kick``) through ``call_soon``, never running it inside the caller (a ``write``)."""
 
-    __slots__ = ("flag", "io", "kick", "loop", "thread")
+    __slots__ = ("flag", "io", "kick", "loop", "queued", "thread", "unpolled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.thread = threading.get_ident()
         self.flag = False  # new submissions (the channels' driver notifier)
         self.io = False  # a carrier waker fired (kept apart: a flush does not consume it)
+        # The same news for the endpoint's ``poll`` (``QuicEndpoint.poll_hint``), which
+        # clears it: the driver's ``flag`` is cleared on its own schedule.
+        self.unpolled = True
+        # Set by the inline driver while one of its callbacks is queued or running that
+        # reads ``flag`` before the driver goes idle: a notification then needs no kick
+        # (three calls less per submission; each read and write notifies).
+        self.queued = False
         self.kick: Callable[[], None] | None = None  # set while the inline driver runs
 
     def notify_io(self) -> None:
@@ -201,7 +216,9 @@ class _LoopNotifier:
 
     def notify(self) -> None:
         self.flag = True
-        self._schedule()
+        self.unpolled = True
+        if not self.queued:
+            self._schedule()
 
     def _schedule(self) -> None:
         kick = self.kick
@@ -225,7 +242,8 @@ class _InlineDriver:
     what they answer. Submissions, carrier wakers and the timer only *schedule* ``_run``
     (``kick``). The loop timer is re-armed only when the endpoint's deadline moved earlier:
     one that moved later (every packet sent pushes the loss timer out) leaves the armed timer
-    in place, which then fires early once and re-arms for the real deadline. ``done`` resolves
+    in place, which then fires early once and re-arms for the real deadline (a second loop
+    timer takes a deadline that comes and goes, such as a held ACK: see ``_arm``). ``done`` resolves
     when the endpoint stopped (or fails with the driver's error); the endpoint's lifecycle
     task awaits it.
 
@@ -247,6 +265,8 @@ class _InlineDriver:
         "_finishing",
         "_loop",
         "_more",
+        "_near",
+        "_near_at",
         "_notifier",
         "_scheduled",
         "_seen",
@@ -282,6 +302,9 @@ class _InlineDriver:
         self._wrote = False  # a write went out through ``write_through`` this cycle
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = _NEVER
+        # A second loop timer for a deadline earlier than ``_timer`` (see ``_arm``).
+        self._near: asyncio.TimerHandle | None = None
+        self._near_at = _NEVER
         self._write_fd: int | None = None
         self.done: asyncio.Future[None] = loop.create_future()
 
@@ -291,12 +314,16 @@ class _InlineDriver:
             loop.add_reader(fd, self._run)
         self._notifier.kick = self.kick
         self._core.write_through = self.write_through
+        # Every notification kicks this driver (or finds a ``_finish`` queued), so a poll
+        # that the notifier says has nothing new to drain can be skipped.
+        self._endpoint.poll_hint = self._notifier
         self.kick()
 
     def kick(self) -> None:
         """Run the driver soon (on this loop's thread only)."""
         if not (self._scheduled or self._finishing):
             self._scheduled = True
+            self._notifier.queued = True
             self._loop.call_soon(self._kicked)
 
     def _kicked(self) -> None:
@@ -310,10 +337,24 @@ class _InlineDriver:
         if deadline is not None and deadline > self._loop.time():
             # Armed for a deadline that has since moved later (every packet sent pushes the
             # loss timer out; an ACK that rode along cancels the ACK timer): re-arm for the
-            # real one instead of running a whole step. ``deadline`` is current: it is
-            # refreshed by every flush, and anything that could move it queues a step.
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-            self._timer_at = deadline
+            # real one instead of running a whole step, unless the near timer covers it.
+            # ``deadline`` is current: it is refreshed by every flush, and anything that
+            # could move it queues a step.
+            if self._near_at > deadline:
+                self._timer = self._loop.call_at(deadline, self._on_timer)
+                self._timer_at = deadline
+            return
+        self._run()
+
+    def _on_near(self) -> None:
+        self._near = None
+        self._near_at = _NEVER
+        deadline = self._driver._deadline
+        if deadline is not None and deadline > self._loop.time():
+            # Early (see ``_on_timer``); the usual case is covered by ``_timer``.
+            if self._timer_at > deadline:
+                self._near = self._loop.call_at(deadline, self._on_near)
+                self._near_at = deadline
             return
         self._run()
 
@@ -321,8 +362,8 @@ class _InlineDriver:
         self._drop_writer()
         self._run()
 
-    def write_through(self) -> None:
-        """Send a small write that was just admitted now, from inside ``write``.
+    def write_through(self, ref: StreamRef, data: bytes) -> bool:
+        """Admit a small write and send it now, from inside ``write``; False: not taken.
 
         Why: the woken task's reply otherwise waits for the queued ``_finish``, behind the
         rest of the task's step (usually its next read: a receive to post, an event and a
@@ -330,34 +371,56 @@ class _InlineDriver:
         the request to the reply, and both peers wait on that path. Once per cycle only
         (more writes of the same step are batched by ``_finish`` as before), never from
         the driver's own stack (a completion handler), never for bulk writes (the stream
-        calls this only for small ones). When the driver was idle (a write that no datagram
+        offers only small ones). When the driver was idle (a write that no datagram
         woke), a ``_finish`` is queued to admit the rest of the step and arm the timer,
         unless a step is already queued.
+
+        The send lane: when nothing is queued ahead of the write (no submission, no
+        cancellation, nothing staged or runnable in the endpoint: ``QuicEndpoint.send_direct``
+        and ``StreamSubmitter.send_direct_nowait`` check), the endpoint takes it straight
+        into the stream's engine and the flush skips its poll; the notifier is not
+        involved. It is admitted, accounted (credit, retained bytes) and completed exactly
+        like a queued send, and being first in line it keeps submission order. Otherwise it
+        is submitted through the queue and the flush polls it in, as before.
         """
         if self._busy or self._wrote or self.done.done():
-            return
-        self._wrote = True
+            return False
+        core = self._core
+        endpoint = self._endpoint
         self._busy = True
         try:
+            submitter = core.submitter
+            lane = endpoint.send_direct(ref, data, submitter.send_direct_nowait)
+            if not lane:
+                try:
+                    submitter.send_nowait(ref, data)
+                except (WouldBlock, SubmissionClosed, ExceedsBudget):
+                    return False  # the stream queues it and waits on the bound
+            self._wrote = True
             if not (self._finishing or self._scheduled):
                 self._finishing = True
                 self._more = False
                 self._loop.call_soon(self._finish)
+            # The flush's poll consumes the notifications; after the lane such a poll would
+            # have found nothing to do (``send_direct``'s conditions), so it is skipped.
             notifier = self._notifier
             notifier.flag = False
             driver = self._driver
-            driver.flush()
+            if lane:
+                driver.flush(poll=False)
+            else:
+                driver.flush()
             # The reply left: now the acknowledgements the step held back and the deferred
             # read-aheads (``admit`` polls them in).
-            endpoint = self._endpoint
             endpoint.hold_ack_checks = False
-            if self._core.post_read_aheads_from(self._due) or endpoint.acks_held:
+            if core.post_read_aheads_from(self._due) or endpoint.acks_held:
                 notifier.flag = False
                 driver.admit()
         except BaseException as exc:
             self._fail(exc)
         finally:
             self._busy = False
+        return True
 
     def _run(self) -> None:
         if self._finishing or self.done.done():
@@ -365,6 +428,7 @@ class _InlineDriver:
         notifier = self._notifier
         self._busy = True
         try:
+            notifier.queued = True  # ``_settle`` or the queued ``_finish`` reads ``flag``
             notifier.flag = False
             notifier.io = False
             driver = self._driver
@@ -424,7 +488,8 @@ class _InlineDriver:
             # the kick of their notifications: ``admit`` admits them).
             core = self._core
             core.read_ahead_due = None
-            if core.post_read_aheads_from(self._due) or endpoint.acks_held:
+            due = self._due
+            if (due and core.post_read_aheads_from(due)) or endpoint._acks_held:
                 notifier.flag = False
                 driver.admit()
             self._finishing = False
@@ -440,7 +505,9 @@ class _InlineDriver:
         notifier = self._notifier
         endpoint = self._endpoint
         self._wrote = False  # the cycle ends: the next one may write through again
-        if endpoint.backlogged:
+        # (The endpoint's attributes behind ``backlogged`` and ``is_stopped``: this runs
+        # after every cycle.)
+        if endpoint._backlogged:
             notifier.flag = True  # the last poll stopped at a bound: poll again
         emitted = endpoint.emitted
         if emitted != self._seen:
@@ -448,12 +515,14 @@ class _InlineDriver:
             # usual flush emits nothing: its reply is acknowledged later).
             self._seen = emitted
             core.dispatch_ready()
-        if endpoint.is_stopped or self._stop.is_set():
+        if endpoint._state is EndpointState.STOPPED or self._stop.is_set():
             core.dispatch_ready()
             self.close()
             if not self.done.done():
                 self.done.set_result(None)
             return
+        # From here a notification must kick: the flag is read once more, just below.
+        notifier.queued = False
         if more or notifier.flag or notifier.io:
             self.kick()
             return
@@ -476,14 +545,38 @@ class _InlineDriver:
                 else:
                     loop.add_writer(write_fd, self._on_writable)
                     self._write_fd = write_fd
+        # Two loop timers, so that a deadline that comes and goes does not move the one
+        # that covers the others: qh3 holds every other ACK for about 1 ms, so the deadline
+        # alternates between that ACK timer and the loss timer (tens of ms, pushed out by
+        # every packet sent), and the next step's packet makes the ACK timer moot. With one
+        # timer each ACK deadline cancelled the loss timer's loop timer (a cancelled handle
+        # left in the loop's heap) and then fired early to re-arm it (a loop wake-up, a
+        # callback and a ``call_at``). Now ``_timer`` keeps the later deadline, ``_near``
+        # takes the earlier one and is cancelled as soon as ``_timer`` covers the deadline
+        # again (a cancelled handle at the heap's head is dropped without a wake-up). Either
+        # fires early at most once and re-arms only when the other does not cover the
+        # deadline. Invariant: min(_timer_at, _near_at) <= deadline.
         deadline = driver._deadline
         if deadline is None:
             return  # an armed timer fires once more, harmlessly
-        if deadline < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
+        if deadline >= self._timer_at:
+            near = self._near
+            if near is not None:  # moot: it would only fire early
+                near.cancel()
+                self._near = None
+                self._near_at = _NEVER
+            return
+        if deadline >= self._near_at:
+            return
+        if self._timer is None:
             self._timer = loop.call_at(deadline, self._on_timer)
             self._timer_at = deadline
+            return
+        near = self._near
+        if near is not None:
+            near.cancel()
+        self._near = loop.call_at(deadline, self._on_near)
+        self._near_at = deadline
 
     def _drop_writer(self) -> None:
         write_fd = self._write_fd
@@ -506,6 +599,7 @@ class _InlineDriver:
         core.write_through = None
         core.read_ahead_due = None  # streams post their own receives again (moot now)
         self._endpoint.hold_ack_checks = False
+        self._endpoint.poll_hint = None  # whoever polls next looks at the queues
         for stream in self._due:
             stream.ahead_due = False
         self._due.clear()
@@ -513,6 +607,10 @@ class _InlineDriver:
             self._timer.cancel()
             self._timer = None
             self._timer_at = _NEVER
+        if self._near is not None:
+            self._near.cancel()
+            self._near = None
+            self._near_at = _NEVER
         self._drop_writer()
         for fd in self._fds:
             with contextlib.suppress(Exception):

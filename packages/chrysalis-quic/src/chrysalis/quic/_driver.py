@@ -68,7 +68,6 @@ from chrysalis.core.completion import (
     IncomingStream,
     Notifier,
     OperationCancellation,
-    QueueExhausted,
     ReceiveCompletion,
     ReceiveOptions,
     ReceiveStatus,
@@ -272,7 +271,7 @@ class AsyncEvent(Protocol):
 
     def is_set(self) -> bool: ...
 
-    async def wait(self) -> Any: ...
+    def wait(self) -> Awaitable[Any]: ...  # a coroutine (trio) or a future (asyncio's)
 
 
 class Runtime(Protocol):
@@ -572,26 +571,29 @@ class EndpointDriver:
         driver first lets the tasks that the new completions woke run, so that their replies
         leave in the same packets as the acknowledgements of what they answer.
         """
+        # The cycle is written out here, not behind a helper taken with or without the lock:
+        # one Python frame less per step (the inline drivers' every wake-up). ``acquire``
+        # and ``try``/``finally`` are ``with lock:`` spelt out.
         lock = self._lock
-        if lock is None:
-            return self._step(flush)
-        with lock:
-            return self._step(flush)
-
-    def _step(self, flush: bool) -> bool:
-        now = self._clock()
-        endpoint = self._endpoint
-        self._counters[0] += 1
-        more = False if self._socket_failed else self._receive(now)
-        # The cached deadlines suffice here (no engine is asked): a timer that the datagrams
-        # just received made due is seen by the flush's ``get_timer``.
-        if endpoint.timer_due(now):
-            endpoint.handle_timer(now)
-        endpoint.poll(now)
-        if flush:
-            self._flush(now)
-            self._deadline = endpoint.get_timer()
-        return more
+        if lock is not None:
+            lock.acquire()
+        try:
+            now = self._clock()
+            endpoint = self._endpoint
+            self._counters[0] += 1
+            more = False if self._socket_failed else self._receive(now)
+            # The cached deadlines suffice here (no engine is asked): a timer that the
+            # datagrams just received made due is seen by the flush's ``get_timer``.
+            if endpoint.timer_due(now):
+                endpoint.handle_timer(now)
+            endpoint.poll(now)
+            if flush:
+                self._flush(now)
+                self._deadline = endpoint.get_timer()
+            return more
+        finally:
+            if lock is not None:
+                lock.release()
 
     def flush(self, *, poll: bool = True) -> None:
         """Admit new submissions (``poll``), send the endpoint's output once and update
@@ -600,12 +602,19 @@ class EndpointDriver:
         ``poll=False`` skips admission: for an inline driver whose ``step(flush=False)`` woke
         no task, so that nothing can have been submitted since that step's own ``poll``.
         """
-        lock = self._lock
-        if lock is None:
-            self._flush_step(poll)
-            return
-        with lock:
-            self._flush_step(poll)
+        lock = self._lock  # written out as in ``step``: one frame less per flush
+        if lock is not None:
+            lock.acquire()
+        try:
+            now = self._clock()
+            endpoint = self._endpoint
+            if poll:
+                endpoint.poll(now)
+            self._flush(now)
+            self._deadline = endpoint.get_timer()
+        finally:
+            if lock is not None:
+                lock.release()
 
     def admit(self) -> None:
         """Admit new submissions (a poll) and flush only if that gave an engine something to
@@ -622,17 +631,9 @@ class EndpointDriver:
         now = self._clock()
         endpoint = self._endpoint
         endpoint.poll(now)
-        if endpoint.has_output:
+        if endpoint._dirty or endpoint._outbox:  # ``has_output`` without the property call
             self._flush(now)
             self._deadline = endpoint.get_timer()
-
-    def _flush_step(self, poll: bool) -> None:
-        now = self._clock()
-        endpoint = self._endpoint
-        if poll:
-            endpoint.poll(now)
-        self._flush(now)
-        self._deadline = endpoint.get_timer()
 
     def _receive(self, now: float) -> bool:
         sock = self._socket
@@ -641,13 +642,14 @@ class EndpointDriver:
         metas = self._metas
         feed = self._endpoint.receive_datagram
         counters = self._counters
-        full = min(len(buffers), DATAGRAM_BATCH_SIZE)
         drains_fully = self._drains_fully
         lone = self._lone
         single = drains_fully and lone >= _LONE_STEPS and lone % _LONE_RECHECK
         if drains_fully:
             self._lone = lone + 1 if lone < _LONE_LIMIT else _LONE_STEPS
-        for _ in range(self._receive_batches):
+        batches = self._receive_batches
+        while batches:
+            batches -= 1
             metas.clear()
             try:
                 count = sock.try_recv(self._one if single else buffers, metas)
@@ -664,6 +666,24 @@ class EndpointDriver:
                 return False
             if not count:
                 return False
+            if count == 1:
+                # One plain datagram (every request/response step): fed without the loop
+                # below; the same decisions as there, for ``count == 1``.
+                meta = metas[0]
+                length = meta.length
+                stride = meta.stride
+                if stride <= 0 or stride >= length:
+                    counters[1] += 1
+                    feed(bytes(views[0][:length]), meta.source, now)
+                    if not drains_fully:
+                        continue
+                    if length >= _BULK_DATAGRAM:
+                        self._lone = 0  # part of a stream of data: drain fully
+                        if single:
+                            single = False
+                            continue  # and drain the rest of this burst now
+                    # A lone datagram: the queue is empty (the batch holds at least 8).
+                    return False
             bulk = False  # a GRO aggregate or a full-size datagram: part of a stream of data
             for index in range(count):
                 meta = metas[index]
@@ -687,7 +707,7 @@ class EndpointDriver:
                     if single:
                         single = False
                         continue  # and drain the rest of this burst now
-                if single or count == 1 < full:
+                if single or count == 1:  # (the batch holds 8 or 32 buffers)
                     return False
         return True
 
@@ -1285,7 +1305,7 @@ class StreamCore:
             taken = bytes(memoryview(chunk)[head : head + max_bytes])
             self.head = head + max_bytes
         self.rlen -= len(taken)
-        if not self.posted:
+        if not self.posted and not self.ahead_due:  # (queued already: nothing to do)
             self._read_ahead()
         return taken
 
@@ -1390,6 +1410,16 @@ class StreamCore:
                 event = self.rwait = self.core.runtime.event()
             await event.wait()
         if self.rlen >= count and not self.read_closed:
+            chunks = self.chunks
+            chunk = chunks[0]
+            if len(chunk) == count and not self.head:
+                # One chunk is exactly the answer (a request/response exchange): ``take``
+                # inline, two calls less on the path from the woken reader to its reply.
+                chunks.popleft()
+                self.rlen -= count
+                if not self.posted and not self.ahead_due:
+                    self._read_ahead()
+                return chunk if isinstance(chunk, bytes) else bytes(chunk)
             return self.take_buffered(count)
         parts: list[bytes] = []
         missing = count
@@ -1432,9 +1462,10 @@ class StreamCore:
         self._wake_readers()
 
     def on_receive(self, completion: ReceiveCompletion) -> None:
+        core = self.core
         if self.posted:
             self.posted = False
-            self.core.posted_receives -= 1
+            core.posted_receives -= 1
         self.cancellation = None
         status = completion.status
         buffer = completion.buffer
@@ -1442,9 +1473,21 @@ class StreamCore:
             self.chunks.append(buffer)
             self.rlen += len(buffer)
         if status is ReceiveStatus.DATA:
-            if self.rwait is not None or self.rlen < self.core.options.read_ahead:
-                self._read_ahead()
-        elif status is ReceiveStatus.FIN:
+            # The common completion (bytes for a reader): ``_read_ahead`` and
+            # ``_wake_readers`` inline, two calls less on the path to the woken reader.
+            if self.rwait is not None or self.rlen < core.options.read_ahead:
+                due = core.read_ahead_due
+                if due is None:
+                    self._maybe_read_ahead()
+                elif not self.ahead_due:
+                    self.ahead_due = True
+                    due.append(self)
+            event = self.rwait
+            if event is not None:
+                self.rwait = None
+                event.set()
+            return
+        if status is ReceiveStatus.FIN:
             self._terminate_receive(_RX_FIN)
         elif status is ReceiveStatus.RESET:
             self.reset_code = completion.error_code or 0
@@ -1479,16 +1522,21 @@ class StreamCore:
             if 0 < size <= core.max_send_piece and (
                 self.in_flight + size <= core.options.write_high_water
             ):
+                hook = core.write_through if size <= _WRITE_THROUGH_MAX else None
+                if hook is not None:
+                    # A small write: the inline driver may admit it and send it at once
+                    # (True), possibly through its send lane, without the submission queue.
+                    # Counted first, as the queued path counts it before flushing.
+                    self.in_flight += size
+                    if hook(self.ref, data):
+                        return
+                    self.in_flight -= size
                 try:
                     core.submitter.send_nowait(self.ref, data)
                 except (WouldBlock, SubmissionClosed, ExceedsBudget):
                     pass
                 else:
                     self.in_flight += size
-                    if size <= _WRITE_THROUGH_MAX:
-                        hook = core.write_through
-                        if hook is not None:
-                            hook()
                     return
         size = len(data) if not isinstance(data, memoryview) else data.nbytes
         if not size:
@@ -1898,11 +1946,12 @@ class EndpointCore:
         # step's dispatch to the end of its flush): streams whose read-ahead receive would
         # be posted now (by the dispatch, or by a read that took buffered bytes); the
         # driver posts them with ``post_read_aheads_from`` once its flush sent the reply, before
-        # the next datagram can arrive. ``write_through``: called after a small write was
-        # admitted (not from a completion handler's stack: the driver checks); the driver
-        # may flush it at once.
+        # the next datagram can arrive. ``write_through``: offered each small write (its
+        # stream and bytes); True: the driver admitted it and flushed at once, through its
+        # send lane when nothing is queued ahead; False: not taken (the driver is on the
+        # stack, or already wrote this cycle), the stream submits it as usual.
         self.read_ahead_due: list[StreamCore] | None = None
-        self.write_through: Callable[[], None] | None = None
+        self.write_through: Callable[[StreamRef, bytes], bool] | None = None
         self.deferred: deque[tuple[str, Any, int]] = deque()
         self.refused_streams = 0
         self.unknown_completions = 0
@@ -1933,26 +1982,35 @@ class EndpointCore:
     # -- dispatch -----------------------------------------------------------------------------
 
     def dispatch_ready(self) -> int:
-        """Dispatch every queued completion (in batches); return how many."""
+        """Dispatch every queued completion (in batches); return how many.
+
+        Each batch's leases are released before its first handler runs (a handler's new
+        receive or send then finds the credit and the posted bytes back, as before), and a
+        ``ReceiveCompletion``, the one a request/response exchange dispatches on the path to
+        the woken reader, goes to its stream without the handler table's extra call."""
         receiver = self.channels.completions
         handlers = self._handlers
+        streams = self.streams
         total = 0
         while True:
-            try:
-                leases = receiver.drain_leased(_DISPATCH_BATCH)
-            except QueueExhausted:
-                leases = []
-            if not leases:
+            completions = receiver.drain_released(_DISPATCH_BATCH)
+            if not completions:
                 if not self.stopped and receiver.is_closed():
                     self._on_driver_stopped(None)
                 break
-            total += len(leases)
-            for lease in leases:
-                completion = lease.release()
-                handlers[type(completion)](completion)
-            if len(leases) < _DISPATCH_BATCH:
+            total += len(completions)
+            for completion in completions:
+                if type(completion) is ReceiveCompletion:  # ``_on_receive``, inline
+                    stream = streams.get(completion.stream)
+                    if stream is not None:
+                        stream.on_receive(completion)
+                        if stream.reclaimed and stream.settled:
+                            self._forget(stream)
+                else:
+                    handlers[type(completion)](completion)
+            if len(completions) < _DISPATCH_BATCH:
                 break
-        if total:
+        if total and (self.deferred or self._blocked):
             self._retry()
         return total
 

@@ -53,7 +53,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeAlias, final
+from typing import Final, Protocol, TypeAlias, cast, final
 
 from aioquic._buffer import Buffer
 from aioquic.quic.packet import (
@@ -144,6 +144,7 @@ _STREAM_ID_LIMIT: Final = 1 << 62
 _VARINT_MAX: Final = (1 << 62) - 1
 _MAX_REASON: Final = 1024
 _MAX_OUTBOX: Final = 1024
+_NO_TIMER: Final = float("inf")
 _SHORT_HEADER_MIN: Final = 1 + CID_LEN
 _AUTH_REASON: Final = "peer identity mismatch"
 _SHUTDOWN_REASON: Final = "endpoint shutdown"
@@ -503,6 +504,16 @@ def _source_key(address: DatagramAddr) -> object:
     return address
 
 
+class PollHint(Protocol):
+    """What ``QuicEndpoint.poll_hint`` needs: a driver notifier (the channels'
+    ``driver_notifier``) that sets ``unpolled`` on every notification (a submission into an
+    empty queue, a cancellation, a released event credit, completion-queue space, the queue
+    closing); ``poll`` clears it. Only for a notifier that is notified on the driver's own
+    thread, or before the driver is woken (a notification must lead to another poll)."""
+
+    unpolled: bool
+
+
 # --- the endpoint -------------------------------------------------------------------------------
 
 
@@ -565,10 +576,12 @@ class QuicEndpoint:
         "_stale",
         "_state",
         "_stopped_staged",
+        "_timer_min",
         "_timers",
         "_wall_offset",
         "emitted",
         "hold_ack_checks",
+        "poll_hint",
     )
 
     def __init__(
@@ -615,6 +628,9 @@ class QuicEndpoint:
         # state, so only connections touched since the last look (``_dirty`` and ``_stale``)
         # are asked again. Every engine call that can move a timer marks its connection.
         self._timers: dict[_Connection, float] = {}
+        # ``min(_timers.values())`` (or ``_NO_TIMER``), kept with every change of ``_timers``:
+        # ``timer_due`` runs on every step, ``get_timer`` on every flush.
+        self._timer_min = _NO_TIMER
         self._stale: dict[_Connection, None] = {}
         self._backlogged = False
         # Completions handed to the completion queue so far (and one more when it closes):
@@ -628,6 +644,11 @@ class QuicEndpoint:
         # longer on the path from request to reply (both peers wait on that path).
         self.hold_ack_checks = False
         self._acks_held: dict[_Connection, None] = {}
+        # An inline driver's notifier (see ``PollHint``): while it says that nothing was
+        # submitted, cancelled or released since the last ``poll`` and the endpoint has no
+        # work of its own queued, ``poll`` returns at once. None (every other driver): every
+        # ``poll`` looks at the submission queue.
+        self.poll_hint: PollHint | None = None
         self._active: dict[_Connection, None] = {}
         self._reap: list[_Connection] = []
         self._outbox: list[tuple[bytes, DatagramAddr]] = []
@@ -911,11 +932,9 @@ class QuicEndpoint:
         if self._dirty or self._stale:
             self._refresh_timers()
         timer = self._deadline
-        timers = self._timers
-        if timers:
-            at = min(timers.values())
-            if timer is None or at < timer:
-                timer = at
+        at = self._timer_min
+        if at != _NO_TIMER and (timer is None or at < timer):
+            timer = at
         return timer
 
     def timer_due(self, now: float) -> bool:
@@ -925,8 +944,7 @@ class QuicEndpoint:
         deadline = self._deadline
         if deadline is not None and deadline <= now:
             return True
-        timers = self._timers
-        return bool(timers) and min(timers.values()) <= now
+        return self._timer_min <= now
 
     def _refresh_timers(self) -> None:
         timers = self._timers
@@ -951,6 +969,7 @@ class QuicEndpoint:
                 else:
                     timers[conn] = at
         self._stale.clear()
+        self._timer_min = min(timers.values()) if timers else _NO_TIMER
 
     def handle_timer(self, now: float) -> None:
         """Fire every engine timer that is due and the shutdown deadline."""
@@ -1087,22 +1106,55 @@ class QuicEndpoint:
     def _on_stream_data(self, conn: _Connection, event: StreamDataReceived) -> None:
         if conn.state is _Conn.FAILED:
             return  # never delivered: the peer was not authenticated
-        stream = self._peer_stream(conn, event.stream_id)
+        stream = conn.streams.get(event.stream_id)  # a known stream: no ``_peer_stream`` call
+        if stream is None:
+            stream = self._peer_stream(conn, event.stream_id)
         data = event.data
         if stream is None or stream.recv_state is not _Recv.OPEN or stream.fin_received:
             return  # nobody will read it: it never counts as buffered
+        ops = stream.recv_ops
         if (
             data
             and not stream.buffered
             and not event.fin
-            and stream.recv_ops
+            and ops
             and stream.announced
             and conn.state is _Conn.ESTABLISHED
             and conn.terminated is None
             and not self._staged  # held-back completions: the progress pass decides
-            and self._deliver_direct(conn, stream, data)
+            and type(op := ops[0]) is ReceiveSubmission
         ):
-            return
+            # Direct delivery. Why: in a request/response exchange the reader's next receive
+            # is already posted when the bytes arrive (the driver reads ahead), nothing is
+            # buffered and the bytes fit. Then buffering them and completing the receive in
+            # the progress pass (mark, progress, consume) only moves the same bytes twice;
+            # completing here has the same outcome: the same bytes in the same order, the
+            # same flow-control credit returned to the engine, and ``DATA`` once the buffer
+            # holds ``min_bytes``. The append, the completion and its lease are one call of
+            # the completion model (``CompletionSender.deliver_nowait``), which declines with
+            # nothing changed (cancelled, too large, short of ``min_bytes``) exactly where
+            # the general path below must decide.
+            try:
+                delivered = self._channels.completion_sender.deliver_nowait(op, data)
+            except CompletionQueueFull as full:  # completed but held back: staged in order
+                self._staged.append((cast(ReceiveCompletion, full.completion), full.permit))
+                delivered = True
+            except CompletionQueueClosed as closed:
+                _release(cast(ReceiveCompletion, closed.completion), closed.permit)
+                delivered = True
+            else:
+                if delivered:
+                    self.emitted += 1
+            if delivered:
+                ops.popleft()
+                size = len(data)
+                conn.stream_bytes_received += size
+                stream.consumed += size
+                conn.engine.stream_consumed(stream.sid, stream.consumed)
+                self._dirty[conn] = None
+                if ops:  # further receives (and stops) go through the progress pass
+                    self._mark(conn, stream)
+                return
         if data:
             conn.stream_bytes_received += len(data)
             stream.chunks.append(data)
@@ -1115,38 +1167,8 @@ class QuicEndpoint:
             if not stream.announced:
                 stream.announced = True
                 self._event(IncomingStream(stream.ref))
-            if stream.recv_ops:
+            if ops:
                 self._mark(conn, stream)
-
-    def _deliver_direct(self, conn: _Connection, stream: _Stream, data: bytes) -> bool:
-        """Complete the stream's first posted receive with ``data`` straight from the event.
-
-        Why: in a request/response exchange the reader's next receive is already posted when
-        the bytes arrive (the driver reads ahead), nothing is buffered and the bytes fit. Then
-        buffering them and completing the receive in the progress pass (mark, progress,
-        consume) only moves the same bytes twice; completing here has the same outcome: the
-        same bytes in the same order, the same flow-control credit returned to the engine, and
-        ``DATA`` once the buffer holds ``min_bytes`` (otherwise nothing is done here and the
-        general path runs). False: not applicable, nothing changed.
-        """
-        op = stream.recv_ops[0]
-        if type(op) is not ReceiveSubmission or op.cancellation.cancelled:
-            return False
-        posted = op.posted
-        size = len(data)
-        if size > posted.spare or posted.appended + size < op.options.min_bytes:
-            return False
-        posted.append(data)
-        conn.stream_bytes_received += size
-        stream.consumed += size
-        engine = conn.engine
-        engine.stream_consumed(stream.sid, stream.consumed)
-        self._dirty[conn] = None
-        stream.recv_ops.popleft()
-        self._complete(op.complete(ReceiveStatus.DATA), op.permit)
-        if stream.recv_ops:  # further receives (and stops) go through the progress pass
-            self._mark(conn, stream)
-        return True
 
     def _on_stream_reset(self, conn: _Connection, sid: int, code: int) -> None:
         stream = self._peer_stream(conn, sid)
@@ -1185,8 +1207,27 @@ class QuicEndpoint:
         submissions (in FIFO order), progress runnable streams, reap closed connections and
         advance shutdown. While completions are staged beyond ``max_staged_completions`` no
         new work is taken (the application must consume completions first)."""
-        if self._state is EndpointState.STOPPED:
+        state = self._state
+        if state is EndpointState.STOPPED:
             return
+        hint = self.poll_hint
+        if hint is not None:
+            if not (
+                hint.unpolled
+                or self._active
+                or self._staged
+                or self._reap
+                or self._backlogged
+                or (self._acks_held and not self.hold_ack_checks)
+                or state is not EndpointState.RUNNING
+            ):
+                # Nothing reached the queues since the last poll (the driver's notifier
+                # would have said so) and nothing of the endpoint's own waits: the same
+                # poll would find nothing to do. (The usual case for the poll of a step
+                # that only received datagrams: their data went straight to the posted
+                # receive, their acknowledgements are held.)
+                return
+            hint.unpolled = False
         if self._acks_held and not self.hold_ack_checks:
             self._check_held_acks()
         if self._staged:
@@ -1210,6 +1251,10 @@ class QuicEndpoint:
         else:
             # Held back by staged completions: consuming them notifies; no busy polling.
             self._backlogged = False
+            if hint is not None:
+                # The queues may still hold work that no new notification will announce
+                # (a push notifies only an empty queue): the next poll must look.
+                hint.unpolled = True
         if self._reap:
             self._reap_terminated(now)
         if self._state is EndpointState.RUNNING and submissions.is_closed():
@@ -1242,7 +1287,20 @@ class QuicEndpoint:
         for conn in held:
             if conns.get(conn.ref) is not conn or conn.state is not _Conn.ESTABLISHED:
                 continue
+            engine = conn.engine
             for stream in conn.sending:
+                order = stream.send_order
+                if order and not stream.send_ops:
+                    head = order[0]
+                    if not head.rejected:
+                        state = engine.stream_send_state(stream.sid)
+                        if state is not None and head.end > state[0]:
+                            # The oldest send is not acknowledged yet, so no later one is
+                            # (they complete in order), and no data waits for the room an
+                            # acknowledgement frees: a progress pass would do nothing
+                            # (qh3 acknowledges every second packet, so about every other
+                            # datagram of a request/response exchange).
+                            continue
                 stream.ack_check = True
                 self._mark(conn, stream)
 
@@ -1312,6 +1370,61 @@ class QuicEndpoint:
         else:
             stream.recv_ops.append(item)
         self._mark(conn, stream)
+
+    def send_direct(
+        self,
+        ref: StreamRef,
+        payload: bytes,
+        admit: Callable[[StreamRef, bytes], SendSubmission | None],
+    ) -> bool:
+        """Admit a send with ``admit`` (``StreamSubmitter.send_direct_nowait``) and hand it
+        to the stream's engine now, as ``poll`` would hand it over if it were queued: the
+        send lane of a driver that runs on the submitter's thread.
+
+        Why: a small reply written while nothing else is pending would otherwise be pushed
+        into the submission queue only for the next ``poll`` to pop it and do exactly this.
+        Only when that poll would do nothing else, so that the outcome, the order of
+        operations and every bound are the same: the endpoint running, not backlogged, with
+        nothing staged, no stream runnable, no connection to reap and no held acknowledgement
+        check due; the connection established and not terminating; the stream's send half
+        open with no send, finish or reset queued before it; a non-empty payload; and
+        ``admit`` finding nothing queued ahead and every bound open. Returns False with
+        nothing changed (the caller submits through the queue) otherwise. The send then
+        completes like a queued one (in submission order, acknowledged or abandoned,
+        releasing its bytes and credit); the caller must still flush (``datagrams_to_send``)
+        to send it.
+        """
+        if (
+            self._state is not EndpointState.RUNNING
+            or self._backlogged
+            or self._staged
+            or self._active
+            or self._reap
+            or (self._acks_held and not self.hold_ack_checks)
+        ):
+            return False
+        conn = self._conns.get(ref.connection)
+        if conn is None or conn.state is not _Conn.ESTABLISHED or conn.terminated is not None:
+            return False
+        stream = conn.streams.get(ref.stream)
+        if stream is None or stream.send_ops or stream.send_state is not _Send.OPEN:
+            return False
+        nbytes = len(payload)
+        if not nbytes:
+            return False
+        item = admit(ref, payload)
+        if item is None:
+            return False
+        # ``_submit``'s path for a send on an idle stream of an established connection.
+        stream.queued_end += nbytes
+        stream.send_order.append(_SendRecord(item, stream.queued_end, rejected=False))
+        stream.send_ops.append(item)
+        conn.sending.add(stream)
+        self._progress_send(conn, stream)
+        if not stream.send_order:  # the engine refused: the half was abandoned
+            self._mark(conn, stream)
+            self._progress()  # as the poll that popped it would, before its flush
+        return True
 
     def _command(self, command: object, now: float) -> CommandResult:
         if isinstance(command, Connect):
@@ -1696,7 +1809,9 @@ class QuicEndpoint:
         del self._conns[conn.ref]
         self._dirty.pop(conn, None)
         self._stale.pop(conn, None)
-        self._timers.pop(conn, None)
+        timers = self._timers
+        if timers.pop(conn, None) is not None:
+            self._timer_min = min(timers.values()) if timers else _NO_TIMER
         self._active.pop(conn, None)
         self._acks_held.pop(conn, None)
         for cid in conn.cids:

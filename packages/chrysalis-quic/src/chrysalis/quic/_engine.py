@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from chrysalis.core import DatagramAddr
 from chrysalis.quic._config import QuicConfig
@@ -66,6 +66,25 @@ class StreamDataReceived:
     stream_id: int
     data: bytes
     fin: bool
+
+
+# Engines build one ``StreamDataReceived`` per datagram that carries stream data (the common
+# event): through its slots' descriptors, as the completion model builds its completions,
+# instead of the frozen dataclass's generated ``__init__`` (a Python frame that sets each
+# field through ``object.__setattr__``). ``new_stream_data`` then one setter per field; a
+# field added above must be set there too (the engine tests compare with the constructor).
+new_stream_data: Final[Callable[[type[StreamDataReceived]], StreamDataReceived]] = object.__new__
+
+
+def _slot_setter(name: str) -> Callable[[StreamDataReceived, Any], None]:
+    """The setter of a slotted field's descriptor (it bypasses the frozen class's guard)."""
+    setter: Callable[[StreamDataReceived, Any], None] = getattr(StreamDataReceived, name).__set__
+    return setter
+
+
+set_sdr_stream_id: Final = _slot_setter("stream_id")
+set_sdr_data: Final = _slot_setter("data")
+set_sdr_fin: Final = _slot_setter("fin")
 
 
 @dataclass(frozen=True, slots=True)

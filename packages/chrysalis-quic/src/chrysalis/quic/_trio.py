@@ -125,16 +125,20 @@ class _Runtime:
 class _ScopeNotifier:
     """The driver notifier of the inline mode: cancels the driver task's wait scope."""
 
-    __slots__ = ("flag", "scope", "thread", "token")
+    __slots__ = ("flag", "scope", "thread", "token", "unpolled")
 
     def __init__(self) -> None:
         self.token = trio.lowlevel.current_trio_token()
         self.thread = threading.get_ident()
         self.flag = False
+        # The same news for the endpoint's ``poll`` (``QuicEndpoint.poll_hint``), which
+        # clears it: the driver's ``flag`` is cleared on its own schedule.
+        self.unpolled = True
         self.scope: trio.CancelScope | None = None
 
     def notify(self) -> None:
         self.flag = True
+        self.unpolled = True
         scope = self.scope
         if scope is not None:
             if threading.get_ident() == self.thread:
@@ -417,6 +421,9 @@ class TrioEndpoint(EndpointView):
         notifier = self._notifier
         assert isinstance(notifier, _ScopeNotifier)
         fds = driver.socket.readiness_fds()
+        # Every notification cancels the wait below (or lands before the next check of
+        # ``flag``), so a poll that the notifier says has nothing new to drain is skipped.
+        driver.endpoint.poll_hint = notifier
         try:
             while True:
                 notifier.flag = False
@@ -449,6 +456,7 @@ class TrioEndpoint(EndpointView):
             core._on_driver_stopped(None)
             raise
         finally:
+            driver.endpoint.poll_hint = None
             self._task_done.set()
 
     async def _wait_inline(self, notifier: _ScopeNotifier, fds: list[int]) -> None:

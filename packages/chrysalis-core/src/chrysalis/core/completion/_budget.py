@@ -40,6 +40,8 @@ __all__ = [
 BytesLike = bytes | bytearray | memoryview
 """Payload types a send accepts (a memoryview must be C-contiguous)."""
 
+_new = object.__new__
+
 MAX_BUDGET_BYTES = 1 << 48
 """Largest accepted budget (a guard against accidental huge bounds)."""
 
@@ -142,7 +144,22 @@ class ByteBudget:
                 if self._used + nbytes > self._capacity:
                     return None
                 self._used += nbytes
-        return RetainedBytes._create(payload, view, ByteReservation(self, nbytes))
+        # ``RetainedBytes._create(payload, view, ByteReservation(self, nbytes))`` without
+        # their three ``__init__``/``_create`` frames: one is made per admitted send.
+        reservation: ByteReservation = _new(ByteReservation)
+        reservation._budget = self
+        reservation._nbytes = nbytes
+        reservation._released = False
+        share: _SharedReservation = _new(_SharedReservation)
+        share.reservation = reservation
+        share.views = 1
+        retained: RetainedBytes = _new(RetainedBytes)
+        retained._source = payload
+        retained._view = view
+        retained._length = nbytes
+        retained._share = share
+        retained._released = False
+        return retained
 
     def try_post(self, buffer: bytearray, capacity: int) -> PostedBuffer | None:
         """Reserve ``capacity`` bytes for ``buffer`` (which may grow up to ``capacity``).
@@ -164,7 +181,18 @@ class ByteBudget:
                 if self._used + capacity > self._capacity:
                     return None
                 self._used += capacity
-        return PostedBuffer._create(buffer, capacity, ByteReservation(self, capacity))
+        # ``PostedBuffer._create(buffer, capacity, ByteReservation(self, capacity))`` without
+        # their two frames: one is made per admitted receive.
+        reservation: ByteReservation = _new(ByteReservation)
+        reservation._budget = self
+        reservation._nbytes = capacity
+        reservation._released = False
+        posted: PostedBuffer = _new(PostedBuffer)
+        posted._buffer = buffer
+        posted._capacity = capacity
+        posted._start = len(buffer)
+        posted._reservation = reservation
+        return posted
 
     def statistics(self) -> BudgetStatistics:
         """Return an immutable snapshot of the budget."""

@@ -27,6 +27,8 @@ from chrysalis.core.completion._wakeup import Wakeup
 
 __all__ = ["EVENT_CREDIT_CAPACITY", "CompletionCredits", "CreditPermit", "CreditStatistics"]
 
+_new = object.__new__
+
 EVENT_CREDIT_CAPACITY = 4096
 """Credits of the endpoint's separate pool for unsolicited lifecycle events."""
 
@@ -110,12 +112,18 @@ class CompletionCredits:
             if self._in_use >= self._capacity:
                 return None
             self._in_use += 1
-            return CreditPermit(self)
-        with self._lock:
-            if self._in_use >= self._capacity:
-                return None
-            self._in_use += 1
-        return CreditPermit(self)
+        else:
+            with self._lock:
+                if self._in_use >= self._capacity:
+                    return None
+                self._in_use += 1
+        # ``CreditPermit(self)`` without its ``__init__`` frame: one is made per admitted
+        # operation (every stream read and write), so this is on the hot path.
+        permit: CreditPermit = _new(CreditPermit)
+        permit._pool = self
+        permit._released = False
+        permit._leased = False
+        return permit
 
     def statistics(self) -> CreditStatistics:
         """Return an immutable snapshot of the pool."""

@@ -684,6 +684,47 @@ class StreamSubmitter:
         )
         return _receipt(operation)
 
+    def send_direct_nowait(self, stream: StreamRef, payload: BytesLike) -> SendSubmission | None:
+        """Admit a send for the driver to execute at once instead of queueing it (a send lane).
+
+        Why: on one thread (``threadsafe=False``) a driver that is handed a small send while
+        nothing waits in the queue can execute it on the spot, without the push, the
+        notification and the drain that only carry it to that same driver.
+
+        Admission is ``send_nowait``'s: the stream check, one completion credit, the payload's
+        bytes retained against the budget and a fresh operation id, so budgets and credits
+        are accounted exactly as for a queued send; the caller (the driver, on the channels'
+        one thread) must execute the returned submission at once, exactly as one it popped
+        (its completion releases the retained bytes and the credit). Returns None, having
+        taken nothing, whenever the queued path must be used instead: thread-safe channels;
+        anything queued ahead of it (a submission or a cancellation hint: the driver takes
+        those first, so executing this one now could overtake them); admission closed or
+        this handle dropped; a bound that refuses (``send_nowait`` then raises the
+        ``WouldBlock``, ``ExceedsBudget`` or ``SubmissionClosed`` the caller waits on).
+        """
+        core = self._core
+        if not core.single or core.cancellations:
+            return None
+        sender = self._sender
+        queue = sender._core
+        if queue.items or not queue.admitting or sender._dropped:
+            return None
+        if type(stream) is not StreamRef or stream.connection.driver is not core.driver:
+            core.check_stream(stream)  # the full check (and its error) off the common path
+        view = memoryview(payload) if type(payload) is bytes else _readonly_view(payload)
+        retained_budget = core.retained
+        if view.nbytes > retained_budget._capacity:
+            return None
+        permit = core.credits.try_acquire()
+        if permit is None:
+            return None
+        retained = retained_budget._try_retain_view(payload, view)
+        if retained is None:
+            permit.release()
+            return None
+        operation = _operation_id(core.driver, core.operations.next())
+        return _send_submission(operation, stream, retained, permit)
+
     def receive_nowait(
         self,
         stream: StreamRef,
