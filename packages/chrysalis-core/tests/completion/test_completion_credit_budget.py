@@ -318,3 +318,37 @@ class BudgetMachine(RuleBasedStateMachine):
 
 TestBudgetMachine = BudgetMachine.TestCase
 TestBudgetMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+def _unset_slots(obj: object) -> list[str]:
+    """The ``__slots__`` of ``obj``'s class that were never assigned."""
+    missing = []
+    for name in type(obj).__slots__:  # type: ignore[attr-defined]
+        try:
+            getattr(obj, name)
+        except AttributeError:
+            missing.append(name)
+    return missing
+
+
+@pytest.mark.parametrize("threadsafe", [True, False])
+def test_hot_path_objects_are_built_with_every_slot_set(threadsafe: bool) -> None:
+    """``try_acquire``, ``try_retain`` and ``try_post`` build their objects slot by slot
+    (no constructor frames): a slot added to a class but not to its builder fails here."""
+    permit = CompletionCredits(4, threadsafe=threadsafe).try_acquire()
+    budget = ByteBudget(1024, threadsafe=threadsafe)
+    retained = budget.try_retain(b"abcd")
+    posted = budget.try_post(bytearray(), 64)
+    assert permit is not None
+    assert retained is not None
+    assert posted is not None
+    share = retained._share
+    objects = [permit, retained, share, share.reservation, posted, posted._reservation]
+    assert {type(o).__name__: _unset_slots(o) for o in objects} == {
+        type(o).__name__: [] for o in objects
+    }
+    assert budget.used == 68
+    retained.release()
+    posted.release()
+    assert permit.release() is True
+    assert budget.used == 0

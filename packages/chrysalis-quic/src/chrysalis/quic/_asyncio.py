@@ -314,8 +314,10 @@ class _InlineDriver:
             loop.add_reader(fd, self._run)
         self._notifier.kick = self.kick
         self._core.write_through = self.write_through
-        # Every notification kicks this driver (or finds a ``_finish`` queued), so a poll
-        # that the notifier says has nothing new to drain can be skipped.
+        # Every notification sets ``unpolled`` and either kicks this driver or finds one of
+        # its callbacks queued or running that reads ``flag`` before going idle
+        # (``_LoopNotifier.queued``), so a poll that the notifier says has nothing new to
+        # drain can be skipped.
         self._endpoint.poll_hint = self._notifier
         self.kick()
 
@@ -388,6 +390,7 @@ class _InlineDriver:
         core = self._core
         endpoint = self._endpoint
         self._busy = True
+        admitted = False
         try:
             submitter = core.submitter
             lane = endpoint.send_direct(ref, data, submitter.send_direct_nowait)
@@ -396,6 +399,7 @@ class _InlineDriver:
                     submitter.send_nowait(ref, data)
                 except (WouldBlock, SubmissionClosed, ExceedsBudget):
                     return False  # the stream queues it and waits on the bound
+            admitted = True
             self._wrote = True
             if not (self._finishing or self._scheduled):
                 self._finishing = True
@@ -417,6 +421,8 @@ class _InlineDriver:
                 notifier.flag = False
                 driver.admit()
         except BaseException as exc:
+            if not admitted:
+                raise  # the writer's error (admission takes nothing when it raises)
             self._fail(exc)
         finally:
             self._busy = False
@@ -551,11 +557,11 @@ class _InlineDriver:
         # every packet sent), and the next step's packet makes the ACK timer moot. With one
         # timer each ACK deadline cancelled the loss timer's loop timer (a cancelled handle
         # left in the loop's heap) and then fired early to re-arm it (a loop wake-up, a
-        # callback and a ``call_at``). Now ``_timer`` keeps the later deadline, ``_near``
-        # takes the earlier one and is cancelled as soon as ``_timer`` covers the deadline
-        # again (a cancelled handle at the heap's head is dropped without a wake-up). Either
-        # fires early at most once and re-arms only when the other does not cover the
-        # deadline. Invariant: min(_timer_at, _near_at) <= deadline.
+        # callback and a ``call_at``). Now ``_timer`` keeps the later deadline (or the only
+        # one, when none is armed), ``_near`` takes an earlier one and is cancelled as soon
+        # as ``_timer`` covers the deadline again (a cancelled handle at the heap's head is
+        # dropped without a wake-up). Either fires early at most once and re-arms only when
+        # the other does not cover the deadline. Invariant: min(_timer_at, _near_at) <= deadline.
         deadline = driver._deadline
         if deadline is None:
             return  # an armed timer fires once more, harmlessly

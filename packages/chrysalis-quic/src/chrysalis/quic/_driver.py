@@ -471,8 +471,10 @@ class EndpointDriver:
         self._receive_batches = max(1, receive_batches)
         # A lone receive (one datagram, or one GRO aggregate) from these carriers means their
         # queue is empty (their ``try_recv`` stops only at "would block", an error it defers,
-        # or the batch limit) and their descriptor is level-triggered, so nothing is lost by
-        # not asking again: one system call less per request/response step. A fuller batch
+        # or the batch limit; the UDP one also at a small buffer after large ones, which the
+        # uniform buffers here never give it) and their descriptor is level-triggered, so
+        # nothing is lost by not asking again: one system call less per request/response
+        # step. A fuller batch
         # is a stream of data: keep draining (more data per step, fewer acknowledgements).
         # Other carriers are asked until they return nothing.
         self._drains_fully = isinstance(socket, UdpSocket | UnixDatagramSocket) and bool(

@@ -137,8 +137,13 @@ class _ScopeNotifier:
         self.scope: trio.CancelScope | None = None
 
     def notify(self) -> None:
-        self.flag = True
         self.unpolled = True
+        self.notify_io()
+
+    def notify_io(self) -> None:
+        """A carrier's waker: the driver must step (``flag``), but nothing new was submitted,
+        so the step's poll may still be skipped (``unpolled`` untouched)."""
+        self.flag = True
         scope = self.scope
         if scope is not None:
             if threading.get_ident() == self.thread:
@@ -473,12 +478,12 @@ class TrioEndpoint(EndpointView):
                 write_fd: int | None = None
                 if not driver.socket_failed:
                     if not fds:
-                        sock.add_recv_waker(notifier.notify)
+                        sock.add_recv_waker(notifier.notify_io)
                     blocked = driver.blocked_destination
                     if blocked is not None:
                         write_fd = sock.send_readiness_fd(blocked)
                         if write_fd is None:
-                            sock.add_send_waker(blocked, notifier.notify)
+                            sock.add_send_waker(blocked, notifier.notify_io)
                 else:
                     fds = []
                 if write_fd is None and len(fds) == 1:

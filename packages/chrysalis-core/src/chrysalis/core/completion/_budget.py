@@ -144,8 +144,8 @@ class ByteBudget:
                 if self._used + nbytes > self._capacity:
                     return None
                 self._used += nbytes
-        # ``RetainedBytes._create(payload, view, ByteReservation(self, nbytes))`` without
-        # their three ``__init__``/``_create`` frames: one is made per admitted send.
+        # The three objects are built slot by slot, without constructor frames: one set is
+        # made per admitted send (tests check that every slot is set).
         reservation: ByteReservation = _new(ByteReservation)
         reservation._budget = self
         reservation._nbytes = nbytes
@@ -181,8 +181,7 @@ class ByteBudget:
                 if self._used + capacity > self._capacity:
                     return None
                 self._used += capacity
-        # ``PostedBuffer._create(buffer, capacity, ByteReservation(self, capacity))`` without
-        # their two frames: one is made per admitted receive.
+        # Built slot by slot as in ``_try_retain_view``: one is made per admitted receive.
         reservation: ByteReservation = _new(ByteReservation)
         reservation._budget = self
         reservation._nbytes = capacity
@@ -308,18 +307,6 @@ class RetainedBytes:
     def __init__(self) -> None:
         raise TypeError("RetainedBytes is created by ByteBudget.try_retain")
 
-    @classmethod
-    def _create(
-        cls, source: BytesLike, view: memoryview, reservation: ByteReservation
-    ) -> RetainedBytes:
-        self = object.__new__(cls)
-        self._source = source
-        self._view = view
-        self._length = view.nbytes
-        self._share = _SharedReservation(reservation)
-        self._released = False
-        return self
-
     @property
     def data(self) -> memoryview:
         """A read-only view of this part of the payload (``CompletionModelError`` once released)."""
@@ -424,17 +411,6 @@ class PostedBuffer:
 
     def __init__(self) -> None:
         raise TypeError("PostedBuffer is created by ByteBudget.try_post")
-
-    @classmethod
-    def _create(
-        cls, buffer: bytearray, capacity: int, reservation: ByteReservation
-    ) -> PostedBuffer:
-        self = object.__new__(cls)
-        self._buffer = buffer
-        self._capacity = capacity
-        self._start = len(buffer)
-        self._reservation = reservation
-        return self
 
     @property
     def buffer(self) -> bytearray:

@@ -772,7 +772,8 @@ class CompletionReceiver:
     def drain_released(self, max_items: int) -> list[Completion]:
         """Remove up to ``max_items`` of the oldest completions, release their leases (the
         credit and a received buffer's posted reservation, oldest first) and return them:
-        ``pop_nowait`` for each, in one call. Why: a dispatcher that releases every lease
+        ``pop_nowait`` for each, in one call, except that an empty queue gives ``[]`` (as
+        ``drain``). Why: a dispatcher that releases every lease
         before handling its completion saves two calls per completion."""
         if max_items < 0:
             raise ValueError(f"max_items must be non-negative, got {max_items}")

@@ -1016,7 +1016,8 @@ class SubmissionReceiver(Generic[C]):
         return items
 
     def sequence(self) -> int:
-        """A counter bumped by every push, close and last-sender drop."""
+        """A counter bumped by every push, close and last-sender drop (sends admitted by
+        ``send_direct_nowait`` are never pushed, so they do not count)."""
         return self._receiver.sequence()
 
     def is_closed(self) -> bool:
