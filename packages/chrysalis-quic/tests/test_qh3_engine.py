@@ -502,3 +502,210 @@ def test_each_datagram_is_mapped_to_its_own_path_with_the_last_path_memo() -> No
         if isinstance(event, StreamDataReceived):
             received.append(event.data)
     assert received == [b"still mapped"]
+
+
+# --- EngineHints: the endpoint's drain and consume calls -----------------------------------------
+
+_HINTS = ("event_queue", "events_withheld", "stream_consumed_noop")
+
+
+class _Spy:
+    """Wraps an engine connection, counting ``next_event`` answers and ``stream_consumed``
+    calls; ``hinted=False`` hides the ``EngineHints`` (a third engine without them)."""
+
+    def __init__(self, inner: Any, hinted: bool) -> None:
+        self._inner = inner
+        self._hinted = hinted
+        self.events: list[EngineEvent] = []
+        self.empty_asks = 0
+        self.consumed_calls = 0
+
+    def next_event(self) -> EngineEvent | None:
+        event: EngineEvent | None = self._inner.next_event()
+        if event is None:
+            self.empty_asks += 1
+        else:
+            self.events.append(event)
+        return event
+
+    def stream_consumed(self, stream_id: int, consumed_through: int) -> None:
+        self.consumed_calls += 1
+        self._inner.stream_consumed(stream_id, consumed_through)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _HINTS and not self._hinted:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def _spied(spies: list[_Spy], hinted: bool) -> Callable[[QuicConfig, Identity], Any]:
+    def factory(config: QuicConfig, identity: Identity) -> Any:
+        engine = Qh3Engine(config, identity)
+
+        class _Engine:
+            def connect(self, **kwargs: Any) -> Any:
+                spies.append(_Spy(engine.connect(**kwargs), hinted))
+                return spies[-1]
+
+            def accept(self, **kwargs: Any) -> Any:
+                spies.append(_Spy(engine.accept(**kwargs), hinted))
+                return spies[-1]
+
+        return _Engine()
+
+    return factory
+
+
+def _exchange(hinted: bool, config: QuicConfig | None = None) -> tuple[list[_Spy], list[bytes]]:
+    """Request/response rounds (the server's receive posted ahead: direct delivery), then a
+    large message through a small window (buffered delivery, the qh3 receive gate)."""
+    from test_endpoint_harness import Net
+    from test_qh3_harness import add
+
+    from chrysalis.core.completion import ConnectionEstablished, ReceiveCompletion, ReceiveStatus
+    from chrysalis.quic._endpoint import EndpointRole
+
+    spies: list[_Spy] = []
+    net = Net()
+    server = add(
+        net, "server", engine=_spied(spies, hinted), role=EndpointRole.SERVER, config=config
+    )
+    client = add(
+        net, "client", engine=_spied(spies, hinted), role=EndpointRole.CLIENT, config=config
+    )
+    conn = client.connect(server)
+    net.run_until(lambda: bool(server.of_type(ConnectionEstablished)))
+    stream = client.open(conn)
+    client.wait_op(client.send(stream, b"hello"))
+    incoming = server.incoming()
+    got: list[bytes] = []
+    done = server.wait_op(server.receive(incoming, 65536))
+    assert isinstance(done, ReceiveCompletion)
+    got.append(bytes(done.data()))
+    for round_ in range(5):
+        receipt = server.receive(incoming, 65536)  # posted before the bytes arrive
+        client.send(stream, b"round %d" % round_)
+        done = server.wait_op(receipt)
+        assert isinstance(done, ReceiveCompletion)
+        got.append(bytes(done.data()))
+    big = random.Random(7).randbytes(300_000)
+    client.send(stream, big)
+    client.channels.streams.finish_nowait(stream)
+    tail = bytearray()
+    while True:
+        done = server.wait_op(server.receive(incoming, 5000), within=60.0)
+        assert isinstance(done, ReceiveCompletion)
+        tail += done.data()
+        if done.status is ReceiveStatus.FIN:
+            break
+    got.append(bytes(tail))
+    assert got == [b"hello"] + [b"round %d" % i for i in range(5)] + [big]
+    return spies, got
+
+
+def test_hints_skip_empty_drains_and_noop_consumes_without_losing_events() -> None:
+    """qh3's hints: the endpoint never asks ``next_event`` for nothing and never calls the
+    no-op ``stream_consumed``; every byte still arrives once, in order, through a window
+    small enough to gate the core (events withheld, then released)."""
+    config = QuicConfig(connection_window=65536, stream_window=65536)
+    spies, _ = _exchange(hinted=True, config=config)
+    plain, _ = _exchange(hinted=False, config=config)
+    assert len(spies) == 2
+    for spy in spies:
+        assert spy.empty_asks == 0
+    # The five posted-ahead rounds are direct deliveries: no ``stream_consumed`` call there
+    # (buffered bytes consumed later still report it).
+    hinted_calls = sum(spy.consumed_calls for spy in spies)
+    assert sum(spy.consumed_calls for spy in plain) - hinted_calls >= 5
+    server_spy = spies[0] if spies[0]._inner._ch_verifier is not None else spies[1]
+    data = [e for e in server_spy.events if isinstance(e, StreamDataReceived)]
+    assert data[-1].fin
+
+
+def test_an_engine_without_hints_is_drained_and_told_as_before() -> None:
+    """A third engine without ``EngineHints``: the endpoint asks ``next_event`` until None
+    and reports every consumption, and the same exchange delivers the same bytes."""
+    config = QuicConfig(connection_window=65536, stream_window=65536)
+    spies, got = _exchange(hinted=False, config=config)
+    hinted, got_hinted = _exchange(hinted=True, config=config)
+    assert got == got_hinted
+    for spy in spies:
+        assert spy.empty_asks > 0
+    assert sum(spy.consumed_calls for spy in spies) > 0
+    # The same events, in the same order, with or without the hints.
+    assert sorted(
+        [type(e).__name__ for e in spy.events if not isinstance(e, CidIssued)] for spy in spies
+    ) == sorted(
+        [type(e).__name__ for e in spy.events if not isinstance(e, CidIssued)] for spy in hinted
+    )
+
+
+@pytest.mark.parametrize("core_has_events", [True, False])
+def test_qh3_event_queue_is_the_whole_story_after_each_call(
+    core_has_events: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hints' contract on the engine itself: after every public call, an empty
+    ``event_queue`` with nothing withheld means ``next_event`` has nothing (through the
+    handshake, the proof, stream data in both directions, the receive gate and a close),
+    whether the core's drain stops on ``has_events`` or on ``next_event`` saying None."""
+    from chrysalis.quic import _qh3_engine
+    from chrysalis.quic._engine import EngineHints
+
+    assert _qh3_engine._CORE_HAS_EVENTS  # the pinned qh3 has it: the fast path is the one run
+    monkeypatch.setattr(_qh3_engine, "_CORE_HAS_EVENTS", core_has_events)
+    assert tuple(EngineHints.__annotations__) == _HINTS
+    window = 16384
+    pair = _Pair(QuicConfig(connection_window=window, stream_window=window))
+    violations: list[str] = []
+    withheld: list[bool] = []
+
+    def audited(conn: Any, name: str) -> Callable[..., Any]:
+        original = getattr(conn, name)
+
+        def wrapped(*args: Any) -> Any:
+            result = original(*args)
+            withheld.append(conn.events_withheld)
+            empty = not conn.event_queue and not conn.events_withheld
+            if empty and (conn._events or conn.next_event() is not None):
+                violations.append(name)
+            return result
+
+        return wrapped
+
+    def audit(conn: Any) -> None:
+        for name in ("receive_datagram", "handle_timer", "datagrams_to_send", "set_buffered"):
+            setattr(conn, name, audited(conn, name))
+
+    assert getattr(pair.client, "event_queue", None) is not None
+    audit(pair.client)
+    audit(pair.server)
+    pair.step(10)
+    assert any(isinstance(e, HandshakeCompleted) for e in pair.events["server"])
+    pair.client.open_stream(0)
+    pair.server.set_buffered(window)  # the endpoint holds a full window: the gate closes
+    pair.client.send_stream_data(0, bytes(3 * window), False)
+    pair.step(10)
+    held_back = pair.received
+    assert any(withheld)
+    pair.server.set_buffered(0)  # consumed: released by the next flush
+    pair.client.send_stream_data(0, b"", True)
+    pair.step(20)
+    assert pair.received == 3 * window > held_back
+    pair.server.send_stream_data(0, b"answer", True)
+    pair.step(10)
+    assert any(isinstance(e, StreamDataReceived) and e.fin for e in pair.events["client"])
+    pair.client.close(0, "done")
+    pair.step(20)
+    assert violations == []
+    assert getattr(type(pair.client), "stream_consumed_noop", None) is True
+    assert (
+        AioquicEngine(QuicConfig(), issue())
+        .accept(
+            host_cid=bytes(20),
+            original_dcid=bytes(20),
+            retry_scid=None,
+            issue_cid=lambda: bytes(20),
+        )
+        .stream_consumed_noop
+        is False
+    )

@@ -118,6 +118,12 @@ class AioquicConnection(FastQuicConnection):
             aioquic other than the pinned version); False runs aioquic's own code throughout.
     """
 
+    # ``EngineHints``: events are translated as ``next_event`` pops aioquic's own queue, and
+    # ``stream_consumed`` slides the receive windows, so the endpoint drives both as before.
+    event_queue: Final = None
+    events_withheld: Final = False
+    stream_consumed_noop: Final = False
+
     def __init__(
         self,
         *,

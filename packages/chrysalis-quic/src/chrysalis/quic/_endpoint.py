@@ -107,6 +107,7 @@ from chrysalis.quic._engine import (
     CidRetired,
     EngineConnection,
     EngineFactory,
+    EngineHints,
     HandshakeCompleted,
     QuicEngine,
     StopSendingReceived,
@@ -427,10 +428,12 @@ class _Connection:
         "bytes_sent",
         "cids",
         "close_code",
+        "consumed_noop",
         "datagrams_received",
         "datagrams_sent",
         "engine",
         "expected",
+        "hints",
         "initial_key",
         "is_client",
         "last_heard",
@@ -464,6 +467,13 @@ class _Connection:
     ) -> None:
         self.ref = ref
         self.engine = engine
+        # ``EngineHints``, looked for once (an engine without them is driven as before):
+        # the engine itself when it has an event container, and whether its
+        # ``stream_consumed`` does nothing.
+        self.hints: EngineHints | None = (
+            None if getattr(engine, "event_queue", None) is None else cast(EngineHints, engine)
+        )
+        self.consumed_noop = bool(getattr(engine, "stream_consumed_noop", False))
         self.is_client = is_client
         self.announced = is_client  # the application knows a server connection at its verdict
         self.local_pid = local_pid
@@ -910,15 +920,19 @@ class QuicEndpoint:
                     self._engine_failed(conn)
                     continue
                 if batch:
-                    conn.datagrams_sent += len(batch)
-                    if len(batch) == 1:
+                    count = len(batch)
+                    conn.datagrams_sent += count
+                    if count == 1:
                         conn.bytes_sent += len(batch[0][0])
                     else:
                         conn.bytes_sent += sum(len(datagram) for datagram, _ in batch)
                     out.extend(batch)
                 # Writing can queue events too (a NEW_CONNECTION_ID announces a CID): route it
-                # before the peer can use it.
-                self._drain_events(conn, now)
+                # before the peer can use it. An engine whose ``EngineHints`` say nothing is
+                # queued (the common case after a send) costs no drain call.
+                hints = conn.hints
+                if hints is None or hints.event_queue or hints.events_withheld:
+                    self._drain_events(conn, now)
             if self._reap:
                 self._reap_terminated(now)
         self._counters["datagrams_sent"] += len(out)
@@ -1016,8 +1030,17 @@ class QuicEndpoint:
 
     def _drain_events(self, conn: _Connection, now: float) -> None:
         engine = conn.engine
-        while (event := engine.next_event()) is not None:
-            if isinstance(event, StreamDataReceived):
+        # ``EngineHints``: with an ``event_queue``, ``next_event`` is asked only while the
+        # queue holds events or the engine withholds some (plain attribute reads, no call
+        # that finds nothing after the last event); events still come one by one, in the
+        # engine's order, and each is handled before the next is asked for.
+        hints = conn.hints
+        while (hints is None or hints.event_queue or hints.events_withheld) and (
+            event := engine.next_event()
+        ) is not None:
+            # The exact type first (engines build exactly this class; no isinstance call
+            # for the common event), any subclass still through ``isinstance``.
+            if type(event) is StreamDataReceived or isinstance(event, StreamDataReceived):
                 self._on_stream_data(conn, event)
             elif isinstance(event, HandshakeCompleted):
                 self._authenticate(conn, now)
@@ -1150,7 +1173,8 @@ class QuicEndpoint:
                 size = len(data)
                 conn.stream_bytes_received += size
                 stream.consumed += size
-                conn.engine.stream_consumed(stream.sid, stream.consumed)
+                if not conn.consumed_noop:  # ``EngineHints``: the engine credits by itself
+                    conn.engine.stream_consumed(stream.sid, stream.consumed)
                 self._dirty[conn] = None
                 if ops:  # further receives (and stops) go through the progress pass
                     self._mark(conn, stream)

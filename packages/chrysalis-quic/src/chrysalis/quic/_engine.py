@@ -22,12 +22,16 @@ exactly which behaviour the endpoint relies on:
 
 Events are the endpoint's own small, frozen, slotted types, so no library type leaks upward.
 Everything here is pure typing: no I/O, no clocks (``now`` is always an argument).
+
+Optional hints (``EngineHints``): an engine connection *may* also carry plain attributes that
+let the endpoint skip calls on the round-trip path; one without them is driven as before
+(the endpoint reads them with a fallback, so a third engine needs none of them).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
@@ -40,6 +44,7 @@ __all__ = [
     "CidRetired",
     "EngineConnection",
     "EngineFactory",
+    "EngineHints",
     "EngineEvent",
     "EngineStatistics",
     "HandshakeCompleted",
@@ -244,6 +249,33 @@ class EngineConnection(Protocol):
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the recovery state."""
+
+
+class EngineHints(Protocol):
+    """Optional attributes of an ``EngineConnection`` (not part of its required protocol).
+
+    Why: a request/response round trip drains events after each receipt and each flush, and
+    delivers bytes that the engine may credit on its own. Asking ``next_event`` until it says
+    None and calling a ``stream_consumed`` that does nothing are whole calls per datagram;
+    these plain attributes (read without a call) let the endpoint skip them. An engine
+    without an attribute is driven as before (``event_queue`` None, ``stream_consumed_noop``
+    False).
+
+    Attributes:
+        event_queue: None (drain by calling ``next_event`` until it returns None), or a
+            container, the same object for the connection's life, that is non-empty whenever
+            ``next_event`` would return an event, unless ``events_withheld`` is True. The
+            endpoint then calls ``next_event`` only while ``event_queue or
+            events_withheld``, so no event is skipped and the order is ``next_event``'s.
+        events_withheld: with an ``event_queue``: True while the engine holds back events
+            that ``next_event`` may release (qh3's receive gate); the endpoint then asks.
+        stream_consumed_noop: True when ``stream_consumed`` does nothing (the engine credits
+            the peer otherwise); the endpoint may then skip the call.
+    """
+
+    event_queue: Sized | None
+    events_withheld: bool
+    stream_consumed_noop: bool
 
 
 class QuicEngine(Protocol):

@@ -136,6 +136,8 @@ _MAX_CHECKPOINTS: Final = 64
 """Acknowledgement checkpoints kept per stream (further ones merge into the newest)."""
 _NOTHING: Final = object()
 """A placeholder that is no ``DatagramAddr`` (the last-path memo before the first datagram)."""
+_CORE_HAS_EVENTS: Final = hasattr(QuicConnectionCore, "has_events")
+"""The native core tells, as an attribute, whether ``next_event`` has anything (qh3 2.1)."""
 
 
 def _internal(exc: RuntimeError) -> QuicConnectionError:
@@ -194,6 +196,9 @@ class Qh3Connection(QuicConnection):
         proof_timeout: server only: seconds after the handshake to wait for the proof.
     """
 
+    stream_consumed_noop: Final = True
+    """``EngineHints``: the core credits a stream as its events are polled (see the gate)."""
+
     def __init__(
         self,
         *,
@@ -218,10 +223,15 @@ class Qh3Connection(QuicConnection):
             self._original_destination_connection_id = initial_dcid
         self._ch_streams_bidi = max_streams_bidi
         self._ch_events: deque[EngineEvent] = deque()
+        # ``EngineHints``: every translated event waits in ``_ch_events`` (qh3's own
+        # ``_events`` is emptied before each public call returns), except those the receive
+        # gate holds in the core while ``events_withheld``. The endpoint asks ``next_event``
+        # only while either says so (no call finding nothing after each receipt and flush).
+        self.event_queue: deque[EngineEvent] = self._ch_events
         self._ch_held = 0  # stream bytes queued in _ch_events
         self._ch_buffered = 0  # stream bytes the endpoint holds unconsumed
         self._ch_window = configuration.max_data
-        self._ch_gated = False
+        self.events_withheld = False  # the receive gate holds events in the core
         self._ch_now = 0.0  # the caller's clock, at the latest call
         self._ch_epoch: float | None = None  # the caller's clock at the first call
         self._ch_core_now = 0.0  # the core's clock at the latest call
@@ -335,11 +345,16 @@ class Qh3Connection(QuicConnection):
         out = self._ch_events
         while True:
             if self._ch_held + self._ch_buffered >= self._ch_window and not self._gate_open():
-                self._ch_gated = True
+                self.events_withheld = True
+                return
+            # ``has_events`` (an attribute, no call) ends the loop where a ``next_event``
+            # call would only say None: once per receipt and per fired timer.
+            if _CORE_HAS_EVENTS and not core.has_events:
+                self.events_withheld = False
                 return
             native = core.next_event()
             if native is None:
-                self._ch_gated = False
+                self.events_withheld = False
                 return
             kind = native[0]
             if kind == "stream_data":
@@ -622,6 +637,7 @@ class Qh3Connection(QuicConnection):
         assert synthetic is not None
         self._ch_now = now
         self.connect(synthetic, self._core_time(now))
+        self._take_tls_events()  # keep ``event_queue`` the whole story (``EngineHints``)
 
     def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
         if addr is self._ch_last_addr:
@@ -679,7 +695,7 @@ class Qh3Connection(QuicConnection):
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, DatagramAddr]]:
         if self._core is None:
             return []
-        if self._ch_gated and self._gate_open():
+        if self.events_withheld and self._gate_open():
             self._drain_core()
         core = self._core
         assert core is not None
@@ -769,7 +785,7 @@ class Qh3Connection(QuicConnection):
             self._take_tls_events()
         events = self._ch_events
         if not events:
-            if not (self._ch_gated and self._gate_open()):
+            if not (self.events_withheld and self._gate_open()):
                 return None
             self._drain_core()
             if not events:
@@ -825,7 +841,9 @@ class Qh3Connection(QuicConnection):
         return track.acked, track.written - track.acked
 
     def stream_consumed(self, stream_id: int, consumed_through: int) -> None:
-        pass  # the core credits per stream as events are polled; the gate is per connection
+        # The core credits per stream as events are polled; the gate is per connection
+        # (``stream_consumed_noop``: the endpoint need not call this).
+        pass
 
     def set_buffered(self, nbytes: int) -> None:
         self._ch_buffered = nbytes
@@ -1003,6 +1021,11 @@ class _ProvingAioquicClient:
     on stream 2 as the handshake completes. Every other call passes straight through."""
 
     __slots__ = ("_builder", "_inner", "_sent", "_tap", "_tls")
+
+    # ``EngineHints``: driven like any aioquic connection (next_event until None).
+    event_queue: Final = None
+    events_withheld: Final = False
+    stream_consumed_noop: Final = False
 
     def __init__(self, inner: AioquicQuicConnection, builder: ProofBuilder) -> None:
         self._inner = inner
