@@ -694,7 +694,15 @@ class AsyncioEndpoint(EndpointView):
         notifier: _LoopNotifier | ThreadNotifier
         if settings.driver == "inline":
             notifier = _LoopNotifier(loop)
-            channels, endpoint, driver = settings.build(notifier, loop.time)
+            # The loop's clock (its timers fire on it); the stock loops' ``time`` is
+            # ``time.monotonic`` behind a Python frame: read that directly (one frame less
+            # per clock read, several per cycle). A loop with a clock of its own keeps it.
+            clock = (
+                time.monotonic
+                if getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+                else loop.time
+            )
+            channels, endpoint, driver = settings.build(notifier, clock)
         else:
             notifier = ThreadNotifier()
             channels, endpoint, driver = settings.build(notifier, time.monotonic)
