@@ -96,7 +96,7 @@ class _Event:
     future per waiter). ``wait()`` returns the waiter's future itself rather than a
     coroutine around it: awaiting it is the same, without a coroutine frame per wait (every
     read that finds no data waits once). Several tasks may wait; a waiter cancelled while
-    waiting cancels its own future, which ``set`` skips and the next ``wait`` forgets.
+    waiting cancels its own future, which ``set`` skips and a later ``wait`` forgets.
     """
 
     __slots__ = ("_loop", "_set", "_waiters")
