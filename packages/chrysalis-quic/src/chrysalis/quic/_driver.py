@@ -200,12 +200,21 @@ class PeerAuthenticationError(ConnectError):
     """The peer's certificate did not prove the requested PID (or was not trusted).
 
     ``expected`` is the PID dialled (None for an unpinned dial), ``actual`` the PID of the
-    presented certificate (None when no trusted certificate was presented)."""
+    presented certificate (None when no trusted certificate was presented), ``reason`` what
+    did not match, naming the presented certificate (subject, issuer, PID)."""
 
-    def __init__(self, expected: Pid | None, actual: Pid | None) -> None:
-        super().__init__(f"peer authentication failed: expected {expected}, got {actual}")
+    def __init__(self, expected: Pid | None, actual: Pid | None, reason: str = "") -> None:
+        wanted = "any trusted peer" if expected is None else f"PID {expected}"
+        if reason:
+            message = f"peer authentication failed: expected {wanted}; {reason}"
+        elif actual is None:
+            message = f"peer authentication failed: expected {wanted}; no trusted certificate"
+        else:
+            message = f"peer authentication failed: expected {wanted}, got PID {actual}"
+        super().__init__(message)
         self.expected = expected
         self.actual = actual
+        self.reason = reason
 
 
 class ConnectionLostError(QuicTransportError, ConnectionError):
@@ -909,6 +918,7 @@ class ConnectionCore:
         "__weakref__",
         "actual",
         "application_code",
+        "auth_reason",
         "core",
         "dialed",
         "event",
@@ -938,6 +948,7 @@ class ConnectionCore:
         self.expected = expected
         self.peer: Pid | None = None
         self.actual: Pid | None = None
+        self.auth_reason = ""
         self.state = _HANDSHAKING
         self.application_code: int | None = None
         self.transport_code: int | None = None
@@ -2124,6 +2135,7 @@ class EndpointCore:
         if conn is None:  # an accepted connection whose peer was rejected: nobody waits
             return
         conn.actual = completion.actual
+        conn.auth_reason = completion.reason
         conn.state = _FAILED
         conn._signal()
 
@@ -2284,7 +2296,7 @@ class EndpointCore:
         if conn.state == _ESTABLISHED:
             return conn
         if conn.state == _FAILED:
-            raise PeerAuthenticationError(expected, conn.actual)
+            raise PeerAuthenticationError(expected, conn.actual, conn.auth_reason)
         raise ConnectError(
             "the connection closed during its handshake",
             application_code=conn.application_code,

@@ -116,7 +116,7 @@ from chrysalis.quic._engine import (
     Terminated,
     TerminationKind,
 )
-from chrysalis.quic._identity import Identity, PeerVerificationError
+from chrysalis.quic._identity import Identity, PeerVerificationError, describe_certificate
 from chrysalis.quic._retry import InvalidRetryToken, RetryTokens
 
 __all__ = [
@@ -1068,6 +1068,7 @@ class QuicEndpoint:
         chain = conn.engine.peer_certificate_chain()
         actual: Pid | None = None
         trusted = False
+        refusal = "the peer presented no certificate"
         if chain:
             when = datetime.datetime.fromtimestamp(now + self._wall_offset, datetime.UTC)
             try:
@@ -1075,14 +1076,22 @@ class QuicEndpoint:
                     chain, now=when, server_name=conn.server_name if conn.is_client else None
                 )
                 trusted = True
-            except (PeerVerificationError, ValueError):  # any rejection: unauthenticated
+            except (PeerVerificationError, ValueError) as exc:  # any rejection: unauthenticated
                 actual = None
+                refusal = (
+                    f"its certificate ({describe_certificate(chain[0])}) is not trusted: {exc}"
+                )
         self._leave_pending(conn)
         conn.announced = True
         if not trusted or (conn.expected is not None and actual != conn.expected):
             conn.state = _Conn.FAILED
             self._counters["authentication_failures"] += 1
-            self._event(AuthenticationFailed(conn.ref, conn.expected, actual))
+            if trusted:
+                refusal = (
+                    f"its certificate ({describe_certificate(chain[0])}) proves a PID other than "
+                    f"the expected {conn.expected}"
+                )
+            self._event(AuthenticationFailed(conn.ref, conn.expected, actual, refusal))
             conn.close_code = AUTHENTICATION_FAILED_CODE
             conn.engine.close(AUTHENTICATION_FAILED_CODE, _AUTH_REASON)
             self._dirty[conn] = None

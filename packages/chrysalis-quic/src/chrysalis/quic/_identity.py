@@ -47,6 +47,7 @@ __all__ = [
     "IdentityError",
     "PeerVerificationError",
     "TlsPrivateKey",
+    "describe_certificate",
     "verify_peer_chain",
 ]
 
@@ -379,6 +380,23 @@ def verify_peer_chain(
     except verification.VerificationError as exc:
         raise PeerVerificationError(_explain(str(exc), leaf, when, server_name)) from exc
     return Pid.from_certificate(chain_der[0])
+
+
+def describe_certificate(der: bytes) -> str:
+    """``subject <RFC 4514 subject>, issuer <issuer>, PID <hex>`` of a DER certificate, for
+    error messages that must name the certificate that did not match (``PID <hex>`` alone
+    when it does not parse). Never raises for bad input."""
+    try:
+        pid = Pid.from_certificate(bytes(der)).hex()
+    except Exception:  # a malformed certificate still gets a message, never an exception
+        return "an unreadable certificate"
+    try:
+        certificate = x509.load_der_x509_certificate(bytes(der))
+        subject = certificate.subject.rfc4514_string() or "(empty)"
+        issuer = certificate.issuer.rfc4514_string() or "(empty)"
+    except Exception:
+        return f"PID {pid}"
+    return f"subject {subject}, issuer {issuer}, PID {pid}"
 
 
 def _explain(

@@ -512,7 +512,7 @@ class QuicTransport(Generic[S]):
                 return pending.conn
             error = pending.error
             if isinstance(error, PeerAuthenticationError):
-                raise PeerAuthenticationError(error.expected, error.actual) from error
+                raise PeerAuthenticationError(error.expected, error.actual, error.reason) from error
             if isinstance(error, Exception):
                 raise ConnectError(f"dialling {pid} failed: {error}") from error
             # The shared dial was cancelled (or closed again at once): try ourselves.

@@ -259,12 +259,15 @@ class AuthenticationFailed:
     """Event: the peer's identity was rejected.
 
     ``expected`` is the requested PID (outbound connections only); ``actual`` is the PID of the
-    presented certificate, or None when no certificate was presented.
+    presented certificate, or None when no trusted certificate was presented. ``reason`` says
+    in words what did not match (the presented certificate's subject and PID, and why it was
+    refused); it takes no part in equality.
     """
 
     connection: ConnectionRef
     expected: Pid | None
     actual: Pid | None
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
