@@ -26,18 +26,29 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import signal
 import sqlite3
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 from chrysalis.core import AddressError, DatagramAddr, Pid, PidPrefix, PidPrefixError
-from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, UnixDatagramSocket
-from chrysalis.nameserver import Consistency, Found, Labels, ProcEntry
+from chrysalis.datagram import (
+    AddressInUseError,
+    DatagramSocket,
+    DatagramSocketSet,
+    UdpSocket,
+    UnixDatagramSocket,
+)
+from chrysalis.nameserver import (
+    MAX_LABELS_PER_ENTRY,
+    Consistency,
+    Found,
+    Labels,
+    NameserverError,
+    ProcEntry,
+)
 from chrysalis.node._address import (
     AddressSyntaxError,
     JoinToken,
@@ -47,7 +58,8 @@ from chrysalis.node._address import (
     parse_pid_reference,
 )
 from chrysalis.node._echo import echo_raw, serve_streams
-from chrysalis.node._node import JoinSettings, Node, NodeError
+from chrysalis.node._node import JoinSettings, Node, NodeError, check_labels
+from chrysalis.node._tempdirs import OwnedTempDir, reclaim_stale_socket
 from chrysalis.quic import (
     DevelopmentCA,
     DevelopmentIdentityProvider,
@@ -55,6 +67,7 @@ from chrysalis.quic import (
     Identity,
     IdentityError,
     QuicConfig,
+    QuicTransportError,
     default_dev_ca_directory,
     write_identity,
 )
@@ -162,6 +175,12 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         metavar="KEY=VALUE",
         help="a label to publish (repeatable)",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="JSON output (reporting commands; accepted, and without effect, by the others)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,17 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         "init", parents=[common], help="create (or load) the development CA"
     )
     init.add_argument("--dir", type=Path, help="CA directory (default: --ca-dir or per-user)")
-    init.add_argument("--json", action="store_true", help="JSON output")
     issue = identity_commands.add_parser(
         "issue", parents=[common], help="issue a leaf as chain.pem, key.pem and roots.pem"
     )
     issue.add_argument("--out", type=Path, required=True, help="directory to write into")
-    issue.add_argument("--json", action="store_true", help="JSON output")
     show = identity_commands.add_parser(
         "show", parents=[common], help="the PID of a certificate chain"
     )
     show.add_argument("--chain", type=Path, help="a PEM chain file (default: --identity-dir)")
-    show.add_argument("--json", action="store_true", help="JSON output")
 
     listen_help = "carrier to bind: udp://IP:PORT, unix:///PATH or unix://* (repeatable)"
     serve = commands.add_parser("serve", parents=[common], help="run a root node")
@@ -207,14 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls = commands.add_parser("ls", parents=[common], help="processes in the namespace")
     ls.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
     ls.add_argument("--full", action="store_true", help="print whole PIDs")
-    ls.add_argument("--json", action="store_true", help="JSON output")
 
     resolve = commands.add_parser("resolve", parents=[common], help="look up one process")
     pipe = commands.add_parser("pipe", parents=[common], help="bridge stdin/stdout to a PID")
     for lookup in (resolve, pipe):
         lookup.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
         lookup.add_argument("pid", type=_reference, metavar="PID", help="a PID or unique prefix")
-    resolve.add_argument("--json", action="store_true", help="JSON output")
 
     ping = commands.add_parser(
         "ping", parents=[common], help="check that echo nodes answer through TOKEN"
@@ -223,7 +237,6 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument(
         "pids", type=_reference, nargs="*", metavar="PID", help="targets (default: echo nodes)"
     )
-    ping.add_argument("--json", action="store_true", help="JSON output")
 
     # `chrysalis scale ...` is handed whole to the scale tool (see main); listed here for --help.
     commands.add_parser(
@@ -235,14 +248,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sqlite.add_argument("database", metavar="DB", help="the node's SQLite database file")
     sqlite_commands = sqlite.add_subparsers(dest="sqlite_command", metavar="ACTION")
-    sql_query = sqlite_commands.add_parser("query", help="run SQL and print the result")
+    sql_query = sqlite_commands.add_parser(
+        "query", parents=[common], help="run SQL and print the result"
+    )
     sql_query.add_argument("sql", metavar="SQL")
     sql_query.add_argument("--write", action="store_true", help="open the database writable")
-    sqlite_commands.add_parser("tables", help="list the tables")
-    sql_schema = sqlite_commands.add_parser("schema", help="print CREATE statements")
+    sqlite_commands.add_parser("tables", parents=[common], help="list the tables")
+    sql_schema = sqlite_commands.add_parser(
+        "schema", parents=[common], help="print CREATE statements"
+    )
     sql_schema.add_argument("table", nargs="?", metavar="TABLE")
-    sqlite_commands.add_parser("status", help="replication status per peer")
-    sqlite_commands.add_parser("shell", help="interactive shell (the default)")
+    sqlite_commands.add_parser("status", parents=[common], help="replication status per peer")
+    sqlite_commands.add_parser(
+        "shell", parents=[common], help="interactive shell (the default; --json has no effect)"
+    )
     return parser
 
 
@@ -267,15 +286,29 @@ def _sqlite_command(args: argparse.Namespace, out: TextIO) -> int:
         conn = shell.connect(path, read_only=not writable)
         try:
             if action == "query":
-                _emit(out, shell.format_result_sets(shell.query(conn, args.sql)))
+                results = shell.query(conn, args.sql)
+                if args.json:
+                    _emit(out, json.dumps([_result_record(result) for result in results]))
+                else:
+                    _emit(out, shell.format_result_sets(results))
             elif action == "tables":
-                for table in shell.tables(conn):
-                    _emit(out, table)
+                names = shell.tables(conn)
+                if args.json:
+                    _emit(out, json.dumps(names))
+                else:
+                    _emit_lines(out, names)
             elif action == "schema":
-                for statement in shell.schema(conn, args.table):
-                    _emit(out, statement)
+                statements = shell.schema(conn, args.table)
+                if args.json:
+                    _emit(out, json.dumps(statements))
+                else:
+                    _emit_lines(out, statements)
             elif action == "status":
-                _emit(out, shell.format_status(shell.replication_status(conn)))
+                statuses = shell.replication_status(conn)
+                if args.json:
+                    _emit(out, json.dumps([_status_record(status) for status in statuses]))
+                else:
+                    _emit(out, shell.format_status(statuses))
             else:
                 session = shell.ShellSession(conn)
                 while True:
@@ -295,6 +328,42 @@ def _sqlite_command(args: argparse.Namespace, out: TextIO) -> int:
     except sqlite3.Error as exc:
         raise CliError(f"sqlite: {exc}") from exc
     return 0
+
+
+def _json_value(value: object) -> object:
+    """A SQL value as JSON: BLOBs as ``{"hex": "..."}``, everything else as is."""
+    if isinstance(value, bytes):
+        return {"hex": value.hex()}
+    return value
+
+
+def _result_record(result: Any) -> dict[str, Any]:
+    """The JSON shape of one ``chrysalis.sqlite.shell.ResultSet``."""
+    return {
+        "columns": list(result.columns),
+        "rows": [[_json_value(value) for value in row] for row in result.rows],
+        "truncated": bool(result.truncated),
+    }
+
+
+def _status_record(status: Any) -> dict[str, Any]:
+    """The JSON shape of one ``chrysalis.sqlite.shell.PeerReplicationStatus``."""
+    return {
+        "peer": status.peer.hex(),
+        "peer_site_id": status.peer_site_id.hex(),
+        "mode": status.mode.name.lower(),
+        "pending": status.pending,
+        "origins": [
+            {
+                "origin_site_id": origin.origin_site_id.hex(),
+                "eligible": origin.eligible,
+                "synced_at": origin.synced_at,
+                "latest": origin.latest,
+                "pending": origin.pending,
+            }
+            for origin in status.origins
+        ],
+    }
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -360,6 +429,11 @@ def format_entry(entry: ProcEntry) -> str:
 def _emit(out: TextIO, text: str) -> None:
     out.write(text + "\n")
     out.flush()
+
+
+def _emit_lines(out: TextIO, lines: Sequence[str]) -> None:
+    for line in lines:
+        _emit(out, line)
 
 
 # -- identities ---------------------------------------------------------------------------------
@@ -434,8 +508,10 @@ class _Carriers:
     """The sockets of one CLI node: the requested carriers plus a helper of the missing kind;
     owns any private temporary directory it made (removed on ``cleanup``)."""
 
-    def __init__(self, listen: Sequence[DatagramAddr | None]) -> None:
-        self._tempdir: str | None = None
+    def __init__(
+        self, listen: Sequence[DatagramAddr | None], parent: DatagramAddr | None = None
+    ) -> None:
+        self._tempdir: OwnedTempDir | None = None
         members: list[DatagramSocket] = []
         try:
             for address in listen:
@@ -445,7 +521,7 @@ class _Carriers:
                 raise CliError("--listen takes at most one udp and one unix carrier")
             self.token_addr = members[0].local_addr
             if "udp" not in schemes:
-                members.append(UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0)))
+                members.append(UdpSocket.bind(_udp_helper(parent)))
             if "unixgram" not in schemes:
                 members.append(self._bind(None))
             # The node itself advertises the member it reaches its parent on
@@ -460,16 +536,31 @@ class _Carriers:
     def _bind(self, address: DatagramAddr | None) -> DatagramSocket:
         if address is None:
             if self._tempdir is None:
-                self._tempdir = tempfile.mkdtemp(prefix="chrysalis-")
-            return UnixDatagramSocket.bind_unique(self._tempdir, prefix="carrier-")
+                self._tempdir = OwnedTempDir.create()
+            return UnixDatagramSocket.bind_unique(self._tempdir.path, prefix="carrier-")
         if address.scheme == "udp":
             return UdpSocket.bind(address)
-        return UnixDatagramSocket.bind(address)
+        try:
+            return UnixDatagramSocket.bind(address)
+        except AddressInUseError:
+            # A node killed with -9 leaves its socket file: reclaim it when nobody answers
+            # there (a live socket is refused with the original error).
+            if not reclaim_stale_socket(address.opaque):
+                raise
+            return UnixDatagramSocket.bind(address)
 
     def cleanup(self) -> None:
         if self._tempdir is not None:
-            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir.remove()
             self._tempdir = None
+
+
+def _udp_helper(parent: DatagramAddr | None) -> DatagramAddr:
+    """Where a node binds its helper UDP carrier: loopback of the parent's address family
+    (``[::1]`` for an IPv6 parent, so client commands reach nodes served on IPv6)."""
+    if parent is not None and parent.scheme == "udp" and parent.ip.version == 6:
+        return DatagramAddr.udp("::1", 0)
+    return DatagramAddr.udp("127.0.0.1", 0)
 
 
 def _labels(args: argparse.Namespace, command: str, *, joined: bool) -> Labels:
@@ -477,13 +568,21 @@ def _labels(args: argparse.Namespace, command: str, *, joined: bool) -> Labels:
     if getattr(args, "echo", False):
         automatic["echo"] = "true"
     user: list[tuple[str, str]] = args.label
+    total = len(automatic) + len(user)
+    if total > MAX_LABELS_PER_ENTRY:
+        raise CliError(
+            f"{len(user)} --label options and {len(automatic)} labels set by the command make "
+            f"{total}; a nameserver entry holds at most {MAX_LABELS_PER_ENTRY}"
+        )
     for key, _value in user:
         if key in automatic:
             raise CliError(f"label {key!r} is set by the command itself (DuplicateKey)")
     try:
-        return Labels([*automatic.items(), *user])
+        labels = Labels([*automatic.items(), *user])
+        check_labels(labels)
     except ValueError as exc:
         raise CliError(f"invalid label: {exc}") from exc
+    return labels
 
 
 def _build_node(
@@ -494,7 +593,7 @@ def _build_node(
 ) -> tuple[Node, _Carriers]:
     labels = _labels(args, command, joined=token is not None)
     identity = _identity(args)
-    carriers = _Carriers(listen)
+    carriers = _Carriers(listen, None if token is None else token.address)
     parent = None if token is None else JoinSettings(token.address, token.authority)
     # A PING every quarter of the idle timeout keeps a quiet link up: only a dead peer
     # reaches the idle timeout (QUIC-level keepalive, see chrysalis-quic).
@@ -512,7 +611,9 @@ def _build_node(
 
 async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
     token: JoinToken | None = getattr(args, "token", None)
-    listen: list[DatagramAddr | None] = args.listen or [DatagramAddr.udp("127.0.0.1", 0)]
+    listen: list[DatagramAddr | None] = args.listen or [
+        _udp_helper(None if token is None else token.address)
+    ]
     node, carriers = _build_node(args, args.command, token, listen)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -522,7 +623,7 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
         async with node:
             background: list[asyncio.Task[None]] = []
             if token is not None:
-                await _wait_connected(node, args.timeout)
+                await _wait_connected(node, args.timeout, token.address)
             if args.echo:
                 background.append(asyncio.create_task(serve_streams(node, echo_raw)))
             _emit(out, f"{format_address(carriers.token_addr)}?authority={node.pid.hex()}")
@@ -537,11 +638,16 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-async def _wait_connected(node: Node, timeout: float) -> None:
+async def _wait_connected(
+    node: Node, timeout: float, parent: DatagramAddr | None = None
+) -> None:
     try:
         await asyncio.wait_for(node.wait_connected(), timeout)
     except TimeoutError:
-        raise CliError(f"no parent answered within {timeout:g} s") from None
+        why = node.last_parent_error
+        detail = f" ({why})" if why else ""
+        where = "" if parent is None else f" at {format_address(parent)}"
+        raise CliError(f"no parent answered{where} within {timeout:g} s{detail}") from None
 
 
 async def _client(args: argparse.Namespace, out: TextIO) -> int:
@@ -549,7 +655,9 @@ async def _client(args: argparse.Namespace, out: TextIO) -> int:
     node, carriers = _build_node(args, args.command, token, [None])
     try:
         async with node:
-            await _wait_connected(node, args.timeout)
+            await _wait_connected(node, args.timeout, token.address)
+            if args.command == "ping":  # bounds each target itself, reporting as they finish
+                return await _ping(node, args, out)
             return await asyncio.wait_for(_client_command(node, args, out), args.timeout)
     except TimeoutError:
         raise CliError(f"{args.command} did not finish within {args.timeout:g} s") from None
@@ -615,38 +723,57 @@ async def _pipe(stream: Any) -> None:
 
 
 async def _ping(node: Node, args: argparse.Namespace, out: TextIO) -> int:
-    targets: list[Pid]
-    if args.pids:
-        targets = [await node.expand_pid(prefix, Consistency.REFRESH) for prefix in args.pids]
-    else:
-        entries = await node.enumerate(Consistency.REFRESH)
-        targets = sorted(e.pid for e in entries if e.labels.get("echo") == "true")
+    """Dial every target at once; each is reported as it finishes: ``ok`` (echoed),
+    ``timeout`` (no echo within ``--timeout``), ``refused`` (not found, no route, the dial or
+    the stream refused) or ``mismatch``. ``--json`` prints one object at the end."""
     loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout
+    targets: list[Pid]
+    async with asyncio.timeout_at(deadline):
+        if args.pids:
+            targets = [await node.expand_pid(prefix, Consistency.REFRESH) for prefix in args.pids]
+        else:
+            entries = await node.enumerate(Consistency.REFRESH)
+            targets = sorted(e.pid for e in entries if e.labels.get("echo") == "true")
     results: dict[str, dict[str, Any]] = {}
-    for pid in targets:
-        payload = os.urandom(PING_PAYLOAD)
-        started = loop.time()
-        try:
+
+    async def one(pid: Pid) -> None:
+        record = await _ping_one(node, pid, deadline, args.timeout)
+        results[pid.hex()] = record
+        if not args.json:
+            _emit(out, f"{pid.hex()}  {_ping_text(record)}")
+
+    await asyncio.gather(*(one(pid) for pid in dict.fromkeys(targets)))
+    if args.json:
+        _emit(out, json.dumps({pid.hex(): results[pid.hex()] for pid in targets}))
+    return 0 if all(record["ok"] for record in results.values()) else _ERROR_EXIT
+
+
+async def _ping_one(node: Node, pid: Pid, deadline: float, timeout: float) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    payload = os.urandom(PING_PAYLOAD)
+    started = loop.time()
+    try:
+        async with asyncio.timeout_at(deadline):
             stream = await node.dial(pid, Consistency.REFRESH)
             stream.write(payload)
             stream.write_eof()
             echoed = await stream.read(-1)
-        except Exception as exc:
-            results[pid.hex()] = {"ok": False, "error": str(exc) or type(exc).__name__}
-            continue
-        elapsed = (loop.time() - started) * 1000
-        ok = echoed == payload
-        record: dict[str, Any] = {"ok": ok, "rtt_ms": round(elapsed, 3)}
-        if not ok:
-            record["error"] = f"echo mismatch ({len(echoed)} bytes back)"
-        results[pid.hex()] = record
-    if args.json:
-        _emit(out, json.dumps(results))
-    else:
-        for pid_hex, record in results.items():
-            state = f"ok {record['rtt_ms']} ms" if record["ok"] else f"FAILED {record['error']}"
-            _emit(out, f"{pid_hex}  {state}")
-    return 0 if all(record["ok"] for record in results.values()) else _ERROR_EXIT
+    except TimeoutError:
+        return {"ok": False, "state": "timeout", "error": f"no echo within {timeout:g} s"}
+    except Exception as exc:
+        return {"ok": False, "state": "refused", "error": str(exc) or type(exc).__name__}
+    elapsed = round((loop.time() - started) * 1000, 3)
+    if echoed != payload:
+        error = f"echo mismatch ({len(echoed)} bytes back)"
+        return {"ok": False, "state": "mismatch", "rtt_ms": elapsed, "error": error}
+    return {"ok": True, "state": "ok", "rtt_ms": elapsed}
+
+
+def _ping_text(record: dict[str, Any]) -> str:
+    if record["ok"]:
+        return f"ok {record['rtt_ms']} ms"
+    return f"{record['state']} {record['error']}"
 
 
 # -- entry point --------------------------------------------------------------------------------
@@ -654,11 +781,14 @@ async def _ping(node: Node, args: argparse.Namespace, out: TextIO) -> int:
 _EXPECTED: Final = (
     CliError,
     NodeError,
+    NameserverError,
+    QuicTransportError,
     AddressError,
     AddressSyntaxError,
     PidPrefixError,
     IdentityError,
     OSError,
+    TimeoutError,
 )
 
 
@@ -695,6 +825,16 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return _ERROR_EXIT
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # Not one of the failures above: still one line (the traceback with --log-level debug).
+        _log.debug("unexpected failure", exc_info=True)
+        first = (str(exc) or "").splitlines()[:1]
+        message = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+        print(
+            f"chrysalis: error: {message} (--log-level debug shows where)",
+            file=sys.stderr,
+        )
+        return _ERROR_EXIT
 
 
 if __name__ == "__main__":

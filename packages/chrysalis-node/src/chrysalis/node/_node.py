@@ -51,6 +51,7 @@ from chrysalis.nameserver import (
     DEFAULT_NEGATIVE_TTL_MS,
     DEFAULT_RETRY_DELAY,
     DEFAULT_VERSIONS,
+    MAX_LABELS_PER_ENTRY,
     NS_PROTOCOL_SELECTOR,
     ChildLinkServer,
     Consistency,
@@ -89,6 +90,7 @@ __all__ = [
     "NodeError",
     "NodeStatistics",
     "bind_carrier",
+    "check_labels",
 ]
 
 ENUMERATION_ATTEMPTS: Final = 8
@@ -162,6 +164,7 @@ class Node:
         "_negative_ttl",
         "_nursery_cm",
         "_parent",
+        "_parent_error",
         "_pending_protocols",
         "_quic_config",
         "_router",
@@ -190,11 +193,13 @@ class Node:
     ) -> None:
         if carrier is not None and listen is not None:
             raise ValueError("pass carrier or listen, not both")
+        check_labels(labels)
         self._identity = identity
         self._carrier = carrier
         if carrier is None:
             self._carrier = bind_carrier(listen if listen is not None else "udp://127.0.0.1:0")
         self._parent = parent
+        self._parent_error: str | None = None
         self._labels = labels
         self._versions = versions
         self._negative_ttl = negative_ttl_ms
@@ -368,10 +373,22 @@ class Node:
 
     async def _dial_parent(self, address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
         transport = self.transport
-        if pinned is None:
-            return await transport.dial_link_local_unpinned(address, NS_PROTOCOL_SELECTOR)
-        stream = await transport.dial_link_local(pinned, address, NS_PROTOCOL_SELECTOR)
+        try:
+            if pinned is None:
+                return await transport.dial_link_local_unpinned(address, NS_PROTOCOL_SELECTOR)
+            stream = await transport.dial_link_local(pinned, address, NS_PROTOCOL_SELECTOR)
+        except Exception as exc:
+            self._parent_error = f"dialling the parent at {address} failed: {exc}"
+            raise
+        self._parent_error = None
         return pinned, stream
+
+    @property
+    def last_parent_error(self) -> str | None:
+        """Why the latest dial to the parent failed (the certificate or PID that did not
+        match, a refusal, a handshake timeout), in one line; ``None`` after a successful dial
+        or before any. What a caller that gives up waiting for the parent should report."""
+        return self._parent_error
 
     async def wait_connected(self) -> ParentStatus | None:
         """Wait until the parent link is active (``None`` at once for a root)."""
@@ -536,6 +553,18 @@ class Node:
     async def accept(self) -> tuple[Pid, Any]:
         """The next stream another process opened to this node, with its PID."""
         return await self.transport.accept()
+
+
+def check_labels(labels: Labels) -> None:
+    """``NodeError`` unless ``labels`` fit one nameserver entry: at most
+    ``MAX_LABELS_PER_ENTRY`` (256) labels (the key and value sizes are checked by ``Labels``
+    itself against the codec's ``MAX_LABEL_KEY_LEN`` / ``MAX_LABEL_VALUE_LEN``). A node whose
+    entry cannot be encoded would start but break every enumeration of its namespace."""
+    if len(labels) > MAX_LABELS_PER_ENTRY:
+        raise NodeError(
+            f"{len(labels)} labels: a nameserver entry holds at most {MAX_LABELS_PER_ENTRY} "
+            "(MAX_LABELS_PER_ENTRY)"
+        )
 
 
 def _protocol_key(protocol_id: LinkProtocolId | bytes) -> LinkProtocolId:
