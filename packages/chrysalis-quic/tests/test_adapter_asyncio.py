@@ -133,6 +133,11 @@ def test_dial_fails_when_the_certificate_proves_another_pid() -> None:
                 await first.connect(impostor, second.local_addr, route=second.pid)
             assert caught.value.expected == impostor
             assert caught.value.actual == second.pid
+            # The message names both PIDs and the certificate that did not match.
+            message = str(caught.value)
+            assert f"expected PID {impostor.hex()}" in message
+            assert f"PID {second.pid.hex()}" in message
+            assert "subject CN=" in message
             # The endpoint is unharmed: a correct dial works afterwards.
             conn = await first.connect(second.pid, second.local_addr)
             assert conn.peer == second.pid
@@ -149,9 +154,15 @@ def test_a_peer_from_another_ca_is_rejected() -> None:
             AsyncioEndpoint.spawn_client(stranger, net.bind()) as client,
             AsyncioEndpoint.spawn_server(trusted, net.bind()) as server,
         ):
-            with pytest.raises(PeerAuthenticationError):
+            with pytest.raises(PeerAuthenticationError) as caught:
                 await client.connect(trusted.pid, server.local_addr)
             assert client.statistics().authentication_failures == 1
+            # Not "expected ..., got None": which certificate was refused, and why.
+            message = str(caught.value)
+            assert "None" not in message
+            assert f"PID {trusted.pid.hex()}" in message
+            assert "is not trusted" in message
+            assert "does not lead to a trusted root" in message
 
     run(main)
 
