@@ -59,7 +59,11 @@ from chrysalis.node._address import (
 )
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node, NodeError, check_labels
-from chrysalis.node._tempdirs import OwnedTempDir, reclaim_stale_socket
+from chrysalis.node._tempdirs import (
+    OwnedTempDir,
+    reclaim_dead_tempdirs,
+    reclaim_stale_socket,
+)
 from chrysalis.quic import (
     DevelopmentCA,
     DevelopmentIdentityProvider,
@@ -512,6 +516,7 @@ class _Carriers:
         self, listen: Sequence[DatagramAddr | None], parent: DatagramAddr | None = None
     ) -> None:
         self._tempdir: OwnedTempDir | None = None
+        reclaim_dead_tempdirs()  # what nodes killed with -9 left behind
         members: list[DatagramSocket] = []
         try:
             for address in listen:
@@ -638,9 +643,7 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-async def _wait_connected(
-    node: Node, timeout: float, parent: DatagramAddr | None = None
-) -> None:
+async def _wait_connected(node: Node, timeout: float, parent: DatagramAddr | None = None) -> None:
     try:
         await asyncio.wait_for(node.wait_connected(), timeout)
     except TimeoutError:

@@ -10,8 +10,9 @@ Temporary directories: each holds a lock file, ``.owner.lock``, on which the own
 keeps an exclusive ``flock`` for its whole life; the kernel drops the lock when the process
 dies, however it dies. The file is created under a temporary name, locked, then renamed into
 place, so a directory is never seen with an unlocked lock file while its owner lives.
-``OwnedTempDir.create`` first removes every ``chrysalis-*`` directory of the same user in
-the same parent whose lock file it can lock (owner dead); directories without a lock file
+Every CLI node start first calls :func:`reclaim_dead_tempdirs`: it removes every
+``chrysalis-*`` directory of the same user in the system temporary directory whose lock file
+it can lock (owner dead); directories without a lock file
 (other tools, older releases) and directories of other users are never touched, symbolic
 links are not followed, and the scan stops after :data:`MAX_SCANNED` entries.
 
@@ -108,8 +109,8 @@ class OwnedTempDir:
 
     @classmethod
     def create(cls, parent: str | None = None) -> OwnedTempDir:
-        """Clean up dead owners' directories in ``parent``, then make and lock a new one."""
-        reclaim_dead_tempdirs(parent)
+        """Make and lock a new directory in ``parent`` (default: the system temporary
+        directory)."""
         path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
         try:
             pending = os.path.join(path, LOCK_NAME + ".new")
