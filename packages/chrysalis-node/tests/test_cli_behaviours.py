@@ -27,7 +27,7 @@ import pytest
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.datagram import AddressInUseError
 from chrysalis.nameserver import MAX_LABELS_PER_ENTRY, Labels, RejectCode, TerminalRejection
-from chrysalis.node import Node, NodeError
+from chrysalis.node import Node, NodeError, _scale
 from chrysalis.node import _cli as cli
 from chrysalis.node._cli import main
 from chrysalis.node._tempdirs import LOCK_NAME, OwnedTempDir, reclaim_dead_tempdirs
@@ -120,6 +120,19 @@ def test_rejections_and_unexpected_errors_are_one_line(
         assert err.startswith("chrysalis: error: ")
         assert expected in err
         failures.pop(0)
+
+
+def test_scale_failures_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def broken(settings: object) -> None:
+        raise RuntimeError("the launcher broke")
+
+    monkeypatch.setattr(_scale, "run_scale", broken)
+    assert main(["scale", "--nodes", "2"], out=io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err == "chrysalis-scale: error: RuntimeError: the launcher broke\n"
 
 
 def test_a_stale_unix_socket_is_reclaimed_and_a_live_one_refused(tmp_path: Path) -> None:

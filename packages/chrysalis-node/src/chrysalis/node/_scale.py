@@ -787,6 +787,11 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # anything else is still one line, never a traceback
+        first = str(exc).splitlines()[:1]
+        message = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+        print(f"chrysalis-scale: error: {message}", file=sys.stderr)
+        return 1
     record = result.to_json()
     if args.json is not None:
         args.json.write_text(json.dumps(record))
