@@ -117,6 +117,7 @@ ERRORS = {
 }
 MACHINES = {
     "DEFAULT_CACHE_CAPACITY",
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_MAX_LINKS",
     "DEFAULT_MAX_PENDING_REQUESTS",
@@ -161,6 +162,7 @@ MACHINES = {
     "SendMessage",
     "WithdrawRoute",
     "clamp_page_limit",
+    "entry_cost",
     "enumerate_local",
     "export_view",
     "lookup_local",

@@ -172,6 +172,7 @@ from chrysalis.nameserver._session import (
     SendMessage,
 )
 from chrysalis.nameserver._state import (
+    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_LINKS,
     AdmitLink,
@@ -186,6 +187,7 @@ from chrysalis.nameserver._state import (
     LinkResponse,
     Nameserver,
     RemoveLink,
+    entry_cost,
 )
 from chrysalis.nameserver._stream import (
     DEFAULT_READ_SIZE,
@@ -330,6 +332,7 @@ del _public
 __all__ = [
     "DEFAULT_BUFFER_LIMIT",
     "DEFAULT_CACHE_CAPACITY",
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_MAX_LINKS",
     "DEFAULT_MAX_PENDING_REQUESTS",
@@ -457,6 +460,7 @@ __all__ = [
     "Welcome",
     "WithdrawRoute",
     "clamp_page_limit",
+    "entry_cost",
     "enumerate_local",
     "export_view",
     "lookup_local",
