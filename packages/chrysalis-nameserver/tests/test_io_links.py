@@ -412,3 +412,63 @@ def test_namespace_configuration_requires_address_and_real_parent() -> None:
         NamespaceConfig(())
     with pytest.raises(ValueError, match="link-local"):
         NamespaceConfig((addr(1),), authority=Pid.LINK_LOCAL)
+
+
+def test_an_idle_child_stream_is_closed_and_a_quiet_link_is_kept_alive() -> None:
+    """Issue 15, item 6: a stream that says nothing (no Hello, or an abandoned link) is
+    closed after the idle timeout; a ParentLink's keepalives keep a quiet link open."""
+
+    async def main() -> None:
+        root, leaf = Node(1), Node(2)
+        root.service = NameserverService(root.pid, router=root.router, idle_timeout=0.3)
+        root.service.set_local_entry(ProcEntry(root.pid, "n1", locators=(Locator(root.address),)))
+        silent = NsFrameStream(root.serve(Node(3), LinkId(b"\x03" * 16)))
+        quiet = ParentLink.spawn(
+            root.pid,
+            root.address,
+            root.serve(leaf, LinkId(b"\x02" * 16)),
+            leaf.service,
+            keepalive_interval=0.05,
+        )
+        await quiet.wait_active()
+        # The silent stream is closed by the parent (it never said Hello)...
+        with pytest.raises(ConnectionResetError):
+            await silent.receive()
+        # ... while the quiet link, three idle timeouts later, is still served.
+        closed = asyncio.get_running_loop().create_task(quiet.wait_closed())
+        done, _ = await asyncio.wait({closed}, timeout=1.0)
+        assert not done
+        assert quiet.status.state is LinkState.ACTIVE
+        assert root.service.child_links() == {leaf.pid: LinkId(b"\x02" * 16)}
+        closed.cancel()
+        await quiet.shutdown()
+
+    run(main)
+
+
+def test_an_abandoned_established_link_is_closed_and_revoked() -> None:
+    async def main() -> None:
+        root, leaf = Node(1), Node(2)
+        root.service = NameserverService(root.pid, router=root.router, idle_timeout=0.2)
+        root.service.set_local_entry(ProcEntry(root.pid, "n1", locators=(Locator(root.address),)))
+        link = ParentLink.spawn(
+            root.pid,
+            root.address,
+            root.serve(leaf, LinkId(b"\x02" * 16)),
+            leaf.service,
+            keepalive_interval=None,  # an old child that sends no keepalives, gone quiet
+        )
+        await link.wait_active()
+        assert root.service.get(leaf.pid) is not None
+        await eventually(lambda: root.service.get(leaf.pid) is None)
+        assert root.service.child_links() == {}
+        assert root.router.get(leaf.pid) is None
+        await link.wait_closed()
+
+    run(main)
+
+
+def test_idle_timeout_is_validated() -> None:
+    with pytest.raises(ValueError, match="idle_timeout"):
+        NameserverService(pid(1), idle_timeout=0)
+    NameserverService(pid(1), idle_timeout=None)

@@ -97,7 +97,7 @@ accounted bytes of all snapshots being staged."""
 # Accounted memory of one entry held by a root (directory, route, staging), calibrated with
 # tracemalloc on CPython 3.11 (README, "Bounds"): a fixed part, then per label, per locator and
 # per byte of text. It errs on the high side so that the bound is a real bound.
-_COST_ENTRY: Final = 320
+_COST_ENTRY: Final = 672
 _COST_LABEL: Final = 176
 _COST_LOCATOR: Final = 320
 _COST_ROUTE: Final = 256
