@@ -283,6 +283,7 @@ class _Staged:
     pids: set[Pid]
     entries: int = 0
     cost: int = 0
+    costs: list[list[int]] = field(default_factory=list)  # entry_cost, per chunk and entry
 
 
 @final
@@ -381,7 +382,8 @@ class Nameserver:
         self._revision = 0
         self._links: dict[LinkId, _LinkState] = {}
         self._children: dict[Pid, LinkId] = {}
-        self._directory: dict[Pid, tuple[LinkId, ProcEntry]] = {}
+        # PID -> (owning link, entry, accounted cost of the entry)
+        self._directory: dict[Pid, tuple[LinkId, ProcEntry, int]] = {}
         self._index: list[Pid] | None = None
         self._max_links = max_links
         self._max_entries = max_entries
@@ -577,13 +579,15 @@ class Nameserver:
             raise ApplyError(
                 _K.CAPACITY_EXCEEDED, f"at most {self._max_staged} staged entries/chunks"
             )
-        cost = sum(entry_cost(entry) for entry in cmd.entries)
+        costs = [entry_cost(entry) for entry in cmd.entries]
+        cost = sum(costs)
         if self._staged_bytes + cost > self._max_bytes:
             raise ApplyError(
                 _K.CAPACITY_EXCEEDED,
                 f"snapshots being staged may hold at most {self._max_bytes} bytes",
             )
         staging.chunks.append(cmd.entries)
+        staging.costs.append(costs)
         staging.pids.update(entry.pid for entry in cmd.entries)
         staging.entries += len(cmd.entries)
         staging.cost += cost
@@ -611,10 +615,11 @@ class Nameserver:
             )
         link = cmd.link
         new: dict[Pid, ProcEntry] = {}
+        new_costs: dict[Pid, int] = {}
         dropped: set[Pid] = set()
         takeover: dict[Pid, LinkId] = {}
-        for chunk in staging.chunks:
-            for entry in chunk:
+        for chunk, chunk_costs in zip(staging.chunks, staging.costs, strict=True):
+            for entry, cost in zip(chunk, chunk_costs, strict=True):
                 claim = self._claim(link, state, entry.pid)
                 if claim is _Claim.DROP:
                     dropped.add(entry.pid)
@@ -622,6 +627,7 @@ class Nameserver:
                 if claim is _Claim.TAKE_OVER:
                     takeover[entry.pid] = self._directory[entry.pid][0]
                 new[entry.pid] = entry
+                new_costs[entry.pid] = cost
         directory = self._directory
         old: set[Pid] = active.pids if active is not None else set()
         removals = tuple(sorted(old - new.keys()))
@@ -631,8 +637,10 @@ class Nameserver:
             if (o := directory.get(pid)) is None or o[0] != link or o[1] != new[pid]
         )
         added = sum(1 for pid in new if pid not in old and pid not in takeover)
-        self._check_capacity(added - len(removals), upserts, removals)
-        change = self._publish(link, upserts, removals)
+        costs = self._check_capacity(
+            added - len(removals), upserts, removals, [new_costs[e.pid] for e in upserts]
+        )
+        change = self._publish(link, upserts, removals, costs)
         self._take_over(takeover)
         self._drop_staging(state)
         state.staging = None
@@ -706,8 +714,8 @@ class Nameserver:
         removals = tuple(sorted(removed))
         upserted -= dropped
         added = sum(1 for pid in upserted if pid not in active.pids and pid not in takeover)
-        self._check_capacity(added - len(removals), changed, removals)
-        change = self._publish(link, changed, removals)
+        costs = self._check_capacity(added - len(removals), changed, removals)
+        change = self._publish(link, changed, removals, costs)
         self._take_over(takeover)
         state.dropped -= forgotten
         state.dropped -= upserted
@@ -780,28 +788,39 @@ class Nameserver:
             state.staging.cost = 0
 
     def _check_capacity(
-        self, growth: int, upserts: Iterable[ProcEntry], removals: Iterable[Pid]
-    ) -> None:
+        self,
+        growth: int,
+        upserts: tuple[ProcEntry, ...],
+        removals: Iterable[Pid],
+        costs: list[int] | None = None,
+    ) -> list[int]:
+        """Check the entry and byte bounds for a change; return the upserts' costs."""
         if growth > 0 and len(self._directory) + growth > self._max_entries:
             raise ApplyError(_K.CAPACITY_EXCEEDED, f"at most {self._max_entries} entries")
         directory = self._directory
-        delta = 0
+        if costs is None:
+            costs = [entry_cost(entry) for entry in upserts]
+        delta = sum(costs)
         for entry in upserts:
-            delta += entry_cost(entry)
             owned = directory.get(entry.pid)
             if owned is not None:
-                delta -= entry_cost(owned[1])
+                delta -= owned[2]
         for pid in removals:
-            delta -= entry_cost(directory[pid][1])
+            delta -= directory[pid][2]
         if delta > 0 and self._bytes + delta > self._max_bytes:
             raise ApplyError(
                 _K.CAPACITY_EXCEEDED,
                 f"the namespace holds at most {self._max_bytes} bytes "
                 f"({self._bytes} used, {delta} more asked)",
             )
+        return costs
 
     def _publish(
-        self, link: LinkId, upserts: tuple[ProcEntry, ...], removals: tuple[Pid, ...]
+        self,
+        link: LinkId,
+        upserts: tuple[ProcEntry, ...],
+        removals: tuple[Pid, ...],
+        costs: list[int] | None = None,
     ) -> DirectoryChange | None:
         """Make a validated change visible; bumps the revision once if anything changes.
 
@@ -814,14 +833,16 @@ class Nameserver:
             raise ApplyError(_K.COUNTER_EXHAUSTED, "directory revision")
         directory = self._directory
         used = self._bytes
+        if costs is None:
+            costs = [entry_cost(entry) for entry in upserts]
         for pid in removals:
-            used -= entry_cost(directory.pop(pid)[1])
-        for entry in upserts:
+            used -= directory.pop(pid)[2]
+        for entry, cost in zip(upserts, costs, strict=True):
             old = directory.get(entry.pid)
             if old is not None:
-                used -= entry_cost(old[1])
-            used += entry_cost(entry)
-            directory[entry.pid] = (link, entry)
+                used -= old[2]
+            used += cost
+            directory[entry.pid] = (link, entry, cost)
         self._bytes = used
         self._revision += 1
         self._index = None
