@@ -47,7 +47,9 @@ PIDS = [Pid(bytes([n]) * 16) for n in range(1, 7)]
 K = ApplyErrorKind
 
 entries = st.builds(
-    ProcEntry, st.sampled_from([*PIDS * 4, *CHILDREN * 2, AUTH]), st.sampled_from(["a", "b"])
+    ProcEntry,
+    st.sampled_from([*PIDS * 4, *CHILDREN * 2, CHILDREN[2], CHILDREN[2], AUTH]),
+    st.sampled_from(["a", "b"]),
 )
 _unique = st.lists(entries, max_size=3, unique_by=lambda e: e.pid).map(tuple)
 entry_lists = st.one_of(_unique, _unique, _unique, st.lists(entries, max_size=3).map(tuple))
@@ -155,6 +157,32 @@ class DirectoryMachine(RuleBasedStateMachine):
         for index, chunk in enumerate(chunks):
             self.append(link, snapshot, index, chunk)
         self.commit(link, snapshot, len(chunks))
+
+    @rule(name=st.sampled_from(["a", "b", "owner"]))
+    def owner_links_and_publishes(self, name: str) -> None:
+        """The third child (often relayed by the others) links and publishes itself: its
+        own entry is what the directory shows, whoever relayed it before."""
+        self.admit(2, 2)
+        state = self.model.get(LINKS[2])
+        if state is None or state.child != CHILDREN[2]:
+            return
+        used = {state.last_snapshot[0] if state.last_snapshot else 0}
+        used.add(state.staging[0] if state.staging else 0)
+        snapshot = min({1, 2, 3} - used)
+        mine = ProcEntry(CHILDREN[2], name)
+        self.publish_snapshot(LINKS[2], snapshot, state.sequence or 0, [(mine,)])
+        assert self.ns.get(CHILDREN[2]) == mine
+        assert self.ns.owner(CHILDREN[2]) == LINKS[2]
+
+    @rule(relay=st.sampled_from(LINKS[:2]), name=st.sampled_from(["a", "owner"]))
+    def squat_then_owner_arrives(self, relay: LinkId, name: str) -> None:
+        """Another child publishes the third child's PID before it links (a pre-issued
+        identity, a restarting node); then the owner links and publishes itself."""
+        if self.link_of(CHILDREN[2]) is None and relay in self.model:
+            if self.model[relay].sequence is None:
+                self.publish_snapshot(relay, 1, 0, [])
+            self.delta(relay, 1, (ProcEntry(CHILDREN[2], "forged"),), ())
+        self.owner_links_and_publishes(name)
 
     @rule(index=st.integers(0, 2), child_index=st.integers(0, 2))
     def admit(self, index: int, child_index: int) -> None:
