@@ -375,12 +375,16 @@ def test_count_limits_are_enforced_on_encode() -> None:
     with pytest.raises(TooManyItems):
         NsCodec.encode(Delta(1, (), tuple(e.pid for e in too_many)))
     NsCodec.encode(SnapshotChunk(0, 0, too_many[:MAX_ENTRIES_PER_FRAME]))
-    many_labels = Labels({f"k{i}": "" for i in range(257)})
+    # Labels and ProcEntry refuse these at construction (test_labels, test_entry_bounds); the
+    # encoder still checks, for values built around the constructors.
+    many_labels = Labels._from_sorted(tuple(sorted((f"k{i}", "") for i in range(257))))
     with pytest.raises(TooManyItems):
         NsCodec.encode(SnapshotChunk(0, 0, (ProcEntry(A, "", many_labels),)))
     many_locators = tuple(Locator(DatagramAddr.inproc(1, i)) for i in range(65))
+    crowded = ProcEntry(A, "")
+    object.__setattr__(crowded, "locators", many_locators)
     with pytest.raises(TooManyItems):
-        NsCodec.encode(SnapshotChunk(0, 0, (ProcEntry(A, "", Labels(), many_locators),)))
+        NsCodec.encode(SnapshotChunk(0, 0, (crowded,)))
     NsCodec.encode(
         SnapshotChunk(0, 0, (ProcEntry(A, "", Labels(), many_locators[:MAX_LOCATORS_PER_ENTRY]),))
     )

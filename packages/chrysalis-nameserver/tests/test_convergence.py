@@ -199,16 +199,23 @@ def test_identity_mismatch_sends_reject_and_installs_no_link() -> None:
     assert pair.parent.nameserver.child_links() == {}
 
 
-def test_duplicate_child_gets_already_linked() -> None:
+def test_duplicate_child_supersedes_and_the_first_gets_already_linked() -> None:
     directory = Nameserver(ROOT)
-    first = SessionPair(parent_pid=ROOT, child_pid=LEAF, link=LINK, nameserver=directory)
+    links: dict[LinkId, SessionPair] = {}
+    first = SessionPair(
+        parent_pid=ROOT, child_pid=LEAF, link=LINK, nameserver=directory, links=links
+    )
     first.connect()
     first.run()
-    second = SessionPair(parent_pid=ROOT, child_pid=LEAF, link=LINK2, nameserver=directory)
+    second = SessionPair(
+        parent_pid=ROOT, child_pid=LEAF, link=LINK2, nameserver=directory, links=links
+    )
     second.connect()
     second.run()
-    assert second.child.events == [Rejected(RejectCode.ALREADY_LINKED)]
-    assert directory.child_links() == {LEAF: LINK}
+    first.run()
+    assert isinstance(second.child.events[0], Established)
+    assert first.child.events[-1] == Rejected(RejectCode.ALREADY_LINKED)
+    assert directory.child_links() == {LEAF: LINK2}
 
 
 def test_protocol_error_revokes_committed_publications() -> None:
@@ -231,7 +238,8 @@ def test_rejected_publication_sends_no_ack_and_removes_link() -> None:
     pair.send_to_parent(SnapshotChunk(99, 0, (entry(2),)))  # no begin
     pair.run()
     assert isinstance(pair.parent.failure, PublicationRejected)
-    assert len(pair.child.events) == events  # no acknowledgement
+    # No acknowledgement; the child is told why its link ends (issue 15).
+    assert pair.child.events[events:] == [Rejected(RejectCode.UNAVAILABLE)]
     assert pair.parent.nameserver.snapshot() == ()
     assert pair.parent.nameserver.child_links() == {}
 

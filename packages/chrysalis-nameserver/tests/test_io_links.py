@@ -20,6 +20,7 @@ from chrysalis.nameserver import (
     EnumerationStale,
     Found,
     Hello,
+    LinkState,
     Locator,
     MemoryByteStream,
     NameserverService,
@@ -28,12 +29,12 @@ from chrysalis.nameserver import (
     NsFrameStream,
     ParentLink,
     ParentLinkManager,
-    ParentLinkRejected,
     ParentStatus,
     ParentStatusKind,
     ProcEntry,
     Reject,
     RejectCode,
+    SnapshotBegin,
     SnapshotChunk,
     TerminalRejection,
     VersionRange,
@@ -211,24 +212,64 @@ def test_rejected_publication_sends_no_ack_and_removes_link() -> None:
         assert isinstance(await frames.receive(), Welcome)
         entry = ProcEntry(leaf.pid, "x", locators=(Locator(leaf.address),))
         await frames.send(SnapshotChunk(1, 0, (entry,)))  # no SnapshotBegin: WrongSnapshot
-        with pytest.raises(ConnectionResetError):
-            await frames.receive()
+        # No acknowledgement: the child is told the publication was refused, then the end.
+        assert await frames.receive() == Reject(RejectCode.UNAVAILABLE)
+        assert await frames.receive() is None
         await eventually(lambda: root.service.child_links() == {})
         assert root.service.get(leaf.pid) is None
 
     run(main)
 
 
-def test_duplicate_child_is_rejected_and_parent_link_reports_it() -> None:
+def test_a_restarted_child_supersedes_its_stale_link() -> None:
+    """Issue 15, item 3: the parent still serves the old link (its stream is not closed, as
+    when the old process died inside the transport's idle timeout); the child restarted with
+    the same identity connects again and is accepted, its subtree published, and the old
+    link is fenced: its routes are gone and its late frames are refused."""
+
     async def main() -> None:
         root, leaf = Node(1), Node(2)
-        await link_up(root, leaf, 1)
-        twin = Node(2)
-        stream = root.serve(twin, LinkId(b"\x02" * 16))
-        link = ParentLink.spawn(root.pid, root.address, stream, twin.service)
-        with pytest.raises(ParentLinkRejected) as info:
-            await link.wait_active()
-        assert info.value.code is RejectCode.ALREADY_LINKED
+        old = await link_up(root, leaf, 1)
+        old_route = root.router.get(leaf.pid)
+        assert old_route is not None
+        restarted = Node(2)
+        stream = root.serve(restarted, LinkId(b"\x02" * 16))
+        link = ParentLink.spawn(root.pid, root.address, stream, restarted.service)
+        assert await link.wait_active() == LinkId(b"\x02" * 16)
+        assert root.service.child_links() == {leaf.pid: LinkId(b"\x02" * 16)}
+        assert root.service.get(leaf.pid) is not None
+        route = root.router.get(leaf.pid)
+        assert route is not None
+        assert route is not old_route
+        assert old_route.gate is not None
+        assert not old_route.gate.is_active  # the old link's routes are fenced
+        # The old link (were its process alive) is told, and ends for good.
+        status = await old.wait_closed()
+        assert status.state is LinkState.REJECTED
+        assert status.code is RejectCode.ALREADY_LINKED
+        assert root.service.child_links() == {leaf.pid: LinkId(b"\x02" * 16)}
+        assert root.service.get(leaf.pid) is not None
+        assert root.router.get(leaf.pid) is route
+
+    run(main)
+
+
+def test_a_late_frame_on_a_superseded_stream_is_refused() -> None:
+    async def main() -> None:
+        root, leaf = Node(1), Node(2)
+        ours, theirs = memory_stream_pair()
+        frames = NsFrameStream(theirs)
+        task = asyncio.get_running_loop().create_task(
+            root.service.serve(LinkId(b"\x01" * 16), leaf.pid, ours)
+        )
+        await frames.send(Hello(VersionRange(1, 3), leaf.pid))
+        assert isinstance(await frames.receive(), Welcome)
+        fresh = await link_up(root, Node(2), 2)
+        assert await frames.receive() == Reject(RejectCode.ALREADY_LINKED)
+        frames.send_nowait(SnapshotBegin(1, 0))  # late: the old session is closed
+        await asyncio.wait_for(task, 2)
+        assert root.service.child_links() == {leaf.pid: LinkId(b"\x02" * 16)}
+        assert fresh.status.state is LinkState.ACTIVE
 
     run(main)
 
@@ -263,10 +304,10 @@ def test_child_link_server_allocates_parent_scoped_monotonic_ids() -> None:
 class Dialer:
     """Dials a parent node in memory; can be told to refuse."""
 
-    def __init__(self, parent: Node, child: Node) -> None:
+    def __init__(self, parent: Node, child: Node, first_link: int = 1) -> None:
         self.parent, self.child = parent, child
         self.calls = 0
-        self.links = 0
+        self.links = first_link - 1
         self.refuse = 0
 
     async def __call__(self, address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
@@ -315,17 +356,53 @@ def test_manager_discovers_pins_reconnects_and_routes_by_default() -> None:
 def test_terminal_rejection_identifies_the_local_pid() -> None:
     async def main() -> None:
         root, leaf = Node(1), Node(2)
-        await link_up(root, leaf, 7)
-        twin = Node(2)
         config = NamespaceConfig((root.address,), authority=root.pid, retry_delay=0.01)
-        manager = ParentLinkManager.spawn(twin.service, config, Dialer(root, twin))
+        manager = ParentLinkManager.spawn(leaf.service, config, Dialer(root, leaf))
+        await manager.wait_connected()
+        twin = Node(2)  # another process with the same identity: it takes over
+        twin_manager = ParentLinkManager.spawn(twin.service, config, Dialer(root, twin, 100))
+        await twin_manager.wait_connected()
+        await eventually(lambda: manager.status.kind is ParentStatusKind.FAILED)
+        with pytest.raises(TerminalRejection) as info:
+            await manager.wait_connected()
+        assert str(info.value) == (
+            f"parent rejected nameserver link for PID {leaf.pid.hex()}: already_linked"
+            " (a newer connection with the same identity replaced this node's link)"
+        )
+        assert info.value.superseded
+        assert manager.status.code is RejectCode.ALREADY_LINKED
+        assert twin_manager.status.kind is ParentStatusKind.CONNECTED  # no flapping
+        assert root.service.get(leaf.pid) is not None
+        await twin_manager.shutdown()
+        await manager.shutdown()
+
+    run(main)
+
+
+def test_a_terminal_rejection_before_connecting_keeps_the_reference_text() -> None:
+    async def main() -> None:
+        root, leaf = Node(1), Node(2)
+        config = NamespaceConfig((root.address,), authority=root.pid, retry_delay=0.01)
+
+        async def dial(address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
+            ours, theirs = memory_stream_pair()
+            frames = NsFrameStream(ours)
+
+            async def refuse() -> None:
+                await frames.receive()
+                await frames.send(Reject(RejectCode.ALREADY_LINKED))
+                frames.finish()
+
+            asyncio.get_running_loop().create_task(refuse())
+            return root.pid, theirs
+
+        manager = ParentLinkManager.spawn(leaf.service, config, dial)
         with pytest.raises(TerminalRejection) as info:
             await manager.wait_connected()
         assert str(info.value) == (
             f"parent rejected nameserver link for PID {leaf.pid.hex()}: already_linked"
         )
-        assert manager.status.kind is ParentStatusKind.FAILED
-        assert manager.status.code is RejectCode.ALREADY_LINKED
+        assert not info.value.superseded
 
     run(main)
 
@@ -335,3 +412,63 @@ def test_namespace_configuration_requires_address_and_real_parent() -> None:
         NamespaceConfig(())
     with pytest.raises(ValueError, match="link-local"):
         NamespaceConfig((addr(1),), authority=Pid.LINK_LOCAL)
+
+
+def test_an_idle_child_stream_is_closed_and_a_quiet_link_is_kept_alive() -> None:
+    """Issue 15, item 6: a stream that says nothing (no Hello, or an abandoned link) is
+    closed after the idle timeout; a ParentLink's keepalives keep a quiet link open."""
+
+    async def main() -> None:
+        root, leaf = Node(1), Node(2)
+        root.service = NameserverService(root.pid, router=root.router, idle_timeout=0.3)
+        root.service.set_local_entry(ProcEntry(root.pid, "n1", locators=(Locator(root.address),)))
+        silent = NsFrameStream(root.serve(Node(3), LinkId(b"\x03" * 16)))
+        quiet = ParentLink.spawn(
+            root.pid,
+            root.address,
+            root.serve(leaf, LinkId(b"\x02" * 16)),
+            leaf.service,
+            keepalive_interval=0.05,
+        )
+        await quiet.wait_active()
+        # The silent stream is closed by the parent (it never said Hello)...
+        with pytest.raises(ConnectionResetError):
+            await silent.receive()
+        # ... while the quiet link, three idle timeouts later, is still served.
+        closed = asyncio.get_running_loop().create_task(quiet.wait_closed())
+        done, _ = await asyncio.wait({closed}, timeout=1.0)
+        assert not done
+        assert quiet.status.state is LinkState.ACTIVE
+        assert root.service.child_links() == {leaf.pid: LinkId(b"\x02" * 16)}
+        closed.cancel()
+        await quiet.shutdown()
+
+    run(main)
+
+
+def test_an_abandoned_established_link_is_closed_and_revoked() -> None:
+    async def main() -> None:
+        root, leaf = Node(1), Node(2)
+        root.service = NameserverService(root.pid, router=root.router, idle_timeout=0.2)
+        root.service.set_local_entry(ProcEntry(root.pid, "n1", locators=(Locator(root.address),)))
+        link = ParentLink.spawn(
+            root.pid,
+            root.address,
+            root.serve(leaf, LinkId(b"\x02" * 16)),
+            leaf.service,
+            keepalive_interval=None,  # an old child that sends no keepalives, gone quiet
+        )
+        await link.wait_active()
+        assert root.service.get(leaf.pid) is not None
+        await eventually(lambda: root.service.get(leaf.pid) is None)
+        assert root.service.child_links() == {}
+        assert root.router.get(leaf.pid) is None
+        await link.wait_closed()
+
+    run(main)
+
+
+def test_idle_timeout_is_validated() -> None:
+    with pytest.raises(ValueError, match="idle_timeout"):
+        NameserverService(pid(1), idle_timeout=0)
+    NameserverService(pid(1), idle_timeout=None)

@@ -30,6 +30,7 @@ PROTOCOL = {
     "MAX_ADDRESS_LEN",
     "MAX_ENTRIES_PER_FRAME",
     "MAX_FRAME_BODY",
+    "MAX_LABELS",
     "MAX_LABELS_PER_ENTRY",
     "MAX_LOCATORS_PER_ENTRY",
     "MAX_PAGE_LIMIT",
@@ -116,6 +117,7 @@ ERRORS = {
 }
 MACHINES = {
     "DEFAULT_CACHE_CAPACITY",
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_MAX_LINKS",
     "DEFAULT_MAX_PENDING_REQUESTS",
@@ -160,6 +162,7 @@ MACHINES = {
     "SendMessage",
     "WithdrawRoute",
     "clamp_page_limit",
+    "entry_cost",
     "enumerate_local",
     "export_view",
     "lookup_local",

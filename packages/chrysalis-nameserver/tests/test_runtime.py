@@ -16,12 +16,15 @@ from chrysalis.nameserver import (
     ChildLinkServer,
     Consistency,
     Found,
+    LinkState,
     Locator,
     NameserverService,
     NamespaceConfig,
+    ParentLink,
     ParentLinkManager,
     ParentStatusKind,
     ProcEntry,
+    RejectCode,
     TrioSpawner,
     memory_stream_pair,
 )
@@ -237,5 +240,55 @@ def test_link_ids_are_fresh_for_each_trio_child() -> None:
             assert first != second
             assert isinstance(first, LinkId)
             await server.shutdown()
+
+    trio.run(main)
+
+
+def test_trio_supersede_idle_timeout_and_keepalives() -> None:
+    """Issue 15 under trio: a restarted child's new link supersedes the stale one (which is
+    told), a silent stream is closed after the idle timeout, and keepalives keep a quiet
+    link open."""
+
+    async def main() -> None:
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                spawner = TrioSpawner(nursery)
+                root = NameserverService(pid(1), router=Router(), idle_timeout=0.3)
+                root.set_local_entry(
+                    ProcEntry(pid(1), "n1", locators=(Locator(DatagramAddr.udp("10.0.0.1", 1)),))
+                )
+                acceptor = MemoryAcceptor()
+                server = ChildLinkServer.spawn(root, acceptor, spawner=spawner)
+                address = DatagramAddr.udp("10.0.0.1", 4001)
+
+                def connect(service: NameserverService) -> ParentLink:
+                    ours, theirs = memory_stream_pair()
+                    acceptor.offer(service.authority, ours)
+                    return ParentLink.spawn(
+                        pid(1), address, theirs, service, spawner=spawner, keepalive_interval=0.05
+                    )
+
+                stale = connect(make_service(2))
+                await stale.wait_active()
+                silent, _theirs = memory_stream_pair()
+                acceptor.offer(pid(3), silent)
+                fresh = connect(make_service(2))  # the same identity, restarted
+                await fresh.wait_active()
+                status = await stale.wait_closed()
+                assert status.state is LinkState.REJECTED
+                assert status.code is RejectCode.ALREADY_LINKED
+                assert root.get(pid(2)) is not None
+                while server.active_links > 1:  # the silent stream times out; not `fresh`
+                    await trio.sleep(0.01)
+                closed = False
+                with trio.move_on_after(0.4):  # past the idle timeout: keepalives keep it
+                    await fresh.wait_closed()
+                    closed = True
+                assert not closed
+                assert fresh.status.state is LinkState.ACTIVE
+                assert root.child_links() == {pid(2): fresh.status.link}
+                await fresh.shutdown()
+                await server.shutdown()
+                nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -131,22 +131,65 @@ def test_handshake_rejects_identity_and_version_mismatches() -> None:
     assert session.is_closed
 
 
-def test_duplicate_child_is_rejected_without_welcome() -> None:
+def test_a_new_connection_of_the_same_child_supersedes_the_stale_one() -> None:
+    """Issue 15, item 3: a child restarted with the same identity while its parent still
+    holds the old link is admitted; the old link is fenced and its late messages refused."""
     ns = Nameserver(PARENT)
-    ns.apply(AdmitLink(OTHER_LINK, CHILD))
+    old = ParentSession(PARENT, CHILD, OTHER_LINK)
+    commit(old, ns, old.receive(Hello(VersionRange(2, 3), CHILD)))
+    publish(old, ns, entry(1))
     session = ParentSession(PARENT, CHILD, LINK)
-    action = commit(session, ns, session.receive(Hello(VersionRange(2, 3), CHILD)))
-    assert action == SendAndClose(Reject(RejectCode.ALREADY_LINKED))
-    assert session.is_closed
-    assert ns.child_links() == {CHILD: OTHER_LINK}
+    admit = session.receive(Hello(VersionRange(2, 3), CHILD))
+    assert isinstance(admit, CommitCommand)
+    effects = ns.apply(admit.command)
+    assert effects.superseded == OTHER_LINK
+    assert effects.directory_change is not None
+    assert effects.directory_change.link == OTHER_LINK
+    assert effects.directory_change.removals == (entry(1).pid,)
+    assert session.complete_commit(effects) == SendMessage(Welcome(3, PARENT, LINK))
+    assert ns.child_links() == {CHILD: LINK}
+    assert old.supersede() == SendAndClose(Reject(RejectCode.ALREADY_LINKED))
+    assert old.is_closed
+    with pytest.raises(LocalProtocolError) as info:
+        old.receive(Delta(1, (entry(2),)))  # a late message of the old link
+    assert info.value.kind is S.CLOSED
+    publish(session, ns, entry(1), entry(3))
+    assert ns.snapshot() == (entry(1), entry(3))
+    assert ns.owner(entry(1).pid) == LINK
 
 
-def test_version_one_maps_duplicate_child_to_unavailable() -> None:
+def test_a_late_publication_of_a_superseded_link_is_refused_by_the_directory() -> None:
     ns = Nameserver(PARENT)
-    ns.apply(AdmitLink(OTHER_LINK, CHILD))
-    session = ParentSession(PARENT, CHILD, LINK, VersionRange(1, 1))
-    action = commit(session, ns, session.receive(Hello(VersionRange(1, 3), CHILD)))
-    assert action == SendAndClose(Reject(RejectCode.UNAVAILABLE))
+    old = ParentSession(PARENT, CHILD, OTHER_LINK)
+    commit(old, ns, old.receive(Hello(VersionRange(2, 3), CHILD)))
+    publish(old, ns, entry(1))
+    ns.apply(AdmitLink(LINK, CHILD))  # the new connection, before the old session heard
+    with pytest.raises(PublicationRejected) as info:
+        commit(old, ns, old.receive(Delta(1, (entry(2),))))
+    assert info.value.cause.kind is ApplyErrorKind.UNKNOWN_LINK
+    assert ns.snapshot() == ()
+
+
+def test_version_one_supersedes_with_unavailable() -> None:
+    ns = Nameserver(PARENT)
+    old = ParentSession(PARENT, CHILD, OTHER_LINK, VersionRange(1, 1))
+    commit(old, ns, old.receive(Hello(VersionRange(1, 3), CHILD)))
+    assert old.supersede() == SendAndClose(Reject(RejectCode.UNAVAILABLE))
+
+
+def test_a_duplicate_child_error_still_maps_to_the_reference_codes() -> None:
+    for versions, code in (
+        (VersionRange(2, 3), RejectCode.ALREADY_LINKED),
+        (
+            VersionRange(1, 1),
+            RejectCode.UNAVAILABLE,
+        ),
+    ):
+        session = ParentSession(PARENT, CHILD, LINK, versions)
+        session.receive(Hello(VersionRange(1, 3), CHILD))
+        action = session.complete_commit(ApplyError(ApplyErrorKind.CHILD_ALREADY_LINKED, pid=CHILD))
+        assert action == SendAndClose(Reject(code))
+        assert session.is_closed
 
 
 def test_publication_messages_commit_before_acknowledgment() -> None:
@@ -200,8 +243,8 @@ def test_close_during_admission_removes_committed_link_without_welcome() -> None
 
 
 def test_close_during_failed_admission_closes_without_reject() -> None:
-    ns = Nameserver(PARENT)
-    ns.apply(AdmitLink(OTHER_LINK, CHILD))
+    ns = Nameserver(PARENT, max_links=1)
+    ns.apply(AdmitLink(OTHER_LINK, STRANGER))
     session = ParentSession(PARENT, CHILD, LINK)
     admit = session.receive(Hello(VersionRange(1, 3), CHILD))
     session.close()

@@ -1,10 +1,10 @@
 """``Node`` end to end over in-process carriers, each scenario under asyncio and under trio
 (``node_runtimes``): publication enables streams, a 3-level tree resolves, enumerates and
-echoes through the gateway, duplicates are rejected, discovery pins the parent, link-local
-protocols and link sessions coexist with the nameserver, clean or hard child exits withdraw
-(hard ones fence the routes before removing them), and a node serving one carrier while joined
-over another takes connections from everyone. Mixed processes (trio here, asyncio in a
-``chrysalis`` process) are in ``test_node_trio.py``."""
+echoes through the gateway, a second node with one identity supersedes the first, discovery
+pins the parent, link-local protocols and link sessions coexist with the nameserver, clean or
+hard child exits withdraw (hard ones fence the routes before removing them), and a node
+serving one carrier while joined over another takes connections from everyone. Mixed
+processes (trio here, asyncio in a ``chrysalis`` process) are in ``test_node_trio.py``."""
 
 from __future__ import annotations
 
@@ -131,7 +131,13 @@ def test_three_level_tree_resolves_and_echoes_between_every_pair(runtime: Runtim
     runtime.run(main)
 
 
-def test_duplicate_child_pid_is_rejected_and_clean_exits_are_withdrawn(runtime: Runtime) -> None:
+def test_a_second_node_with_one_identity_supersedes_and_clean_exits_are_withdrawn(
+    runtime: Runtime,
+) -> None:
+    """Issue 15, item 3: a node (re)started with the identity of a node its parent still
+    holds a link for is accepted and published; the old link is fenced and its node is told,
+    with a ``TerminalRejection`` (no retry loop between the two)."""
+
     async def main() -> None:
         net = InprocNetwork()
         identity = issue_identity()
@@ -139,9 +145,19 @@ def test_duplicate_child_pid_is_rejected_and_clean_exits_are_withdrawn(runtime: 
             async with child(net, r, identity=identity) as first:
                 await first.wait_connected()
                 async with child(net, r, identity=identity) as twin:
-                    with pytest.raises(TerminalRejection, match="already_linked"):
-                        await twin.wait_connected()
-                    manager = twin.parent_manager
+                    await twin.wait_connected()
+                    await directory_until(
+                        runtime,
+                        r,
+                        lambda: (
+                            (e := r.nameserver.get(twin.pid)) is not None
+                            and e.locators == (Locator(twin.local_addr, 0),)
+                        ),
+                    )
+                    with pytest.raises(TerminalRejection, match="already_linked") as info:
+                        await first.wait_connected()
+                    assert info.value.superseded
+                    manager = first.parent_manager
                     assert manager is not None
                     assert manager.status.kind is ParentStatusKind.FAILED
             await directory_until(runtime, r, withdrawn_from(r, first.pid))

@@ -61,6 +61,7 @@ from chrysalis.nameserver._labels import (
     MAX_LABEL_NAME_LEN,
     MAX_LABEL_PREFIX_LEN,
     MAX_LABEL_VALUE_LEN,
+    MAX_LABELS,
     Labels,
     validate_label_key,
     validate_label_value,
@@ -171,6 +172,7 @@ from chrysalis.nameserver._session import (
     SendMessage,
 )
 from chrysalis.nameserver._state import (
+    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_LINKS,
     AdmitLink,
@@ -185,6 +187,7 @@ from chrysalis.nameserver._state import (
     LinkResponse,
     Nameserver,
     RemoveLink,
+    entry_cost,
 )
 from chrysalis.nameserver._stream import (
     DEFAULT_READ_SIZE,
@@ -329,6 +332,7 @@ del _public
 __all__ = [
     "DEFAULT_BUFFER_LIMIT",
     "DEFAULT_CACHE_CAPACITY",
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_MAX_LINKS",
     "DEFAULT_MAX_PENDING_REQUESTS",
@@ -340,6 +344,7 @@ __all__ = [
     "MAX_ENTRIES_PER_FRAME",
     "MAX_FRAME_BODY",
     "MAX_IN_FLIGHT",
+    "MAX_LABELS",
     "MAX_LABELS_PER_ENTRY",
     "MAX_LABEL_KEY_LEN",
     "MAX_LABEL_NAME_LEN",
@@ -455,6 +460,7 @@ __all__ = [
     "Welcome",
     "WithdrawRoute",
     "clamp_page_limit",
+    "entry_cost",
     "enumerate_local",
     "export_view",
     "lookup_local",

@@ -156,6 +156,8 @@ class LabelErrorKind(enum.Enum):
     VALUE_TOO_LONG = "value too long"
     INVALID_VALUE = "invalid value"
     DUPLICATE_KEY = "duplicate key"
+    TOO_MANY_LABELS = "too many labels"
+    """Not in the reference's kinds: more labels than one entry can carry on the wire (256)."""
 
 
 _QUOTE = 40
@@ -178,6 +180,8 @@ class LabelError(NameserverError, ValueError):
         subject = f"label key {_quote(key)}"
         if value is not None:
             subject += f" value {_quote(value)}"
+        if kind is LabelErrorKind.TOO_MANY_LABELS:
+            subject = key  # the count and the limit, not a key
         super().__init__(f"{kind.value}: {subject}")
         self.kind = kind
         self.key = key[: 2 * _QUOTE]

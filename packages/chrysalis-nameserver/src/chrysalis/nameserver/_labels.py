@@ -19,6 +19,7 @@ from typing import ClassVar, Final, NoReturn, final
 from chrysalis.nameserver._errors import LabelError, LabelErrorKind
 
 __all__ = [
+    "MAX_LABELS",
     "MAX_LABEL_KEY_LEN",
     "MAX_LABEL_NAME_LEN",
     "MAX_LABEL_PREFIX_LEN",
@@ -36,6 +37,9 @@ MAX_LABEL_KEY_LEN: Final = MAX_LABEL_PREFIX_LEN + 1 + MAX_LABEL_NAME_LEN
 """Longest label key, in bytes (317)."""
 MAX_LABEL_VALUE_LEN: Final = 63
 """Longest label value, in bytes."""
+MAX_LABELS: Final = 256
+"""Most labels in one set: the wire carries at most 256 labels per entry, so a larger set
+could never be published (``LabelError`` kind ``TOO_MANY_LABELS``)."""
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.\-]*[A-Za-z0-9])?")
 _DNS_LABEL_RE: Final = re.compile(r"[a-z0-9](?:[a-z0-9\-]*[a-z0-9])?")
@@ -101,10 +105,11 @@ class Labels(Mapping[str, str]):
     """An immutable, validated label set sorted by key.
 
     ``Labels(source)`` takes a mapping or an iterable of ``(key, value)`` pairs; every key and
-    value is validated (``LabelError``) and a key given twice in an iterable raises
-    ``LabelError`` with kind ``DUPLICATE_KEY``. Iteration is in key order (code-point order,
-    which equals the byte order of the ASCII keys). Hashable; equal to another ``Labels`` or
-    any mapping with the same items. ``Labels.EMPTY`` is the empty set.
+    value is validated (``LabelError``), a key given twice in an iterable raises
+    ``LabelError`` with kind ``DUPLICATE_KEY`` and more than ``MAX_LABELS`` (256) labels raise
+    kind ``TOO_MANY_LABELS``, so every label set can be encoded. Iteration is in key order
+    (code-point order, which equals the byte order of the ASCII keys). Hashable; equal to
+    another ``Labels`` or any mapping with the same items. ``Labels.EMPTY`` is the empty set.
     """
 
     __slots__ = ("_hash", "_items", "_map")
@@ -120,6 +125,11 @@ class Labels(Mapping[str, str]):
         built: dict[str, str] = {}
         for pair in pairs:
             key, value = pair
+            if len(built) >= MAX_LABELS:
+                raise LabelError(
+                    LabelErrorKind.TOO_MANY_LABELS,
+                    f"more than {MAX_LABELS} labels (the wire carries at most {MAX_LABELS})",
+                )
             validate_label_key(key)
             validate_label_value(key, value)
             if key in built:

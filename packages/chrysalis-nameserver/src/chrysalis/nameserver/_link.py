@@ -13,6 +13,14 @@ the link:
    updates) and the service's revision watch (each change re-computes the export and sends at
    most one delta in flight, as the reference does).
 
+A ``Reject`` on the established link ends it with ``state`` ``REJECTED``: ``ALREADY_LINKED``
+when a newer connection of this node's PID superseded the link (another process holds this
+identity), ``UNAVAILABLE`` when the parent refused a publication (its namespace bound, say); a
+warning is logged. While established the link sends a keepalive (a ``CACHED`` resolve of the
+parent's own PID, answered locally by any parent) every ``keepalive_interval`` seconds (30 by
+default), so the parent's idle timeout (``NameserverService``, 120 s) never closes a quiet
+link.
+
 Requests (``resolve``, ``enumerate``) are written directly by the caller and completed by the
 inbound loop; they are bounded by the session's ``max_pending_requests``. Every ``Found``
 answer, cached or fresh, is rewritten to a single locator: the parent address this link dialled
@@ -28,7 +36,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import final
+from typing import Final, final
 
 from chrysalis.core import DatagramAddr, LinkId, Pid
 from chrysalis.nameserver._cache import ResolverCache
@@ -72,9 +80,11 @@ from chrysalis.nameserver.runtime import (
     monotonic_millis,
     new_event,
     race,
+    sleep,
 )
 
 __all__ = [
+    "DEFAULT_KEEPALIVE_INTERVAL",
     "LinkState",
     "LinkStatus",
     "ParentLink",
@@ -84,6 +94,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger("chrysalis.nameserver")
+
+DEFAULT_KEEPALIVE_INTERVAL: Final = 30.0
+"""Seconds between the keepalives an established ``ParentLink`` sends."""
 
 
 class ParentLinkError(NameserverError):
@@ -162,9 +175,12 @@ class ParentLink:
         "_address",
         "_cache",
         "_clock",
+        "_ended_by",
         "_exported",
         "_frames",
         "_ids",
+        "_keepalive",
+        "_keepalive_id",
         "_parent",
         "_publisher",
         "_service",
@@ -186,7 +202,10 @@ class ParentLink:
         versions: VersionRange = DEFAULT_VERSIONS,
         clock: Callable[[], int] = monotonic_millis,
         spawner: Spawner | None = None,
+        keepalive_interval: float | None = DEFAULT_KEEPALIVE_INTERVAL,
     ) -> None:
+        if keepalive_interval is not None and not keepalive_interval > 0:
+            raise ValueError("keepalive_interval must be positive (or None)")
         local = service.local_entry
         if local is None:
             raise ValueError("the service needs its local entry before linking to a parent")
@@ -207,6 +226,9 @@ class ParentLink:
         self._spawner = spawner
         self._exported = 0
         self._task: Task | None = None
+        self._keepalive = keepalive_interval
+        self._ended_by: RejectCode | None = None
+        self._keepalive_id: int | None = None
 
     @classmethod
     def spawn(
@@ -219,11 +241,19 @@ class ParentLink:
         versions: VersionRange = DEFAULT_VERSIONS,
         clock: Callable[[], int] = monotonic_millis,
         spawner: Spawner | None = None,
+        keepalive_interval: float | None = DEFAULT_KEEPALIVE_INTERVAL,
     ) -> ParentLink:
         """Build the link and start its task on ``spawner`` (the asyncio loop by default)."""
         spawner = default_spawner(spawner)
         link = cls(
-            parent, address, stream, service, versions=versions, clock=clock, spawner=spawner
+            parent,
+            address,
+            stream,
+            service,
+            versions=versions,
+            clock=clock,
+            spawner=spawner,
+            keepalive_interval=keepalive_interval,
         )
         link._task = spawner.spawn(link._run)
         return link
@@ -362,6 +392,8 @@ class ParentLink:
             self._publish_snapshot(established)
             await self._run_active()
             clean = True
+            if self._ended_by is not None:
+                final = LinkStatus(LinkState.REJECTED, self._session.link, self._ended_by)
         except Exception as exc:
             _log.info("parent link to %s ended: %r", self._parent, exc)
         except BaseException as exc:
@@ -405,7 +437,22 @@ class ParentLink:
 
     async def _run_active(self) -> None:
         assert self._spawner is not None
-        await race(self._spawner, self._inbound, self._outbound)
+        if self._keepalive is None:
+            await race(self._spawner, self._inbound, self._outbound)
+        else:
+            await race(self._spawner, self._inbound, self._outbound, self._keepalives)
+
+    async def _keepalives(self) -> None:
+        interval = self._keepalive
+        assert interval is not None
+        while True:
+            await sleep(interval)
+            if self._keepalive_id is not None:
+                continue  # the previous keepalive is still unanswered
+            request = next(self._ids)
+            message = self._session.resolve(request, self._parent, Consistency.CACHED)
+            self._keepalive_id = request
+            self._frames.send_nowait(message)
 
     async def _outbound(self) -> None:
         watch = self._service.revisions
@@ -436,6 +483,23 @@ class ParentLink:
                 self._complete(event.request, event.result)
             elif isinstance(event, CacheUpdated):
                 self._offer(event.resolution)
+            elif isinstance(event, Rejected):
+                self._ended_by = event.code
+                if event.code is RejectCode.ALREADY_LINKED:
+                    _log.warning(
+                        "parent %s ended this node's nameserver link: another connection "
+                        "with the same identity (PID %s) superseded it",
+                        self._parent,
+                        self._service.authority,
+                    )
+                else:
+                    _log.warning(
+                        "parent %s refused this node's publication (%s); its namespace may "
+                        "be full (see its log)",
+                        self._parent,
+                        event.code.name.lower(),
+                    )
+                return
             else:
                 raise ParentLinkError(f"unexpected {type(event).__name__} on an active link")
 
@@ -451,3 +515,5 @@ class ParentLink:
         waiter = self._waiters.get(request)
         if waiter is not None:
             waiter.complete(result)
+        elif request == self._keepalive_id:
+            self._keepalive_id = None

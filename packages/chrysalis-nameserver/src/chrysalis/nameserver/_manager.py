@@ -10,6 +10,13 @@ pass over the endpoints (no exponential growth, no jitter, as in the reference).
 * Rejections ``INCOMPATIBLE_VERSION`` and ``IDENTITY_MISMATCH`` are terminal, and
   ``ALREADY_LINKED`` is terminal only before the first successful connection; the status then
   becomes ``FAILED`` and the manager stops. ``UNAVAILABLE`` is retried.
+* An established link ended by the parent with ``ALREADY_LINKED`` was superseded by a newer
+  connection with this node's identity (another process holds it): that is terminal too
+  (``FAILED``, ``superseded``), so two processes with one identity do not take turns forever.
+  An established link ended with ``UNAVAILABLE`` (a refused publication) is retried after
+  ``retry_delay``.
+* ``wait_connected`` raises ``TerminalRejection`` (a ``NameserverError``) for every terminal
+  case: catch it to report the failure without a traceback.
 * While connected, a **gated default route** toward the parent address is installed in the
   router (when one is given); when the link ends the gate is closed first, then the default
   route removed.
@@ -33,7 +40,7 @@ from typing import Any, Final, final
 from chrysalis.core import DatagramAddr, LinkId, Pid
 from chrysalis.datagram import Route, RouteGate, Router
 from chrysalis.nameserver._errors import NameserverError
-from chrysalis.nameserver._link import ParentLink, ParentLinkRejected
+from chrysalis.nameserver._link import LinkState, ParentLink, ParentLinkRejected
 from chrysalis.nameserver._protocol import (
     DEFAULT_VERSIONS,
     Consistency,
@@ -117,17 +124,31 @@ class ParentStatus:
     address: DatagramAddr | None = None
     link: LinkId | None = None
     code: RejectCode | None = None
+    superseded: bool = False
+    """``FAILED`` because a newer connection with this node's identity replaced the link."""
 
 
 class TerminalRejection(NameserverError):
-    """The parent refused this node for good (``ParentStatusKind.FAILED``)."""
+    """The parent refused this node for good (``ParentStatusKind.FAILED``).
 
-    def __init__(self, child: Pid, code: RejectCode) -> None:
-        super().__init__(
-            f"parent rejected nameserver link for PID {child.hex()}: {code.name.lower()}"
-        )
+    ``child`` is this node's PID, ``code`` the ``RejectCode``; ``superseded`` is true when an
+    established link was replaced by a newer connection with the same identity."""
+
+    def __init__(self, child: Pid, code: RejectCode, *, superseded: bool = False) -> None:
+        message = f"parent rejected nameserver link for PID {child.hex()}: {code.name.lower()}"
+        if superseded:
+            message += " (a newer connection with the same identity replaced this node's link)"
+        super().__init__(message)
         self.child = child
         self.code = code
+        self.superseded = superseded
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_rejection, (self.child, self.code, self.superseded))
+
+
+def _rebuild_rejection(child: Pid, code: RejectCode, superseded: bool) -> TerminalRejection:
+    return TerminalRejection(child, code, superseded=superseded)
 
 
 def _terminal(code: RejectCode, connected_once: bool) -> bool:
@@ -233,7 +254,9 @@ class ParentLinkManager:
                 return status
             if status.kind is ParentStatusKind.FAILED:
                 assert status.code is not None
-                raise TerminalRejection(self._service.authority, status.code)
+                raise TerminalRejection(
+                    self._service.authority, status.code, superseded=status.superseded
+                )
             if status.kind is ParentStatusKind.STOPPED:
                 raise UpstreamClosed("the parent link manager stopped")
             await self._status_watch.wait_change(self._status_watch.version)
@@ -293,7 +316,11 @@ class ParentLinkManager:
                 index = (index + 1) % len(endpoints)
                 completed_round = index == 0
                 outcome = await self._attempt(address, connected_once)
-                if outcome is True:
+                if outcome is None:  # established, then refused: retry after the delay
+                    connected_once = True
+                    index = 0
+                    completed_round = True
+                elif outcome is True:
                     connected_once = True
                 elif isinstance(outcome, ParentStatus):
                     self._set_status(outcome)
@@ -309,9 +336,12 @@ class ParentLinkManager:
                 self._set_status(ParentStatus(ParentStatusKind.STOPPED))
             self._link_watch.bump()
 
-    async def _attempt(self, address: DatagramAddr, connected_once: bool) -> bool | ParentStatus:
-        """One dial: ``True`` after a link was active (and ended), ``False`` on a failure to
-        retry, a ``FAILED`` status on a terminal rejection."""
+    async def _attempt(
+        self, address: DatagramAddr, connected_once: bool
+    ) -> bool | ParentStatus | None:
+        """One dial: ``True`` after a link was active (and ended), ``None`` after a link was
+        active and then refused by the parent, ``False`` on a failure to retry, a ``FAILED``
+        status on a terminal rejection."""
         try:
             peer, stream = await self._dial(address, self._pinned)
         except Exception as exc:
@@ -342,12 +372,18 @@ class ParentLinkManager:
         self._link_watch.bump()
         self._set_status(ParentStatus(ParentStatusKind.CONNECTED, peer, address, link_id))
         try:
-            await link.wait_closed()
+            final = await link.wait_closed()
         finally:
             await link.shutdown()
             self._remove_default_route(gate)
             self._current = None
             self._link_watch.bump()
+        if final.state is LinkState.REJECTED:
+            if final.code is RejectCode.ALREADY_LINKED:
+                return ParentStatus(
+                    ParentStatusKind.FAILED, peer, address, code=final.code, superseded=True
+                )
+            return None
         return True
 
     def _install_default_route(self, address: DatagramAddr) -> RouteGate | None:

@@ -3,8 +3,10 @@
 Why typed values: the nameserver stream carries a handful of message kinds whose fields are
 fixed-width integers, PIDs and small records. Each is a frozen, slotted dataclass that checks
 its field *types and integer ranges* at construction, so a well-typed value always has an
-encoding. Size limits (string lengths, list counts, frame size) are deliberately *not* checked
-here: they are wire limits, enforced by the codec on encode and decode alike (``_codec``).
+encoding. The per-entry limits are checked here too (``ProcEntry``: server name, locator
+count; ``Labels``: label count), so an entry that could never be encoded cannot exist. The
+limits of whole messages (list counts, frame size) are wire limits, enforced by the codec on
+encode and decode alike (``_codec``).
 
 Structure only: which side may send which message, and in what order, is the sessions'
 business (``_session``). Nothing here performs I/O.
@@ -18,7 +20,8 @@ from types import UnionType
 from typing import ClassVar, Final, final
 
 from chrysalis.core import DatagramAddr, LinkId, Pid
-from chrysalis.nameserver._labels import Labels
+from chrysalis.nameserver._errors import FieldTooLarge, TooManyItems
+from chrysalis.nameserver._labels import MAX_LABELS, Labels
 
 __all__ = [
     "DEFAULT_PAGE_LIMIT",
@@ -90,8 +93,8 @@ MAX_ENTRIES_PER_FRAME: Final = 4096
 """Most entries in one entries list."""
 MAX_REMOVALS_PER_FRAME: Final = 4096
 """Most PIDs in one removals list."""
-MAX_LABELS_PER_ENTRY: Final = 256
-"""Most labels on one entry."""
+MAX_LABELS_PER_ENTRY: Final = MAX_LABELS
+"""Most labels on one entry (256)."""
 MAX_LOCATORS_PER_ENTRY: Final = 64
 """Most locators on one entry."""
 MAX_SERVER_NAME_LEN: Final = 255
@@ -239,6 +242,10 @@ class ProcEntry:
     ``tls_server_name`` and ``labels`` describe the process itself and are never rewritten;
     ``locators`` are next hops from the observer's point of view and are rewritten at each
     hop. A list passed as ``locators`` is converted to a tuple.
+
+    Every entry can be encoded: a server name over ``MAX_SERVER_NAME_LEN`` (255) UTF-8 bytes
+    raises ``FieldTooLarge`` and more than ``MAX_LOCATORS_PER_ENTRY`` (64) locators raise
+    ``TooManyItems`` (both ``ValueError``); ``Labels`` itself holds at most 256 labels.
     """
 
     pid: Pid
@@ -251,6 +258,15 @@ class ProcEntry:
         _typed(self.tls_server_name, str, "ProcEntry.tls_server_name")
         _typed(self.labels, Labels, "ProcEntry.labels")
         _tuple_of(self, "locators", self.locators, Locator)
+        name = self.tls_server_name
+        if len(name) > MAX_SERVER_NAME_LEN or (
+            not name.isascii() and len(name.encode("utf-8", "surrogatepass")) > MAX_SERVER_NAME_LEN
+        ):
+            raise FieldTooLarge(f"tls server name is longer than {MAX_SERVER_NAME_LEN} bytes")
+        if len(self.locators) > MAX_LOCATORS_PER_ENTRY:
+            raise TooManyItems(
+                f"{len(self.locators)} locators, at most {MAX_LOCATORS_PER_ENTRY} allowed"
+            )
 
     def with_locators(self, locators: tuple[Locator, ...]) -> ProcEntry:
         """The same process reached through other next hops."""

@@ -13,6 +13,16 @@ module is the thin driver that owns the one directory of a node and serves child
   EOF, protocol error, truncated frame, write failure, rejected publication, cancellation) does,
   in order: fence the link's route gate, commit ``RemoveLink``, and only then remove the link's
   routes. So once a link is gone no datagram is forwarded into its subtree.
+* A child that connects again while its old link is still served (a node restarted with the
+  same identity inside the transport's idle timeout) supersedes the old link: ``apply`` fences
+  the old link's routes, the admission revokes its entries, its routes are removed, and the
+  old stream is sent ``Reject(ALREADY_LINKED)`` and finished; the old session is closed, so
+  whatever else arrives on it is refused. The new link then publishes its subtree afresh.
+* A refused publication (a bound, a conflict) is answered with ``Reject(UNAVAILABLE)`` before
+  the link ends, so the child sees why.
+* A child stream that sends nothing for ``idle_timeout`` seconds (120 by default; ``None``
+  disables it) is closed like any other ending link. ``ParentLink`` sends a keepalive well
+  inside that time, so only streams that were abandoned (or never said ``Hello``) are closed.
 * Answers to a child are rewritten to this node's own locators: this node is the child's next
   hop toward everything it can name. Misses go upstream (``UpstreamNameserver``) when there is a
   parent, within ``upstream_timeout``; otherwise (or on failure) a local ``NotFound``.
@@ -23,13 +33,14 @@ asyncio and under trio.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Final, Protocol, final
 
 from chrysalis.core import LinkId, Pid
 from chrysalis.datagram import Router
-from chrysalis.nameserver._errors import ApplyError, NameserverError
+from chrysalis.nameserver._errors import ApplyError, NameserverError, PublicationRejected
 from chrysalis.nameserver._protocol import (
     DEFAULT_VERSIONS,
     Consistency,
@@ -52,6 +63,7 @@ from chrysalis.nameserver._session import (
     SendMessage,
 )
 from chrysalis.nameserver._state import (
+    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_LINKS,
     AdmitLink,
@@ -72,6 +84,7 @@ from chrysalis.nameserver._views import (
 from chrysalis.nameserver.runtime import Event, fail_after, new_event
 
 __all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_UPSTREAM_TIMEOUT",
     "LocalEntryError",
     "NameserverService",
@@ -84,6 +97,9 @@ _log = logging.getLogger("chrysalis.nameserver")
 
 DEFAULT_UPSTREAM_TIMEOUT: Final = 10.0
 """Seconds a child's request may wait on the upstream before a local answer is sent."""
+DEFAULT_IDLE_TIMEOUT: Final = 120.0
+"""Seconds a served child stream may stay silent before it is closed (``ParentLink`` sends a
+keepalive every ``DEFAULT_KEEPALIVE_INTERVAL``, 30 s)."""
 _GATE_TIMEOUT: Final = 5.0
 
 
@@ -151,10 +167,12 @@ class NameserverService:
     __slots__ = (
         "_child_links",
         "_directory",
+        "_idle_timeout",
         "_local",
         "_negative_ttl",
         "_projector",
         "_revisions",
+        "_serving",
         "_upstream_timeout",
         "_versions",
     )
@@ -169,10 +187,18 @@ class NameserverService:
         upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
         max_links: int = DEFAULT_MAX_LINKS,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         if upstream_timeout <= 0:
             raise ValueError("upstream_timeout must be positive")
-        self._directory = Nameserver(authority, max_links=max_links, max_entries=max_entries)
+        if idle_timeout is not None and not idle_timeout > 0:
+            raise ValueError("idle_timeout must be positive (or None)")
+        self._directory = Nameserver(
+            authority, max_links=max_links, max_entries=max_entries, max_bytes=max_bytes
+        )
+        self._idle_timeout = idle_timeout
+        self._serving: dict[LinkId, tuple[ParentSession, NsFrameStream]] = {}
         self._projector = None if router is None else RouteProjector(router)
         self._versions = versions
         self._negative_ttl = negative_ttl_ms
@@ -244,8 +270,16 @@ class NameserverService:
 
     def apply(self, command: DirectoryCommand) -> ApplyEffects:
         """Apply ``command`` (``ApplyError`` leaves everything unchanged), project its routes,
-        then notify the watches."""
+        then notify the watches. An admission that supersedes a link fences that link's
+        routes first and removes them after, then closes its session (module docstring)."""
         before = self._directory.child_links() if _changes_links(command) else None
+        stale: RouteSession | None = None
+        if isinstance(command, AdmitLink) and before is not None:
+            old = before.get(command.child)
+            if old is not None and old != command.link and self._projector is not None:
+                stale = self._projector.session(old)
+                if stale is not None:
+                    _fence(stale, old)
         effects = self._directory.apply(command)
         change = effects.directory_change
         if change is not None:
@@ -255,9 +289,30 @@ class NameserverService:
                 if session is not None and not session.fenced:
                     session.apply(change)
             self._revisions.bump()
+        if effects.superseded is not None:
+            if stale is not None:
+                try:
+                    stale.finish(_GATE_TIMEOUT)
+                except TimeoutError:
+                    _log.warning("route gate of link %s did not drain", effects.superseded)
+            self._fence_superseded(effects.superseded)
         if before is not None and dict(before) != dict(self._directory.child_links()):
             self._child_links.bump()
         return effects
+
+    def _fence_superseded(self, link: LinkId) -> None:
+        """Close the superseded link's session and tell its stream why (best effort: the
+        old peer is usually gone)."""
+        serving = self._serving.pop(link, None)
+        if serving is None:
+            return
+        session, frames = serving
+        _log.info("nameserver link %s of %s superseded by a new connection", link, session.peer)
+        action = session.supersede()
+        if action is not None:
+            with contextlib.suppress(Exception):  # a dead stream cannot be told
+                frames.send_nowait(action.message)
+        frames.finish()
 
     # -- local answers ----------------------------------------------------------------------
 
@@ -333,12 +388,22 @@ class NameserverService:
         frames = NsFrameStream(stream)
         session = ParentSession(self.authority, peer, link, self._versions)
         routes = self._projector.open(link) if self._projector is not None else None
+        self._serving[link] = (session, frames)
         clean = False
         try:
             clean = await self._serve_loop(session, frames, upstream)
+        except PublicationRejected as exc:
+            _log.warning("nameserver link %s from %s: publication refused: %s", link, peer, exc)
+            with contextlib.suppress(Exception):  # the child may be gone already
+                frames.send_nowait(session.publication_refused())
+            clean = True
+        except TimeoutError:
+            _log.info("nameserver link %s from %s idle for %s s", link, peer, self._idle_timeout)
         except Exception as exc:
             _log.info("nameserver link %s from %s ended: %r", link, peer, exc)
         finally:
+            if self._serving.get(link, (None,))[0] is session:
+                del self._serving[link]
             self._revoke(session, routes, link)
             if clean:
                 frames.finish()
@@ -348,10 +413,14 @@ class NameserverService:
     async def _serve_loop(
         self, session: ParentSession, frames: NsFrameStream, upstream: UpstreamNameserver | None
     ) -> bool:
+        idle = self._idle_timeout
         while True:
-            message = await frames.receive()
-            if message is None:
-                return True
+            if idle is None:
+                message = await frames.receive()
+            else:
+                message = await fail_after(idle, frames.receive)
+            if message is None or session.is_closed:
+                return True  # the end of the stream, or a late message of a superseded link
             action: ParentAction | None = session.receive(message)
             while action is not None:
                 if isinstance(action, CommitCommand):
@@ -380,10 +449,7 @@ class NameserverService:
     def _revoke(self, session: ParentSession, routes: RouteSession | None, link: LinkId) -> None:
         """Fence, commit ``RemoveLink``, then (only if that worked) remove the routes."""
         if routes is not None:
-            try:
-                routes.fence(_GATE_TIMEOUT)
-            except TimeoutError:
-                _log.warning("route gate of link %s did not drain", link)
+            _fence(routes, link)
         session.close()
         try:
             self.apply(RemoveLink(link))
@@ -392,6 +458,13 @@ class NameserverService:
             return
         if routes is not None:
             routes.finish(_GATE_TIMEOUT)
+
+
+def _fence(routes: RouteSession, link: LinkId) -> None:
+    try:
+        routes.fence(_GATE_TIMEOUT)
+    except TimeoutError:
+        _log.warning("route gate of link %s did not drain", link)
 
 
 def _changes_links(command: DirectoryCommand) -> bool:

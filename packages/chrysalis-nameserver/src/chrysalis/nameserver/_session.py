@@ -21,12 +21,24 @@ The handshake admits the link only through a commit (``AdmitLink``), and ``Welco
 that commit. ``close()`` revokes the link with a ``RemoveLink`` commit; a close requested while
 a commit is pending suppresses the acknowledgement and removes the link right after the commit,
 so an admitted link is never stranded. Any rejected publication surfaces as
-``PublicationRejected``; the driver then closes, which revokes all of the link's entries.
+``PublicationRejected``; the driver then closes, which revokes all of the link's entries (and
+should first send ``publication_refused()``, a ``Reject(UNAVAILABLE)``, so the child learns
+why its link ends).
+
+Superseding: the admission of a child that already has a link replaces the old link (a node
+restarted with the same identity; see ``_state``). The admission's effects name the old link
+(``ApplyEffects.superseded``); the driver calls ``supersede()`` on the old link's session,
+which closes it without another commit (the directory already dropped that link) and returns
+the ``Reject(ALREADY_LINKED)`` to send on the old stream. Every later message of the old link
+is refused (the session is closed; publications would fail with ``UNKNOWN_LINK`` anyway).
 
 Child side. ``ChildSession`` builds the child's messages (``hello``, the publication and request
 builders, all refused before the link is established) and turns the parent's messages into
 events (``Established``, ``Rejected``, ``PublicationAcked``, ``ResnapshotRequested``,
-``ResolveCompleted``, ``EnumerateCompleted``, ``CacheUpdated``). Requests are correlated by id
+``ResolveCompleted``, ``EnumerateCompleted``, ``CacheUpdated``). A ``Reject`` after the link
+was established ends it too (``Rejected``): ``ALREADY_LINKED`` means a newer connection with
+the same identity superseded this one, ``UNAVAILABLE`` that the parent refused a publication
+(its namespace is full, for instance). Requests are correlated by id
 (one namespace for resolves and enumerations) and answers are checked against the request.
 
 Errors: ``LocalProtocolError`` for a driver bug, ``RemoteProtocolError`` for a misbehaving
@@ -419,8 +431,13 @@ class ParentSession:
             )
             self._close_now()
             return SendAndClose(Reject(code))
-        if not result.is_empty:
-            raise LocalProtocolError(_S.UNEXPECTED_EFFECTS, "admission must have no effects")
+        if result.link_response is not None:
+            raise LocalProtocolError(_S.UNEXPECTED_EFFECTS, "admission owes no response")
+        change = result.directory_change
+        if change is not None and change.link != result.superseded:
+            raise LocalProtocolError(
+                _S.UNEXPECTED_EFFECTS, "an admission may only revoke the link it superseded"
+            )
         if self._close_requested:
             return self._start_removal()
         self._state = ParentState.ACTIVE
@@ -528,7 +545,33 @@ class ParentSession:
         if not admitted:
             raise LocalProtocolError(_S.NOT_ACTIVE, f"session is {self._state.value}")
 
+    def publication_refused(self) -> Reject:
+        """The ``Reject(UNAVAILABLE)`` that tells the child why its link ends after a
+        ``PublicationRejected`` (send it, then ``close()``)."""
+        return Reject(RejectCode.UNAVAILABLE)
+
     # -- close ------------------------------------------------------------------------------
+
+    def supersede(self) -> SendAndClose | None:
+        """A newer link of the same child replaced this one in the directory: close without
+        revoking (the directory already did). Returns the ``Reject(ALREADY_LINKED)`` (or
+        ``UNAVAILABLE`` below version 2) to send on this link's stream, or ``None`` when
+        nothing was admitted or a commit is pending (its completion then ends the session)."""
+        state = self._state
+        if state is ParentState.PENDING:
+            self._close_requested = True
+            self._requests.clear()
+            return None
+        if state is not ParentState.ACTIVE:
+            self._close_now()
+            return None
+        self._close_now()
+        code = (
+            RejectCode.ALREADY_LINKED
+            if (self._version or 0) >= VERSION_2
+            else RejectCode.UNAVAILABLE
+        )
+        return SendAndClose(Reject(code))
 
     def close(self) -> CommitCommand | None:
         """End the session. Returns ``CommitCommand(RemoveLink)`` when the link must be
@@ -564,7 +607,9 @@ class Established:
 @final
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    """The parent refused the link with ``code``; the session is closed."""
+    """The parent refused the link with ``code``; the session is closed. Received after the
+    link was established, ``ALREADY_LINKED`` means a newer connection with this PID
+    superseded the link, and ``UNAVAILABLE`` that the parent refused a publication."""
 
     code: RejectCode
 
@@ -748,6 +793,11 @@ class ChildSession:
             return EnumerateCompleted(message.request, message.result)
         if isinstance(message, CacheUpdate):
             return CacheUpdated(message.resolution)
+        if isinstance(message, Reject):
+            # The parent ended an established link: superseded by a newer connection of this
+            # PID (ALREADY_LINKED) or a refused publication (UNAVAILABLE).
+            self._close_now()
+            return Rejected(message.code)
         raise RemoteProtocolError(_S.UNEXPECTED_MESSAGE, f"{_kind(message)} while active")
 
     def _handshake(self, message: NsMessage) -> ChildEvent:

@@ -23,8 +23,25 @@ one; staging never does. ``apply`` returns ``ApplyEffects``: the visible ``Direc
 (for route projection and watchers) and the response owed to the child (``PublicationAck`` or
 ``ResnapshotRequired``), which the session sends only after the commit.
 
-Bounds: at most ``max_links`` links, ``max_entries`` directory entries and, per link,
-``max_staged_entries`` staged entries and chunks. Exceeding one is ``CAPACITY_EXCEEDED``.
+Who may publish what (issue 15, item 5). A child publishes its own entry and the entries of
+its subtree (*relayed* entries). The owner of a PID, proven by its certificate on its own link
+(the link admitted for that PID), always wins over an entry relayed by another link: when the
+owner publishes its entry, that entry replaces a relayed one and the relaying link's claim is
+dropped; while the owner is linked, entries for its PID relayed by any other link are dropped
+(not stored, not an error, so a stale or hostile relay cannot end the relaying link either),
+and a later removal of a dropped claim is a no-op. Two *relayed* claims for one PID still
+conflict (``PID_OWNED_BY_ANOTHER_LINK``): the parent cannot tell which relay is right.
+
+Superseding (issue 15, item 3). ``AdmitLink`` for a child that already has a link (a node
+restarted with the same identity before its parent noticed the old connection died) removes
+the old link, revoking its entries exactly as ``RemoveLink`` would, and admits the new one;
+``ApplyEffects.superseded`` names the old link so the driver can fence it (its routes, its
+stream). Any later command on the old link fails with ``UNKNOWN_LINK``.
+
+Bounds: at most ``max_links`` links, ``max_entries`` directory entries and ``max_bytes``
+accounted bytes of directory entries (``entry_cost``); staged snapshots are bounded per link by
+``max_staged_entries`` entries and chunks, and all together by another ``max_bytes``.
+Exceeding one is ``CAPACITY_EXCEEDED``.
 The class is pure and single-threaded: callers serialise ``apply`` (the service's commit
 point); reads are cheap and never mutate visible state.
 """
@@ -32,8 +49,9 @@ point); reads are cheap and never mutate visible state.
 from __future__ import annotations
 
 import bisect
+import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, final
 
@@ -50,6 +68,7 @@ from chrysalis.nameserver._protocol import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_MAX_LINKS",
     "AdmitLink",
@@ -64,12 +83,41 @@ __all__ = [
     "LinkResponse",
     "Nameserver",
     "RemoveLink",
+    "entry_cost",
 ]
 
 DEFAULT_MAX_LINKS: Final = 65_536
 """Default bound on admitted links of one nameserver."""
 DEFAULT_MAX_ENTRIES: Final = 1_000_000
 """Default bound on directory entries (and on staged entries per link)."""
+DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+"""Default bound on the accounted bytes of the directory (256 MiB), and separately on the
+accounted bytes of all snapshots being staged."""
+
+# Accounted memory of one entry held by a root (directory, route, staging), calibrated with
+# tracemalloc on CPython 3.11 (README, "Bounds"): a fixed part, then per label, per locator and
+# per byte of text. It errs on the high side so that the bound is a real bound.
+_COST_ENTRY: Final = 672
+_COST_LABEL: Final = 176
+_COST_LOCATOR: Final = 320
+_COST_ROUTE: Final = 256
+
+
+def entry_cost(entry: ProcEntry) -> int:
+    """The bytes ``entry`` is accounted for in a directory's ``max_bytes`` budget: an
+    estimate of what holding it costs (the object graph, its slot in the directory and its
+    route), measured with tracemalloc and rounded up."""
+    cost = _COST_ENTRY + 2 * len(entry.tls_server_name)
+    for key, value in entry.labels.sorted_items():
+        cost += _COST_LABEL + 2 * (len(key) + len(value))
+    locators = entry.locators
+    if locators:
+        cost += _COST_ROUTE
+        for locator in locators:
+            address = locator.address
+            cost += _COST_LOCATOR + len(address.scheme) + len(address.opaque)
+    return cost
+
 
 _K = ApplyErrorKind
 
@@ -176,14 +224,28 @@ class ApplyEffects:
 
     directory_change: DirectoryChange | None = None
     link_response: LinkResponse | None = None
+    superseded: LinkId | None = None
+    """Set by an ``AdmitLink`` that replaced the child's previous link (which is now gone,
+    its entries revoked by ``directory_change``): the driver fences that link."""
 
     @property
     def is_empty(self) -> bool:
-        """True when the command had no visible effect and owes no response."""
-        return self.directory_change is None and self.link_response is None
+        """True when the command had no visible effect, owes no response and superseded
+        nothing."""
+        return (
+            self.directory_change is None and self.link_response is None and self.superseded is None
+        )
 
 
 _NO_EFFECTS: Final = ApplyEffects()
+
+
+class _Claim(enum.Enum):
+    """What happens to one PID a link publishes."""
+
+    KEEP = "keep"  # store it (the link's own or an unclaimed relayed PID)
+    TAKE_OVER = "take over"  # the owner's own link replaces a relayed entry
+    DROP = "drop"  # relayed while the owner is linked elsewhere: ignored
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,6 +282,8 @@ class _Staged:
     chunks: list[tuple[ProcEntry, ...]]
     pids: set[Pid]
     entries: int = 0
+    cost: int = 0
+    costs: list[list[int]] = field(default_factory=list)  # entry_cost, per chunk and entry
 
 
 @final
@@ -228,6 +292,9 @@ class _LinkState:
     child: Pid
     active: _Active | None = None
     staging: _Staged | None = None
+    # Relayed claims dropped because the PID's owner is linked on its own link: removing one
+    # later is a no-op rather than PID_NOT_OWNED_BY_LINK.
+    dropped: set[Pid] = field(default_factory=set)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,14 +342,17 @@ class Nameserver:
 
     __slots__ = (
         "_authority",
+        "_bytes",
         "_children",
         "_directory",
         "_index",
         "_links",
+        "_max_bytes",
         "_max_entries",
         "_max_links",
         "_max_staged",
         "_revision",
+        "_staged_bytes",
     )
 
     def __init__(
@@ -292,12 +362,17 @@ class Nameserver:
         max_links: int = DEFAULT_MAX_LINKS,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         max_staged_entries: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         if not isinstance(authority, Pid):
             raise TypeError(f"authority must be a Pid, not {type(authority).__name__}")
         if authority.is_link_local:
             raise ApplyError(_K.RESERVED_PID, "the authority cannot be the link-local PID")
-        for name, bound in (("max_links", max_links), ("max_entries", max_entries)):
+        for name, bound in (
+            ("max_links", max_links),
+            ("max_entries", max_entries),
+            ("max_bytes", max_bytes),
+        ):
             if not isinstance(bound, int) or bound < 1:
                 raise ValueError(f"{name} must be a positive int, got {bound!r}")
         staged = max_entries if max_staged_entries is None else max_staged_entries
@@ -307,11 +382,15 @@ class Nameserver:
         self._revision = 0
         self._links: dict[LinkId, _LinkState] = {}
         self._children: dict[Pid, LinkId] = {}
-        self._directory: dict[Pid, tuple[LinkId, ProcEntry]] = {}
+        # PID -> (owning link, entry, accounted cost of the entry)
+        self._directory: dict[Pid, tuple[LinkId, ProcEntry, int]] = {}
         self._index: list[Pid] | None = None
         self._max_links = max_links
         self._max_entries = max_entries
         self._max_staged = staged
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._staged_bytes = 0
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -327,6 +406,21 @@ class Nameserver:
 
     def __len__(self) -> int:
         return len(self._directory)
+
+    @property
+    def bytes_used(self) -> int:
+        """Accounted bytes (``entry_cost``) of the visible entries."""
+        return self._bytes
+
+    @property
+    def staged_bytes(self) -> int:
+        """Accounted bytes of the entries staged in open snapshots (all links)."""
+        return self._staged_bytes
+
+    @property
+    def max_bytes(self) -> int:
+        """The bound on ``bytes_used`` (and, separately, on ``staged_bytes``)."""
+        return self._max_bytes
 
     def __contains__(self, pid: object) -> bool:
         return pid in self._directory
@@ -410,13 +504,19 @@ class Nameserver:
             if existing.child == cmd.child:
                 return _NO_EFFECTS
             raise ApplyError(_K.LINK_ALREADY_EXISTS, f"link {cmd.link} belongs to another child")
-        if cmd.child in self._children:
-            raise ApplyError(_K.CHILD_ALREADY_LINKED, pid=cmd.child)
-        if len(self._links) >= self._max_links:
+        old = self._children.get(cmd.child)
+        if old is None and len(self._links) >= self._max_links:
             raise ApplyError(_K.CAPACITY_EXCEEDED, f"at most {self._max_links} links")
+        change: DirectoryChange | None = None
+        if old is not None:
+            # The same authenticated PID on a new connection: the new link supersedes the old
+            # one (a restarted node whose old connection has not timed out yet).
+            change = self._remove(RemoveLink(old)).directory_change
         self._links[cmd.link] = _LinkState(cmd.child)
         self._children[cmd.child] = cmd.link
-        return _NO_EFFECTS
+        if old is None:
+            return _NO_EFFECTS
+        return ApplyEffects(change, None, old)
 
     def _begin(self, cmd: BeginSnapshot) -> ApplyEffects:
         state = self._link(cmd.link)
@@ -445,6 +545,7 @@ class Nameserver:
                     expected=active.sequence,
                     actual=cmd.base_sequence,
                 )
+        self._drop_staging(state)
         state.staging = _Staged(cmd.snapshot, cmd.base_sequence, [], set())
         return _NO_EFFECTS
 
@@ -478,9 +579,19 @@ class Nameserver:
             raise ApplyError(
                 _K.CAPACITY_EXCEEDED, f"at most {self._max_staged} staged entries/chunks"
             )
+        costs = [entry_cost(entry) for entry in cmd.entries]
+        cost = sum(costs)
+        if self._staged_bytes + cost > self._max_bytes:
+            raise ApplyError(
+                _K.CAPACITY_EXCEEDED,
+                f"snapshots being staged may hold at most {self._max_bytes} bytes",
+            )
         staging.chunks.append(cmd.entries)
+        staging.costs.append(costs)
         staging.pids.update(entry.pid for entry in cmd.entries)
         staging.entries += len(cmd.entries)
+        staging.cost += cost
+        self._staged_bytes += cost
         return _NO_EFFECTS
 
     def _commit(self, cmd: CommitSnapshot) -> ApplyEffects:
@@ -502,24 +613,38 @@ class Nameserver:
                 expected=cmd.chunks,
                 actual=len(staging.chunks),
             )
+        link = cmd.link
         new: dict[Pid, ProcEntry] = {}
-        for chunk in staging.chunks:
-            for entry in chunk:
+        new_costs: dict[Pid, int] = {}
+        dropped: set[Pid] = set()
+        takeover: dict[Pid, LinkId] = {}
+        for chunk, chunk_costs in zip(staging.chunks, staging.costs, strict=True):
+            for entry, cost in zip(chunk, chunk_costs, strict=True):
+                claim = self._claim(link, state, entry.pid)
+                if claim is _Claim.DROP:
+                    dropped.add(entry.pid)
+                    continue
+                if claim is _Claim.TAKE_OVER:
+                    takeover[entry.pid] = self._directory[entry.pid][0]
                 new[entry.pid] = entry
+                new_costs[entry.pid] = cost
         directory = self._directory
-        for pid in new:
-            owned = directory.get(pid)
-            if owned is not None and owned[0] != cmd.link:
-                raise ApplyError(_K.PID_OWNED_BY_ANOTHER_LINK, pid=pid)
         old: set[Pid] = active.pids if active is not None else set()
         removals = tuple(sorted(old - new.keys()))
         upserts = tuple(
-            new[pid] for pid in sorted(new) if (o := directory.get(pid)) is None or o[1] != new[pid]
+            new[pid]
+            for pid in sorted(new)
+            if (o := directory.get(pid)) is None or o[0] != link or o[1] != new[pid]
         )
-        added = sum(1 for pid in new if pid not in old)
-        self._check_capacity(added - len(removals))
-        change = self._publish(cmd.link, upserts, removals)
+        added = sum(1 for pid in new if pid not in old and pid not in takeover)
+        costs = self._check_capacity(
+            added - len(removals), upserts, removals, [new_costs[e.pid] for e in upserts]
+        )
+        change = self._publish(link, upserts, removals, costs)
+        self._take_over(takeover)
+        self._drop_staging(state)
         state.staging = None
+        state.dropped = dropped
         state.active = _Active(
             staging.base_sequence,
             set(new),
@@ -561,23 +686,40 @@ class Nameserver:
             if pid in upserted:
                 raise ApplyError(_K.PID_BOTH_UPSERTED_AND_REMOVED, pid=pid)
         directory = self._directory
+        link = cmd.link
+        dropped: set[Pid] = set()
+        takeover: dict[Pid, LinkId] = {}
         for pid in upserted:
-            owned = directory.get(pid)
-            if owned is not None and owned[0] != cmd.link:
-                raise ApplyError(_K.PID_OWNED_BY_ANOTHER_LINK, pid=pid)
+            claim = self._claim(link, state, pid)
+            if claim is _Claim.DROP:
+                dropped.add(pid)
+            elif claim is _Claim.TAKE_OVER:
+                takeover[pid] = directory[pid][0]
         for pid in cmd.removals:
-            if pid not in active.pids:
+            if pid not in active.pids and pid not in state.dropped:
                 raise ApplyError(_K.PID_NOT_OWNED_BY_LINK, pid=pid)
         changed = tuple(
             sorted(
-                (e for e in cmd.upserts if (o := directory.get(e.pid)) is None or o[1] != e),
+                (
+                    e
+                    for e in cmd.upserts
+                    if e.pid not in dropped
+                    and ((o := directory.get(e.pid)) is None or o[0] != link or o[1] != e)
+                ),
                 key=lambda e: e.pid,
             )
         )
+        forgotten = removed & state.dropped  # removals of dropped claims: no-ops
+        removed -= forgotten
         removals = tuple(sorted(removed))
-        added = sum(1 for pid in upserted if pid not in active.pids)
-        self._check_capacity(added - len(removals))
-        change = self._publish(cmd.link, changed, removals)
+        upserted -= dropped
+        added = sum(1 for pid in upserted if pid not in active.pids and pid not in takeover)
+        costs = self._check_capacity(added - len(removals), changed, removals)
+        change = self._publish(link, changed, removals, costs)
+        self._take_over(takeover)
+        state.dropped -= forgotten
+        state.dropped -= upserted
+        state.dropped |= dropped
         active.pids.difference_update(removed)
         active.pids.update(upserted)
         active.sequence = cmd.sequence
@@ -590,6 +732,7 @@ class Nameserver:
             return _NO_EFFECTS
         pids = state.active.pids if state.active is not None else set()
         change = self._publish(cmd.link, (), tuple(sorted(pids))) if pids else None
+        self._drop_staging(state)
         del self._links[cmd.link]
         if self._children.get(state.child) == cmd.link:
             del self._children[state.child]
@@ -616,12 +759,68 @@ class Nameserver:
                 _K.AUTHORITY_PID, "a child cannot publish its parent", pid=self._authority
             )
 
-    def _check_capacity(self, growth: int) -> None:
+    def _claim(self, link: LinkId, state: _LinkState, pid: Pid) -> _Claim:
+        """May ``link`` (admitted for ``state.child``) publish ``pid``? See the module
+        docstring: the owner on its own link takes over a relayed entry; a relayed entry for
+        a PID whose owner is linked elsewhere is dropped; two relayed claims conflict."""
+        owned = self._directory.get(pid)
+        if pid == state.child:
+            return _Claim.TAKE_OVER if owned is not None and owned[0] != link else _Claim.KEEP
+        owner_link = self._children.get(pid)
+        if owner_link is not None and owner_link != link:
+            return _Claim.DROP
+        if owned is not None and owned[0] != link:
+            raise ApplyError(_K.PID_OWNED_BY_ANOTHER_LINK, pid=pid)
+        return _Claim.KEEP
+
+    def _take_over(self, previous: dict[Pid, LinkId]) -> None:
+        """After ``_publish`` gave each PID of ``previous`` to its owner's own link: the
+        relaying link's claim is dropped (its later removal is a no-op)."""
+        for pid, relay in previous.items():
+            state = self._links.get(relay)
+            if state is not None and state.active is not None:
+                state.active.pids.discard(pid)
+                state.dropped.add(pid)
+
+    def _drop_staging(self, state: _LinkState) -> None:
+        if state.staging is not None:
+            self._staged_bytes -= state.staging.cost
+            state.staging.cost = 0
+
+    def _check_capacity(
+        self,
+        growth: int,
+        upserts: tuple[ProcEntry, ...],
+        removals: Iterable[Pid],
+        costs: list[int] | None = None,
+    ) -> list[int]:
+        """Check the entry and byte bounds for a change; return the upserts' costs."""
         if growth > 0 and len(self._directory) + growth > self._max_entries:
             raise ApplyError(_K.CAPACITY_EXCEEDED, f"at most {self._max_entries} entries")
+        directory = self._directory
+        if costs is None:
+            costs = [entry_cost(entry) for entry in upserts]
+        delta = sum(costs)
+        for entry in upserts:
+            owned = directory.get(entry.pid)
+            if owned is not None:
+                delta -= owned[2]
+        for pid in removals:
+            delta -= directory[pid][2]
+        if delta > 0 and self._bytes + delta > self._max_bytes:
+            raise ApplyError(
+                _K.CAPACITY_EXCEEDED,
+                f"the namespace holds at most {self._max_bytes} bytes "
+                f"({self._bytes} used, {delta} more asked)",
+            )
+        return costs
 
     def _publish(
-        self, link: LinkId, upserts: tuple[ProcEntry, ...], removals: tuple[Pid, ...]
+        self,
+        link: LinkId,
+        upserts: tuple[ProcEntry, ...],
+        removals: tuple[Pid, ...],
+        costs: list[int] | None = None,
     ) -> DirectoryChange | None:
         """Make a validated change visible; bumps the revision once if anything changes.
 
@@ -633,10 +832,18 @@ class Nameserver:
         if self._revision == U64_MAX:
             raise ApplyError(_K.COUNTER_EXHAUSTED, "directory revision")
         directory = self._directory
+        used = self._bytes
+        if costs is None:
+            costs = [entry_cost(entry) for entry in upserts]
         for pid in removals:
-            del directory[pid]
-        for entry in upserts:
-            directory[entry.pid] = (link, entry)
+            used -= directory.pop(pid)[2]
+        for entry, cost in zip(upserts, costs, strict=True):
+            old = directory.get(entry.pid)
+            if old is not None:
+                used -= old[2]
+            used += cost
+            directory[entry.pid] = (link, entry, cost)
+        self._bytes = used
         self._revision += 1
         self._index = None
         return DirectoryChange(link, self.revision, upserts, removals)

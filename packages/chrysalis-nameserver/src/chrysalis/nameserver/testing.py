@@ -4,7 +4,10 @@ wired back to back through the real codec (style: "tests run both ends in memory
 ``ParentEnd`` is the action chain of the service (spec 3.3) without I/O: receive a message,
 commit to the ``Nameserver``, complete the commit, answer resolves and enumerations locally
 (as a root does), project routes when a ``RouteSession`` is given, and tear the link down on
-any protocol error (fence, ``RemoveLink``, finish). ``ChildEnd`` runs a ``ChildSession`` and a
+any protocol error (fence, ``RemoveLink``, finish; a refused publication is first answered
+with ``Reject(UNAVAILABLE)``). Pairs that share a ``Nameserver`` may share a ``links``
+registry: an admission that supersedes another pair's link then fences that pair (its child
+gets ``Reject(ALREADY_LINKED)``), as the service does. ``ChildEnd`` runs a ``ChildSession`` and a
 ``ChildPublisher``. ``SessionPair`` moves encoded frames between them, one frame per step,
 in an order chosen by a seeded ``random.Random`` and optionally dropping child-to-parent
 messages, so convergence can be checked under interleavings and loss. Every queue is bounded.
@@ -21,7 +24,12 @@ from typing import Final, final
 
 from chrysalis.core import LinkId, Pid
 from chrysalis.nameserver._codec import NsCodec
-from chrysalis.nameserver._errors import ApplyError, RemoteProtocolError, SessionError
+from chrysalis.nameserver._errors import (
+    ApplyError,
+    PublicationRejected,
+    RemoteProtocolError,
+    SessionError,
+)
 from chrysalis.nameserver._protocol import (
     DEFAULT_VERSIONS,
     SNAPSHOT_CHUNK_ENTRIES,
@@ -72,7 +80,17 @@ class ParentEnd:
     child does; with a ``local_entry`` every answer's locators are rewritten to its locators.
     """
 
-    __slots__ = ("_local", "_routes", "_ttl", "closed", "failure", "nameserver", "session")
+    __slots__ = (
+        "_local",
+        "_on_superseded",
+        "_routes",
+        "_ttl",
+        "closed",
+        "failure",
+        "nameserver",
+        "session",
+        "superseded",
+    )
 
     def __init__(
         self,
@@ -82,9 +100,13 @@ class ParentEnd:
         local_entry: ProcEntry | None = None,
         routes: RouteSession | None = None,
         negative_ttl_ms: int = DEFAULT_NEGATIVE_TTL_MS,
+        on_superseded: Callable[[LinkId], None] | None = None,
     ) -> None:
         self.nameserver = nameserver
         self.session = session
+        self._on_superseded = on_superseded
+        self.superseded: LinkId | None = None
+        """The link this end's admission superseded, if any."""
         self._local = local_entry
         self._routes = routes
         self._ttl = negative_ttl_ms
@@ -95,12 +117,31 @@ class ParentEnd:
         """Run the action chain for one inbound message."""
         if self.closed:
             return []
+        out: list[NsMessage] = []
         try:
-            return self._run(self.session.receive(message))
+            return self._run(self.session.receive(message), out)
+        except PublicationRejected as exc:
+            self.failure = exc
+            out.append(self.session.publication_refused())
+            self.close()
+            return out
         except RemoteProtocolError as exc:
             self.failure = exc
             self.close()
             return []
+
+    def supersede(self) -> list[NsMessage]:
+        """A newer link of the same child replaced this one: fence the routes, close without
+        revoking (the directory already did), and return the ``Reject`` for the child."""
+        if self.closed:
+            return []
+        if self._routes is not None:
+            self._routes.fence()
+        action = self.session.supersede()
+        self.closed = True
+        if self._routes is not None:
+            self._routes.finish()
+        return [] if action is None else [action.message]
 
     def close(self) -> None:
         """Fence, revoke the link's entries and remove its routes (idempotent)."""
@@ -113,8 +154,11 @@ class ParentEnd:
         if self._routes is not None:
             self._routes.finish()
 
-    def _run(self, first: ParentAction | None) -> list[NsMessage]:
-        out: list[NsMessage] = []
+    def _run(
+        self, first: ParentAction | None, out: list[NsMessage] | None = None
+    ) -> list[NsMessage]:
+        if out is None:
+            out = []
         action = first
         session = self.session
         local = self._local
@@ -133,6 +177,10 @@ class ParentEnd:
                     and not routes.finished
                 ):
                     routes.apply(result.directory_change)
+                if isinstance(result, ApplyEffects) and result.superseded is not None:
+                    self.superseded = result.superseded
+                    if self._on_superseded is not None:
+                        self._on_superseded(result.superseded)
                 action = session.complete_commit(result)
             elif isinstance(action, SendMessage):
                 out.append(action.message)
@@ -207,7 +255,8 @@ class SessionPair:
     ``run(rng, drop)`` delivers until both queues are empty, picking a direction at random
     with ``rng`` (in order without it) and discarding child-to-parent messages for which
     ``drop`` returns true. ``RuntimeError`` if a queue exceeds ``queue_limit`` or ``run``
-    exceeds ``max_steps``.
+    exceeds ``max_steps``. Pairs built with one ``links`` dict (and one ``nameserver``) find
+    each other by link id, so a child that reconnects supersedes its earlier pair.
     """
 
     __slots__ = (
@@ -234,15 +283,25 @@ class SessionPair:
         local_entry: ProcEntry | None = None,
         routes: RouteSession | None = None,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
+        links: dict[LinkId, SessionPair] | None = None,
     ) -> None:
         directory = nameserver if nameserver is not None else Nameserver(parent_pid)
         peer = child_pid if authenticated_child is None else authenticated_child
+
+        def superseded(old: LinkId) -> None:
+            pair = None if links is None else links.get(old)
+            if pair is not None:
+                pair.fence()
+
         self.parent = ParentEnd(
             directory,
             ParentSession(parent_pid, peer, link, parent_versions),
             local_entry=local_entry,
             routes=routes,
+            on_superseded=superseded,
         )
+        if links is not None:
+            links[link] = self
         session = ChildSession(child_pid, parent_pid, child_versions)
         publisher = ChildPublisher(
             session, max_in_flight=max_in_flight, chunk_entries=chunk_entries
@@ -263,6 +322,11 @@ class SessionPair:
         """Queue messages toward the parent as if the child sent them (for requests built
         with ``child.session`` and for injecting misbehaviour)."""
         self._push(self.to_parent, messages)
+
+    def fence(self) -> None:
+        """This pair's link was superseded: the parent end closes and the child is sent the
+        ``Reject``; frames still queued toward the parent are later refused."""
+        self._push(self.to_child, self.parent.supersede())
 
     def send_to_child(self, *messages: NsMessage) -> None:
         """Queue messages toward the child as if the parent sent them."""
