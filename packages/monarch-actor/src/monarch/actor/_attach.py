@@ -72,6 +72,7 @@ from monarch.actor._host import (
     forward_output,
     read_worker_pids,
     source_ip_toward,
+    spawn_timeout,
     worker_command,
 )
 from monarch.actor._main_module import main_reference
@@ -620,7 +621,7 @@ class WorkerDaemon:
                     f"{socket.gethostname()}: {exc}"
                 ) from None
             popens.append(popen)
-        pids = read_worker_pids(popens, labels, SPAWN_TIMEOUT)
+        pids = read_worker_pids(popens, labels, spawn_timeout())
         if isinstance(pids, str):
             _kill_all_of(popens)
             raise RuntimeError(pids)
@@ -814,7 +815,7 @@ class HostSession:
         self._requests[number] = waiter
         try:
             await self._channel.send(Spawn(number, labels, commands, numactl))
-            reply = await asyncio.wait_for(waiter, SPAWN_TIMEOUT + 5)
+            reply = await asyncio.wait_for(waiter, max(SPAWN_TIMEOUT, spawn_timeout()) + 5)
         finally:
             self._requests.pop(number, None)
         if isinstance(reply, SpawnFailed):
@@ -917,7 +918,7 @@ def spawn_on_hosts(
     errors: list[str] = []
     for host, future in zip(hosts, futures, strict=True):
         try:
-            replies.append(future.result(SPAWN_TIMEOUT + 10))
+            replies.append(future.result(max(SPAWN_TIMEOUT, spawn_timeout()) + 10))
         except Exception as exc:
             errors.append(f"{exc}" or f"host {host.address}: {type(exc).__name__}")
     if errors:

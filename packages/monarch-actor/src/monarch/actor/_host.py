@@ -95,20 +95,34 @@ __all__ = [
     "WorkerGroup",
     "default_bootstrap_cmd",
     "this_host",
+    "exit_timeout",
+    "spawn_timeout",
     "worker_command",
 ]
 
-#: Seconds ``spawn_procs`` waits for a worker to join and report its PID.
+#: Seconds ``spawn_procs`` waits for a worker to join and report its PID (the default of the
+#: ``host_spawn_ready_timeout`` setting, which ``spawn_timeout()`` reads).
 SPAWN_TIMEOUT: Final = 30.0
 #: Seconds the ``bootstrap=`` callable (and a ``cpus`` binding) may take on the new processes.
 SETUP_TIMEOUT: Final = 120.0
-#: Seconds a stopping worker may take to exit before it is killed.
+#: Seconds a stopping worker may take to exit before it is killed (the default of the
+#: ``process_exit_timeout`` setting, which ``exit_timeout()`` reads).
 EXIT_TIMEOUT: Final = 5.0
 #: Environment variable: the carrier address the client's node listens on.
 CLIENT_LISTEN_ENV: Final = "MONARCH_CLIENT_LISTEN"
 _DEFAULT_LISTEN: Final = "udp://0.0.0.0:0"
 _MAX_PROCS: Final = 1024
 _log = logging.getLogger("monarch.actor.host")
+
+
+def spawn_timeout() -> float:
+    """Seconds a worker may take to start and report in (``host_spawn_ready_timeout``)."""
+    return float(_config.get("host_spawn_ready_timeout"))
+
+
+def exit_timeout() -> float:
+    """Seconds a stopped worker may take to exit before it is killed (``process_exit_timeout``)."""
+    return float(_config.get("process_exit_timeout"))
 
 
 def _describe_exit(code: int) -> str:
@@ -700,7 +714,7 @@ class WorkerGroup:
             bound = float(_config.get("stop_actor_timeout")) + 2.0
             if stop_procs is not None:
                 stop_procs._cell.wait(bound)
-            deadline = time.monotonic() + EXIT_TIMEOUT
+            deadline = time.monotonic() + exit_timeout()
             for rank in ranks:
                 self.exited[rank].wait(max(0.0, deadline - time.monotonic()))
             stragglers = [rank for rank in ranks if not self.exited[rank].is_set()]
@@ -778,7 +792,7 @@ class LocalWorkerGroup(WorkerGroup):
         if self.killed:
             self.kill()
             raise RuntimeError("the processes were killed while they started")
-        pids = read_worker_pids(self.popens, self.labels, SPAWN_TIMEOUT)
+        pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
         if isinstance(pids, str):
             self.kill()
             raise RuntimeError(pids)
