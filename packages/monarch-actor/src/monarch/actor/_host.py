@@ -78,6 +78,7 @@ from monarch.actor._main_module import main_reference
 from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
 from monarch.config import _registry as _config
+from monarch.config._registry import ChannelTransport
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
@@ -262,7 +263,11 @@ def default_bootstrap_cmd() -> BootstrapCommand:
     ``monarch._src.actor.bootstrap_main``), inheriting the environment. A base for
     ``with_env({...})``; a custom program must end up running that module (see
     ``BootstrapCommand``)."""
-    return BootstrapCommand(sys.executable, None, ["-m", "monarch.actor._worker"], {})
+    return BootstrapCommand(sys.executable, None, _WORKER_ARGS, {})
+
+
+#: The arguments that run this implementation's worker under a Python interpreter.
+_WORKER_ARGS: Final = ("-m", "monarch.actor._worker")
 
 
 #: ``proc_bind`` keys applied with numactl (a command prefix) and the one applied in-process.
@@ -757,6 +762,9 @@ class LocalWorkerGroup(WorkerGroup):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         if _config.get("force_quic"):  # a runtime override reaches the workers too
             env["MONARCH_FORCE_QUIC"] = "1"
+        transport = _config.get("default_transport")  # enable_transport reaches them too
+        if isinstance(transport, ChannelTransport) and transport is not ChannelTransport.Unix:
+            env["HYPERACTOR_MESH_DEFAULT_TRANSPORT"] = transport.value
         main = main_reference()
         method = check_spawn_method()
         zygote = _zygote() if method == "zygote" else None
@@ -1003,6 +1011,7 @@ class HostMesh(MeshTrait):
         # the owner stops everything spawned on its hosts.
         self._spawned, self._lock = _registry or ([], threading.Lock())
         self._shut_down = False
+        self._python: str | None = None  # with_python_executable
 
     # -- MeshTrait ---------------------------------------------------------------------------
     @property
@@ -1014,7 +1023,7 @@ class HostMesh(MeshTrait):
         return self._shape.labels
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(
+        mesh = HostMesh(
             shape,
             owned=False,
             name=self._name,
@@ -1023,12 +1032,35 @@ class HostMesh(MeshTrait):
             target=self._target,
             _registry=(self._spawned, self._lock),
         )
+        mesh._python = self._python
+        return mesh
 
     # -- API -----------------------------------------------------------------------------------
     @property
     def initialized(self) -> Future[bool]:
         """Resolves to ``True`` (hosts are attached before the handle exists)."""
         return Future._completed(True)
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """This mesh, spawning its processes with ``python_executable`` (the interpreter that
+        runs ``-m monarch.actor._worker``) instead of the client's ``sys.executable``, unless
+        a ``spawn_procs`` call gives its own ``bootstrap_command``. Their own ``this_host()
+        .spawn_procs`` then uses that interpreter too (it is their ``sys.executable``). The
+        interpreter must be able to import this package (the client's ``sys.path`` is passed
+        on as ``PYTHONPATH``); one that cannot start fails ``initialized``."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError(f"python_executable must be a non-empty str, got {python_executable!r}")
+        mesh = HostMesh(
+            self._shape,
+            owned=self._owned,
+            name=self._name,
+            hosts=self._hosts,
+            attached_ref=self._attached_ref,
+            target=self._target,
+            _registry=(self._spawned, self._lock),
+        )
+        mesh._python = python_executable
+        return mesh
 
     def spawn_procs(
         self,
@@ -1086,6 +1118,8 @@ class HostMesh(MeshTrait):
             raise ValueError(f"at most {_MAX_PROCS} processes per spawn_procs call")
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a zero-argument callable, got {bootstrap!r}")
+        if bootstrap_command is None and self._python is not None:
+            bootstrap_command = BootstrapCommand(self._python, None, _WORKER_ARGS, {})
         options = _SpawnOptions(
             bootstrap,
             check_proc_bind(proc_bind, local.nelements),

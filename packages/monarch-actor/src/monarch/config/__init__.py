@@ -6,7 +6,8 @@ so for a ``with`` block, ``get_global_config()`` shows every effective value and
 ``MONARCH_*``) sit between overrides and defaults. See ``settings()`` for the list of keys: every
 key of Monarch 0.7.0 (those with ``applied=False`` change nothing here) and a few of this
 implementation's own. Durations read back as Monarch's strings (``"1m 30s"``).
-``ChannelTransport`` is importable from here, as in Monarch (not in ``__all__``).
+``ChannelTransport`` is importable from here, as in Monarch (not in ``__all__``; it is
+``monarch.actor.ChannelTransport``).
 """
 
 from __future__ import annotations
@@ -34,5 +35,5 @@ __all__ = [
     "settings",
 ]
 
-for _public in (ChannelTransport, Encoding, Setting):
+for _public in (Encoding, Setting):
     _public.__module__ = __name__

@@ -39,6 +39,7 @@ __all__ = [
     "get",
     "get_global_config",
     "get_runtime_config",
+    "parse_transport",
     "settings",
 ]
 
@@ -897,7 +898,9 @@ def _seconds_to_nanos(seconds: float) -> int:
     return round(seconds * 1e9)
 
 
-def _transport(setting: Setting, value: str) -> ChannelTransport | str:
+def parse_transport(setting: Setting, value: str) -> ChannelTransport | str:
+    """``value`` as a transport: a shortcut (``'tcp'``), a ``ChannelTransport`` value, or an
+    address URL kept as text; ``ValueError`` otherwise."""
     shortcut = TRANSPORT_SHORTCUTS.get(value)
     if shortcut is not None:
         return shortcut
@@ -956,7 +959,7 @@ def _coerce(setting: Setting, value: Any) -> Any:
         if isinstance(value, ChannelTransport):
             return value
         if isinstance(value, str):
-            return _transport(setting, value)
+            return parse_transport(setting, value)
     elif isinstance(value, kind):
         return value
     raise TypeError(
@@ -987,7 +990,7 @@ def _parse_env(setting: Setting, text: str, variable: str | None = None) -> Any:
         if setting.kind is Encoding:
             return _ENCODINGS[raw]
         if setting.kind is ChannelTransport:
-            return _transport(setting, text.strip())
+            return parse_transport(setting, text.strip())
         if setting.kind is str:
             return text
         return setting.kind(raw)
