@@ -1,7 +1,7 @@
 """Public names of Monarch 0.7.0 that were missing: ``Uid``, ``returns_future``,
 ``ChannelTransport``/``enable_transport``, ``HostMesh.with_python_executable``,
-``ProcMesh.logging_option``, ``run_worker_loop_until_shutdown`` and
-``start_worker_loop_forever``.
+``ProcMesh.logging_option``, ``run_worker_loop_until_shutdown``,
+``start_worker_loop_forever`` and ``attach``.
 
 Tests that need a fresh client (``enable_transport`` must come first) run a client script in a
 subprocess; the others use this process's client and stop what they spawn.
@@ -34,6 +34,7 @@ from monarch.actor import (
     HostMesh,
     ProcMesh,
     Uid,
+    attach,
     attach_to_workers,
     enable_transport,
     returns_future,
@@ -372,3 +373,91 @@ def test_a_worker_loop_serves_a_client_until_it_shuts_the_host_down(entry: str) 
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(T)
+
+
+# -- attach -------------------------------------------------------------------------------------
+_ROOT_NODE = """
+import asyncio, sys, time
+from pathlib import Path
+from chrysalis.node import Node
+from chrysalis.quic import DevelopmentIdentityProvider
+
+async def main() -> None:
+    identity = DevelopmentIdentityProvider(Path(sys.argv[1])).issue_identity()
+    async with Node.serve(identity, "udp://127.0.0.1:0") as node:
+        print(node.local_addr, flush=True)
+        deadline = time.monotonic() + 60
+        while node.statistics().routes < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # routes to the client and to its worker, through it
+        print("ROUTES", node.statistics().routes, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_attach_joins_the_client_under_an_existing_node(tmp_path: Path) -> None:
+    ca_dir = tmp_path / "ca"
+    root = subprocess.Popen(
+        [sys.executable, "-c", _ROOT_NODE, str(ca_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert root.stdout is not None
+        address = root.stdout.readline().strip()
+        assert address.startswith("udp://127.0.0.1:"), address
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
+                from monarch.actor import attach, this_host
+                from monarch.actor._runtime import client
+                from extras_actors import Probe
+                if __name__ == "__main__":
+                    attach({address!r})
+                    attach({address!r})  # the same address again: no-op
+                    procs = this_host().spawn_procs({{"gpus": 1}})
+                    probe = procs.spawn("probe", Probe)
+                    print("SUM", probe.add.call_one(2, 2).get(timeout=30))
+                    parent = client().node_layer.node.statistics().parent
+                    print("JOINED", parent is not None)
+                    try:
+                        attach("udp://127.0.0.1:9")
+                    except RuntimeError as exc:
+                        print("OTHER", "already attached" in str(exc))
+                    procs.stop().get(timeout=30)
+            """),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=dict(_env(), CHRYSALIS_DEV_CA_DIR=str(ca_dir)),
+            check=False,
+        )
+        assert "SUM 4" in done.stdout, done
+        assert "JOINED True" in done.stdout, done
+        assert "OTHER True" in done.stdout, done
+        line = root.stdout.readline().split()
+        assert line[0] == "ROUTES"
+        assert int(line[1]) >= 2, line  # the root routes to the client and its worker
+    finally:
+        root.kill()
+        root.wait(T)
+        if root.stdout is not None:
+            root.stdout.close()
+        if root.stdin is not None:
+            root.stdin.close()
+
+
+def test_attach_refuses_bad_addresses_and_a_started_client() -> None:
+    for bad in ("tcp://127.0.0.1:8080", "ipc:///tmp/sock", "udp://127.0.0.1:0"):
+        with pytest.raises(ValueError, match="udp://HOST:PORT"):
+            attach(bad)
+    this_host().spawn_procs({"gpus": 1}).stop().get(timeout=T)  # this client's node runs
+    with pytest.raises(RuntimeError, match="before the client starts"):
+        attach("udp://127.0.0.1:9")

@@ -23,6 +23,7 @@ from monarch.actor._attach import (
 )
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
+from monarch.actor._client_attach import attach
 from monarch.actor._context import (
     Context,
     Instance,
@@ -103,6 +104,7 @@ __all__ = [
     "ValueMesh",
     "add_supervision_listener",
     "as_endpoint",
+    "attach",
     "attach_to_workers",
     "chrome_trace",
     "concurrent_endpoint",

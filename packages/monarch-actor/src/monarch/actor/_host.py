@@ -72,6 +72,8 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 # zygote that forks local workers hands them exactly the modules the client had imported, so
 # importing it here takes several hundred milliseconds of imports out of every worker's start.
 import chrysalis.node  # noqa: F401
+from chrysalis.core import DatagramAddr
+from monarch.actor import _client_attach
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
 from monarch.actor._main_module import main_reference
@@ -597,19 +599,34 @@ class ClientNodeLayer:
         return directory
 
     async def _start(self, client: _Client) -> tuple[Any, NodeProcessTransport]:
-        from chrysalis.node import Node
+        from chrysalis.node import JoinSettings, Node
         from chrysalis.quic import QuicConfig
         from monarch.actor._node_transport import NodeProcessTransport
         from monarch.actor._runtime import _frame_limits
 
         idle = float(_config.get("mesh_orphan_timeout"))
         listen = os.environ.get(CLIENT_LISTEN_ENV) or _DEFAULT_LISTEN
-        node = Node.serve(
-            self.identity,
-            listen,
-            quic_config=QuicConfig(idle_timeout=idle, keepalive_interval=idle / 4),
-        )
-        await node.__aenter__()
+        quic = QuicConfig(idle_timeout=idle, keepalive_interval=idle / 4)
+        parent = _client_attach.attached_to()
+        if parent is None:
+            node = Node.serve(self.identity, listen, quic_config=quic)
+            await node.__aenter__()
+        else:  # ``attach(addr)``: join under that node instead of being a root
+            node = Node(
+                self.identity,
+                listen=listen,
+                parent=JoinSettings(DatagramAddr.parse(parent), None),
+                quic_config=quic,
+            )
+            await node.__aenter__()
+            try:
+                await asyncio.wait_for(node.wait_connected(), _client_attach.ATTACH_TIMEOUT)
+            except BaseException as exc:
+                await node.aclose()
+                raise RuntimeError(
+                    f"attach({parent!r}): the client's node could not join there within "
+                    f"{_client_attach.ATTACH_TIMEOUT:g} s: {exc or type(exc).__name__}"
+                ) from None
         transport = NodeProcessTransport(
             node,
             client.loop,
