@@ -201,7 +201,8 @@ _SETTINGS: dict[str, Setting] = {
             bool,
             False,
             "HYPERACTOR_MESH_ENABLE_LOG_FORWARDING",
-            "forward remote stdout/stderr to the client",
+            "ProcMesh.logging_option(stream_to_client=True) warns without it (worker "
+            "stdout/stderr reach the client here in any case)",
         ),
         Setting(
             "force_quic",
