@@ -8,6 +8,13 @@ import monarch.actor
 import monarch.config
 
 EXPECTED = {
+    "attach",
+    "start_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
+    "returns_future",
+    "enable_transport",
+    "Uid",
+    "ChannelTransport",
     "Accumulator",
     "Actor",
     "ActorError",

@@ -15,9 +15,15 @@ from monarch.actor import _mesh, config
 from monarch.actor._accumulator import Accumulator
 from monarch.actor._actor import Actor
 from monarch.actor._adverbs import Endpoint, as_endpoint, send
-from monarch.actor._attach import attach_to_workers, run_worker_loop_forever
+from monarch.actor._attach import (
+    attach_to_workers,
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    start_worker_loop_forever,
+)
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
+from monarch.actor._client_attach import attach
 from monarch.actor._context import (
     Context,
     Instance,
@@ -26,6 +32,7 @@ from monarch.actor._context import (
     current_rank,
     current_size,
 )
+from monarch.actor._enable_transport import ChannelTransport, enable_transport
 from monarch.actor._endpoint import concurrent_endpoint, endpoint
 from monarch.actor._errors import (
     ActorError,
@@ -42,6 +49,7 @@ from monarch.actor._host_agent import get_or_spawn_controller
 from monarch.actor._ids import ActorId, ProcId
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
+from monarch.actor._returns_future import returns_future
 from monarch.actor._shape import Extent, MeshTrait, Point, Region, Shape, Slice
 from monarch.actor._telemetry import (
     ChainLink,
@@ -57,6 +65,7 @@ from monarch.actor._telemetry import (
     supervision_events,
     traced,
 )
+from monarch.actor._uid import Uid
 from monarch.actor._value_mesh import ValueMesh
 
 __all__ = [
@@ -68,6 +77,7 @@ __all__ = [
     "BootstrapCommand",
     "ChainLink",
     "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "ErrorCategory",
@@ -90,9 +100,11 @@ __all__ = [
     "Slice",
     "SupervisionError",
     "SupervisionRecord",
+    "Uid",
     "ValueMesh",
     "add_supervision_listener",
     "as_endpoint",
+    "attach",
     "attach_to_workers",
     "chrome_trace",
     "concurrent_endpoint",
@@ -104,15 +116,19 @@ __all__ = [
     "default_bootstrap_cmd",
     "disable_telemetry",
     "enable_telemetry",
+    "enable_transport",
     "endpoint",
     "finished_spans",
     "get_meter",
     "get_or_spawn_controller",
     "metrics_snapshot",
+    "returns_future",
     "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
     "send",
     "shutdown_context",
     "span",
+    "start_worker_loop_forever",
     "supervision_events",
     "this_host",
     "this_proc",
@@ -141,6 +157,7 @@ for _public in (
     ActorMesh,
     ChainLink,
     Channel,
+    ChannelTransport,
     Context,
     Endpoint,
     ErrorCategory,
@@ -163,6 +180,7 @@ for _public in (
     Slice,
     SupervisionError,
     SupervisionRecord,
+    Uid,
     ValueMesh,
     BootstrapCommand,
 ):

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from monarch.actor._future import Future
+from monarch.actor._future import Future, _Cell
 from monarch.actor._host import (
     SPAWN_TIMEOUT,
     BootstrapCommand,
@@ -72,6 +72,7 @@ from monarch.actor._host import (
     forward_output,
     read_worker_pids,
     source_ip_toward,
+    spawn_timeout,
     worker_command,
 )
 from monarch.actor._main_module import main_reference
@@ -110,8 +111,10 @@ __all__ = [
     "attach_to_workers",
     "encode_message",
     "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
     "spawn_on_hosts",
     "spawn_problem",
+    "start_worker_loop_forever",
 ]
 
 #: The link-local protocol id of a host session (16 bytes).
@@ -620,7 +623,7 @@ class WorkerDaemon:
                     f"{socket.gethostname()}: {exc}"
                 ) from None
             popens.append(popen)
-        pids = read_worker_pids(popens, labels, SPAWN_TIMEOUT)
+        pids = read_worker_pids(popens, labels, spawn_timeout())
         if isinstance(pids, str):
             _kill_all_of(popens)
             raise RuntimeError(pids)
@@ -691,6 +694,64 @@ def run_worker_loop_forever(
         raise NotImplementedError("run_worker_loop_forever(private_key=...) is not supported")
     daemon = WorkerDaemon(_udp_address(address, any_port=True), _ca_directory(ca))
     asyncio.run(daemon.serve())
+
+
+def run_worker_loop_until_shutdown(
+    *, address: str, ca: str | os.PathLike[str] = _TRUST_ALL, private_key: Any = None
+) -> None:
+    """Run this host's worker loop on ``address`` and return once the client that owns it
+    ends it with ``HostMesh.shutdown()`` (or ``kill()``): the process goes on afterwards.
+
+    Arguments as ``run_worker_loop_forever``.
+    """
+    if private_key is not None:
+        raise NotImplementedError(
+            "run_worker_loop_until_shutdown(private_key=...) is not supported"
+        )
+    daemon = WorkerDaemon(_udp_address(address, any_port=True), _ca_directory(ca))
+    asyncio.run(daemon.serve())
+
+
+#: Seconds ``start_worker_loop_forever`` waits for its worker loop to listen.
+START_TIMEOUT: Final = 30.0
+
+
+def start_worker_loop_forever(
+    *, address: str, ca: str | os.PathLike[str] = _TRUST_ALL, private_key: Any = None
+) -> Future[None]:
+    """Start this host's worker loop on ``address`` in the background and return a future of
+    its lifetime: it resolves when a client ends the loop (``HostMesh.shutdown()``/``kill()``)
+    and fails if the loop fails.
+
+    The loop listens before this returns (``RuntimeError`` if it cannot start within
+    ``START_TIMEOUT``, naming why); it keeps running if the future is dropped. Arguments as
+    ``run_worker_loop_forever``. The loop runs on its own thread and event loop, so the
+    calling program goes on (and may itself be a Monarch client of other hosts).
+    """
+    if private_key is not None:
+        raise NotImplementedError("start_worker_loop_forever(private_key=...) is not supported")
+    daemon = WorkerDaemon(_udp_address(address, any_port=True), _ca_directory(ca))
+    cell: _Cell[None] = _Cell()
+    listening = threading.Event()
+
+    def run() -> None:
+        try:
+            asyncio.run(daemon.serve(lambda _: listening.set()))
+        except BaseException as exc:
+            cell.set_exception(exc)
+        else:
+            cell.set_result(None)
+        finally:
+            listening.set()
+
+    threading.Thread(target=run, name="monarch-worker-loop", daemon=True).start()
+    if not listening.wait(START_TIMEOUT):
+        raise RuntimeError(f"the worker loop on {address} did not listen within {START_TIMEOUT} s")
+    if cell.done():
+        ok, outcome = cell.outcome()
+        if not ok:
+            raise RuntimeError(f"the worker loop on {address} could not start: {outcome}")
+    return Future._create(cell)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -814,7 +875,7 @@ class HostSession:
         self._requests[number] = waiter
         try:
             await self._channel.send(Spawn(number, labels, commands, numactl))
-            reply = await asyncio.wait_for(waiter, SPAWN_TIMEOUT + 5)
+            reply = await asyncio.wait_for(waiter, max(SPAWN_TIMEOUT, spawn_timeout()) + 5)
         finally:
             self._requests.pop(number, None)
         if isinstance(reply, SpawnFailed):
@@ -917,7 +978,7 @@ def spawn_on_hosts(
     errors: list[str] = []
     for host, future in zip(hosts, futures, strict=True):
         try:
-            replies.append(future.result(SPAWN_TIMEOUT + 10))
+            replies.append(future.result(max(SPAWN_TIMEOUT, spawn_timeout()) + 10))
         except Exception as exc:
             errors.append(f"{exc}" or f"host {host.address}: {type(exc).__name__}")
     if errors:

@@ -72,12 +72,15 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 # zygote that forks local workers hands them exactly the modules the client had imported, so
 # importing it here takes several hundred milliseconds of imports out of every worker's start.
 import chrysalis.node  # noqa: F401
+from chrysalis.core import DatagramAddr
+from monarch.actor import _client_attach
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
 from monarch.actor._main_module import main_reference
 from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
 from monarch.config import _registry as _config
+from monarch.config._registry import ChannelTransport
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
@@ -95,20 +98,34 @@ __all__ = [
     "WorkerGroup",
     "default_bootstrap_cmd",
     "this_host",
+    "exit_timeout",
+    "spawn_timeout",
     "worker_command",
 ]
 
-#: Seconds ``spawn_procs`` waits for a worker to join and report its PID.
+#: Seconds ``spawn_procs`` waits for a worker to join and report its PID (the default of the
+#: ``host_spawn_ready_timeout`` setting, which ``spawn_timeout()`` reads).
 SPAWN_TIMEOUT: Final = 30.0
 #: Seconds the ``bootstrap=`` callable (and a ``cpus`` binding) may take on the new processes.
 SETUP_TIMEOUT: Final = 120.0
-#: Seconds a stopping worker may take to exit before it is killed.
+#: Seconds a stopping worker may take to exit before it is killed (the default of the
+#: ``process_exit_timeout`` setting, which ``exit_timeout()`` reads).
 EXIT_TIMEOUT: Final = 5.0
 #: Environment variable: the carrier address the client's node listens on.
 CLIENT_LISTEN_ENV: Final = "MONARCH_CLIENT_LISTEN"
 _DEFAULT_LISTEN: Final = "udp://0.0.0.0:0"
 _MAX_PROCS: Final = 1024
 _log = logging.getLogger("monarch.actor.host")
+
+
+def spawn_timeout() -> float:
+    """Seconds a worker may take to start and report in (``host_spawn_ready_timeout``)."""
+    return float(_config.get("host_spawn_ready_timeout"))
+
+
+def exit_timeout() -> float:
+    """Seconds a stopped worker may take to exit before it is killed (``process_exit_timeout``)."""
+    return float(_config.get("process_exit_timeout"))
 
 
 def _describe_exit(code: int) -> str:
@@ -248,7 +265,11 @@ def default_bootstrap_cmd() -> BootstrapCommand:
     ``monarch._src.actor.bootstrap_main``), inheriting the environment. A base for
     ``with_env({...})``; a custom program must end up running that module (see
     ``BootstrapCommand``)."""
-    return BootstrapCommand(sys.executable, None, ["-m", "monarch.actor._worker"], {})
+    return BootstrapCommand(sys.executable, None, _WORKER_ARGS, {})
+
+
+#: The arguments that run this implementation's worker under a Python interpreter.
+_WORKER_ARGS: Final = ("-m", "monarch.actor._worker")
 
 
 #: ``proc_bind`` keys applied with numactl (a command prefix) and the one applied in-process.
@@ -578,19 +599,34 @@ class ClientNodeLayer:
         return directory
 
     async def _start(self, client: _Client) -> tuple[Any, NodeProcessTransport]:
-        from chrysalis.node import Node
+        from chrysalis.node import JoinSettings, Node
         from chrysalis.quic import QuicConfig
         from monarch.actor._node_transport import NodeProcessTransport
         from monarch.actor._runtime import _frame_limits
 
         idle = float(_config.get("mesh_orphan_timeout"))
         listen = os.environ.get(CLIENT_LISTEN_ENV) or _DEFAULT_LISTEN
-        node = Node.serve(
-            self.identity,
-            listen,
-            quic_config=QuicConfig(idle_timeout=idle, keepalive_interval=idle / 4),
-        )
-        await node.__aenter__()
+        quic = QuicConfig(idle_timeout=idle, keepalive_interval=idle / 4)
+        parent = _client_attach.attached_to()
+        if parent is None:
+            node = Node.serve(self.identity, listen, quic_config=quic)
+            await node.__aenter__()
+        else:  # ``attach(addr)``: join under that node instead of being a root
+            node = Node(
+                self.identity,
+                listen=listen,
+                parent=JoinSettings(DatagramAddr.parse(parent), None),
+                quic_config=quic,
+            )
+            await node.__aenter__()
+            try:
+                await asyncio.wait_for(node.wait_connected(), _client_attach.ATTACH_TIMEOUT)
+            except BaseException as exc:
+                await node.aclose()
+                raise RuntimeError(
+                    f"attach({parent!r}): the client's node could not join there within "
+                    f"{_client_attach.ATTACH_TIMEOUT:g} s: {exc or type(exc).__name__}"
+                ) from None
         transport = NodeProcessTransport(
             node,
             client.loop,
@@ -700,7 +736,7 @@ class WorkerGroup:
             bound = float(_config.get("stop_actor_timeout")) + 2.0
             if stop_procs is not None:
                 stop_procs._cell.wait(bound)
-            deadline = time.monotonic() + EXIT_TIMEOUT
+            deadline = time.monotonic() + exit_timeout()
             for rank in ranks:
                 self.exited[rank].wait(max(0.0, deadline - time.monotonic()))
             stragglers = [rank for rank in ranks if not self.exited[rank].is_set()]
@@ -743,6 +779,9 @@ class LocalWorkerGroup(WorkerGroup):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         if _config.get("force_quic"):  # a runtime override reaches the workers too
             env["MONARCH_FORCE_QUIC"] = "1"
+        transport = _config.get("default_transport")  # enable_transport reaches them too
+        if isinstance(transport, ChannelTransport) and transport is not ChannelTransport.Unix:
+            env["HYPERACTOR_MESH_DEFAULT_TRANSPORT"] = transport.value
         main = main_reference()
         method = check_spawn_method()
         zygote = _zygote() if method == "zygote" else None
@@ -778,7 +817,7 @@ class LocalWorkerGroup(WorkerGroup):
         if self.killed:
             self.kill()
             raise RuntimeError("the processes were killed while they started")
-        pids = read_worker_pids(self.popens, self.labels, SPAWN_TIMEOUT)
+        pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
         if isinstance(pids, str):
             self.kill()
             raise RuntimeError(pids)
@@ -989,6 +1028,7 @@ class HostMesh(MeshTrait):
         # the owner stops everything spawned on its hosts.
         self._spawned, self._lock = _registry or ([], threading.Lock())
         self._shut_down = False
+        self._python: str | None = None  # with_python_executable
 
     # -- MeshTrait ---------------------------------------------------------------------------
     @property
@@ -1000,7 +1040,7 @@ class HostMesh(MeshTrait):
         return self._shape.labels
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(
+        mesh = HostMesh(
             shape,
             owned=False,
             name=self._name,
@@ -1009,12 +1049,35 @@ class HostMesh(MeshTrait):
             target=self._target,
             _registry=(self._spawned, self._lock),
         )
+        mesh._python = self._python
+        return mesh
 
     # -- API -----------------------------------------------------------------------------------
     @property
     def initialized(self) -> Future[bool]:
         """Resolves to ``True`` (hosts are attached before the handle exists)."""
         return Future._completed(True)
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """This mesh, spawning its processes with ``python_executable`` (the interpreter that
+        runs ``-m monarch.actor._worker``) instead of the client's ``sys.executable``, unless
+        a ``spawn_procs`` call gives its own ``bootstrap_command``. Their own ``this_host()
+        .spawn_procs`` then uses that interpreter too (it is their ``sys.executable``). The
+        interpreter must be able to import this package (the client's ``sys.path`` is passed
+        on as ``PYTHONPATH``); one that cannot start fails ``initialized``."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError(f"python_executable must be a non-empty str, got {python_executable!r}")
+        mesh = HostMesh(
+            self._shape,
+            owned=self._owned,
+            name=self._name,
+            hosts=self._hosts,
+            attached_ref=self._attached_ref,
+            target=self._target,
+            _registry=(self._spawned, self._lock),
+        )
+        mesh._python = python_executable
+        return mesh
 
     def spawn_procs(
         self,
@@ -1072,6 +1135,8 @@ class HostMesh(MeshTrait):
             raise ValueError(f"at most {_MAX_PROCS} processes per spawn_procs call")
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a zero-argument callable, got {bootstrap!r}")
+        if bootstrap_command is None and self._python is not None:
+            bootstrap_command = BootstrapCommand(self._python, None, _WORKER_ARGS, {})
         options = _SpawnOptions(
             bootstrap,
             check_proc_bind(proc_bind, local.nelements),

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast
 
-from monarch.actor import _codec
+from monarch.actor import _codec, _logging_option
 from monarch.actor._actor import check_actor_class
 from monarch.actor._adverbs import Endpoint, NotAnEndpoint
 from monarch.actor._context import CreatorInfo, _current
@@ -356,6 +356,17 @@ class ProcMesh(MeshTrait):
             )
         pid = self._proc_ids()[next(iter(self._shape.ndslice))].pid
         return HostMesh(Shape.unity(), owned=False, target=f"proc:{pid.hex()}")
+
+    async def logging_option(
+        self,
+        stream_to_client: bool = False,
+        aggregate_window_sec: int | None = None,
+        level: int = logging.INFO,
+    ) -> None:
+        """Set the logging level of every process of this mesh (``level``, 0..255); see
+        ``_logging_option`` for what ``stream_to_client`` and ``aggregate_window_sec`` mean
+        here. ``ValueError`` for a bad level or a window without streaming."""
+        await _logging_option.logging_option(self, stream_to_client, aggregate_window_sec, level)
 
     def spawn(self, name: str, actor_class: type[T], *args: Any, **kwargs: Any) -> T:
         """Spawn ``actor_class(*args, **kwargs)`` on every process; returns the actor mesh.

@@ -87,6 +87,7 @@ from monarch.actor._lane_proto import (
 from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._transport import DeliverCallback, UndeliverableCallback
 from monarch.config import _registry as _config
+from monarch.config._registry import ChannelTransport
 
 __all__ = [
     "STREAM_MAGIC",
@@ -104,6 +105,7 @@ _TRACKED_KINDS: Final = frozenset(
 )
 _log = logging.getLogger("monarch.actor.transport")
 _HEADER_ENCODER = msgspec.msgpack.Encoder()
+_TCP_TRANSPORTS: Final = (ChannelTransport.TcpWithHostname, ChannelTransport.TcpWithLocalhost)
 _UDP_HOST = re.compile(r"^udp://\[?([0-9a-fA-F.:]+)\]?:\d+$")
 
 
@@ -118,6 +120,16 @@ def _tcp_host(node: Any) -> str | None:
     if host in ("0.0.0.0", "::") or host.startswith("127.") or host == "::1":
         return None
     return host
+
+
+def default_lane_settings(node: Any) -> LaneSettings:
+    """The lanes the ``default_transport`` setting asks for (``enable_transport``): a TCP
+    transport makes every lane TLS over TCP, between processes of one host too (over loopback
+    when the node has no routable address); otherwise Unix lanes within a host, TCP across."""
+    host = _tcp_host(node)
+    if _config.get("default_transport") in _TCP_TRANSPORTS:
+        return LaneSettings(kinds=("tcp",), tcp_host=host or "127.0.0.1", force_tcp=True)
+    return LaneSettings(tcp_host=host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +323,7 @@ class NodeProcessTransport:
         self._shut = False
         self._closed_event = threading.Event()
         self._identity = identity
-        self._lane_settings = lanes or LaneSettings(tcp_host=_tcp_host(node))
+        self._lane_settings = lanes or default_lane_settings(node)
         self._lanes: LaneManager | None = None
         # Inbound lanes whose handshake succeeded, held until their ``Switch`` (oldest first).
         self._accepted: collections.OrderedDict[bytes, Lane] = collections.OrderedDict()
