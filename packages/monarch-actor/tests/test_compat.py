@@ -1,0 +1,56 @@
+"""Monarch programs that must run unchanged (issue #15, item 7): real worker processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from monarch.actor import Extent, ProcMesh, Shape, Slice, this_host
+
+sys.path.insert(0, str(Path(__file__).parent))  # workers import compat_actors by name
+from compat_actors import Echo
+
+T = 30.0
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[ProcMesh]]:
+    """Proc meshes the test spawned: stopped at the end (their workers killed if that fails)."""
+    meshes: list[ProcMesh] = []
+    yield meshes
+    for mesh in meshes:
+        pids: list[int] = []
+        with contextlib.suppress(Exception):
+            pids = list(mesh.spawn("reaper", Echo).os_pid.call().get(timeout=T).values())
+        try:
+            mesh.stop().get(timeout=T)
+        except Exception:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_spawn_procs_without_arguments_is_a_one_process_mesh(
+    spawned: list[ProcMesh], transport_mode: str
+) -> None:
+    procs = this_host().spawn_procs()  # raised "sizes and strides must have the same length"
+    spawned.append(procs)
+    assert procs.size() == 1
+    assert dict(procs.extent) == {}
+    echo = procs.spawn("echo", Echo)
+    assert echo.rank.call_one().get(timeout=T) == "{}"
+    assert list(echo.rank.call().get(timeout=T).values()) == ["{}"]
+    assert echo.os_pid.call_one().get(timeout=T) != os.getpid()
+
+
+def test_a_zero_dimensional_row_major_slice_holds_one_rank() -> None:
+    assert Slice.new_row_major([]) == Slice(offset=0, sizes=[], strides=[])
+    shape = Shape.from_extent(Extent([], []))
+    assert list(shape.ndslice) == [0]
+    assert shape.labels == []
