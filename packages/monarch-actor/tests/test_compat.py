@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,3 +55,37 @@ def test_a_zero_dimensional_row_major_slice_holds_one_rank() -> None:
     shape = Shape.from_extent(Extent([], []))
     assert list(shape.ndslice) == [0]
     assert shape.labels == []
+
+
+def test_lambdas_closures_and_local_classes_cross_processes(
+    spawned: list[ProcMesh], transport_mode: str
+) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    spawned.append(procs)
+    echo = procs.spawn("echo", Echo)
+    one = echo.slice(gpus=1)
+    offset = 100
+
+    class Local:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    # As arguments: a lambda, a closure, a local class (the worker builds an instance).
+    assert one.apply.call_one(lambda x: x * 3, 7).get(timeout=T) == 21
+    assert list(echo.apply.call(lambda x: x + offset, 1).get(timeout=T).values()) == [101, 101]
+    made = one.apply.call_one(Local, 9).get(timeout=T)
+    assert type(made).__name__ == "Local"
+    assert made.value == 9
+    # As results: a closure and an instance of a class local to the endpoint.
+    adder = one.make_adder.call_one(10).get(timeout=T)
+    assert adder(5) == 15
+    local = one.make_local_object.call_one(4).get(timeout=T)
+    assert local.doubled() == 8
+
+
+def test_cloudpickle_is_a_required_dependency() -> None:
+    # Not an extra: Monarch programs pass lambdas without installing anything more.
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    required = project["project"]["dependencies"]
+    assert any(r.startswith("cloudpickle") for r in required), required
+    assert "cloudpickle" not in project["project"].get("optional-dependencies", {})
