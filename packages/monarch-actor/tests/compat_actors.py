@@ -53,3 +53,8 @@ class LateReplier(Actor):
         threading.Thread(
             target=port.exception, args=(ValueError(message),), name="late-error"
         ).start()
+
+    @endpoint
+    def send_from_thread(self, port: Port[str], value: str) -> None:
+        """Sends on a port the caller opened (``Channel.open``), from a thread of its own."""
+        threading.Thread(target=port.send, args=(value,), name="late-send").start()

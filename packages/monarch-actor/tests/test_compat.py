@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from monarch.actor import Extent, ProcMesh, Shape, Slice, this_host
+from monarch.actor import Channel, Extent, ProcMesh, Shape, Slice, this_host
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import compat_actors by name
-from compat_actors import Echo
+from compat_actors import Echo, LateReplier
 
 T = 30.0
 
@@ -89,3 +89,19 @@ def test_cloudpickle_is_a_required_dependency() -> None:
     required = project["project"]["dependencies"]
     assert any(r.startswith("cloudpickle") for r in required), required
     assert "cloudpickle" not in project["project"].get("optional-dependencies", {})
+
+
+def test_explicit_response_port_answered_from_a_thread_after_returning(
+    spawned: list[ProcMesh], transport_mode: str
+) -> None:
+    # The endpoint returns at once; a thread it started replies later, outside any actor.
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    spawned.append(procs)
+    late = procs.spawn("late", LateReplier)
+    assert late.slice(gpus=0).from_thread.call_one(21).get(timeout=T) == 42
+    assert list(late.from_thread.call(5).get(timeout=T).values()) == [10, 10]
+    with pytest.raises(ValueError, match="late boom"):
+        late.slice(gpus=1).error_from_thread.call_one("late boom").get(timeout=T)
+    port, receiver = Channel.open()
+    late.slice(gpus=1).send_from_thread.broadcast(port, "via a channel")
+    assert receiver.recv().get(timeout=T) == "via a channel"

@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chrysalis.node import Node
     from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
     from monarch.actor._node_transport import NodeProcessTransport
-    from monarch.actor._runtime import ProcRuntime, _frame_limits
+    from monarch.actor._runtime import ProcRuntime, _frame_limits, set_process_sender
 
     if args.main:
         from monarch.actor._main_module import import_main
@@ -203,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(1)
     runtime = ProcRuntime(transport, loop, args.label)
+    set_process_sender(runtime)
     del runtime  # referenced by the transport's callbacks for the life of the process
     # Everything allocated so far (modules, node, TLS state) lives as long as the process:
     # keep the cyclic collector, which message traffic triggers often, from walking it again.
