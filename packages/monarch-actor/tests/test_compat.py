@@ -5,14 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from chrysalis.core import Pid
 from monarch.actor import Channel, Extent, ProcMesh, Shape, Slice, this_host
+from monarch.actor._host import read_worker_pids
+from monarch.actor._worker import FAILED_LINE, READY_LINE, STAGE_LINE
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import compat_actors by name
 from compat_actors import Echo, LateReplier
@@ -105,3 +110,181 @@ def test_explicit_response_port_answered_from_a_thread_after_returning(
     port, receiver = Channel.open()
     late.slice(gpus=1).send_from_thread.broadcast(port, "via a channel")
     assert receiver.recv().get(timeout=T) == "via a channel"
+
+
+ACTOR = """
+from monarch.actor import Actor, endpoint, this_host, this_proc
+
+
+class Doubler(Actor):
+    @endpoint
+    def double(self, x: int) -> int:
+        return 2 * x
+"""
+
+UNGUARDED = {
+    # The usual mistake: the program at module level, run again by every worker's import.
+    "this_host": """
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+print(procs.spawn("doubler", Doubler).double.call_one(21).get(timeout=60))
+procs.stop().get()
+""",
+    # An actor in the client first: the worker's import would bootstrap a client of its own.
+    "this_proc": """
+print(this_proc().spawn("local", Doubler).double.call_one(1).get(timeout=60))
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+print(procs.spawn("doubler", Doubler).double.call_one(21).get(timeout=60))
+procs.stop().get()
+""",
+    # The program catches the refusal (and everything else) and goes on.
+    "swallowed": """
+try:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    print(procs.spawn("doubler", Doubler).double.call_one(21).get(timeout=60))
+    procs.stop().get()
+except Exception as exc:
+    print("failed:", exc)
+    raise SystemExit(7)
+""",
+}
+
+
+def _run_script(tmp_path: Path, source: str, method: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "prog.py"
+    script.write_text(source)
+    env = dict(os.environ, MONARCH_WORKER_SPAWN_METHOD=method)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("method", ["zygote", "exec"])
+@pytest.mark.parametrize("program", sorted(UNGUARDED))
+def test_a_script_without_the_main_guard_is_told_what_is_wrong(
+    tmp_path: Path, method: str, program: str
+) -> None:
+    done = _run_script(tmp_path, ACTOR + UNGUARDED[program], method)
+    assert done.returncode != 0, done.stdout
+    report = done.stdout + done.stderr
+    assert "did not start in time" not in report
+    assert "could not start: the client's main module" in report, report
+    assert str(tmp_path / "prog.py") in report
+    assert 'put it under `if __name__ == "__main__":`' in report
+
+
+@pytest.mark.parametrize("method", ["zygote", "exec"])
+def test_a_main_module_that_exits_on_import_is_told_what_is_wrong(
+    tmp_path: Path, method: str
+) -> None:
+    source = ACTOR + textwrap.dedent(
+        """
+        import sys
+
+        if __name__ != "__main__":
+            sys.exit(4)  # e.g. argument parsing at module level, on the worker's arguments
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        print(procs.spawn("doubler", Doubler).double.call_one(21).get(timeout=60))
+        """
+    )
+    done = _run_script(tmp_path, source, method)
+    assert done.returncode != 0, done.stdout
+    assert "ran code that exited (SystemExit(4))" in done.stderr, done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr
+
+
+@pytest.mark.parametrize("method", ["zygote", "exec"])
+def test_output_printed_while_a_worker_imports_the_main_module_is_forwarded(
+    tmp_path: Path, method: str
+) -> None:
+    # A guarded script that prints at module level: each worker prints it too, before its
+    # start-up line (once taken for that line: "did not start in time").
+    source = ACTOR + textwrap.dedent(
+        """
+        print("module level", end="")  # no newline: the start-up line follows on its line
+        print(" hello")
+
+        if __name__ == "__main__":
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            print(procs.spawn("doubler", Doubler).double.call(21).get(timeout=60).values())
+            procs.stop().get()
+        """
+    )
+    done = _run_script(tmp_path, source, method)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("module level hello\n") == 3  # the client and two workers
+    assert "[42, 42]" in done.stdout
+
+
+class _FakeWorker:
+    """A worker process that wrote ``output`` on its start-up pipe and then hung (or exited)."""
+
+    def __init__(self, output: bytes, status: int | None) -> None:
+        read, write = os.pipe()
+        os.write(write, output)
+        self._write: int | None = write
+        if status is not None:
+            self.close_pipe()  # it exited: end of file
+        self.stdout = os.fdopen(read, "rb")
+        self.pid = 1
+        self.status = status
+
+    def close_pipe(self) -> None:
+        if self._write is not None:
+            os.close(self._write)
+            self._write = None
+
+    def close(self) -> None:
+        self.close_pipe()
+        self.stdout.close()
+
+    def poll(self) -> int | None:
+        return self.status
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.status is None:
+            raise subprocess.TimeoutExpired("worker", timeout or 0.0)
+        return self.status
+
+
+@pytest.fixture
+def fake_workers() -> Iterator[Callable[[bytes, int | None], _FakeWorker]]:
+    made: list[_FakeWorker] = []
+
+    def make(output: bytes, status: int | None) -> _FakeWorker:
+        made.append(_FakeWorker(output, status))
+        return made[-1]
+
+    yield make
+    for worker in made:
+        worker.close()
+
+
+def test_a_worker_that_hangs_while_importing_the_main_module_says_so(
+    capfd: pytest.CaptureFixture[str], fake_workers: Callable[[bytes, int | None], _FakeWorker]
+) -> None:
+    stage = f"{STAGE_LINE}importing the client's main module /x/prog.py\n"
+    worker = fake_workers(f"the program's output\n{stage}".encode(), None)
+    why = read_worker_pids([worker], ["procs{'gpus': 0/1}"], timeout=0.2)
+    assert why == (
+        "worker process procs{'gpus': 0/1} did not start in time "
+        "(while importing the client's main module /x/prog.py)"
+    )
+    assert capfd.readouterr().out == "the program's output\n"
+
+
+def test_a_worker_start_up_failure_and_its_ready_line(
+    fake_workers: Callable[[bytes, int | None], _FakeWorker],
+) -> None:
+    failed = fake_workers(f"{FAILED_LINE}could not join the client: nope\n".encode(), 1)
+    assert read_worker_pids([failed], ["w"], timeout=5.0) == (
+        "worker process w could not start: could not join the client: nope"
+    )
+    pid = "ab" * 16
+    ready = fake_workers(f"before{READY_LINE}{pid}\n".encode(), None)
+    assert read_worker_pids([ready], ["w"], timeout=5.0) == [Pid(bytes.fromhex(pid))]

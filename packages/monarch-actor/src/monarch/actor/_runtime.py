@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _codec, _logging, _telemetry
+from monarch.actor import _codec, _logging, _main_module, _telemetry
 from monarch.actor._actor import check_actor_class
 from monarch.actor._context import (
     Context,
@@ -1991,6 +1991,8 @@ def client() -> _Client:
         return current
     with _client_lock:
         if _client is None or _client.pid != os.getpid():
+            # A worker importing the client's script: its unguarded program is running.
+            _main_module.refuse_while_importing("Monarch (a client: this_proc(), context(), ...)")
             _client = _Client()
             if not _atexit_registered:
                 atexit.register(_shutdown_at_exit)
