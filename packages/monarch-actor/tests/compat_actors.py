@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,10 @@ class Echo(Actor):
     @endpoint
     def os_pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def argv0(self) -> str:
+        return sys.argv[0]
 
 
 class LateReplier(Actor):

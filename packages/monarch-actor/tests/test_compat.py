@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import monarch.actor
 from chrysalis.core import Pid
-from monarch.actor import Channel, Extent, ProcMesh, Shape, Slice, this_host
+from monarch.actor import BootstrapCommand, Channel, Extent, ProcMesh, Shape, Slice, this_host
 from monarch.actor._host import read_worker_pids
 from monarch.actor._worker import FAILED_LINE, READY_LINE, STAGE_LINE
 
@@ -107,7 +110,7 @@ def test_explicit_response_port_answered_from_a_thread_after_returning(
     assert list(late.from_thread.call(5).get(timeout=T).values()) == [10, 10]
     with pytest.raises(ValueError, match="late boom"):
         late.slice(gpus=1).error_from_thread.call_one("late boom").get(timeout=T)
-    port, receiver = Channel.open()
+    port, receiver = Channel[str].open()
     late.slice(gpus=1).send_from_thread.broadcast(port, "via a channel")
     assert receiver.recv().get(timeout=T) == "via a channel"
 
@@ -246,6 +249,9 @@ class _FakeWorker:
     def poll(self) -> int | None:
         return self.status
 
+    def kill(self) -> None:
+        self.status = -9
+
     def wait(self, timeout: float | None = None) -> int:
         if self.status is None:
             raise subprocess.TimeoutExpired("worker", timeout or 0.0)
@@ -288,3 +294,80 @@ def test_a_worker_start_up_failure_and_its_ready_line(
     pid = "ab" * 16
     ready = fake_workers(f"before{READY_LINE}{pid}\n".encode(), None)
     assert read_worker_pids([ready], ["w"], timeout=5.0) == [Pid(bytes.fromhex(pid))]
+
+
+SRC_ALIASES = {
+    "actor_mesh": ["Actor", "ActorMesh", "Channel", "Port", "ValueMesh", "context", "send"],
+    "bootstrap": ["attach_to_workers", "run_worker_loop_forever", "HostMesh"],
+    "endpoint": ["Endpoint", "endpoint"],
+    "future": ["Future"],
+    "host_mesh": ["HostMesh", "this_host", "this_proc", "default_bootstrap_cmd"],
+    "proc_mesh": ["ProcMesh", "get_or_spawn_controller"],
+    "shape": ["Shape", "Slice", "MeshTrait", "Extent"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(SRC_ALIASES))
+def test_monarch_src_actor_modules_re_export_the_public_names(module: str) -> None:
+    alias = importlib.import_module(f"monarch._src.actor.{module}")
+    assert set(SRC_ALIASES[module]) <= set(alias.__all__)
+    for name in alias.__all__:
+        value = getattr(alias, name)
+        public = getattr(monarch.actor, name, None)
+        assert public is None or value is public, name  # the same objects, not copies
+    if module in ("actor_mesh", "host_mesh", "shape"):
+        assert alias.NDSlice is monarch.actor.Slice
+
+
+def test_monarch_src_stays_a_namespace_other_packages_can_share() -> None:
+    # No __init__.py: other distributions (monarch-rdma, ...) can add monarch._src.<theirs>.
+    for name in ("monarch", "monarch._src", "monarch._src.actor"):
+        package = importlib.import_module(name)
+        assert getattr(package, "__file__", None) is None, name
+    src = Path(importlib.import_module("monarch._src.actor.bootstrap").__file__ or "").parent
+    assert not (src / "__init__.py").exists()
+    assert not (src.parent / "__init__.py").exists()
+
+
+def test_monarch_src_aliases_find_names_monarch_actor_gains_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import monarch._src.actor.bootstrap as bootstrap
+
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = bootstrap.not_a_name
+    marker = object()
+    monkeypatch.setattr(monarch.actor, "start_worker_loop_forever", marker, raising=False)
+    assert bootstrap.start_worker_loop_forever is marker
+
+
+def test_the_wheel_carries_the_monarch_src_aliases(tmp_path: Path) -> None:
+    pytest.importorskip("hatchling")
+    root = Path(__file__).parent.parent
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path)],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in [*SRC_ALIASES, "bootstrap_main"]:
+        assert f"monarch/_src/actor/{module}.py" in names, module
+    assert "monarch/_src/__init__.py" not in names
+    assert "monarch/_src/actor/__init__.py" not in names
+
+
+def test_a_worker_started_with_the_references_bootstrap_main(
+    spawned: list[ProcMesh], transport_mode: str
+) -> None:
+    # Monarch's documentation starts workers with `-m monarch._src.actor.bootstrap_main`.
+    module = ["-m", "monarch._src.actor.bootstrap_main"]
+    command = BootstrapCommand(sys.executable, None, module, {})
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=command)
+    spawned.append(procs)
+    echo = procs.spawn("echo", Echo)
+    scripts = {Path(a).parts[-3:] for a in echo.argv0.call().get(timeout=T).values()}
+    assert scripts == {("_src", "actor", "bootstrap_main.py")}
+    assert echo.slice(gpus=1).apply.call_one(abs, -3).get(timeout=T) == 3
