@@ -371,3 +371,12 @@ def test_a_worker_started_with_the_references_bootstrap_main(
     scripts = {Path(a).parts[-3:] for a in echo.argv0.call().get(timeout=T).values()}
     assert scripts == {("_src", "actor", "bootstrap_main.py")}
     assert echo.slice(gpus=1).apply.call_one(abs, -3).get(timeout=T) == 3
+
+
+def test_the_readme_compatibility_example_runs_as_a_script(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    start = readme.index("# prog.py: written for Monarch 0.7.0")
+    source = readme[start : readme.index("```", start)]
+    done = _run_script(tmp_path, source, "zygote")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["11", "42"]
