@@ -31,6 +31,7 @@ __all__ = [
     "main_reference",
     "refuse_while_importing",
     "refused_while_importing",
+    "unguarded_message",
 ]
 
 #: The main module a worker is importing now (``import_main``), else None.
