@@ -26,10 +26,12 @@ trips over a nested memoryview); other payloads use the C fast path.
 Each buffer has a kind byte: bit 0 = read-only at the sender (the receiver should hand back a
 ``bytes``), bit 1 = persistent (rebuilt by ``persistent_load``, not ``NEXT_BUFFER``).
 
-Closures and lambdas: the standard pickler cannot serialise them. When ``cloudpickle`` is
-installed (extra ``monarch-actor[cloudpickle]``) the codec retries with it; otherwise the
-original pickling error is raised with a note saying so. torch is never imported here: tensors
-pickle through their own reducers, and numpy through protocol 5.
+Closures, lambdas and local classes: the standard pickler cannot serialise them, so the codec
+retries with ``cloudpickle`` (a dependency, as in the reference), which pickles them by value;
+the receiver unpickles them with the standard unpickler (cloudpickle's reconstructors are
+importable there too). cloudpickle is imported on the first value that needs it, not with the
+package (it costs about 45 ms). torch is never imported here: tensors pickle through their own
+reducers, and numpy through protocol 5.
 
 Security: unpickling runs code chosen by the sender. Payloads are only decoded from
 authenticated peers of the same job; the framing layer bounds sizes before anything is decoded.
@@ -153,13 +155,12 @@ _OobPickler = _make_pickler(pickle.Pickler)
 _cloud_pickler: _PicklerFactory | None = None
 
 
-def _cloudpickle_pickler() -> _PicklerFactory | None:
+def _cloudpickle_pickler() -> _PicklerFactory:
+    """The out-of-band pickler over ``cloudpickle.Pickler`` (imported on first use)."""
     global _cloud_pickler
     if _cloud_pickler is None:
-        try:
-            import cloudpickle  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return None
+        import cloudpickle  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
         _cloud_pickler = _make_pickler(cloudpickle.Pickler)
     return _cloud_pickler
 
@@ -209,9 +210,10 @@ def _encode_fast(obj: object) -> Payload:
 def encode(obj: object) -> Payload:
     """Pickle ``obj`` with protocol 5, moving large buffers out of band.
 
-    Raises whatever pickling raises (``PicklingError``, ``TypeError``, or the user's own
-    ``__getstate__`` error), with a note when ``cloudpickle`` would have helped, and
-    ``MessageTooLargeError`` for more than ``MAX_BUFFERS`` buffers.
+    What the standard pickler refuses (lambdas, closures, local classes) is pickled by value
+    with ``cloudpickle``. Raises whatever pickling then raises (``PicklingError``,
+    ``TypeError``, or the user's own ``__getstate__`` error), and ``MessageTooLargeError`` for
+    more than ``MAX_BUFFERS`` buffers.
     """
     try:
         if _needs_persistent(obj, _SCAN_DEPTH):
@@ -222,15 +224,8 @@ def encode(obj: object) -> Payload:
             if "memoryview" not in str(exc):
                 raise
             return _encode_with(_OobPickler, obj)
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        cloud = _cloudpickle_pickler()
-        if cloud is None:
-            exc.add_note(
-                "monarch.actor: lambdas, closures and local classes need cloudpickle "
-                "(pip install 'monarch-actor[cloudpickle]')"
-            )
-            raise
-        return _encode_with(cloud, obj)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return _encode_with(_cloudpickle_pickler(), obj)
 
 
 def _as_view(buffer: object) -> memoryview:

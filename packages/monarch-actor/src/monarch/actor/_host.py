@@ -72,18 +72,18 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 # zygote that forks local workers hands them exactly the modules the client had imported, so
 # importing it here takes several hundred milliseconds of imports out of every worker's start.
 import chrysalis.node  # noqa: F401
-from chrysalis.core import DatagramAddr
+from chrysalis.core import DatagramAddr, Pid
 from monarch.actor import _client_attach
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
-from monarch.actor._main_module import main_reference
+from monarch.actor._main_module import main_reference, refuse_while_importing
 from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
+from monarch.actor._worker import STARTUP_MARKER
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
 from monarch.config import _registry as _config
 from monarch.config._registry import ChannelTransport
 
 if TYPE_CHECKING:
-    from chrysalis.core import Pid
     from monarch.actor._attach import HostSession
     from monarch.actor._mesh import ProcMesh, _ProcMeshState
     from monarch.actor._node_transport import NodeProcessTransport
@@ -443,16 +443,7 @@ def forward_output(stream: IO[bytes] | None) -> None:
         fd = stream.fileno()
         try:
             while chunk := os.read(fd, 65536):
-                out = getattr(sys.stdout, "buffer", None)
-                try:
-                    if out is not None:
-                        out.write(chunk)
-                        out.flush()
-                    else:
-                        sys.stdout.write(chunk.decode("utf-8", "replace"))
-                        sys.stdout.flush()
-                except (OSError, ValueError):  # our stdout is closed: keep draining
-                    pass
+                _copy_to_stdout(chunk)
         except OSError:
             pass
         finally:
@@ -483,27 +474,88 @@ def _zygote() -> Zygote | None:
         return _zygote_instance
 
 
-def read_worker_pids(
-    popens: Sequence[WorkerProcess], labels: Sequence[str], timeout: float
-) -> list[Pid] | str:
-    """Wait (bounded) for each worker's first stdout line, its PID; the reason on failure."""
-    from chrysalis.core import Pid
+def _copy_to_stdout(chunk: bytes) -> None:
+    """Write a worker's output to this process's stdout as it came (dropped if it is closed)."""
+    if not chunk:
+        return
+    out = getattr(sys.stdout, "buffer", None)
+    try:
+        if out is not None:
+            out.write(chunk)
+            out.flush()
+        else:
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+            sys.stdout.flush()
+    except (OSError, ValueError):  # our stdout is closed: keep draining
+        pass
 
-    pids: list[Pid] = []
-    deadline = time.monotonic() + timeout
-    for label, popen in zip(labels, popens, strict=True):
-        assert popen.stdout is not None
-        ready, _, _ = select.select([popen.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = popen.stdout.readline().decode("ascii", "replace").strip() if ready else ""
-        try:
-            pids.append(Pid(bytes.fromhex(line)))
-        except ValueError:
+
+_MARKER = STARTUP_MARKER.encode()
+#: Longest start-up line value kept (a failure message, a stage).
+_MAX_STARTUP_VALUE: Final = 8192
+
+
+def _await_startup(popen: WorkerProcess, deadline: float) -> Pid | str:
+    """Read one worker's start-up lines (see ``_worker``) until its PID; why not, on failure.
+
+    Anything else on the pipe is the program's output (the client's main module printed it
+    while the worker imported it) and goes to this process's stdout, in order; so do bytes
+    after the PID line. The pipe is read with ``os.read`` (never through its buffer), as
+    ``forward_output`` reads it afterwards.
+    """
+    assert popen.stdout is not None
+    fd = popen.stdout.fileno()
+    pending = b""
+    stage = ""
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else None
+        if not chunk:  # the deadline passed (None), or end of file (b""): it is exiting
+            _copy_to_stdout(pending)
             status = popen.poll()
-            if status is None and ready:  # end of file: it is exiting; name its status
+            if status is None and chunk is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     status = popen.wait(1.0)
             why = "did not start in time" if status is None else _describe_exit(status)
-            return f"worker process {label} {why}"
+            return f"{why} (while {stage})" if stage else why
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line, pending = pending[:end], pending[end + 1 :]
+            text, marker, rest = line.partition(_MARKER)
+            _copy_to_stdout(text if marker else line + b"\n")
+            if not marker:
+                continue
+            kind, _, raw = rest.partition(b" ")
+            value = raw[:_MAX_STARTUP_VALUE].decode("utf-8", "replace")
+            if kind == b"ready":
+                _copy_to_stdout(pending)
+                try:
+                    return Pid(bytes.fromhex(value))
+                except ValueError:
+                    return f"sent a malformed start-up line ({value[:80]!r})"
+            if kind == b"failed":
+                return f"could not start: {value}"
+            if kind == b"stage":
+                stage = value
+        if len(pending) > 65536:  # a long line: pass it on, keeping what may start a marker
+            keep = len(_MARKER) - 1
+            _copy_to_stdout(pending[:-keep])
+            pending = pending[-keep:]
+
+
+def read_worker_pids(
+    popens: Sequence[WorkerProcess], labels: Sequence[str], timeout: float
+) -> list[Pid] | str:
+    """Wait (bounded) for each worker's PID line (``_await_startup``); the reason on failure:
+    ``"worker process LABEL could not start: WHY"`` (the worker said why), ``... exited with
+    status N`` or ``... did not start in time``, with the stage it was in."""
+    pids: list[Pid] = []
+    deadline = time.monotonic() + timeout
+    for label, popen in zip(labels, popens, strict=True):
+        outcome = _await_startup(popen, deadline)
+        if isinstance(outcome, str):
+            return f"worker process {label} {outcome}"
+        pids.append(outcome)
     return pids
 
 
@@ -1325,6 +1377,7 @@ def this_host() -> HostMesh:
 
     if _in_worker_process():
         if _worker_pid is None:
+            refuse_while_importing("this_host()")
             raise RuntimeError("this worker process has not joined its client yet")
         return HostMesh(Shape.unity(), owned=False, target=f"proc:{_worker_pid.hex()}")
     c = client()

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _codec, _logging, _telemetry
+from monarch.actor import _codec, _logging, _main_module, _telemetry
 from monarch.actor._actor import check_actor_class
 from monarch.actor._context import (
     Context,
@@ -1991,6 +1991,8 @@ def client() -> _Client:
         return current
     with _client_lock:
         if _client is None or _client.pid != os.getpid():
+            # A worker importing the client's script: its unguarded program is running.
+            _main_module.refuse_while_importing("Monarch (a client: this_proc(), context(), ...)")
             _client = _Client()
             if not _atexit_registered:
                 atexit.register(_shutdown_at_exit)
@@ -1999,10 +2001,23 @@ def client() -> _Client:
 
 
 _current_context: Callable[[], Any] | None = None
+#: A worker process's own runtime and sender (``set_process_sender``), with the OS pid that
+#: set it (a fork inherits the value, not the runtime).
+_process_sender: tuple[int, ProcRuntime, CellBase] | None = None
+
+
+def set_process_sender(runtime: ProcRuntime) -> None:
+    """Called by a worker process once its runtime exists: code running outside any actor
+    (a thread an endpoint started, replying through its ``Port`` after the endpoint returned)
+    sends through that runtime as the process itself, not through a client of its own that no
+    other process can reach."""
+    global _process_sender
+    _process_sender = (os.getpid(), runtime, runtime.agent)
 
 
 def current_sender() -> tuple[ProcRuntime, CellBase]:
-    """The process runtime and cell of whoever is running (an actor, or the root client)."""
+    """The process runtime and cell of whoever is running: an actor; outside actors, a worker
+    process itself, or the root client."""
     global _current_context
     if _current_context is None:  # imported once: this runs for every message sent
         from monarch.actor._context import _current
@@ -2012,6 +2027,9 @@ def current_sender() -> tuple[ProcRuntime, CellBase]:
     if ctx is not None:
         cell = ctx._cell
         return cell.runtime, cell
+    own = _process_sender
+    if own is not None and own[0] == os.getpid():
+        return own[1], own[2]
     c = client()
     return c.runtime, c.root
 

@@ -92,6 +92,8 @@ def _check_labels(labels: Sequence[str]) -> tuple[str, ...]:
 
 
 def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    if not sizes:  # zero dimensions (one element): no strides, not the ``(1,)`` of accumulate
+        return ()
     strides = list(itertools.accumulate(reversed(sizes[1:]), operator.mul, initial=1))
     strides.reverse()
     return tuple(strides)

@@ -4,8 +4,17 @@ Why a separate entry point: every process of a proc mesh is one Chrysalis Node j
 the client's node (the namespace tree is the supervision tree). The worker issues its own leaf
 from the client's development CA directory (``--ca-dir``), joins the client's node (pinned to
 ``--authority``), runs one ``ProcRuntime`` over a ``NodeProcessTransport`` and prints its PID
-(hex) as the first line on stdout once its parent link is active: that line is the readiness
-handshake the client waits for.
+(hex) on stdout once its parent link is active: that line is the readiness handshake the
+client waits for.
+
+Start-up lines: the handshake line, and before it a line per stage (``STAGE_LINE``: what the
+worker is doing, so that a client whose worker did not start in time can say where it was) or
+one failure line (``FAILED_LINE``: why it could not start). Each begins with ``STARTUP_MARKER``
+(it starts with a NUL byte, which no program's text output contains): whatever else reaches
+stdout first, such as what the client's main module printed while the worker imported it, is
+the program's output, and the client forwards it. A main module that starts Monarch on import
+(no ``if __name__ == "__main__":`` guard) fails the start with a message saying so
+(``_main_module.UnguardedMainError``), as does one that exits on import.
 
 Options for workers started by a host's worker loop (``_attach``): ``--listen`` binds the node
 to an address the client can reach (the default is ``udp://127.0.0.1:0``), and
@@ -38,11 +47,27 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from monarch.actor._loop import RuntimeLoop
+from monarch.actor._main_module import (
+    UnguardedMainError,
+    import_main,
+    refused_while_importing,
+    unguarded_message,
+)
 
-__all__ = ["EXIT_ORPHANED", "WORKER_ARGV_ENV", "bind_cpus", "forked_main", "main"]
+__all__ = [
+    "EXIT_ORPHANED",
+    "FAILED_LINE",
+    "READY_LINE",
+    "STAGE_LINE",
+    "STARTUP_MARKER",
+    "WORKER_ARGV_ENV",
+    "bind_cpus",
+    "forked_main",
+    "main",
+]
 
 #: Exit status of a worker whose parent link was gone for longer than its bound.
 EXIT_ORPHANED: Final = 3
@@ -52,6 +77,11 @@ _STARTUP_TIMEOUT: Final = 30.0
 #: interpreter) then only has to end up running this module; it need not forward arguments.
 WORKER_ARGV_ENV: Final = "MONARCH_WORKER_ARGV"
 _MAX_ARGV_ENV: Final = 64 * 1024
+#: Start-up lines on stdout (see the module docstring): the marker, a kind, a space, a value.
+STARTUP_MARKER: Final = "\x00monarch-worker "
+READY_LINE: Final = STARTUP_MARKER + "ready "  # + this worker's PID (hex)
+FAILED_LINE: Final = STARTUP_MARKER + "failed "  # + why it cannot start
+STAGE_LINE: Final = STARTUP_MARKER + "stage "  # + what it is doing now
 _log = logging.getLogger("monarch.actor.worker")
 
 
@@ -143,6 +173,38 @@ def bind_cpus(cpus: Sequence[int]) -> None:
             os.sched_setaffinity(tid, mask)
 
 
+def _startup_line(prefix: str, value: str) -> None:
+    sys.stdout.write(f"{prefix}{' '.join(value.split())}\n")  # one line, whatever ``value``
+    sys.stdout.flush()
+
+
+def _fail_start(label: str, why: str) -> NoReturn:
+    """Tell the client why this worker cannot start (and the terminal), then exit (status 1;
+    ``os._exit``: threads the main module may have started must not hold the exit)."""
+    with contextlib.suppress(Exception):
+        _startup_line(FAILED_LINE, why)
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"monarch worker {label}: {why}\n")
+        sys.stderr.flush()
+    os._exit(1)
+
+
+def _load_main(kind: str, value: str) -> str | None:
+    """Import the client's main module; why this worker cannot start, or None."""
+    try:
+        import_main(kind, value)
+    except UnguardedMainError as exc:
+        return str(exc)
+    except Exception as exc:  # the program may still use importable classes only
+        refused = refused_while_importing()
+        if refused is not None:  # it caught the refusal and failed otherwise
+            return refused
+        _log.warning("could not load the client's main module %s: %r", value, exc)
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt: its program ran and ended
+        return unguarded_message(value, f"code that exited ({exc!r})")
+    return refused_while_importing()  # None, unless it swallowed the refusal
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker process until it is stopped or orphaned (see the module docstring)."""
     if argv is None:
@@ -157,16 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chrysalis.node import Node
     from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
     from monarch.actor._node_transport import NodeProcessTransport
-    from monarch.actor._runtime import ProcRuntime, _frame_limits
+    from monarch.actor._runtime import ProcRuntime, _frame_limits, set_process_sender
 
     if args.main:
-        from monarch.actor._main_module import import_main
-
         kind, _, value = args.main.partition(":")
-        try:
-            import_main(kind, value)
-        except Exception as exc:  # the program may still use importable classes only
-            _log.warning("could not load the client's main module %s: %r", value, exc)
+        _startup_line(STAGE_LINE, f"importing the client's main module {value}")
+        why = _load_main(kind, value)
+        if why is not None:
+            _fail_start(args.label, why)
+        _startup_line(STAGE_LINE, "joining the client")
 
     identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
     from monarch.actor._host import register_worker
@@ -199,17 +260,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             _STARTUP_TIMEOUT + 5
         )
     except BaseException as exc:
-        sys.stderr.write(f"monarch worker {args.label}: could not join the client: {exc}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        _fail_start(args.label, f"could not join the client: {exc!r}")
     runtime = ProcRuntime(transport, loop, args.label)
+    set_process_sender(runtime)
     del runtime  # referenced by the transport's callbacks for the life of the process
     # Everything allocated so far (modules, node, TLS state) lives as long as the process:
     # keep the cyclic collector, which message traffic triggers often, from walking it again.
     gc.collect()
     gc.freeze()
-    sys.stdout.write(f"{identity.pid.hex()}\n")
-    sys.stdout.flush()
+    _startup_line(READY_LINE, identity.pid.hex())
 
     def exit_when_orphaned() -> None:
         orphaned.wait()

@@ -1,0 +1,24 @@
+"""``monarch._src.actor.endpoint`` as Monarch's documentation and examples import it: the
+public names the reference's module has, re-exported from ``monarch.actor`` (``Selection`` and
+``Propagator`` are the types of ``send``'s selection and ``@endpoint(propagate=...)``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from monarch.actor import Endpoint, Extent, Future, endpoint
+from monarch.actor._adverbs import NotAnEndpoint
+from monarch.actor._endpoint import EndpointProperty, Propagator
+
+__all__ = [
+    "Endpoint",
+    "EndpointProperty",
+    "Extent",
+    "Future",
+    "NotAnEndpoint",
+    "Propagator",
+    "Selection",
+    "endpoint",
+]
+
+Selection = Literal["all", "choose"]
