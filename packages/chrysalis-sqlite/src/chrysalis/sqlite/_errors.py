@@ -234,6 +234,7 @@ class StalePeerError(SessionError):
     ``Replica.collect_garbage``): syncing with it could resurrect deleted rows here and, where
     other replicas still hold the tombstones, leave replicas disagreeing forever. Raised for a
     peer site this replica forgot (``Replica.forget_peer_site``), and for a change from a peer
-    site first seen after a collection that names a row this replica has no entry for at a
-    version at or below what was collected then. The peer must be rebuilt: a new, empty
-    database (a new site id) that syncs before it writes."""
+    site first seen after a collection that upserts a row this replica has no entry for (or
+    only a tombstone the upsert would beat) at a version at or below what was collected then.
+    The peer must be rebuilt: a new, empty database (a new site id) that syncs before it
+    writes."""

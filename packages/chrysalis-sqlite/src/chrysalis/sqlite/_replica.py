@@ -556,8 +556,9 @@ class Replica:
 
         ``source``: the peer site the chunk came from (a session's); the same transaction
         records, per origin, the greatest version received from it (what the collector knows
-        the peer holds). ``floor``: an upsert of a row with no clock entry here, at a version
-        at or below it, of a row the collected-rows filter says may have been collected, is
+        the peer holds). ``floor``: an upsert of a row with no clock entry here (or only a
+        tombstone it would beat), at a version at or below it, of a row the collected-rows
+        filter says may have been collected, is
         refused with ``StalePeerError`` (a peer first seen after tombstones up to ``floor``
         were collected: see ``collect_garbage``).
         """
@@ -617,36 +618,20 @@ class Replica:
         tables in chunk order and each row's final winner to its clock entry."""
         clocks = self._clocks
         site_at = self._site_at
-        tracked: dict[tuple[str, bytes], tuple[int, bytes, int] | None] = {}
+        # per row met in this chunk: its winner so far, and whether that winner is a delete
+        tracked: dict[tuple[str, bytes], tuple[tuple[int, bytes, int], bool]] = {}
         filter_bits: bytearray | None = None
         final: dict[tuple[str, bytes], tuple[TableSchema, Change, bytes]] = {}
         writes: list[tuple[TableSchema, Change]] = []
         new = 0
         for schema, change, key_blob in items:
             row_id = (schema.table, key_blob)
+            current: tuple[int, bytes, int] | None
             if row_id in tracked:
-                current = tracked[row_id]
+                current, dead = tracked[row_id]
             else:
                 found = conn.execute(clocks[schema.table].winner, change.key).fetchone()
-                current = None
-                if (
-                    found is None
-                    and change.row is not None
-                    and change.db_version <= floor
-                    and _maybe_collected(
-                        filter_bits := filter_bits or self._load_filter(conn),
-                        schema.table,
-                        change.key,
-                    )
-                ):
-                    raise StalePeerError(
-                        f"a change of {quote(schema.table)} at version {change.db_version} "
-                        f"of site {change.site_id.hex()} names a row this replica has no entry "
-                        "for and may have deleted and collected, from a peer first seen after "
-                        f"deletions through version {floor} were collected here: it may be a "
-                        "deleted row coming back; rebuild that replica (a new, empty database "
-                        "that syncs before it writes)"
-                    )
+                current, dead = None, True
                 if found is not None:
                     site = site_at.get(found[1])
                     if site is None:
@@ -654,18 +639,41 @@ class Replica:
                             f"a clock entry of {quote(schema.table)} names origin {found[1]}, "
                             "which the origin registry lacks"
                         )
-                    current = (found[0], site, found[2])
+                    current, dead = (found[0], site, found[2]), bool(found[3])
             candidate = (change.db_version, change.site_id, change.seq)
             if current is not None:
                 if candidate == current:
-                    tracked[row_id] = current
+                    tracked[row_id] = (current, dead)
                     continue  # a duplicate
                 if candidate < current:
-                    tracked[row_id] = current
+                    tracked[row_id] = (current, dead)
                     new += 1
                     continue  # loses to the recorded winner
+            if (
+                dead
+                and change.row is not None
+                and change.db_version <= floor
+                and _maybe_collected(
+                    filter_bits := filter_bits or self._load_filter(conn),
+                    schema.table,
+                    change.key,
+                )
+            ):
+                # An upsert that would bring a row back, from a peer first seen after
+                # collections, at a version a collected tombstone may beat. Here the row has
+                # no entry, or only a tombstone older than the upsert: that can only be an
+                # older delete a newcomer sent after the collection (every known peer held
+                # the collected tombstone or something newer), so it proves nothing.
+                raise StalePeerError(
+                    f"a change of {quote(schema.table)} at version {change.db_version} "
+                    f"of site {change.site_id.hex()} names a row this replica has no entry "
+                    "for (or only an older tombstone) and may have deleted and collected, "
+                    "from a peer first seen after deletions through version "
+                    f"{floor} were collected here: it may be a deleted row coming back; "
+                    "rebuild that replica (a new, empty database that syncs before it writes)"
+                )
             new += 1
-            tracked[row_id] = candidate
+            tracked[row_id] = (candidate, change.row is None)
             final[row_id] = (schema, change, key_blob)
             writes.append((schema, change))
         _write_rows(conn, writes)
@@ -733,7 +741,9 @@ class Replica:
           first).
 
         A peer site first seen later may hold a row whose tombstone went: its upserts of rows
-        this replica has no entry for, at versions up to what had been collected, of rows a
+        this replica has no entry for (or only a tombstone older than the upsert, which only
+        such a peer's older delete can have left), at versions up to what had been collected,
+        of rows a
         Bloom filter of the collected rows says may be among them, are refused
         (``StalePeerError``), as is a session with a site dropped by ``forget_peer_site``.
 

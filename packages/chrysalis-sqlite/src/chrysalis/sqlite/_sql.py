@@ -265,8 +265,9 @@ class ClockSql:
     as BLOBs) may take to be written (rows above it, and missing rows, are skipped).
     ``capture_upsert_one``: version, origin, seq, key values. ``capture_delete_one``: key
     values, version, origin, seq. ``write``: key values, version, origin, seq, deleted.
-    ``winner``: key values. ``fold``: version, origin position, the JSON array of a
-    pending version's row in ``__chrysalis_versions_v1``: writes each listed key's entry
+    ``winner``: key values (returns the entry's version, origin, seq and deleted flag).
+    ``fold``: version, origin position, the JSON array of a pending version's row in
+    ``__chrysalis_versions_v1``: writes each listed key's entry
     ``(version, origin, position in the array)`` as an upsert, unless an equal or greater
     entry is there (a delete's tombstone is written at commit, see ``Replica._fold``).
     ``measure`` (the
@@ -395,7 +396,7 @@ def clock_sql(
             f"{conflict}"
         ),
         winner=(
-            f"SELECT _version, _origin, _seq FROM {clock} WHERE "
+            f"SELECT _version, _origin, _seq, _deleted FROM {clock} WHERE "
             + " AND ".join(f"{k} = ?" for k in keys)
         ),
         select_json=(
