@@ -78,8 +78,10 @@ from typing import Final
 
 from chrysalis.core import Pid
 from chrysalis.sqlite import _sql
+from chrysalis.sqlite._clock import DEFAULT_MAX_CLOCK_DRIFT, MAX_ACCEPTED_VERSION, hlc_version
 from chrysalis.sqlite._errors import (
     ChangeVersionTooLargeError,
+    ClockBoundError,
     CodecError,
     CorruptMetadataError,
     DuplicatePeerError,
@@ -290,7 +292,18 @@ class Replica:
         *,
         timeout: float = 5.0,
         site_id: bytes | None = None,
+        clock: Callable[[], float] | None = None,
+        max_clock_drift: float = DEFAULT_MAX_CLOCK_DRIFT,
     ) -> None:
+        if (
+            isinstance(max_clock_drift, bool)
+            or not isinstance(max_clock_drift, (int, float))
+            or not math.isfinite(max_clock_drift)
+            or max_clock_drift < 0
+        ):
+            raise ValueError("max_clock_drift must be a finite, non-negative number of seconds")
+        self._clock = clock
+        self._max_clock_drift = float(max_clock_drift)
         schema_list = list(schemas)
         if not schema_list:
             raise InvalidSchemaError("a replica needs at least one table schema")
@@ -538,6 +551,7 @@ class Replica:
         encodings: Sequence[EncodedChange] | None,
         source: bytes | None = None,
         floor: int = 0,
+        peer: str | None = None,
     ) -> ApplyOutcome:
         """``apply_changes``, optionally with each change's key and row value lists as
         received (``FrameDecoder.chunk_encodings``), which the key check then uses instead of
@@ -561,11 +575,16 @@ class Replica:
         filter says may have been collected, is
         refused with ``StalePeerError`` (a peer first seen after tombstones up to ``floor``
         were collected: see ``collect_garbage``).
+
+        Every change's version must be at most the accepted bound (``_check_bound``), else the
+        whole chunk is refused with ``ClockBoundError`` (naming ``source`` and ``peer``, the
+        peer's PID as text, where given) before anything of it is written.
         """
         self._fold_backlog(FOLD_INLINE_ROWS)
         try:
             with self._write() as conn:
                 origins = {_check_origin(c) for c in chunk}
+                self._check_bound(chunk, source, peer)
                 if encodings is not None and len(encodings) != len(chunk):
                     raise ValueError("one encoding per change is required")
                 items: list[tuple[TableSchema, Change, bytes]] = []
@@ -699,6 +718,30 @@ class Replica:
             ],
         )
         return new, len(writes)
+
+    def _hybrid_now(self) -> int:
+        """The hybrid-logical-clock version of the time now, which a commit's version is at
+        least (0 for a replica without a clock: a plain Lamport clock)."""
+        return 0 if self._clock is None else hlc_version(self._clock())
+
+    def _check_bound(self, chunk: Sequence[Change], source: bytes | None, peer: str | None) -> None:
+        """Refuse the chunk (``ClockBoundError``) if a change's version is above the most this
+        replica accepts: ``MAX_ACCEPTED_VERSION``, and with a clock the hybrid version of
+        ``max_clock_drift`` seconds past the time now (see ``_clock``)."""
+        if not chunk:
+            return
+        highest = max(chunk, key=lambda c: c.db_version)
+        bound, reason = MAX_ACCEPTED_VERSION, "MAX_ACCEPTED_VERSION, 2**62"
+        if self._clock is not None:
+            ahead = hlc_version(self._clock() + self._max_clock_drift)
+            if ahead < bound:
+                bound = ahead
+                reason = (
+                    f"the hybrid clock's version of local time plus max_clock_drift, "
+                    f"{self._max_clock_drift:g} s"
+                )
+        if highest.db_version > bound:
+            raise ClockBoundError(highest.site_id, highest.db_version, bound, reason, source, peer)
 
     def origins(self) -> tuple[bytes, ...]:
         """Every origin site id this replica knows, in registry (position) order."""

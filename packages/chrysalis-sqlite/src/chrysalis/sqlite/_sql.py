@@ -176,9 +176,11 @@ SELECT_PENDING: Final = (
 )
 
 BUMP_CLOCK: Final = (
-    "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1"
+    "UPDATE __chrysalis_replica_v1 SET db_version = max(db_version + 1, ?) WHERE singleton = 1"
 )
-"""A commit's first statement: the clock moves to the new local version. Why no
+"""A commit's first statement: the clock moves to the new local version, one past the clock
+or, for a replica given a wall clock, the hybrid version of the time now (the parameter; 0
+without one: see ``_clock``), whichever is greater. Why no
 ``RETURNING``: through ``sqlite3`` it cost about 40 000 instructions per commit (its rows go
 through a temporary table), four times a plain statement; the new version is read by the
 commit's next query (``CLOCK_STATE``, or ``ClockSql.measure_commit``)."""
