@@ -283,6 +283,11 @@ class Replica:
     a ``ReplicaSession`` (or ``apply_changes``). ``add_change_listener`` registers callbacks
     run after every commit that added to the change log (local or remote), which is how an
     adapter wakes the sessions of other links. Close with ``close()`` or a ``with`` block.
+
+    Received versions are bounded (``ClockBoundError`` beyond, see ``_clock``): at most
+    ``MAX_ACCEPTED_VERSION``, and, given ``clock`` (wall time in seconds, e.g. ``time.time``:
+    passed in, the core reads no clock), at most ``hlc_version(now + max_clock_drift)``; such
+    a replica's commits are then at least ``hlc_version(now)`` (a hybrid logical clock).
     """
 
     def __init__(
