@@ -325,7 +325,7 @@ def metadata_only_trial(
             for _ in range(per):
                 conn.execute(INSERT, (f"note-{rows}", "alice", MESSAGE))
                 rows += 1
-            conn.execute(_sql.BUMP_CLOCK)
+            conn.execute(_sql.BUMP_CLOCK, (0,))
             # the rows found and their size, the new version and what it must be above, the
             # schema version (the entries are written by a later fold)
             version = conn.execute(clock.measure_values, (keys, 1)).fetchone()[2]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from chrysalis.sqlite import (
@@ -317,6 +317,36 @@ def test_a_newcomers_new_rows_pass_and_collected_rows_are_refused() -> None:
         net.settle()
 
 
+def test_a_newcomers_older_delete_does_not_let_its_older_upsert_through() -> None:
+    """Issue 15: a newcomer that deleted, then wrote again, a row collected here sent its
+    delete (accepted: a delete cannot bring a row back) and then its upsert, which found the
+    delete's tombstone as the row's entry and was written, although the collected tombstone
+    beats both. An older tombstone is no proof that nothing newer was collected: refused,
+    whether the two arrive in one chunk or in two."""
+    net, alice, _bob = _pair()
+    for _ in range(3):
+        _delete(alice, "a")
+    net.settle()
+    assert _collect(alice).tombstones == 1  # "a" deleted at version 3, collected
+    newcomer = _site(5)
+    delete = Change("kv", ("a",), None, 1, newcomer, 0)
+    upsert = Change("kv", ("a",), ("a", "back"), 2, newcomer, 0)
+    floor = alice._admit_peer(newcomer)
+    assert floor == 3
+    with pytest.raises(StalePeerError, match="may have deleted and collected"):
+        alice._apply([delete, upsert], None, newcomer, floor)
+    assert _entries(alice) == {}
+    assert alice._apply([delete], None, newcomer, floor).applied == 1
+    assert _entries(alice) == {"a": (1, True)}
+    with pytest.raises(StalePeerError, match="or only an older tombstone"):
+        alice._apply([upsert], None, newcomer, floor)
+    assert alice.connection.execute("SELECT count(*) FROM kv").fetchone() == (0,)
+    # a newer tombstone here just beats it (no refusal needed)
+    alice.apply_changes([Change("kv", ("b",), None, 3, _site(6), 0)])
+    late = Change("kv", ("b",), ("b", "x"), 2, newcomer, 0)
+    assert alice._apply([late], None, newcomer, floor).applied == 0
+
+
 def test_limitation_a_saturated_filter_refuses_new_rows_too() -> None:
     """Documented limitation: the collected-rows filter has false positives (about 1 % at
     50 000 collected rows), so a newcomer's row that was never collected is sometimes refused
@@ -415,6 +445,13 @@ newcomer_edits = st.lists(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # issue 15: the newcomer's older delete opened the door to its older upsert
+    seed=0,
+    parents=[0, 0],
+    before=[(0, [("k0", None)])] * 3,
+    early=[[("k0", None)], [("k0", "")]],
+    attach=0,
+)
 @given(
     seed=st.integers(0, 2**16),
     parents=st.lists(st.integers(0, 3), min_size=2, max_size=3),

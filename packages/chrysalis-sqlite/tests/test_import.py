@@ -11,6 +11,10 @@ import chrysalis.sqlite.testing
 EXPECTED = {
     # limits and constants
     "CHUNK_TARGET_BYTES",
+    "DEFAULT_MAX_CLOCK_DRIFT",
+    "MAX_ACCEPTED_VERSION",
+    "hlc_version",
+    "ClockBoundError",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_ROWS",
     "MAX_BYTES",
@@ -126,6 +130,7 @@ def test_public_classes_claim_the_facade_as_their_module() -> None:
 def test_errors_and_messages_pickle() -> None:
     from chrysalis.sqlite import (
         Change,
+        ClockBoundError,
         RemoteProtocolError,
         RemoteProtocolErrorKind,
         SchemaConflictError,
@@ -137,6 +142,7 @@ def test_errors_and_messages_pickle() -> None:
         RemoteProtocolError(RemoteProtocolErrorKind.UNEXPECTED_ACK, "Ack 3"),
         SchemaConflictError("t", b"a" * 32, b"b" * 32),
         SiteScopeError(SiteScopeErrorKind.OWN_SITE_MISSING, "x"),
+        ClockBoundError(b"o" * 16, 2**63 - 1, 2**62, "MAX_ACCEPTED_VERSION", b"p" * 16, "pid"),
     ):
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error)

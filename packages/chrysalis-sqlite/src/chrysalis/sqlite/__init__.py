@@ -13,8 +13,10 @@ no stability promise.
 
 from __future__ import annotations
 
+from chrysalis.sqlite._clock import DEFAULT_MAX_CLOCK_DRIFT, MAX_ACCEPTED_VERSION, hlc_version
 from chrysalis.sqlite._errors import (
     ChangeVersionTooLargeError,
+    ClockBoundError,
     CodecError,
     CorruptMetadataError,
     DuplicatePeerError,
@@ -99,6 +101,7 @@ from chrysalis.sqlite._values import MAX_BYTES, MAX_VALUES, SqlValue, decode_val
 
 for _public in (
     ChangeVersionTooLargeError,
+    ClockBoundError,
     CodecError,
     CorruptMetadataError,
     DuplicatePeerError,
@@ -152,6 +155,8 @@ del _public
 
 __all__ = [
     "CHUNK_TARGET_BYTES",
+    "DEFAULT_MAX_CLOCK_DRIFT",
+    "MAX_ACCEPTED_VERSION",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_ROWS",
     "MAX_BYTES",
@@ -172,6 +177,7 @@ __all__ = [
     "BeginBatch",
     "Change",
     "ChangeVersionTooLargeError",
+    "ClockBoundError",
     "CodecError",
     "CommitBatch",
     "CorruptMetadataError",
@@ -223,6 +229,7 @@ __all__ = [
     "encode_change",
     "encode_message",
     "encode_values",
+    "hlc_version",
     "outbound_eligibility",
     "pack_batch_chunks",
     "update_peer_scope",

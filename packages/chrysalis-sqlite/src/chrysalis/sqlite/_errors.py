@@ -16,7 +16,7 @@ one small documented hierarchy to catch. Every error derives from ``ReplicationE
 - ``SiteScopeError``: a site scope is invalid or an update breaks the scope rules (``kind``).
 - ``SessionError``: a replication session must end (``RemoteProtocolError`` with a ``kind``,
   ``SchemaConflictError``, ``DuplicatePeerError``, ``ChangeVersionTooLargeError``,
-  ``SessionClosedError``, ``StalePeerError``).
+  ``SessionClosedError``, ``StalePeerError``, ``ClockBoundError``).
 
 Messages quote offending input truncated to a bounded length, so hostile input never produces a
 huge message, and every exception pickles back to an equal-looking exception.
@@ -29,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "ChangeVersionTooLargeError",
+    "ClockBoundError",
     "CodecError",
     "CorruptMetadataError",
     "DuplicatePeerError",
@@ -225,6 +226,52 @@ class ChangeVersionTooLargeError(SessionError):
     it can never be sent."""
 
 
+class ClockBoundError(SessionError):
+    """A received change's version is above what this replica accepts (``MAX_ACCEPTED_VERSION``,
+    and for a replica given a ``clock``, ``max_clock_drift`` seconds ahead of its local time):
+    accepting it would raise the clock toward the end of SQLite's integers, where local writes
+    stop. The whole chunk is refused, so nothing of it is applied or relayed; a session ends
+    with this error, naming the peer. Attributes: ``origin_site``, ``version``, ``bound``,
+    ``reason`` (which bound), and where a session received it ``peer_site`` and ``peer`` (the
+    peer's PID as text)."""
+
+    def __init__(
+        self,
+        origin_site: bytes,
+        version: int,
+        bound: int,
+        reason: str,
+        peer_site: bytes | None = None,
+        peer: str | None = None,
+    ) -> None:
+        super().__init__(origin_site, version, bound, reason, peer_site, peer)
+        self.origin_site = origin_site
+        self.version = version
+        self.bound = bound
+        self.reason = reason
+        self.peer_site = peer_site
+        self.peer = peer
+
+    def __str__(self) -> str:
+        if self.peer_site is None:
+            who = "a change"
+        else:
+            pid = "" if self.peer is None else f"{self.peer} "
+            who = f"peer {pid}(site {self.peer_site.hex()}) sent a change"
+        return (
+            f"{who} of origin {self.origin_site.hex()} at version {self.version}, above "
+            f"{self.bound}, the most this replica accepts ({self.reason}): refused with the "
+            "rest of its chunk, nothing of it applied or relayed (that peer's clock is broken "
+            "or hostile)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            type(self),
+            (self.origin_site, self.version, self.bound, self.reason, self.peer_site, self.peer),
+        )
+
+
 class SessionClosedError(SessionError):
     """The session already ended (closed locally, by end of stream, or by an error)."""
 
@@ -234,6 +281,7 @@ class StalePeerError(SessionError):
     ``Replica.collect_garbage``): syncing with it could resurrect deleted rows here and, where
     other replicas still hold the tombstones, leave replicas disagreeing forever. Raised for a
     peer site this replica forgot (``Replica.forget_peer_site``), and for a change from a peer
-    site first seen after a collection that names a row this replica has no entry for at a
-    version at or below what was collected then. The peer must be rebuilt: a new, empty
-    database (a new site id) that syncs before it writes."""
+    site first seen after a collection that upserts a row this replica has no entry for (or
+    only a tombstone the upsert would beat) at a version at or below what was collected then.
+    The peer must be rebuilt: a new, empty database (a new site id) that syncs before it
+    writes."""

@@ -78,8 +78,10 @@ from typing import Final
 
 from chrysalis.core import Pid
 from chrysalis.sqlite import _sql
+from chrysalis.sqlite._clock import DEFAULT_MAX_CLOCK_DRIFT, MAX_ACCEPTED_VERSION, hlc_version
 from chrysalis.sqlite._errors import (
     ChangeVersionTooLargeError,
+    ClockBoundError,
     CodecError,
     CorruptMetadataError,
     DuplicatePeerError,
@@ -281,6 +283,11 @@ class Replica:
     a ``ReplicaSession`` (or ``apply_changes``). ``add_change_listener`` registers callbacks
     run after every commit that added to the change log (local or remote), which is how an
     adapter wakes the sessions of other links. Close with ``close()`` or a ``with`` block.
+
+    Received versions are bounded (``ClockBoundError`` beyond, see ``_clock``): at most
+    ``MAX_ACCEPTED_VERSION``, and, given ``clock`` (wall time in seconds, e.g. ``time.time``:
+    passed in, the core reads no clock), at most ``hlc_version(now + max_clock_drift)``; such
+    a replica's commits are then at least ``hlc_version(now)`` (a hybrid logical clock).
     """
 
     def __init__(
@@ -290,7 +297,18 @@ class Replica:
         *,
         timeout: float = 5.0,
         site_id: bytes | None = None,
+        clock: Callable[[], float] | None = None,
+        max_clock_drift: float = DEFAULT_MAX_CLOCK_DRIFT,
     ) -> None:
+        if (
+            isinstance(max_clock_drift, bool)
+            or not isinstance(max_clock_drift, (int, float))
+            or not math.isfinite(max_clock_drift)
+            or max_clock_drift < 0
+        ):
+            raise ValueError("max_clock_drift must be a finite, non-negative number of seconds")
+        self._clock = clock
+        self._max_clock_drift = float(max_clock_drift)
         schema_list = list(schemas)
         if not schema_list:
             raise InvalidSchemaError("a replica needs at least one table schema")
@@ -538,6 +556,7 @@ class Replica:
         encodings: Sequence[EncodedChange] | None,
         source: bytes | None = None,
         floor: int = 0,
+        peer: str | None = None,
     ) -> ApplyOutcome:
         """``apply_changes``, optionally with each change's key and row value lists as
         received (``FrameDecoder.chunk_encodings``), which the key check then uses instead of
@@ -556,15 +575,21 @@ class Replica:
 
         ``source``: the peer site the chunk came from (a session's); the same transaction
         records, per origin, the greatest version received from it (what the collector knows
-        the peer holds). ``floor``: an upsert of a row with no clock entry here, at a version
-        at or below it, of a row the collected-rows filter says may have been collected, is
+        the peer holds). ``floor``: an upsert of a row with no clock entry here (or only a
+        tombstone it would beat), at a version at or below it, of a row the collected-rows
+        filter says may have been collected, is
         refused with ``StalePeerError`` (a peer first seen after tombstones up to ``floor``
         were collected: see ``collect_garbage``).
+
+        Every change's version must be at most the accepted bound (``_check_bound``), else the
+        whole chunk is refused with ``ClockBoundError`` (naming ``source`` and ``peer``, the
+        peer's PID as text, where given) before anything of it is written.
         """
         self._fold_backlog(FOLD_INLINE_ROWS)
         try:
             with self._write() as conn:
                 origins = {_check_origin(c) for c in chunk}
+                self._check_bound(chunk, source, peer)
                 if encodings is not None and len(encodings) != len(chunk):
                     raise ValueError("one encoding per change is required")
                 items: list[tuple[TableSchema, Change, bytes]] = []
@@ -617,36 +642,20 @@ class Replica:
         tables in chunk order and each row's final winner to its clock entry."""
         clocks = self._clocks
         site_at = self._site_at
-        tracked: dict[tuple[str, bytes], tuple[int, bytes, int] | None] = {}
+        # per row met in this chunk: its winner so far, and whether that winner is a delete
+        tracked: dict[tuple[str, bytes], tuple[tuple[int, bytes, int], bool]] = {}
         filter_bits: bytearray | None = None
         final: dict[tuple[str, bytes], tuple[TableSchema, Change, bytes]] = {}
         writes: list[tuple[TableSchema, Change]] = []
         new = 0
         for schema, change, key_blob in items:
             row_id = (schema.table, key_blob)
+            current: tuple[int, bytes, int] | None
             if row_id in tracked:
-                current = tracked[row_id]
+                current, dead = tracked[row_id]
             else:
                 found = conn.execute(clocks[schema.table].winner, change.key).fetchone()
-                current = None
-                if (
-                    found is None
-                    and change.row is not None
-                    and change.db_version <= floor
-                    and _maybe_collected(
-                        filter_bits := filter_bits or self._load_filter(conn),
-                        schema.table,
-                        change.key,
-                    )
-                ):
-                    raise StalePeerError(
-                        f"a change of {quote(schema.table)} at version {change.db_version} "
-                        f"of site {change.site_id.hex()} names a row this replica has no entry "
-                        "for and may have deleted and collected, from a peer first seen after "
-                        f"deletions through version {floor} were collected here: it may be a "
-                        "deleted row coming back; rebuild that replica (a new, empty database "
-                        "that syncs before it writes)"
-                    )
+                current, dead = None, True
                 if found is not None:
                     site = site_at.get(found[1])
                     if site is None:
@@ -654,18 +663,41 @@ class Replica:
                             f"a clock entry of {quote(schema.table)} names origin {found[1]}, "
                             "which the origin registry lacks"
                         )
-                    current = (found[0], site, found[2])
+                    current, dead = (found[0], site, found[2]), bool(found[3])
             candidate = (change.db_version, change.site_id, change.seq)
             if current is not None:
                 if candidate == current:
-                    tracked[row_id] = current
+                    tracked[row_id] = (current, dead)
                     continue  # a duplicate
                 if candidate < current:
-                    tracked[row_id] = current
+                    tracked[row_id] = (current, dead)
                     new += 1
                     continue  # loses to the recorded winner
+            if (
+                dead
+                and change.row is not None
+                and change.db_version <= floor
+                and _maybe_collected(
+                    filter_bits := filter_bits or self._load_filter(conn),
+                    schema.table,
+                    change.key,
+                )
+            ):
+                # An upsert that would bring a row back, from a peer first seen after
+                # collections, at a version a collected tombstone may beat. Here the row has
+                # no entry, or only a tombstone older than the upsert: that can only be an
+                # older delete a newcomer sent after the collection (every known peer held
+                # the collected tombstone or something newer), so it proves nothing.
+                raise StalePeerError(
+                    f"a change of {quote(schema.table)} at version {change.db_version} "
+                    f"of site {change.site_id.hex()} names a row this replica has no entry "
+                    "for (or only an older tombstone) and may have deleted and collected, "
+                    "from a peer first seen after deletions through version "
+                    f"{floor} were collected here: it may be a deleted row coming back; "
+                    "rebuild that replica (a new, empty database that syncs before it writes)"
+                )
             new += 1
-            tracked[row_id] = candidate
+            tracked[row_id] = (candidate, change.row is None)
             final[row_id] = (schema, change, key_blob)
             writes.append((schema, change))
         _write_rows(conn, writes)
@@ -691,6 +723,30 @@ class Replica:
             ],
         )
         return new, len(writes)
+
+    def _hybrid_now(self) -> int:
+        """The hybrid-logical-clock version of the time now, which a commit's version is at
+        least (0 for a replica without a clock: a plain Lamport clock)."""
+        return 0 if self._clock is None else hlc_version(self._clock())
+
+    def _check_bound(self, chunk: Sequence[Change], source: bytes | None, peer: str | None) -> None:
+        """Refuse the chunk (``ClockBoundError``) if a change's version is above the most this
+        replica accepts: ``MAX_ACCEPTED_VERSION``, and with a clock the hybrid version of
+        ``max_clock_drift`` seconds past the time now (see ``_clock``)."""
+        if not chunk:
+            return
+        highest = max(chunk, key=lambda c: c.db_version)
+        bound, reason = MAX_ACCEPTED_VERSION, "MAX_ACCEPTED_VERSION, 2**62"
+        if self._clock is not None:
+            ahead = hlc_version(self._clock() + self._max_clock_drift)
+            if ahead < bound:
+                bound = ahead
+                reason = (
+                    f"the hybrid clock's version of local time plus max_clock_drift, "
+                    f"{self._max_clock_drift:g} s"
+                )
+        if highest.db_version > bound:
+            raise ClockBoundError(highest.site_id, highest.db_version, bound, reason, source, peer)
 
     def origins(self) -> tuple[bytes, ...]:
         """Every origin site id this replica knows, in registry (position) order."""
@@ -733,7 +789,9 @@ class Replica:
           first).
 
         A peer site first seen later may hold a row whose tombstone went: its upserts of rows
-        this replica has no entry for, at versions up to what had been collected, of rows a
+        this replica has no entry for (or only a tombstone older than the upsert, which only
+        such a peer's older delete can have left), at versions up to what had been collected,
+        of rows a
         Bloom filter of the collected rows says may be among them, are refused
         (``StalePeerError``), as is a session with a site dropped by ``forget_peer_site``.
 

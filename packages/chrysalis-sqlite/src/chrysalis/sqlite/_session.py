@@ -513,7 +513,11 @@ class ReplicaSession:
     def _on_chunk(self, message: BatchChunk) -> None:
         # the changes' key and row value lists as received: checked without re-encoding
         outcome = self._replica._apply(
-            message.changes, self._decoder.chunk_encodings, self._peer_site, self._gc_floor
+            message.changes,
+            self._decoder.chunk_encodings,
+            self._peer_site,
+            self._gc_floor,
+            str(self._peer),
         )
         self._changes_received += outcome.received
         self._changes_logged += outcome.logged

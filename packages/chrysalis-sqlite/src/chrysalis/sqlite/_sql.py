@@ -176,9 +176,11 @@ SELECT_PENDING: Final = (
 )
 
 BUMP_CLOCK: Final = (
-    "UPDATE __chrysalis_replica_v1 SET db_version = db_version + 1 WHERE singleton = 1"
+    "UPDATE __chrysalis_replica_v1 SET db_version = max(db_version + 1, ?) WHERE singleton = 1"
 )
-"""A commit's first statement: the clock moves to the new local version. Why no
+"""A commit's first statement: the clock moves to the new local version, one past the clock
+or, for a replica given a wall clock, the hybrid version of the time now (the parameter; 0
+without one: see ``_clock``), whichever is greater. Why no
 ``RETURNING``: through ``sqlite3`` it cost about 40 000 instructions per commit (its rows go
 through a temporary table), four times a plain statement; the new version is read by the
 commit's next query (``CLOCK_STATE``, or ``ClockSql.measure_commit``)."""
@@ -265,8 +267,9 @@ class ClockSql:
     as BLOBs) may take to be written (rows above it, and missing rows, are skipped).
     ``capture_upsert_one``: version, origin, seq, key values. ``capture_delete_one``: key
     values, version, origin, seq. ``write``: key values, version, origin, seq, deleted.
-    ``winner``: key values. ``fold``: version, origin position, the JSON array of a
-    pending version's row in ``__chrysalis_versions_v1``: writes each listed key's entry
+    ``winner``: key values (returns the entry's version, origin, seq and deleted flag).
+    ``fold``: version, origin position, the JSON array of a pending version's row in
+    ``__chrysalis_versions_v1``: writes each listed key's entry
     ``(version, origin, position in the array)`` as an upsert, unless an equal or greater
     entry is there (a delete's tombstone is written at commit, see ``Replica._fold``).
     ``measure`` (the
@@ -395,7 +398,7 @@ def clock_sql(
             f"{conflict}"
         ),
         winner=(
-            f"SELECT _version, _origin, _seq FROM {clock} WHERE "
+            f"SELECT _version, _origin, _seq, _deleted FROM {clock} WHERE "
             + " AND ".join(f"{k} = ?" for k in keys)
         ),
         select_json=(

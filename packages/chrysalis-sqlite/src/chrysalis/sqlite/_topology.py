@@ -510,9 +510,10 @@ class ReplicationTopology:
         except Exception as exc:
             self._errors += 1
             _log.warning(
-                "replication session with %s (%s link) ended: %r",
+                "replication session with %s (%s link) ended: %s: %s",
                 context.peer.hex(),
                 context.side.value,
+                type(exc).__name__,
                 exc,
             )
             return False

@@ -29,6 +29,7 @@ fits one outbound batch.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
@@ -408,7 +409,7 @@ class ReplicaTransaction:
         captured = bool(self._keys) or bool(self._fast)
         try:
             if captured:
-                conn.execute(_sql.BUMP_CLOCK)
+                conn.execute(_sql.BUMP_CLOCK, (self._replica._hybrid_now(),))
                 self.version = self._write_clock()
             conn.execute("COMMIT")
         except BaseException:
@@ -987,14 +988,30 @@ def _json_array(values: list[SqlValue], joined: str | None = None) -> str:
     return json.dumps(values, separators=(",", ":"))
 
 
-def _check_clock(version: int, floor: int) -> None:
+def _check_clock(version: int | float, floor: int | float) -> None:
     """Raise ``CorruptMetadataError`` unless the new local ``version`` is above ``floor`` (the
-    fold mark and the newest local version listed)."""
+    fold mark and the newest local version listed). A clock already at ``2**63 - 1`` overflows
+    into a REAL when the commit moves it (SQLite's integers end there): reported as that, with
+    the versions as integers (a database whose clock a peer raised before accepted versions
+    were bounded, see ``_clock``)."""
+    if not isinstance(version, int) or version > _I64_MAX:
+        raise CorruptMetadataError(
+            f"the clock overflowed: the new local version would be {_integer(version)}, past "
+            f"{_I64_MAX}, the greatest integer SQLite stores (a peer raised this replica's "
+            "clock to the top before received versions were bounded: see MAX_ACCEPTED_VERSION)"
+        )
     if version <= floor:
         raise CorruptMetadataError(
-            f"the new local version {version} is not above version {floor}, "
+            f"the new local version {version} is not above version {_integer(floor)}, "
             "already written or pending: the clock is behind its entries"
         )
+
+
+def _integer(value: int | float) -> str:
+    """A version as an integer in a message, even where SQLite returned it as a REAL."""
+    if isinstance(value, float) and math.isfinite(value):
+        return str(int(value))
+    return str(value)
 
 
 def _deletes_size(schema: TableSchema, keys: list[tuple[SqlValue, ...]]) -> int:
