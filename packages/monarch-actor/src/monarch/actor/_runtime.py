@@ -375,6 +375,9 @@ class CellBase:
     addr: ActorAddr
     display: str
     user_name: str
+    #: Set once a stop gave up waiting for this actor (``ProcRuntime._fence``): it is retired,
+    #: and whatever its thread still tries to send is refused.
+    fenced = False
 
     def __init__(self, runtime: ProcRuntime, path: str, display: str, user_name: str) -> None:
         self.runtime = runtime
@@ -800,7 +803,7 @@ class ActorCell(CellBase):
         if not self._construct(spec, init):
             self._die_sync()
             return
-        while True:
+        while not self.fenced:  # fenced: a stop gave up on it; its thread just ends
             item = self.mailbox.get()
             stop: _StopItem | None = None
             if isinstance(item, _CallItem):
@@ -893,7 +896,7 @@ class ActorCell(CellBase):
         if not self._construct(spec, init):
             await self._die_async()
             return
-        while True:
+        while not self.fenced:
             item = await self.mailbox.aget()
             stop: _StopItem | None = None
             if isinstance(item, _CallItem):
@@ -1517,6 +1520,11 @@ class ProcRuntime:
         flags: int = 0,
     ) -> None:
         """Send one envelope from ``sender`` (any thread; FIFO per thread and destination)."""
+        if sender.fenced:
+            raise RuntimeError(
+                f"{sender.display} was stopped (it did not stop within the stop timeout); it "
+                "can no longer send"
+            )
         envelope = Envelope(
             kind,
             sender.addr,
@@ -1638,6 +1646,9 @@ class ProcRuntime:
             item = _CallItem(env, buffers)
         elif kind == MessageKind.STOP:
             item = _StopItem("stopped by its owner", env)
+            self.loop.loop.call_later(
+                float(_config.get("stop_actor_timeout")), self._fence, cell, "stopped by its owner"
+            )
         elif kind == MessageKind.SUPERVISION:
             item = _SuperviseItem(msgspec.msgpack.decode(env.payload, type=FailureEvent))
             _telemetry.record_supervision("supervision_received", item.event, self.label)
@@ -1881,10 +1892,49 @@ class ProcRuntime:
                 _StopItem("actor mesh is stopped due to proc mesh shutdown", None, one_done),
                 force=True,
             )
-        timer.append(self.loop.loop.call_later(float(_config.get("stop_actor_timeout")), finish))
+
+        def give_up() -> None:
+            for cell in cells:
+                self._fence(cell, "actor mesh is stopped due to proc mesh shutdown")
+            finish()
+
+        timer.append(self.loop.loop.call_later(float(_config.get("stop_actor_timeout")), give_up))
+
+    def _fence(self, cell: ActorCell, reason: str) -> None:
+        """A stop waited ``stop_actor_timeout`` for ``cell`` in vain (runtime loop thread): its
+        thread is stuck in user code (an ``__init__`` or endpoint that never returns), and a
+        thread cannot be killed. Retire the actor now, as Monarch kills it: it counts as
+        stopped (no supervision event), the stop is acknowledged, queued and later messages
+        are refused, what it owns is stopped, and anything its thread sends later is refused.
+        If that thread ever returns, it ends without handling another message."""
+        if cell.fenced or self.cells.get(cell.path) is not cell:
+            return  # it stopped (or failed) in time
+        timeout = _config.get("stop_actor_timeout")
+        _log.warning("%s did not stop within %s s; fenced", cell.display, timeout)
+        if cell.state not in (_STOPPED, _FAILED):
+            cell.state = _STOPPED
+            cell.failure = cell._event(
+                ErrorCategory.SYSTEM,
+                f"{reason} (it did not stop within {timeout} s and was fenced)",
+                kind="stopped",
+            )
+            _telemetry.record_supervision("actor_stopped", cell.failure, self.label)
+        owned, cell.owned = cell.owned, []
+        if owned and cell.instance is not None:
+            token = _set_context(Context(cell.instance, cell.spawn_point))
+            try:  # the stops leave as this actor; nobody waits for them here
+                for mesh in owned:
+                    with contextlib.suppress(Exception):
+                        mesh._stop_owned()
+            finally:
+                _reset_context(token)
+        self._retire(cell)
+        cell.fenced = True
 
     def _retire(self, cell: ActorCell) -> None:
         """An actor thread finished: forget it, keep a tombstone, reject what is left."""
+        if cell.fenced:
+            return  # retired already, when a stop gave up on it
         if self.cells.get(cell.path) is cell:
             del self.cells[cell.path]
         event = cell.failure or cell._event(ErrorCategory.SYSTEM, "stopped", kind="stopped")
