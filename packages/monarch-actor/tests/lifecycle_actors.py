@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
-from pathlib import Path
-from typing import Any
 
-from monarch.actor import Actor, MeshFailure, Port, endpoint
+from monarch.actor import Actor, Port, endpoint
 
 _holds: dict[str, threading.Event] = {}
 _holds_lock = threading.Lock()
