@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+from typing import Any
 
 from monarch.actor import Actor, Port, endpoint
 
@@ -35,6 +37,52 @@ class Plain(Actor):
     @endpoint
     def ok(self) -> str:
         return "ok"
+
+    @endpoint
+    def os_pid(self) -> int:
+        return os.getpid()
+
+
+class _WritesOnDelete:
+    """Module-level state whose ``__del__`` leaves a trace (it runs when the interpreter
+    finalizes, as Monarch's ``test_del_runs_on_proc_mesh_stop`` pins)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pid = os.getpid()
+
+    # Late in finalization a module's globals and builtins are gone: keep ``open`` at hand.
+    def __del__(self, _open: Any = open) -> None:
+        with _open(self.path, "a") as f:
+            f.write(f"__del__ {self.pid}\n")
+
+
+_module_state: list[_WritesOnDelete] = []
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+class Finalized(Actor):
+    """Registers, in its process, an ``atexit`` handler and a module-level ``__del__`` that
+    write to ``path`` when the worker's interpreter ends."""
+
+    def __init__(self, path: str) -> None:
+        atexit.register(_write, path, f"atexit {os.getpid()}\n")
+        _module_state.append(_WritesOnDelete(path))
+
+    @endpoint
+    def os_pid(self) -> int:
+        return os.getpid()
+
+
+class HangsAtExit(Actor):
+    """Registers an ``atexit`` handler that never returns: the worker cannot exit by itself."""
+
+    def __init__(self) -> None:
+        atexit.register(threading.Event().wait)
 
     @endpoint
     def os_pid(self) -> int:

@@ -3,6 +3,7 @@ start, stops that end in bounded time, normal worker exits, and supervision that
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,21 +16,27 @@ from typing import Any
 import pytest
 
 from monarch.actor import Channel, ProcMesh, SupervisionError, this_host
+from monarch.actor._host import EXIT_TIMEOUT
 
 HERE = Path(__file__).parent
 T = 20.0
 
 sys.path.insert(0, str(HERE))  # workers import lifecycle_actors by name
-from lifecycle_actors import NeverReady, Plain, hold  # noqa: E402
+from lifecycle_actors import Finalized, HangsAtExit, NeverReady, Plain, hold  # noqa: E402
+from test_procs_mesh import _eventually_gone, _kill  # noqa: E402
 
 
 def _run_client(
-    tmp_path: Path, body: str, timeout: float = 60.0
+    tmp_path: Path, body: str, timeout: float = 60.0, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "client.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n" + textwrap.dedent(body))
     return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -89,3 +96,63 @@ def test_stop_completes_when_init_never_returns_in_a_worker(
         _stuck_init_is_stopped(procs, uuid.uuid4().hex)
     finally:
         procs.stop().get(timeout=T)
+
+
+# -- ProcMesh.stop() lets the worker's interpreter finalize -----------------------------------
+@pytest.fixture(params=["zygote", "exec"])
+def spawn_method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("MONARCH_WORKER_SPAWN_METHOD", request.param)
+    return str(request.param)
+
+
+def test_proc_mesh_stop_runs_the_workers_atexit_handlers_and_module_finalizers(
+    spawn_method: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "exit.log"
+    procs = this_host().spawn_procs({"gpus": 2})
+    pids: list[int] = []
+    try:
+        finalized: Any = procs.spawn("finalized", Finalized, str(log))
+        pids = finalized.os_pid.call().get(timeout=T).values()
+        assert procs.stop().get(timeout=T) is None
+        assert _eventually_gone(pids, T)
+        lines = sorted(log.read_text().splitlines()) if log.exists() else []
+        expected = sorted([f"atexit {pid}" for pid in pids] + [f"__del__ {pid}" for pid in pids])
+        assert lines == expected  # os._exit (or a kill) ran neither
+    finally:
+        _kill(pids)
+
+
+def test_proc_mesh_stop_kills_a_worker_that_does_not_exit_in_time(spawn_method: str) -> None:
+    procs = this_host().spawn_procs({"gpus": 1})
+    pids: list[int] = []
+    try:
+        stuck: Any = procs.spawn("hangs", HangsAtExit)
+        pids = stuck.os_pid.call().get(timeout=T).values()
+        assert procs.stop().get(timeout=T + EXIT_TIMEOUT) is None  # escalated to a kill
+        assert _eventually_gone(pids, T)
+    finally:
+        _kill(pids)
+
+
+def test_module_finalizers_run_for_modules_the_worker_imported_at_start(tmp_path: Path) -> None:
+    """An exec'd worker imports the client's main script, and with it the actor module, before
+    it freezes its start-up objects out of the collector's reach: they are released anyway."""
+    log = tmp_path / "exit.log"
+    done = _run_client(
+        tmp_path,
+        f"""
+        from monarch.actor import this_host
+        from lifecycle_actors import Finalized
+
+        if __name__ == "__main__":
+            procs = this_host().spawn_procs({{"gpus": 1}})
+            mesh = procs.spawn("finalized", Finalized, {str(log)!r})
+            print(mesh.os_pid.call_one().get(timeout=20), flush=True)
+            procs.stop().get(timeout=20)
+        """,
+        env={"MONARCH_WORKER_SPAWN_METHOD": "exec"},
+    )
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[0])
+    assert sorted(log.read_text().splitlines()) == [f"__del__ {pid}", f"atexit {pid}"]
