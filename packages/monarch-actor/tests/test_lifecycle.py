@@ -22,7 +22,15 @@ HERE = Path(__file__).parent
 T = 20.0
 
 sys.path.insert(0, str(HERE))  # workers import lifecycle_actors by name
-from lifecycle_actors import Finalized, HangsAtExit, NeverReady, Plain, hold  # noqa: E402
+from lifecycle_actors import (  # noqa: E402
+    AsyncOwner,
+    Finalized,
+    HangsAtExit,
+    NeverReady,
+    Plain,
+    SyncOwner,
+    hold,
+)
 from test_procs_mesh import _eventually_gone, _kill  # noqa: E402
 
 
@@ -156,3 +164,37 @@ def test_module_finalizers_run_for_modules_the_worker_imported_at_start(tmp_path
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.split()[0])
     assert sorted(log.read_text().splitlines()) == [f"__del__ {pid}", f"atexit {pid}"]
+
+
+# -- an unhandled supervision event fails the owner, and the call it is handling --------------
+@pytest.mark.parametrize("mode", ["false", "raise"])
+@pytest.mark.parametrize("owner_class", [SyncOwner, AsyncOwner], ids=["sync", "async"])
+def test_unhandled_supervision_fails_the_call_in_flight(
+    procs: Callable[..., ProcMesh], faults: Any, owner_class: type, mode: str
+) -> None:
+    owner: Any = procs(gpus=1).spawn("owner", owner_class, mode)
+    owner.spawn_child.call_one().get(timeout=T)
+    reason = "supervise raised on purpose" if mode == "raise" else "child failure"
+    # It returned normally (sync) or never (async, TimeoutError) while the owner lived on.
+    with pytest.raises(SupervisionError, match=r"owner\.fail_child_during_call\(\) failed") as info:
+        owner.fail_child_during_call.call_one().get(timeout=T)
+    assert reason in str(info.value)
+    (failure,) = faults.wait_for(1)  # the owner failed: its owner (the client) is told
+    assert failure.mesh_name == owner._name.get()
+    assert reason in failure.report()
+    with pytest.raises(SupervisionError):
+        owner.spawn_child.call_one().get(timeout=T)
+
+
+def test_unhandled_supervision_fails_the_call_in_flight_in_a_worker(
+    transport_mode: str, faults: Any
+) -> None:
+    procs = this_host().spawn_procs({"gpus": 1})
+    try:
+        owner: Any = procs.spawn("owner", AsyncOwner, "false")
+        owner.spawn_child.call_one().get(timeout=T)
+        with pytest.raises(SupervisionError, match="child failure"):
+            owner.fail_child_during_call.call_one().get(timeout=T)
+        faults.wait_for(1)
+    finally:
+        procs.stop().get(timeout=T)

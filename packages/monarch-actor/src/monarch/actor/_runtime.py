@@ -60,6 +60,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -528,6 +529,11 @@ class _Mailbox:
         self._event: asyncio.Event | None = None
         self._waiting = False
         self._closed = False
+        #: Supervision events queued (so a finished call checks for them without a scan).
+        self.supervision = 0
+        #: Called (under the lock: it only schedules a callback) when a supervision event is
+        #: queued: an async actor starts its ``__supervise__`` at once, even mid-endpoint.
+        self.on_supervision: Callable[[], None] | None = None
 
     def put(self, item: _Item, force: bool = False) -> bool:
         wake = None
@@ -535,6 +541,10 @@ class _Mailbox:
             if self._closed or (len(self._items) >= self._capacity and not force):
                 return False
             self._items.append(item)
+            if type(item) is _SuperviseItem:
+                self.supervision += 1
+                if self.on_supervision is not None:
+                    self.on_supervision()  # only schedules a callback: no lock taken
             if self._wake is None:
                 self._cond.notify()
             elif self._waiting:
@@ -548,7 +558,21 @@ class _Mailbox:
         with self._cond:
             while not self._items:
                 self._cond.wait()
-            return self._items.popleft()
+            item = self._items.popleft()
+            if type(item) is _SuperviseItem:
+                self.supervision -= 1
+            return item
+
+    def take_supervision(self) -> list[_SuperviseItem]:
+        """Remove and return the queued supervision events (in order), ahead of the rest."""
+        with self._lock:
+            taken = [item for item in self._items if isinstance(item, _SuperviseItem)]
+            if taken:
+                self._items = collections.deque(
+                    item for item in self._items if type(item) is not _SuperviseItem
+                )
+            self.supervision = 0
+            return taken
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         event = asyncio.Event()
@@ -566,7 +590,10 @@ class _Mailbox:
         while True:
             with self._lock:
                 if self._items:
-                    return self._items.popleft()
+                    item = self._items.popleft()
+                    if type(item) is _SuperviseItem:
+                        self.supervision -= 1
+                    return item
                 self._waiting = True
                 self._event.clear()
             await self._event.wait()
@@ -575,6 +602,7 @@ class _Mailbox:
         with self._lock:
             self._closed = True
             items, self._items = list(self._items), collections.deque()
+            self.supervision = 0
         return items
 
 
@@ -621,6 +649,11 @@ def _point_of(cast: CastInfo | None) -> Point:
         return _empty_point()
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed: the actor is gone
+        loop.call_soon_threadsafe(callback)
+
+
 def _is_default(cls: type, name: str) -> bool:
     method = getattr(cls, name, None)
     return method is None or bool(getattr(method, "_monarch_default", False))
@@ -650,6 +683,9 @@ class ActorCell(CellBase):
         self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
         self._pending_failure = None
         self._stopping_tasks = False
+        #: The call being handled (an async actor's main task awaits inside its endpoint).
+        self._inflight: Envelope | None = None
+        self._main_task: asyncio.Task[Any] | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"monarch-actor:{path}[{self.rank}]", daemon=True
         )
@@ -709,6 +745,9 @@ class ActorCell(CellBase):
                 self.loop = loop
                 asyncio.set_event_loop(loop)
                 self.mailbox.use_loop(loop)
+                self.mailbox.on_supervision = functools.partial(
+                    _call_soon, loop, self._dispatch_supervision
+                )
                 try:
                     loop.run_until_complete(self._run_async(spec, init))
                 finally:
@@ -842,12 +881,25 @@ class ActorCell(CellBase):
             return
         finally:
             _reset_context(token)
+        if self.mailbox.supervision and self._supervise_before_reply(env):
+            return  # it failed: the loop retires it, and the caller gets the SupervisionError
         if not explicit:
             self._reply_value(env, result)
 
-    def _supervise_sync(self, event: FailureEvent) -> None:
+    def _supervise_before_reply(self, env: Envelope) -> bool:
+        """Supervision events that arrived while a sync call ran are handled before its reply
+        (a sync ``__supervise__`` cannot interleave with it): one left unhandled fails this
+        actor *with the call in flight*, whose caller then gets the ``SupervisionError``, as
+        in Monarch. True if the actor failed."""
+        for queued in self.mailbox.take_supervision():
+            self._supervise_sync(queued.event, env)
+            if self._pending_failure is not None:
+                return True  # the events taken after it die with the actor, as queued ones do
+        return False
+
+    def _supervise_sync(self, event: FailureEvent, env: Envelope | None = None) -> None:
         if self.cls is None or _is_default(self.cls, "__supervise__"):
-            self._record_failure(self._unhandled(event), None)
+            self._record_failure(self._unhandled(event), None, env)
             return
         assert self.instance is not None
         token = _set_context(Context(self.instance, self.spawn_point))
@@ -856,12 +908,12 @@ class ActorCell(CellBase):
             if inspect.iscoroutine(handled):
                 handled = asyncio.run(handled)
         except BaseException as exc:
-            self._record_failure(self._supervise_raised(event, exc), exc)
+            self._record_failure(self._supervise_raised(event, exc), exc, env)
             return
         finally:
             _reset_context(token)
         if not handled:
-            self._record_failure(self._unhandled(event), None)
+            self._record_failure(self._unhandled(event), None, env)
 
     def _die_sync(self) -> None:
         exc = self._begin_failure()
@@ -893,6 +945,7 @@ class ActorCell(CellBase):
 
     # -- async actors -----------------------------------------------------------------------
     async def _run_async(self, spec: SpawnSpec, init: _InitItem) -> None:
+        self._main_task = asyncio.current_task()
         if not self._construct(spec, init):
             await self._die_async()
             return
@@ -924,6 +977,17 @@ class ActorCell(CellBase):
                 await self._stop_async(stop)
                 return
 
+    def _dispatch_supervision(self) -> None:
+        """Supervision events queued while this async actor is busy (its loop): their
+        ``__supervise__`` starts now, interleaving with an endpoint that awaits (Monarch: a
+        safe point is also "while the owner awaits"), instead of after it."""
+        if self.state != _RUNNING or self.fenced or self._pending_failure is not None:
+            return  # the main loop takes them in order, or they die with the actor
+        for item in self.mailbox.take_supervision():
+            task = self._track(self._supervise_async(item.event))
+            self.supervising.add(task)
+            task.add_done_callback(self.supervising.discard)
+
     def _track(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
@@ -951,21 +1015,43 @@ class ActorCell(CellBase):
         env = item.env
         explicit = self._explicit(env)
         token = _set_context(self._message_context(env))
+        self._inflight = env
         try:
             fn, args, kwargs = self._begin(item, explicit)
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
         except Exception as exc:
-            self._raised(env, exc, explicit)
+            if not self._failed_during(env):
+                self._raised(env, exc, explicit)
             return
         except BaseException as exc:
-            self._raised_base(env, exc)
+            if not self._failed_during(env):
+                self._raised_base(env, exc)
+            elif isinstance(exc, asyncio.CancelledError) and self._main_task is not None:
+                self._main_task.uncancel()  # our own cancel (``_fail_now``), consumed here
             return
         finally:
+            self._inflight = None
             _reset_context(token)
-        if not explicit:
+        if not explicit and not self._failed_during(env):
             self._reply_value(env, result)
+
+    def _failed_during(self, env: Envelope) -> bool:
+        """True if this actor failed while handling ``env`` (its caller gets the failure)."""
+        pending = self._pending_failure
+        return pending is not None and pending[2] is env
+
+    def _fail_now(self, event: FailureEvent, exc: BaseException | None) -> None:
+        """An async actor's supervision event was not handled (on its loop): the actor fails at
+        once. A call in flight is cancelled and fails with the ``SupervisionError`` (Monarch:
+        the owner fails, and so does the call it is handling); otherwise the failure queues."""
+        env = self._inflight
+        if env is not None and self._main_task is not None and self._pending_failure is None:
+            self._record_failure(event, exc, env)
+            self._main_task.cancel()
+            return
+        self.mailbox.put(_FailItem(event, exc), force=True)
 
     def _start_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
         token = _set_context(self._message_context(item.env))
@@ -1021,7 +1107,7 @@ class ActorCell(CellBase):
 
     async def _supervise_async(self, event: FailureEvent) -> None:
         if self.cls is None or _is_default(self.cls, "__supervise__"):
-            self.mailbox.put(_FailItem(self._unhandled(event), None), force=True)
+            self._fail_now(self._unhandled(event), None)
             return
         assert self.instance is not None
         token = _set_context(Context(self.instance, self.spawn_point))
@@ -1034,12 +1120,12 @@ class ActorCell(CellBase):
                 return  # a pending __supervise__ cancelled by stop does not propagate
             raise
         except BaseException as exc:
-            self.mailbox.put(_FailItem(self._supervise_raised(event, exc), exc), force=True)
+            self._fail_now(self._supervise_raised(event, exc), exc)
             return
         finally:
             _reset_context(token)
         if not handled:
-            self.mailbox.put(_FailItem(self._unhandled(event), None), force=True)
+            self._fail_now(self._unhandled(event), None)
 
     async def _cancel_tasks(self) -> None:
         self._stopping_tasks = True
