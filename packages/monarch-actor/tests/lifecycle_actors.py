@@ -153,3 +153,34 @@ class AsyncOwner(Actor):
         if self.mode == "raise":
             raise RuntimeError("supervise raised on purpose")
         return False
+
+
+class WatchfulOwner(Actor):
+    """An async owner whose endpoint broadcasts to its child and awaits its own
+    ``__supervise__``: the failure must reach it while that endpoint is in flight."""
+
+    def __init__(self) -> None:
+        self.child: Any = None
+        self.failures: list[str] = []
+        self.supervised: asyncio.Event | None = None
+
+    @endpoint
+    async def spawn_child(self) -> Any:
+        procs = context().actor_instance.proc_mesh
+        assert procs is not None
+        self.child = procs.spawn("child", Child)
+        await self.child.initialized
+        return self.child
+
+    @endpoint
+    async def fail_child_and_wait(self) -> list[str]:
+        self.supervised = asyncio.Event()
+        self.child.boom.broadcast()  # fire and forget: nobody awaits the failure
+        await self.supervised.wait()
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append(str(failure))
+        if self.supervised is not None:
+            self.supervised.set()
+        return True

@@ -29,6 +29,7 @@ from lifecycle_actors import (  # noqa: E402
     NeverReady,
     Plain,
     SyncOwner,
+    WatchfulOwner,
     hold,
 )
 from test_procs_mesh import _eventually_gone, _kill  # noqa: E402
@@ -198,3 +199,18 @@ def test_unhandled_supervision_fails_the_call_in_flight_in_a_worker(
         faults.wait_for(1)
     finally:
         procs.stop().get(timeout=T)
+
+
+# -- a failure from a fire-and-forget broadcast reaches the owner's __supervise__ -------------
+def test_a_broadcast_failure_reaches_supervise_while_the_owner_awaits(
+    procs: Callable[..., ProcMesh], faults: Any
+) -> None:
+    owner: Any = procs(gpus=1).spawn("owner", WatchfulOwner)
+    child = owner.spawn_child.call_one().get(timeout=T)
+    # The owner's endpoint awaits its own __supervise__: it never ran while the endpoint was
+    # in flight (TimeoutError), only once the owner went back to its mailbox.
+    (failure,) = owner.fail_child_and_wait.call_one().get(timeout=T)
+    assert "MeshFailure" in failure
+    assert child._name.get() in failure  # the event is about the mesh the owner owns
+    assert "child failure" in failure
+    assert faults.settled() == []  # handled: nothing reaches the client
