@@ -35,6 +35,15 @@ class NeverReady(Actor):
         return "ok"
 
 
+class Blocker(Actor):
+    @endpoint
+    def block(self, started: Port[int], key: str) -> str:
+        """Does not return (until ``hold(key)`` is set in this process)."""
+        started.send(os.getpid())
+        hold(key).wait(120.0)
+        return "returned"
+
+
 class Plain(Actor):
     @endpoint
     def ok(self) -> str:

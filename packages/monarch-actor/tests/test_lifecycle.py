@@ -24,6 +24,7 @@ T = 20.0
 sys.path.insert(0, str(HERE))  # workers import lifecycle_actors by name
 from lifecycle_actors import (  # noqa: E402
     AsyncOwner,
+    Blocker,
     Finalized,
     HangsAtExit,
     NeverReady,
@@ -76,6 +77,7 @@ def _stuck_init_is_stopped(procs: ProcMesh, key: str) -> None:
     started_at = time.monotonic()
     assert stuck.stop().get(timeout=T) is None  # it never completed
     assert time.monotonic() - started_at < 10.0  # bounded by stop_actor_timeout (1 s here)
+    assert stuck.initialized.get(timeout=T) is None  # resolves, as after a failing __init__
     with pytest.raises(SupervisionError, match="stopped"):
         stuck.ok.call_one().get(timeout=T)
     assert sibling.ok.call_one().get(timeout=T) == "ok"  # the process lives on
@@ -105,6 +107,22 @@ def test_stop_completes_when_init_never_returns_in_a_worker(
         _stuck_init_is_stopped(procs, uuid.uuid4().hex)
     finally:
         procs.stop().get(timeout=T)
+
+
+def test_stop_completes_when_an_endpoint_never_returns_and_fails_that_call(
+    quick_stop: None, procs: Callable[..., ProcMesh]
+) -> None:
+    key = uuid.uuid4().hex
+    try:
+        blocker: Any = procs(gpus=1).spawn("blocker", Blocker)
+        started, running = Channel[int].open(once=True)
+        pending = blocker.block.call_one(started, key)
+        running.recv().get(timeout=T)  # the call is running (and will not return)
+        assert blocker.stop().get(timeout=T) is None
+        with pytest.raises(SupervisionError, match=r"blocker\.block\(\) failed, .*stopped"):
+            pending.get(timeout=T)  # its caller is not left waiting
+    finally:
+        hold(key).set()
 
 
 # -- ProcMesh.stop() lets the worker's interpreter finalize -----------------------------------

@@ -666,6 +666,7 @@ class ActorCell(CellBase):
         path = env.target.path
         super().__init__(runtime, path, f"<{path}>", path)
         self.owner = env.sender
+        self.spawn_env = env
         self.spawn_point = _point_of(env.cast)
         self.rank = env.cast.rank if env.cast is not None else 0
         self.mailbox = _Mailbox(int(_config.get("actor_mailbox_capacity")))
@@ -857,6 +858,8 @@ class ActorCell(CellBase):
                 self._record_failure(item.event, item.exc, item.env)
             elif isinstance(item, _FlushItem):
                 item.done()
+            if self._gave_up():
+                return  # a stop gave up on it while it ran: it is retired already
             if self._pending_failure is not None:
                 self._die_sync()
                 return
@@ -864,10 +867,15 @@ class ActorCell(CellBase):
                 self._stop_sync(stop)
                 return
 
+    def _gave_up(self) -> bool:
+        """True once a stop fenced this actor (set by the runtime loop thread at any time)."""
+        return self.fenced
+
     def _call_sync(self, item: _CallItem) -> None:
         env = item.env
         explicit = self._explicit(env)
         token = _set_context(self._message_context(env))
+        self._inflight = env
         try:
             fn, args, kwargs = self._begin(item, explicit)
             result = fn(*args, **kwargs)
@@ -880,6 +888,7 @@ class ActorCell(CellBase):
             self._raised_base(env, exc)
             return
         finally:
+            self._inflight = None
             _reset_context(token)
         if self.mailbox.supervision and self._supervise_before_reply(env):
             return  # it failed: the loop retires it, and the caller gets the SupervisionError
@@ -970,6 +979,8 @@ class ActorCell(CellBase):
                 self._record_failure(item.event, item.exc, item.env)
             elif isinstance(item, _FlushItem):
                 self._flush_async(item)
+            if self._gave_up():
+                return
             if self._pending_failure is not None:
                 await self._die_async()
                 return
@@ -1346,6 +1357,8 @@ class ActorCell(CellBase):
 
     def _post_reply(self, env: Envelope, payload: _codec.Payload) -> None:
         assert env.reply_port is not None
+        if self.fenced:
+            return  # its caller was answered when the actor was fenced
         try:
             self.runtime.post(
                 self,
@@ -1365,7 +1378,7 @@ class ActorCell(CellBase):
             )
 
     def _reply_error(self, env: Envelope, exc: BaseException) -> None:
-        if env.reply_port is not None:
+        if env.reply_port is not None and not self.fenced:
             self.runtime.reply_error(self, env.reply_port, env.cast, exc)
 
 
@@ -1997,7 +2010,8 @@ class ProcRuntime:
             return  # it stopped (or failed) in time
         timeout = _config.get("stop_actor_timeout")
         _log.warning("%s did not stop within %s s; fenced", cell.display, timeout)
-        if cell.state not in (_STOPPED, _FAILED):
+        starting, inflight = cell.state == _STARTING, cell._inflight
+        if cell.state not in (_STOPPED, _FAILED) or cell.failure is None:
             cell.state = _STOPPED
             cell.failure = cell._event(
                 ErrorCategory.SYSTEM,
@@ -2005,6 +2019,21 @@ class ProcRuntime:
                 kind="stopped",
             )
             _telemetry.record_supervision("actor_stopped", cell.failure, self.label)
+        spawn = cell.spawn_env
+        if starting and spawn.reply_port is not None:  # ``initialized`` resolves (as Monarch's)
+            self.post(
+                self.agent,
+                MessageKind.PORT_VALUE,
+                spawn.reply_port.actor,
+                port=spawn.reply_port.index,
+                cast=spawn.cast,
+                payload=_NONE_PAYLOAD,
+            )
+        if inflight is not None and inflight.reply_port is not None:  # the call it is stuck in
+            error = SupervisionError(
+                event=cell.failure, endpoint=f"{cell.user_name}.{inflight.endpoint}"
+            )
+            self.reply_error(self.agent, inflight.reply_port, inflight.cast, error)
         owned, cell.owned = cell.owned, []
         if owned and cell.instance is not None:
             token = _set_context(Context(cell.instance, cell.spawn_point))
