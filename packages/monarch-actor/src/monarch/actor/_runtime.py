@@ -36,11 +36,17 @@ Three result paths (spec section 8):
 A retired actor leaves a *tombstone* (bounded, oldest dropped) so later messages to it fail fast
 with the original failure, which is how slices containing a failed rank keep failing.
 
-Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages (a task on async
-actors); truthy means handled, falsy or missing means the owner fails in turn with the child's
-event as ``cause``; at the root, ``monarch.actor.unhandled_fault_hook`` (looked up at call time)
-runs on a dedicated thread, and if it raises the report goes to stderr and the main thread gets
-``KeyboardInterrupt``.
+Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages on sync actors
+(events that arrived during a call are handled before its reply), and as a task as soon as the
+event arrives on async actors (even while an endpoint awaits); truthy means handled, falsy,
+raising or missing means the owner fails in turn with the child's event as ``cause``, and so
+does the call it is handling (an async one is cancelled); at the root,
+``monarch.actor.unhandled_fault_hook`` (looked up at call time) runs on a dedicated thread, and
+if it raises the report goes to stderr and the main thread gets ``KeyboardInterrupt``.
+
+Stops are bounded: an actor that has not stopped ``stop_actor_timeout`` after a stop reached it
+(stuck in user code) is *fenced* (``ProcRuntime._fence``): retired as stopped, the call it is
+stuck in answered, and whatever its thread sends afterwards refused.
 
 Settling (``_client_api.flush_supervision``, test support): a process's agent answers a flush
 request once every actor took a marker queued behind its pending supervision events; each
