@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import threading
 from typing import Any
 
-from monarch.actor import Actor, MeshFailure, Port, SupervisionError, context, endpoint
+from monarch.actor import Actor, MeshFailure, Port, context, endpoint
 
 _holds: dict[str, threading.Event] = {}
 _holds_lock = threading.Lock()
@@ -110,36 +109,9 @@ class Child(Actor):
         return "ok"
 
 
-class SyncOwner(Actor):
+class AsyncOwner(Actor):
     """Owns a ``Child`` mesh; its ``__supervise__`` returns False or raises (``mode``)."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.child: Any = None
-
-    @endpoint
-    def spawn_child(self) -> None:
-        procs = context().actor_instance.proc_mesh
-        assert procs is not None
-        self.child = procs.spawn("child", Child)
-        self.child.initialized.get(timeout=20)
-
-    @endpoint
-    def fail_child_during_call(self) -> str:
-        """The child dies (``broadcast``: nobody awaits it) while this call is in flight: its
-        death notice reaches this actor before the call that follows it is refused."""
-        self.child.boom.broadcast()
-        with contextlib.suppress(SupervisionError):
-            self.child.ok.call_one().get(timeout=20)
-        return "returned normally"
-
-    def __supervise__(self, failure: MeshFailure) -> bool:
-        if self.mode == "raise":
-            raise RuntimeError("supervise raised on purpose")
-        return False
-
-
-class AsyncOwner(Actor):
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.child: Any = None

@@ -36,13 +36,13 @@ Three result paths (spec section 8):
 A retired actor leaves a *tombstone* (bounded, oldest dropped) so later messages to it fail fast
 with the original failure, which is how slices containing a failed rank keep failing.
 
-Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages on sync actors
-(events that arrived during a call are handled before its reply), and as a task as soon as the
-event arrives on async actors (even while an endpoint awaits); truthy means handled, falsy,
-raising or missing means the owner fails in turn with the child's event as ``cause``, and so
-does the call it is handling (an async one is cancelled); at the root,
-``monarch.actor.unhandled_fault_hook`` (looked up at call time) runs on a dedicated thread, and
-if it raises the report goes to stderr and the main thread gets ``KeyboardInterrupt``.
+Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages on sync actors,
+and as a task as soon as the event arrives on async actors (even while an endpoint awaits);
+truthy means handled, falsy, raising or missing means the owner fails in turn with the child's
+event as ``cause``, and so does the call an async owner is awaiting in (it is cancelled); at
+the root, ``monarch.actor.unhandled_fault_hook`` (looked up at call time) runs on a dedicated
+thread, and if it raises the report goes to stderr and the main thread gets
+``KeyboardInterrupt``.
 
 Stops are bounded: an actor that has not stopped ``stop_actor_timeout`` after a stop reached it
 (stuck in user code) is *fenced* (``ProcRuntime._fence``): retired as stopped, the call it is
@@ -535,8 +535,6 @@ class _Mailbox:
         self._event: asyncio.Event | None = None
         self._waiting = False
         self._closed = False
-        #: Supervision events queued (so a finished call checks for them without a scan).
-        self.supervision = 0
         #: Called (under the lock: it only schedules a callback) when a supervision event is
         #: queued: an async actor starts its ``__supervise__`` at once, even mid-endpoint.
         self.on_supervision: Callable[[], None] | None = None
@@ -547,10 +545,8 @@ class _Mailbox:
             if self._closed or (len(self._items) >= self._capacity and not force):
                 return False
             self._items.append(item)
-            if type(item) is _SuperviseItem:
-                self.supervision += 1
-                if self.on_supervision is not None:
-                    self.on_supervision()  # only schedules a callback: no lock taken
+            if self.on_supervision is not None and type(item) is _SuperviseItem:
+                self.on_supervision()  # only schedules a callback: no lock taken
             if self._wake is None:
                 self._cond.notify()
             elif self._waiting:
@@ -564,10 +560,7 @@ class _Mailbox:
         with self._cond:
             while not self._items:
                 self._cond.wait()
-            item = self._items.popleft()
-            if type(item) is _SuperviseItem:
-                self.supervision -= 1
-            return item
+            return self._items.popleft()
 
     def take_supervision(self) -> list[_SuperviseItem]:
         """Remove and return the queued supervision events (in order), ahead of the rest."""
@@ -577,7 +570,6 @@ class _Mailbox:
                 self._items = collections.deque(
                     item for item in self._items if type(item) is not _SuperviseItem
                 )
-            self.supervision = 0
             return taken
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -596,10 +588,7 @@ class _Mailbox:
         while True:
             with self._lock:
                 if self._items:
-                    item = self._items.popleft()
-                    if type(item) is _SuperviseItem:
-                        self.supervision -= 1
-                    return item
+                    return self._items.popleft()
                 self._waiting = True
                 self._event.clear()
             await self._event.wait()
@@ -608,7 +597,6 @@ class _Mailbox:
         with self._lock:
             self._closed = True
             items, self._items = list(self._items), collections.deque()
-            self.supervision = 0
         return items
 
 
@@ -690,7 +678,7 @@ class ActorCell(CellBase):
         self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
         self._pending_failure = None
         self._stopping_tasks = False
-        #: The call being handled (an async actor's main task awaits inside its endpoint).
+        #: The call being handled (a fence answers it; an async owner's failure cancels it).
         self._inflight: Envelope | None = None
         self._main_task: asyncio.Task[Any] | None = None
         self._thread = threading.Thread(
@@ -896,25 +884,12 @@ class ActorCell(CellBase):
         finally:
             self._inflight = None
             _reset_context(token)
-        if self.mailbox.supervision and self._supervise_before_reply(env):
-            return  # it failed: the loop retires it, and the caller gets the SupervisionError
         if not explicit:
             self._reply_value(env, result)
 
-    def _supervise_before_reply(self, env: Envelope) -> bool:
-        """Supervision events that arrived while a sync call ran are handled before its reply
-        (a sync ``__supervise__`` cannot interleave with it): one left unhandled fails this
-        actor *with the call in flight*, whose caller then gets the ``SupervisionError``, as
-        in Monarch. True if the actor failed."""
-        for queued in self.mailbox.take_supervision():
-            self._supervise_sync(queued.event, env)
-            if self._pending_failure is not None:
-                return True  # the events taken after it die with the actor, as queued ones do
-        return False
-
-    def _supervise_sync(self, event: FailureEvent, env: Envelope | None = None) -> None:
+    def _supervise_sync(self, event: FailureEvent) -> None:
         if self.cls is None or _is_default(self.cls, "__supervise__"):
-            self._record_failure(self._unhandled(event), None, env)
+            self._record_failure(self._unhandled(event), None)
             return
         assert self.instance is not None
         token = _set_context(Context(self.instance, self.spawn_point))
@@ -923,12 +898,12 @@ class ActorCell(CellBase):
             if inspect.iscoroutine(handled):
                 handled = asyncio.run(handled)
         except BaseException as exc:
-            self._record_failure(self._supervise_raised(event, exc), exc, env)
+            self._record_failure(self._supervise_raised(event, exc), exc)
             return
         finally:
             _reset_context(token)
         if not handled:
-            self._record_failure(self._unhandled(event), None, env)
+            self._record_failure(self._unhandled(event), None)
 
     def _die_sync(self) -> None:
         exc = self._begin_failure()
