@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -247,6 +249,31 @@ def test_a_completion_receiver_collected_in_a_cycle_releases_posted_budgets() ->
     del item, cycle, channels  # the completion receiver now lives only in a garbage cycle
     gc.collect()
     _eventually(lambda: posted.used == 0 and credits.in_use == 0)
+
+
+# The receiver is created by the last atexit handler to run, so ``weakref.finalize``'s own exit
+# hook (registered with the first finalizer, during atexit) never disarms it; the garbage cycle
+# is collected once the interpreter is finalizing, when no new thread can ever run.
+_DROPPED_AT_FINALIZATION = """
+import atexit
+
+def late():
+    from chrysalis.core.completion import completion_queue
+    cycle = [completion_queue(4)]
+    cycle.append(cycle)
+
+atexit.register(late)
+"""
+
+
+def test_a_receiver_dropped_during_interpreter_finalization_does_not_hang_the_exit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _DROPPED_AT_FINALIZATION],
+        capture_output=True,
+        text=True,
+        timeout=30,  # it hung forever: a finalizer waited for a thread that never started
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_empty_queue_raises_queue_empty_until_closed() -> None:

@@ -36,11 +36,17 @@ Three result paths (spec section 8):
 A retired actor leaves a *tombstone* (bounded, oldest dropped) so later messages to it fail fast
 with the original failure, which is how slices containing a failed rank keep failing.
 
-Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages (a task on async
-actors); truthy means handled, falsy or missing means the owner fails in turn with the child's
-event as ``cause``; at the root, ``monarch.actor.unhandled_fault_hook`` (looked up at call time)
-runs on a dedicated thread, and if it raises the report goes to stderr and the main thread gets
+Supervision at the owner: ``__supervise__(MeshFailure)`` runs between messages on sync actors,
+and as a task as soon as the event arrives on async actors (even while an endpoint awaits);
+truthy means handled, falsy, raising or missing means the owner fails in turn with the child's
+event as ``cause``, and so does the call an async owner is awaiting in (it is cancelled); at
+the root, ``monarch.actor.unhandled_fault_hook`` (looked up at call time) runs on a dedicated
+thread, and if it raises the report goes to stderr and the main thread gets
 ``KeyboardInterrupt``.
+
+Stops are bounded: an actor that has not stopped ``stop_actor_timeout`` after a stop reached it
+(stuck in user code) is *fenced* (``ProcRuntime._fence``): retired as stopped, the call it is
+stuck in answered, and whatever its thread sends afterwards refused.
 
 Settling (``_client_api.flush_supervision``, test support): a process's agent answers a flush
 request once every actor took a marker queued behind its pending supervision events; each
@@ -60,6 +66,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -375,6 +382,9 @@ class CellBase:
     addr: ActorAddr
     display: str
     user_name: str
+    #: Set once a stop gave up waiting for this actor (``ProcRuntime._fence``): it is retired,
+    #: and whatever its thread still tries to send is refused.
+    fenced = False
 
     def __init__(self, runtime: ProcRuntime, path: str, display: str, user_name: str) -> None:
         self.runtime = runtime
@@ -525,6 +535,9 @@ class _Mailbox:
         self._event: asyncio.Event | None = None
         self._waiting = False
         self._closed = False
+        #: Called (under the lock: it only schedules a callback) when a supervision event is
+        #: queued: an async actor starts its ``__supervise__`` at once, even mid-endpoint.
+        self.on_supervision: Callable[[], None] | None = None
 
     def put(self, item: _Item, force: bool = False) -> bool:
         wake = None
@@ -532,6 +545,8 @@ class _Mailbox:
             if self._closed or (len(self._items) >= self._capacity and not force):
                 return False
             self._items.append(item)
+            if self.on_supervision is not None and type(item) is _SuperviseItem:
+                self.on_supervision()  # only schedules a callback: no lock taken
             if self._wake is None:
                 self._cond.notify()
             elif self._waiting:
@@ -546,6 +561,16 @@ class _Mailbox:
             while not self._items:
                 self._cond.wait()
             return self._items.popleft()
+
+    def take_supervision(self) -> list[_SuperviseItem]:
+        """Remove and return the queued supervision events (in order), ahead of the rest."""
+        with self._lock:
+            taken = [item for item in self._items if isinstance(item, _SuperviseItem)]
+            if taken:
+                self._items = collections.deque(
+                    item for item in self._items if type(item) is not _SuperviseItem
+                )
+            return taken
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         event = asyncio.Event()
@@ -618,6 +643,11 @@ def _point_of(cast: CastInfo | None) -> Point:
         return _empty_point()
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed: the actor is gone
+        loop.call_soon_threadsafe(callback)
+
+
 def _is_default(cls: type, name: str) -> bool:
     method = getattr(cls, name, None)
     return method is None or bool(getattr(method, "_monarch_default", False))
@@ -630,6 +660,7 @@ class ActorCell(CellBase):
         path = env.target.path
         super().__init__(runtime, path, f"<{path}>", path)
         self.owner = env.sender
+        self.spawn_env = env
         self.spawn_point = _point_of(env.cast)
         self.rank = env.cast.rank if env.cast is not None else 0
         self.mailbox = _Mailbox(int(_config.get("actor_mailbox_capacity")))
@@ -647,6 +678,9 @@ class ActorCell(CellBase):
         self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
         self._pending_failure = None
         self._stopping_tasks = False
+        #: The call being handled (a fence answers it; an async owner's failure cancels it).
+        self._inflight: Envelope | None = None
+        self._main_task: asyncio.Task[Any] | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"monarch-actor:{path}[{self.rank}]", daemon=True
         )
@@ -706,6 +740,9 @@ class ActorCell(CellBase):
                 self.loop = loop
                 asyncio.set_event_loop(loop)
                 self.mailbox.use_loop(loop)
+                self.mailbox.on_supervision = functools.partial(
+                    _call_soon, loop, self._dispatch_supervision
+                )
                 try:
                     loop.run_until_complete(self._run_async(spec, init))
                 finally:
@@ -800,7 +837,7 @@ class ActorCell(CellBase):
         if not self._construct(spec, init):
             self._die_sync()
             return
-        while True:
+        while not self.fenced:  # fenced: a stop gave up on it; its thread just ends
             item = self.mailbox.get()
             stop: _StopItem | None = None
             if isinstance(item, _CallItem):
@@ -815,6 +852,8 @@ class ActorCell(CellBase):
                 self._record_failure(item.event, item.exc, item.env)
             elif isinstance(item, _FlushItem):
                 item.done()
+            if self._gave_up():
+                return  # a stop gave up on it while it ran: it is retired already
             if self._pending_failure is not None:
                 self._die_sync()
                 return
@@ -822,10 +861,15 @@ class ActorCell(CellBase):
                 self._stop_sync(stop)
                 return
 
+    def _gave_up(self) -> bool:
+        """True once a stop fenced this actor (set by the runtime loop thread at any time)."""
+        return self.fenced
+
     def _call_sync(self, item: _CallItem) -> None:
         env = item.env
         explicit = self._explicit(env)
         token = _set_context(self._message_context(env))
+        self._inflight = env
         try:
             fn, args, kwargs = self._begin(item, explicit)
             result = fn(*args, **kwargs)
@@ -838,6 +882,7 @@ class ActorCell(CellBase):
             self._raised_base(env, exc)
             return
         finally:
+            self._inflight = None
             _reset_context(token)
         if not explicit:
             self._reply_value(env, result)
@@ -890,10 +935,11 @@ class ActorCell(CellBase):
 
     # -- async actors -----------------------------------------------------------------------
     async def _run_async(self, spec: SpawnSpec, init: _InitItem) -> None:
+        self._main_task = asyncio.current_task()
         if not self._construct(spec, init):
             await self._die_async()
             return
-        while True:
+        while not self.fenced:
             item = await self.mailbox.aget()
             stop: _StopItem | None = None
             if isinstance(item, _CallItem):
@@ -914,12 +960,25 @@ class ActorCell(CellBase):
                 self._record_failure(item.event, item.exc, item.env)
             elif isinstance(item, _FlushItem):
                 self._flush_async(item)
+            if self._gave_up():
+                return
             if self._pending_failure is not None:
                 await self._die_async()
                 return
             if stop is not None:
                 await self._stop_async(stop)
                 return
+
+    def _dispatch_supervision(self) -> None:
+        """Supervision events queued while this async actor is busy (its loop): their
+        ``__supervise__`` starts now, interleaving with an endpoint that awaits (Monarch: a
+        safe point is also "while the owner awaits"), instead of after it."""
+        if self.state != _RUNNING or self.fenced or self._pending_failure is not None:
+            return  # the main loop takes them in order, or they die with the actor
+        for item in self.mailbox.take_supervision():
+            task = self._track(self._supervise_async(item.event))
+            self.supervising.add(task)
+            task.add_done_callback(self.supervising.discard)
 
     def _track(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -948,21 +1007,43 @@ class ActorCell(CellBase):
         env = item.env
         explicit = self._explicit(env)
         token = _set_context(self._message_context(env))
+        self._inflight = env
         try:
             fn, args, kwargs = self._begin(item, explicit)
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
         except Exception as exc:
-            self._raised(env, exc, explicit)
+            if not self._failed_during(env):
+                self._raised(env, exc, explicit)
             return
         except BaseException as exc:
-            self._raised_base(env, exc)
+            if not self._failed_during(env):
+                self._raised_base(env, exc)
+            elif isinstance(exc, asyncio.CancelledError) and self._main_task is not None:
+                self._main_task.uncancel()  # our own cancel (``_fail_now``), consumed here
             return
         finally:
+            self._inflight = None
             _reset_context(token)
-        if not explicit:
+        if not explicit and not self._failed_during(env):
             self._reply_value(env, result)
+
+    def _failed_during(self, env: Envelope) -> bool:
+        """True if this actor failed while handling ``env`` (its caller gets the failure)."""
+        pending = self._pending_failure
+        return pending is not None and pending[2] is env
+
+    def _fail_now(self, event: FailureEvent, exc: BaseException | None) -> None:
+        """An async actor's supervision event was not handled (on its loop): the actor fails at
+        once. A call in flight is cancelled and fails with the ``SupervisionError`` (Monarch:
+        the owner fails, and so does the call it is handling); otherwise the failure queues."""
+        env = self._inflight
+        if env is not None and self._main_task is not None and self._pending_failure is None:
+            self._record_failure(event, exc, env)
+            self._main_task.cancel()
+            return
+        self.mailbox.put(_FailItem(event, exc), force=True)
 
     def _start_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
         token = _set_context(self._message_context(item.env))
@@ -1018,7 +1099,7 @@ class ActorCell(CellBase):
 
     async def _supervise_async(self, event: FailureEvent) -> None:
         if self.cls is None or _is_default(self.cls, "__supervise__"):
-            self.mailbox.put(_FailItem(self._unhandled(event), None), force=True)
+            self._fail_now(self._unhandled(event), None)
             return
         assert self.instance is not None
         token = _set_context(Context(self.instance, self.spawn_point))
@@ -1031,12 +1112,12 @@ class ActorCell(CellBase):
                 return  # a pending __supervise__ cancelled by stop does not propagate
             raise
         except BaseException as exc:
-            self.mailbox.put(_FailItem(self._supervise_raised(event, exc), exc), force=True)
+            self._fail_now(self._supervise_raised(event, exc), exc)
             return
         finally:
             _reset_context(token)
         if not handled:
-            self.mailbox.put(_FailItem(self._unhandled(event), None), force=True)
+            self._fail_now(self._unhandled(event), None)
 
     async def _cancel_tasks(self) -> None:
         self._stopping_tasks = True
@@ -1257,6 +1338,8 @@ class ActorCell(CellBase):
 
     def _post_reply(self, env: Envelope, payload: _codec.Payload) -> None:
         assert env.reply_port is not None
+        if self.fenced:
+            return  # its caller was answered when the actor was fenced
         try:
             self.runtime.post(
                 self,
@@ -1276,7 +1359,7 @@ class ActorCell(CellBase):
             )
 
     def _reply_error(self, env: Envelope, exc: BaseException) -> None:
-        if env.reply_port is not None:
+        if env.reply_port is not None and not self.fenced:
             self.runtime.reply_error(self, env.reply_port, env.cast, exc)
 
 
@@ -1517,6 +1600,11 @@ class ProcRuntime:
         flags: int = 0,
     ) -> None:
         """Send one envelope from ``sender`` (any thread; FIFO per thread and destination)."""
+        if sender.fenced:
+            raise RuntimeError(
+                f"{sender.display} was stopped (it did not stop within the stop timeout); it "
+                "can no longer send"
+            )
         envelope = Envelope(
             kind,
             sender.addr,
@@ -1638,6 +1726,9 @@ class ProcRuntime:
             item = _CallItem(env, buffers)
         elif kind == MessageKind.STOP:
             item = _StopItem("stopped by its owner", env)
+            self.loop.loop.call_later(
+                float(_config.get("stop_actor_timeout")), self._fence, cell, "stopped by its owner"
+            )
         elif kind == MessageKind.SUPERVISION:
             item = _SuperviseItem(msgspec.msgpack.decode(env.payload, type=FailureEvent))
             _telemetry.record_supervision("supervision_received", item.event, self.label)
@@ -1881,10 +1972,65 @@ class ProcRuntime:
                 _StopItem("actor mesh is stopped due to proc mesh shutdown", None, one_done),
                 force=True,
             )
-        timer.append(self.loop.loop.call_later(float(_config.get("stop_actor_timeout")), finish))
+
+        def give_up() -> None:
+            for cell in cells:
+                self._fence(cell, "actor mesh is stopped due to proc mesh shutdown")
+            finish()
+
+        timer.append(self.loop.loop.call_later(float(_config.get("stop_actor_timeout")), give_up))
+
+    def _fence(self, cell: ActorCell, reason: str) -> None:
+        """A stop waited ``stop_actor_timeout`` for ``cell`` in vain (runtime loop thread): its
+        thread is stuck in user code (an ``__init__`` or endpoint that never returns), and a
+        thread cannot be killed. Retire the actor now, as Monarch kills it: it counts as
+        stopped (no supervision event), the stop is acknowledged, queued and later messages
+        are refused, what it owns is stopped, and anything its thread sends later is refused.
+        If that thread ever returns, it ends without handling another message."""
+        if cell.fenced or self.cells.get(cell.path) is not cell:
+            return  # it stopped (or failed) in time
+        timeout = _config.get("stop_actor_timeout")
+        _log.warning("%s did not stop within %s s; fenced", cell.display, timeout)
+        starting, inflight = cell.state == _STARTING, cell._inflight
+        if cell.state not in (_STOPPED, _FAILED) or cell.failure is None:
+            cell.state = _STOPPED
+            cell.failure = cell._event(
+                ErrorCategory.SYSTEM,
+                f"{reason} (it did not stop within {timeout} s and was fenced)",
+                kind="stopped",
+            )
+            _telemetry.record_supervision("actor_stopped", cell.failure, self.label)
+        spawn = cell.spawn_env
+        if starting and spawn.reply_port is not None:  # ``initialized`` resolves (as Monarch's)
+            self.post(
+                self.agent,
+                MessageKind.PORT_VALUE,
+                spawn.reply_port.actor,
+                port=spawn.reply_port.index,
+                cast=spawn.cast,
+                payload=_NONE_PAYLOAD,
+            )
+        if inflight is not None and inflight.reply_port is not None:  # the call it is stuck in
+            error = SupervisionError(
+                event=cell.failure, endpoint=f"{cell.user_name}.{inflight.endpoint}"
+            )
+            self.reply_error(self.agent, inflight.reply_port, inflight.cast, error)
+        owned, cell.owned = cell.owned, []
+        if owned and cell.instance is not None:
+            token = _set_context(Context(cell.instance, cell.spawn_point))
+            try:  # the stops leave as this actor; nobody waits for them here
+                for mesh in owned:
+                    with contextlib.suppress(Exception):
+                        mesh._stop_owned()
+            finally:
+                _reset_context(token)
+        self._retire(cell)
+        cell.fenced = True
 
     def _retire(self, cell: ActorCell) -> None:
         """An actor thread finished: forget it, keep a tombstone, reject what is left."""
+        if cell.fenced:
+            return  # retired already, when a stop gave up on it
         if self.cells.get(cell.path) is cell:
             del self.cells[cell.path]
         event = cell.failure or cell._event(ErrorCategory.SYSTEM, "stopped", kind="stopped")

@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import gc
 import json
 import logging
 import os
+import site
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Sequence
@@ -297,7 +300,58 @@ def main(argv: Sequence[str] | None = None) -> int:
             max(0.1, deadline - time.monotonic())
         )
     loop.stop(timeout=1.0)
+    # A normal interpreter exit follows: module globals are released then (their ``__del__``
+    # runs), which the cyclic collector must be free to do for what was frozen above.
+    gc.unfreeze()
     return 0
+
+
+def _user_module(name: str, module: object, system: tuple[str, ...]) -> bool:
+    """True for a module of the program (not the standard library, an installed
+    distribution, or the Monarch/Chrysalis runtime, which must keep working to the end)."""
+    top = name.partition(".")[0]
+    if top in sys.stdlib_module_names or top in ("monarch", "chrysalis"):
+        return False
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str):
+        return False
+    path = os.path.abspath(path)
+    return not any(path.startswith(prefix) for prefix in system)
+
+
+def _finish_like_an_interpreter() -> None:
+    """What a normal interpreter exit does and a forked worker's ``os._exit`` would skip
+    (Monarch: on ``ProcMesh.stop()`` the worker's interpreter finalizes normally): run the
+    ``atexit`` handlers registered in this worker, then release the program's module globals,
+    newest module first, so their ``__del__`` runs. The runtime's own modules, the standard
+    library and installed distributions are left alone: daemon threads (an actor stuck in user
+    code) may still run their code, which a real finalization would have frozen first."""
+    gc.unfreeze()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    paths = sysconfig.get_paths()
+    system = tuple(
+        os.path.abspath(p) + os.sep
+        for p in {
+            *(paths.get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib")),
+            *site.getsitepackages(),
+            site.getusersitepackages(),
+        }
+        if p
+    )
+    gc.collect()
+    for name, module in reversed(list(sys.modules.items())):
+        if module is None or not _user_module(name, module, system):
+            continue
+        namespace = vars(module)
+        for key in [k for k in namespace if k != "__builtins__"]:
+            namespace[key] = None
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def forked_main(argv: Sequence[str]) -> int:
@@ -318,7 +372,12 @@ def forked_main(argv: Sequence[str]) -> int:
     if wanted is not None:
         os.environ["MONARCH_TELEMETRY"] = wanted
     _telemetry._from_environment()
-    return main(argv)
+    # The client's exit handlers are its own (it may have registered them, or its modules
+    # did, before the zygote was forked): a worker runs those it registers itself.
+    atexit._clear()
+    code = main(argv)
+    _finish_like_an_interpreter()  # the zygote's child ends with os._exit
+    return code
 
 
 if __name__ == "__main__":

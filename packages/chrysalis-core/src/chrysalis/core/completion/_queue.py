@@ -20,6 +20,7 @@ terminal item and closes admission in one step, so nothing can be queued after i
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 from collections import deque
@@ -59,7 +60,13 @@ class QueueStatistics:
 
 
 def _run_detached(discard: Callable[[], object]) -> None:
-    # At interpreter shutdown no thread can start; the process is ending anyway.
+    # During interpreter finalization no new thread ever runs: on Python 3.11 ``start()`` then
+    # waits forever for the thread to report that it started (3.12+ raises RuntimeError). The
+    # process is ending anyway, so nothing is released. The check matters because a finalizer
+    # created during ``atexit`` (a node still starting when the script ended) is not disarmed
+    # by ``weakref.finalize``'s own exit hook, which was then registered too late to run.
+    if sys.is_finalizing():
+        return
     with contextlib.suppress(RuntimeError):
         threading.Thread(target=discard, name="chrysalis-receiver-drop", daemon=True).start()
 
@@ -71,7 +78,7 @@ def _discard_when_dropped(owner: object, discard: Callable[[], object]) -> None:
     ``discard`` must not refer to ``owner``. It runs on a short-lived thread, not in the
     collector's context: the collector can run inside any allocation, including one made while
     this very thread holds a lock that ``discard`` needs (the queue's, a budget's), and running
-    it inline there would deadlock. Nothing runs at interpreter exit.
+    it inline there would deadlock. Nothing runs at interpreter exit or during finalization.
     """
     weakref.finalize(owner, _run_detached, discard).atexit = False
 
