@@ -48,7 +48,8 @@ process counts the supervision envelopes it sent and received per peer, so the c
 that none is still in flight between two workers.
 
 Every queue is bounded by ``monarch.config`` settings: actor mailboxes
-(``actor_mailbox_capacity``; an overflowing call is rejected with a ``SupervisionError``), port
+(``actor_mailbox_capacity`` messages and ``actor_mailbox_max_bytes`` bytes; an overflowing call
+is rejected with a ``SupervisionError``), port
 receivers (``port_queue_capacity``), open ports (``max_open_ports``), actors per process
 (``max_actors_per_proc``), tombstones (``MAX_TOMBSTONES``) and the fault-hook queue.
 """
@@ -455,11 +456,13 @@ class _Item:
 
 
 class _InitItem(_Item):
-    __slots__ = ("buffers", "env")
+    __slots__ = ("buffers", "env", "nbytes")
 
     def __init__(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
         self.env = env
         self.buffers = buffers
+        #: What the message holds in memory while queued (pickle stream and buffers).
+        self.nbytes = len(env.payload) + sum(env.buffer_sizes)
 
 
 class _CallItem(_InitItem):
@@ -514,13 +517,21 @@ class _FailItem(_Item):
 
 
 class _Mailbox:
-    """Bounded FIFO of items for one actor; blocking ``get`` (sync) or awaitable ``aget``."""
+    """Bounded FIFO of items for one actor; blocking ``get`` (sync) or awaitable ``aget``.
 
-    def __init__(self, capacity: int) -> None:
+    Two bounds apply to what ``put`` accepts without ``force``: ``capacity`` items, and
+    ``max_bytes`` bytes of queued messages (``_InitItem.nbytes``; a single message larger than
+    that is still accepted into an empty mailbox, so no message is refused for its size alone).
+    """
+
+    def __init__(self, capacity: int, max_bytes: int) -> None:
         self._items: collections.deque[_Item] = collections.deque()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self.nbytes = 0
+        """Bytes of the messages queued now."""
         self._wake: Callable[[], None] | None = None
         self._event: asyncio.Event | None = None
         self._waiting = False
@@ -528,10 +539,18 @@ class _Mailbox:
 
     def put(self, item: _Item, force: bool = False) -> bool:
         wake = None
+        size = item.nbytes if isinstance(item, _InitItem) else 0
         with self._lock:
-            if self._closed or (len(self._items) >= self._capacity and not force):
+            if self._closed or (
+                not force
+                and (
+                    len(self._items) >= self._capacity
+                    or (self.nbytes > 0 and self.nbytes + size > self._max_bytes)
+                )
+            ):
                 return False
             self._items.append(item)
+            self.nbytes += size
             if self._wake is None:
                 self._cond.notify()
             elif self._waiting:
@@ -541,11 +560,26 @@ class _Mailbox:
             wake()
         return True
 
+    def full_reason(self) -> str:
+        """Why ``put`` refused a message (for the sender's error)."""
+        with self._lock:
+            if len(self._items) >= self._capacity:
+                return f"the actor's mailbox is full ({self._capacity} messages)"
+            return (
+                f"the actor's mailbox is full ({self.nbytes} bytes queued, "
+                f"actor_mailbox_max_bytes {self._max_bytes})"
+            )
+
+    def _taken(self, item: _Item) -> _Item:
+        if isinstance(item, _InitItem):
+            self.nbytes -= item.nbytes
+        return item
+
     def get(self) -> _Item:
         with self._cond:
             while not self._items:
                 self._cond.wait()
-            return self._items.popleft()
+            return self._taken(self._items.popleft())
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         event = asyncio.Event()
@@ -563,7 +597,7 @@ class _Mailbox:
         while True:
             with self._lock:
                 if self._items:
-                    return self._items.popleft()
+                    return self._taken(self._items.popleft())
                 self._waiting = True
                 self._event.clear()
             await self._event.wait()
@@ -572,6 +606,7 @@ class _Mailbox:
         with self._lock:
             self._closed = True
             items, self._items = list(self._items), collections.deque()
+            self.nbytes = 0
         return items
 
 
@@ -632,7 +667,9 @@ class ActorCell(CellBase):
         self.owner = env.sender
         self.spawn_point = _point_of(env.cast)
         self.rank = env.cast.rank if env.cast is not None else 0
-        self.mailbox = _Mailbox(int(_config.get("actor_mailbox_capacity")))
+        self.mailbox = _Mailbox(
+            int(_config.get("actor_mailbox_capacity")), int(_config.get("actor_mailbox_max_bytes"))
+        )
         self.state = _STARTING
         self.failure: FailureEvent | None = None
         self.actor: Any = None
@@ -1652,7 +1689,7 @@ class ProcRuntime:
                 actor=cell.display,
                 mesh_name=path,
                 rank=cell.rank,
-                reason=f"the actor's mailbox is full ({_config.get('actor_mailbox_capacity')})",
+                reason=cell.mailbox.full_reason(),
             )
             self._reject(env, (event, cell.user_name))
 

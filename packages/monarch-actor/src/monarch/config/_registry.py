@@ -179,6 +179,15 @@ _SETTINGS: dict[str, Setting] = {
             "MONARCH_RDMA_TCP_FALLBACK_PARALLELISM",
             "parallel channels of TCP-fallback transfers",
         ),
+        # -- mailbox bytes and liveness (issue 15 items 6 and 2) --
+        Setting(
+            "actor_mailbox_max_bytes",
+            int,
+            1 * _GIB,
+            "MONARCH_ACTOR_MAILBOX_MAX_BYTES",
+            "bytes of messages queued per actor before new calls bounce (one larger message is "
+            "still accepted into an empty mailbox)",
+        ),
     )
 }
 
