@@ -181,6 +181,14 @@ _SETTINGS: dict[str, Setting] = {
         ),
         # -- mailbox bytes and liveness (issue 15 items 6 and 2) --
         Setting(
+            "supervision_watchdog_timeout",
+            float,
+            120.0,
+            "HYPERACTOR_MESH_SUPERVISION_WATCHDOG_TIMEOUT",
+            "seconds a worker process may leave the client's heartbeats unanswered before it is "
+            "declared dead and fenced (0 turns the check off)",
+        ),
+        Setting(
             "actor_mailbox_max_bytes",
             int,
             1 * _GIB,
