@@ -757,6 +757,7 @@ class WorkerGroup:
         """Wait for the ``STOP_PROC`` acknowledgements (bounded), then for the workers at
         ``ranks`` to exit; kill those that do not. Resolves to ``None`` in every case."""
         cell: _Cell[None] = _Cell()
+        self._unwatch(ranks)
 
         def run() -> None:
             bound = float(_config.get("stop_actor_timeout")) + 2.0
@@ -779,9 +780,18 @@ class WorkerGroup:
         threading.Thread(target=run, name="monarch-proc-stop", daemon=True).start()
         return Future._create(cell)
 
+    def _unwatch(self, ranks: Sequence[int]) -> None:
+        """No more heartbeats to ``ranks``: their owner stops them (a slow stop is no hang)."""
+        watchdog = self._layer.watchdog
+        if watchdog is not None:
+            for rank in ranks:
+                if rank < len(self.pids):
+                    watchdog.forget(self.pids[rank])
+
     def kill(self) -> None:
         """SIGKILL every worker still running (their exits are not failures)."""
         self.killed = True
+        self._unwatch(range(len(self.pids)))
         self._kill_ranks([rank for rank in range(len(self.pids)) if not self.exited[rank].is_set()])
 
 
@@ -875,6 +885,7 @@ class LocalWorkerGroup(WorkerGroup):
     def kill(self) -> None:
         """SIGKILL every worker still running and reap them (bounded)."""
         self.killed = True
+        self._unwatch(range(len(self.pids)))
         for popen in self.popens:
             if popen.poll() is None:
                 popen.kill()

@@ -170,6 +170,12 @@ class Lease:
         self._expiry = now + timeout if timeout > 0 else None
         return True
 
+    def release(self) -> None:
+        """Disarm the lease for good unless it already ran out (the owner is stopping this
+        process: no watcher waits for it any more)."""
+        if not self._expired:
+            self._expiry = None
+
     def expired(self, now: float) -> bool:
         """True once the lease ran out before ``now`` without renewal (latched)."""
         if not self._expired and self._expiry is not None and now > self._expiry:

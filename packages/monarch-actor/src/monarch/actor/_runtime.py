@@ -1909,6 +1909,8 @@ class ProcRuntime:
 
     def _stop_proc(self, env: Envelope) -> None:
         self.stopped = True
+        # Stopped by its owner, who stopped watching it: a slow stop is no lost process.
+        self.lease.release()
         cells = list(self.cells.values())
         finished = [False]
         timer: list[asyncio.TimerHandle] = []
