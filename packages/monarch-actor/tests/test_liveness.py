@@ -206,3 +206,17 @@ def test_a_lease_expires_exactly_when_one_gap_between_heartbeats_exceeded_the_ti
         late = late or gap > T
         assert lease.renew(now, T) is not late
         assert lease.expired(now) is late
+
+
+def test_a_released_lease_stays_disarmed_and_an_expired_one_stays_expired() -> None:
+    lease = Lease()
+    lease.renew(0.0, T)
+    lease.release()  # the owner stops this process
+    assert lease.renew(1.0, T)  # a heartbeat sent before the stop: no deadline again
+    assert not lease.armed
+    assert not lease.expired(1e9)
+    late = Lease()
+    late.renew(0.0, T)
+    assert late.expired(2 * T)
+    late.release()  # too late: it stays expired
+    assert late.expired(2 * T)

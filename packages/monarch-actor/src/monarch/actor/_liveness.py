@@ -145,11 +145,12 @@ class Lease:
     """The watched side (see the module docstring). Renewed on one thread; ``expired`` may be
     asked from any thread (a stale read only moves the answer by the race's microseconds)."""
 
-    __slots__ = ("_expired", "_expiry")
+    __slots__ = ("_expired", "_expiry", "_released")
 
     def __init__(self) -> None:
         self._expiry: float | None = None
         self._expired = False
+        self._released = False
 
     @property
     def armed(self) -> bool:
@@ -167,13 +168,14 @@ class Lease:
         watcher turned the check off, the lease is disarmed."""
         if self.expired(now):
             return False
-        self._expiry = now + timeout if timeout > 0 else None
+        self._expiry = now + timeout if timeout > 0 and not self._released else None
         return True
 
     def release(self) -> None:
-        """Disarm the lease for good unless it already ran out (the owner is stopping this
-        process: no watcher waits for it any more)."""
+        """Disarm the lease for good, later heartbeats included, unless it already ran out
+        (the owner is stopping this process: no watcher waits for it any more)."""
         if not self._expired:
+            self._released = True
             self._expiry = None
 
     def expired(self, now: float) -> bool:

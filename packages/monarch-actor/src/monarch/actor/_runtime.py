@@ -1844,7 +1844,7 @@ class ProcRuntime:
 
     def _on_undeliverable(self, env: Envelope, reason: str) -> None:
         """An envelope this process sent could not be delivered (runtime loop thread)."""
-        if env.endpoint == HEARTBEAT_ENDPOINT:
+        if env.endpoint == HEARTBEAT_ENDPOINT and not env.sender.path:
             return  # a heartbeat or its answer: the watcher's timeout decides, not a bounce
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._sent, env.target.pid, -1)

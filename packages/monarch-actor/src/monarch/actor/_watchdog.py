@@ -94,11 +94,16 @@ class HeartbeatDriver:
         if self._closed or pid in self._watched:
             return
         try:
-            self._monitor.watch(pid, self._now())
-        except OverflowError as exc:
+            port = self._runtime.open_port(self._runtime.agent, _Answers(self, pid))
+        except Exception as exc:  # PortOverflowError: max_open_ports
             _log.warning("process %s is not watched: %s", pid.hex(), exc)
             return
-        port = self._runtime.open_port(self._runtime.agent, _Answers(self, pid))
+        try:
+            self._monitor.watch(pid, self._now())
+        except OverflowError as exc:
+            self._runtime.close_port(port.index)
+            _log.warning("process %s is not watched: %s", pid.hex(), exc)
+            return
         self._watched[pid] = (port, on_silent)
         self._schedule(self._now())
 
