@@ -61,6 +61,28 @@ def test_a_full_mailbox_rejects_calls_with_a_supervision_error(procs: Procs) -> 
     assert slow.echo.call_one("after").get(timeout=T) == "after"
 
 
+def test_a_mailbox_is_bounded_by_bytes_too(procs: Procs) -> None:
+    """Queued calls are bounded by their bytes (``actor_mailbox_max_bytes``), not only by their
+    number: a sender gets the same clear ``SupervisionError`` as for a full count, and one
+    message larger than the bound still enters an empty mailbox."""
+    mib = 1024 * 1024
+    configure(actor_mailbox_max_bytes=3 * mib + mib // 2)
+    slow = procs(gpus=1).spawn("slow", Slow)
+    ready, releases = Channel[Port[None]].open()
+    blocking = slow.block.call_one(ready)
+    release = releases.recv().get(timeout=T)  # the actor is busy; its mailbox is empty
+    queued = [slow.echo.call_one(bytes([i]) * mib) for i in range(5)]
+    for future in queued[3:]:
+        with pytest.raises(SupervisionError, match=r"mailbox is full.*actor_mailbox_max_bytes"):
+            future.get(timeout=T)
+    assert not any(future.done() for future in queued[:3])
+    release.send(None)
+    blocking.get(timeout=T)
+    assert [future.get(timeout=T)[:1] for future in queued[:3]] == [b"\x00", b"\x01", b"\x02"]
+    big = bytes(8 * mib)  # alone in an empty mailbox: accepted although over the bound
+    assert len(slow.echo.call_one(big).get(timeout=T)) == 8 * mib
+
+
 def test_a_port_receiver_queue_overflows_into_an_error() -> None:
     configure(port_queue_capacity=2)
     port, receiver = Channel[int].open()

@@ -191,6 +191,41 @@ def test_mark_unreachable_fails_outstanding_calls_and_later_sends(cluster: Clust
     assert a.bounced[1][0].sequence == 1
 
 
+def _until(predicate: Any, timeout: float = T) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_a_fenced_process_is_refused_what_it_still_sends(cluster: Cluster) -> None:
+    """A process declared dead while it may still run (``fence=True``): what arrives from it
+    afterwards, on its open stream or lane, is refused and counted, never delivered."""
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    b.transport.send(envelope(b, a.transport.pid, 0), [])
+    a.wait("got", 1)
+    a.transport.mark_unreachable(b.transport.pid, "declared dead", fence=True)
+    _until(lambda: a.transport.statistics().unreachable == 1)
+    for seq in (1, 2):
+        b.transport.send(envelope(b, a.transport.pid, seq), [])
+    _until(lambda: a.transport.statistics().refused == 2)
+    assert [env.sequence for env, _ in a.got] == [0]
+
+
+def test_an_exited_process_is_not_fenced(cluster: Cluster) -> None:
+    """Without ``fence`` (the process exited) what it sent before is still delivered."""
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    b.transport.send(envelope(b, a.transport.pid, 0), [])
+    a.wait("got", 1)
+    a.transport.mark_unreachable(b.transport.pid, "exited")
+    _until(lambda: a.transport.statistics().unreachable == 1)
+    b.transport.send(envelope(b, a.transport.pid, 1), [])
+    a.wait("got", 2)
+    assert a.transport.statistics().refused == 0
+
+
 def test_a_reply_clears_the_outstanding_call(cluster: Cluster) -> None:
     root = cluster.add()
     a, b = cluster.add(root), cluster.add(root)

@@ -930,6 +930,9 @@ class RemoteWorkerGroup(WorkerGroup):
         self.hosts: list[HostSession] = []
         self.os_pids: list[int] = []
 
+    def _where(self, rank: int) -> str:
+        return f" (os pid {self.os_pids[rank]} on host {self.hosts[rank].hostname})"
+
     def _kill_ranks(self, ranks: Sequence[int]) -> None:
         by_host: dict[int, tuple[HostSession, list[str]]] = {}
         for rank in ranks:
@@ -999,6 +1002,7 @@ def spawn_on_hosts(
             host.register(pid.hex(), group, rank)
 
     asyncio.run_coroutine_threadsafe(_call(register), loop).result(SPAWN_TIMEOUT)
+    group.watch_liveness()
     return group
 
 

@@ -33,6 +33,12 @@ Node and the namespace tree is the supervision tree.
   or ``unhandled_fault_hook`` at the root), every other process of the program learns the PID
   is gone (fail fast), and actors owned by actors of the dead process are stopped (children
   never outlive their parent). See ``ProcRuntime.proc_died``.
+- Liveness: the client pings every worker it started (``_watchdog``, over the workers' usual
+  path); one that leaves them unanswered for ``supervision_watchdog_timeout`` seconds (hung,
+  stopped, frozen) is declared dead exactly as if it had exited (``on_unresponsive``) and
+  *fenced*: every process refuses what it still sends, and the worker itself, whose heartbeat
+  lease ran out, sends nothing more and exits (status 4) as soon as it runs again. Its OS
+  process, if it never runs again, is killed with its mesh (stop, shutdown, client exit).
 - ``ProcMesh.stop()`` sends ``STOP_PROC`` to the live workers (bounded wait), then waits for
   every worker to exit and kills stragglers; it succeeds after workers crashed.
 - A worker whose parent link is gone exits (see ``_worker``): killing the client leaves no
@@ -64,6 +70,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, Protocol
@@ -78,6 +85,7 @@ from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ProcId
 from monarch.actor._main_module import main_reference, refuse_while_importing
 from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
+from monarch.actor._watchdog import HeartbeatDriver
 from monarch.actor._worker import STARTUP_MARKER
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
 from monarch.config import _registry as _config
@@ -583,6 +591,8 @@ class ClientNodeLayer:
         self.ca_dir: Path | None = self.cluster_ca_dir
         self._temporary_ca = False
         self.groups: list[WorkerGroup] = []
+        self.watchdog: HeartbeatDriver | None = None
+        """Heartbeats to the workers (started with the node)."""
         self.sessions: list[HostSession] = []
         self.closed = False
         from monarch.actor._host_agent import NestedProcs
@@ -623,6 +633,7 @@ class ClientNodeLayer:
                     self._start(client), client.loop.loop
                 ).result(SPAWN_TIMEOUT)
                 client.fabric.uplink = self.transport
+                self.watchdog = HeartbeatDriver(client.runtime, client.loop)
             assert self.ca_dir is not None
             return self.parent_address(None), self.pid.hex(), self.ca_dir
 
@@ -691,12 +702,17 @@ class ClientNodeLayer:
         transport.start()
         return node, transport
 
-    def process_died(self, pid: Pid, reason: str, *, failure: bool) -> None:
+    def process_died(self, pid: Pid, reason: str, *, failure: bool, fenced: bool = False) -> None:
         """A worker process is gone (any thread): fail calls to it now and, for a failure,
-        tell the owners of its actors and every other process of the program."""
+        tell the owners of its actors and every other process of the program. ``fenced``: it
+        was declared dead for not answering heartbeats and may still run (its messages are
+        refused from now on, here and in every process told)."""
+        watchdog = self.watchdog
+        if watchdog is not None:
+            watchdog.forget(pid)
         transport = self.transport
         if transport is not None:
-            transport.mark_unreachable(pid, reason)
+            transport.mark_unreachable(pid, reason, fence=fenced)
         self.nested.process_gone(pid)  # what it spawned from inside dies with it
         client = self._client
         if not failure or client is None or client.loop.closed:
@@ -705,7 +721,7 @@ class ClientNodeLayer:
 
         with self._lock:
             others = [p for group in self.groups for p in group.live_pids() if p != pid]
-        broadcast_proc_death(client, pid, reason, others)
+        broadcast_proc_death(client, pid, reason, others, fenced=fenced)
 
     def shutdown(self, client: _Client, timeout: float) -> None:
         """Kill leftover workers, detach from remote hosts, close the transport and node,
@@ -716,6 +732,9 @@ class ClientNodeLayer:
             transport, self.transport = self.transport, None
             groups, self.groups = self.groups, []
             sessions, self.sessions = self.sessions, []
+            watchdog, self.watchdog = self.watchdog, None
+        if watchdog is not None:
+            watchdog.close()
         self.nested.clear()
         for group in groups:
             group.kill()
@@ -750,6 +769,8 @@ class WorkerGroup:
         self.state: _ProcMeshState | None = None
         """The proc mesh state (set by ``spawn_procs``): a stop makes exits expected."""
         self.killed = False
+        self.fenced: set[int] = set()
+        """Ranks declared dead for not answering heartbeats whose OS process has not exited."""
 
     def exit_expected(self) -> bool:
         """True once the owner stopped or killed these processes (their exit is no failure)."""
@@ -759,7 +780,11 @@ class WorkerGroup:
         """The worker at ``rank`` exited (any thread; once per rank); ``expected``: the
         caller knows the exit is no failure."""
         with self._exit_lock:
+            fenced = rank in self.fenced
+            self.fenced.discard(rank)
             if rank in self._exiting:
+                if fenced:  # declared dead before: its exit only ends the wait for it
+                    self.exited[rank].set()
                 return
             self._exiting.add(rank)
         failure = not (expected or self.exit_expected())
@@ -768,13 +793,50 @@ class WorkerGroup:
         finally:  # set last: once set, the notices of this exit are out (flush_supervision)
             self.exited[rank].set()
 
+    def watch_liveness(self) -> None:
+        """Start the heartbeats to every worker of the group (once their PIDs are known)."""
+        watchdog = self._layer.watchdog
+        if watchdog is None:
+            return
+        for rank, pid in enumerate(self.pids):
+            watchdog.watch(pid, partial(self.on_unresponsive, rank))
+
+    def on_unresponsive(self, rank: int, silence: float, timeout: float) -> None:
+        """The worker at ``rank`` left the heartbeats unanswered for ``silence`` seconds (any
+        thread): it is declared dead, a failure as its exit would be (unless the owner stopped
+        or killed the group), and fenced. Its OS process may still exist (stopped, hung): it
+        exits by itself when it runs again, or is killed with the group."""
+        with self._exit_lock:
+            if rank in self._exiting or self.exited[rank].is_set():
+                return
+            self._exiting.add(rank)
+            self.fenced.add(rank)
+        reason = (
+            f"process {self.labels[rank]}{self._where(rank)} stopped answering heartbeats: "
+            f"silent for {silence:.1f} s (supervision_watchdog_timeout {timeout:g} s), declared "
+            "dead and fenced"
+        )
+        self._layer.process_died(
+            self.pids[rank], reason, failure=not self.exit_expected(), fenced=True
+        )
+
+    def _where(self, rank: int) -> str:
+        """`` (os pid N)`` where the OS process id is known."""
+        return ""
+
     def live_pids(self) -> list[Pid]:
-        """PIDs of the workers still running."""
-        return [pid for pid, gone in zip(self.pids, self.exited, strict=False) if not gone.is_set()]
+        """PIDs of the workers still running (a fenced one is not)."""
+        with self._exit_lock:
+            fenced = set(self.fenced)
+        return [
+            pid
+            for rank, (pid, gone) in enumerate(zip(self.pids, self.exited, strict=False))
+            if not gone.is_set() and rank not in fenced
+        ]
 
     def alive(self, rank: int) -> bool:
-        """True while the worker at ``rank`` runs."""
-        return not self.exited[rank].is_set()
+        """True while the worker at ``rank`` runs and was not declared dead."""
+        return not self.exited[rank].is_set() and rank not in self.fenced
 
     def _kill_ranks(self, ranks: Sequence[int]) -> None:
         raise NotImplementedError
@@ -783,9 +845,14 @@ class WorkerGroup:
         """Wait for the ``STOP_PROC`` acknowledgements (bounded), then for the workers at
         ``ranks`` to exit; kill those that do not. Resolves to ``None`` in every case."""
         cell: _Cell[None] = _Cell()
+        self._unwatch(ranks)
 
         def run() -> None:
             bound = float(_config.get("stop_actor_timeout")) + 2.0
+            with self._exit_lock:
+                fenced = [rank for rank in ranks if rank in self.fenced]
+            if fenced:  # declared dead: nothing to wait for
+                self._kill_ranks(fenced)
             if stop_procs is not None:
                 stop_procs._cell.wait(bound)
             deadline = time.monotonic() + exit_timeout()
@@ -801,10 +868,19 @@ class WorkerGroup:
         threading.Thread(target=run, name="monarch-proc-stop", daemon=True).start()
         return Future._create(cell)
 
+    def _unwatch(self, ranks: Sequence[int]) -> None:
+        """No more heartbeats to ``ranks``: their owner stops them (a slow stop is no hang)."""
+        watchdog = self._layer.watchdog
+        if watchdog is not None:
+            for rank in ranks:
+                if rank < len(self.pids):
+                    watchdog.forget(self.pids[rank])
+
     def kill(self) -> None:
         """SIGKILL every worker still running (their exits are not failures)."""
         self.killed = True
-        self._kill_ranks([rank for rank in range(len(self.pids)) if self.alive(rank)])
+        self._unwatch(range(len(self.pids)))
+        self._kill_ranks([rank for rank in range(len(self.pids)) if not self.exited[rank].is_set()])
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -880,6 +956,10 @@ class LocalWorkerGroup(WorkerGroup):
             threading.Thread(
                 target=self._reap, args=(rank, popen), name="monarch-reaper", daemon=True
             ).start()
+        self.watch_liveness()
+
+    def _where(self, rank: int) -> str:
+        return f" (os pid {self.popens[rank].pid})"
 
     def _reap(self, rank: int, popen: WorkerProcess) -> None:
         code = popen.wait()  # forward_output closes stdout at its end of file
@@ -896,6 +976,7 @@ class LocalWorkerGroup(WorkerGroup):
     def kill(self) -> None:
         """SIGKILL every worker still running and reap them (bounded)."""
         self.killed = True
+        self._unwatch(range(len(self.pids)))
         for popen in self.popens:
             if popen.poll() is None:
                 popen.kill()

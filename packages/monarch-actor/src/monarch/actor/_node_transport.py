@@ -27,7 +27,10 @@ process), or whose stream breaks, makes every envelope queued for it, and every 
 waiting for its reply from it, bounce to ``undeliverable`` with the reason. The runtime turns
 those bounces into ``SupervisionError`` for callers. ``mark_unreachable(pid, reason)`` (used
 by the process layer when it learns a process died) does the same at once and makes every
-later envelope to that PID bounce immediately.
+later envelope to that PID bounce immediately. With ``fence=True`` (a process declared dead for
+not answering heartbeats, which may still run) envelopes that still arrive from it, on a stream
+or lane that is still open, are refused too: counted in ``statistics().refused``, never
+delivered. (An exited process is not fenced: what it sent before its exit is still delivered.)
 
 Direct lanes (``_lane``, ``_lane_proto``): when the transport has its process's identity, each
 outbound stream starts with a ``Hello`` and the receiver answers with an ``Offer`` on the
@@ -182,7 +185,8 @@ class NodeTransportSettings:
 @dataclass(frozen=True, slots=True)
 class NodeTransportStatistics:
     """A snapshot: peers with outbound state, inbound streams, queued frames and bytes,
-    envelopes bounced so far, PIDs marked unreachable, outbound and inbound lanes in use."""
+    envelopes bounced so far, PIDs marked unreachable, outbound and inbound lanes in use, and
+    envelopes refused because their sender was fenced."""
 
     peers: int
     inbound_streams: int
@@ -192,6 +196,7 @@ class NodeTransportStatistics:
     unreachable: int
     outbound_lanes: int = 0
     inbound_lanes: int = 0
+    refused: int = 0
 
 
 _OutstandingKey = tuple[bytes, int, int]
@@ -315,10 +320,12 @@ class NodeProcessTransport:
         self._inbound: set[asyncio.Task[None]] = set()
         self._accept_task: asyncio.Task[None] | None = None
         self._unreachable: dict[bytes, str] = {}
+        self._fenced: dict[bytes, str] = {}  # declared dead while perhaps alive: refuse its input
         self._lock = threading.Lock()
         self._queued_bytes = 0
         self._queued_frames = 0
         self._bounced = 0
+        self._refused = 0
         self._closed = False
         self._shut = False
         self._closed_event = threading.Event()
@@ -583,11 +590,12 @@ class NodeProcessTransport:
         """Block (not on the loop) until the transport finished closing; False on timeout."""
         return self._closed_event.wait(timeout)
 
-    def mark_unreachable(self, pid: Pid | bytes, reason: str) -> None:
+    def mark_unreachable(self, pid: Pid | bytes, reason: str, *, fence: bool = False) -> None:
         """``pid`` is gone for good (any thread): its queued envelopes and outstanding calls
-        bounce with ``reason`` now, later envelopes to it bounce at once."""
+        bounce with ``reason`` now, later envelopes to it bounce at once. ``fence``: it was
+        declared dead but may still run; envelopes from it are refused from now on."""
         raw = pid.raw if isinstance(pid, Pid) else bytes(pid)
-        self._call_soon(self._kill_peer, raw, reason)
+        self._call_soon(self._kill_peer, raw, reason, fence)
 
     def statistics(self) -> NodeTransportStatistics:
         """An immutable snapshot (any thread)."""
@@ -601,6 +609,7 @@ class NodeProcessTransport:
                 len(self._unreachable),
                 sum(1 for p in list(self._peers.values()) if p.lane is not None),
                 len(self._inbound_lanes),
+                self._refused,
             )
 
     # -- helpers --------------------------------------------------------------------------------
@@ -854,10 +863,14 @@ class NodeProcessTransport:
         if self._peers.get(peer.pid.raw) is peer:
             del self._peers[peer.pid.raw]
 
-    def _kill_peer(self, raw: bytes, reason: str) -> None:
+    def _kill_peer(self, raw: bytes, reason: str, fence: bool = False) -> None:
         self._unreachable[raw] = reason
         while len(self._unreachable) > self._settings.max_peers:
             del self._unreachable[next(iter(self._unreachable))]
+        if fence:
+            self._fenced[raw] = reason
+            while len(self._fenced) > self._settings.max_peers:
+                del self._fenced[next(iter(self._fenced))]
         peer = self._peers.pop(raw, None)
         if peer is None:
             return
@@ -1009,6 +1022,17 @@ class NodeProcessTransport:
         self._peer_closed(peer)
 
     def _on_inbound(self, peer: Pid, envelope: Envelope, buffers: list[bytes | bytearray]) -> None:
+        if self._fenced and peer.raw in self._fenced:
+            # Declared dead: whatever it still sends (it ran again) is refused.
+            with self._lock:
+                self._refused += 1
+            _log.info(
+                "refused a %s envelope from fenced process %s (%s)",
+                envelope.kind.name,
+                peer.hex(),
+                self._fenced[peer.raw],
+            )
+            return
         target = envelope.target.pid
         if target != self._pid.raw and not (self._hosts is not None and self._hosts(target)):
             _log.warning("dropping an envelope for %s (not hosted here)", target.hex())

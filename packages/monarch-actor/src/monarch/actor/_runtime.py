@@ -53,8 +53,14 @@ request once every actor took a marker queued behind its pending supervision eve
 process counts the supervision envelopes it sent and received per peer, so the client can tell
 that none is still in flight between two workers.
 
+Liveness (``_liveness``): the client pings each worker process (``HEARTBEAT_ENDPOINT``, answered
+here on the runtime loop); every heartbeat renews this process's ``lease`` for the timeout it
+carries. Once the lease ran out the client may have declared this process dead: ``post`` sends
+nothing more and ``on_fenced`` (the worker's exit) is called.
+
 Every queue is bounded by ``monarch.config`` settings: actor mailboxes
-(``actor_mailbox_capacity``; an overflowing call is rejected with a ``SupervisionError``), port
+(``actor_mailbox_capacity`` messages and ``actor_mailbox_max_bytes`` bytes; an overflowing call
+is rejected with a ``SupervisionError``), port
 receivers (``port_queue_capacity``), open ports (``max_open_ports``), actors per process
 (``max_actors_per_proc``), tombstones (``MAX_TOMBSTONES``) and the fault-hook queue.
 """
@@ -78,6 +84,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -116,6 +123,7 @@ from monarch.actor._errors import (
 )
 from monarch.actor._future import Future, _Cell
 from monarch.actor._ids import ActorId, ProcId
+from monarch.actor._liveness import Lease
 from monarch.actor._loop import RuntimeLoop
 from monarch.actor._shape import Extent, Point
 from monarch.actor._transport import Attachable, InProcessFabric
@@ -126,10 +134,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLUSH_ENDPOINT",
+    "HEARTBEAT_ENDPOINT",
     "MAX_TOMBSTONES",
     "ActorCell",
     "CellBase",
     "FlushReport",
+    "Heartbeat",
     "ProcDeath",
     "ProcRuntime",
     "Reply",
@@ -155,6 +165,8 @@ MAX_PENDING_FAULTS = 10_000
 _EMPTY = _codec.Payload(b"")
 #: The agent endpoint (path ``""``) that answers a ``flush_supervision`` round.
 FLUSH_ENDPOINT = "__flush_supervision__"
+#: The agent endpoint that answers the client's heartbeats (``_liveness``, ``_watchdog``).
+HEARTBEAT_ENDPOINT = "__heartbeat__"
 _SUPERVISION_TRAFFIC = (MessageKind.SUPERVISION, MessageKind.UNDELIVERABLE)
 _NONE_PAYLOAD = _codec.encode(None)
 
@@ -465,11 +477,13 @@ class _Item:
 
 
 class _InitItem(_Item):
-    __slots__ = ("buffers", "env")
+    __slots__ = ("buffers", "env", "nbytes")
 
     def __init__(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
         self.env = env
         self.buffers = buffers
+        #: What the message holds in memory while queued (pickle stream and buffers).
+        self.nbytes = len(env.payload) + sum(env.buffer_sizes)
 
 
 class _CallItem(_InitItem):
@@ -524,13 +538,21 @@ class _FailItem(_Item):
 
 
 class _Mailbox:
-    """Bounded FIFO of items for one actor; blocking ``get`` (sync) or awaitable ``aget``."""
+    """Bounded FIFO of items for one actor; blocking ``get`` (sync) or awaitable ``aget``.
 
-    def __init__(self, capacity: int) -> None:
+    Two bounds apply to what ``put`` accepts without ``force``: ``capacity`` items, and
+    ``max_bytes`` bytes of queued messages (``_InitItem.nbytes``; a single message larger than
+    that is still accepted into an empty mailbox, so no message is refused for its size alone).
+    """
+
+    def __init__(self, capacity: int, max_bytes: int) -> None:
         self._items: collections.deque[_Item] = collections.deque()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self.nbytes = 0
+        """Bytes of the messages queued now."""
         self._wake: Callable[[], None] | None = None
         self._event: asyncio.Event | None = None
         self._waiting = False
@@ -541,10 +563,18 @@ class _Mailbox:
 
     def put(self, item: _Item, force: bool = False) -> bool:
         wake = None
+        size = item.nbytes if isinstance(item, _InitItem) else 0
         with self._lock:
-            if self._closed or (len(self._items) >= self._capacity and not force):
+            if self._closed or (
+                not force
+                and (
+                    len(self._items) >= self._capacity
+                    or (self.nbytes > 0 and self.nbytes + size > self._max_bytes)
+                )
+            ):
                 return False
             self._items.append(item)
+            self.nbytes += size
             if self.on_supervision is not None and type(item) is _SuperviseItem:
                 self.on_supervision()  # only schedules a callback: no lock taken
             if self._wake is None:
@@ -556,11 +586,26 @@ class _Mailbox:
             wake()
         return True
 
+    def full_reason(self) -> str:
+        """Why ``put`` refused a message (for the sender's error)."""
+        with self._lock:
+            if len(self._items) >= self._capacity:
+                return f"the actor's mailbox is full ({self._capacity} messages)"
+            return (
+                f"the actor's mailbox is full ({self.nbytes} bytes queued, "
+                f"actor_mailbox_max_bytes {self._max_bytes})"
+            )
+
+    def _taken(self, item: _Item) -> _Item:
+        if isinstance(item, _InitItem):
+            self.nbytes -= item.nbytes
+        return item
+
     def get(self) -> _Item:
         with self._cond:
             while not self._items:
                 self._cond.wait()
-            return self._items.popleft()
+            return self._taken(self._items.popleft())
 
     def take_supervision(self) -> list[_SuperviseItem]:
         """Remove and return the queued supervision events (in order), ahead of the rest."""
@@ -588,7 +633,7 @@ class _Mailbox:
         while True:
             with self._lock:
                 if self._items:
-                    return self._items.popleft()
+                    return self._taken(self._items.popleft())
                 self._waiting = True
                 self._event.clear()
             await self._event.wait()
@@ -597,6 +642,7 @@ class _Mailbox:
         with self._lock:
             self._closed = True
             items, self._items = list(self._items), collections.deque()
+            self.nbytes = 0
         return items
 
 
@@ -663,7 +709,9 @@ class ActorCell(CellBase):
         self.spawn_env = env
         self.spawn_point = _point_of(env.cast)
         self.rank = env.cast.rank if env.cast is not None else 0
-        self.mailbox = _Mailbox(int(_config.get("actor_mailbox_capacity")))
+        self.mailbox = _Mailbox(
+            int(_config.get("actor_mailbox_capacity")), int(_config.get("actor_mailbox_max_bytes"))
+        )
         self.state = _STARTING
         self.failure: FailureEvent | None = None
         self.actor: Any = None
@@ -1533,6 +1581,13 @@ class ProcRuntime:
         self._traffic_lock = threading.Lock()
         self._sent: dict[bytes, int] = {}
         self._received: dict[bytes, int] = {}
+        # Liveness: renewed by the client's heartbeats; once expired, this process is fenced.
+        self.lease = Lease()
+        self._lease_timer: asyncio.TimerHandle | None = None
+        self.fenced: str | None = None
+        """Why this process was fenced (``None``: it was not)."""
+        self.on_fenced: Callable[[str], None] | None = None
+        """Called once when the lease runs out (a worker exits); without it, sends are dropped."""
 
     # -- supervision traffic and flushes -------------------------------------------------------
     def _count(self, table: dict[bytes, int], pid: bytes, delta: int) -> None:
@@ -1599,12 +1654,17 @@ class ProcRuntime:
         payload: _codec.Payload = _EMPTY,
         flags: int = 0,
     ) -> None:
-        """Send one envelope from ``sender`` (any thread; FIFO per thread and destination)."""
+        """Send one envelope from ``sender`` (any thread; FIFO per thread and destination).
+        Nothing leaves a fenced process (its lease ran out), nor a fenced actor."""
         if sender.fenced:
             raise RuntimeError(
                 f"{sender.display} was stopped (it did not stop within the stop timeout); it "
                 "can no longer send"
             )
+        lease = self.lease
+        if lease.armed and lease.expired(time.monotonic()):
+            self._fence_process("no heartbeat from the client within its timeout")
+            return
         envelope = Envelope(
             kind,
             sender.addr,
@@ -1680,7 +1740,7 @@ class ProcRuntime:
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
-        if _telemetry.ACTIVE:
+        if _telemetry.ACTIVE and env.endpoint != HEARTBEAT_ENDPOINT:
             _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._received, env.sender.pid, 1)
@@ -1712,10 +1772,13 @@ class ProcRuntime:
         if cell is None:
             if not path and kind == MessageKind.SUPERVISION:  # a process-death notice
                 notice = msgspec.msgpack.decode(env.payload, type=ProcDeath)
-                self.proc_died(notice.pid, notice.reason)
+                self.proc_died(notice.pid, notice.reason, fenced=notice.fenced)
                 return
             if not path and kind == MessageKind.CALL and env.endpoint == FLUSH_ENDPOINT:
                 self._flush_request(env)
+                return
+            if not path and kind == MessageKind.CALL and env.endpoint == HEARTBEAT_ENDPOINT:
+                self._heartbeat(env)
                 return
             if self._park(env, buffers):
                 return
@@ -1743,7 +1806,7 @@ class ProcRuntime:
                 actor=cell.display,
                 mesh_name=path,
                 rank=cell.rank,
-                reason=f"the actor's mailbox is full ({_config.get('actor_mailbox_capacity')})",
+                reason=cell.mailbox.full_reason(),
             )
             self._reject(env, (event, cell.user_name))
 
@@ -1872,6 +1935,8 @@ class ProcRuntime:
 
     def _on_undeliverable(self, env: Envelope, reason: str) -> None:
         """An envelope this process sent could not be delivered (runtime loop thread)."""
+        if env.endpoint == HEARTBEAT_ENDPOINT and not env.sender.path:
+            return  # a heartbeat or its answer: the watcher's timeout decides, not a bounce
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._sent, env.target.pid, -1)
         event = FailureEvent(
@@ -1935,6 +2000,8 @@ class ProcRuntime:
 
     def _stop_proc(self, env: Envelope) -> None:
         self.stopped = True
+        # Stopped by its owner, who stopped watching it: a slow stop is no lost process.
+        self.lease.release()
         cells = list(self.cells.values())
         finished = [False]
         timer: list[asyncio.TimerHandle] = []
@@ -2048,11 +2115,88 @@ class ProcRuntime:
             elif isinstance(item, _FlushItem):
                 item.done()
 
-    def proc_died(self, pid: bytes, reason: str) -> None:
+    # -- liveness ------------------------------------------------------------------------------
+    def send_heartbeat(self, pid: bytes, port: PortAddr, timeout: float) -> None:
+        """Ping process ``pid``'s agent; the answer goes to ``port`` (client side; any thread)."""
+        payload = msgspec.msgpack.encode(Heartbeat(timeout))
+        self._send_quiet(MessageKind.CALL, ActorAddr(pid, ""), -1, port, None, payload)
+
+    def _send_quiet(
+        self,
+        kind: MessageKind,
+        target: ActorAddr,
+        port: int,
+        reply_port: PortAddr | None,
+        cast: CastInfo | None,
+        payload: bytes,
+    ) -> None:
+        """``post`` for heartbeats: no telemetry, no lease check."""
+        envelope = Envelope(
+            kind,
+            self.agent.addr,
+            target,
+            port,
+            HEARTBEAT_ENDPOINT,
+            self.agent.next_sequence(),
+            reply_port,
+            cast,
+            payload,
+        )
+        try:
+            self.transport.send(envelope, ())
+        except Exception:
+            _log.exception("could not send a heartbeat")
+
+    def _heartbeat(self, env: Envelope) -> None:
+        """The client's heartbeat (runtime loop thread): renew the lease and answer, or, if the
+        lease ran out before it came, fence this process."""
+        try:
+            beat = msgspec.msgpack.decode(env.payload, type=Heartbeat)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            _log.warning("malformed heartbeat from %s dropped", env.sender.pid.hex())
+            return
+        if not self.lease.renew(time.monotonic(), beat.timeout):
+            self._fence_process(f"a heartbeat came after the lease of {beat.timeout:g} s ran out")
+            return
+        if self._lease_timer is None and self.lease.armed:
+            self._arm_lease_timer()
+        if env.reply_port is not None:
+            reply = env.reply_port
+            self._send_quiet(MessageKind.PORT_VALUE, reply.actor, reply.index, None, env.cast, b"")
+
+    def _arm_lease_timer(self) -> None:
+        expiry = self.lease.expiry
+        if expiry is None or self.fenced is not None:
+            self._lease_timer = None
+            return
+        # Both clocks are time.monotonic; a little past the expiry, so that it has passed.
+        self._lease_timer = self.loop.loop.call_at(expiry + 0.001, self._check_lease)
+
+    def _check_lease(self) -> None:
+        self._lease_timer = None
+        if self.lease.expired(time.monotonic()):
+            self._fence_process("no heartbeat from the client within its timeout")
+        else:
+            self._arm_lease_timer()
+
+    def _fence_process(self, reason: str) -> None:
+        """The lease ran out: the client may have declared this process dead. Send nothing
+        more (``post``), and call ``on_fenced`` once (a worker exits)."""
+        if self.fenced is not None:
+            return
+        self.fenced = reason
+        _log.error("this process is fenced (%s): it sends nothing more", reason)
+        hook = self.on_fenced
+        if hook is not None:
+            hook(reason)
+
+    def proc_died(self, pid: bytes, reason: str, *, fenced: bool = False) -> None:
         """The process ``pid`` died (runtime loop thread; once per PID): later messages to it
         fail fast, the owners here of actors on it get a ``MeshFailure`` per rank
         (``__supervise__``; the root client's go to ``unhandled_fault_hook``), and actors here
-        owned by actors of that process are stopped (children never outlive their parent)."""
+        owned by actors of that process are stopped (children never outlive their parent).
+        ``fenced``: it was declared dead for not answering heartbeats and may still run; what
+        it sends from now on is refused."""
         if pid in self._dead or pid == self.pid_raw:
             return
         self._dead[pid] = reason
@@ -2060,7 +2204,10 @@ class ProcRuntime:
             self._dead.popitem(last=False)
         mark = getattr(self.transport, "mark_unreachable", None)
         if mark is not None:
-            mark(pid, reason)
+            if fenced:
+                mark(pid, reason, fence=True)
+            else:
+                mark(pid, reason)
         owners: list[CellBase] = [self.root] if self.root is not None else []
         owners += [c for c in self.cells.values() if c.state in (_STARTING, _RUNNING)]
         for owner in owners:
@@ -2215,11 +2362,19 @@ class FlushReport(msgspec.Struct, frozen=True):
     received: dict[str, int]
 
 
+class Heartbeat(msgspec.Struct, frozen=True):
+    """A heartbeat's payload: the watcher's timeout (seconds), which the lease adopts."""
+
+    timeout: float
+
+
 class ProcDeath(msgspec.Struct, frozen=True):
-    """A process-death notice: a SUPERVISION envelope to a process's agent (path ``""``)."""
+    """A process-death notice: a SUPERVISION envelope to a process's agent (path ``""``);
+    ``fenced``: declared dead for not answering heartbeats (it may still run)."""
 
     pid: bytes
     reason: str
+    fenced: bool = False
 
 
 def _dead_ranks(owner: CellBase, mesh: Any, pid: bytes, reason: str) -> list[FailureEvent]:
@@ -2252,12 +2407,15 @@ def _dead_ranks(owner: CellBase, mesh: Any, pid: bytes, reason: str) -> list[Fai
     return events
 
 
-def broadcast_proc_death(client: _Client, pid: Pid, reason: str, others: Sequence[Pid]) -> None:
-    """Tell the client's runtime and every process in ``others`` that ``pid`` died."""
+def broadcast_proc_death(
+    client: _Client, pid: Pid, reason: str, others: Sequence[Pid], *, fenced: bool = False
+) -> None:
+    """Tell the client's runtime and every process in ``others`` that ``pid`` died (``fenced``:
+    was declared dead, see ``ProcRuntime.proc_died``)."""
     with contextlib.suppress(Exception):
-        client.loop.call_soon(client.runtime.proc_died, pid.raw, reason)
+        client.loop.call_soon(partial(client.runtime.proc_died, pid.raw, reason, fenced=fenced))
     runtime = client.runtime
-    payload = _codec.Payload(msgspec.msgpack.encode(ProcDeath(pid.raw, reason)))
+    payload = _codec.Payload(msgspec.msgpack.encode(ProcDeath(pid.raw, reason, fenced)))
     for other in others:
         with contextlib.suppress(Exception):
             runtime.post(

@@ -21,7 +21,7 @@ to an address the client can reach (the default is ``udp://127.0.0.1:0``), and
 ``--exit-with-stdin`` makes the worker exit (status 3) when its stdin ends, i.e. when the worker
 loop that started it is gone.
 
-It ends in one of three ways (the third only with ``--exit-with-stdin``):
+It ends in one of four ways (the third only with ``--exit-with-stdin``):
 
 - its runtime receives ``STOP_PROC`` (``ProcMesh.stop()``): actors stop, the acknowledgement
   is flushed, the transport and the node close, and the process exits with status 0 after a
@@ -31,7 +31,11 @@ It ends in one of three ways (the third only with ``--exit-with-stdin``):
   within about ``idle_timeout`` seconds; when the link has not been connected for
   ``idle_timeout`` seconds more, the worker exits with status 3 at once (``os._exit``: no
   orphan survives, even with actor threads stuck in user code);
-- its stdin ends (``--exit-with-stdin``): the host's worker loop died; it exits with status 3.
+- its stdin ends (``--exit-with-stdin``): the host's worker loop died; it exits with status 3;
+- it was fenced: the client's heartbeats (``_liveness``) stopped for longer than their timeout,
+  so the client may have declared this process dead (it was stopped, or hung). As soon as it
+  runs again it sends nothing more and exits with status 4 at once (``os._exit``), never
+  rejoining the program.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from monarch.actor._main_module import (
 )
 
 __all__ = [
+    "EXIT_FENCED",
     "EXIT_ORPHANED",
     "FAILED_LINE",
     "READY_LINE",
@@ -74,6 +79,8 @@ __all__ = [
 
 #: Exit status of a worker whose parent link was gone for longer than its bound.
 EXIT_ORPHANED: Final = 3
+#: Exit status of a worker that learnt it may have been declared dead (its lease ran out).
+EXIT_FENCED: Final = 4
 _STARTUP_TIMEOUT: Final = 30.0
 #: Environment variable: the worker's options as a JSON list of strings, read when the worker
 #: is started without arguments. A custom ``BootstrapCommand`` (a wrapper script, another
@@ -266,6 +273,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail_start(args.label, f"could not join the client: {exc!r}")
     runtime = ProcRuntime(transport, loop, args.label)
     set_process_sender(runtime)
+
+    def fenced(reason: str) -> None:
+        sys.stderr.write(
+            f"monarch worker {args.label}: fenced ({reason}): the client may have declared "
+            "this process dead; exiting\n"
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_FENCED)
+
+    runtime.on_fenced = fenced
     del runtime  # referenced by the transport's callbacks for the life of the process
     # Everything allocated so far (modules, node, TLS state) lives as long as the process:
     # keep the cyclic collector, which message traffic triggers often, from walking it again.

@@ -252,6 +252,15 @@ _SETTINGS: dict[str, Setting] = {
             "parallel channels of TCP-fallback transfers",
             applied=False,
         ),
+        # -- mailbox bytes (issue 15 item 6); the liveness timeout is supervision_watchdog_timeout --
+        Setting(
+            "actor_mailbox_max_bytes",
+            int,
+            1 * _GIB,
+            "MONARCH_ACTOR_MAILBOX_MAX_BYTES",
+            "bytes of messages queued per actor before new calls bounce (one larger message is "
+            "still accepted into an empty mailbox)",
+        ),
     )
 }
 
@@ -472,8 +481,8 @@ _MONARCH_KEYS: tuple[Setting, ...] = (
         Duration,
         120.0,
         "HYPERACTOR_MESH_SUPERVISION_WATCHDOG_TIMEOUT",
-        "silence on the supervision stream taken as an unreachable controller",
-        applied=False,
+        "time a worker process may leave the client's heartbeats unanswered before it is "
+        "declared dead and fenced (0 turns the check off)",
     ),
     Setting(
         "proc_stop_max_idle",
