@@ -252,7 +252,7 @@ _SETTINGS: dict[str, Setting] = {
             "parallel channels of TCP-fallback transfers",
             applied=False,
         ),
-        # -- mailbox bytes (issue 15 item 6); the liveness timeout is supervision_watchdog_timeout --
+        # -- mailbox bytes (issue 15 item 6) --
         Setting(
             "actor_mailbox_max_bytes",
             int,
