@@ -73,11 +73,12 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Final
 
 from chrysalis.core import Pid
 from chrysalis.sqlite import _sql
+from chrysalis.sqlite._catalog import ReplicaCatalog
 from chrysalis.sqlite._clock import DEFAULT_MAX_CLOCK_DRIFT, MAX_ACCEPTED_VERSION, hlc_version
 from chrysalis.sqlite._errors import (
     ChangeVersionTooLargeError,
@@ -87,13 +88,12 @@ from chrysalis.sqlite._errors import (
     DuplicatePeerError,
     InvalidBatchError,
     InvalidMutationError,
-    InvalidSchemaError,
-    MissingSchemaError,
     ReplicaBusyError,
     ReplicaClosedError,
     StalePeerError,
     quote,
 )
+from chrysalis.sqlite._fold import SET_FOLDED_TO_CLOCK, fold
 from chrysalis.sqlite._protocol import Change, EncodedChange, encode_change_parts
 from chrysalis.sqlite._schema import TableSchema
 from chrysalis.sqlite._scope import SITE_ID_LEN, EligibilityMode
@@ -151,11 +151,6 @@ _FILTER_HASHES: Final = 4
 _MARKS_PER_RETENTION: Final = 8
 """Horizon marks kept per retention span (a new mark once the newest is older than
 ``retention / _MARKS_PER_RETENTION``): the horizon lags the retention by at most that much."""
-
-_SET_FOLDED_TO_CLOCK: Final = (
-    "UPDATE __chrysalis_folded_v1 SET folded_through = "
-    "(SELECT db_version FROM __chrysalis_replica_v1 WHERE singleton = 1) WHERE singleton = 1"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,20 +304,11 @@ class Replica:
             raise ValueError("max_clock_drift must be a finite, non-negative number of seconds")
         self._clock = clock
         self._max_clock_drift = float(max_clock_drift)
-        schema_list = list(schemas)
-        if not schema_list:
-            raise InvalidSchemaError("a replica needs at least one table schema")
-        by_name: dict[str, TableSchema] = {}
-        for schema in schema_list:
-            if not isinstance(schema, TableSchema):
-                raise InvalidSchemaError(f"not a TableSchema: {type(schema).__name__}")
-            if schema.table.lower() in {t.lower() for t in by_name}:
-                raise InvalidSchemaError(f"table {quote(schema.table)} is registered twice")
-            by_name[schema.table] = schema
+        # the registered tables, their clocks, key kinds and the local origin (shared with
+        # every transaction: see ``_catalog``)
+        self._catalog = ReplicaCatalog(schemas)
         if site_id is not None and (not isinstance(site_id, bytes) or len(site_id) != SITE_ID_LEN):
             raise ValueError("site_id must be exactly 16 bytes")
-        self._schemas = by_name
-        self._schemas_view: Mapping[str, TableSchema] = MappingProxyType(by_name)
         self._path = os.fspath(path)
         self._conn = sqlite3.connect(self._path, timeout=timeout, isolation_level=None)
         self._busy: object | None = None
@@ -335,23 +321,11 @@ class Replica:
         self._origin_positions: dict[bytes, int] = {}
         self._site_at: dict[int, bytes] = {}
         self._last_position = 0
-        self._clocks: dict[str, _sql.ClockSql] = {}
-        self._gc_sql: dict[str, _sql.GcSql] = {}
         self._gc_rowid = 0  # where the collector's scan of the version rows resumes
-        # tables with one key column whose affinity keeps TEXT as it is (capture fast path)
-        self._text_keyed: set[str] = set()
-        # per table, per column: value types stored exactly as given (``tx.upsert`` then
-        # needs no ``RETURNING``); absent for a table with an INTEGER PRIMARY KEY
-        self._stable_rows: dict[str, tuple[frozenset[type], ...]] = {}
-        self._json_capture = _has_json(self._conn)
-        # the ``PRAGMA schema_version`` at which every table's key was last found unique (a
-        # commit that sees another one checks the tables again, see ``_unique_keys``)
-        self._checked_schema_version = -1
-        self._unique: frozenset[str] = frozenset()
         try:
             self._site_id = self._initialise(site_id)
             self._refresh_origins()
-            self._local_origin = self._origin_positions[self._site_id]
+            self._catalog.local_origin = self._origin_positions[self._site_id]
             self._fold_all()  # versions a crash left pending (durable since their commit)
         except BaseException:
             self._conn.close()
@@ -387,24 +361,7 @@ class Replica:
                     " VALUES (1, ?, 0)",
                     (requested_site,),
                 )
-            for schema in self._schemas.values():
-                try:
-                    conn.execute(schema.create_sql)
-                except (sqlite3.Error, sqlite3.Warning) as exc:
-                    raise InvalidSchemaError(
-                        f"create_sql of {quote(schema.table)} failed: {exc}"
-                    ) from None
-                _check_table(conn, schema)
-                clock = _clock_for(conn, schema)
-                stable = _stable_row(conn, schema)
-                if stable is not None:
-                    self._stable_rows[schema.table] = stable
-                for statement in (*clock.ddl, clock.normalize[0]):
-                    conn.execute(statement)
-                self._clocks[schema.table] = clock
-                self._gc_sql[schema.table] = _sql.gc_sql(clock)
-                if len(clock.json_types) == 1 and str in clock.json_types[0]:
-                    self._text_keyed.add(schema.table)
+            self._catalog.create_tables(conn)
             row = conn.execute(
                 "SELECT site_id FROM __chrysalis_replica_v1 WHERE singleton = 1"
             ).fetchone()
@@ -419,7 +376,7 @@ class Replica:
             conn.execute(_sql.INIT_FOLDED)
             if legacy:
                 self._migrate(conn, legacy)
-                conn.execute(_SET_FOLDED_TO_CLOCK)
+                conn.execute(SET_FOLDED_TO_CLOCK)
             self._unique_keys()
             conn.execute("COMMIT")
         except BaseException:
@@ -447,7 +404,7 @@ class Replica:
             "SELECT table_name, key_values, db_version, site_id, seq, deleted "
             f"FROM {winners_table} ORDER BY site_id, db_version, seq"
         ).fetchall()
-        unknown = sorted({str(t) for t, *_ in winners} - self._schemas.keys())
+        unknown = sorted({str(t) for t, *_ in winners} - self._catalog.schemas.keys())
         if unknown:
             raise CorruptMetadataError(
                 f"the database's earlier metadata has rows of {', '.join(map(quote, unknown))}, "
@@ -466,11 +423,16 @@ class Replica:
             entries.setdefault(table, []).append((*key, version, position, seq, deleted))
             listed.setdefault((position, version, table), []).append((key, key_blob))
         for table, rows in entries.items():
-            conn.executemany(self._clocks[table].write, rows)
+            conn.executemany(self._catalog.clocks[table].write, rows)
         conn.executemany(
             _sql.INSERT_VERSION,
             [
-                (position, version, table, _version_keys(keys, self._clocks[table].json_types))
+                (
+                    position,
+                    version,
+                    table,
+                    _version_keys(keys, self._catalog.clocks[table].json_types),
+                )
                 for (position, version, table), keys in listed.items()
             ],
         )
@@ -493,7 +455,7 @@ class Replica:
     @property
     def schemas(self) -> Mapping[str, TableSchema]:
         """The registered table schemas by table name (read-only)."""
-        return self._schemas_view
+        return self._catalog.schemas_view
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -530,7 +492,13 @@ class Replica:
             raise ValueError(f"unknown transaction behavior {quote(behavior)}")
         self._check_open()
         self._acquire()
-        transaction = ReplicaTransaction(self, self._conn)
+        transaction = ReplicaTransaction(
+            self._catalog,
+            self._conn,
+            hybrid_now=self._hybrid_now,
+            changed=self._changed,
+            release=self._release,
+        )
         self._busy = transaction
         try:
             self._conn.execute(f"BEGIN {behavior}")
@@ -594,7 +562,7 @@ class Replica:
                     raise ValueError("one encoding per change is required")
                 items: list[tuple[TableSchema, Change, bytes]] = []
                 for i, change in enumerate(chunk):
-                    schema = self._schema(change.table)
+                    schema = self._catalog.schema(change.table)
                     if encodings is None:
                         key_blob, _ = _check_change(schema, change)
                     else:
@@ -619,7 +587,7 @@ class Replica:
                 if items:
                     conn.execute(_sql.ADVANCE_CLOCK, (max(c.db_version for c in chunk),))
                     # nothing is pending and every entry is at or below the clock
-                    conn.execute(_SET_FOLDED_TO_CLOCK)
+                    conn.execute(SET_FOLDED_TO_CLOCK)
         except BaseException:
             self._reload_origins()  # positions read inside a rolled-back transaction
             raise
@@ -640,7 +608,7 @@ class Replica:
         of this chunk that won the row before it); a change equal to the winner is a
         duplicate, one below it loses, one above it wins. The winners are written to their
         tables in chunk order and each row's final winner to its clock entry."""
-        clocks = self._clocks
+        clocks = self._catalog.clocks
         site_at = self._site_at
         # per row met in this chunk: its winner so far, and whether that winner is a delete
         tracked: dict[tuple[str, bytes], tuple[tuple[int, bytes, int], bool]] = {}
@@ -824,8 +792,8 @@ class Replica:
                     break
                 done += 1
                 self._gc_rowid = rowid
-                gc = self._gc_sql.get(table)
-                if gc is None or (origin == self._local_origin and version > folded):
+                gc = self._catalog.gc_sql.get(table)
+                if gc is None or (origin == self._catalog.local_origin and version > folded):
                     examined += 1
                     continue  # an unregistered table's, or a pending local version
                 live, listed = self._gc_live(conn, gc, keys, origin, version)
@@ -933,7 +901,7 @@ class Replica:
         safe: dict[int, int] = {}
         for position in self._positions:
             origin_site = self._site_at[position]
-            limit = min(horizon, folded) if position == self._local_origin else horizon
+            limit = min(horizon, folded) if position == self._catalog.local_origin else horizon
             for site in known:
                 if site != origin_site:
                     limit = min(limit, cover.get((site, position), 0))
@@ -1010,32 +978,8 @@ class Replica:
             raise ReplicaClosedError(f"replica {self._path!r} is closed")
 
     def _unique_keys(self) -> frozenset[str]:
-        """The tables whose key is still unique under binary comparison (checked again when
-        ``PRAGMA schema_version`` moved: the application may replace a table after open).
-
-        Why: the commit's fast path writes clock entries with one join of the keys with the
-        table and trusts its change count; only a unique key makes that count the number of
-        rows found. For other tables the commit counts the rows first (``NonUniqueKeyError``).
-        """
-        conn = self._conn
-        (version,) = conn.execute("PRAGMA schema_version").fetchone()
-        if version != self._checked_schema_version:
-            unique = set()
-            for schema in self._schemas.values():
-                try:
-                    _check_table(conn, schema)
-                except InvalidSchemaError:
-                    continue
-                unique.add(schema.table)
-            self._unique = frozenset(unique)
-            self._checked_schema_version = version
-        return self._unique
-
-    def _schema(self, table: str) -> TableSchema:
-        schema = self._schemas.get(table)
-        if schema is None:
-            raise MissingSchemaError(f"no local schema for table {quote(table)}")
-        return schema
+        """The tables whose key is still unique (``ReplicaCatalog.unique_keys``)."""
+        return self._catalog.unique_keys(self._conn)
 
     def _acquire(self) -> None:
         if self._busy is not None:
@@ -1054,7 +998,7 @@ class Replica:
             self._busy is None
             and not conn.in_transaction
             and conn.execute(
-                _sql.PENDING_BEYOND, (self._local_origin, MAX_PENDING_VERSIONS)
+                _sql.PENDING_BEYOND, (self._catalog.local_origin, MAX_PENDING_VERSIONS)
             ).fetchone()
             is not None
         ):
@@ -1202,7 +1146,10 @@ class Replica:
 
     def _pending(self) -> bool:
         """Whether local versions are waiting to be folded (one index lookup)."""
-        return self._conn.execute(_sql.PENDING_EXISTS, (self._local_origin,)).fetchone() is not None
+        return (
+            self._conn.execute(_sql.PENDING_EXISTS, (self._catalog.local_origin,)).fetchone()
+            is not None
+        )
 
     def _fold_backlog(self, keep: int) -> None:
         """Fold pending local versions in bounded steps (``_fold_all``) while more than
@@ -1210,7 +1157,7 @@ class Replica:
         self._check_open()
         while True:
             (rows,) = self._conn.execute(
-                _sql.COUNT_PENDING, (self._local_origin, keep + 1)
+                _sql.COUNT_PENDING, (self._catalog.local_origin, keep + 1)
             ).fetchone()
             if rows <= keep:
                 return
@@ -1228,56 +1175,10 @@ class Replica:
                     return
 
     def _fold(self, conn: sqlite3.Connection, budget: int | None) -> bool:
-        """Write the clock entries of pending local versions, in version order, inside the
-        caller's write transaction; returns whether none is left pending.
-
-        Why deferred (issue 6): the entry's B-tree insert cost about as much as the
-        application's own insert, so a commit writes only its version's row in
-        ``__chrysalis_versions_v1`` (the keys it wrote, which it has to write anyway) and the
-        entries are written here, in write transactions that run anyway: the ``Ack``'s
-        (``_record_ack``), ``apply_changes``'s before it compares (a remote change must meet
-        the entry a pending local write gives its row), the status query, ``close`` and the
-        next open (a crash between commit and fold loses nothing: the list is durable with
-        the commit). A sender selects pending versions without folding them
-        (``_select_for_peer``).
-
-        Each listed key gets ``(version, local origin, seq)``, ``seq`` being its position in
-        the version's array (the capture's index), unless its entry is already greater: a
-        later local write, or a remote change applied after this fold's predecessors. A local
-        version is greater than every change known at its commit (the Lamport clock) and
-        every remote change applied since was compared after folding it, so folding in version
-        order gives each row the entry it would have had at commit. Deletes are not deferred
-        (their tombstones are written at commit, without a lookup, and are rare): the fold
-        writes upserts, and a listed key whose entry is the version's own tombstone, or any
-        later entry, is left as it is.
-
-        ``budget``: stop after the version at which about that many keys were folded (whole
-        versions only; ``None``: fold everything). Rows of a version whose keys are value
-        lists (BLOB) had their entries written at commit (see ``ReplicaTransaction``)."""
-        origin = self._local_origin
-        cursor = conn.execute(_sql.SELECT_PENDING, (origin,))
-        done = True
-        try:
-            used = 0
-            last = 0
-            for version, table, keys in cursor.fetchall() if budget is None else cursor:
-                if version != last:
-                    if last and budget is not None and used >= budget:
-                        done = False
-                        break
-                    last = version
-                clock = self._clocks.get(table)
-                if clock is None or not isinstance(keys, str):
-                    continue  # an unregistered table's, or written at commit (value lists)
-                conn.execute(clock.fold, (version, origin, keys))
-                used += keys.count(",") + 1
-        finally:
-            cursor.close()
-        if done:
-            conn.execute(_SET_FOLDED_TO_CLOCK)
-        else:
-            conn.execute(_sql.SET_FOLDED, (last,))
-        return done
+        """Write the clock entries of pending local versions inside the caller's write
+        transaction, at most about ``budget`` keys (``None``: all); returns whether none is
+        left pending (see ``_fold.fold``)."""
+        return fold(conn, self._catalog, budget)
 
     def _select_for_peer(self, peer: bytes, peer_site: bytes) -> _Selection:
         """The next batch toward a peer: whole (site, version) groups in origin-tuple order,
@@ -1317,7 +1218,7 @@ class Replica:
                 position = self._origin_positions.get(site)
                 if position is None:
                     continue  # no entry can name an origin the registry lacks
-                above = folded if position == self._local_origin else None
+                above = folded if position == self._catalog.local_origin else None
                 if not self._select_origin(site, position, synced_at, batch, above):
                     complete = False
                     break
@@ -1366,7 +1267,7 @@ class Replica:
         """The entries of one ``__chrysalis_versions_v1`` row that its version still wins,
         each as ``(seq, table, encoded change)`` (``pending``: a local version not folded
         yet, whose keys are JSON)."""
-        clock = self._clocks.get(table)
+        clock = self._catalog.clocks.get(table)
         if clock is None:
             return []  # a table no longer registered: nothing of it can be sent
         conn = self._conn
@@ -1390,7 +1291,7 @@ class Replica:
     ) -> bytes:
         """One selected clock entry as an encoded ``Change``: ``row`` is ``(seq, deleted,
         present, clock key..., table row...)``."""
-        schema = self._schemas[table]
+        schema = self._catalog.schemas[table]
         width = len(schema.primary_key)
         if row[1] or not row[2]:
             key_blob = encode_values(row[3 : 3 + width])
@@ -1433,98 +1334,6 @@ def _version_keys(
             return json.dumps([key[0] for key, _ in written], separators=(",", ":"))
         return json.dumps([list(key) for key, _ in written], separators=(",", ":"))
     return b"".join(blob for _, blob in written)
-
-
-def _has_json(conn: sqlite3.Connection) -> bool:
-    """Whether this SQLite has ``json_each`` (the capture fast path; built in since 3.38)."""
-    try:
-        conn.execute("SELECT value FROM json_each('[1]')").fetchall()
-    except sqlite3.Error:
-        return False
-    return True
-
-
-def _stable_row(
-    conn: sqlite3.Connection, schema: TableSchema
-) -> tuple[frozenset[type], ...] | None:
-    """Per column of ``schema`` (in its order), the value types its affinity keeps as they
-    are; ``None`` when the table has an INTEGER PRIMARY KEY (SQLite fills in a NULL)."""
-    info = {
-        str(r[1]).lower(): (str(r[2] or ""), int(r[5]))
-        for r in conn.execute(f'PRAGMA table_info("{schema.table}")').fetchall()
-    }
-    if sum(1 for _, pk in info.values() if pk) == 1 and any(
-        pk and declared.upper() == "INTEGER" for declared, pk in info.values()
-    ):
-        return None
-    return _sql.stable_row_types(tuple(_sql.affinity(info[c.lower()][0]) for c in schema.columns))
-
-
-def _clock_for(conn: sqlite3.Connection, schema: TableSchema) -> _sql.ClockSql:
-    """The clock statements of ``schema``, its key columns typed with the table's affinities."""
-    declared = {
-        str(r[1]).lower(): str(r[2] or "")
-        for r in conn.execute(f'PRAGMA table_info("{schema.table}")').fetchall()
-    }
-    key_types = tuple(_sql.affinity(declared[k.lower()]) for k in schema.primary_key)
-    return _sql.clock_sql(schema.table, schema.columns, schema.primary_key, key_types)
-
-
-def _check_table(conn: sqlite3.Connection, schema: TableSchema) -> None:
-    """The table created by ``create_sql`` must have exactly the declared columns and a
-    unique primary key (the PRIMARY KEY, or a UNIQUE index on exactly those columns)."""
-    info = conn.execute(f'PRAGMA table_info("{schema.table}")').fetchall()
-    if not info:
-        raise InvalidSchemaError(f"create_sql did not create table {quote(schema.table)}")
-    actual = {str(r[1]).lower() for r in info}
-    declared = {c.lower() for c in schema.columns}
-    if actual != declared:
-        raise InvalidSchemaError(
-            f"table {quote(schema.table)} has columns {sorted(actual)}, "
-            f"the schema declares {sorted(declared)}"
-        )
-    key = {k.lower() for k in schema.primary_key}
-    unique = {str(r[1]).lower() for r in info if r[5]} == key
-    for index in conn.execute(f'PRAGMA index_list("{schema.table}")').fetchall():
-        if index[2]:  # unique
-            name = str(index[1]).replace('"', '""')
-            cols = [c for c in conn.execute(f'PRAGMA index_xinfo("{name}")') if c[5]]
-            if {str(c[2]).lower() for c in cols if c[2] is not None} == key and len(cols) == len(
-                key
-            ):
-                unique = True
-                for c in cols:
-                    if str(c[4]).upper() != "BINARY":
-                        _refuse_collation(schema, str(c[2]), f"index {index[1]}", str(c[4]))
-    if not unique:
-        raise InvalidSchemaError(
-            f"primary key {list(schema.primary_key)} of {quote(schema.table)} is neither the "
-            "table's PRIMARY KEY nor covered by a UNIQUE index"
-        )
-    table = schema.table.replace('"', '""')
-    for column in schema.primary_key:
-        # the column's own collation (what ``key = ?`` compares with), seen through a compound
-        # SELECT, whose column takes the collation of its leftmost part: distinct texts that
-        # the collation equates collapse (NOCASE, RTRIM)
-        probe = " UNION ".join(f"SELECT '{t}'" for t in _COLLATION_PROBE)
-        (distinct,) = conn.execute(
-            f'SELECT count(*) FROM (SELECT "{column}" FROM "{table}" WHERE 0 UNION {probe})'
-        ).fetchone()
-        if distinct != len(_COLLATION_PROBE):
-            _refuse_collation(schema, column, "the column", "not BINARY")
-
-
-_COLLATION_PROBE: Final = ("a", "A", "a ", "b")
-"""Texts that only a collation other than BINARY equates (NOCASE: ``a``/``A``; RTRIM:
-``a``/``a ``)."""
-
-
-def _refuse_collation(schema: TableSchema, column: str, where: str, collation: str) -> None:
-    raise InvalidSchemaError(
-        f"key column {quote(column)} of {quote(schema.table)} compares with collation "
-        f"{collation} ({where}); replicated keys must compare as BINARY, since texts the "
-        "collation equates would be one row of the table but different rows to replication"
-    )
 
 
 def _check_origin(change: Change) -> bytes:

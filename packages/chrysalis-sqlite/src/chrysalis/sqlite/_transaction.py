@@ -15,7 +15,7 @@ with one aggregate query over the keys as JSON joined with the table (see ``_sql
 found (``MissingRowError``, ``NonUniqueKeyError``) and their size (the byte bound), the errors
 a read-back used to raise at capture time, now raised by ``commit``, which then rolls the whole
 transaction back. A capture costs one Python call and no SQL. The upserts' clock entries are
-not written at commit: a later fold writes them from the list (``Replica._fold``), since the
+not written at commit: a later fold writes them from the list (``_fold.fold``), since the
 entry's B-tree insert cost as much as the application's own insert; deletes write their
 tombstones at commit. Keys JSON cannot name exactly (``7`` captured on a TEXT key, BLOBs) and
 tables whose key is not known unique take the earlier path: the entries are written at commit,
@@ -34,9 +34,10 @@ import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from types import NoneType, TracebackType
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from chrysalis.sqlite import _sql
+from chrysalis.sqlite._catalog import ReplicaCatalog
 from chrysalis.sqlite._errors import (
     CodecError,
     CorruptMetadataError,
@@ -47,12 +48,10 @@ from chrysalis.sqlite._errors import (
     TransactionTooLargeError,
     quote,
 )
+from chrysalis.sqlite._fold import fold
 from chrysalis.sqlite._schema import TableSchema
 from chrysalis.sqlite._scope import SITE_ID_LEN
 from chrysalis.sqlite._values import MAX_BYTES, SqlValue, encode_values
-
-if TYPE_CHECKING:
-    from chrysalis.sqlite._replica import Replica
 
 __all__ = [
     "MAX_CHANGES_PER_VERSION",
@@ -102,15 +101,18 @@ class ReplicaTransaction:
     """
 
     __slots__ = (
+        "_catalog",
+        "_changed",
         "_conn",
         "_deletes",
         "_fast",
         "_fast_table",
+        "_hybrid_now",
         "_json",
         "_keys",
         "_open",
         "_plans",
-        "_replica",
+        "_release",
         "_schemas",
         "_specialized",
         "_stable_rows",
@@ -149,12 +151,28 @@ class ReplicaTransaction:
     general path (``_upsert_general``), and any change of the fast state (``_spill``, the
     end) puts the general path back."""
 
-    def __init__(self, replica: Replica, conn: sqlite3.Connection) -> None:
-        self._replica = replica
+    def __init__(
+        self,
+        catalog: ReplicaCatalog,
+        conn: sqlite3.Connection,
+        *,
+        hybrid_now: Callable[[], int],
+        changed: Callable[[], None],
+        release: Callable[[ReplicaTransaction], None],
+    ) -> None:
+        """Made by ``Replica.transaction()``, which has begun nothing yet: ``catalog`` is the
+        replica's (its tables, clocks, key kinds and local origin), ``conn`` its connection;
+        ``hybrid_now()`` gives the version a commit is at least, ``changed()`` runs after a
+        commit that captured something, and ``release(tx)`` gives the apply lock back when
+        the transaction ends."""
+        self._catalog = catalog
         self._conn = conn
-        self._schemas = replica._schemas
-        self._text_keyed = replica._text_keyed
-        self._stable_rows = replica._stable_rows
+        self._hybrid_now = hybrid_now
+        self._changed = changed
+        self._release = release
+        self._schemas = catalog.schemas
+        self._text_keyed = catalog.text_keyed
+        self._stable_rows = catalog.stable_rows
         # The fast captures (see ``capture_upsert``): while every capture of the transaction
         # is an upsert of one table with one TEXT key given as an ASCII ``str``, only the key
         # texts are kept, in order, and ``_fast_table`` names the table ("" otherwise, and
@@ -172,7 +190,7 @@ class ReplicaTransaction:
         self._plans: dict[str, _UpsertPlan] = {}
         self._specialized = False  # whether ``upsert`` is the fast table's compiled function
         self.upsert = self._upsert_general
-        self._json = replica._json_capture  # every key so far is TEXT or INTEGER
+        self._json = catalog.json_capture  # every key so far is TEXT or INTEGER
         self._open = True
         self.execute = conn.execute
         self.version: int | None = None
@@ -231,7 +249,7 @@ class ReplicaTransaction:
                         fast.append(value)
                         return
         self._check_open()
-        schema = self._replica._schema(table)
+        schema = self._catalog.schema(table)
         params = check_key(schema, key)
         value = params[0]
         if type(value) is str and self._start_fast(table):
@@ -315,7 +333,7 @@ class ReplicaTransaction:
         given, compiled per column type pattern, see ``_row_writer``) and the upsert
         statement."""
         self._check_open()
-        schema = self._replica._schema(table)
+        schema = self._catalog.schema(table)
         stable = self._stable_rows.get(table)
         key_index = schema.key_indexes[0] if table in self._text_keyed else -1
         write = _never_exact if stable is None else _row_writer(stable, key_index)
@@ -347,7 +365,7 @@ class ReplicaTransaction:
         returns whether a row was there. The deletion is captured either way, so it also wins
         over older concurrent upserts of that key elsewhere."""
         self._check_open()
-        schema = self._replica._schema(table)
+        schema = self._catalog.schema(table)
         params = check_key(schema, key)
         self._push(schema, params, True)  # checks the key before anything is deleted
         return self._conn.execute(schema.delete_sql, params).rowcount > 0
@@ -360,7 +378,7 @@ class ReplicaTransaction:
         ``TransactionTooLargeError``.
         """
         self._check_open()
-        schema = self._replica._schema(table)
+        schema = self._catalog.schema(table)
         self._push(schema, check_key(schema, key), True)
 
     def _push(self, schema: TableSchema, key: tuple[object, ...], deleted: bool) -> None:
@@ -373,7 +391,7 @@ class ReplicaTransaction:
             raise TransactionTooLargeError(
                 f"a transaction may capture at most {MAX_CHANGES_PER_VERSION} mutations"
             )
-        stable = self._replica._clocks[schema.table].json_types
+        stable = self._catalog.clocks[schema.table].json_types
         for value, types in zip(key, stable, strict=True):
             kind = type(value)
             if kind is str:
@@ -409,7 +427,7 @@ class ReplicaTransaction:
         captured = bool(self._keys) or bool(self._fast)
         try:
             if captured:
-                conn.execute(_sql.BUMP_CLOCK, (self._replica._hybrid_now(),))
+                conn.execute(_sql.BUMP_CLOCK, (self._hybrid_now(),))
                 self.version = self._write_clock()
             conn.execute("COMMIT")
         except BaseException:
@@ -418,14 +436,14 @@ class ReplicaTransaction:
             raise
         self._end(rollback=False)
         if captured:
-            self._replica._changed()
+            self._changed()
         return self.version
 
     def _write_clock(self) -> int:
         """After ``BUMP_CLOCK``: list, per table, the keys the new version wrote
         (``__chrysalis_versions_v1``) and check the captures (rows present, keys unique, bytes
         bounded, the clock above its entries); returns the version. The rows' clock entries
-        ``(version, local origin, seq)`` of upserts are written later by ``Replica._fold``
+        ``(version, local origin, seq)`` of upserts are written later by ``_fold.fold``
         (deferred); deletes' tombstones are written now.
 
         Only versions whose keys are listed as JSON (every key's type one its column's
@@ -433,11 +451,11 @@ class ReplicaTransaction:
         per table counts and measures the captured rows. Others write their entries here
         with the per-row or quota statements, after folding the pending versions (entries
         are written in version order), and move the fold mark to this version."""
-        replica = self._replica
-        origin = replica._local_origin
+        catalog = self._catalog
+        origin = catalog.local_origin
         fast = self._fast
         if fast:  # the fast captures: upserts of one table with one TEXT key, as texts
-            deferred = self._defer_text(replica._schemas[self._fast_table], fast, origin)
+            deferred = self._defer_text(self._schemas[self._fast_table], fast, origin)
             if deferred is not None:
                 return deferred
             self._spill()  # a NUL in a key (``_json`` is off now), or a key not known unique
@@ -451,8 +469,8 @@ class ReplicaTransaction:
             if (
                 not delete_seqs
                 and tables.count(table) == n
-                and table in replica._unique_keys()
-                and self._defer_one_table(replica._schemas[table], version, origin)
+                and table in catalog.unique_keys(conn)
+                and self._defer_one_table(self._schemas[table], version, origin)
             ):
                 return int(version)
             self._check_nul()
@@ -467,14 +485,14 @@ class ReplicaTransaction:
             last = dict(zip(zip(tables, keys, strict=True), range(n), strict=True))
         total = 0
         captures = n if simple else len(last)
-        unique = replica._unique_keys()
+        unique = catalog.unique_keys(conn)
         defer = self._json and names <= unique
         if not defer:
-            replica._fold(conn, None)
+            fold(conn, catalog, None)
         estimated: list[tuple[TableSchema, _sql.ClockSql, list[int], str | None]] = []
         for table in sorted(names):
-            schema = replica._schemas[table]
-            clock = replica._clocks[table]
+            schema = self._schemas[table]
+            clock = catalog.clocks[table]
             width = len(schema.primary_key)
             upserts: list[int] = []
             deletes: list[int] = []
@@ -537,7 +555,7 @@ class ReplicaTransaction:
         if schema.table in self._text_keyed:  # every key one ``str`` here
             return self._defer_text(schema, list(map(_first, keys)), origin) is not None
         n = len(keys)
-        clock = self._replica._clocks[schema.table]
+        clock = self._catalog.clocks[schema.table]
         entries = self._entries(range(n), len(schema.primary_key))
         total = self._measure(schema, clock, range(n), entries, version)
         if total > MAX_VERSION_BYTES:
@@ -563,16 +581,16 @@ class ReplicaTransaction:
             return None
         entries = _json_array(values, joined)  # type: ignore[arg-type]
         key_bytes = len(joined if joined.isascii() else joined.encode()) - 3 * (n - 1)
-        replica = self._replica
+        catalog = self._catalog
         table = schema.table
         found, size, version, floor, schema_version = self._conn.execute(
-            replica._clocks[table].measure_values, (entries, origin)
+            catalog.clocks[table].measure_values, (entries, origin)
         ).fetchone()
         _check_clock(version, floor)
-        if schema_version == replica._checked_schema_version:
-            unique = replica._unique
+        if schema_version == catalog.checked_schema_version:
+            unique = catalog.unique
         else:  # the application changed the schema: check the keys again
-            unique = replica._unique_keys()
+            unique = catalog.unique_keys(self._conn)
         if table not in unique:
             return None
         if found != n:
@@ -609,7 +627,7 @@ class ReplicaTransaction:
         for seq, table in enumerate(self._tables):
             by_table.setdefault(table, []).append(seq)
         for table, seqs in by_table.items():
-            _, insert, take = self._replica._clocks[table].normalize
+            _, insert, take = self._catalog.clocks[table].normalize
             conn.executemany(insert, [(seq, *keys[seq]) for seq in seqs])
             for seq, *values in conn.execute(take).fetchall():
                 keys[seq] = tuple(values)
@@ -763,7 +781,7 @@ class ReplicaTransaction:
             if rollback and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
         finally:
-            self._replica._release(self)
+            self._release(self)
 
     def __enter__(self) -> ReplicaTransaction:
         return self
@@ -840,7 +858,7 @@ def _never_exact(tx: ReplicaTransaction, row: tuple[SqlValue, ...], sql: str, ta
 
 def _row_writer(stable: tuple[frozenset[type], ...], key_index: int) -> _RowWriter:
     """``upsert``'s fast path for a table whose columns keep the value types ``stable``
-    (``Replica._stable_rows``) and whose one TEXT key is column ``key_index`` (-1: another
+    (``ReplicaCatalog.stable_rows``) and whose one TEXT key is column ``key_index`` (-1: another
     key): ``write(tx, row, sql, table)`` returns ``False``, having done nothing, unless
     ``row`` has ``len(stable)`` values each of a type its column keeps; then it runs ``sql``
     (the upsert, no ``RETURNING``: the row is stored as given), captures the key (appended
