@@ -26,12 +26,17 @@ import pytest
 
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.datagram import AddressInUseError
-from chrysalis.nameserver import MAX_LABELS_PER_ENTRY, Labels, RejectCode, TerminalRejection
-from chrysalis.node import Node, NodeError, _scale
+from chrysalis.nameserver import (
+    MAX_LABELS_PER_ENTRY,
+    LabelError,
+    Labels,
+    RejectCode,
+    TerminalRejection,
+)
+from chrysalis.node import Node, _scale
 from chrysalis.node import _cli as cli
 from chrysalis.node._cli import main
 from chrysalis.node._tempdirs import LOCK_NAME, OwnedTempDir, reclaim_dead_tempdirs
-from chrysalis.quic.testing import issue_identity
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
 from node_processes import CLI, start_node, stop_all
@@ -91,10 +96,10 @@ def test_sqlite_takes_json(tmp_path: Path) -> None:
     assert json.loads(out.getvalue()) == ["t"]
 
 
-def test_a_node_refuses_more_labels_than_an_entry_holds() -> None:
-    labels = Labels({f"k{i}": "v" for i in range(MAX_LABELS_PER_ENTRY + 1)})
-    with pytest.raises(NodeError, match=f"at most {MAX_LABELS_PER_ENTRY}"):
-        Node(issue_identity(), labels=labels)
+def test_a_node_cannot_be_given_more_labels_than_an_entry_holds() -> None:
+    """``Node`` takes ``Labels``, which refuse a set the wire cannot carry at construction."""
+    with pytest.raises(LabelError, match=f"more than {MAX_LABELS_PER_ENTRY} labels"):
+        Labels({f"k{i}": "v" for i in range(MAX_LABELS_PER_ENTRY + 1)})
 
 
 def test_rejections_and_unexpected_errors_are_one_line(

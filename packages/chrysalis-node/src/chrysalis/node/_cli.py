@@ -58,7 +58,7 @@ from chrysalis.node._address import (
     parse_pid_reference,
 )
 from chrysalis.node._echo import echo_raw, serve_streams
-from chrysalis.node._node import JoinSettings, Node, NodeError, check_labels
+from chrysalis.node._node import JoinSettings, Node, NodeError
 from chrysalis.node._tempdirs import (
     OwnedTempDir,
     reclaim_dead_tempdirs,
@@ -584,7 +584,6 @@ def _labels(args: argparse.Namespace, command: str, *, joined: bool) -> Labels:
             raise CliError(f"label {key!r} is set by the command itself (DuplicateKey)")
     try:
         labels = Labels([*automatic.items(), *user])
-        check_labels(labels)
     except ValueError as exc:
         raise CliError(f"invalid label: {exc}") from exc
     return labels

@@ -51,7 +51,6 @@ from chrysalis.nameserver import (
     DEFAULT_NEGATIVE_TTL_MS,
     DEFAULT_RETRY_DELAY,
     DEFAULT_VERSIONS,
-    MAX_LABELS_PER_ENTRY,
     NS_PROTOCOL_SELECTOR,
     ChildLinkServer,
     Consistency,
@@ -90,7 +89,6 @@ __all__ = [
     "NodeError",
     "NodeStatistics",
     "bind_carrier",
-    "check_labels",
 ]
 
 ENUMERATION_ATTEMPTS: Final = 8
@@ -193,7 +191,6 @@ class Node:
     ) -> None:
         if carrier is not None and listen is not None:
             raise ValueError("pass carrier or listen, not both")
-        check_labels(labels)
         self._identity = identity
         self._carrier = carrier
         if carrier is None:
@@ -553,18 +550,6 @@ class Node:
     async def accept(self) -> tuple[Pid, Any]:
         """The next stream another process opened to this node, with its PID."""
         return await self.transport.accept()
-
-
-def check_labels(labels: Labels) -> None:
-    """``NodeError`` unless ``labels`` fit one nameserver entry: at most
-    ``MAX_LABELS_PER_ENTRY`` (256) labels (the key and value sizes are checked by ``Labels``
-    itself against the codec's ``MAX_LABEL_KEY_LEN`` / ``MAX_LABEL_VALUE_LEN``). A node whose
-    entry cannot be encoded would start but break every enumeration of its namespace."""
-    if len(labels) > MAX_LABELS_PER_ENTRY:
-        raise NodeError(
-            f"{len(labels)} labels: a nameserver entry holds at most {MAX_LABELS_PER_ENTRY} "
-            "(MAX_LABELS_PER_ENTRY)"
-        )
 
 
 def _protocol_key(protocol_id: LinkProtocolId | bytes) -> LinkProtocolId:
