@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import chrysalis.nameserver
+import chrysalis.quic
 from chrysalis.core import Pid
 from chrysalis.nameserver import (
     MAX_FRAME_BODY,
+    ByteStream,
     Consistency,
     FrameTooLarge,
     Hello,
@@ -24,8 +27,10 @@ from chrysalis.nameserver import (
     Resolve,
     TruncatedFrame,
     VersionRange,
+    as_byte_stream,
     memory_stream_pair,
 )
+from chrysalis.quic import IncompleteReadError
 
 
 def run(main: Callable[[], Awaitable[Any]]) -> Any:
@@ -98,5 +103,35 @@ def test_any_fragmentation_preserves_message_order(requests: list[int], fragment
         while (received := await receiver.receive()) is not None:
             got.append(received)
         assert got == sent
+
+    run(main)
+
+
+def test_the_stream_type_is_chrysalis_quics_byte_stream_and_memory_ends_are_ones() -> None:
+    assert chrysalis.nameserver.ByteStream is chrysalis.quic.ByteStream
+    a, b = memory_stream_pair()
+    ends: tuple[ByteStream, ByteStream] = (a, b)  # statically too (mypy --strict)
+    assert all(isinstance(end, ByteStream) for end in ends)
+    assert as_byte_stream(a) is a
+
+
+def test_a_non_stream_is_refused_with_a_type_error() -> None:
+    with pytest.raises(TypeError, match="is not a byte stream"):
+        as_byte_stream(object())
+    with pytest.raises(TypeError, match="is not a byte stream"):
+        NsFrameStream(cast(Any, b"not a stream"))
+
+
+def test_memory_read_exactly_waits_for_every_byte_and_fails_at_an_early_end() -> None:
+    async def main() -> None:
+        a, b = memory_stream_pair(fragment=1)
+        a.write(b"abc")
+        assert await b.read_exactly(2) == b"ab"  # two fragments
+        a.write_eof()
+        with pytest.raises(IncompleteReadError) as short:
+            await b.read_exactly(2)
+        assert short.value.partial == b"c"
+        a.close()
+        await a.wait_closed()
 
     run(main)

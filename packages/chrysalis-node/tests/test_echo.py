@@ -15,7 +15,8 @@ from chrysalis.node._echo import echo_raw, serve_stream, serve_streams
 
 
 class FakeStream:
-    """An accepted stream: reads what the peer sent (then EOF), records what is written."""
+    """An accepted ``ByteStream``: reads what the peer sent (then EOF), records what is
+    written."""
 
     def __init__(self, data: bytes, *, fail_read: bool = False) -> None:
         self.reader = asyncio.StreamReader()
@@ -32,7 +33,10 @@ class FakeStream:
         self.reads.append(n)
         return await self.reader.read(n)
 
-    def write(self, data: bytes) -> None:
+    async def read_exactly(self, n: int) -> bytes:
+        return await self.reader.readexactly(n)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         assert not self.eof, "write after FIN"
         self.written += data
 
@@ -40,6 +44,15 @@ class FakeStream:
         self.eof = True
 
     async def drain(self) -> None:
+        return None
+
+    def close(self, error_code: int = 0) -> None:
+        self.eof = True
+
+    def abort(self, error_code: int = 0) -> None:
+        self.eof = True
+
+    async def wait_closed(self) -> None:
         return None
 
 

@@ -112,6 +112,8 @@ def test_settings_reject_zero_concurrency_and_bad_timeouts() -> None:
 
 
 class FakeStream:
+    """A ``ByteStream`` that reads ``data`` (then EOF) and records what is written."""
+
     def __init__(self, data: bytes) -> None:
         self.reader = asyncio.StreamReader()
         self.reader.feed_data(data)
@@ -122,16 +124,25 @@ class FakeStream:
     async def read(self, n: int = -1) -> bytes:
         return await self.reader.read(n)
 
-    async def readexactly(self, n: int) -> bytes:
+    async def read_exactly(self, n: int) -> bytes:
         return await self.reader.readexactly(n)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += data
 
     def write_eof(self) -> None:
         self.eof = True
 
     async def drain(self) -> None:
+        return None
+
+    def close(self, error_code: int = 0) -> None:
+        self.eof = True
+
+    def abort(self, error_code: int = 0) -> None:
+        self.eof = True
+
+    async def wait_closed(self) -> None:
         return None
 
 

@@ -330,7 +330,7 @@ def test_topology_refuses_a_second_registration_on_one_node() -> None:
 
 
 class _Pipe:
-    """One direction-pair of an in-memory stream for ``pump_session``."""
+    """One direction-pair of an in-memory ``ByteStream`` for ``pump_session``."""
 
     def __init__(self) -> None:
         self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
@@ -341,7 +341,10 @@ class _Pipe:
     async def read(self, n: int = -1) -> bytes:
         return await self.inbox.get()
 
-    def write(self, data: bytes) -> None:
+    async def read_exactly(self, n: int) -> bytes:
+        raise NotImplementedError  # pump_session reads what arrives
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         assert self.peer is not None
         self.peer.inbox.put_nowait(bytes(data))
 
@@ -357,6 +360,12 @@ class _Pipe:
         self.aborted = True
         assert self.peer is not None
         self.peer.inbox.put_nowait(b"")
+
+    def close(self, error_code: int = 0) -> None:
+        self.write_eof()
+
+    async def wait_closed(self) -> None:
+        return None
 
 
 def test_pump_session_moves_rows_and_ends_cleanly_on_end_of_stream() -> None:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Final, NoReturn, final
+from typing import Final, final
 
 from chrysalis.core import PID_LEN, AddressError, DatagramAddr, LinkId, Pid
+from chrysalis.core.framing import LengthPrefixDecoder
 from chrysalis.nameserver._errors import (
     CodecError,
     DecoderBufferFull,
@@ -608,7 +609,7 @@ class NsCodec:
     error the stream is unusable: every later ``feed`` / ``next_message`` raises the same error.
     """
 
-    __slots__ = ("_buf", "_buffer_limit", "_eof", "_error", "_start")
+    __slots__ = ("_buffer_limit", "_eof", "_frames")
 
     def __init__(self, *, buffer_limit: int = DEFAULT_BUFFER_LIMIT) -> None:
         if not isinstance(buffer_limit, int) or buffer_limit < FRAME_PREFIX_LEN + MAX_FRAME_BODY:
@@ -617,10 +618,10 @@ class NsCodec:
                 f"({FRAME_PREFIX_LEN + MAX_FRAME_BODY} bytes), got {buffer_limit!r}"
             )
         self._buffer_limit = buffer_limit
-        self._buf = bytearray()
-        self._start = 0
+        self._frames = LengthPrefixDecoder(
+            MAX_FRAME_BODY, prefix_size=FRAME_PREFIX_LEN, too_large=_declared_too_large
+        )
         self._eof = False
-        self._error: CodecError | None = None
 
     encode = staticmethod(encode_message)
     decode = staticmethod(decode_frame)
@@ -628,17 +629,18 @@ class NsCodec:
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned as messages."""
-        return len(self._buf) - self._start
+        return self._frames.buffered
 
     @property
     def finished(self) -> bool:
         """True once the input ended cleanly and every complete frame was returned."""
-        return self._eof and self.buffered == 0 and self._error is None
+        return self._eof and self.buffered == 0 and self._frames.error is None
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes; see the class docstring for the bounds."""
-        if self._error is not None:
-            raise self._error
+        error = self._frames.error
+        if error is not None:
+            raise error
         if self._eof:
             raise RuntimeError("NsCodec.feed after end_of_input")
         if not data:
@@ -648,7 +650,7 @@ class NsCodec:
                 f"{self.buffered} bytes buffered, {len(data)} more would exceed the "
                 f"{self._buffer_limit}-byte bound"
             )
-        self._buf += data
+        self._frames.feed(data)
         self._peek_body_len()
 
     def end_of_input(self) -> None:
@@ -657,47 +659,29 @@ class NsCodec:
 
     def next_message(self) -> NsMessage | None:
         """The next complete message, or ``None`` when no complete frame is buffered."""
-        if self._error is not None:
-            raise self._error
-        body_len = self._peek_body_len()
-        available = self.buffered
-        if body_len is None or available < FRAME_PREFIX_LEN + body_len:
+        body = self._frames.next_frame() if self._peek_body_len() is not None else None
+        if body is None:
+            available = self.buffered
             if self._eof and available:
-                self._fail(
+                self._frames.poison(
                     TruncatedFrame(f"stream ended inside a frame ({available} bytes buffered)")
                 )
             return None
-        start = self._start + FRAME_PREFIX_LEN
-        stop = start + body_len
-        body = bytes(self._buf[start:stop])
-        self._consume(stop)
         try:
             return decode_body(body)
         except CodecError as exc:
-            self._fail(exc)
+            self._frames.poison(exc)
 
     def _peek_body_len(self) -> int | None:
-        if self.buffered < FRAME_PREFIX_LEN:
-            return None
-        (body_len,) = _U32.unpack_from(self._buf, self._start)
-        try:
-            _check_body_length(body_len)
-        except CodecError as exc:
-            self._fail(exc)
-        return int(body_len)
+        """The next frame's declared body length once its prefix is known; the shared decoder
+        refuses one over ``MAX_FRAME_BODY``, this codec one below ``MIN_FRAME_BODY``."""
+        body_len = self._frames.peek_length()
+        if body_len is not None and body_len < MIN_FRAME_BODY:
+            self._frames.poison(
+                InvalidFrameLength(f"declared frame body of {body_len} bytes is below 2")
+            )
+        return body_len
 
-    def _consume(self, stop: int) -> None:
-        if stop == len(self._buf):
-            self._buf.clear()
-            self._start = 0
-        elif stop > FRAME_PREFIX_LEN + MAX_FRAME_BODY // 4:
-            del self._buf[:stop]
-            self._start = 0
-        else:
-            self._start = stop
 
-    def _fail(self, error: CodecError) -> NoReturn:
-        self._error = error
-        self._buf = bytearray()
-        self._start = 0
-        raise error
+def _declared_too_large(body_len: int, max_body: int) -> FrameTooLarge:
+    return FrameTooLarge(f"declared frame body of {body_len} bytes exceeds {max_body}")

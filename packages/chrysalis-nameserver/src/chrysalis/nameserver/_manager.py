@@ -35,7 +35,7 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import Final, final
 
 from chrysalis.core import DatagramAddr, LinkId, Pid
 from chrysalis.datagram import Route, RouteGate, Router
@@ -51,6 +51,7 @@ from chrysalis.nameserver._protocol import (
     VersionRange,
 )
 from chrysalis.nameserver._service import NameserverService, UpstreamClosed, Watch
+from chrysalis.nameserver._stream import ByteStream
 from chrysalis.nameserver.runtime import Spawner, Task, default_spawner, join_shielded, sleep
 
 __all__ = [
@@ -70,7 +71,7 @@ DEFAULT_RETRY_DELAY: Final = 1.0
 MAX_ENDPOINTS: Final = 64
 _GATE_TIMEOUT: Final = 5.0
 
-ParentDialer = Callable[[DatagramAddr, Pid | None], Awaitable[tuple[Pid, Any]]]
+ParentDialer = Callable[[DatagramAddr, Pid | None], Awaitable[tuple[Pid, ByteStream]]]
 """``await dial(address, pinned_pid_or_None) -> (authenticated parent PID, byte stream)``."""
 
 
@@ -419,6 +420,6 @@ class ParentLinkManager:
             self._set_status(ParentStatus(ParentStatusKind.STOPPED))
 
 
-def _abort(stream: Any) -> None:
+def _abort(stream: ByteStream) -> None:
     with contextlib.suppress(Exception):  # nothing more to do with an unwanted stream
         stream.abort(0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Final, Protocol, final
+from typing import Final, Protocol, final
 
 from chrysalis.core import LinkId, Pid
 from chrysalis.nameserver._service import NameserverService, UpstreamNameserver
@@ -32,7 +32,7 @@ class StreamAcceptor(Protocol):
     """A source of incoming nameserver streams with their authenticated peer
     (``chrysalis.quic``'s ``LinkProtocol`` is one). ``accept`` raises once it is closed."""
 
-    async def accept(self) -> tuple[Pid, Any]: ...
+    async def accept(self) -> tuple[Pid, ByteStream]: ...
 
 
 @final

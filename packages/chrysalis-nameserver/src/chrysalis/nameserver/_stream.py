@@ -7,24 +7,24 @@ bounded incremental ``NsCodec`` and messages into frames, so every reader enforc
 limits (a declared body above 4 MiB is rejected before it is buffered; a stream that ends
 inside a frame is a ``TruncatedFrame``, distinct from a clean end).
 
-The stream contract (``ByteStream``) is the asyncio ``StreamReader``/``StreamWriter``
-vocabulary that ``chrysalis.quic``'s ``AsyncioStream`` implements: ``read(n)``, ``write``,
-``drain``, ``write_eof``, ``close``, ``abort``. A trio QUIC stream (``TrioStream``, whose
-``send_eof`` is a coroutine) is taken through its runtime-neutral ``core``, which speaks that
-vocabulary under either runtime (``as_byte_stream``), so the frame layer is the same for both.
-``memory_stream_pair`` gives two connected in-memory ends (asyncio or trio) with a bounded
-buffer and optional fragmentation, for tests.
+The stream contract is ``chrysalis.quic.ByteStream`` (re-exported here as ``ByteStream``), the
+runtime-neutral vocabulary that both ``AsyncioStream`` and ``TrioStream`` implement: ``read(n)``,
+``read_exactly``, ``write``, ``drain``, ``write_eof``, ``close``, ``abort``, ``wait_closed``; so
+the frame layer is the same under asyncio and trio. ``memory_stream_pair`` gives two connected
+in-memory ``ByteStream`` ends (asyncio or trio) with a bounded buffer and optional
+fragmentation, for tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import Any, Final, Protocol, cast, final
+from typing import Final, final
 
 from chrysalis.nameserver._codec import DEFAULT_BUFFER_LIMIT, NsCodec
 from chrysalis.nameserver._protocol import NsMessage
 from chrysalis.nameserver.runtime import Event, new_event, sleep
+from chrysalis.quic import ByteStream, IncompleteReadError
 
 __all__ = [
     "DEFAULT_READ_SIZE",
@@ -40,63 +40,11 @@ DEFAULT_READ_SIZE: Final = 64 * 1024
 _MEMORY_CAPACITY: Final = 1 << 20
 
 
-class ByteStream(Protocol):
-    """An ordered, reliable, half-closeable byte stream (asyncio stream vocabulary)."""
-
-    async def read(self, n: int = -1) -> bytes: ...
-
-    def write(self, data: bytes | bytearray | memoryview) -> None: ...
-
-    async def drain(self) -> None: ...
-
-    def write_eof(self) -> None: ...
-
-    def close(self, error_code: int = 0) -> None: ...
-
-    def abort(self, error_code: int = 0) -> None: ...
-
-
-@final
-class _CoreByteStream:
-    """``ByteStream`` over the runtime-neutral core of a QUIC stream (see ``as_byte_stream``)."""
-
-    __slots__ = ("_core",)
-
-    def __init__(self, core: Any) -> None:
-        self._core = core
-
-    async def read(self, n: int = -1) -> bytes:
-        if n < 0:
-            n = DEFAULT_READ_SIZE
-        data: bytes = await self._core.read_some(n)
-        return data
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._core.write(data)
-
-    async def drain(self) -> None:
-        await self._core.drain()
-
-    def write_eof(self) -> None:
-        self._core.write_eof()
-
-    def close(self, error_code: int = 0) -> None:
-        self._core.close(error_code)
-
-    def abort(self, error_code: int = 0) -> None:
-        self._core.abort(error_code)
-
-
 def as_byte_stream(stream: object) -> ByteStream:
-    """``stream`` itself when it speaks the asyncio vocabulary, else the ``ByteStream`` view of
-    its ``core`` (a ``chrysalis.quic`` trio stream); ``TypeError`` for anything else."""
-    if all(hasattr(stream, name) for name in ("read", "write", "drain", "write_eof", "abort")):
-        return cast(ByteStream, stream)
-    core = getattr(stream, "core", None)
-    if core is not None and all(
-        hasattr(core, name) for name in ("read_some", "write", "drain", "write_eof", "abort")
-    ):
-        return _CoreByteStream(core)
+    """``stream`` itself when it is a ``ByteStream`` (a ``chrysalis.quic`` stream of either
+    runtime, a ``MemoryByteStream``...); ``TypeError`` for anything else."""
+    if isinstance(stream, ByteStream):
+        return stream
     raise TypeError(f"{type(stream).__name__} is not a byte stream")
 
 
@@ -116,7 +64,7 @@ class NsFrameStream:
 
     def __init__(
         self,
-        stream: ByteStream | Any,
+        stream: ByteStream,
         *,
         read_size: int = DEFAULT_READ_SIZE,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
@@ -199,6 +147,7 @@ class MemoryByteStream:
     Writes beyond ``capacity`` unread bytes raise ``BufferError``; reads return at most
     ``fragment`` bytes at a time (to exercise frame reassembly). ``abort`` makes the peer's
     reads raise ``ConnectionResetError``; writing after ``write_eof`` raises ``BrokenPipeError``.
+    ``wait_closed`` returns at once (nothing is in flight).
     """
 
     __slots__ = ("_capacity", "_fragment", "_incoming", "_outgoing", "_write_closed")
@@ -227,6 +176,16 @@ class MemoryByteStream:
             if pipe.eof:
                 return b""
             await pipe.wait()
+
+    async def read_exactly(self, n: int) -> bytes:
+        """Exactly ``n`` bytes; ``chrysalis.quic.IncompleteReadError`` at an earlier end."""
+        data = b""
+        while len(data) < n:
+            chunk = await self.read(n - len(data))
+            if not chunk:
+                raise IncompleteReadError(data, n)
+            data += chunk
+        return data
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Queue ``data`` for the peer."""
@@ -264,6 +223,10 @@ class MemoryByteStream:
             pipe.chunks.clear()
             pipe.buffered = 0
             pipe.wake()
+
+    async def wait_closed(self) -> None:
+        """Memory bytes need no acknowledgement."""
+        await sleep(0)
 
 
 def memory_stream_pair(

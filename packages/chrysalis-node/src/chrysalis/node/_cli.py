@@ -65,6 +65,7 @@ from chrysalis.node._tempdirs import (
     reclaim_stale_socket,
 )
 from chrysalis.quic import (
+    ByteStream,
     DevelopmentCA,
     DevelopmentIdentityProvider,
     FileIdentityProvider,
@@ -692,7 +693,7 @@ async def _client_command(node: Node, args: argparse.Namespace, out: TextIO) -> 
     return await _ping(node, args, out)
 
 
-async def _pipe(stream: Any) -> None:
+async def _pipe(stream: ByteStream) -> None:
     loop = asyncio.get_running_loop()
     stdin: Any = sys.stdin.buffer  # a BufferedReader: read1 returns what is available
     stdout = sys.stdout.buffer

@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
+
+from chrysalis.quic import ByteStream
 
 __all__ = [
     "ECHO_CHUNK",
@@ -34,19 +36,19 @@ ECHO_CHUNK: Final = 64 * 1024
 MAX_ECHO_STREAMS: Final = 256
 """Echo streams served at once; more wait in ``accept`` (the transport bounds its queue)."""
 
-StreamHandler = Callable[[Any], Awaitable[None]]
+StreamHandler = Callable[[ByteStream], Awaitable[None]]
 """Serves one accepted stream (reads it, writes the answer); the caller sends the FIN."""
 
 
 class Acceptor(Protocol):
     """What the service needs of a node (``chrysalis.node.Node`` is one)."""
 
-    async def accept(self) -> tuple[object, Any]:
+    async def accept(self) -> tuple[object, ByteStream]:
         """The next stream another process opened, with the opener's PID."""
         ...
 
 
-async def echo_raw(stream: Any, first: bytes = b"", chunk: int = ECHO_CHUNK) -> None:
+async def echo_raw(stream: ByteStream, first: bytes = b"", chunk: int = ECHO_CHUNK) -> None:
     """Write back ``first`` and then every byte read from ``stream`` until its end, waiting
     for each write to drain before reading more (so the echo holds at most one chunk)."""
     data = first or await stream.read(chunk)
@@ -56,7 +58,7 @@ async def echo_raw(stream: Any, first: bytes = b"", chunk: int = ECHO_CHUNK) -> 
         data = await stream.read(chunk)
 
 
-async def serve_stream(stream: Any, handle: StreamHandler) -> None:
+async def serve_stream(stream: ByteStream, handle: StreamHandler) -> None:
     """Serve ``stream`` with ``handle``, then end it (FIN). An exception from the handler (a
     peer that went away, a truncated or hostile request) ends the stream too, and is only
     logged at debug level: one bad stream must not stop a service serving many."""
@@ -80,7 +82,7 @@ async def serve_streams(
     slots = asyncio.Semaphore(limit)
     tasks: set[asyncio.Task[None]] = set()
 
-    async def serve(stream: Any) -> None:
+    async def serve(stream: ByteStream) -> None:
         try:
             await serve_stream(stream, handle)
         finally:

@@ -78,7 +78,7 @@ from chrysalis.nameserver.runtime import (
     run_in_thread,
 )
 from chrysalis.node._sessions import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessionHandler, LinkSessions
-from chrysalis.quic import Identity, QuicConfig
+from chrysalis.quic import ByteStream, Identity, QuicConfig
 from chrysalis.quic._transport import LinkProtocolId, QuicTransport
 
 __all__ = [
@@ -203,12 +203,14 @@ class Node:
         self._quic_config = quic_config
         self._router = Router()
         self._switch: DatagramSwitch | None = None
-        self._transport: QuicTransport[Any] | None = None
+        self._transport: QuicTransport[ByteStream] | None = None
         self._transport_cm: Any = None
         self._service: NameserverService | None = None
         self._manager: ParentLinkManager | None = None
         self._server: ChildLinkServer | None = None
-        self._pending_protocols: dict[LinkProtocolId, Callable[[Pid, Any], Awaitable[object]]] = {}
+        self._pending_protocols: dict[
+            LinkProtocolId, Callable[[Pid, ByteStream], Awaitable[object]]
+        ] = {}
         self._sessions: dict[LinkProtocolId, LinkSessions] = {}
         self._session_tasks: list[Task] = []
         self._spawner: Spawner | None = None
@@ -275,7 +277,7 @@ class Node:
         return self._service
 
     @property
-    def transport(self) -> QuicTransport[Any]:
+    def transport(self) -> QuicTransport[ByteStream]:
         """The QUIC transport (``RuntimeError`` before startup)."""
         if self._transport is None:
             raise RuntimeError("the node is not started")
@@ -320,7 +322,7 @@ class Node:
         self._switch = DatagramSwitch.spawn(self._carrier, self._router)
         binding = self._switch.bind_routed_many([self.pid, Pid.LINK_LOCAL])
         self._transport_cm = QuicTransport.spawn(self._identity, binding, config=self._quic_config)
-        transport: QuicTransport[Any] = await self._transport_cm.__aenter__()
+        transport: QuicTransport[ByteStream] = await self._transport_cm.__aenter__()
         self._transport = transport
         spawner = await self._open_task_scope()
         ns_protocol = transport.register_link_protocol(NS_PROTOCOL_SELECTOR)
@@ -368,7 +370,9 @@ class Node:
             self._spawner = AsyncioSpawner()
         return self._spawner
 
-    async def _dial_parent(self, address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
+    async def _dial_parent(
+        self, address: DatagramAddr, pinned: Pid | None
+    ) -> tuple[Pid, ByteStream]:
         transport = self.transport
         try:
             if pinned is None:
@@ -423,7 +427,7 @@ class Node:
     def register_link_protocol(
         self,
         protocol_id: LinkProtocolId | bytes,
-        handler: Callable[[Pid, Any], Awaitable[object]],
+        handler: Callable[[Pid, ByteStream], Awaitable[object]],
     ) -> None:
         """Run ``await handler(peer_pid, stream)`` for every link-local stream of
         ``protocol_id`` (``ValueError`` for the nameserver id or a duplicate)."""
@@ -436,7 +440,7 @@ class Node:
 
     async def dial_link_local(
         self, pid: Pid, address: DatagramAddr, protocol_id: LinkProtocolId | bytes
-    ) -> Any:
+    ) -> ByteStream:
         """A stream of a link-local protocol to the adjacent node ``pid`` at ``address``."""
         return await self.transport.dial_link_local(pid, address, protocol_id)
 
@@ -466,7 +470,7 @@ class Node:
         )
         self._sessions[key] = sessions
 
-        async def serve(peer: Pid, stream: Any) -> None:
+        async def serve(peer: Pid, stream: ByteStream) -> None:
             await sessions.serve_child(self.nameserver, peer, stream)
 
         self._pending_protocols[key] = serve
@@ -529,8 +533,9 @@ class Node:
 
     # -- streams ----------------------------------------------------------------------------
 
-    async def dial(self, pid: Pid, consistency: Consistency = Consistency.CACHED) -> Any:
-        """A new stream to ``pid``: resolve, then try its locators by priority."""
+    async def dial(self, pid: Pid, consistency: Consistency = Consistency.CACHED) -> ByteStream:
+        """A new stream to ``pid`` (an ``AsyncioStream`` or ``TrioStream``, both ``ByteStream``):
+        resolve, then try its locators by priority."""
         resolution = await self.resolve(pid, consistency)
         if isinstance(resolution, NotFound):
             raise NodeError(f"PID {pid.hex()} is not found (NotFound)")
@@ -547,8 +552,9 @@ class Node:
                 last = exc
         raise NodeError(f"dialling {pid.hex()} failed: {last}") from last
 
-    async def accept(self) -> tuple[Pid, Any]:
-        """The next stream another process opened to this node, with its PID."""
+    async def accept(self) -> tuple[Pid, ByteStream]:
+        """The next stream another process opened to this node (a ``ByteStream``), with its
+        PID."""
         return await self.transport.accept()
 
 

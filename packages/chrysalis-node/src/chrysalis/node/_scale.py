@@ -55,7 +55,7 @@ from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, Uni
 from chrysalis.nameserver import Consistency, Found, Labels
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node
-from chrysalis.quic import DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
+from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
 
 __all__ = [
     "ECHO_OP",
@@ -417,16 +417,16 @@ def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
     return members[0] if len(members) == 1 else DatagramSocketSet(members[0], *members[1:])
 
 
-async def _serve_echo(stream: Any) -> None:
+async def _serve_echo(stream: ByteStream) -> None:
     """A worker's echo: a scale request (``[ECHO_OP][len][payload]``) is answered with
     ``[len][payload]``; any other first byte gets the raw echo (``chrysalis ping``). Errors end
     the stream in ``chrysalis.node._echo.serve_stream``, never the worker."""
     first = await stream.read(1)
     if first == bytes([ECHO_OP]):
-        (length,) = _LENGTH.unpack(await stream.readexactly(_LENGTH.size))
+        (length,) = _LENGTH.unpack(await stream.read_exactly(_LENGTH.size))
         if length > MAX_ECHO_PAYLOAD:
             raise ScaleError(f"echo of {length} bytes refused")
-        stream.write(_LENGTH.pack(length) + await stream.readexactly(length))
+        stream.write(_LENGTH.pack(length) + await stream.read_exactly(length))
     else:
         await echo_raw(stream, first)
 

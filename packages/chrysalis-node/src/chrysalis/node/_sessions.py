@@ -30,7 +30,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Final, final
+from typing import Final, final
 
 from chrysalis.core import DatagramAddr, LinkContext, LinkId, LinkSide, Pid
 from chrysalis.nameserver import (
@@ -38,7 +38,6 @@ from chrysalis.nameserver import (
     NameserverService,
     ParentLinkManager,
     ParentStatusKind,
-    as_byte_stream,
 )
 from chrysalis.nameserver.runtime import (
     Spawner,
@@ -48,7 +47,7 @@ from chrysalis.nameserver.runtime import (
     race,
     sleep,
 )
-from chrysalis.quic import LinkProtocolId
+from chrysalis.quic import ByteStream, LinkProtocolId
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
@@ -72,9 +71,9 @@ DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 """Seconds the link-id / version exchange may take."""
 _ABORT_CODE: Final = 0x3
 
-LinkSessionHandler = Callable[[LinkContext, Any], Awaitable[object]]
+LinkSessionHandler = Callable[[LinkContext, ByteStream], Awaitable[object]]
 """``await handler(context, stream)``: one session of a link protocol on one link."""
-Dialer = Callable[[Pid, DatagramAddr, LinkProtocolId], Awaitable[Any]]
+Dialer = Callable[[Pid, DatagramAddr, LinkProtocolId], Awaitable[ByteStream]]
 """``await dial(parent_pid, parent_address, protocol_id)``: a link-local stream."""
 
 
@@ -100,7 +99,7 @@ def decode_ack(data: bytes) -> int | None:
     return data[0]
 
 
-async def _read_exactly(stream: Any, count: int) -> bytes:
+async def _read_exactly(stream: ByteStream, count: int) -> bytes:
     """``count`` bytes from a ``ByteStream``, or fewer at its end."""
     data = b""
     while len(data) < count:
@@ -111,7 +110,7 @@ async def _read_exactly(stream: Any, count: int) -> bytes:
     return data
 
 
-def _abort(stream: Any) -> None:
+def _abort(stream: ByteStream) -> None:
     with contextlib.suppress(Exception):  # nothing more to do with a dead session stream
         stream.abort(_ABORT_CODE)
 
@@ -171,15 +170,14 @@ class LinkSessions:
 
     # -- parent side (our children's links) -------------------------------------------------
 
-    async def serve_child(self, service: NameserverService, peer: Pid, stream: Any) -> None:
+    async def serve_child(self, service: NameserverService, peer: Pid, stream: ByteStream) -> None:
         """Admit a child's session stream (link id check, version byte) and run it until its
         link leaves the child-link map."""
         spawner = self._spawner
         if spawner is None:
             return
-        frames = as_byte_stream(stream)
         try:
-            raw = await fail_after(self._timeout, lambda: _read_exactly(frames, LINK_ID_BYTES))
+            raw = await fail_after(self._timeout, lambda: _read_exactly(stream, LINK_ID_BYTES))
         except Exception:  # a slow, short or broken stream is refused: it closes unanswered
             return
         if len(raw) != LINK_ID_BYTES:
@@ -189,7 +187,7 @@ class LinkSessions:
             return  # not the child's current link, or a session already runs on it
         self._active.add(link)
         try:
-            frames.write(bytes([SESSION_VERSION]))
+            stream.write(bytes([SESSION_VERSION]))
             self.sessions_started += 1
             context = LinkContext(link, peer, LinkSide.CHILD)
             await race(
@@ -242,18 +240,17 @@ class LinkSessions:
                 _log.info("dialling %s for %s failed: %r", peer.hex(), self.protocol_id, exc)
                 await sleep(self._retry_delay)
                 continue
-            frames = as_byte_stream(stream)
             try:
-                frames.write(link.raw)
-                ack = await fail_after(self._timeout, partial(_read_exactly, frames, 1))
+                stream.write(link.raw)
+                ack = await fail_after(self._timeout, partial(_read_exactly, stream, 1))
             except Exception:
                 ack = b""
             except BaseException:
-                _abort(frames)
+                _abort(stream)
                 raise
             version = decode_ack(ack)
             if version != SESSION_VERSION:
-                _abort(frames)
+                _abort(stream)
                 if version is not None:
                     self.failure = LinkSessionVersionError(self.protocol_id, peer, version)
                     _log.error("%s", self.failure)
@@ -270,10 +267,10 @@ class LinkSessions:
                 await self._handler(context, stream)
             except Exception:
                 _log.exception("link session %s on %s failed", self.protocol_id, link)
-                _abort(frames)
+                _abort(stream)
             else:
                 with contextlib.suppress(Exception):  # the peer may have gone already
-                    frames.close()
+                    stream.close()
             await sleep(self._retry_delay)
 
 

@@ -17,6 +17,7 @@ from chrysalis.quic._asyncio import (
     AsyncioEndpoint,
     AsyncioStream,
 )
+from chrysalis.quic._byte_stream import MAX_READ_ALL, ByteStream
 from chrysalis.quic._config import (
     ALPN,
     DEFAULT_FLOW_WINDOW,
@@ -112,6 +113,7 @@ __all__ = [
     "AsyncioConnection",
     "AsyncioEndpoint",
     "AsyncioStream",
+    "ByteStream",
     "CidIssued",
     "CidRetired",
     "Close",
@@ -148,6 +150,7 @@ __all__ = [
     "LinkProtocolId",
     "MAX_CERTIFICATE_DER_LENGTH",
     "MAX_CHAIN_LENGTH",
+    "MAX_READ_ALL",
     "MIN_UDP_PAYLOAD",
     "OpenBidi",
     "PeerAuthenticationError",

@@ -47,6 +47,7 @@ from chrysalis.core.completion import (
     WouldBlock,
 )
 from chrysalis.datagram import DatagramSocket
+from chrysalis.quic._byte_stream import MAX_READ_ALL
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
@@ -78,8 +79,6 @@ _NEVER: Final = float("inf")
 _log = logging.getLogger("chrysalis.quic")
 
 DEFAULT_SHUTDOWN_GRACE: Final = 1.0
-MAX_READ_ALL: Final = 64 * 1024 * 1024
-"""The most bytes ``read()`` / ``read(-1)`` collects before raising ``ReadLimitError``."""
 _STOP_MARGIN: Final = 2.0
 _STREAM_LIMIT: Final = 64 * 1024
 
@@ -1127,6 +1126,9 @@ class AsyncioConnection(ConnectionView):
 class AsyncioStream:
     """A bidirectional QUIC stream with ``asyncio.StreamReader``/``StreamWriter`` ergonomics.
 
+    A ``ByteStream`` (``read``, ``read_exactly``, ``write``, ``drain``, ``write_eof``, ``close``,
+    ``abort``, ``wait_closed``), plus the rest of the asyncio vocabulary.
+
     Reading: ``read``, ``readexactly``, ``readuntil``, ``readline``, ``at_eof``. A clean FIN
     reads as EOF; a peer reset raises ``StreamResetError``; a connection that closed first
     raises ``ConnectionLostError``.
@@ -1179,6 +1181,11 @@ class AsyncioStream:
         if n < 0:
             return await self._stream.read_until_eof(MAX_READ_ALL)
         return await self._stream.read_some(n)
+
+    async def read_exactly(self, n: int) -> bytes:
+        """Exactly ``n`` bytes; ``chrysalis.quic.IncompleteReadError`` (an ``EOFError``) at an
+        earlier EOF (the ``ByteStream`` verb)."""
+        return await self._stream.read_exactly(n)
 
     async def readexactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; ``asyncio.IncompleteReadError`` at an earlier EOF."""

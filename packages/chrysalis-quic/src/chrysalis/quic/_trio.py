@@ -35,6 +35,7 @@ import trio
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.core.completion import StreamRef, SubmissionLimits
 from chrysalis.datagram import DatagramSocket
+from chrysalis.quic._byte_stream import MAX_READ_ALL
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
@@ -704,6 +705,12 @@ class TrioStream(trio.abc.HalfCloseableStream):
     connection raises ``trio.BrokenResourceError`` (the Chrysalis error is its ``__cause__``);
     use after ``aclose`` raises ``trio.ClosedResourceError``. ``aclose`` sends FIN and
     STOP_SENDING and returns at once; ``wait_closed`` waits for the acknowledgements.
+
+    It is also a ``ByteStream`` (``read``, ``read_exactly``, ``write``, ``drain``,
+    ``write_eof``, ``close``, ``abort``, ``wait_closed``), the runtime-neutral vocabulary that
+    ``AsyncioStream`` speaks too: those verbs behave as on asyncio and raise the Chrysalis
+    errors (``StreamResetError``, ``ConnectionLostError``...), not trio's. ``close`` and
+    ``abort`` close the trio side as ``aclose`` does.
     """
 
     __slots__ = ("__weakref__", "_closed", "_conn", "_receiving", "_sending", "_stream")
@@ -810,6 +817,41 @@ class TrioStream(trio.abc.HalfCloseableStream):
                 raise _translate(exc) from exc
         finally:
             self._receiving = False
+
+    # -- the runtime-neutral ByteStream verbs (Chrysalis errors, as on asyncio) ----------------
+
+    async def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (``n < 0``: everything until EOF, at most ``MAX_READ_ALL``);
+        ``b""`` at EOF."""
+        if n == 0:
+            return b""
+        if n < 0:
+            return await self._stream.read_until_eof(MAX_READ_ALL)
+        return await self._stream.read_some(n)
+
+    async def read_exactly(self, n: int) -> bytes:
+        """Exactly ``n`` bytes; ``chrysalis.quic.IncompleteReadError`` (an ``EOFError``) at an
+        earlier EOF."""
+        return await self._stream.read_exactly(n)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Queue ``data`` without waiting (``WriteBufferFullError`` beyond the stream's local
+        write buffer: ``drain`` between writes)."""
+        self._stream.write(data)
+
+    async def drain(self) -> None:
+        """Wait until every written byte was admitted (bounded in-flight, not acknowledged)."""
+        await self._stream.drain()
+
+    def write_eof(self) -> None:
+        """Send FIN after every written byte (idempotent)."""
+        self._stream.write_eof()
+
+    def close(self, error_code: int = 0) -> None:
+        """FIN after the written bytes, and STOP_SENDING with ``error_code`` unless the peer
+        already finished (idempotent); the trio verbs then raise ``ClosedResourceError``."""
+        self._closed = True
+        self._stream.close(error_code)
 
     async def aclose(self) -> None:
         """Close both halves (FIN and STOP_SENDING); idempotent, and it closes even when

@@ -40,6 +40,7 @@ from typing import Final
 
 import msgspec
 
+from chrysalis.core.framing import LengthPrefixDecoder
 from chrysalis.sqlite._errors import (
     CodecError,
     FrameTooLargeError,
@@ -515,21 +516,21 @@ class FrameDecoder:
     ``FrameTooLargeError`` as soon as its four bytes are known, before any body is buffered
     beyond what was fed. ``end_of_stream`` checks that the stream ended between frames
     (``TruncatedFrameError`` otherwise). After any error the decoder is poisoned and keeps
-    raising it.
+    raising it (and releases its buffer). The framing is ``chrysalis.core.framing``'s
+    ``LengthPrefixDecoder``; this class decodes the bodies.
     """
 
-    __slots__ = ("_buffer", "_encodings", "_error", "_keep", "_max_frame", "_offset")
+    __slots__ = ("_encodings", "_frames", "_keep")
 
     def __init__(
         self, max_frame_bytes: int = MAX_FRAME_BYTES, *, keep_encodings: bool = False
     ) -> None:
         if not 1 <= max_frame_bytes <= MAX_FRAME_BYTES:
             raise ValueError(f"max_frame_bytes must be in 1..{MAX_FRAME_BYTES}")
-        self._max_frame = max_frame_bytes
+        self._frames = LengthPrefixDecoder(
+            max_frame_bytes, too_large=_frame_too_large, truncated=_truncated_frame
+        )
         self._keep = keep_encodings
-        self._buffer = bytearray()
-        self._offset = 0
-        self._error: CodecError | None = None
         self._encodings: list[EncodedChange] | None = None
 
     @property
@@ -543,45 +544,23 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as messages."""
-        return len(self._buffer) - self._offset
+        return self._frames.buffered
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes."""
-        if self._error is not None:
-            raise self._error
-        if self._offset and self._offset * 2 >= len(self._buffer):
-            del self._buffer[: self._offset]
-            self._offset = 0
-        self._buffer += data
+        self._frames.feed(data)
 
     def next_message(self) -> Message | None:
         """The next complete message, or ``None`` if the buffered bytes end mid-frame."""
-        if self._error is not None:
-            raise self._error
-        available = len(self._buffer) - self._offset
-        if available < 4:
+        body = self._frames.next_frame()
+        if body is None:
             return None
-        (length,) = _U32.unpack_from(self._buffer, self._offset)
-        if length > self._max_frame:
-            self._error = FrameTooLargeError(
-                f"frame body of {length} bytes exceeds {self._max_frame}"
-            )
-            raise self._error
-        if available < 4 + length:
-            return None
-        start = self._offset + 4
-        body = bytes(self._buffer[start : start + length])
-        self._offset = start + length
-        if self._offset == len(self._buffer):
-            self._buffer.clear()
-            self._offset = 0
         encodings: list[EncodedChange] | None = [] if self._keep else None
         self._encodings = None
         try:
             message = _decode_body(body, encodings)
         except CodecError as exc:
-            self._error = exc
-            raise
+            self._frames.poison(exc)
         if type(message) is BatchChunk:
             self._encodings = encodings
         return message
@@ -589,10 +568,12 @@ class FrameDecoder:
     def end_of_stream(self) -> None:
         """Declare the end of the stream: fine between frames, ``TruncatedFrameError`` inside
         one (including inside the length prefix)."""
-        if self._error is not None:
-            raise self._error
-        if len(self._buffer) - self._offset:
-            self._error = TruncatedFrameError(
-                f"stream ended inside a frame ({len(self._buffer) - self._offset} bytes pending)"
-            )
-            raise self._error
+        self._frames.end_of_stream()
+
+
+def _frame_too_large(length: int, max_frame: int) -> FrameTooLargeError:
+    return FrameTooLargeError(f"frame body of {length} bytes exceeds {max_frame}")
+
+
+def _truncated_frame(pending: int) -> TruncatedFrameError:
+    return TruncatedFrameError(f"stream ended inside a frame ({pending} bytes pending)")

@@ -48,11 +48,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol, final
+from typing import Final, Protocol, final
 
 from chrysalis.core import LinkContext, LinkId, LinkSide, Pid
 from chrysalis.node import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessions, Node
-from chrysalis.quic import LinkProtocolId
+from chrysalis.quic import ByteStream, LinkProtocolId
 from chrysalis.sqlite._errors import ReplicaBusyError
 from chrysalis.sqlite._protocol import PROTOCOL_ID
 from chrysalis.sqlite._replica import GC_BUDGET, Replica
@@ -431,7 +431,7 @@ class ReplicationTopology:
         for live in self._live.values():
             live.wake.set()
 
-    async def _session(self, context: LinkContext, stream: Any) -> None:
+    async def _session(self, context: LinkContext, stream: ByteStream) -> None:
         """The node's per-link session handler (spec 4.4, ``Node.register_link_session``).
 
         The node has already admitted the link (link id and version byte), cancels this call
@@ -456,7 +456,7 @@ class ReplicationTopology:
             await asyncio.gather(pump, return_exceptions=True)
             self._pumps.discard(pump)
 
-    async def _run_link(self, context: LinkContext, stream: Any) -> None:
+    async def _run_link(self, context: LinkContext, stream: ByteStream) -> None:
         if context.side is LinkSide.PARENT:
             await self._run_session(context, stream, self._aggregator.upstream)
             return
@@ -487,7 +487,7 @@ class ReplicationTopology:
                 self._wake_all()
 
     async def _run_session(
-        self, context: LinkContext, stream: Any, publisher: SitePublisher
+        self, context: LinkContext, stream: ByteStream, publisher: SitePublisher
     ) -> bool:
         """One session on an admitted stream; returns whether it ended cleanly."""
         session = ReplicaSession(self._replica, context.peer, publisher)
