@@ -83,6 +83,7 @@ from chrysalis.core.completion import (
     WouldBlock,
     next_driver_id,
 )
+from chrysalis.core.runtime import Event
 from chrysalis.datagram import (
     DATAGRAM_BATCH_SIZE,
     MAX_DATAGRAM_SIZE,
@@ -273,14 +274,9 @@ class WriteBufferFullError(QuicTransportError, BufferError):
 # --- the runtime seam --------------------------------------------------------------------------
 
 
-class AsyncEvent(Protocol):
-    """What the core needs of an event: ``asyncio.Event`` and ``trio.Event`` both fit."""
-
-    def set(self) -> None: ...
-
-    def is_set(self) -> bool: ...
-
-    def wait(self) -> Awaitable[Any]: ...  # a coroutine (trio) or a future (asyncio's)
+# What the core needs of an event (``asyncio.Event``, ``trio.Event`` and the asyncio adapter's
+# cheaper ``_Event``, whose ``wait`` returns a future, all fit): the shared runtime protocol.
+AsyncEvent = Event
 
 
 class Runtime(Protocol):
