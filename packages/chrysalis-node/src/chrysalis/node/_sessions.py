@@ -33,20 +33,20 @@ from functools import partial
 from typing import Any, Final, final
 
 from chrysalis.core import DatagramAddr, LinkContext, LinkId, LinkSide, Pid
-from chrysalis.nameserver import (
-    NameserverError,
-    NameserverService,
-    ParentLinkManager,
-    ParentStatusKind,
-    as_byte_stream,
-)
-from chrysalis.nameserver.runtime import (
+from chrysalis.core.runtime import (
     Spawner,
     Task,
     fail_after,
     join_shielded,
     race,
     sleep,
+)
+from chrysalis.nameserver import (
+    NameserverError,
+    NameserverService,
+    ParentLinkManager,
+    ParentStatusKind,
+    as_byte_stream,
 )
 from chrysalis.quic import LinkProtocolId
 
