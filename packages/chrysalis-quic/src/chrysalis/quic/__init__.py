@@ -25,24 +25,7 @@ from chrysalis.quic._config import (
     QuicConfig,
 )
 from chrysalis.quic._devca import DevelopmentCA
-from chrysalis.quic._driver import (
-    DEFAULT_DRIVER_MODE,
-    REFUSED_STREAM_CODE,
-    AdapterOptions,
-    ConnectError,
-    ConnectionLostError,
-    DriverStatistics,
-    EndpointClosedError,
-    EndpointDriver,
-    IncompleteReadError,
-    PeerAuthenticationError,
-    QuicTransportError,
-    ReadLimitError,
-    StreamBrokenError,
-    StreamClosedError,
-    StreamResetError,
-    WriteBufferFullError,
-)
+from chrysalis.quic._driver import DEFAULT_DRIVER_MODE, DriverStatistics, EndpointDriver
 from chrysalis.quic._endpoint import (
     AUTHENTICATION_FAILED_CODE,
     SHUTDOWN_CLOSE_CODE,
@@ -59,6 +42,7 @@ from chrysalis.quic._endpoint import (
     QuicEndpoint,
     Shutdown,
 )
+from chrysalis.quic._endpoint_core import REFUSED_STREAM_CODE, AdapterOptions
 from chrysalis.quic._engine import (
     CidIssued,
     CidRetired,
@@ -71,6 +55,19 @@ from chrysalis.quic._engine import (
     StreamResetReceived,
     Terminated,
     TerminationKind,
+)
+from chrysalis.quic._errors import (
+    ConnectError,
+    ConnectionLostError,
+    EndpointClosedError,
+    IncompleteReadError,
+    PeerAuthenticationError,
+    QuicTransportError,
+    ReadLimitError,
+    StreamBrokenError,
+    StreamClosedError,
+    StreamResetError,
+    WriteBufferFullError,
 )
 from chrysalis.quic._identity import (
     MAX_CERTIFICATE_DER_LENGTH,

@@ -50,16 +50,8 @@ from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
-    AdapterOptions,
-    ConnectionCore,
-    ConnectionView,
-    EndpointClosedError,
-    EndpointCore,
     EndpointDriver,
     EndpointSettings,
-    EndpointView,
-    IncompleteReadError,
-    StreamCore,
     ThreadNotifier,
     thread_name,
 )
@@ -68,8 +60,17 @@ from chrysalis.quic._endpoint import (
     EndpointRole,
     EndpointState,
 )
+from chrysalis.quic._endpoint_core import (
+    AdapterOptions,
+    ConnectionCore,
+    ConnectionView,
+    EndpointCore,
+    EndpointView,
+)
 from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._errors import EndpointClosedError, IncompleteReadError
 from chrysalis.quic._identity import Identity
+from chrysalis.quic._stream_core import StreamCore
 
 __all__ = ["AsyncioConnection", "AsyncioEndpoint", "AsyncioStream"]
 

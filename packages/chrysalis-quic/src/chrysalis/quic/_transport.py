@@ -51,22 +51,24 @@ from chrysalis.core.completion import SubmissionLimits
 from chrysalis.core.runtime import current_async_library
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
-from chrysalis.quic._driver import (
-    DEFAULT_DRIVER_MODE,
+from chrysalis.quic._driver import DEFAULT_DRIVER_MODE
+from chrysalis.quic._endpoint_core import (
     AdapterOptions,
     AsyncEvent,
-    ConnectError,
     ConnectionCore,
-    ConnectionLostError,
-    EndpointClosedError,
     EndpointCore,
-    PeerAuthenticationError,
-    QuicTransportError,
     Runtime,
-    StreamCore,
 )
 from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._errors import (
+    ConnectError,
+    ConnectionLostError,
+    EndpointClosedError,
+    PeerAuthenticationError,
+    QuicTransportError,
+)
 from chrysalis.quic._identity import Identity
+from chrysalis.quic._stream_core import StreamCore
 
 __all__ = [
     "DEFAULT_CLASSIFY_TIMEOUT",

@@ -38,16 +38,7 @@ from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
-    AdapterOptions,
-    ConnectionCore,
-    ConnectionView,
-    EndpointClosedError,
-    EndpointCore,
     EndpointSettings,
-    EndpointView,
-    QuicTransportError,
-    StreamClosedError,
-    StreamCore,
     ThreadNotifier,
     thread_name,
 )
@@ -55,8 +46,17 @@ from chrysalis.quic._endpoint import (
     ConnectionStatistics,
     EndpointRole,
 )
+from chrysalis.quic._endpoint_core import (
+    AdapterOptions,
+    ConnectionCore,
+    ConnectionView,
+    EndpointCore,
+    EndpointView,
+)
 from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._errors import EndpointClosedError, QuicTransportError, StreamClosedError
 from chrysalis.quic._identity import Identity
+from chrysalis.quic._stream_core import StreamCore
 
 __all__ = ["TrioConnection", "TrioEndpoint", "TrioStream"]
 
