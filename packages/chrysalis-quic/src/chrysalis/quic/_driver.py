@@ -98,7 +98,8 @@ from chrysalis.quic._endpoint_core import (
     EndpointView,
     Runtime,
 )
-from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._engines import DEFAULT_ENGINE
+from chrysalis.quic._engines.base import EngineFactory
 from chrysalis.quic._errors import (
     ConnectError,
     ConnectionLostError,
@@ -732,7 +733,8 @@ class EndpointSettings:
     event_credits: int = EVENT_CREDIT_CAPACITY
     driver: str = DEFAULT_DRIVER_MODE
     close_socket: bool = True
-    engine: EngineFactory | None = None
+    engine: EngineFactory | None = DEFAULT_ENGINE
+    """The QUIC engine (the default is chosen here, not by the sans-IO endpoint)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.identity, Identity):

@@ -59,7 +59,7 @@ from chrysalis.quic._endpoint_core import (
     EndpointCore,
     Runtime,
 )
-from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._engines.base import EngineFactory
 from chrysalis.quic._errors import (
     ConnectError,
     ConnectionLostError,

@@ -53,7 +53,7 @@ from chrysalis.quic._endpoint_core import (
     EndpointCore,
     EndpointView,
 )
-from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._engines.base import EngineFactory
 from chrysalis.quic._errors import EndpointClosedError, QuicTransportError, StreamClosedError
 from chrysalis.quic._identity import Identity
 from chrysalis.quic._stream_core import StreamCore
