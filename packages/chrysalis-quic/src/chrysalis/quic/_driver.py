@@ -51,7 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import Any, Final, TypedDict, final
 
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.core.completion import (
@@ -137,6 +137,7 @@ __all__ = [
     "EndpointDriver",
     "EndpointSettings",
     "EndpointView",
+    "SpawnOptions",
     "IncompleteReadError",
     "PeerAuthenticationError",
     "QuicTransportError",
@@ -782,6 +783,22 @@ class EndpointSettings:
             threadsafe=self.driver != "inline",
         )
         return channels, endpoint, driver
+
+
+class SpawnOptions(TypedDict, total=False):
+    """The keyword options of the adapters' ``spawn`` besides ``role`` and ``route`` (the
+    ``spawn_client``/``spawn_server``/``spawn_duplex``/``spawn_duplex_routed`` wrappers take
+    these); their meaning is ``EndpointSettings``'."""
+
+    config: QuicConfig | None
+    limits: EndpointLimits | None
+    options: AdapterOptions | None
+    submission_limits: SubmissionLimits | None
+    completion_credits: int
+    event_credits: int
+    driver: str
+    close_socket: bool
+    engine: EngineFactory | None
 
 
 def thread_name(pid: Pid) -> str:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Final, TypeVar, final
+from typing import Final, TypeVar, Unpack, final
 
 import trio
 
@@ -39,6 +39,7 @@ from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
     EndpointSettings,
+    SpawnOptions,
     ThreadNotifier,
     thread_name,
 )
@@ -259,10 +260,12 @@ class TrioEndpoint(EndpointView):
     # -- construction ---------------------------------------------------------------------------
 
     @staticmethod
-    def spawn_client(
+    def spawn(
         identity: Identity,
         socket: DatagramSocket,
         *,
+        role: EndpointRole,
+        route: Pid | None = None,
         config: QuicConfig | None = None,
         limits: EndpointLimits | None = None,
         options: AdapterOptions | None = None,
@@ -273,13 +276,15 @@ class TrioEndpoint(EndpointView):
         close_socket: bool = True,
         engine: EngineFactory | None = None,
     ) -> _Spawn:
-        """An endpoint that only dials, over ``socket`` (``async with``)."""
+        """An endpoint of ``role`` over ``socket`` (``async with``); a ``route`` (a PID) is put
+        in the CIDs of the connections it dials instead of ``identity.pid`` (``Pid.LINK_LOCAL``
+        for a dedicated link-local endpoint). The other options are ``EndpointSettings``'."""
         return _Spawn(
             EndpointSettings(
                 identity,
                 socket,
-                EndpointRole.CLIENT,
-                None,
+                role,
+                route,
                 config,
                 limits,
                 options,
@@ -291,74 +296,27 @@ class TrioEndpoint(EndpointView):
                 engine,
             )
         )
+
+    @staticmethod
+    def spawn_client(
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
+    ) -> _Spawn:
+        """An endpoint that only dials, over ``socket`` (``async with``)."""
+        return TrioEndpoint.spawn(identity, socket, role=EndpointRole.CLIENT, **options)
 
     @staticmethod
     def spawn_server(
-        identity: Identity,
-        socket: DatagramSocket,
-        *,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
     ) -> _Spawn:
         """An endpoint that only accepts, over ``socket`` (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.SERVER,
-                None,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
-        )
+        return TrioEndpoint.spawn(identity, socket, role=EndpointRole.SERVER, **options)
 
     @staticmethod
     def spawn_duplex(
-        identity: Identity,
-        socket: DatagramSocket,
-        *,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
     ) -> _Spawn:
         """An endpoint that dials and accepts, routed by ``identity.pid`` (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.DUPLEX,
-                None,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
-        )
+        return TrioEndpoint.spawn(identity, socket, role=EndpointRole.DUPLEX, **options)
 
     @staticmethod
     def spawn_duplex_routed(
@@ -366,34 +324,12 @@ class TrioEndpoint(EndpointView):
         socket: DatagramSocket,
         *,
         routing_pid: Pid,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        **options: Unpack[SpawnOptions],
     ) -> _Spawn:
         """A duplex endpoint whose dialled connections carry ``routing_pid`` in their CIDs
         (``Pid.LINK_LOCAL`` for a dedicated link-local endpoint) (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.DUPLEX,
-                routing_pid,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
+        return TrioEndpoint.spawn(
+            identity, socket, role=EndpointRole.DUPLEX, route=routing_pid, **options
         )
 
     def _start(self) -> None:
