@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, TypeVar, Unpack, final
 
-from chrysalis.core import DatagramAddr, Pid
+from chrysalis.core import Pid
 from chrysalis.core.completion import (
     ExceedsBudget,
     StreamRef,
@@ -66,7 +66,7 @@ from chrysalis.quic._endpoint_core import (
     ConnectionCore,
     ConnectionView,
     EndpointCore,
-    EndpointView,
+    EndpointFacade,
 )
 from chrysalis.quic._engines.base import EngineFactory
 from chrysalis.quic._errors import EndpointClosedError, IncompleteReadError
@@ -661,7 +661,7 @@ class _Spawn:
 
 
 @final
-class AsyncioEndpoint(EndpointView):
+class AsyncioEndpoint(EndpointFacade["AsyncioConnection", "AsyncioStream"]):
     """A QUIC endpoint driven on the running asyncio loop (see the module docstring).
 
     Create it with ``spawn_client``, ``spawn_server``, ``spawn_duplex`` or
@@ -865,46 +865,6 @@ class AsyncioEndpoint(EndpointView):
 
     # -- dialling and accepting -----------------------------------------------------------------
 
-    async def connect(
-        self,
-        pid: Pid | None,
-        address: DatagramAddr,
-        *,
-        route: Pid | None = None,
-        source: Pid | None = None,
-        server_name: str | None = None,
-    ) -> AsyncioConnection:
-        """Dial the process ``pid`` at ``address`` and wait for its authenticated connection.
-
-        ``pid`` is the PID the peer's certificate must prove (None: any trusted peer, whose
-        PID becomes ``connection.peer``); ``route`` is the PID the packets are addressed to
-        (default ``pid``, or ``Pid.LINK_LOCAL`` when ``pid`` is None); ``source`` overrides
-        the prefix of our CIDs (``Pid.LINK_LOCAL`` for a link-local connection);
-        ``server_name`` is also verified against the certificate when given.
-
-        Raises ``PeerAuthenticationError``, ``ConnectError`` or ``EndpointClosedError``.
-        """
-        target = route if route is not None else (pid if pid is not None else Pid.LINK_LOCAL)
-        conn = await self._core.connect(
-            target, address, expected=pid, source=source, server_name=server_name
-        )
-        return self.wrap_connection(conn)
-
-    async def accept(self) -> tuple[Pid, AsyncioStream]:
-        """The next incoming stream on a connection that terminates at this endpoint's PID,
-        with the peer's authenticated PID. ``EndpointClosedError`` once stopped."""
-        stream = await self._core.accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
-    async def accept_link_local(self) -> tuple[Pid, AsyncioStream]:
-        """The next incoming stream on a connection that terminates at the link-local PID 0."""
-        stream = await self._core.link_accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
     def wrap_connection(self, conn: ConnectionCore) -> AsyncioConnection:
         """The facade of ``conn`` (one per connection)."""
         facade = conn.facade
@@ -947,11 +907,6 @@ class AsyncioEndpoint(EndpointView):
                 await self._wait_stopped()
         except TimeoutError:
             self._force_stop()
-
-    async def wait_stopped(self) -> None:
-        """Wait until the driver stopped: after ``shutdown`` or ``abort``, or on its own when
-        the carrier failed (then every connection was abandoned)."""
-        await self._wait_stopped()
 
     async def _wait_stopped(self) -> None:
         core = self._core

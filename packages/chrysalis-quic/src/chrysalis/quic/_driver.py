@@ -95,6 +95,7 @@ from chrysalis.quic._endpoint_core import (
     ConnectionCore,
     ConnectionView,
     EndpointCore,
+    EndpointFacade,
     EndpointView,
     Runtime,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "EndpointClosedError",
     "EndpointCore",
     "EndpointDriver",
+    "EndpointFacade",
     "EndpointSettings",
     "EndpointView",
     "SpawnOptions",

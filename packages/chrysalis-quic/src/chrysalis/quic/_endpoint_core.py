@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, final
 
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.core.completion import (
@@ -82,11 +82,14 @@ __all__ = [
     "ConnectionCore",
     "ConnectionView",
     "EndpointCore",
+    "EndpointFacade",
     "EndpointView",
     "Runtime",
 ]
 
 T = TypeVar("T")
+ConnT = TypeVar("ConnT")
+StreamT = TypeVar("StreamT")
 
 REFUSED_STREAM_CODE: Final = 0x2
 """Application error code of STOP_SENDING / RESET_STREAM for an incoming stream refused
@@ -356,6 +359,72 @@ class EndpointView:
     def statistics(self) -> EndpointStatistics:
         """The endpoint's statistics snapshot."""
         return self._driver.endpoint_statistics()
+
+
+class EndpointFacade(EndpointView, Generic[ConnT, StreamT]):
+    """The facade code the asyncio and trio endpoints share over ``EndpointCore``: dialling,
+    accepting and waiting for the driver to stop. Each adapter supplies its connection and
+    stream facades (``wrap_connection``, ``wrap_stream``) and how it waits for its driver task
+    (``_wait_stopped``); shutdown and closing stay in the adapters (their deadlines and task
+    handling are the runtime's own)."""
+
+    __slots__ = ()
+
+    async def connect(
+        self,
+        pid: Pid | None,
+        address: DatagramAddr,
+        *,
+        route: Pid | None = None,
+        source: Pid | None = None,
+        server_name: str | None = None,
+    ) -> ConnT:
+        """Dial the process ``pid`` at ``address`` and wait for its authenticated connection.
+
+        ``pid`` is the PID the peer's certificate must prove (None: any trusted peer, whose
+        PID becomes ``connection.peer``); ``route`` is the PID the packets are addressed to
+        (default ``pid``, or ``Pid.LINK_LOCAL`` when ``pid`` is None); ``source`` overrides
+        the prefix of our CIDs (``Pid.LINK_LOCAL`` for a link-local connection);
+        ``server_name`` is also verified against the certificate when given.
+
+        Raises ``PeerAuthenticationError``, ``ConnectError`` or ``EndpointClosedError``.
+        """
+        target = route if route is not None else (pid if pid is not None else Pid.LINK_LOCAL)
+        conn = await self._core.connect(
+            target, address, expected=pid, source=source, server_name=server_name
+        )
+        return self.wrap_connection(conn)
+
+    async def accept(self) -> tuple[Pid, StreamT]:
+        """The next incoming stream on a connection that terminates at this endpoint's PID,
+        with the peer's authenticated PID. ``EndpointClosedError`` once stopped."""
+        stream = await self._core.accepts.take()
+        peer = stream.conn.peer
+        assert peer is not None
+        return peer, self.wrap_stream(stream)
+
+    async def accept_link_local(self) -> tuple[Pid, StreamT]:
+        """The next incoming stream on a connection that terminates at the link-local PID 0."""
+        stream = await self._core.link_accepts.take()
+        peer = stream.conn.peer
+        assert peer is not None
+        return peer, self.wrap_stream(stream)
+
+    def wrap_connection(self, conn: ConnectionCore) -> ConnT:
+        """The facade of ``conn`` (one per connection)."""
+        raise NotImplementedError
+
+    def wrap_stream(self, stream: StreamCore) -> StreamT:
+        """The facade of ``stream`` (one per stream)."""
+        raise NotImplementedError
+
+    async def wait_stopped(self) -> None:
+        """Wait until the driver stopped: after ``shutdown`` or ``abort``, or on its own when
+        the carrier failed (then every connection was abandoned)."""
+        await self._wait_stopped()
+
+    async def _wait_stopped(self) -> None:
+        raise NotImplementedError
 
 
 class ConnectionView:

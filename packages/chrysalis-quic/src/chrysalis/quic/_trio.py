@@ -32,7 +32,7 @@ from typing import Final, TypeVar, Unpack, final
 
 import trio
 
-from chrysalis.core import DatagramAddr, Pid
+from chrysalis.core import Pid
 from chrysalis.core.completion import StreamRef, SubmissionLimits
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
@@ -52,7 +52,7 @@ from chrysalis.quic._endpoint_core import (
     ConnectionCore,
     ConnectionView,
     EndpointCore,
-    EndpointView,
+    EndpointFacade,
 )
 from chrysalis.quic._engines.base import EngineFactory
 from chrysalis.quic._errors import EndpointClosedError, QuicTransportError, StreamClosedError
@@ -210,7 +210,7 @@ class _Spawn:
 
 
 @final
-class TrioEndpoint(EndpointView):
+class TrioEndpoint(EndpointFacade["TrioConnection", "TrioStream"]):
     """A QUIC endpoint in the current trio run (see the module docstring).
 
     Create it with ``spawn_client``, ``spawn_server``, ``spawn_duplex`` or
@@ -463,37 +463,6 @@ class TrioEndpoint(EndpointView):
 
     # -- dialling and accepting -----------------------------------------------------------------
 
-    async def connect(
-        self,
-        pid: Pid | None,
-        address: DatagramAddr,
-        *,
-        route: Pid | None = None,
-        source: Pid | None = None,
-        server_name: str | None = None,
-    ) -> TrioConnection:
-        """Dial the process ``pid`` at ``address`` (see ``AsyncioEndpoint.connect``)."""
-        target = route if route is not None else (pid if pid is not None else Pid.LINK_LOCAL)
-        conn = await self._core.connect(
-            target, address, expected=pid, source=source, server_name=server_name
-        )
-        return self.wrap_connection(conn)
-
-    async def accept(self) -> tuple[Pid, TrioStream]:
-        """The next incoming stream on a connection that terminates at this endpoint's PID,
-        with the peer's authenticated PID. ``EndpointClosedError`` once stopped."""
-        stream = await self._core.accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
-    async def accept_link_local(self) -> tuple[Pid, TrioStream]:
-        """The next incoming stream on a connection that terminates at the link-local PID 0."""
-        stream = await self._core.link_accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
     def wrap_connection(self, conn: ConnectionCore) -> TrioConnection:
         """The facade of ``conn`` (one per connection)."""
         facade = conn.facade
@@ -530,11 +499,6 @@ class TrioEndpoint(EndpointView):
             await self._wait_stopped()
         if scope.cancelled_caught:
             self._force_stop()
-
-    async def wait_stopped(self) -> None:
-        """Wait until the driver stopped: after ``shutdown`` or ``abort``, or on its own when
-        the carrier failed (then every connection was abandoned)."""
-        await self._wait_stopped()
 
     async def _wait_stopped(self) -> None:
         if not self._core.stopped:
