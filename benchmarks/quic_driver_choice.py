@@ -74,7 +74,7 @@ class Trial:
 def _engine(name: str) -> Any:
     """The engine factory for ``--engine`` (None: the endpoint's default, aioquic)."""
     if name == "qh3":
-        from chrysalis.quic._qh3_engine import Qh3Engine
+        from chrysalis.quic._engines.qh3 import Qh3Engine
 
         return Qh3Engine
     return None

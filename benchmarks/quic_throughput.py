@@ -82,7 +82,7 @@ from chrysalis.quic import (
     Identity,
     QuicConfig,
 )
-from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._engines.base import EngineFactory
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks._common`` importable

@@ -17,8 +17,8 @@ from chrysalis.core.completion import SubmissionLimits
 from chrysalis.datagram import InprocNetwork, UdpSocket
 from chrysalis.quic import DevelopmentCA, QuicConfig
 from chrysalis.quic._asyncio import AsyncioEndpoint, AsyncioStream
-from chrysalis.quic._driver import (
-    AdapterOptions,
+from chrysalis.quic._endpoint_core import AdapterOptions
+from chrysalis.quic._errors import (
     ConnectionLostError,
     EndpointClosedError,
     PeerAuthenticationError,

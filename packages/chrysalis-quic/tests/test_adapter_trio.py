@@ -16,8 +16,8 @@ from chrysalis.core import Pid
 from chrysalis.core.completion import ConnectionClosed
 from chrysalis.datagram import InprocNetwork
 from chrysalis.quic import QuicConfig
-from chrysalis.quic._driver import (
-    AdapterOptions,
+from chrysalis.quic._endpoint_core import AdapterOptions
+from chrysalis.quic._errors import (
     ConnectionLostError,
     EndpointClosedError,
     PeerAuthenticationError,

@@ -44,11 +44,12 @@ sys.path.append(str(Path(__file__).parent))
 from test_endpoint_harness import T0, issue
 
 from chrysalis.core import ConnectionId, DatagramAddr, Pid, target_pid
-from chrysalis.quic import _aioquic_engine, _aioquic_fast
-from chrysalis.quic._aioquic_engine import AioquicConnection, AioquicEngine
-from chrysalis.quic._aioquic_fast import FastPacketRecovery, FastQuicConnection
 from chrysalis.quic._config import QuicConfig
-from chrysalis.quic._engine import (
+from chrysalis.quic._engines import aioquic as _aioquic_engine
+from chrysalis.quic._engines import aioquic_fast as _aioquic_fast
+from chrysalis.quic._engines.aioquic import AioquicConnection, AioquicEngine
+from chrysalis.quic._engines.aioquic_fast import FastPacketRecovery, FastQuicConnection
+from chrysalis.quic._engines.base import (
     EngineEvent,
     HandshakeCompleted,
     StreamDataReceived,

@@ -451,7 +451,7 @@ def test_the_inline_driver_fires_timers_after_alternating_deadlines(engine: str)
 
     factory: Any = None
     if engine == "qh3":
-        qh3_engine = pytest.importorskip("chrysalis.quic._qh3_engine")
+        qh3_engine = pytest.importorskip("chrysalis.quic._engines.qh3")
         factory = qh3_engine.Qh3Engine
 
     async def main() -> None:

@@ -15,9 +15,9 @@ sys.path.append(str(Path(__file__).parent))
 from test_endpoint_harness import T0, issue
 
 from chrysalis.core import ConnectionId, DatagramAddr, Pid, target_pid
-from chrysalis.quic._aioquic_engine import AioquicConnection, AioquicEngine
 from chrysalis.quic._config import QuicConfig
-from chrysalis.quic._engine import (
+from chrysalis.quic._engines.aioquic import AioquicConnection, AioquicEngine
+from chrysalis.quic._engines.base import (
     CidIssued,
     EngineEvent,
     HandshakeCompleted,

@@ -26,7 +26,7 @@ import itertools
 
 from test_endpoint_harness import issue
 
-from chrysalis.quic._client_proof import (
+from chrysalis.quic._engines.client_proof import (
     EXPORTER_LABEL,
     MAX_PROOF_LENGTH,
     MAX_SIGNATURE_LENGTH,

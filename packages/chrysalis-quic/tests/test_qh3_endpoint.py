@@ -40,7 +40,6 @@ from chrysalis.core.completion import (
     SubmissionReceipt,
 )
 from chrysalis.quic import Identity
-from chrysalis.quic._client_proof import ProofFailure, sign_client_proof
 from chrysalis.quic._config import QuicConfig
 from chrysalis.quic._endpoint import (
     AUTHENTICATION_FAILED_CODE,
@@ -52,8 +51,9 @@ from chrysalis.quic._endpoint import (
     OpenBidi,
     Shutdown,
 )
-from chrysalis.quic._engine import EngineFactory
-from chrysalis.quic._qh3_engine import Qh3Engine
+from chrysalis.quic._engines.base import EngineFactory
+from chrysalis.quic._engines.client_proof import ProofFailure, sign_client_proof
+from chrysalis.quic._engines.qh3 import Qh3Engine
 
 
 def _read_until_fin(node: Node, stream: StreamRef, capacity: int = 65536) -> bytes:

@@ -31,10 +31,9 @@ from test_endpoint_harness import T0, issue
 
 from chrysalis.core import ConnectionId, DatagramAddr, Pid, target_pid
 from chrysalis.quic import Identity
-from chrysalis.quic._aioquic_engine import AioquicEngine
-from chrysalis.quic._client_proof import PROOF_STREAM_ID, ExporterTap, ProofFailure
 from chrysalis.quic._config import QuicConfig
-from chrysalis.quic._engine import (
+from chrysalis.quic._engines.aioquic import AioquicEngine
+from chrysalis.quic._engines.base import (
     CidIssued,
     EngineConnection,
     EngineEvent,
@@ -43,8 +42,9 @@ from chrysalis.quic._engine import (
     Terminated,
     TerminationKind,
 )
+from chrysalis.quic._engines.client_proof import PROOF_STREAM_ID, ExporterTap, ProofFailure
+from chrysalis.quic._engines.qh3 import AioquicProvingEngine, Qh3Connection, Qh3Engine
 from chrysalis.quic._identity import IdentityError
-from chrysalis.quic._qh3_engine import AioquicProvingEngine, Qh3Connection, Qh3Engine
 
 CLIENT_ADDR = DatagramAddr.inproc(3, 1)
 SERVER_ADDR = DatagramAddr.inproc(3, 2)
@@ -643,8 +643,8 @@ def test_qh3_event_queue_is_the_whole_story_after_each_call(
     ``event_queue`` with nothing withheld means ``next_event`` has nothing (through the
     handshake, the proof, stream data in both directions, the receive gate and a close),
     whether the core's drain stops on ``has_events`` or on ``next_event`` saying None."""
-    from chrysalis.quic import _qh3_engine
-    from chrysalis.quic._engine import EngineHints
+    from chrysalis.quic._engines import qh3 as _qh3_engine
+    from chrysalis.quic._engines.base import EngineHints
 
     assert _qh3_engine._CORE_HAS_EVENTS  # the pinned qh3 has it: the fast path is the one run
     monkeypatch.setattr(_qh3_engine, "_CORE_HAS_EVENTS", core_has_events)

@@ -29,11 +29,11 @@ from test_endpoint_harness import Net, Node, _driver_ids, issue
 from chrysalis.core import ConnectionId, DatagramAddr, Pid, target_pid
 from chrysalis.core.completion import DriverId, EndpointChannels
 from chrysalis.quic import Identity
-from chrysalis.quic._aioquic_engine import AioquicEngine
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._endpoint import EndpointRole, QuicCommand, QuicEndpoint
-from chrysalis.quic._engine import EngineConnection, EngineFactory, QuicEngine
-from chrysalis.quic._qh3_engine import AioquicProvingEngine, Qh3Connection, Qh3Engine
+from chrysalis.quic._engines.aioquic import AioquicEngine
+from chrysalis.quic._engines.base import EngineConnection, EngineFactory, QuicEngine
+from chrysalis.quic._engines.qh3 import AioquicProvingEngine, Qh3Connection, Qh3Engine
 
 ENGINES: dict[str, EngineFactory] = {
     "qh3": Qh3Engine,

@@ -28,10 +28,10 @@ from chrysalis.core.completion import (
     StreamRef,
 )
 from chrysalis.quic import Identity
-from chrysalis.quic._aioquic_engine import AioquicEngine
-from chrysalis.quic._client_proof import ProofFailure
 from chrysalis.quic._endpoint import AUTHENTICATION_FAILED_CODE, Close, EndpointRole
-from chrysalis.quic._qh3_engine import Qh3Engine
+from chrysalis.quic._engines.aioquic import AioquicEngine
+from chrysalis.quic._engines.client_proof import ProofFailure
+from chrysalis.quic._engines.qh3 import Qh3Engine
 
 
 def _read_until_fin(node: Node, stream: StreamRef) -> bytes:

@@ -27,7 +27,7 @@ import test_endpoint_shutdown
 import test_endpoint_streams
 
 import chrysalis.quic._endpoint as endpoint_module
-from chrysalis.quic._qh3_engine import Qh3Engine
+from chrysalis.quic._engines.qh3 import Qh3Engine
 
 _PER_STREAM_WINDOW = (
     "qh3's core grants flow-control credit when events are polled, so the engine can only "
@@ -56,7 +56,7 @@ _MODULES: tuple[ModuleType, ...] = (
 
 @pytest.fixture(autouse=True)
 def _qh3_is_the_default_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(endpoint_module, "AioquicEngine", Qh3Engine)
+    monkeypatch.setattr(endpoint_module, "DEFAULT_ENGINE", Qh3Engine)
 
 
 def _expected_failure(test: Callable[[], None], reason: str) -> Callable[[], None]:

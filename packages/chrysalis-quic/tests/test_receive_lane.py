@@ -41,8 +41,8 @@ from chrysalis.core.completion import (
     StreamRef,
 )
 from chrysalis.quic._asyncio import AsyncioStream
-from chrysalis.quic._driver import StreamCore
 from chrysalis.quic._endpoint import EndpointRole
+from chrysalis.quic._stream_core import StreamCore
 from chrysalis.quic.testing import open_stream_pair
 
 MODES = ["inline", "thread"]

@@ -14,7 +14,7 @@ import trio
 from chrysalis.core import Pid
 from chrysalis.datagram import InprocNetwork
 from chrysalis.quic._asyncio import AsyncioStream
-from chrysalis.quic._driver import StreamBrokenError
+from chrysalis.quic._errors import StreamBrokenError
 from chrysalis.quic._transport import (
     DuplicateProtocolError,
     LinkProtocolId,

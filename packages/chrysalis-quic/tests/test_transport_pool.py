@@ -13,7 +13,7 @@ import trio
 
 from chrysalis.core import Pid
 from chrysalis.datagram import InprocNetwork
-from chrysalis.quic._driver import EndpointClosedError, PeerAuthenticationError
+from chrysalis.quic._errors import EndpointClosedError, PeerAuthenticationError
 from chrysalis.quic._transport import QuicTransport
 from chrysalis.quic.testing import issue_identities, open_transport_pair
 

@@ -39,6 +39,15 @@ from types import TracebackType
 from typing import Any, Final, final
 
 from chrysalis.core import DatagramAddr, Pid, PidPrefix
+from chrysalis.core.runtime import (
+    AsyncioSpawner,
+    Spawner,
+    Task,
+    TrioSpawner,
+    current_async_library,
+    join_shielded,
+    run_in_thread,
+)
 from chrysalis.datagram import (
     DatagramSocket,
     DatagramSocketSet,
@@ -68,18 +77,8 @@ from chrysalis.nameserver import (
     Resolution,
     VersionRange,
 )
-from chrysalis.nameserver.runtime import (
-    AsyncioSpawner,
-    Spawner,
-    Task,
-    TrioSpawner,
-    current_library,
-    join_shielded,
-    run_in_thread,
-)
 from chrysalis.node._sessions import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessionHandler, LinkSessions
-from chrysalis.quic import ByteStream, Identity, QuicConfig
-from chrysalis.quic._transport import LinkProtocolId, QuicTransport
+from chrysalis.quic import ByteStream, Identity, LinkProtocolId, QuicConfig, QuicTransport
 
 __all__ = [
     "ENUMERATION_ATTEMPTS",
@@ -360,7 +359,7 @@ class Node:
     async def _open_task_scope(self) -> Spawner:
         """The spawner of this node's tasks: the running loop under asyncio, a nursery this
         node owns under trio (opened inside the transport's, closed before it)."""
-        if current_library() == "trio":
+        if current_async_library() == "trio":
             import trio
 
             self._nursery_cm = trio.open_nursery()

@@ -33,19 +33,19 @@ from functools import partial
 from typing import Final, final
 
 from chrysalis.core import DatagramAddr, LinkContext, LinkId, LinkSide, Pid
-from chrysalis.nameserver import (
-    NameserverError,
-    NameserverService,
-    ParentLinkManager,
-    ParentStatusKind,
-)
-from chrysalis.nameserver.runtime import (
+from chrysalis.core.runtime import (
     Spawner,
     Task,
     fail_after,
     join_shielded,
     race,
     sleep,
+)
+from chrysalis.nameserver import (
+    NameserverError,
+    NameserverService,
+    ParentLinkManager,
+    ParentStatusKind,
 )
 from chrysalis.quic import ByteStream, LinkProtocolId
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chrysalis.quic._aioquic_engine import AioquicConnection, AioquicEngine
 from chrysalis.quic._asyncio import (
     AsyncioConnection,
     AsyncioEndpoint,
@@ -26,24 +25,7 @@ from chrysalis.quic._config import (
     QuicConfig,
 )
 from chrysalis.quic._devca import DevelopmentCA
-from chrysalis.quic._driver import (
-    DEFAULT_DRIVER_MODE,
-    REFUSED_STREAM_CODE,
-    AdapterOptions,
-    ConnectError,
-    ConnectionLostError,
-    DriverStatistics,
-    EndpointClosedError,
-    EndpointDriver,
-    IncompleteReadError,
-    PeerAuthenticationError,
-    QuicTransportError,
-    ReadLimitError,
-    StreamBrokenError,
-    StreamClosedError,
-    StreamResetError,
-    WriteBufferFullError,
-)
+from chrysalis.quic._driver import DEFAULT_DRIVER_MODE, DriverStatistics, EndpointDriver
 from chrysalis.quic._endpoint import (
     AUTHENTICATION_FAILED_CODE,
     SHUTDOWN_CLOSE_CODE,
@@ -60,7 +42,9 @@ from chrysalis.quic._endpoint import (
     QuicEndpoint,
     Shutdown,
 )
-from chrysalis.quic._engine import (
+from chrysalis.quic._endpoint_core import REFUSED_STREAM_CODE, AdapterOptions
+from chrysalis.quic._engines.aioquic import AioquicConnection, AioquicEngine
+from chrysalis.quic._engines.base import (
     CidIssued,
     CidRetired,
     EngineConnection,
@@ -72,6 +56,19 @@ from chrysalis.quic._engine import (
     StreamResetReceived,
     Terminated,
     TerminationKind,
+)
+from chrysalis.quic._errors import (
+    ConnectError,
+    ConnectionLostError,
+    EndpointClosedError,
+    IncompleteReadError,
+    PeerAuthenticationError,
+    QuicTransportError,
+    ReadLimitError,
+    StreamBrokenError,
+    StreamClosedError,
+    StreamResetError,
+    WriteBufferFullError,
 )
 from chrysalis.quic._identity import (
     MAX_CERTIFICATE_DER_LENGTH,
@@ -189,13 +186,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from chrysalis.quic._qh3_engine import AioquicProvingEngine, Qh3Engine
+    from chrysalis.quic._engines.qh3 import AioquicProvingEngine, Qh3Engine
     from chrysalis.quic._trio import TrioConnection, TrioEndpoint, TrioStream
 
 # trio and qh3 are optional: their modules load on first use.
 _LAZY = {
-    "AioquicProvingEngine": "chrysalis.quic._qh3_engine",
-    "Qh3Engine": "chrysalis.quic._qh3_engine",
+    "AioquicProvingEngine": "chrysalis.quic._engines.qh3",
+    "Qh3Engine": "chrysalis.quic._engines.qh3",
     "TrioConnection": "chrysalis.quic._trio",
     "TrioEndpoint": "chrysalis.quic._trio",
     "TrioStream": "chrysalis.quic._trio",

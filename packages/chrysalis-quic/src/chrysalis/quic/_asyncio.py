@@ -36,9 +36,9 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, TypeVar, Unpack, final
 
-from chrysalis.core import DatagramAddr, Pid
+from chrysalis.core import Pid
 from chrysalis.core.completion import (
     ExceedsBudget,
     StreamRef,
@@ -51,16 +51,9 @@ from chrysalis.quic._byte_stream import MAX_READ_ALL
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
-    AdapterOptions,
-    ConnectionCore,
-    ConnectionView,
-    EndpointClosedError,
-    EndpointCore,
     EndpointDriver,
     EndpointSettings,
-    EndpointView,
-    IncompleteReadError,
-    StreamCore,
+    SpawnOptions,
     ThreadNotifier,
     thread_name,
 )
@@ -69,8 +62,17 @@ from chrysalis.quic._endpoint import (
     EndpointRole,
     EndpointState,
 )
-from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._endpoint_core import (
+    AdapterOptions,
+    ConnectionCore,
+    ConnectionView,
+    EndpointCore,
+    EndpointFacade,
+)
+from chrysalis.quic._engines.base import EngineFactory
+from chrysalis.quic._errors import EndpointClosedError, IncompleteReadError
 from chrysalis.quic._identity import Identity
+from chrysalis.quic._stream_core import StreamCore
 
 __all__ = ["AsyncioConnection", "AsyncioEndpoint", "AsyncioStream"]
 
@@ -658,7 +660,7 @@ class _Spawn:
 
 
 @final
-class AsyncioEndpoint(EndpointView):
+class AsyncioEndpoint(EndpointFacade["AsyncioConnection", "AsyncioStream"]):
     """A QUIC endpoint driven on the running asyncio loop (see the module docstring).
 
     Create it with ``spawn_client``, ``spawn_server``, ``spawn_duplex`` or
@@ -724,10 +726,12 @@ class AsyncioEndpoint(EndpointView):
     # -- construction ---------------------------------------------------------------------------
 
     @staticmethod
-    def spawn_client(
+    def spawn(
         identity: Identity,
         socket: DatagramSocket,
         *,
+        role: EndpointRole,
+        route: Pid | None = None,
         config: QuicConfig | None = None,
         limits: EndpointLimits | None = None,
         options: AdapterOptions | None = None,
@@ -738,13 +742,15 @@ class AsyncioEndpoint(EndpointView):
         close_socket: bool = True,
         engine: EngineFactory | None = None,
     ) -> _Spawn:
-        """An endpoint that only dials, over ``socket`` (``async with``)."""
+        """An endpoint of ``role`` over ``socket`` (``async with``); a ``route`` (a PID) is put
+        in the CIDs of the connections it dials instead of ``identity.pid`` (``Pid.LINK_LOCAL``
+        for a dedicated link-local endpoint). The other options are ``EndpointSettings``'."""
         return _Spawn(
             EndpointSettings(
                 identity,
                 socket,
-                EndpointRole.CLIENT,
-                None,
+                role,
+                route,
                 config,
                 limits,
                 options,
@@ -756,74 +762,27 @@ class AsyncioEndpoint(EndpointView):
                 engine,
             )
         )
+
+    @staticmethod
+    def spawn_client(
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
+    ) -> _Spawn:
+        """An endpoint that only dials, over ``socket`` (``async with``)."""
+        return AsyncioEndpoint.spawn(identity, socket, role=EndpointRole.CLIENT, **options)
 
     @staticmethod
     def spawn_server(
-        identity: Identity,
-        socket: DatagramSocket,
-        *,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
     ) -> _Spawn:
         """An endpoint that only accepts, over ``socket`` (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.SERVER,
-                None,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
-        )
+        return AsyncioEndpoint.spawn(identity, socket, role=EndpointRole.SERVER, **options)
 
     @staticmethod
     def spawn_duplex(
-        identity: Identity,
-        socket: DatagramSocket,
-        *,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
     ) -> _Spawn:
         """An endpoint that dials and accepts, routed by ``identity.pid`` (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.DUPLEX,
-                None,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
-        )
+        return AsyncioEndpoint.spawn(identity, socket, role=EndpointRole.DUPLEX, **options)
 
     @staticmethod
     def spawn_duplex_routed(
@@ -831,35 +790,13 @@ class AsyncioEndpoint(EndpointView):
         socket: DatagramSocket,
         *,
         routing_pid: Pid,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        **options: Unpack[SpawnOptions],
     ) -> _Spawn:
         """A duplex endpoint whose dialled connections carry ``routing_pid`` in their CIDs
         (``Pid.LINK_LOCAL`` for a dedicated link-local endpoint), typically over a routed
         ``DatagramSwitch`` binding (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.DUPLEX,
-                routing_pid,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
+        return AsyncioEndpoint.spawn(
+            identity, socket, role=EndpointRole.DUPLEX, route=routing_pid, **options
         )
 
     def _start(self) -> None:
@@ -927,46 +864,6 @@ class AsyncioEndpoint(EndpointView):
 
     # -- dialling and accepting -----------------------------------------------------------------
 
-    async def connect(
-        self,
-        pid: Pid | None,
-        address: DatagramAddr,
-        *,
-        route: Pid | None = None,
-        source: Pid | None = None,
-        server_name: str | None = None,
-    ) -> AsyncioConnection:
-        """Dial the process ``pid`` at ``address`` and wait for its authenticated connection.
-
-        ``pid`` is the PID the peer's certificate must prove (None: any trusted peer, whose
-        PID becomes ``connection.peer``); ``route`` is the PID the packets are addressed to
-        (default ``pid``, or ``Pid.LINK_LOCAL`` when ``pid`` is None); ``source`` overrides
-        the prefix of our CIDs (``Pid.LINK_LOCAL`` for a link-local connection);
-        ``server_name`` is also verified against the certificate when given.
-
-        Raises ``PeerAuthenticationError``, ``ConnectError`` or ``EndpointClosedError``.
-        """
-        target = route if route is not None else (pid if pid is not None else Pid.LINK_LOCAL)
-        conn = await self._core.connect(
-            target, address, expected=pid, source=source, server_name=server_name
-        )
-        return self.wrap_connection(conn)
-
-    async def accept(self) -> tuple[Pid, AsyncioStream]:
-        """The next incoming stream on a connection that terminates at this endpoint's PID,
-        with the peer's authenticated PID. ``EndpointClosedError`` once stopped."""
-        stream = await self._core.accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
-    async def accept_link_local(self) -> tuple[Pid, AsyncioStream]:
-        """The next incoming stream on a connection that terminates at the link-local PID 0."""
-        stream = await self._core.link_accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
     def wrap_connection(self, conn: ConnectionCore) -> AsyncioConnection:
         """The facade of ``conn`` (one per connection)."""
         facade = conn.facade
@@ -1009,11 +906,6 @@ class AsyncioEndpoint(EndpointView):
                 await self._wait_stopped()
         except TimeoutError:
             self._force_stop()
-
-    async def wait_stopped(self) -> None:
-        """Wait until the driver stopped: after ``shutdown`` or ``abort``, or on its own when
-        the carrier failed (then every connection was abandoned)."""
-        await self._wait_stopped()
 
     async def _wait_stopped(self) -> None:
         core = self._core

@@ -100,9 +100,10 @@ from chrysalis.core.completion import (
     StreamOpened,
     StreamRef,
 )
-from chrysalis.quic._aioquic_engine import AioquicEngine
 from chrysalis.quic._config import EndpointLimits, QuicConfig
-from chrysalis.quic._engine import (
+from chrysalis.quic._engines import DEFAULT_ENGINE
+from chrysalis.quic._engines.base import (
+    AUTHENTICATION_FAILED_CODE,
     CidIssued,
     CidRetired,
     EngineConnection,
@@ -135,8 +136,6 @@ __all__ = [
     "Shutdown",
 ]
 
-AUTHENTICATION_FAILED_CODE: Final = 1
-"""Application close code of a connection whose peer identity was rejected."""
 SHUTDOWN_CLOSE_CODE: Final = 0
 """Application close code used when the endpoint shuts down."""
 _INTERNAL_ERROR: Final = 0x1
@@ -546,7 +545,7 @@ class QuicEndpoint:
             ``channels.event_credits``.
         now: the creation time on the caller's clock (dates the first Retry secret).
         wall_clock_offset: seconds to add to ``now`` to get POSIX time.
-        engine: builds the QUIC engine (default: aioquic).
+        engine: builds the QUIC engine (default: the engines package's ``DEFAULT_ENGINE``, aioquic).
         random_bytes: entropy for Retry secrets (tests pass a seeded source).
 
     Drive it from one thread or task: after a batch of ``receive_datagram`` calls, call
@@ -617,7 +616,7 @@ class QuicEndpoint:
         self._config = QuicConfig() if config is None else config
         self._channels = channels
         self._wall_offset = float(wall_clock_offset)
-        factory: EngineFactory = AioquicEngine if engine is None else engine
+        factory: EngineFactory = DEFAULT_ENGINE if engine is None else engine
         self._engine: QuicEngine = factory(self._config, identity)
         self._retry = RetryTokens(
             now=now + self._wall_offset,

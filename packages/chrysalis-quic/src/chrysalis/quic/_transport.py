@@ -48,24 +48,27 @@ from typing import Any, Final, Generic, Protocol, TypeVar, final
 
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.core.completion import SubmissionLimits
+from chrysalis.core.runtime import current_async_library
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
-from chrysalis.quic._driver import (
-    DEFAULT_DRIVER_MODE,
+from chrysalis.quic._driver import DEFAULT_DRIVER_MODE
+from chrysalis.quic._endpoint_core import (
     AdapterOptions,
     AsyncEvent,
-    ConnectError,
     ConnectionCore,
+    EndpointCore,
+    Runtime,
+)
+from chrysalis.quic._engines.base import EngineFactory
+from chrysalis.quic._errors import (
+    ConnectError,
     ConnectionLostError,
     EndpointClosedError,
-    EndpointCore,
     PeerAuthenticationError,
     QuicTransportError,
-    Runtime,
-    StreamCore,
 )
-from chrysalis.quic._engine import EngineFactory
 from chrysalis.quic._identity import Identity
+from chrysalis.quic._stream_core import StreamCore
 
 __all__ = [
     "DEFAULT_CLASSIFY_TIMEOUT",
@@ -795,7 +798,7 @@ class _TransportSpawn:
 
     async def __aenter__(self) -> QuicTransport[Any]:
         adapter: Any
-        if current_async_library() == "trio":
+        if current_async_library("QuicTransport.spawn") == "trio":
             from chrysalis.quic._trio import TrioEndpoint
 
             adapter = TrioEndpoint
@@ -833,24 +836,3 @@ class _TransportSpawn:
                 protocol.close()
         result: bool | None = await self._cm.__aexit__(exc_type, exc, tb)
         return result
-
-
-def current_async_library() -> str:
-    """``"trio"`` or ``"asyncio"`` for the running task (``RuntimeError`` outside both)."""
-    trio_module = sys.modules.get("trio")
-    if trio_module is not None:
-        try:
-            trio_module.lowlevel.current_task()
-        except RuntimeError:
-            pass
-        else:
-            return "trio"
-    asyncio_module = sys.modules.get("asyncio")
-    if asyncio_module is not None:
-        try:
-            asyncio_module.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            return "asyncio"
-    raise RuntimeError("QuicTransport.spawn needs a running asyncio or trio task")

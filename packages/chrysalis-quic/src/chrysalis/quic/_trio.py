@@ -28,27 +28,19 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Final, TypeVar, final
+from typing import Final, TypeVar, Unpack, final
 
 import trio
 
-from chrysalis.core import DatagramAddr, Pid
+from chrysalis.core import Pid
 from chrysalis.core.completion import StreamRef, SubmissionLimits
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._byte_stream import MAX_READ_ALL
 from chrysalis.quic._config import EndpointLimits, QuicConfig
 from chrysalis.quic._driver import (
     DEFAULT_DRIVER_MODE,
-    AdapterOptions,
-    ConnectionCore,
-    ConnectionView,
-    EndpointClosedError,
-    EndpointCore,
     EndpointSettings,
-    EndpointView,
-    QuicTransportError,
-    StreamClosedError,
-    StreamCore,
+    SpawnOptions,
     ThreadNotifier,
     thread_name,
 )
@@ -56,8 +48,17 @@ from chrysalis.quic._endpoint import (
     ConnectionStatistics,
     EndpointRole,
 )
-from chrysalis.quic._engine import EngineFactory
+from chrysalis.quic._endpoint_core import (
+    AdapterOptions,
+    ConnectionCore,
+    ConnectionView,
+    EndpointCore,
+    EndpointFacade,
+)
+from chrysalis.quic._engines.base import EngineFactory
+from chrysalis.quic._errors import EndpointClosedError, QuicTransportError, StreamClosedError
 from chrysalis.quic._identity import Identity
+from chrysalis.quic._stream_core import StreamCore
 
 __all__ = ["TrioConnection", "TrioEndpoint", "TrioStream"]
 
@@ -210,7 +211,7 @@ class _Spawn:
 
 
 @final
-class TrioEndpoint(EndpointView):
+class TrioEndpoint(EndpointFacade["TrioConnection", "TrioStream"]):
     """A QUIC endpoint in the current trio run (see the module docstring).
 
     Create it with ``spawn_client``, ``spawn_server``, ``spawn_duplex`` or
@@ -260,10 +261,12 @@ class TrioEndpoint(EndpointView):
     # -- construction ---------------------------------------------------------------------------
 
     @staticmethod
-    def spawn_client(
+    def spawn(
         identity: Identity,
         socket: DatagramSocket,
         *,
+        role: EndpointRole,
+        route: Pid | None = None,
         config: QuicConfig | None = None,
         limits: EndpointLimits | None = None,
         options: AdapterOptions | None = None,
@@ -274,13 +277,15 @@ class TrioEndpoint(EndpointView):
         close_socket: bool = True,
         engine: EngineFactory | None = None,
     ) -> _Spawn:
-        """An endpoint that only dials, over ``socket`` (``async with``)."""
+        """An endpoint of ``role`` over ``socket`` (``async with``); a ``route`` (a PID) is put
+        in the CIDs of the connections it dials instead of ``identity.pid`` (``Pid.LINK_LOCAL``
+        for a dedicated link-local endpoint). The other options are ``EndpointSettings``'."""
         return _Spawn(
             EndpointSettings(
                 identity,
                 socket,
-                EndpointRole.CLIENT,
-                None,
+                role,
+                route,
                 config,
                 limits,
                 options,
@@ -292,74 +297,27 @@ class TrioEndpoint(EndpointView):
                 engine,
             )
         )
+
+    @staticmethod
+    def spawn_client(
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
+    ) -> _Spawn:
+        """An endpoint that only dials, over ``socket`` (``async with``)."""
+        return TrioEndpoint.spawn(identity, socket, role=EndpointRole.CLIENT, **options)
 
     @staticmethod
     def spawn_server(
-        identity: Identity,
-        socket: DatagramSocket,
-        *,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
     ) -> _Spawn:
         """An endpoint that only accepts, over ``socket`` (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.SERVER,
-                None,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
-        )
+        return TrioEndpoint.spawn(identity, socket, role=EndpointRole.SERVER, **options)
 
     @staticmethod
     def spawn_duplex(
-        identity: Identity,
-        socket: DatagramSocket,
-        *,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        identity: Identity, socket: DatagramSocket, **options: Unpack[SpawnOptions]
     ) -> _Spawn:
         """An endpoint that dials and accepts, routed by ``identity.pid`` (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.DUPLEX,
-                None,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
-        )
+        return TrioEndpoint.spawn(identity, socket, role=EndpointRole.DUPLEX, **options)
 
     @staticmethod
     def spawn_duplex_routed(
@@ -367,34 +325,12 @@ class TrioEndpoint(EndpointView):
         socket: DatagramSocket,
         *,
         routing_pid: Pid,
-        config: QuicConfig | None = None,
-        limits: EndpointLimits | None = None,
-        options: AdapterOptions | None = None,
-        submission_limits: SubmissionLimits | None = None,
-        completion_credits: int = 8192,
-        event_credits: int = 4096,
-        driver: str = DEFAULT_DRIVER_MODE,
-        close_socket: bool = True,
-        engine: EngineFactory | None = None,
+        **options: Unpack[SpawnOptions],
     ) -> _Spawn:
         """A duplex endpoint whose dialled connections carry ``routing_pid`` in their CIDs
         (``Pid.LINK_LOCAL`` for a dedicated link-local endpoint) (``async with``)."""
-        return _Spawn(
-            EndpointSettings(
-                identity,
-                socket,
-                EndpointRole.DUPLEX,
-                routing_pid,
-                config,
-                limits,
-                options,
-                submission_limits,
-                completion_credits,
-                event_credits,
-                driver,
-                close_socket,
-                engine,
-            )
+        return TrioEndpoint.spawn(
+            identity, socket, role=EndpointRole.DUPLEX, route=routing_pid, **options
         )
 
     def _start(self) -> None:
@@ -528,37 +464,6 @@ class TrioEndpoint(EndpointView):
 
     # -- dialling and accepting -----------------------------------------------------------------
 
-    async def connect(
-        self,
-        pid: Pid | None,
-        address: DatagramAddr,
-        *,
-        route: Pid | None = None,
-        source: Pid | None = None,
-        server_name: str | None = None,
-    ) -> TrioConnection:
-        """Dial the process ``pid`` at ``address`` (see ``AsyncioEndpoint.connect``)."""
-        target = route if route is not None else (pid if pid is not None else Pid.LINK_LOCAL)
-        conn = await self._core.connect(
-            target, address, expected=pid, source=source, server_name=server_name
-        )
-        return self.wrap_connection(conn)
-
-    async def accept(self) -> tuple[Pid, TrioStream]:
-        """The next incoming stream on a connection that terminates at this endpoint's PID,
-        with the peer's authenticated PID. ``EndpointClosedError`` once stopped."""
-        stream = await self._core.accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
-    async def accept_link_local(self) -> tuple[Pid, TrioStream]:
-        """The next incoming stream on a connection that terminates at the link-local PID 0."""
-        stream = await self._core.link_accepts.take()
-        peer = stream.conn.peer
-        assert peer is not None
-        return peer, self.wrap_stream(stream)
-
     def wrap_connection(self, conn: ConnectionCore) -> TrioConnection:
         """The facade of ``conn`` (one per connection)."""
         facade = conn.facade
@@ -595,11 +500,6 @@ class TrioEndpoint(EndpointView):
             await self._wait_stopped()
         if scope.cancelled_caught:
             self._force_stop()
-
-    async def wait_stopped(self) -> None:
-        """Wait until the driver stopped: after ``shutdown`` or ``abort``, or on its own when
-        the carrier failed (then every connection was abandoned)."""
-        await self._wait_stopped()
 
     async def _wait_stopped(self) -> None:
         if not self._core.stopped:

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 from chrysalis.datagram import DatagramSocket, InprocNetwork
 from chrysalis.quic._config import QuicConfig
 from chrysalis.quic._devca import DevelopmentCA
-from chrysalis.quic._driver import DEFAULT_DRIVER_MODE, AdapterOptions
+from chrysalis.quic._driver import DEFAULT_DRIVER_MODE
+from chrysalis.quic._endpoint_core import AdapterOptions
 from chrysalis.quic._identity import Identity
 from chrysalis.quic._transport import QuicTransport, current_async_library
 

@@ -23,12 +23,12 @@ A notification wakes every current waiter (broadcast); each re-checks its own co
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import final
 
+from chrysalis.core._async_library import current_async_library
 from chrysalis.core.completion._errors import TooManyWaiters
 
 __all__ = ["DEFAULT_MAX_WAITERS", "Wakeup", "WakeupStatistics"]
@@ -143,7 +143,7 @@ class Wakeup:
         even when the epoch already moved). Cancel it with the runtime's own tools
         (``asyncio.timeout``, ``trio.move_on_after``); a cancelled wait leaves no waiter behind.
         """
-        if _current_async_library() == "trio":
+        if current_async_library("wait_async") == "trio":
             from chrysalis.core.completion._wakeup_trio import wait_trio
 
             await wait_trio(self, since)
@@ -176,24 +176,3 @@ class Wakeup:
         """Remove ``wake`` if a notification has not already taken it."""
         with self._lock:
             self._async_waiters.pop(wake, None)
-
-
-def _current_async_library() -> str:
-    """Return "trio" or "asyncio" for the running task, without importing either library."""
-    trio_module = sys.modules.get("trio")
-    if trio_module is not None:
-        try:
-            trio_module.lowlevel.current_task()
-        except RuntimeError:
-            pass
-        else:
-            return "trio"
-    asyncio_module = sys.modules.get("asyncio")
-    if asyncio_module is not None:
-        try:
-            asyncio_module.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            return "asyncio"
-    raise RuntimeError("wait_async needs a running asyncio or trio task")
