@@ -3,7 +3,8 @@
 Why a module of its own: these functions are looked up or replaced by users at module level
 (``monarch.actor.unhandled_fault_hook = f``), so the facade re-exports them as plain functions
 while the machinery stays in ``_runtime``. ``flush_supervision`` is test support (not in the
-reference API, so not re-exported): import it from here.
+reference API, so not re-exported from ``monarch.actor``): import it from the public
+``monarch.actor.testing``.
 """
 
 from __future__ import annotations
