@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from chrysalis.quic.testing import issue_identity
-from monarch.actor._envelope import Envelope, FrameLimits
+from monarch.actor._base.envelope import Envelope, FrameLimits
 from monarch.actor._lane import LaneManager, LaneSettings, TcpLane, UnixLane
 from monarch.actor._lane_proto import Auth, Offer, Refuse, decode_control, encode_handshake
 from monarch.actor._node_transport import NodeTransportSettings

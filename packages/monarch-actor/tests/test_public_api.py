@@ -114,8 +114,8 @@ def test_config_module_has_the_log_prefix_flag() -> None:
 
 
 def test_sans_io_modules_import_no_io_loops_or_clocks() -> None:
-    for module in ("_shape", "_value_mesh", "_codec", "_envelope", "_errors", "_ids"):
-        loaded = importlib.import_module(f"monarch.actor.{module}")
+    for module in ("shape", "value_mesh", "codec", "envelope", "errors", "ids"):
+        loaded = importlib.import_module(f"monarch.actor._base.{module}")
         for forbidden in ("socket", "asyncio", "trio", "time", "threading"):
             assert forbidden not in vars(loaded), (module, forbidden)
 

@@ -60,7 +60,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from monarch.actor._future import Future, _Cell
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.shape import Extent, Shape
 from monarch.actor._host import (
     SPAWN_TIMEOUT,
     BootstrapCommand,
@@ -76,7 +77,6 @@ from monarch.actor._host import (
     worker_command,
 )
 from monarch.actor._main_module import main_reference
-from monarch.actor._shape import Extent, Shape
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:

@@ -18,11 +18,11 @@ from typing import Any
 
 import msgspec
 
+from monarch.actor._base.envelope import ActorAddr, MessageKind
+from monarch.actor._base.errors import MeshFailure
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.loop import is_runtime_thread
 from monarch.actor._context import _current
-from monarch.actor._envelope import ActorAddr, MessageKind
-from monarch.actor._errors import MeshFailure
-from monarch.actor._future import Future, _Cell
-from monarch.actor._loop import is_runtime_thread
 from monarch.actor._runtime import (
     FLUSH_ENDPOINT,
     FlushReport,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from monarch.actor._ids import ActorId, ProcId
-from monarch.actor._shape import Extent, Point
+from monarch.actor._base.ids import ActorId, ProcId
+from monarch.actor._base.shape import Extent, Point
 
 if TYPE_CHECKING:
     from monarch.actor._mesh import ProcMesh

@@ -81,10 +81,10 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 import chrysalis.node  # noqa: F401
 from chrysalis.core import DatagramAddr, Pid
 from monarch.actor import _client_attach
-from monarch.actor._future import Future, _Cell
-from monarch.actor._ids import ProcId
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.ids import ProcId
+from monarch.actor._base.shape import Extent, MeshTrait, Point, Shape, Slice
 from monarch.actor._main_module import main_reference, refuse_while_importing
-from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
 from monarch.actor._watchdog import HeartbeatDriver
 from monarch.actor._worker import STARTUP_MARKER
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError

@@ -48,17 +48,17 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from monarch.actor._actor import Actor
-from monarch.actor._endpoint import endpoint
-from monarch.actor._future import Future
-from monarch.actor._ids import ProcId
+from monarch.actor._base.actor import Actor
+from monarch.actor._base.endpoint import endpoint
+from monarch.actor._base.future import Future
+from monarch.actor._base.ids import ProcId
+from monarch.actor._base.shape import Extent, Shape
 from monarch.actor._port import Port
-from monarch.actor._shape import Extent, Shape
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
     from monarch.actor._attach import HostSession
-    from monarch.actor._errors import MeshFailure
+    from monarch.actor._base.errors import MeshFailure
     from monarch.actor._host import BootstrapCommand, ClientNodeLayer, WorkerGroup, _SpawnOptions
     from monarch.actor._mesh import ProcMesh, _ProcMeshState
     from monarch.actor._runtime import _Client
@@ -393,7 +393,7 @@ class _HostAgent(Actor):
     def get_or_spawn(
         self, name: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        from monarch.actor._errors import MeshFailure
+        from monarch.actor._base.errors import MeshFailure
         from monarch.actor._mesh import this_proc
 
         if name not in self._controllers:
@@ -559,7 +559,7 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     any actor, in any process). Resolves to the actor mesh (extent ``{}``); if that controller
     failed, to ``ActorError`` ("Failure on <name>: ..."). ``ValueError`` at once for a class
     that is not an ``Actor``."""
-    from monarch.actor._actor import check_actor_class
+    from monarch.actor._base.actor import check_actor_class
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"controller name must be a non-empty str, got {name!r}")

@@ -43,9 +43,9 @@ from cryptography import x509
 
 from chrysalis.core import Pid
 from monarch.actor import _shm
-from monarch.actor._codec import KIND_READONLY
-from monarch.actor._envelope import Envelope, FrameLimits
-from monarch.actor._errors import FrameError
+from monarch.actor._base.codec import KIND_READONLY
+from monarch.actor._base.envelope import Envelope, FrameLimits
+from monarch.actor._base.errors import FrameError
 from monarch.actor._lane_proto import (
     CONTEXT_ACCEPTOR,
     CONTEXT_DIALER,

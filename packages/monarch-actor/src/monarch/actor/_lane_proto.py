@@ -50,9 +50,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 
-from monarch.actor._codec import KIND_READONLY
-from monarch.actor._envelope import FRAME_PREFIX, Envelope, FrameLimits
-from monarch.actor._errors import FrameError
+from monarch.actor._base.codec import KIND_READONLY
+from monarch.actor._base.envelope import FRAME_PREFIX, Envelope, FrameLimits
+from monarch.actor._base.errors import FrameError
 
 __all__ = [
     "CONTEXT_ACCEPTOR",

@@ -34,14 +34,16 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast
 
-from monarch.actor import _codec, _logging_option
-from monarch.actor._actor import check_actor_class
+from monarch.actor import _logging_option
 from monarch.actor._adverbs import Endpoint, NotAnEndpoint
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.actor import check_actor_class
+from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
+from monarch.actor._base.envelope import ActorAddr, CastInfo, MessageKind
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.ids import ProcId
+from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
 from monarch.actor._context import CreatorInfo, _current
-from monarch.actor._endpoint import EndpointProperty, endpoints_of
-from monarch.actor._envelope import ActorAddr, CastInfo, MessageKind
-from monarch.actor._future import Future, _Cell
-from monarch.actor._ids import ProcId
 from monarch.actor._runtime import (
     CellBase,
     GatherSink,
@@ -53,7 +55,6 @@ from monarch.actor._runtime import (
     decode_reply,
     new_local_runtime,
 )
-from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
 
 if TYPE_CHECKING:
     from monarch.actor._host import HostMesh, WorkerGroup

@@ -67,8 +67,8 @@ from typing import Any, Final
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor._codec import detach_buffers
-from monarch.actor._envelope import (
+from monarch.actor._base.codec import detach_buffers
+from monarch.actor._base.envelope import (
     FRAME_PREFIX,
     Envelope,
     FrameDecoder,
@@ -77,7 +77,8 @@ from monarch.actor._envelope import (
     check_size,
     encode_frame,
 )
-from monarch.actor._errors import FrameError
+from monarch.actor._base.errors import FrameError
+from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._lane import ZERO_SHM_HEAD, Lane, LaneManager, LaneSettings, UnixLane
 from monarch.actor._lane_proto import (
     ControlSplitter,
@@ -87,7 +88,6 @@ from monarch.actor._lane_proto import (
     encode_control,
     lane_prefix,
 )
-from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._transport import DeliverCallback, UndeliverableCallback
 from monarch.config import _registry as _config
 from monarch.config._registry import ChannelTransport

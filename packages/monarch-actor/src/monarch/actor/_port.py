@@ -17,9 +17,9 @@ from __future__ import annotations
 import weakref
 from typing import Any, Generic, TypeVar
 
-from monarch.actor import _codec
-from monarch.actor._envelope import CastInfo, MessageKind, PortAddr
-from monarch.actor._future import Future
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.envelope import CastInfo, MessageKind, PortAddr
+from monarch.actor._base.future import Future
 from monarch.actor._runtime import QueueSink, Reply, current_sender, decode_reply
 from monarch.config import _registry as _config
 

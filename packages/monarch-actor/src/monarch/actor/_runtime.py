@@ -90,18 +90,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _codec, _logging, _main_module, _telemetry
-from monarch.actor._actor import check_actor_class
-from monarch.actor._context import (
-    Context,
-    CreatorInfo,
-    Instance,
-    _empty_point,
-    _reset_context,
-    _set_context,
-)
-from monarch.actor._endpoint import EndpointProperty, endpoints_of
-from monarch.actor._envelope import (
+from monarch.actor import _logging, _main_module, _telemetry
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.actor import check_actor_class
+from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
+from monarch.actor._base.envelope import (
     FLAG_EXPLICIT_PORT,
     ActorAddr,
     CastInfo,
@@ -110,7 +103,7 @@ from monarch.actor._envelope import (
     MessageKind,
     PortAddr,
 )
-from monarch.actor._errors import (
+from monarch.actor._base.errors import (
     ActorError,
     CodecError,
     ErrorCategory,
@@ -121,11 +114,19 @@ from monarch.actor._errors import (
     SupervisionError,
     format_remote_traceback,
 )
-from monarch.actor._future import Future, _Cell
-from monarch.actor._ids import ActorId, ProcId
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.ids import ActorId, ProcId
+from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._base.shape import Extent, Point
+from monarch.actor._context import (
+    Context,
+    CreatorInfo,
+    Instance,
+    _empty_point,
+    _reset_context,
+    _set_context,
+)
 from monarch.actor._liveness import Lease
-from monarch.actor._loop import RuntimeLoop
-from monarch.actor._shape import Extent, Point
 from monarch.actor._transport import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
@@ -2263,8 +2264,8 @@ class _Client:
         self.root = RootCell(self.runtime)
         self.runtime.root = self.root
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
+        from monarch.actor._base.shape import Shape
         from monarch.actor._mesh import ProcMesh
-        from monarch.actor._shape import Shape
 
         self.root.instance.proc_mesh = ProcMesh(
             [self.runtime.proc_id], Shape.unity(), owned=False, name="client"

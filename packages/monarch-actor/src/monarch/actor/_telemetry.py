@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
 
-from monarch.actor._errors import FailureEvent, error_category
+from monarch.actor._base.errors import FailureEvent, error_category
 
 if TYPE_CHECKING:
-    from monarch.actor._envelope import Envelope
+    from monarch.actor._base.envelope import Envelope
 
 __all__ = [
     "MAX_LISTENERS",

@@ -56,7 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from monarch.actor._loop import RuntimeLoop
+from monarch.actor._base.loop import RuntimeLoop
 from monarch.actor._main_module import (
     UnguardedMainError,
     import_main,
