@@ -22,7 +22,7 @@ from monarch.actor._base.envelope import (
     encode_frame,
 )
 from monarch.actor._base.errors import FrameError
-from monarch.actor._lane_proto import (
+from monarch.actor._transport.lane_proto import (
     CONTEXT_ACCEPTOR,
     CONTEXT_DIALER,
     ControlSplitter,

@@ -32,15 +32,24 @@ MOVED = {
     "_loop": "_base.loop",
     "_actor": "_base.actor",
     "_endpoint": "_base.endpoint",
+    "_node_transport": "_transport.node",
+    "_lane_proto": "_transport.lane_proto",
+    "_lane": "_transport.lane",
+    "_shm": "_transport.shm",
 }
+
+#: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
+SEAM_NAMES = (
+    "Attachable",
+    "DeliverCallback",
+    "InProcessFabric",
+    "InProcessTransport",
+    "ProcessTransport",
+    "UndeliverableCallback",
+)
 
 #: Flat modules still waiting to move, and the layer each is planned for.
 PENDING = {
-    "_transport": "_transport",
-    "_node_transport": "_transport",
-    "_lane_proto": "_transport",
-    "_lane": "_transport",
-    "_shm": "_transport",
     "_uid": "_base",
     "_runtime": "_runtime",
     "_context": "_runtime",
@@ -142,6 +151,8 @@ def test_no_layer_imports_a_layer_to_its_left() -> None:
                 parts = target.split(".")
                 if parts[:2] == ["monarch", "actor"] and parts[2:3] and parts[2] in MOVED:
                     problems.append(f"{module}:{node.lineno} imports the old path {target}")
+                if target.startswith("monarch.actor._transport.") and parts[3] in SEAM_NAMES:
+                    problems.append(f"{module}:{node.lineno} imports {target} (use .seam)")
                 other = _layer_of(target)
                 if other is not None and LAYERS.index(other) < LAYERS.index(layer):
                     problems.append(f"{module}:{node.lineno} ({layer}) imports {target} ({other})")
@@ -174,3 +185,8 @@ def test_old_paths_are_the_moved_modules() -> None:
     for old, new in MOVED.items():
         moved = importlib.import_module(f"monarch.actor.{new}")
         assert importlib.import_module(f"monarch.actor.{old}") is moved
+    package = importlib.import_module("monarch.actor._transport")
+    seam = importlib.import_module("monarch.actor._transport.seam")
+    assert sorted(package.__all__) == sorted(seam.__all__) == sorted(SEAM_NAMES)
+    for name in SEAM_NAMES:
+        assert getattr(package, name) is getattr(seam, name)

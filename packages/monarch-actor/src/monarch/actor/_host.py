@@ -94,8 +94,8 @@ from monarch.config._registry import ChannelTransport
 if TYPE_CHECKING:
     from monarch.actor._attach import HostSession
     from monarch.actor._mesh import ProcMesh, _ProcMeshState
-    from monarch.actor._node_transport import NodeProcessTransport
     from monarch.actor._runtime import _Client
+    from monarch.actor._transport.node import NodeProcessTransport
 
 __all__ = [
     "CLIENT_LISTEN_ENV",
@@ -664,8 +664,8 @@ class ClientNodeLayer:
     async def _start(self, client: _Client) -> tuple[Any, NodeProcessTransport]:
         from chrysalis.node import JoinSettings, Node
         from chrysalis.quic import QuicConfig
-        from monarch.actor._node_transport import NodeProcessTransport
         from monarch.actor._runtime import _frame_limits
+        from monarch.actor._transport.node import NodeProcessTransport
 
         idle = float(_config.get("mesh_orphan_timeout"))
         listen = os.environ.get(CLIENT_LISTEN_ENV) or _DEFAULT_LISTEN

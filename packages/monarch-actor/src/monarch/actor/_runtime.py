@@ -127,7 +127,7 @@ from monarch.actor._context import (
     _set_context,
 )
 from monarch.actor._liveness import Lease
-from monarch.actor._transport import Attachable, InProcessFabric
+from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
