@@ -117,11 +117,12 @@ from monarch.actor._base.errors import (
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ActorId, ProcId
 from monarch.actor._base.loop import RuntimeLoop
-from monarch.actor._base.shape import Extent, Point
+from monarch.actor._base.shape import Extent, Point, Shape
 from monarch.actor._context import (
     Context,
     CreatorInfo,
     Instance,
+    _current,
     _empty_point,
     _reset_context,
     _set_context,
@@ -2264,7 +2265,6 @@ class _Client:
         self.root = RootCell(self.runtime)
         self.runtime.root = self.root
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
-        from monarch.actor._base.shape import Shape
         from monarch.actor._mesh import ProcMesh
 
         self.root.instance.proc_mesh = ProcMesh(
@@ -2294,7 +2294,6 @@ def client() -> _Client:
         return _client
 
 
-_current_context: Callable[[], Any] | None = None
 #: A worker process's own runtime and sender (``set_process_sender``), with the OS pid that
 #: set it (a fork inherits the value, not the runtime).
 _process_sender: tuple[int, ProcRuntime, CellBase] | None = None
@@ -2312,12 +2311,7 @@ def set_process_sender(runtime: ProcRuntime) -> None:
 def current_sender() -> tuple[ProcRuntime, CellBase]:
     """The process runtime and cell of whoever is running: an actor; outside actors, a worker
     process itself, or the root client."""
-    global _current_context
-    if _current_context is None:  # imported once: this runs for every message sent
-        from monarch.actor._context import _current
-
-        _current_context = _current
-    ctx = _current_context()
+    ctx = _current()
     if ctx is not None:
         cell = ctx._cell
         return cell.runtime, cell
