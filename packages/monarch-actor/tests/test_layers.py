@@ -190,3 +190,13 @@ def test_old_paths_are_the_moved_modules() -> None:
     assert sorted(package.__all__) == sorted(seam.__all__) == sorted(SEAM_NAMES)
     for name in SEAM_NAMES:
         assert getattr(package, name) is getattr(seam, name)
+
+
+def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
+    """``_context`` (planned for ``_runtime``) reaches the client and ``this_proc`` through hooks
+    that ``_runtime`` and ``_mesh`` set when ``monarch.actor`` is imported."""
+    context = importlib.import_module("monarch.actor._context")
+    mesh = importlib.import_module("monarch.actor._mesh")
+    assert context._proc_resolver is mesh.this_proc
+    assert context._root_context is not None
+    assert str(context.context().actor_instance) == "<root>"

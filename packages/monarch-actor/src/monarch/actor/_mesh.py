@@ -43,7 +43,7 @@ from monarch.actor._base.envelope import ActorAddr, CastInfo, MessageKind
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
-from monarch.actor._context import CreatorInfo, _current
+from monarch.actor._context import CreatorInfo, _current, set_proc_resolver
 from monarch.actor._runtime import (
     CellBase,
     GatherSink,
@@ -698,3 +698,6 @@ def local_proc_mesh(per_host: dict[str, int] | None = None, *, name: str = "loca
     ctx = _current()
     _adopt(ctx._cell if ctx is not None else client().root, mesh)
     return mesh
+
+
+set_proc_resolver(this_proc)  # hook H2: ``Instance.proc`` of an instance without a proc mesh

@@ -126,6 +126,7 @@ from monarch.actor._context import (
     _empty_point,
     _reset_context,
     _set_context,
+    set_root_context,
 )
 from monarch.actor._liveness import Lease
 from monarch.actor._transport.seam import Attachable, InProcessFabric
@@ -2434,3 +2435,10 @@ def gather_future(n: int, decode: Callable[[list[Reply]], Any]) -> tuple[PortAdd
     if n == 0:
         runtime.close_port(addr.index)
     return addr, Future._create(cell, decode)
+
+
+def _root_context() -> Context:
+    return client().root.context
+
+
+set_root_context(_root_context)  # hook H1: ``context()`` outside any actor
