@@ -200,3 +200,15 @@ def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
     assert context._proc_resolver is mesh.this_proc
     assert context._root_context is not None
     assert str(context.context().actor_instance) == "<root>"
+
+
+def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
+    """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
+    through hooks that ``_host`` sets at import (H3, H4)."""
+    runtime = importlib.import_module("monarch.actor._runtime")
+    mesh = importlib.import_module("monarch.actor._mesh")
+    host = importlib.import_module("monarch.actor._host")
+    assert runtime._node_layer_factory is host.ClientNodeLayer
+    assert isinstance(runtime.client().node_layer, host.ClientNodeLayer)
+    assert mesh._host_resolver is host._host_of
+    assert isinstance(mesh.this_proc().host_mesh, host.HostMesh)

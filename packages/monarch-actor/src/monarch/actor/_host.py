@@ -87,8 +87,8 @@ from monarch.actor._base.shape import Extent, MeshTrait, Point, Shape, Slice
 from monarch.actor._context import _current
 from monarch.actor._host_agent import NestedProcs, ProcSetup, ensure_agent, spawn_from_worker
 from monarch.actor._main_module import main_reference, refuse_while_importing
-from monarch.actor._mesh import ProcMesh, _adopt, _forget, _ProcMeshState
-from monarch.actor._runtime import _frame_limits, broadcast_proc_death, client
+from monarch.actor._mesh import ProcMesh, _adopt, _forget, _ProcMeshState, set_host_resolver
+from monarch.actor._runtime import _frame_limits, broadcast_proc_death, client, set_node_layer
 from monarch.actor._watchdog import HeartbeatDriver
 from monarch.actor._worker import STARTUP_MARKER
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
@@ -1450,3 +1450,11 @@ def this_host() -> HostMesh:
         if c.host_mesh is None or c.host_mesh._shut_down:
             c.host_mesh = HostMesh(Shape.unity(), owned=True)
         return c.host_mesh
+
+
+def _host_of(target: str) -> HostMesh:
+    return HostMesh(Shape.unity(), owned=False, target=target)
+
+
+set_node_layer(ClientNodeLayer)  # hook H3: the client's node layer
+set_host_resolver(_host_of)  # hook H4: ``ProcMesh.host_mesh``

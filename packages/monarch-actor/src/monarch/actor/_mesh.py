@@ -67,6 +67,17 @@ __all__ = [
     "this_proc",
 ]
 
+#: Hook H4: the host mesh (extent ``{}``, a reference) of a target such as ``proc:<pid hex>``;
+#: set by ``_host`` at import (``ProcMesh.host_mesh``).
+_host_resolver: Callable[[str], HostMesh] | None = None
+
+
+def set_host_resolver(fn: Callable[[str], HostMesh]) -> None:
+    """Register how ``ProcMesh.host_mesh`` builds a host mesh reference (``_host``, at import)."""
+    global _host_resolver
+    _host_resolver = fn
+
+
 T = TypeVar("T")
 _log = logging.getLogger("monarch.actor.mesh")
 
@@ -349,14 +360,14 @@ class ProcMesh(MeshTrait):
         """The host of a one-process mesh, as a host mesh with extent ``{}`` (a reference:
         ``spawn_procs`` on it starts processes on that host, owned by the caller).
         ``NotImplementedError`` for a mesh of several processes, as in the reference."""
-        from monarch.actor._host import HostMesh
-
+        if _host_resolver is None:
+            raise RuntimeError("monarch.actor is not fully imported (no host resolver registered)")
         if len(self._shape.ndslice) != 1:
             raise NotImplementedError(
                 "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
             )
         pid = self._proc_ids()[next(iter(self._shape.ndslice))].pid
-        return HostMesh(Shape.unity(), owned=False, target=f"proc:{pid.hex()}")
+        return _host_resolver(f"proc:{pid.hex()}")
 
     async def logging_option(
         self,

@@ -133,6 +133,7 @@ from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
+    from monarch.actor._host import ClientNodeLayer, HostMesh
     from monarch.actor._mesh import ProcMesh
 
 __all__ = [
@@ -2255,9 +2256,9 @@ class _Client:
         self.loop = RuntimeLoop("monarch-runtime")
         self.loop.start()
         self.fabric = InProcessFabric(_frame_limits)
-        from monarch.actor._host import ClientNodeLayer, HostMesh
-
-        self.node_layer = ClientNodeLayer()  # the client's PID is its (lazy) node's PID
+        if _node_layer_factory is None:
+            raise RuntimeError("monarch.actor is not fully imported (no node layer registered)")
+        self.node_layer = _node_layer_factory()  # the client's PID is its (lazy) node's PID
         self.host_mesh: HostMesh | None = None
         self.host_lock = threading.Lock()
         #: The host agent (``_host_agent``), spawned in this process on first use.
@@ -2271,6 +2272,16 @@ class _Client:
         self.root.instance.proc_mesh = ProcMesh(
             [self.runtime.proc_id], Shape.unity(), owned=False, name="client"
         )
+
+
+#: Hook H3: builds the client's node layer (``_host.ClientNodeLayer``, set by ``_host`` at import).
+_node_layer_factory: Callable[[], ClientNodeLayer] | None = None
+
+
+def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
+    """Register the factory of the client's node layer (called once, by ``_host``, at import)."""
+    global _node_layer_factory
+    _node_layer_factory = factory
 
 
 _client: _Client | None = None
