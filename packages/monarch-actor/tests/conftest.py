@@ -10,7 +10,7 @@ import pytest
 
 import monarch.actor
 from monarch.actor import MeshFailure, ProcMesh, _local_proc_mesh
-from monarch.actor._client_api import flush_supervision
+from monarch.actor.testing import flush_supervision
 from monarch.config._registry import configured
 
 

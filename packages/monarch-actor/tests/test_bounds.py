@@ -16,7 +16,7 @@ from monarch.actor import (
     SupervisionError,
     endpoint,
 )
-from monarch.actor._errors import MessageTooLargeError
+from monarch.actor._base.errors import MessageTooLargeError
 from monarch.config import clear_runtime_config, configure, get_runtime_config
 
 Procs = Callable[..., ProcMesh]

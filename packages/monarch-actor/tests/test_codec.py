@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monarch.actor import _codec
-from monarch.actor._codec import (
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.codec import (
     KIND_PERSISTENT,
     KIND_READONLY,
     MAX_BUFFERS,
@@ -19,7 +19,7 @@ from monarch.actor._codec import (
     detach_buffers,
     encode,
 )
-from monarch.actor._errors import CodecError, MessageTooLargeError
+from monarch.actor._base.errors import CodecError, MessageTooLargeError
 
 
 class ArrayLike:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monarch.actor._codec import KIND_READONLY
-from monarch.actor._envelope import (
+from monarch.actor._base.codec import KIND_READONLY
+from monarch.actor._base.envelope import (
     FRAME_PREFIX,
     ActorAddr,
     CastInfo,
@@ -19,7 +19,7 @@ from monarch.actor._envelope import (
     PortAddr,
     encode_frame,
 )
-from monarch.actor._errors import FrameError, MessageTooLargeError
+from monarch.actor._base.errors import FrameError, MessageTooLargeError
 
 PID_A = bytes(range(16))
 PID_B = bytes(range(16, 32))

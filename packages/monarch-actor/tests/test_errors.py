@@ -29,7 +29,7 @@ from monarch.actor import (
     endpoint,
     this_proc,
 )
-from monarch.actor._errors import FailureEvent
+from monarch.actor._base.errors import FailureEvent
 
 Procs = Callable[..., ProcMesh]
 T = 5.0
@@ -663,7 +663,7 @@ def test_unhandled_fault_interrupts_the_main_thread_once(tmp_path: Path) -> None
 
 
 def test_error_categories_of_any_exception() -> None:
-    from monarch.actor._errors import (
+    from monarch.actor._base.errors import (
         CodecError,
         FrameError,
         MessageTooLargeError,

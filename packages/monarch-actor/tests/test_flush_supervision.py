@@ -18,8 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.actor import Actor, MeshFailure, ProcMesh, endpoint
-from monarch.actor._client_api import _consistent, flush_supervision
+from monarch.actor._client_api import _consistent
 from monarch.actor._runtime import FlushReport
+from monarch.actor.testing import flush_supervision
 
 Procs = Callable[..., ProcMesh]
 T = 5.0

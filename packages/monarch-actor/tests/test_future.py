@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from monarch.actor import Future
-from monarch.actor._future import _all_done, _Cell
-from monarch.actor._loop import RuntimeLoop
+from monarch.actor._base.future import _all_done, _Cell
+from monarch.actor._base.loop import RuntimeLoop
 
 
 def pending() -> tuple[_Cell[Any], Future[Any]]:

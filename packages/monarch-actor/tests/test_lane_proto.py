@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chrysalis.quic.testing import issue_identity
-from monarch.actor._envelope import (
+from monarch.actor._base.envelope import (
     FRAME_PREFIX,
     ActorAddr,
     Envelope,
@@ -21,8 +21,8 @@ from monarch.actor._envelope import (
     MessageKind,
     encode_frame,
 )
-from monarch.actor._errors import FrameError
-from monarch.actor._lane_proto import (
+from monarch.actor._base.errors import FrameError
+from monarch.actor._transport.lane_proto import (
     CONTEXT_ACCEPTOR,
     CONTEXT_DIALER,
     ControlSplitter,

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from monarch.actor._lane_proto import Switch, encode_control
-from monarch.actor._node_transport import STREAM_MAGIC, NodeTransportSettings
+from monarch.actor._transport.lane_proto import Switch, encode_control
+from monarch.actor._transport.node import STREAM_MAGIC, NodeTransportSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_lanes import wait_for

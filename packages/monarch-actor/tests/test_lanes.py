@@ -14,10 +14,16 @@ from typing import Any
 import pytest
 
 from chrysalis.quic.testing import issue_identity
-from monarch.actor._envelope import Envelope, FrameLimits
-from monarch.actor._lane import LaneManager, LaneSettings, TcpLane, UnixLane
-from monarch.actor._lane_proto import Auth, Offer, Refuse, decode_control, encode_handshake
-from monarch.actor._node_transport import NodeTransportSettings
+from monarch.actor._base.envelope import Envelope, FrameLimits
+from monarch.actor._transport.lane import LaneManager, LaneSettings, TcpLane, UnixLane
+from monarch.actor._transport.lane_proto import (
+    Auth,
+    Offer,
+    Refuse,
+    decode_control,
+    encode_handshake,
+)
+from monarch.actor._transport.node import NodeTransportSettings
 from monarch.config._registry import configured
 
 sys.path.insert(0, str(Path(__file__).parent))

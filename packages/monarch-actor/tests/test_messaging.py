@@ -34,7 +34,7 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
-from monarch.actor._future import _Cell
+from monarch.actor._base.future import _Cell
 
 Procs = Callable[..., ProcMesh]
 T = 5.0  # every wait in this file is bounded by this many seconds

@@ -19,10 +19,10 @@ from chrysalis.core import Pid
 from chrysalis.datagram import InprocNetwork
 from chrysalis.node import JoinSettings, Node
 from chrysalis.quic.testing import issue_identity
-from monarch.actor._envelope import ActorAddr, Envelope, FrameLimits, MessageKind, PortAddr
-from monarch.actor._errors import MessageTooLargeError
-from monarch.actor._loop import RuntimeLoop
-from monarch.actor._node_transport import (
+from monarch.actor._base.envelope import ActorAddr, Envelope, FrameLimits, MessageKind, PortAddr
+from monarch.actor._base.errors import MessageTooLargeError
+from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._transport.node import (
     LaneSettings,
     NodeProcessTransport,
     NodeTransportSettings,

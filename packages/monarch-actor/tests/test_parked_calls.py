@@ -9,7 +9,7 @@ import pytest
 
 from monarch.actor import Future, SupervisionError
 from monarch.actor import _runtime as rt
-from monarch.actor._envelope import ActorAddr, Envelope, MessageKind
+from monarch.actor._base.envelope import ActorAddr, Envelope, MessageKind
 
 
 @pytest.fixture

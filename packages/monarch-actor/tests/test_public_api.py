@@ -100,13 +100,22 @@ def test_the_in_process_helper_is_reachable_but_private() -> None:
     assert "_local_proc_mesh" not in monarch.actor.__all__
 
 
+def test_testing_module_exports_the_supervision_barrier() -> None:
+    import monarch.actor.testing
+    from monarch.actor import _client_api
+
+    assert monarch.actor.testing.__all__ == ["flush_supervision"]
+    assert monarch.actor.testing.flush_supervision is _client_api.flush_supervision
+    assert "flush_supervision" not in monarch.actor.__all__
+
+
 def test_config_module_has_the_log_prefix_flag() -> None:
     assert monarch.actor.config.prefix_python_logs_with_actor is True
 
 
 def test_sans_io_modules_import_no_io_loops_or_clocks() -> None:
-    for module in ("_shape", "_value_mesh", "_codec", "_envelope", "_errors", "_ids"):
-        loaded = importlib.import_module(f"monarch.actor.{module}")
+    for module in ("shape", "value_mesh", "codec", "envelope", "errors", "ids"):
+        loaded = importlib.import_module(f"monarch.actor._base.{module}")
         for forbidden in ("socket", "asyncio", "trio", "time", "threading"):
             assert forbidden not in vars(loaded), (module, forbidden)
 

@@ -40,9 +40,9 @@ from monarch.actor import (
     returns_future,
     this_host,
 )
-from monarch.actor._lane import TcpLane, UnixLane
-from monarch.actor._node_transport import NodeTransportSettings
 from monarch.actor._runtime import client
+from monarch.actor._transport.lane import TcpLane, UnixLane
+from monarch.actor._transport.node import NodeTransportSettings
 from monarch.config import configured
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import extras_actors by name

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monarch.actor import Extent, MeshTrait, Point, Region, Shape, Slice
-from monarch.actor._shape import MAX_DIMS, DimensionNotFoundError
+from monarch.actor._base.shape import MAX_DIMS, DimensionNotFoundError
 
 
 # -- Slice ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from monarch.actor import _shm
+from monarch.actor._transport import shm as _shm
 
 pytestmark = pytest.mark.skipif(not _shm.available(), reason="needs memfd_create")
 

@@ -360,8 +360,8 @@ def test_a_spawn_racing_a_client_shutdown_starts_no_process() -> None:
     registered after it was never killed, and its processes started anyway."""
     from types import SimpleNamespace
 
+    from monarch.actor._base.shape import Extent
     from monarch.actor._host import _start_group
-    from monarch.actor._shape import Extent
 
     started: list[bool] = []
     layer = SimpleNamespace(_lock=threading.Lock(), closed=False, groups=[])

@@ -36,7 +36,7 @@ from monarch.actor import (
     traced,
 )
 from monarch.actor import _telemetry as tm
-from monarch.actor._errors import ErrorCategory, FailureEvent
+from monarch.actor._base.errors import ErrorCategory, FailureEvent
 
 Procs = Callable[..., ProcMesh]
 T = 5.0

@@ -104,7 +104,7 @@ def test_wait_times_out_without_killing(zygote: Zygote) -> None:
 
 
 def _runtime_threads(argv: Sequence[str]) -> int:
-    from monarch.actor import _loop
+    from monarch.actor._base import loop as _loop
 
     print(len(_loop._RUNTIME_THREADS), flush=True)
     return 0
@@ -113,7 +113,7 @@ def _runtime_threads(argv: Sequence[str]) -> int:
 def test_forked_child_forgets_the_parents_runtime_loop_threads() -> None:
     # A child's threads can reuse the parent's thread idents: a stale entry made a worker's
     # actor thread look like a runtime loop (Future.get refused to block).
-    from monarch.actor._loop import RuntimeLoop, is_runtime_thread
+    from monarch.actor._base.loop import RuntimeLoop, is_runtime_thread
 
     loop = RuntimeLoop("parent-loop")
     loop.start()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from monarch.actor import _mesh, config
 from monarch.actor._accumulator import Accumulator
-from monarch.actor._actor import Actor
 from monarch.actor._adverbs import Endpoint, as_endpoint, send
 from monarch.actor._attach import (
     attach_to_workers,
@@ -21,6 +20,21 @@ from monarch.actor._attach import (
     run_worker_loop_until_shutdown,
     start_worker_loop_forever,
 )
+from monarch.actor._base.actor import Actor
+from monarch.actor._base.endpoint import concurrent_endpoint, endpoint
+from monarch.actor._base.errors import (
+    ActorError,
+    ErrorCategory,
+    FailureEvent,
+    MeshFailure,
+    PortClosedError,
+    PortOverflowError,
+    SupervisionError,
+)
+from monarch.actor._base.future import Future
+from monarch.actor._base.ids import ActorId, ProcId
+from monarch.actor._base.shape import Extent, MeshTrait, Point, Region, Shape, Slice
+from monarch.actor._base.value_mesh import ValueMesh
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
 from monarch.actor._client_attach import attach
@@ -33,24 +47,11 @@ from monarch.actor._context import (
     current_size,
 )
 from monarch.actor._enable_transport import ChannelTransport, enable_transport
-from monarch.actor._endpoint import concurrent_endpoint, endpoint
-from monarch.actor._errors import (
-    ActorError,
-    ErrorCategory,
-    FailureEvent,
-    MeshFailure,
-    PortClosedError,
-    PortOverflowError,
-    SupervisionError,
-)
-from monarch.actor._future import Future
 from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
 from monarch.actor._host_agent import get_or_spawn_controller
-from monarch.actor._ids import ActorId, ProcId
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
 from monarch.actor._returns_future import returns_future
-from monarch.actor._shape import Extent, MeshTrait, Point, Region, Shape, Slice
 from monarch.actor._telemetry import (
     ChainLink,
     SupervisionRecord,
@@ -66,7 +67,6 @@ from monarch.actor._telemetry import (
     traced,
 )
 from monarch.actor._uid import Uid
-from monarch.actor._value_mesh import ValueMesh
 
 __all__ = [
     "Accumulator",

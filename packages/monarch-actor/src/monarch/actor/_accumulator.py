@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from monarch.actor._future import Future, _all_done
+from monarch.actor._base.future import Future, _all_done
 
 __all__ = ["Accumulator"]
 

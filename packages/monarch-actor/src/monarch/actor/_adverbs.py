@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, ParamSpec, TypeVar
 
-from monarch.actor import _codec
-from monarch.actor._endpoint import EndpointProperty
-from monarch.actor._envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo, MessageKind
-from monarch.actor._future import Future, _Cell
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.endpoint import EndpointProperty
+from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo, MessageKind
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.value_mesh import ValueMesh, _value_mesh_over
 from monarch.actor._runtime import (
     GatherSink,
     OneSink,
@@ -35,12 +36,11 @@ from monarch.actor._runtime import (
     current_sender,
     decode_reply,
 )
-from monarch.actor._value_mesh import ValueMesh, _value_mesh_over
 
 if TYPE_CHECKING:
+    from monarch.actor._base.shape import Extent
     from monarch.actor._mesh import ActorMesh
     from monarch.actor._port import Port
-    from monarch.actor._shape import Extent
 
 __all__ = ["Endpoint", "NotAnEndpoint", "as_endpoint", "send"]
 

@@ -60,7 +60,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from monarch.actor._future import Future, _Cell
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.shape import Extent, Shape
 from monarch.actor._host import (
     SPAWN_TIMEOUT,
     BootstrapCommand,
@@ -76,7 +77,7 @@ from monarch.actor._host import (
     worker_command,
 )
 from monarch.actor._main_module import main_reference
-from monarch.actor._shape import Extent, Shape
+from monarch.actor._runtime import client
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
@@ -957,7 +958,6 @@ def spawn_on_hosts(
     makes it: the program, then its options) travel in ``Spawn``; each daemon finds numactl
     on its own host."""
     from chrysalis.core import Pid
-    from monarch.actor._runtime import client
 
     labels = [f"{mesh_name}{point}" for point in extent.points()]
     per = local.nelements
@@ -1024,8 +1024,6 @@ def attach_to_workers(
     the worker that could not be reached or refused (busy with another client); ``ValueError``
     for a malformed address or a ``ca`` that is not the client's cluster CA.
     """
-    from monarch.actor._runtime import client
-
     resolved = [w.get(timeout=ATTACH_TIMEOUT) if isinstance(w, Future) else w for w in workers]
     if not resolved:
         raise ValueError("attach_to_workers needs at least one worker address")

@@ -3,7 +3,8 @@
 Why a module of its own: these functions are looked up or replaced by users at module level
 (``monarch.actor.unhandled_fault_hook = f``), so the facade re-exports them as plain functions
 while the machinery stays in ``_runtime``. ``flush_supervision`` is test support (not in the
-reference API, so not re-exported): import it from here.
+reference API, so not re-exported from ``monarch.actor``): import it from the public
+``monarch.actor.testing``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from typing import Any
 
 import msgspec
 
+from monarch.actor._base.envelope import ActorAddr, MessageKind
+from monarch.actor._base.errors import MeshFailure
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.loop import is_runtime_thread
 from monarch.actor._context import _current
-from monarch.actor._envelope import ActorAddr, MessageKind
-from monarch.actor._errors import MeshFailure
-from monarch.actor._future import Future, _Cell
-from monarch.actor._loop import is_runtime_thread
 from monarch.actor._runtime import (
     FLUSH_ENDPOINT,
     FlushReport,

@@ -14,12 +14,13 @@ any actor (the client script, user threads, user asyncio loops) sees the root cl
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from monarch.actor._ids import ActorId, ProcId
-from monarch.actor._shape import Extent, Point
+from monarch.actor._base.ids import ActorId, ProcId
+from monarch.actor._base.shape import Extent, Point
 
 if TYPE_CHECKING:
     from monarch.actor._mesh import ProcMesh
@@ -39,6 +40,34 @@ _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "monarch_actor_context", default=None
 )
 _EMPTY_POINT = Point(0, Extent([], []))
+
+# Registration hooks: this module sits below the runtime and the meshes, which set these at
+# their import (``monarch.actor`` imports both, so they are set before any user code runs).
+#: The root client's context, for code running outside any actor (set by ``_runtime``).
+_root_context: Callable[[], Context] | None = None
+#: ``this_proc()``, for an instance spawned without a proc mesh (set by ``_mesh``).
+_proc_resolver: Callable[[], ProcMesh] | None = None
+
+
+def set_root_context(fn: Callable[[], Context]) -> None:
+    """Hook: ``fn()`` returns the root client's context (bootstrapping the client if needed)."""
+    global _root_context
+    _root_context = fn
+
+
+def set_proc_resolver(fn: Callable[[], ProcMesh]) -> None:
+    """Hook: ``fn()`` returns the one-proc mesh of the running process (``this_proc``)."""
+    global _proc_resolver
+    _proc_resolver = fn
+
+
+_T = TypeVar("_T")
+
+
+def _hook(fn: Callable[[], _T] | None, name: str) -> Callable[[], _T]:
+    if fn is None:
+        raise RuntimeError(f"monarch.actor is not fully imported ({name} is not registered)")
+    return fn
 
 
 class CreatorInfo(msgspec.Struct, frozen=True):
@@ -94,9 +123,7 @@ class Instance:
     def proc(self) -> ProcMesh:
         """The one-proc slice of ``proc_mesh`` this actor runs on."""
         if self.proc_mesh is None:
-            from monarch.actor._mesh import this_proc
-
-            return this_proc()
+            return _hook(_proc_resolver, "set_proc_resolver")()
         return self.proc_mesh.slice(**dict(self.rank))
 
     def stop(self, reason: str | None = None) -> None:
@@ -144,9 +171,7 @@ def context() -> Context:
     ctx = _CURRENT.get()
     if ctx is not None:
         return ctx
-    from monarch.actor._runtime import client
-
-    return client().root.context
+    return _hook(_root_context, "set_root_context")()
 
 
 def current_rank() -> Point:

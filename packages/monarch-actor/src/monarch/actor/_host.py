@@ -81,10 +81,14 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 import chrysalis.node  # noqa: F401
 from chrysalis.core import DatagramAddr, Pid
 from monarch.actor import _client_attach
-from monarch.actor._future import Future, _Cell
-from monarch.actor._ids import ProcId
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.ids import ProcId
+from monarch.actor._base.shape import Extent, MeshTrait, Point, Shape, Slice
+from monarch.actor._context import _current
+from monarch.actor._host_agent import NestedProcs, ProcSetup, ensure_agent, spawn_from_worker
 from monarch.actor._main_module import main_reference, refuse_while_importing
-from monarch.actor._shape import Extent, MeshTrait, Point, Shape, Slice
+from monarch.actor._mesh import ProcMesh, _adopt, _forget, _ProcMeshState, set_host_resolver
+from monarch.actor._runtime import _frame_limits, broadcast_proc_death, client, set_node_layer
 from monarch.actor._watchdog import HeartbeatDriver
 from monarch.actor._worker import STARTUP_MARKER
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
@@ -93,9 +97,8 @@ from monarch.config._registry import ChannelTransport
 
 if TYPE_CHECKING:
     from monarch.actor._attach import HostSession
-    from monarch.actor._mesh import ProcMesh, _ProcMeshState
-    from monarch.actor._node_transport import NodeProcessTransport
     from monarch.actor._runtime import _Client
+    from monarch.actor._transport.node import NodeProcessTransport
 
 __all__ = [
     "CLIENT_LISTEN_ENV",
@@ -595,7 +598,6 @@ class ClientNodeLayer:
         """Heartbeats to the workers (started with the node)."""
         self.sessions: list[HostSession] = []
         self.closed = False
-        from monarch.actor._host_agent import NestedProcs
 
         self.nested = NestedProcs(self)
         """Process groups spawned for workers, by owner (``_host_agent``)."""
@@ -664,8 +666,7 @@ class ClientNodeLayer:
     async def _start(self, client: _Client) -> tuple[Any, NodeProcessTransport]:
         from chrysalis.node import JoinSettings, Node
         from chrysalis.quic import QuicConfig
-        from monarch.actor._node_transport import NodeProcessTransport
-        from monarch.actor._runtime import _frame_limits
+        from monarch.actor._transport.node import NodeProcessTransport
 
         idle = float(_config.get("mesh_orphan_timeout"))
         listen = os.environ.get(CLIENT_LISTEN_ENV) or _DEFAULT_LISTEN
@@ -717,7 +718,6 @@ class ClientNodeLayer:
         client = self._client
         if not failure or client is None or client.loop.closed:
             return
-        from monarch.actor._runtime import broadcast_proc_death
 
         with self._lock:
             others = [p for group in self.groups for p in group.live_pids() if p != pid]
@@ -1007,8 +1007,6 @@ def _start_group(
     """Start the processes of one ``spawn_procs``: ``local`` on this host (``sessions`` is
     None; into ``group`` when given) or on every host of ``sessions`` (``extent``: the host
     dimensions, then ``local``). ``commands`` and ``numactl``: per rank, this host only."""
-    from monarch.actor._host_agent import ensure_agent
-
     layer = client.node_layer
     parent, authority, ca_dir = layer.ensure_started(client)
     started: WorkerGroup
@@ -1070,9 +1068,6 @@ def run_setup(procs: Sequence[ProcId], shape: Shape, name: str, options: _SpawnO
     """Run the owner's setup on every new process (``_host_agent.ProcSetup``), as the calling
     actor (or client); ``ActorError`` if ``bootstrap`` raised on a process."""
     import uuid
-
-    from monarch.actor._host_agent import ProcSetup
-    from monarch.actor._mesh import ProcMesh, _forget
 
     mesh = ProcMesh(procs, shape, owned=False, name=name)
     setup: Any = mesh._spawn("setup", f"monarch-setup-{uuid.uuid4().hex[:12]}", ProcSetup, (), {})
@@ -1245,10 +1240,6 @@ class HostMesh(MeshTrait):
         calling actor; past the nesting bounds (``MAX_SPAWN_DEPTH`` levels,
         ``MAX_NESTED_PROCS`` processes) ``initialized`` raises ``RuntimeError``.
         """
-        from monarch.actor._context import _current
-        from monarch.actor._mesh import ProcMesh, _adopt, _ProcMeshState
-        from monarch.actor._runtime import client
-
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
         sizes = dict(per_host or {})
@@ -1283,8 +1274,6 @@ class HostMesh(MeshTrait):
         shape = Shape.from_extent(extent)
         state = _ProcMeshState(ready=_Cell())
         if _in_worker_process():
-            from monarch.actor._host_agent import spawn_from_worker
-
             ctx = _current()
             if ctx is None:
                 raise RuntimeError(
@@ -1396,8 +1385,6 @@ class HostMesh(MeshTrait):
 
     def _forget_target(self) -> None:
         if self._hosts is not None and not _in_worker_process():
-            from monarch.actor._runtime import client
-
             client().node_layer.nested.forget_hosts(self._target.partition(":")[2])
 
     def _claim_end(self, what: str) -> None:
@@ -1425,7 +1412,6 @@ class HostMesh(MeshTrait):
     def __reduce__(self) -> tuple[Any, ...]:
         if self._hosts is not None and not self._shut_down:
             # Attached hosts: references find their sessions in the client's table.
-            from monarch.actor._runtime import client
 
             token = self._target.partition(":")[2]
             client().node_layer.nested.register_hosts(token, self._hosts)
@@ -1454,8 +1440,6 @@ def this_host() -> HostMesh:
     """The host of this process as a host mesh with an empty extent: on the client its own
     (owned, one per client runtime); in a worker a reference to the worker's host, where
     ``spawn_procs`` starts processes owned by the calling actor (``_host_agent``)."""
-    from monarch.actor._runtime import client
-
     if _in_worker_process():
         if _worker_pid is None:
             refuse_while_importing("this_host()")
@@ -1466,3 +1450,11 @@ def this_host() -> HostMesh:
         if c.host_mesh is None or c.host_mesh._shut_down:
             c.host_mesh = HostMesh(Shape.unity(), owned=True)
         return c.host_mesh
+
+
+def _host_of(target: str) -> HostMesh:
+    return HostMesh(Shape.unity(), owned=False, target=target)
+
+
+set_node_layer(ClientNodeLayer)  # hook H3: the client's node layer
+set_host_resolver(_host_of)  # hook H4: ``ProcMesh.host_mesh``

@@ -48,19 +48,21 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from monarch.actor._actor import Actor
-from monarch.actor._endpoint import endpoint
-from monarch.actor._future import Future
-from monarch.actor._ids import ProcId
+from monarch.actor._base.actor import Actor, check_actor_class
+from monarch.actor._base.endpoint import endpoint
+from monarch.actor._base.errors import MeshFailure
+from monarch.actor._base.future import Future
+from monarch.actor._base.ids import ProcId
+from monarch.actor._base.shape import Extent, Shape
+from monarch.actor._context import _current, _reset_context, _set_context, context
+from monarch.actor._mesh import ActorMesh, ProcMesh, _ProcMeshState, _spawn_system_actor, this_proc
 from monarch.actor._port import Port
-from monarch.actor._shape import Extent, Shape
+from monarch.actor._runtime import client
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
     from monarch.actor._attach import HostSession
-    from monarch.actor._errors import MeshFailure
     from monarch.actor._host import BootstrapCommand, ClientNodeLayer, WorkerGroup, _SpawnOptions
-    from monarch.actor._mesh import ProcMesh, _ProcMeshState
     from monarch.actor._runtime import _Client
 
 __all__ = [
@@ -343,8 +345,6 @@ class _HostAgent(Actor):
         commands: list[BootstrapCommand | None] | None = None,
         numactl: list[list[str]] | None = None,
     ) -> None:
-        from monarch.actor._runtime import client
-
         c = client()
         nested = c.node_layer.nested
         extent = Extent(labels, sizes)
@@ -375,7 +375,6 @@ class _HostAgent(Actor):
     @endpoint(explicit_response_port=True)
     def stop_procs(self, port: Port[None], group_id: str) -> None:
         from monarch.actor._host import EXIT_TIMEOUT
-        from monarch.actor._runtime import client
         from monarch.config import _registry as _config
 
         nested = client().node_layer.nested
@@ -393,9 +392,6 @@ class _HostAgent(Actor):
     def get_or_spawn(
         self, name: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        from monarch.actor._errors import MeshFailure
-        from monarch.actor._mesh import this_proc
-
         if name not in self._controllers:
             if len(self._controllers) >= MAX_CONTROLLERS:
                 raise RuntimeError(f"at most {MAX_CONTROLLERS} controllers per client")
@@ -419,7 +415,6 @@ class _HostAgent(Actor):
 def _agent_mesh(authority: bytes) -> Any:
     """A reference to the host agent of the client whose PID is ``authority``."""
     from chrysalis.core import Pid
-    from monarch.actor._mesh import ActorMesh
 
     return ActorMesh(
         _HostAgent, "host_agent", AGENT_PATH, [ProcId(Pid(authority), "client")], Shape.unity()
@@ -429,9 +424,6 @@ def _agent_mesh(authority: bytes) -> Any:
 def ensure_agent(client: _Client) -> Any:
     """The host agent of this client, spawned (as the root's, not owned by anyone: it serves
     until the runtime closes) on first use."""
-    from monarch.actor._context import _reset_context, _set_context
-    from monarch.actor._mesh import _spawn_system_actor
-
     with client.host_lock:
         if client.host_agent is None:
             token = _set_context(client.root.context)
@@ -454,7 +446,6 @@ def _agent() -> Any:
         if authority is None:
             raise RuntimeError("this worker process does not know its client")
         return _agent_mesh(authority)
-    from monarch.actor._runtime import client
 
     return ensure_agent(client())
 
@@ -491,7 +482,6 @@ def spawn_from_worker(
     """``HostMesh.spawn_procs`` in a worker process (by an actor, which owns the mesh): ask
     the client's host agent to start the processes, and resolve ``state.ready`` in the
     background once it answered and the owner's setup ran (``_host.bring_up``)."""
-    from monarch.actor._context import _current
     from monarch.actor._host import bring_up
 
     ctx = _current()
@@ -531,7 +521,6 @@ class ProcSetup(Actor):
     def setup(
         self, bootstrap: Callable[[], Any] | None, cpus: Sequence[Sequence[int] | None] | None
     ) -> None:
-        from monarch.actor._context import context
         from monarch.actor._worker import bind_cpus
 
         rank = context().actor_instance.rank.rank
@@ -559,8 +548,6 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     any actor, in any process). Resolves to the actor mesh (extent ``{}``); if that controller
     failed, to ``ActorError`` ("Failure on <name>: ..."). ``ValueError`` at once for a class
     that is not an ``Actor``."""
-    from monarch.actor._actor import check_actor_class
-
     if not isinstance(name, str) or not name:
         raise ValueError(f"controller name must be a non-empty str, got {name!r}")
     check_actor_class(Class)

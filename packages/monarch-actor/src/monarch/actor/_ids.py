@@ -1,43 +1,8 @@
-"""Identities of processes and actors.
+"""Moved to ``monarch.actor._base.ids``; this path stays importable for one release."""
 
-Why: in the design an actor is addressed by (PID, actor path) and nothing else, so meshes and
-ports pickle into plain data usable from any process. ``ProcId`` wraps the Chrysalis PID of a
-process; ``ActorId`` adds the actor's path inside it. Both are immutable, hashable and pickle by
-value.
-"""
+import sys
 
-from __future__ import annotations
+from monarch.actor._base import ids as _moved
+from monarch.actor._base.ids import *  # noqa: F403
 
-from dataclasses import dataclass, field
-
-from chrysalis.core import Pid
-from monarch.actor._envelope import ActorAddr
-
-__all__ = ["ActorId", "ProcId"]
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ProcId:
-    """A process: its Chrysalis PID (``label`` is a human hint, not part of identity)."""
-
-    pid: Pid
-    label: str = field(default="", compare=False)
-
-    def __str__(self) -> str:
-        return self.pid.hex()[:12]
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ActorId:
-    """An actor: its process and its path inside that process."""
-
-    proc: ProcId
-    path: str
-
-    @property
-    def addr(self) -> ActorAddr:
-        """The wire address."""
-        return ActorAddr(self.proc.pid.raw, self.path)
-
-    def __str__(self) -> str:
-        return f"{self.path}@{self.proc}"
+sys.modules[__name__] = _moved  # the same module: private names and patches included

@@ -40,6 +40,9 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
+from monarch.actor import config
+from monarch.actor._context import _current
+
 __all__ = [
     "SYSTEM_LOGGER",
     "LinePrefixer",
@@ -171,8 +174,6 @@ class _SystemFormatter(logging.Formatter):
 # ---------------------------------------------------------------------------------------------
 def _chain_here() -> str | None:
     """The actor chain of the running code, ``<root>`` on the client, ``None`` elsewhere."""
-    from monarch.actor._context import _current
-
     ctx = _current()
     if ctx is not None:
         return str(ctx.actor_instance)
@@ -204,7 +205,6 @@ def install_actor_log_prefix() -> None:
             if chain is None:
                 return record
             record.actor = chain
-            from monarch.actor import config
 
             msg = record.msg
             if config.prefix_python_logs_with_actor and isinstance(msg, str) and msg:

@@ -18,8 +18,8 @@ import uuid
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from monarch.actor._actor import Actor
-from monarch.actor._endpoint import endpoint
+from monarch.actor._base.actor import Actor
+from monarch.actor._base.endpoint import endpoint
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:

@@ -34,14 +34,16 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast
 
-from monarch.actor import _codec, _logging_option
-from monarch.actor._actor import check_actor_class
+from monarch.actor import _logging_option
 from monarch.actor._adverbs import Endpoint, NotAnEndpoint
-from monarch.actor._context import CreatorInfo, _current
-from monarch.actor._endpoint import EndpointProperty, endpoints_of
-from monarch.actor._envelope import ActorAddr, CastInfo, MessageKind
-from monarch.actor._future import Future, _Cell
-from monarch.actor._ids import ProcId
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.actor import check_actor_class
+from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
+from monarch.actor._base.envelope import ActorAddr, CastInfo, MessageKind
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.ids import ProcId
+from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
+from monarch.actor._context import CreatorInfo, _current, set_proc_resolver
 from monarch.actor._runtime import (
     CellBase,
     GatherSink,
@@ -53,7 +55,6 @@ from monarch.actor._runtime import (
     decode_reply,
     new_local_runtime,
 )
-from monarch.actor._shape import Extent, MeshTrait, Shape, Slice
 
 if TYPE_CHECKING:
     from monarch.actor._host import HostMesh, WorkerGroup
@@ -65,6 +66,17 @@ __all__ = [
     "local_proc_mesh",
     "this_proc",
 ]
+
+#: Hook H4: the host mesh (extent ``{}``, a reference) of a target such as ``proc:<pid hex>``;
+#: set by ``_host`` at import (``ProcMesh.host_mesh``).
+_host_resolver: Callable[[str], HostMesh] | None = None
+
+
+def set_host_resolver(fn: Callable[[str], HostMesh]) -> None:
+    """Register how ``ProcMesh.host_mesh`` builds a host mesh reference (``_host``, at import)."""
+    global _host_resolver
+    _host_resolver = fn
+
 
 T = TypeVar("T")
 _log = logging.getLogger("monarch.actor.mesh")
@@ -348,14 +360,14 @@ class ProcMesh(MeshTrait):
         """The host of a one-process mesh, as a host mesh with extent ``{}`` (a reference:
         ``spawn_procs`` on it starts processes on that host, owned by the caller).
         ``NotImplementedError`` for a mesh of several processes, as in the reference."""
-        from monarch.actor._host import HostMesh
-
+        if _host_resolver is None:
+            raise RuntimeError("monarch.actor is not fully imported (no host resolver registered)")
         if len(self._shape.ndslice) != 1:
             raise NotImplementedError(
                 "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
             )
         pid = self._proc_ids()[next(iter(self._shape.ndslice))].pid
-        return HostMesh(Shape.unity(), owned=False, target=f"proc:{pid.hex()}")
+        return _host_resolver(f"proc:{pid.hex()}")
 
     async def logging_option(
         self,
@@ -697,3 +709,6 @@ def local_proc_mesh(per_host: dict[str, int] | None = None, *, name: str = "loca
     ctx = _current()
     _adopt(ctx._cell if ctx is not None else client().root, mesh)
     return mesh
+
+
+set_proc_resolver(this_proc)  # hook H2: ``Instance.proc`` of an instance without a proc mesh

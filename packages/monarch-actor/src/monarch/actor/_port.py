@@ -17,10 +17,11 @@ from __future__ import annotations
 import weakref
 from typing import Any, Generic, TypeVar
 
-from monarch.actor import _codec
-from monarch.actor._envelope import CastInfo, MessageKind, PortAddr
-from monarch.actor._future import Future
-from monarch.actor._runtime import QueueSink, Reply, current_sender, decode_reply
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.envelope import CastInfo, MessageKind, PortAddr
+from monarch.actor._base.future import Future
+from monarch.actor._context import _current
+from monarch.actor._runtime import QueueSink, Reply, _encode_exception, current_sender, decode_reply
 from monarch.config import _registry as _config
 
 __all__ = ["Channel", "Port", "PortReceiver"]
@@ -58,8 +59,6 @@ class Port(Generic[R]):
         runtime, sender = current_sender()
         cast = self._cast
         if cast is None:
-            from monarch.actor._context import _current
-
             ctx = _current()
             if ctx is not None:
                 point = ctx.message_rank
@@ -76,7 +75,6 @@ class Port(Generic[R]):
         """Deliver ``exc``: the receiver's ``recv()`` raises it."""
         if not isinstance(exc, BaseException):
             raise TypeError(f"Port.exception needs an exception, got {type(exc).__name__}")
-        from monarch.actor._runtime import _encode_exception
 
         self._send(MessageKind.PORT_ERROR, _encode_exception(exc))
 

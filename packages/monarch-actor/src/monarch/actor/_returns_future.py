@@ -24,8 +24,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
+from monarch.actor._base.future import Future, _Cell
 from monarch.actor._context import context
-from monarch.actor._future import Future, _Cell
 
 __all__ = ["returns_future"]
 

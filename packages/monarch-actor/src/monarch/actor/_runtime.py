@@ -90,18 +90,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _codec, _logging, _main_module, _telemetry
-from monarch.actor._actor import check_actor_class
-from monarch.actor._context import (
-    Context,
-    CreatorInfo,
-    Instance,
-    _empty_point,
-    _reset_context,
-    _set_context,
-)
-from monarch.actor._endpoint import EndpointProperty, endpoints_of
-from monarch.actor._envelope import (
+from monarch.actor import _logging, _main_module, _telemetry
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.actor import check_actor_class
+from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
+from monarch.actor._base.envelope import (
     FLAG_EXPLICIT_PORT,
     ActorAddr,
     CastInfo,
@@ -110,7 +103,7 @@ from monarch.actor._envelope import (
     MessageKind,
     PortAddr,
 )
-from monarch.actor._errors import (
+from monarch.actor._base.errors import (
     ActorError,
     CodecError,
     ErrorCategory,
@@ -121,15 +114,26 @@ from monarch.actor._errors import (
     SupervisionError,
     format_remote_traceback,
 )
-from monarch.actor._future import Future, _Cell
-from monarch.actor._ids import ActorId, ProcId
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.ids import ActorId, ProcId
+from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._base.shape import Extent, Point, Shape
+from monarch.actor._context import (
+    Context,
+    CreatorInfo,
+    Instance,
+    _current,
+    _empty_point,
+    _reset_context,
+    _set_context,
+    set_root_context,
+)
 from monarch.actor._liveness import Lease
-from monarch.actor._loop import RuntimeLoop
-from monarch.actor._shape import Extent, Point
-from monarch.actor._transport import Attachable, InProcessFabric
+from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
+    from monarch.actor._host import ClientNodeLayer, HostMesh
     from monarch.actor._mesh import ProcMesh
 
 __all__ = [
@@ -2252,9 +2256,9 @@ class _Client:
         self.loop = RuntimeLoop("monarch-runtime")
         self.loop.start()
         self.fabric = InProcessFabric(_frame_limits)
-        from monarch.actor._host import ClientNodeLayer, HostMesh
-
-        self.node_layer = ClientNodeLayer()  # the client's PID is its (lazy) node's PID
+        if _node_layer_factory is None:
+            raise RuntimeError("monarch.actor is not fully imported (no node layer registered)")
+        self.node_layer = _node_layer_factory()  # the client's PID is its (lazy) node's PID
         self.host_mesh: HostMesh | None = None
         self.host_lock = threading.Lock()
         #: The host agent (``_host_agent``), spawned in this process on first use.
@@ -2264,11 +2268,20 @@ class _Client:
         self.runtime.root = self.root
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
         from monarch.actor._mesh import ProcMesh
-        from monarch.actor._shape import Shape
 
         self.root.instance.proc_mesh = ProcMesh(
             [self.runtime.proc_id], Shape.unity(), owned=False, name="client"
         )
+
+
+#: Hook H3: builds the client's node layer (``_host.ClientNodeLayer``, set by ``_host`` at import).
+_node_layer_factory: Callable[[], ClientNodeLayer] | None = None
+
+
+def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
+    """Register the factory of the client's node layer (called once, by ``_host``, at import)."""
+    global _node_layer_factory
+    _node_layer_factory = factory
 
 
 _client: _Client | None = None
@@ -2293,7 +2306,6 @@ def client() -> _Client:
         return _client
 
 
-_current_context: Callable[[], Any] | None = None
 #: A worker process's own runtime and sender (``set_process_sender``), with the OS pid that
 #: set it (a fork inherits the value, not the runtime).
 _process_sender: tuple[int, ProcRuntime, CellBase] | None = None
@@ -2311,12 +2323,7 @@ def set_process_sender(runtime: ProcRuntime) -> None:
 def current_sender() -> tuple[ProcRuntime, CellBase]:
     """The process runtime and cell of whoever is running: an actor; outside actors, a worker
     process itself, or the root client."""
-    global _current_context
-    if _current_context is None:  # imported once: this runs for every message sent
-        from monarch.actor._context import _current
-
-        _current_context = _current
-    ctx = _current_context()
+    ctx = _current()
     if ctx is not None:
         cell = ctx._cell
         return cell.runtime, cell
@@ -2439,3 +2446,10 @@ def gather_future(n: int, decode: Callable[[list[Reply]], Any]) -> tuple[PortAdd
     if n == 0:
         runtime.close_port(addr.index)
     return addr, Future._create(cell, decode)
+
+
+def _root_context() -> Context:
+    return client().root.context
+
+
+set_root_context(_root_context)  # hook H1: ``context()`` outside any actor

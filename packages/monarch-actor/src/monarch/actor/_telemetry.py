@@ -51,10 +51,11 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
 
-from monarch.actor._errors import FailureEvent, error_category
+from monarch.actor._base.errors import FailureEvent, error_category
+from monarch.actor._context import _current
 
 if TYPE_CHECKING:
-    from monarch.actor._envelope import Envelope
+    from monarch.actor._base.envelope import Envelope
 
 __all__ = [
     "MAX_LISTENERS",
@@ -752,7 +753,6 @@ def span(name: str, attributes: Mapping[str, Any] | None = None) -> Span | _NoSp
     if not TRACING:
         return _NO_SPAN
     attrs: dict[str, Any] = dict(attributes) if attributes else {}
-    from monarch.actor._context import _current
 
     ctx = _current()
     if ctx is not None:

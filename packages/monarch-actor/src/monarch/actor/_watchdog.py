@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Final
 
 from chrysalis.core import Pid
-from monarch.actor._envelope import PortAddr
+from monarch.actor._base.envelope import PortAddr
+from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._liveness import HeartbeatMonitor
-from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._runtime import PortSink, ProcRuntime, Reply
 from monarch.config import _registry as _config
 

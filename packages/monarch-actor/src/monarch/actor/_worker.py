@@ -56,7 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from monarch.actor._loop import RuntimeLoop
+from monarch.actor._base.loop import RuntimeLoop
 from monarch.actor._main_module import (
     UnguardedMainError,
     import_main,
@@ -228,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chrysalis.core import Pid
     from chrysalis.node import Node
     from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
-    from monarch.actor._node_transport import NodeProcessTransport
     from monarch.actor._runtime import ProcRuntime, _frame_limits, set_process_sender
+    from monarch.actor._transport.node import NodeProcessTransport
 
     if args.main:
         kind, _, value = args.main.partition(":")

@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from chrysalis.core import Pid
-from monarch.actor._codec import detach_buffers
-from monarch.actor._envelope import Envelope, FrameLimits, check_size
-from monarch.actor._loop import RuntimeLoop, RuntimeLoopClosedError
+from monarch.actor._base.codec import detach_buffers
+from monarch.actor._base.envelope import Envelope, FrameLimits, check_size
+from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
 
 __all__ = [
     "Attachable",

@@ -1,0 +1,1 @@
+"""The ``_base`` layer of monarch-actor (see the README, "Layers")."""

@@ -1,0 +1,276 @@
+"""The message envelope and its stream framing (sans-IO).
+
+Why: every actor message, reply, spawn and supervision event is one ``Envelope``: a msgspec
+struct naming the sender and target (PID plus actor path), the endpoint, a per-sender sequence
+number, the reply port, the cast point of the receiver, the pickle stream of the user's values
+and the sizes of its out-of-band buffers. Being plain data, it crosses any transport, and the
+design's addressing (an actor is (PID, actor path); a port is (PID, actor path, index)) is all it
+needs.
+
+Frames on a byte stream::
+
+    u32 header_len | u64 body_len | header: msgpack(Envelope) | body: buffer 0 | buffer 1 | ...
+
+``encode_frame`` returns the pieces as a list (for ``writelines``/``sendmsg``: the buffers are
+not copied into the frame). ``FrameDecoder`` is a pure state machine: ``receive_data(bytes)``
+then ``next_message()`` until it returns ``None`` (needs more data). Limits are checked as soon
+as the 12-byte prefix is known, so an oversize or malformed frame raises ``FrameError`` before
+any memory is reserved for it; after an error the decoder stays failed.
+
+Nothing here imports sockets, asyncio or a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
+
+from monarch.actor._base.codec import KIND_READONLY, MAX_BUFFERS
+from monarch.actor._base.errors import FrameError, MessageTooLargeError
+from monarch.actor._base.shape import MAX_DIMS
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "FLAG_EXPLICIT_PORT",
+    "FRAME_PREFIX",
+    "MAX_NAME_CHARS",
+    "ActorAddr",
+    "CastInfo",
+    "Envelope",
+    "FrameDecoder",
+    "FrameLimits",
+    "MessageKind",
+    "PortAddr",
+    "check_size",
+    "encode_frame",
+]
+
+#: Default bound on one frame (header plus buffers): Monarch's ``codec_max_frame_length``.
+DEFAULT_MAX_FRAME_BYTES = 10 * 1024**3
+#: Longest actor path, endpoint name or dimension label on the wire.
+MAX_NAME_CHARS = 1024
+
+FRAME_PREFIX = struct.Struct(">IQ")
+
+_Pid = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+_Index = Annotated[int, msgspec.Meta(ge=-1, le=2**62)]
+_Size = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+
+
+class MessageKind(enum.IntEnum):
+    """What an envelope asks the receiving process to do."""
+
+    CALL = 1
+    """Run ``endpoint`` on the target actor; reply to ``reply_port`` if there is one."""
+    PORT_VALUE = 2
+    """Deliver a value to port ``port`` of the target actor."""
+    PORT_ERROR = 3
+    """Deliver an exception to port ``port`` of the target actor."""
+    SPAWN = 4
+    """Create the actor ``target.path`` on the target process; reply when constructed."""
+    STOP = 5
+    """Stop the target actor gracefully after the messages already queued; reply when done."""
+    STOP_PROC = 6
+    """Stop every actor of the target process, then the process; reply when done."""
+    SUPERVISION = 7
+    """A ``FailureEvent`` (msgpack in ``payload``) for the owner of a failed actor."""
+    UNDELIVERABLE = 8
+    """A bounced envelope (msgpack in ``payload``) returned to its sender."""
+
+
+class ActorAddr(msgspec.Struct, frozen=True, array_like=True):
+    """Address of an actor: the 16-byte PID of its process and its path inside it."""
+
+    pid: _Pid
+    path: _Name
+
+
+class PortAddr(msgspec.Struct, frozen=True, array_like=True):
+    """Address of a port: the owning actor's address and the port's index in its process."""
+
+    pid: _Pid
+    path: _Name
+    index: _Size
+
+    @property
+    def actor(self) -> ActorAddr:
+        """The owning actor."""
+        return ActorAddr(self.pid, self.path)
+
+
+class CastInfo(msgspec.Struct, frozen=True, array_like=True):
+    """The receiver's position within the slice that was messaged (``current_rank()``)."""
+
+    labels: Annotated[tuple[_Name, ...], msgspec.Meta(max_length=MAX_DIMS)]
+    sizes: Annotated[tuple[_Size, ...], msgspec.Meta(max_length=MAX_DIMS)]
+    rank: _Size
+
+
+class Envelope(msgspec.Struct, frozen=True, array_like=True):
+    """One message. ``payload`` is the pickle stream; buffers travel beside the header.
+
+    ``port`` is the target port index for port messages and -1 otherwise; ``sequence`` counts
+    the sender's messages (per sending actor, monotonic).
+    """
+
+    kind: MessageKind
+    sender: ActorAddr
+    target: ActorAddr
+    port: _Index
+    endpoint: _Name
+    sequence: _Size
+    reply_port: PortAddr | None
+    cast: CastInfo | None
+    payload: bytes
+    buffer_sizes: Annotated[tuple[_Size, ...], msgspec.Meta(max_length=MAX_BUFFERS)] = ()
+    buffer_kinds: Annotated[bytes, msgspec.Meta(max_length=MAX_BUFFERS)] = b""
+    flags: _Size = 0
+    #: The caller's span for tracing (16-byte trace id + 8-byte span id), or empty.
+    trace: Annotated[bytes, msgspec.Meta(max_length=24)] = b""
+
+
+#: ``Envelope.flags`` bit: the callee takes an explicit reply port (``as_endpoint`` methods).
+FLAG_EXPLICIT_PORT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FrameLimits:
+    """Bounds enforced by the framing: bytes per frame (header plus buffers), buffers per frame."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_buffers: int = MAX_BUFFERS
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < FRAME_PREFIX.size or self.max_buffers < 0:
+            raise ValueError(f"invalid frame limits {self!r}")
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Envelope)
+
+
+def check_size(header_bytes: int, buffer_bytes: int, nbuffers: int, limits: FrameLimits) -> None:
+    """Raise ``MessageTooLargeError`` if a message of these sizes would exceed ``limits``."""
+    if nbuffers > limits.max_buffers:
+        raise MessageTooLargeError(
+            f"message carries {nbuffers} buffers; the limit is {limits.max_buffers}"
+        )
+    total = FRAME_PREFIX.size + header_bytes + buffer_bytes
+    if total > limits.max_frame_bytes:
+        raise MessageTooLargeError(
+            f"message of {total} bytes exceeds the frame limit of {limits.max_frame_bytes} bytes"
+        )
+
+
+def encode_frame(
+    envelope: Envelope,
+    buffers: Sequence[memoryview | bytes | bytearray] = (),
+    limits: FrameLimits = FrameLimits(),
+) -> list[bytes | memoryview | bytearray]:
+    """The frame for ``envelope`` and its ``buffers`` as a list of pieces (buffers not copied).
+
+    ``envelope.buffer_sizes`` must match ``buffers``; raises ``MessageTooLargeError`` when the
+    frame would exceed ``limits`` and ``ValueError`` on a size mismatch.
+    """
+    sizes = tuple(memoryview(b).nbytes for b in buffers)
+    if sizes != envelope.buffer_sizes or len(envelope.buffer_kinds) != len(sizes):
+        raise ValueError(
+            f"envelope announces buffers {envelope.buffer_sizes} but {sizes} were given"
+        )
+    header = _ENCODER.encode(envelope)
+    body = sum(sizes)
+    check_size(len(header), body, len(sizes), limits)
+    if len(header) > 0xFFFFFFFF:
+        raise MessageTooLargeError(f"envelope header of {len(header)} bytes exceeds 4 GiB")
+    return [FRAME_PREFIX.pack(len(header), body), header, *buffers]
+
+
+class FrameDecoder:
+    """Bytes in, ``(Envelope, buffers)`` out, for one direction of a stream.
+
+    ``receive_data`` appends bytes; ``next_message`` returns the next complete message or
+    ``None`` when more data is needed. Buffers come back receiver-owned: ``bytes`` for buffers
+    that were read-only at the sender, ``bytearray`` otherwise. Any violation of the format or of
+    ``limits`` raises ``FrameError``, and every later call raises it again.
+    """
+
+    __slots__ = ("_buffer", "_error", "_limits", "_need")
+
+    def __init__(self, limits: FrameLimits = FrameLimits()) -> None:
+        self._limits = limits
+        self._buffer = bytearray()
+        self._error: FrameError | None = None
+        self._need: tuple[int, int] | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as messages."""
+        return len(self._buffer)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes (an empty chunk is allowed and does nothing)."""
+        if self._error is not None:
+            raise self._error
+        self._buffer += data
+        self._check_prefix()
+
+    def _fail(self, message: str) -> FrameError:
+        self._error = FrameError(message)
+        self._buffer = bytearray()
+        return self._error
+
+    def _check_prefix(self) -> None:
+        if self._need is not None or len(self._buffer) < FRAME_PREFIX.size:
+            return
+        header_len, body_len = FRAME_PREFIX.unpack_from(self._buffer)
+        total = FRAME_PREFIX.size + header_len + body_len
+        if header_len == 0:
+            raise self._fail("frame has an empty header")
+        if total > self._limits.max_frame_bytes:
+            raise self._fail(
+                f"frame of {total} bytes exceeds the limit of {self._limits.max_frame_bytes}"
+            )
+        self._need = (header_len, body_len)
+
+    def next_message(self) -> tuple[Envelope, list[bytes | bytearray]] | None:
+        """The next complete message, or ``None`` if more data is needed."""
+        if self._error is not None:
+            raise self._error
+        self._check_prefix()
+        if self._need is None:
+            return None
+        header_len, body_len = self._need
+        start = FRAME_PREFIX.size
+        end = start + header_len + body_len
+        if len(self._buffer) < end:
+            return None
+        with memoryview(self._buffer) as view:
+            with view[start : start + header_len] as header:
+                try:
+                    envelope = _DECODER.decode(header)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise self._fail(f"malformed envelope: {exc}") from None
+            sizes = envelope.buffer_sizes
+            if len(envelope.buffer_kinds) != len(sizes):
+                raise self._fail("buffer kinds and sizes disagree")
+            if len(sizes) > self._limits.max_buffers:
+                raise self._fail(
+                    f"frame carries {len(sizes)} buffers (limit {self._limits.max_buffers})"
+                )
+            if sum(sizes) != body_len:
+                raise self._fail(f"buffer sizes add up to {sum(sizes)}, body has {body_len}")
+            buffers: list[bytes | bytearray] = []
+            offset = start + header_len
+            for size, kind in zip(sizes, envelope.buffer_kinds, strict=True):
+                with view[offset : offset + size] as piece:
+                    buffers.append(bytes(piece) if kind & KIND_READONLY else bytearray(piece))
+                offset += size
+        del self._buffer[:end]
+        self._need = None
+        return envelope, buffers

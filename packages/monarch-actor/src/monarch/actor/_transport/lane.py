@@ -1,0 +1,927 @@
+"""Direct lanes, the I/O part: listeners, authenticated handshakes, and the lane sockets.
+
+Why (see ``_lane_proto`` for the protocol): a lane carries one sender's envelopes to one
+receiving process outside QUIC. ``LaneManager`` is one process's side of it: it answers
+``Hello`` with an ``Offer`` (opening its listener lazily), dials offered lanes, and runs both
+halves of the handshake. Everything runs on the runtime loop.
+
+- Unix lanes (same host key: boot id and network namespace) use an abstract socket name
+  (nothing in the file system; it disappears with the process) and raw non-blocking sockets
+  driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
+  accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
+  through pooled memfd slots passed with ``SCM_RIGHTS`` (``_shm``); the receiver reads each
+  slot at once and acknowledges it on the same socket, which bounds the shared bytes a sender
+  has outstanding (``max_shm_bytes``; over the bound, buffers go inline) and lets the sender
+  reuse the slot.
+- TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
+  both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
+  compared with the PID the negotiation named.
+
+Failure: a handshake that fails or times out leaves the sender on the QUIC path. An established
+lane that fails (reset, end of file, hostile bytes) calls its ``on_failed``; the transport then
+fails the peer exactly as a broken QUIC stream does.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import collections
+import contextlib
+import datetime
+import itertools
+import logging
+import os
+import socket
+import ssl
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cryptography import x509
+
+from chrysalis.core import Pid
+from chrysalis.quic import verify_peer_chain
+from monarch.actor._base.codec import KIND_READONLY
+from monarch.actor._base.envelope import Envelope, FrameLimits
+from monarch.actor._base.errors import FrameError
+from monarch.actor._transport import shm as _shm
+from monarch.actor._transport.lane_proto import (
+    CONTEXT_ACCEPTOR,
+    CONTEXT_DIALER,
+    Auth,
+    Hello,
+    LaneDecoder,
+    Offer,
+    Refuse,
+    decode_control,
+    encode_handshake,
+    handshake_length,
+    host_key,
+    proof_bytes,
+    sign,
+    verify_signature,
+)
+
+__all__ = ["LaneManager", "LaneSettings", "TcpLane", "UnixLane"]
+
+_log = logging.getLogger("monarch.actor.lane")
+_ACK = struct.Struct(">I")
+_IOV_MAX: Final = 512
+_FDS_PER_RECV: Final = 64
+ZERO_SHM_HEAD: Final = b"E\x00\x00"
+
+MessageCallback = Callable[[Envelope, list[Any]], None]
+EndCallback = Callable[[str | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSettings:
+    """Bounds and choices of the lanes of one transport.
+
+    Attributes:
+        kinds: lane kinds this process offers and accepts (``"unix"``, ``"tcp"``).
+        handshake_timeout: seconds a lane handshake may take.
+        max_pending: offers and handshaken lanes waiting for their ``Switch``.
+        shm_threshold: buffers of at least this many bytes travel as shared memory on Unix
+            lanes (0: never).
+        max_shm_bytes: shared bytes a sender may have in flight on one lane (slots sent and not
+            yet acknowledged as read by the receiver); it keeps as much again in free slots.
+        max_fds: descriptors received and not yet claimed by a frame.
+        tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
+        force_tcp: offer TCP even to processes on this host (tests).
+    """
+
+    kinds: tuple[str, ...] = ("unix", "tcp")
+    handshake_timeout: float = 5.0
+    max_pending: int = 1024
+    shm_threshold: int = 256 * 1024
+    max_shm_bytes: int = 64 * 1024 * 1024
+    max_fds: int = 1024
+    tcp_host: str | None = None
+    force_tcp: bool = False
+
+    def __post_init__(self) -> None:
+        if (
+            self.handshake_timeout <= 0
+            or min(self.max_pending, self.max_fds, self.max_shm_bytes) < 1
+            or self.shm_threshold < 0
+            or not set(self.kinds) <= {"unix", "tcp"}
+        ):
+            raise ValueError(f"invalid lane settings {self!r}")
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _check_auth(
+    auth: Auth, roots: Sequence[x509.Certificate], expected: bytes, data: bytes
+) -> None:
+    """Chain to the roots, PID equal to ``expected``, signature over ``data``."""
+    try:
+        pid = verify_peer_chain(list(auth.chain), roots, now=_now())
+    except ValueError as exc:
+        raise FrameError(f"lane peer certificate refused: {exc}") from None
+    if pid.raw != expected:
+        raise FrameError(f"lane peer is {pid.hex()}, expected {expected.hex()}")
+    leaf = x509.load_der_x509_certificate(auth.chain[0])
+    verify_signature(leaf.public_key(), auth.signature, data)
+
+
+async def _read_message(reader: Callable[[int], Any]) -> Any:
+    length = handshake_length(await reader(4))
+    return decode_control(await reader(length))
+
+
+def _sock_reader(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Callable[[int], Any]:
+    async def read(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = await loop.sock_recv(sock, n - len(data))
+            if not chunk:
+                raise ConnectionError("the lane closed during its handshake")
+            data += chunk
+        return bytes(data)
+
+    return read
+
+
+@dataclass
+class _Pending:
+    peer: bytes
+    dialer_nonce: bytes
+    nonce: bytes
+    kind: str
+    deadline: float
+
+
+class UnixLane:
+    """One established Unix lane (either end). Loop thread only.
+
+    Outbound: ``send_frame(pieces, fds, nbytes)`` writes at once when the socket accepts it and
+    buffers the rest (the transport bounds what it hands over); ``on_written(nbytes)`` reports
+    each frame handed to the kernel, ``on_failed(reason)`` the end of the lane. Inbound:
+    ``start(on_message, on_end)`` begins reading.
+    """
+
+    shm: bool = True
+    direct = True
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        peer: bytes,
+        settings: LaneSettings,
+        limits: FrameLimits | None = None,
+    ) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._loop = loop
+        self.peer = peer
+        self._settings = settings
+        self._limits = limits
+        self._out: collections.deque[list[Any]] = collections.deque()
+        self._writing = False
+        self._corked = False
+        self._closed = False
+        self.on_written: Callable[[int], None] = lambda _n: None
+        self.on_failed: Callable[[str], None] = lambda _r: None
+        self._ack_buf = bytearray()
+        self._pending_acks: list[int] = []
+        self._decoder: LaneDecoder | None = None
+        self._on_message: MessageCallback | None = None
+        self._on_end: EndCallback | None = None
+        self.shm = settings.shm_threshold > 0 and _shm.available()
+        self.pool = _shm.ShmPool(settings.max_shm_bytes)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- outbound -----------------------------------------------------------------------------
+    def start_sender(self) -> None:
+        """Watch the socket for acknowledgements and its end (the receiver writes nothing
+        else)."""
+        self._loop.add_reader(self._fd, self._on_acks)
+
+    @property
+    def shm_outstanding(self) -> int:
+        """Shared bytes sent on this lane and not yet acknowledged."""
+        return self.pool.outstanding
+
+    def send_direct(self, pieces: Sequence[Any], fds: Sequence[int] | None) -> None:
+        """Write a frame from any thread while nothing else is queued (the caller serialises
+        callers and guarantees ``idle``): one ``sendmsg``; a remainder is queued and the loop
+        is asked to finish it. Errors are reported on the loop."""
+        try:
+            if fds:
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                sent = self._sock.sendmsg(pieces, ancillary)
+            else:
+                sent = self._sock.sendmsg(pieces)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            for fd in fds or ():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._loop.call_soon_threadsafe(
+                self._fail, f"the lane to {self.peer.hex()} broke: {exc}"
+            )
+            return
+        if sent and fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            fds = None
+        for piece in pieces:
+            size = len(piece) if type(piece) is bytes else memoryview(piece).nbytes
+            if sent >= size:
+                sent -= size
+                continue
+            rest = memoryview(piece).cast("B")[sent:] if sent else piece
+            sent = 0
+            self._out.append([rest, fds, 0])
+            fds = None
+        if self._out:
+            self._loop.call_soon_threadsafe(self._arm_writer)
+
+    def _arm_writer(self) -> None:
+        if self._out and not self._writing and not self._closed:
+            self._writing = True
+            self._loop.add_writer(self._fd, self._flush)
+
+    def send_frame(self, pieces: Sequence[Any], fds: Sequence[int] | None, nbytes: int) -> None:
+        if self._closed:
+            raise ConnectionError("the lane is closed")
+        out = self._out
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
+            out.append([piece, fds if i == 0 else None, nbytes if i == last else 0])
+        if not self._writing and not self._corked:
+            self._flush()
+
+    def cork(self) -> None:
+        """Hold frames handed over until ``uncork`` (loop thread): a batch of frames then goes
+        out in as few ``sendmsg`` calls as the iovec limit allows."""
+        self._corked = True
+
+    def uncork(self) -> None:
+        """Write what ``cork`` held (loop thread)."""
+        self._corked = False
+        if self._out and not self._writing and not self._closed:
+            self._flush()
+
+    def _flush(self) -> None:
+        out = self._out
+        sock = self._sock
+        while out:
+            first = out[0]
+            fds = first[1]
+            batch = [first[0]]
+            for entry in itertools.islice(out, 1, _IOV_MAX):
+                if entry[1] is not None:
+                    break
+                batch.append(entry[0])
+            try:
+                if fds:
+                    sent = sock.sendmsg(
+                        batch, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                else:
+                    sent = sock.sendmsg(batch)
+            except (BlockingIOError, InterruptedError):
+                if not self._writing:
+                    self._writing = True
+                    self._loop.add_writer(self._fd, self._flush)
+                return
+            except OSError as exc:
+                self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
+                return
+            if fds:
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                first[1] = None
+            while sent:
+                entry = out[0]
+                size = memoryview(entry[0]).nbytes
+                if sent >= size:
+                    sent -= size
+                    out.popleft()
+                    if entry[2]:
+                        self.on_written(entry[2])
+                else:
+                    entry[0] = memoryview(entry[0]).cast("B")[sent:]
+                    sent = 0
+            # Empty pieces are popped without being written.
+            while out and memoryview(out[0][0]).nbytes == 0 and out[0][1] is None:
+                entry = out.popleft()
+                if entry[2]:
+                    self.on_written(entry[2])
+        if self._writing:
+            self._writing = False
+            self._loop.remove_writer(self._fd)
+
+    def _on_acks(self) -> None:
+        try:
+            data = self._sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
+            return
+        if not data:
+            self._fail(f"process {self.peer.hex()} closed its lane")
+            return
+        self._ack_buf += data
+        while len(self._ack_buf) >= _ACK.size:
+            (slot,) = _ACK.unpack_from(self._ack_buf)
+            del self._ack_buf[: _ACK.size]
+            if not self.pool.release(slot):
+                self._fail(f"process {self.peer.hex()} acknowledged shared memory never sent")
+                return
+
+    # -- inbound ------------------------------------------------------------------------------
+    def start(self, on_message: MessageCallback, on_end: EndCallback) -> None:
+        """Begin reading frames (after the ``Switch`` was seen on the old path)."""
+        assert self._limits is not None
+        self._decoder = LaneDecoder(self._limits, self._settings.max_fds)
+        self._on_message = on_message
+        self._on_end = on_end
+        self._loop.add_reader(self._fd, self._on_readable)
+        self._on_readable()
+
+    def _on_readable(self) -> None:
+        decoder = self._decoder
+        if decoder is None or self._closed:
+            return
+        sock = self._sock
+        ancsize = socket.CMSG_SPACE(_FDS_PER_RECV * 4)
+        try:
+            for _ in range(16):
+                view = decoder.get_buffer()
+                room = view.nbytes
+                try:
+                    n, ancdata, flags, _addr = sock.recvmsg_into(
+                        [view], ancsize, socket.MSG_CMSG_CLOEXEC
+                    )
+                except (BlockingIOError, InterruptedError):
+                    break
+                finally:
+                    view.release()
+                for level, kind, data in ancdata:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        fds = array.array("i")
+                        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                        decoder.add_fds(list(fds))
+                if flags & socket.MSG_CTRUNC:
+                    raise FrameError("descriptors were truncated on the lane")
+                if n == 0:
+                    self._end(None)
+                    return
+                decoder.buffer_updated(n)
+                self._drain(decoder)
+                if n < room:
+                    break
+        except FrameError as exc:
+            _log.warning("closing the lane from %s: %s", self.peer.hex(), exc)
+            self._end(f"process {self.peer.hex()} sent bad bytes on its lane: {exc}")
+            return
+        except OSError as exc:
+            self._end(f"the lane from {self.peer.hex()} broke: {exc}")
+            return
+        if self._pending_acks:
+            self._send_acks()
+
+    def _drain(self, decoder: LaneDecoder) -> None:
+        assert self._on_message is not None
+        while (message := decoder.next_message()) is not None:
+            envelope, buffers, shm = message
+            for position, (index, fd, size, slot) in enumerate(shm):
+                try:
+                    writable = not envelope.buffer_kinds[index] & KIND_READONLY
+                    buffers[index] = _shm.read_buffer(fd, size, writable)
+                except (_shm.ShmError, OSError) as exc:
+                    for _i, other, _s, _slot in shm[position + 1 :]:
+                        with contextlib.suppress(OSError):
+                            os.close(other)
+                    raise FrameError(str(exc)) from None
+                self._pending_acks.append(slot)
+            self._on_message(envelope, buffers)
+
+    def _send_acks(self) -> None:
+        acks = self._pending_acks
+        data = b"".join(_ACK.pack(slot) for slot in acks)
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return  # retried after the next read
+        except OSError:
+            return  # the read side reports the end
+        whole, part = divmod(sent, _ACK.size)
+        if part:  # never split an acknowledgement: finish it now (4 bytes, blocking briefly)
+            with contextlib.suppress(OSError):
+                self._sock.setblocking(True)
+                self._sock.sendall(data[sent : (whole + 1) * _ACK.size])
+                self._sock.setblocking(False)
+            whole += 1
+        del acks[:whole]
+
+    # -- both ---------------------------------------------------------------------------------
+    def _fail(self, reason: str) -> None:
+        if self._closed:
+            return
+        self.close()
+        self.on_failed(reason)
+
+    def _end(self, reason: str | None) -> None:
+        if self._closed:
+            return
+        self.close()
+        if self._on_end is not None:
+            self._on_end(reason)
+
+    def close(self) -> None:
+        """Close the socket and release queued descriptors (idempotent, no callbacks)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._fd)
+        with contextlib.suppress(Exception):
+            self._loop.remove_writer(self._fd)
+        for entry in self._out:
+            for fd in entry[1] or ():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._out.clear()
+        if self._decoder is not None:
+            self._decoder.close()
+        self.pool.close()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left to write."""
+        return not self._out
+
+
+class TcpLane:
+    """One established TLS-over-TCP lane (either end), same interface as ``UnixLane``
+    (no shared memory). Writes go through a writer task that waits for ``drain``."""
+
+    shm = False
+    direct = False
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: bytes,
+        settings: LaneSettings,
+        limits: FrameLimits | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.peer = peer
+        self._settings = settings
+        self._limits = limits
+        self._out: collections.deque[tuple[Sequence[Any], int]] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._read_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.on_written: Callable[[int], None] = lambda _n: None
+        self.on_failed: Callable[[str], None] = lambda _r: None
+        self.pool = _shm.ShmPool(1)
+
+    @property
+    def shm_outstanding(self) -> int:
+        return 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def idle(self) -> bool:
+        return not self._out and self._task is None
+
+    def start_sender(self) -> None:
+        self._read_task = asyncio.get_running_loop().create_task(self._watch())
+
+    def send_direct(self, pieces: Sequence[Any], fds: Sequence[int] | None) -> None:
+        raise NotImplementedError("TCP lanes are written by their writer task only")
+
+    def send_frame(self, pieces: Sequence[Any], fds: Sequence[int] | None, nbytes: int) -> None:
+        if self._closed:
+            raise ConnectionError("the lane is closed")
+        if fds:
+            raise ValueError("a TCP lane cannot carry descriptors")
+        self._out.append((pieces, nbytes))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        try:
+            while self._out:
+                pieces, nbytes = self._out.popleft()
+                self._writer.writelines(pieces)
+                await self._writer.drain()
+                self.on_written(nbytes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
+        finally:
+            self._task = None
+
+    async def _watch(self) -> None:
+        try:
+            data = await self._reader.read(1)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
+            return
+        self._fail(
+            f"process {self.peer.hex()} closed its lane"
+            if not data
+            else f"process {self.peer.hex()} wrote on the receive side of its lane"
+        )
+
+    def start(self, on_message: MessageCallback, on_end: EndCallback) -> None:
+        assert self._limits is not None
+        self._read_task = asyncio.get_running_loop().create_task(
+            self._read_loop(LaneDecoder(self._limits, 0), on_message, on_end)
+        )
+
+    async def _read_loop(
+        self, decoder: LaneDecoder, on_message: MessageCallback, on_end: EndCallback
+    ) -> None:
+        reason: str | None = None
+        try:
+            while True:
+                view = decoder.get_buffer()
+                data = await self._reader.read(view.nbytes)
+                if not data:
+                    view.release()
+                    break
+                n = len(data)
+                view[:n] = data
+                view.release()
+                decoder.buffer_updated(n)
+                while (message := decoder.next_message()) is not None:
+                    envelope, buffers, _shm_list = message
+                    on_message(envelope, buffers)
+        except asyncio.CancelledError:
+            raise
+        except FrameError as exc:
+            _log.warning("closing the lane from %s: %s", self.peer.hex(), exc)
+            reason = f"process {self.peer.hex()} sent bad bytes on its lane: {exc}"
+        except Exception as exc:
+            reason = f"the lane from {self.peer.hex()} broke: {exc}"
+        if not self._closed:
+            self.close()
+            on_end(reason)
+
+    def _fail(self, reason: str) -> None:
+        if self._closed:
+            return
+        self.close()
+        self.on_failed(reason)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:
+            current = None
+        for task in (self._task, self._read_task):
+            if task is not None and task is not current:
+                task.cancel()
+        self._out.clear()
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+
+Lane = UnixLane | TcpLane
+
+
+class LaneManager:
+    """One process's lanes: offers, listeners and handshakes (loop thread only).
+
+    ``identity`` is the process's ``chrysalis.quic.Identity`` (its chain and key prove the
+    process on a lane; its roots judge the peer). ``on_accepted(token, lane)`` receives each
+    inbound lane whose handshake succeeded; the transport holds it until the ``Switch``.
+    """
+
+    def __init__(
+        self,
+        identity: Any,
+        settings: LaneSettings,
+        limits: Callable[[], FrameLimits],
+        on_accepted: Callable[[bytes, Lane], None],
+    ) -> None:
+        self._identity = identity
+        self._pid: bytes = identity.pid.raw
+        self.settings = settings
+        self._limits = limits
+        self._on_accepted = on_accepted
+        self.host = host_key()
+        self._pending: collections.OrderedDict[bytes, _Pending] = collections.OrderedDict()
+        self._unix: socket.socket | None = None
+        self._unix_name = ""
+        self._tcp: asyncio.Server | None = None
+        self._tcp_port = 0
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._ssl_server: ssl.SSLContext | None = None
+        self._ssl_client: ssl.SSLContext | None = None
+        self._chain = tuple(c.public_bytes(_der()) for c in identity.chain)
+        self._closed = False
+
+    # -- dialer side ----------------------------------------------------------------------------
+    def hello(self) -> tuple[Hello, bytes]:
+        """The ``Hello`` to send, and its nonce (kept by the caller for the proof)."""
+        nonce = os.urandom(32)
+        return Hello(1, self.host, nonce, self.settings.kinds), nonce
+
+    async def dial(self, peer: bytes, offer: Offer, nonce: bytes) -> Lane:
+        """Connect and authenticate the offered lane (bounded by ``handshake_timeout``)."""
+        return await asyncio.wait_for(
+            self._dial(peer, offer, nonce), self.settings.handshake_timeout
+        )
+
+    async def _dial(self, peer: bytes, offer: Offer, nonce: bytes) -> Lane:
+        loop = asyncio.get_running_loop()
+        proof = Auth(
+            offer.token,
+            self._chain,
+            sign(
+                self._identity.private_key,
+                proof_bytes(CONTEXT_DIALER, nonce, offer.nonce, self._pid, peer, offer.token),
+            ),
+        )
+        expected = proof_bytes(CONTEXT_ACCEPTOR, nonce, offer.nonce, self._pid, peer, offer.token)
+        if offer.kind == "unix" and "unix" in self.settings.kinds:
+            if not offer.address.startswith("@"):
+                raise FrameError("a Unix lane offer must name an abstract socket")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, "\0" + offer.address[1:])
+                await loop.sock_sendall(sock, encode_handshake(proof))
+                answer = await _read_message(_sock_reader(loop, sock))
+                self._check_answer(answer, peer, expected)
+            except BaseException:
+                sock.close()
+                raise
+            lane: Lane = UnixLane(sock, loop, peer, self.settings)
+            return lane
+        if offer.kind == "tcp" and "tcp" in self.settings.kinds:
+            reader, writer = await asyncio.open_connection(
+                offer.address, offer.port, ssl=self._client_context(),
+                server_hostname=offer.address,
+            )  # fmt: skip
+            try:
+                _check_tls_peer(writer, peer)
+                writer.write(encode_handshake(proof))
+                answer = await _read_message(reader.readexactly)
+                self._check_answer(answer, peer, expected)
+            except BaseException:
+                writer.close()
+                raise
+            return TcpLane(reader, writer, peer, self.settings)
+        raise FrameError(f"lane kind {offer.kind!r} is not accepted here")
+
+    def _check_answer(self, answer: Any, peer: bytes, expected: bytes) -> None:
+        if isinstance(answer, Refuse):
+            raise FrameError(f"process {peer.hex()} refused the lane: {answer.reason}")
+        if not isinstance(answer, Auth):
+            raise FrameError("unexpected lane handshake message")
+        _check_auth(answer, self._identity.roots, peer, expected)
+
+    # -- acceptor side --------------------------------------------------------------------------
+    def offer(self, peer: bytes, hello: Hello, now: float) -> Offer:
+        """The answer to ``hello`` from ``peer`` (a no-lane offer when none fits)."""
+        token = os.urandom(16)
+        nonce = os.urandom(32)
+        none = Offer("", "", 0, nonce, token)
+        if self._closed or hello.version != 1:
+            return none
+        self._expire(now)
+        if len(self._pending) >= self.settings.max_pending:
+            return none
+        kind = ""
+        same_host = bool(self.host) and hello.host == self.host and not self.settings.force_tcp
+        if same_host and "unix" in hello.kinds and "unix" in self.settings.kinds:
+            try:
+                self._ensure_unix()
+            except OSError as exc:
+                _log.debug("no Unix lane listener: %s", exc)
+            else:
+                kind = "unix"
+        if (
+            not kind
+            and "tcp" in hello.kinds
+            and "tcp" in self.settings.kinds
+            and self.settings.tcp_host is not None
+            and self._tcp is not None
+        ):
+            kind = "tcp"
+        if not kind:
+            return none
+        self._pending[token] = _Pending(
+            peer, hello.nonce, nonce, kind, now + self.settings.handshake_timeout
+        )
+        if kind == "unix":
+            return Offer("unix", "@" + self._unix_name, 0, nonce, token)
+        assert self.settings.tcp_host is not None
+        return Offer("tcp", self.settings.tcp_host, self._tcp_port, nonce, token)
+
+    def forget(self, token: bytes) -> None:
+        """Refuse a later handshake for ``token`` (the stream that negotiated it ended)."""
+        self._pending.pop(token, None)
+
+    def _expire(self, now: float) -> None:
+        while self._pending:
+            token, pending = next(iter(self._pending.items()))
+            if pending.deadline > now:
+                break
+            del self._pending[token]
+
+    def _ensure_unix(self) -> None:
+        if self._unix is not None:
+            return
+        name = f"monarch-lane/{self._pid.hex()}/{os.urandom(8).hex()}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind("\0" + name)
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._unix, self._unix_name = sock, name
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept_unix)
+
+    async def start_tcp(self) -> None:
+        """Open the TLS listener on ``tcp_host`` (call once on the loop when TCP lanes are on)."""
+        if self.settings.tcp_host is None or "tcp" not in self.settings.kinds or self._tcp:
+            return
+        self._tcp = await asyncio.start_server(
+            self._accept_tcp, self.settings.tcp_host, 0, ssl=self._server_context(),
+            ssl_handshake_timeout=self.settings.handshake_timeout, limit=256 * 1024,
+        )  # fmt: skip
+        self._tcp_port = self._tcp.sockets[0].getsockname()[1]
+
+    def _accept_unix(self) -> None:
+        assert self._unix is not None
+        for _ in range(16):
+            try:
+                conn, _addr = self._unix.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                _log.warning("Unix lane listener: %s", exc)
+                return
+            if len(self._handshakes) >= self.settings.max_pending:
+                conn.close()
+                continue
+            self._track(self._handshake_unix(conn))
+
+    def _track(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake_unix(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        conn.setblocking(False)
+        try:
+            async with asyncio.timeout(self.settings.handshake_timeout):
+                auth = await _read_message(_sock_reader(loop, conn))
+                answer, token, peer = self._judge(auth, "unix")
+                await loop.sock_sendall(conn, encode_handshake(answer))
+        except (Exception, asyncio.CancelledError) as exc:
+            _log.debug("Unix lane handshake failed: %r", exc)
+            conn.close()
+            return
+        if token is None:
+            conn.close()
+            return
+        lane = UnixLane(conn, loop, peer, self.settings, self._limits())
+        self._on_accepted(token, lane)
+
+    async def _accept_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(self.settings.handshake_timeout):
+                tls_peer = _tls_peer(writer)
+                auth = await _read_message(reader.readexactly)
+                answer, token, peer = self._judge(auth, "tcp", tls_peer)
+                writer.write(encode_handshake(answer))
+                await writer.drain()
+        except (Exception, asyncio.CancelledError) as exc:
+            _log.debug("TCP lane handshake failed: %r", exc)
+            writer.close()
+            return
+        if token is None:
+            writer.close()
+            return
+        self._on_accepted(token, TcpLane(reader, writer, peer, self.settings, self._limits()))
+
+    def _judge(
+        self, auth: Any, kind: str, tls_peer: bytes | None = None
+    ) -> tuple[Auth | Refuse, bytes | None, bytes]:
+        """Check a dialer's ``Auth``; the answer to send, and the token when accepted."""
+        if not isinstance(auth, Auth):
+            return Refuse("expected an Auth message"), None, b""
+        pending = self._pending.pop(auth.token, None)
+        if pending is None or pending.kind != kind:
+            return Refuse("unknown or expired lane token"), None, b""
+        if tls_peer is not None and tls_peer != pending.peer:
+            return Refuse("the TLS peer is not the process that negotiated this lane"), None, b""
+        try:
+            _check_auth(
+                auth, self._identity.roots, pending.peer,
+                proof_bytes(CONTEXT_DIALER, pending.dialer_nonce, pending.nonce, pending.peer,
+                            self._pid, auth.token),
+            )  # fmt: skip
+        except FrameError as exc:
+            return Refuse(str(exc)), None, b""
+        signature = sign(
+            self._identity.private_key,
+            proof_bytes(CONTEXT_ACCEPTOR, pending.dialer_nonce, pending.nonce, pending.peer,
+                        self._pid, auth.token),
+        )  # fmt: skip
+        return Auth(auth.token, self._chain, signature), auth.token, pending.peer
+
+    # -- TLS ------------------------------------------------------------------------------------
+    def _load_chain(self, context: ssl.SSLContext) -> None:
+        fd = os.memfd_create("monarch-lane-identity", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, self._identity.chain_pem() + self._identity.key_pem())
+            context.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        context.load_verify_locations(cadata=self._identity.roots_pem().decode("ascii"))
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.verify_mode = ssl.CERT_REQUIRED
+
+    def _server_context(self) -> ssl.SSLContext:
+        if self._ssl_server is None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._load_chain(context)
+            self._ssl_server = context
+        return self._ssl_server
+
+    def _client_context(self) -> ssl.SSLContext:
+        if self._ssl_client is None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False  # the peer PID (hash of its leaf) is checked instead
+            self._load_chain(context)
+            self._ssl_client = context
+        return self._ssl_client
+
+    def close(self) -> None:
+        """Stop listening and abandon handshakes in progress (idempotent)."""
+        self._closed = True
+        self._pending.clear()
+        if self._unix is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._unix.fileno())
+            self._unix.close()
+            self._unix = None
+        if self._tcp is not None:
+            self._tcp.close()
+            self._tcp = None
+        for task in list(self._handshakes):
+            task.cancel()
+
+
+def _der() -> Any:
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.Encoding.DER
+
+
+def _tls_peer(writer: asyncio.StreamWriter) -> bytes:
+    ssl_object = writer.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if not der:
+        raise FrameError("the TLS peer presented no certificate")
+    return Pid.from_certificate(der).raw
+
+
+def _check_tls_peer(writer: asyncio.StreamWriter, expected: bytes) -> None:
+    got = _tls_peer(writer)
+    if got != expected:
+        raise FrameError(f"the TLS peer is {got.hex()}, expected {expected.hex()}")

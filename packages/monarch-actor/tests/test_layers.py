@@ -1,0 +1,214 @@
+"""The layering rule of ``monarch.actor`` (README, "Layers"), checked on the source with ``ast``.
+
+``_hosts -> _mesh -> _runtime -> _transport -> _base``: a module of a layer subpackage imports
+its own layer or a layer to its right, and imports none of the project's packages inside a
+function (``if TYPE_CHECKING:`` blocks are type-only and exempt). The flat modules not moved yet
+are listed in ``PENDING`` with the layer they are planned for: what the moved modules import
+from them is checked against that layer, and the list shows what is left to move.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import monarch.actor
+
+#: Left to right: a layer may import itself and the layers after it.
+LAYERS = ("_hosts", "_mesh", "_runtime", "_transport", "_base")
+
+PACKAGE = Path(monarch.actor.__file__).parent
+
+#: Old flat paths kept importable for one release: old module -> its new home.
+MOVED = {
+    "_shape": "_base.shape",
+    "_value_mesh": "_base.value_mesh",
+    "_ids": "_base.ids",
+    "_errors": "_base.errors",
+    "_codec": "_base.codec",
+    "_envelope": "_base.envelope",
+    "_future": "_base.future",
+    "_loop": "_base.loop",
+    "_actor": "_base.actor",
+    "_endpoint": "_base.endpoint",
+    "_node_transport": "_transport.node",
+    "_lane_proto": "_transport.lane_proto",
+    "_lane": "_transport.lane",
+    "_shm": "_transport.shm",
+}
+
+#: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
+SEAM_NAMES = (
+    "Attachable",
+    "DeliverCallback",
+    "InProcessFabric",
+    "InProcessTransport",
+    "ProcessTransport",
+    "UndeliverableCallback",
+)
+
+#: Flat modules still waiting to move, and the layer each is planned for.
+PENDING = {
+    "_uid": "_base",
+    "_runtime": "_runtime",
+    "_context": "_runtime",
+    "_port": "_runtime",
+    "_telemetry": "_runtime",
+    "_logging": "_runtime",
+    "_liveness": "_runtime",
+    "_watchdog": "_runtime",
+    "_returns_future": "_runtime",
+    "_enable_transport": "_runtime",
+    "_adverbs": "_mesh",
+    "_mesh": "_mesh",
+    "_accumulator": "_mesh",
+    "_logging_option": "_mesh",
+    "_host": "_hosts",
+    "_host_agent": "_hosts",
+    "_attach": "_hosts",
+    "_worker": "_hosts",
+    "_zygote": "_hosts",
+    "_main_module": "_hosts",
+    "_client_api": "_hosts",
+    "_client_attach": "_hosts",
+}
+
+#: Above every layer: the facade and the public modules may import anything.
+FACADE = {"__init__", "config", "testing"}
+
+OWN_PACKAGES = ("monarch", "chrysalis")
+
+
+def _layer_files() -> list[tuple[str, Path]]:
+    return [
+        (layer, path)
+        for layer in LAYERS
+        if (PACKAGE / layer).is_dir()
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+    ]
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(
+    tree: ast.Module,
+) -> tuple[list[ast.Import | ast.ImportFrom], list[ast.Import | ast.ImportFrom]]:
+    """(module-level imports outside ``TYPE_CHECKING``, every import nested in a def or class)."""
+    top: list[ast.Import | ast.ImportFrom] = []
+    nested: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST, in_def: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and not in_def and _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                (nested if in_def else top).append(child)
+                continue
+            defines = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            visit(child, in_def or defines)
+
+    visit(tree, False)
+    return top, nested
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
+    """The absolute module names an import statement names (``from a import b``: ``a.b`` too)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        parent = module.split(".")[: -node.level]
+        base = ".".join([*parent, base] if base else parent)
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def _layer_of(target: str) -> str | None:
+    """The layer a ``monarch.actor`` module belongs to (planned, for a pending flat module)."""
+    parts = target.split(".")
+    if parts[:2] != ["monarch", "actor"] or len(parts) < 3:
+        return None
+    name = parts[2]
+    if name in LAYERS:
+        return name
+    if name in MOVED:
+        return MOVED[name].split(".")[0]
+    return PENDING.get(name)
+
+
+def test_no_layer_imports_a_layer_to_its_left() -> None:
+    problems = []
+    for layer, path in _layer_files():
+        module = "monarch.actor." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        top, _ = _imports(ast.parse(path.read_text()))
+        for node in top:
+            for target in _targets(node, module):
+                parts = target.split(".")
+                if parts[:2] == ["monarch", "actor"] and parts[2:3] and parts[2] in MOVED:
+                    problems.append(f"{module}:{node.lineno} imports the old path {target}")
+                if target.startswith("monarch.actor._transport.") and parts[3] in SEAM_NAMES:
+                    problems.append(f"{module}:{node.lineno} imports {target} (use .seam)")
+                other = _layer_of(target)
+                if other is not None and LAYERS.index(other) < LAYERS.index(layer):
+                    problems.append(f"{module}:{node.lineno} ({layer}) imports {target} ({other})")
+    assert problems == []
+
+
+def test_no_function_level_imports_of_our_packages_in_the_layers() -> None:
+    problems = []
+    for _, path in _layer_files():
+        _, nested = _imports(ast.parse(path.read_text()))
+        for node in nested:
+            if isinstance(node, ast.ImportFrom):
+                ours = node.level > 0 or (node.module or "").split(".")[0] in OWN_PACKAGES
+            else:
+                ours = any(alias.name.split(".")[0] in OWN_PACKAGES for alias in node.names)
+            if ours:
+                problems.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert problems == []
+
+
+def test_what_is_left_to_move() -> None:
+    """Every flat module is the facade, an old path kept for one release, or pending (its
+    planned layer named): a new flat module has to be placed, and a move updates this list."""
+    flat = {p.stem for p in PACKAGE.glob("*.py")}
+    assert flat - FACADE - set(MOVED) == set(PENDING)
+    assert set(PENDING.values()) <= set(LAYERS)
+
+
+def test_old_paths_are_the_moved_modules() -> None:
+    for old, new in MOVED.items():
+        moved = importlib.import_module(f"monarch.actor.{new}")
+        assert importlib.import_module(f"monarch.actor.{old}") is moved
+    package = importlib.import_module("monarch.actor._transport")
+    seam = importlib.import_module("monarch.actor._transport.seam")
+    assert sorted(package.__all__) == sorted(seam.__all__) == sorted(SEAM_NAMES)
+    for name in SEAM_NAMES:
+        assert getattr(package, name) is getattr(seam, name)
+
+
+def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
+    """``_context`` (planned for ``_runtime``) reaches the client and ``this_proc`` through hooks
+    that ``_runtime`` and ``_mesh`` set when ``monarch.actor`` is imported."""
+    context = importlib.import_module("monarch.actor._context")
+    mesh = importlib.import_module("monarch.actor._mesh")
+    assert context._proc_resolver is mesh.this_proc
+    assert context._root_context is not None
+    assert str(context.context().actor_instance) == "<root>"
+
+
+def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
+    """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
+    through hooks that ``_host`` sets at import (H3, H4)."""
+    runtime = importlib.import_module("monarch.actor._runtime")
+    mesh = importlib.import_module("monarch.actor._mesh")
+    host = importlib.import_module("monarch.actor._host")
+    assert runtime._node_layer_factory is host.ClientNodeLayer
+    assert isinstance(runtime.client().node_layer, host.ClientNodeLayer)
+    assert mesh._host_resolver is host._host_of
+    assert isinstance(mesh.this_proc().host_mesh, host.HostMesh)
