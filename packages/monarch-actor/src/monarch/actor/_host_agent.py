@@ -198,7 +198,6 @@ class NestedProcs:
     ) -> tuple[str, list[ProcId]]:
         """Start the processes ``requester`` asked for; return the group id and processes."""
         from monarch.actor._host import _start_group
-        from monarch.actor._mesh import ProcMesh, _ProcMeshState
 
         with self._lock:
             if requester in self._dead:
