@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,14 +191,9 @@ def test_mark_unreachable_fails_outstanding_calls_and_later_sends(cluster: Clust
     assert a.bounced[1][0].sequence == 1
 
 
-def _until(predicate: Any, timeout: float = T) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
-def test_a_fenced_process_is_refused_what_it_still_sends(cluster: Cluster) -> None:
+def test_a_fenced_process_is_refused_what_it_still_sends(
+    cluster: Cluster, wait_until: Callable[..., None]
+) -> None:
     """A process declared dead while it may still run (``fence=True``): what arrives from it
     afterwards, on its open stream or lane, is refused and counted, never delivered."""
     root = cluster.add()
@@ -206,21 +201,21 @@ def test_a_fenced_process_is_refused_what_it_still_sends(cluster: Cluster) -> No
     b.transport.send(envelope(b, a.transport.pid, 0), [])
     a.wait("got", 1)
     a.transport.mark_unreachable(b.transport.pid, "declared dead", fence=True)
-    _until(lambda: a.transport.statistics().unreachable == 1)
+    wait_until(lambda: a.transport.statistics().unreachable == 1, T)
     for seq in (1, 2):
         b.transport.send(envelope(b, a.transport.pid, seq), [])
-    _until(lambda: a.transport.statistics().refused == 2)
+    wait_until(lambda: a.transport.statistics().refused == 2, T)
     assert [env.sequence for env, _ in a.got] == [0]
 
 
-def test_an_exited_process_is_not_fenced(cluster: Cluster) -> None:
+def test_an_exited_process_is_not_fenced(cluster: Cluster, wait_until: Callable[..., None]) -> None:
     """Without ``fence`` (the process exited) what it sent before is still delivered."""
     root = cluster.add()
     a, b = cluster.add(root), cluster.add(root)
     b.transport.send(envelope(b, a.transport.pid, 0), [])
     a.wait("got", 1)
     a.transport.mark_unreachable(b.transport.pid, "exited")
-    _until(lambda: a.transport.statistics().unreachable == 1)
+    wait_until(lambda: a.transport.statistics().unreachable == 1, T)
     b.transport.send(envelope(b, a.transport.pid, 1), [])
     a.wait("got", 2)
     assert a.transport.statistics().refused == 0
