@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from monarch.actor import Actor, MeshFailure, ProcMesh, endpoint
 from monarch.actor._client_api import _consistent
-from monarch.actor._runtime import FlushReport
+from monarch.actor._runtime.proc import FlushReport
 from monarch.actor.testing import flush_supervision
 
 Procs = Callable[..., ProcMesh]

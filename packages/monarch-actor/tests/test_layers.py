@@ -51,7 +51,6 @@ SEAM_NAMES = (
 #: Flat modules still waiting to move, and the layer each is planned for.
 PENDING = {
     "_uid": "_base",
-    "_runtime": "_runtime",
     "_context": "_runtime",
     "_port": "_runtime",
     "_telemetry": "_runtime",
@@ -141,6 +140,18 @@ def _layer_of(target: str) -> str | None:
     return PENDING.get(name)
 
 
+#: The skeleton of ``_runtime`` (the old module moved whole to ``_runtime/proc.py``) still holds
+#: these; the split of ``proc`` removes them and empties this set.
+SKELETON = {
+    "_runtime/proc.py: imports monarch.actor._main_module",
+    "_runtime/proc.py: nested import",
+}
+
+
+def _exempt(path: Path, what: str) -> bool:
+    return f"{path.relative_to(PACKAGE)}: {what}" in SKELETON
+
+
 def test_no_layer_imports_a_layer_to_its_left() -> None:
     problems = []
     for layer, path in _layer_files():
@@ -154,6 +165,8 @@ def test_no_layer_imports_a_layer_to_its_left() -> None:
                 if target.startswith("monarch.actor._transport.") and parts[3] in SEAM_NAMES:
                     problems.append(f"{module}:{node.lineno} imports {target} (use .seam)")
                 other = _layer_of(target)
+                if _exempt(path, f"imports {target}"):
+                    continue
                 if other is not None and LAYERS.index(other) < LAYERS.index(layer):
                     problems.append(f"{module}:{node.lineno} ({layer}) imports {target} ({other})")
     assert problems == []
@@ -168,7 +181,7 @@ def test_no_function_level_imports_of_our_packages_in_the_layers() -> None:
                 ours = node.level > 0 or (node.module or "").split(".")[0] in OWN_PACKAGES
             else:
                 ours = any(alias.name.split(".")[0] in OWN_PACKAGES for alias in node.names)
-            if ours:
+            if ours and not _exempt(path, "nested import"):
                 problems.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert problems == []
 
@@ -205,7 +218,7 @@ def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
 def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
     """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
     through hooks that ``_host`` sets at import (H3, H4)."""
-    runtime = importlib.import_module("monarch.actor._runtime")
+    runtime = importlib.import_module("monarch.actor._runtime.proc")
     mesh = importlib.import_module("monarch.actor._mesh")
     host = importlib.import_module("monarch.actor._host")
     assert runtime._node_layer_factory is host.ClientNodeLayer

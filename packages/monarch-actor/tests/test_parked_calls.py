@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from monarch.actor import Future, SupervisionError
-from monarch.actor import _runtime as rt
 from monarch.actor._base.envelope import ActorAddr, Envelope, MessageKind
+from monarch.actor._runtime import proc as rt
 
 
 @pytest.fixture

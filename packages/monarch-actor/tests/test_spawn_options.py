@@ -330,7 +330,7 @@ def test_shutdown_context_stops_started_and_starting_meshes_as_this_client(
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import monarch.actor._runtime as runtime
+        import monarch.actor._runtime.proc as runtime
         from monarch.actor import shutdown_context, this_host
         from spawn_options_actors import Probe
         up = this_host().spawn_procs({{"gpus": 1}})

@@ -28,7 +28,7 @@ from monarch.actor._base.endpoint import EndpointProperty
 from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo, MessageKind
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.value_mesh import ValueMesh, _value_mesh_over
-from monarch.actor._runtime import (
+from monarch.actor._runtime.proc import (
     GatherSink,
     OneSink,
     Reply,

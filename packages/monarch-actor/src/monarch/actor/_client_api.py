@@ -23,7 +23,7 @@ from monarch.actor._base.errors import MeshFailure
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.loop import is_runtime_thread
 from monarch.actor._context import _current
-from monarch.actor._runtime import (
+from monarch.actor._runtime.proc import (
     FLUSH_ENDPOINT,
     FlushReport,
     OneSink,

@@ -24,7 +24,7 @@ from monarch.actor._base.shape import Extent, Point
 
 if TYPE_CHECKING:
     from monarch.actor._mesh import ProcMesh
-    from monarch.actor._runtime import CellBase
+    from monarch.actor._runtime.proc import CellBase
 
 __all__ = [
     "Context",

@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 
 def _client_started() -> bool:
-    runtime = sys.modules.get("monarch.actor._runtime")
+    runtime = sys.modules.get("monarch.actor._runtime.proc")
     return runtime is not None and getattr(runtime, "_client", None) is not None
 
 

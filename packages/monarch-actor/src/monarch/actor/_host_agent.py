@@ -57,13 +57,13 @@ from monarch.actor._base.shape import Extent, Shape
 from monarch.actor._context import _current, _reset_context, _set_context, context
 from monarch.actor._mesh import ActorMesh, ProcMesh, _ProcMeshState, _spawn_system_actor, this_proc
 from monarch.actor._port import Port
-from monarch.actor._runtime import client
+from monarch.actor._runtime.proc import client
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
     from monarch.actor._attach import HostSession
     from monarch.actor._host import BootstrapCommand, ClientNodeLayer, WorkerGroup, _SpawnOptions
-    from monarch.actor._runtime import _Client
+    from monarch.actor._runtime.proc import _Client
 
 __all__ = [
     "AGENT_PATH",

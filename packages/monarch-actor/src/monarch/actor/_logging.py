@@ -177,7 +177,7 @@ def _chain_here() -> str | None:
     ctx = _current()
     if ctx is not None:
         return str(ctx.actor_instance)
-    runtime = sys.modules.get("monarch.actor._runtime")
+    runtime = sys.modules.get("monarch.actor._runtime.proc")
     client = getattr(runtime, "_client", None) if runtime is not None else None
     if client is not None and getattr(client, "pid", None) == os.getpid():
         return "<root>"

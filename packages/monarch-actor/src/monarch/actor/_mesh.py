@@ -44,7 +44,7 @@ from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
 from monarch.actor._context import CreatorInfo, _current, set_proc_resolver
-from monarch.actor._runtime import (
+from monarch.actor._runtime.proc import (
     CellBase,
     GatherSink,
     Reply,

@@ -21,7 +21,13 @@ from monarch.actor._base import codec as _codec
 from monarch.actor._base.envelope import CastInfo, MessageKind, PortAddr
 from monarch.actor._base.future import Future
 from monarch.actor._context import _current
-from monarch.actor._runtime import QueueSink, Reply, _encode_exception, current_sender, decode_reply
+from monarch.actor._runtime.proc import (
+    QueueSink,
+    Reply,
+    _encode_exception,
+    current_sender,
+    decode_reply,
+)
 from monarch.config import _registry as _config
 
 __all__ = ["Channel", "Port", "PortReceiver"]

@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chrysalis.core import Pid
     from chrysalis.node import Node
     from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
-    from monarch.actor._runtime import ProcRuntime, _frame_limits, set_process_sender
+    from monarch.actor._runtime.proc import ProcRuntime, _frame_limits, set_process_sender
     from monarch.actor._transport.node import NodeProcessTransport
 
     if args.main:
