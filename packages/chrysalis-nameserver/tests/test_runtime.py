@@ -1,16 +1,16 @@
-"""``chrysalis.nameserver.runtime`` and the I/O layer under trio: the same tasks, deadlines and
-races on both runtimes, and a three-level tree (service, parent links, manager, child link
-server) replicating and resolving over in-memory streams inside a trio nursery."""
+"""``chrysalis.nameserver.runtime`` (a re-export of ``chrysalis.core.runtime``, whose own tests
+cover tasks, deadlines and races on both runtimes) and the I/O layer under trio: a three-level
+tree (service, parent links, manager, child link server) replicating and resolving over
+in-memory streams inside a trio nursery."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from chrysalis.core import DatagramAddr, LinkId, Pid
+from chrysalis.core import runtime as core_runtime
 from chrysalis.datagram import Router
 from chrysalis.nameserver import (
     ChildLinkServer,
@@ -27,120 +27,28 @@ from chrysalis.nameserver import (
     RejectCode,
     TrioSpawner,
     memory_stream_pair,
+    runtime,
 )
 from chrysalis.nameserver.runtime import (
     AsyncioSpawner,
     Spawner,
-    current_library,
-    fail_after,
-    is_cancellation,
-    join_shielded,
-    new_event,
-    race,
-    sleep,
 )
 
 trio = pytest.importorskip("trio")
 
 
-def run_on(library: str, main: Callable[[Spawner], Awaitable[None]]) -> None:
-    """Run ``main(spawner)`` on ``library`` within 5 s."""
-    if library == "asyncio":
-
-        async def on_asyncio() -> None:
-            async with asyncio.timeout(5):
-                await main(AsyncioSpawner())
-
-        asyncio.run(on_asyncio())
-        return
-
-    async def on_trio() -> None:
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:
-                await main(TrioSpawner(nursery))
-                nursery.cancel_scope.cancel()
-
-    trio.run(on_trio)
-
-
-LIBRARIES = pytest.mark.parametrize("library", ["asyncio", "trio"])
-
-
-@LIBRARIES
-def test_tasks_record_errors_and_cancel_and_join(library: str) -> None:
-    async def main(spawner: Spawner) -> None:
-        assert current_library() == library
-
-        async def fail() -> None:
-            raise ValueError("boom")
-
-        failed = spawner.spawn(fail, log=False)
-        await failed.join()
-        assert failed.done
-        assert isinstance(failed.error, ValueError)
-
-        started = new_event()
-        cancelled: list[bool] = []
-
-        async def forever() -> None:
-            started.set()
-            try:
-                await sleep(60)
-            except BaseException as exc:
-                cancelled.append(is_cancellation(exc))
-                raise
-
-        waiting = spawner.spawn(forever)
-        await started.wait()
-        waiting.cancel()
-        await join_shielded([waiting])
-        assert waiting.done
-        assert waiting.error is None
-        assert cancelled == [True]
-
-    run_on(library, main)
-
-
-@LIBRARIES
-def test_race_returns_with_the_first_and_raises_its_failure(library: str) -> None:
-    async def main(spawner: Spawner) -> None:
-        stopped: list[str] = []
-
-        async def slow() -> None:
-            try:
-                await sleep(60)
-            finally:
-                stopped.append("slow")
-
-        async def quick() -> None:
-            await sleep(0)
-
-        await race(spawner, slow, quick)
-        assert stopped == ["slow"]
-
-        async def broken() -> None:
-            raise KeyError("first")
-
-        with pytest.raises(KeyError, match="first"):
-            await race(spawner, slow, broken)
-        assert stopped == ["slow", "slow"]
-
-    run_on(library, main)
-
-
-@LIBRARIES
-def test_fail_after_raises_timeout_error(library: str) -> None:
-    async def main(spawner: Spawner) -> None:
-        with pytest.raises(TimeoutError):
-            await fail_after(0.01, lambda: sleep(60))
-        assert await fail_after(1, lambda: _value(7)) == 7
-
-    run_on(library, main)
-
-
-async def _value(value: int) -> int:
-    await sleep(0)
-    return value
+def test_the_module_re_exports_chrysalis_core_runtime() -> None:
+    """The runtime services are ``chrysalis.core.runtime``'s (tested there, on both runtimes);
+    this module keeps its old names pointing at the same objects."""
+    assert runtime.current_library is core_runtime.current_async_library
+    for name in runtime.__all__:
+        if name != "current_library":
+            assert getattr(runtime, name) is getattr(core_runtime, name), name
+    assert (AsyncioSpawner, Spawner, TrioSpawner) == (
+        core_runtime.AsyncioSpawner,
+        core_runtime.Spawner,
+        core_runtime.TrioSpawner,
+    )
 
 
 def pid(n: int) -> Pid:
