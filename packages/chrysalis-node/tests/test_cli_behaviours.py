@@ -33,7 +33,7 @@ from chrysalis.nameserver import (
     RejectCode,
     TerminalRejection,
 )
-from chrysalis.node import Node, _scale
+from chrysalis.node import Node, _scale, bind_carrier
 from chrysalis.node import _cli as cli
 from chrysalis.node._cli import main
 from chrysalis.node._tempdirs import LOCK_NAME, OwnedTempDir, reclaim_dead_tempdirs
@@ -158,6 +158,22 @@ def test_a_stale_unix_socket_is_reclaimed_and_a_live_one_refused(tmp_path: Path)
     with pytest.raises(OSError):
         cli._Carriers([DatagramAddr.unixgram(str(not_a_socket))])
     assert not_a_socket.read_text() == "keep me"
+
+
+def test_bind_carrier_reclaims_a_stale_unix_socket_for_every_node(tmp_path: Path) -> None:
+    """Not only the CLI: ``Node(listen="unix://...")`` binds through ``bind_carrier``, which
+    removes a socket file nobody is bound to and refuses a live one."""
+    stale = tmp_path / "node.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(stale))
+    dead.close()
+    carrier = bind_carrier(f"unix://{stale}")
+    try:
+        assert carrier.local_addr == DatagramAddr.unixgram(str(stale))
+        with pytest.raises(AddressInUseError):
+            bind_carrier(f"unix://{stale}")
+    finally:
+        carrier.shutdown()
 
 
 def test_only_dead_owners_temporary_directories_are_removed(tmp_path: Path) -> None:

@@ -35,7 +35,6 @@ from typing import Any, Final, TextIO
 
 from chrysalis.core import AddressError, DatagramAddr, Pid, PidPrefix, PidPrefixError
 from chrysalis.datagram import (
-    AddressInUseError,
     DatagramSocket,
     DatagramSocketSet,
     UdpSocket,
@@ -58,11 +57,10 @@ from chrysalis.node._address import (
     parse_pid_reference,
 )
 from chrysalis.node._echo import echo_raw, serve_streams
-from chrysalis.node._node import JoinSettings, Node, NodeError
+from chrysalis.node._node import JoinSettings, Node, NodeError, bind_carrier
 from chrysalis.node._tempdirs import (
     OwnedTempDir,
     reclaim_dead_tempdirs,
-    reclaim_stale_socket,
 )
 from chrysalis.quic import (
     ByteStream,
@@ -544,16 +542,9 @@ class _Carriers:
             if self._tempdir is None:
                 self._tempdir = OwnedTempDir.create()
             return UnixDatagramSocket.bind_unique(self._tempdir.path, prefix="carrier-")
-        if address.scheme == "udp":
-            return UdpSocket.bind(address)
-        try:
-            return UnixDatagramSocket.bind(address)
-        except AddressInUseError:
-            # A node killed with -9 leaves its socket file: reclaim it when nobody answers
-            # there (a live socket is refused with the original error).
-            if not reclaim_stale_socket(address.opaque):
-                raise
-            return UnixDatagramSocket.bind(address)
+        # A node killed with -9 leaves its socket file: ``bind_carrier`` reclaims it when
+        # nobody answers there (a live socket is refused with the original error).
+        return bind_carrier(address)
 
     def cleanup(self) -> None:
         if self._tempdir is not None:

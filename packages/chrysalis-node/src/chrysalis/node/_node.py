@@ -49,6 +49,7 @@ from chrysalis.core.runtime import (
     run_in_thread,
 )
 from chrysalis.datagram import (
+    AddressInUseError,
     DatagramSocket,
     DatagramSocketSet,
     DatagramSwitch,
@@ -78,6 +79,7 @@ from chrysalis.nameserver import (
     VersionRange,
 )
 from chrysalis.node._sessions import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessionHandler, LinkSessions
+from chrysalis.node._tempdirs import reclaim_stale_socket
 from chrysalis.quic import ByteStream, Identity, LinkProtocolId, QuicConfig, QuicTransport
 
 __all__ = [
@@ -130,12 +132,21 @@ class NodeStatistics:
 
 
 def bind_carrier(address: DatagramAddr | str) -> DatagramSocket:
-    """A carrier socket for ``udp://ip:port`` or ``unix://path`` (``NodeError`` else)."""
+    """A carrier socket for ``udp://ip:port`` or ``unix://path`` (``NodeError`` else).
+
+    A Unix socket file that nobody is bound to any more (left by a process killed with -9) is
+    removed and bound again; a path where a socket is alive, or that is not a socket, raises
+    ``AddressInUseError``."""
     addr = DatagramAddr.parse(address) if isinstance(address, str) else address
     if addr.scheme == "udp":
         return UdpSocket.bind(addr)
     if addr.scheme == "unixgram":
-        return UnixDatagramSocket.bind(addr)
+        try:
+            return UnixDatagramSocket.bind(addr)
+        except AddressInUseError:
+            if not reclaim_stale_socket(addr.opaque):
+                raise
+            return UnixDatagramSocket.bind(addr)
     raise NodeError(f"cannot bind a carrier for {addr}")
 
 
