@@ -36,6 +36,7 @@ MOVED = {
     "_lane_proto": "_transport.lane_proto",
     "_lane": "_transport.lane",
     "_shm": "_transport.shm",
+    "_uid": "_base.uid",
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -50,7 +51,6 @@ SEAM_NAMES = (
 
 #: Flat modules still waiting to move, and the layer each is planned for.
 PENDING = {
-    "_uid": "_base",
     "_context": "_runtime",
     "_port": "_runtime",
     "_telemetry": "_runtime",

@@ -34,6 +34,7 @@ from monarch.actor._base.errors import (
 from monarch.actor._base.future import Future
 from monarch.actor._base.ids import ActorId, ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Point, Region, Shape, Slice
+from monarch.actor._base.uid import Uid
 from monarch.actor._base.value_mesh import ValueMesh
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
@@ -66,7 +67,6 @@ from monarch.actor._telemetry import (
     supervision_events,
     traced,
 )
-from monarch.actor._uid import Uid
 
 __all__ = [
     "Accumulator",
