@@ -37,6 +37,10 @@ MOVED = {
     "_lane": "_transport.lane",
     "_shm": "_transport.shm",
     "_uid": "_base.uid",
+    "_liveness": "_runtime.liveness",
+    "_watchdog": "_runtime.watchdog",
+    "_returns_future": "_runtime.returns_future",
+    "_enable_transport": "_runtime.enable_transport",
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -55,10 +59,6 @@ PENDING = {
     "_port": "_runtime",
     "_telemetry": "_runtime",
     "_logging": "_runtime",
-    "_liveness": "_runtime",
-    "_watchdog": "_runtime",
-    "_returns_future": "_runtime",
-    "_enable_transport": "_runtime",
     "_adverbs": "_mesh",
     "_mesh": "_mesh",
     "_accumulator": "_mesh",

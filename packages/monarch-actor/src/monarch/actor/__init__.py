@@ -47,12 +47,12 @@ from monarch.actor._context import (
     current_rank,
     current_size,
 )
-from monarch.actor._enable_transport import ChannelTransport, enable_transport
 from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
 from monarch.actor._host_agent import get_or_spawn_controller
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
-from monarch.actor._returns_future import returns_future
+from monarch.actor._runtime.enable_transport import ChannelTransport, enable_transport
+from monarch.actor._runtime.returns_future import returns_future
 from monarch.actor._telemetry import (
     ChainLink,
     SupervisionRecord,

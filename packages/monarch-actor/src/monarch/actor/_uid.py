@@ -1,4 +1,5 @@
-"""Moved to ``monarch.actor._base.uid``; this path stays importable for one release."""
+"""Moved to ``monarch.actor._base.uid``; this old path stays importable for one
+release."""
 
 import sys
 

@@ -128,7 +128,7 @@ from monarch.actor._context import (
     _set_context,
     set_root_context,
 )
-from monarch.actor._liveness import Lease
+from monarch.actor._runtime.liveness import Lease
 from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
