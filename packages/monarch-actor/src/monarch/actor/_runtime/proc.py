@@ -134,7 +134,7 @@ from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
     from monarch.actor._host import ClientNodeLayer, HostMesh
-    from monarch.actor._mesh import ProcMesh
+    from monarch.actor._mesh.meshes import ProcMesh
 
 __all__ = [
     "FLUSH_ENDPOINT",
@@ -2267,7 +2267,7 @@ class _Client:
         self.root = RootCell(self.runtime)
         self.runtime.root = self.root
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
-        from monarch.actor._mesh import ProcMesh
+        from monarch.actor._mesh.meshes import ProcMesh
 
         self.root.instance.proc_mesh = ProcMesh(
             [self.runtime.proc_id], Shape.unity(), owned=False, name="client"
