@@ -44,6 +44,7 @@ MOVED = {
     "_adverbs": "_mesh.adverbs",
     "_accumulator": "_mesh.accumulator",
     "_logging_option": "_mesh.logging_option",
+    "_telemetry": "_runtime.telemetry",
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -76,7 +77,6 @@ MESH_NAMES = (
 PENDING = {
     "_context": "_runtime",
     "_port": "_runtime",
-    "_telemetry": "_runtime",
     "_logging": "_runtime",
     "_host": "_hosts",
     "_host_agent": "_hosts",

@@ -35,8 +35,8 @@ from monarch.actor import (
     supervision_events,
     traced,
 )
-from monarch.actor import _telemetry as tm
 from monarch.actor._base.errors import ErrorCategory, FailureEvent
+from monarch.actor._runtime import telemetry as tm
 
 Procs = Callable[..., ProcMesh]
 T = 5.0

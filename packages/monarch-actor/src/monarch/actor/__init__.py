@@ -54,7 +54,7 @@ from monarch.actor._mesh.meshes import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
 from monarch.actor._runtime.enable_transport import ChannelTransport, enable_transport
 from monarch.actor._runtime.returns_future import returns_future
-from monarch.actor._telemetry import (
+from monarch.actor._runtime.telemetry import (
     ChainLink,
     SupervisionRecord,
     add_supervision_listener,

@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _logging, _main_module, _telemetry
+from monarch.actor import _logging, _main_module
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.actor import check_actor_class
 from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
@@ -128,6 +128,7 @@ from monarch.actor._context import (
     _set_context,
     set_root_context,
 )
+from monarch.actor._runtime import telemetry as _telemetry
 from monarch.actor._runtime.liveness import Lease
 from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
