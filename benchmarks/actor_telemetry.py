@@ -49,7 +49,8 @@ from benchmarks._common import (  # noqa: E402
     run_mode,
     write_json,
 )
-from monarch.actor import Actor, _local_proc_mesh, _telemetry, endpoint  # noqa: E402
+from monarch.actor import Actor, _local_proc_mesh, endpoint  # noqa: E402
+from monarch.actor._runtime import telemetry as _telemetry  # noqa: E402
 
 HOOKS_PER_ROUND_TRIP = 8
 

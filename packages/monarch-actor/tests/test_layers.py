@@ -36,6 +36,15 @@ MOVED = {
     "_lane_proto": "_transport.lane_proto",
     "_lane": "_transport.lane",
     "_shm": "_transport.shm",
+    "_uid": "_base.uid",
+    "_liveness": "_runtime.liveness",
+    "_watchdog": "_runtime.watchdog",
+    "_returns_future": "_runtime.returns_future",
+    "_enable_transport": "_runtime.enable_transport",
+    "_adverbs": "_mesh.adverbs",
+    "_accumulator": "_mesh.accumulator",
+    "_logging_option": "_mesh.logging_option",
+    "_telemetry": "_runtime.telemetry",
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -48,21 +57,27 @@ SEAM_NAMES = (
     "UndeliverableCallback",
 )
 
+#: ``monarch.actor._mesh`` was the meshes module; the package took its path and re-exports the
+#: names that module exported and those other modules imported from it.
+MESH_NAMES = (
+    "READY_TIMEOUT",
+    "ActorMesh",
+    "ProcMesh",
+    "_ProcMeshState",
+    "_adopt",
+    "_forget",
+    "_spawn_system_actor",
+    "local_proc_mesh",
+    "set_host_resolver",
+    "this_proc",
+    "wait_ready",
+)
+
 #: Flat modules still waiting to move, and the layer each is planned for.
 PENDING = {
-    "_uid": "_base",
     "_context": "_runtime",
     "_port": "_runtime",
-    "_telemetry": "_runtime",
     "_logging": "_runtime",
-    "_liveness": "_runtime",
-    "_watchdog": "_runtime",
-    "_returns_future": "_runtime",
-    "_enable_transport": "_runtime",
-    "_adverbs": "_mesh",
-    "_mesh": "_mesh",
-    "_accumulator": "_mesh",
-    "_logging_option": "_mesh",
     "_host": "_hosts",
     "_host_agent": "_hosts",
     "_attach": "_hosts",
@@ -203,13 +218,18 @@ def test_old_paths_are_the_moved_modules() -> None:
     assert sorted(package.__all__) == sorted(seam.__all__) == sorted(SEAM_NAMES)
     for name in SEAM_NAMES:
         assert getattr(package, name) is getattr(seam, name)
+    package = importlib.import_module("monarch.actor._mesh")
+    meshes = importlib.import_module("monarch.actor._mesh.meshes")
+    assert set(meshes.__all__) <= set(package.__all__) <= set(MESH_NAMES)
+    for name in MESH_NAMES:
+        assert getattr(package, name) is getattr(meshes, name)
 
 
 def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
     """``_context`` (planned for ``_runtime``) reaches the client and ``this_proc`` through hooks
     that ``_runtime`` and ``_mesh`` set when ``monarch.actor`` is imported."""
     context = importlib.import_module("monarch.actor._context")
-    mesh = importlib.import_module("monarch.actor._mesh")
+    mesh = importlib.import_module("monarch.actor._mesh.meshes")
     assert context._proc_resolver is mesh.this_proc
     assert context._root_context is not None
     assert str(context.context().actor_instance) == "<root>"
@@ -219,7 +239,7 @@ def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
     """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
     through hooks that ``_host`` sets at import (H3, H4)."""
     runtime = importlib.import_module("monarch.actor._runtime.proc")
-    mesh = importlib.import_module("monarch.actor._mesh")
+    mesh = importlib.import_module("monarch.actor._mesh.meshes")
     host = importlib.import_module("monarch.actor._host")
     assert runtime._node_layer_factory is host.ClientNodeLayer
     assert isinstance(runtime.client().node_layer, host.ClientNodeLayer)

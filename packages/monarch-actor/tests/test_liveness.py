@@ -1,4 +1,5 @@
-"""The liveness state machines (``_liveness``): time is passed in, so every case is exact."""
+"""The liveness state machines (``_runtime.liveness``): time is passed in, so every case is
+exact."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monarch.actor._liveness import PINGS_PER_TIMEOUT, HeartbeatMonitor, Lease
+from monarch.actor._runtime.liveness import PINGS_PER_TIMEOUT, HeartbeatMonitor, Lease
 
 T = 4.0
 INTERVAL = T / PINGS_PER_TIMEOUT

@@ -30,11 +30,11 @@ from monarch.actor import (
     BootstrapCommand,
     Point,
     ProcMesh,
-    _mesh,
     default_bootstrap_cmd,
     this_host,
 )
 from monarch.actor._host import LocalWorkerGroup
+from monarch.actor._mesh import meshes
 from monarch.actor._worker import WORKER_ARGV_ENV, _argv_from_environment
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import spawn_options_actors by name
@@ -173,7 +173,7 @@ def test_calls_made_before_the_workers_are_up_wait_for_them(
     stopped.append(procs)
     probe: Any = procs.spawn("probe", Probe)
     waits: list[bool] = []
-    wait_ready = _mesh.wait_ready
+    wait_ready = meshes.wait_ready
 
     def open_gate_then_wait(ready: Any) -> Any:
         # the call below is waiting for the processes, which are held in their bootstrap
@@ -182,7 +182,7 @@ def test_calls_made_before_the_workers_are_up_wait_for_them(
         gate.touch()
         return wait_ready(ready)
 
-    monkeypatch.setattr(_mesh, "wait_ready", open_gate_then_wait)
+    monkeypatch.setattr(meshes, "wait_ready", open_gate_then_wait)
     # The call waits (bounded) until the processes are up and the actor exists.
     assert probe.env.call_one("M1_BOOTSTRAP").get(timeout=T) == "released"
     assert waits[:1] == [False]  # it did wait, for processes not up yet

@@ -35,8 +35,10 @@ from monarch.actor import (
     supervision_events,
     traced,
 )
-from monarch.actor import _telemetry as tm
 from monarch.actor._base.errors import ErrorCategory, FailureEvent
+from monarch.actor._runtime import telemetry as tm
+from monarch.actor._runtime.telemetry import metrics as tm_metrics
+from monarch.actor._runtime.telemetry import tracing as tm_tracing
 
 Procs = Callable[..., ProcMesh]
 T = 5.0
@@ -476,6 +478,22 @@ def test_enable_sets_the_environment_for_workers(monkeypatch: pytest.MonkeyPatch
     try:
         tm.enable_telemetry(metrics=False, tracing=True)
         assert os.environ["MONARCH_TELEMETRY"] == "tracing"
+    finally:
+        tm.disable_telemetry()
+
+
+def test_every_copy_of_the_switches_follows_enable_telemetry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runtime reads ``ACTIVE``/``TRACING`` on the package, the hooks read ``METRICS`` in
+    ``metrics`` and ``TRACING`` in ``tracing``: ``enable_telemetry`` sets them all."""
+    monkeypatch.delenv("MONARCH_TELEMETRY", raising=False)
+    try:
+        for metrics, tracing in ((True, False), (False, True), (True, True), (False, False)):
+            tm.enable_telemetry(metrics=metrics, tracing=tracing)
+            assert (tm.METRICS, tm.TRACING, tm.ACTIVE) == (metrics, tracing, metrics or tracing)
+            assert (tm_metrics.METRICS, tm_tracing.TRACING) == (metrics, tracing)
+            assert tm.telemetry_state() == {"metrics": metrics, "tracing": tracing, "otel": False}
     finally:
         tm.disable_telemetry()
 

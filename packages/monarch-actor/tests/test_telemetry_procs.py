@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from monarch.actor import _telemetry as tm
 from monarch.actor import span, this_host
+from monarch.actor._runtime import telemetry as tm
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import telemetry_actors by name
 from telemetry_actors import Probe

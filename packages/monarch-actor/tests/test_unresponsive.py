@@ -1,10 +1,10 @@
 """A worker process that stops answering (here: ``SIGSTOP``) is declared dead and fenced.
 
 Real worker processes, with direct lanes and with ``force_quic``: the client's heartbeats
-(``_watchdog``) go unanswered for ``supervision_watchdog_timeout`` seconds, the caller gets a
-``SupervisionError`` and the owner's ``__supervise__`` the event, as for a killed process; once
-the process runs again (``SIGCONT``) its lease has run out, so it sends nothing (its late reply
-never leaves) and exits with status 4 instead of rejoining.
+(``_runtime.watchdog``) go unanswered for ``supervision_watchdog_timeout`` seconds, the caller
+gets a ``SupervisionError`` and the owner's ``__supervise__`` the event, as for a killed
+process; once the process runs again (``SIGCONT``) its lease has run out, so it sends nothing
+(its late reply never leaves) and exits with status 4 instead of rejoining.
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ joined under the client's node.
 
 from __future__ import annotations
 
-from monarch.actor import _mesh, config
-from monarch.actor._accumulator import Accumulator
-from monarch.actor._adverbs import Endpoint, as_endpoint, send
+from monarch.actor import config
 from monarch.actor._attach import (
     attach_to_workers,
     run_worker_loop_forever,
@@ -34,6 +32,7 @@ from monarch.actor._base.errors import (
 from monarch.actor._base.future import Future
 from monarch.actor._base.ids import ActorId, ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Point, Region, Shape, Slice
+from monarch.actor._base.uid import Uid
 from monarch.actor._base.value_mesh import ValueMesh
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
@@ -46,13 +45,16 @@ from monarch.actor._context import (
     current_rank,
     current_size,
 )
-from monarch.actor._enable_transport import ChannelTransport, enable_transport
 from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
 from monarch.actor._host_agent import get_or_spawn_controller
-from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
+from monarch.actor._mesh import meshes as _meshes
+from monarch.actor._mesh.accumulator import Accumulator
+from monarch.actor._mesh.adverbs import Endpoint, as_endpoint, send
+from monarch.actor._mesh.meshes import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
-from monarch.actor._returns_future import returns_future
-from monarch.actor._telemetry import (
+from monarch.actor._runtime.enable_transport import ChannelTransport, enable_transport
+from monarch.actor._runtime.returns_future import returns_future
+from monarch.actor._runtime.telemetry import (
     ChainLink,
     SupervisionRecord,
     add_supervision_listener,
@@ -66,7 +68,6 @@ from monarch.actor._telemetry import (
     supervision_events,
     traced,
 )
-from monarch.actor._uid import Uid
 
 __all__ = [
     "Accumulator",
@@ -189,4 +190,4 @@ del _public
 
 #: In-process simulated processes (``_local_proc_mesh(per_host={"gpus": 2})``) until the Node
 #: process layer provides ``this_host().spawn_procs``. Private: no stability promise.
-_local_proc_mesh = _mesh.local_proc_mesh
+_local_proc_mesh = _meshes.local_proc_mesh

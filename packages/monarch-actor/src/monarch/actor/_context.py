@@ -23,7 +23,7 @@ from monarch.actor._base.ids import ActorId, ProcId
 from monarch.actor._base.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from monarch.actor._mesh import ProcMesh
+    from monarch.actor._mesh.meshes import ProcMesh
     from monarch.actor._runtime.proc import CellBase
 
 __all__ = [

@@ -55,7 +55,13 @@ from monarch.actor._base.future import Future
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, Shape
 from monarch.actor._context import _current, _reset_context, _set_context, context
-from monarch.actor._mesh import ActorMesh, ProcMesh, _ProcMeshState, _spawn_system_actor, this_proc
+from monarch.actor._mesh.meshes import (
+    ActorMesh,
+    ProcMesh,
+    _ProcMeshState,
+    _spawn_system_actor,
+    this_proc,
+)
 from monarch.actor._port import Port
 from monarch.actor._runtime.proc import client
 

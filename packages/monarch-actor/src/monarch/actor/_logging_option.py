@@ -1,72 +1,9 @@
-"""``ProcMesh.logging_option``: the log level of a mesh's processes, and where their output goes.
+"""Moved to ``monarch.actor._mesh.logging_option``; this old path stays importable for one
+release."""
 
-Why: Monarch programs call ``await procs.logging_option(stream_to_client=True, level=...)``
-after spawning. Here every worker's stdout and stderr already reach the client's terminal (the
-worker's pipe is copied through, ``_host.forward_output``), which is what Monarch does when log
-forwarding streams to the client; so the call's effect is the level: every process of the
-mesh sets its root logger to ``level`` (through a short-lived system actor). As in Monarch,
-``level`` outside 0..255 and ``aggregate_window_sec`` without ``stream_to_client`` raise
-``ValueError``, and ``stream_to_client=True`` without ``enable_log_forwarding`` only warns.
-Output is passed through as written: ``aggregate_window_sec`` is accepted and does not merge
-repeated lines.
-"""
+import sys
 
-from __future__ import annotations
+from monarch.actor._mesh import logging_option as _moved
+from monarch.actor._mesh.logging_option import *  # noqa: F403
 
-import logging
-import uuid
-import warnings
-from typing import TYPE_CHECKING, Any
-
-from monarch.actor._base.actor import Actor
-from monarch.actor._base.endpoint import endpoint
-from monarch.config import _registry as _config
-
-if TYPE_CHECKING:
-    from monarch.actor._mesh import ProcMesh
-
-__all__ = ["LoggingControl", "logging_option"]
-
-
-class LoggingControl(Actor):
-    """System actor: applies a ``logging_option`` in one process."""
-
-    @endpoint
-    def set_level(self, level: int) -> int:
-        logging.getLogger().setLevel(level)
-        return logging.getLogger().getEffectiveLevel()
-
-
-def check_logging_option(
-    stream_to_client: bool, aggregate_window_sec: int | None, level: int
-) -> None:
-    """The reference's checks of ``logging_option`` arguments (``ValueError``/``TypeError``)."""
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"logging level must be an int, got {level!r}")
-    if level < 0 or level > 255:
-        raise ValueError(f"Invalid logging level: {level}")
-    if aggregate_window_sec is not None:
-        if isinstance(aggregate_window_sec, bool) or not isinstance(aggregate_window_sec, int):
-            raise TypeError(f"aggregate_window_sec must be an int, got {aggregate_window_sec!r}")
-        if not stream_to_client:
-            raise ValueError("aggregate_window_sec needs stream_to_client=True")
-    if stream_to_client and not _config.get("enable_log_forwarding"):
-        warnings.warn(
-            "logging_option(stream_to_client=True) has no effect: log forwarding was disabled "
-            "when this ProcMesh was spawned. Call configure(enable_log_forwarding=True) before "
-            "creating the ProcMesh, or set HYPERACTOR_MESH_ENABLE_LOG_FORWARDING=true.",
-            stacklevel=3,
-        )
-
-
-async def logging_option(
-    mesh: ProcMesh, stream_to_client: bool, aggregate_window_sec: int | None, level: int
-) -> None:
-    """Apply ``level`` in every process of ``mesh`` (after the checks); see the module doc."""
-    check_logging_option(stream_to_client, aggregate_window_sec, level)
-    await mesh.initialized
-    control: Any = mesh.spawn(f"logging_option_{uuid.uuid4().hex[:8]}", LoggingControl)
-    try:
-        await control.set_level.call(level)
-    finally:
-        await control.stop("logging_option applied")
+sys.modules[__name__] = _moved  # the same module: private names and patches included

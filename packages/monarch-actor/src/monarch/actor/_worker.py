@@ -378,7 +378,8 @@ def forked_main(argv: Sequence[str]) -> int:
     begin as an exec'd one would: runtime configuration only from the environment, no
     metrics or spans recorded by the client, system log lines labelled as its own.
     """
-    from monarch.actor import _logging, _telemetry
+    from monarch.actor import _logging
+    from monarch.actor._runtime import telemetry as _telemetry
     from monarch.config import _registry
 
     _registry.clear_runtime_config()

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Literal
 
 from monarch.actor import Endpoint, Extent, Future, endpoint
-from monarch.actor._adverbs import NotAnEndpoint
 from monarch.actor._base.endpoint import EndpointProperty, Propagator
+from monarch.actor._mesh.adverbs import NotAnEndpoint
 
 __all__ = [
     "Endpoint",

@@ -32,7 +32,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
-    from monarch.actor._adverbs import Endpoint
+    from monarch.actor._mesh.adverbs import Endpoint
     from monarch.actor._port import Port
 
 __all__ = [

@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _logging, _main_module, _telemetry
+from monarch.actor import _logging, _main_module
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.actor import check_actor_class
 from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
@@ -128,13 +128,14 @@ from monarch.actor._context import (
     _set_context,
     set_root_context,
 )
-from monarch.actor._liveness import Lease
+from monarch.actor._runtime import telemetry as _telemetry
+from monarch.actor._runtime.liveness import Lease
 from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
     from monarch.actor._host import ClientNodeLayer, HostMesh
-    from monarch.actor._mesh import ProcMesh
+    from monarch.actor._mesh.meshes import ProcMesh
 
 __all__ = [
     "FLUSH_ENDPOINT",
@@ -2267,7 +2268,7 @@ class _Client:
         self.root = RootCell(self.runtime)
         self.runtime.root = self.root
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
-        from monarch.actor._mesh import ProcMesh
+        from monarch.actor._mesh.meshes import ProcMesh
 
         self.root.instance.proc_mesh = ProcMesh(
             [self.runtime.proc_id], Shape.unity(), owned=False, name="client"

@@ -34,8 +34,6 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast
 
-from monarch.actor import _logging_option
-from monarch.actor._adverbs import Endpoint, NotAnEndpoint
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.actor import check_actor_class
 from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
@@ -44,6 +42,8 @@ from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
 from monarch.actor._context import CreatorInfo, _current, set_proc_resolver
+from monarch.actor._mesh import logging_option as _logging_option
+from monarch.actor._mesh.adverbs import Endpoint, NotAnEndpoint
 from monarch.actor._runtime.proc import (
     CellBase,
     GatherSink,
@@ -375,9 +375,9 @@ class ProcMesh(MeshTrait):
         aggregate_window_sec: int | None = None,
         level: int = logging.INFO,
     ) -> None:
-        """Set the logging level of every process of this mesh (``level``, 0..255); see
-        ``_logging_option`` for what ``stream_to_client`` and ``aggregate_window_sec`` mean
-        here. ``ValueError`` for a bad level or a window without streaming."""
+        """Set the logging level of every process of this mesh (``level``, 0..255); the module
+        ``_mesh.logging_option`` says what ``stream_to_client`` and ``aggregate_window_sec``
+        mean here. ``ValueError`` for a bad level or a window without streaming."""
         await _logging_option.logging_option(self, stream_to_client, aggregate_window_sec, level)
 
     def spawn(self, name: str, actor_class: type[T], *args: Any, **kwargs: Any) -> T:

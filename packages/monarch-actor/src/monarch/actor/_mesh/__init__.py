@@ -1,0 +1,35 @@
+"""The ``_mesh`` layer: the user's mesh API.
+
+``adverbs`` (``Endpoint``: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``,
+``send``), ``meshes`` (``ProcMesh``, ``ActorMesh``, ``this_proc``, ``local_proc_mesh``),
+``accumulator`` (``Accumulator``) and ``logging_option`` (``ProcMesh.logging_option``).
+
+This package took the old module path ``monarch.actor._mesh``: the names that module exported,
+and the private ones other modules imported from it, are re-exported here for one release. Code
+inside ``monarch.actor`` imports the module that defines a name; module state (the host
+resolver of hook H4) and monkeypatches live in ``meshes``, not here.
+"""
+
+from monarch.actor._mesh.meshes import (
+    READY_TIMEOUT,
+    ActorMesh,
+    ProcMesh,
+    local_proc_mesh,
+    set_host_resolver,
+    this_proc,
+    wait_ready,
+)
+from monarch.actor._mesh.meshes import _adopt as _adopt
+from monarch.actor._mesh.meshes import _forget as _forget
+from monarch.actor._mesh.meshes import _ProcMeshState as _ProcMeshState
+from monarch.actor._mesh.meshes import _spawn_system_actor as _spawn_system_actor
+
+__all__ = [
+    "READY_TIMEOUT",
+    "ActorMesh",
+    "ProcMesh",
+    "local_proc_mesh",
+    "set_host_resolver",
+    "this_proc",
+    "wait_ready",
+]

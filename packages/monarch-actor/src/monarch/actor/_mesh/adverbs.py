@@ -1,0 +1,244 @@
+"""Endpoint adverbs: how a message is sent to a mesh and how its replies come back.
+
+Why: Monarch builds every adverb from one primitive, "send these arguments to these ranks and
+reply (or not) to this port". Here each adverb validates the arguments against the endpoint's
+signature on the caller side (``TypeError`` before anything is sent), pickles them once, opens
+the reply port with the right collector, and sends one envelope per rank in rank order:
+
+=============  =========================  ==================================================
+adverb         returns                    reply collection
+=============  =========================  ==================================================
+``call``       ``Future[ValueMesh[R]]``   one reply per rank; the lowest failing rank's error
+``call_one``   ``Future[R]``              mesh must have exactly one rank (``ValueError``)
+``choose``     ``Future[R]``              one rank, chosen round-robin
+``stream``     iterator of ``Future[R]``  the k-th future gets the k-th arriving reply
+``broadcast``  ``None``                   no reply port: a raise kills the actor
+=============  =========================  ==================================================
+
+The request leaves when the adverb is called; futures only govern waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, ParamSpec, TypeVar
+
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.endpoint import EndpointProperty
+from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo, MessageKind
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._base.value_mesh import ValueMesh, _value_mesh_over
+from monarch.actor._runtime.proc import (
+    GatherSink,
+    OneSink,
+    Reply,
+    StreamSink,
+    current_sender,
+    decode_reply,
+)
+
+if TYPE_CHECKING:
+    from monarch.actor._base.shape import Extent
+    from monarch.actor._mesh.meshes import ActorMesh
+    from monarch.actor._port import Port
+
+__all__ = ["Endpoint", "NotAnEndpoint", "as_endpoint", "send"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _gathered(extent: Extent) -> Callable[[list[Reply]], ValueMesh[Any]]:
+    def decode(replies: list[Reply]) -> ValueMesh[Any]:
+        ordered = sorted(replies, key=lambda r: r.rank)
+        for reply in ordered:
+            if not reply.ok:
+                decode_reply(reply)  # raises the lowest-ranked failure
+        return _value_mesh_over(extent, [decode_reply(r) for r in ordered])
+
+    return decode
+
+
+class Endpoint(Generic[P, R]):
+    """An endpoint of an actor mesh, with the adverbs as methods (see the module docstring)."""
+
+    __slots__ = ("_explicit", "_mesh", "_name", "_prop")
+
+    def __init__(
+        self,
+        mesh: ActorMesh[Any],
+        name: str,
+        prop: EndpointProperty[P, R] | None,
+        *,
+        explicit: bool = False,
+    ) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._prop = prop
+        self._explicit = explicit if prop is None else prop._user_port
+
+    @property
+    def name(self) -> str:
+        """The endpoint's method name."""
+        return self._name
+
+    def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _codec.Payload:
+        if self._prop is not None:
+            self._prop.bind_check(args, kwargs)
+        return _codec.encode((args, kwargs))
+
+    def _post_all(
+        self,
+        payload: _codec.Payload,
+        targets: list[tuple[ActorAddr, CastInfo]],
+        reply_port: Any,
+    ) -> None:
+        runtime, sender = current_sender()
+        flags = FLAG_EXPLICIT_PORT if self._explicit and self._prop is None else 0
+        for addr, cast in targets:
+            runtime.post(
+                sender,
+                MessageKind.CALL,
+                addr,
+                endpoint=self._name,
+                reply_port=reply_port,
+                cast=cast,
+                payload=payload,
+                flags=flags,
+            )
+
+    def _open(self, sink: Any) -> Any:
+        runtime, sender = current_sender()
+        return runtime, runtime.open_port(sender, sink)
+
+    def _send_with(
+        self, payload: _codec.Payload, targets: list[tuple[ActorAddr, CastInfo]], sink: Any
+    ) -> None:
+        runtime, port = self._open(sink)
+        try:
+            self._post_all(payload, targets, port)
+        except BaseException:
+            runtime.close_port(port.index)
+            raise
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
+        """Send to every rank; the future holds a ``ValueMesh`` of the replies."""
+        payload = self._encode(args, kwargs)
+        targets = self._mesh._targets()
+        cell: _Cell[list[Reply]] = _Cell()
+        if targets:
+            self._send_with(payload, targets, GatherSink(len(targets), cell))
+        else:
+            cell.set_result([])
+        return Future._create(cell, _gathered(self._mesh.extent))
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call a mesh of exactly one rank (``ValueError`` otherwise, before binding)."""
+        size = len(self._mesh)
+        if size != 1:
+            raise ValueError(f"call_one requires exactly 1 actor, but mesh has {size}")
+        payload = self._encode(args, kwargs)
+        cell: _Cell[Reply] = _Cell()
+        self._send_with(payload, self._mesh._targets(), OneSink(cell))
+        return Future._create(cell, decode_reply)
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Send to one rank chosen by the runtime (round-robin) and return its reply."""
+        payload = self._encode(args, kwargs)
+        targets = self._mesh._targets()
+        if not targets:
+            raise ValueError("choose needs a mesh with at least one rank")
+        target = targets[next(self._mesh._chooser) % len(targets)]
+        cell: _Cell[Reply] = _Cell()
+        self._send_with(payload, [target], OneSink(cell))
+        return Future._create(cell, decode_reply)
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
+        """Send to every rank now; yield one future per rank, in reply-arrival order."""
+        payload = self._encode(args, kwargs)
+        targets = self._mesh._targets()
+        cells: list[_Cell[Reply]] = [_Cell() for _ in targets]
+        if targets:
+            self._send_with(payload, targets, StreamSink(cells))
+        return iter([Future._create(cell, decode_reply) for cell in cells])
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Send to every rank without a reply port (fire and forget, still FIFO)."""
+        payload = self._encode(args, kwargs)
+        self._post_all(payload, self._mesh._targets(), None)
+
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
+        """Tensor-engine only; not part of monarch-actor."""
+        raise NotImplementedError(
+            "rref() needs the Monarch tensor engine, which monarch-actor does not provide"
+        )
+
+    def _send(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        port: Port[Any] | None,
+        selection: Literal["all", "choose"],
+    ) -> None:
+        payload = self._encode(args, kwargs)
+        targets = self._mesh._targets()
+        if selection == "choose":
+            if not targets:
+                raise ValueError("choose needs a mesh with at least one rank")
+            targets = [targets[next(self._mesh._chooser) % len(targets)]]
+        elif selection != "all":
+            raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
+        self._post_all(payload, targets, port.addr if port is not None else None)
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._name} of {self._mesh!r}>"
+
+
+class NotAnEndpoint:
+    """What a mesh returns for a method that is not decorated with ``@endpoint``."""
+
+    __slots__ = ("_mesh", "_name")
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
+        raise RuntimeError(
+            f"Actor method {self._name!r} is not an endpoint: decorate it with @endpoint or "
+            f"wrap it with as_endpoint(mesh.{self._name})"
+        )
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise RuntimeError(
+            f"Actor method {self._name!r} is not an endpoint: decorate it with @endpoint or "
+            f"wrap it with as_endpoint(mesh.{self._name}) before using .{name}"
+        )
+
+
+def as_endpoint(
+    not_an_endpoint: Any,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+) -> Endpoint[Any, Any]:
+    """Turn ``mesh.method`` of an undecorated method into an ``Endpoint``.
+
+    Anything else raises ``ValueError``.
+    """
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("as_endpoint takes an undecorated actor method of a mesh (mesh.method)")
+    return Endpoint(
+        not_an_endpoint._mesh, not_an_endpoint._name, None, explicit=explicit_response_port
+    )
+
+
+def send(
+    endpoint: Endpoint[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    port: Port[Any] | None = None,
+    selection: Literal["all", "choose"] = "all",
+) -> None:
+    """Low-level send: every selected rank replies to ``port`` (or nobody, if ``None``)."""
+    endpoint._send(tuple(args), dict(kwargs), port, selection)

@@ -1,0 +1,192 @@
+"""Metrics, tracing spans and supervision event records of the actor runtime.
+
+Why one package: the Monarch 0.2.0 release notes promise three kinds of observability, and all
+three hang off the same few places in the runtime (a message sent, a message received, an
+endpoint run, an actor failing), so the runtime calls one hook per place, through this package,
+and the modules behind it decide what each hook records:
+
+- ``metrics``: counters and histograms in the built-in registry (``metrics_snapshot()``) and the
+  runtime's own instruments with their hooks (``on_sent``, ``on_received``, ``on_enqueued``,
+  ``on_port_opened``, ``on_port_completed``);
+- ``tracing``: spans (``span(name)``, ``@traced``, one span per endpoint run: ``wrap_endpoint``),
+  the trace context a CALL envelope carries (``outgoing_trace``), ``chrome_trace()``;
+- ``records``: supervision event records (``record_supervision``, ``SupervisionRecord``);
+- ``otel``: the optional OpenTelemetry mirror; ``listeners``: the bounded listener lists.
+
+Switches (module attributes read on the hot path, so a disabled hook costs one attribute load
+and a branch; ``enable_telemetry`` sets them, and the ``MONARCH_TELEMETRY`` environment variable,
+a comma-separated subset of ``metrics,tracing,otel``, sets them at import, which is how worker
+processes inherit them):
+
+- ``METRICS``: the runtime's instruments record (messages sent and received by kind, payload
+  bytes, endpoint latency and errors by category, mailbox depth at enqueue, client-side call
+  latency, supervision events).
+- ``TRACING``: spans are made. The caller's span travels in the CALL envelope (24 bytes: trace
+  id and span id), so the endpoint's span is its child in another process. Finished spans go to
+  a bounded ring (``finished_spans()``) and to listeners.
+- ``otel``: if the optional ``opentelemetry-api`` package is importable, instruments and spans are
+  mirrored to OpenTelemetry (whatever SDK the program configured exports them). Without it the
+  built-in registry is all there is; nothing else is imported (never torch).
+
+``ACTIVE`` is ``METRICS or TRACING``: the runtime calls the hooks only while it is on. The
+switches live here, where the runtime reads them; ``enable_telemetry`` also sets the copies that
+``metrics`` and ``tracing`` read, so set them only through it.
+
+Supervision event records are always on (they are rare). Every store is bounded: the two rings
+(``set_ring_capacity``), the series per instrument (``MAX_SERIES``; later attribute sets share
+one overflow series), the listeners (``MAX_LISTENERS``).
+
+This package took over the old module ``monarch.actor._telemetry`` (kept as an alias for one
+release) and re-exports its names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from monarch.actor._runtime.telemetry import metrics as _metrics
+from monarch.actor._runtime.telemetry import otel as _otel
+from monarch.actor._runtime.telemetry import records as _records
+from monarch.actor._runtime.telemetry import tracing as _tracing
+from monarch.actor._runtime.telemetry.listeners import (
+    DEFAULT_RING_CAPACITY as DEFAULT_RING_CAPACITY,
+)
+from monarch.actor._runtime.telemetry.listeners import MAX_LISTENERS
+from monarch.actor._runtime.telemetry.metrics import BYTES_BOUNDS as BYTES_BOUNDS
+from monarch.actor._runtime.telemetry.metrics import DEPTH_BOUNDS as DEPTH_BOUNDS
+from monarch.actor._runtime.telemetry.metrics import (
+    MAX_SERIES,
+    Counter,
+    Histogram,
+    Meter,
+    MetricPoint,
+    UpDownCounter,
+    get_meter,
+    metrics_snapshot,
+    reset_metrics,
+)
+from monarch.actor._runtime.telemetry.metrics import MAX_TRACKED_PORTS as MAX_TRACKED_PORTS
+from monarch.actor._runtime.telemetry.metrics import SECONDS_BOUNDS as SECONDS_BOUNDS
+from monarch.actor._runtime.telemetry.metrics import on_enqueued as on_enqueued
+from monarch.actor._runtime.telemetry.metrics import on_port_completed as on_port_completed
+from monarch.actor._runtime.telemetry.metrics import on_port_opened as on_port_opened
+from monarch.actor._runtime.telemetry.metrics import on_received as on_received
+from monarch.actor._runtime.telemetry.metrics import on_sent as on_sent
+from monarch.actor._runtime.telemetry.records import (
+    SCHEMA_VERSION,
+    ChainLink,
+    SupervisionRecord,
+    add_supervision_listener,
+    supervision_events,
+)
+from monarch.actor._runtime.telemetry.records import (
+    iter_supervision_events as iter_supervision_events,
+)
+from monarch.actor._runtime.telemetry.records import record_supervision as record_supervision
+from monarch.actor._runtime.telemetry.tracing import (
+    Span,
+    add_span_listener,
+    chrome_trace,
+    finished_spans,
+    span,
+    traced,
+)
+from monarch.actor._runtime.telemetry.tracing import outgoing_trace as outgoing_trace
+from monarch.actor._runtime.telemetry.tracing import wrap_endpoint as wrap_endpoint
+
+__all__ = [
+    "MAX_LISTENERS",
+    "MAX_SERIES",
+    "SCHEMA_VERSION",
+    "ChainLink",
+    "Counter",
+    "Histogram",
+    "Meter",
+    "MetricPoint",
+    "Span",
+    "SupervisionRecord",
+    "UpDownCounter",
+    "add_span_listener",
+    "add_supervision_listener",
+    "chrome_trace",
+    "disable_telemetry",
+    "enable_telemetry",
+    "finished_spans",
+    "get_meter",
+    "metrics_snapshot",
+    "reset_metrics",
+    "set_ring_capacity",
+    "span",
+    "supervision_events",
+    "telemetry_state",
+    "traced",
+]
+
+_log = logging.getLogger("monarch.actor.telemetry")
+
+# Hot-path switches (see the module docstring). ``ACTIVE`` is ``METRICS or TRACING``.
+METRICS = False
+TRACING = False
+ACTIVE = False
+
+
+def enable_telemetry(metrics: bool = True, tracing: bool = True, otel: bool = False) -> None:
+    """Turn metrics and tracing on or off in this process (worker processes read
+    ``MONARCH_TELEMETRY``, which this also sets so that workers spawned later inherit it).
+
+    ``otel=True`` mirrors instruments and spans to OpenTelemetry; it needs the optional
+    ``opentelemetry-api`` package (``ImportError`` otherwise).
+    """
+    global METRICS, TRACING, ACTIVE
+    if otel:
+        _otel.load()
+    else:
+        _otel.unload()
+    _metrics.set_mirrored(otel)
+    METRICS, TRACING = bool(metrics), bool(tracing)
+    _metrics.set_enabled(METRICS)
+    _tracing.set_enabled(TRACING)
+    ACTIVE = METRICS or TRACING
+    parts = [n for n, on in (("metrics", METRICS), ("tracing", TRACING), ("otel", otel)) if on]
+    if ACTIVE:
+        os.environ["MONARCH_TELEMETRY"] = ",".join(parts)
+    else:
+        os.environ.pop("MONARCH_TELEMETRY", None)
+
+
+def disable_telemetry() -> None:
+    """Turn metrics, tracing and the OpenTelemetry mirror off."""
+    enable_telemetry(metrics=False, tracing=False, otel=False)
+
+
+def telemetry_state() -> dict[str, bool]:
+    """Which switches are on: ``{"metrics": ..., "tracing": ..., "otel": ...}``."""
+    return {"metrics": METRICS, "tracing": TRACING, "otel": _otel.enabled()}
+
+
+def set_ring_capacity(capacity: int) -> None:
+    """Resize the supervision-record and finished-span rings (keeps the newest entries)."""
+    if capacity < 1:
+        raise ValueError("ring capacity must be at least 1")
+    _records.resize(capacity)
+    _tracing.resize(capacity)
+
+
+def _from_environment() -> None:
+    raw = os.environ.get("MONARCH_TELEMETRY", "")
+    parts = {p.strip().lower() for p in raw.split(",") if p.strip()}
+    unknown = parts - {"metrics", "tracing", "otel"}
+    if unknown:
+        _log.warning("MONARCH_TELEMETRY: unknown parts %s ignored", sorted(unknown))
+    if not parts & {"metrics", "tracing"}:
+        return
+    otel = "otel" in parts
+    try:
+        enable_telemetry("metrics" in parts, "tracing" in parts, otel)
+    except ImportError:
+        _log.warning("MONARCH_TELEMETRY asks for otel but opentelemetry-api is not installed")
+        enable_telemetry("metrics" in parts, "tracing" in parts, False)
+
+
+_from_environment()

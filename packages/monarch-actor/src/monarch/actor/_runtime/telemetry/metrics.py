@@ -1,0 +1,455 @@
+"""Metrics: a small registry with OpenTelemetry's instrument API, and the runtime's own.
+
+``get_meter(name).create_counter`` / ``create_up_down_counter`` / ``create_histogram`` make
+process-wide instruments (one per name); ``add`` / ``record`` take attributes, and each
+distinct attribute set is a series (``MAX_SERIES`` per instrument; later sets share one overflow
+series). ``metrics_snapshot()`` reads every series, ``reset_metrics()`` clears them.
+
+The runtime's instruments (messages sent and received by kind, payload bytes, endpoint latency
+and errors by category, mailbox depth at enqueue, client-side call latency, supervision events)
+are fed by the hooks at the end of this module, which the runtime calls only while telemetry is
+on (``telemetry.ACTIVE``); each records only while ``METRICS`` is on (``enable_telemetry``).
+While the OpenTelemetry mirror is on, every instrument also feeds its twin (``otel``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from monarch.actor._base.errors import error_category
+from monarch.actor._runtime.telemetry import otel as _otel
+
+if TYPE_CHECKING:
+    from monarch.actor._base.envelope import Envelope
+
+__all__ = [
+    "BYTES_BOUNDS",
+    "DEPTH_BOUNDS",
+    "MAX_SERIES",
+    "MAX_TRACKED_PORTS",
+    "SECONDS_BOUNDS",
+    "Counter",
+    "Histogram",
+    "Meter",
+    "MetricPoint",
+    "UpDownCounter",
+    "get_meter",
+    "metrics_snapshot",
+    "on_enqueued",
+    "on_port_completed",
+    "on_port_opened",
+    "on_received",
+    "on_sent",
+    "on_supervision",
+    "record_endpoint",
+    "reset_metrics",
+    "set_enabled",
+    "set_mirrored",
+]
+
+#: Distinct attribute sets per instrument; later ones are counted in one overflow series.
+MAX_SERIES: Final = 1024
+_OVERFLOW: Final = (("otel.metric.overflow", "true"),)
+
+#: Whether the runtime's hooks record (set by ``enable_telemetry`` through ``set_enabled``).
+METRICS = False
+
+Attributes = Mapping[str, str | int | float | bool] | None
+_Key = tuple[tuple[str, str], ...]
+
+
+def _key(attributes: Attributes) -> _Key:
+    if not attributes:
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in attributes.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One series of one instrument at snapshot time.
+
+    Counters and up-down counters fill ``value``; histograms fill ``count``, ``sum``, ``min``,
+    ``max`` and ``buckets`` (``(upper_bound, count)`` pairs, the last bound ``inf``).
+    """
+
+    name: str
+    kind: str
+    unit: str
+    attributes: Mapping[str, str]
+    value: float = 0.0
+    count: int = 0
+    sum: float = 0.0
+    min: float = 0.0
+    max: float = 0.0
+    buckets: tuple[tuple[float, int], ...] = ()
+
+
+class _Instrument:
+    kind = "instrument"
+
+    def __init__(self, name: str, unit: str = "", description: str = "") -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self._lock = threading.Lock()
+        self._otel: Any = None
+
+
+class _Sum(_Instrument):
+    _monotonic = True
+
+    def __init__(self, name: str, unit: str = "", description: str = "") -> None:
+        super().__init__(name, unit, description)
+        self._values: dict[_Key, float] = {}
+
+    def add(self, amount: float, attributes: Attributes = None) -> None:
+        """Add ``amount`` to the series named by ``attributes``."""
+        if self._monotonic and amount < 0:
+            raise ValueError(f"counter {self.name!r} cannot decrease (got {amount!r})")
+        self._add_key(amount, _key(attributes))
+
+    def _add_key(self, amount: float, key: _Key) -> None:
+        with self._lock:
+            if key not in self._values and len(self._values) >= MAX_SERIES:
+                key = _OVERFLOW
+            self._values[key] = self._values.get(key, 0) + amount
+        if self._otel is not None:
+            self._otel.add(amount, dict(key))
+
+    def _points(self) -> list[MetricPoint]:
+        with self._lock:
+            items = list(self._values.items())
+        return [
+            MetricPoint(self.name, self.kind, self.unit, dict(k), value=float(v)) for k, v in items
+        ]
+
+    def _reset(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+class Counter(_Sum):
+    """A monotonic sum (``add`` with a negative amount raises ``ValueError``)."""
+
+    kind = "counter"
+
+
+class UpDownCounter(_Sum):
+    """A sum that may go down (``add(-1)``)."""
+
+    kind = "up_down_counter"
+    _monotonic = False
+
+
+class _HistogramSeries:
+    __slots__ = ("count", "counts", "max", "min", "sum")
+
+    def __init__(self, nbuckets: int) -> None:
+        self.count = 0
+        self.sum = 0.0
+        self.min = float("inf")
+        self.max = float("-inf")
+        self.counts = [0] * nbuckets
+
+
+#: Default histogram bounds: powers of two from 1 us to about 67 s (latencies in seconds).
+SECONDS_BOUNDS: Final = tuple(1e-6 * 2**i for i in range(27))
+#: Byte-size bounds: powers of four from 64 B to 16 GiB.
+BYTES_BOUNDS: Final = tuple(float(64 * 4**i) for i in range(15))
+#: Depth bounds (mailbox lengths): 0, 1, then powers of two up to 2**20.
+DEPTH_BOUNDS: Final = (0.0, *(float(2**i) for i in range(21)))
+
+
+class Histogram(_Instrument):
+    """A distribution: count, sum, min, max and bucket counts per series.
+
+    ``explicit_bucket_boundaries_advisory`` (OpenTelemetry's name) gives the bucket upper bounds
+    (sorted, at most 64); the default suits latencies in seconds.
+    """
+
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> None:
+        super().__init__(name, unit, description)
+        bounds = tuple(
+            float(b)
+            for b in (
+                SECONDS_BOUNDS
+                if explicit_bucket_boundaries_advisory is None
+                else explicit_bucket_boundaries_advisory
+            )
+        )
+        if list(bounds) != sorted(bounds) or len(bounds) > 64:
+            raise ValueError("histogram bounds must be sorted and at most 64")
+        self.bounds = bounds
+        self._series: dict[_Key, _HistogramSeries] = {}
+
+    def record(self, amount: float, attributes: Attributes = None) -> None:
+        """Record one observation in the series named by ``attributes``."""
+        self._record_key(amount, _key(attributes))
+
+    def _record_key(self, amount: float, key: _Key) -> None:
+        index = bisect.bisect_left(self.bounds, amount)
+        with self._lock:
+            series = self._series.get(key)
+            if series is None and len(self._series) >= MAX_SERIES:
+                key = _OVERFLOW
+                series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = _HistogramSeries(len(self.bounds) + 1)
+            series.count += 1
+            series.sum += amount
+            if amount < series.min:
+                series.min = amount
+            if amount > series.max:
+                series.max = amount
+            series.counts[index] += 1
+        if self._otel is not None:
+            self._otel.record(amount, dict(key))
+
+    def _points(self) -> list[MetricPoint]:
+        upper = (*self.bounds, float("inf"))
+        out = []
+        with self._lock:
+            for key, s in self._series.items():
+                out.append(
+                    MetricPoint(
+                        self.name,
+                        self.kind,
+                        self.unit,
+                        dict(key),
+                        count=s.count,
+                        sum=s.sum,
+                        min=s.min,
+                        max=s.max,
+                        buckets=tuple(zip(upper, s.counts, strict=True)),
+                    )
+                )
+        return out
+
+    def _reset(self) -> None:
+        with self._lock:
+            self._series.clear()
+
+
+_instruments: dict[str, _Instrument] = {}
+_instruments_lock = threading.Lock()
+_meters: dict[str, Meter] = {}
+
+_I = TypeVar("_I", bound=_Instrument)
+
+
+def _register(instrument: _I) -> _I:
+    """Return the registered instrument of that name (creating it once)."""
+    with _instruments_lock:
+        existing = _instruments.get(instrument.name)
+        if existing is not None:
+            if type(existing) is not type(instrument):
+                raise ValueError(
+                    f"instrument {instrument.name!r} already exists as a {existing.kind}"
+                )
+            return existing
+        if len(_instruments) >= MAX_SERIES:
+            raise ValueError(f"too many instruments (limit {MAX_SERIES})")
+        _instruments[instrument.name] = instrument
+        _mirror(instrument)
+        return instrument
+
+
+def _mirror(instrument: _Instrument) -> None:
+    instrument._otel = _otel.instrument(
+        instrument.kind, instrument.name, instrument.unit, instrument.description
+    )
+
+
+class Meter:
+    """Creates instruments (OpenTelemetry's ``Meter`` API); same name, same instrument."""
+
+    def __init__(self, name: str, version: str | None = None) -> None:
+        self.name = name
+        self.version = version
+
+    def create_counter(self, name: str, unit: str = "", description: str = "") -> Counter:
+        """A monotonic counter."""
+        return _register(Counter(name, unit, description))
+
+    def create_up_down_counter(
+        self, name: str, unit: str = "", description: str = ""
+    ) -> UpDownCounter:
+        """A counter that may decrease."""
+        return _register(UpDownCounter(name, unit, description))
+
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> Histogram:
+        """A histogram (bounds as in ``Histogram``)."""
+        return _register(Histogram(name, unit, description, explicit_bucket_boundaries_advisory))
+
+
+def get_meter(name: str, version: str | None = None) -> Meter:
+    """The meter called ``name`` (``monarch.actor.get_meter``). Instruments are process-wide:
+    a name means one instrument whichever meter created it."""
+    with _instruments_lock:
+        meter = _meters.get(name)
+        if meter is None:
+            if len(_meters) >= MAX_SERIES:
+                raise ValueError(f"too many meters (limit {MAX_SERIES})")
+            meter = _meters[name] = Meter(name, version)
+        return meter
+
+
+def metrics_snapshot(prefix: str = "") -> dict[str, list[MetricPoint]]:
+    """Every series of every instrument whose name starts with ``prefix``, by name."""
+    with _instruments_lock:
+        instruments = [i for n, i in _instruments.items() if n.startswith(prefix)]
+    out: dict[str, list[MetricPoint]] = {}
+    for instrument in instruments:
+        points = instrument._points()  # type: ignore[attr-defined]
+        if points:
+            out[instrument.name] = points
+    return out
+
+
+def reset_metrics() -> None:
+    """Forget every recorded value (instruments stay registered)."""
+    with _instruments_lock:
+        instruments = list(_instruments.values())
+    for instrument in instruments:
+        instrument._reset()  # type: ignore[attr-defined]
+
+
+def set_mirrored(on: bool) -> None:
+    """Give every registered instrument its OpenTelemetry twin (``on``; the mirror must be
+    loaded) or drop the twins; instruments registered later follow the mirror's state."""
+    with _instruments_lock:
+        instruments = list(_instruments.values())
+    for instrument in instruments:
+        if not on:
+            instrument._otel = None
+        elif instrument._otel is None:
+            _mirror(instrument)
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the runtime's metric hooks on or off (``enable_telemetry`` calls this)."""
+    global METRICS
+    METRICS = bool(on)
+
+
+# The runtime's own instruments.
+_meter = get_meter("monarch.actor")
+_sent = _meter.create_counter("monarch.messages.sent", "{message}", "envelopes sent, by kind")
+_received = _meter.create_counter(
+    "monarch.messages.received", "{message}", "envelopes received, by kind"
+)
+_payload = _meter.create_histogram(
+    "monarch.messages.payload_size",
+    "By",
+    "pickle stream plus out-of-band buffers of each sent envelope, by kind",
+    explicit_bucket_boundaries_advisory=BYTES_BOUNDS,
+)
+_latency = _meter.create_histogram(
+    "monarch.endpoint.latency", "s", "time in the endpoint body (server side), by endpoint"
+)
+_errors = _meter.create_counter(
+    "monarch.endpoint.errors", "{error}", "endpoint bodies that raised, by endpoint and category"
+)
+_depth = _meter.create_histogram(
+    "monarch.mailbox.depth",
+    "{message}",
+    "items already queued in the actor's mailbox when a message is added",
+    explicit_bucket_boundaries_advisory=DEPTH_BOUNDS,
+)
+_call_latency = _meter.create_histogram(
+    "monarch.client.call_latency",
+    "s",
+    "reply port opened to last reply received (client side of call, call_one, choose)",
+)
+_supervision = _meter.create_counter(
+    "monarch.supervision.events", "{event}", "supervision records, by event and category"
+)
+# Series keys of the per-kind series, computed once (kind is a small IntEnum).
+_KIND_KEYS: dict[int, _Key] = {}
+
+
+def _kind_key(kind: int) -> _Key:
+    key = _KIND_KEYS.get(kind)
+    if key is None:
+        key = _KIND_KEYS[kind] = (("kind", getattr(kind, "name", str(kind)).lower()),)
+    return key
+
+
+# -- hooks the runtime calls (only while telemetry is ACTIVE) ---------------------------------
+def on_sent(envelope: Envelope) -> None:
+    """An envelope left this process's runtime (sender thread)."""
+    if METRICS:
+        key = _kind_key(envelope.kind)
+        sizes = envelope.buffer_sizes
+        _sent._add_key(1, key)
+        _payload._record_key(len(envelope.payload) + (sum(sizes) if sizes else 0), key)
+
+
+def on_received(envelope: Envelope) -> None:
+    """An envelope reached this process's runtime (runtime loop thread)."""
+    if METRICS:
+        _received._add_key(1, _kind_key(envelope.kind))
+
+
+def on_enqueued(depth: int) -> None:
+    """A message was added to a mailbox that already held ``depth`` items."""
+    if METRICS:
+        _depth._record_key(depth, ())
+
+
+_opened: collections.OrderedDict[tuple[int, int], float] = collections.OrderedDict()
+_opened_lock = threading.Lock()
+#: Reply ports whose opening time is remembered (ports that never complete are forgotten).
+MAX_TRACKED_PORTS: Final = 65_536
+
+
+def on_port_opened(owner: object, index: int) -> None:
+    """Port ``index`` of process runtime ``owner`` was opened: remember when."""
+    if METRICS:
+        with _opened_lock:
+            _opened[(id(owner), index)] = time.perf_counter()
+            if len(_opened) > MAX_TRACKED_PORTS:
+                _opened.popitem(last=False)
+
+
+def on_port_completed(owner: object, index: int) -> None:
+    """Port ``index`` of ``owner`` received its last reply: record the call latency."""
+    with _opened_lock:
+        opened = _opened.pop((id(owner), index), None)
+    if METRICS and opened is not None:
+        _call_latency._record_key(time.perf_counter() - opened, ())
+
+
+def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
+    """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
+    ``exc`` if it raised: its latency, and its error by category."""
+    _latency.record(time.perf_counter() - started, {"endpoint": endpoint})
+    if exc is not None:
+        _errors.add(1, {"endpoint": endpoint, "category": str(error_category(exc))})
+
+
+def on_supervision(event: str, category: str) -> None:
+    """A supervision record was made (``records``)."""
+    if METRICS:
+        _supervision.add(1, {"event": event, "category": category})

@@ -1,0 +1,169 @@
+"""Supervision event records: every failure, stop, undeliverable message and unhandled fault.
+
+Always on (they are rare): the runtime calls ``record_supervision`` for each, which makes a
+``SupervisionRecord`` (schema below, ``SCHEMA_VERSION``), keeps it in a bounded ring
+(``supervision_events()``), passes it to listeners (``add_supervision_listener``), counts it in
+``metrics`` (while metrics are on) and logs it as one JSON line on the ``monarch.supervision``
+logger at INFO.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import msgspec
+
+from monarch.actor._base.errors import FailureEvent
+from monarch.actor._runtime.telemetry import metrics as _metrics
+from monarch.actor._runtime.telemetry.listeners import DEFAULT_RING_CAPACITY, add_listener
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChainLink",
+    "SupervisionRecord",
+    "add_supervision_listener",
+    "iter_supervision_events",
+    "record_supervision",
+    "resize",
+    "supervision_events",
+]
+
+_log = logging.getLogger("monarch.actor.telemetry")
+_event_log = logging.getLogger("monarch.supervision")
+
+#: Version of the ``SupervisionRecord`` schema; bumped on any incompatible change.
+SCHEMA_VERSION: Final = 1
+
+
+class ChainLink(msgspec.Struct, frozen=True, kw_only=True):
+    """One link of a failure's causal chain (newest first in ``SupervisionRecord.chain``)."""
+
+    actor: str
+    actor_id: str
+    category: str
+    kind: str
+    reason: str
+
+
+class SupervisionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A supervision event as a structured record (schema version ``SCHEMA_VERSION``).
+
+    Fields: ``version``; ``seq`` (per-process sequence number, for incremental reads);
+    ``event`` (``actor_failed``, ``actor_stopped``, ``supervision_received``,
+    ``unhandled_fault``, ``undeliverable``); ``timestamp`` (Unix seconds when recorded);
+    ``proc`` (label of the recording process); ``actor`` (readable creation chain),
+    ``actor_id`` (PID hex / actor path), ``mesh_name``, ``rank``; ``category`` (``user``,
+    ``system``, ``infrastructure``) and ``kind`` (``failed``, ``stopped``, ``unhealthy``,
+    ``undeliverable``) of the event; ``reason``; ``chain`` (the causal chain, newest first,
+    the event itself included); ``root_cause`` (headline of the first triggering event).
+    """
+
+    version: int = SCHEMA_VERSION
+    seq: int
+    event: str
+    timestamp: float
+    proc: str
+    actor: str
+    actor_id: str
+    mesh_name: str
+    rank: int
+    category: str
+    kind: str
+    reason: str
+    chain: tuple[ChainLink, ...]
+    root_cause: str
+
+    @classmethod
+    def from_event(
+        cls, event: str, failure: FailureEvent, proc: str, seq: int, timestamp: float
+    ) -> SupervisionRecord:
+        """The record of ``failure`` observed as ``event`` in process ``proc``."""
+        chain = failure.chain()
+        return cls(
+            seq=seq,
+            event=event,
+            timestamp=timestamp,
+            proc=proc,
+            actor=failure.actor,
+            actor_id=failure.actor_id,
+            mesh_name=failure.mesh_name,
+            rank=failure.rank,
+            category=failure.category,
+            kind=failure.kind,
+            reason=failure.reason,
+            chain=tuple(
+                ChainLink(
+                    actor=e.actor,
+                    actor_id=e.actor_id,
+                    category=e.category,
+                    kind=e.kind,
+                    reason=e.reason,
+                )
+                for e in chain
+            ),
+            root_cause=chain[-1].headline(),
+        )
+
+    def to_json(self) -> str:
+        """The record as one line of JSON (what the ``monarch.supervision`` logger emits)."""
+        return msgspec.json.encode(self).decode()
+
+
+_records: collections.deque[SupervisionRecord] = collections.deque(maxlen=DEFAULT_RING_CAPACITY)
+_records_lock = threading.Lock()
+_record_seq = itertools.count(1)
+_record_listeners: list[Callable[[SupervisionRecord], None]] = []
+
+
+def record_supervision(
+    event: str, failure: FailureEvent, proc: str, now: float | None = None
+) -> SupervisionRecord:
+    """Record ``failure`` as a supervision ``event`` seen in process ``proc`` (runtime hook):
+    ring, listeners, metrics, and one JSON line on the ``monarch.supervision`` logger."""
+    with _records_lock:
+        record = SupervisionRecord.from_event(
+            event, failure, proc, next(_record_seq), time.time() if now is None else now
+        )
+        _records.append(record)
+    _metrics.on_supervision(event, failure.category)
+    if _event_log.isEnabledFor(logging.INFO):
+        _event_log.info(record.to_json())
+    for listener in tuple(_record_listeners):
+        try:
+            listener(record)
+        except Exception:
+            _log.exception("supervision listener %r raised", listener)
+    return record
+
+
+def supervision_events(after: int = 0) -> list[SupervisionRecord]:
+    """Recorded supervision events of this process with ``seq > after``, oldest first (a
+    bounded ring: the oldest are dropped first). Poll with the last ``seq`` seen."""
+    with _records_lock:
+        return [r for r in _records if r.seq > after]
+
+
+def iter_supervision_events(after: int = 0) -> Iterator[SupervisionRecord]:
+    """Iterate over ``supervision_events(after)`` (a snapshot)."""
+    return iter(supervision_events(after))
+
+
+def add_supervision_listener(
+    listener: Callable[[SupervisionRecord], None],
+) -> Callable[[], None]:
+    """Call ``listener(record)`` for every supervision record as it is made (on the thread
+    that records it, a runtime thread: keep it short, never block). Returns a remover."""
+    return add_listener(_record_listeners, listener)
+
+
+def resize(capacity: int) -> None:
+    """Resize the record ring (keeps the newest records; ``set_ring_capacity``)."""
+    global _records
+    with _records_lock:
+        _records = collections.deque(_records, maxlen=capacity)
