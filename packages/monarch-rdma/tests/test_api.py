@@ -19,11 +19,11 @@ from monarch.rdma import (
     RDMAReadTransferWarning,
     RDMATcpFallbackWarning,
     RDMAWriteTransferWarning,
+    _buffer,
     get_rdma_backend,
     is_ibverbs_available,
     is_rdma_available,
 )
-from monarch.rdma import _buffer
 
 pytestmark = pytest.mark.filterwarnings("ignore::monarch.rdma.RDMATcpFallbackWarning")
 T = 30.0
@@ -105,8 +105,8 @@ def test_shapes_sizes_and_types_are_refused_with_value_error() -> None:
     with pytest.raises(ValueError, match="1d contiguous"):
         RDMABuffer(memoryview(memory)[::2])
     with pytest.raises(ValueError, match="1d contiguous"):
-        RDMABuffer(memory)  # type: ignore[arg-type]  # not a memoryview
-    with pytest.raises(ValueError, match="Cannot create RDMABuffer with size 0."):
+        RDMABuffer(memory)  # not a memoryview
+    with pytest.raises(ValueError, match=r"Cannot create RDMABuffer with size 0\."):
         RDMABuffer(memoryview(bytearray()))
     buffer = RDMABuffer(memoryview(memory))
     with pytest.raises(ValueError, match="must be >= RDMA buffer size"):
@@ -144,7 +144,8 @@ def test_memory_of_any_format_counts_in_bytes() -> None:
     buffer.read_into(memoryview(dst).cast("H")).get(timeout=T)
     assert dst == memory
     buffer.write_from(memoryview(bytes([9] * 8))).get(timeout=T)  # read-only sources are fine
-    assert memory[:8] == bytes([9] * 8) and memory[8:] == bytes(range(8, 16))
+    assert memory[:8] == bytes([9] * 8)
+    assert memory[8:] == bytes(range(8, 16))
     buffer.drop().get(timeout=T)
 
 
@@ -152,7 +153,12 @@ def test_the_handle_pickles_without_the_memory_and_still_works() -> None:
     memory = bytearray(b"pickled handle!!")
     buffer = RDMABuffer(memoryview(memory))
     copy = pickle.loads(pickle.dumps(buffer))
-    assert (copy.size(), copy.owner, copy.backend, copy.transport) == (16, buffer.owner, "tcp", "net")
+    assert (copy.size(), copy.owner, copy.backend, copy.transport) == (
+        16,
+        buffer.owner,
+        "tcp",
+        "net",
+    )
     assert b"pickled handle" not in pickle.dumps(buffer)
     dst = bytearray(16)
     copy.read_into(memoryview(dst)).get(timeout=T)

@@ -211,6 +211,14 @@ async def _drop(keys: dict[str, RemoteKey]) -> None:
         await registry.provider(name).deregister(key)
 
 
+def _forget_after_fork() -> None:
+    global _fallback_warned
+    _fallback_warned = False  # once per process: a forked child warns on its own
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _warn_fallback() -> None:
     global _fallback_warned
     with _fallback_lock:
@@ -297,8 +305,8 @@ class RDMAAction:
 
     def submit(self, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
         """Run every queued operation in parallel; the Future resolves when all are done, or
-        fails with the first failure (``TimeoutError`` after ``timeout`` seconds). ``TypeError``
-        for a timeout that is not an int, ``OverflowError`` for one out of range."""
+        fails with the first failure (``RuntimeError`` "timed out" after ``timeout`` seconds).
+        ``TypeError`` for a timeout that is not an int, ``OverflowError`` for one out of range."""
         seconds = validate_timeout(timeout)
         return _submit(list(self._ops), seconds)
 
@@ -330,8 +338,11 @@ async def _submit(ops: list[_Op], timeout: int) -> None:
             timeout,
         )
     except TimeoutError:
-        raise TimeoutError(
-            f"RDMA transfer of {len(ops)} operation(s) not complete within {timeout} s"
+        # A RuntimeError, not TimeoutError: monarch.actor's returns_future reports a
+        # TimeoutError raised by the body as its own ".get(timeout) expired" (with the wrong
+        # number of seconds), so the caller could not tell them apart.
+        raise RuntimeError(
+            f"RDMA transfer of {len(ops)} operation(s) timed out: not complete within {timeout} s"
         ) from None
     errors = [result for result in results if isinstance(result, BaseException)]
     if errors:

@@ -4,8 +4,9 @@ Theory of operation. Registering memory puts a flat byte ``memoryview`` into thi
 process's region table under a random 63-bit number and returns a ``RemoteKey`` that carries
 that number and the process's *manager*: an ``RDMAManager`` actor spawned once per process on
 ``this_proc()`` (from a short-lived thread, so that it belongs to the process and not to the
-actor that happened to register first). The manager runs on its own actor thread, so the
-owner's user actors never take part in a transfer: they may be busy or blocked meanwhile.
+actor that happened to register first; a forked child forgets its parent's manager and
+regions). The manager runs on its own actor thread, so the owner's user actors never take part
+in a transfer: they may be busy or blocked meanwhile.
 
 A transfer is cut into chunks (``plan_chunks``, pure) of at most ``rdma_max_chunk_size_mb``
 MiB, and at most ``rdma_net_chunks_in_flight`` of them are outstanding at once: a read asks the
@@ -21,6 +22,7 @@ Everything here uses monarch-actor's public API only (``Actor``, ``endpoint``, `
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import threading
 from collections.abc import Awaitable, Callable
@@ -145,6 +147,17 @@ def manager() -> Any:
         if _manager is None:
             _manager = _spawn_manager()
         return _manager
+
+
+def _forget_after_fork() -> None:
+    """A forked child (monarch's zygote forks workers from a copy of the client) has its own
+    memory and must spawn its own manager: it drops the parent's manager and regions."""
+    global _manager
+    _manager = None
+    _regions.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _settings() -> tuple[int, int]:
