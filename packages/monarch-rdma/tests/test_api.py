@@ -3,11 +3,14 @@ configuration keys, pickling and the action's conflict rules."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import gc
 import pickle
 import subprocess
 import sys
 import warnings
+import weakref
 
 import pytest
 
@@ -169,11 +172,18 @@ def test_the_handle_pickles_without_the_memory_and_still_works() -> None:
 
 
 def test_the_buffer_keeps_its_memory_alive_until_dropped() -> None:
-    buffer = RDMABuffer(memoryview(bytearray(b"only the buffer holds me")))
+    memory = array.array("b", b"only the buffer holds me")
+    alive = weakref.ref(memory)
+    buffer = RDMABuffer(memoryview(memory))
+    del memory
+    gc.collect()
+    assert alive() is not None  # the registration holds it
     dst = bytearray(buffer.size())
     buffer.read_into(memoryview(dst)).get(timeout=T)
     assert dst == b"only the buffer holds me"
     buffer.drop().get(timeout=T)
+    gc.collect()
+    assert alive() is None  # released by the drop
 
 
 def test_futures_are_awaitable() -> None:
