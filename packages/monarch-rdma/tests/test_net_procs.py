@@ -29,19 +29,21 @@ def _pattern(size: int, seed: int = 0) -> bytes:
     return bytes((i * 7 + seed) % 251 for i in range(size))
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[ProcMesh]:
-    """Two worker processes (``procs`` 0 and 1), shared by the tests of this module.
+@pytest.fixture(scope="module", params=["lanes", "force-quic"])
+def mesh(request: pytest.FixtureRequest) -> Iterator[ProcMesh]:
+    """Two worker processes (``procs`` 0 and 1), shared by the tests of this module; once over
+    direct lanes, once with every message on QUIC (``force_quic`` reaches the workers).
 
     The client registers a buffer first, so its manager exists before the workers are forked
     from a copy of the client: each worker must still spawn a manager of its own (it used to
     inherit the client's, and reads of worker buffers failed with "not registered")."""
     RDMABuffer(memoryview(bytearray(1))).drop().get(timeout=T)
-    procs = this_host().spawn_procs(per_host={"procs": 2})
-    try:
-        yield procs
-    finally:
-        procs.stop().get(timeout=T)
+    with configured(force_quic=request.param == "force-quic"):
+        procs = this_host().spawn_procs(per_host={"procs": 2})
+        try:
+            yield procs
+        finally:
+            procs.stop().get(timeout=T)
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +152,11 @@ def test_a_dead_owner_fails_the_future_within_the_timeout(monkeypatch: pytest.Mo
             buffer.read_into(memoryview(bytearray(10)), timeout=10).get(timeout=T)
         assert time.monotonic() - started < 15
         assert isinstance(failure.value, RuntimeError), failure.value
+        survivor = RDMABuffer(memoryview(bytearray(b"still here")))  # nothing else is lost
+        dst = bytearray(10)
+        survivor.read_into(memoryview(dst)).get(timeout=T)
+        assert dst == b"still here"
+        survivor.drop().get(timeout=T)
         assert os.getpid() == pid  # the client lives on
     finally:
         with contextlib.suppress(Exception):
