@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -399,3 +401,41 @@ def test_host_spawn_ready_timeout_bounds_a_worker_that_never_starts(tmp_path: An
     assert "FAILED" in done.stdout, done
     assert "did not start in time" in done.stdout, done
     assert time.monotonic() - start < 20  # not the 30 s default
+
+
+def test_no_setting_is_declared_twice() -> None:
+    # The registry is a dict built from Setting(...) records: a second record with a name
+    # already used would silently replace the first one.
+    tree = ast.parse(Path(_registry.__file__).read_text())
+    names = [
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "Setting"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    assert not duplicates
+    assert len(names) == len(settings())
+
+
+def test_the_rdma_keys_exist_with_their_environment_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    known = settings()
+    for name, env in {
+        "rdma_allow_tcp_fallback": "MONARCH_RDMA_ALLOW_TCP_FALLBACK",
+        "rdma_disable_ibverbs": "MONARCH_RDMA_DISABLE_IBVERBS",
+        "rdma_max_chunk_size_mb": "MONARCH_RDMA_MAX_CHUNK_SIZE_MB",
+        "rdma_tcp_fallback_parallelism": "MONARCH_RDMA_TCP_FALLBACK_PARALLELISM",
+        "rdma_net_chunks_in_flight": "MONARCH_RDMA_NET_CHUNKS_IN_FLIGHT",  # monarch-rdma's own
+    }.items():
+        assert known[name].env == env
+    assert get_global_config()["rdma_net_chunks_in_flight"] == 4
+    monkeypatch.setenv("MONARCH_RDMA_NET_CHUNKS_IN_FLIGHT", "8")
+    assert get_global_config()["rdma_net_chunks_in_flight"] == 8
+    with pytest.raises(ValueError, match="must not be 0"):
+        configure(rdma_net_chunks_in_flight=0)

@@ -261,6 +261,16 @@ _SETTINGS: dict[str, Setting] = {
             "bytes of messages queued per actor before new calls bounce (one larger message is "
             "still accepted into an empty mailbox)",
         ),
+        # -- monarch-rdma (issue 17) --
+        Setting(
+            "rdma_net_chunks_in_flight",
+            int,
+            4,
+            "MONARCH_RDMA_NET_CHUNKS_IN_FLIGHT",
+            "chunks of one transfer of monarch-rdma's net provider outstanding at once (each "
+            "at most rdma_max_chunk_size_mb)",
+            nonzero=True,
+        ),
     )
 }
 

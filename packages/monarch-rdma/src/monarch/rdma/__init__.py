@@ -1,7 +1,35 @@
-"""Monarch RDMA buffers: ibverbs through pyverbs where a device exists, a fast fallback where
-not.
+"""Monarch RDMA buffers (``monarch.rdma``), as in Meta's Monarch: ``RDMABuffer`` registers local
+memory (a 1-D contiguous torch tensor or memoryview) and is a small picklable handle through which
+any actor or the client reads and writes that memory one-sidedly; ``RDMAAction`` batches such
+transfers. Transfers go through *providers* found by plugin (``monarch.rdma.providers``,
+``monarch.rdma.hookspecs``); this
+increment ships the ``net`` provider (a per-process manager actor, chunked and pipelined).
+Importing this package does not import torch.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from monarch.rdma import _plugin, _registry
+from monarch.rdma._buffer import (
+    RDMAAction,
+    RDMABuffer,
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
+    RDMAWriteTransferWarning,
+    get_rdma_backend,
+    is_ibverbs_available,
+    is_rdma_available,
+)
+
+__all__ = [
+    "RDMAAction",
+    "RDMABuffer",
+    "RDMAReadTransferWarning",
+    "RDMATcpFallbackWarning",
+    "RDMAWriteTransferWarning",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+]
+
+_registry.add_builtin(_plugin)

@@ -1,0 +1,352 @@
+"""``RDMABuffer`` and ``RDMAAction``: Monarch's RDMA API over the providers of this process.
+
+An ``RDMABuffer`` registers (does not copy) local memory with every usable provider of the
+owner's process and is itself only a small picklable handle: the owner's ``PeerInfo``, the
+buffer's size and owner, and one ``RemoteKey`` per provider. Any process that holds the handle
+transfers one-sidedly: it picks a provider for the pair (``select_provider``) and calls it; the
+owner's user code takes no part.
+
+``read_into``/``write_from`` are one-operation ``RDMAAction``s, as in the reference. An action
+validates each operation when it is queued (sizes, contiguity, conflicting local ranges), runs
+all of them in parallel on ``submit`` and may be submitted again. The ``timeout`` (whole seconds)
+is checked before anything starts and bounds the whole submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from monarch.actor import Future, context, returns_future
+from monarch.config import get_global_config
+from monarch.rdma._ibverbs import is_ibverbs_available
+from monarch.rdma._memory import LocalMemory, local_memory, validate_timeout
+from monarch.rdma._provider import PeerInfo, ProviderSpec, RemoteKey, select_provider
+from monarch.rdma._registry import default_registry
+
+__all__ = [
+    "RDMAAction",
+    "RDMABuffer",
+    "RDMAReadTransferWarning",
+    "RDMATcpFallbackWarning",
+    "RDMAWriteTransferWarning",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+]
+
+DEFAULT_TIMEOUT: Final = 60
+
+
+class RDMAReadTransferWarning(Warning):
+    """Reserved for reads that take a slower path than asked for (the reference's class)."""
+
+
+class RDMAWriteTransferWarning(Warning):
+    """Reserved for writes that take a slower path than asked for (the reference's class)."""
+
+
+class RDMATcpFallbackWarning(Warning):
+    """A buffer was created without ibverbs: transfers use the TCP fallback (once per process)."""
+
+
+_fallback_warned = False
+_fallback_lock = threading.Lock()
+
+
+def _host_identity() -> str:
+    """This host's identity: its name and boot id (a rebooted host is another host)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+_HOST: Final = _host_identity()
+
+
+def _usable() -> dict[str, ProviderSpec]:
+    """The providers this process may use now, given ``rdma_disable_ibverbs`` and
+    ``rdma_allow_tcp_fallback``."""
+    config = get_global_config()
+    usable = {}
+    for name, spec in default_registry().available().items():
+        if spec.backend == "ibverbs" and config["rdma_disable_ibverbs"]:
+            continue
+        if spec.backend != "ibverbs" and not config["rdma_allow_tcp_fallback"]:
+            continue
+        usable[name] = spec
+    return usable
+
+
+def _local_peer(usable: dict[str, ProviderSpec]) -> PeerInfo:
+    return PeerInfo(_HOST, f"{_HOST}/{os.getpid()}", frozenset(usable))
+
+
+def is_rdma_available() -> bool:
+    """Deprecated: whether RDMA over ibverbs is available (use ``is_ibverbs_available`` or
+    ``get_rdma_backend``)."""
+    warnings.warn(
+        "is_rdma_available is deprecated because Monarch now supports multiple RDMA backends, "
+        "making this function ambiguous. For now it indicates whether RDMA over ibverbs is "
+        "available. Use is_ibverbs_available() or get_rdma_backend() instead.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return is_ibverbs_available()
+
+
+def get_rdma_backend() -> str:
+    """``"ibverbs"`` where an ibverbs provider serves this process, else ``"tcp"`` where the
+    fallback is allowed (``rdma_allow_tcp_fallback``), else ``"none"``."""
+    backends = {spec.backend for spec in _usable().values()}
+    if "ibverbs" in backends:
+        return "ibverbs"
+    if backends:
+        return "tcp"
+    return "none"
+
+
+class RDMABuffer:
+    """A registered region of local memory, as a picklable handle for one-sided transfers.
+
+    ``RDMABuffer(data)`` takes a 1-D contiguous CPU torch tensor or a 1-D C-contiguous
+    ``memoryview`` (any format; bytes are what count) and keeps it alive until ``drop()``.
+    ``ValueError`` for other shapes or zero bytes, ``RuntimeError`` when no provider may serve
+    (``rdma_allow_tcp_fallback=False`` and no ibverbs)."""
+
+    def __init__(self, data: Any) -> None:
+        usable = _usable()
+        backend = get_rdma_backend()
+        if backend == "none":
+            raise RuntimeError(
+                "Tried to create an RDMABuffer, but RDMA is not available on this platform. To "
+                "enable TCP fallback transport, call "
+                "monarch.configure(rdma_allow_tcp_fallback=True) before creating buffers."
+            )
+        if backend == "tcp":
+            _warn_fallback()
+        memory = local_memory(data)
+        if memory.nbytes == 0:
+            raise ValueError("Cannot create RDMABuffer with size 0.")
+        owner = str(context().actor_instance.actor_id)
+        registry = default_registry()
+        keys = {name: registry.provider(name).register(memory.view, owner=owner) for name in usable}
+        self._size = memory.nbytes
+        self._owner = owner
+        self._backend = backend
+        self._peer = _local_peer(usable)
+        self._keys: dict[str, RemoteKey] = keys
+        self._memory: LocalMemory | None = memory  # the owner's reference; not pickled
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {slot: getattr(self, slot) for slot in ("_size", "_owner", "_backend", "_peer")}
+        state["_keys"] = self._keys
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._memory = None
+
+    def __repr__(self) -> str:
+        return f"RDMABuffer(size={self._size}, owner={self._owner!r}, backend={self._backend!r})"
+
+    def size(self) -> int:
+        """The registered length in bytes."""
+        return self._size
+
+    @property
+    def owner(self) -> str:
+        """The id of the actor (or client) that created the buffer."""
+        return self._owner
+
+    @property
+    def backend(self) -> str:
+        """``"ibverbs"`` or ``"tcp"``: the backend class of the provider that serves this
+        process's transfers (the owner's where none does)."""
+        name = self._choose(_usable())
+        if name is None:
+            return self._backend
+        return default_registry().specs()[name].backend
+
+    @property
+    def transport(self) -> str:
+        """The provider that serves this process's transfers (``"net"``, ...), ``"none"`` if
+        none reaches the owner from here."""
+        return self._choose(_usable()) or "none"
+
+    def _choose(self, usable: dict[str, ProviderSpec]) -> str | None:
+        return select_provider(usable, _local_peer(usable), self._peer, self._keys)
+
+    def read_into(self, dst: Any, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
+        """Copy the buffer into the leading bytes of ``dst`` (at least ``size()`` bytes, 1-D
+        contiguous; ``ValueError`` at once otherwise)."""
+        return RDMAAction().read_remote(dst, self).submit(timeout=timeout)
+
+    def write_from(self, src: Any, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
+        """Copy ``src`` (at most ``size()`` bytes, 1-D contiguous; ``ValueError`` at once
+        otherwise) into the leading bytes of the buffer."""
+        return RDMAAction().write_remote(self, src).submit(timeout=timeout)
+
+    def drop(self) -> Future[None]:
+        """Release the registration everywhere; transfers through any copy of this handle fail
+        afterwards, and the owner's memory is no longer held."""
+        context()
+        keys = dict(self._keys)
+        self._memory = None
+        return _drop(keys)
+
+
+@returns_future
+async def _drop(keys: dict[str, RemoteKey]) -> None:
+    registry = default_registry()
+    for name, key in keys.items():
+        await registry.provider(name).deregister(key)
+
+
+def _forget_after_fork() -> None:
+    global _fallback_warned
+    _fallback_warned = False  # once per process: a forked child warns on its own
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _warn_fallback() -> None:
+    global _fallback_warned
+    with _fallback_lock:
+        if _fallback_warned:
+            return
+        _fallback_warned = True
+    warnings.warn(
+        "No ibverbs RDMA hardware detected. Falling back to TCP transport, which has "
+        "significantly lower throughput and higher latency than native RDMA. To disable this "
+        "fallback and fail explicitly, call monarch.configure(rdma_allow_tcp_fallback=False).",
+        RDMATcpFallbackWarning,
+        stacklevel=3,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    kind: Literal["read", "write"]
+    buffer: RDMABuffer
+    local: LocalMemory
+
+
+class RDMAAction:
+    """A batch of RDMA operations, submitted as one unit (and as often as wanted).
+
+    ``read_remote(dst, buffer)`` and ``write_remote(buffer, src)`` queue an operation and return
+    the action; each is validated at once (``ValueError``): sizes, contiguity, and local ranges
+    that conflict with an operation already queued (a destination overlapping any other local
+    range; several operations may read the same source)."""
+
+    def __init__(self) -> None:
+        self._ops: list[_Op] = []
+        self._claims: list[tuple[int, int, bool]] = []  # (start, end, written)
+
+    def _claim(self, local: LocalMemory, written: bool) -> None:
+        if local.nbytes == 0:
+            return
+        start, end = local.address, local.address + local.nbytes
+        for other_start, other_end, other_written in self._claims:
+            if start < other_end and other_start < end and (written or other_written):
+                raise ValueError(
+                    f"RDMAAction: local memory [0x{start:x}, 0x{end:x}) overlaps "
+                    f"[0x{other_start:x}, 0x{other_end:x}) of an operation already queued, and "
+                    "one of them writes it"
+                )
+        self._claims.append((start, end, written))
+
+    def read_remote(self, dst: Any, src: RDMABuffer) -> RDMAAction:
+        """Queue a read of buffer ``src`` into local memory ``dst``."""
+        if not isinstance(src, RDMABuffer):
+            raise TypeError(f"read_remote reads from an RDMABuffer, got {type(src).__name__}")
+        local = local_memory(dst)
+        if local.nbytes < src.size():
+            raise ValueError(
+                f"Destination tensor size ({local.nbytes}) must be >= RDMA buffer size "
+                f"({src.size()})"
+            )
+        if local.readonly:
+            raise ValueError("RDMA read destination is read-only memory")
+        self._claim(local, written=True)
+        self._ops.append(_Op("read", src, local))
+        return self
+
+    def write_remote(self, dst: RDMABuffer, src: Any) -> RDMAAction:
+        """Queue a write of local memory ``src`` into buffer ``dst``."""
+        if not isinstance(dst, RDMABuffer):
+            raise TypeError(f"write_remote writes to an RDMABuffer, got {type(dst).__name__}")
+        local = local_memory(src)
+        if local.nbytes > dst.size():
+            raise ValueError(
+                f"Source tensor size ({local.nbytes}) must be <= RDMA buffer size ({dst.size()})"
+            )
+        self._claim(local, written=False)
+        self._ops.append(_Op("write", dst, local))
+        return self
+
+    def fetch_add(self, src: RDMABuffer, dst: Any, add: int) -> RDMAAction:
+        """Atomic fetch-and-add: not supported (as in the reference)."""
+        raise NotImplementedError("Not yet supported")
+
+    def compare_and_swap(self, src: RDMABuffer, dst: Any, compare: int, swap: int) -> RDMAAction:
+        """Atomic compare-and-swap: not supported (as in the reference)."""
+        raise NotImplementedError("Not yet supported")
+
+    def submit(self, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
+        """Run every queued operation in parallel; the Future resolves when all are done, or
+        fails with the first failure (``RuntimeError`` "timed out" after ``timeout`` seconds).
+        ``TypeError`` for a timeout that is not an int, ``OverflowError`` for one out of range."""
+        seconds = validate_timeout(timeout)
+        return _submit(list(self._ops), seconds)
+
+
+async def _run(op: _Op, usable: dict[str, ProviderSpec]) -> None:
+    buffer = op.buffer
+    name = buffer._choose(usable)
+    if name is None:
+        raise RuntimeError(
+            f"no RDMA provider of this process reaches the owner of {buffer!r} (this process "
+            f"offers {sorted(usable)}, the owner {sorted(buffer._keys)})"
+        )
+    provider = default_registry().provider(name)
+    key = buffer._keys[name]
+    if op.kind == "read":
+        await provider.read(key, 0, op.local.view[: buffer.size()])
+    else:
+        await provider.write(key, 0, op.local.view)
+
+
+@returns_future
+async def _submit(ops: list[_Op], timeout: int) -> None:
+    if not ops:
+        return
+    usable = _usable()
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(_run(op, usable) for op in ops), return_exceptions=True),
+            timeout,
+        )
+    except TimeoutError:
+        # A RuntimeError, not TimeoutError: monarch.actor's returns_future reports a
+        # TimeoutError raised by the body as its own ".get(timeout) expired" (with the wrong
+        # number of seconds), so the caller could not tell them apart.
+        raise RuntimeError(
+            f"RDMA transfer of {len(ops)} operation(s) timed out: not complete within {timeout} s"
+        ) from None
+    errors = [result for result in results if isinstance(result, BaseException)]
+    if errors:
+        first = errors[0]
+        if len(errors) > 1:
+            first.add_note(f"{len(errors) - 1} more operation(s) of this RDMAAction failed too")
+        raise first

@@ -1,0 +1,45 @@
+"""ibverbs device discovery (the part of the ``ibverbs`` provider that needs no device).
+
+``is_ibverbs_available()`` is true only where an RDMA device is present (a character device in
+``/dev/infiniband`` and a device in ``/sys/class/infiniband``) *and* pyverbs can be imported
+(``pip install monarch-rdma[verbs]``). It imports nothing: pyverbs is looked up, not loaded.
+The provider that would transfer over verbs is a later increment, so this answer does not yet
+make ``get_rdma_backend()`` say ``"ibverbs"`` (it reports the provider that actually serves).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+__all__ = ["DEV_DIR", "SYSFS_DIR", "is_ibverbs_available", "list_devices"]
+
+DEV_DIR = Path("/dev/infiniband")
+SYSFS_DIR = Path("/sys/class/infiniband")
+
+
+def list_devices(sysfs: Path = SYSFS_DIR, dev: Path = DEV_DIR) -> list[str]:
+    """The names of the RDMA devices (``mlx5_0``, ``efa_0``, ...), sorted; empty unless the
+    kernel exposes both the devices (``sysfs``) and their ``uverbs`` character files (``dev``)."""
+    try:
+        names = sorted(entry.name for entry in sysfs.iterdir())
+        uverbs = [entry for entry in dev.iterdir() if entry.name.startswith("uverbs")]
+    except OSError:
+        return []
+    if not uverbs or not all(os.access(entry, os.R_OK | os.W_OK) for entry in uverbs):
+        return []
+    return names
+
+
+def pyverbs_importable() -> bool:
+    """Whether ``pyverbs`` is installed (not imported)."""
+    try:
+        return importlib.util.find_spec("pyverbs") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_ibverbs_available() -> bool:
+    """Whether ibverbs RDMA hardware is usable from this process (a device and pyverbs)."""
+    return bool(list_devices()) and pyverbs_importable()

@@ -1,0 +1,133 @@
+"""Local memory as the RDMA API sees it: validation, byte views and addresses.
+
+Why: every operation of ``monarch.rdma`` takes local memory as a 1-D contiguous torch tensor or a
+1-D C-contiguous ``memoryview`` and must refuse anything else with the reference's
+``ValueError`` before any work starts. This module turns such an object into one
+``LocalMemory`` record: a flat byte ``memoryview`` over the same memory (no copy), its address
+(for the conflict check of ``RDMAAction``) and the object that keeps it alive.
+
+torch is never imported here: a tensor is recognised only when ``torch`` is already in
+``sys.modules`` (whoever made the tensor imported it). A tensor's bytes are reached through its
+data pointer with ``ctypes``, so numpy is not needed either. CUDA tensors are refused for now
+(``NotImplementedError``): staging them through host memory is a later increment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import sys
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = ["MAX_TIMEOUT", "LocalMemory", "local_memory", "validate_timeout"]
+
+#: The largest timeout accepted, in seconds (the reference's u64).
+MAX_TIMEOUT: Final = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LocalMemory:
+    """One local memory region: ``view`` (format ``B``, 1-D, the region's bytes, no copy),
+    ``address`` (of the first byte; 0 for an empty region), ``readonly`` and ``owner`` (the
+    object the caller passed, kept alive with the record)."""
+
+    view: memoryview
+    address: int
+    readonly: bool
+    owner: Any
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.nbytes
+
+
+def _refuse(data: object) -> ValueError:
+    return ValueError(
+        "RDMABuffer only supports 1d contiguous torch.Tensor or 1d c-contiguous memoryview. "
+        f"Got: {type(data).__name__}"
+    )
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the fields up to ``internal``), to read a buffer's address
+    also when it is read-only (``ctypes.c_char.from_buffer`` takes writable ones only)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+def _address(view: memoryview) -> int:
+    """The address of ``view``'s first byte (``view`` is C-contiguous)."""
+    if view.nbytes == 0:
+        return 0
+    raw = _PyBuffer()
+    _get_buffer(view, ctypes.byref(raw), 0)  # PyBUF_SIMPLE; raises on failure
+    try:
+        return int(raw.buf or 0)
+    finally:
+        _release_buffer(ctypes.byref(raw))
+
+
+def _torch_tensor_type() -> type | None:
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None)
+    return tensor if isinstance(tensor, type) else None
+
+
+def local_memory(data: object) -> LocalMemory:
+    """``data`` as a ``LocalMemory``; ``ValueError`` (the reference's message) unless it is a
+    1-D contiguous tensor or a 1-D C-contiguous memoryview; ``NotImplementedError`` for a
+    tensor that is not in host memory."""
+    if isinstance(data, memoryview):
+        if data.ndim != 1 or not data.c_contiguous:
+            raise _refuse(data)
+        flat = data.cast("B") if data.format != "B" else data
+        return LocalMemory(flat, _address(flat), data.readonly, data)
+    tensor_type = _torch_tensor_type()
+    if tensor_type is not None and isinstance(data, tensor_type):
+        tensor: Any = data
+        if tensor.dim() != 1 or not tensor.is_contiguous():
+            raise _refuse(data)
+        if tensor.device.type != "cpu":
+            raise NotImplementedError(
+                f"RDMABuffer over a {tensor.device.type} tensor is not implemented yet in "
+                "monarch-rdma (a later increment); copy it to a CPU tensor first"
+            )
+        nbytes = int(tensor.element_size()) * int(tensor.numel())
+        address = int(tensor.data_ptr()) if nbytes else 0
+        if nbytes:
+            array = (ctypes.c_char * nbytes).from_address(address)
+            view = memoryview(array).cast("B")
+        else:
+            view = memoryview(b"")
+        return LocalMemory(view, address, False, tensor)
+    raise _refuse(data)
+
+
+def validate_timeout(timeout: object) -> int:
+    """``timeout`` as whole seconds: ``TypeError`` unless an integer (a float is refused),
+    ``OverflowError`` when negative or beyond an unsigned 64-bit integer."""
+    value = operator.index(timeout)  # type: ignore[arg-type]
+    if value < 0 or value > MAX_TIMEOUT:
+        raise OverflowError(f"timeout must fit in an unsigned 64-bit integer, got {value}")
+    return value

@@ -1,0 +1,271 @@
+"""The ``net`` provider: one-sided transfers served by a per-process RDMA manager actor.
+
+Theory of operation. Registering memory puts a flat byte ``memoryview`` into this Python
+process's region table under a random 63-bit number and returns a ``RemoteKey`` that carries
+that number and the process's *manager*: an ``RDMAManager`` actor spawned once per process on
+``this_proc()`` (from a short-lived thread, so that it belongs to the process and not to the
+actor that happened to register first; a forked child forgets its parent's manager and
+regions). The manager runs on its own actor thread, so the owner's user actors never take part
+in a transfer: they may be busy or blocked meanwhile.
+
+A transfer is cut into chunks (``plan_chunks``, pure) of at most ``rdma_max_chunk_size_mb``
+MiB, and at most ``rdma_net_chunks_in_flight`` of them are outstanding at once: a read asks the
+manager for ``(region, offset, length)`` and copies the answer into the destination; a write
+sends ``(region, offset, bytes)``. The bytes travel out of band in the actor messages (direct
+lanes: shared memory within a host, TLS over TCP across hosts; or QUIC), copied once on each
+side. Memory in flight is bounded by window x chunk on both sides.
+
+Everything here uses monarch-actor's public API only (``Actor``, ``endpoint``, ``this_proc``,
+``monarch.config``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from monarch.actor import Actor, ActorError, endpoint, this_proc
+from monarch.config import get_global_config
+from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
+
+__all__ = [
+    "MIN_CHUNK",
+    "NAME",
+    "NetProvider",
+    "SPEC",
+    "RDMAManager",
+    "plan_chunks",
+]
+
+NAME: Final = "net"
+#: The smallest chunk a transfer is cut into (unless the transfer itself is smaller).
+MIN_CHUNK: Final = 1 << 20
+_MIB: Final = 1 << 20
+
+
+def plan_chunks(total: int, max_chunk: int, window: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the chunks of a ``total``-byte transfer: as many as the
+    ``window`` of chunks in flight so that they overlap, each at least ``MIN_CHUNK`` and at
+    most ``max_chunk`` bytes (the last one may be shorter); none for ``total == 0``."""
+    if total < 0 or max_chunk < 1 or window < 1:
+        raise ValueError(f"bad chunk plan ({total=}, {max_chunk=}, {window=})")
+    if total == 0:
+        return []
+    size = min(max_chunk, max(MIN_CHUNK, -(-total // window)))
+    return [(offset, min(size, total - offset)) for offset in range(0, total, size)]
+
+
+@dataclass(slots=True)
+class _Region:
+    view: memoryview
+    owner: str
+
+
+_regions: dict[int, _Region] = {}
+_regions_lock = threading.Lock()
+
+
+def _region(number: int) -> _Region:
+    with _regions_lock:
+        region = _regions.get(number)
+    if region is None:
+        raise RuntimeError(
+            f"RDMA region {number} is not registered in this process: the buffer was dropped, "
+            "or its owner's process restarted"
+        )
+    return region
+
+
+def _check_range(region: _Region, number: int, offset: int, length: int) -> None:
+    if offset < 0 or length < 0 or offset + length > region.view.nbytes:
+        raise RuntimeError(
+            f"RDMA region {number}: bytes [{offset}, {offset + length}) are outside its "
+            f"{region.view.nbytes} bytes"
+        )
+
+
+class RDMAManager(Actor):
+    """The per-process RDMA manager: serves reads, writes and drops of the regions registered
+    in its process. Not for direct use."""
+
+    @endpoint
+    def read(self, number: int, offset: int, length: int) -> memoryview:
+        region = _region(number)
+        _check_range(region, number, offset, length)
+        return region.view[offset : offset + length]  # copied once, out of band, on sending
+
+    @endpoint
+    def write(self, number: int, offset: int, data: Any) -> None:
+        region = _region(number)
+        incoming = memoryview(data).cast("B")
+        _check_range(region, number, offset, incoming.nbytes)
+        if region.view.readonly:
+            raise RuntimeError(f"RDMA region {number} is read-only memory: it cannot be written")
+        region.view[offset : offset + incoming.nbytes] = incoming
+
+    @endpoint
+    def drop(self, number: int) -> None:
+        with _regions_lock:
+            _regions.pop(number, None)
+
+
+_manager: Any = None
+_manager_lock = threading.Lock()
+
+
+def _spawn_manager() -> Any:
+    """Spawn this process's manager from a thread that runs no actor, so the process (not the
+    actor registering first) owns it and it outlives that actor."""
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def spawn() -> None:
+        try:
+            result.append(this_proc().spawn("rdma_manager", RDMAManager))
+        except BaseException as exc:  # reported to the caller below
+            failure.append(exc)
+
+    thread = threading.Thread(target=spawn, name="monarch-rdma-manager-spawn", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise RuntimeError(f"cannot start this process's RDMA manager: {failure[0]!r}") from (
+            failure[0]
+        )
+    return result[0]
+
+
+def manager() -> Any:
+    """This process's RDMA manager (spawned on first use)."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = _spawn_manager()
+        return _manager
+
+
+def _forget_after_fork() -> None:
+    """A forked child (monarch's zygote forks workers from a copy of the client) has its own
+    memory and must spawn its own manager: it drops the parent's manager and regions."""
+    global _manager
+    _manager = None
+    _regions.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _settings() -> tuple[int, int]:
+    config = get_global_config()
+    max_chunk = max(1, int(config["rdma_max_chunk_size_mb"])) * _MIB
+    window = max(1, int(config["rdma_net_chunks_in_flight"]))
+    return max_chunk, window
+
+
+async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> None:
+    """Run ``jobs`` with at most ``window`` outstanding; the first failure cancels the rest."""
+    pending: set[asyncio.Task[None]] = set()
+    queue = iter(jobs)
+    try:
+        while True:
+            while len(pending) < window:
+                job = next(queue, None)
+                if job is None:
+                    break
+                pending.add(asyncio.ensure_future(job()))
+            if not pending:
+                return
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            errors = [exc for exc in (task.exception() for task in done) if exc is not None]
+            if errors:
+                raise errors[0]
+    finally:
+        for task in pending:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a cancelled chunk's outcome as seen (no "exception never retrieved" noise)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _failed(what: str, key: RemoteKey, exc: BaseException) -> RuntimeError:
+    return RuntimeError(f"RDMA {what} of region {key.region} ({NAME} provider) failed: {exc}")
+
+
+class NetProvider:
+    """The ``net`` provider (see the module docstring). Implements ``RDMAProvider``."""
+
+    name = NAME
+
+    def register(self, memory: memoryview, *, owner: str) -> RemoteKey:
+        mgr = manager()
+        with _regions_lock:
+            number = secrets.randbits(63)
+            while number in _regions:
+                number = secrets.randbits(63)
+            _regions[number] = _Region(memory, owner)
+        return RemoteKey(NAME, number, memory.nbytes, mgr)
+
+    async def read(self, key: RemoteKey, offset: int, dst: memoryview) -> None:
+        max_chunk, window = _settings()
+        mgr = key.detail
+
+        def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
+            async def run() -> None:
+                data = await mgr.read.call_one(key.region, offset + start, length)
+                got = memoryview(data).cast("B")
+                if got.nbytes != length:
+                    raise RuntimeError(f"asked for {length} bytes, got {got.nbytes}")
+                dst[start : start + length] = got
+
+            return run
+
+        try:
+            await _bounded(
+                [job(s, n) for s, n in plan_chunks(dst.nbytes, max_chunk, window)], window
+            )
+        except (ActorError, RuntimeError) as exc:
+            raise _failed("read", key, exc) from exc
+
+    async def write(self, key: RemoteKey, offset: int, src: memoryview) -> None:
+        max_chunk, window = _settings()
+        mgr = key.detail
+
+        def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
+            async def run() -> None:
+                await mgr.write.call_one(key.region, offset + start, src[start : start + length])
+
+            return run
+
+        try:
+            await _bounded(
+                [job(s, n) for s, n in plan_chunks(src.nbytes, max_chunk, window)], window
+            )
+        except (ActorError, RuntimeError) as exc:
+            raise _failed("write", key, exc) from exc
+
+    async def deregister(self, key: RemoteKey) -> None:
+        try:
+            await key.detail.drop.call_one(key.region)
+        except (ActorError, RuntimeError) as exc:
+            raise _failed("drop", key, exc) from exc
+
+
+def _always() -> bool:
+    return True
+
+
+def _create() -> RDMAProvider:
+    return NetProvider()
+
+
+#: The ``net`` provider's record, as ``monarch.rdma._plugin`` offers it.
+SPEC: Final = ProviderSpec(NAME, "tcp", Reach.ANY, 0, _always, _create)
