@@ -180,6 +180,14 @@ def test_returns_future_errors_and_timeouts() -> None:
     with pytest.raises(TimeoutError):
         future.get()  # one terminal outcome for every observer
 
+    @returns_future
+    async def own_timeout() -> None:
+        raise TimeoutError("the body's own deadline passed")
+
+    # The body's own TimeoutError is its outcome, not the get's expiry.
+    with pytest.raises(TimeoutError, match="the body's own deadline passed"):
+        own_timeout().get(timeout=T)
+
     def not_async() -> int:
         return 1
 

@@ -305,7 +305,7 @@ class RDMAAction:
 
     def submit(self, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
         """Run every queued operation in parallel; the Future resolves when all are done, or
-        fails with the first failure (``RuntimeError`` "timed out" after ``timeout`` seconds).
+        fails with the first failure (``TimeoutError`` "timed out" after ``timeout`` seconds).
         ``TypeError`` for a timeout that is not an int, ``OverflowError`` for one out of range."""
         seconds = validate_timeout(timeout)
         return _submit(list(self._ops), seconds)
@@ -338,10 +338,7 @@ async def _submit(ops: list[_Op], timeout: int) -> None:
             timeout,
         )
     except TimeoutError:
-        # A RuntimeError, not TimeoutError: monarch.actor's returns_future reports a
-        # TimeoutError raised by the body as its own ".get(timeout) expired" (with the wrong
-        # number of seconds), so the caller could not tell them apart.
-        raise RuntimeError(
+        raise TimeoutError(
             f"RDMA transfer of {len(ops)} operation(s) timed out: not complete within {timeout} s"
         ) from None
     errors = [result for result in results if isinstance(result, BaseException)]

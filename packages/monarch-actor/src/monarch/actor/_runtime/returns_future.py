@@ -90,15 +90,21 @@ class _BodyCell(_Cell[Any]):
         """Run the body on a fresh loop of this thread (``asyncio.run``); a timeout publishes
         ``TimeoutError`` first, then cancels the body and drives its cleanup."""
 
+        scopes: list[asyncio.Timeout] = []
+
         async def bounded() -> Any:
-            return await asyncio.wait_for(body, timeout)
+            async with asyncio.timeout(timeout) as scope:
+                scopes.append(scope)
+                return await body
 
         runner = asyncio.Runner()
         try:
             with runner:
                 result = runner.run(bounded(), context=self._context)
-        except TimeoutError:
-            self.set_exception(TimeoutError(f"monarch Future not ready after {timeout} s"))
+        except TimeoutError as exc:
+            if scopes and scopes[0].expired():  # our deadline, not the body's own TimeoutError
+                exc = TimeoutError(f"monarch Future not ready after {timeout} s")
+            self.set_exception(exc)
         except BaseException as exc:
             self.set_exception(exc)
         else:
