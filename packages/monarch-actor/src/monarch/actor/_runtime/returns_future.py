@@ -103,8 +103,9 @@ class _BodyCell(_Cell[Any]):
                 result = runner.run(bounded(), context=self._context)
         except TimeoutError as exc:
             if scopes and scopes[0].expired():  # our deadline, not the body's own TimeoutError
-                exc = TimeoutError(f"monarch Future not ready after {timeout} s")
-            self.set_exception(exc)
+                self.set_exception(TimeoutError(f"monarch Future not ready after {timeout} s"))
+            else:
+                self.set_exception(exc)
         except BaseException as exc:
             self.set_exception(exc)
         else:
