@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 
 def _client_started() -> bool:
-    runtime = sys.modules.get("monarch.actor._runtime.proc")
+    runtime = sys.modules.get("monarch.actor._runtime.client")
     return runtime is not None and getattr(runtime, "_client", None) is not None
 
 

@@ -43,18 +43,10 @@ from monarch.actor._base.envelope import ActorAddr, CastInfo, MessageKind
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
-from monarch.actor._context import CreatorInfo, _current, set_proc_resolver
-from monarch.actor._runtime.proc import (
-    CellBase,
-    GatherSink,
-    Reply,
-    RootCell,
-    SpawnSpec,
-    client,
-    current_sender,
-    decode_reply,
-    new_local_runtime,
-)
+from monarch.actor._runtime.cell import CellBase, RootCell, SpawnSpec
+from monarch.actor._runtime.client import client, new_local_runtime
+from monarch.actor._runtime.context import CreatorInfo, _current, current_sender, set_proc_resolver
+from monarch.actor._runtime.sinks import GatherSink, Reply, decode_reply
 
 if TYPE_CHECKING:
     from monarch.actor._host import HostMesh, WorkerGroup

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 import msgspec
 
 from monarch.actor._base.errors import FailureEvent, error_category
-from monarch.actor._context import _current
+from monarch.actor._runtime.context import _current
 
 if TYPE_CHECKING:
     from monarch.actor._base.envelope import Envelope
