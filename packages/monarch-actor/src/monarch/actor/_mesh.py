@@ -291,6 +291,9 @@ class ProcMesh(MeshTrait):
 
     __slots__ = ("_known", "_name", "_owned", "_owner", "_shape", "_state")
 
+    #: An owner stops its proc meshes after its actor meshes (``_runtime.cell._stop_meshes``).
+    stop_order = 1
+
     def __init__(
         self,
         procs: Sequence[ProcId] | None,
@@ -519,6 +522,9 @@ def _rebuild_proc_mesh(procs: tuple[ProcId, ...], shape: Shape, name: str) -> Pr
 
 class ActorMesh(MeshTrait, Generic[T]):
     """One actor per process of a proc mesh; endpoints are attributes (``mesh.method.call()``)."""
+
+    #: An owner stops its actor meshes before its proc meshes (``_runtime.cell._stop_meshes``).
+    stop_order = 0
 
     def __init__(
         self,

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -87,12 +87,14 @@ from monarch.actor._runtime.ports import Port
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
+    from monarch.actor._base.future import Future
     from monarch.actor._mesh import ProcMesh
     from monarch.actor._runtime.proc import ProcRuntime
 
 __all__ = [
     "ActorCell",
     "CellBase",
+    "Owned",
     "RootCell",
     "SpawnSpec",
     "UndeliverableEnvelope",
@@ -108,6 +110,18 @@ _NONE_PAYLOAD = _codec.encode(None)
 # ---------------------------------------------------------------------------------------------
 # Cells: anything that can send and own (actors, the root client, a process's agent)
 # ---------------------------------------------------------------------------------------------
+class Owned(Protocol):
+    """What a cell owns (``ActorMesh``, ``ProcMesh``): stopped when its owner stops."""
+
+    #: When it stops among what its owner owns: lower first (``_stop_meshes``). Actor meshes
+    #: stop before proc meshes, so their actors are not stopped by their processes' end.
+    stop_order: int
+
+    def _stop_owned(self) -> Future[None] | None:
+        """Start stopping it (``None``: nothing to wait for)."""
+        ...
+
+
 class CellBase:
     """Something with an address that sends messages and may own meshes."""
 
@@ -126,7 +140,7 @@ class CellBase:
         self.addr = ActorAddr(runtime.pid_raw, path)
         self.display = display
         self.user_name = user_name
-        self.owned: list[Any] = []
+        self.owned: list[Owned] = []
         self._sequence = itertools.count()
 
     def next_sequence(self) -> int:
@@ -1132,15 +1146,16 @@ class ActorCell(CellBase):
 
 
 def _stop_meshes(
-    meshes: Sequence[Any], timeout: float | None = None, *, at_exit: bool = False
+    meshes: Sequence[Owned], timeout: float | None = None, *, at_exit: bool = False
 ) -> None:
-    """Stop owned meshes (actor meshes before proc meshes, newest first), all at once, then
-    wait for them within one overall ``timeout``. ``at_exit``: the interpreter is ending and
-    stragglers are killed next, so a slow stop is only worth a debug line."""
+    """Stop owned meshes (by ``stop_order``: actor meshes before proc meshes; newest first
+    within one order), all at once, then wait for them within one overall ``timeout``.
+    ``at_exit``: the interpreter is ending and stragglers are killed next, so a slow stop is
+    only worth a debug line."""
     if timeout is None:
         timeout = float(_config.get("stop_actor_timeout"))
-    ordered = list(meshes)[::-1]  # newest first; then actor meshes before proc meshes
-    ordered.sort(key=lambda m: type(m).__name__ == "ProcMesh")
+    ordered = list(meshes)[::-1]  # newest first; the sort is stable
+    ordered.sort(key=lambda mesh: mesh.stop_order)
     pending = []
     for mesh in ordered:
         try:
