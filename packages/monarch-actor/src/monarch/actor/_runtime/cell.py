@@ -7,7 +7,9 @@ order, thread-local state set in ``__init__`` is visible in every endpoint, and 
 run concurrently. A *sync* actor's thread runs its endpoints directly (no asyncio loop is
 visible to them, so they may block on ``Future.get()``); an *async* actor's thread runs a
 private asyncio loop on which its endpoints are awaited one after the other
-(``concurrent_endpoint`` bodies run as tasks on that loop).
+(``concurrent_endpoint`` bodies run as tasks on that loop). Which of the two is a ``_Runner``
+chosen at spawn by the actor class (``_SyncRunner``, ``_AsyncRunner``); the cell holds what both
+share (its state, the failure being recorded, replies, stops and owned meshes).
 
 Three result paths (spec section 8):
 
@@ -436,7 +438,7 @@ def _is_default(cls: type, name: str) -> bool:
 
 
 class ActorCell(CellBase):
-    """One actor instance on its own thread (see the module docstring)."""
+    """One actor instance on its own thread, run by a ``_Runner`` (see the module docstring)."""
 
     def __init__(self, runtime: ProcRuntime, env: Envelope) -> None:
         path = env.target.path
@@ -452,19 +454,14 @@ class ActorCell(CellBase):
         self.failure: FailureEvent | None = None
         self.actor: Any = None
         self.cls: type | None = None
+        #: Whether the class is async (``check_actor_class``): which ``_Runner`` runs it.
         self.is_async = False
         self.endpoints: dict[str, EndpointProperty[Any, Any]] = {}
         self.instance: Instance | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
-        #: The ``__supervise__`` tasks of an async actor (a flush marker waits for them).
-        self.supervising: set[asyncio.Task[Any]] = set()
         self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
         self._pending_failure = None
-        self._stopping_tasks = False
         #: The call being handled (a fence answers it; an async owner's failure cancels it).
         self._inflight: Envelope | None = None
-        self._main_task: asyncio.Task[Any] | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"monarch-actor:{path}[{self.rank}]", daemon=True
         )
@@ -517,29 +514,10 @@ class ActorCell(CellBase):
             assert isinstance(init, _InitItem)
             spec = self._decode_spawn(init)
             if spec is None:
-                self._die_sync()
+                _SyncRunner(self).die()  # the actor was never made: its failure is reported
                 return
-            if self.is_async:
-                loop = asyncio.new_event_loop()
-                self.loop = loop
-                asyncio.set_event_loop(loop)
-                self.mailbox.use_loop(loop)
-                self.mailbox.on_supervision = functools.partial(
-                    _call_soon, loop, self._dispatch_supervision
-                )
-                try:
-                    loop.run_until_complete(self._run_async(spec, init))
-                finally:
-                    with contextlib.suppress(Exception):
-                        leftover = asyncio.all_tasks(loop)
-                        for task in leftover:
-                            task.cancel()
-                        if leftover:
-                            loop.run_until_complete(asyncio.wait(leftover, timeout=1.0))
-                    asyncio.set_event_loop(None)
-                    loop.close()
-            else:
-                self._run_sync(spec, init)
+            runner = _AsyncRunner(self) if self.is_async else _SyncRunner(self)
+            runner.run(spec, init)
         except BaseException:  # the thread must always retire the cell
             _log.exception("actor thread %s crashed", self.display)
             if self.failure is None:
@@ -616,330 +594,20 @@ class ActorCell(CellBase):
         if env.reply_port is not None:
             self._post_reply(env, _NONE_PAYLOAD)
 
-    # -- sync actors ------------------------------------------------------------------------
-    def _run_sync(self, spec: SpawnSpec, init: _InitItem) -> None:
-        if not self._construct(spec, init):
-            self._die_sync()
-            return
-        while not self.fenced:  # fenced: a stop gave up on it; its thread just ends
-            item = self.mailbox.get()
-            stop: _StopItem | None = None
-            if isinstance(item, _CallItem):
-                self._call_sync(item)
-            elif isinstance(item, _StopItem):
-                stop = item
-            elif isinstance(item, _SuperviseItem):
-                self._supervise_sync(item.event)
-            elif isinstance(item, _BounceItem):
-                self._bounce(item.bounce)
-            elif isinstance(item, _FailItem):
-                self._record_failure(item.event, item.exc, item.env)
-            elif isinstance(item, _FlushItem):
-                item.done()
-            if self._gave_up():
-                return  # a stop gave up on it while it ran: it is retired already
-            if self._pending_failure is not None:
-                self._die_sync()
-                return
-            if stop is not None:
-                self._stop_sync(stop)
-                return
-
     def _gave_up(self) -> bool:
         """True once a stop fenced this actor (set by the runtime loop thread at any time)."""
         return self.fenced
 
-    def _call_sync(self, item: _CallItem) -> None:
-        env = item.env
-        explicit = self._explicit(env)
-        token = _set_context(self._message_context(env))
-        self._inflight = env
-        try:
-            fn, args, kwargs = self._begin(item, explicit)
-            result = fn(*args, **kwargs)
-            if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
-                result = asyncio.run(result)
-        except Exception as exc:
-            self._raised(env, exc, explicit)
-            return
-        except BaseException as exc:
-            self._raised_base(env, exc)
-            return
-        finally:
-            self._inflight = None
-            _reset_context(token)
-        if not explicit:
-            self._reply_value(env, result)
-
-    def _supervise_sync(self, event: FailureEvent) -> None:
-        if self.cls is None or _is_default(self.cls, "__supervise__"):
-            self._record_failure(self._unhandled(event), None)
-            return
-        assert self.instance is not None
-        token = _set_context(Context(self.instance, self.spawn_point))
-        try:
-            handled = self.actor.__supervise__(MeshFailure(event))
-            if inspect.iscoroutine(handled):
-                handled = asyncio.run(handled)
-        except BaseException as exc:
-            self._record_failure(self._supervise_raised(event, exc), exc)
-            return
-        finally:
-            _reset_context(token)
-        if not handled:
-            self._record_failure(self._unhandled(event), None)
-
-    def _die_sync(self) -> None:
-        exc = self._begin_failure()
-        self._stop_owned()
-        self._cleanup_sync(exc)
-        self._announce_failure()
-
-    def _stop_sync(self, item: _StopItem) -> None:
-        self.state = _STOPPING
-        self._stop_owned()
-        self._cleanup_sync(None)
-        self._finish_stop(item)
-
-    def _cleanup_sync(self, exc: BaseException | None) -> None:
-        if self.actor is None or self.cls is None or _is_default(self.cls, "__cleanup__"):
-            return
-        assert self.instance is not None
-        # The actor's own context: __cleanup__ may call context() and message other actors.
-        token = _set_context(Context(self.instance, self.spawn_point))
-        try:
-            result = self.actor.__cleanup__(exc)
-            if inspect.iscoroutine(result):
-                timeout = float(_config.get("cleanup_timeout"))
-                asyncio.run(asyncio.wait_for(result, timeout))
-        except BaseException as error:
-            self._cleanup_failed(error)
-        finally:
-            _reset_context(token)
-
-    # -- async actors -----------------------------------------------------------------------
-    async def _run_async(self, spec: SpawnSpec, init: _InitItem) -> None:
-        self._main_task = asyncio.current_task()
-        if not self._construct(spec, init):
-            await self._die_async()
-            return
-        while not self.fenced:
-            item = await self.mailbox.aget()
-            stop: _StopItem | None = None
-            if isinstance(item, _CallItem):
-                prop = self.endpoints.get(item.env.endpoint)
-                if prop is not None and prop._concurrent:
-                    self._start_concurrent(item, prop)
-                else:
-                    await self._call_async(item)
-            elif isinstance(item, _StopItem):
-                stop = item
-            elif isinstance(item, _SuperviseItem):
-                task = self._track(self._supervise_async(item.event))
-                self.supervising.add(task)
-                task.add_done_callback(self.supervising.discard)
-            elif isinstance(item, _BounceItem):
-                self._bounce(item.bounce)
-            elif isinstance(item, _FailItem):
-                self._record_failure(item.event, item.exc, item.env)
-            elif isinstance(item, _FlushItem):
-                self._flush_async(item)
-            if self._gave_up():
-                return
-            if self._pending_failure is not None:
-                await self._die_async()
-                return
-            if stop is not None:
-                await self._stop_async(stop)
-                return
-
-    def _dispatch_supervision(self) -> None:
-        """Supervision events queued while this async actor is busy (its loop): their
-        ``__supervise__`` starts now, interleaving with an endpoint that awaits (Monarch: a
-        safe point is also "while the owner awaits"), instead of after it."""
-        if self.state != _RUNNING or self.fenced or self._pending_failure is not None:
-            return  # the main loop takes them in order, or they die with the actor
-        for item in self.mailbox.take_supervision():
-            task = self._track(self._supervise_async(item.event))
-            self.supervising.add(task)
-            task.add_done_callback(self.supervising.discard)
-
-    def _track(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
-
-    def _flush_async(self, item: _FlushItem) -> None:
-        """A flush marker on an async actor: ``__supervise__`` runs as a task and an unhandled
-        event comes back as a ``_FailItem``, so the marker is queued again behind whatever the
-        supervise tasks running now put in the mailbox, once they are all done."""
-        pending = set(self.supervising)
-        if not pending:
-            item.done()
-            return
-
-        def one_done(task: asyncio.Task[Any]) -> None:
-            pending.discard(task)
-            if not pending and not self.mailbox.put(item, force=True):
-                item.done()  # the mailbox closed: the actor retired
-
-        for task in list(pending):
-            task.add_done_callback(one_done)
-
-    async def _call_async(self, item: _CallItem) -> None:
-        env = item.env
-        explicit = self._explicit(env)
-        token = _set_context(self._message_context(env))
-        self._inflight = env
-        try:
-            fn, args, kwargs = self._begin(item, explicit)
-            result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-        except Exception as exc:
-            if not self._failed_during(env):
-                self._raised(env, exc, explicit)
-            return
-        except BaseException as exc:
-            if not self._failed_during(env):
-                self._raised_base(env, exc)
-            elif isinstance(exc, asyncio.CancelledError) and self._main_task is not None:
-                self._main_task.uncancel()  # our own cancel (``_fail_now``), consumed here
-            return
-        finally:
-            self._inflight = None
-            _reset_context(token)
-        if not explicit and not self._failed_during(env):
-            self._reply_value(env, result)
-
-    def _failed_during(self, env: Envelope) -> bool:
-        """True if this actor failed while handling ``env`` (its caller gets the failure)."""
-        pending = self._pending_failure
-        return pending is not None and pending[2] is env
-
-    def _fail_now(self, event: FailureEvent, exc: BaseException | None) -> None:
-        """An async actor's supervision event was not handled (on its loop): the actor fails at
-        once. A call in flight is cancelled and fails with the ``SupervisionError`` (Monarch:
-        the owner fails, and so does the call it is handling); otherwise the failure queues."""
-        env = self._inflight
-        if env is not None and self._main_task is not None and self._pending_failure is None:
-            self._record_failure(event, exc, env)
-            self._main_task.cancel()
-            return
-        self.mailbox.put(_FailItem(event, exc), force=True)
-
-    def _start_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
-        token = _set_context(self._message_context(item.env))
-        try:  # the task copies the context, so the body sees its own message rank
-            self._track(self._run_concurrent(item, prop))
-        finally:
-            _reset_context(token)
-
-    async def _run_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
-        env = item.env
-        forwards = not prop._user_port and env.reply_port is not None
-        try:
-            fn, args, kwargs = self._begin(item, prop._user_port)
-            result = await fn(*args, **kwargs)
-        except asyncio.CancelledError:
-            if forwards and self._stopping_tasks:
-                self._reply_error(
-                    env,
-                    SupervisionError(
-                        event=self._event(
-                            ErrorCategory.SYSTEM,
-                            "the actor stopped while the concurrent endpoint was running",
-                            kind="stopped",
-                        ),
-                        endpoint=f"{self.user_name}.{env.endpoint}",
-                    ),
-                )
-            elif forwards:
-                self._reply_error(env, self._actor_error(env, asyncio.CancelledError(), True))
-            raise
-        except Exception as exc:
-            if forwards:
-                self._reply_error(env, self._actor_error(env, exc, False))
-            elif not self._stopping_tasks:
-                self._fail_later(env, exc)
-            return
-        except BaseException as exc:
-            if forwards:
-                self._reply_error(env, self._actor_error(env, exc, True))
-            elif not self._stopping_tasks:
-                self._fail_later(env, exc)
-            return
-        if forwards:
-            self._reply_value(env, result)
-
-    def _fail_later(self, env: Envelope, exc: BaseException) -> None:
-        event = self._event(
-            ErrorCategory.USER,
-            f"endpoint {env.endpoint}() raised {type(exc).__name__}: {exc}",
-            exc,
-        )
-        self.mailbox.put(_FailItem(event, exc, env), force=True)
-
-    async def _supervise_async(self, event: FailureEvent) -> None:
-        if self.cls is None or _is_default(self.cls, "__supervise__"):
-            self._fail_now(self._unhandled(event), None)
-            return
-        assert self.instance is not None
-        token = _set_context(Context(self.instance, self.spawn_point))
-        try:
-            handled = self.actor.__supervise__(MeshFailure(event))
-            if inspect.isawaitable(handled):
-                handled = await handled
-        except asyncio.CancelledError:
-            if self._stopping_tasks:
-                return  # a pending __supervise__ cancelled by stop does not propagate
-            raise
-        except BaseException as exc:
-            self._fail_now(self._supervise_raised(event, exc), exc)
-            return
-        finally:
-            _reset_context(token)
-        if not handled:
-            self._fail_now(self._unhandled(event), None)
-
-    async def _cancel_tasks(self) -> None:
-        self._stopping_tasks = True
-        while self.tasks:
-            pending = list(self.tasks)
-            for task in pending:
-                task.cancel()
-            await asyncio.wait(pending, timeout=float(_config.get("cleanup_timeout")))
-            self.tasks.difference_update(pending)
-
-    async def _die_async(self) -> None:
-        exc = self._begin_failure()
-        self._stop_owned()
-        await self._cancel_tasks()
-        await self._cleanup_async(exc)
-        self._announce_failure()
-
-    async def _stop_async(self, item: _StopItem) -> None:
-        self.state = _STOPPING
-        self._stop_owned()
-        await self._cancel_tasks()
-        await self._cleanup_async(None)
-        self._finish_stop(item)
-
-    async def _cleanup_async(self, exc: BaseException | None) -> None:
-        if self.actor is None or self.cls is None or _is_default(self.cls, "__cleanup__"):
-            return
-        assert self.instance is not None
-        # The actor's own context: __cleanup__ may call context() and message other actors.
-        token = _set_context(Context(self.instance, self.spawn_point))
-        try:
-            result = self.actor.__cleanup__(exc)
-            if inspect.isawaitable(result):
-                await asyncio.wait_for(result, float(_config.get("cleanup_timeout")))
-        except BaseException as error:
-            self._cleanup_failed(error)
-        finally:
-            _reset_context(token)
+    def _take(self, item: _Item) -> _StopItem | None:
+        """What both runners handle alike: a stop (returned: the actor stops once this item is
+        handled), a bounce, and a failure (recorded: the actor fails once it is handled)."""
+        if isinstance(item, _StopItem):
+            return item
+        if isinstance(item, _BounceItem):
+            self._bounce(item.bounce)
+        elif isinstance(item, _FailItem):
+            self._record_failure(item.event, item.exc, item.env)
+        return None
 
     # -- shared pieces ------------------------------------------------------------------------
     def _message_context(self, env: Envelope) -> Context:
@@ -1143,6 +811,398 @@ class ActorCell(CellBase):
     def _reply_error(self, env: Envelope, exc: BaseException) -> None:
         if env.reply_port is not None and not self.fenced:
             self.runtime.reply_error(self, env.reply_port, env.cast, exc)
+
+
+class _Runner:
+    """How an actor's thread runs it, chosen at spawn by the actor class (``check_actor_class``):
+    ``_SyncRunner`` calls its endpoints directly, ``_AsyncRunner`` awaits them on a private
+    asyncio loop. The cell keeps what both share (state, failures, replies, stops)."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self.cell = cell
+
+    def run(self, spec: SpawnSpec, init: _InitItem) -> None:
+        """Construct the actor, then handle its mailbox in order until it stops, fails or is
+        fenced (on the actor's thread; returns when the actor is done)."""
+        raise NotImplementedError
+
+
+class _SyncRunner(_Runner):
+    """A sync actor: no asyncio loop is visible to its endpoints (they may block on
+    ``Future.get()``), and ``__supervise__`` runs between messages, in mailbox order."""
+
+    __slots__ = ()
+
+    def run(self, spec: SpawnSpec, init: _InitItem) -> None:
+        cell = self.cell
+        if not cell._construct(spec, init):
+            self.die()
+            return
+        while not cell.fenced:  # fenced: a stop gave up on it; its thread just ends
+            stop = self._handle(cell.mailbox.get())
+            if cell._gave_up():
+                return  # a stop gave up on it while it ran: it is retired already
+            if cell._pending_failure is not None:
+                self.die()
+                return
+            if stop is not None:
+                self._stop(stop)
+                return
+
+    def _handle(self, item: _Item) -> _StopItem | None:
+        if isinstance(item, _CallItem):
+            self._call(item)
+        elif isinstance(item, _SuperviseItem):
+            self._supervise(item.event)
+        elif isinstance(item, _FlushItem):
+            item.done()
+        else:
+            return self.cell._take(item)
+        return None
+
+    def _call(self, item: _CallItem) -> None:
+        cell = self.cell
+        env = item.env
+        explicit = cell._explicit(env)
+        token = _set_context(cell._message_context(env))
+        cell._inflight = env
+        try:
+            fn, args, kwargs = cell._begin(item, explicit)
+            result = fn(*args, **kwargs)
+            if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
+                result = asyncio.run(result)
+        except Exception as exc:
+            cell._raised(env, exc, explicit)
+            return
+        except BaseException as exc:
+            cell._raised_base(env, exc)
+            return
+        finally:
+            cell._inflight = None
+            _reset_context(token)
+        if not explicit:
+            cell._reply_value(env, result)
+
+    def _supervise(self, event: FailureEvent) -> None:
+        cell = self.cell
+        if cell.cls is None or _is_default(cell.cls, "__supervise__"):
+            cell._record_failure(cell._unhandled(event), None)
+            return
+        assert cell.instance is not None
+        token = _set_context(Context(cell.instance, cell.spawn_point))
+        try:
+            handled = cell.actor.__supervise__(MeshFailure(event))
+            if inspect.iscoroutine(handled):
+                handled = asyncio.run(handled)
+        except BaseException as exc:
+            cell._record_failure(cell._supervise_raised(event, exc), exc)
+            return
+        finally:
+            _reset_context(token)
+        if not handled:
+            cell._record_failure(cell._unhandled(event), None)
+
+    def die(self) -> None:
+        cell = self.cell
+        exc = cell._begin_failure()
+        cell._stop_owned()
+        self._cleanup(exc)
+        cell._announce_failure()
+
+    def _stop(self, item: _StopItem) -> None:
+        cell = self.cell
+        cell.state = _STOPPING
+        cell._stop_owned()
+        self._cleanup(None)
+        cell._finish_stop(item)
+
+    def _cleanup(self, exc: BaseException | None) -> None:
+        cell = self.cell
+        if cell.actor is None or cell.cls is None or _is_default(cell.cls, "__cleanup__"):
+            return
+        assert cell.instance is not None
+        # The actor's own context: __cleanup__ may call context() and message other actors.
+        token = _set_context(Context(cell.instance, cell.spawn_point))
+        try:
+            result = cell.actor.__cleanup__(exc)
+            if inspect.iscoroutine(result):
+                timeout = float(_config.get("cleanup_timeout"))
+                asyncio.run(asyncio.wait_for(result, timeout))
+        except BaseException as error:
+            cell._cleanup_failed(error)
+        finally:
+            _reset_context(token)
+
+
+class _AsyncRunner(_Runner):
+    """An async actor: its thread runs a private asyncio loop on which its endpoints are
+    awaited one after the other; ``concurrent_endpoint`` bodies run as tasks, and so does
+    ``__supervise__``, as soon as the event arrives (even while an endpoint awaits)."""
+
+    __slots__ = ("main_task", "stopping_tasks", "supervising", "tasks")
+
+    def __init__(self, cell: ActorCell) -> None:
+        super().__init__(cell)
+        #: Concurrent bodies and ``__supervise__`` calls in flight (cancelled at the end).
+        self.tasks: set[asyncio.Task[Any]] = set()
+        #: The ``__supervise__`` tasks (a flush marker waits for them).
+        self.supervising: set[asyncio.Task[Any]] = set()
+        self.stopping_tasks = False
+        #: The task of the main loop (an unhandled supervision event cancels the call it awaits).
+        self.main_task: asyncio.Task[Any] | None = None
+
+    def run(self, spec: SpawnSpec, init: _InitItem) -> None:
+        mailbox = self.cell.mailbox
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        mailbox.use_loop(loop)
+        mailbox.on_supervision = functools.partial(_call_soon, loop, self._dispatch_supervision)
+        try:
+            loop.run_until_complete(self._run(spec, init))
+        finally:
+            with contextlib.suppress(Exception):
+                leftover = asyncio.all_tasks(loop)
+                for task in leftover:
+                    task.cancel()
+                if leftover:
+                    loop.run_until_complete(asyncio.wait(leftover, timeout=1.0))
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    async def _run(self, spec: SpawnSpec, init: _InitItem) -> None:
+        cell = self.cell
+        self.main_task = asyncio.current_task()
+        if not cell._construct(spec, init):
+            await self._die()
+            return
+        while not cell.fenced:
+            stop = await self._handle(await cell.mailbox.aget())
+            if cell._gave_up():
+                return
+            if cell._pending_failure is not None:
+                await self._die()
+                return
+            if stop is not None:
+                await self._stop(stop)
+                return
+
+    async def _handle(self, item: _Item) -> _StopItem | None:
+        if isinstance(item, _CallItem):
+            prop = self.cell.endpoints.get(item.env.endpoint)
+            if prop is not None and prop._concurrent:
+                self._start_concurrent(item, prop)
+            else:
+                await self._call(item)
+        elif isinstance(item, _SuperviseItem):
+            self._supervise_soon(item.event)
+        elif isinstance(item, _FlushItem):
+            self._flush(item)
+        else:
+            return self.cell._take(item)
+        return None
+
+    def _supervise_soon(self, event: FailureEvent) -> None:
+        task = self._track(self._supervise(event))
+        self.supervising.add(task)
+        task.add_done_callback(self.supervising.discard)
+
+    def _dispatch_supervision(self) -> None:
+        """Supervision events queued while this async actor is busy (its loop): their
+        ``__supervise__`` starts now, interleaving with an endpoint that awaits (Monarch: a
+        safe point is also "while the owner awaits"), instead of after it."""
+        cell = self.cell
+        if cell.state != _RUNNING or cell.fenced or cell._pending_failure is not None:
+            return  # the main loop takes them in order, or they die with the actor
+        for item in cell.mailbox.take_supervision():
+            self._supervise_soon(item.event)
+
+    def _track(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def _flush(self, item: _FlushItem) -> None:
+        """A flush marker on an async actor: ``__supervise__`` runs as a task and an unhandled
+        event comes back as a ``_FailItem``, so the marker is queued again behind whatever the
+        supervise tasks running now put in the mailbox, once they are all done."""
+        pending = set(self.supervising)
+        if not pending:
+            item.done()
+            return
+        mailbox = self.cell.mailbox
+
+        def one_done(task: asyncio.Task[Any]) -> None:
+            pending.discard(task)
+            if not pending and not mailbox.put(item, force=True):
+                item.done()  # the mailbox closed: the actor retired
+
+        for task in list(pending):
+            task.add_done_callback(one_done)
+
+    async def _call(self, item: _CallItem) -> None:
+        cell = self.cell
+        env = item.env
+        explicit = cell._explicit(env)
+        token = _set_context(cell._message_context(env))
+        cell._inflight = env
+        try:
+            fn, args, kwargs = cell._begin(item, explicit)
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            if not self._failed_during(env):
+                cell._raised(env, exc, explicit)
+            return
+        except BaseException as exc:
+            if not self._failed_during(env):
+                cell._raised_base(env, exc)
+            elif isinstance(exc, asyncio.CancelledError) and self.main_task is not None:
+                self.main_task.uncancel()  # our own cancel (``_fail_now``), consumed here
+            return
+        finally:
+            cell._inflight = None
+            _reset_context(token)
+        if not explicit and not self._failed_during(env):
+            cell._reply_value(env, result)
+
+    def _failed_during(self, env: Envelope) -> bool:
+        """True if this actor failed while handling ``env`` (its caller gets the failure)."""
+        pending = self.cell._pending_failure
+        return pending is not None and pending[2] is env
+
+    def _fail_now(self, event: FailureEvent, exc: BaseException | None) -> None:
+        """An async actor's supervision event was not handled (on its loop): the actor fails at
+        once. A call in flight is cancelled and fails with the ``SupervisionError`` (Monarch:
+        the owner fails, and so does the call it is handling); otherwise the failure queues."""
+        cell = self.cell
+        env = cell._inflight
+        if env is not None and self.main_task is not None and cell._pending_failure is None:
+            cell._record_failure(event, exc, env)
+            self.main_task.cancel()
+            return
+        cell.mailbox.put(_FailItem(event, exc), force=True)
+
+    def _start_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
+        token = _set_context(self.cell._message_context(item.env))
+        try:  # the task copies the context, so the body sees its own message rank
+            self._track(self._run_concurrent(item, prop))
+        finally:
+            _reset_context(token)
+
+    async def _run_concurrent(self, item: _CallItem, prop: EndpointProperty[Any, Any]) -> None:
+        cell = self.cell
+        env = item.env
+        forwards = not prop._user_port and env.reply_port is not None
+        try:
+            fn, args, kwargs = cell._begin(item, prop._user_port)
+            result = await fn(*args, **kwargs)
+        except asyncio.CancelledError:
+            if forwards and self.stopping_tasks:
+                cell._reply_error(
+                    env,
+                    SupervisionError(
+                        event=cell._event(
+                            ErrorCategory.SYSTEM,
+                            "the actor stopped while the concurrent endpoint was running",
+                            kind="stopped",
+                        ),
+                        endpoint=f"{cell.user_name}.{env.endpoint}",
+                    ),
+                )
+            elif forwards:
+                cell._reply_error(env, cell._actor_error(env, asyncio.CancelledError(), True))
+            raise
+        except Exception as exc:
+            if forwards:
+                cell._reply_error(env, cell._actor_error(env, exc, False))
+            elif not self.stopping_tasks:
+                self._fail_later(env, exc)
+            return
+        except BaseException as exc:
+            if forwards:
+                cell._reply_error(env, cell._actor_error(env, exc, True))
+            elif not self.stopping_tasks:
+                self._fail_later(env, exc)
+            return
+        if forwards:
+            cell._reply_value(env, result)
+
+    def _fail_later(self, env: Envelope, exc: BaseException) -> None:
+        cell = self.cell
+        event = cell._event(
+            ErrorCategory.USER,
+            f"endpoint {env.endpoint}() raised {type(exc).__name__}: {exc}",
+            exc,
+        )
+        cell.mailbox.put(_FailItem(event, exc, env), force=True)
+
+    async def _supervise(self, event: FailureEvent) -> None:
+        cell = self.cell
+        if cell.cls is None or _is_default(cell.cls, "__supervise__"):
+            self._fail_now(cell._unhandled(event), None)
+            return
+        assert cell.instance is not None
+        token = _set_context(Context(cell.instance, cell.spawn_point))
+        try:
+            handled = cell.actor.__supervise__(MeshFailure(event))
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except asyncio.CancelledError:
+            if self.stopping_tasks:
+                return  # a pending __supervise__ cancelled by stop does not propagate
+            raise
+        except BaseException as exc:
+            self._fail_now(cell._supervise_raised(event, exc), exc)
+            return
+        finally:
+            _reset_context(token)
+        if not handled:
+            self._fail_now(cell._unhandled(event), None)
+
+    async def _cancel_tasks(self) -> None:
+        self.stopping_tasks = True
+        while self.tasks:
+            pending = list(self.tasks)
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=float(_config.get("cleanup_timeout")))
+            self.tasks.difference_update(pending)
+
+    async def _die(self) -> None:
+        cell = self.cell
+        exc = cell._begin_failure()
+        cell._stop_owned()
+        await self._cancel_tasks()
+        await self._cleanup(exc)
+        cell._announce_failure()
+
+    async def _stop(self, item: _StopItem) -> None:
+        cell = self.cell
+        cell.state = _STOPPING
+        cell._stop_owned()
+        await self._cancel_tasks()
+        await self._cleanup(None)
+        cell._finish_stop(item)
+
+    async def _cleanup(self, exc: BaseException | None) -> None:
+        cell = self.cell
+        if cell.actor is None or cell.cls is None or _is_default(cell.cls, "__cleanup__"):
+            return
+        assert cell.instance is not None
+        # The actor's own context: __cleanup__ may call context() and message other actors.
+        token = _set_context(Context(cell.instance, cell.spawn_point))
+        try:
+            result = cell.actor.__cleanup__(exc)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, float(_config.get("cleanup_timeout")))
+        except BaseException as error:
+            cell._cleanup_failed(error)
+        finally:
+            _reset_context(token)
 
 
 def _stop_meshes(
