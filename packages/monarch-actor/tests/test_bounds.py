@@ -108,7 +108,7 @@ def test_pending_recv_calls_are_bounded() -> None:
 
 
 def test_open_ports_per_process_are_bounded() -> None:
-    from monarch.actor._runtime.proc import client
+    from monarch.actor._runtime.client import client
 
     configure(max_open_ports=client().runtime.open_ports + 1)
     keep = Channel[int].open()
@@ -141,7 +141,7 @@ def test_stopping_meshes_releases_threads_and_ownership_records(
     import threading
 
     from monarch.actor import _local_proc_mesh
-    from monarch.actor._runtime.proc import client
+    from monarch.actor._runtime.client import client
 
     root = client().root
     baseline_threads = threading.active_count()

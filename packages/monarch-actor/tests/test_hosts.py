@@ -27,7 +27,7 @@ from monarch.actor import (
     attach_to_workers,
     this_host,
 )
-from monarch.actor._runtime.proc import client
+from monarch.actor._runtime.client import client
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import procs_actors by name
 from procs_actors import Counter, Where

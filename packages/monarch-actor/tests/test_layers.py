@@ -45,6 +45,9 @@ MOVED = {
     "_accumulator": "_mesh.accumulator",
     "_logging_option": "_mesh.logging_option",
     "_telemetry": "_runtime.telemetry",
+    "_context": "_runtime.context",
+    "_port": "_runtime.ports",
+    "_logging": "_runtime.logging",
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -75,9 +78,6 @@ MESH_NAMES = (
 
 #: Flat modules still waiting to move, and the layer each is planned for.
 PENDING = {
-    "_context": "_runtime",
-    "_port": "_runtime",
-    "_logging": "_runtime",
     "_host": "_hosts",
     "_host_agent": "_hosts",
     "_attach": "_hosts",
@@ -155,18 +155,6 @@ def _layer_of(target: str) -> str | None:
     return PENDING.get(name)
 
 
-#: The skeleton of ``_runtime`` (the old module moved whole to ``_runtime/proc.py``) still holds
-#: these; the split of ``proc`` removes them and empties this set.
-SKELETON = {
-    "_runtime/proc.py: imports monarch.actor._main_module",
-    "_runtime/proc.py: nested import",
-}
-
-
-def _exempt(path: Path, what: str) -> bool:
-    return f"{path.relative_to(PACKAGE)}: {what}" in SKELETON
-
-
 def test_no_layer_imports_a_layer_to_its_left() -> None:
     problems = []
     for layer, path in _layer_files():
@@ -180,8 +168,6 @@ def test_no_layer_imports_a_layer_to_its_left() -> None:
                 if target.startswith("monarch.actor._transport.") and parts[3] in SEAM_NAMES:
                     problems.append(f"{module}:{node.lineno} imports {target} (use .seam)")
                 other = _layer_of(target)
-                if _exempt(path, f"imports {target}"):
-                    continue
                 if other is not None and LAYERS.index(other) < LAYERS.index(layer):
                     problems.append(f"{module}:{node.lineno} ({layer}) imports {target} ({other})")
     assert problems == []
@@ -196,7 +182,7 @@ def test_no_function_level_imports_of_our_packages_in_the_layers() -> None:
                 ours = node.level > 0 or (node.module or "").split(".")[0] in OWN_PACKAGES
             else:
                 ours = any(alias.name.split(".")[0] in OWN_PACKAGES for alias in node.names)
-            if ours and not _exempt(path, "nested import"):
+            if ours:
                 problems.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert problems == []
 
@@ -226,22 +212,38 @@ def test_old_paths_are_the_moved_modules() -> None:
 
 
 def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
-    """``_context`` (planned for ``_runtime``) reaches the client and ``this_proc`` through hooks
-    that ``_runtime`` and ``_mesh`` set when ``monarch.actor`` is imported."""
-    context = importlib.import_module("monarch.actor._context")
+    """``_runtime.context`` reaches the client and ``this_proc`` through hooks that
+    ``_runtime.client`` and ``_mesh`` set when ``monarch.actor`` is imported (H1, H2); the
+    root client's proc mesh is made through H2 on first use."""
+    context = importlib.import_module("monarch.actor._runtime.context")
+    client = importlib.import_module("monarch.actor._runtime.client")
     mesh = importlib.import_module("monarch.actor._mesh.meshes")
     assert context._proc_resolver is mesh.this_proc
-    assert context._root_context is not None
-    assert str(context.context().actor_instance) == "<root>"
+    assert context._root_context is client._root_context
+    root = context.context().actor_instance
+    assert str(root) == "<root>"
+    assert context.current_sender() == (client.client().runtime, client.client().root)
+    procs = root.proc_mesh
+    assert isinstance(procs, mesh.ProcMesh)
+    assert procs is root.proc_mesh  # made once
+    assert procs._proc_ids() == (client.client().runtime.proc_id,)
 
 
 def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
     """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
     through hooks that ``_host`` sets at import (H3, H4)."""
-    runtime = importlib.import_module("monarch.actor._runtime.proc")
+    runtime = importlib.import_module("monarch.actor._runtime.client")
     mesh = importlib.import_module("monarch.actor._mesh.meshes")
     host = importlib.import_module("monarch.actor._host")
     assert runtime._node_layer_factory is host.ClientNodeLayer
     assert isinstance(runtime.client().node_layer, host.ClientNodeLayer)
     assert mesh._host_resolver is host._host_of
     assert isinstance(mesh.this_proc().host_mesh, host.HostMesh)
+
+
+def test_the_client_bootstrap_guard_is_registered_at_import() -> None:
+    """``_runtime.client`` refuses to start a client while a worker imports the client's main
+    module: the hook ``set_bootstrap_guard`` holds ``_main_module``'s check (set at import)."""
+    client = importlib.import_module("monarch.actor._runtime.client")
+    main_module = importlib.import_module("monarch.actor._main_module")
+    assert client._bootstrap_guard is main_module.refuse_while_importing

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import monarch.actor
 from monarch.actor import Actor, ProcMesh, endpoint
-from monarch.actor._logging import LinePrefixer, _level, system_log_path
+from monarch.actor._runtime.logging import LinePrefixer, _level, system_log_path
 
 Procs = Callable[..., ProcMesh]
 T = 5.0

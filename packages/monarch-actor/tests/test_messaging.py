@@ -478,7 +478,7 @@ def test_ranked_channel_reports_the_sender_rank(procs: Procs) -> None:
 
 
 def test_closed_receiver_releases_its_port() -> None:
-    from monarch.actor._runtime.proc import client
+    from monarch.actor._runtime.client import client
 
     runtime = client().runtime
     before = runtime.open_ports
@@ -490,7 +490,7 @@ def test_closed_receiver_releases_its_port() -> None:
 
 
 def test_reply_ports_are_closed_before_their_futures_complete(counters: Any) -> None:
-    from monarch.actor._runtime.proc import client
+    from monarch.actor._runtime.client import client
 
     runtime = client().runtime
     counters.initialized.get(timeout=T)

@@ -10,18 +10,20 @@ import pytest
 from monarch.actor import Future, SupervisionError
 from monarch.actor._base.envelope import ActorAddr, Envelope, MessageKind
 from monarch.actor._runtime import proc as rt
+from monarch.actor._runtime.client import new_local_runtime
+from monarch.actor._runtime.sinks import Reply, decode_reply, gather_future
 
 
 @pytest.fixture
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[rt.ProcRuntime]:
     monkeypatch.setattr(rt, "PARK_TIMEOUT", 0.2)
-    runtime = rt.new_local_runtime("parking")
+    runtime = new_local_runtime("parking")
     yield runtime
     runtime.close()
 
 
-def _call_to(runtime: rt.ProcRuntime, path: str) -> Future[list[rt.Reply]]:
-    port, future = rt.gather_future(1, lambda replies: replies)
+def _call_to(runtime: rt.ProcRuntime, path: str) -> Future[list[Reply]]:
+    port, future = gather_future(1, lambda replies: replies)
     sender = ActorAddr(port.actor.pid, port.actor.path)
     env = Envelope(
         MessageKind.CALL, sender, ActorAddr(runtime.pid_raw, path),
@@ -47,7 +49,7 @@ def test_call_to_an_actor_that_never_arrives_is_rejected_after_the_park_timeout(
     (reply,) = future.get(timeout=5)
     assert reply.ok is False
     with pytest.raises(SupervisionError, match="no actor 'ghost-0001' exists"):
-        rt.decode_reply(reply)
+        decode_reply(reply)
     assert runtime._parked_count == 0
     assert not runtime._parked
 

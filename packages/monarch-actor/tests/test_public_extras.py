@@ -40,7 +40,7 @@ from monarch.actor import (
     returns_future,
     this_host,
 )
-from monarch.actor._runtime.proc import client
+from monarch.actor._runtime.client import client
 from monarch.actor._transport.lane import TcpLane, UnixLane
 from monarch.actor._transport.node import NodeTransportSettings
 from monarch.config import configured
@@ -263,7 +263,7 @@ def test_enable_transport_after_the_client_started_is_refused() -> None:
         from monarch.actor import enable_transport, this_host
         if __name__ == "__main__":
             this_host()
-            from monarch.actor._runtime.proc import client
+            from monarch.actor._runtime.client import client
             client()
             try:
                 enable_transport("tcp")
@@ -424,7 +424,7 @@ def test_attach_joins_the_client_under_an_existing_node(tmp_path: Path) -> None:
                 "-c",
                 textwrap.dedent(f"""
                 from monarch.actor import attach, this_host
-                from monarch.actor._runtime.proc import client
+                from monarch.actor._runtime.client import client
                 from extras_actors import Probe
                 if __name__ == "__main__":
                     attach({address!r})

@@ -330,13 +330,14 @@ def test_shutdown_context_stops_started_and_starting_meshes_as_this_client(
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import monarch.actor._runtime.proc as runtime
+        import importlib
         from monarch.actor import shutdown_context, this_host
         from spawn_options_actors import Probe
         up = this_host().spawn_procs({{"gpus": 1}})
         print(up.spawn("p", Probe).os_pid.call_one().get(timeout=30), flush=True)
         starting = this_host().spawn_procs({{"gpus": 1}})
         shutdown_context().get(timeout=60)
+        runtime = importlib.import_module("monarch.actor._runtime.client")
         print("fresh client" if runtime._client is not None else "no client", flush=True)
         """
     )

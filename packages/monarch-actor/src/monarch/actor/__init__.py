@@ -11,7 +11,7 @@ joined under the client's node.
 
 from __future__ import annotations
 
-from monarch.actor import config
+from monarch.actor import _main_module, config
 from monarch.actor._attach import (
     attach_to_workers,
     run_worker_loop_forever,
@@ -37,7 +37,14 @@ from monarch.actor._base.value_mesh import ValueMesh
 from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
 from monarch.actor._client_api import shutdown_context
 from monarch.actor._client_attach import attach
-from monarch.actor._context import (
+from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
+from monarch.actor._host_agent import get_or_spawn_controller
+from monarch.actor._mesh import meshes as _meshes
+from monarch.actor._mesh.accumulator import Accumulator
+from monarch.actor._mesh.adverbs import Endpoint, as_endpoint, send
+from monarch.actor._mesh.meshes import ActorMesh, ProcMesh, this_proc
+from monarch.actor._runtime.client import set_bootstrap_guard as _set_bootstrap_guard
+from monarch.actor._runtime.context import (
     Context,
     Instance,
     context,
@@ -45,14 +52,8 @@ from monarch.actor._context import (
     current_rank,
     current_size,
 )
-from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
-from monarch.actor._host_agent import get_or_spawn_controller
-from monarch.actor._mesh import meshes as _meshes
-from monarch.actor._mesh.accumulator import Accumulator
-from monarch.actor._mesh.adverbs import Endpoint, as_endpoint, send
-from monarch.actor._mesh.meshes import ActorMesh, ProcMesh, this_proc
-from monarch.actor._port import Channel, Port, PortReceiver
 from monarch.actor._runtime.enable_transport import ChannelTransport, enable_transport
+from monarch.actor._runtime.ports import Channel, Port, PortReceiver
 from monarch.actor._runtime.returns_future import returns_future
 from monarch.actor._runtime.telemetry import (
     ChainLink,
@@ -191,3 +192,7 @@ del _public
 #: In-process simulated processes (``_local_proc_mesh(per_host={"gpus": 2})``) until the Node
 #: process layer provides ``this_host().spawn_procs``. Private: no stability promise.
 _local_proc_mesh = _meshes.local_proc_mesh
+
+# Hook (``_runtime.client``): a worker process importing the client's main module must not start
+# a client there (the script's program is running unguarded); ``_main_module`` refuses it.
+_set_bootstrap_guard(_main_module.refuse_while_importing)

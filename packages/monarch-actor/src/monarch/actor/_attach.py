@@ -77,7 +77,7 @@ from monarch.actor._host import (
     worker_command,
 )
 from monarch.actor._main_module import main_reference
-from monarch.actor._runtime.proc import client
+from monarch.actor._runtime.client import client
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:

@@ -22,16 +22,10 @@ from monarch.actor._base.envelope import ActorAddr, MessageKind
 from monarch.actor._base.errors import MeshFailure
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.loop import is_runtime_thread
-from monarch.actor._context import _current
-from monarch.actor._runtime.proc import (
-    FLUSH_ENDPOINT,
-    FlushReport,
-    OneSink,
-    Reply,
-    _Client,
-    client,
-    shutdown_client,
-)
+from monarch.actor._runtime.client import _Client, client, shutdown_client
+from monarch.actor._runtime.context import _current
+from monarch.actor._runtime.proc import FLUSH_ENDPOINT, FlushReport
+from monarch.actor._runtime.sinks import OneSink, Reply
 
 __all__ = ["default_unhandled_fault_hook", "flush_supervision", "shutdown_context"]
 

@@ -32,7 +32,7 @@ _lock = threading.Lock()
 
 
 def _client_node_started() -> bool:
-    runtime = sys.modules.get("monarch.actor._runtime.proc")
+    runtime = sys.modules.get("monarch.actor._runtime.client")
     current = getattr(runtime, "_client", None) if runtime is not None else None
     layer = getattr(current, "node_layer", None)
     return getattr(layer, "_node", None) is not None

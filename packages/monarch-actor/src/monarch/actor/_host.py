@@ -84,11 +84,16 @@ from monarch.actor import _client_attach
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Point, Shape, Slice
-from monarch.actor._context import _current
 from monarch.actor._host_agent import NestedProcs, ProcSetup, ensure_agent, spawn_from_worker
 from monarch.actor._main_module import main_reference, refuse_while_importing
 from monarch.actor._mesh.meshes import ProcMesh, _adopt, _forget, _ProcMeshState, set_host_resolver
-from monarch.actor._runtime.proc import _frame_limits, broadcast_proc_death, client, set_node_layer
+from monarch.actor._runtime.client import (
+    _frame_limits,
+    broadcast_proc_death,
+    client,
+    set_node_layer,
+)
+from monarch.actor._runtime.context import _current
 from monarch.actor._runtime.watchdog import HeartbeatDriver
 from monarch.actor._worker import STARTUP_MARKER
 from monarch.actor._zygote import Zygote, ZygoteUnavailableError
@@ -97,7 +102,7 @@ from monarch.config._registry import ChannelTransport
 
 if TYPE_CHECKING:
     from monarch.actor._attach import HostSession
-    from monarch.actor._runtime.proc import _Client
+    from monarch.actor._runtime.client import _Client
     from monarch.actor._transport.node import NodeProcessTransport
 
 __all__ = [

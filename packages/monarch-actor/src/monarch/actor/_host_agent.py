@@ -54,7 +54,6 @@ from monarch.actor._base.errors import MeshFailure
 from monarch.actor._base.future import Future
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, Shape
-from monarch.actor._context import _current, _reset_context, _set_context, context
 from monarch.actor._mesh.meshes import (
     ActorMesh,
     ProcMesh,
@@ -62,14 +61,15 @@ from monarch.actor._mesh.meshes import (
     _spawn_system_actor,
     this_proc,
 )
-from monarch.actor._port import Port
-from monarch.actor._runtime.proc import client
+from monarch.actor._runtime.client import client
+from monarch.actor._runtime.context import _current, _reset_context, _set_context, context
+from monarch.actor._runtime.ports import Port
 
 if TYPE_CHECKING:
     from chrysalis.core import Pid
     from monarch.actor._attach import HostSession
     from monarch.actor._host import BootstrapCommand, ClientNodeLayer, WorkerGroup, _SpawnOptions
-    from monarch.actor._runtime.proc import _Client
+    from monarch.actor._runtime.client import _Client
 
 __all__ = [
     "AGENT_PATH",

@@ -228,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chrysalis.core import Pid
     from chrysalis.node import Node
     from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
-    from monarch.actor._runtime.proc import ProcRuntime, _frame_limits, set_process_sender
+    from monarch.actor._runtime.client import _frame_limits
+    from monarch.actor._runtime.context import set_process_sender
+    from monarch.actor._runtime.proc import ProcRuntime
     from monarch.actor._transport.node import NodeProcessTransport
 
     if args.main:
@@ -378,7 +380,7 @@ def forked_main(argv: Sequence[str]) -> int:
     begin as an exec'd one would: runtime configuration only from the environment, no
     metrics or spans recorded by the client, system log lines labelled as its own.
     """
-    from monarch.actor import _logging
+    from monarch.actor._runtime import logging as _logging
     from monarch.actor._runtime import telemetry as _telemetry
     from monarch.config import _registry
 

@@ -1,7 +1,8 @@
 """Flags of ``monarch.actor`` read at use time (``monarch.actor.config``).
 
 ``prefix_python_logs_with_actor``: whether log records emitted inside actors are prefixed with
-``[actor=<instance chain>]`` (read at every record by the log-record factory of ``_logging``).
+``[actor=<instance chain>]`` (read at every record by the log-record factory of
+``_runtime.logging``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from typing import (
 
 if TYPE_CHECKING:
     from monarch.actor._mesh.adverbs import Endpoint
-    from monarch.actor._port import Port
+    from monarch.actor._runtime.ports import Port
 
 __all__ = [
     "EndpointProperty",

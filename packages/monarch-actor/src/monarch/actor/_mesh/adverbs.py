@@ -28,19 +28,21 @@ from monarch.actor._base.endpoint import EndpointProperty
 from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo, MessageKind
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.value_mesh import ValueMesh, _value_mesh_over
-from monarch.actor._runtime.proc import (
+from monarch.actor._runtime.context import (
+    current_sender,
+)
+from monarch.actor._runtime.sinks import (
     GatherSink,
     OneSink,
     Reply,
     StreamSink,
-    current_sender,
     decode_reply,
 )
 
 if TYPE_CHECKING:
     from monarch.actor._base.shape import Extent
     from monarch.actor._mesh.meshes import ActorMesh
-    from monarch.actor._port import Port
+    from monarch.actor._runtime.ports import Port
 
 __all__ = ["Endpoint", "NotAnEndpoint", "as_endpoint", "send"]
 

@@ -41,20 +41,12 @@ from monarch.actor._base.envelope import ActorAddr, CastInfo, MessageKind
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
-from monarch.actor._context import CreatorInfo, _current, set_proc_resolver
 from monarch.actor._mesh import logging_option as _logging_option
 from monarch.actor._mesh.adverbs import Endpoint, NotAnEndpoint
-from monarch.actor._runtime.proc import (
-    CellBase,
-    GatherSink,
-    Reply,
-    RootCell,
-    SpawnSpec,
-    client,
-    current_sender,
-    decode_reply,
-    new_local_runtime,
-)
+from monarch.actor._runtime.cell import CellBase, RootCell, SpawnSpec
+from monarch.actor._runtime.client import client, new_local_runtime
+from monarch.actor._runtime.context import CreatorInfo, _current, current_sender, set_proc_resolver
+from monarch.actor._runtime.sinks import GatherSink, Reply, decode_reply
 
 if TYPE_CHECKING:
     from monarch.actor._host import HostMesh, WorkerGroup
@@ -299,6 +291,9 @@ class ProcMesh(MeshTrait):
 
     __slots__ = ("_known", "_name", "_owned", "_owner", "_shape", "_state")
 
+    #: An owner stops its proc meshes after its actor meshes (``_runtime.cell._stop_meshes``).
+    stop_order = 1
+
     def __init__(
         self,
         procs: Sequence[ProcId] | None,
@@ -527,6 +522,9 @@ def _rebuild_proc_mesh(procs: tuple[ProcId, ...], shape: Shape, name: str) -> Pr
 
 class ActorMesh(MeshTrait, Generic[T]):
     """One actor per process of a proc mesh; endpoints are attributes (``mesh.method.call()``)."""
+
+    #: An owner stops its actor meshes before its proc meshes (``_runtime.cell._stop_meshes``).
+    stop_order = 0
 
     def __init__(
         self,

@@ -1,30 +1,33 @@
-"""The ``_runtime`` layer: one process's actors (cells and mailboxes, ports, reply sinks,
-supervision, the process runtime and the client runtime).
+"""The ``_runtime`` layer: one process's actors.
+
+Modules, each importing only those before it (and the layers to the right):
+``context`` (who is running: ``context()``, ``current_sender``) < ``logging`` (system and user
+logs) < ``sinks`` (replies and port sinks) < ``ports`` (``Port``, ``PortReceiver``,
+``Channel``) < ``cell`` (actor cells, mailboxes, the root client's cell) < ``proc``
+(``ProcRuntime``: routing, tombstones, stops, flushes, liveness) < ``client`` (this OS
+process's client runtime).
 
 This package took the old module path ``monarch.actor._runtime``; the names that module
 exported are re-exported here for one release. Code inside ``monarch.actor`` imports the
-module that defines a name.
+module that defines a name. One of them shadows a module: the package's attribute ``client``
+is the function ``client()`` (as in the old module), so ``import monarch.actor._runtime.client
+as m`` yields the function; reach the module with ``from monarch.actor._runtime.client import
+...`` or ``importlib.import_module``.
 """
 
+from monarch.actor._runtime.cell import ActorCell, CellBase, RootCell, UndeliverableEnvelope
+from monarch.actor._runtime.client import broadcast_proc_death, client, shutdown_client
+from monarch.actor._runtime.context import current_sender
 from monarch.actor._runtime.proc import (
     FLUSH_ENDPOINT,
     HEARTBEAT_ENDPOINT,
     MAX_TOMBSTONES,
-    ActorCell,
-    CellBase,
     FlushReport,
     Heartbeat,
     ProcDeath,
     ProcRuntime,
-    Reply,
-    RootCell,
-    UndeliverableEnvelope,
-    broadcast_proc_death,
-    client,
-    current_sender,
-    decode_reply,
-    shutdown_client,
 )
+from monarch.actor._runtime.sinks import Reply, decode_reply
 
 __all__ = [
     "FLUSH_ENDPOINT",

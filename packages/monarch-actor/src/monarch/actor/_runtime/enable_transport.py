@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 
-from monarch.actor._runtime import proc as _proc
+from monarch.actor._runtime.client import client_started
 from monarch.config import _registry as _config
 from monarch.config._registry import ChannelTransport
 
@@ -37,10 +37,6 @@ SUPPORTED_TRANSPORTS = (
 )
 _enabled: ChannelTransport | None = None
 _lock = threading.Lock()
-
-
-def _client_started() -> bool:
-    return _proc._client is not None
 
 
 def enable_transport(transport: ChannelTransport | str) -> None:
@@ -80,7 +76,7 @@ def enable_transport(transport: ChannelTransport | str) -> None:
                 f"transport type is `{_enabled}`. Attempted to enable transport type "
                 f"`{resolved}`."
             )
-        if _enabled is None and _client_started():
+        if _enabled is None and client_started():
             raise RuntimeError(
                 "`enable_transport()` must be called before any other calls in the monarch "
                 "API. If it isn't called, we will implicitly call "

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from monarch.actor._base.future import Future, _Cell
-from monarch.actor._context import context
+from monarch.actor._runtime.context import context
 
 __all__ = ["returns_future"]
 

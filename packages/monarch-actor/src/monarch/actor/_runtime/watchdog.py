@@ -26,7 +26,13 @@ from chrysalis.core import Pid
 from monarch.actor._base.envelope import PortAddr
 from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._runtime.liveness import HeartbeatMonitor
-from monarch.actor._runtime.proc import PortSink, ProcRuntime, Reply
+from monarch.actor._runtime.proc import (
+    ProcRuntime,
+)
+from monarch.actor._runtime.sinks import (
+    PortSink,
+    Reply,
+)
 from monarch.config import _registry as _config
 
 __all__ = ["HeartbeatDriver"]

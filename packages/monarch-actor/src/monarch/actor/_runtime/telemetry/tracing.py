@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
-from monarch.actor._context import _current
+from monarch.actor._runtime.context import _current
 from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import otel as _otel
 from monarch.actor._runtime.telemetry.listeners import DEFAULT_RING_CAPACITY, add_listener

@@ -1,0 +1,194 @@
+"""The client runtime of this OS process: its loop, fabric, root client and node layer.
+
+``client()`` makes it on first use (and again after a fork): a ``RuntimeLoop``, the
+``InProcessFabric`` that in-process simulated processes share (``new_local_runtime``), the
+client's ``ProcRuntime`` (label ``"client"``) and its ``RootCell``, and the node layer that
+gives the client its PID and reaches worker processes (``_host.ClientNodeLayer``, registered by
+``_host`` through ``set_node_layer``: hook H3). ``shutdown_client`` stops what the root owns,
+then the node layer and the loop (registered with ``atexit``).
+
+This module registers hook H1 at import (``context.set_root_context``): ``context()`` and
+``current_sender()`` outside any actor are the root client's. Before a client is made,
+``set_bootstrap_guard``'s check runs (set by the facade: a worker importing the client's
+unguarded main module must not start Monarch).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from chrysalis.core import Pid
+from monarch.actor._base import codec as _codec
+from monarch.actor._base.envelope import ActorAddr, FrameLimits, MessageKind
+from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._runtime.cell import RootCell, _stop_meshes
+from monarch.actor._runtime.context import (
+    Context,
+    _reset_context,
+    _set_context,
+    set_root_context,
+)
+from monarch.actor._runtime.proc import ProcDeath, ProcRuntime
+from monarch.actor._transport.seam import InProcessFabric
+from monarch.config import _registry as _config
+
+if TYPE_CHECKING:
+    from monarch.actor._host import ClientNodeLayer, HostMesh
+
+__all__ = [
+    "broadcast_proc_death",
+    "client",
+    "new_local_runtime",
+    "set_bootstrap_guard",
+    "set_node_layer",
+    "shutdown_client",
+]
+
+
+_frame_limits_cache: list[FrameLimits] = [FrameLimits()]
+
+
+def _frame_limits() -> FrameLimits:
+    # Asked on every send: reuse the last FrameLimits while the setting is unchanged.
+    value = int(_config.get("codec_max_frame_length"))
+    cached = _frame_limits_cache[0]
+    if cached.max_frame_bytes != value:
+        cached = _frame_limits_cache[0] = FrameLimits(max_frame_bytes=value)
+    return cached
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = RuntimeLoop("monarch-runtime")
+        self.loop.start()
+        self.fabric = InProcessFabric(_frame_limits)
+        if _node_layer_factory is None:
+            raise RuntimeError("monarch.actor is not fully imported (no node layer registered)")
+        self.node_layer = _node_layer_factory()  # the client's PID is its (lazy) node's PID
+        self.host_mesh: HostMesh | None = None
+        self.host_lock = threading.Lock()
+        #: The host agent (``_host_agent``), spawned in this process on first use.
+        self.host_agent: Any = None
+        self.runtime = ProcRuntime(self.fabric, self.loop, "client", pid=self.node_layer.pid)
+        self.root = RootCell(self.runtime)
+        self.runtime.root = self.root
+        self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
+
+
+#: Hook H3: builds the client's node layer (``_host.ClientNodeLayer``, set by ``_host`` at import).
+_node_layer_factory: Callable[[], ClientNodeLayer] | None = None
+
+
+def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
+    """Register the factory of the client's node layer (called once, by ``_host``, at import)."""
+    global _node_layer_factory
+    _node_layer_factory = factory
+
+
+#: Hook: called with what is starting before this process's client is made, to refuse it
+#: (``_main_module.refuse_while_importing``: a worker importing the client's unguarded main
+#: module; set by the facade at import).
+_bootstrap_guard: Callable[[str], None] | None = None
+
+
+def set_bootstrap_guard(guard: Callable[[str], None]) -> None:
+    """Register the check that runs before the client of this process is made (once, at
+    import): it raises to refuse starting Monarch here now."""
+    global _bootstrap_guard
+    _bootstrap_guard = guard
+
+
+_client: _Client | None = None
+_client_lock = threading.Lock()
+_atexit_registered = False
+
+
+def client_started() -> bool:
+    """True once this process's client runtime exists (``client()`` was called)."""
+    return _client is not None
+
+
+def client() -> _Client:
+    """The client runtime of this OS process, bootstrapped on first use (and after fork)."""
+    global _client, _atexit_registered
+    current = _client
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _client_lock:
+        if _client is None or _client.pid != os.getpid():
+            # A worker importing the client's script: its unguarded program is running.
+            if _bootstrap_guard is not None:
+                _bootstrap_guard("Monarch (a client: this_proc(), context(), ...)")
+            _client = _Client()
+            if not _atexit_registered:
+                atexit.register(_shutdown_at_exit)
+                _atexit_registered = True
+        return _client
+
+
+def shutdown_client(timeout: float = 5.0, *, at_exit: bool = False) -> None:
+    """Stop everything the root client owns, then the runtime loop (bounded; idempotent)."""
+    global _client
+    with _client_lock:
+        current, _client = _client, None
+    if current is None or current.pid != os.getpid():
+        return
+    owned, current.root.owned = current.root.owned, []
+    # The stops leave as this client's root: with no context, ``current_sender`` would
+    # bootstrap a fresh client (this one is unpublished already), whose ports get the acks.
+    token = _set_context(current.root.context)
+    try:
+        _stop_meshes(owned, timeout, at_exit=at_exit)
+    finally:
+        _reset_context(token)
+    for runtime in list(current.local_runtimes):
+        runtime.close()
+    current.node_layer.shutdown(current, timeout)
+    current.runtime.close()
+    current.loop.stop(timeout=min(timeout, 1.0))
+
+
+def _shutdown_at_exit() -> None:
+    with contextlib.suppress(Exception):
+        shutdown_client(timeout=1.0, at_exit=True)
+
+
+def broadcast_proc_death(
+    client: _Client, pid: Pid, reason: str, others: Sequence[Pid], *, fenced: bool = False
+) -> None:
+    """Tell the client's runtime and every process in ``others`` that ``pid`` died (``fenced``:
+    was declared dead, see ``ProcRuntime.proc_died``)."""
+    with contextlib.suppress(Exception):
+        client.loop.call_soon(partial(client.runtime.proc_died, pid.raw, reason, fenced=fenced))
+    runtime = client.runtime
+    payload = _codec.Payload(msgspec.msgpack.encode(ProcDeath(pid.raw, reason, fenced)))
+    for other in others:
+        with contextlib.suppress(Exception):
+            runtime.post(
+                runtime.agent, MessageKind.SUPERVISION, ActorAddr(other.raw, ""), payload=payload
+            )
+
+
+def new_local_runtime(label: str) -> ProcRuntime:
+    """A simulated process on the client's fabric and loop."""
+    c = client()
+    runtime = ProcRuntime(c.fabric, c.loop, label)
+    c.local_runtimes.add(runtime)
+    return runtime
+
+
+def _root_context() -> Context:
+    return client().root.context
+
+
+set_root_context(_root_context)  # hook H1: ``context()`` outside any actor

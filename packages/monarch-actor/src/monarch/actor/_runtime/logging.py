@@ -1,0 +1,275 @@
+"""User logs and system logs, kept apart (Monarch 0.2.0: "system logs and user logs are
+cleanly separated"; reference section 1.14).
+
+Two kinds of log records exist in a Monarch process:
+
+- **System logs**: the runtime's own, on loggers under ``monarch`` (``monarch.actor.runtime``,
+  ``monarch.actor.worker``, ``monarch.supervision``, ...). ``install_system_logging`` gives the
+  ``monarch`` logger its own handlers and stops it from propagating, so they never reach the
+  handlers the program installed on the root logger, and the program's log configuration never
+  floods them: stderr at ``MONARCH_STDERR_LOG`` (default ``warning``; ``off`` for none), and a
+  file at ``MONARCH_FILE_LOG`` (a level; default off) written to ``MONARCH_LOG_FILE``
+  (default ``/tmp/$USER/monarch_log.log``). Each line names the process
+  (``[monarch client] WARNING monarch.actor.runtime: ...``). A program that wants them in its
+  own handlers sets ``logging.getLogger("monarch").propagate = True``.
+- **User logs**: everything else, above all what actor code logs (``self.logger``, any
+  ``logging.getLogger(...)``) and prints. They go where the program's logging configuration
+  sends them. Records made inside an actor get the ``[actor=<instance chain>] `` prefix (on
+  the client, outside any actor, ``[actor=<root>]``), added by a log-record factory so that
+  every handler sees it, also handlers added later; empty messages are left alone, and
+  ``monarch.actor.config.prefix_python_logs_with_actor = False`` turns it off. Each such record
+  also carries the chain as ``record.actor`` for filters and structured formatters. Records
+  of ``monarch.*`` and ``chrysalis.*`` loggers are system logs and are never prefixed.
+
+User-visible faults travel as exceptions and supervision events (``monarch.supervision``
+records), never as user-log noise.
+
+``LinePrefixer`` is the sans-IO half of forwarding a worker's stdout/stderr to the client: it
+turns arbitrary byte chunks into complete lines, each with a prefix such as ``[gpus=1] ``, with
+lines bounded to ``max_line`` bytes (longer ones are split) so a hostile or binary stream cannot
+grow memory without bound.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Final
+
+from monarch.actor import config
+from monarch.actor._runtime.context import _current
+
+__all__ = [
+    "SYSTEM_LOGGER",
+    "LinePrefixer",
+    "install",
+    "install_actor_log_prefix",
+    "install_system_logging",
+    "system_log_path",
+    "uninstall_system_logging",
+]
+
+#: Root of the runtime's own loggers.
+SYSTEM_LOGGER: Final = "monarch"
+_SYSTEM_PREFIXES: Final = ("monarch.", "chrysalis.")
+_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+_lock = threading.Lock()
+_installed_label: str | None = None
+_handlers: list[logging.Handler] = []
+_factory_installed = False
+
+
+def _level(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    if text in ("", "off", "none", "0", "false"):
+        return None
+    if text.isdigit():
+        return int(text)
+    if text in _LEVELS:
+        return _LEVELS[text]
+    raise ValueError(f"{name}={raw!r} is not a log level (debug, info, warning, error, off)")
+
+
+def system_log_path() -> Path:
+    """Where the system log file goes: ``MONARCH_LOG_FILE`` or ``/tmp/$USER/monarch_log.log``."""
+    explicit = os.environ.get("MONARCH_LOG_FILE")
+    if explicit:
+        return Path(explicit)
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = str(os.getuid())
+    return Path("/tmp") / user / "monarch_log.log"
+
+
+def install_system_logging(label: str) -> None:
+    """Give the ``monarch`` logger its own handlers (see the module docstring), naming this
+    process ``label`` in each line; idempotent per process (the first label stays)."""
+    global _installed_label
+    with _lock:
+        if _installed_label is not None:
+            return
+        _installed_label = label
+        logger = logging.getLogger(SYSTEM_LOGGER)
+        levels = []
+        formatter = _SystemFormatter()
+        stderr_level = _level("MONARCH_STDERR_LOG", logging.WARNING)
+        if stderr_level is not None:
+            handler: logging.Handler = logging.StreamHandler(sys.stderr)
+            handler.setLevel(stderr_level)
+            levels.append(stderr_level)
+            _handlers.append(handler)
+        file_level = _level("MONARCH_FILE_LOG", None)
+        if file_level is not None:
+            path = system_log_path()
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handler = logging.FileHandler(path, encoding="utf-8")
+            except OSError as exc:
+                sys.stderr.write(f"monarch: cannot open the system log file {path}: {exc}\n")
+            else:
+                handler.setLevel(file_level)
+                levels.append(file_level)
+                _handlers.append(handler)
+        if not _handlers:
+            _handlers.append(logging.NullHandler())
+        for handler in _handlers:
+            handler.setFormatter(formatter)
+            logger.addHandler(handler)
+        if levels and logger.level == logging.NOTSET:
+            logger.setLevel(min(levels))
+        logger.propagate = False
+
+
+def install(label: str) -> None:
+    """Both halves: system-log handlers and the actor prefix on user logs (runtime hook, called
+    when a process runtime starts; idempotent)."""
+    if _installed_label is None:
+        install_system_logging(label)
+    if not _factory_installed:
+        install_actor_log_prefix()
+
+
+def uninstall_system_logging() -> None:
+    """Undo ``install_system_logging``: a worker forked from the client's zygote inherits the
+    client's handlers and its ``client`` label, and must install its own."""
+    global _installed_label
+    with _lock:
+        logger = logging.getLogger(SYSTEM_LOGGER)
+        for handler in _handlers:
+            logger.removeHandler(handler)
+            handler.close()
+        _handlers.clear()
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)
+        _installed_label = None
+
+
+class _SystemFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("[monarch %(monarch_proc)s] %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.monarch_proc = _installed_label or "?"
+        return super().format(record)
+
+
+# ---------------------------------------------------------------------------------------------
+# The actor prefix on user logs
+# ---------------------------------------------------------------------------------------------
+def _chain_here() -> str | None:
+    """The actor chain of the running code, ``<root>`` on the client, ``None`` elsewhere."""
+    ctx = _current()
+    if ctx is not None:
+        return str(ctx.actor_instance)
+    runtime = sys.modules.get("monarch.actor._runtime.client")
+    client = getattr(runtime, "_client", None) if runtime is not None else None
+    if client is not None and getattr(client, "pid", None) == os.getpid():
+        return "<root>"
+    return None
+
+
+def install_actor_log_prefix() -> None:
+    """Install the log-record factory that prefixes user records with ``[actor=<chain>] ``
+    (idempotent; it keeps and calls whatever factory was installed before it)."""
+    global _factory_installed
+    with _lock:
+        if _factory_installed:
+            return
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            name = record.name
+            if name == SYSTEM_LOGGER or name.startswith(_SYSTEM_PREFIXES):
+                return record
+            try:
+                chain = _chain_here()
+            except Exception:  # logging must never fail because of the prefix
+                return record
+            if chain is None:
+                return record
+            record.actor = chain
+
+            msg = record.msg
+            if config.prefix_python_logs_with_actor and isinstance(msg, str) and msg:
+                prefix = f"[actor={chain}] "
+                record.msg = (prefix.replace("%", "%%") if record.args else prefix) + msg
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _factory_installed = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Forwarding a worker's output, sans-IO
+# ---------------------------------------------------------------------------------------------
+class LinePrefixer:
+    """Turns byte chunks of one stream into prefixed, complete lines.
+
+    ``feed(chunk)`` returns the lines completed by ``chunk`` (each ``prefix + line + b"\\n"``);
+    ``flush()`` returns the unterminated tail, if any, at end of stream. A line longer than
+    ``max_line`` bytes is emitted in ``max_line``-byte pieces, so at most ``max_line`` bytes are
+    ever held.
+    """
+
+    __slots__ = ("_partial", "max_line", "prefix")
+
+    def __init__(self, prefix: bytes, max_line: int = 64 * 1024) -> None:
+        if max_line < 1:
+            raise ValueError("max_line must be positive")
+        self.prefix = prefix
+        self.max_line = max_line
+        self._partial = bytearray()
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[bytes]:
+        """The complete lines in ``chunk`` (plus what was held back), prefixed."""
+        out: list[bytes] = []
+        data = bytes(chunk)
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._partial += data[start:]
+                start = len(data)
+            else:
+                self._partial += data[start:end]
+                start = end + 1
+                out.extend(self._split(bytes(self._partial)))
+                self._partial.clear()
+            while len(self._partial) > self.max_line:
+                piece = bytes(self._partial[: self.max_line])
+                del self._partial[: self.max_line]
+                out.append(self.prefix + piece + b"\n")
+        return out
+
+    def _split(self, line: bytes) -> list[bytes]:
+        if len(line) <= self.max_line:
+            return [self.prefix + line + b"\n"]
+        return [
+            self.prefix + line[i : i + self.max_line] + b"\n"
+            for i in range(0, len(line), self.max_line)
+        ]
+
+    def flush(self) -> list[bytes]:
+        """The held-back unterminated tail, terminated (end of stream)."""
+        if not self._partial:
+            return []
+        tail = bytes(self._partial)
+        self._partial.clear()
+        return self._split(tail)
