@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import monarch.actor
@@ -36,6 +39,30 @@ MOVED = {
     "_lane_proto": "_transport.lane_proto",
     "_lane": "_transport.lane",
     "_shm": "_transport.shm",
+    "_worker": "_hosts.worker",
+    "_zygote": "_hosts.zygote",
+    "_main_module": "_runtime.main_module",
+    "_client_api": "_hosts.settle",
+    "_client_attach": "_hosts.client_attach",
+}
+
+#: Old flat modules split into several: each re-exports the old module's names from their new
+#: homes (old module -> the new modules, in its layer).
+SPLIT = {
+    "_host": (
+        "_hosts.commands",
+        "_hosts.groups",
+        "_hosts.client_node",
+        "_hosts.spawn",
+        "_hosts.host_mesh",
+    ),
+    "_attach": (
+        "_hosts.attach_protocol",
+        "_hosts.attach_session",
+        "_hosts.attach_daemon",
+        "_hosts.host_mesh",
+    ),
+    "_host_agent": ("_hosts.nested", "_hosts.agent", "_hosts.spawn"),
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -63,14 +90,6 @@ PENDING = {
     "_mesh": "_mesh",
     "_accumulator": "_mesh",
     "_logging_option": "_mesh",
-    "_host": "_hosts",
-    "_host_agent": "_hosts",
-    "_attach": "_hosts",
-    "_worker": "_hosts",
-    "_zygote": "_hosts",
-    "_main_module": "_hosts",
-    "_client_api": "_hosts",
-    "_client_attach": "_hosts",
 }
 
 #: Above every layer: the facade and the public modules may import anything.
@@ -137,13 +156,14 @@ def _layer_of(target: str) -> str | None:
         return name
     if name in MOVED:
         return MOVED[name].split(".")[0]
+    if name in SPLIT:
+        return SPLIT[name][0].split(".")[0]
     return PENDING.get(name)
 
 
 #: The skeleton of ``_runtime`` (the old module moved whole to ``_runtime/proc.py``) still holds
 #: these; the split of ``proc`` removes them and empties this set.
 SKELETON = {
-    "_runtime/proc.py: imports monarch.actor._main_module",
     "_runtime/proc.py: nested import",
 }
 
@@ -160,7 +180,8 @@ def test_no_layer_imports_a_layer_to_its_left() -> None:
         for node in top:
             for target in _targets(node, module):
                 parts = target.split(".")
-                if parts[:2] == ["monarch", "actor"] and parts[2:3] and parts[2] in MOVED:
+                old = set(MOVED) | set(SPLIT)
+                if parts[:2] == ["monarch", "actor"] and parts[2:3] and parts[2] in old:
                     problems.append(f"{module}:{node.lineno} imports the old path {target}")
                 if target.startswith("monarch.actor._transport.") and parts[3] in SEAM_NAMES:
                     problems.append(f"{module}:{node.lineno} imports {target} (use .seam)")
@@ -190,7 +211,7 @@ def test_what_is_left_to_move() -> None:
     """Every flat module is the facade, an old path kept for one release, or pending (its
     planned layer named): a new flat module has to be placed, and a move updates this list."""
     flat = {p.stem for p in PACKAGE.glob("*.py")}
-    assert flat - FACADE - set(MOVED) == set(PENDING)
+    assert flat - FACADE - set(MOVED) - set(SPLIT) == set(PENDING)
     assert set(PENDING.values()) <= set(LAYERS)
 
 
@@ -205,6 +226,21 @@ def test_old_paths_are_the_moved_modules() -> None:
         assert getattr(package, name) is getattr(seam, name)
 
 
+def test_the_old_paths_of_split_modules_re_export_every_name_from_its_new_home() -> None:
+    """A split module's old path keeps every top-level name the old module had (its ``__all__``
+    and the private names code written against it may use), as the object of the new home."""
+    for old, homes in SPLIT.items():
+        shim = importlib.import_module(f"monarch.actor.{old}")
+        assert shim.__name__ == f"monarch.actor.{old}"  # not replaced: a module of its own
+        new = [importlib.import_module(f"monarch.actor.{home}") for home in homes]
+        names = [n for n in vars(shim) if not n.startswith("__")]
+        assert set(shim.__all__) <= set(names)
+        for name in names:
+            value = getattr(shim, name)
+            alias = {"_start_group": "start_group"}.get(name, name)
+            assert any(getattr(m, alias, None) is value for m in new), f"{old}.{name}"
+
+
 def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
     """``_context`` (planned for ``_runtime``) reaches the client and ``this_proc`` through hooks
     that ``_runtime`` and ``_mesh`` set when ``monarch.actor`` is imported."""
@@ -217,11 +253,33 @@ def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
 
 def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
     """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
-    through hooks that ``_host`` sets at import (H3, H4)."""
+    through hooks that ``_hosts.host_mesh`` sets at import (H3, H4). The layer is made with the
+    table of nested processes subscribed to its process deaths."""
     runtime = importlib.import_module("monarch.actor._runtime.proc")
     mesh = importlib.import_module("monarch.actor._mesh")
-    host = importlib.import_module("monarch.actor._host")
-    assert runtime._node_layer_factory is host.ClientNodeLayer
-    assert isinstance(runtime.client().node_layer, host.ClientNodeLayer)
-    assert mesh._host_resolver is host._host_of
-    assert isinstance(mesh.this_proc().host_mesh, host.HostMesh)
+    host_mesh = importlib.import_module("monarch.actor._hosts.host_mesh")
+    client_node = importlib.import_module("monarch.actor._hosts.client_node")
+    nested = importlib.import_module("monarch.actor._hosts.nested")
+    assert runtime._node_layer_factory is host_mesh._new_node_layer
+    layer = runtime.client().node_layer
+    assert isinstance(layer, client_node.ClientNodeLayer)
+    assert isinstance(nested.nested_procs(layer), nested.NestedProcs)
+    assert mesh._host_resolver is host_mesh._host_of
+    assert isinstance(mesh.this_proc().host_mesh, host_mesh.HostMesh)
+
+
+def test_the_worker_and_daemon_entry_points_run_under_dash_m() -> None:
+    """``python -m monarch.actor._worker`` and ``python -m monarch.actor._attach`` (the old
+    paths, documented) still run the moved programs: the shims call ``main`` when run as
+    ``__main__`` (where the ``sys.modules`` swap must not happen)."""
+    for module, option in (("_worker", "--authority"), ("_attach", "--address")):
+        result = subprocess.run(
+            [sys.executable, "-m", f"monarch.actor.{module}", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"usage: python -m monarch.actor.{module}" in result.stdout
+        assert option in result.stdout

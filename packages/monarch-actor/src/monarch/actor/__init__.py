@@ -14,12 +14,6 @@ from __future__ import annotations
 from monarch.actor import _mesh, config
 from monarch.actor._accumulator import Accumulator
 from monarch.actor._adverbs import Endpoint, as_endpoint, send
-from monarch.actor._attach import (
-    attach_to_workers,
-    run_worker_loop_forever,
-    run_worker_loop_until_shutdown,
-    start_worker_loop_forever,
-)
 from monarch.actor._base.actor import Actor
 from monarch.actor._base.endpoint import concurrent_endpoint, endpoint
 from monarch.actor._base.errors import (
@@ -35,9 +29,6 @@ from monarch.actor._base.future import Future
 from monarch.actor._base.ids import ActorId, ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Point, Region, Shape, Slice
 from monarch.actor._base.value_mesh import ValueMesh
-from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
-from monarch.actor._client_api import shutdown_context
-from monarch.actor._client_attach import attach
 from monarch.actor._context import (
     Context,
     Instance,
@@ -47,8 +38,18 @@ from monarch.actor._context import (
     current_size,
 )
 from monarch.actor._enable_transport import ChannelTransport, enable_transport
-from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
-from monarch.actor._host_agent import get_or_spawn_controller
+from monarch.actor._hosts import worker as _worker_main  # noqa: F401  (for the zygote's forks)
+from monarch.actor._hosts.agent import get_or_spawn_controller
+from monarch.actor._hosts.attach_daemon import (
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    start_worker_loop_forever,
+)
+from monarch.actor._hosts.client_attach import attach
+from monarch.actor._hosts.commands import BootstrapCommand, default_bootstrap_cmd
+from monarch.actor._hosts.host_mesh import HostMesh, attach_to_workers, this_host
+from monarch.actor._hosts.settle import default_unhandled_fault_hook as _default_hook
+from monarch.actor._hosts.settle import shutdown_context
 from monarch.actor._mesh import ActorMesh, ProcMesh, this_proc
 from monarch.actor._port import Channel, Port, PortReceiver
 from monarch.actor._returns_future import returns_future

@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor import _logging, _main_module, _telemetry
+from monarch.actor import _logging, _telemetry
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.actor import check_actor_class
 from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
@@ -129,11 +129,13 @@ from monarch.actor._context import (
     set_root_context,
 )
 from monarch.actor._liveness import Lease
+from monarch.actor._runtime import main_module as _main_module
 from monarch.actor._transport.seam import Attachable, InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
-    from monarch.actor._host import ClientNodeLayer, HostMesh
+    from monarch.actor._hosts.client_node import ClientNodeLayer
+    from monarch.actor._hosts.host_mesh import HostMesh
     from monarch.actor._mesh import ProcMesh
 
 __all__ = [
