@@ -3,5 +3,6 @@ their groups, attached hosts, the host agent, ``HostMesh``, the worker's entry p
 
 The top layer of ``monarch.actor``: its modules may import every other layer. Inside it the
 order is ``commands < groups < attach_protocol < attach_session < client_node < spawn <
-nested < agent < host_mesh < (worker, attach_daemon, settle)``.
+nested < agent < host_mesh < (worker, attach_daemon, settle)``; ``zygote``, ``worker_exits``
+and ``client_attach`` import no other module of the package.
 """

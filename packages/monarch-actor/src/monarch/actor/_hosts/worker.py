@@ -71,6 +71,12 @@ from monarch.actor._hosts.commands import (
     bind_cpus,
 )
 from monarch.actor._hosts.groups import mark_worker_process, register_worker
+from monarch.actor._hosts.worker_exits import (
+    EXIT_FENCED,
+    EXIT_ORPHANED,
+    exit_when_orphaned,
+    exit_when_stdin_ends,
+)
 from monarch.actor._runtime.main_module import (
     UnguardedMainError,
     import_main,
@@ -94,10 +100,6 @@ __all__ = [
     "main",
 ]
 
-#: Exit status of a worker whose parent link was gone for longer than its bound.
-EXIT_ORPHANED: Final = 3
-#: Exit status of a worker that learnt it may have been declared dead (its lease ran out).
-EXIT_FENCED: Final = 4
 _STARTUP_TIMEOUT: Final = 30.0
 _MAX_ARGV_ENV: Final = 64 * 1024
 _log = logging.getLogger("monarch.actor.worker")
@@ -144,16 +146,6 @@ async def _watch_parent(node: Any, bound: float, orphaned: threading.Event) -> N
         elif now - down_since >= bound:
             orphaned.set()
             return
-
-
-def _exit_when_stdin_ends(label: str) -> None:
-    """The host daemon holds our stdin open while it lives; its end means it died."""
-    with contextlib.suppress(Exception):  # the raw fd: no buffer lock held at shutdown
-        while os.read(0, 4096):
-            pass
-    sys.stderr.write(f"monarch worker {label}: the host's worker loop is gone; exiting\n")
-    sys.stderr.flush()
-    os._exit(EXIT_ORPHANED)
 
 
 def _argv_from_environment() -> list[str]:
@@ -270,18 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.freeze()
     _startup_line(READY_LINE, identity.pid.hex())
 
-    def exit_when_orphaned() -> None:
-        orphaned.wait()
-        sys.stderr.write(
-            f"monarch worker {args.label}: the parent link is gone; exiting (no orphans)\n"
-        )
-        sys.stderr.flush()
-        os._exit(EXIT_ORPHANED)
-
-    threading.Thread(target=exit_when_orphaned, name="orphan-watch", daemon=True).start()
+    # Their functions live in ``worker_exits`` (see there: they outlive this module's
+    # clearing at interpreter exit).
+    threading.Thread(
+        target=exit_when_orphaned, args=(orphaned, args.label), name="orphan-watch", daemon=True
+    ).start()
     if args.exit_with_stdin:
         threading.Thread(
-            target=_exit_when_stdin_ends, args=(args.label,), name="host-watch", daemon=True
+            target=exit_when_stdin_ends, args=(args.label,), name="host-watch", daemon=True
         ).start()
     while not transport.wait_closed(0.5):
         pass
