@@ -9,166 +9,68 @@ entry point (``attach_daemon.main``)."""
 
 import sys
 
-from monarch.actor._hosts.attach_daemon import (
-    START_TIMEOUT as START_TIMEOUT,
-)
-from monarch.actor._hosts.attach_daemon import (
-    WorkerDaemon as WorkerDaemon,
-)
+# ruff: noqa: I001  (one import block per new home; ``name as name`` marks a re-export)
+
 from monarch.actor._hosts.attach_daemon import (
     _DaemonProc as _DaemonProc,
-)
-from monarch.actor._hosts.attach_daemon import (
     _kill as _kill,
-)
-from monarch.actor._hosts.attach_daemon import (
     _kill_all_of as _kill_all_of,
-)
-from monarch.actor._hosts.attach_daemon import (
     _kill_started as _kill_started,
-)
-from monarch.actor._hosts.attach_daemon import (
     main as main,
-)
-from monarch.actor._hosts.attach_daemon import (
     run_worker_loop_forever as run_worker_loop_forever,
-)
-from monarch.actor._hosts.attach_daemon import (
     run_worker_loop_until_shutdown as run_worker_loop_until_shutdown,
-)
-from monarch.actor._hosts.attach_daemon import (
+    START_TIMEOUT as START_TIMEOUT,
     start_worker_loop_forever as start_worker_loop_forever,
-)
-from monarch.actor._hosts.attach_protocol import (
-    _DECODER as _DECODER,
-)
-from monarch.actor._hosts.attach_protocol import (
-    _ENCODER as _ENCODER,
-)
-from monarch.actor._hosts.attach_protocol import (
-    _MAX_LABELS as _MAX_LABELS,
-)
-from monarch.actor._hosts.attach_protocol import (
-    _NUMACTL_OPTION as _NUMACTL_OPTION,
-)
-from monarch.actor._hosts.attach_protocol import (
-    _TRUST_ALL as _TRUST_ALL,
-)
-from monarch.actor._hosts.attach_protocol import (
-    ATTACH_PROTOCOL as ATTACH_PROTOCOL,
-)
-from monarch.actor._hosts.attach_protocol import (
-    ATTACH_TIMEOUT as ATTACH_TIMEOUT,
-)
-from monarch.actor._hosts.attach_protocol import (
-    MAX_COMMAND_ARGS as MAX_COMMAND_ARGS,
-)
-from monarch.actor._hosts.attach_protocol import (
-    MAX_COMMAND_BYTES as MAX_COMMAND_BYTES,
-)
-from monarch.actor._hosts.attach_protocol import (
-    MAX_COMMAND_ENV as MAX_COMMAND_ENV,
-)
-from monarch.actor._hosts.attach_protocol import (
-    MAX_HOST_PROCS as MAX_HOST_PROCS,
-)
-from monarch.actor._hosts.attach_protocol import (
-    MAX_HOSTS as MAX_HOSTS,
-)
-from monarch.actor._hosts.attach_protocol import (
-    MAX_SESSION_FRAME as MAX_SESSION_FRAME,
-)
-from monarch.actor._hosts.attach_protocol import (
-    PROTOCOL_VERSION as PROTOCOL_VERSION,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Detach as Detach,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Exited as Exited,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Heartbeat as Heartbeat,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Hello as Hello,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Kill as Kill,
-)
-from monarch.actor._hosts.attach_protocol import (
-    KillProcs as KillProcs,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Message as Message,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Refused as Refused,
-)
-from monarch.actor._hosts.attach_protocol import (
-    SessionDecoder as SessionDecoder,
-)
-from monarch.actor._hosts.attach_protocol import (
-    SessionProtocolError as SessionProtocolError,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Shutdown as Shutdown,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Spawn as Spawn,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Spawned as Spawned,
-)
-from monarch.actor._hosts.attach_protocol import (
-    SpawnFailed as SpawnFailed,
-)
-from monarch.actor._hosts.attach_protocol import (
-    Welcome as Welcome,
-)
-from monarch.actor._hosts.attach_protocol import (
-    WorkerCommand as WorkerCommand,
+    WorkerDaemon as WorkerDaemon,
 )
 from monarch.actor._hosts.attach_protocol import (
     _bad_text as _bad_text,
-)
-from monarch.actor._hosts.attach_protocol import (
     _ca_directory as _ca_directory,
-)
-from monarch.actor._hosts.attach_protocol import (
     _Channel as _Channel,
-)
-from monarch.actor._hosts.attach_protocol import (
     _command_problem as _command_problem,
-)
-from monarch.actor._hosts.attach_protocol import (
+    _DECODER as _DECODER,
+    _ENCODER as _ENCODER,
     _heartbeats as _heartbeats,
-)
-from monarch.actor._hosts.attach_protocol import (
+    _MAX_LABELS as _MAX_LABELS,
+    _NUMACTL_OPTION as _NUMACTL_OPTION,
+    _TRUST_ALL as _TRUST_ALL,
     _udp_address as _udp_address,
-)
-from monarch.actor._hosts.attach_protocol import (
+    ATTACH_PROTOCOL as ATTACH_PROTOCOL,
+    ATTACH_TIMEOUT as ATTACH_TIMEOUT,
+    Detach as Detach,
     encode_message as encode_message,
-)
-from monarch.actor._hosts.attach_protocol import (
+    Exited as Exited,
+    Heartbeat as Heartbeat,
+    Hello as Hello,
+    Kill as Kill,
+    KillProcs as KillProcs,
+    MAX_COMMAND_ARGS as MAX_COMMAND_ARGS,
+    MAX_COMMAND_BYTES as MAX_COMMAND_BYTES,
+    MAX_COMMAND_ENV as MAX_COMMAND_ENV,
+    MAX_HOST_PROCS as MAX_HOST_PROCS,
+    MAX_HOSTS as MAX_HOSTS,
+    MAX_SESSION_FRAME as MAX_SESSION_FRAME,
+    Message as Message,
+    PROTOCOL_VERSION as PROTOCOL_VERSION,
+    Refused as Refused,
+    SessionDecoder as SessionDecoder,
+    SessionProtocolError as SessionProtocolError,
+    Shutdown as Shutdown,
+    Spawn as Spawn,
     spawn_problem as spawn_problem,
-)
-from monarch.actor._hosts.attach_session import (
-    HostSession as HostSession,
-)
-from monarch.actor._hosts.attach_session import (
-    RemoteWorkerGroup as RemoteWorkerGroup,
+    Spawned as Spawned,
+    SpawnFailed as SpawnFailed,
+    Welcome as Welcome,
+    WorkerCommand as WorkerCommand,
 )
 from monarch.actor._hosts.attach_session import (
     _call as _call,
-)
-from monarch.actor._hosts.attach_session import (
+    HostSession as HostSession,
+    RemoteWorkerGroup as RemoteWorkerGroup,
     spawn_on_hosts as spawn_on_hosts,
 )
 from monarch.actor._hosts.host_mesh import (
     _check_client_ca as _check_client_ca,
-)
-from monarch.actor._hosts.host_mesh import (
     attach_to_workers as attach_to_workers,
 )
 
