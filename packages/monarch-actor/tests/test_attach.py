@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monarch.actor._attach import (
+from monarch.actor._hosts.attach_daemon import WorkerDaemon
+from monarch.actor._hosts.attach_protocol import (
     ATTACH_PROTOCOL,
     MAX_SESSION_FRAME,
     PROTOCOL_VERSION,
@@ -29,7 +30,6 @@ from monarch.actor._attach import (
     Spawned,
     SpawnFailed,
     Welcome,
-    WorkerDaemon,
     _Channel,
     _udp_address,
     encode_message,
@@ -83,6 +83,34 @@ def test_an_oversize_length_prefix_is_refused_before_buffering() -> None:
     decoder.feed((MAX_SESSION_FRAME + 1).to_bytes(4, "big"))
     with pytest.raises(SessionProtocolError, match="over the bound"):
         decoder.next()
+
+
+def test_an_oversize_prefix_is_refused_with_its_first_bytes_and_poisons_the_decoder() -> None:
+    """The shared bounded decoder (``chrysalis.core.framing``): the prefix is refused as soon
+    as its four bytes are known, with nothing of the body kept, and the decoder stays failed:
+    a well-formed message fed after it is not decoded."""
+    decoder = SessionDecoder()
+    decoder.feed((MAX_SESSION_FRAME + 1).to_bytes(4, "big") + b"x" * 1000)
+    with pytest.raises(SessionProtocolError, match="1048577 bytes is over the bound"):
+        decoder.next()
+    assert decoder.buffered == 0
+    with pytest.raises(SessionProtocolError, match="over the bound"):
+        decoder.feed(encode_message(Heartbeat()))
+    with pytest.raises(SessionProtocolError, match="over the bound"):
+        decoder.next()
+
+
+def test_a_malformed_body_poisons_the_decoder() -> None:
+    """After a malformed message the stream is out of step: later messages are refused with
+    the same error instead of being decoded."""
+    decoder = SessionDecoder()
+    decoder.feed((3).to_bytes(4, "big") + b"\xc1\xc1\xc1" + encode_message(Heartbeat()))
+    with pytest.raises(SessionProtocolError, match="malformed") as first:
+        decoder.next()
+    with pytest.raises(SessionProtocolError, match="malformed") as again:
+        decoder.next()
+    assert again.value is first.value
+    assert decoder.buffered == 0
 
 
 def test_malformed_bodies_and_oversize_spawns_are_refused() -> None:

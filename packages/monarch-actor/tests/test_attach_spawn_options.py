@@ -26,7 +26,7 @@ from monarch.actor import (
     attach_to_workers,
     default_bootstrap_cmd,
 )
-from monarch.actor._attach import (
+from monarch.actor._hosts.attach_protocol import (
     MAX_COMMAND_ARGS,
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ENV,
@@ -36,7 +36,7 @@ from monarch.actor._attach import (
     encode_message,
     spawn_problem,
 )
-from monarch.actor._worker import WORKER_ARGV_ENV
+from monarch.actor._hosts.commands import WORKER_ARGV_ENV
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import spawn_options_actors by name
 from spawn_options_actors import Probe

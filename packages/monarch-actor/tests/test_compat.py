@@ -19,8 +19,8 @@ import pytest
 import monarch.actor
 from chrysalis.core import Pid
 from monarch.actor import BootstrapCommand, Channel, Extent, ProcMesh, Shape, Slice, this_host
-from monarch.actor._host import read_worker_pids
-from monarch.actor._worker import FAILED_LINE, READY_LINE, STAGE_LINE
+from monarch.actor._hosts.commands import FAILED_LINE, READY_LINE, STAGE_LINE
+from monarch.actor._hosts.groups import read_worker_pids
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import compat_actors by name
 from compat_actors import Echo, LateReplier

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.actor import Actor, MeshFailure, ProcMesh, endpoint
-from monarch.actor._client_api import _consistent
+from monarch.actor._hosts.settle import _consistent
 from monarch.actor._runtime.proc import FlushReport
 from monarch.actor.testing import flush_supervision
 
@@ -170,11 +170,11 @@ def test_rounds_agree_exactly_when_nothing_is_in_flight(
 def test_a_round_that_never_agrees_ends_at_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Review fix: the rounds repeated with no deadline check of their own, so rounds that
     answered at once but never agreed (counts lost to the per-peer bound, say) spun forever."""
-    from monarch.actor import _client_api
+    from monarch.actor._hosts import settle
 
     one, two = bytes([1]) * 16, bytes([2]) * 16
     never_agree = {one: FlushReport({two.hex(): 1}, {}), two: FlushReport({}, {})}
-    monkeypatch.setattr(_client_api, "_flush_round", lambda c, deadline: never_agree)
+    monkeypatch.setattr(settle, "_flush_round", lambda c, deadline: never_agree)
     outcome: list[BaseException | None] = []
 
     def run() -> None:

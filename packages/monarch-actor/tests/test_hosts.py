@@ -238,9 +238,9 @@ def test_attach_errors_are_clear() -> None:
 def test_attach_to_a_silent_address_fails_with_the_address(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from monarch.actor import _attach
+    from monarch.actor._hosts import host_mesh
 
-    monkeypatch.setattr(_attach, "ATTACH_TIMEOUT", 2.0)
+    monkeypatch.setattr(host_mesh, "ATTACH_TIMEOUT", 2.0)
     with pytest.raises(RuntimeError, match=r"udp://127\.0\.0\.1:9"):
         attach_to_workers(workers=["udp://127.0.0.1:9"])
 

@@ -2,15 +2,18 @@
 
 ``_hosts -> _mesh -> _runtime -> _transport -> _base``: a module of a layer subpackage imports
 its own layer or a layer to its right, and imports none of the project's packages inside a
-function (``if TYPE_CHECKING:`` blocks are type-only and exempt). The flat modules not moved yet
-are listed in ``PENDING`` with the layer they are planned for: what the moved modules import
-from them is checked against that layer, and the list shows what is left to move.
+function (``if TYPE_CHECKING:`` blocks are type-only and exempt). Every flat module is the
+facade, a public module, or an old path kept importable for one release (``MOVED``, ``SPLIT``);
+a layer must not import an old path.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import monarch.actor
@@ -48,6 +51,30 @@ MOVED = {
     "_context": "_runtime.context",
     "_port": "_runtime.ports",
     "_logging": "_runtime.logging",
+    "_worker": "_hosts.worker",
+    "_zygote": "_hosts.zygote",
+    "_main_module": "_runtime.main_module",
+    "_client_api": "_hosts.settle",
+    "_client_attach": "_hosts.client_attach",
+}
+
+#: Old flat modules split into several: each re-exports the old module's names from their new
+#: homes (old module -> the new modules, in its layer).
+SPLIT = {
+    "_host": (
+        "_hosts.commands",
+        "_hosts.groups",
+        "_hosts.client_node",
+        "_hosts.spawn",
+        "_hosts.host_mesh",
+    ),
+    "_attach": (
+        "_hosts.attach_protocol",
+        "_hosts.attach_session",
+        "_hosts.attach_daemon",
+        "_hosts.host_mesh",
+    ),
+    "_host_agent": ("_hosts.nested", "_hosts.agent", "_hosts.spawn"),
 }
 
 #: ``monarch.actor._transport`` was the seam module; the package took its path and re-exports it.
@@ -75,18 +102,6 @@ MESH_NAMES = (
     "this_proc",
     "wait_ready",
 )
-
-#: Flat modules still waiting to move, and the layer each is planned for.
-PENDING = {
-    "_host": "_hosts",
-    "_host_agent": "_hosts",
-    "_attach": "_hosts",
-    "_worker": "_hosts",
-    "_zygote": "_hosts",
-    "_main_module": "_hosts",
-    "_client_api": "_hosts",
-    "_client_attach": "_hosts",
-}
 
 #: Above every layer: the facade and the public modules may import anything.
 FACADE = {"__init__", "config", "testing"}
@@ -143,7 +158,7 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
 
 
 def _layer_of(target: str) -> str | None:
-    """The layer a ``monarch.actor`` module belongs to (planned, for a pending flat module)."""
+    """The layer a ``monarch.actor`` module belongs to (an old path: its new home's)."""
     parts = target.split(".")
     if parts[:2] != ["monarch", "actor"] or len(parts) < 3:
         return None
@@ -152,7 +167,9 @@ def _layer_of(target: str) -> str | None:
         return name
     if name in MOVED:
         return MOVED[name].split(".")[0]
-    return PENDING.get(name)
+    if name in SPLIT:
+        return SPLIT[name][0].split(".")[0]
+    return None
 
 
 def test_no_layer_imports_a_layer_to_its_left() -> None:
@@ -163,7 +180,8 @@ def test_no_layer_imports_a_layer_to_its_left() -> None:
         for node in top:
             for target in _targets(node, module):
                 parts = target.split(".")
-                if parts[:2] == ["monarch", "actor"] and parts[2:3] and parts[2] in MOVED:
+                old = set(MOVED) | set(SPLIT)
+                if parts[:2] == ["monarch", "actor"] and parts[2:3] and parts[2] in old:
                     problems.append(f"{module}:{node.lineno} imports the old path {target}")
                 if target.startswith("monarch.actor._transport.") and parts[3] in SEAM_NAMES:
                     problems.append(f"{module}:{node.lineno} imports {target} (use .seam)")
@@ -187,12 +205,10 @@ def test_no_function_level_imports_of_our_packages_in_the_layers() -> None:
     assert problems == []
 
 
-def test_what_is_left_to_move() -> None:
-    """Every flat module is the facade, an old path kept for one release, or pending (its
-    planned layer named): a new flat module has to be placed, and a move updates this list."""
+def test_every_flat_module_is_the_facade_or_an_old_path() -> None:
+    """Nothing is left to move: a new flat module has to go into a layer (or be public)."""
     flat = {p.stem for p in PACKAGE.glob("*.py")}
-    assert flat - FACADE - set(MOVED) == set(PENDING)
-    assert set(PENDING.values()) <= set(LAYERS)
+    assert flat - FACADE - set(MOVED) - set(SPLIT) == set()
 
 
 def test_old_paths_are_the_moved_modules() -> None:
@@ -209,6 +225,21 @@ def test_old_paths_are_the_moved_modules() -> None:
     assert set(meshes.__all__) <= set(package.__all__) <= set(MESH_NAMES)
     for name in MESH_NAMES:
         assert getattr(package, name) is getattr(meshes, name)
+
+
+def test_the_old_paths_of_split_modules_re_export_every_name_from_its_new_home() -> None:
+    """A split module's old path keeps every top-level name the old module had (its ``__all__``
+    and the private names code written against it may use), as the object of the new home."""
+    for old, homes in SPLIT.items():
+        shim = importlib.import_module(f"monarch.actor.{old}")
+        assert shim.__name__ == f"monarch.actor.{old}"  # not replaced: a module of its own
+        new = [importlib.import_module(f"monarch.actor.{home}") for home in homes]
+        names = [n for n in vars(shim) if not n.startswith("__")]
+        assert set(shim.__all__) <= set(names)
+        for name in names:
+            value = getattr(shim, name)
+            alias = {"_start_group": "start_group"}.get(name, name)
+            assert any(getattr(m, alias, None) is value for m in new), f"{old}.{name}"
 
 
 def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
@@ -231,19 +262,33 @@ def test_the_hooks_of_the_lower_layers_are_registered_at_import() -> None:
 
 def test_the_hooks_of_the_runtime_and_meshes_are_registered_at_import() -> None:
     """``_runtime`` builds the client's node layer, and ``_mesh`` the host mesh of a process,
-    through hooks that ``_host`` sets at import (H3, H4)."""
+    through hooks that ``_hosts.host_mesh`` sets at import (H3, H4). The layer is made with the
+    table of nested processes subscribed to its process deaths."""
     runtime = importlib.import_module("monarch.actor._runtime.client")
     mesh = importlib.import_module("monarch.actor._mesh.meshes")
-    host = importlib.import_module("monarch.actor._host")
-    assert runtime._node_layer_factory is host.ClientNodeLayer
-    assert isinstance(runtime.client().node_layer, host.ClientNodeLayer)
-    assert mesh._host_resolver is host._host_of
-    assert isinstance(mesh.this_proc().host_mesh, host.HostMesh)
+    host_mesh = importlib.import_module("monarch.actor._hosts.host_mesh")
+    client_node = importlib.import_module("monarch.actor._hosts.client_node")
+    nested = importlib.import_module("monarch.actor._hosts.nested")
+    assert runtime._node_layer_factory is host_mesh._new_node_layer
+    layer = runtime.client().node_layer
+    assert isinstance(layer, client_node.ClientNodeLayer)
+    assert isinstance(nested.nested_procs(layer), nested.NestedProcs)
+    assert mesh._host_resolver is host_mesh._host_of
+    assert isinstance(mesh.this_proc().host_mesh, host_mesh.HostMesh)
 
 
-def test_the_client_bootstrap_guard_is_registered_at_import() -> None:
-    """``_runtime.client`` refuses to start a client while a worker imports the client's main
-    module: the hook ``set_bootstrap_guard`` holds ``_main_module``'s check (set at import)."""
-    client = importlib.import_module("monarch.actor._runtime.client")
-    main_module = importlib.import_module("monarch.actor._main_module")
-    assert client._bootstrap_guard is main_module.refuse_while_importing
+def test_the_worker_and_daemon_entry_points_run_under_dash_m() -> None:
+    """``python -m monarch.actor._worker`` and ``python -m monarch.actor._attach`` (the old
+    paths, documented) still run the moved programs: the shims call ``main`` when run as
+    ``__main__`` (where the ``sys.modules`` swap must not happen)."""
+    for module, option in (("_worker", "--authority"), ("_attach", "--address")):
+        result = subprocess.run(
+            [sys.executable, "-m", f"monarch.actor.{module}", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"usage: python -m monarch.actor.{module}" in result.stdout
+        assert option in result.stdout

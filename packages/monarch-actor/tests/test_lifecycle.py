@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from monarch.actor import Channel, ProcMesh, SupervisionError, this_host
-from monarch.actor._host import EXIT_TIMEOUT
+from monarch.actor._hosts.commands import EXIT_TIMEOUT
 
 HERE = Path(__file__).parent
 T = 20.0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch.actor._main_module import import_main, main_reference
+from monarch.actor._runtime.main_module import import_main, main_reference
 
 SCRIPT = textwrap.dedent(
     """

@@ -1,4 +1,5 @@
-"""Process meshes spawned from inside workers (``_host_agent``), and controllers.
+"""Process meshes spawned from inside workers (``_hosts.agent``, ``_hosts.nested``), and
+controllers.
 
 An actor in a worker calls ``this_host().spawn_procs`` (or ``spawn_procs`` on a host mesh it
 was handed): the client's host agent starts the processes, the actor owns them. Every test
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import monarch.actor._host_agent as host_agent
+import monarch.actor._hosts.nested as nested
 from monarch.actor import (
     Actor,
     ActorError,
@@ -129,11 +130,11 @@ def test_nesting_is_bounded_in_depth_and_count(
     owner: tuple[ProcMesh, Any, list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, spawner, pids = owner
-    monkeypatch.setattr(host_agent, "MAX_NESTED_PROCS", 2)  # the agent runs in this process
+    monkeypatch.setattr(nested, "MAX_NESTED_PROCS", 2)  # the agent runs in this process
     assert "at most 2 processes spawned from inside workers" in spawner.try_spawn.call_one(3).get(
         timeout=T
     )
-    monkeypatch.setattr(host_agent, "MAX_SPAWN_DEPTH", 2)  # the owner's children: level 2
+    monkeypatch.setattr(nested, "MAX_SPAWN_DEPTH", 2)  # the owner's children: level 2
     pids += spawner.nest.call_one(1).get(timeout=T)
     child: Any = spawner.leaves_ref.call_one().get(timeout=T)
     message = child.try_spawn.call_one(1).get(timeout=T)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from monarch.actor import ActorError, Channel, ProcMesh, SupervisionError, this_host
-from monarch.actor._host import LocalWorkerGroup
+from monarch.actor._hosts.groups import LocalWorkerGroup
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import procs_actors by name
 import contextlib

@@ -102,10 +102,10 @@ def test_the_in_process_helper_is_reachable_but_private() -> None:
 
 def test_testing_module_exports_the_supervision_barrier() -> None:
     import monarch.actor.testing
-    from monarch.actor import _client_api
+    from monarch.actor._hosts import settle
 
     assert monarch.actor.testing.__all__ == ["flush_supervision"]
-    assert monarch.actor.testing.flush_supervision is _client_api.flush_supervision
+    assert monarch.actor.testing.flush_supervision is settle.flush_supervision
     assert "flush_supervision" not in monarch.actor.__all__
 
 

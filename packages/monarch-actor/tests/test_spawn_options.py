@@ -33,9 +33,10 @@ from monarch.actor import (
     default_bootstrap_cmd,
     this_host,
 )
-from monarch.actor._host import LocalWorkerGroup
+from monarch.actor._hosts.commands import WORKER_ARGV_ENV
+from monarch.actor._hosts.groups import LocalWorkerGroup
+from monarch.actor._hosts.worker import _argv_from_environment
 from monarch.actor._mesh import meshes
-from monarch.actor._worker import WORKER_ARGV_ENV, _argv_from_environment
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import spawn_options_actors by name
 from spawn_options_actors import (
@@ -362,7 +363,7 @@ def test_a_spawn_racing_a_client_shutdown_starts_no_process() -> None:
     from types import SimpleNamespace
 
     from monarch.actor._base.shape import Extent
-    from monarch.actor._host import _start_group
+    from monarch.actor._hosts.spawn import start_group
 
     started: list[bool] = []
     layer = SimpleNamespace(_lock=threading.Lock(), closed=False, groups=[])
@@ -374,7 +375,7 @@ def test_a_spawn_racing_a_client_shutdown_starts_no_process() -> None:
     layer.ensure_started = ensure_started
     group = SimpleNamespace(start=lambda *args, **kwargs: started.append(True))
     with pytest.raises(RuntimeError, match="shut down"):
-        _start_group(
+        start_group(
             SimpleNamespace(node_layer=layer),  # type: ignore[arg-type]
             None,
             Extent(["gpus"], [1]),

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 from monarch.actor import Channel, SupervisionError, this_host
-from monarch.actor._host import LocalWorkerGroup
-from monarch.actor._worker import EXIT_FENCED
+from monarch.actor._hosts.groups import LocalWorkerGroup
+from monarch.actor._hosts.worker_exits import (
+    EXIT_FENCED,
+)
 from monarch.config._registry import configured
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import liveness_actors by name

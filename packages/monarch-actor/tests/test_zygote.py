@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from monarch.actor._zygote import Zygote, ZygoteUnavailableError
+from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 HERE = __name__

@@ -11,13 +11,7 @@ joined under the client's node.
 
 from __future__ import annotations
 
-from monarch.actor import _main_module, config
-from monarch.actor._attach import (
-    attach_to_workers,
-    run_worker_loop_forever,
-    run_worker_loop_until_shutdown,
-    start_worker_loop_forever,
-)
+from monarch.actor import config
 from monarch.actor._base.actor import Actor
 from monarch.actor._base.endpoint import concurrent_endpoint, endpoint
 from monarch.actor._base.errors import (
@@ -34,16 +28,22 @@ from monarch.actor._base.ids import ActorId, ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Point, Region, Shape, Slice
 from monarch.actor._base.uid import Uid
 from monarch.actor._base.value_mesh import ValueMesh
-from monarch.actor._client_api import default_unhandled_fault_hook as _default_hook
-from monarch.actor._client_api import shutdown_context
-from monarch.actor._client_attach import attach
-from monarch.actor._host import BootstrapCommand, HostMesh, default_bootstrap_cmd, this_host
-from monarch.actor._host_agent import get_or_spawn_controller
+from monarch.actor._hosts import worker as _worker_main  # noqa: F401  (for the zygote's forks)
+from monarch.actor._hosts.agent import get_or_spawn_controller
+from monarch.actor._hosts.attach_daemon import (
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    start_worker_loop_forever,
+)
+from monarch.actor._hosts.client_attach import attach
+from monarch.actor._hosts.commands import BootstrapCommand, default_bootstrap_cmd
+from monarch.actor._hosts.host_mesh import HostMesh, attach_to_workers, this_host
+from monarch.actor._hosts.settle import default_unhandled_fault_hook as _default_hook
+from monarch.actor._hosts.settle import shutdown_context
 from monarch.actor._mesh import meshes as _meshes
 from monarch.actor._mesh.accumulator import Accumulator
 from monarch.actor._mesh.adverbs import Endpoint, as_endpoint, send
 from monarch.actor._mesh.meshes import ActorMesh, ProcMesh, this_proc
-from monarch.actor._runtime.client import set_bootstrap_guard as _set_bootstrap_guard
 from monarch.actor._runtime.context import (
     Context,
     Instance,
@@ -189,10 +189,6 @@ for _public in (
     _public.__module__ = __name__
 del _public
 
-#: In-process simulated processes (``_local_proc_mesh(per_host={"gpus": 2})``) until the Node
-#: process layer provides ``this_host().spawn_procs``. Private: no stability promise.
+#: In-process simulated processes (``_local_proc_mesh(per_host={"gpus": 2})``) on the client's
+#: fabric. Private: no stability promise.
 _local_proc_mesh = _meshes.local_proc_mesh
-
-# Hook (``_runtime.client``): a worker process importing the client's main module must not start
-# a client there (the script's program is running unguarded); ``_main_module`` refuses it.
-_set_bootstrap_guard(_main_module.refuse_while_importing)

@@ -7,6 +7,6 @@ been delivered to its handler, so a test can assert that *no* fault reached the 
 
 from __future__ import annotations
 
-from monarch.actor._client_api import flush_supervision
+from monarch.actor._hosts.settle import flush_supervision
 
 __all__ = ["flush_supervision"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from monarch.actor._worker import main
+from monarch.actor._hosts.worker import main
 
 __all__ = ["invoke_main"]
 

@@ -49,8 +49,9 @@ from monarch.actor._runtime.context import CreatorInfo, _current, current_sender
 from monarch.actor._runtime.sinks import GatherSink, Reply, decode_reply
 
 if TYPE_CHECKING:
-    from monarch.actor._host import HostMesh, WorkerGroup
-    from monarch.actor._host_agent import NestedDelegate
+    from monarch.actor._hosts.agent import NestedDelegate
+    from monarch.actor._hosts.groups import WorkerGroup
+    from monarch.actor._hosts.host_mesh import HostMesh
 
 __all__ = [
     "ActorMesh",

@@ -9,8 +9,8 @@ then the node layer and the loop (registered with ``atexit``).
 
 This module registers hook H1 at import (``context.set_root_context``): ``context()`` and
 ``current_sender()`` outside any actor are the root client's. Before a client is made,
-``set_bootstrap_guard``'s check runs (set by the facade: a worker importing the client's
-unguarded main module must not start Monarch).
+``main_module.refuse_while_importing`` runs: a worker importing the client's unguarded main
+module must not start Monarch.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from chrysalis.core import Pid
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.envelope import ActorAddr, FrameLimits, MessageKind
 from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._runtime import main_module
 from monarch.actor._runtime.cell import RootCell, _stop_meshes
 from monarch.actor._runtime.context import (
     Context,
@@ -42,13 +43,17 @@ from monarch.actor._transport.seam import InProcessFabric
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
-    from monarch.actor._host import ClientNodeLayer, HostMesh
+    from monarch.actor._hosts.client_node import (
+        ClientNodeLayer,
+    )
+    from monarch.actor._hosts.host_mesh import (
+        HostMesh,
+    )
 
 __all__ = [
     "broadcast_proc_death",
     "client",
     "new_local_runtime",
-    "set_bootstrap_guard",
     "set_node_layer",
     "shutdown_client",
 ]
@@ -95,19 +100,6 @@ def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
     _node_layer_factory = factory
 
 
-#: Hook: called with what is starting before this process's client is made, to refuse it
-#: (``_main_module.refuse_while_importing``: a worker importing the client's unguarded main
-#: module; set by the facade at import).
-_bootstrap_guard: Callable[[str], None] | None = None
-
-
-def set_bootstrap_guard(guard: Callable[[str], None]) -> None:
-    """Register the check that runs before the client of this process is made (once, at
-    import): it raises to refuse starting Monarch here now."""
-    global _bootstrap_guard
-    _bootstrap_guard = guard
-
-
 _client: _Client | None = None
 _client_lock = threading.Lock()
 _atexit_registered = False
@@ -127,8 +119,7 @@ def client() -> _Client:
     with _client_lock:
         if _client is None or _client.pid != os.getpid():
             # A worker importing the client's script: its unguarded program is running.
-            if _bootstrap_guard is not None:
-                _bootstrap_guard("Monarch (a client: this_proc(), context(), ...)")
+            main_module.refuse_while_importing("Monarch (a client: this_proc(), context(), ...)")
             _client = _Client()
             if not _atexit_registered:
                 atexit.register(_shutdown_at_exit)

@@ -1,0 +1,452 @@
+"""A host's worker daemon: ``run_worker_loop_forever`` (and its variants) and
+``python -m monarch.actor._attach --address udp://IP:PORT``.
+
+Why this shape (design "Monarch on Chrysalis": a worker host is a node that the attaching
+client adopts):
+
+- A worker daemon is a Chrysalis root node listening on the UDP address it was given. It
+  serves one link-local protocol, ``monarch.host.v1`` (``attach_protocol``): a *session* with
+  one client at a time. It runs no actors itself; on the client's request it starts worker
+  processes (``python -m monarch.actor._worker``) that join **under the client's node**,
+  exactly like the client's local workers, so the client is every worker's parent, and a
+  worker whose parent link is gone exits.
+- Trust: both ends authenticate with TLS leaves of the same *cluster CA*, the development CA
+  directory (``ca="trust_all_connections"``, the default: ``$CHRYSALIS_DEV_CA_DIR`` else the
+  per-user ``<tmp>/chrysalis-dev-ca-<uid>``), or an explicit CA directory (``ca=PATH``, holding
+  ``ca.pem`` and ``ca.key``). The daemon issues its own leaf and its workers' leaves from it.
+  A peer that does not chain to those roots cannot complete the QUIC handshake.
+- Process death: the daemon reaps its workers and sends ``Exited``. It SIGKILLs the workers of
+  a lost client at once, and the workers watch the daemon through a stdin pipe
+  (``--exit-with-stdin``): no worker outlives its host daemon or its client.
+- ``spawn_procs`` options: ``Spawn`` may carry each worker's ``bootstrap_command`` and numactl
+  options; the daemon starts the worker with them exactly as the client starts local ones
+  (``commands.exec_spec``), resolving ``numactl`` on its own host, after checking their bounds
+  and shape (``spawn_problem``; ``SpawnFailed`` otherwise). Running a client's command grants
+  the client nothing new: it is authenticated and can already run any code in the workers.
+- Lifecycle: ``HostMesh.stop()`` keeps the session; ``shutdown()`` ends the loop once the
+  procs stopped; ``kill()`` SIGKILLs the workers and ends the loop at once. A client that exits
+  *detaches*: the daemon kills leftovers and waits for the next client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from chrysalis.node import Node
+from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
+from monarch.actor._base.future import Future, _Cell
+from monarch.actor._hosts.attach_protocol import (
+    _TRUST_ALL,
+    ATTACH_PROTOCOL,
+    ATTACH_TIMEOUT,
+    MAX_HOST_PROCS,
+    PROTOCOL_VERSION,
+    Detach,
+    Exited,
+    Hello,
+    Kill,
+    KillProcs,
+    Refused,
+    Shutdown,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    Welcome,
+    _ca_directory,
+    _Channel,
+    _heartbeats,
+    _udp_address,
+    spawn_problem,
+)
+from monarch.actor._hosts.commands import (
+    exec_spec,
+    source_ip_toward,
+    spawn_timeout,
+    worker_command,
+)
+from monarch.actor._hosts.groups import forward_output, read_worker_pids
+from monarch.config import _registry as _config
+
+if TYPE_CHECKING:
+    from chrysalis.core import Pid
+
+__all__ = [
+    "START_TIMEOUT",
+    "WorkerDaemon",
+    "main",
+    "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
+    "start_worker_loop_forever",
+]
+
+_log = logging.getLogger("monarch.actor.attach.daemon")
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker daemon (one per host)
+# ---------------------------------------------------------------------------------------------
+class _DaemonProc:
+    __slots__ = ("label", "os_pid", "pid", "popen")
+
+    def __init__(self, label: str, popen: subprocess.Popen[bytes], pid: str) -> None:
+        self.label = label
+        self.popen = popen
+        self.pid = pid
+        self.os_pid = popen.pid
+
+
+class WorkerDaemon:
+    """The worker loop of one host (see the module docstring): ``await serve()`` runs it
+    until a client asks it to end; ``ready(address)`` is called once it listens."""
+
+    def __init__(self, address: str, ca_dir: Path, *, idle_timeout: float | None = None) -> None:
+        self.address = address
+        self.ca_dir = ca_dir
+        self.idle = float(
+            idle_timeout if idle_timeout is not None else _config.get("mesh_orphan_timeout")
+        )
+        self._done: asyncio.Event | None = None
+        self._session: asyncio.Task[None] | None = None
+        self._session_client: Pid | None = None
+        self._procs: dict[str, _DaemonProc] = {}
+        self._killed = False
+
+    async def serve(self, ready: Callable[[str], None] | None = None) -> None:
+        identity = DevelopmentIdentityProvider(self.ca_dir).issue_identity()
+        self._done = asyncio.Event()
+        node = Node.serve(
+            identity,
+            self.address,
+            quic_config=QuicConfig(idle_timeout=self.idle, keepalive_interval=self.idle / 4),
+        )
+        node.register_link_protocol(ATTACH_PROTOCOL, self._on_stream)
+        async with node:
+            self.address = str(node.local_addr)
+            _log.info("monarch worker loop %s listening on %s", identity.pid.hex(), self.address)
+            if ready is not None:
+                ready(self.address)
+            try:
+                await self._done.wait()
+            finally:
+                self._kill_all()
+                if self._session is not None and not self._killed:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.wait_for(asyncio.shield(self._session), 2.0)
+
+    def _finish(self) -> None:
+        if self._done is not None:
+            self._done.set()
+
+    async def _on_stream(self, peer: Pid, stream: Any) -> None:
+        channel = _Channel(stream)
+        try:
+            hello = await asyncio.wait_for(channel.recv(), ATTACH_TIMEOUT)
+        except Exception as exc:
+            _log.warning("an attach from %s failed before its hello: %s", peer.hex(), exc)
+            return
+        refusal = None
+        if not isinstance(hello, Hello):
+            refusal = f"expected a Hello, got {type(hello).__name__}"
+        elif hello.version != PROTOCOL_VERSION:
+            refusal = f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
+        elif self._session is not None and not self._session.done():
+            if self._session_client == peer:  # the same client attaches again: replace
+                self._session.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._session
+            else:
+                assert self._session_client is not None
+                refusal = f"this host is attached to client {self._session_client.hex()}"
+        if refusal is not None or not isinstance(hello, Hello):
+            with contextlib.suppress(Exception):
+                await channel.send(Refused(refusal or "bad hello"))
+            return
+        self._session_client = peer
+        self._session = asyncio.current_task()
+        try:
+            await self._run_session(peer, channel, hello)
+        finally:
+            if not self._killed:
+                self._kill_all()
+
+    async def _run_session(self, peer: Pid, channel: _Channel, hello: Hello) -> None:
+        await channel.send(Welcome(socket.gethostname(), os.getpid(), self.address))
+        _log.info("attached to client %s at %s", peer.hex(), hello.address)
+        beat = asyncio.create_task(_heartbeats(channel, min(self.idle, hello.idle_timeout) / 4))
+        spawns: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                message = await channel.recv()
+                if isinstance(message, Spawn):
+                    task = asyncio.create_task(self._spawn(channel, peer, hello, message))
+                    spawns.add(task)
+                    task.add_done_callback(spawns.discard)
+                elif isinstance(message, KillProcs):
+                    for pid in message.pids:
+                        proc = self._procs.get(pid)
+                        if proc is not None:
+                            _kill(proc.popen)
+                elif isinstance(message, Detach):
+                    break
+                elif isinstance(message, Shutdown):
+                    self._finish()
+                    break
+                elif isinstance(message, Kill):
+                    self._killed = True
+                    self._kill_all()
+                    self._finish()
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.warning("the session with client %s ended: %s", peer.hex(), exc)
+        finally:
+            beat.cancel()
+            for task in spawns:
+                task.cancel()
+            channel.close()
+
+    async def _spawn(self, channel: _Channel, peer: Pid, hello: Hello, request: Spawn) -> None:
+        loop = asyncio.get_running_loop()
+        if len(self._procs) + len(request.labels) > MAX_HOST_PROCS:
+            reason = (
+                f"this host already runs {len(self._procs)} of at most {MAX_HOST_PROCS} workers"
+            )
+            await channel.send(SpawnFailed(request.request, reason))
+            return
+        problem = spawn_problem(request)
+        if problem is not None:
+            await channel.send(SpawnFailed(request.request, f"refused spawn: {problem}"))
+            return
+        starting = loop.run_in_executor(None, self._start_procs, peer, hello, request)
+        try:
+            procs = await asyncio.shield(starting)
+        except asyncio.CancelledError:  # the session ended while they started: none survives
+            starting.add_done_callback(_kill_started)
+            raise
+        except Exception as exc:
+            await channel.send(SpawnFailed(request.request, str(exc)))
+            return
+        for proc in procs:
+            self._procs[proc.pid] = proc
+            threading.Thread(
+                target=self._reap, args=(loop, channel, proc), name="monarch-reaper", daemon=True
+            ).start()
+        await channel.send(
+            Spawned(request.request, [p.pid for p in procs], [p.os_pid for p in procs])
+        )
+
+    def _start_procs(self, peer: Pid, hello: Hello, request: Spawn) -> list[_DaemonProc]:
+        """Start the workers of a checked ``request`` (``spawn_problem``) as the client starts
+        local ones: a custom command runs with the worker's options in
+        ``MONARCH_WORKER_ARGV``, numactl (found on this host) prefixes it."""
+        labels = list(request.labels)
+        client_ip = hello.address.removeprefix("udp://").rpartition(":")[0]
+        listen = f"udp://{source_ip_toward(client_ip)}:0"
+        popens: list[subprocess.Popen[bytes]] = []
+        env = dict(os.environ)
+        if hello.force_quic:  # every process of the program takes the same path
+            env["MONARCH_FORCE_QUIC"] = "1"
+        prefixes: list[list[str]] = [[] for _ in labels]
+        if request.numactl is not None and any(request.numactl):
+            numactl = shutil.which("numactl")
+            if numactl is None:
+                keys = sorted({o.split("=")[0][2:] for opts in request.numactl for o in opts})
+                raise RuntimeError(
+                    f"proc_bind {', '.join(keys)} needs numactl, which is not installed on "
+                    f"host {socket.gethostname()} (a 'cpus' binding needs no tool)"
+                )
+            prefixes = [[numactl, *options] if options else [] for options in request.numactl]
+        for rank, label in enumerate(labels):
+            command = worker_command(
+                parent=hello.address, authority=peer.hex(), ca_dir=self.ca_dir, label=label,
+                idle=hello.idle_timeout, main=hello.main, listen=listen, exit_with_stdin=True,
+            )  # fmt: skip
+            wire = request.commands[rank] if request.commands is not None else None
+            custom = wire.bootstrap_command() if wire is not None else None
+            argv, executable, environment = exec_spec(command, custom, prefixes[rank], env)
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    executable=executable,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=environment,
+                )
+            except (OSError, ValueError) as exc:
+                _kill_all_of(popens)
+                raise RuntimeError(
+                    f"worker process {label} could not be started on host "
+                    f"{socket.gethostname()}: {exc}"
+                ) from None
+            popens.append(popen)
+        pids = read_worker_pids(popens, labels, spawn_timeout())
+        if isinstance(pids, str):
+            _kill_all_of(popens)
+            raise RuntimeError(pids)
+        for popen in popens:
+            forward_output(popen.stdout)
+        return [
+            _DaemonProc(label, popen, pid.hex())
+            for label, popen, pid in zip(labels, popens, pids, strict=True)
+        ]
+
+    def _reap(self, loop: asyncio.AbstractEventLoop, channel: _Channel, proc: _DaemonProc) -> None:
+        status = proc.popen.wait()  # forward_output closes stdout at its end of file
+        if proc.popen.stdin is not None:
+            with contextlib.suppress(Exception):
+                proc.popen.stdin.close()
+
+        def report() -> None:
+            if self._procs.pop(proc.pid, None) is None:
+                return
+            task = loop.create_task(channel.send(Exited(proc.pid, proc.label, proc.os_pid, status)))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody to tell
+            loop.call_soon_threadsafe(report)
+
+    def _kill_all(self) -> None:
+        procs, self._procs = list(self._procs.values()), {}
+        for proc in procs:
+            _kill(proc.popen)
+
+
+def _kill_started(future: asyncio.Future[list[_DaemonProc]]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        for proc in future.result():
+            _kill(proc.popen)
+
+
+def _kill_all_of(popens: Sequence[subprocess.Popen[bytes]]) -> None:
+    for popen in popens:
+        _kill(popen)
+    for popen in popens:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(5.0)
+        for pipe in (popen.stdin, popen.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def _kill(popen: subprocess.Popen[bytes]) -> None:
+    if popen.poll() is None:
+        with contextlib.suppress(OSError):
+            popen.kill()
+
+
+def run_worker_loop_forever(
+    *, address: str, ca: str | os.PathLike[str] = _TRUST_ALL, private_key: Any = None
+) -> None:
+    """Run this host's worker loop on ``address`` (``udp://IP:PORT``) until a client ends it
+    with ``HostMesh.shutdown()`` or ``kill()`` (or the process is interrupted).
+
+    ``ca`` is where the cluster CA lives (``"trust_all_connections"``: the development CA
+    directory, ``$CHRYSALIS_DEV_CA_DIR`` or the per-user default; else a CA directory); the
+    client must have been started with the same CA. ``private_key`` (TLS material of the
+    reference's TLS transports) is not supported: ``NotImplementedError``.
+    """
+    if private_key is not None:
+        raise NotImplementedError("run_worker_loop_forever(private_key=...) is not supported")
+    daemon = WorkerDaemon(_udp_address(address, any_port=True), _ca_directory(ca))
+    asyncio.run(daemon.serve())
+
+
+def run_worker_loop_until_shutdown(
+    *, address: str, ca: str | os.PathLike[str] = _TRUST_ALL, private_key: Any = None
+) -> None:
+    """Run this host's worker loop on ``address`` and return once the client that owns it
+    ends it with ``HostMesh.shutdown()`` (or ``kill()``): the process goes on afterwards.
+
+    Arguments as ``run_worker_loop_forever``.
+    """
+    if private_key is not None:
+        raise NotImplementedError(
+            "run_worker_loop_until_shutdown(private_key=...) is not supported"
+        )
+    daemon = WorkerDaemon(_udp_address(address, any_port=True), _ca_directory(ca))
+    asyncio.run(daemon.serve())
+
+
+#: Seconds ``start_worker_loop_forever`` waits for its worker loop to listen.
+START_TIMEOUT: Final = 30.0
+
+
+def start_worker_loop_forever(
+    *, address: str, ca: str | os.PathLike[str] = _TRUST_ALL, private_key: Any = None
+) -> Future[None]:
+    """Start this host's worker loop on ``address`` in the background and return a future of
+    its lifetime: it resolves when a client ends the loop (``HostMesh.shutdown()``/``kill()``)
+    and fails if the loop fails.
+
+    The loop listens before this returns (``RuntimeError`` if it cannot start within
+    ``START_TIMEOUT``, naming why); it keeps running if the future is dropped. Arguments as
+    ``run_worker_loop_forever``. The loop runs on its own thread and event loop, so the
+    calling program goes on (and may itself be a Monarch client of other hosts).
+    """
+    if private_key is not None:
+        raise NotImplementedError("start_worker_loop_forever(private_key=...) is not supported")
+    daemon = WorkerDaemon(_udp_address(address, any_port=True), _ca_directory(ca))
+    cell: _Cell[None] = _Cell()
+    listening = threading.Event()
+
+    def run() -> None:
+        try:
+            asyncio.run(daemon.serve(lambda _: listening.set()))
+        except BaseException as exc:
+            cell.set_exception(exc)
+        else:
+            cell.set_result(None)
+        finally:
+            listening.set()
+
+    threading.Thread(target=run, name="monarch-worker-loop", daemon=True).start()
+    if not listening.wait(START_TIMEOUT):
+        raise RuntimeError(f"the worker loop on {address} did not listen within {START_TIMEOUT} s")
+    if cell.done():
+        ok, outcome = cell.outcome()
+        if not ok:
+            raise RuntimeError(f"the worker loop on {address} could not start: {outcome}")
+    return Future._create(cell)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# ``python -m monarch.actor._attach --address udp://IP:PORT``
+# ---------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a worker loop; print its bound address as the first stdout line."""
+    parser = argparse.ArgumentParser(prog="python -m monarch.actor._attach")
+    parser.add_argument("--address", required=True, help="udp://IP:PORT to listen on (port 0: any)")
+    parser.add_argument("--ca", default=_TRUST_ALL, help="the cluster CA directory")
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level, format="[worker-loop] %(name)s: %(message)s")
+    daemon = WorkerDaemon(_udp_address(args.address, any_port=True), _ca_directory(args.ca))
+
+    def ready(address: str) -> None:
+        sys.stdout.write(f"{address}\n")
+        sys.stdout.flush()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(daemon.serve(ready))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
