@@ -17,11 +17,11 @@ seconds the client's start fails with ``RuntimeError`` naming the address.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Final
 
 from chrysalis.core import AddressError, DatagramAddr
+from monarch.actor._runtime.client import current_client
 
 __all__ = ["ATTACH_TIMEOUT", "attach", "attached_to"]
 
@@ -32,9 +32,8 @@ _lock = threading.Lock()
 
 
 def _client_node_started() -> bool:
-    runtime = sys.modules.get("monarch.actor._runtime.proc")
-    current = getattr(runtime, "_client", None) if runtime is not None else None
-    layer = getattr(current, "node_layer", None)
+    current = current_client()
+    layer = current.node_layer if current is not None else None
     return getattr(layer, "_node", None) is not None
 
 

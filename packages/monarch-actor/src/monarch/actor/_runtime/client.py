@@ -110,6 +110,11 @@ def client_started() -> bool:
     return _client is not None
 
 
+def current_client() -> _Client | None:
+    """This process's client runtime if it was made (``client()`` makes it on first use)."""
+    return _client
+
+
 def client() -> _Client:
     """The client runtime of this OS process, bootstrapped on first use (and after fork)."""
     global _client, _atexit_registered
