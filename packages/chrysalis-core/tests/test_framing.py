@@ -5,6 +5,8 @@ end, and every error poisons the decoder."""
 from __future__ import annotations
 
 import itertools
+import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -207,8 +209,120 @@ def test_peek_length_and_max_body() -> None:
         (10, {"prefix_size": 9}),
         (10, {"prefix_size": True}),
         (10, {"buffer_limit": 13}),
+        (10, {"prefix_size": 65, "length_of": lambda buffer, offset: 0}),
     ],
 )
-def test_bad_bounds_are_refused(max_body: int, options: dict[str, int]) -> None:
+def test_bad_bounds_are_refused(max_body: int, options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        LengthPrefixDecoder(max_body, **options)  # type: ignore[arg-type]
+        LengthPrefixDecoder(max_body, **options)
+
+
+# --- a protocol header of its own (``length_of``) and frames parsed in place (``next_parsed``) ---
+
+_HEADER = struct.Struct(">BHI")  # kind, then two part lengths: the body is both parts
+
+
+class Malformed(Exception):
+    pass
+
+
+def header_length(buffer: bytearray, offset: int) -> int:
+    kind, first, second = _HEADER.unpack_from(buffer, offset)
+    if kind != 7:
+        raise Malformed(f"kind {kind}")
+    return int(first + second)
+
+
+def two_part(first: bytes, second: bytes) -> bytes:
+    return _HEADER.pack(7, len(first), len(second)) + first + second
+
+
+def split(frame_view: memoryview) -> tuple[bytes, bytes]:
+    _kind, first, _second = _HEADER.unpack_from(frame_view)
+    body = frame_view[_HEADER.size :]
+    return bytes(body[:first]), bytes(body[first:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parts=st.lists(st.tuples(st.binary(max_size=90), st.binary(max_size=90)), max_size=10),
+    cuts=st.lists(st.integers(0, 10_000), max_size=16),
+)
+def test_a_protocol_header_round_trips_under_any_fragmentation(
+    parts: list[tuple[bytes, bytes]], cuts: list[int]
+) -> None:
+    stream = b"".join(two_part(a, b) for a, b in parts)
+    calls = 0
+
+    def counted(buffer: bytearray, offset: int) -> int:
+        nonlocal calls
+        calls += 1
+        return header_length(buffer, offset)
+
+    decoder = LengthPrefixDecoder(180, prefix_size=_HEADER.size, length_of=counted)
+    received: list[tuple[bytes, bytes]] = []
+    for piece in pieces(stream, cuts):
+        decoder.feed(piece)
+        while (message := decoder.next_parsed(split)) is not None:
+            received.append(message)
+    decoder.end_of_stream()
+    assert received == parts
+    assert calls == len(parts)  # each header is parsed once, however many pieces it took
+    assert decoder.buffered == 0
+
+
+def test_a_protocol_header_over_the_bound_is_refused_before_its_body() -> None:
+    decoder = LengthPrefixDecoder(100, prefix_size=_HEADER.size, length_of=header_length)
+    decoder.feed(_HEADER.pack(7, 60, 41)[:4])
+    assert decoder.peek_length() is None
+    decoder.feed(_HEADER.pack(7, 60, 41)[4:] + b"x" * 50)
+    with pytest.raises(FrameTooLarge, match="101 bytes exceeds 100"):
+        decoder.next_parsed(split)
+    assert decoder.buffered == 0
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(b"more")
+
+
+def test_a_malformed_header_or_body_poisons_with_the_protocols_error() -> None:
+    decoder = LengthPrefixDecoder(100, prefix_size=_HEADER.size, length_of=header_length)
+    decoder.feed(_HEADER.pack(3, 0, 0))
+    with pytest.raises(Malformed, match="kind 3") as caught:
+        decoder.next_parsed(split)
+    with pytest.raises(Malformed) as again:
+        decoder.next_frame()
+    assert again.value is caught.value
+
+    def refuse(frame_view: memoryview) -> None:
+        raise Malformed(f"body of {frame_view.nbytes} bytes")
+
+    parsed = LengthPrefixDecoder(100, prefix_size=_HEADER.size, length_of=header_length)
+    parsed.feed(two_part(b"ab", b"c") + two_part(b"", b""))
+    with pytest.raises(Malformed, match="body of 10 bytes"):
+        parsed.next_parsed(refuse)
+    assert parsed.buffered == 0
+    with pytest.raises(Malformed, match="body of 10 bytes"):
+        parsed.next_parsed(split)
+
+
+def test_the_frame_view_is_released_after_parse() -> None:
+    """``next_parsed`` lends a view of its buffer: once ``parse`` returned the buffer can grow
+    and be compacted again (a view still held would make ``feed`` fail)."""
+    decoder = LengthPrefixDecoder(100, prefix_size=_HEADER.size, length_of=header_length)
+    for index in range(50):
+        decoder.feed(two_part(bytes([index]) * 3, b"z") + two_part(b"", b"")[:3])
+        assert decoder.next_parsed(lambda view: view.nbytes) == _HEADER.size + 4
+        decoder.feed(two_part(b"", b"")[3:])
+        assert decoder.next_parsed(split) == (b"", b"")
+    assert decoder.buffered == 0
+
+    def keep(view: memoryview) -> memoryview:
+        return view[:1]  # a parser that wrongly keeps a piece of the view
+
+    decoder.feed(two_part(b"a", b"") + b"\x07")
+    kept = decoder.next_parsed(keep)
+    assert kept is not None
+    with pytest.raises(BufferError):
+        decoder.feed(b"x" * 100)
+    kept.release()
+    decoder.feed(b"\x00\x00\x00\x00\x00\x00")
+    assert decoder.next_parsed(split) == (b"", b"")

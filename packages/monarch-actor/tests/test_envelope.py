@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -166,3 +168,69 @@ def test_random_bytes_never_crash_the_decoder(garbage: bytes) -> None:
     except FrameError:
         return
     assert decoder.buffered <= 4096
+
+
+def test_an_oversize_prefix_is_refused_before_its_body_is_buffered() -> None:
+    """The bound applies to the 12-byte prefix alone: bytes of the body that came with it are
+    not kept, and nothing fed later is either."""
+    decoder = FrameDecoder(FrameLimits(max_frame_bytes=4096))
+    decoder.receive_data(FRAME_PREFIX.pack(100, 5000)[:7])  # part of the prefix: wait
+    assert decoder.next_message() is None
+    with pytest.raises(FrameError, match="frame of 5112 bytes exceeds the limit of 4096"):
+        decoder.receive_data(FRAME_PREFIX.pack(100, 5000)[7:] + b"h" * 1000)
+    assert decoder.buffered == 0
+    with pytest.raises(FrameError, match="exceeds"):
+        decoder.receive_data(b"b" * 1000)
+    assert decoder.buffered == 0
+
+
+def test_a_body_error_poisons_the_decoder() -> None:
+    """After a malformed frame every call raises the same error, even for good bytes, and the
+    buffered bytes (the good frame behind the bad one too) are released."""
+    good = joined(encode_frame(envelope(b"ok")))
+    decoder = FrameDecoder()
+    decoder.receive_data(FRAME_PREFIX.pack(4, 0) + b"\xc1\xc1\xc1\xc1" + good)
+    with pytest.raises(FrameError, match="malformed") as first:
+        decoder.next_message()
+    assert decoder.buffered == 0
+    for call in (lambda: decoder.receive_data(good), decoder.next_message):
+        with pytest.raises(FrameError) as again:
+            call()
+        assert again.value is first.value
+
+
+_buffer_sets = st.lists(
+    st.tuples(st.sampled_from([0, 1, 13, 4096, 70_000]), st.booleans()), max_size=3
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    frames=st.lists(st.tuples(st.binary(max_size=64), _buffer_sets), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 300_000), max_size=12),
+)
+def test_messages_survive_every_split_point(
+    frames: list[tuple[bytes, list[tuple[int, bool]]]], cuts: list[int]
+) -> None:
+    """Frames with buffers of every size (beyond one read too), split anywhere: the same
+    envelopes and buffers come out, each buffer as the kind the sender announced."""
+    sent = []
+    for index, (payload, spec) in enumerate(frames):
+        buffers = tuple(bytes([index, i]) * (size // 2) + bytes(size % 2) for i, (size, _) in
+                        enumerate(spec))  # fmt: skip
+        kinds = bytes(KIND_READONLY if readonly else 0 for _, readonly in spec)
+        sent.append((envelope(payload, buffers, kinds), buffers))
+    stream = b"".join(joined(encode_frame(e, [memoryview(b) for b in bufs])) for e, bufs in sent)
+    points = sorted({cut % (len(stream) + 1) for cut in cuts} | {0, len(stream)})
+    decoder = FrameDecoder()
+    out = []
+    for start, stop in itertools.pairwise(points):
+        decoder.receive_data(memoryview(stream)[start:stop])
+        while (message := decoder.next_message()) is not None:
+            out.append(message)
+    assert decoder.buffered == 0
+    assert [m[0] for m in out] == [e for e, _ in sent]
+    for (env, received), (_, expected) in zip(out, sent, strict=True):
+        assert [bytes(b) for b in received] == list(expected)
+        for buffer, kind in zip(received, env.buffer_kinds, strict=True):
+            assert type(buffer) is (bytes if kind & KIND_READONLY else bytearray)

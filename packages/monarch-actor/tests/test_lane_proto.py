@@ -147,6 +147,21 @@ def test_hostile_lane_bytes_are_a_frame_error_and_the_decoder_stays_failed(
         decoder.next_message()
 
 
+def test_an_oversize_lane_prefix_is_refused_before_its_body_is_received() -> None:
+    """The head alone (lane type, no descriptors, 12-byte envelope prefix) is enough to refuse a
+    frame over the limit: no byte of its body was fed, nothing is reserved for it, and the
+    decoder stays failed."""
+    decoder = LaneDecoder(FrameLimits(max_frame_bytes=4096))
+    head = lane_prefix(()) + FRAME_PREFIX.pack(100, 1 << 30)
+    assert feed_lane(decoder, head[:5]) == []  # part of the head: wait
+    with pytest.raises(FrameError, match="exceeds the limit of 4096"):
+        feed_lane(decoder, head[5:])
+    with pytest.raises(FrameError, match="exceeds"):
+        decoder.get_buffer()
+    with pytest.raises(FrameError, match="exceeds"):
+        decoder.next_message()
+
+
 def test_a_frame_naming_a_missing_descriptor_is_refused() -> None:
     env = make_envelope(0, (5,))
     header = msgspec.msgpack.encode(env)

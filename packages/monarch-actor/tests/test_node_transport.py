@@ -7,10 +7,12 @@ nameserver); each gets a transport whose callbacks record what arrives and what 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from monarch.actor._transport.node import (
     NodeProcessTransport,
     NodeTransportSettings,
 )
+from monarch.actor._transport.seam import InProcessFabric, InProcessTransport
 from monarch.config._registry import configured
 
 T = 10.0
@@ -78,7 +81,12 @@ class Cluster:
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop.loop).result(T)
 
-    def add(self, parent: Member | None = None, limits: FrameLimits | None = None) -> Member:
+    def add(
+        self,
+        parent: Member | None = None,
+        limits: FrameLimits | None = None,
+        hosts: Callable[[bytes], bool] | None = None,
+    ) -> Member:
         async def start() -> Member:
             join = None if parent is None else JoinSettings(parent.node.local_addr, parent.node.pid)
             identity = issue_identity()
@@ -86,7 +94,7 @@ class Cluster:
             await node.__aenter__()
             await node.wait_connected()
             transport = NodeProcessTransport(
-                node, self.loop, limits=limits, settings=self.settings,
+                node, self.loop, limits=limits, settings=self.settings, hosts=hosts,
                 identity=identity if self.lanes else None, lanes=self.lane_settings,
             )  # fmt: skip
             member = Member(node, transport)
@@ -274,3 +282,147 @@ def test_closed_transport_bounces_new_envelopes(cluster: Cluster) -> None:
     root.transport.send(envelope(root, b"\x05" * 16, 0), [])
     root.wait("bounced", 1)
     assert "closed" in root.bounced[0][1]
+
+
+# --- the client's shape: a fabric whose uplink is the node's transport ---------------------------
+
+
+class Inbox:
+    """A fabric member's callbacks: what arrives, what bounces, and whether each delivery ran
+    inside the node transport's inbound handler (the direct path) or later, from the loop's
+    queue."""
+
+    def __init__(self) -> None:
+        self.got: list[Envelope] = []
+        self.direct: list[bool] = []
+        self.bounced: list[tuple[Envelope, str]] = []
+        self.cond = threading.Condition()
+
+    def deliver(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        frame: FrameType | None = sys._getframe(1)
+        inbound = NodeProcessTransport._on_inbound.__code__
+        while frame is not None and frame.f_code is not inbound:
+            frame = frame.f_back
+        with self.cond:
+            self.got.append(env)
+            self.direct.append(frame is not None)
+            self.cond.notify_all()
+
+    def bounce(self, env: Envelope, reason: str) -> None:
+        with self.cond:
+            self.bounced.append((env, reason))
+            self.cond.notify_all()
+
+    def wait(self, what: str, count: int) -> None:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: len(getattr(self, what)) >= count, T)
+        assert ok, f"{what}: {len(getattr(self, what))} < {count}"
+
+
+@dataclass
+class ClientShape:
+    """A node whose transport delivers into an ``InProcessFabric`` (as the client's does):
+    ``own`` is attached with the node's PID (the client's runtime), ``sim`` with a PID of its
+    own (an in-process simulated process)."""
+
+    node: Member
+    fabric: InProcessFabric
+    own: InProcessTransport
+    own_inbox: Inbox
+    sim: InProcessTransport
+    sim_inbox: Inbox
+
+
+def client_shape(cluster: Cluster, parent: Member) -> ClientShape:
+    fabric = InProcessFabric()
+    holder = cluster.add(parent, hosts=fabric.hosts)
+    transport = holder.transport
+    transport.attach(cluster.loop, fabric.deliver_inbound, fabric.bounce_inbound)
+    fabric.uplink = transport
+    own_inbox, sim_inbox = Inbox(), Inbox()
+    own = fabric.attach(cluster.loop, own_inbox.deliver, own_inbox.bounce, transport.pid)
+    sim = fabric.attach(cluster.loop, sim_inbox.deliver, sim_inbox.bounce)
+    return ClientShape(holder, fabric, own, own_inbox, sim, sim_inbox)
+
+
+def fabric_envelope(src: InProcessTransport, dst: Pid, seq: int, reply: bool = False) -> Envelope:
+    port = PortAddr(src.pid.raw, "root", 7) if reply else None
+    return Envelope(
+        MessageKind.CALL, ActorAddr(src.pid.raw, "root"), ActorAddr(dst.raw, "a"),
+        -1, "ep", seq, port, None, b"x",
+    )  # fmt: skip
+
+
+def test_the_uplink_delivers_to_the_clients_runtime_directly_and_in_order(
+    cluster: Cluster,
+) -> None:
+    """A reply to the client goes from the node transport straight to its runtime's callback,
+    in the same loop tick (no second hop through the fabric's ``call_soon``); each sender's
+    order holds, also with two senders interleaved."""
+    root = cluster.add()
+    shape = client_shape(cluster, root)
+    a, b = cluster.add(root), cluster.add(root)
+    for i in range(100):
+        sender = a if i % 3 else b
+        sender.transport.send(envelope(sender, shape.own.pid, i), [])
+    shape.own_inbox.wait("got", 100)
+    got = shape.own_inbox.got
+    assert [e.sequence for e in got if e.sender.pid == a.transport.pid.raw] == [
+        i for i in range(100) if i % 3
+    ]
+    assert [e.sequence for e in got if e.sender.pid == b.transport.pid.raw] == [
+        i for i in range(100) if not i % 3
+    ]
+    assert all(shape.own_inbox.direct)
+
+
+def test_deliver_inbound_from_another_thread_still_goes_through_the_loop() -> None:
+    """Off the member's loop thread the fabric keeps the thread-safe hand-off: the callback
+    runs on the member's loop, in order."""
+    loop = RuntimeLoop("test-fabric")
+    loop.start()
+    try:
+        fabric = InProcessFabric()
+        threads: list[int] = []
+        inbox = Inbox()
+
+        def deliver(env: Envelope, buffers: list[bytes | bytearray]) -> None:
+            threads.append(threading.get_ident())
+            inbox.deliver(env, buffers)
+
+        member = fabric.attach(loop, deliver, inbox.bounce)
+        for i in range(20):
+            fabric.deliver_inbound(fabric_envelope(member, member.pid, i), [])
+        inbox.wait("got", 20)
+        assert [e.sequence for e in inbox.got] == list(range(20))
+        assert threading.get_ident() not in threads
+        assert len(set(threads)) == 1
+    finally:
+        loop.stop()
+
+
+def test_client_shape_bounces_and_fencing_still_hold(
+    cluster: Cluster, wait_until: Callable[..., None]
+) -> None:
+    """Through the uplink: a call from the client to a worker that dies bounces to the client's
+    callback, a send to an unreachable PID bounces too, and a fenced worker's later envelopes are
+    refused before they reach the fabric."""
+    root = cluster.add()
+    shape = client_shape(cluster, root)
+    worker = cluster.add(root)
+    shape.own.send(fabric_envelope(shape.own, worker.transport.pid, 0, reply=True), [])
+    worker.wait("got", 1)  # delivered; the worker never answers
+    worker.transport.send(envelope(worker, shape.own.pid, 1), [])
+    shape.own_inbox.wait("got", 1)
+    shape.node.transport.mark_unreachable(worker.transport.pid, "declared dead", fence=True)
+    shape.own_inbox.wait("bounced", 1)
+    assert shape.own_inbox.bounced[0][0].sequence == 0
+    assert shape.own_inbox.bounced[0][1] == "declared dead"
+    shape.sim.send(fabric_envelope(shape.sim, worker.transport.pid, 2), [])
+    shape.sim_inbox.wait("bounced", 1)
+    assert shape.sim_inbox.bounced[0][1] == "declared dead"
+    for seq in (3, 4):
+        worker.transport.send(envelope(worker, shape.own.pid, seq), [])
+    wait_until(lambda: shape.node.transport.statistics().refused == 2, T)
+    assert [e.sequence for e in shape.own_inbox.got] == [1]
+    assert shape.sim_inbox.got == []

@@ -15,7 +15,8 @@ Frames on a byte stream::
 not copied into the frame). ``FrameDecoder`` is a pure state machine: ``receive_data(bytes)``
 then ``next_message()`` until it returns ``None`` (needs more data). Limits are checked as soon
 as the 12-byte prefix is known, so an oversize or malformed frame raises ``FrameError`` before
-any memory is reserved for it; after an error the decoder stays failed.
+any memory is reserved for it; after an error the decoder stays failed (the bounded framing is
+``chrysalis.core.framing.LengthPrefixDecoder``'s, with this prefix as its header).
 
 Nothing here imports sockets, asyncio or a clock.
 """
@@ -30,6 +31,7 @@ from typing import Annotated
 
 import msgspec
 
+from chrysalis.core.framing import LengthPrefixDecoder
 from monarch.actor._base.codec import KIND_READONLY, MAX_BUFFERS
 from monarch.actor._base.errors import FrameError, MessageTooLargeError
 from monarch.actor._base.shape import MAX_DIMS
@@ -191,86 +193,85 @@ def encode_frame(
     return [FRAME_PREFIX.pack(len(header), body), header, *buffers]
 
 
+def _frame_length(buffer: bytearray, offset: int) -> int:
+    """Header plus body bytes of the frame whose prefix is at ``offset``."""
+    header_len, body_len = FRAME_PREFIX.unpack_from(buffer, offset)
+    if header_len == 0:
+        raise FrameError("frame has an empty header")
+    return int(header_len + body_len)
+
+
+def _frame_too_large(length: int, max_body: int) -> FrameError:
+    return FrameError(
+        f"frame of {FRAME_PREFIX.size + length} bytes exceeds the limit of "
+        f"{FRAME_PREFIX.size + max_body}"
+    )
+
+
 class FrameDecoder:
     """Bytes in, ``(Envelope, buffers)`` out, for one direction of a stream.
 
     ``receive_data`` appends bytes; ``next_message`` returns the next complete message or
     ``None`` when more data is needed. Buffers come back receiver-owned: ``bytes`` for buffers
     that were read-only at the sender, ``bytearray`` otherwise. Any violation of the format or of
-    ``limits`` raises ``FrameError``, and every later call raises it again.
+    ``limits`` raises ``FrameError``, and every later call raises it again. The framing is
+    ``chrysalis.core.framing.LengthPrefixDecoder`` (this module's 12-byte prefix is its header,
+    checked as soon as it is received); this class checks and decodes the frames, copying each
+    buffer once, straight out of the received bytes.
     """
 
-    __slots__ = ("_buffer", "_error", "_limits", "_need")
+    __slots__ = ("_frames", "_limits", "_parse")
 
     def __init__(self, limits: FrameLimits = FrameLimits()) -> None:
         self._limits = limits
-        self._buffer = bytearray()
-        self._error: FrameError | None = None
-        self._need: tuple[int, int] | None = None
+        self._frames = LengthPrefixDecoder(
+            limits.max_frame_bytes - FRAME_PREFIX.size,
+            prefix_size=FRAME_PREFIX.size,
+            length_of=_frame_length,
+            too_large=_frame_too_large,
+        )
+        self._parse = self._decode
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as messages."""
-        return len(self._buffer)
+        return self._frames.buffered
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes (an empty chunk is allowed and does nothing)."""
-        if self._error is not None:
-            raise self._error
-        self._buffer += data
-        self._check_prefix()
-
-    def _fail(self, message: str) -> FrameError:
-        self._error = FrameError(message)
-        self._buffer = bytearray()
-        return self._error
-
-    def _check_prefix(self) -> None:
-        if self._need is not None or len(self._buffer) < FRAME_PREFIX.size:
-            return
-        header_len, body_len = FRAME_PREFIX.unpack_from(self._buffer)
-        total = FRAME_PREFIX.size + header_len + body_len
-        if header_len == 0:
-            raise self._fail("frame has an empty header")
-        if total > self._limits.max_frame_bytes:
-            raise self._fail(
-                f"frame of {total} bytes exceeds the limit of {self._limits.max_frame_bytes}"
-            )
-        self._need = (header_len, body_len)
+        frames = self._frames
+        frames.feed(data)
+        frames.peek_length()  # a bad prefix fails now, before its frame is buffered
 
     def next_message(self) -> tuple[Envelope, list[bytes | bytearray]] | None:
         """The next complete message, or ``None`` if more data is needed."""
-        if self._error is not None:
-            raise self._error
-        self._check_prefix()
-        if self._need is None:
-            return None
-        header_len, body_len = self._need
+        return self._frames.next_parsed(self._parse)
+
+    def _decode(self, frame: memoryview) -> tuple[Envelope, list[bytes | bytearray]]:
+        header_len, body_len = FRAME_PREFIX.unpack_from(frame)
         start = FRAME_PREFIX.size
-        end = start + header_len + body_len
-        if len(self._buffer) < end:
-            return None
-        with memoryview(self._buffer) as view:
-            with view[start : start + header_len] as header:
-                try:
-                    envelope = _DECODER.decode(header)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise self._fail(f"malformed envelope: {exc}") from None
-            sizes = envelope.buffer_sizes
-            if len(envelope.buffer_kinds) != len(sizes):
-                raise self._fail("buffer kinds and sizes disagree")
-            if len(sizes) > self._limits.max_buffers:
-                raise self._fail(
-                    f"frame carries {len(sizes)} buffers (limit {self._limits.max_buffers})"
-                )
-            if sum(sizes) != body_len:
-                raise self._fail(f"buffer sizes add up to {sum(sizes)}, body has {body_len}")
-            buffers: list[bytes | bytearray] = []
-            offset = start + header_len
-            for size, kind in zip(sizes, envelope.buffer_kinds, strict=True):
-                with view[offset : offset + size] as piece:
-                    buffers.append(bytes(piece) if kind & KIND_READONLY else bytearray(piece))
-                offset += size
-        del self._buffer[:end]
-        self._need = None
+        with frame[start : start + header_len] as header:
+            try:
+                envelope = _DECODER.decode(header)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise FrameError(f"malformed envelope: {exc}") from None
+        sizes = envelope.buffer_sizes
+        if len(envelope.buffer_kinds) != len(sizes):
+            raise FrameError("buffer kinds and sizes disagree")
+        if len(sizes) > self._limits.max_buffers:
+            raise FrameError(
+                f"frame carries {len(sizes)} buffers (limit {self._limits.max_buffers})"
+            )
+        if not sizes:
+            if body_len:
+                raise FrameError(f"buffer sizes add up to 0, body has {body_len}")
+            return envelope, []
+        if sum(sizes) != body_len:
+            raise FrameError(f"buffer sizes add up to {sum(sizes)}, body has {body_len}")
+        buffers: list[bytes | bytearray] = []
+        offset = start + header_len
+        for size, kind in zip(sizes, envelope.buffer_kinds, strict=True):
+            with frame[offset : offset + size] as piece:
+                buffers.append(bytes(piece) if kind & KIND_READONLY else bytearray(piece))
+            offset += size
         return envelope, buffers

@@ -15,10 +15,12 @@ FIFO call: messages from one thread to one destination arrive in send order. An 
 detached destination makes the envelope bounce to the sender's ``undeliverable`` callback.
 
 The Chrysalis Node process layer provides the same interface over its streams
-(``_node_transport.NodeProcessTransport``); the runtime does not change. A fabric can have an
+(``node.NodeProcessTransport``); the runtime does not change. A fabric can have an
 *uplink*: a transport that takes every envelope whose destination is not a fabric member (the
 client's fabric hands them to its Node transport, which in turn delivers inbound envelopes to
-fabric members with ``deliver_inbound``).
+fabric members with ``deliver_inbound``). The uplink runs on the loop of the members it serves,
+so ``deliver_inbound`` calls a member's ``deliver`` callback directly, in the same loop tick: a
+reply to the client costs no extra hop through the loop's queue.
 """
 
 from __future__ import annotations
@@ -130,13 +132,24 @@ class InProcessFabric:
 
     def deliver_inbound(self, envelope: Envelope, buffers: list[bytes | bytearray]) -> None:
         """Hand an envelope that arrived from the uplink to its member (dropped, with a log
-        line, when the member is gone)."""
+        line, when the member is gone).
+
+        The fast path: called on the member's own loop thread (the client's uplink runs on the
+        client runtime's loop), the member's ``deliver`` callback runs at once, in the uplink's
+        tick, as it would had the process attached to the uplink directly; from any other thread
+        the envelope is handed over with the loop's FIFO ``call_soon``. Per-sender order holds
+        either way: the uplink delivers one sender's envelopes from one thread, in order.
+        """
         member = self._members.get(envelope.target.pid)
         if member is None or member._closed:
             _log.debug("inbound envelope for a detached process dropped")
             return
+        loop = member._loop
+        if loop.in_loop_thread():
+            member._deliver(envelope, buffers)
+            return
         with contextlib.suppress(RuntimeLoopClosedError):
-            member._loop.call_soon(member._deliver, envelope, buffers)
+            loop.call_soon(member._deliver, envelope, buffers)
 
     def bounce_inbound(self, envelope: Envelope, reason: str) -> None:
         """An envelope a member sent through the uplink bounced: tell its sender."""
