@@ -42,6 +42,8 @@ release) and re-exports its names.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 
@@ -190,3 +192,37 @@ def _from_environment() -> None:
 
 
 _from_environment()
+
+#: Where ``monarch trace`` wants this program's trace (``MONARCH_TRACE_FILE``), or ``None``.
+_trace_file: str | None = None
+
+
+def _trace_file_from_environment() -> None:
+    """``MONARCH_TRACE_FILE`` (set by ``monarch trace``): turn tracing on, and write one
+    Chrome trace of every span this process holds when it exits. Read once, by the process
+    that imports ``monarch.actor`` first (the client), and removed from the environment so
+    that the worker processes it starts do not write one too (they push their spans to the
+    client when stopped: ``report``). The handler is registered before the client runtime
+    registers its own shutdown, so it runs after that shutdown stopped the meshes."""
+    global _trace_file
+    path = os.environ.pop("MONARCH_TRACE_FILE", None)
+    if not path:
+        return
+    _trace_file = path
+    enable_telemetry(metrics=METRICS, tracing=True, otel=_otel.enabled())
+    atexit.register(_write_trace_file)
+
+
+def _write_trace_file() -> None:
+    if _trace_file is None or _tracing._PID != _tracing_pid_at_start:
+        return  # a forked child (the zygote's workers) inherited the handler: not its file
+    try:
+        trace = _tracing.chrome_trace(_tracing.span_records())
+        with open(_trace_file, "w", encoding="utf-8") as out:
+            json.dump(trace, out)
+    except Exception:
+        _log.exception("could not write the trace to %s", _trace_file)
+
+
+_tracing_pid_at_start = os.getpid()
+_trace_file_from_environment()

@@ -40,6 +40,7 @@ __all__ = [
     "MetricPoint",
     "UpDownCounter",
     "get_meter",
+    "label_port",
     "metrics_snapshot",
     "on_enqueued",
     "on_port_completed",
@@ -380,7 +381,8 @@ _depth = _meter.create_histogram(
 _call_latency = _meter.create_histogram(
     "monarch.client.call_latency",
     "s",
-    "reply port opened to last reply received (client side of call, call_one, choose)",
+    "reply port opened to last reply received (client side of call, call_one, choose, "
+    "stream), by endpoint",
 )
 _supervision = _meter.create_counter(
     "monarch.supervision.events", "{event}", "supervision records, by event and category"
@@ -418,7 +420,7 @@ def on_enqueued(depth: int) -> None:
         _depth._record_key(depth, ())
 
 
-_opened: collections.OrderedDict[tuple[int, int], float] = collections.OrderedDict()
+_opened: collections.OrderedDict[tuple[int, int], tuple[float, _Key]] = collections.OrderedDict()
 _opened_lock = threading.Lock()
 #: Reply ports whose opening time is remembered (ports that never complete are forgotten).
 MAX_TRACKED_PORTS: Final = 65_536
@@ -428,9 +430,27 @@ def on_port_opened(owner: object, index: int) -> None:
     """Port ``index`` of process runtime ``owner`` was opened: remember when."""
     if METRICS:
         with _opened_lock:
-            _opened[(id(owner), index)] = time.perf_counter()
+            _opened[(id(owner), index)] = (time.perf_counter(), ())
             if len(_opened) > MAX_TRACKED_PORTS:
                 _opened.popitem(last=False)
+
+
+_ENDPOINT_KEYS: dict[str, _Key] = {}
+
+
+def label_port(owner: object, index: int, endpoint: str) -> None:
+    """Port ``index`` of ``owner`` collects the replies of calls to ``endpoint`` (the
+    adverbs say so right after opening it): its call latency is recorded by endpoint."""
+    if METRICS:
+        key = _ENDPOINT_KEYS.get(endpoint)
+        if key is None:
+            key = (("endpoint", endpoint),)
+            if len(_ENDPOINT_KEYS) < MAX_SERIES:
+                _ENDPOINT_KEYS[endpoint] = key
+        with _opened_lock:
+            opened = _opened.get((id(owner), index))
+            if opened is not None:
+                _opened[(id(owner), index)] = (opened[0], key)
 
 
 def on_port_completed(owner: object, index: int) -> None:
@@ -438,7 +458,7 @@ def on_port_completed(owner: object, index: int) -> None:
     with _opened_lock:
         opened = _opened.pop((id(owner), index), None)
     if METRICS and opened is not None:
-        _call_latency._record_key(time.perf_counter() - opened, ())
+        _call_latency._record_key(time.perf_counter() - opened[0], opened[1])
 
 
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
