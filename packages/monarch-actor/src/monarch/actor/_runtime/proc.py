@@ -700,6 +700,7 @@ class ProcRuntime:
                 kind="stopped",
             )
             _telemetry.record_supervision("actor_stopped", cell.failure, self.label)
+            cell.lifecycle("actor_stopped", cell.failure.reason)
         spawn = cell.spawn_env
         if starting and spawn.reply_port is not None:  # ``initialized`` resolves (as Monarch's)
             self.post(

@@ -76,15 +76,21 @@ from monarch.actor._runtime.telemetry.metrics import on_port_opened as on_port_o
 from monarch.actor._runtime.telemetry.metrics import on_received as on_received
 from monarch.actor._runtime.telemetry.metrics import on_sent as on_sent
 from monarch.actor._runtime.telemetry.records import (
+    LIFECYCLE_EVENTS,
+    LIFECYCLE_SCHEMA_VERSION,
     SCHEMA_VERSION,
     ChainLink,
+    LifecycleRecord,
     SupervisionRecord,
+    add_lifecycle_listener,
     add_supervision_listener,
+    lifecycle_events,
     supervision_events,
 )
 from monarch.actor._runtime.telemetry.records import (
     iter_supervision_events as iter_supervision_events,
 )
+from monarch.actor._runtime.telemetry.records import record_lifecycle as record_lifecycle
 from monarch.actor._runtime.telemetry.records import record_supervision as record_supervision
 from monarch.actor._runtime.telemetry.tracing import (
     Span,
@@ -98,17 +104,21 @@ from monarch.actor._runtime.telemetry.tracing import outgoing_trace as outgoing_
 from monarch.actor._runtime.telemetry.tracing import wrap_endpoint as wrap_endpoint
 
 __all__ = [
+    "LIFECYCLE_EVENTS",
+    "LIFECYCLE_SCHEMA_VERSION",
     "MAX_LISTENERS",
     "MAX_SERIES",
     "SCHEMA_VERSION",
     "ChainLink",
     "Counter",
     "Histogram",
+    "LifecycleRecord",
     "Meter",
     "MetricPoint",
     "Span",
     "SupervisionRecord",
     "UpDownCounter",
+    "add_lifecycle_listener",
     "add_span_listener",
     "add_supervision_listener",
     "chrome_trace",
@@ -116,6 +126,7 @@ __all__ = [
     "enable_telemetry",
     "finished_spans",
     "get_meter",
+    "lifecycle_events",
     "metrics_snapshot",
     "reset_metrics",
     "set_ring_capacity",
