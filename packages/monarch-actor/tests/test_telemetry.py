@@ -538,7 +538,9 @@ with span("client step") as root:
     assert d.double.call_one(4).get(timeout=10) == 8
 procs.stop().get(timeout=10)
 spans = {s.name: s for s in exporter.get_finished_spans()}
-assert spans["double"].parent.span_id == spans["client step"].context.span_id, spans
+send = spans["call_one d.double"]  # the send side, between the caller's span and the endpoint's
+assert send.parent.span_id == spans["client step"].context.span_id, spans
+assert spans["double"].parent.span_id == send.context.span_id, spans
 assert spans["double"].context.trace_id == int.from_bytes(root.trace_id, "big")
 names = {
     m.name
@@ -554,7 +556,8 @@ print("otel ok")
 def test_otel_mirror_with_an_sdk(tmp_path: Path) -> None:
     """Runs where ``opentelemetry-sdk`` is importable (``OTEL_TEST_PATH`` may point at it)."""
     extra = os.environ.get("OTEL_TEST_PATH", "")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (extra, str(tmp_path)) if p))
+    paths = (extra, str(tmp_path), os.environ.get("PYTHONPATH", ""))  # this checkout's first
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.pop("MONARCH_TELEMETRY", None)
     probe = subprocess.run(
         [sys.executable, "-c", "import opentelemetry.sdk"], env=env, capture_output=True
