@@ -188,3 +188,31 @@ def test_pulled_spans_of_live_workers(traced_relays: Any) -> None:
     assert send["name"] == "call relays.work"
     received = [e for e in spans if e["args"]["parent_id"] == send["args"]["span_id"]]
     assert len({e["pid"] for e in received}) == 4
+
+
+def test_lifecycle_records_of_worker_processes(traced_relays: Any, faults: Any) -> None:
+    procs, relays = traced_relays
+    assert relays.work.call(1).get(timeout=T).values() == [2, 2, 2, 2]
+    relays.slice(gpus=1).die.broadcast()
+    faults.wait_for(1)
+    relays.stop().get(timeout=T)
+    reports = collect_telemetry(procs, T, spans=False, metrics=False, lifecycle=True)
+    by_rank = {}
+    for report in reports:
+        (rank,) = {r.rank for r in report.lifecycle if "relays" in r.name}
+        by_rank[rank] = [r.event for r in report.lifecycle if "relays" in r.name]
+        assert all(r.proc == report.proc for r in report.lifecycle)
+    alive = ["actor_spawned", "actor_running", "actor_stopping", "actor_stopped"]
+    assert by_rank == {
+        0: alive,
+        1: ["actor_spawned", "actor_running", "actor_failed"],
+        2: alive,
+        3: alive,
+    }
+    client = [(r.subject, r.event) for r in tm.lifecycle_events() if r.name in ("procs", "relays")]
+    assert client[-4:] == [
+        ("proc_mesh", "mesh_spawned"),
+        ("actor_mesh", "mesh_spawned"),
+        ("actor_mesh", "mesh_stopping"),
+        ("actor_mesh", "mesh_stopped"),
+    ]

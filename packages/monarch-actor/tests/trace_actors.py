@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, context, endpoint
 
 
 class Relay(Actor):
@@ -20,3 +20,7 @@ class Relay(Actor):
     @endpoint
     def fail(self) -> None:
         raise ValueError("relay failure")
+
+    @endpoint
+    def die(self) -> None:
+        context().actor_instance.kill("killed on purpose")

@@ -53,13 +53,15 @@ def collect_telemetry(
     *,
     spans: bool = True,
     metrics: bool = True,
+    lifecycle: bool = False,
 ) -> list[TelemetryReport]:
-    """Ask every process of ``mesh`` for its spans and metrics; their reports, in rank order
-    (processes that did not answer within ``timeout`` seconds are left out)."""
+    """Ask every process of ``mesh`` for its spans and metrics (and, with ``lifecycle``, its
+    lifecycle records); their reports, in rank order (processes that did not answer within
+    ``timeout`` seconds are left out)."""
     if not isinstance(mesh, ProcMesh | ActorMesh):
         raise TypeError(f"collect_telemetry takes a ProcMesh or an ActorMesh, not {mesh!r}")
     runtime, sender = current_sender()
-    payload = _report.encode(TelemetryRequest(spans=spans, metrics=metrics))
+    payload = _report.encode(TelemetryRequest(spans=spans, metrics=metrics, lifecycle=lifecycle))
     cells: list[tuple[bytes, _Cell[Reply], int]] = []
     try:
         for pid in _pids(mesh):

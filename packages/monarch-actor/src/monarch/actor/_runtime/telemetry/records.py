@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -307,3 +308,14 @@ def add_lifecycle_listener(listener: Callable[[LifecycleRecord], None]) -> Calla
     """Call ``listener(record)`` for every lifecycle record as it is made (on the thread that
     records it: an actor's or a runtime thread; keep it short). Returns a remover."""
     return add_listener(_lifecycle_listeners, listener)
+
+
+def _after_fork() -> None:
+    """A forked child starts with no records: those in the rings were its parent's."""
+    global _records_lock
+    _records_lock = threading.Lock()  # it may have been held by a thread that is not here
+    _records.clear()
+    _lifecycle.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)

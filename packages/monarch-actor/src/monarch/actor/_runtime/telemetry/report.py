@@ -24,8 +24,10 @@ from collections.abc import Sequence
 import msgspec
 
 from monarch.actor._runtime.telemetry import metrics as _metrics
+from monarch.actor._runtime.telemetry import records as _records
 from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._runtime.telemetry.metrics import MetricPoint
+from monarch.actor._runtime.telemetry.records import LifecycleRecord
 from monarch.actor._runtime.telemetry.tracing import SpanRecord
 
 __all__ = [
@@ -51,16 +53,19 @@ class TelemetryRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     spans: bool = True
     metrics: bool = True
+    lifecycle: bool = False
 
 
 class TelemetryReport(msgspec.Struct, frozen=True, kw_only=True):
     """A process's answer: its label and OS pid, its finished spans (its own and those its
-    children pushed to it) and its metrics snapshot (``metrics_snapshot()``)."""
+    children pushed to it), its metrics snapshot (``metrics_snapshot()``) and, when asked,
+    its lifecycle records (``lifecycle_events()``)."""
 
     proc: str
     os_pid: int
     spans: list[SpanRecord] = []
     metrics: dict[str, list[MetricPoint]] = {}
+    lifecycle: list[LifecycleRecord] = []
 
 
 class SpanBatch(msgspec.Struct, frozen=True):
@@ -76,6 +81,7 @@ def local_report(proc: str, request: TelemetryRequest) -> TelemetryReport:
         os_pid=_tracing._PID,
         spans=_tracing.span_records() if request.spans else [],
         metrics=_metrics.metrics_snapshot() if request.metrics else {},
+        lifecycle=_records.lifecycle_events() if request.lifecycle else [],
     )
 
 

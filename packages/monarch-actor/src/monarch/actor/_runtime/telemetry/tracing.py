@@ -74,11 +74,13 @@ _process_label = "client"
 
 
 def _after_fork() -> None:
-    global _PID
+    """A forked child (the zygote, a worker forked from it, a program's own fork) starts
+    with no spans: those in the ring were its parent's."""
+    global _PID, _remote_lock
     _PID = os.getpid()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    _spans.clear()
+    _remote.clear()
+    _remote_lock = threading.Lock()  # it may have been held by a thread that is not here
 
 
 def set_process_label(label: str) -> None:
@@ -586,3 +588,6 @@ def _finish_endpoint(
         _metrics.record_endpoint(endpoint, started, exc)
     if current is not None:
         current._end(exc)
+
+
+os.register_at_fork(after_in_child=_after_fork)
