@@ -37,6 +37,13 @@ here on the runtime loop); every heartbeat renews this process's ``lease`` for t
 carries. Once the lease ran out the client may have declared this process dead: ``post`` sends
 nothing more and ``on_fenced`` (the worker's exit) is called.
 
+Telemetry (``_runtime.telemetry.report``): the agent endpoint ``__telemetry__`` answers a pull
+of this process's spans, metrics and lifecycle records on the runtime loop; on ``STOP_PROC``
+the process pushes its finished spans to the stopper's agent (``__spans__``) right before the
+acknowledgement, on the same path, so a stopped process's spans are with its stopper once the
+stop returned. These system endpoints, like heartbeats, are sent with ``send_system`` and are
+not counted in the message metrics.
+
 Every queue is bounded by ``monarch.config`` settings: actor mailboxes
 (``actor_mailbox_capacity`` messages and ``actor_mailbox_max_bytes`` bytes; an overflowing call
 is rejected with a ``SupervisionError``), port

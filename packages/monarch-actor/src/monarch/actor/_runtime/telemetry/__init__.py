@@ -10,8 +10,17 @@ and the modules behind it decide what each hook records:
   ``on_port_opened``, ``on_port_completed``);
 - ``tracing``: spans (``span(name)``, ``@traced``, one span per endpoint run: ``wrap_endpoint``),
   the trace context a CALL envelope carries (``outgoing_trace``), ``chrome_trace()``;
-- ``records``: supervision event records (``record_supervision``, ``SupervisionRecord``);
+- ``records``: supervision event records (``record_supervision``, ``SupervisionRecord``) and
+  lifecycle records of actors and meshes (``record_lifecycle``, ``LifecycleRecord``);
+- ``report``: what a process reports to the client about itself (``TelemetryReport``: spans,
+  metrics, lifecycle records), pulled through the agent endpoint ``__telemetry__`` or pushed at
+  ``STOP_PROC``; ``_mesh.telemetry`` collects them for a whole mesh;
+- ``command``: the ``monarch`` console script (``monarch trace -o trace.json -- prog``);
 - ``otel``: the optional OpenTelemetry mirror; ``listeners``: the bounded listener lists.
+
+``MONARCH_TRACE_FILE`` (set by ``monarch trace``) turns tracing on in the process that imports
+this package first, and makes it write one Chrome trace of every span it holds at exit
+(``_trace_file_from_environment``).
 
 Switches (module attributes read on the hot path, so a disabled hook costs one attribute load
 and a branch; ``enable_telemetry`` sets them, and the ``MONARCH_TELEMETRY`` environment variable,
@@ -32,9 +41,10 @@ processes inherit them):
 switches live here, where the runtime reads them; ``enable_telemetry`` also sets the copies that
 ``metrics`` and ``tracing`` read, so set them only through it.
 
-Supervision event records are always on (they are rare). Every store is bounded: the two rings
-(``set_ring_capacity``), the series per instrument (``MAX_SERIES``; later attribute sets share
-one overflow series), the listeners (``MAX_LISTENERS``).
+Supervision and lifecycle records are always on (they are rare). Every store is bounded: the
+rings of spans, supervision and lifecycle records (``set_ring_capacity``), the spans other
+processes reported (``tracing.MAX_REMOTE_SPANS``), the series per instrument (``MAX_SERIES``;
+later attribute sets share one overflow series), the listeners (``MAX_LISTENERS``).
 
 This package took over the old module ``monarch.actor._telemetry`` (kept as an alias for one
 release) and re-exports its names.
