@@ -42,7 +42,6 @@ from monarch.actor._runtime.sinks import (
     StreamSink,
     decode_reply,
 )
-from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import tracing as _tracing
 
 if TYPE_CHECKING:
@@ -134,7 +133,7 @@ class Endpoint(Generic[P, R]):
 
     def _open(self, sink: Any) -> Any:
         runtime, sender = current_sender()
-        return runtime, runtime.open_port(sender, sink)
+        return runtime, runtime.open_port(sender, sink, self._name)
 
     def _send_with(
         self,
@@ -144,8 +143,6 @@ class Endpoint(Generic[P, R]):
         adverb: str,
     ) -> None:
         runtime, port = self._open(sink)
-        if _metrics.METRICS:
-            _metrics.label_port(runtime, port.index, self._name)
         try:
             self._post_all(payload, targets, port, adverb)
         except BaseException:

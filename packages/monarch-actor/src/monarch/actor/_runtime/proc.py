@@ -340,8 +340,9 @@ class ProcRuntime:
             _log.exception("could not send an error reply to %r", reply_port)
 
     # -- ports ----------------------------------------------------------------------------------
-    def open_port(self, owner: CellBase, sink: PortSink) -> PortAddr:
-        """Register ``sink`` under a new port index owned by ``owner`` (any thread)."""
+    def open_port(self, owner: CellBase, sink: PortSink, endpoint: str = "") -> PortAddr:
+        """Register ``sink`` under a new port index owned by ``owner`` (any thread); it
+        collects the replies of calls to ``endpoint``, if given (metrics by endpoint)."""
         limit = int(_config.get("max_open_ports"))
         with self._port_lock:
             if len(self._ports) >= limit:
@@ -349,7 +350,7 @@ class ProcRuntime:
             index = next(self._next_port)
             self._ports[index] = sink
         if _telemetry.ACTIVE:
-            _telemetry.on_port_opened(self, index)
+            _telemetry.on_port_opened(self, index, endpoint)
         sink.closer = lambda: self.close_port(index)
         return PortAddr(self.pid_raw, owner.path, index)
 

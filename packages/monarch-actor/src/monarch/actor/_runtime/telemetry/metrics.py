@@ -40,7 +40,6 @@ __all__ = [
     "MetricPoint",
     "UpDownCounter",
     "get_meter",
-    "label_port",
     "metrics_snapshot",
     "on_enqueued",
     "on_port_completed",
@@ -426,31 +425,27 @@ _opened_lock = threading.Lock()
 MAX_TRACKED_PORTS: Final = 65_536
 
 
-def on_port_opened(owner: object, index: int) -> None:
-    """Port ``index`` of process runtime ``owner`` was opened: remember when."""
-    if METRICS:
-        with _opened_lock:
-            _opened[(id(owner), index)] = (time.perf_counter(), ())
-            if len(_opened) > MAX_TRACKED_PORTS:
-                _opened.popitem(last=False)
-
-
 _ENDPOINT_KEYS: dict[str, _Key] = {}
 
 
-def label_port(owner: object, index: int, endpoint: str) -> None:
-    """Port ``index`` of ``owner`` collects the replies of calls to ``endpoint`` (the
-    adverbs say so right after opening it): its call latency is recorded by endpoint."""
+def _endpoint_key(endpoint: str) -> _Key:
+    key = _ENDPOINT_KEYS.get(endpoint)
+    if key is None:
+        key = (("endpoint", endpoint),)
+        if len(_ENDPOINT_KEYS) < MAX_SERIES:
+            _ENDPOINT_KEYS[endpoint] = key
+    return key
+
+
+def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
+    """Port ``index`` of process runtime ``owner`` was opened (to collect the replies of calls
+    to ``endpoint``, if given): remember when, and for which endpoint."""
     if METRICS:
-        key = _ENDPOINT_KEYS.get(endpoint)
-        if key is None:
-            key = (("endpoint", endpoint),)
-            if len(_ENDPOINT_KEYS) < MAX_SERIES:
-                _ENDPOINT_KEYS[endpoint] = key
+        key = _endpoint_key(endpoint) if endpoint else ()
         with _opened_lock:
-            opened = _opened.get((id(owner), index))
-            if opened is not None:
-                _opened[(id(owner), index)] = (opened[0], key)
+            _opened[(id(owner), index)] = (time.perf_counter(), key)
+            if len(_opened) > MAX_TRACKED_PORTS:
+                _opened.popitem(last=False)
 
 
 def on_port_completed(owner: object, index: int) -> None:
@@ -464,7 +459,7 @@ def on_port_completed(owner: object, index: int) -> None:
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
     """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
     ``exc`` if it raised: its latency, and its error by category."""
-    _latency.record(time.perf_counter() - started, {"endpoint": endpoint})
+    _latency._record_key(time.perf_counter() - started, _endpoint_key(endpoint))
     if exc is not None:
         _errors.add(1, {"endpoint": endpoint, "category": str(error_category(exc))})
 

@@ -188,6 +188,8 @@ class Span:
         if self._otel is not None:
             _otel.end_span(self._otel, exc)
         _spans.append(self)
+        if not _span_listeners:
+            return
         for listener in tuple(_span_listeners):
             try:
                 listener(self)
@@ -247,6 +249,8 @@ def _start_span(
         else:
             trace_id, parent_id = _random_bytes(16), _ZERO_SPAN_ID
     span_id = _random_bytes(8)
+    if _otel._otel_trace is None:  # no mirror: no call
+        return Span(name, trace_id, span_id, parent_id, attributes, proc, track)
     otel_span, trace_id, span_id = _otel.start_span(name, attributes, trace_id, parent_id, span_id)
     result = Span(name, trace_id, span_id, parent_id, attributes, proc, track)
     result._otel = otel_span
