@@ -9,10 +9,12 @@ before the program ended. Metrics pulled from every process of a mesh sum to the
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,8 +119,33 @@ def test_monarch_trace_writes_one_trace_of_every_process(
     assert len(flows_out) == len(flows_in) == sum(s["args"]["ranks"] for s in sends.values())
 
 
+def test_monarch_trace_of_a_program_that_never_stops_its_processes(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The client's exit handler stops the meshes first, so the workers' spans still arrive."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        _PROGRAM.format(here=str(HERE)).replace("    procs.stop().get(timeout=30)\n", "")
+    )
+    assert "procs.stop" not in prog.read_text()
+    out = tmp_path / "trace.json"
+    assert command.main(["trace", "-o", str(out), "--", sys.executable, str(prog)]) == 0
+    assert "program done" in capfd.readouterr().out
+    spans = [e for e in _events(out) if e["ph"] == "X"]
+    assert len({e["pid"] for e in spans if e["name"] == "work"}) == 4
+
+
 def test_monarch_trace_without_a_program() -> None:
     assert command.main(["trace", "-o", "unused.json"]) == 2
+
+
+def test_monarch_console_script_is_declared() -> None:
+    pyproject = HERE.parent / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("installed without its pyproject.toml")
+    scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+    module, _, name = scripts["monarch"].partition(":")
+    assert getattr(importlib.import_module(module), name) is command.main
 
 
 @pytest.fixture
