@@ -18,8 +18,11 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
   (``if _telemetry.ACTIVE:``). The difference is the per-round-trip cost of the disabled hooks.
 - ``metrics``: in-process ``call_one`` round trips to a sync actor, telemetry off (baseline) vs
   metrics on (candidate).
-- ``metrics+tracing``: the same with metrics and tracing on (a span per endpoint, the caller's
-  context in every CALL envelope).
+- ``tracing``: the same with tracing on (a send span per call, a receive span per endpoint run,
+  the send span's ids in every CALL envelope).
+- ``metrics+tracing``: the same with both on.
+- ``pipelined metrics``, ``pipelined tracing``, ``pipelined metrics+tracing``: the same three,
+  with ``PIPELINE`` calls in flight (sent, then all awaited), counted per call.
 
     .venv/bin/python benchmarks/actor_telemetry.py            # about 40 s
     .venv/bin/python benchmarks/actor_telemetry.py --quick    # about 15 s
@@ -53,6 +56,8 @@ from monarch.actor import Actor, _local_proc_mesh, endpoint  # noqa: E402
 from monarch.actor._runtime import telemetry as _telemetry  # noqa: E402
 
 HOOKS_PER_ROUND_TRIP = 8
+#: Calls in flight in the pipelined cases.
+PIPELINE = 32
 
 
 class Echo(Actor):
@@ -90,7 +95,9 @@ def _loop_trial(fn: Callable[[], None], seconds: float) -> Trial:
             return Trial(counted=n, seconds=now - start, received=n, sent=n)
 
 
-def _calls_trial(actor: Any, seconds: float, metrics: bool, tracing: bool) -> Trial:
+def _calls_trial(
+    actor: Any, seconds: float, metrics: bool, tracing: bool, pipeline: int = 1
+) -> Trial:
     if metrics or tracing:
         _telemetry.enable_telemetry(metrics=metrics, tracing=tracing)
     else:
@@ -100,8 +107,12 @@ def _calls_trial(actor: Any, seconds: float, metrics: bool, tracing: bool) -> Tr
         start = time.process_time()
         deadline = start + seconds
         while True:
-            actor.ping.call_one(n).get(timeout=10)
-            n += 1
+            if pipeline == 1:
+                actor.ping.call_one(n).get(timeout=10)
+            else:
+                for future in [actor.ping.call_one(n) for _ in range(pipeline)]:
+                    future.get(timeout=10)
+            n += pipeline
             now = time.process_time()
             if now >= deadline:
                 return Trial(counted=n, seconds=now - start, received=n, sent=n)
@@ -132,14 +143,24 @@ def run(rounds: int, trial_s: float, budget_s: float) -> list[CaseResult]:
     try:
         actor = procs.spawn("echo", Echo)
         actor.ping.call_one(0).get(timeout=10)
-        for name, tracing in (("metrics", False), ("metrics+tracing", True)):
-            base, cand = alternate(
-                lambda: _calls_trial(actor, trial_s, False, False),
-                lambda tracing=tracing: _calls_trial(actor, trial_s, True, tracing),  # type: ignore[misc]
-                rounds,
-                budget_s=budget_s,
-            )
-            results.append(CaseResult(name, "telemetry off", f"{name} on", None, base, cand))
+        for pipeline in (1, PIPELINE):
+            for name, metrics, tracing in (
+                ("metrics", True, False),
+                ("tracing", False, True),
+                ("metrics+tracing", True, True),
+            ):
+                base, cand = alternate(
+                    lambda pipeline=pipeline: _calls_trial(  # type: ignore[misc]
+                        actor, trial_s, False, False, pipeline
+                    ),
+                    lambda m=metrics, t=tracing, pipeline=pipeline: _calls_trial(  # type: ignore[misc]
+                        actor, trial_s, m, t, pipeline
+                    ),
+                    rounds,
+                    budget_s=budget_s,
+                )
+                case = name if pipeline == 1 else f"pipelined {name}"
+                results.append(CaseResult(case, "telemetry off", f"{name} on", None, base, cand))
     finally:
         procs.stop().get(timeout=10)
     return results

@@ -118,7 +118,14 @@ def test_actor_telemetry_smoke_run_measures_every_case(tmp_path: Path) -> None:
     assert document["mode"] == "smoke"
     assert document["command"].startswith("python benchmarks/actor_telemetry.py --smoke")
     cases = {case["case"]: case for case in document["cases"]}
-    assert set(cases) == {"disabled-checks", "metrics", "metrics+tracing"}
+    assert set(cases) == {
+        "disabled-checks",
+        *(
+            f"{p}{name}"
+            for p in ("", "pipelined ")
+            for name in ("metrics", "tracing", "metrics+tracing")
+        ),
+    }
     for name, case in cases.items():
         assert case["measured"], name
         assert case["ratio"] > 0, name

@@ -192,7 +192,8 @@ def test_messages_latency_and_errors_are_counted(
     assert _value("monarch.endpoint.latency", endpoint="double") == 2
     assert _value("monarch.endpoint.latency", endpoint="boom") == 1
     assert _value("monarch.endpoint.errors", endpoint="boom", category="user") == 1
-    assert _value("monarch.client.call_latency") >= 2
+    assert _value("monarch.client.call_latency", endpoint="double") == 1  # one call: 2 ranks
+    assert _value("monarch.client.call_latency", endpoint="boom") == 1
     assert _value("monarch.mailbox.depth") >= 3
     (payload,) = [
         p
@@ -250,16 +251,22 @@ def test_caller_span_propagates_to_endpoint_spans(telemetry: None, procs: Procs)
     spans = [s for s in finished_spans() if s.trace_id == root.trace_id]
     by_name = {s.name: s for s in spans}
     assert {"client step", "nested", "inner work", "double"} <= set(by_name)
-    assert by_name["nested"].parent_id == root.span_id
+    # Each call: the caller's span > the send span of the adverb > the endpoint's span.
+    send_nested = by_name["call_one a.nested"]
+    assert send_nested.parent_id == root.span_id
+    assert send_nested.attributes["span.kind"] == "send"
+    assert by_name["nested"].parent_id == send_nested.span_id
     assert by_name["inner work"].parent_id == by_name["nested"].span_id
-    assert by_name["double"].parent_id == by_name["inner work"].span_id
+    send_double = by_name["call_one b.double"]
+    assert send_double.parent_id == by_name["inner work"].span_id
+    assert by_name["double"].parent_id == send_double.span_id
     assert by_name["double"].attributes["endpoint"] == "double"
+    assert by_name["double"].attributes["span.kind"] == "receive"
     assert "<root>.<" in str(by_name["nested"].attributes["actor"])
     trace = chrome_trace(spans)
     json.dumps(trace)  # serialisable as is
-    events = {e["name"]: e for e in trace["traceEvents"]}
-    assert events["nested"]["ph"] == "X"
-    assert events["nested"]["args"]["parent_id"] == root.span_id.hex()
+    events = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert events["nested"]["args"]["parent_id"] == send_nested.span_id.hex()
     assert events["nested"]["dur"] >= events["double"]["dur"]
 
 
@@ -531,7 +538,9 @@ with span("client step") as root:
     assert d.double.call_one(4).get(timeout=10) == 8
 procs.stop().get(timeout=10)
 spans = {s.name: s for s in exporter.get_finished_spans()}
-assert spans["double"].parent.span_id == spans["client step"].context.span_id, spans
+send = spans["call_one d.double"]  # the send side, between the caller's span and the endpoint's
+assert send.parent.span_id == spans["client step"].context.span_id, spans
+assert spans["double"].parent.span_id == send.context.span_id, spans
 assert spans["double"].context.trace_id == int.from_bytes(root.trace_id, "big")
 names = {
     m.name
@@ -547,7 +556,8 @@ print("otel ok")
 def test_otel_mirror_with_an_sdk(tmp_path: Path) -> None:
     """Runs where ``opentelemetry-sdk`` is importable (``OTEL_TEST_PATH`` may point at it)."""
     extra = os.environ.get("OTEL_TEST_PATH", "")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (extra, str(tmp_path)) if p))
+    paths = (extra, str(tmp_path), os.environ.get("PYTHONPATH", ""))  # this checkout's first
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.pop("MONARCH_TELEMETRY", None)
     probe = subprocess.run(
         [sys.executable, "-c", "import opentelemetry.sdk"], env=env, capture_output=True

@@ -54,5 +54,7 @@ def test_worker_spans_are_children_of_the_client_span(traced_workers: Any) -> No
     work = [s for s in spans if s[0] == "work"]
     assert work, spans
     _name, trace_id, _, parent_id = work[-1]
-    assert (trace_id, parent_id) == (root.trace_id.hex(), root.span_id.hex())
+    (send,) = [s for s in tm.finished_spans() if s.name == "call_one probe.work"]
+    assert send.parent_id == root.span_id
+    assert (trace_id, parent_id) == (root.trace_id.hex(), send.span_id.hex())
     assert probe.latency_count.call_one("work").get(timeout=T) == 1

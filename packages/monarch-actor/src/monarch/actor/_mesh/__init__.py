@@ -2,7 +2,8 @@
 
 ``adverbs`` (``Endpoint``: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``,
 ``send``), ``meshes`` (``ProcMesh``, ``ActorMesh``, ``this_proc``, ``local_proc_mesh``),
-``accumulator`` (``Accumulator``) and ``logging_option`` (``ProcMesh.logging_option``).
+``accumulator`` (``Accumulator``), ``logging_option`` (``ProcMesh.logging_option``) and
+``telemetry`` (a mesh's metrics summed over its processes, one trace of all their spans).
 
 This package took the old module path ``monarch.actor._mesh``: the names that module exported,
 and the private ones other modules imported from it, are re-exported here for one release. Code

@@ -15,7 +15,11 @@ adverb         returns                    reply collection
 ``broadcast``  ``None``                   no reply port: a raise kills the actor
 =============  =========================  ==================================================
 
-The request leaves when the adverb is called; futures only govern waiting.
+The request leaves when the adverb is called; futures only govern waiting. While tracing is on
+(``enable_telemetry(tracing=True)``), the fan-out of each adverb runs in a *send span*
+(``"<adverb> <mesh>.<endpoint>"``, ``span.kind`` ``send``) whose ids every CALL envelope
+carries, so each rank's endpoint span is its child, in whatever process it runs; with tracing
+off the cost is one flag check.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from monarch.actor._runtime.sinks import (
     StreamSink,
     decode_reply,
 )
+from monarch.actor._runtime.telemetry import tracing as _tracing
 
 if TYPE_CHECKING:
     from monarch.actor._base.shape import Extent
@@ -94,9 +99,26 @@ class Endpoint(Generic[P, R]):
         payload: _codec.Payload,
         targets: list[tuple[ActorAddr, CastInfo]],
         reply_port: Any,
+        adverb: str,
     ) -> None:
         runtime, sender = current_sender()
         flags = FLAG_EXPLICIT_PORT if self._explicit and self._prop is None else 0
+        if _tracing.TRACING and (self._prop is None or self._prop._instrument):
+            name = self._mesh._user_name
+            with _tracing.send_span(adverb, self._name, name, len(targets), runtime, sender):
+                self._post_each(runtime, sender, payload, targets, reply_port, flags)
+            return
+        self._post_each(runtime, sender, payload, targets, reply_port, flags)
+
+    def _post_each(
+        self,
+        runtime: Any,
+        sender: Any,
+        payload: _codec.Payload,
+        targets: list[tuple[ActorAddr, CastInfo]],
+        reply_port: Any,
+        flags: int,
+    ) -> None:
         for addr, cast in targets:
             runtime.post(
                 sender,
@@ -111,14 +133,18 @@ class Endpoint(Generic[P, R]):
 
     def _open(self, sink: Any) -> Any:
         runtime, sender = current_sender()
-        return runtime, runtime.open_port(sender, sink)
+        return runtime, runtime.open_port(sender, sink, self._name)
 
     def _send_with(
-        self, payload: _codec.Payload, targets: list[tuple[ActorAddr, CastInfo]], sink: Any
+        self,
+        payload: _codec.Payload,
+        targets: list[tuple[ActorAddr, CastInfo]],
+        sink: Any,
+        adverb: str,
     ) -> None:
         runtime, port = self._open(sink)
         try:
-            self._post_all(payload, targets, port)
+            self._post_all(payload, targets, port, adverb)
         except BaseException:
             runtime.close_port(port.index)
             raise
@@ -129,7 +155,7 @@ class Endpoint(Generic[P, R]):
         targets = self._mesh._targets()
         cell: _Cell[list[Reply]] = _Cell()
         if targets:
-            self._send_with(payload, targets, GatherSink(len(targets), cell))
+            self._send_with(payload, targets, GatherSink(len(targets), cell), "call")
         else:
             cell.set_result([])
         return Future._create(cell, _gathered(self._mesh.extent))
@@ -141,7 +167,7 @@ class Endpoint(Generic[P, R]):
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {size}")
         payload = self._encode(args, kwargs)
         cell: _Cell[Reply] = _Cell()
-        self._send_with(payload, self._mesh._targets(), OneSink(cell))
+        self._send_with(payload, self._mesh._targets(), OneSink(cell), "call_one")
         return Future._create(cell, decode_reply)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -152,7 +178,7 @@ class Endpoint(Generic[P, R]):
             raise ValueError("choose needs a mesh with at least one rank")
         target = targets[next(self._mesh._chooser) % len(targets)]
         cell: _Cell[Reply] = _Cell()
-        self._send_with(payload, [target], OneSink(cell))
+        self._send_with(payload, [target], OneSink(cell), "choose")
         return Future._create(cell, decode_reply)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
@@ -161,13 +187,13 @@ class Endpoint(Generic[P, R]):
         targets = self._mesh._targets()
         cells: list[_Cell[Reply]] = [_Cell() for _ in targets]
         if targets:
-            self._send_with(payload, targets, StreamSink(cells))
+            self._send_with(payload, targets, StreamSink(cells), "stream")
         return iter([Future._create(cell, decode_reply) for cell in cells])
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every rank without a reply port (fire and forget, still FIFO)."""
         payload = self._encode(args, kwargs)
-        self._post_all(payload, self._mesh._targets(), None)
+        self._post_all(payload, self._mesh._targets(), None, "broadcast")
 
     def rref(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
         """Tensor-engine only; not part of monarch-actor."""
@@ -190,7 +216,7 @@ class Endpoint(Generic[P, R]):
             targets = [targets[next(self._mesh._chooser) % len(targets)]]
         elif selection != "all":
             raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
-        self._post_all(payload, targets, port.addr if port is not None else None)
+        self._post_all(payload, targets, port.addr if port is not None else None, "send")
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._name} of {self._mesh!r}>"

@@ -43,10 +43,12 @@ from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
 from monarch.actor._mesh import logging_option as _logging_option
 from monarch.actor._mesh.adverbs import Endpoint, NotAnEndpoint
+from monarch.actor._runtime import telemetry as _telemetry
 from monarch.actor._runtime.cell import CellBase, RootCell, SpawnSpec
 from monarch.actor._runtime.client import client, new_local_runtime
 from monarch.actor._runtime.context import CreatorInfo, _current, current_sender, set_proc_resolver
 from monarch.actor._runtime.sinks import GatherSink, Reply, decode_reply
+from monarch.actor._runtime.telemetry import tracing as _tracing
 
 if TYPE_CHECKING:
     from monarch.actor._hosts.agent import NestedDelegate
@@ -100,6 +102,53 @@ def _adopt(owner: CellBase, mesh: Any) -> None:
     owner.owned[:] = [m for m in owner.owned if not _is_finished(m)]
     owner.owned.append(mesh)
     mesh._owner = owner
+    if isinstance(mesh, ProcMesh):  # an actor mesh's is recorded before its SPAWN leaves
+        _spawned(owner, mesh)
+
+
+def _spawned(owner: CellBase, mesh: ProcMesh | ActorMesh[Any]) -> None:
+    mesh._owned_by = (owner.runtime.label, owner.display)
+    _mesh_lifecycle("mesh_spawned", mesh)
+
+
+def _mesh_lifecycle(event: str, mesh: ProcMesh | ActorMesh[Any], reason: str = "") -> None:
+    """Record lifecycle ``event`` of an owned ``mesh`` (``_runtime.telemetry.records``), in
+    its owner's process."""
+    proc, owner = mesh._owned_by
+    if isinstance(mesh, ActorMesh):
+        subject, name, path = "actor_mesh", mesh._user_name, mesh._path
+    else:
+        subject, name, path = "proc_mesh", mesh._name, ""
+    _telemetry.record_lifecycle(
+        event,
+        subject,
+        name,
+        proc,
+        actor_id=path,
+        mesh_name=path,
+        size=len(mesh._shape.ndslice),
+        owner=owner,
+        reason=reason,
+    )
+
+
+def _recorded_stop(
+    mesh: ProcMesh | ActorMesh[Any], reason: str, stop: Callable[[], Future[None] | None]
+) -> Future[None] | None:
+    """Run ``stop`` (sends the stop of an owned mesh) between ``mesh_stopping`` and, once its
+    future resolved, ``mesh_stopped`` (with the error, if the stop failed)."""
+    _mesh_lifecycle("mesh_stopping", mesh, reason)
+    future = stop()
+    if future is None:
+        _mesh_lifecycle("mesh_stopped", mesh, reason)
+        return None
+
+    def stopped() -> None:
+        ok, value = future._cell.outcome()
+        _mesh_lifecycle("mesh_stopped", mesh, reason if ok else f"{reason}; stop failed: {value}")
+
+    future._cell.add_done_callback(stopped)
+    return future
 
 
 def _ignore(_: object) -> None:
@@ -290,7 +339,7 @@ class ProcMesh(MeshTrait):
     The process ids are known at construction, or (a mesh ``spawn_procs`` just returned)
     later, when the state's ``ready`` resolves: ``procs`` is then ``None``."""
 
-    __slots__ = ("_known", "_name", "_owned", "_owner", "_shape", "_state")
+    __slots__ = ("_known", "_name", "_owned", "_owned_by", "_owner", "_shape", "_state")
 
     #: An owner stops its proc meshes after its actor meshes (``_runtime.cell._stop_meshes``).
     stop_order = 1
@@ -308,6 +357,8 @@ class ProcMesh(MeshTrait):
         self._shape = shape
         self._owned = owned
         self._owner: CellBase | None = None
+        #: The owner's process label and readable chain (lifecycle records; kept past stop).
+        self._owned_by = (_tracing.process_label(), "")
         self._state = state
         self._name = name
         if self._known is None:
@@ -405,6 +456,7 @@ class ProcMesh(MeshTrait):
         )
         creator = _creator_of(sender)
         shape = self._shape
+        _spawned(sender, mesh)
 
         def post(procs: tuple[ProcId, ...]) -> None:
             if state is not None and state.stopped:
@@ -463,6 +515,11 @@ class ProcMesh(MeshTrait):
         if state is None or state.stopped:
             return None
         state.stopped = True
+        return _recorded_stop(self, "stopped by its owner", self._stop_sent)
+
+    def _stop_sent(self) -> Future[None] | None:
+        state = self._state
+        assert state is not None
         if state.ready is not None and state.pending():
             return _after_ready(state.ready, self._stop_started)
         if state.failed() is not None:
@@ -549,6 +606,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._owned = owned
         self._initialized = initialized
         self._owner: CellBase | None = None
+        #: The owner's process label and readable chain (lifecycle records; kept past stop).
+        self._owned_by = (_tracing.process_label(), "")
         self._proc_state: _ProcMeshState | None = None
         self._stopped = False
         self._chooser = itertools.count()
@@ -648,6 +707,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         if self._stopped:
             return None
         self._stopped = True
+        return _recorded_stop(self, "stopped by its owner", self._stop_sent)
+
+    def _stop_sent(self) -> Future[None] | None:
         pending = self._pending
         if self._procs is None and pending is not None:
             if not pending.ready.done():  # stop once the processes are up and it exists

@@ -462,6 +462,8 @@ class ActorCell(CellBase):
         self._pending_failure = None
         #: The call being handled (a fence answers it; an async owner's failure cancels it).
         self._inflight: Envelope | None = None
+        #: Who spawned it (readable chain), for lifecycle records.
+        self._creator_chain = ""
         self._thread = threading.Thread(
             target=self._main, name=f"monarch-actor:{path}[{self.rank}]", daemon=True
         )
@@ -501,6 +503,21 @@ class ActorCell(CellBase):
             proc=self.runtime.label,
         )
         return event.with_cause(cause) if cause is not None else event
+
+    def lifecycle(self, event: str, reason: str = "", failure: FailureEvent | None = None) -> None:
+        """Record lifecycle ``event`` of this actor (``_runtime.telemetry.records``)."""
+        _telemetry.record_lifecycle(
+            event,
+            "actor",
+            self.display,
+            self.runtime.label,
+            actor_id=str(self.actor_id),
+            mesh_name=self.path,
+            rank=self.rank,
+            owner=self._creator_chain,
+            reason=reason,
+            failure=failure,
+        )
 
     def _record_failure(
         self, event: FailureEvent, exc: BaseException | None, env: Envelope | None = None
@@ -559,6 +576,7 @@ class ActorCell(CellBase):
         class_name = f"{module}.{cls.__qualname__}"
         creator_chain = spec.creator.chain if spec.creator is not None else "<root>"
         self.display = f"{creator_chain}.<{class_name} {spec.name}{self.spawn_point}>"
+        self._creator_chain = creator_chain
         self.instance = Instance(
             cell=self,
             actor_id=self.actor_id,
@@ -569,6 +587,7 @@ class ActorCell(CellBase):
             creator=spec.creator,
             chain=self.display,
         )
+        self.lifecycle("actor_spawned")
         return spec
 
     def _construct(self, spec: SpawnSpec, init: _InitItem) -> bool:
@@ -588,6 +607,7 @@ class ActorCell(CellBase):
             _reset_context(token)
             self._reply_init(init.env)
         self.state = _RUNNING
+        self.lifecycle("actor_running")
         return True
 
     def _reply_init(self, env: Envelope) -> None:
@@ -740,6 +760,7 @@ class ActorCell(CellBase):
     def _announce_failure(self) -> None:
         assert self.failure is not None
         _telemetry.record_supervision("actor_failed", self.failure, self.runtime.label)
+        self.lifecycle("actor_failed", failure=self.failure)
         payload = _codec.Payload(msgspec.msgpack.encode(self.failure))
         try:
             self.runtime.post(self, MessageKind.SUPERVISION, self.owner, payload=payload)
@@ -751,6 +772,7 @@ class ActorCell(CellBase):
             self.state = _STOPPED
             self.failure = self._event(ErrorCategory.SYSTEM, item.reason, kind="stopped")
             _telemetry.record_supervision("actor_stopped", self.failure, self.runtime.label)
+            self.lifecycle("actor_stopped", item.reason)
         if item.env is not None and item.env.reply_port is not None:
             self._post_reply(item.env, _NONE_PAYLOAD)
         if item.done is not None:
@@ -914,6 +936,7 @@ class _SyncRunner(_Runner):
     def _stop(self, item: _StopItem) -> None:
         cell = self.cell
         cell.state = _STOPPING
+        cell.lifecycle("actor_stopping", item.reason)
         cell._stop_owned()
         self._cleanup(None)
         cell._finish_stop(item)
@@ -1183,6 +1206,7 @@ class _AsyncRunner(_Runner):
     async def _stop(self, item: _StopItem) -> None:
         cell = self.cell
         cell.state = _STOPPING
+        cell.lifecycle("actor_stopping", item.reason)
         cell._stop_owned()
         await self._cancel_tasks()
         await self._cleanup(None)

@@ -37,6 +37,13 @@ here on the runtime loop); every heartbeat renews this process's ``lease`` for t
 carries. Once the lease ran out the client may have declared this process dead: ``post`` sends
 nothing more and ``on_fenced`` (the worker's exit) is called.
 
+Telemetry (``_runtime.telemetry.report``): the agent endpoint ``__telemetry__`` answers a pull
+of this process's spans, metrics and lifecycle records on the runtime loop; on ``STOP_PROC``
+the process pushes its finished spans to the stopper's agent (``__spans__``) right before the
+acknowledgement, on the same path, so a stopped process's spans are with its stopper once the
+stop returned. These system endpoints, like heartbeats, are sent with ``send_system`` and are
+not counted in the message metrics.
+
 Every queue is bounded by ``monarch.config`` settings: actor mailboxes
 (``actor_mailbox_capacity`` messages and ``actor_mailbox_max_bytes`` bytes; an overflowing call
 is rejected with a ``SupervisionError``), port
@@ -102,6 +109,8 @@ from monarch.actor._runtime.cell import (
 from monarch.actor._runtime.context import Context, _reset_context, _set_context
 from monarch.actor._runtime.liveness import Lease
 from monarch.actor._runtime.sinks import PortSink, Reply, _encode_exception
+from monarch.actor._runtime.telemetry import report as _report
+from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._transport.seam import Attachable
 from monarch.config import _registry as _config
 
@@ -129,6 +138,9 @@ FLUSH_ENDPOINT = "__flush_supervision__"
 #: The agent endpoint that answers the client's heartbeats (``_liveness``, ``_watchdog``).
 HEARTBEAT_ENDPOINT = "__heartbeat__"
 _SUPERVISION_TRAFFIC = (MessageKind.SUPERVISION, MessageKind.UNDELIVERABLE)
+_TELEMETRY_ENDPOINTS = (_report.TELEMETRY_ENDPOINT, _report.SPANS_ENDPOINT)
+#: System endpoints left out of the message metrics (their answers carry the same name).
+_UNCOUNTED = (HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS)
 
 
 class ProcRuntime:
@@ -224,6 +236,46 @@ class ProcRuntime:
                 one_done()  # its mailbox is closed: it retired, its sends are done
         one_done()
 
+    # -- telemetry (``_runtime.telemetry.report``) ---------------------------------------------
+    def _telemetry_request(self, env: Envelope) -> None:
+        """A pull of this process's spans and metrics, or spans a stopping child pushed
+        (runtime loop thread)."""
+        try:
+            if env.endpoint == _report.SPANS_ENDPOINT:
+                _tracing.add_remote_spans(_report.decode_spans(env.payload))
+                return
+            request = msgspec.msgpack.decode(env.payload, type=_report.TelemetryRequest)
+            data = _report.encode(_report.local_report(self.label, request))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            _log.warning("malformed %s message from %s dropped", env.endpoint, env.sender.pid.hex())
+            return
+        if env.reply_port is not None:
+            reply = env.reply_port
+            with contextlib.suppress(Exception):  # the asker is gone
+                self.send_system(
+                    MessageKind.PORT_VALUE,
+                    reply.actor,
+                    env.endpoint,
+                    reply.index,
+                    None,
+                    env.cast,
+                    data,
+                )
+
+    def _push_spans(self, to: bytes) -> None:
+        """Before acknowledging a stop: send this process's finished spans to the stopper's
+        process ``to`` (the same path as the acknowledgement, so they arrive first)."""
+        if to == self.pid_raw or not _tracing.has_spans():
+            return
+        records = _tracing.span_records()
+        if not records:
+            return
+        data = _report.encode(_report.SpanBatch(records))
+        with contextlib.suppress(Exception):  # the stopper is gone: nobody collects them
+            self.send_system(
+                MessageKind.CALL, ActorAddr(to, ""), _report.SPANS_ENDPOINT, payload=data
+            )
+
     # -- sending ------------------------------------------------------------------------------
     def post(
         self,
@@ -288,8 +340,9 @@ class ProcRuntime:
             _log.exception("could not send an error reply to %r", reply_port)
 
     # -- ports ----------------------------------------------------------------------------------
-    def open_port(self, owner: CellBase, sink: PortSink) -> PortAddr:
-        """Register ``sink`` under a new port index owned by ``owner`` (any thread)."""
+    def open_port(self, owner: CellBase, sink: PortSink, endpoint: str = "") -> PortAddr:
+        """Register ``sink`` under a new port index owned by ``owner`` (any thread); it
+        collects the replies of calls to ``endpoint``, if given (metrics by endpoint)."""
         limit = int(_config.get("max_open_ports"))
         with self._port_lock:
             if len(self._ports) >= limit:
@@ -297,7 +350,7 @@ class ProcRuntime:
             index = next(self._next_port)
             self._ports[index] = sink
         if _telemetry.ACTIVE:
-            _telemetry.on_port_opened(self, index)
+            _telemetry.on_port_opened(self, index, endpoint)
         sink.closer = lambda: self.close_port(index)
         return PortAddr(self.pid_raw, owner.path, index)
 
@@ -324,7 +377,7 @@ class ProcRuntime:
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
-        if _telemetry.ACTIVE and env.endpoint != HEARTBEAT_ENDPOINT:
+        if _telemetry.ACTIVE and env.endpoint not in _UNCOUNTED:
             _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._received, env.sender.pid, 1)
@@ -363,6 +416,9 @@ class ProcRuntime:
                 return
             if not path and kind == MessageKind.CALL and env.endpoint == HEARTBEAT_ENDPOINT:
                 self._heartbeat(env)
+                return
+            if not path and kind == MessageKind.CALL and env.endpoint in _TELEMETRY_ENDPOINTS:
+                self._telemetry_request(env)
                 return
             if self._park(env, buffers):
                 return
@@ -596,6 +652,7 @@ class ProcRuntime:
             finished[0] = True
             for handle in timer:
                 handle.cancel()
+            self._push_spans(env.sender.pid)
             if env.reply_port is not None:
                 self.post(
                     self.agent,
@@ -651,6 +708,7 @@ class ProcRuntime:
                 kind="stopped",
             )
             _telemetry.record_supervision("actor_stopped", cell.failure, self.label)
+            cell.lifecycle("actor_stopped", cell.failure.reason)
         spawn = cell.spawn_env
         if starting and spawn.reply_port is not None:  # ``initialized`` resolves (as Monarch's)
             self.post(
@@ -715,21 +773,37 @@ class ProcRuntime:
         payload: bytes,
     ) -> None:
         """``post`` for heartbeats: no telemetry, no lease check."""
+        try:
+            self.send_system(kind, target, HEARTBEAT_ENDPOINT, port, reply_port, cast, payload)
+        except Exception:
+            _log.exception("could not send a heartbeat")
+
+    def send_system(
+        self,
+        kind: MessageKind,
+        target: ActorAddr,
+        endpoint: str,
+        port: int = -1,
+        reply_port: PortAddr | None = None,
+        cast: CastInfo | None = None,
+        payload: bytes = b"",
+    ) -> None:
+        """Send one envelope of a system endpoint (heartbeats, telemetry) from this process's
+        agent (any thread): not counted in the metrics (nor is its answer, which carries the
+        endpoint's name too), no lease check, no trace context. Raises what the transport
+        raises."""
         envelope = Envelope(
             kind,
             self.agent.addr,
             target,
             port,
-            HEARTBEAT_ENDPOINT,
+            endpoint,
             self.agent.next_sequence(),
             reply_port,
             cast,
             payload,
         )
-        try:
-            self.transport.send(envelope, ())
-        except Exception:
-            _log.exception("could not send a heartbeat")
+        self.transport.send(envelope, ())
 
     def _heartbeat(self, env: Envelope) -> None:
         """The client's heartbeat (runtime loop thread): renew the lease and answer, or, if the

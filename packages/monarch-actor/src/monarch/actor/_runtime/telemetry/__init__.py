@@ -10,8 +10,17 @@ and the modules behind it decide what each hook records:
   ``on_port_opened``, ``on_port_completed``);
 - ``tracing``: spans (``span(name)``, ``@traced``, one span per endpoint run: ``wrap_endpoint``),
   the trace context a CALL envelope carries (``outgoing_trace``), ``chrome_trace()``;
-- ``records``: supervision event records (``record_supervision``, ``SupervisionRecord``);
+- ``records``: supervision event records (``record_supervision``, ``SupervisionRecord``) and
+  lifecycle records of actors and meshes (``record_lifecycle``, ``LifecycleRecord``);
+- ``report``: what a process reports to the client about itself (``TelemetryReport``: spans,
+  metrics, lifecycle records), pulled through the agent endpoint ``__telemetry__`` or pushed at
+  ``STOP_PROC``; ``_mesh.telemetry`` collects them for a whole mesh;
+- ``command``: the ``monarch`` console script (``monarch trace -o trace.json -- prog``);
 - ``otel``: the optional OpenTelemetry mirror; ``listeners``: the bounded listener lists.
+
+``MONARCH_TRACE_FILE`` (set by ``monarch trace``) turns tracing on in the process that imports
+this package first, and makes it write one Chrome trace of every span it holds at exit
+(``_trace_file_from_environment``).
 
 Switches (module attributes read on the hot path, so a disabled hook costs one attribute load
 and a branch; ``enable_telemetry`` sets them, and the ``MONARCH_TELEMETRY`` environment variable,
@@ -32,9 +41,10 @@ processes inherit them):
 switches live here, where the runtime reads them; ``enable_telemetry`` also sets the copies that
 ``metrics`` and ``tracing`` read, so set them only through it.
 
-Supervision event records are always on (they are rare). Every store is bounded: the two rings
-(``set_ring_capacity``), the series per instrument (``MAX_SERIES``; later attribute sets share
-one overflow series), the listeners (``MAX_LISTENERS``).
+Supervision and lifecycle records are always on (they are rare). Every store is bounded: the
+rings of spans, supervision and lifecycle records (``set_ring_capacity``), the spans other
+processes reported (``tracing.MAX_REMOTE_SPANS``), the series per instrument (``MAX_SERIES``;
+later attribute sets share one overflow series), the listeners (``MAX_LISTENERS``).
 
 This package took over the old module ``monarch.actor._telemetry`` (kept as an alias for one
 release) and re-exports its names.
@@ -42,6 +52,8 @@ release) and re-exports its names.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 
@@ -74,15 +86,21 @@ from monarch.actor._runtime.telemetry.metrics import on_port_opened as on_port_o
 from monarch.actor._runtime.telemetry.metrics import on_received as on_received
 from monarch.actor._runtime.telemetry.metrics import on_sent as on_sent
 from monarch.actor._runtime.telemetry.records import (
+    LIFECYCLE_EVENTS,
+    LIFECYCLE_SCHEMA_VERSION,
     SCHEMA_VERSION,
     ChainLink,
+    LifecycleRecord,
     SupervisionRecord,
+    add_lifecycle_listener,
     add_supervision_listener,
+    lifecycle_events,
     supervision_events,
 )
 from monarch.actor._runtime.telemetry.records import (
     iter_supervision_events as iter_supervision_events,
 )
+from monarch.actor._runtime.telemetry.records import record_lifecycle as record_lifecycle
 from monarch.actor._runtime.telemetry.records import record_supervision as record_supervision
 from monarch.actor._runtime.telemetry.tracing import (
     Span,
@@ -96,17 +114,21 @@ from monarch.actor._runtime.telemetry.tracing import outgoing_trace as outgoing_
 from monarch.actor._runtime.telemetry.tracing import wrap_endpoint as wrap_endpoint
 
 __all__ = [
+    "LIFECYCLE_EVENTS",
+    "LIFECYCLE_SCHEMA_VERSION",
     "MAX_LISTENERS",
     "MAX_SERIES",
     "SCHEMA_VERSION",
     "ChainLink",
     "Counter",
     "Histogram",
+    "LifecycleRecord",
     "Meter",
     "MetricPoint",
     "Span",
     "SupervisionRecord",
     "UpDownCounter",
+    "add_lifecycle_listener",
     "add_span_listener",
     "add_supervision_listener",
     "chrome_trace",
@@ -114,6 +136,7 @@ __all__ = [
     "enable_telemetry",
     "finished_spans",
     "get_meter",
+    "lifecycle_events",
     "metrics_snapshot",
     "reset_metrics",
     "set_ring_capacity",
@@ -190,3 +213,37 @@ def _from_environment() -> None:
 
 
 _from_environment()
+
+#: Where ``monarch trace`` wants this program's trace (``MONARCH_TRACE_FILE``), or ``None``.
+_trace_file: str | None = None
+
+
+def _trace_file_from_environment() -> None:
+    """``MONARCH_TRACE_FILE`` (set by ``monarch trace``): turn tracing on, and write one
+    Chrome trace of every span this process holds when it exits. Read once, by the process
+    that imports ``monarch.actor`` first (the client), and removed from the environment so
+    that the worker processes it starts do not write one too (they push their spans to the
+    client when stopped: ``report``). The handler is registered before the client runtime
+    registers its own shutdown, so it runs after that shutdown stopped the meshes."""
+    global _trace_file
+    path = os.environ.pop("MONARCH_TRACE_FILE", None)
+    if not path:
+        return
+    _trace_file = path
+    enable_telemetry(metrics=METRICS, tracing=True, otel=_otel.enabled())
+    atexit.register(_write_trace_file)
+
+
+def _write_trace_file() -> None:
+    if _trace_file is None or _tracing._PID != _tracing_pid_at_start:
+        return  # a forked child (the zygote's workers) inherited the handler: not its file
+    try:
+        trace = _tracing.chrome_trace(_tracing.span_records())
+        with open(_trace_file, "w", encoding="utf-8") as out:
+            json.dump(trace, out)
+    except Exception:
+        _log.exception("could not write the trace to %s", _trace_file)
+
+
+_tracing_pid_at_start = os.getpid()
+_trace_file_from_environment()

@@ -380,7 +380,8 @@ _depth = _meter.create_histogram(
 _call_latency = _meter.create_histogram(
     "monarch.client.call_latency",
     "s",
-    "reply port opened to last reply received (client side of call, call_one, choose)",
+    "reply port opened to last reply received (client side of call, call_one, choose, "
+    "stream), by endpoint",
 )
 _supervision = _meter.create_counter(
     "monarch.supervision.events", "{event}", "supervision records, by event and category"
@@ -418,17 +419,31 @@ def on_enqueued(depth: int) -> None:
         _depth._record_key(depth, ())
 
 
-_opened: collections.OrderedDict[tuple[int, int], float] = collections.OrderedDict()
+_opened: collections.OrderedDict[tuple[int, int], tuple[float, _Key]] = collections.OrderedDict()
 _opened_lock = threading.Lock()
 #: Reply ports whose opening time is remembered (ports that never complete are forgotten).
 MAX_TRACKED_PORTS: Final = 65_536
 
 
-def on_port_opened(owner: object, index: int) -> None:
-    """Port ``index`` of process runtime ``owner`` was opened: remember when."""
+_ENDPOINT_KEYS: dict[str, _Key] = {}
+
+
+def _endpoint_key(endpoint: str) -> _Key:
+    key = _ENDPOINT_KEYS.get(endpoint)
+    if key is None:
+        key = (("endpoint", endpoint),)
+        if len(_ENDPOINT_KEYS) < MAX_SERIES:
+            _ENDPOINT_KEYS[endpoint] = key
+    return key
+
+
+def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
+    """Port ``index`` of process runtime ``owner`` was opened (to collect the replies of calls
+    to ``endpoint``, if given): remember when, and for which endpoint."""
     if METRICS:
+        key = _endpoint_key(endpoint) if endpoint else ()
         with _opened_lock:
-            _opened[(id(owner), index)] = time.perf_counter()
+            _opened[(id(owner), index)] = (time.perf_counter(), key)
             if len(_opened) > MAX_TRACKED_PORTS:
                 _opened.popitem(last=False)
 
@@ -438,13 +453,13 @@ def on_port_completed(owner: object, index: int) -> None:
     with _opened_lock:
         opened = _opened.pop((id(owner), index), None)
     if METRICS and opened is not None:
-        _call_latency._record_key(time.perf_counter() - opened, ())
+        _call_latency._record_key(time.perf_counter() - opened[0], opened[1])
 
 
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
     """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
     ``exc`` if it raised: its latency, and its error by category."""
-    _latency.record(time.perf_counter() - started, {"endpoint": endpoint})
+    _latency._record_key(time.perf_counter() - started, _endpoint_key(endpoint))
     if exc is not None:
         _errors.add(1, {"endpoint": endpoint, "category": str(error_category(exc))})
 

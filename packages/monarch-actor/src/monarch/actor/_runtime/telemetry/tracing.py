@@ -24,6 +24,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
+import msgspec
+
 from monarch.actor._runtime.context import _current
 from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import otel as _otel
@@ -33,14 +35,22 @@ if TYPE_CHECKING:
     from monarch.actor._base.envelope import Envelope
 
 __all__ = [
+    "MAX_REMOTE_SPANS",
     "Span",
+    "SpanRecord",
+    "add_remote_spans",
     "add_span_listener",
+    "process_label",
     "chrome_trace",
     "finished_spans",
+    "has_spans",
     "outgoing_trace",
     "resize",
+    "send_span",
     "set_enabled",
+    "set_process_label",
     "span",
+    "span_records",
     "traced",
     "wrap_endpoint",
 ]
@@ -57,6 +67,33 @@ def set_enabled(on: bool) -> None:
     TRACING = bool(on)
 
 
+#: This OS process's id (kept current across forks) and the label of its main process
+#: runtime (``"client"``, or a worker's label), which spans made outside any actor carry.
+_PID = os.getpid()
+_process_label = "client"
+
+
+def _after_fork() -> None:
+    """A forked child (the zygote, a worker forked from it, a program's own fork) starts
+    with no spans: those in the ring were its parent's."""
+    global _PID, _remote_lock
+    _PID = os.getpid()
+    _spans.clear()
+    _remote.clear()
+    _remote_lock = threading.Lock()  # it may have been held by a thread that is not here
+
+
+def set_process_label(label: str) -> None:
+    """Name this OS process in traces (a worker's runtime label; the client is ``"client"``)."""
+    global _process_label
+    _process_label = label
+
+
+def process_label() -> str:
+    """The label spans made outside any actor carry (``set_process_label``)."""
+    return _process_label
+
+
 _CURRENT_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
     "monarch_span", default=None
 )
@@ -66,6 +103,8 @@ _ZERO_SPAN_ID = bytes(8)
 class Span:
     """One timed operation: a name, ids (16-byte trace id, 8-byte span id, parent span id),
     start and end (``time.time_ns()``), attributes, and ``status`` (``"ok"``/``"error"``).
+    Where it ran: ``os_pid``, ``proc`` (the process runtime's label: simulated processes share
+    an OS process), ``track`` (the actor, ``<root>`` for the client) and ``thread_id``.
 
     Use it as a context manager (``with span("step"):``); while it is open it is the current
     span, the parent of spans started inside it and of the endpoint spans of calls sent from it.
@@ -78,12 +117,15 @@ class Span:
         "end_ns",
         "error",
         "name",
+        "os_pid",
         "parent_id",
+        "proc",
         "span_id",
         "start_ns",
         "status",
         "thread_id",
         "trace_id",
+        "track",
     )
 
     def __init__(
@@ -93,8 +135,13 @@ class Span:
         span_id: bytes,
         parent_id: bytes,
         attributes: dict[str, Any],
+        proc: str = "",
+        track: str = "",
     ) -> None:
         self.name = name
+        self.os_pid = _PID
+        self.proc = proc or _process_label
+        self.track = track
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent_id = parent_id
@@ -141,6 +188,8 @@ class Span:
         if self._otel is not None:
             _otel.end_span(self._otel, exc)
         _spans.append(self)
+        if not _span_listeners:
+            return
         for listener in tuple(_span_listeners):
             try:
                 listener(self)
@@ -185,7 +234,11 @@ def _parent_from(trace: bytes) -> tuple[bytes, bytes] | None:
 
 
 def _start_span(
-    name: str, attributes: dict[str, Any], remote_parent: tuple[bytes, bytes] | None = None
+    name: str,
+    attributes: dict[str, Any],
+    remote_parent: tuple[bytes, bytes] | None = None,
+    proc: str = "",
+    track: str = "",
 ) -> Span:
     if remote_parent is not None:
         trace_id, parent_id = remote_parent
@@ -196,8 +249,10 @@ def _start_span(
         else:
             trace_id, parent_id = _random_bytes(16), _ZERO_SPAN_ID
     span_id = _random_bytes(8)
+    if _otel._otel_trace is None:  # no mirror: no call
+        return Span(name, trace_id, span_id, parent_id, attributes, proc, track)
     otel_span, trace_id, span_id = _otel.start_span(name, attributes, trace_id, parent_id, span_id)
-    result = Span(name, trace_id, span_id, parent_id, attributes)
+    result = Span(name, trace_id, span_id, parent_id, attributes, proc, track)
     result._otel = otel_span
     return result
 
@@ -209,9 +264,33 @@ def span(name: str, attributes: Mapping[str, Any] | None = None) -> Span | _NoSp
     attrs: dict[str, Any] = dict(attributes) if attributes else {}
 
     ctx = _current()
-    if ctx is not None:
-        attrs.setdefault("actor", str(ctx.actor_instance))
-    return _start_span(name, attrs)
+    if ctx is None:
+        return _start_span(name, attrs, track="<root>")
+    display = str(ctx.actor_instance)
+    attrs.setdefault("actor", display)
+    return _start_span(name, attrs, proc=ctx._cell.runtime.label, track=display)
+
+
+def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, sender: Any) -> Span:
+    """The send side of a call (only while ``TRACING``): a span around the fan-out of one
+    adverb (``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``, ``send``) to
+    ``ranks`` actors of ``mesh``, made by ``sender`` (a cell of process runtime ``runtime``).
+    Entered by the caller while it posts, so each CALL envelope carries its ids and every
+    endpoint span is its child."""
+    display = str(sender.display)
+    return _start_span(
+        f"{adverb} {mesh}.{endpoint}",
+        {
+            "span.kind": "send",
+            "adverb": adverb,
+            "endpoint": endpoint,
+            "mesh": mesh,
+            "ranks": ranks,
+            "actor": display,
+        },
+        proc=runtime.label,
+        track=display,
+    )
 
 
 _P = ParamSpec("_P")
@@ -270,31 +349,163 @@ def add_span_listener(listener: Callable[[Span], None]) -> Callable[[], None]:
     return add_listener(_span_listeners, listener)
 
 
-def chrome_trace(spans: Sequence[Span] | None = None) -> dict[str, Any]:
-    """``spans`` (default: the ring) in the Chrome trace-event JSON format that Perfetto and
-    ``chrome://tracing`` open: one complete (``"ph": "X"``) event per span, microseconds."""
-    pid = os.getpid()
-    events = []
-    for s in finished_spans() if spans is None else spans:
+class SpanRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A finished span as plain data: what a process reports to the client (``__telemetry__``,
+    and at its stop) and what ``chrome_trace`` renders. Fields as in ``Span``."""
+
+    name: str
+    trace_id: bytes
+    span_id: bytes
+    parent_id: bytes
+    start_ns: int
+    end_ns: int
+    os_pid: int
+    proc: str
+    track: str
+    thread_id: int
+    status: str
+    error: str = ""
+    attributes: dict[str, str | int | float | bool] = {}
+
+    @classmethod
+    def of(cls, s: Span) -> SpanRecord:
+        """The record of a finished span."""
+        return cls(
+            name=s.name,
+            trace_id=s.trace_id,
+            span_id=s.span_id,
+            parent_id=s.parent_id,
+            start_ns=s.start_ns,
+            end_ns=s.end_ns,
+            os_pid=s.os_pid,
+            proc=s.proc,
+            track=s.track,
+            thread_id=s.thread_id,
+            status=s.status,
+            error=s.error,
+            attributes={
+                k: v for k, v in s.attributes.items() if isinstance(v, str | int | float | bool)
+            },
+        )
+
+
+#: Spans other processes reported to this one (their stop, or a pull), bounded.
+MAX_REMOTE_SPANS: Final = 4 * DEFAULT_RING_CAPACITY
+_remote: collections.deque[SpanRecord] = collections.deque(maxlen=MAX_REMOTE_SPANS)
+_remote_lock = threading.Lock()
+
+
+def add_remote_spans(records: Sequence[SpanRecord]) -> None:
+    """Keep spans another process reported (those made in this OS process are already in the
+    ring and are skipped; the oldest are dropped beyond ``MAX_REMOTE_SPANS``)."""
+    with _remote_lock:
+        _remote.extend(r for r in records if r.os_pid != _PID)
+
+
+def has_spans() -> bool:
+    """Whether any finished span (own or reported) is held here."""
+    return bool(_spans) or bool(_remote)
+
+
+def span_records(*, remote: bool = True) -> list[SpanRecord]:
+    """This OS process's finished spans (the ring) and, with ``remote``, those other processes
+    reported to it, as records, each span once."""
+    out = [SpanRecord.of(s) for s in list(_spans) if s.os_pid == _PID]
+    if remote:
+        with _remote_lock:
+            out.extend(_remote)
+    return _unique(out)
+
+
+def _unique(records: Sequence[SpanRecord]) -> list[SpanRecord]:
+    seen: set[bytes] = set()
+    out = []
+    for r in records:
+        if r.span_id not in seen:
+            seen.add(r.span_id)
+            out.append(r)
+    return out
+
+
+def chrome_trace(spans: Sequence[Span | SpanRecord] | None = None) -> dict[str, Any]:
+    """``spans`` (default: this process's ring) in the Chrome trace-event JSON format that
+    Perfetto and ``chrome://tracing`` open.
+
+    One ``pid`` per process (an OS process, or a simulated one: named by ``process_name``
+    metadata, ``label (os pid N)``), one ``tid`` per actor in it (a track, named by
+    ``thread_name``: the actor's chain, ``<root>`` for the client), one complete event
+    (``"ph": "X"``, microseconds) per span, and a flow (``"ph": "s"`` on the parent's slice,
+    ``"ph": "f"`` with ``"bp": "e"`` on the child's) wherever a span's parent ran in another
+    process or on another track: the causal arrows of a call from its send to its receive.
+    """
+    records = _unique(
+        [
+            s if isinstance(s, SpanRecord) else SpanRecord.of(s)
+            for s in (list(_spans) if spans is None else spans)
+        ]
+    )
+    procs: dict[tuple[int, str], int] = {}
+    tracks: dict[tuple[int, str], int] = {}
+    meta: list[dict[str, Any]] = []
+    where: dict[bytes, tuple[int, int, float, float]] = {}
+    events: list[dict[str, Any]] = []
+    for r in sorted(records, key=lambda r: r.start_ns):
+        pkey = (r.os_pid, r.proc)
+        pid = procs.get(pkey)
+        if pid is None:
+            pid = procs[pkey] = len(procs) + 1
+            meta.append(_meta("process_name", pid, 0, f"{r.proc} (os pid {r.os_pid})"))
+            meta.append(
+                {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}
+            )
+        track = r.track or f"thread {r.thread_id}"
+        tkey = (pid, track)
+        tid = tracks.get(tkey)
+        if tid is None:
+            tid = tracks[tkey] = len(tracks) + 1
+            meta.append(_meta("thread_name", pid, tid, track))
+        ts, dur = r.start_ns / 1000, max(0, r.end_ns - r.start_ns) / 1000
+        where[r.span_id] = (pid, tid, ts, dur)
         events.append(
             {
-                "name": s.name,
+                "name": r.name,
+                "cat": str(r.attributes.get("span.kind", "span")),
                 "ph": "X",
-                "ts": s.start_ns / 1000,
-                "dur": max(0, s.end_ns - s.start_ns) / 1000,
+                "ts": ts,
+                "dur": dur,
                 "pid": pid,
-                "tid": s.thread_id,
+                "tid": tid,
                 "args": {
-                    **dict(s.attributes.items()),
-                    "trace_id": s.trace_id.hex(),
-                    "span_id": s.span_id.hex(),
-                    "parent_id": s.parent_id.hex(),
-                    "status": s.status,
-                    **({"error": s.error} if s.error else {}),
+                    **r.attributes,
+                    "trace_id": r.trace_id.hex(),
+                    "span_id": r.span_id.hex(),
+                    "parent_id": r.parent_id.hex(),
+                    "status": r.status,
+                    **({"error": r.error} if r.error else {}),
                 },
             }
         )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    flows = 0
+    for r in records:
+        parent = where.get(r.parent_id)
+        child = where[r.span_id]
+        if parent is None or parent[:2] == child[:2]:
+            continue
+        ppid, ptid, pts, pdur = parent
+        flows += 1
+        # The arrow leaves from inside the parent's slice (its start, or the middle when the
+        # child began after the parent ended: a send span ends once its envelopes are out).
+        out_ts = child[2] if pts <= child[2] < pts + pdur else pts + pdur / 2
+        common = {"name": "call", "cat": "monarch.flow", "id": flows}
+        events.append({**common, "ph": "s", "pid": ppid, "tid": ptid, "ts": out_ts})
+        events.append(
+            {**common, "ph": "f", "bp": "e", "pid": child[0], "tid": child[1], "ts": child[2]}
+        )
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+
+def _meta(kind: str, pid: int, tid: int, name: str) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
 
 
 def resize(capacity: int) -> None:
@@ -328,10 +539,18 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
         current: Span | None = None
         token = None
         if traced_call:
+            display = str(cell.display)
             current = _start_span(
                 endpoint,
-                {"actor": str(cell.display), "endpoint": endpoint, "rank": int(cell.rank)},
+                {
+                    "span.kind": "receive",
+                    "actor": display,
+                    "endpoint": endpoint,
+                    "rank": int(cell.rank),
+                },
                 _parent_from(envelope.trace),
+                cell.runtime.label,
+                display,
             )
             token = _CURRENT_SPAN.set(current)
         try:
@@ -373,3 +592,6 @@ def _finish_endpoint(
         _metrics.record_endpoint(endpoint, started, exc)
     if current is not None:
         current._end(exc)
+
+
+os.register_at_fork(after_in_child=_after_fork)
