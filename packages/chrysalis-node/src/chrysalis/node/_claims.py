@@ -61,6 +61,7 @@ __all__ = [
     "LedgerError",
     "NodeRecord",
     "NodeState",
+    "Record",
     "ResultRecord",
     "StaleClaimError",
     "TargetRecord",

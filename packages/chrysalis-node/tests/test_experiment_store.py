@@ -1,0 +1,108 @@
+"""The experiment tables (``chrysalis.node._experiment_store``): decisions stored as one
+replica transaction each, surviving a reopen (a restarted node resumes its claim), rolled
+back on refusal, and replicated between replicas (in memory, ``chrysalis.sqlite.testing``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("chrysalis.sqlite")
+
+from chrysalis.node._claims import (
+    ClaimState,
+    ExperimentSpec,
+    LedgerError,
+    NodeRecord,
+    ResultRecord,
+)
+from chrysalis.node._experiment_store import (
+    SCHEMAS,
+    ExperimentStore,
+    open_replica,
+)
+from chrysalis.sqlite import Replica
+from chrysalis.sqlite.testing import ReplicaNetwork
+
+A, B = "a1" * 16, "b2" * 16
+
+
+def _node(pid: str, rank: int, parent: str = "") -> NodeRecord:
+    return NodeRecord(
+        pid, 0, rank, parent, 1 if parent else 0, 0, "leaf", "unixgram", "unix:///x", "k=v", 5.5
+    )
+
+
+def test_decisions_persist_and_a_reopened_node_resumes_its_claim(tmp_path: Path) -> None:
+    path = str(tmp_path / "node.db")
+    replica = open_replica(path)
+    store = ExperimentStore(replica)
+    store.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+    spec = ExperimentSpec("e1", payload=3, count=2, timeout=5.0)
+    store.apply(lambda ledger: ledger.submit(spec, [B], [A, B], submitted_by=A, now=2.0))
+    work = store.decide(lambda ledger: ledger.next_work(B, 3.0))
+    assert work is not None
+    assert work.destinations == (A,)
+    store.apply(lambda ledger: ledger.start(work.claim, 4.0))
+    replica.close()
+
+    store = ExperimentStore(open_replica(path))  # the node restarts from its file
+    before = store.ledger()
+    assert before.nodes[B] == replace(_node(B, 1, A), incarnation=1)
+    assert before.experiments["e1"].spec == spec
+    assert before.claims[("e1", B)].state is ClaimState.RUNNING
+    store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=6.0))
+    resumed = store.decide(lambda ledger: ledger.next_work(B, 7.0))
+    assert resumed is not None
+    assert resumed.resumed
+    assert (resumed.claim.attempt, resumed.claim.claimed_at) == (2, 3.0)
+    result = ResultRecord("e1", B, A, "ok", 2, 2, 0.5, 1.0, 2.0, 2.5, 1.5, 2.5)
+    store.apply(lambda ledger: ledger.start(resumed.claim, 8.0))
+    store.apply(lambda ledger: ledger.finish(resumed.claim, [result], 9.0))
+    after = store.ledger()
+    assert after.status("e1") == "done"
+    assert after.results[("e1", B, A)] == result
+
+
+def test_a_refused_operation_writes_nothing() -> None:
+    store = ExperimentStore(open_replica(":memory:"))
+    store.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    version = store.replica.db_version
+    with pytest.raises(LedgerError, match="not a registered node"):
+        store.apply(
+            lambda ledger: ledger.submit(ExperimentSpec("e1"), [A], [B], submitted_by=A, now=2.0)
+        )
+    assert store.replica.db_version == version
+    assert store.ledger().experiments == {}
+
+
+def test_a_replica_without_the_tables_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not declare scale_node"):
+        ExperimentStore(Replica(":memory:", [SCHEMAS[1]]))
+
+
+def test_records_replicate_between_an_admin_and_a_node() -> None:
+    network = ReplicaNetwork(seed=3)
+    network.add("node", open_replica(":memory:"))
+    network.add("admin", open_replica(":memory:"))
+    network.connect("node", "admin")
+    node = ExperimentStore(network.replica("node"))
+    admin = ExperimentStore(network.replica("admin"))
+    node.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    node.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+    network.settle()
+    admin.apply(
+        lambda ledger: ledger.submit(ExperimentSpec("e1"), [A], [B], submitted_by=B, now=2.0)
+    )
+    network.settle()
+    work = node.decide(lambda ledger: ledger.next_work(A, 3.0))
+    assert work is not None
+    network.settle()
+    assert admin.ledger().claims[("e1", A)] == work.claim
+    admin.apply(lambda ledger: ledger.cancel("e1", 4.0))
+    network.settle()
+    assert node.ledger().status("e1") == "cancelled"
+    assert node.decide(lambda ledger: ledger.next_work(A, 5.0)) is None
