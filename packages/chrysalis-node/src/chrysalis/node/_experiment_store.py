@@ -136,13 +136,9 @@ def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
 def _records(execute: Callable[[str], Any]) -> list[Record]:
     found: list[Record] = []
     for row in execute(f"SELECT {', '.join(NODE_TABLE.columns)} FROM scale_node"):
-        pid, inc, rank, parent, level, task, role, carrier, address, labels, started, state = row
-        found.append(
-            NodeRecord(
-                pid, inc, rank, parent, level, task, role, carrier, address, labels, started,
-                NodeState(state),
-            )  # fmt: skip
-        )
+        values = list(row)
+        values[11] = NodeState(values[11])
+        found.append(NodeRecord(*values))
     for row in execute(f"SELECT {', '.join(EXPERIMENT_TABLE.columns)} FROM scale_experiment"):
         spec = ExperimentSpec(*row[:7])
         found.append(ExperimentRecord(spec, row[7], row[8], row[9]))
