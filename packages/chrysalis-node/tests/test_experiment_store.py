@@ -4,6 +4,7 @@ back on refusal, and replicated between replicas (in memory, ``chrysalis.sqlite.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -106,3 +107,87 @@ def test_records_replicate_between_an_admin_and_a_node() -> None:
     network.settle()
     assert node.ledger().status("e1") == "cancelled"
     assert node.decide(lambda ledger: ledger.next_work(A, 5.0)) is None
+
+
+# -- the runner (fake echoes, no network) --------------------------------------------------------
+
+C = "c3" * 16
+
+
+def _store_with_nodes() -> ExperimentStore:
+    store = ExperimentStore(open_replica(":memory:"))
+    for rank, pid in enumerate((A, B, C)):
+        node = _node(pid, rank)
+        store.apply(lambda ledger: ledger.register(node, now=1.0))  # noqa: B023 (called at once)
+    return store
+
+
+def test_the_runner_measures_each_destination_and_reports_failures() -> None:
+    from chrysalis.core import Pid
+    from chrysalis.node._experiments import ExperimentRunner
+
+    store = _store_with_nodes()
+    calls: list[str] = []
+
+    async def echo(pid: Pid, payload: bytes) -> None:
+        calls.append(pid.hex())
+        assert payload == b"\x2a" * 4
+        if pid.hex() == C and len([c for c in calls if c == C]) > 2:  # warm-up + 1 pass
+            raise ConnectionError("refused by the peer")
+
+    spec = ExperimentSpec("e1", payload=4, count=3, warmup=1, concurrency=2, timeout=5.0)
+    store.apply(lambda ledger: ledger.submit(spec, [A], [B, C], submitted_by=B, now=2.0))
+    runner = ExperimentRunner(store, A, echo, poll_interval=0.01)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(runner.run())
+        while runner.runs == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    ledger = store.ledger()
+    assert ledger.status("e1") == "done"
+    ok, failed = ledger.results[("e1", A, B)], ledger.results[("e1", A, C)]
+    assert (ok.status, ok.completed, ok.error) == ("ok", 3, "")
+    assert 0 <= ok.p50_ms <= ok.p90_ms <= ok.p99_ms <= ok.max_ms
+    assert (failed.status, failed.completed, failed.error) == ("failed", 1, "refused by the peer")
+
+
+def test_a_cancel_stops_a_running_experiment_and_the_runner_moves_on() -> None:
+    from chrysalis.core import Pid
+    from chrysalis.node._experiments import ExperimentRunner
+
+    store = _store_with_nodes()
+
+    async def main() -> None:
+        entered = asyncio.Event()
+
+        async def echo(pid: Pid, payload: bytes) -> None:
+            if pid.hex() == B:  # e1's destination never answers
+                entered.set()
+                await asyncio.Event().wait()
+
+        store.apply(
+            lambda ledger: ledger.submit(
+                ExperimentSpec("e1", warmup=0, timeout=60.0), [A], [B], submitted_by=B, now=2.0
+            )
+        )
+        store.apply(
+            lambda ledger: ledger.submit(ExperimentSpec("e2"), [A], [C], submitted_by=B, now=2.5)
+        )
+        runner = ExperimentRunner(store, A, echo, poll_interval=0.01)
+        task = asyncio.ensure_future(runner.run())
+        await entered.wait()
+        assert store.ledger().claims[("e1", A)].state is ClaimState.RUNNING
+        store.apply(lambda ledger: ledger.cancel("e1", 3.0))
+        while runner.runs == 0:  # only a runner that dropped e1 gets to e2
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    ledger = store.ledger()
+    assert (ledger.status("e1"), ledger.status("e2")) == ("cancelled", "done")
+    assert [key[0] for key in ledger.results] == ["e2"]

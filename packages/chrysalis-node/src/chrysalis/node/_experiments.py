@@ -1,0 +1,283 @@
+"""A scale node's side of persistent experiments: replicate the experiment tables along the
+node tree, record the node, claim the work addressed to its PID and run it (issue 22).
+
+``node_experiments(node, database, node_record)`` is an async context manager that a scale
+process (the root or a worker) enters inside its running ``Node``: it opens the replica file
+``database`` with the five tables (``chrysalis.node._experiment_store``), runs a
+``chrysalis.sqlite.topology.ReplicationTopology`` on the node's links, records the node row
+(a new incarnation if the PID was there before), then runs ``ExperimentRunner`` until the
+block ends, when the node is marked ``stopped`` (its unfinished work fails with that reason).
+
+``ExperimentRunner`` polls the ledger (on every replica change, and every
+``poll_interval`` for writes by other connections), claims the first open work addressed to
+the node, runs it (``warmup`` untimed echoes to every destination, then ``start``, then
+``count`` timed echoes per destination with at most ``concurrency`` in flight, the whole
+bounded by the experiment's ``timeout``) and publishes one result row per destination:
+``ok`` with latency percentiles, or ``failed`` with the first error and how many echoes
+completed. A claim that ends meanwhile (cancelled, or the node declared lost) stops the run;
+its late results are refused by the ledger, never written.
+
+Imports chrysalis-sqlite: imported only where persistence is asked for (see
+``_experiment_store``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, final
+
+from chrysalis.core import Pid
+from chrysalis.nameserver import Consistency
+from chrysalis.node._claims import (
+    TERMINAL,
+    ClaimRecord,
+    LedgerError,
+    NodeRecord,
+    ResultRecord,
+    StaleClaimError,
+    Work,
+)
+from chrysalis.node._experiment_store import ExperimentStore, open_replica
+from chrysalis.node._node import Node
+from chrysalis.node._scale import decode_echo_reply, encode_echo_request
+from chrysalis.sqlite.topology import ReplicationTopology
+
+__all__ = [
+    "POLL_INTERVAL",
+    "EchoOnce",
+    "ExperimentRunner",
+    "echo_once",
+    "node_experiments",
+    "percentiles",
+]
+
+_log = logging.getLogger("chrysalis.scale.experiments")
+
+POLL_INTERVAL: Final = 0.25
+"""Seconds between ledger polls when nothing woke the runner (the replica's poll period)."""
+
+EchoOnce = Callable[[Pid, bytes], Awaitable[None]]
+"""One echo of ``payload`` to ``pid``; raises when it fails."""
+
+
+async def echo_once(node: Node, pid: Pid, payload: bytes) -> None:
+    """One scale echo on a fresh stream (``[1][len][payload]``, checked reply)."""
+    stream = await node.dial(pid, Consistency.CACHED)
+    try:
+        stream.write(encode_echo_request(payload))
+        stream.write_eof()
+        decode_echo_reply(await stream.read(-1), payload)
+    finally:
+        stream.close()
+
+
+def percentiles(seconds: Sequence[float]) -> tuple[float, float, float, float, float]:
+    """Nearest-rank p50, p90, p99, mean and max in milliseconds (zeros for none)."""
+    if not seconds:
+        return (0.0, 0.0, 0.0, 0.0, 0.0)
+    ordered = sorted(s * 1000 for s in seconds)
+
+    def rank(fraction: float) -> float:
+        return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+    return (rank(0.5), rank(0.9), rank(0.99), sum(ordered) / len(ordered), ordered[-1])
+
+
+@dataclass(slots=True)
+class _Progress:
+    latencies: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+@final
+class ExperimentRunner:
+    """Claims and runs this node's work, one experiment at a time (see the module doc)."""
+
+    __slots__ = ("_clock", "_echo", "_pid", "_poll_interval", "_store", "_wake", "runs")
+
+    def __init__(
+        self,
+        store: ExperimentStore,
+        pid: str,
+        echo: EchoOnce,
+        *,
+        poll_interval: float = POLL_INTERVAL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._pid = pid
+        self._echo = echo
+        self._poll_interval = poll_interval
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self.runs = 0
+        """Experiments this runner finished (results written)."""
+
+    def wake(self) -> None:
+        """Look at the ledger now (a replica change listener)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Poll, claim and run until cancelled."""
+        while True:
+            self._wake.clear()
+            try:
+                work = self._store.decide(lambda ledger: ledger.next_work(self._pid, self._clock()))
+            except LedgerError as exc:  # e.g. declared lost: nothing is addressed to us now
+                _log.warning("cannot claim work: %s", exc)
+                work = None
+            if work is not None:
+                await self._run(work)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+
+    def _still_mine(self, claim: ClaimRecord) -> bool:
+        current = self._store.ledger().claims.get((claim.experiment, claim.source))
+        return (
+            current is not None
+            and current.state not in TERMINAL
+            and (current.incarnation, current.attempt) == (claim.incarnation, claim.attempt)
+        )
+
+    async def _run(self, work: Work) -> None:
+        spec = work.experiment.spec
+        claim = work.claim
+        payload = b"\x2a" * spec.payload
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.timeout
+        progress = {pid: _Progress() for pid in work.destinations}
+        slots = asyncio.Semaphore(spec.concurrency)
+        started = 0.0
+
+        async def warm(pid: str) -> None:
+            try:
+                for _ in range(spec.warmup):
+                    async with slots:
+                        await self._echo(Pid.parse(pid), payload)
+            except Exception as exc:
+                progress[pid].error = f"warm-up: {exc or type(exc).__name__}"
+
+        async def measure(pid: str) -> None:
+            record = progress[pid]
+            if record.error:
+                return
+            target = Pid.parse(pid)
+            try:
+                for _ in range(spec.count):
+                    async with slots:
+                        t0 = loop.time()
+                        await self._echo(target, payload)
+                        record.latencies.append(loop.time() - t0)
+            except Exception as exc:
+                record.error = str(exc) or type(exc).__name__
+
+        async def phase(make: Callable[[str], Awaitable[None]]) -> bool:
+            """Run ``make`` for every destination until all end or the deadline passes;
+            ``False`` if the claim stopped being ours meanwhile."""
+            if not work.destinations:
+                return True
+            tasks = [asyncio.ensure_future(make(pid)) for pid in work.destinations]
+            remaining = max(0.0, deadline - loop.time())
+            everything = asyncio.ensure_future(asyncio.wait(tasks, timeout=remaining))
+            watcher = asyncio.ensure_future(self._watch(claim))
+            try:
+                await asyncio.wait([everything, watcher], return_when=asyncio.FIRST_COMPLETED)
+                ours = everything.done()
+            finally:
+                for task in [*tasks, everything, watcher]:
+                    task.cancel()
+                await asyncio.gather(*tasks, everything, watcher, return_exceptions=True)
+            for pid, task in zip(work.destinations, tasks, strict=True):
+                if task.cancelled() and not progress[pid].error:
+                    progress[pid].error = f"timed out after {spec.timeout:g} s"
+            return ours
+
+        try:
+            if not await phase(warm):
+                return
+            self._store.apply(lambda ledger: ledger.start(claim, self._clock()))
+            started = loop.time()
+            if not await phase(measure):
+                return
+            seconds = loop.time() - started
+            results = [
+                self._result(spec.name, pid, progress[pid], spec.count, seconds)
+                for pid in work.destinations
+            ]
+            self._store.apply(lambda ledger: ledger.finish(claim, results, self._clock()))
+            self.runs += 1
+        except StaleClaimError as exc:  # cancelled or declared lost meanwhile
+            _log.info("experiment %s ended elsewhere: %s", spec.name, exc)
+
+    def _result(
+        self, name: str, pid: str, record: _Progress, count: int, seconds: float
+    ) -> ResultRecord:
+        p50, p90, p99, mean, worst = percentiles(record.latencies)
+        status = "failed" if record.error else "ok"
+        completed = len(record.latencies)
+        return ResultRecord(
+            name,
+            self._pid,
+            pid,
+            status,
+            count,
+            completed,
+            seconds,
+            p50,
+            p90,
+            p99,
+            mean,
+            worst,
+            record.error,
+        )
+
+    async def _watch(self, claim: ClaimRecord) -> None:
+        """Returns once the claim is no longer this run's (cancelled, lost, taken over)."""
+        while self._still_mine(claim):
+            await asyncio.sleep(self._poll_interval)
+
+
+@contextlib.asynccontextmanager
+async def node_experiments(
+    node: Node,
+    database: Path | str,
+    record: NodeRecord,
+    *,
+    poll_interval: float = POLL_INTERVAL,
+    echo: EchoOnce | None = None,
+) -> AsyncIterator[ExperimentStore]:
+    """Replicate, register and run experiments on ``node`` while the block runs (see the
+    module docstring). ``record`` is this node's row (its ``incarnation`` is decided by the
+    ledger). Enter it inside ``async with node`` and before children join."""
+    replica = open_replica(str(database))
+    try:
+        topology = ReplicationTopology(node, replica, poll_interval=poll_interval)
+        store = ExperimentStore(replica)
+        pid = node.pid.hex()
+
+        async def default_echo(target: Pid, payload: bytes) -> None:
+            await echo_once(node, target, payload)
+
+        runner = ExperimentRunner(store, pid, echo or default_echo, poll_interval=poll_interval)
+        async with topology:
+            store.apply(lambda ledger: ledger.register(record, time.time()))
+            remove = replica.add_change_listener(runner.wake)
+            task = asyncio.create_task(runner.run())
+            try:
+                yield store
+            finally:
+                remove()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                with contextlib.suppress(LedgerError):
+                    store.apply(lambda ledger: ledger.node_stopped(pid, time.time()))
+    finally:
+        replica.close()
