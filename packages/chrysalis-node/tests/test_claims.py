@@ -32,6 +32,7 @@ from chrysalis.node._claims import (
     NodeState,
     ResultRecord,
     StaleClaimError,
+    select_nodes,
 )
 
 PIDS = [f"{i:032x}" for i in (0xA1, 0xB2, 0xC3, 0xD4)]
@@ -281,7 +282,8 @@ class ClaimModel(RuleBasedStateMachine):
         if work is not None:
             key = (work.claim.experiment, pid)
             assert self.first_claim.setdefault(key, work.claim.claimed_at) == work.claim.claimed_at
-            self._deliver(self.ledger.start(work.claim, self._tick()))
+            if work.claim.state is ClaimState.CLAIMED:
+                self._deliver(self.ledger.start(work.claim, self._tick()))
             results = _ok(work.claim, work.destinations)
             self._deliver(self.ledger.finish(work.claim, results, self._tick()))
             assert self.ledger.claims[(work.claim.experiment, pid)].state is ClaimState.DONE
@@ -353,3 +355,60 @@ class ClaimModel(RuleBasedStateMachine):
 
 
 TestClaimModel = ClaimModel.TestCase
+
+
+# -- selectors ------------------------------------------------------------------------------------
+
+
+def _tree() -> list[NodeRecord]:
+    nodes = []
+    for rank, pid in enumerate(PIDS):
+        role = "root" if rank == 0 else ("head" if rank == 2 else "leaf")
+        labels = f"client=chrysalis-scale,role={role},task={rank // 2}"
+        nodes.append(replace(_node(pid, rank), task=rank // 2, role=role, labels=labels))
+    nodes.append(replace(_node("e5" * 16, 9), state=NodeState.LOST))
+    return nodes
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("all", PIDS),
+        ("task:1", PIDS[2:]),
+        ("role:leaf", [PIDS[1], PIDS[3]]),
+        ("label:role=head,rank:0", [PIDS[0], PIDS[2]]),
+        ("000000000000000000000000000000c", [PIDS[2]]),
+        ("pid:" + PIDS[3], [PIDS[3]]),
+    ],
+)
+def test_selectors_pick_live_nodes_in_rank_order(selector: str, expected: list[str]) -> None:
+    assert select_nodes(_tree(), selector) == tuple(expected)
+
+
+def test_a_sample_is_seeded_and_bounded() -> None:
+    first = select_nodes(_tree(), "all,sample:2", seed=7)
+    assert len(first) == 2
+    assert first == select_nodes(_tree(), "sample:2", seed=7)
+    assert set(first) <= set(PIDS)
+    picks = {select_nodes(_tree(), "sample:2", seed=s) for s in range(20)}
+    assert len(picks) > 1  # not always the same two
+    with pytest.raises(LedgerError, match="sample:5 of 4"):
+        select_nodes(_tree(), "sample:5")
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("task:9", "matches no live node"),
+        ("e5", "matches no live node"),  # lost nodes are never targets
+        ("colour:red", "unknown selector term"),
+        ("xyz", "not a PID prefix"),
+        ("label:role", "label takes K=V"),
+        ("rank:one", "rank takes a number"),
+        ("sample:0", "positive count"),
+        ("", "1 to 4096 characters"),
+    ],
+)
+def test_bad_selectors_say_what_is_wrong(selector: str, message: str) -> None:
+    with pytest.raises(LedgerError, match=message):
+        select_nodes(_tree(), selector)

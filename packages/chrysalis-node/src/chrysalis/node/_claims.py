@@ -37,6 +37,7 @@ sentence that says what was wrong.
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -68,6 +69,7 @@ __all__ = [
     "Work",
     "check_pid",
     "experiment_status",
+    "select_nodes",
 ]
 
 MAX_NODES: Final = 4096
@@ -635,3 +637,74 @@ class ExperimentLedger:
         claim = self._held(work)
         state = self._move(claim, ClaimEvent.FAIL)
         return self._decide(replace(claim, state=state, updated_at=now, error=_cut(error)))
+
+
+# -- choosing targets ----------------------------------------------------------------------------
+
+MAX_SELECTOR: Final = 4096
+"""Longest selector text."""
+
+
+def select_nodes(
+    nodes: Iterable[NodeRecord], selector: str, *, seed: int | None = None
+) -> tuple[str, ...]:
+    """The live nodes ``selector`` names, in rank order (then PID).
+
+    A selector is terms separated by commas; the result is the union of what they match:
+    ``all``; a PID or PID prefix (hex, also ``pid:HEX``: every node whose PID starts with
+    it); ``label:K=V`` (the node's labels hold ``K=V``); ``task:N``, ``rank:N``,
+    ``level:N``; ``role:R``. A term ``sample:N`` then keeps ``N`` of the union chosen at
+    random (``seed`` makes the choice repeatable). ``LedgerError`` for an unknown or
+    malformed term, a term that matches no live node, or a sample larger than the union.
+    """
+    if not selector or len(selector) > MAX_SELECTOR:
+        raise LedgerError(f"a selector has 1 to {MAX_SELECTOR} characters")
+    live = sorted((n for n in nodes if n.state is NodeState.LIVE), key=lambda n: (n.rank, n.pid))
+    chosen: set[str] = set()
+    sample: int | None = None
+    for term in (t.strip() for t in selector.split(",")):
+        kind, sep, value = term.partition(":")
+        if not sep:
+            kind, value = ("all", "") if term == "all" else ("pid", term)
+        if kind == "sample":
+            if not value.isdigit() or int(value) < 1:
+                raise LedgerError(f"{term!r}: sample takes a positive count")
+            sample = int(value)
+            continue
+        matched = _match(live, kind, value, term)
+        if not matched:
+            raise LedgerError(f"{term!r} matches no live node")
+        chosen.update(matched)
+    if not chosen and sample is not None:
+        chosen = {n.pid for n in live}
+    ordered = [n.pid for n in live if n.pid in chosen]
+    if sample is not None:
+        if sample > len(ordered):
+            raise LedgerError(f"sample:{sample} of {len(ordered)} selected nodes")
+        keep = set(random.Random(seed).sample(ordered, sample))
+        ordered = [pid for pid in ordered if pid in keep]
+    return tuple(ordered)
+
+
+def _match(live: Sequence[NodeRecord], kind: str, value: str, term: str) -> list[str]:
+    if kind == "all":
+        return [n.pid for n in live]
+    if kind == "pid":
+        prefix = value.lower()
+        if not prefix or len(prefix) > 32 or any(c not in "0123456789abcdef" for c in prefix):
+            raise LedgerError(f"{term!r} is not a PID prefix or a selector term")
+        return [n.pid for n in live if n.pid.startswith(prefix)]
+    if kind == "label":
+        if "=" not in value:
+            raise LedgerError(f"{term!r}: label takes K=V")
+        return [n.pid for n in live if value in n.labels.split(",")]
+    if kind == "role":
+        return [n.pid for n in live if n.role == value]
+    if kind in ("task", "rank", "level"):
+        if not value.isdigit():
+            raise LedgerError(f"{term!r}: {kind} takes a number")
+        return [n.pid for n in live if getattr(n, kind) == int(value)]
+    raise LedgerError(
+        f"unknown selector term {term!r} (all, PID prefix, label:K=V, task:N, rank:N, "
+        "level:N, role:R, sample:N)"
+    )

@@ -38,6 +38,7 @@ from chrysalis.nameserver import Consistency
 from chrysalis.node._claims import (
     TERMINAL,
     ClaimRecord,
+    ClaimState,
     LedgerError,
     NodeRecord,
     ResultRecord,
@@ -134,10 +135,20 @@ class ExperimentRunner:
                 _log.warning("cannot claim work: %s", exc)
                 work = None
             if work is not None:
-                await self._run(work)
+                try:
+                    if work.claim.state is ClaimState.RUNNING:  # this incarnation broke off
+                        raise RuntimeError("an earlier run of this claim broke off")
+                    await self._run(work)
+                except Exception as exc:  # never leave a claim open behind us
+                    _log.warning("experiment %s failed: %s", work.experiment.name, exc)
+                    self._give_up(work.claim, f"{type(exc).__name__}: {exc}")
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+
+    def _give_up(self, claim: ClaimRecord, error: str) -> None:
+        with contextlib.suppress(LedgerError):
+            self._store.apply(lambda ledger: ledger.fail(claim, error, self._clock()))
 
     def _still_mine(self, claim: ClaimRecord) -> bool:
         current = self._store.ledger().claims.get((claim.experiment, claim.source))
