@@ -11,11 +11,11 @@ block ends, when the node is marked ``stopped`` (its unfinished work fails with 
 ``ExperimentRunner`` polls the ledger (on every replica change, and every
 ``poll_interval`` for writes by other connections), claims the first open work addressed to
 the node, runs it (``warmup`` untimed echoes to every destination, then ``start``, then
-``count`` timed echoes per destination with at most ``concurrency`` in flight, the whole
-bounded by the experiment's ``timeout``) and publishes one result row per destination:
-``ok`` with latency percentiles, or ``failed`` with the first error and how many echoes
-completed. A claim that ends meanwhile (cancelled, or the node declared lost) stops the run;
-its late results are refused by the ledger, never written.
+``count`` timed echoes per destination with at most ``concurrency`` in flight, each echo
+bounded by ``ECHO_TIMEOUT``, the whole by the experiment's ``timeout``) and publishes one
+result row per destination: ``ok`` with latency percentiles, or ``failed`` with the first
+error and how many echoes completed. A claim that ends meanwhile (cancelled, or the node
+declared lost) stops the run; its late results are refused by the ledger, never written.
 
 Imports chrysalis-sqlite: imported only where persistence is asked for (see
 ``_experiment_store``).
@@ -51,6 +51,7 @@ from chrysalis.node._scale import decode_echo_reply, encode_echo_request
 from chrysalis.sqlite.topology import ReplicationTopology
 
 __all__ = [
+    "ECHO_TIMEOUT",
     "POLL_INTERVAL",
     "EchoOnce",
     "ExperimentRunner",
@@ -63,6 +64,10 @@ _log = logging.getLogger("chrysalis.scale.experiments")
 
 POLL_INTERVAL: Final = 0.25
 """Seconds between ledger polls when nothing woke the runner (the replica's poll period)."""
+
+ECHO_TIMEOUT: Final = 10.0
+"""Seconds one echo may take; a slower one fails its pair (so a dead destination cannot hold
+a concurrency slot until the run's timeout)."""
 
 EchoOnce = Callable[[Pid, bytes], Awaitable[None]]
 """One echo of ``payload`` to ``pid``; raises when it fails."""
@@ -146,6 +151,13 @@ class ExperimentRunner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_interval)
 
+    async def _bounded(self, pid: Pid, payload: bytes, run_timeout: float) -> None:
+        limit = min(ECHO_TIMEOUT, run_timeout)
+        try:
+            await asyncio.wait_for(self._echo(pid, payload), limit)
+        except TimeoutError:
+            raise TimeoutError(f"no echo within {limit:g} s") from None
+
     def _give_up(self, claim: ClaimRecord, error: str) -> None:
         with contextlib.suppress(LedgerError):
             self._store.apply(lambda ledger: ledger.fail(claim, error, self._clock()))
@@ -172,7 +184,7 @@ class ExperimentRunner:
             try:
                 for _ in range(spec.warmup):
                     async with slots:
-                        await self._echo(Pid.parse(pid), payload)
+                        await self._bounded(Pid.parse(pid), payload, spec.timeout)
             except Exception as exc:
                 progress[pid].error = f"warm-up: {exc or type(exc).__name__}"
 
@@ -185,7 +197,7 @@ class ExperimentRunner:
                 for _ in range(spec.count):
                     async with slots:
                         t0 = loop.time()
-                        await self._echo(target, payload)
+                        await self._bounded(target, payload, spec.timeout)
                         record.latencies.append(loop.time() - t0)
             except Exception as exc:
                 record.error = str(exc) or type(exc).__name__

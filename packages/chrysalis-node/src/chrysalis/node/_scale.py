@@ -623,6 +623,11 @@ class _Tree:
     store: Any
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 @contextlib.asynccontextmanager
 async def _launched(
     settings: ScaleSettings, work: Path, group: ProcessGroup, progress: TextIO
@@ -666,6 +671,9 @@ async def _launched(
             store = await stack.enter_async_context(
                 node_experiments(root, database_dir / "node-0.db", record)
             )
+            # The root is a destination like any node: it answers echoes too.
+            echo = asyncio.create_task(serve_streams(root, _serve_echo))
+            stack.push_async_callback(_cancel, echo)
         root_token = (str(root.local_addr), root.pid.hex())
         joined: dict[int, tuple[str, str]] = {0: root_token}
 
@@ -808,7 +816,8 @@ async def serve_persistent(
 ) -> None:
     """Persistent mode (``chrysalis scale --persist``): launch the tree with a replicated
     experiment database per process, wait until every node row reached the root, print
-    ``[root] READY {"tokens": {rank: token}, "workdir": ...}`` and serve experiments until
+    ``[root] READY {"tokens": {rank: token}, "workdir": ..., "ca_dir": ...}`` (clients such
+    as ``chrysalis admin`` need ``--ca-dir``) and serve experiments until
     ``stop`` is set (SIGINT/SIGTERM in ``main``). A worker process that exits meanwhile is
     declared lost (its open work fails with its exit status). ``workdir`` is kept (databases
     and logs) unless it was made here."""
@@ -825,7 +834,8 @@ async def serve_persistent(
                 rank: f"{format_address(DatagramAddr.parse(addr))}?authority={pid}"
                 for rank, (addr, pid) in sorted(tree.tokens.items())
             }
-            out.write(f"[root] READY {json.dumps({'tokens': tokens, 'workdir': str(work)})}\n")
+            ready = {"tokens": tokens, "workdir": str(work), "ca_dir": str(work / "ca")}
+            out.write(f"[root] READY {json.dumps(ready)}\n")
             out.flush()
             while not stop.is_set():
                 for name, status in group.exited():
