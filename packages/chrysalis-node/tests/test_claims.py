@@ -412,3 +412,7 @@ def test_a_sample_is_seeded_and_bounded() -> None:
 def test_bad_selectors_say_what_is_wrong(selector: str, message: str) -> None:
     with pytest.raises(LedgerError, match=message):
         select_nodes(_tree(), selector)
+
+
+def test_without_live_only_a_selector_also_names_nodes_that_are_down() -> None:
+    assert select_nodes(_tree(), "e5", live_only=False) == ("e5" * 16,)

@@ -353,7 +353,7 @@ async def _command(
             every = sorted(ledger.nodes.values(), key=lambda n: (n.rank, n.pid))
             if action == "nodes":
                 if args.selector is not None:
-                    picked = set(select_nodes(every, args.selector))
+                    picked = set(select_nodes(every, args.selector, live_only=False))
                     every = [n for n in every if n.pid in picked]
                 if args.state != "any":
                     every = [n for n in every if n.state is NodeState(args.state)]

@@ -646,9 +646,14 @@ MAX_SELECTOR: Final = 4096
 
 
 def select_nodes(
-    nodes: Iterable[NodeRecord], selector: str, *, seed: int | None = None
+    nodes: Iterable[NodeRecord],
+    selector: str,
+    *,
+    seed: int | None = None,
+    live_only: bool = True,
 ) -> tuple[str, ...]:
-    """The live nodes ``selector`` names, in rank order (then PID).
+    """The live nodes ``selector`` names (every node, without ``live_only``: how ``admin
+    nodes`` filters), in rank order (then PID).
 
     A selector is terms separated by commas; the result is the union of what they match:
     ``all``; a PID or PID prefix (hex, also ``pid:HEX``: every node whose PID starts with
@@ -659,7 +664,10 @@ def select_nodes(
     """
     if not selector or len(selector) > MAX_SELECTOR:
         raise LedgerError(f"a selector has 1 to {MAX_SELECTOR} characters")
-    live = sorted((n for n in nodes if n.state is NodeState.LIVE), key=lambda n: (n.rank, n.pid))
+    live = sorted(
+        (n for n in nodes if n.state is NodeState.LIVE or not live_only),
+        key=lambda n: (n.rank, n.pid),
+    )
     chosen: set[str] = set()
     sample: int | None = None
     for term in (t.strip() for t in selector.split(",")):
