@@ -139,6 +139,8 @@ def test_a_claim_made_before_a_cancel_arrived_is_cancelled_at_the_next_poll() ->
     # the admin's replica cancelled before the claim reached it: its cancel row wins the
     # experiment, the node's claim row wins the claim
     ledger.absorb([replace(ledger.experiments["e1"], cancelled_at=3.5)])
+    with pytest.raises(StaleClaimError, match="was cancelled"):
+        ledger.start(work.claim, 3.8)
     assert ledger.next_work(a, 4.0)[0] is None
     assert ledger.claims[("e1", a)].state is ClaimState.CANCELLED
 

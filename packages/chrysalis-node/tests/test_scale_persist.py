@@ -4,7 +4,7 @@ every process with its own replicated experiment database. An echo experiment is
 from a leaf that is not the root and inspected from a third process; then a source is killed
 with SIGKILL while it holds a claim and its work is reported failed, not lost.
 
-About 15 s on two busy cores: one tree, five short ``chrysalis admin`` clients."""
+About 20 s on two busy cores: one tree, a dozen short ``chrysalis admin`` clients."""
 
 from __future__ import annotations
 
@@ -96,6 +96,19 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
             assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
         assert report["summary"]["completed"] == report["summary"]["planned"] == 24
         assert [e["name"] for e in admin("0", "experiments")] == ["e1"]
+
+        # cancelled from the root while leaf 1 runs it: its claim ends, no results stay open
+        admin(
+            "2", "submit", "slow", "--sources", "rank:1", "--destinations", "rank:2",
+            "--count", "100000", "--warmup", "0", "--run-timeout", "120",
+        )  # fmt: skip
+        assert admin("0", "cancel", "slow")["status"] == "cancelled"
+
+        def cancelled() -> bool:
+            report = admin("4", "show", "slow")
+            return report["status"] == "cancelled" and report["claims"][0]["state"] == "cancelled"
+
+        eventually(cancelled, 20, "the cancel to reach every process")
 
         # a source killed with -9 while it holds a claim: its work fails, it is not lost
         admin(

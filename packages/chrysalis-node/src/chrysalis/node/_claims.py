@@ -585,6 +585,8 @@ class ExperimentLedger:
 
     def _held(self, work: ClaimRecord) -> ClaimRecord:
         claim = self._claim(work.experiment, work.source)
+        if self._experiment(work.experiment).cancelled:  # even if the claim row raced it
+            raise StaleClaimError(f"experiment {work.experiment!r} was cancelled")
         if (claim.incarnation, claim.attempt) != (work.incarnation, work.attempt):
             raise StaleClaimError(
                 f"the claim on {work.experiment!r} by {work.source[:8]} is now attempt "

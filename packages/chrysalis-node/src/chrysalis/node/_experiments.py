@@ -163,9 +163,13 @@ class ExperimentRunner:
             self._store.apply(lambda ledger: ledger.fail(claim, error, self._clock()))
 
     def _still_mine(self, claim: ClaimRecord) -> bool:
-        current = self._store.ledger().claims.get((claim.experiment, claim.source))
+        ledger = self._store.ledger()
+        current = ledger.claims.get((claim.experiment, claim.source))
+        experiment = ledger.experiments.get(claim.experiment)
         return (
             current is not None
+            and experiment is not None
+            and not experiment.cancelled
             and current.state not in TERMINAL
             and (current.incarnation, current.attempt) == (claim.incarnation, claim.attempt)
         )
