@@ -106,7 +106,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
 
         def cancelled() -> bool:
             report = admin("4", "show", "slow")
-            return report["status"] == "cancelled" and report["claims"][0]["state"] == "cancelled"
+            return bool(report["status"] == report["claims"][0]["state"] == "cancelled")
 
         eventually(cancelled, 20, "the cancel to reach every process")
 
