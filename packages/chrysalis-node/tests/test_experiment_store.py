@@ -44,6 +44,7 @@ def test_decisions_persist_and_a_reopened_node_resumes_its_claim(tmp_path: Path)
     store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
     spec = ExperimentSpec("e1", payload=3, count=2, timeout=5.0)
     store.apply(lambda ledger: ledger.submit(spec, [B], [A, B], submitted_by=A, now=2.0))
+    assert (store.has_open_work(A), store.has_open_work(B)) == (False, True)
     work = store.decide(lambda ledger: ledger.next_work(B, 3.0))
     assert work is not None
     assert work.destinations == (A,)
@@ -65,6 +66,7 @@ def test_decisions_persist_and_a_reopened_node_resumes_its_claim(tmp_path: Path)
     store.apply(lambda ledger: ledger.finish(resumed.claim, [result], 9.0))
     after = store.ledger()
     assert after.status("e1") == "done"
+    assert not store.has_open_work(B)
     assert after.results[("e1", B, A)] == result
 
 

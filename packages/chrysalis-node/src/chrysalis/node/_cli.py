@@ -15,6 +15,10 @@ Liveness: nodes started with ``--idle-timeout S`` use that QUIC idle timeout and
 parent link busy with a tiny request every ``S / 4`` seconds, so a killed process is fenced by
 its parent about ``S`` seconds after it died while live links never idle out.
 
+Persistent scale experiments: ``admin TOKEN ACTION`` (and ``scale admin ...``) is parsed here
+and run by ``chrysalis.node._admin``, imported only for that command (it needs
+chrysalis-sqlite, which sits above chrysalis-node).
+
 Output: a readable table by default and ``--json`` for scripts. Errors are one line on stderr
 (``chrysalis: error: ...``) with exit code 1; usage errors exit with 2.
 """

@@ -174,6 +174,17 @@ class ExperimentStore:
         """A snapshot of every record."""
         return ExperimentLedger.from_records(_records(self._replica.connection.execute))
 
+    def has_open_work(self, pid: str) -> bool:
+        """Whether some experiment names ``pid`` as a source whose pair has not ended: one
+        indexed query, so an idle node's poll does not load the ledger."""
+        row = self._replica.connection.execute(
+            "SELECT 1 FROM scale_target AS t WHERE t.role = 'source' AND t.pid = ?"
+            " AND NOT EXISTS (SELECT 1 FROM scale_claim AS c WHERE c.experiment = t.experiment"
+            " AND c.source = t.pid AND c.state IN ('done', 'failed', 'cancelled')) LIMIT 1",
+            (pid,),
+        ).fetchone()
+        return row is not None
+
     def decide(self, op: Callable[[ExperimentLedger], tuple[T, Decision]]) -> T:
         """Run ``op(ledger)`` and store its decision atomically; returns ``op``'s value. An
         exception from ``op`` rolls back and writes nothing."""

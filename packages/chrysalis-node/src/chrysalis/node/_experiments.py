@@ -135,7 +135,11 @@ class ExperimentRunner:
         while True:
             self._wake.clear()
             try:
-                work = self._store.decide(lambda ledger: ledger.next_work(self._pid, self._clock()))
+                work = None
+                if self._store.has_open_work(self._pid):
+                    work = self._store.decide(
+                        lambda ledger: ledger.next_work(self._pid, self._clock())
+                    )
             except LedgerError as exc:  # e.g. declared lost: nothing is addressed to us now
                 _log.warning("cannot claim work: %s", exc)
                 work = None

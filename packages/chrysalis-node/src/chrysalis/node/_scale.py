@@ -30,6 +30,14 @@ open a fresh stream on the pooled connection (``echo``). Any other first byte ma
 echo the raw stream, so ``chrysalis ping`` works against scale workers too.
 
 Output: ``[root] RESULT {json}`` on stdout (``ScaleResult.to_json``), progress on stderr.
+
+persistent mode (``run --persist``, ``serve_persistent``; issue 22): the same launch, then
+no sweep: every process (root included) keeps a replicated experiment database
+(``chrysalis.node._experiments.node_experiments``, imported only in this mode since it needs
+chrysalis-sqlite), records its node row, and claims and runs the experiments that
+``chrysalis admin`` submits; the root prints ``[root] READY {json}`` with every rank's token
+once every node row reached it, declares exited workers lost, and serves until SIGINT or
+SIGTERM.
 """
 
 from __future__ import annotations
