@@ -149,8 +149,9 @@ def test_a_claim_made_before_a_cancel_arrived_is_cancelled_at_the_next_poll() ->
     ("change", "message"),
     [
         ({"name": "no spaces"}, "experiment name"),
-        ({"kind": "stream-transfer"}, "unknown experiment kind"),
-        ({"payload": 2**21}, "payload must be"),
+        ({"kind": "bogus"}, "unknown experiment kind"),
+        ({"payload": 2**21}, "payload must be"),  # an echo holds at most 1 MiB
+        ({"kind": "stream-transfer", "payload": 2**30 + 1}, "payload must be"),
         ({"count": 0}, "count must be"),
         ({"concurrency": 0}, "concurrency must be"),
         ({"timeout": 0.0}, "timeout must be"),

@@ -131,15 +131,15 @@ def test_the_runner_measures_each_destination_and_reports_failures() -> None:
     store = _store_with_nodes()
     calls: list[str] = []
 
-    async def echo(pid: Pid, payload: bytes) -> None:
+    async def echo(pid: Pid, size: int) -> None:
         calls.append(pid.hex())
-        assert payload == b"\x2a" * 4
+        assert size == 4
         if pid.hex() == C and len([c for c in calls if c == C]) > 2:  # warm-up + 1 pass
             raise ConnectionError("refused by the peer")
 
     spec = ExperimentSpec("e1", payload=4, count=3, warmup=1, concurrency=2, timeout=5.0)
     store.apply(lambda ledger: ledger.submit(spec, [A], [B, C], submitted_by=B, now=2.0))
-    runner = ExperimentRunner(store, A, echo, poll_interval=0.01)
+    runner = ExperimentRunner(store, A, {"echo": echo}, poll_interval=0.01)
 
     async def main() -> None:
         task = asyncio.ensure_future(runner.run())
@@ -155,6 +155,7 @@ def test_the_runner_measures_each_destination_and_reports_failures() -> None:
     assert (ok.status, ok.completed, ok.error) == ("ok", 3, "")
     assert 0 <= ok.p50_ms <= ok.p90_ms <= ok.p99_ms <= ok.max_ms
     assert (failed.status, failed.completed, failed.error) == ("failed", 1, "refused by the peer")
+    assert ok.mib_per_second > 0  # 3 echoes of 4 bytes each way over the pair's time
 
 
 def test_a_cancel_stops_a_running_experiment_and_the_runner_moves_on() -> None:
@@ -166,7 +167,7 @@ def test_a_cancel_stops_a_running_experiment_and_the_runner_moves_on() -> None:
     async def main() -> None:
         entered = asyncio.Event()
 
-        async def echo(pid: Pid, payload: bytes) -> None:
+        async def echo(pid: Pid, size: int) -> None:
             if pid.hex() == B:  # e1's destination never answers
                 entered.set()
                 await asyncio.Event().wait()
@@ -179,7 +180,7 @@ def test_a_cancel_stops_a_running_experiment_and_the_runner_moves_on() -> None:
         store.apply(
             lambda ledger: ledger.submit(ExperimentSpec("e2"), [A], [C], submitted_by=B, now=2.5)
         )
-        runner = ExperimentRunner(store, A, echo, poll_interval=0.01)
+        runner = ExperimentRunner(store, A, {"echo": echo}, poll_interval=0.01)
         task = asyncio.ensure_future(runner.run())
         await entered.wait()
         assert store.ledger().claims[("e1", A)].state is ClaimState.RUNNING
@@ -193,3 +194,37 @@ def test_a_cancel_stops_a_running_experiment_and_the_runner_moves_on() -> None:
     ledger = store.ledger()
     assert (ledger.status("e1"), ledger.status("e2")) == ("cancelled", "done")
     assert [key[0] for key in ledger.results] == ["e2"]
+
+
+def test_the_runner_runs_each_kind_with_its_operation_and_fails_an_unknown_one() -> None:
+    from chrysalis.core import Pid
+    from chrysalis.node._experiments import ExperimentRunner
+
+    store = _store_with_nodes()
+    sent: list[int] = []
+
+    async def transfer(pid: Pid, size: int) -> None:
+        sent.append(size)
+
+    spec = ExperimentSpec("t1", kind="stream-transfer", payload=5 << 20, count=2, warmup=1)
+    store.apply(lambda ledger: ledger.submit(spec, [A], [B], submitted_by=B, now=2.0))
+    store.apply(
+        lambda ledger: ledger.submit(ExperimentSpec("e2"), [A], [B], submitted_by=B, now=3.0)
+    )
+    runner = ExperimentRunner(store, A, {"stream-transfer": transfer}, poll_interval=0.01)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(runner.run())
+        while store.ledger().status("e2") == "pending" or runner.runs == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    ledger = store.ledger()
+    assert sent == [5 << 20] * 3  # warm-up + 2 timed, whole payloads
+    result = ledger.results[("t1", A, B)]
+    assert (result.status, result.completed) == ("ok", 2)
+    assert result.mib_per_second > 0
+    assert ledger.status("e2") == "failed"  # this runner has no echo operation
+    assert "does not run 'echo'" in ledger.claims[("e2", A)].error

@@ -97,6 +97,15 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
         assert report["summary"]["completed"] == report["summary"]["planned"] == 24
         assert [e["name"] for e in admin("0", "experiments")] == ["e1"]
 
+        # a stream transfer from the leaf under the other task's head to leaf 1, across heads
+        admin(
+            "4", "submit", "t1", "--kind", "stream-transfer", "--sources", "rank:4",
+            "--destinations", "rank:1", "--payload", str(1 << 20), "--count", "2", "--wait",
+        )  # fmt: skip
+        (transfer,) = admin("2", "show", "t1")["results"]
+        assert (transfer["status"], transfer["completed"], transfer["error"]) == ("ok", 2, "")
+        assert transfer["mib_per_second"] > 0
+
         # cancelled from the root while leaf 1 runs it: its claim ends, no results stay open
         admin(
             "2", "submit", "slow", "--sources", "rank:1", "--destinations", "rank:2",

@@ -112,7 +112,8 @@ def _median(values: Sequence[float]) -> float:
 
 def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
     """``show``: the experiment, each source's claim, each pair's result, and a summary
-    (pairs ok/failed/missing, echoes completed of planned, and the median, lowest and
+    (pairs ok/failed, operations completed of planned, aggregate payload MiB/s: every
+    pair's bytes over the longest pair's time, and the median, lowest and
     highest per-pair p50/p99: the pairs' own percentiles, since raw samples are not
     stored)."""
     if name not in ledger.experiments:
@@ -134,7 +135,7 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
                 "error": claim.error,
             }
         )
-    results = [
+    results: list[dict[str, Any]] = [
         {
             "source": r.source,
             "destination": r.destination,
@@ -147,6 +148,7 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
             "p99_ms": r.p99_ms,
             "mean_ms": r.mean_ms,
             "max_ms": r.max_ms,
+            "mib_per_second": r.mib_per_second,
             "error": r.error,
         }
         for (e, _s, _d), r in sorted(ledger.results.items())
@@ -169,6 +171,10 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
         summary[key] = (
             {"median": _median(values), "min": min(values), "max": max(values)} if values else None
         )
+    pairs = [r for r in ledger.results.values() if r.experiment == name]
+    longest = max((r.seconds for r in pairs), default=0.0)
+    moved = sum(r.mib_per_second * r.seconds for r in pairs)
+    summary["aggregate_mib_per_second"] = moved / longest if longest > 0 else 0.0
     report["claims"] = claims
     report["results"] = results
     report["summary"] = summary
@@ -194,7 +200,7 @@ def _ms(value: float) -> str:
 def _show_text(report: dict[str, Any]) -> str:
     lines = [
         f"experiment {report['name']}: {report['status']} ({report['kind']}, payload "
-        f"{report['payload']} B, {report['count']} timed + {report['warmup']} warm-up echoes "
+        f"{report['payload']} B, {report['count']} timed + {report['warmup']} warm-up operations "
         f"per pair, concurrency {report['concurrency']})",
         format_rows(
             ("SOURCE", "STATE", "ATTEMPT", "ERROR"),
@@ -213,6 +219,7 @@ def _show_text(report: dict[str, Any]) -> str:
                     "P90_MS",
                     "P99_MS",
                     "MAX_MS",
+                    "MIB_S",
                     "ERROR",
                 ),
                 [
@@ -225,6 +232,7 @@ def _show_text(report: dict[str, Any]) -> str:
                         _ms(r["p90_ms"]),
                         _ms(r["p99_ms"]),
                         _ms(r["max_ms"]),
+                        f"{r['mib_per_second']:.2f}",
                         r["error"],
                     )
                     for r in report["results"]
@@ -234,7 +242,8 @@ def _show_text(report: dict[str, Any]) -> str:
     s = report["summary"]
     line = (
         f"pairs ok {s['pairs_ok']}, failed {s['pairs_failed']}; sources failed "
-        f"{s['sources_failed']}; echoes {s['completed']}/{s['planned']}"
+        f"{s['sources_failed']}; operations {s['completed']}/{s['planned']}; "
+        f"aggregate {s['aggregate_mib_per_second']:.2f} MiB/s"
     )
     if s["p50_ms"] is not None:
         p50, p99 = s["p50_ms"], s["p99_ms"]

@@ -1,7 +1,8 @@
 """The claim protocol of persistent scale experiments (issue 22), as a sans-IO state machine.
 
 Theory of operation. An *experiment* names work (kind ``echo``: ``count`` round trips of
-``payload`` bytes to each destination, after ``warmup`` untimed ones) and two target lists:
+``payload`` bytes to each destination, after ``warmup`` untimed ones; ``stream-transfer``:
+``count`` one-way transfers of ``payload`` bytes) and two target lists:
 the *sources* that run it and the *destinations* they measure against. The unit of work is
 one ``(experiment, source)`` pair; its *claim* is the record the source writes when it takes
 the work. The ledger below holds every record of the five tables (nodes, experiments,
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_NODES",
     "MAX_PAYLOAD",
     "MAX_TARGETS",
+    "MAX_TRANSFER",
     "TERMINAL",
     "ClaimEvent",
     "ClaimRecord",
@@ -80,13 +82,17 @@ MAX_TARGETS: Final = 4096
 """Most sources, and most destinations, of one experiment."""
 MAX_PAYLOAD: Final = 1024 * 1024
 """Largest echo payload (the scale worker's ``MAX_ECHO_PAYLOAD``)."""
+MAX_TRANSFER: Final = 1024 * 1024 * 1024
+"""Largest stream-transfer payload (bytes sent on one stream)."""
 MAX_COUNT: Final = 100_000
 MAX_WARMUP: Final = 1000
 MAX_CONCURRENCY: Final = 1024
 MAX_ERROR: Final = 500
 """Error texts are cut to this many characters."""
-KINDS: Final = ("echo",)
-"""Experiment kinds a node runs (``stream-transfer`` is not built yet)."""
+KINDS: Final = ("echo", "stream-transfer")
+"""Experiment kinds a node runs: ``echo`` (round trips of ``payload`` bytes on a fresh
+stream) and ``stream-transfer`` (``payload`` bytes sent on a fresh stream, the receiver
+answers how many it got)."""
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _PID: Final = re.compile(r"[0-9a-f]{32}")
 
@@ -193,7 +199,7 @@ class NodeRecord:
 @final
 @dataclass(frozen=True, slots=True)
 class ExperimentSpec:
-    """What to run: ``kind`` (``echo``), ``payload`` bytes, ``count`` measured operations per
+    """What to run: ``kind`` (``KINDS``), ``payload`` bytes, ``count`` measured operations per
     destination after ``warmup`` untimed ones, at most ``concurrency`` in flight, the whole
     run bounded by ``timeout`` seconds. Checked on construction (``LedgerError``)."""
 
@@ -214,7 +220,7 @@ class ExperimentSpec:
         if self.kind not in KINDS:
             raise LedgerError(f"unknown experiment kind {self.kind!r} (built: {', '.join(KINDS)})")
         for what, value, low, high in (
-            ("payload", self.payload, 0, MAX_PAYLOAD),
+            ("payload", self.payload, 0, MAX_PAYLOAD if self.kind == "echo" else MAX_TRANSFER),
             ("count", self.count, 1, MAX_COUNT),
             ("warmup", self.warmup, 0, MAX_WARMUP),
             ("concurrency", self.concurrency, 1, MAX_CONCURRENCY),
@@ -277,8 +283,9 @@ class ClaimRecord:
 @dataclass(frozen=True, slots=True)
 class ResultRecord:
     """What ``source`` measured against ``destination``: ``status`` ``ok`` or ``failed``,
-    ``completed`` of ``count`` operations in ``seconds``, latency percentiles in ms (0 when
-    nothing completed) and the first ``error``."""
+    ``completed`` of ``count`` operations in ``seconds`` (this pair's), latency percentiles in
+    ms (0 when nothing completed), payload throughput in MiB/s (both directions for an
+    echo) and the first ``error``."""
 
     experiment: str
     source: str
@@ -292,6 +299,7 @@ class ResultRecord:
     p99_ms: float = 0.0
     mean_ms: float = 0.0
     max_ms: float = 0.0
+    mib_per_second: float = 0.0
     error: str = ""
 
 

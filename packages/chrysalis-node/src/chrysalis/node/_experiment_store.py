@@ -28,7 +28,7 @@ epoch):
 - ``scale_claim`` (pk ``experiment, source``): incarnation, attempt, state, claimed_at,
   updated_at, error;
 - ``scale_result`` (pk ``experiment, source, destination``): status, count, completed,
-  seconds, p50_ms, p90_ms, p99_ms, mean_ms, max_ms, error.
+  seconds, p50_ms, p90_ms, p99_ms, mean_ms, max_ms, mib_per_second, error.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ RESULT_TABLE: Final = _schema(
     "scale_result",
     "experiment TEXT, source TEXT, destination TEXT, status TEXT, count INTEGER,"
     " completed INTEGER, seconds REAL, p50_ms REAL, p90_ms REAL, p99_ms REAL, mean_ms REAL,"
-    " max_ms REAL, error TEXT",
+    " max_ms REAL, mib_per_second REAL, error TEXT",
     ["experiment", "source", "destination"],
 )
 SCHEMAS: Final = (NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE)
@@ -129,7 +129,7 @@ def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
     return RESULT_TABLE.table, (
         r2.experiment, r2.source, r2.destination, r2.status, r2.count, r2.completed,
         float(r2.seconds), float(r2.p50_ms), float(r2.p90_ms), float(r2.p99_ms),
-        float(r2.mean_ms), float(r2.max_ms), r2.error,
+        float(r2.mean_ms), float(r2.max_ms), float(r2.mib_per_second), r2.error,
     )  # fmt: skip
 
 

@@ -10,11 +10,14 @@ block ends, when the node is marked ``stopped`` (its unfinished work fails with 
 
 ``ExperimentRunner`` polls the ledger (on every replica change, and every
 ``poll_interval`` for writes by other connections), claims the first open work addressed to
-the node, runs it (``warmup`` untimed echoes to every destination, then ``start``, then
-``count`` timed echoes per destination with at most ``concurrency`` in flight, each echo
-bounded by ``ECHO_TIMEOUT``, the whole by the experiment's ``timeout``) and publishes one
-result row per destination: ``ok`` with latency percentiles, or ``failed`` with the first
-error and how many echoes completed. A claim that ends meanwhile (cancelled, or the node
+the node, runs it (``warmup`` untimed operations to every destination, then ``start``, then
+``count`` timed operations per destination with at most ``concurrency`` in flight, each
+echo bounded by ``ECHO_TIMEOUT``, the whole by the experiment's ``timeout``) and publishes
+one result row per destination: ``ok`` with latency percentiles and payload MiB/s, or
+``failed`` with the first error and how many operations completed. The operations:
+``echo_once`` (kind ``echo``: ``[1][len][payload]`` on a fresh stream, the reply checked)
+and ``transfer_once`` (kind ``stream-transfer``: ``[2]``, the payload in 64 KiB writes, FIN;
+the destination answers the byte count). A claim that ends meanwhile (cancelled, or the node
 declared lost) stops the run; its late results are refused by the ledger, never written.
 
 Imports chrysalis-sqlite: imported only where persistence is asked for (see
@@ -28,7 +31,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, final
@@ -39,6 +42,7 @@ from chrysalis.node._claims import (
     TERMINAL,
     ClaimRecord,
     ClaimState,
+    ExperimentSpec,
     LedgerError,
     NodeRecord,
     ResultRecord,
@@ -47,17 +51,18 @@ from chrysalis.node._claims import (
 )
 from chrysalis.node._experiment_store import ExperimentStore, open_replica
 from chrysalis.node._node import Node
-from chrysalis.node._scale import decode_echo_reply, encode_echo_request
+from chrysalis.node._scale import DELIVERY_OP, decode_echo_reply, encode_echo_request
 from chrysalis.sqlite.topology import ReplicationTopology
 
 __all__ = [
     "ECHO_TIMEOUT",
     "POLL_INTERVAL",
-    "EchoOnce",
     "ExperimentRunner",
+    "Operation",
     "echo_once",
     "node_experiments",
     "percentiles",
+    "transfer_once",
 ]
 
 _log = logging.getLogger("chrysalis.scale.experiments")
@@ -69,17 +74,42 @@ ECHO_TIMEOUT: Final = 10.0
 """Seconds one echo may take; a slower one fails its pair (so a dead destination cannot hold
 a concurrency slot until the run's timeout)."""
 
-EchoOnce = Callable[[Pid, bytes], Awaitable[None]]
-"""One echo of ``payload`` to ``pid``; raises when it fails."""
+Operation = Callable[[Pid, int], Awaitable[None]]
+"""One measured operation of ``size`` payload bytes with ``pid``; raises when it fails."""
+
+_CHUNK: Final = 64 * 1024
+_FILL: Final = b"\x2a" * _CHUNK
 
 
-async def echo_once(node: Node, pid: Pid, payload: bytes) -> None:
+async def echo_once(node: Node, pid: Pid, size: int) -> None:
     """One scale echo on a fresh stream (``[1][len][payload]``, checked reply)."""
+    payload = _FILL[:size] if size <= _CHUNK else b"\x2a" * size
     stream = await node.dial(pid, Consistency.CACHED)
     try:
         stream.write(encode_echo_request(payload))
         stream.write_eof()
         decode_echo_reply(await stream.read(-1), payload)
+    finally:
+        stream.close()
+
+
+async def transfer_once(node: Node, pid: Pid, size: int) -> None:
+    """One stream transfer: ``[2]``, ``size`` bytes in 64 KiB writes (each drained), FIN;
+    the destination answers the count it received as u64 BE, which must be ``size``."""
+    stream = await node.dial(pid, Consistency.CACHED)
+    try:
+        stream.write(bytes([DELIVERY_OP]))
+        left = size
+        while left:
+            chunk = min(left, _CHUNK)
+            stream.write(_FILL[:chunk])
+            await stream.drain()
+            left -= chunk
+        stream.write_eof()
+        answer = await stream.read_exactly(8)
+        received = int.from_bytes(answer, "big")
+        if received != size:
+            raise ValueError(f"the destination received {received} of {size} bytes")
     finally:
         stream.close()
 
@@ -100,26 +130,28 @@ def percentiles(seconds: Sequence[float]) -> tuple[float, float, float, float, f
 class _Progress:
     latencies: list[float] = field(default_factory=list)
     error: str = ""
+    started: float = 0.0
+    seconds: float = 0.0
 
 
 @final
 class ExperimentRunner:
     """Claims and runs this node's work, one experiment at a time (see the module doc)."""
 
-    __slots__ = ("_clock", "_echo", "_pid", "_poll_interval", "_store", "_wake", "runs")
+    __slots__ = ("_clock", "_operations", "_pid", "_poll_interval", "_store", "_wake", "runs")
 
     def __init__(
         self,
         store: ExperimentStore,
         pid: str,
-        echo: EchoOnce,
+        operations: Mapping[str, Operation],
         *,
         poll_interval: float = POLL_INTERVAL,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._pid = pid
-        self._echo = echo
+        self._operations = dict(operations)
         self._poll_interval = poll_interval
         self._clock = clock
         self._wake = asyncio.Event()
@@ -155,12 +187,11 @@ class ExperimentRunner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_interval)
 
-    async def _bounded(self, pid: Pid, payload: bytes, run_timeout: float) -> None:
-        limit = min(ECHO_TIMEOUT, run_timeout)
+    async def _bounded(self, op: Operation, pid: Pid, size: int, limit: float) -> None:
         try:
-            await asyncio.wait_for(self._echo(pid, payload), limit)
+            await asyncio.wait_for(op(pid, size), limit)
         except TimeoutError:
-            raise TimeoutError(f"no echo within {limit:g} s") from None
+            raise TimeoutError(f"no answer within {limit:g} s") from None
 
     def _give_up(self, claim: ClaimRecord, error: str) -> None:
         with contextlib.suppress(LedgerError):
@@ -181,18 +212,21 @@ class ExperimentRunner:
     async def _run(self, work: Work) -> None:
         spec = work.experiment.spec
         claim = work.claim
-        payload = b"\x2a" * spec.payload
+        op = self._operations.get(spec.kind)
+        if op is None:
+            raise LedgerError(f"this node does not run {spec.kind!r} experiments")
+        # an echo is bounded by ECHO_TIMEOUT; a transfer (any size) only by the run's timeout
+        limit = min(ECHO_TIMEOUT, spec.timeout) if spec.kind == "echo" else spec.timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + spec.timeout
         progress = {pid: _Progress() for pid in work.destinations}
         slots = asyncio.Semaphore(spec.concurrency)
-        started = 0.0
 
         async def warm(pid: str) -> None:
             try:
                 for _ in range(spec.warmup):
                     async with slots:
-                        await self._bounded(Pid.parse(pid), payload, spec.timeout)
+                        await self._bounded(op, Pid.parse(pid), spec.payload, limit)
             except Exception as exc:
                 progress[pid].error = f"warm-up: {exc or type(exc).__name__}"
 
@@ -201,14 +235,17 @@ class ExperimentRunner:
             if record.error:
                 return
             target = Pid.parse(pid)
+            record.started = loop.time()
             try:
                 for _ in range(spec.count):
                     async with slots:
                         t0 = loop.time()
-                        await self._bounded(target, payload, spec.timeout)
+                        await self._bounded(op, target, spec.payload, limit)
                         record.latencies.append(loop.time() - t0)
             except Exception as exc:
                 record.error = str(exc) or type(exc).__name__
+            finally:
+                record.seconds = loop.time() - record.started
 
         async def phase(make: Callable[[str], Awaitable[None]]) -> bool:
             """Run ``make`` for every destination until all end or the deadline passes;
@@ -235,39 +272,34 @@ class ExperimentRunner:
             if not await phase(warm):
                 return
             self._store.apply(lambda ledger: ledger.start(claim, self._clock()))
-            started = loop.time()
             if not await phase(measure):
                 return
-            seconds = loop.time() - started
-            results = [
-                self._result(spec.name, pid, progress[pid], spec.count, seconds)
-                for pid in work.destinations
-            ]
+            results = [self._result(spec, pid, progress[pid]) for pid in work.destinations]
             self._store.apply(lambda ledger: ledger.finish(claim, results, self._clock()))
             self.runs += 1
         except StaleClaimError as exc:  # cancelled or declared lost meanwhile
             _log.info("experiment %s ended elsewhere: %s", spec.name, exc)
 
-    def _result(
-        self, name: str, pid: str, record: _Progress, count: int, seconds: float
-    ) -> ResultRecord:
+    def _result(self, spec: ExperimentSpec, pid: str, record: _Progress) -> ResultRecord:
         p50, p90, p99, mean, worst = percentiles(record.latencies)
-        status = "failed" if record.error else "ok"
         completed = len(record.latencies)
+        moved = completed * spec.payload * (2 if spec.kind == "echo" else 1)
+        rate = moved / (1024 * 1024) / record.seconds if record.seconds > 0 else 0.0
         return ResultRecord(
-            name,
+            spec.name,
             self._pid,
             pid,
-            status,
-            count,
+            "failed" if record.error else "ok",
+            spec.count,
             completed,
-            seconds,
-            p50,
-            p90,
-            p99,
-            mean,
-            worst,
-            record.error,
+            record.seconds,
+            p50_ms=p50,
+            p90_ms=p90,
+            p99_ms=p99,
+            mean_ms=mean,
+            max_ms=worst,
+            mib_per_second=rate,
+            error=record.error,
         )
 
     async def _watch(self, claim: ClaimRecord) -> None:
@@ -283,7 +315,7 @@ async def node_experiments(
     record: NodeRecord,
     *,
     poll_interval: float = POLL_INTERVAL,
-    echo: EchoOnce | None = None,
+    operations: Mapping[str, Operation] | None = None,
 ) -> AsyncIterator[ExperimentStore]:
     """Replicate, register and run experiments on ``node`` while the block runs (see the
     module docstring). ``record`` is this node's row (its ``incarnation`` is decided by the
@@ -294,10 +326,15 @@ async def node_experiments(
         store = ExperimentStore(replica)
         pid = node.pid.hex()
 
-        async def default_echo(target: Pid, payload: bytes) -> None:
-            await echo_once(node, target, payload)
+        async def echo(target: Pid, size: int) -> None:
+            await echo_once(node, target, size)
 
-        runner = ExperimentRunner(store, pid, echo or default_echo, poll_interval=poll_interval)
+        async def transfer(target: Pid, size: int) -> None:
+            await transfer_once(node, target, size)
+
+        if operations is None:
+            operations = {"echo": echo, "stream-transfer": transfer}
+        runner = ExperimentRunner(store, pid, operations, poll_interval=poll_interval)
         async with topology:
             store.apply(lambda ledger: ledger.register(record, time.time()))
             remove = replica.add_change_listener(runner.wake)

@@ -69,6 +69,7 @@ from chrysalis.node._node import JoinSettings, Node
 from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
 
 __all__ = [
+    "DELIVERY_OP",
     "ECHO_OP",
     "MAX_ECHO_PAYLOAD",
     "MAX_NODES",
@@ -87,6 +88,9 @@ __all__ = [
     "summarize_latencies",
 ]
 
+DELIVERY_OP: Final = 2
+"""First byte of a stream transfer: the payload follows until FIN; the worker answers the
+byte count it received as u64 BE (spec 7.4's delivery op)."""
 ECHO_OP: Final = 1
 """First byte of a scale echo request; any other first byte asks for a raw echo."""
 MAX_ECHO_PAYLOAD: Final = 1024 * 1024
@@ -95,7 +99,9 @@ MAX_NODES: Final = 4096
 """Most processes one run may launch on one host."""
 _HEADER: Final = struct.Struct(">BI")
 _LENGTH: Final = struct.Struct(">I")
+_COUNT: Final = struct.Struct(">Q")
 _STOP_GRACE: Final = 5.0
+_TRANSFER_CHUNK: Final = 256 * 1024
 _LINE_LIMIT: Final = 4096
 _MODULE: Final = "chrysalis.node._scale"
 _STARTED_AT: Final = time.time()
@@ -451,10 +457,16 @@ def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
 
 async def _serve_echo(stream: ByteStream) -> None:
     """A worker's echo: a scale request (``[ECHO_OP][len][payload]``) is answered with
-    ``[len][payload]``; any other first byte gets the raw echo (``chrysalis ping``). Errors end
+    ``[len][payload]``, a transfer (``[DELIVERY_OP]`` then bytes until FIN) with the byte
+    count as u64 BE; any other first byte gets the raw echo (``chrysalis ping``). Errors end
     the stream in ``chrysalis.node._echo.serve_stream``, never the worker."""
     first = await stream.read(1)
-    if first == bytes([ECHO_OP]):
+    if first == bytes([DELIVERY_OP]):
+        received = 0
+        while chunk := await stream.read(_TRANSFER_CHUNK):
+            received += len(chunk)
+        stream.write(_COUNT.pack(received))
+    elif first == bytes([ECHO_OP]):
         (length,) = _LENGTH.unpack(await stream.read_exactly(_LENGTH.size))
         if length > MAX_ECHO_PAYLOAD:
             raise ScaleError(f"echo of {length} bytes refused")
