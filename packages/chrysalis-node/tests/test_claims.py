@@ -94,6 +94,8 @@ def test_a_claim_survives_a_restart_and_fences_the_old_incarnation() -> None:
     ledger.start(new.claim, 6.0)
     ledger.finish(new.claim, _ok(new.claim, (b,)), 7.0)
     assert ledger.status("e1") == "done"
+    with pytest.raises(LedgerError, match="already ended"):
+        ledger.cancel("e1", 7.5)
     assert not ledger.finish(new.claim, _ok(new.claim, (b,)), 8.0)  # a duplicate report
 
 
@@ -329,7 +331,12 @@ class ClaimModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(self.ledger.experiments)))
-        self._deliver(self.ledger.cancel(name, self._tick()))
+        before = self.ledger.status(name)
+        try:
+            self._deliver(self.ledger.cancel(name, self._tick()))
+        except LedgerError:
+            assert before in ("done", "failed")
+            return
         assert self.ledger.status(name) == "cancelled"
 
     @invariant()

@@ -523,11 +523,15 @@ class ExperimentLedger:
 
     def cancel(self, name: str, now: float) -> Decision:
         """Cancel an experiment: every open pair becomes ``cancelled``. Cancelling again is a
-        no-op."""
+        no-op; an experiment whose every pair ended (done or failed) is refused: its results
+        stand."""
         _time(now)
         record = self._experiment(name)
         if record.cancelled:
             return Decision()
+        status = self.status(name)
+        if status in ("done", "failed"):
+            raise LedgerError(f"experiment {name!r} already ended ({status}); nothing to cancel")
         records: list[Record] = [replace(record, cancelled_at=max(now, 1e-9))]
         for experiment, source in self.open_pairs():
             if experiment != name:
