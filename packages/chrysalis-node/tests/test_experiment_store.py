@@ -5,6 +5,7 @@ back on refusal, and replicated between replicas (in memory, ``chrysalis.sqlite.
 from __future__ import annotations
 
 import asyncio
+import io
 from dataclasses import replace
 from pathlib import Path
 
@@ -228,3 +229,55 @@ def test_the_runner_runs_each_kind_with_its_operation_and_fails_an_unknown_one()
     assert result.mib_per_second > 0
     assert ledger.status("e2") == "failed"  # this runner has no echo operation
     assert "does not run 'echo'" in ledger.claims[("e2", A)].error
+
+
+# -- admin reports ---------------------------------------------------------------------------------
+
+
+def test_show_reports_pairs_failures_and_an_aggregate() -> None:
+    from chrysalis.node._admin import experiment_report, format_rows
+
+    store = _store_with_nodes()
+    spec = ExperimentSpec("e1", count=4)
+    store.apply(lambda ledger: ledger.submit(spec, [A, B], [A, B, C], submitted_by=C, now=2.0))
+    work = store.decide(lambda ledger: ledger.next_work(A, 3.0))
+    assert work is not None
+    store.apply(lambda ledger: ledger.start(work.claim, 4.0))
+    results = [
+        ResultRecord("e1", A, B, "ok", 4, 4, 2.0, 1.0, 2.0, 3.0, 1.5, 3.0, mib_per_second=1.0),
+        ResultRecord("e1", A, C, "failed", 4, 1, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 0.5, "refused"),
+    ]
+    store.apply(lambda ledger: ledger.finish(work.claim, results, 5.0))
+    report = experiment_report(store.ledger(), "e1")
+    assert report["status"] == "running"  # B has not claimed yet
+    assert [c["state"] for c in report["claims"]] == ["done", "pending"]
+    summary = report["summary"]
+    assert (summary["pairs_ok"], summary["pairs_failed"]) == (1, 1)
+    assert (summary["completed"], summary["planned"]) == (5, 16)  # 2 sources x 2 others x 4
+    assert summary["aggregate_mib_per_second"] == (1.0 * 2.0 + 0.5 * 1.0) / 2.0
+    assert summary["p50_ms"] == {"median": 1.0, "min": 1.0, "max": 1.0}  # ok pairs only
+    assert format_rows(("A", "BB"), [("xyz", ""), (1, None)]) == "A    BB\nxyz  -\n1    -"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_submit_progress_is_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
+    from chrysalis.node._admin import _Progress
+
+    terminal = _Terminal()
+    bar = _Progress(terminal, "e1", 4)
+    bar.show(2, 0)
+    bar.show(2, 0)  # unchanged: not redrawn
+    bar.show(4, 2)
+    bar.close()
+    assert terminal.getvalue().count("\r") == 2
+    assert "[###############---------------] 4/4 claimed, 2/4 ended\n" in terminal.getvalue()
+    log = io.StringIO()
+    lines = _Progress(log, "e1", 4)
+    lines.show(2, 0)
+    lines.show(4, 2)  # within a second of the last line: held back
+    lines.close()
+    assert log.getvalue() == "[admin] e1: 2/4 claimed, 0/4 ended\n"

@@ -255,6 +255,43 @@ def _show_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class _Progress:
+    """Submit's progress on stderr: a bar redrawn in place on a terminal, otherwise a line
+    when the counts change (at most one a second)."""
+
+    def __init__(self, err: TextIO, name: str, sources: int) -> None:
+        self._err = err
+        self._name = name
+        self._sources = sources
+        self._tty = bool(getattr(err, "isatty", lambda: False)())
+        self._last: tuple[int, int] | None = None
+        self._at = -math.inf
+        self._drawn = False
+
+    def show(self, claimed: int, finished: int) -> None:
+        now = time.monotonic()
+        if (claimed, finished) == self._last or (
+            not self._tty and now - self._at < _PROGRESS_EVERY
+        ):
+            return
+        self._last, self._at = (claimed, finished), now
+        counts = f"{claimed}/{self._sources} claimed, {finished}/{self._sources} ended"
+        if self._tty:
+            width = 30
+            done = width * finished // max(1, self._sources)
+            bar = "#" * done + "-" * (width - done)
+            self._err.write(f"\r[admin] {self._name} [{bar}] {counts}")
+            self._drawn = True
+        else:
+            self._err.write(f"[admin] {self._name}: {counts}\n")
+        self._err.flush()
+
+    def close(self) -> None:
+        if self._drawn:
+            self._err.write("\n")
+            self._err.flush()
+
+
 # -- running ------------------------------------------------------------------------------------
 
 
@@ -437,25 +474,20 @@ async def _submit(
         )
     )
     await _upstream(topology, before, len(decision.records), deadline)
-    loop = asyncio.get_running_loop()
-    reported = -math.inf
+    progress = _Progress(err, args.name, len(sources))
 
     def ended() -> bool:
-        nonlocal reported
         ledger = store.ledger()
         claims = [ledger.claims.get((args.name, s)) for s in sources]
         claimed = sum(c is not None for c in claims)
         finished = sum(c is not None and c.state in TERMINAL for c in claims)
-        if loop.time() - reported >= _PROGRESS_EVERY:
-            reported = loop.time()
-            err.write(
-                f"[admin] {args.name}: {claimed}/{len(sources)} sources claimed, "
-                f"{finished}/{len(sources)} ended\n"
-            )
-            err.flush()
+        progress.show(claimed, finished)
         return finished == len(sources) if args.wait else claimed == len(sources)
 
-    await _until(ended, deadline, "the sources to " + ("finish" if args.wait else "claim"))
+    try:
+        await _until(ended, deadline, "the sources to " + ("finish" if args.wait else "claim"))
+    finally:
+        progress.close()
     row = _experiment_row(store.ledger(), args.name)
     emit(
         row,
