@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("chrysalis.sqlite")
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
-from node_processes import CLI, eventually, run_json, stop_all
+from node_processes import CLI, eventually, run_json, start_node, stop_all
 
 pytestmark = pytest.mark.slow
 
@@ -137,3 +137,17 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
     finally:
         stop_all([scale])
     assert scale.returncode == 0, log.read_text()[-2000:]
+
+
+def test_admin_at_a_node_without_experiment_tables_says_so(tmp_path: Path) -> None:
+    env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=str(tmp_path / "ca"))
+    root, token = start_node([*CLI, "serve", "--timeout", "20"], env, tmp_path / "root.log")
+    try:
+        code, _record, stderr = run_json(
+            [*CLI, "admin", token, "nodes", "--json", "--timeout", "20"], env, timeout=40
+        )
+    finally:
+        stop_all([root])
+    assert code == 1
+    assert "keeps no experiment tables" in stderr
+    assert stderr.count("\n") == 1  # one line, no traceback

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TextIO
 
 from chrysalis.core import LinkSide
+from chrysalis.node._address import format_address
 from chrysalis.node._claims import (
     TERMINAL,
     ExperimentLedger,
@@ -329,6 +330,13 @@ async def run_admin(
             await wait_connected()
 
             def synchronized() -> bool:
+                sessions = topology.link_sessions
+                if sessions.refused_links or sessions.failure is not None:
+                    where = format_address(args.token.address)
+                    raise AdminError(
+                        f"the node at {where} keeps no experiment tables (it refused the "
+                        "replication session: not a `chrysalis scale --persist` process?)"
+                    )
                 link = _parent_link(topology)
                 return link is not None and link.peer_synchronized
 
