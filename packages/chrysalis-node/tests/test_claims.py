@@ -28,6 +28,7 @@ from chrysalis.node._claims import (
     ExperimentLedger,
     ExperimentSpec,
     LedgerError,
+    Liveness,
     NodeRecord,
     NodeState,
     ResultRecord,
@@ -426,3 +427,33 @@ def test_bad_selectors_say_what_is_wrong(selector: str, message: str) -> None:
 
 def test_without_live_only_a_selector_also_names_nodes_that_are_down() -> None:
     assert select_nodes(_tree(), "e5", live_only=False) == ("e5" * 16,)
+
+
+# -- liveness -------------------------------------------------------------------------------------
+
+
+def test_a_node_out_of_view_for_the_grace_is_reported_lost_once() -> None:
+    a, b = PIDS[:2]
+    watch = Liveness(grace=5.0)
+    assert watch.observe([a, b], {a, b}, 0.0) == []
+    assert watch.observe([a, b], {a}, 1.0) == []  # b missing since 1.0
+    assert watch.observe([a, b], {a}, 5.9) == []
+    assert watch.observe([a, b], {a}, 6.0) == [b]
+    assert watch.observe([a, b], {a}, 20.0) == []  # once per absence
+    assert watch.observe([a], {a}, 21.0) == []  # declared lost: no longer live
+    # back (a restart registers it live again), then away again: a new absence
+    assert watch.observe([a, b], {a, b}, 22.0) == []
+    assert watch.observe([a, b], {a}, 23.0) == []
+    assert watch.observe([a, b], {a}, 28.0) == [b]
+
+
+def test_a_node_seen_again_within_the_grace_is_not_lost() -> None:
+    a = PIDS[0]
+    watch = Liveness(grace=5.0)
+    assert watch.observe([a], set(), 0.0) == []
+    assert watch.observe([a], {a}, 4.0) == []  # a reconnect, not a death
+    assert watch.observe([a], set(), 6.0) == []  # a fresh absence starts at 6.0
+    assert watch.observe([a], set(), 10.9) == []
+    assert watch.observe([a], set(), 11.0) == [a]
+    with pytest.raises(LedgerError, match="grace"):
+        Liveness(grace=0.0)

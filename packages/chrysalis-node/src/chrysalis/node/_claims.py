@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Final, final
@@ -62,6 +62,7 @@ __all__ = [
     "ExperimentRecord",
     "ExperimentSpec",
     "LedgerError",
+    "Liveness",
     "NodeRecord",
     "NodeState",
     "Record",
@@ -651,6 +652,43 @@ class ExperimentLedger:
         claim = self._held(work)
         state = self._move(claim, ClaimEvent.FAIL)
         return self._decide(replace(claim, state=state, updated_at=now, error=_cut(error)))
+
+
+# -- liveness ------------------------------------------------------------------------------------
+
+
+@final
+class Liveness:
+    """Which live nodes to declare lost because they stayed out of view for ``grace``
+    seconds (sans-IO: the caller says, at ``now``, which node PIDs the ledger holds live and
+    which PIDs it can resolve). A supervisor feeds it its namespace, so a node that was
+    killed or hung (fenced by the QUIC idle timeout) and left the namespace is declared
+    lost even where no exit status is seen. Holds one timestamp per node missing now."""
+
+    __slots__ = ("_grace", "_missing_since")
+
+    def __init__(self, grace: float) -> None:
+        if not math.isfinite(grace) or grace <= 0:
+            raise LedgerError(f"grace must be a positive number of seconds, got {grace!r}")
+        self._grace = grace
+        self._missing_since: dict[str, float] = {}
+
+    def observe(self, live: Iterable[str], visible: Collection[str], now: float) -> list[str]:
+        """The live nodes missing from ``visible`` for at least ``grace`` seconds, in PID
+        order; each is reported once per absence (it is forgotten until seen again)."""
+        _time(now)
+        live_set = set(live)
+        for pid in list(self._missing_since):
+            if pid not in live_set or pid in visible:
+                del self._missing_since[pid]
+        lost = []
+        for pid in sorted(live_set - set(visible)):
+            since = self._missing_since.setdefault(pid, now)
+            if now - since >= self._grace:
+                lost.append(pid)
+        for pid in lost:
+            self._missing_since[pid] = math.inf  # reported: not again while it stays away
+        return lost
 
 
 # -- choosing targets ----------------------------------------------------------------------------

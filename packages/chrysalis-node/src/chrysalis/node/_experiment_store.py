@@ -174,6 +174,11 @@ class ExperimentStore:
         """A snapshot of every record."""
         return ExperimentLedger.from_records(_records(self._replica.connection.execute))
 
+    def live_pids(self) -> list[str]:
+        """PIDs of the nodes recorded ``live`` (one query, no ledger load)."""
+        rows = self._replica.connection.execute("SELECT pid FROM scale_node WHERE state = 'live'")
+        return [str(pid) for (pid,) in rows]
+
     def has_open_work(self, pid: str) -> bool:
         """Whether some experiment names ``pid`` as a source whose pair has not ended: one
         indexed query, so an idle node's poll does not load the ledger."""

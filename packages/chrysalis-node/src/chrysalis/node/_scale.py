@@ -63,7 +63,7 @@ from chrysalis.core import DatagramAddr, Pid
 from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, UnixDatagramSocket
 from chrysalis.nameserver import Consistency, Found, Labels
 from chrysalis.node._address import format_address
-from chrysalis.node._claims import NodeRecord
+from chrysalis.node._claims import Liveness, NodeRecord
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node
 from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
@@ -839,7 +839,9 @@ async def serve_persistent(
     ``[root] READY {"tokens": {rank: token}, "workdir": ..., "ca_dir": ...}`` (clients such
     as ``chrysalis admin`` need ``--ca-dir``) and serve experiments until
     ``stop`` is set (SIGINT/SIGTERM in ``main``). A worker process that exits meanwhile is
-    declared lost (its open work fails with its exit status). ``workdir`` is kept (databases
+    declared lost (its open work fails with its exit status), and so is any registered node
+    not resolvable at the root for ``idle_timeout`` seconds (``Liveness``: killed or hung
+    elsewhere, fenced by the QUIC idle timeout). ``workdir`` is kept (databases
     and logs) unless it was made here."""
     if not settings.persist:
         raise ValueError("serve_persistent needs ScaleSettings(persist=True)")
@@ -857,7 +859,21 @@ async def serve_persistent(
             ready = {"tokens": tokens, "workdir": str(work), "ca_dir": str(work / "ca")}
             out.write(f"[root] READY {json.dumps(ready)}\n")
             out.flush()
+            root_pid = tree.root.pid.hex()
+            watch = Liveness(grace=settings.idle_timeout)
             while not stop.is_set():
+                live = [pid for pid in tree.store.live_pids() if pid != root_pid]
+                resolve = tree.root.nameserver.resolve
+                seen = {pid for pid in live if isinstance(resolve(Pid.parse(pid)), Found)}
+                for pid in watch.observe(live, seen, time.monotonic()):
+                    reason = (
+                        "its node left the namespace (not resolvable at the root for "
+                        f"{settings.idle_timeout:g} s)"
+                    )
+                    progress.write(f"[root] {pid[:8]} lost: {reason}\n")
+                    tree.store.apply(
+                        lambda ledger, p=pid, r=reason: ledger.node_lost(p, time.time(), r)
+                    )
                 for name, status in group.exited():
                     rank = int(name.rpartition("-")[2])
                     pid = tree.tokens[rank][1]
