@@ -12,11 +12,13 @@ tree before the client leaves. Every decision goes through the claim ledger
 
 Commands (the parser is ``chrysalis.node._cli``'s, so ``chrysalis --help`` imports no
 SQLite): ``nodes [SELECTOR] [--state S]``, ``target SELECTOR [--seed N]`` (which nodes a
-selector picks), ``submit NAME --sources SEL --destinations SEL [--kind echo] [--payload B]
-[--count N] [--warmup N] [--concurrency N] [--run-timeout S] [--seed N] [--wait]``,
-``experiments``, ``show NAME``, ``cancel NAME``; ``--json`` on each. ``submit`` returns once
-every source claimed the experiment (``--wait``: once it ended), printing progress lines on
-stderr. Errors are ``AdminError`` (one line, exit 1).
+selector picks), ``submit NAME --sources SEL --destinations SEL [--kind
+echo|stream-transfer] [--payload B] [--count N] [--warmup N] [--concurrency N]
+[--run-timeout S] [--seed N] [--wait]``, ``experiments``, ``show NAME``, ``cancel NAME``;
+``--json`` on each. ``submit`` returns once every source claimed the experiment
+(``--wait``: once it ended), showing its progress on stderr (a bar on a terminal). Errors
+are ``AdminError`` (one line, exit 1); a node that keeps no experiment tables is reported
+as such at once.
 
 Imports chrysalis-sqlite: ``chrysalis.node._cli`` imports this module only for ``admin``.
 """

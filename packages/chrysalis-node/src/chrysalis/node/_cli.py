@@ -299,11 +299,13 @@ def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     submit.add_argument(
         "--destinations", required=True, metavar="SELECTOR", help="whom they measure"
     )
-    submit.add_argument("--kind", default="echo", help="experiment kind (echo)")
-    submit.add_argument("--payload", type=int, default=1, help="bytes per echo (1)")
-    submit.add_argument("--count", type=int, default=10, help="timed echoes per pair (10)")
-    submit.add_argument("--warmup", type=int, default=1, help="untimed echoes per pair (1)")
-    submit.add_argument("--concurrency", type=int, default=1, help="echoes in flight (1)")
+    submit.add_argument(
+        "--kind", default="echo", help="experiment kind: echo or stream-transfer (echo)"
+    )
+    submit.add_argument("--payload", type=int, default=1, help="bytes per operation (1)")
+    submit.add_argument("--count", type=int, default=10, help="timed operations per pair (10)")
+    submit.add_argument("--warmup", type=int, default=1, help="untimed operations per pair (1)")
+    submit.add_argument("--concurrency", type=int, default=1, help="operations in flight (1)")
     submit.add_argument(
         "--run-timeout", type=float, default=60.0, help="seconds one source's run may take (60)"
     )
