@@ -130,7 +130,7 @@ def test_rejections_and_unexpected_errors_are_one_line(
 def test_scale_failures_are_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def broken(settings: object) -> None:
+    async def broken(settings: object, **options: object) -> None:  # run_scale's shape
         raise RuntimeError("the launcher broke")
 
     monkeypatch.setattr(_scale, "run_scale", broken)

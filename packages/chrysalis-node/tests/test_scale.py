@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from chrysalis.node._echo import serve_stream
 from chrysalis.node._scale import (
+    DELIVERY_OP,
     ECHO_OP,
     MAX_ECHO_PAYLOAD,
     ProcessGroup,
@@ -158,6 +159,12 @@ def _serve(data: bytes) -> FakeStream:
 def test_worker_echo_answers_length_and_payload() -> None:
     stream = _serve(encode_echo_request(b"hello"))
     assert bytes(stream.written) == b"\x00\x00\x00\x05hello"
+    assert stream.eof
+
+
+def test_worker_counts_a_stream_transfer_and_answers_the_byte_count() -> None:
+    stream = _serve(bytes([DELIVERY_OP]) + b"\x2a" * 300_000)  # more than one read
+    assert bytes(stream.written) == (300_000).to_bytes(8, "big")
     assert stream.eof
 
 

@@ -15,6 +15,10 @@ Liveness: nodes started with ``--idle-timeout S`` use that QUIC idle timeout and
 parent link busy with a tiny request every ``S / 4`` seconds, so a killed process is fenced by
 its parent about ``S`` seconds after it died while live links never idle out.
 
+Persistent scale experiments: ``admin TOKEN ACTION`` (and ``scale admin ...``) is parsed here
+and run by ``chrysalis.node._admin``, imported only for that command (it needs
+chrysalis-sqlite, which sits above chrysalis-node).
+
 Output: a readable table by default and ``--json`` for scripts. Errors are one line on stderr
 (``chrysalis: error: ...``) with exit code 1; usage errors exit with 2.
 """
@@ -246,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
         "scale", help="launch N local processes and measure them (chrysalis scale --help)"
     )
 
+    _admin_parser(commands, common)
+
     sqlite = commands.add_parser(
         "sqlite", parents=[common], help="a shell on a node's database (needs chrysalis-sqlite)"
     )
@@ -266,6 +272,50 @@ def build_parser() -> argparse.ArgumentParser:
         "shell", parents=[common], help="interactive shell (the default; --json has no effect)"
     )
     return parser
+
+
+def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``admin TOKEN COMMAND ...`` to the ``chrysalis`` parser's subcommands."""
+    admin = commands.add_parser(
+        "admin",
+        parents=[common],
+        help="persistent scale experiments: nodes, submit, show, cancel (needs chrysalis-sqlite)",
+    )
+    admin.add_argument("token", type=_token, metavar="TOKEN", help="any scale node's join token")
+    actions = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    nodes = actions.add_parser("nodes", parents=[common], help="the registered scale nodes")
+    nodes.add_argument("selector", nargs="?", default=None, metavar="SELECTOR")
+    nodes.add_argument(
+        "--state", choices=("live", "stopped", "lost", "any"), default="any", help="(any)"
+    )
+    target = actions.add_parser("target", parents=[common], help="the nodes SELECTOR picks")
+    target.add_argument("selector", metavar="SELECTOR")
+    target.add_argument("--seed", type=int, help="seed of sample:N")
+    for lister in (nodes, target):
+        lister.add_argument("--full", action="store_true", help="print whole PIDs")
+    submit = actions.add_parser("submit", parents=[common], help="submit an experiment")
+    submit.add_argument("name", metavar="NAME")
+    submit.add_argument("--sources", required=True, metavar="SELECTOR", help="who runs it")
+    submit.add_argument(
+        "--destinations", required=True, metavar="SELECTOR", help="whom they measure"
+    )
+    submit.add_argument(
+        "--kind", default="echo", help="experiment kind: echo or stream-transfer (echo)"
+    )
+    submit.add_argument("--payload", type=int, default=1, help="bytes per operation (1)")
+    submit.add_argument("--count", type=int, default=10, help="timed operations per pair (10)")
+    submit.add_argument("--warmup", type=int, default=1, help="untimed operations per pair (1)")
+    submit.add_argument("--concurrency", type=int, default=1, help="operations in flight (1)")
+    submit.add_argument(
+        "--run-timeout", type=float, default=60.0, help="seconds one source's run may take (60)"
+    )
+    submit.add_argument("--seed", type=int, help="seed of sample:N")
+    submit.add_argument("--wait", action="store_true", help="return when the experiment ended")
+    actions.add_parser("experiments", parents=[common], help="every experiment and its status")
+    show = actions.add_parser("show", parents=[common], help="one experiment's results")
+    show.add_argument("name", metavar="NAME")
+    cancel = actions.add_parser("cancel", parents=[common], help="cancel an experiment")
+    cancel.add_argument("name", metavar="NAME")
 
 
 def _sqlite_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -634,6 +684,32 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+async def _admin(args: argparse.Namespace, out: TextIO) -> int:
+    """``chrysalis admin TOKEN ACTION``: the commands live in ``chrysalis.node._admin``,
+    which needs chrysalis-sqlite (imported only here, like ``sqlite``)."""
+    try:
+        from chrysalis.node._admin import AdminError, run_admin
+    except ImportError as exc:
+        raise CliError(
+            "'chrysalis admin' needs the chrysalis-sqlite package (pip install chrysalis-sqlite)"
+        ) from exc
+
+    token: JoinToken = args.token
+    node, carriers = _build_node(args, "admin", token, [None])
+    try:
+        return await run_admin(
+            args,
+            out,
+            sys.stderr,
+            node,
+            lambda: _wait_connected(node, args.timeout, token.address),
+        )
+    except AdminError as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        carriers.cleanup()
+
+
 async def _wait_connected(node: Node, timeout: float, parent: DatagramAddr | None = None) -> None:
     try:
         await asyncio.wait_for(node.wait_connected(), timeout)
@@ -793,6 +869,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     """
     stdout = sys.stdout if out is None else out
     raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:2] == ["scale", "admin"]:  # `chrysalis scale admin ...` is `chrysalis admin ...`
+        raw = raw[1:]
     if raw[:1] == ["scale"]:
         from chrysalis.node._scale import main as scale_main
 
@@ -812,6 +890,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             return _sqlite_command(args, stdout)
         if args.command in ("serve", "join"):
             return asyncio.run(_run_node(args, stdout))
+        if args.command == "admin":
+            return asyncio.run(_admin(args, stdout))
         return asyncio.run(_client(args, stdout))
     except _EXPECTED as exc:
         message = str(exc) or type(exc).__name__

@@ -30,6 +30,14 @@ open a fresh stream on the pooled connection (``echo``). Any other first byte ma
 echo the raw stream, so ``chrysalis ping`` works against scale workers too.
 
 Output: ``[root] RESULT {json}`` on stdout (``ScaleResult.to_json``), progress on stderr.
+
+persistent mode (``run --persist``, ``serve_persistent``; issue 22): the same launch, then
+no sweep: every process (root included) keeps a replicated experiment database
+(``chrysalis.node._experiments.node_experiments``, imported only in this mode since it needs
+chrysalis-sqlite), records its node row, and claims and runs the experiments that
+``chrysalis admin`` submits; the root prints ``[root] READY {json}`` with every rank's token
+once every node row reached it, declares exited workers lost, and serves until SIGINT or
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ import signal
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO, final
@@ -53,11 +62,14 @@ from typing import Any, Final, Literal, TextIO, final
 from chrysalis.core import DatagramAddr, Pid
 from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, UnixDatagramSocket
 from chrysalis.nameserver import Consistency, Found, Labels
+from chrysalis.node._address import format_address
+from chrysalis.node._claims import Liveness, NodeRecord
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node
 from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
 
 __all__ = [
+    "DELIVERY_OP",
     "ECHO_OP",
     "MAX_ECHO_PAYLOAD",
     "MAX_NODES",
@@ -72,9 +84,13 @@ __all__ = [
     "main",
     "plan_placement",
     "run_scale",
+    "serve_persistent",
     "summarize_latencies",
 ]
 
+DELIVERY_OP: Final = 2
+"""First byte of a stream transfer: the payload follows until FIN; the worker answers the
+byte count it received as u64 BE (spec 7.4's delivery op)."""
 ECHO_OP: Final = 1
 """First byte of a scale echo request; any other first byte asks for a raw echo."""
 MAX_ECHO_PAYLOAD: Final = 1024 * 1024
@@ -83,9 +99,14 @@ MAX_NODES: Final = 4096
 """Most processes one run may launch on one host."""
 _HEADER: Final = struct.Struct(">BI")
 _LENGTH: Final = struct.Struct(">I")
+_COUNT: Final = struct.Struct(">Q")
 _STOP_GRACE: Final = 5.0
+_TRANSFER_CHUNK: Final = 256 * 1024
 _LINE_LIMIT: Final = 4096
 _MODULE: Final = "chrysalis.node._scale"
+_STARTED_AT: Final = time.time()
+"""When this process started (close enough: when this module was imported)."""
+_REAP_INTERVAL: Final = 0.5
 
 Topology = Literal["flat", "task-head"]
 Role = Literal["root", "head", "leaf"]
@@ -218,7 +239,9 @@ class ScaleSettings:
     ``echo_concurrency`` echoes in flight, ``echo_rounds`` fresh streams per worker (the first
     also connects), bounded by ``join_timeout`` and ``echo_timeout`` seconds. Workers use the
     QUIC ``idle_timeout`` and keep their parent link alive every quarter of it. ``host`` is the
-    IPv4 address UDP carriers bind."""
+    IPv4 address UDP carriers bind. ``persist``: every process keeps a replicated experiment
+    database and serves experiments until stopped (``serve_persistent``) instead of one echo
+    sweep."""
 
     nodes: int
     nodes_per_task: int = 100
@@ -231,6 +254,7 @@ class ScaleSettings:
     echo_timeout: float = 120.0
     idle_timeout: float = 60.0
     host: str = "127.0.0.1"
+    persist: bool = False
 
     def __post_init__(self) -> None:
         plan_placement(self.nodes, self.nodes_per_task, self.topology)
@@ -305,12 +329,23 @@ class ProcessGroup:
     ``stop`` closes every stdin, waits ``grace`` seconds, then terminates and kills. Every
     process ever started is stopped, also after a failed launch."""
 
-    __slots__ = ("_env", "_logs", "_procs")
+    __slots__ = ("_env", "_logs", "_names", "_procs", "_reported")
 
     def __init__(self, logs: Path, env: dict[str, str] | None = None) -> None:
         self._logs = logs
         self._env = env
         self._procs: list[asyncio.subprocess.Process] = []
+        self._names: dict[asyncio.subprocess.Process, str] = {}
+        self._reported: set[asyncio.subprocess.Process] = set()
+
+    def exited(self) -> list[tuple[str, int]]:
+        """``(name, exit status)`` of every process that exited since the last call."""
+        found = []
+        for proc in self._procs:
+            if proc.returncode is not None and proc not in self._reported:
+                self._reported.add(proc)
+                found.append((self._names[proc], proc.returncode))
+        return found
 
     def __len__(self) -> int:
         return len(self._procs)
@@ -344,6 +379,7 @@ class ProcessGroup:
                         limit=_LINE_LIMIT,
                     )
                 self._procs.append(proc)
+                self._names[proc] = name
                 assert proc.stdout is not None
                 try:
                     line = await asyncio.wait_for(proc.stdout.readline(), timeout)
@@ -366,6 +402,8 @@ class ProcessGroup:
     async def stop(self, grace: float = _STOP_GRACE) -> None:
         """Close every lifeline, then terminate and kill what is still running (bounded)."""
         procs, self._procs = self._procs, []
+        self._names.clear()
+        self._reported.clear()
         for proc in procs:
             if proc.stdin is not None:
                 proc.stdin.close()
@@ -419,16 +457,34 @@ def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
 
 async def _serve_echo(stream: ByteStream) -> None:
     """A worker's echo: a scale request (``[ECHO_OP][len][payload]``) is answered with
-    ``[len][payload]``; any other first byte gets the raw echo (``chrysalis ping``). Errors end
+    ``[len][payload]``, a transfer (``[DELIVERY_OP]`` then bytes until FIN) with the byte
+    count as u64 BE; any other first byte gets the raw echo (``chrysalis ping``). Errors end
     the stream in ``chrysalis.node._echo.serve_stream``, never the worker."""
     first = await stream.read(1)
-    if first == bytes([ECHO_OP]):
+    if first == bytes([DELIVERY_OP]):
+        received = 0
+        while chunk := await stream.read(_TRANSFER_CHUNK):
+            received += len(chunk)
+        stream.write(_COUNT.pack(received))
+    elif first == bytes([ECHO_OP]):
         (length,) = _LENGTH.unpack(await stream.read_exactly(_LENGTH.size))
         if length > MAX_ECHO_PAYLOAD:
             raise ScaleError(f"echo of {length} bytes refused")
         stream.write(_LENGTH.pack(length) + await stream.read_exactly(length))
     else:
         await echo_raw(stream, first)
+
+
+def _node_record(
+    node: Node, placement: Placement, topology: str, parent: str, carrier: DatagramSocket
+) -> NodeRecord:
+    """This process's row of the ``scale_node`` table."""
+    labels = ",".join(f"{k}={v}" for k, v in sorted(_labels(placement, topology).items()))
+    address = carrier.local_addr
+    return NodeRecord(
+        node.pid.hex(), 0, placement.rank, parent, placement.level, placement.task,
+        placement.role, address.scheme, format_address(address), labels, _STARTED_AT,
+    )  # fmt: skip
 
 
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
@@ -465,7 +521,13 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             idle_timeout=args.idle_timeout, keepalive_interval=args.idle_timeout / 4
         ),
     )
-    async with node:
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(node)
+        if args.database is not None:  # before children join: the replication link protocol
+            from chrysalis.node._experiments import node_experiments
+
+            record = _node_record(node, placement, args.topology, args.authority or "", carrier)
+            await stack.enter_async_context(node_experiments(node, args.database, record))
         connected = asyncio.ensure_future(node.wait_connected())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([connected, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -496,6 +558,7 @@ def _worker_command(
     parent: str,
     authority: str | None,
     ca_dir: Path,
+    database: Path | None = None,
 ) -> list[str]:
     command = [
         sys.executable, "-m", _MODULE, "worker",
@@ -510,6 +573,8 @@ def _worker_command(
         command += ["--udp", udp]
     if unix is not None:
         command += ["--unix", unix]
+    if database is not None:
+        command += ["--database", str(database)]
     return command
 
 
@@ -564,6 +629,143 @@ async def _echo_round(
     return list(await asyncio.gather(*(one(pid) for pid in pids)))
 
 
+@final
+@dataclass(slots=True)
+class _Tree:
+    """A launched, converged tree: the root node, every rank's join token, the workers'
+    PIDs in rank order, and (persistent mode) the root's experiment store."""
+
+    root: Node
+    tokens: dict[int, tuple[str, str]]
+    pids: list[Pid]
+    launch_seconds: float
+    join_seconds: float
+    store: Any
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def _launched(
+    settings: ScaleSettings, work: Path, group: ProcessGroup, progress: TextIO
+) -> AsyncIterator[_Tree]:
+    """Start the root (this process) and every worker, wait until all are resolvable at
+    the root, and yield the tree; the root stops when the block ends (the caller stops the
+    group). In persistent mode every process also opens ``work/db/node-<rank>.db``."""
+    placements = plan_placement(settings.nodes, settings.nodes_per_task, settings.topology)
+    loop = asyncio.get_running_loop()
+    ca_dir = work / "ca"
+    DevelopmentCA.load_or_create(ca_dir)  # once, before any worker issues from it
+    database_dir = work / "db" if settings.persist else None
+    if database_dir is not None:
+        database_dir.mkdir(parents=True, exist_ok=True)
+
+    def head_sock(task: int) -> str:
+        (work / f"task-{task}").mkdir(exist_ok=True)
+        return str(work / f"task-{task}" / "head.sock")
+
+    started = loop.time()
+    root_identity = DevelopmentIdentityProvider(ca_dir).issue_identity()
+    udp = DatagramAddr.udp(settings.host, 0)
+    root_unix = head_sock(0) if settings.topology == "task-head" else None
+    root_carrier = _carrier(udp, root_unix)
+    root = Node(
+        root_identity,
+        carrier=root_carrier,
+        labels=_labels(placements[0], settings.topology),
+        quic_config=QuicConfig(
+            idle_timeout=settings.idle_timeout,
+            keepalive_interval=settings.idle_timeout / 4,
+        ),
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(root)
+        store = None
+        if database_dir is not None:
+            from chrysalis.node._experiments import node_experiments
+
+            record = _node_record(root, placements[0], settings.topology, "", root_carrier)
+            store = await stack.enter_async_context(
+                node_experiments(root, database_dir / "node-0.db", record)
+            )
+            # The root is a destination like any node: it answers echoes too.
+            echo = asyncio.create_task(serve_streams(root, _serve_echo))
+            stack.push_async_callback(_cancel, echo)
+        root_token = (str(root.local_addr), root.pid.hex())
+        joined: dict[int, tuple[str, str]] = {0: root_token}
+
+        async def launch(batch: Sequence[Placement]) -> None:
+            commands = []
+            for p in batch:
+                assert p.parent is not None
+                if p.role == "head" or settings.topology == "flat":
+                    parent, authority = joined[0]
+                    own_udp, own_unix = (
+                        str(udp),
+                        head_sock(p.task) if p.role == "head" else None,
+                    )
+                else:
+                    parent = str(DatagramAddr.unixgram(head_sock(p.task)))
+                    authority = joined[p.parent][1]
+                    own_udp, own_unix = None, str(work / f"task-{p.task}/node-{p.rank}.sock")
+                commands.append(
+                    _worker_command(
+                        settings,
+                        p,
+                        udp=own_udp,
+                        unix=own_unix,
+                        parent=parent,
+                        authority=authority,
+                        ca_dir=ca_dir,
+                        database=None
+                        if database_dir is None
+                        else database_dir / f"node-{p.rank}.db",
+                    )
+                )
+            names = [f"rank-{p.rank}" for p in batch]
+            remaining = settings.join_timeout - (loop.time() - started)
+            lines = await group.launch(
+                commands,
+                names=names,
+                concurrency=settings.launch_concurrency,
+                timeout=max(0.1, remaining),
+            )
+            for p, name, line in zip(batch, names, lines, strict=True):
+                joined[p.rank] = _split_token(line, name)
+
+        await launch([p for p in placements if p.role == "head"])
+        await launch([p for p in placements if p.role == "leaf"])
+        launch_seconds = loop.time() - started
+        progress.write(f"[root] {len(group)} workers ready after {launch_seconds:.2f} s\n")
+        pids = [Pid.parse(joined[p.rank][1]) for p in placements[1:]]
+
+        def missing() -> list[int]:
+            resolve = root.nameserver.resolve
+            return [
+                p.rank
+                for p, pid in zip(placements[1:], pids, strict=True)
+                if not isinstance(resolve(pid), Found)
+            ]
+
+        remaining = settings.join_timeout - launch_seconds
+        try:
+            await _wait_converged(root, settings.nodes, max(0.1, remaining), progress)
+        except ScaleError as exc:
+            raise ScaleError(f"{exc}; unresolvable ranks: {missing()[:20]}") from None
+        entries = await root.enumerate(Consistency.CACHED)
+        if len(entries) != settings.nodes or missing():
+            raise ScaleError(
+                f"enumerated {len(entries)} of {settings.nodes}; unresolvable ranks: "
+                f"{missing()[:20]}"
+            )
+        join_seconds = loop.time() - started
+        progress.write(f"[root] all {settings.nodes} resolvable after {join_seconds:.2f} s\n")
+        yield _Tree(root, joined, pids, launch_seconds, join_seconds, store)
+
+
 async def run_scale(
     settings: ScaleSettings,
     *,
@@ -580,101 +782,13 @@ async def run_scale(
     loop = asyncio.get_running_loop()
     group = ProcessGroup(work / "logs")
     try:
-        ca_dir = work / "ca"
-        DevelopmentCA.load_or_create(ca_dir)  # once, before any worker issues from it
-        tasks = placements[-1].task + 1
-
-        def head_sock(task: int) -> str:
-            (work / f"task-{task}").mkdir(exist_ok=True)
-            return str(work / f"task-{task}" / "head.sock")
-
-        started = loop.time()
-        root_identity = DevelopmentIdentityProvider(ca_dir).issue_identity()
-        udp = DatagramAddr.udp(settings.host, 0)
-        root_unix = head_sock(0) if settings.topology == "task-head" else None
-        root = Node(
-            root_identity,
-            carrier=_carrier(udp, root_unix),
-            labels=_labels(placements[0], settings.topology),
-            quic_config=QuicConfig(
-                idle_timeout=settings.idle_timeout,
-                keepalive_interval=settings.idle_timeout / 4,
-            ),
-        )
-        async with root:
-            root_token = (str(root.local_addr), root.pid.hex())
-            joined: dict[int, tuple[str, str]] = {0: root_token}
-
-            async def launch(batch: Sequence[Placement]) -> None:
-                commands = []
-                for p in batch:
-                    assert p.parent is not None
-                    if p.role == "head" or settings.topology == "flat":
-                        parent, authority = joined[0]
-                        own_udp, own_unix = (
-                            str(udp),
-                            head_sock(p.task) if p.role == "head" else None,
-                        )
-                    else:
-                        parent = str(DatagramAddr.unixgram(head_sock(p.task)))
-                        authority = joined[p.parent][1]
-                        own_udp, own_unix = None, str(work / f"task-{p.task}/node-{p.rank}.sock")
-                    commands.append(
-                        _worker_command(
-                            settings,
-                            p,
-                            udp=own_udp,
-                            unix=own_unix,
-                            parent=parent,
-                            authority=authority,
-                            ca_dir=ca_dir,
-                        )
-                    )
-                names = [f"rank-{p.rank}" for p in batch]
-                remaining = settings.join_timeout - (loop.time() - started)
-                lines = await group.launch(
-                    commands,
-                    names=names,
-                    concurrency=settings.launch_concurrency,
-                    timeout=max(0.1, remaining),
-                )
-                for p, name, line in zip(batch, names, lines, strict=True):
-                    joined[p.rank] = _split_token(line, name)
-
-            await launch([p for p in placements if p.role == "head"])
-            await launch([p for p in placements if p.role == "leaf"])
-            launch_seconds = loop.time() - started
-            progress.write(f"[root] {len(group)} workers ready after {launch_seconds:.2f} s\n")
-            pids = [Pid.parse(joined[p.rank][1]) for p in placements[1:]]
-
-            def missing() -> list[int]:
-                resolve = root.nameserver.resolve
-                return [
-                    p.rank
-                    for p, pid in zip(placements[1:], pids, strict=True)
-                    if not isinstance(resolve(pid), Found)
-                ]
-
-            remaining = settings.join_timeout - launch_seconds
-            try:
-                await _wait_converged(root, settings.nodes, max(0.1, remaining), progress)
-            except ScaleError as exc:
-                raise ScaleError(f"{exc}; unresolvable ranks: {missing()[:20]}") from None
-            entries = await root.enumerate(Consistency.CACHED)
-            if len(entries) != settings.nodes or missing():
-                raise ScaleError(
-                    f"enumerated {len(entries)} of {settings.nodes}; unresolvable ranks: "
-                    f"{missing()[:20]}"
-                )
-            join_seconds = loop.time() - started
-            progress.write(f"[root] all {settings.nodes} resolvable after {join_seconds:.2f} s\n")
-
+        async with _launched(settings, work, group, progress) as tree:
             echo_started = loop.time()
             rounds: list[list[float]] = []
             try:
                 async with asyncio.timeout(settings.echo_timeout):
                     for _ in range(settings.echo_rounds):
-                        rounds.append(await _echo_round(root, pids, settings, loop.time))
+                        rounds.append(await _echo_round(tree.root, tree.pids, settings, loop.time))
             except TimeoutError:
                 raise ScaleError(
                     f"echoes did not finish within {settings.echo_timeout:g} s"
@@ -683,14 +797,93 @@ async def run_scale(
             later = [sample for samples in rounds[1:] for sample in samples]
             return ScaleResult(
                 settings,
-                tasks,
-                len(pids),
-                launch_seconds,
-                join_seconds,
+                placements[-1].task + 1,
+                len(tree.pids),
+                tree.launch_seconds,
+                tree.join_seconds,
                 echo_seconds,
                 summarize_latencies(rounds[0]),
                 summarize_latencies(later) if later else None,
             )
+    finally:
+        await group.stop()
+        if owned:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def _wait_registered(store: Any, nodes: int, timeout: float) -> None:
+    """Until the root's replica holds ``nodes`` live node rows (registry convergence)."""
+    from chrysalis.node._claims import NodeState
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        live = sum(1 for n in store.ledger().nodes.values() if n.state is NodeState.LIVE)
+        if live >= nodes:
+            return
+        if loop.time() > deadline:
+            raise ScaleError(f"only {live}/{nodes} nodes registered after {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
+async def serve_persistent(
+    settings: ScaleSettings,
+    *,
+    workdir: Path | None = None,
+    out: TextIO = sys.stdout,
+    progress: TextIO = sys.stderr,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Persistent mode (``chrysalis scale --persist``): launch the tree with a replicated
+    experiment database per process, wait until every node row reached the root, print
+    ``[root] READY {"tokens": {rank: token}, "workdir": ..., "ca_dir": ...}`` (clients such
+    as ``chrysalis admin`` need ``--ca-dir``) and serve experiments until
+    ``stop`` is set (SIGINT/SIGTERM in ``main``). A worker process that exits meanwhile is
+    declared lost (its open work fails with its exit status), and so is any registered node
+    not resolvable at the root for ``idle_timeout`` seconds (``Liveness``: killed or hung
+    elsewhere, fenced by the QUIC idle timeout). ``workdir`` is kept (databases
+    and logs) unless it was made here."""
+    if not settings.persist:
+        raise ValueError("serve_persistent needs ScaleSettings(persist=True)")
+    owned = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="chrysalis-scale-")) if workdir is None else workdir
+    stop = asyncio.Event() if stop is None else stop
+    group = ProcessGroup(work / "logs")
+    try:
+        async with _launched(settings, work, group, progress) as tree:
+            await _wait_registered(tree.store, settings.nodes, settings.join_timeout)
+            tokens = {
+                rank: f"{format_address(DatagramAddr.parse(addr))}?authority={pid}"
+                for rank, (addr, pid) in sorted(tree.tokens.items())
+            }
+            ready = {"tokens": tokens, "workdir": str(work), "ca_dir": str(work / "ca")}
+            out.write(f"[root] READY {json.dumps(ready)}\n")
+            out.flush()
+            root_pid = tree.root.pid.hex()
+            watch = Liveness(grace=settings.idle_timeout)
+            while not stop.is_set():
+                live = [pid for pid in tree.store.live_pids() if pid != root_pid]
+                resolve = tree.root.nameserver.resolve
+                seen = {pid for pid in live if isinstance(resolve(Pid.parse(pid)), Found)}
+                for pid in watch.observe(live, seen, time.monotonic()):
+                    reason = (
+                        "its node left the namespace (not resolvable at the root for "
+                        f"{settings.idle_timeout:g} s)"
+                    )
+                    progress.write(f"[root] {pid[:8]} lost: {reason}\n")
+                    tree.store.apply(
+                        lambda ledger, p=pid, r=reason: ledger.node_lost(p, time.time(), r)
+                    )
+                for name, status in group.exited():
+                    rank = int(name.rpartition("-")[2])
+                    pid = tree.tokens[rank][1]
+                    reason = f"its process (rank {rank}) exited with status {status}"
+                    progress.write(f"[root] rank {rank} ({pid[:8]}) lost: exit status {status}\n")
+                    tree.store.apply(
+                        lambda ledger, p=pid, r=reason: ledger.node_lost(p, time.time(), r)
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), _REAP_INTERVAL)
     finally:
         await group.stop()
         if owned:
@@ -735,6 +928,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--idle-timeout", type=float, default=60.0)
     run.add_argument("--host", default="127.0.0.1", help="IPv4 address UDP carriers bind")
     run.add_argument("--json", type=Path, help="also write the result record to this file")
+    run.add_argument(
+        "--persist",
+        action="store_true",
+        help="serve persistent experiments until SIGINT/SIGTERM (see `chrysalis admin`)",
+    )
+    run.add_argument(
+        "--workdir", type=Path, help="CA, sockets, logs and databases (default: a temp dir)"
+    )
 
     worker = commands.add_parser("worker", help=argparse.SUPPRESS)
     worker.add_argument("--rank", type=int, required=True)
@@ -749,7 +950,16 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--ca-dir", type=Path, required=True)
     worker.add_argument("--idle-timeout", type=float, default=60.0)
     worker.add_argument("--lifeline", action="store_true", help="exit when stdin closes")
+    worker.add_argument("--database", type=Path, help="persistent mode: this node's replica")
     return parser
+
+
+async def _serve_until_signal(settings: ScaleSettings, workdir: Path | None, out: TextIO) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve_persistent(settings, workdir=workdir, out=out, stop=stop)
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
@@ -777,8 +987,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             echo_timeout=args.echo_timeout_secs,
             idle_timeout=args.idle_timeout,
             host=args.host,
+            persist=args.persist,
         )
-        result = asyncio.run(run_scale(settings))
+        if settings.persist:
+            asyncio.run(_serve_until_signal(settings, args.workdir, stdout))
+            return 0
+        result = asyncio.run(run_scale(settings, workdir=args.workdir))
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     except (ScaleError, ValueError, OSError) as exc:

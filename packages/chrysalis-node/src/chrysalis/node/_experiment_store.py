@@ -1,0 +1,206 @@
+"""Persistent scale experiments in replicated SQLite: the five trusted tables and the store
+that applies the claim ledger's decisions as transactions (issue 22).
+
+Why SQLite and why these tables: every scale process keeps a ``chrysalis.sqlite.Replica``
+(a file per process, or memory for an admin client) replicated along the node tree by
+``chrysalis.sqlite.topology.ReplicationTopology``, so a record written anywhere reaches every
+process, and any process can submit, inspect or cancel. The tables are *trusted*
+descriptors (``TableSchema``): peers compare their digests and never send SQL. Each
+operation of ``chrysalis.node._claims.ExperimentLedger`` runs inside one ``IMMEDIATE``
+replica transaction: the ledger is loaded from the tables in that transaction, decides, and
+every record it changed is written with ``tx.upsert`` (the write and its capture in the
+replica's local mutation log, atomically), so concurrent processes on one file, or a crash
+halfway, never leave half a decision.
+
+Package graph: chrysalis-sqlite sits above chrysalis-node, so this module is imported only
+by the code that needs persistence (``chrysalis scale --persist``, ``chrysalis admin``),
+never by ``chrysalis.node`` itself; without chrysalis-sqlite those commands say so.
+
+Tables (every column NOT NULL; PIDs as 32 lowercase hex digits, times in seconds since the
+epoch):
+
+- ``scale_node`` (pk ``pid``): incarnation, rank, parent, level, task, role, carrier,
+  address, labels, started_at, state;
+- ``scale_experiment`` (pk ``name``): kind, payload, count, warmup, concurrency, timeout,
+  submitted_by, submitted_at, cancelled_at;
+- ``scale_target`` (pk ``experiment, role, position``): pid (role ``source`` or
+  ``destination``);
+- ``scale_claim`` (pk ``experiment, source``): incarnation, attempt, state, claimed_at,
+  updated_at, error;
+- ``scale_result`` (pk ``experiment, source, destination``): status, count, completed,
+  seconds, p50_ms, p90_ms, p99_ms, mean_ms, max_ms, mib_per_second, error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar, final
+
+from chrysalis.node._claims import (
+    ClaimRecord,
+    ClaimState,
+    Decision,
+    ExperimentLedger,
+    ExperimentRecord,
+    ExperimentSpec,
+    NodeRecord,
+    NodeState,
+    Record,
+    ResultRecord,
+    TargetRecord,
+)
+from chrysalis.sqlite import Replica, SqlValue, TableSchema
+
+__all__ = ["SCHEMAS", "TABLES", "ExperimentStore", "open_replica"]
+
+T = TypeVar("T")
+
+
+def _schema(table: str, columns: str, key: Sequence[str]) -> TableSchema:
+    names = [part.split()[0] for part in columns.split(",")]
+    body = ", ".join(f"{part.strip()} NOT NULL" for part in columns.split(","))
+    create = f"CREATE TABLE IF NOT EXISTS {table} ({body}, PRIMARY KEY ({', '.join(key)}))"
+    return TableSchema(table, create, columns=names, primary_key=list(key))
+
+
+NODE_TABLE: Final = _schema(
+    "scale_node",
+    "pid TEXT, incarnation INTEGER, rank INTEGER, parent TEXT, level INTEGER, task INTEGER,"
+    " role TEXT, carrier TEXT, address TEXT, labels TEXT, started_at REAL, state TEXT",
+    ["pid"],
+)
+EXPERIMENT_TABLE: Final = _schema(
+    "scale_experiment",
+    "name TEXT, kind TEXT, payload INTEGER, count INTEGER, warmup INTEGER,"
+    " concurrency INTEGER, timeout REAL, submitted_by TEXT, submitted_at REAL,"
+    " cancelled_at REAL",
+    ["name"],
+)
+TARGET_TABLE: Final = _schema(
+    "scale_target",
+    "experiment TEXT, role TEXT, position INTEGER, pid TEXT",
+    ["experiment", "role", "position"],
+)
+CLAIM_TABLE: Final = _schema(
+    "scale_claim",
+    "experiment TEXT, source TEXT, incarnation INTEGER, attempt INTEGER, state TEXT,"
+    " claimed_at REAL, updated_at REAL, error TEXT",
+    ["experiment", "source"],
+)
+RESULT_TABLE: Final = _schema(
+    "scale_result",
+    "experiment TEXT, source TEXT, destination TEXT, status TEXT, count INTEGER,"
+    " completed INTEGER, seconds REAL, p50_ms REAL, p90_ms REAL, p99_ms REAL, mean_ms REAL,"
+    " max_ms REAL, mib_per_second REAL, error TEXT",
+    ["experiment", "source", "destination"],
+)
+SCHEMAS: Final = (NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE)
+"""The trusted descriptors, in load order."""
+TABLES: Final = tuple(schema.table for schema in SCHEMAS)
+
+
+def open_replica(path: str) -> Replica:
+    """A replica at ``path`` (a file, or ``:memory:``) holding the five tables."""
+    return Replica(path, list(SCHEMAS))
+
+
+def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
+    if isinstance(record, NodeRecord):
+        r = record
+        return NODE_TABLE.table, (
+            r.pid, r.incarnation, r.rank, r.parent, r.level, r.task, r.role, r.carrier,
+            r.address, r.labels, float(r.started_at), r.state.value,
+        )  # fmt: skip
+    if isinstance(record, ExperimentRecord):
+        s = record.spec
+        return EXPERIMENT_TABLE.table, (
+            s.name, s.kind, s.payload, s.count, s.warmup, s.concurrency, float(s.timeout),
+            record.submitted_by, float(record.submitted_at), float(record.cancelled_at),
+        )  # fmt: skip
+    if isinstance(record, TargetRecord):
+        return TARGET_TABLE.table, (record.experiment, record.role, record.position, record.pid)
+    if isinstance(record, ClaimRecord):
+        c = record
+        return CLAIM_TABLE.table, (
+            c.experiment, c.source, c.incarnation, c.attempt, c.state.value,
+            float(c.claimed_at), float(c.updated_at), c.error,
+        )  # fmt: skip
+    r2 = record
+    return RESULT_TABLE.table, (
+        r2.experiment, r2.source, r2.destination, r2.status, r2.count, r2.completed,
+        float(r2.seconds), float(r2.p50_ms), float(r2.p90_ms), float(r2.p99_ms),
+        float(r2.mean_ms), float(r2.max_ms), float(r2.mib_per_second), r2.error,
+    )  # fmt: skip
+
+
+def _records(execute: Callable[[str], Any]) -> list[Record]:
+    found: list[Record] = []
+    for row in execute(f"SELECT {', '.join(NODE_TABLE.columns)} FROM scale_node"):
+        values = list(row)
+        values[11] = NodeState(values[11])
+        found.append(NodeRecord(*values))
+    for row in execute(f"SELECT {', '.join(EXPERIMENT_TABLE.columns)} FROM scale_experiment"):
+        spec = ExperimentSpec(*row[:7])
+        found.append(ExperimentRecord(spec, row[7], row[8], row[9]))
+    for row in execute(f"SELECT {', '.join(TARGET_TABLE.columns)} FROM scale_target"):
+        found.append(TargetRecord(*row))
+    for row in execute(f"SELECT {', '.join(CLAIM_TABLE.columns)} FROM scale_claim"):
+        found.append(ClaimRecord(row[0], row[1], row[2], row[3], ClaimState(row[4]), *row[5:]))
+    for row in execute(f"SELECT {', '.join(RESULT_TABLE.columns)} FROM scale_result"):
+        found.append(ResultRecord(*row))
+    return found
+
+
+@final
+class ExperimentStore:
+    """The ledger kept in ``replica``'s five tables. ``ledger()`` reads a snapshot;
+    ``decide(op)`` runs ``op`` on the ledger inside one ``IMMEDIATE`` replica transaction and
+    writes (and captures) every record of the decision it returns. Loads the whole ledger
+    per call: fine for the bounded ledger (``MAX_NODES``, ``MAX_EXPERIMENTS``), not tuned."""
+
+    __slots__ = ("_replica",)
+
+    def __init__(self, replica: Replica) -> None:
+        missing = [t for t in TABLES if t not in replica.schemas]
+        if missing:
+            raise ValueError(f"the replica does not declare {', '.join(missing)}")
+        self._replica = replica
+
+    @property
+    def replica(self) -> Replica:
+        return self._replica
+
+    def ledger(self) -> ExperimentLedger:
+        """A snapshot of every record."""
+        return ExperimentLedger.from_records(_records(self._replica.connection.execute))
+
+    def live_pids(self) -> list[str]:
+        """PIDs of the nodes recorded ``live`` (one query, no ledger load)."""
+        rows = self._replica.connection.execute("SELECT pid FROM scale_node WHERE state = 'live'")
+        return [str(pid) for (pid,) in rows]
+
+    def has_open_work(self, pid: str) -> bool:
+        """Whether some experiment names ``pid`` as a source whose pair has not ended: one
+        indexed query, so an idle node's poll does not load the ledger."""
+        row = self._replica.connection.execute(
+            "SELECT 1 FROM scale_target AS t WHERE t.role = 'source' AND t.pid = ?"
+            " AND NOT EXISTS (SELECT 1 FROM scale_claim AS c WHERE c.experiment = t.experiment"
+            " AND c.source = t.pid AND c.state IN ('done', 'failed', 'cancelled')) LIMIT 1",
+            (pid,),
+        ).fetchone()
+        return row is not None
+
+    def decide(self, op: Callable[[ExperimentLedger], tuple[T, Decision]]) -> T:
+        """Run ``op(ledger)`` and store its decision atomically; returns ``op``'s value. An
+        exception from ``op`` rolls back and writes nothing."""
+        with self._replica.transaction("IMMEDIATE") as tx:
+            ledger = ExperimentLedger.from_records(_records(tx.execute))
+            value, decision = op(ledger)
+            for record in decision.records:
+                table, row = _row(record)
+                tx.upsert(table, row)
+        return value
+
+    def apply(self, op: Callable[[ExperimentLedger], Decision]) -> Decision:
+        """``decide`` for an operation that returns only its decision."""
+        return self.decide(lambda ledger: (decision := op(ledger), decision))

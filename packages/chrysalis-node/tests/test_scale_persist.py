@@ -1,0 +1,153 @@
+"""Persistent scale experiments end to end (issue 22): ``chrysalis scale --persist`` launches
+a 5-process tree on loopback (task-head: root + 2 Unix leaves, a UDP head + 1 Unix leaf),
+every process with its own replicated experiment database. An echo experiment is submitted
+from a leaf that is not the root and inspected from a third process; then a source is killed
+with SIGKILL while it holds a claim and its work is reported failed, not lost.
+
+About 20 s on two busy cores: one tree, a dozen short ``chrysalis admin`` clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("chrysalis.sqlite")
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
+from node_processes import CLI, eventually, run_json, start_node, stop_all
+
+pytestmark = pytest.mark.slow
+
+READY_TIMEOUT = 90.0
+
+
+def _ready(proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
+    line = proc.stdout.readline().decode() if ready else ""
+    if not line.startswith("[root] READY "):
+        raise AssertionError(f"no READY line ({line!r}): {log.read_text()[-2000:]}")
+    record: dict[str, Any] = json.loads(line.removeprefix("[root] READY "))
+    return record
+
+
+def _worker_pid(database: Path) -> int:
+    """The OS process of the worker that opened ``database`` (its command line names it)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(database).encode() in argv and b"worker" in argv:
+            return int(entry.name)
+    raise AssertionError(f"no worker process for {database}")
+
+
+def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    log = tmp_path / "scale.log"
+    argv = [*CLI, "scale", "--nodes", "5", "--nodes-per-task", "3", "--persist"]
+    argv += ["--workdir", str(work), "--idle-timeout", "5", "--join-timeout-secs", "80"]
+    with log.open("wb") as err:
+        scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+    try:
+        ready = _ready(scale, log)
+        tokens = ready["tokens"]
+        env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=ready["ca_dir"])
+
+        def admin(token: str, *args: str) -> Any:
+            command = [*CLI, "admin", tokens[token], *args, "--json", "--timeout", "30"]
+            code, record, stderr = run_json(command, env, timeout=45)
+            assert code == 0, stderr
+            return record
+
+        nodes = admin("2", "nodes")
+        by_rank = {n["rank"]: n for n in nodes}
+        assert sorted(by_rank) == [0, 1, 2, 3, 4]
+        assert {n["state"] for n in nodes} == {"live"}
+        assert by_rank[4]["parent"] == by_rank[3]["pid"]  # lineage: leaf 4 under head 3
+        assert (by_rank[3]["carrier"], by_rank[4]["carrier"]) == ("udp", "unixgram")
+        pid = {rank: n["pid"] for rank, n in by_rank.items()}
+
+        # submitted at leaf 2 (not the root), run by leaf 1 and leaf 4 against everyone
+        submitted = admin(
+            "2", "submit", "e1", "--sources", "rank:1,rank:4", "--destinations", "all",
+            "--count", "3", "--payload", "64", "--wait",
+        )  # fmt: skip
+        assert submitted["status"] == "done"
+        assert submitted["submitted_by"] not in pid.values()  # the admin client itself
+
+        report = admin("3", "show", "e1")  # inspected from the head of the other task
+        assert report["status"] == "done"
+        pairs = {(r["source"], r["destination"]): r for r in report["results"]}
+        assert set(pairs) == {(s, d) for s in (pid[1], pid[4]) for d in pid.values() if d != s}
+        for result in pairs.values():
+            assert (result["status"], result["completed"], result["error"]) == ("ok", 3, "")
+            assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
+        assert report["summary"]["completed"] == report["summary"]["planned"] == 24
+        assert [e["name"] for e in admin("0", "experiments")] == ["e1"]
+
+        # a stream transfer from the leaf under the other task's head to leaf 1, across heads
+        admin(
+            "4", "submit", "t1", "--kind", "stream-transfer", "--sources", "rank:4",
+            "--destinations", "rank:1", "--payload", str(1 << 20), "--count", "2", "--wait",
+        )  # fmt: skip
+        (transfer,) = admin("2", "show", "t1")["results"]
+        assert (transfer["status"], transfer["completed"], transfer["error"]) == ("ok", 2, "")
+        assert transfer["mib_per_second"] > 0
+
+        # cancelled from the root while leaf 1 runs it: its claim ends, no results stay open
+        admin(
+            "2", "submit", "slow", "--sources", "rank:1", "--destinations", "rank:2",
+            "--count", "100000", "--warmup", "0", "--run-timeout", "120",
+        )  # fmt: skip
+        assert admin("0", "cancel", "slow")["status"] == "cancelled"
+
+        def cancelled() -> bool:
+            report = admin("4", "show", "slow")
+            return bool(report["status"] == report["claims"][0]["state"] == "cancelled")
+
+        eventually(cancelled, 20, "the cancel to reach every process")
+
+        # a source killed with -9 while it holds a claim: its work fails, it is not lost
+        admin(
+            "2", "submit", "long", "--sources", "rank:4", "--destinations", "rank:3",
+            "--count", "100000", "--warmup", "0", "--run-timeout", "120",
+        )  # fmt: skip
+        os.kill(_worker_pid(work / "db" / "node-4.db"), signal.SIGKILL)
+
+        def failed() -> bool:
+            claims = admin("1", "show", "long")["claims"]
+            return bool(claims) and claims[0]["state"] == "failed"
+
+        eventually(failed, 20, "the killed source's claim to be reported failed")
+        claim = admin("1", "show", "long")["claims"][0]
+        assert "exited with status -9" in claim["error"]
+        assert admin("0", "nodes", "rank:4")[0]["state"] == "lost"
+    finally:
+        stop_all([scale])
+    assert scale.returncode == 0, log.read_text()[-2000:]
+
+
+def test_admin_at_a_node_without_experiment_tables_says_so(tmp_path: Path) -> None:
+    env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=str(tmp_path / "ca"))
+    root, token = start_node([*CLI, "serve", "--timeout", "20"], env, tmp_path / "root.log")
+    try:
+        code, _record, stderr = run_json(
+            [*CLI, "admin", token, "nodes", "--json", "--timeout", "20"], env, timeout=40
+        )
+    finally:
+        stop_all([root])
+    assert code == 1
+    assert "keeps no experiment tables" in stderr
+    assert stderr.count("\n") == 1  # one line, no traceback
