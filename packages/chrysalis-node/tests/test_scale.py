@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chrysalis.node._cli import PING_PAYLOAD, PING_TAG, ping_payload
 from chrysalis.node._echo import serve_stream
 from chrysalis.node._scale import (
     DELIVERY_OP,
@@ -172,6 +173,18 @@ def test_worker_echo_returns_other_streams_raw() -> None:
     stream = _serve(b"plain text")
     assert bytes(stream.written) == b"plain text"
     assert stream.eof
+
+
+def test_every_ping_payload_is_echoed_raw_by_a_scale_worker() -> None:
+    """``chrysalis ping`` against a scale worker: its payload never starts with a request op
+    (random first bytes hit ECHO_OP or DELIVERY_OP 2 times in 256)."""
+    payloads = [ping_payload() for _ in range(2048)]
+    assert not [p for p in payloads if p[0] in (ECHO_OP, DELIVERY_OP)]
+    assert {p[0] for p in payloads} == {PING_TAG}
+    assert {len(p) for p in payloads} == {PING_PAYLOAD}
+    assert len(set(payloads)) == len(payloads)  # still random after the tag
+    stream = _serve(payloads[0])
+    assert bytes(stream.written) == payloads[0]
 
 
 def test_worker_echo_refuses_an_oversize_length_without_reading_it() -> None:

@@ -87,6 +87,9 @@ DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a client command may take to join, look up and finish."""
 PING_PAYLOAD: Final = 64
 """Bytes ``ping`` sends and expects back."""
+PING_TAG: Final = 0
+"""First byte of every ``ping`` payload: never one of the scale workers' request ops (1 echo,
+2 transfer), so a scale worker always answers ``ping`` with the raw echo."""
 _USAGE_EXIT: Final = 2
 _ERROR_EXIT: Final = 1
 _PIPE_CHUNK: Final = 64 * 1024
@@ -819,9 +822,14 @@ async def _ping(node: Node, args: argparse.Namespace, out: TextIO) -> int:
     return 0 if all(record["ok"] for record in results.values()) else _ERROR_EXIT
 
 
+def ping_payload() -> bytes:
+    """What ``ping`` sends: ``PING_TAG`` then random bytes (``PING_PAYLOAD`` in all)."""
+    return bytes([PING_TAG]) + os.urandom(PING_PAYLOAD - 1)
+
+
 async def _ping_one(node: Node, pid: Pid, deadline: float, timeout: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    payload = os.urandom(PING_PAYLOAD)
+    payload = ping_payload()
     started = loop.time()
     try:
         async with asyncio.timeout_at(deadline):

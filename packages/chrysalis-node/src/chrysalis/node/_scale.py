@@ -27,7 +27,8 @@ echo: for every worker, one fresh stream per round (``dial`` with ``CACHED``), t
 ``[op u8 = 1][len u32 BE][payload]`` then FIN; the worker answers ``[len][payload]`` then FIN.
 The first round also sets up the QUIC connection to each worker (``first_echo``); later rounds
 open a fresh stream on the pooled connection (``echo``). Any other first byte makes the worker
-echo the raw stream, so ``chrysalis ping`` works against scale workers too.
+echo the raw stream, so ``chrysalis ping`` works against scale workers too (its payload starts
+with ``_cli.PING_TAG``, 0, which is no op).
 
 Output: ``[root] RESULT {json}`` on stdout (``ScaleResult.to_json``), progress on stderr.
 
