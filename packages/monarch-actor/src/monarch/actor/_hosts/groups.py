@@ -16,6 +16,10 @@ owner hands it. So groups import nothing of the client's node.
   stragglers; ``kill()`` SIGKILLs at once.
 - Start-up: each worker prints its PID on stdout once joined (``read_worker_pids``), after
   optional stage lines; what else it prints is the program's output and is forwarded.
+- Process lifecycle records (``_runtime.telemetry.record_lifecycle``, subject ``proc``): a
+  group records ``proc_starting`` as it starts a worker, ``proc_ready`` once its PID line came,
+  and ``proc_exited`` (``exit_reason``: ``exit code N`` or ``signal SIGKILL``) once it is reaped,
+  in the process that owns the group.
 
 Also here: whether this process is a worker (``mark_worker_process``, ``register_worker``,
 called by ``worker.main``) and the client's zygote (``zygote``), forked on first use.
@@ -27,6 +31,7 @@ import contextlib
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -49,7 +54,9 @@ from monarch.actor._hosts.commands import (
     worker_command,
 )
 from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
+from monarch.actor._runtime import telemetry as _telemetry
 from monarch.actor._runtime.main_module import main_reference
+from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._runtime.watchdog import (
     HeartbeatDriver,
 )
@@ -67,6 +74,7 @@ __all__ = [
     "WorkerGroup",
     "WorkerProcess",
     "check_spawn_method",
+    "exit_reason",
     "forward_output",
     "mark_worker_process",
     "read_worker_pids",
@@ -120,6 +128,17 @@ def register_worker(pid: bytes, authority: bytes) -> None:
 
 def _in_worker_process() -> bool:
     return _worker_process
+
+
+def exit_reason(status: int) -> str:
+    """A ``proc_exited`` record's reason for a wait status: ``exit code N`` or, for a process
+    killed by a signal (a negative status), ``signal SIGKILL``."""
+    if status < 0:
+        try:
+            return f"signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal {-status}"
+    return f"exit code {status}"
 
 
 def forward_output(stream: IO[bytes] | None) -> None:
@@ -279,14 +298,42 @@ class WorkerGroup:
         self.killed = False
         self.fenced: set[int] = set()
         """Ranks declared dead for not answering heartbeats whose OS process has not exited."""
+        self._exit_recorded: set[int] = set()
+
+    def record(self, event: str, rank: int, reason: str = "") -> None:
+        """Record lifecycle ``event`` (``proc_starting``, ``proc_ready``, ``proc_exited``) of
+        the worker at ``rank`` in this process (``_runtime.telemetry.record_lifecycle``): its
+        label, its PID (hex) once known, its rank and the group's size."""
+        _telemetry.record_lifecycle(
+            event,
+            "proc",
+            self.labels[rank],
+            _tracing.process_label(),
+            actor_id=self.pids[rank].hex() if rank < len(self.pids) else "",
+            rank=rank,
+            size=len(self.labels),
+            reason=reason,
+        )
+
+    def record_exit(self, rank: int, reason: str) -> None:
+        """Record ``proc_exited`` of the worker at ``rank`` (once per rank)."""
+        with self._exit_lock:
+            if rank in self._exit_recorded:
+                return
+            self._exit_recorded.add(rank)
+        self.record("proc_exited", rank, reason)
 
     def exit_expected(self) -> bool:
         """True once the owner stopped or killed these processes (their exit is no failure)."""
         return self.killed or (self.state is not None and self.state.stopped)
 
-    def on_exit(self, rank: int, reason: str, *, expected: bool = False) -> None:
+    def on_exit(
+        self, rank: int, reason: str, *, expected: bool = False, status: int | None = None
+    ) -> None:
         """The worker at ``rank`` exited (any thread; once per rank); ``expected``: the
-        caller knows the exit is no failure."""
+        caller knows the exit is no failure; ``status``: its wait status where it was reaped
+        (else ``reason`` is the ``proc_exited`` record's reason: a lost host)."""
+        self.record_exit(rank, reason if status is None else exit_reason(status))
         with self._exit_lock:
             fenced = rank in self.fenced
             self.fenced.discard(rank)
@@ -436,6 +483,7 @@ class LocalWorkerGroup(WorkerGroup):
             if zygote is not None and custom is None and not prefix:
                 try:
                     self.popens.append(zygote.spawn(command[3:], target=FORKED_WORKER, env=env))
+                    self.record("proc_starting", rank, f"os pid {self.popens[-1].pid}")
                     continue
                 except ZygoteUnavailableError as exc:
                     _log.warning("forking workers failed (%s); starting them with exec", exc)
@@ -450,17 +498,20 @@ class LocalWorkerGroup(WorkerGroup):
                     env=environment,
                 )
             except OSError as exc:
-                self.kill()
+                self._abandon()
                 raise RuntimeError(f"worker process {label} could not be started: {exc}") from exc
             self.popens.append(process)
+            self.record("proc_starting", rank, f"os pid {process.pid}")
         if self.killed:
-            self.kill()
+            self._abandon()
             raise RuntimeError("the processes were killed while they started")
         pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
         if isinstance(pids, str):
-            self.kill()
+            self._abandon()
             raise RuntimeError(pids)
         self.pids = pids
+        for rank in range(len(pids)):
+            self.record("proc_ready", rank)
         for rank, popen in enumerate(self.popens):
             forward_output(popen.stdout)
             self.exited.append(threading.Event())
@@ -475,8 +526,17 @@ class LocalWorkerGroup(WorkerGroup):
     def _reap(self, rank: int, popen: WorkerProcess) -> None:
         code = popen.wait()  # forward_output closes stdout at its end of file
         self.on_exit(
-            rank, f"process {self.labels[rank]} (os pid {popen.pid}) {_describe_exit(code)}"
+            rank,
+            f"process {self.labels[rank]} (os pid {popen.pid}) {_describe_exit(code)}",
+            status=code,
         )
+
+    def _abandon(self) -> None:
+        """A start that failed: kill and reap what was started, recording each exit."""
+        self.kill()
+        for rank, popen in enumerate(self.popens):
+            status = popen.poll()
+            self.record_exit(rank, "did not start" if status is None else exit_reason(status))
 
     def _kill_ranks(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
