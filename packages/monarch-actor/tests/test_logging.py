@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 import monarch.actor
 from monarch.actor import Actor, ProcMesh, endpoint
+from monarch.actor._hosts import groups
 from monarch.actor._runtime.logging import (
     LineAggregator,
     LinePrefixer,
@@ -421,3 +423,37 @@ def test_worker_output_carries_its_rank_and_repeats_aggregate(tmp_path: Path) ->
     (merged,) = [line for line in lines if "the same line" in line]
     assert merged.startswith("[6 similar log lines] ["), out.stdout
     assert any(line.startswith(">>> Aggregated Logs (") for line in lines)
+
+
+def test_output_forwarder_writes_a_window_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forwarding thread wakes at the window's end (the pipes still open): the block comes
+    without more output; with aggregation off again, lines pass at once, prefixed."""
+    written: list[bytes] = []
+    changed = threading.Condition()
+
+    def capture(chunk: bytes) -> None:
+        with changed:
+            written.append(chunk)
+            changed.notify_all()
+
+    def wait_for(part: bytes) -> bytes:
+        with changed:
+            assert changed.wait_for(lambda: part in b"".join(written), 10.0), written
+            return b"".join(written)
+
+    monkeypatch.setattr(groups, "_copy_to_stdout", capture)
+    (r0, w0), (r1, w1) = os.pipe(), os.pipe()
+    streams = [os.fdopen(r0, "rb", buffering=0), os.fdopen(r1, "rb", buffering=0)]
+    forwarder = groups.OutputForwarder(streams, [rank_prefix(0), rank_prefix(1)])
+    forwarder.set_window(0.3)
+    forwarder.start()
+    try:
+        os.write(w1, b"same\nsame\nsame\n")  # one read: one window
+        text = wait_for(b"<<< Aggregated Logs")
+        assert b"[3 similar log lines] [1] same\n" in text
+        forwarder.set_window(None)
+        os.write(w0, b"plain\n")
+        assert b"[0] plain\n" in wait_for(b"plain")
+    finally:
+        os.close(w0)
+        os.close(w1)
