@@ -27,6 +27,7 @@ from monarch.actor import (
     attach_to_workers,
     this_host,
 )
+from monarch.actor._runtime import telemetry as tm
 from monarch.actor._runtime.client import client
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import procs_actors by name
@@ -142,9 +143,14 @@ def test_killed_remote_worker_reaches_the_owner_and_fails_calls(
         procs = hosts.spawn_procs(per_host={"gpus": 2})
         counters: Any = procs.spawn("counters", Counter, 0)
         pids = counters.os_pid.call().get(timeout=T).values()
+        before = max((r.seq for r in tm.lifecycle_events()), default=0)
         os.kill(pids[1], signal.SIGKILL)
         (failure,) = faults.wait_for(1, timeout=T)  # the owner is the root client
         assert failure.mesh_name == counters._name.get()
+        # The client records the remote process's exit (with the daemon's status) before it
+        # reports the death.
+        (exited,) = [r for r in tm.lifecycle_events(before) if r.event == "proc_exited"]
+        assert (exited.rank, exited.reason, exited.proc) == (1, "signal SIGKILL", "client")
         assert "crashed_ranks=[1]" in str(failure)
         assert "SIGKILL" in str(failure)
         with pytest.raises(SupervisionError, match=r"counters\.get\(\) failed.*SIGKILL"):

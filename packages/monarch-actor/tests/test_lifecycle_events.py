@@ -3,6 +3,9 @@ stopped, failed, in order, and the root cause of a cascade in the record of ever
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from monarch.actor import Actor, ProcMesh, context, endpoint
+from monarch.actor import Actor, ProcMesh, context, endpoint, this_host
 from monarch.actor._runtime import telemetry as tm
 
 T = 10.0
@@ -24,6 +27,10 @@ class Life(Actor):
     @endpoint
     def die(self) -> None:
         context().actor_instance.kill("killed on purpose")
+
+    @endpoint
+    def os_pid(self) -> int:
+        return os.getpid()
 
 
 class Child(Actor):
@@ -140,3 +147,48 @@ def test_cascade_root_cause_in_every_failure(
     assert "child failure" in failure.report()
     (record,) = [r for r in tm.supervision_events() if r.event == "unhandled_fault"][-1:]
     assert "child failure" in record.root_cause
+
+
+def test_process_lifecycle_of_stopped_and_killed_workers(faults: Any, records: Any) -> None:
+    """Every worker process: ``proc_starting`` < ``proc_ready`` < ``proc_exited``, recorded
+    by the client, the exit with its code (a stop: 0) or signal (a kill: SIGKILL)."""
+    first = this_host().spawn_procs({"gpus": 2}, name="lcfirst")
+    second = this_host().spawn_procs({"gpus": 2}, name="lcsecond")
+    os_pids: list[int] = []
+    try:
+        os_pids = first.spawn("life", Life).os_pid.call().get(timeout=T).values()
+        first.stop().get(timeout=T)
+        victims: Any = second.spawn("life", Life)
+        os_pids += victims.os_pid.call().get(timeout=T).values()
+        os.kill(os_pids[3], signal.SIGKILL)
+        faults.wait_for(1, timeout=T)
+        got = records(lambda r: r.event == "proc_exited" and r.reason == "signal SIGKILL")
+        second.stop().get(timeout=T)
+        got = records(
+            lambda r: r.event == "proc_exited" and r.name.startswith("lcsecond") and r.rank == 0
+        )
+    finally:
+        for pid in os_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    procs = [r for r in got if r.subject == "proc"]
+    by_label: dict[str, list[Any]] = {}
+    for r in procs:
+        by_label.setdefault(r.name, []).append(r)
+    assert sorted(by_label) == sorted(
+        f"{mesh}{{'gpus': {rank}/2}}" for mesh in ("lcfirst", "lcsecond") for rank in (0, 1)
+    ), sorted(by_label)
+    exits = {}
+    for label, events in by_label.items():
+        assert [r.event for r in events] == ["proc_starting", "proc_ready", "proc_exited"]
+        assert events[0].seq < events[1].seq < events[2].seq
+        assert all(r.proc == "client" and r.size == 2 for r in events)
+        assert events[1].actor_id == events[2].actor_id != ""  # its PID, once known
+        exits[label] = events[2].reason
+    assert exits == {
+        "lcfirst{'gpus': 0/2}": "exit code 0",
+        "lcfirst{'gpus': 1/2}": "exit code 0",
+        "lcsecond{'gpus': 0/2}": "exit code 0",
+        "lcsecond{'gpus': 1/2}": "signal SIGKILL",
+    }
+    assert all(r.event in tm.LIFECYCLE_EVENTS[r.subject] for r in procs)

@@ -1,11 +1,14 @@
-"""User logs vs system logs, the actor prefix, and the line prefixer for forwarded output."""
+"""User logs vs system logs, the actor prefix, and forwarded worker output: the line prefixer,
+the rank prefix and the aggregation of repeated lines."""
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +18,14 @@ from hypothesis import strategies as st
 
 import monarch.actor
 from monarch.actor import Actor, ProcMesh, endpoint
-from monarch.actor._runtime.logging import LinePrefixer, _level, system_log_path
+from monarch.actor._hosts import groups
+from monarch.actor._runtime.logging import (
+    LineAggregator,
+    LinePrefixer,
+    _level,
+    rank_prefix,
+    system_log_path,
+)
 
 Procs = Callable[..., ProcMesh]
 T = 5.0
@@ -289,3 +299,161 @@ def test_a_forked_worker_labels_system_lines_as_its_own(tmp_path: Path) -> None:
     assert "WARNING monarch.actor.runtime: worker system line" in out.stderr
     assert "[monarch client] WARNING monarch.actor.runtime: worker system line" not in out.stderr
     assert "[monarch procs{'gpus': 0/1}] WARNING" in out.stderr
+
+
+# -- LineAggregator (time passed in) --------------------------------------------------------
+def _body(block: list[bytes]) -> list[bytes]:
+    """A block without its header and footer lines (which carry wall-clock times)."""
+    assert block[0].startswith(b">>> Aggregated Logs (")
+    assert block[0].endswith(b") >>>\n")
+    assert block[-1].startswith(b"<<< Aggregated Logs (")
+    assert block[-1].endswith(b") <<<\n")
+    return block[1:-1]
+
+
+def test_line_aggregator_merges_repeats_within_its_window() -> None:
+    agg = LineAggregator(3.0)
+    assert agg.deadline() is None
+    assert agg.add(rank_prefix(0) + b"loss 1\n", 100.0) == []
+    assert agg.deadline() == 103.0
+    assert agg.add(rank_prefix(1) + b"loss 1\n", 101.0) == []  # another rank: the same line
+    assert agg.add(b"[0] other\n", 102.0) == []
+    assert agg.add(b"[0] loss 1\n", 102.5) == []
+    assert agg.poll(102.9) == []
+    block = agg.poll(103.0)
+    assert _body(block) == [
+        b"[3 similar log lines] [0] loss 1\n",
+        b"[1 similar log lines] [0] other\n",
+    ]
+    assert agg.deadline() is None
+    assert len(agg) == 0
+    assert agg.poll(200.0) == []
+    assert agg.flush(200.0) == []
+    # A line after the window ended writes that window first, then opens a new one.
+    agg.add(b"a\n", 300.0)
+    assert _body(agg.add(b"b\n", 304.0)) == [b"[1 similar log lines] a\n"]
+    assert agg.deadline() == 307.0
+    assert _body(agg.flush(305.0)) == [b"[1 similar log lines] b\n"]
+    with pytest.raises(ValueError):
+        LineAggregator(0)
+
+
+def test_line_aggregator_is_bounded() -> None:
+    agg = LineAggregator(10.0, max_lines=2, max_bytes=1000)
+    assert agg.add(b"one", 0.0) == []
+    assert agg.add(b"two", 0.0) == []
+    assert agg.add(b"one", 0.0) == []  # a repeat holds nothing more
+    assert _body(agg.add(b"three", 1.0)) == [
+        b"[2 similar log lines] one\n",
+        b"[1 similar log lines] two\n",
+    ]
+    assert len(agg) == 1
+    assert agg.deadline() == 11.0
+    small = LineAggregator(10.0, max_lines=100, max_bytes=8)
+    assert small.add(b"12345", 0.0) == []
+    assert _body(small.add(b"6789", 0.0)) == [b"[1 similar log lines] 12345\n"]
+
+
+@given(st.lists(st.sampled_from([b"x", b"y", b"[1] x", b"z"]), max_size=60))
+def test_line_aggregator_counts_every_line_once(lines: list[bytes]) -> None:
+    agg = LineAggregator(5.0, max_lines=2)
+    out: list[bytes] = []
+    for i, line in enumerate(lines):
+        out += agg.add(line, float(i))
+    out += agg.flush(float(len(lines)))
+    counts = [
+        int(line.split(b" ", 1)[0][1:])
+        for line in out
+        if line.startswith(b"[") and b"similar log lines]" in line
+    ]
+    assert sum(counts) == len(lines)
+
+
+def test_worker_output_carries_its_rank_and_repeats_aggregate(tmp_path: Path) -> None:
+    """A line a worker prints reaches the client's stdout with its rank (``[1] ``); with
+    ``logging_option(stream_to_client=True, aggregate_window_sec=...)`` the repeated lines of
+    the mesh's processes come once, counted (the window's block is written at the latest when
+    the processes' output ends, at their stop)."""
+    (tmp_path / "printer_module.py").write_text(
+        textwrap.dedent(
+            """
+            from monarch.actor import Actor, current_rank, endpoint
+
+            class Printer(Actor):
+                @endpoint
+                def say(self, text: str) -> None:
+                    print(f"{text} from {current_rank()['gpus']}", flush=True)
+
+                @endpoint
+                def same(self, times: int) -> None:
+                    for _ in range(times):
+                        print("the same line", flush=True)
+            """
+        )
+    )
+    script = textwrap.dedent(
+        """
+        import asyncio, logging
+        from monarch.actor import this_host
+        import printer_module
+        if __name__ == "__main__":
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            p = procs.spawn("p", printer_module.Printer)
+            p.say.call("hello").get(timeout=30)
+            procs.stop().get(timeout=30)
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=600))
+            p = procs.spawn("p", printer_module.Printer)
+            p.same.call(3).get(timeout=30)
+            procs.stop().get(timeout=30)
+        """
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+        HYPERACTOR_MESH_ENABLE_LOG_FORWARDING="true",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "[0] hello from 0" in lines, out.stdout
+    assert "[1] hello from 1" in lines, out.stdout
+    (merged,) = [line for line in lines if "the same line" in line]
+    assert merged.startswith("[6 similar log lines] ["), out.stdout
+    assert any(line.startswith(">>> Aggregated Logs (") for line in lines)
+
+
+def test_output_forwarder_writes_a_window_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forwarding thread wakes at the window's end (the pipes still open): the block comes
+    without more output; with aggregation off again, lines pass at once, prefixed."""
+    written: list[bytes] = []
+    changed = threading.Condition()
+
+    def capture(chunk: bytes) -> None:
+        with changed:
+            written.append(chunk)
+            changed.notify_all()
+
+    def wait_for(part: bytes) -> bytes:
+        with changed:
+            assert changed.wait_for(lambda: part in b"".join(written), 10.0), written
+            return b"".join(written)
+
+    monkeypatch.setattr(groups, "_copy_to_stdout", capture)
+    (r0, w0), (r1, w1) = os.pipe(), os.pipe()
+    streams = [os.fdopen(r0, "rb", buffering=0), os.fdopen(r1, "rb", buffering=0)]
+    forwarder = groups.OutputForwarder(streams, [rank_prefix(0), rank_prefix(1)])
+    forwarder.set_window(0.3)
+    forwarder.start()
+    try:
+        os.write(w1, b"same\nsame\nsame\n")  # one read: one window
+        text = wait_for(b"<<< Aggregated Logs")
+        assert b"[3 similar log lines] [1] same\n" in text
+        forwarder.set_window(None)
+        os.write(w0, b"plain\n")
+        assert b"[0] plain\n" in wait_for(b"plain")
+    finally:
+        os.close(w0)
+        os.close(w1)

@@ -53,7 +53,7 @@ def test_worker_that_prints_a_lot_does_not_block_and_its_output_reaches_the_clie
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines.count("y" * 999) == 600
+    assert lines.count("[0] " + "y" * 999) == 600  # each with its rank prefix
     # exec'd workers are the client's children; forked ones are the zygote's.
     assert f"parent-is-client {method == 'exec'}" in lines
 

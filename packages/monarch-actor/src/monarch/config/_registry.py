@@ -202,7 +202,7 @@ _SETTINGS: dict[str, Setting] = {
             False,
             "HYPERACTOR_MESH_ENABLE_LOG_FORWARDING",
             "ProcMesh.logging_option(stream_to_client=True) warns without it (worker "
-            "stdout/stderr reach the client here in any case)",
+            "stdout reaches the client here in any case, rank-prefixed)",
         ),
         Setting(
             "force_quic",
@@ -464,8 +464,8 @@ _MONARCH_KEYS: tuple[Setting, ...] = (
         bool,
         True,
         "HYPERACTOR_PREFIX_WITH_RANK",
-        "prefix forwarded log lines with the rank",
-        applied=False,
+        "prefix each line of a worker's stdout copied to the client with its rank ('[1] '); "
+        "read as the workers start",
     ),
     Setting(
         "actor_spawn_max_idle",

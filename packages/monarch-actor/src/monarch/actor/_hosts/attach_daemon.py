@@ -77,6 +77,7 @@ from monarch.actor._hosts.commands import (
     worker_command,
 )
 from monarch.actor._hosts.groups import forward_output, read_worker_pids
+from monarch.actor._runtime.logging import rank_prefix
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
@@ -296,8 +297,9 @@ class WorkerDaemon:
         if isinstance(pids, str):
             _kill_all_of(popens)
             raise RuntimeError(pids)
-        for popen in popens:
-            forward_output(popen.stdout)
+        prefix = bool(_config.get("prefix_with_rank"))
+        for rank, popen in enumerate(popens):  # its rank on this host, as Monarch's local rank
+            forward_output(popen.stdout, rank_prefix(rank) if prefix else b"")
         return [
             _DaemonProc(label, popen, pid.hex())
             for label, popen, pid in zip(labels, popens, pids, strict=True)

@@ -8,9 +8,10 @@ like the client's local workers, so the namespace tree stays the supervision tre
 only a dead peer reach the QUIC idle timeout (``mesh_orphan_timeout``).
 
 - Process death on a remote host: the daemon reaps its workers and sends ``Exited``; the
-  session turns it into the group's ``on_exit``, the same process-death handling as for local
-  workers. A lost session (the daemon or its host died, or the network is cut) counts as the
-  death of every worker of that host.
+  session turns it into the group's ``on_exit`` (with the wait status, for the group's
+  ``proc_exited`` record), the same process-death handling as for local workers. A lost
+  session (the daemon or its host died, or the network is cut) counts as the death of every
+  worker of that host.
 - ``spawn_on_hosts`` sends one ``Spawn`` per host in parallel (bounded) with each worker's
   ``bootstrap_command`` and numactl options; a failure on any host kills what the others
   started.
@@ -89,7 +90,7 @@ class HostSession:
         self._requests: dict[int, asyncio.Future[Message]] = {}
         self._numbers = itertools.count(1)
         self._procs: dict[str, tuple[WorkerGroup, int]] = {}
-        self._early_exits: dict[str, str] = {}
+        self._early_exits: dict[str, tuple[str, int | None]] = {}
         self._closing = False
 
     def __repr__(self) -> str:
@@ -138,22 +139,26 @@ class HostSession:
                         f"process {message.label} (os pid {message.os_pid} on host "
                         f"{self.hostname}) {_describe_exit(message.status)}"
                     )
-                    self._exited(message.pid, reason)
+                    self._exited(message.pid, reason, status=message.status)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         self._on_lost(f"host {self.address} ({self.hostname}) was lost: {why}")
 
-    def _exited(self, pid: str, reason: str, expected: bool = False) -> None:
+    def _exited(
+        self, pid: str, reason: str, expected: bool = False, status: int | None = None
+    ) -> None:
+        """Worker ``pid`` is gone: ``status`` (its wait status) where its daemon reaped it,
+        None where the session was lost."""
         entry = self._procs.pop(pid, None)
         if entry is None:
-            self._early_exits[pid] = reason
+            self._early_exits[pid] = (reason, status)
             while len(self._early_exits) > _MAX_LABELS:
                 del self._early_exits[next(iter(self._early_exits))]
             return
         group, rank = entry
-        group.on_exit(rank, reason, expected=expected)
+        group.on_exit(rank, reason, expected=expected, status=status)
 
     def _on_lost(self, reason: str) -> None:
         if self.lost is not None:
@@ -171,9 +176,9 @@ class HostSession:
         self._procs[pid] = (group, rank)
         early = self._early_exits.pop(pid, None)
         if early is None and self.lost is not None:
-            early = self.lost
+            early = (self.lost, None)
         if early is not None:
-            self._exited(pid, early)
+            self._exited(pid, early[0], status=early[1])
 
     async def spawn(
         self,
@@ -294,6 +299,8 @@ def spawn_on_hosts(
         for i, host in enumerate(hosts)
     ]
     group = RemoteWorkerGroup(labels, layer.process_died, layer.current_watchdog)
+    for rank in range(len(labels)):  # asked of its host's daemon
+        group.record("proc_starting", rank, f"on host {hosts[rank // per].address}")
     replies: list[Spawned] = []
     errors: list[str] = []
     for host, future in zip(hosts, futures, strict=True):
@@ -304,6 +311,8 @@ def spawn_on_hosts(
     if errors:
         for host, reply in zip(hosts, replies, strict=False):
             host.send_soon(KillProcs(list(reply.pids)))
+        for rank in range(len(labels)):
+            group.record_exit(rank, "spawn_procs failed")
         raise RuntimeError(f"spawn_procs failed: {'; '.join(errors)}")
     for host, reply in zip(hosts, replies, strict=True):
         for pid, os_pid in zip(reply.pids, reply.os_pids, strict=True):
@@ -311,6 +320,8 @@ def spawn_on_hosts(
             group.hosts.append(host)
             group.os_pids.append(os_pid)
             group.exited.append(threading.Event())
+    for rank in range(len(labels)):  # its daemon saw its PID line
+        group.record("proc_ready", rank)
     with layer._lock:
         layer.groups.append(group)
 

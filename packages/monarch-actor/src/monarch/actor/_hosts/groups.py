@@ -16,6 +16,10 @@ owner hands it. So groups import nothing of the client's node.
   stragglers; ``kill()`` SIGKILLs at once.
 - Start-up: each worker prints its PID on stdout once joined (``read_worker_pids``), after
   optional stage lines; what else it prints is the program's output and is forwarded.
+- Process lifecycle records (``_runtime.telemetry.record_lifecycle``, subject ``proc``): a
+  group records ``proc_starting`` as it starts a worker, ``proc_ready`` once its PID line came,
+  and ``proc_exited`` (``exit_reason``: ``exit code N`` or ``signal SIGKILL``) once it is reaped,
+  in the process that owns the group.
 
 Also here: whether this process is a worker (``mark_worker_process``, ``register_worker``,
 called by ``worker.main``) and the client's zygote (``zygote``), forked on first use.
@@ -27,6 +31,7 @@ import contextlib
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -49,7 +54,10 @@ from monarch.actor._hosts.commands import (
     worker_command,
 )
 from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
+from monarch.actor._runtime import telemetry as _telemetry
+from monarch.actor._runtime.logging import LineAggregator, LinePrefixer, rank_prefix
 from monarch.actor._runtime.main_module import main_reference
+from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._runtime.watchdog import (
     HeartbeatDriver,
 )
@@ -64,9 +72,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ExitCallback",
     "LocalWorkerGroup",
+    "OutputForwarder",
     "WorkerGroup",
     "WorkerProcess",
     "check_spawn_method",
+    "exit_reason",
     "forward_output",
     "mark_worker_process",
     "read_worker_pids",
@@ -122,28 +132,119 @@ def _in_worker_process() -> bool:
     return _worker_process
 
 
-def forward_output(stream: IO[bytes] | None) -> None:
-    """Copy what a worker writes to its stdout after its PID line to this process's stdout.
+def exit_reason(status: int) -> str:
+    """A ``proc_exited`` record's reason for a wait status: ``exit code N`` or, for a process
+    killed by a signal (a negative status), ``signal SIGKILL``."""
+    if status < 0:
+        try:
+            return f"signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal {-status}"
+    return f"exit code {status}"
+
+
+def forward_output(stream: IO[bytes] | None, prefix: bytes = b"") -> None:
+    """Copy what one worker writes to its stdout after its PID line to this process's stdout,
+    each line with ``prefix`` (``OutputForwarder`` of one stream)."""
+    OutputForwarder([stream], [prefix]).start()
+
+
+class OutputForwarder:
+    """Copies the stdout pipes of a group's workers to this process's stdout, one daemon thread
+    for them all.
 
     Why: the pipe carries the readiness line; a worker that prints more than a pipe's buffer
-    would block in ``print`` if nobody read it. A daemon thread copies it on (as written, no
-    prefix: like a process sharing the terminal) and closes the pipe at end of file.
+    would block in ``print`` if nobody read it. Each complete line gets its worker's prefix
+    (``_runtime.logging.rank_prefix``: ``[1] ``, unless ``prefix_with_rank`` is off;
+    ``LinePrefixer``); with a window set (``set_window``, from ``ProcMesh.logging_option(
+    stream_to_client=True, aggregate_window_sec=N)``) repeated lines of the whole group are
+    merged (``LineAggregator``) and written once per window. Each pipe is closed at its end of
+    file; the thread ends when every pipe did, writing what the aggregator held.
     """
-    if stream is None:
-        return
 
-    def run() -> None:
-        fd = stream.fileno()
+    def __init__(self, streams: Sequence[IO[bytes] | None], prefixes: Sequence[bytes]) -> None:
+        self._streams = {
+            stream.fileno(): (stream, LinePrefixer(prefix))
+            for stream, prefix in zip(streams, prefixes, strict=True)
+            if stream is not None
+        }
+        self._lock = threading.Lock()
+        self._aggregator: LineAggregator | None = None
+        self._closed = not self._streams
+        self._wake_read, self._wake_write = os.pipe() if self._streams else (-1, -1)
+        if self._streams:
+            os.set_blocking(self._wake_write, False)
+
+    def set_window(self, seconds: float | None) -> None:
+        """Aggregate repeated lines over ``seconds`` (None or 0: write each line as it comes;
+        what was held is written now). Any thread."""
+        with self._lock:
+            old = self._aggregator
+            if old is not None and seconds is not None and old.window == seconds:
+                return
+            self._aggregator = LineAggregator(seconds) if seconds else None
+            held = old.flush(time.time()) if old is not None else []
+            if not self._closed:  # the thread waits on the new deadline
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_write, b"w")
+        _copy_to_stdout(b"".join(held))
+
+    def start(self) -> None:
+        if self._streams:
+            threading.Thread(target=self._run, name="monarch-worker-stdout", daemon=True).start()
+
+    def _write(self, lines: list[bytes]) -> None:
+        with self._lock:
+            aggregator = self._aggregator
+            if aggregator is not None:
+                now = time.time()
+                lines = [out for line in lines for out in aggregator.add(line, now)]
+        _copy_to_stdout(b"".join(lines))
+
+    def _timeout(self) -> float | None:
+        """Write the window's block if it ended; how long to wait for the next end."""
+        with self._lock:
+            aggregator = self._aggregator
+            if aggregator is None:
+                return None
+            ended = aggregator.poll(time.time())
+            deadline = aggregator.deadline()
+        _copy_to_stdout(b"".join(ended))
+        return None if deadline is None else max(0.0, deadline - time.time())
+
+    def _run(self) -> None:
         try:
-            while chunk := os.read(fd, 65536):
-                _copy_to_stdout(chunk)
-        except OSError:
-            pass
+            while self._streams:
+                timeout = self._timeout()
+                fds = [*self._streams, self._wake_read]
+                ready, _, _ = select.select(fds, [], [], timeout)
+                for fd in ready:
+                    if fd == self._wake_read:
+                        with contextlib.suppress(OSError):
+                            os.read(fd, 4096)
+                        continue
+                    stream, prefixer = self._streams[fd]
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except OSError:
+                        chunk = b""
+                    if chunk:
+                        self._write(prefixer.feed(chunk))
+                        continue
+                    del self._streams[fd]
+                    self._write(prefixer.flush())
+                    with contextlib.suppress(OSError):
+                        stream.close()
         finally:
-            with contextlib.suppress(OSError):
-                stream.close()
-
-    threading.Thread(target=run, name="monarch-worker-stdout", daemon=True).start()
+            for stream, _ in self._streams.values():
+                with contextlib.suppress(OSError):
+                    stream.close()
+            with self._lock:
+                self._closed = True
+                for fd in (self._wake_read, self._wake_write):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self.set_window(None)  # write what was held
 
 
 _zygote_lock = threading.Lock()
@@ -279,14 +380,49 @@ class WorkerGroup:
         self.killed = False
         self.fenced: set[int] = set()
         """Ranks declared dead for not answering heartbeats whose OS process has not exited."""
+        self._exit_recorded: set[int] = set()
+        self.output_window: float | None = None
+        """``set_output_window``'s: kept for workers whose output is copied later."""
+
+    def record(self, event: str, rank: int, reason: str = "") -> None:
+        """Record lifecycle ``event`` (``proc_starting``, ``proc_ready``, ``proc_exited``) of
+        the worker at ``rank`` in this process (``_runtime.telemetry.record_lifecycle``): its
+        label, its PID (hex) once known, its rank and the group's size."""
+        _telemetry.record_lifecycle(
+            event,
+            "proc",
+            self.labels[rank],
+            _tracing.process_label(),
+            actor_id=self.pids[rank].hex() if rank < len(self.pids) else "",
+            rank=rank,
+            size=len(self.labels),
+            reason=reason,
+        )
+
+    def record_exit(self, rank: int, reason: str) -> None:
+        """Record ``proc_exited`` of the worker at ``rank`` (once per rank)."""
+        with self._exit_lock:
+            if rank in self._exit_recorded:
+                return
+            self._exit_recorded.add(rank)
+        self.record("proc_exited", rank, reason)
+
+    def set_output_window(self, seconds: float | None) -> None:
+        """Merge repeated output lines of these workers over ``seconds`` (None: off), as
+        ``ProcMesh.logging_option`` asks; where their output is copied to this process."""
+        self.output_window = seconds
 
     def exit_expected(self) -> bool:
         """True once the owner stopped or killed these processes (their exit is no failure)."""
         return self.killed or (self.state is not None and self.state.stopped)
 
-    def on_exit(self, rank: int, reason: str, *, expected: bool = False) -> None:
+    def on_exit(
+        self, rank: int, reason: str, *, expected: bool = False, status: int | None = None
+    ) -> None:
         """The worker at ``rank`` exited (any thread; once per rank); ``expected``: the
-        caller knows the exit is no failure."""
+        caller knows the exit is no failure; ``status``: its wait status where it was reaped
+        (else ``reason`` is the ``proc_exited`` record's reason: a lost host)."""
+        self.record_exit(rank, reason if status is None else exit_reason(status))
         with self._exit_lock:
             fenced = rank in self.fenced
             self.fenced.discard(rank)
@@ -400,6 +536,13 @@ class LocalWorkerGroup(WorkerGroup):
     ) -> None:
         super().__init__(labels, on_exit, watchdog)
         self.popens: list[WorkerProcess] = []
+        self.output: OutputForwarder | None = None
+        """Copies the workers' stdout here (once they started)."""
+
+    def set_output_window(self, seconds: float | None) -> None:
+        super().set_output_window(seconds)
+        if self.output is not None:
+            self.output.set_window(seconds)
 
     def start(
         self,
@@ -436,6 +579,7 @@ class LocalWorkerGroup(WorkerGroup):
             if zygote is not None and custom is None and not prefix:
                 try:
                     self.popens.append(zygote.spawn(command[3:], target=FORKED_WORKER, env=env))
+                    self.record("proc_starting", rank, f"os pid {self.popens[-1].pid}")
                     continue
                 except ZygoteUnavailableError as exc:
                     _log.warning("forking workers failed (%s); starting them with exec", exc)
@@ -450,19 +594,28 @@ class LocalWorkerGroup(WorkerGroup):
                     env=environment,
                 )
             except OSError as exc:
-                self.kill()
+                self._abandon()
                 raise RuntimeError(f"worker process {label} could not be started: {exc}") from exc
             self.popens.append(process)
+            self.record("proc_starting", rank, f"os pid {process.pid}")
         if self.killed:
-            self.kill()
+            self._abandon()
             raise RuntimeError("the processes were killed while they started")
         pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
         if isinstance(pids, str):
-            self.kill()
+            self._abandon()
             raise RuntimeError(pids)
         self.pids = pids
+        for rank in range(len(pids)):
+            self.record("proc_ready", rank)
+        ranked = bool(_config.get("prefix_with_rank"))
+        self.output = OutputForwarder(
+            [popen.stdout for popen in self.popens],
+            [rank_prefix(rank) if ranked else b"" for rank in range(len(self.popens))],
+        )
+        self.output.set_window(self.output_window)
+        self.output.start()
         for rank, popen in enumerate(self.popens):
-            forward_output(popen.stdout)
             self.exited.append(threading.Event())
             threading.Thread(
                 target=self._reap, args=(rank, popen), name="monarch-reaper", daemon=True
@@ -475,8 +628,17 @@ class LocalWorkerGroup(WorkerGroup):
     def _reap(self, rank: int, popen: WorkerProcess) -> None:
         code = popen.wait()  # forward_output closes stdout at its end of file
         self.on_exit(
-            rank, f"process {self.labels[rank]} (os pid {popen.pid}) {_describe_exit(code)}"
+            rank,
+            f"process {self.labels[rank]} (os pid {popen.pid}) {_describe_exit(code)}",
+            status=code,
         )
+
+    def _abandon(self) -> None:
+        """A start that failed: kill and reap what was started, recording each exit."""
+        self.kill()
+        for rank, popen in enumerate(self.popens):
+            status = popen.poll()
+            self.record_exit(rank, "did not start" if status is None else exit_reason(status))
 
     def _kill_ranks(self, ranks: Sequence[int]) -> None:
         for rank in ranks:

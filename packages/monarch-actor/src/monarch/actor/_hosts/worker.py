@@ -93,6 +93,7 @@ from monarch.actor._runtime.main_module import (
 from monarch.actor._runtime.proc import (
     ProcRuntime,
 )
+from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._transport.node import NodeProcessTransport
 from monarch.config import _registry
 
@@ -254,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail_start(args.label, f"could not join the client: {exc!r}")
     runtime = ProcRuntime(transport, loop, args.label)
     set_process_sender(runtime)
+    _tracing.set_process_label(args.label)  # spans made outside actors name this worker
 
     def fenced(reason: str) -> None:
         sys.stderr.write(

@@ -1,14 +1,19 @@
-"""``ProcMesh.logging_option``: the log level of a mesh's processes, and where their output goes.
+"""``ProcMesh.logging_option``: the log level of a mesh's processes, and how their output is
+shown.
 
 Why: Monarch programs call ``await procs.logging_option(stream_to_client=True, level=...)``
-after spawning. Here every worker's stdout and stderr already reach the client's terminal (the
-worker's pipe is copied through, ``_host.forward_output``), which is what Monarch does when log
-forwarding streams to the client; so the call's effect is the level: every process of the
-mesh sets its root logger to ``level`` (through a short-lived system actor). As in Monarch,
+after spawning. Here every local worker's stdout already reaches the client's terminal, each
+line with its rank prefix (``[1] ``, Monarch's ``prefix_with_rank``; the worker's pipe is copied
+by ``_hosts.groups.OutputForwarder``), which is what Monarch does when log forwarding streams to
+the client. So the call's effects are the level (every process of the mesh sets its root logger
+to ``level``, through a short-lived system actor) and the aggregation: with
+``stream_to_client=True`` and ``aggregate_window_sec=N``, repeated lines of the mesh's
+processes are merged and written once every ``N`` seconds (``_runtime.logging.LineAggregator``);
+any other call turns that off (the defaults, as in Monarch: no aggregation). As in Monarch,
 ``level`` outside 0..255 and ``aggregate_window_sec`` without ``stream_to_client`` raise
 ``ValueError``, and ``stream_to_client=True`` without ``enable_log_forwarding`` only warns.
-Output is passed through as written: ``aggregate_window_sec`` is accepted and does not merge
-repeated lines.
+The window applies to the whole ``ProcMesh`` a slice belongs to; output of workers on attached
+hosts stays on their hosts (rank-prefixed there).
 """
 
 from __future__ import annotations
@@ -62,9 +67,15 @@ def check_logging_option(
 async def logging_option(
     mesh: ProcMesh, stream_to_client: bool, aggregate_window_sec: int | None, level: int
 ) -> None:
-    """Apply ``level`` in every process of ``mesh`` (after the checks); see the module doc."""
+    """Apply ``level`` in every process of ``mesh`` and the aggregation window to its output
+    (after the checks); see the module doc."""
     check_logging_option(stream_to_client, aggregate_window_sec, level)
     await mesh.initialized
+    state = mesh._state
+    group = state.group if state is not None else None
+    if group is not None:
+        window = aggregate_window_sec if stream_to_client and aggregate_window_sec else None
+        group.set_output_window(float(window) if window else None)
     control: Any = mesh.spawn(f"logging_option_{uuid.uuid4().hex[:8]}", LoggingControl)
     try:
         await control.set_level.call(level)

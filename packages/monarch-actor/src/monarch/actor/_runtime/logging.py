@@ -24,10 +24,14 @@ Two kinds of log records exist in a Monarch process:
 User-visible faults travel as exceptions and supervision events (``monarch.supervision``
 records), never as user-log noise.
 
-``LinePrefixer`` is the sans-IO half of forwarding a worker's stdout/stderr to the client: it
-turns arbitrary byte chunks into complete lines, each with a prefix such as ``[gpus=1] ``, with
-lines bounded to ``max_line`` bytes (longer ones are split) so a hostile or binary stream cannot
-grow memory without bound.
+Forwarding a worker's output to the client, sans-IO (the hosts layer does the reading and
+writing): ``LinePrefixer`` turns arbitrary byte chunks into complete lines, each with a prefix
+such as the rank's ``[1] `` (``rank_prefix``, Monarch's ``prefix_with_rank``), with lines bounded
+to ``max_line`` bytes (longer ones are split) so a hostile or binary stream cannot grow memory
+without bound; ``LineAggregator`` merges repeated lines within a time window
+(``ProcMesh.logging_option(aggregate_window_sec=...)``), the time passed in by the caller, and
+holds at most ``max_lines`` distinct lines and ``max_bytes`` bytes (it emits its window early
+rather than grow).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,10 +51,12 @@ from monarch.actor._runtime.context import _current
 
 __all__ = [
     "SYSTEM_LOGGER",
+    "LineAggregator",
     "LinePrefixer",
     "install",
     "install_actor_log_prefix",
     "install_system_logging",
+    "rank_prefix",
     "system_log_path",
     "uninstall_system_logging",
 ]
@@ -273,3 +281,90 @@ class LinePrefixer:
         tail = bytes(self._partial)
         self._partial.clear()
         return self._split(tail)
+
+
+def rank_prefix(rank: int) -> bytes:
+    """The prefix of a forwarded line of the worker at ``rank``, as Monarch writes it: ``[1] ``."""
+    return b"[%d] " % rank
+
+
+_RANK_PREFIX = re.compile(rb"\[\d+\] ")
+
+
+class LineAggregator:
+    """Merges repeated lines of one window of ``window`` seconds (sans-IO: ``now`` is passed in,
+    Unix seconds).
+
+    A window opens with the first line added; ``add(line, now)`` counts the line (two lines are
+    the same if they are equal once a leading rank prefix ``[N] `` is set aside, so the ranks of
+    a mesh printing the same thing merge) and returns what must be written now: nothing, or the
+    previous window's block if ``now`` is past its end or it is full (``max_lines`` distinct
+    lines or ``max_bytes`` bytes). ``deadline()`` is when the open window ends (None: no window
+    open); ``poll(now)`` returns its block once that passed; ``flush(now)`` returns it at once
+    (end of output, or aggregation turned off). A block is Monarch's: a header line, each line
+    once in the order it first came, as ``[N similar log lines] LINE`` (the first one seen),
+    and a footer line, with the window's start and end times.
+    """
+
+    __slots__ = ("_bytes", "_lines", "_start", "max_bytes", "max_lines", "window")
+
+    def __init__(self, window: float, max_lines: int = 1024, max_bytes: int = 1 << 20) -> None:
+        if window <= 0:
+            raise ValueError("the aggregation window must be positive")
+        if max_lines < 1 or max_bytes < 1:
+            raise ValueError("max_lines and max_bytes must be positive")
+        self.window = float(window)
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self._lines: dict[bytes, list[Any]] = {}  # key -> [first line, count]
+        self._bytes = 0
+        self._start: float | None = None
+
+    def __len__(self) -> int:
+        """Distinct lines held."""
+        return len(self._lines)
+
+    def deadline(self) -> float | None:
+        """When the open window ends (None while none is open)."""
+        return None if self._start is None else self._start + self.window
+
+    def add(self, line: bytes, now: float) -> list[bytes]:
+        """Count ``line`` (one line, with or without its newline); the lines to write now."""
+        out = self.poll(now)
+        line = line.rstrip(b"\n")
+        match = _RANK_PREFIX.match(line)
+        key = line[match.end() :] if match else line
+        entry = self._lines.get(key)
+        if entry is not None:
+            entry[1] += 1
+            return out
+        if len(self._lines) >= self.max_lines or self._bytes + len(line) > self.max_bytes:
+            out += self.flush(now)
+        if self._start is None:
+            self._start = now
+        self._lines[key] = [line, 1]
+        self._bytes += len(line)
+        return out
+
+    def poll(self, now: float) -> list[bytes]:
+        """The open window's block if it ended by ``now``, else nothing."""
+        deadline = self.deadline()
+        if deadline is None or now < deadline:
+            return []
+        return self.flush(now)
+
+    def flush(self, now: float) -> list[bytes]:
+        """The open window's block now (nothing if no line is held); a new window opens with
+        the next line."""
+        if self._start is None:
+            return []
+        start, self._start = self._start, None
+        lines, self._lines, self._bytes = self._lines, {}, 0
+        out = [b">>> Aggregated Logs (%s) >>>\n" % _stamp(start)]
+        out += [b"[%d similar log lines] %s\n" % (count, line) for line, count in lines.values()]
+        out.append(b"<<< Aggregated Logs (%s) <<<\n" % _stamp(now))
+        return out
+
+
+def _stamp(when: float) -> bytes:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)).encode()
