@@ -28,20 +28,25 @@ The probes are wrappers this script installs around runtime functions (``_encode
 ``buffer_updated``, ``_on_inbound``, ``_Mailbox.put``, ``_SyncRunner._call``,
 ``ActorCell._begin`` / ``_reply_value``, ``OneSink.deliver``): the package has no
 probe code at all, so with probes off (every program but this one) the hot path is unchanged.
-In the worker an endpoint of the profiled actor installs them. They cost a few microseconds
+In the worker an endpoint of the profiled actor installs them. They cost some tens of microseconds
 per call when on, so the script also times the same calls without them (``plain``) and reports
 both round trips.
 
 CPU per call: process CPU time (``time.process_time``, all threads) of the client and of the
-worker over the plain calls, divided by the number of calls. Instructions per call: where
-``perf stat -e instructions:u`` works (a PMU the kernel lets us count), ``perf`` is attached to
-both processes during the plain calls; where it does not (a VM without counters, no ``perf``),
-the report says so and gives the CPU time only.
+worker over the plain calls, divided by the number of calls. Instructions per call, of both
+processes over the plain calls, less what an empty counting window costs: where
+``perf stat -e instructions:u`` counts (a PMU the kernel lets us use), ``perf`` is attached to
+both processes; with ``--callgrind``, the script runs again under ``valgrind --tool=callgrind
+--instr-atstart=no --trace-children=yes`` (the worker too) and ``callgrind_control`` switches
+the counting on and off around the plain calls (every time of that run is then 10 to 50 times
+too long: only its instruction counts mean something). Where neither is asked for or possible,
+the report says why and gives the CPU time only.
 
     .venv/bin/python benchmarks/actor_profile.py            # 2,000 + 300 calls, about 5 s
     .venv/bin/python benchmarks/actor_profile.py --quick    # 500 + 100 calls
     .venv/bin/python benchmarks/actor_profile.py --smoke    # 30 + 10 calls (CI, about 2 s)
     .venv/bin/python benchmarks/actor_profile.py --json out.json   # the report as JSON
+    .venv/bin/python benchmarks/actor_profile.py --callgrind  # instructions per call (~2 min)
 """
 
 from __future__ import annotations
@@ -49,10 +54,12 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -394,6 +401,7 @@ class _PerfAttach:
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self) -> None:
+        self.procs = []
         for pid in self.pids:
             self.procs.append(
                 subprocess.Popen(
@@ -416,6 +424,85 @@ class _PerfAttach:
                 _out, err = proc.communicate()
             counts.append(parse_perf_count(err))
         return counts
+
+
+UNDER_CALLGRIND = "ACTOR_PROFILE_UNDER_CALLGRIND"
+"""Set in the environment of the run ``--callgrind`` starts under valgrind."""
+
+_THREAD_TOTAL = re.compile(r"^\s*Th\s+\d+\s+([\d,]+)\s*$", re.MULTILINE)
+
+
+def parse_callgrind_totals(stdout: str) -> int | None:
+    """The instructions (``Ir``) of every thread of a ``callgrind_control -e Ir PID`` answer,
+    summed; ``None`` if it has none (instrumentation off, no such run)."""
+    counts = [int(m.group(1).replace(",", "")) for m in _THREAD_TOTAL.finditer(stdout)]
+    return sum(counts) if counts else None
+
+
+class _CallgrindCounters:
+    """Instructions of processes running under ``valgrind --tool=callgrind --instr-atstart=no``:
+    instrumentation switched on at ``start`` and off at ``stop`` with ``callgrind_control``."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self.base: list[int | None] = []
+
+    @staticmethod
+    def _control(*args: str) -> str:
+        """``callgrind_control *args``'s answer, asked up to three times: ``vgdb`` sometimes
+        fails to interrupt a process whose threads all wait in system calls (an assertion in
+        its ptrace invoker), and then answers nothing useful."""
+        answer = ""
+        for _ in range(3):
+            done = subprocess.run(
+                ["callgrind_control", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            answer = done.stdout
+            switched = args[0] == "-i" and "OK" in answer
+            if switched or parse_callgrind_totals(answer) is not None:
+                break
+        return answer
+
+    def start(self) -> None:
+        for pid in self.pids:
+            self._control("-i", "on", str(pid))
+        self.base = [parse_callgrind_totals(self._control("-e", "Ir", str(p))) for p in self.pids]
+
+    def stop(self) -> list[int | None]:
+        ends = [parse_callgrind_totals(self._control("-e", "Ir", str(p))) for p in self.pids]
+        for pid in self.pids:
+            self._control("-i", "off", str(pid))
+        return [
+            None if end is None or base is None else end - base
+            for base, end in zip(self.base, ends, strict=True)
+        ]
+
+
+def rerun_under_callgrind(argv: Sequence[str]) -> int:
+    """Run this script again, with ``argv``, under callgrind (instrumentation off until the
+    plain calls; the worker processes it starts are followed into valgrind too); its exit
+    status."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("--callgrind needs valgrind and callgrind_control", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="actor-profile-cg-") as folder:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--trace-children=yes",
+            f"--callgrind-out-file={folder}/callgrind.out.%p",
+            "--log-file=" + os.path.join(folder, "valgrind.%p.log"),
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *argv,
+        ]
+        env = dict(os.environ, **{UNDER_CALLGRIND: "1"})
+        return subprocess.call(command, env=env)
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,13 +564,22 @@ def _one_call(actor: Any, kind: str, i: int, payload: bytes) -> None:
         raise RuntimeError("wrong length")
 
 
-def measure(actor: Any, kind: str, n: int, worker_pid: int, perf: bool) -> dict[str, Any]:
+def measure(actor: Any, kind: str, n: int, worker_pid: int, counter: str | None) -> dict[str, Any]:
     """Plain calls (wall time, CPU, instructions), then the same calls probed (stages)."""
     payload = b"x" * MIB
     for i in range(max(5, n // 10)):  # warm-up
         _one_call(actor, kind, i, payload)
     # plain: no probe anywhere
-    counters = _PerfAttach([os.getpid(), worker_pid]) if perf else None
+    pids = [os.getpid(), worker_pid]
+    counters: _PerfAttach | _CallgrindCounters | None = None
+    if counter == "perf":
+        counters = _PerfAttach(pids)
+    elif counter == "callgrind":
+        counters = _CallgrindCounters(pids)
+    idle: list[int | None] = []
+    if counters is not None:  # what counting itself adds: an empty window, subtracted below
+        counters.start()
+        idle = counters.stop()
     worker_cpu0 = actor.cpu_seconds.call_one().get(timeout=30)
     if counters is not None:
         counters.start()
@@ -506,8 +602,8 @@ def measure(actor: Any, kind: str, n: int, worker_pid: int, perf: bool) -> dict[
     }
     if counts is not None:
         result["instructions_per_call"] = {
-            side: (c / n if c is not None else None)
-            for side, c in zip(("client", "worker"), counts, strict=True)
+            side: per_call(count, empty, n)
+            for side, count, empty in zip(("client", "worker"), counts, idle, strict=True)
         }
     # probed
     _RECORDER.records.clear()
@@ -532,6 +628,15 @@ def measure(actor: Any, kind: str, n: int, worker_pid: int, perf: bool) -> dict[
     return result
 
 
+def per_call(count: int | None, idle: int | None, n: int) -> float | None:
+    """Instructions per call: a window's ``count`` of ``n`` calls less the ``idle`` count of an
+    empty window (what starting and stopping the counters costs); ``None`` if either is
+    missing."""
+    if count is None or idle is None:
+        return None
+    return (count - idle) / n
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -543,6 +648,15 @@ def report(document: dict[str, Any]) -> str:
         "## Actor call profile (`benchmarks/actor_profile.py`)",
         "",
         *partial_run_warning(document["mode"]),
+        *(
+            [
+                "**Under callgrind: every time below is 10 to 50 times too long; only the "
+                "instruction counts mean something.**",
+                "",
+            ]
+            if document["instruction_counter"] == "callgrind"
+            else []
+        ),
         f"{machine_line(document)}; one worker process, one call at a time.",
         "",
         "| stage | process | " + " | ".join(f"{k} p50 us | p90 us | share" for k in kinds) + " |",
@@ -580,7 +694,7 @@ def report(document: dict[str, Any]) -> str:
     if document["instructions"] is None:
         for side in ("client", "worker"):
             lines.append(
-                f"| {side} instructions per call | "
+                f"| {side} instructions per call ({document['instruction_counter']}) | "
                 + " | ".join(_fmt(c["instructions_per_call"][side], 0) for c in cases)
                 + " |"
             )
@@ -597,26 +711,42 @@ MODES: dict[str, tuple[int, int]] = {"full": (2000, 300), "quick": (500, 100), "
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    add_run_arguments(parser, quick="500 + 100 calls", smoke="30 + 10 calls (~5 s)")
+    add_run_arguments(parser, quick="500 + 100 calls", smoke="30 + 10 calls (~2 s)")
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count instructions per call under valgrind's callgrind (times then mean nothing)",
+    )
     args = parser.parse_args(argv)
+    under_callgrind = bool(os.environ.get(UNDER_CALLGRIND))
+    if args.callgrind and not under_callgrind:
+        return rerun_under_callgrind(sys.argv[1:] if argv is None else argv)
     mode = run_mode(args)
     n_small, n_large = MODES[mode]
-    no_perf = perf_instructions_available()
+    counter: str | None
+    if under_callgrind:
+        counter, no_count = "callgrind", None
+    else:
+        no_count = perf_instructions_available()
+        counter = "perf" if no_count is None else None
+        if no_count is not None and shutil.which("valgrind") is not None:
+            no_count += "; valgrind is installed: --callgrind counts them"
     procs = this_host().spawn_procs(per_host={"procs": 1})
     try:
         actor = procs.spawn("profiled", Profiled)
-        worker_pid = actor.pid.call_one().get(timeout=60)
+        worker_pid = actor.pid.call_one().get(timeout=120)
         cases = {
-            "call_one": measure(actor, "call_one", n_small, worker_pid, no_perf is None),
-            "payload_1mib": measure(actor, "payload_1mib", n_large, worker_pid, no_perf is None),
+            "call_one": measure(actor, "call_one", n_small, worker_pid, counter),
+            "payload_1mib": measure(actor, "payload_1mib", n_large, worker_pid, counter),
         }
     finally:
-        procs.stop().get(timeout=30)
+        procs.stop().get(timeout=120)
     document: dict[str, Any] = {
         "mode": mode,
         **machine_facts("benchmarks/actor_profile.py", argv),
         "clock": "time.perf_counter_ns (CLOCK_MONOTONIC, shared by every process)",
-        "instructions": no_perf,
+        "instruction_counter": counter,
+        "instructions": no_count,
         "cases": cases,
     }
     print(report(document))

@@ -22,7 +22,9 @@ from benchmarks.actor_profile import (  # noqa: E402
     STAGES,
     _Recorder,
     join_records,
+    parse_callgrind_totals,
     parse_perf_count,
+    per_call,
     stage_table,
 )
 from monarch.actor._mesh.adverbs import Endpoint  # noqa: E402
@@ -120,7 +122,17 @@ def test_stages_add_up_to_the_round_trip_and_calls_pair_by_sequence() -> None:
     assert table["(overlaps) client send returned after"]["median_us"] == 0.005
 
 
-def test_perf_report_is_parsed() -> None:
+def test_instruction_counts_are_parsed_and_the_counting_cost_subtracted() -> None:
     assert parse_perf_count("1234567,,instructions:u,1000,100.00,,\n") == 1234567
     assert parse_perf_count("<not supported>,,instructions:u,0,100.00,,\n") is None
     assert parse_perf_count("") is None
+    answer = (
+        "PID 23012: python -c\n\n  Totals:         Ir \n   Th 1  116,646,994 \n"
+        "   Th 3        1,006 \n\n"
+    )
+    assert parse_callgrind_totals(answer) == 116_648_000
+    off = "PID 1: python\n  No information available as instrumentation is switched off.\n"
+    assert parse_callgrind_totals(off) is None
+    assert per_call(10_500, 500, 100) == 100.0
+    assert per_call(None, 500, 100) is None
+    assert per_call(10_500, None, 100) is None
