@@ -1,0 +1,138 @@
+"""The actor call profile (``benchmarks/actor_profile.py``) works end to end (its ``--smoke``
+mode: one spawned worker, 30 + 10 calls) and every stage's probes still fire; its probes leave
+the runtime as it was; its arithmetic does what its docstring says. Nothing here asserts
+anything about speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import run_smoke  # noqa: E402
+from benchmarks.actor_profile import (  # noqa: E402
+    MODES,
+    OVERLAPPING,
+    STAGES,
+    _Recorder,
+    join_records,
+    parse_callgrind_totals,
+    parse_perf_count,
+    per_call,
+    stage_table,
+)
+from monarch.actor._mesh.adverbs import Endpoint  # noqa: E402
+from monarch.actor._runtime.cell import ActorCell, _Mailbox, _SyncRunner  # noqa: E402
+from monarch.actor._runtime.sinks import OneSink  # noqa: E402
+from monarch.actor._transport import node as _node  # noqa: E402
+from monarch.actor._transport.lane_proto import LaneDecoder  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks" / "actor_profile.py"
+
+
+def test_smoke_run_times_every_stage_of_both_calls(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    proc = run_smoke(SCRIPT, out, cwd=tmp_path, timeout=120)
+    document = json.loads(out.read_text())
+    assert document["mode"] == "smoke"
+    assert document["command"].startswith("python benchmarks/actor_profile.py --smoke")
+    assert set(document["cases"]) == {"call_one", "payload_1mib"}
+    for kind, calls in zip(("call_one", "payload_1mib"), MODES["smoke"], strict=True):
+        case = document["cases"][kind]
+        assert case["calls"] == calls
+        # every call followed on both sides, and every probe fired on every followed call
+        assert case["followed"] == calls, kind
+        stages = {entry["stage"]: entry for entry in case["stages"]}
+        for stage, *_ in STAGES + OVERLAPPING:
+            assert stages[stage]["n"] == calls, (kind, stage)
+        assert stages["round trip (probed)"]["n"] == calls
+        assert case["round_trip"]["n"] == calls
+        assert case["cpu_us_per_call"]["client"] > 0
+        assert case["cpu_us_per_call"]["worker"] > 0
+        assert ("instructions_per_call" in case) == (document["instructions"] is None)
+    for stage, process, *_ in STAGES:
+        assert f"| {stage} | {process} |" in proc.stdout
+    assert proc.stdout.startswith("## Actor call profile")
+    assert "smoke run" in proc.stdout
+
+
+def test_probes_are_removed_without_a_trace() -> None:
+    targets = [
+        (_node, "encode_frame"),
+        (_node.NodeProcessTransport, "_share"),
+        (_node.NodeProcessTransport, "send"),
+        (_node.NodeProcessTransport, "_on_inbound"),
+        (LaneDecoder, "get_buffer"),
+        (LaneDecoder, "buffer_updated"),
+        (Endpoint, "_encode"),
+        (OneSink, "deliver"),
+        (_Mailbox, "put"),
+        (_SyncRunner, "_call"),
+        (ActorCell, "_begin"),
+        (ActorCell, "_reply_value"),
+    ]
+    before = [getattr(owner, name) for owner, name in targets]
+    recorder = _Recorder()
+    recorder.install_client()
+    try:
+        assert _node.NodeProcessTransport.send is not before[2]
+    finally:
+        recorder.uninstall()
+    recorder.install_worker()
+    try:
+        assert _SyncRunner._call is not before[9]
+    finally:
+        recorder.uninstall()
+    assert [getattr(owner, name) for owner, name in targets] == before
+
+
+def test_stages_add_up_to_the_round_trip_and_calls_pair_by_sequence() -> None:
+    marks = ["call", "encoded", "send", "framed"]
+    worker_marks = [
+        "read",
+        "decoded",
+        "enqueued",
+        "picked",
+        "begun",
+        "returned",
+        "reply_send",
+        "reply_framed",
+    ]
+    client = [
+        {**{m: 10 * i for i, m in enumerate(marks)}, "seq": 7, "sent": 35},
+        {"call": 0, "seq": 8, "done": 5},  # the worker never saw it: left out
+    ]
+    worker = [{**{m: 100 + 10 * i for i, m in enumerate(worker_marks)}, "seq": 7, "reply_sent": 0}]
+    client[0].update({"reply_read": 300, "reply_decoded": 310, "delivered": 320, "done": 1000})
+    rows = join_records(client, worker)
+    assert len(rows) == 1
+    assert rows[0]["w.read"] == 100
+    table = {entry["stage"]: entry for entry in stage_table(rows)}
+    stages = [table[stage]["median_us"] for stage, *_ in STAGES]
+    assert table["round trip (probed)"]["median_us"] == 1.0
+    assert sum(stages) == pytest.approx(1.0)
+    assert table["future completion (wake, decode)"]["median_us"] == 0.68
+    assert table["future completion (wake, decode)"]["share"] == 0.68
+    assert table["(overlaps) client send returned after"]["median_us"] == 0.005
+
+
+def test_instruction_counts_are_parsed_and_the_counting_cost_subtracted() -> None:
+    assert parse_perf_count("1234567,,instructions:u,1000,100.00,,\n") == 1234567
+    assert parse_perf_count("<not supported>,,instructions:u,0,100.00,,\n") is None
+    assert parse_perf_count("") is None
+    answer = (
+        "PID 23012: python -c\n\n  Totals:         Ir \n   Th 1  116,646,994 \n"
+        "   Th 3        1,006 \n\n"
+    )
+    assert parse_callgrind_totals(answer) == 116_648_000
+    off = "PID 1: python\n  No information available as instrumentation is switched off.\n"
+    assert parse_callgrind_totals(off) is None
+    assert per_call(10_500, 500, 100) == 100.0
+    assert per_call(None, 500, 100) is None
+    assert per_call(10_500, None, 100) is None
