@@ -86,7 +86,8 @@ class Actor(MeshTrait):
     def logger(self) -> logging.Logger:
         """A logger named after the class, at level DEBUG."""
         cls = type(self)
-        module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__  # _main_module
+        # a class of the client's main script, loaded in a worker (``_runtime.main_module``)
+        module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
         logger = logging.getLogger(f"{module}.{cls.__qualname__}")
         logger.setLevel(logging.DEBUG)
         return logger

@@ -1,8 +1,24 @@
-"""The ``_hosts`` layer: OS processes, nodes and hosts (the client's node, worker processes and
-their groups, attached hosts, the host agent, ``HostMesh``, the worker's entry point).
+"""The ``_hosts`` layer: OS processes, nodes and hosts; the top layer of ``monarch.actor``.
 
-The top layer of ``monarch.actor``: its modules may import every other layer. Inside it the
-order is ``commands < groups < attach_protocol < attach_session < client_node < spawn <
-nested < agent < host_mesh < (worker, attach_daemon, settle)``; ``zygote``, ``worker_exits``
-and ``client_attach`` import no other module of the package.
+Its modules may import every other layer. Inside it the order is ``commands < groups <
+attach_protocol < attach_session < client_node < spawn < nested < agent < host_mesh < (worker,
+attach_daemon, settle)``; ``zygote``, ``worker_exits`` and ``client_attach`` import no other
+module of the package. What each holds:
+
+- ``commands``: the worker command line, ``BootstrapCommand``, ``proc_bind``, start-up lines,
+  the bounds of starting and stopping processes (pure);
+- ``groups``: ``WorkerGroup``, ``LocalWorkerGroup``, start-up, process lifecycle records,
+  ``OutputForwarder`` (worker output with its rank prefix), the zygote glue; ``zygote``: the
+  warm process that forks workers;
+- ``attach_protocol`` (``monarch.host.v1``, sans-IO), ``attach_session`` (``HostSession``,
+  ``RemoteWorkerGroup``), ``attach_daemon`` (``run_worker_loop_forever``, ``python -m
+  monarch.actor._attach``): hosts started separately; ``client_attach``: ``attach(addr)``;
+- ``client_node``: ``ClientNodeLayer`` (the client's identity and lazy node);
+- ``spawn`` (``start_group``, ``bring_up``, ``ProcSetup``), ``nested`` (``NestedProcs``) and
+  ``agent`` (the client's host agent, controllers);
+- ``host_mesh``: ``HostMesh``, ``this_host``, ``attach_to_workers``; sets hooks H3
+  (``_runtime.client.set_node_layer``) and H4 (``_mesh.meshes.set_host_resolver``);
+- ``worker`` (``python -m monarch.actor._worker``) and ``worker_exits`` (its exit watches,
+  stdlib only);
+- ``settle``: the fault hook, ``shutdown_context``, ``flush_supervision``.
 """

@@ -21,7 +21,7 @@ Node and the namespace tree is the supervision tree.
   (``mark_unreachable``); for a failure every owner of an actor on it and every other process
   of the program is told (``broadcast_proc_death``); and every observer (``observe``) learns
   it: ``nested.NestedProcs`` kills what that process spawned.
-- Liveness: the client pings every worker it started (``_watchdog``); see ``groups``.
+- Liveness: the client pings every worker it started (``_runtime.watchdog``); see ``groups``.
 
 The runtime builds one per client through the hook ``set_node_layer`` (set by ``host_mesh``).
 """

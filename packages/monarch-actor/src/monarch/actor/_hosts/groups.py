@@ -1,6 +1,6 @@
 """Worker processes of the client: their groups, start-up, exits and the worker-process flags.
 
-Why a layer of its own: a ``WorkerGroup`` is the set of processes of one ``spawn_procs`` call
+Why a module of its own: a ``WorkerGroup`` is the set of processes of one ``spawn_procs`` call
 (``LocalWorkerGroup`` here, children of the client's OS process, forked by the client's zygote
 or exec'd; ``attach_session.RemoteWorkerGroup`` on attached hosts). It knows its processes'
 PIDs, exit events and how to stop and kill them; what an exit means for the program is its

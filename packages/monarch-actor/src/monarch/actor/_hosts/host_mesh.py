@@ -1,17 +1,16 @@
 """``HostMesh``: the client's host (``this_host()``) and hosts started separately
 (``attach_to_workers``), and the wiring of the ``_hosts`` layer into the runtime.
 
-- ``spawn_procs`` starts one ``python -m monarch.actor._worker`` per rank, each a Node joined
-  under the client's node, and returns at once, as the reference does: a thread of its own
-  (``spawn.bring_up``) waits (bounded) until each worker printed its PID, i.e. joined, runs
-  the owner's setup on them (``bootstrap=``, ``proc_bind`` ``cpus``, through a ``ProcSetup``
-  actor) and resolves the mesh's pending state (``_mesh._ProcMeshState.ready``), which
-  ``initialized``, actor spawns, calls and stops wait or chain on. The workers get the
-  client's ``sys.path`` as ``PYTHONPATH``: actor classes travel by reference. A
-  ``bootstrap_command`` or a numactl ``proc_bind`` key starts them with exec instead of the
-  zygote; their options then travel in ``MONARCH_WORKER_ARGV``. After the first group started,
-  the client's host agent (``agent``) is started, so the zygote forks before the agent's thread
-  exists.
+- ``spawn_procs`` starts one ``python -m monarch.actor._worker`` per rank, each a Node joined under
+  the client's node, and returns at once, as the reference does: a thread of its own
+  (``spawn.bring_up``) waits (bounded) until each worker printed its PID, i.e. joined, runs the
+  owner's setup on them (``bootstrap=``, ``proc_bind`` ``cpus``, through a ``ProcSetup`` actor) and
+  resolves the mesh's pending state (``_mesh.meshes._ProcMeshState.ready``), which ``initialized``,
+  actor spawns, calls and stops wait or chain on. The workers get the client's ``sys.path`` as
+  ``PYTHONPATH``: actor classes travel by reference. A ``bootstrap_command`` or a numactl
+  ``proc_bind`` key starts them with exec instead of the zygote; their options then travel in
+  ``MONARCH_WORKER_ARGV``. After the first group started, the client's host agent (``agent``) is
+  started, so the zygote forks before the agent's thread exists.
 - ``ProcMesh.stop()`` sends ``STOP_PROC`` to the live workers (bounded wait), then waits for
   every worker to exit and kills stragglers; it succeeds after workers crashed.
 - ``attach_to_workers`` attaches the worker daemons (``attach_daemon``) of other hosts through

@@ -32,9 +32,9 @@ It ends in one of four ways (the third only with ``--exit-with-stdin``):
   ``idle_timeout`` seconds more, the worker exits with status 3 at once (``os._exit``: no
   orphan survives, even with actor threads stuck in user code);
 - its stdin ends (``--exit-with-stdin``): the host's worker loop died; it exits with status 3;
-- it was fenced: the client's heartbeats (``_liveness``) stopped for longer than their timeout,
-  so the client may have declared this process dead (it was stopped, or hung). As soon as it
-  runs again it sends nothing more and exits with status 4 at once (``os._exit``), never
+- it was fenced: the client's heartbeats (``_runtime.liveness``) stopped for longer than their
+  timeout, so the client may have declared this process dead (it was stopped, or hung). As soon as
+  it runs again it sends nothing more and exits with status 4 at once (``os._exit``), never
   rejoining the program.
 """
 

@@ -15,10 +15,10 @@ involved (logging, threading) reset their state in the zygote.
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
 - client -> zygote: ``{"target": "module:function", "argv": [...], "env": {...}}`` (``env``
-  optional: the child's whole environment) with the write end of the
-  worker's stdout pipe attached (``SCM_RIGHTS``); the worker runs ``function(argv)`` (by default
-  ``monarch.actor._worker:main``) with that pipe as its standard output and ``/dev/null`` as its
-  standard input, and exits with the integer it returns.
+  optional: the child's whole environment) with the write end of the worker's stdout pipe attached
+  (``SCM_RIGHTS``); the worker runs ``function(argv)`` (by default
+  ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with that pipe as its standard output and
+  ``/dev/null`` as its standard input, and exits with the integer it returns.
 - zygote -> client: ``{"spawned": PID}`` (or ``{"error": "..."}``) for each request, in request
   order, and ``{"exited": PID, "status": CODE}`` when a worker ends (``CODE`` as
   ``subprocess.Popen.returncode``: negative for a signal).

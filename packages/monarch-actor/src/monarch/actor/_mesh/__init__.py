@@ -1,8 +1,10 @@
 """The ``_mesh`` layer: the user's mesh API.
 
-``adverbs`` (``Endpoint``: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``,
-``send``), ``meshes`` (``ProcMesh``, ``ActorMesh``, ``this_proc``, ``local_proc_mesh``),
-``accumulator`` (``Accumulator``), ``logging_option`` (``ProcMesh.logging_option``) and
+Modules, each importing only those before it (and the layers to the right): ``accumulator``
+(``Accumulator``), ``adverbs`` (``Endpoint``: ``call``, ``call_one``, ``choose``, ``stream``,
+``broadcast``, ``send``) and ``logging_option`` (``ProcMesh.logging_option``) < ``meshes``
+(``ProcMesh``, ``ActorMesh``, ``this_proc``, ``local_proc_mesh``; sets hook H2,
+``_runtime.context.set_proc_resolver``, and holds hook H4, ``set_host_resolver``) <
 ``telemetry`` (a mesh's metrics summed over its processes, one trace of all their spans).
 
 This package took the old module path ``monarch.actor._mesh``: the names that module exported,

@@ -14,12 +14,12 @@ supervision event for the owner, not an exception here).
 
 Process layer: ``_local_proc_mesh(per_host=...)`` creates simulated processes in this Python
 process (``InProcessFabric``), and ``this_proc()`` is the caller's own process. Real worker
-processes (``this_host().spawn_procs``) come from ``_host``; their proc meshes carry the
-``WorkerGroup`` in their state, which ``stop`` uses to end the processes, and are returned
+processes (``this_host().spawn_procs``) come from the ``_hosts`` layer; their proc meshes carry
+the ``WorkerGroup`` in their state, which ``stop`` uses to end the processes, and are returned
 before the processes are up (the state's ``ready``; an actor mesh spawned meanwhile sends its
 SPAWN envelopes once they are, see ``_PendingSpawn``); in a worker, a proc
 mesh an actor spawned carries a ``NestedDelegate`` instead: the client's host agent
-(``_host_agent``) started those processes and stops them.
+(``_hosts.agent``) started those processes and stops them.
 """
 
 from __future__ import annotations
@@ -63,12 +63,13 @@ __all__ = [
 ]
 
 #: Hook H4: the host mesh (extent ``{}``, a reference) of a target such as ``proc:<pid hex>``;
-#: set by ``_host`` at import (``ProcMesh.host_mesh``).
+#: set by ``_hosts.host_mesh`` at import (``ProcMesh.host_mesh``).
 _host_resolver: Callable[[str], HostMesh] | None = None
 
 
 def set_host_resolver(fn: Callable[[str], HostMesh]) -> None:
-    """Register how ``ProcMesh.host_mesh`` builds a host mesh reference (``_host``, at import)."""
+    """Register how ``ProcMesh.host_mesh`` builds a host mesh reference (``_hosts.host_mesh``, at
+    import)."""
     global _host_resolver
     _host_resolver = fn
 
@@ -190,9 +191,10 @@ def _fan_out(kind: MessageKind, targets: list[tuple[ActorAddr, CastInfo]]) -> Fu
 
 
 #: Seconds anything that needs the processes of a ``spawn_procs`` waits for them: the start
-#: (``_host.SPAWN_TIMEOUT``, or the host agent's ``REQUEST_TIMEOUT`` in a worker) plus the
-#: owner's setup (``_host.SETUP_TIMEOUT``), with slack. The spawning thread resolves or fails
-#: the processes within those bounds itself; this only guards against a lost thread.
+#: (``_hosts.commands.SPAWN_TIMEOUT``, or the host agent's ``REQUEST_TIMEOUT`` in a worker)
+#: plus the owner's setup (``_hosts.commands.SETUP_TIMEOUT``), with slack. The spawning thread
+#: resolves or fails the processes within those bounds itself; this only guards against a lost
+#: thread.
 READY_TIMEOUT: Final = 200.0
 
 
@@ -231,7 +233,7 @@ class _ProcMeshState:
         self.kill_requested = False
         self.lock = threading.Lock()
         #: In a worker: the processes were spawned for it by the client's host agent, which
-        #: stops them (``_host_agent``); ``group`` is then ``None``.
+        #: stops them (``_hosts.agent``); ``group`` is then ``None``.
         self.delegate: NestedDelegate | None = None
 
     def pending(self) -> bool:

@@ -1,11 +1,19 @@
-"""The ``_runtime`` layer: one process's actors.
+"""The ``_runtime`` layer: one process's actors (mailboxes, actor threads, ports, supervision).
 
-Modules, each importing only those before it (and the layers to the right):
-``context`` (who is running: ``context()``, ``current_sender``) < ``logging`` (system and user
-logs) < ``sinks`` (replies and port sinks) < ``ports`` (``Port``, ``PortReceiver``,
-``Channel``) < ``cell`` (actor cells, mailboxes, the root client's cell) < ``proc``
-(``ProcRuntime``: routing, tombstones, stops, flushes, liveness) < ``client`` (this OS
-process's client runtime).
+Modules, each importing only those before it (and the layers to the right, ``_transport`` and
+``_base``): ``context`` (who is running: ``context()``, ``Instance``, ``current_sender``) <
+``logging`` (system and user logs, ``LinePrefixer``/``LineAggregator`` for forwarded output) <
+``sinks`` (``Reply``, the port sinks) < ``ports`` (``Port``, ``PortReceiver``, ``Channel``) <
+``telemetry/`` (metrics, tracing spans, supervision and lifecycle records, process reports, the
+``monarch`` command; the package holds the switches) < ``liveness`` (sans-IO heartbeats and
+leases) < ``main_module`` (the client's ``__main__`` in workers) < ``cell`` (actor cells,
+mailboxes, the root client's cell) < ``proc`` (``ProcRuntime``: routing, tombstones, stops,
+flushes, heartbeats) < ``client`` (this OS process's client runtime) < (``watchdog``: the
+client's heartbeat driver; ``enable_transport``; ``returns_future``).
+
+Hooks a higher layer sets at import: ``context.set_root_context`` (by ``client``, H1),
+``context.set_proc_resolver`` (by ``_mesh.meshes``, H2), ``client.set_node_layer`` (by
+``_hosts.host_mesh``, H3).
 
 This package took the old module path ``monarch.actor._runtime``; the names that module
 exported are re-exported here for one release. Code inside ``monarch.actor`` imports the

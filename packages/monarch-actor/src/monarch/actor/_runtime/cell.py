@@ -572,7 +572,7 @@ class ActorCell(CellBase):
         self.cls = cls
         self.user_name = spec.name
         self.endpoints = endpoints_of(cls)
-        module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__  # _main_module
+        module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__  # main_module
         class_name = f"{module}.{cls.__qualname__}"
         creator_chain = spec.creator.chain if spec.creator is not None else "<root>"
         self.display = f"{creator_chain}.<{class_name} {spec.name}{self.spawn_point}>"

@@ -3,9 +3,9 @@
 ``client()`` makes it on first use (and again after a fork): a ``RuntimeLoop``, the
 ``InProcessFabric`` that in-process simulated processes share (``new_local_runtime``), the
 client's ``ProcRuntime`` (label ``"client"``) and its ``RootCell``, and the node layer that
-gives the client its PID and reaches worker processes (``_host.ClientNodeLayer``, registered by
-``_host`` through ``set_node_layer``: hook H3). ``shutdown_client`` stops what the root owns,
-then the node layer and the loop (registered with ``atexit``).
+gives the client its PID and reaches worker processes (``_hosts.client_node.ClientNodeLayer``,
+registered by ``_hosts.host_mesh`` through ``set_node_layer``: hook H3). ``shutdown_client``
+stops what the root owns, then the node layer and the loop (registered with ``atexit``).
 
 This module registers hook H1 at import (``context.set_root_context``): ``context()`` and
 ``current_sender()`` outside any actor are the root client's. Before a client is made,
@@ -82,7 +82,7 @@ class _Client:
         self.node_layer = _node_layer_factory()  # the client's PID is its (lazy) node's PID
         self.host_mesh: HostMesh | None = None
         self.host_lock = threading.Lock()
-        #: The host agent (``_host_agent``), spawned in this process on first use.
+        #: The host agent (``_hosts.agent``), spawned in this process on first use.
         self.host_agent: Any = None
         self.runtime = ProcRuntime(self.fabric, self.loop, "client", pid=self.node_layer.pid)
         self.root = RootCell(self.runtime)
@@ -90,12 +90,14 @@ class _Client:
         self.local_runtimes: weakref.WeakSet[ProcRuntime] = weakref.WeakSet()
 
 
-#: Hook H3: builds the client's node layer (``_host.ClientNodeLayer``, set by ``_host`` at import).
+#: Hook H3: builds the client's node layer (``_hosts.client_node.ClientNodeLayer``; set by
+#: ``_hosts.host_mesh`` at import).
 _node_layer_factory: Callable[[], ClientNodeLayer] | None = None
 
 
 def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
-    """Register the factory of the client's node layer (called once, by ``_host``, at import)."""
+    """Register the factory of the client's node layer (called once, by ``_hosts.host_mesh``, at
+    import)."""
     global _node_layer_factory
     _node_layer_factory = factory
 

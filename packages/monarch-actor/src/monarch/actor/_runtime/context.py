@@ -15,7 +15,7 @@ worker process itself (``set_process_sender``) or the root client.
 
 This module is the bottom of the ``_runtime`` layer: the runtime and the meshes above it reach
 down through registration hooks set at their import (``set_root_context`` by
-``_runtime.client``, ``set_proc_resolver`` by the meshes).
+``_runtime.client``, ``set_proc_resolver`` by ``_mesh.meshes``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ _EMPTY_POINT = Point(0, Extent([], []))
 # their import (``monarch.actor`` imports both, so they are set before any user code runs).
 #: The root client's context, for code running outside any actor (set by ``_runtime.client``).
 _root_context: Callable[[], Context] | None = None
-#: ``this_proc()``, for an instance spawned without a proc mesh (set by ``_mesh``).
+#: ``this_proc()``, for an instance spawned without a proc mesh (set by ``_mesh.meshes``).
 _proc_resolver: Callable[[], ProcMesh] | None = None
 
 

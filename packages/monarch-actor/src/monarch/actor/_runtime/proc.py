@@ -27,15 +27,15 @@ Stops are bounded: an actor that has not stopped ``stop_actor_timeout`` after a 
 (stuck in user code) is *fenced* (``ProcRuntime._fence``): retired as stopped, the call it is
 stuck in answered, and whatever its thread sends afterwards refused.
 
-Settling (``_client_api.flush_supervision``, test support): a process's agent answers a flush
-request once every actor took a marker queued behind its pending supervision events; each
+Settling (``_hosts.settle.flush_supervision``, test support): a process's agent answers a
+flush request once every actor took a marker queued behind its pending supervision events; each
 process counts the supervision envelopes it sent and received per peer, so the client can tell
 that none is still in flight between two workers.
 
-Liveness (``_liveness``): the client pings each worker process (``HEARTBEAT_ENDPOINT``, answered
-here on the runtime loop); every heartbeat renews this process's ``lease`` for the timeout it
-carries. Once the lease ran out the client may have declared this process dead: ``post`` sends
-nothing more and ``on_fenced`` (the worker's exit) is called.
+Liveness (``_runtime.liveness``, driven by ``_runtime.watchdog``): the client pings each worker
+process (``HEARTBEAT_ENDPOINT``, answered here on the runtime loop); every heartbeat renews this
+process's ``lease`` for the timeout it carries. Once the lease ran out the client may have declared
+this process dead: ``post`` sends nothing more and ``on_fenced`` (the worker's exit) is called.
 
 Telemetry (``_runtime.telemetry.report``): the agent endpoint ``__telemetry__`` answers a pull
 of this process's spans, metrics and lifecycle records on the runtime loop; on ``STOP_PROC``
@@ -135,7 +135,7 @@ PARK_TIMEOUT = 3.0
 _EMPTY = _codec.Payload(b"")
 #: The agent endpoint (path ``""``) that answers a ``flush_supervision`` round.
 FLUSH_ENDPOINT = "__flush_supervision__"
-#: The agent endpoint that answers the client's heartbeats (``_liveness``, ``_watchdog``).
+#: The agent endpoint that answers the client's heartbeats (``liveness``, ``watchdog``).
 HEARTBEAT_ENDPOINT = "__heartbeat__"
 _SUPERVISION_TRAFFIC = (MessageKind.SUPERVISION, MessageKind.UNDELIVERABLE)
 _TELEMETRY_ENDPOINTS = (_report.TELEMETRY_ENDPOINT, _report.SPANS_ENDPOINT)

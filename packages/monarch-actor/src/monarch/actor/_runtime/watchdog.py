@@ -1,10 +1,11 @@
 """The client's heartbeat driver: ``liveness.HeartbeatMonitor`` on the client's runtime loop.
 
 Why here: the client starts (or asks the host daemons for) every worker process, and the host
-layer already turns a worker's exit into a process death (``_host.WorkerGroup.on_exit``). A
-worker that stops answering does not exit, so the driver pings each watched worker's agent
-(``_runtime.HEARTBEAT_ENDPOINT``) through the client's runtime, over the same transport as every
-message (direct lane or QUIC stream), and hands a worker silent for
+layer already turns a worker's exit into a process death
+(``_hosts.groups.WorkerGroup.on_exit``). A worker that stops answering does not exit, so the
+driver pings each watched worker's agent (``_runtime.proc.HEARTBEAT_ENDPOINT``) through the
+client's runtime, over the same transport as every message (direct lane or QUIC stream), and
+hands a worker silent for
 ``supervision_watchdog_timeout`` seconds to the callback given to ``watch``, on a thread of its
 own (the callback declares the process dead: see ``WorkerGroup.on_unresponsive``).
 

@@ -1,7 +1,9 @@
 """The ``_transport`` layer: moving envelopes between processes; it knows no actor, cell or mesh.
 
-``seam`` (the ``ProcessTransport`` seam, ``InProcessFabric``), ``node`` (``NodeProcessTransport``),
-``lane_proto`` (sans-IO lane negotiation and framing), ``lane`` and ``shm``. The seam's names are
+Modules, each importing only those before it (and ``_base``): ``seam`` (the ``ProcessTransport``
+seam, ``InProcessFabric``) < ``shm`` (pooled memfd slots for large buffers) < ``lane_proto``
+(sans-IO lane negotiation and framing) < ``lane`` (``LaneManager``, Unix and TCP lanes) <
+``node`` (``NodeProcessTransport``, the seam over a Chrysalis ``Node``). The seam's names are
 re-exported here because this package took the old module path ``monarch.actor._transport``.
 """
 

@@ -1,6 +1,6 @@
 """Direct lanes, the I/O part: listeners, authenticated handshakes, and the lane sockets.
 
-Why (see ``_lane_proto`` for the protocol): a lane carries one sender's envelopes to one
+Why (see ``lane_proto`` for the protocol): a lane carries one sender's envelopes to one
 receiving process outside QUIC. ``LaneManager`` is one process's side of it: it answers
 ``Hello`` with an ``Offer`` (opening its listener lazily), dials offered lanes, and runs both
 halves of the handshake. Everything runs on the runtime loop.
@@ -9,7 +9,7 @@ halves of the handshake. Everything runs on the runtime loop.
   (nothing in the file system; it disappears with the process) and raw non-blocking sockets
   driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
   accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
-  through pooled memfd slots passed with ``SCM_RIGHTS`` (``_shm``); the receiver reads each
+  through pooled memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads each
   slot at once and acknowledges it on the same socket, which bounds the shared bytes a sender
   has outstanding (``max_shm_bytes``; over the bound, buffers go inline) and lets the sender
   reuse the slot.

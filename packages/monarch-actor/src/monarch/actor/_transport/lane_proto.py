@@ -4,7 +4,7 @@ Why lanes: the universal path between two Monarch processes is a Chrysalis QUIC 
 (authenticated, routable through the namespace tree) but pure-Python QUIC costs about 1 ms per
 round trip and moves tens of MB/s. Two processes that can reach each other directly negotiate,
 over that stream, a *lane*: a Unix stream socket on one host, mutually authenticated TLS over TCP
-across hosts. Everything here is pure (no sockets, no clock): the I/O lives in ``_lane``.
+across hosts. Everything here is pure (no sockets, no clock): the I/O lives in ``lane``.
 
 Negotiation (sender A, receiver B, on A's envelope stream to B; the stream's otherwise unused
 reverse direction carries B's answers). Control messages are frames whose 12-byte envelope
@@ -27,12 +27,13 @@ prefix has ``header_len == 0`` (never a valid envelope frame) and whose body is 
    ``Switch``: per-sender order holds across the change of path.
 
 Lane frames: ``u8 type ('E') | u16 nshm | nshm x (u16 buffer index, u32 slot) | envelope frame``
-where the envelope frame is the stream frame of ``_envelope`` (``u32 header_len | u64 body_len |
-header | inline buffers``) whose body holds only the buffers that travel inline; the others
-arrive as descriptors (``_shm``), in order, and the receiver acknowledges their slot numbers.
-``LaneDecoder`` reads frames with ``get_buffer``/``buffer_updated`` (large buffers are received
-straight into their final ``bytearray``), takes the shared-memory descriptors passed beside the
-bytes in order, and enforces the frame limits before reserving memory.
+where the envelope frame is the stream frame of ``_base.envelope``
+(``u32 header_len | u64 body_len | header | inline buffers``) whose body holds only the buffers
+that travel inline; the others arrive as descriptors (``shm``), in order, and the receiver
+acknowledges their slot numbers. ``LaneDecoder`` reads frames with ``get_buffer``/
+``buffer_updated`` (large buffers are received straight into their final ``bytearray``), takes
+the shared-memory descriptors passed beside the bytes in order, and enforces the frame limits
+before reserving memory.
 """
 
 from __future__ import annotations

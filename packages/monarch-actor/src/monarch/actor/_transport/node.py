@@ -32,7 +32,7 @@ not answering heartbeats, which may still run) envelopes that still arrive from 
 or lane that is still open, are refused too: counted in ``statistics().refused``, never
 delivered. (An exited process is not fenced: what it sent before its exit is still delivered.)
 
-Direct lanes (``_lane``, ``_lane_proto``): when the transport has its process's identity, each
+Direct lanes (``lane``, ``lane_proto``): when the transport has its process's identity, each
 outbound stream starts with a ``Hello`` and the receiver answers with an ``Offer`` on the
 stream's reverse direction; once the offered lane (Unix socket on one host, TLS over TCP across
 hosts) is authenticated, the writer puts a ``Switch`` marker on the stream after the last
@@ -45,7 +45,7 @@ way finds its lane and nothing sent after it is lost. After the switch the (now 
 may end without consequence; the lane's end is what fails the peer then, exactly as a broken
 stream does. ``force_quic`` (setting ``MONARCH_FORCE_QUIC``) keeps everything on the QUIC
 path. On a Unix lane, buffers of at least ``LaneSettings.shm_threshold`` bytes travel as memfd
-slots (``_shm``): the sender copies them once, straight from the caller's memory into a pooled
+slots (``shm``): the sender copies them once, straight from the caller's memory into a pooled
 memfd slot, and the receiver reads them once, straight into the objects the values are rebuilt
 from.
 """
