@@ -1,6 +1,7 @@
-"""Processes spawned from inside workers on attached hosts (``_host_agent``): ``this_host()`` in
-a worker of an attached host is that host, and an attached host mesh handed to an actor keeps
-naming its hosts. Worker loops run as subprocesses on loopback (as in ``test_hosts``)."""
+"""Processes spawned from inside workers on attached hosts (``_hosts.agent``,
+``_hosts.nested``): ``this_host()`` in a worker of an attached host is that host, and an attached
+host mesh handed to an actor keeps naming its hosts. Worker loops run as subprocesses on loopback
+(as in ``test_hosts``)."""
 
 from __future__ import annotations
 

@@ -24,11 +24,8 @@ from chrysalis.quic.testing import issue_identity
 from monarch.actor._base.envelope import ActorAddr, Envelope, FrameLimits, MessageKind, PortAddr
 from monarch.actor._base.errors import MessageTooLargeError
 from monarch.actor._base.loop import RuntimeLoop
-from monarch.actor._transport.node import (
-    LaneSettings,
-    NodeProcessTransport,
-    NodeTransportSettings,
-)
+from monarch.actor._transport.lane import LaneSettings
+from monarch.actor._transport.node import NodeProcessTransport, NodeTransportSettings
 from monarch.actor._transport.seam import InProcessFabric, InProcessTransport
 from monarch.config._registry import configured
 
