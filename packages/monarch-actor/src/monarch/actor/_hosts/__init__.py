@@ -10,9 +10,10 @@ module of the package. What each holds:
 - ``groups``: ``WorkerGroup``, ``LocalWorkerGroup``, start-up, process lifecycle records,
   ``OutputForwarder`` (worker output with its rank prefix), the zygote glue; ``zygote``: the
   warm process that forks workers;
-- ``attach_protocol`` (``monarch.host.v1``, sans-IO), ``attach_session`` (``HostSession``,
-  ``RemoteWorkerGroup``), ``attach_daemon`` (``run_worker_loop_forever``, ``python -m
-  monarch.actor._attach``): hosts started separately; ``client_attach``: ``attach(addr)``;
+- hosts started separately: ``attach_protocol`` (``monarch.host.v1``, sans-IO),
+  ``attach_session`` (``HostSession``, ``RemoteWorkerGroup``), ``attach_daemon``
+  (``run_worker_loop_forever``, ``python -m monarch.actor._attach``); ``client_attach``:
+  ``attach(addr)``;
 - ``client_node``: ``ClientNodeLayer`` (the client's identity and lazy node);
 - ``spawn`` (``start_group``, ``bring_up``, ``ProcSetup``), ``nested`` (``NestedProcs``) and
   ``agent`` (the client's host agent, controllers);
