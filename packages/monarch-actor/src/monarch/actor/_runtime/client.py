@@ -30,6 +30,7 @@ from chrysalis.core import Pid
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.envelope import ActorAddr, FrameLimits, MessageKind
 from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._runtime import logging as _logging
 from monarch.actor._runtime import main_module
 from monarch.actor._runtime.cell import RootCell, _stop_meshes
 from monarch.actor._runtime.context import (
@@ -190,3 +191,11 @@ def _root_context() -> Context:
 
 
 set_root_context(_root_context)  # hook H1: ``context()`` outside any actor
+
+
+def _client_in_this_process() -> bool:
+    current = _client
+    return current is not None and current.pid == os.getpid()
+
+
+_logging.set_client_probe(_client_in_this_process)  # user records outside actors: ``<root>``

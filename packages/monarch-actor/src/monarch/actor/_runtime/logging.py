@@ -43,6 +43,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -180,14 +181,25 @@ class _SystemFormatter(logging.Formatter):
 # ---------------------------------------------------------------------------------------------
 # The actor prefix on user logs
 # ---------------------------------------------------------------------------------------------
+#: Hook: whether this OS process is running a Monarch client now (set by ``_runtime.client``
+#: at import; ``None``: no client can exist yet).
+_client_here: Callable[[], bool] | None = None
+
+
+def set_client_probe(probe: Callable[[], bool]) -> None:
+    """Register the check "this process runs a client" (once, at import, by the client
+    runtime): records made outside any actor there are prefixed ``<root>``."""
+    global _client_here
+    _client_here = probe
+
+
 def _chain_here() -> str | None:
     """The actor chain of the running code, ``<root>`` on the client, ``None`` elsewhere."""
     ctx = _current()
     if ctx is not None:
         return str(ctx.actor_instance)
-    runtime = sys.modules.get("monarch.actor._runtime.client")
-    client = getattr(runtime, "_client", None) if runtime is not None else None
-    if client is not None and getattr(client, "pid", None) == os.getpid():
+    probe = _client_here
+    if probe is not None and probe():
         return "<root>"
     return None
 
