@@ -13,7 +13,7 @@ client's heartbeat driver; ``enable_transport``; ``returns_future``).
 
 Hooks a higher layer sets at import: ``context.set_root_context`` (by ``client``, H1),
 ``context.set_proc_resolver`` (by ``_mesh.meshes``, H2), ``client.set_node_layer`` (by
-``_hosts.host_mesh``, H3).
+``_hosts.host_mesh``, H3); inside the layer, ``logging.set_client_probe`` (by ``client``).
 
 This package took the old module path ``monarch.actor._runtime``; the names that module
 exported are re-exported here for one release. Code inside ``monarch.actor`` imports the
