@@ -1,0 +1,235 @@
+"""Start-up of the ``chrysalis`` command: wall time of ``chrysalis --help`` and of
+``chrysalis ls TOKEN`` against ``python -c pass``.
+
+Usage::
+
+    python benchmarks/cli_start.py [--quick | --smoke] [--json OUT] [--write-readme]
+
+The script starts one root node (``chrysalis serve`` on a UDP loopback carrier, with a
+development CA in a temporary directory) and then runs rounds of three commands back to back,
+so that the three see about the same machine load:
+
+1. **bare** (baseline): ``python -c pass``, interpreter start-up alone.
+2. **help**: ``python -m chrysalis.node._cli --help`` (what the ``chrysalis`` console script
+   runs: it imports ``chrysalis.node._cli`` and calls ``main``).
+3. **ls**: ``python -m chrysalis.node._cli --ca-dir CA ls TOKEN``: a client node that joins
+   the root, enumerates the namespace, prints the table and leaves.
+
+Each time is the wall time from ``subprocess.run`` to the child's exit. The ratios are
+command / bare in the same round, and the headline figure is the median of the per-round
+ratios (full run: 15 rounds; ``--quick``: 5; ``--smoke``: 1). The machine is shared and noisy:
+trust ratios more than times. Every wait is bounded, and the root is stopped (SIGTERM, then
+SIGKILL) however the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make ``benchmarks._common`` importable
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import (  # noqa: E402
+    BenchmarkError,
+    add_run_arguments,
+    machine_facts,
+    machine_line,
+    median,
+    run_mode,
+    write_json,
+    write_readme_section,
+)
+
+README: Final = ROOT / "packages" / "chrysalis-node" / "README.md"
+HEADING: Final = "## CLI start-up"
+CLI: Final = (sys.executable, "-m", "chrysalis.node._cli")
+BARE: Final = (sys.executable, "-c", "pass")
+COMMAND_TIMEOUT: Final = 60.0
+"""Seconds one measured command may take."""
+SERVE_TIMEOUT: Final = 60.0
+"""Seconds the root may take to print its join token."""
+ROUNDS: Final = {"full": 15, "quick": 5, "smoke": 1}
+LS_GOAL: Final = 3.0
+"""Issue 22: ``chrysalis ls`` at most 3x ``python -c pass``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """Wall seconds of the three commands of one round."""
+
+    bare: float
+    help: float
+    ls: float
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "bare_seconds": self.bare,
+            "help_seconds": self.help,
+            "ls_seconds": self.ls,
+            "help_over_bare": self.help / self.bare,
+            "ls_over_bare": self.ls / self.bare,
+        }
+
+
+def _timed(argv: Sequence[str]) -> tuple[float, str]:
+    """Run ``argv``; its wall seconds and stdout. :class:`BenchmarkError` when it fails."""
+    started = time.perf_counter()
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
+    )
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise BenchmarkError(f"{argv[1:]} exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    return elapsed, proc.stdout
+
+
+class _Root:
+    """``chrysalis serve`` on a loopback UDP carrier; ``token`` is its first stdout line."""
+
+    def __init__(self, ca_dir: Path) -> None:
+        self._proc = subprocess.Popen(
+            [*CLI, "--ca-dir", str(ca_dir), "serve", "--listen", "udp://127.0.0.1:0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.token = self._first_line()
+
+    def _first_line(self) -> str:
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + SERVE_TIMEOUT
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._proc.stdout, selectors.EVENT_READ)
+            while not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                if time.monotonic() >= deadline or self._proc.poll() is not None:
+                    self.stop()
+                    raise BenchmarkError("the root printed no join token")
+        line = self._proc.stdout.readline().strip()
+        if not line:
+            self.stop()
+            raise BenchmarkError("the root exited before printing its join token")
+        return line
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+def measure(rounds: int) -> list[Round]:
+    """Start a root, then ``rounds`` rounds of bare / help / ls."""
+    results: list[Round] = []
+    with tempfile.TemporaryDirectory(prefix="cli-start-") as folder:
+        ca_dir = Path(folder) / "ca"
+        root = _Root(ca_dir)
+        try:
+            ls = [*CLI, "--ca-dir", str(ca_dir), "ls", root.token]
+            _timed(ls)  # warm the file cache and the root's first client
+            for index in range(rounds):
+                bare, _ = _timed(BARE)
+                help_time, help_text = _timed([*CLI, "--help"])
+                ls_time, table = _timed(ls)
+                if not help_text.startswith("usage: chrysalis") or "PID" not in table:
+                    raise BenchmarkError(f"unexpected output: {help_text[:80]!r} {table[:80]!r}")
+                results.append(Round(bare, help_time, ls_time))
+                print(
+                    f"round {index + 1}/{rounds}: bare {bare * 1000:.0f} ms, "
+                    f"--help {help_time * 1000:.0f} ms, ls {ls_time * 1000:.0f} ms",
+                    file=sys.stderr,
+                )
+        finally:
+            root.stop()
+    return results
+
+
+def summary(rounds: Sequence[Round]) -> dict[str, Any]:
+    """Medians of the times and of the per-round ratios."""
+    return {
+        "bare_seconds": median([r.bare for r in rounds]),
+        "help_seconds": median([r.help for r in rounds]),
+        "ls_seconds": median([r.ls for r in rounds]),
+        "help_over_bare": median([r.help / r.bare for r in rounds]),
+        "ls_over_bare": median([r.ls / r.bare for r in rounds]),
+        "help_ratio_range": [
+            min(r.help / r.bare for r in rounds),
+            max(r.help / r.bare for r in rounds),
+        ],
+        "ls_ratio_range": [min(r.ls / r.bare for r in rounds), max(r.ls / r.bare for r in rounds)],
+    }
+
+
+def report(meta: dict[str, Any], mode: str, rounds: Sequence[Round]) -> str:
+    """The Markdown section (``## CLI start-up``) of the chrysalis-node README."""
+    figures = summary(rounds)
+    met = "yes" if figures["ls_over_bare"] <= LS_GOAL else "no"
+    lines = [
+        HEADING,
+        "",
+        f"`benchmarks/cli_start.py` ({mode} run, {len(rounds)} rounds; {machine_line(meta)}).",
+        "Wall time of each command against `python -c pass` in the same round; the ratio is",
+        "the median of the per-round ratios (min-max in brackets).",
+        "",
+        "| command | median time | ratio to `python -c pass` | goal |",
+        "|---|---|---|---|",
+        f"| `python -c pass` | {figures['bare_seconds'] * 1000:.0f} ms | 1x | |",
+        f"| `chrysalis --help` | {figures['help_seconds'] * 1000:.0f} ms | "
+        f"{figures['help_over_bare']:.1f}x ({figures['help_ratio_range'][0]:.1f}-"
+        f"{figures['help_ratio_range'][1]:.1f}) | |",
+        f"| `chrysalis ls TOKEN` | {figures['ls_seconds'] * 1000:.0f} ms | "
+        f"{figures['ls_over_bare']:.1f}x ({figures['ls_ratio_range'][0]:.1f}-"
+        f"{figures['ls_ratio_range'][1]:.1f}) | at most {LS_GOAL:g}x: {met} |",
+    ]
+    if mode != "full":
+        lines += ["", f"A {mode} run: too few rounds to trust; run without options for the table."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    add_run_arguments(
+        parser,
+        quick="5 rounds",
+        smoke="1 round (proves that the script works)",
+        readme=f"replace the '{HEADING}' section of packages/chrysalis-node/README.md",
+    )
+    args = parser.parse_args(argv)
+    mode = run_mode(args)
+    meta = machine_facts("cli_start.py", argv)
+    rounds = measure(ROUNDS[mode])
+    text = report(meta, mode, rounds)
+    print(text, end="")
+    if args.json is not None:
+        write_json(
+            args.json,
+            {
+                "meta": meta,
+                "mode": mode,
+                "summary": summary(rounds),
+                "rounds": [r.to_json() for r in rounds],
+            },
+        )
+    if args.write_readme:
+        write_readme_section(README, text, heading=HEADING)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
