@@ -6,13 +6,16 @@ Usage::
     python benchmarks/cli_start.py [--quick | --smoke] [--json OUT] [--write-readme]
 
 The script starts one root node (``chrysalis serve`` on a UDP loopback carrier, with a
-development CA in a temporary directory) and then runs rounds of three commands back to back,
-so that the three see about the same machine load:
+development CA in a temporary directory) and then runs rounds of four commands back to back,
+so that the four see about the same machine load:
 
 1. **bare** (baseline): ``python -c pass``, interpreter start-up alone.
 2. **help**: ``python -m chrysalis.node._cli --help`` (what the ``chrysalis`` console script
    runs: it imports ``chrysalis.node._cli`` and calls ``main``).
-3. **ls**: ``python -m chrysalis.node._cli --ca-dir CA ls TOKEN``: a client node that joins
+3. **imports** (informational): ``python -c "import chrysalis.node._cli,
+   chrysalis.node._cli_commands"``, the modules ``ls`` imports and nothing else: what ``ls``
+   costs beyond this is protocol work, not imports.
+4. **ls**: ``python -m chrysalis.node._cli --ca-dir CA ls TOKEN``: a client node that joins
    the root, enumerates the namespace, prints the table and leaves.
 
 Each time is the wall time from ``subprocess.run`` to the child's exit. The ratios are
@@ -64,22 +67,31 @@ LS_GOAL: Final = 3.0
 """Issue 22: ``chrysalis ls`` at most 3x ``python -c pass``."""
 
 
+CASES: Final = ("bare", "help", "imports", "ls")
+"""The commands of one round, in the order they run (``bare`` is the baseline)."""
+LABELS: Final = {
+    "bare": "`python -c pass`",
+    "help": "`chrysalis --help`",
+    "imports": "`import chrysalis.node._cli_commands` (informational)",
+    "ls": "`chrysalis ls TOKEN`",
+}
+IMPORTS: Final = "import chrysalis.node._cli, chrysalis.node._cli_commands"
+
+
 @dataclass(frozen=True, slots=True)
 class Round:
-    """Wall seconds of the three commands of one round."""
+    """Wall seconds of each case of one round (``CASES``)."""
 
-    bare: float
-    help: float
-    ls: float
+    seconds: dict[str, float]
+
+    def ratio(self, case: str) -> float:
+        """``case`` over ``bare`` in this round."""
+        return self.seconds[case] / self.seconds["bare"]
 
     def to_json(self) -> dict[str, float]:
-        return {
-            "bare_seconds": self.bare,
-            "help_seconds": self.help,
-            "ls_seconds": self.ls,
-            "help_over_bare": self.help / self.bare,
-            "ls_over_bare": self.ls / self.bare,
-        }
+        record = {f"{case}_seconds": self.seconds[case] for case in CASES}
+        record.update({f"{case}_over_bare": self.ratio(case) for case in CASES[1:]})
+        return record
 
 
 def _timed(argv: Sequence[str]) -> tuple[float, str]:
@@ -135,7 +147,7 @@ class _Root:
 
 
 def measure(rounds: int) -> list[Round]:
-    """Start a root, then ``rounds`` rounds of bare / help / ls."""
+    """Start a root, then ``rounds`` rounds of the ``CASES``."""
     results: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="cli-start-") as folder:
         ca_dir = Path(folder) / "ca"
@@ -144,58 +156,61 @@ def measure(rounds: int) -> list[Round]:
             ls = [*CLI, "--ca-dir", str(ca_dir), "ls", root.token]
             _timed(ls)  # warm the file cache and the root's first client
             for index in range(rounds):
-                bare, _ = _timed(BARE)
-                help_time, help_text = _timed([*CLI, "--help"])
-                ls_time, table = _timed(ls)
+                seconds: dict[str, float] = {}
+                seconds["bare"], _ = _timed(BARE)
+                seconds["help"], help_text = _timed([*CLI, "--help"])
+                seconds["imports"], _ = _timed([sys.executable, "-c", IMPORTS])
+                seconds["ls"], table = _timed(ls)
                 if not help_text.startswith("usage: chrysalis") or "PID" not in table:
                     raise BenchmarkError(f"unexpected output: {help_text[:80]!r} {table[:80]!r}")
-                results.append(Round(bare, help_time, ls_time))
-                print(
-                    f"round {index + 1}/{rounds}: bare {bare * 1000:.0f} ms, "
-                    f"--help {help_time * 1000:.0f} ms, ls {ls_time * 1000:.0f} ms",
-                    file=sys.stderr,
-                )
+                results.append(Round(seconds))
+                times = ", ".join(f"{case} {seconds[case] * 1000:.0f} ms" for case in CASES)
+                print(f"round {index + 1}/{rounds}: {times}", file=sys.stderr)
         finally:
             root.stop()
     return results
 
 
 def summary(rounds: Sequence[Round]) -> dict[str, Any]:
-    """Medians of the times and of the per-round ratios."""
-    return {
-        "bare_seconds": median([r.bare for r in rounds]),
-        "help_seconds": median([r.help for r in rounds]),
-        "ls_seconds": median([r.ls for r in rounds]),
-        "help_over_bare": median([r.help / r.bare for r in rounds]),
-        "ls_over_bare": median([r.ls / r.bare for r in rounds]),
-        "help_ratio_range": [
-            min(r.help / r.bare for r in rounds),
-            max(r.help / r.bare for r in rounds),
-        ],
-        "ls_ratio_range": [min(r.ls / r.bare for r in rounds), max(r.ls / r.bare for r in rounds)],
+    """Medians of the times and of the per-round ratios (with their min and max)."""
+    figures: dict[str, Any] = {
+        f"{case}_seconds": median([r.seconds[case] for r in rounds]) for case in CASES
     }
+    for case in CASES[1:]:
+        ratios = [r.ratio(case) for r in rounds]
+        figures[f"{case}_over_bare"] = median(ratios)
+        figures[f"{case}_ratio_range"] = [min(ratios), max(ratios)]
+    return figures
 
 
 def report(meta: dict[str, Any], mode: str, rounds: Sequence[Round]) -> str:
     """The Markdown section (``## CLI start-up``) of the chrysalis-node README."""
     figures = summary(rounds)
-    met = "yes" if figures["ls_over_bare"] <= LS_GOAL else "no"
+    rows = []
+    for case in CASES:
+        time_ms = f"{figures[f'{case}_seconds'] * 1000:.0f} ms"
+        if case == "bare":
+            rows.append(f"| {LABELS[case]} | {time_ms} | 1x | |")
+            continue
+        low, high = figures[f"{case}_ratio_range"]
+        ratio = f"{figures[f'{case}_over_bare']:.1f}x ({low:.1f}-{high:.1f})"
+        goal = ""
+        if case == "ls":
+            met = "met" if figures["ls_over_bare"] <= LS_GOAL else "not met"
+            goal = f"at most {LS_GOAL:g}x: {met}"
+        rows.append(f"| {LABELS[case]} | {time_ms} | {ratio} | {goal} |")
     lines = [
         HEADING,
         "",
         f"`benchmarks/cli_start.py` ({mode} run, {len(rounds)} rounds; {machine_line(meta)}).",
         "Wall time of each command against `python -c pass` in the same round; the ratio is",
-        "the median of the per-round ratios (min-max in brackets).",
+        "the median of the per-round ratios (min-max in brackets). The import row is a",
+        "process that only imports what `ls` imports: `ls` minus that row is the protocol",
+        "work (identity, QUIC handshake, join, enumeration, leave).",
         "",
         "| command | median time | ratio to `python -c pass` | goal |",
         "|---|---|---|---|",
-        f"| `python -c pass` | {figures['bare_seconds'] * 1000:.0f} ms | 1x | |",
-        f"| `chrysalis --help` | {figures['help_seconds'] * 1000:.0f} ms | "
-        f"{figures['help_over_bare']:.1f}x ({figures['help_ratio_range'][0]:.1f}-"
-        f"{figures['help_ratio_range'][1]:.1f}) | |",
-        f"| `chrysalis ls TOKEN` | {figures['ls_seconds'] * 1000:.0f} ms | "
-        f"{figures['ls_over_bare']:.1f}x ({figures['ls_ratio_range'][0]:.1f}-"
-        f"{figures['ls_ratio_range'][1]:.1f}) | at most {LS_GOAL:g}x: {met} |",
+        *rows,
     ]
     if mode != "full":
         lines += ["", f"A {mode} run: too few rounds to trust; run without options for the table."]
