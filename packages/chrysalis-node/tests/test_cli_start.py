@@ -88,6 +88,8 @@ def test_parsing_alone_imports_no_node_machinery(tmp_path: Path, argv: list[str]
     assert code in (0, 2), output
     assert "usage: chrysalis" in output
     assert _heavy(modules) == []
+    if argv[-1] == "--help":  # nothing to convert: not even chrysalis.core (addresses, PIDs)
+        assert "chrysalis.core" not in modules
 
 
 def test_python_m_help_imports_no_node_machinery(tmp_path: Path) -> None:
@@ -106,6 +108,7 @@ def test_python_m_help_imports_no_node_machinery(tmp_path: Path) -> None:
     record = json.loads(out.read_text())
     assert record["code"] == 0
     assert _heavy(record["modules"]) == []
+    assert "chrysalis.core" not in record["modules"]
     assert "chrysalis.node._cli" in record["modules"]  # ``__main__`` runs the module's main
 
 

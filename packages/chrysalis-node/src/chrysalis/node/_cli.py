@@ -6,13 +6,16 @@ token as the first stdout line; ``join TOKEN`` starts a child; ``ls``, ``resolve
 ``ping`` start a short-lived client node joined at TOKEN, do one thing and leave (a clean
 shutdown withdraws the client from the namespace at once).
 
-This module holds what every run needs: the argument parser, the output formats and the entry
-point. It imports no QUIC, TLS, nameserver or SQLite code, so ``chrysalis --help`` and a usage
-error start fast (issue 22, item 5). ``main`` looks the parsed command up in one dispatch table
-(``COMMANDS``: command -> module and function) and imports that module only then:
+This module holds what every run needs: the argument parser and the entry point. It imports
+no QUIC, TLS, nameserver or SQLite code, and chrysalis.core (through
+``chrysalis.node._address``) only when an argument needs converting, so ``chrysalis --help``
+and usage errors start fast (issue 22, item 5). ``main`` looks the parsed command up in one
+dispatch table (``COMMANDS``: command -> module and function) and imports that module only
+then:
 
 - ``chrysalis.node._cli_commands``: ``identity``, ``serve``, ``join``, ``ls``, ``resolve``,
-  ``pipe`` and ``ping`` (the node machinery: carriers, QUIC, nameserver);
+  ``pipe`` and ``ping`` (the node machinery: carriers, QUIC, nameserver), and their output
+  formats (``entry_record``, ``format_table``, ``format_entry``: still importable from here);
 - ``chrysalis.node._cli_admin``: ``admin TOKEN ACTION`` (and ``scale admin ...``), run by
   ``chrysalis.node._admin``; it needs chrysalis-sqlite, which sits above chrysalis-node;
 - ``chrysalis.node._cli_sqlite``: ``sqlite DB ACTION`` (chrysalis-sqlite's shell);
@@ -37,18 +40,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from chrysalis.core import AddressError, DatagramAddr, PidPrefix, PidPrefixError
-from chrysalis.node._address import (
-    AddressSyntaxError,
-    JoinToken,
-    format_address,
-    parse_join_token,
-    parse_listen,
-    parse_pid_reference,
-)
-
 if TYPE_CHECKING:
-    from chrysalis.nameserver import ProcEntry
+    from chrysalis.core import DatagramAddr, PidPrefix
+    from chrysalis.node._address import JoinToken
+    from chrysalis.node._cli_commands import entry_record, format_entry, format_table
 
 __all__ = [
     "COMMANDS",
@@ -71,6 +66,8 @@ PING_PAYLOAD: Final = 64
 PING_TAG: Final = 0
 """First byte of every ``ping`` payload: never one of the scale workers' request ops (1 echo,
 2 transfer), so a scale worker always answers ``ping`` with the raw echo."""
+_ADDRESS: Final = "chrysalis.node._address"
+"""Parses join tokens, PID references and carriers (imports chrysalis.core)."""
 _USAGE_EXIT: Final = 2
 _ERROR_EXIT: Final = 1
 
@@ -99,25 +96,30 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _token(text: str) -> JoinToken:
+def _convert(parse: str, text: str) -> Any:
+    """``chrysalis.node._address.<parse>(text)``, a syntax error as argparse's
+    ``ArgumentTypeError``. That module (and chrysalis.core beneath it) is imported with the
+    first argument converted: ``--help`` and most usage errors convert none."""
+    address = importlib.import_module(_ADDRESS)
     try:
-        return parse_join_token(text)
-    except AddressSyntaxError as exc:
+        return getattr(address, parse)(text)
+    except address.AddressSyntaxError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _token(text: str) -> JoinToken:
+    token: JoinToken = _convert("parse_join_token", text)
+    return token
 
 
 def _reference(text: str) -> PidPrefix:
-    try:
-        return parse_pid_reference(text)
-    except AddressSyntaxError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    reference: PidPrefix = _convert("parse_pid_reference", text)
+    return reference
 
 
 def _listen(text: str) -> DatagramAddr | None:
-    try:
-        return parse_listen(text)
-    except AddressSyntaxError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    listen: DatagramAddr | None = _convert("parse_listen", text)
+    return listen
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -304,63 +306,6 @@ def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 # -- output -------------------------------------------------------------------------------------
 
 
-def entry_record(entry: ProcEntry) -> dict[str, Any]:
-    """The JSON shape of one namespace entry."""
-    return {
-        "pid": entry.pid.hex(),
-        "tls_server_name": entry.tls_server_name,
-        "labels": dict(entry.labels.items()),
-        "locators": [
-            {"address": format_address(loc.address), "priority": loc.priority}
-            for loc in sorted(entry.locators, key=lambda item: item.priority)
-        ],
-    }
-
-
-def format_table(entries: Sequence[ProcEntry], *, full: bool = False) -> str:
-    """The ``ls`` table: ``PID`` (8 hex digits unless ``full``), ``PRIORITY`` (right-aligned),
-    ``LABELS`` (``k=v,...`` or ``-``) and ``ADDRESS``; one row per locator, sorted by PID and
-    priority; columns two spaces apart, padded to the widest value."""
-    rows = [("PID", "PRIORITY", "LABELS", "ADDRESS")]
-    for entry in sorted(entries, key=lambda item: item.pid):
-        pid = entry.pid.hex() if full else entry.pid.hex()[:8]
-        labels = ",".join(f"{k}={v}" for k, v in entry.labels.items()) or "-"
-        locators = sorted(entry.locators, key=lambda item: item.priority)
-        if not locators:
-            rows.append((pid, "-", labels, "-"))
-        for loc in locators:
-            rows.append((pid, str(loc.priority), labels, format_address(loc.address)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = []
-    for row in rows:
-        cells = [
-            row[0].ljust(widths[0]),
-            row[1].rjust(widths[1]),
-            row[2].ljust(widths[2]),
-            row[3],
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
-
-
-def format_entry(entry: ProcEntry) -> str:
-    """The readable ``resolve`` record (YAML-like)."""
-    lines = [f"pid: {entry.pid.hex()}", f"tls_server_name: {entry.tls_server_name}"]
-    if entry.labels:
-        lines.append("labels:")
-        lines.extend(f"  {k}={v}" for k, v in entry.labels.items())
-    else:
-        lines.append("labels: []")
-    if entry.locators:
-        lines.append("locators:")
-        for loc in sorted(entry.locators, key=lambda item: item.priority):
-            lines.append(f"  - priority: {loc.priority}")
-            lines.append(f"    address: {format_address(loc.address)}")
-    else:
-        lines.append("locators: []")
-    return "\n".join(lines)
-
-
 def _emit(out: TextIO, text: str) -> None:
     out.write(text + "\n")
     out.flush()
@@ -407,7 +352,9 @@ COMMANDS: Final[Mapping[str, Command]] = {
 
 _SCALE: Final = Command("chrysalis.node._scale", "main")
 
-_MOVED: Final[Mapping[str, str]] = {"_Carriers": _COMMANDS_MODULE}
+_MOVED: Final[Mapping[str, str]] = dict.fromkeys(
+    ("_Carriers", "entry_record", "format_entry", "format_table"), _COMMANDS_MODULE
+)
 """Names this module held before the commands moved out (still reachable here, imported on
 first use)."""
 
@@ -441,14 +388,7 @@ def _implementation(name: str) -> tuple[Callable[..., int], tuple[type[BaseExcep
 
 # -- entry point --------------------------------------------------------------------------------
 
-_EXPECTED: Final[tuple[type[BaseException], ...]] = (
-    CliError,
-    AddressError,
-    AddressSyntaxError,
-    PidPrefixError,
-    OSError,
-    TimeoutError,
-)
+_EXPECTED: Final[tuple[type[BaseException], ...]] = (CliError, OSError, TimeoutError)
 """Failures of any command printed as one line (each command module adds its own)."""
 
 

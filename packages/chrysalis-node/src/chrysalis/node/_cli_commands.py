@@ -1,6 +1,7 @@
 """The node commands of ``chrysalis`` (``identity``, ``serve``, ``join``, ``ls``, ``resolve``,
 ``pipe`` and ``ping``): imported by ``chrysalis.node._cli`` only when one of them runs, because
-they need the whole node (carriers, QUIC and TLS, nameserver).
+they need the whole node (carriers, QUIC and TLS, nameserver). Also the output formats of
+``ls`` and ``resolve`` (a table or a YAML-like record, and their JSON shape).
 
 Sockets: every node binds the carriers given with ``--listen`` (the first one is in the join
 token it prints) plus a helper of the other kind (UDP on 127.0.0.1:0, or a Unix socket in a
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from chrysalis.core import DatagramAddr, Pid
+from chrysalis.core import AddressError, DatagramAddr, Pid, PidPrefixError
 from chrysalis.datagram import (
     DatagramSocket,
     DatagramSocketSet,
@@ -36,17 +37,10 @@ from chrysalis.nameserver import (
     Found,
     Labels,
     NameserverError,
+    ProcEntry,
 )
-from chrysalis.node._address import JoinToken, format_address
-from chrysalis.node._cli import (
-    _ERROR_EXIT,
-    CliError,
-    _emit,
-    entry_record,
-    format_entry,
-    format_table,
-    ping_payload,
-)
+from chrysalis.node._address import AddressSyntaxError, JoinToken, format_address
+from chrysalis.node._cli import _ERROR_EXIT, CliError, _emit, ping_payload
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node, NodeError, bind_carrier
 from chrysalis.node._tempdirs import (
@@ -70,12 +64,18 @@ __all__ = [
     "EXPECTED_ERRORS",
     "build_node",
     "client",
+    "entry_record",
+    "format_entry",
+    "format_table",
     "identity_command",
     "run_node",
     "wait_connected",
 ]
 
 EXPECTED_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    AddressError,
+    AddressSyntaxError,
+    PidPrefixError,
     NodeError,
     NameserverError,
     QuicTransportError,
@@ -96,6 +96,66 @@ def run_node(args: argparse.Namespace, out: TextIO) -> int:
 def client(args: argparse.Namespace, out: TextIO) -> int:
     """``ls``, ``resolve``, ``pipe`` and ``ping``: a client node joined at TOKEN."""
     return asyncio.run(_client(args, out))
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def entry_record(entry: ProcEntry) -> dict[str, Any]:
+    """The JSON shape of one namespace entry."""
+    return {
+        "pid": entry.pid.hex(),
+        "tls_server_name": entry.tls_server_name,
+        "labels": dict(entry.labels.items()),
+        "locators": [
+            {"address": format_address(loc.address), "priority": loc.priority}
+            for loc in sorted(entry.locators, key=lambda item: item.priority)
+        ],
+    }
+
+
+def format_table(entries: Sequence[ProcEntry], *, full: bool = False) -> str:
+    """The ``ls`` table: ``PID`` (8 hex digits unless ``full``), ``PRIORITY`` (right-aligned),
+    ``LABELS`` (``k=v,...`` or ``-``) and ``ADDRESS``; one row per locator, sorted by PID and
+    priority; columns two spaces apart, padded to the widest value."""
+    rows = [("PID", "PRIORITY", "LABELS", "ADDRESS")]
+    for entry in sorted(entries, key=lambda item: item.pid):
+        pid = entry.pid.hex() if full else entry.pid.hex()[:8]
+        labels = ",".join(f"{k}={v}" for k, v in entry.labels.items()) or "-"
+        locators = sorted(entry.locators, key=lambda item: item.priority)
+        if not locators:
+            rows.append((pid, "-", labels, "-"))
+        for loc in locators:
+            rows.append((pid, str(loc.priority), labels, format_address(loc.address)))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = []
+    for row in rows:
+        cells = [
+            row[0].ljust(widths[0]),
+            row[1].rjust(widths[1]),
+            row[2].ljust(widths[2]),
+            row[3],
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def format_entry(entry: ProcEntry) -> str:
+    """The readable ``resolve`` record (YAML-like)."""
+    lines = [f"pid: {entry.pid.hex()}", f"tls_server_name: {entry.tls_server_name}"]
+    if entry.labels:
+        lines.append("labels:")
+        lines.extend(f"  {k}={v}" for k, v in entry.labels.items())
+    else:
+        lines.append("labels: []")
+    if entry.locators:
+        lines.append("locators:")
+        for loc in sorted(entry.locators, key=lambda item: item.priority):
+            lines.append(f"  - priority: {loc.priority}")
+            lines.append(f"    address: {format_address(loc.address)}")
+    else:
+        lines.append("locators: []")
+    return "\n".join(lines)
 
 
 # -- identities ---------------------------------------------------------------------------------
