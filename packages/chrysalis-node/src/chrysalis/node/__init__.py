@@ -76,18 +76,6 @@ _LAZY: Final[Mapping[str, str]] = {
     "decode_ack": _SESSIONS,
 }
 """Where each public name is defined."""
-_PUBLIC_CLASSES: Final = frozenset(
-    {
-        "JoinSettings",
-        "Node",
-        "NodeError",
-        "NodeStatistics",
-        "LinkSessionError",
-        "LinkSessions",
-        "LinkSessionVersionError",
-    }
-)
-"""Classes whose ``__module__`` is this package (their documented import location)."""
 
 
 def __getattr__(name: str) -> object:
@@ -95,8 +83,6 @@ def __getattr__(name: str) -> object:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value: object = getattr(importlib.import_module(module), name)
-    if name in _PUBLIC_CLASSES:
-        value.__module__ = __name__  # classes only
     globals()[name] = value
     return value
 
