@@ -18,7 +18,9 @@ so that the four see about the same machine load:
 4. **ls**: ``python -m chrysalis.node._cli --ca-dir CA ls TOKEN``: a client node that joins
    the root, enumerates the namespace, prints the table and leaves.
 
-Each time is the wall time from ``subprocess.run`` to the child's exit. The ratios are
+Every child runs with bytecode caches (in a private ``PYTHONPYCACHEPREFIX``, written by a
+warm-up run of each command), as an installed command does. Each time is the wall time from
+``subprocess.run`` to the child's exit. The ratios are
 command / bare in the same round, and the headline figure is the median of the per-round
 ratios (full run: 15 rounds; ``--quick``: 5; ``--smoke``: 1). The machine is shared and noisy:
 trust ratios more than times. Every wait is bounded, and the root is stopped (SIGTERM, then
@@ -28,6 +30,7 @@ SIGKILL) however the run ends.
 from __future__ import annotations
 
 import argparse
+import os
 import selectors
 import signal
 import subprocess
@@ -94,11 +97,21 @@ class Round:
         return record
 
 
-def _timed(argv: Sequence[str]) -> tuple[float, str]:
+def _child_env(folder: Path) -> dict[str, str]:
+    """The environment of every child: bytecode caches on, in ``folder`` (an installed command
+    runs from ``.pyc`` files; a checkout run with ``PYTHONDONTWRITEBYTECODE`` would compile
+    every module on every start and measure the compiler instead)."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(folder)
+    return env
+
+
+def _timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, str]:
     """Run ``argv``; its wall seconds and stdout. :class:`BenchmarkError` when it fails."""
     started = time.perf_counter()
     proc = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
+        list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False, env=env
     )
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
@@ -109,13 +122,14 @@ def _timed(argv: Sequence[str]) -> tuple[float, str]:
 class _Root:
     """``chrysalis serve`` on a loopback UDP carrier; ``token`` is its first stdout line."""
 
-    def __init__(self, ca_dir: Path) -> None:
+    def __init__(self, ca_dir: Path, env: dict[str, str]) -> None:
         self._proc = subprocess.Popen(
             [*CLI, "--ca-dir", str(ca_dir), "serve", "--listen", "udp://127.0.0.1:0"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            env=env,
         )
         self.token = self._first_line()
 
@@ -151,16 +165,18 @@ def measure(rounds: int) -> list[Round]:
     results: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="cli-start-") as folder:
         ca_dir = Path(folder) / "ca"
-        root = _Root(ca_dir)
+        env = _child_env(Path(folder) / "pycache")
+        root = _Root(ca_dir, env)
         try:
             ls = [*CLI, "--ca-dir", str(ca_dir), "ls", root.token]
-            _timed(ls)  # warm the file cache and the root's first client
+            for warm_up in (BARE, [*CLI, "--help"], [sys.executable, "-c", IMPORTS], ls):
+                _timed(warm_up, env)  # bytecode caches, the file cache, the root's first client
             for index in range(rounds):
                 seconds: dict[str, float] = {}
-                seconds["bare"], _ = _timed(BARE)
-                seconds["help"], help_text = _timed([*CLI, "--help"])
-                seconds["imports"], _ = _timed([sys.executable, "-c", IMPORTS])
-                seconds["ls"], table = _timed(ls)
+                seconds["bare"], _ = _timed(BARE, env)
+                seconds["help"], help_text = _timed([*CLI, "--help"], env)
+                seconds["imports"], _ = _timed([sys.executable, "-c", IMPORTS], env)
+                seconds["ls"], table = _timed(ls, env)
                 if not help_text.startswith("usage: chrysalis") or "PID" not in table:
                     raise BenchmarkError(f"unexpected output: {help_text[:80]!r} {table[:80]!r}")
                 results.append(Round(seconds))
