@@ -5,41 +5,38 @@ parent link) behind one facade, under asyncio or trio.
 the node publishes itself to its parent, serves its children, resolves and enumerates PIDs and
 opens authenticated streams to any PID (``dial``) or takes them (``accept``).
 ``register_link_session`` runs a link-local protocol once per parent<->child link (spec 4.4).
+
+The names are imported on first use (``_LAZY``: name -> defining module), not with the package:
+importing a submodule such as ``chrysalis.node._cli`` (the ``chrysalis`` command) does not pull
+in QUIC, TLS and the nameserver unless it uses them (issue 22, item 5).
 """
 
 from __future__ import annotations
 
-from chrysalis.node._node import (
-    ENUMERATION_ATTEMPTS,
-    ENUMERATION_PAGE,
-    JoinSettings,
-    Node,
-    NodeError,
-    NodeStatistics,
-    bind_carrier,
-)
-from chrysalis.node._sessions import (
-    DEFAULT_HANDSHAKE_TIMEOUT,
-    LINK_ID_BYTES,
-    SESSION_VERSION,
-    LinkSessionError,
-    LinkSessionHandler,
-    LinkSessions,
-    LinkSessionVersionError,
-    decode_ack,
-)
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
-for _public in (
-    JoinSettings,
-    Node,
-    NodeError,
-    NodeStatistics,
-    LinkSessionError,
-    LinkSessions,
-    LinkSessionVersionError,
-):
-    _public.__module__ = __name__
-del _public
+if TYPE_CHECKING:
+    from chrysalis.node._node import (
+        ENUMERATION_ATTEMPTS,
+        ENUMERATION_PAGE,
+        JoinSettings,
+        Node,
+        NodeError,
+        NodeStatistics,
+        bind_carrier,
+    )
+    from chrysalis.node._sessions import (
+        DEFAULT_HANDSHAKE_TIMEOUT,
+        LINK_ID_BYTES,
+        SESSION_VERSION,
+        LinkSessionError,
+        LinkSessionHandler,
+        LinkSessions,
+        LinkSessionVersionError,
+        decode_ack,
+    )
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
@@ -58,3 +55,37 @@ __all__ = [
     "bind_carrier",
     "decode_ack",
 ]
+
+_NODE: Final = "chrysalis.node._node"
+_SESSIONS: Final = "chrysalis.node._sessions"
+_LAZY: Final[Mapping[str, str]] = {
+    "ENUMERATION_ATTEMPTS": _NODE,
+    "ENUMERATION_PAGE": _NODE,
+    "JoinSettings": _NODE,
+    "Node": _NODE,
+    "NodeError": _NODE,
+    "NodeStatistics": _NODE,
+    "bind_carrier": _NODE,
+    "DEFAULT_HANDSHAKE_TIMEOUT": _SESSIONS,
+    "LINK_ID_BYTES": _SESSIONS,
+    "SESSION_VERSION": _SESSIONS,
+    "LinkSessionError": _SESSIONS,
+    "LinkSessionHandler": _SESSIONS,
+    "LinkSessions": _SESSIONS,
+    "LinkSessionVersionError": _SESSIONS,
+    "decode_ack": _SESSIONS,
+}
+"""Where each public name is defined."""
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value: object = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

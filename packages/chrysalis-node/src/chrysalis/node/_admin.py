@@ -20,7 +20,8 @@ echo|stream-transfer] [--payload B] [--count N] [--warmup N] [--concurrency N]
 are ``AdminError`` (one line, exit 1); a node that keeps no experiment tables is reported
 as such at once.
 
-Imports chrysalis-sqlite: ``chrysalis.node._cli`` imports this module only for ``admin``.
+Imports chrysalis-sqlite: ``chrysalis.node._cli_admin`` imports it, and ``chrysalis.node._cli``
+imports that module only for ``admin``.
 """
 
 from __future__ import annotations

@@ -6,18 +6,22 @@ token as the first stdout line; ``join TOKEN`` starts a child; ``ls``, ``resolve
 ``ping`` start a short-lived client node joined at TOKEN, do one thing and leave (a clean
 shutdown withdraws the client from the namespace at once).
 
-Sockets: every node binds the carriers given with ``--listen`` (the first one is in the join
-token it prints) plus a helper of the other kind (UDP on 127.0.0.1:0, or a Unix socket in a
-private temporary directory), so a node can reach parents and peers over either carrier (spec
-6.5). A joined node advertises the one it reaches its parent on (``Node.advertised_addr``).
+This module holds what every run needs: the argument parser and the entry point. It imports
+no QUIC, TLS, nameserver or SQLite code, and chrysalis.core (through
+``chrysalis.node._address``) only when an argument needs converting, so ``chrysalis --help``
+and usage errors start fast (issue 22, item 5). ``main`` looks the parsed command up in one
+dispatch table (``COMMANDS``: command -> module and function) and imports that module only
+then:
 
-Liveness: nodes started with ``--idle-timeout S`` use that QUIC idle timeout and keep their
-parent link busy with a tiny request every ``S / 4`` seconds, so a killed process is fenced by
-its parent about ``S`` seconds after it died while live links never idle out.
+- ``chrysalis.node._cli_commands``: ``identity``, ``serve``, ``join``, ``ls``, ``resolve``,
+  ``pipe`` and ``ping`` (the node machinery: carriers, QUIC, nameserver), and their output
+  formats (``entry_record``, ``format_table``, ``format_entry``: still importable from here);
+- ``chrysalis.node._cli_admin``: ``admin TOKEN ACTION`` (and ``scale admin ...``), run by
+  ``chrysalis.node._admin``; it needs chrysalis-sqlite, which sits above chrysalis-node;
+- ``chrysalis.node._cli_sqlite``: ``sqlite DB ACTION`` (chrysalis-sqlite's shell);
+- ``chrysalis.node._scale``: ``scale ...``, handed its arguments unparsed.
 
-Persistent scale experiments: ``admin TOKEN ACTION`` (and ``scale admin ...``) is parsed here
-and run by ``chrysalis.node._admin``, imported only for that command (it needs
-chrysalis-sqlite, which sits above chrysalis-node).
+Each command module names the failures it reports as one line (``EXPECTED_ERRORS``).
 
 Output: a readable table by default and ``--json`` for scripts. Errors are one line on stderr
 (``chrysalis: error: ...``) with exit code 1; usage errors exit with 2.
@@ -26,60 +30,32 @@ Output: a readable table by default and ``--json`` for scripts. Errors are one l
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import importlib
 import logging
 import os
-import signal
-import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TextIO
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from chrysalis.core import AddressError, DatagramAddr, Pid, PidPrefix, PidPrefixError
-from chrysalis.datagram import (
-    DatagramSocket,
-    DatagramSocketSet,
-    UdpSocket,
-    UnixDatagramSocket,
-)
-from chrysalis.nameserver import (
-    MAX_LABELS_PER_ENTRY,
-    Consistency,
-    Found,
-    Labels,
-    NameserverError,
-    ProcEntry,
-)
-from chrysalis.node._address import (
-    AddressSyntaxError,
-    JoinToken,
-    format_address,
-    parse_join_token,
-    parse_listen,
-    parse_pid_reference,
-)
-from chrysalis.node._echo import echo_raw, serve_streams
-from chrysalis.node._node import JoinSettings, Node, NodeError, bind_carrier
-from chrysalis.node._tempdirs import (
-    OwnedTempDir,
-    reclaim_dead_tempdirs,
-)
-from chrysalis.quic import (
-    ByteStream,
-    DevelopmentCA,
-    DevelopmentIdentityProvider,
-    FileIdentityProvider,
-    Identity,
-    IdentityError,
-    QuicConfig,
-    QuicTransportError,
-    default_dev_ca_directory,
-    write_identity,
-)
+if TYPE_CHECKING:
+    from chrysalis.core import DatagramAddr, PidPrefix
+    from chrysalis.node._address import JoinToken
+    from chrysalis.node._cli_commands import entry_record, format_entry, format_table
 
-__all__ = ["CliError", "build_parser", "format_entry", "format_table", "main"]
+__all__ = [
+    "COMMANDS",
+    "CliError",
+    "Command",
+    "build_parser",
+    "entry_record",
+    "format_entry",
+    "format_table",
+    "main",
+    "ping_payload",
+]
 
 _log = logging.getLogger("chrysalis.cli")
 
@@ -90,9 +66,10 @@ PING_PAYLOAD: Final = 64
 PING_TAG: Final = 0
 """First byte of every ``ping`` payload: never one of the scale workers' request ops (1 echo,
 2 transfer), so a scale worker always answers ``ping`` with the raw echo."""
+_ADDRESS: Final = "chrysalis.node._address"
+"""Parses join tokens, PID references and carriers (imports chrysalis.core)."""
 _USAGE_EXIT: Final = 2
 _ERROR_EXIT: Final = 1
-_PIPE_CHUNK: Final = 64 * 1024
 
 
 class CliError(Exception):
@@ -119,25 +96,30 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _token(text: str) -> JoinToken:
+def _convert(parse: str, text: str) -> Any:
+    """``chrysalis.node._address.<parse>(text)``, a syntax error as argparse's
+    ``ArgumentTypeError``. That module (and chrysalis.core beneath it) is imported with the
+    first argument converted: ``--help`` and most usage errors convert none."""
+    address = importlib.import_module(_ADDRESS)
     try:
-        return parse_join_token(text)
-    except AddressSyntaxError as exc:
+        return getattr(address, parse)(text)
+    except address.AddressSyntaxError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _token(text: str) -> JoinToken:
+    token: JoinToken = _convert("parse_join_token", text)
+    return token
 
 
 def _reference(text: str) -> PidPrefix:
-    try:
-        return parse_pid_reference(text)
-    except AddressSyntaxError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    reference: PidPrefix = _convert("parse_pid_reference", text)
+    return reference
 
 
 def _listen(text: str) -> DatagramAddr | None:
-    try:
-        return parse_listen(text)
-    except AddressSyntaxError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    listen: DatagramAddr | None = _convert("parse_listen", text)
+    return listen
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -321,165 +303,7 @@ def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     cancel.add_argument("name", metavar="NAME")
 
 
-def _sqlite_command(args: argparse.Namespace, out: TextIO) -> int:
-    """``chrysalis sqlite DB ACTION``: the shell core lives in ``chrysalis.sqlite.shell``.
-
-    chrysalis-sqlite sits above chrysalis-node in the package graph, so it is imported only
-    here, and its absence is reported as one clear line.
-    """
-    try:
-        from chrysalis.sqlite import shell
-    except ImportError as exc:
-        raise CliError(
-            "'chrysalis sqlite' needs the chrysalis-sqlite package (pip install chrysalis-sqlite)"
-        ) from exc
-    path = str(args.database)
-    if not Path(path).exists():
-        raise CliError(f"no database at {path}")
-    action = args.sqlite_command or "shell"
-    writable = action == "shell" or bool(getattr(args, "write", False))
-    try:
-        conn = shell.connect(path, read_only=not writable)
-        try:
-            if action == "query":
-                results = shell.query(conn, args.sql)
-                if args.json:
-                    _emit(out, json.dumps([_result_record(result) for result in results]))
-                else:
-                    _emit(out, shell.format_result_sets(results))
-            elif action == "tables":
-                names = shell.tables(conn)
-                if args.json:
-                    _emit(out, json.dumps(names))
-                else:
-                    _emit_lines(out, names)
-            elif action == "schema":
-                statements = shell.schema(conn, args.table)
-                if args.json:
-                    _emit(out, json.dumps(statements))
-                else:
-                    _emit_lines(out, statements)
-            elif action == "status":
-                statuses = shell.replication_status(conn)
-                if args.json:
-                    _emit(out, json.dumps([_status_record(status) for status in statuses]))
-                else:
-                    _emit(out, shell.format_status(statuses))
-            else:
-                session = shell.ShellSession(conn)
-                while True:
-                    try:
-                        line = input(session.prompt)
-                    except EOFError:
-                        return 0
-                    outcome, text = session.feed(line)
-                    if text:
-                        _emit(out, text)
-                    if outcome is shell.ShellOutcome.EXIT:
-                        return 0
-        finally:
-            conn.close()
-    except shell.ShellError as exc:
-        raise CliError(str(exc)) from exc
-    except sqlite3.Error as exc:
-        raise CliError(f"sqlite: {exc}") from exc
-    return 0
-
-
-def _json_value(value: object) -> object:
-    """A SQL value as JSON: BLOBs as ``{"hex": "..."}``, everything else as is."""
-    if isinstance(value, bytes):
-        return {"hex": value.hex()}
-    return value
-
-
-def _result_record(result: Any) -> dict[str, Any]:
-    """The JSON shape of one ``chrysalis.sqlite.shell.ResultSet``."""
-    return {
-        "columns": list(result.columns),
-        "rows": [[_json_value(value) for value in row] for row in result.rows],
-        "truncated": bool(result.truncated),
-    }
-
-
-def _status_record(status: Any) -> dict[str, Any]:
-    """The JSON shape of one ``chrysalis.sqlite.shell.PeerReplicationStatus``."""
-    return {
-        "peer": status.peer.hex(),
-        "peer_site_id": status.peer_site_id.hex(),
-        "mode": status.mode.name.lower(),
-        "pending": status.pending,
-        "origins": [
-            {
-                "origin_site_id": origin.origin_site_id.hex(),
-                "eligible": origin.eligible,
-                "synced_at": origin.synced_at,
-                "latest": origin.latest,
-                "pending": origin.pending,
-            }
-            for origin in status.origins
-        ],
-    }
-
-
 # -- output -------------------------------------------------------------------------------------
-
-
-def entry_record(entry: ProcEntry) -> dict[str, Any]:
-    """The JSON shape of one namespace entry."""
-    return {
-        "pid": entry.pid.hex(),
-        "tls_server_name": entry.tls_server_name,
-        "labels": dict(entry.labels.items()),
-        "locators": [
-            {"address": format_address(loc.address), "priority": loc.priority}
-            for loc in sorted(entry.locators, key=lambda item: item.priority)
-        ],
-    }
-
-
-def format_table(entries: Sequence[ProcEntry], *, full: bool = False) -> str:
-    """The ``ls`` table: ``PID`` (8 hex digits unless ``full``), ``PRIORITY`` (right-aligned),
-    ``LABELS`` (``k=v,...`` or ``-``) and ``ADDRESS``; one row per locator, sorted by PID and
-    priority; columns two spaces apart, padded to the widest value."""
-    rows = [("PID", "PRIORITY", "LABELS", "ADDRESS")]
-    for entry in sorted(entries, key=lambda item: item.pid):
-        pid = entry.pid.hex() if full else entry.pid.hex()[:8]
-        labels = ",".join(f"{k}={v}" for k, v in entry.labels.items()) or "-"
-        locators = sorted(entry.locators, key=lambda item: item.priority)
-        if not locators:
-            rows.append((pid, "-", labels, "-"))
-        for loc in locators:
-            rows.append((pid, str(loc.priority), labels, format_address(loc.address)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = []
-    for row in rows:
-        cells = [
-            row[0].ljust(widths[0]),
-            row[1].rjust(widths[1]),
-            row[2].ljust(widths[2]),
-            row[3],
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
-
-
-def format_entry(entry: ProcEntry) -> str:
-    """The readable ``resolve`` record (YAML-like)."""
-    lines = [f"pid: {entry.pid.hex()}", f"tls_server_name: {entry.tls_server_name}"]
-    if entry.labels:
-        lines.append("labels:")
-        lines.extend(f"  {k}={v}" for k, v in entry.labels.items())
-    else:
-        lines.append("labels: []")
-    if entry.locators:
-        lines.append("locators:")
-        for loc in sorted(entry.locators, key=lambda item: item.priority):
-            lines.append(f"  - priority: {loc.priority}")
-            lines.append(f"    address: {format_address(loc.address)}")
-    else:
-        lines.append("locators: []")
-    return "\n".join(lines)
 
 
 def _emit(out: TextIO, text: str) -> None:
@@ -492,382 +316,80 @@ def _emit_lines(out: TextIO, lines: Sequence[str]) -> None:
         _emit(out, line)
 
 
-# -- identities ---------------------------------------------------------------------------------
-
-
-def _ca_dir(args: argparse.Namespace) -> Path:
-    ca_dir: Path | None = args.ca_dir
-    return default_dev_ca_directory() if ca_dir is None else ca_dir
-
-
-def _identity(args: argparse.Namespace) -> Identity:
-    identity_dir: Path | None = args.identity_dir
-    if identity_dir is not None:
-        return FileIdentityProvider.from_directory(identity_dir).issue_identity()
-    return DevelopmentIdentityProvider(_ca_dir(args)).issue_identity()
-
-
-def _identity_command(args: argparse.Namespace, out: TextIO) -> int:
-    if args.identity_command == "init":
-        directory: Path = args.dir if args.dir is not None else _ca_dir(args)
-        ca = DevelopmentCA.load_or_create(directory)
-        record = {
-            "directory": str(directory),
-            "subject": ca.certificate.subject.rfc4514_string(),
-            "not_valid_after": ca.certificate.not_valid_after_utc.isoformat(),
-        }
-        text = f"development CA {record['subject']} in {directory}"
-    elif args.identity_command == "issue":
-        identity = DevelopmentIdentityProvider(_ca_dir(args)).issue_identity()
-        files = write_identity(identity, args.out)
-        record = {"pid": identity.pid.hex(), "chain": str(files.chain), "key": str(files.key)}
-        text = f"{identity.pid.hex()}  {args.out}"
-    else:
-        record = _show_identity(args)
-        text = "\n".join(f"{key}: {value}" for key, value in record.items())
-    _emit(out, json.dumps(record) if args.json else text)
-    return 0
-
-
-def _show_identity(args: argparse.Namespace) -> dict[str, Any]:
-    chain: Path | None = args.chain
-    if chain is None:
-        if args.identity_dir is None:
-            raise CliError("identity show needs --chain FILE or --identity-dir DIR")
-        identity = FileIdentityProvider.from_directory(args.identity_dir).issue_identity()
-        leaf = identity.leaf
-    else:
-        from cryptography import x509
-
-        try:
-            data = chain.read_bytes()[: 1024 * 1024 + 1]
-        except OSError as exc:
-            raise CliError(f"cannot read {chain}: {exc.strerror or exc}") from exc
-        try:
-            leaf = x509.load_pem_x509_certificates(data)[0]
-        except (ValueError, IndexError) as exc:
-            raise CliError(f"{chain} holds no PEM certificate") from exc
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    pid = Pid.from_certificate(leaf.public_bytes(Encoding.DER))
-    return {
-        "pid": pid.hex(),
-        "subject": leaf.subject.rfc4514_string(),
-        "not_valid_after": leaf.not_valid_after_utc.isoformat(),
-    }
-
-
-# -- nodes --------------------------------------------------------------------------------------
-
-
-class _Carriers:
-    """The sockets of one CLI node: the requested carriers plus a helper of the missing kind;
-    owns any private temporary directory it made (removed on ``cleanup``)."""
-
-    def __init__(
-        self, listen: Sequence[DatagramAddr | None], parent: DatagramAddr | None = None
-    ) -> None:
-        self._tempdir: OwnedTempDir | None = None
-        reclaim_dead_tempdirs()  # what nodes killed with -9 left behind
-        members: list[DatagramSocket] = []
-        try:
-            for address in listen:
-                members.append(self._bind(address))
-            schemes = [member.local_addr.scheme for member in members]
-            if len(set(schemes)) != len(schemes):
-                raise CliError("--listen takes at most one udp and one unix carrier")
-            self.token_addr = members[0].local_addr
-            if "udp" not in schemes:
-                members.append(UdpSocket.bind(_udp_helper(parent)))
-            if "unixgram" not in schemes:
-                members.append(self._bind(None))
-            # The node itself advertises the member it reaches its parent on
-            # (``Node.advertised_addr``); the primary is the first ``--listen`` carrier.
-            self.socket: DatagramSocket = DatagramSocketSet(members[0], *members[1:])
-        except BaseException:
-            for member in members:
-                member.shutdown()
-            self.cleanup()
-            raise
-
-    def _bind(self, address: DatagramAddr | None) -> DatagramSocket:
-        if address is None:
-            if self._tempdir is None:
-                self._tempdir = OwnedTempDir.create()
-            return UnixDatagramSocket.bind_unique(self._tempdir.path, prefix="carrier-")
-        # A node killed with -9 leaves its socket file: ``bind_carrier`` reclaims it when
-        # nobody answers there (a live socket is refused with the original error).
-        return bind_carrier(address)
-
-    def cleanup(self) -> None:
-        if self._tempdir is not None:
-            self._tempdir.remove()
-            self._tempdir = None
-
-
-def _udp_helper(parent: DatagramAddr | None) -> DatagramAddr:
-    """Where a node binds its helper UDP carrier: loopback of the parent's address family
-    (``[::1]`` for an IPv6 parent, so client commands reach nodes served on IPv6)."""
-    if parent is not None and parent.scheme == "udp" and parent.ip.version == 6:
-        return DatagramAddr.udp("::1", 0)
-    return DatagramAddr.udp("127.0.0.1", 0)
-
-
-def _labels(args: argparse.Namespace, command: str, *, joined: bool) -> Labels:
-    automatic = {"client": "chrysalis", "command": command, "role": "leaf" if joined else "root"}
-    if getattr(args, "echo", False):
-        automatic["echo"] = "true"
-    user: list[tuple[str, str]] = args.label
-    total = len(automatic) + len(user)
-    if total > MAX_LABELS_PER_ENTRY:
-        raise CliError(
-            f"{len(user)} --label options and {len(automatic)} labels set by the command make "
-            f"{total}; a nameserver entry holds at most {MAX_LABELS_PER_ENTRY}"
-        )
-    for key, _value in user:
-        if key in automatic:
-            raise CliError(f"label {key!r} is set by the command itself (DuplicateKey)")
-    try:
-        labels = Labels([*automatic.items(), *user])
-    except ValueError as exc:
-        raise CliError(f"invalid label: {exc}") from exc
-    return labels
-
-
-def _build_node(
-    args: argparse.Namespace,
-    command: str,
-    token: JoinToken | None,
-    listen: Sequence[DatagramAddr | None],
-) -> tuple[Node, _Carriers]:
-    labels = _labels(args, command, joined=token is not None)
-    identity = _identity(args)
-    carriers = _Carriers(listen, None if token is None else token.address)
-    parent = None if token is None else JoinSettings(token.address, token.authority)
-    # A PING every quarter of the idle timeout keeps a quiet link up: only a dead peer
-    # reaches the idle timeout (QUIC-level keepalive, see chrysalis-quic).
-    config = QuicConfig(idle_timeout=args.idle_timeout, keepalive_interval=args.idle_timeout / 4)
-    try:
-        node = Node(
-            identity, carrier=carriers.socket, parent=parent, labels=labels, quic_config=config
-        )
-    except BaseException:
-        carriers.socket.shutdown()
-        carriers.cleanup()
-        raise
-    return node, carriers
-
-
-async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
-    token: JoinToken | None = getattr(args, "token", None)
-    listen: list[DatagramAddr | None] = args.listen or [
-        _udp_helper(None if token is None else token.address)
-    ]
-    node, carriers = _build_node(args, args.command, token, listen)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        async with node:
-            background: list[asyncio.Task[None]] = []
-            if token is not None:
-                await _wait_connected(node, args.timeout, token.address)
-            if args.echo:
-                background.append(asyncio.create_task(serve_streams(node, echo_raw)))
-            _emit(out, f"{format_address(carriers.token_addr)}?authority={node.pid.hex()}")
-            await stop.wait()
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        carriers.cleanup()
-    return 0
-
-
-async def _admin(args: argparse.Namespace, out: TextIO) -> int:
-    """``chrysalis admin TOKEN ACTION``: the commands live in ``chrysalis.node._admin``,
-    which needs chrysalis-sqlite (imported only here, like ``sqlite``)."""
-    try:
-        from chrysalis.node._admin import AdminError, run_admin
-    except ImportError as exc:
-        raise CliError(
-            "'chrysalis admin' needs the chrysalis-sqlite package (pip install chrysalis-sqlite)"
-        ) from exc
-
-    token: JoinToken = args.token
-    node, carriers = _build_node(args, "admin", token, [None])
-    try:
-        return await run_admin(
-            args,
-            out,
-            sys.stderr,
-            node,
-            lambda: _wait_connected(node, args.timeout, token.address),
-        )
-    except AdminError as exc:
-        raise CliError(str(exc)) from exc
-    finally:
-        carriers.cleanup()
-
-
-async def _wait_connected(node: Node, timeout: float, parent: DatagramAddr | None = None) -> None:
-    try:
-        await asyncio.wait_for(node.wait_connected(), timeout)
-    except TimeoutError:
-        why = node.last_parent_error
-        detail = f" ({why})" if why else ""
-        where = "" if parent is None else f" at {format_address(parent)}"
-        raise CliError(f"no parent answered{where} within {timeout:g} s{detail}") from None
-
-
-async def _client(args: argparse.Namespace, out: TextIO) -> int:
-    token: JoinToken = args.token
-    node, carriers = _build_node(args, args.command, token, [None])
-    try:
-        async with node:
-            await _wait_connected(node, args.timeout, token.address)
-            if args.command == "ping":  # bounds each target itself, reporting as they finish
-                return await _ping(node, args, out)
-            return await asyncio.wait_for(_client_command(node, args, out), args.timeout)
-    except TimeoutError:
-        raise CliError(f"{args.command} did not finish within {args.timeout:g} s") from None
-    finally:
-        carriers.cleanup()
-
-
-async def _client_command(node: Node, args: argparse.Namespace, out: TextIO) -> int:
-    if args.command == "ls":
-        entries = await node.enumerate(Consistency.REFRESH)
-        ordered = sorted(entries, key=lambda item: item.pid)
-        if args.json:
-            _emit(out, json.dumps([entry_record(entry) for entry in ordered]))
-        else:
-            _emit(out, format_table(ordered, full=args.full))
-        return 0
-    if args.command == "resolve":
-        pid = await node.expand_pid(args.pid, Consistency.REFRESH)
-        resolution = await node.resolve(pid, Consistency.REFRESH)
-        if not isinstance(resolution, Found):
-            raise CliError(f"PID {pid.hex()} is not found")
-        entry = resolution.entry
-        _emit(out, json.dumps(entry_record(entry)) if args.json else format_entry(entry))
-        return 0
-    if args.command == "pipe":
-        pid = await node.expand_pid(args.pid, Consistency.REFRESH)
-        stream = await node.dial(pid, Consistency.REFRESH)
-        await _pipe(stream)
-        return 0
-    return await _ping(node, args, out)
-
-
-async def _pipe(stream: ByteStream) -> None:
-    loop = asyncio.get_running_loop()
-    stdin: Any = sys.stdin.buffer  # a BufferedReader: read1 returns what is available
-    stdout = sys.stdout.buffer
-
-    async def upstream() -> None:
-        while True:
-            data = await loop.run_in_executor(None, stdin.read1, _PIPE_CHUNK)
-            if not data:
-                break
-            stream.write(data)
-            await stream.drain()
-        stream.write_eof()
-
-    async def downstream() -> None:
-        while True:
-            data = await stream.read(_PIPE_CHUNK)
-            if not data:
-                break
-            stdout.write(data)
-            stdout.flush()
-
-    sender = asyncio.create_task(upstream())
-    try:
-        await downstream()
-    finally:
-        if not sender.done():
-            sender.cancel()  # the executor read finishes with the next stdin line or EOF
-        else:
-            sender.result()
-
-
-async def _ping(node: Node, args: argparse.Namespace, out: TextIO) -> int:
-    """Dial every target at once; each is reported as it finishes: ``ok`` (echoed),
-    ``timeout`` (no echo within ``--timeout``), ``refused`` (not found, no route, the dial or
-    the stream refused) or ``mismatch``. ``--json`` prints one object at the end."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + args.timeout
-    targets: list[Pid]
-    async with asyncio.timeout_at(deadline):
-        if args.pids:
-            targets = [await node.expand_pid(prefix, Consistency.REFRESH) for prefix in args.pids]
-        else:
-            entries = await node.enumerate(Consistency.REFRESH)
-            targets = sorted(e.pid for e in entries if e.labels.get("echo") == "true")
-    results: dict[str, dict[str, Any]] = {}
-
-    async def one(pid: Pid) -> None:
-        record = await _ping_one(node, pid, deadline, args.timeout)
-        results[pid.hex()] = record
-        if not args.json:
-            _emit(out, f"{pid.hex()}  {_ping_text(record)}")
-
-    await asyncio.gather(*(one(pid) for pid in dict.fromkeys(targets)))
-    if args.json:
-        _emit(out, json.dumps({pid.hex(): results[pid.hex()] for pid in targets}))
-    return 0 if all(record["ok"] for record in results.values()) else _ERROR_EXIT
-
-
 def ping_payload() -> bytes:
     """What ``ping`` sends: ``PING_TAG`` then random bytes (``PING_PAYLOAD`` in all)."""
     return bytes([PING_TAG]) + os.urandom(PING_PAYLOAD - 1)
 
 
-async def _ping_one(node: Node, pid: Pid, deadline: float, timeout: float) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    payload = ping_payload()
-    started = loop.time()
+# -- dispatch -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Where a command is implemented: ``function(args, out) -> exit code`` in ``module``,
+    imported on dispatch. ``needs``: the distribution the module needs beyond chrysalis-node
+    (its absence is reported as one line naming it)."""
+
+    module: str
+    function: str
+    needs: str | None = None
+
+
+_COMMANDS_MODULE: Final = "chrysalis.node._cli_commands"
+
+COMMANDS: Final[Mapping[str, Command]] = {
+    "identity": Command(_COMMANDS_MODULE, "identity_command"),
+    "serve": Command(_COMMANDS_MODULE, "run_node"),
+    "join": Command(_COMMANDS_MODULE, "run_node"),
+    "ls": Command(_COMMANDS_MODULE, "client"),
+    "resolve": Command(_COMMANDS_MODULE, "client"),
+    "pipe": Command(_COMMANDS_MODULE, "client"),
+    "ping": Command(_COMMANDS_MODULE, "client"),
+    "admin": Command("chrysalis.node._cli_admin", "admin", needs="chrysalis-sqlite"),
+    "sqlite": Command("chrysalis.node._cli_sqlite", "sqlite_command", needs="chrysalis-sqlite"),
+}
+"""Every parsed command (all but ``scale``, which ``main`` hands over unparsed)."""
+
+_SCALE: Final = Command("chrysalis.node._scale", "main")
+
+_MOVED: Final[Mapping[str, str]] = dict.fromkeys(
+    ("_Carriers", "entry_record", "format_entry", "format_table"), _COMMANDS_MODULE
+)
+"""Names this module held before the commands moved out (still reachable here, imported on
+first use)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def _load(name: str, command: Command) -> ModuleType:
+    """Import ``command``'s module; a missing ``needs`` distribution is a ``CliError``."""
     try:
-        async with asyncio.timeout_at(deadline):
-            stream = await node.dial(pid, Consistency.REFRESH)
-            stream.write(payload)
-            stream.write_eof()
-            echoed = await stream.read(-1)
-    except TimeoutError:
-        return {"ok": False, "state": "timeout", "error": f"no echo within {timeout:g} s"}
-    except Exception as exc:
-        return {"ok": False, "state": "refused", "error": str(exc) or type(exc).__name__}
-    elapsed = round((loop.time() - started) * 1000, 3)
-    if echoed != payload:
-        error = f"echo mismatch ({len(echoed)} bytes back)"
-        return {"ok": False, "state": "mismatch", "rtt_ms": elapsed, "error": error}
-    return {"ok": True, "state": "ok", "rtt_ms": elapsed}
+        return importlib.import_module(command.module)
+    except ImportError as exc:
+        if command.needs is None:
+            raise
+        raise CliError(
+            f"'chrysalis {name}' needs the {command.needs} package (pip install {command.needs})"
+        ) from exc
 
 
-def _ping_text(record: dict[str, Any]) -> str:
-    if record["ok"]:
-        return f"ok {record['rtt_ms']} ms"
-    return f"{record['state']} {record['error']}"
+def _implementation(name: str) -> tuple[Callable[..., int], tuple[type[BaseException], ...]]:
+    """The function running command ``name`` and the failures it reports as one line."""
+    command = COMMANDS[name]
+    module = _load(name, command)
+    function: Callable[..., int] = getattr(module, command.function)
+    return function, tuple(getattr(module, "EXPECTED_ERRORS", ()))
 
 
 # -- entry point --------------------------------------------------------------------------------
 
-_EXPECTED: Final = (
-    CliError,
-    NodeError,
-    NameserverError,
-    QuicTransportError,
-    AddressError,
-    AddressSyntaxError,
-    PidPrefixError,
-    IdentityError,
-    OSError,
-    TimeoutError,
-)
+_EXPECTED: Final[tuple[type[BaseException], ...]] = (CliError, OSError, TimeoutError)
+"""Failures of any command printed as one line (each command module adds its own)."""
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
@@ -880,8 +402,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     if raw[:2] == ["scale", "admin"]:  # `chrysalis scale admin ...` is `chrysalis admin ...`
         raw = raw[1:]
     if raw[:1] == ["scale"]:
-        from chrysalis.node._scale import main as scale_main
-
+        scale_main: Callable[..., int] = getattr(
+            importlib.import_module(_SCALE.module), _SCALE.function
+        )
         return scale_main(["run", *raw[1:]], out=stdout)
     parser = build_parser()
     try:
@@ -891,23 +414,18 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     logging.basicConfig(
         level=str(args.log_level).upper(), format="%(name)s %(levelname)s %(message)s"
     )
+    expected = _EXPECTED
     try:
-        if args.command == "identity":
-            return _identity_command(args, stdout)
-        if args.command == "sqlite":
-            return _sqlite_command(args, stdout)
-        if args.command in ("serve", "join"):
-            return asyncio.run(_run_node(args, stdout))
-        if args.command == "admin":
-            return asyncio.run(_admin(args, stdout))
-        return asyncio.run(_client(args, stdout))
-    except _EXPECTED as exc:
-        message = str(exc) or type(exc).__name__
-        print(f"chrysalis: error: {message.splitlines()[0]}", file=sys.stderr)
-        return _ERROR_EXIT
+        function, errors = _implementation(args.command)
+        expected = (*_EXPECTED, *errors)
+        return function(args, stdout)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        if isinstance(exc, expected):
+            message = str(exc) or type(exc).__name__
+            print(f"chrysalis: error: {message.splitlines()[0]}", file=sys.stderr)
+            return _ERROR_EXIT
         # Not one of the failures above: still one line (the traceback with --log-level debug).
         _log.debug("unexpected failure", exc_info=True)
         first = (str(exc) or "").splitlines()[:1]
@@ -920,4 +438,6 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m chrysalis.node._cli`` runs this file as ``__main__``; the command modules
+    # import ``chrysalis.node._cli`` (``CliError``), so run that one module's ``main``.
+    sys.exit(importlib.import_module("chrysalis.node._cli").main())

@@ -570,3 +570,10 @@ class Node:
 
 def _protocol_key(protocol_id: LinkProtocolId | bytes) -> LinkProtocolId:
     return protocol_id if isinstance(protocol_id, LinkProtocolId) else LinkProtocolId(protocol_id)
+
+
+# Documented at ``chrysalis.node`` (which imports them on first use): named there, whichever
+# module a process imported them from first.
+for _public in (JoinSettings, Node, NodeError, NodeStatistics):
+    _public.__module__ = "chrysalis.node"
+del _public

@@ -281,3 +281,10 @@ async def _wait_link_gone(service: NameserverService, peer: Pid, link: LinkId) -
         if service.child_links().get(peer) != link:
             return
         await watch.wait_change(seen)
+
+
+# Documented at ``chrysalis.node`` (which imports them on first use): named there, whichever
+# module a process imported them from first.
+for _public in (LinkSessionError, LinkSessions, LinkSessionVersionError):
+    _public.__module__ = "chrysalis.node"
+del _public

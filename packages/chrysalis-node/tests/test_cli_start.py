@@ -1,0 +1,141 @@
+"""The ``chrysalis`` command starts fast (issue 22, item 5): ``--help`` and usage errors import
+no QUIC, TLS, nameserver or SQLite code, and each command imports only its own module of the
+dispatch table (``chrysalis.node._cli.COMMANDS``).
+
+Each check runs a fresh interpreter: what a process imported is only visible in a process that
+imported nothing before."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chrysalis.node._cli import COMMANDS, build_parser
+
+HEAVY = (
+    "aioquic",
+    "qh3",
+    "cryptography",
+    "sqlite3",
+    "chrysalis.quic",
+    "chrysalis.nameserver",
+    "chrysalis.node._node",
+)
+"""Modules (and their submodules) a run that only parses must not import."""
+TIMEOUT = 60.0
+
+# What the ``chrysalis`` console script does (``from chrysalis.node._cli import main``), then
+# the names in ``sys.modules`` as JSON to the file given as the first argument.
+WRAPPER = """
+import json, sys
+from chrysalis.node._cli import main
+out, argv = sys.argv[1], sys.argv[2:]
+code = main(argv)
+with open(out, "w") as handle:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, handle)
+"""
+# ``python -m chrysalis.node._cli ARGS`` (what ``-m`` does is ``runpy``), then the same JSON.
+RUN_AS_MAIN = """
+import json, runpy, sys
+out = sys.argv[1]
+sys.argv = ["chrysalis", *sys.argv[2:]]
+try:
+    runpy.run_module("chrysalis.node._cli", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+with open(out, "w") as handle:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, handle)
+"""
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return sorted(
+        name for name in modules if any(name == h or name.startswith(h + ".") for h in HEAVY)
+    )
+
+
+def _console_run(tmp_path: Path, *argv: str) -> tuple[int, list[str], str]:
+    out = tmp_path / "modules.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, str(out), *argv],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    return record["code"], record["modules"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["ls", "--help"],
+        ["admin", "--help"],
+        ["ls"],  # usage error: TOKEN missing
+        ["resolve", "udp://127.0.0.1:9", "not-a-pid"],  # usage error in a PID
+    ],
+)
+def test_parsing_alone_imports_no_node_machinery(tmp_path: Path, argv: list[str]) -> None:
+    code, modules, output = _console_run(tmp_path, *argv)
+    assert code in (0, 2), output
+    assert "usage: chrysalis" in output
+    assert _heavy(modules) == []
+    if argv[-1] == "--help":  # nothing to convert: not even chrysalis.core (addresses, PIDs)
+        assert "chrysalis.core" not in modules
+
+
+def test_python_m_help_imports_no_node_machinery(tmp_path: Path) -> None:
+    """``python -m chrysalis.node._cli --help``, as the tests and examples start it (``runpy``
+    is what ``-m`` runs)."""
+    out = tmp_path / "modules.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_AS_MAIN, str(out), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: chrysalis")
+    record = json.loads(out.read_text())
+    assert record["code"] == 0
+    assert _heavy(record["modules"]) == []
+    assert "chrysalis.core" not in record["modules"]
+    assert "chrysalis.node._cli" in record["modules"]  # ``__main__`` runs the module's main
+
+
+def test_identity_imports_its_module_and_not_sqlite(tmp_path: Path) -> None:
+    """A command that needs the node machinery imports it (and only its own module: no
+    SQLite for ``identity``)."""
+    code, modules, output = _console_run(
+        tmp_path, "--ca-dir", str(tmp_path / "ca"), "identity", "issue", "--out", str(tmp_path)
+    )
+    assert code == 0, output
+    assert "chrysalis.node._cli_commands" in modules
+    assert "chrysalis.quic" in modules
+    assert "sqlite3" not in modules
+    assert "chrysalis.node._cli_sqlite" not in modules
+    assert "chrysalis.node._scale" not in modules
+
+
+def test_every_parsed_command_is_in_the_dispatch_table() -> None:
+    parser = build_parser()
+    (commands,) = [
+        action
+        for action in parser._actions  # argparse offers no public accessor
+        if action.dest == "command"
+    ]
+    choices = getattr(commands, "choices", None)
+    assert choices is not None
+    assert set(choices) - {"scale"} == set(COMMANDS)
+    for name, command in COMMANDS.items():
+        function = getattr(importlib.import_module(command.module), command.function)
+        assert callable(function), name
