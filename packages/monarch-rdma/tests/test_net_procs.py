@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,13 +141,22 @@ def test_drop_then_use_fails(actors: Any) -> None:
 
 def test_a_dead_owner_fails_the_future_within_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     failures: list[MeshFailure] = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", failures.append)  # not fatal
+    died = threading.Event()
+
+    def on_fault(failure: MeshFailure) -> None:  # not fatal
+        failures.append(failure)
+        died.set()
+
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", on_fault)
     procs = this_host().spawn_procs(per_host={"procs": 1})
     try:
         holder = procs.spawn("holder", Holder)
         buffer = holder.create.call_one(b"owner dies").get(timeout=T)
         pid = os.getpid()
         holder.die.broadcast()
+        # The broadcast returns at once: read only once the owner's death reached the client
+        # (a read racing the exit may still be served, and then nothing fails).
+        assert died.wait(T), "the owner's death never reached the client"
         started = time.monotonic()
         with pytest.raises(Exception) as failure:
             buffer.read_into(memoryview(bytearray(10)), timeout=10).get(timeout=T)
