@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
 import threading
+import types
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
-from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
+from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError, fork_between_imports
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 HERE = __name__
@@ -128,3 +131,44 @@ def test_forked_child_forgets_the_parents_runtime_loop_threads() -> None:
     finally:
         loop.stop(timeout=1.0)
     assert not is_runtime_thread()
+
+
+def test_a_fork_waits_for_an_import_another_thread_has_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork copies a module's import lock held by a thread running that module's body, not
+    the thread: in the child, importing the module again (unpickling a lambda needs
+    ``cloudpickle``) waited forever. The zygote's fork waits for such imports to finish."""
+    gate = types.ModuleType("zygote_import_gate")
+    started, release = threading.Event(), threading.Event()
+    gate.started, gate.release = started, release  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "zygote_import_gate", gate)
+    (tmp_path / "zygote_slow_module.py").write_text(
+        "import zygote_import_gate as gate\ngate.started.set()\ngate.release.wait(30)\nVALUE = 7\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importer = threading.Thread(target=importlib.import_module, args=("zygote_slow_module",))
+    importer.start()
+    assert started.wait(10)
+    pids: list[int] = []
+
+    def fork() -> None:
+        pid = fork_between_imports()
+        if pid == 0:  # the child: is the module whole, or still "being imported"?
+            module = sys.modules.get("zygote_slow_module")
+            whole = module is not None and not module.__spec__._initializing  # type: ignore[union-attr]
+            os._exit(0 if whole and getattr(module, "VALUE", None) == 7 else 3)
+        pids.append(pid)
+
+    forker = threading.Thread(target=fork)
+    forker.start()
+    forker.join(0.5)
+    waited = forker.is_alive()  # still waiting for the import (a plain fork returns at once)
+    release.set()
+    forker.join(10)
+    importer.join(10)
+    assert pids, "the fork never happened"
+    _, status = os.waitpid(pids[0], 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert waited
+    sys.modules.pop("zygote_slow_module", None)

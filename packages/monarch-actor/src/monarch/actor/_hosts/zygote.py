@@ -29,8 +29,10 @@ its workers notice the loss of their parent link and exit on their own (see ``wo
 
 from __future__ import annotations
 
+import _imp
 import array
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -49,6 +51,45 @@ _MAX_MESSAGE: Final = 128 * 1024  # a whole environment fits
 WORKER_TARGET: Final = "monarch.actor._hosts.worker:main"
 #: Workers one zygote may run at once (a bound on its bookkeeping).
 _MAX_CHILDREN: Final = 4096
+#: Rounds ``fork_between_imports`` waits for other threads' imports before forking anyway.
+_IMPORT_SETTLE_ROUNDS: Final = 16
+
+
+def _importing_now() -> list[str]:
+    """Modules whose import is in progress (their body is running) in some thread."""
+    return [
+        name
+        for name, module in list(sys.modules.items())
+        if getattr(getattr(module, "__spec__", None), "_initializing", False)
+    ]
+
+
+def fork_between_imports() -> int:
+    """``os.fork()`` at a moment when no other thread is importing a module.
+
+    A thread running a module's body holds that module's import lock; a fork copies the lock
+    held and not the thread, so in the child every later import of that module (``pickle``
+    finding ``cloudpickle``'s functions, say) waits forever. So: wait for each import in flight
+    (importing it here blocks until the other thread finished it), then fork while holding the
+    global import lock, which keeps other threads from starting a new import meanwhile. Imports
+    in progress in the calling thread (a fork from a module body) cannot be waited for and are
+    left as they are; after ``_IMPORT_SETTLE_ROUNDS`` rounds it forks anyway."""
+    ours: set[str] = set()
+    for _ in range(_IMPORT_SETTLE_ROUNDS):
+        for name in _importing_now():
+            if name in ours:
+                continue
+            with contextlib.suppress(Exception):  # a failing import is its own thread's error
+                importlib.import_module(name)
+            if name in _importing_now():
+                ours.add(name)  # still running: this thread's own import
+        _imp.acquire_lock()
+        try:
+            if set(_importing_now()) <= ours:
+                return os.fork()  # the child releases the lock below too
+        finally:
+            _imp.release_lock()
+    return os.fork()
 
 
 class ZygoteUnavailableError(RuntimeError):
@@ -122,7 +163,7 @@ class Zygote:
                 stream.flush()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-            pid = os.fork()
+            pid = fork_between_imports()
         if pid == 0:  # pragma: no cover - runs in the zygote
             code = 1
             try:
@@ -280,7 +321,7 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
                 raise ValueError("expected exactly one stdout descriptor")
             if len(children) >= _MAX_CHILDREN:
                 raise ValueError(f"more than {_MAX_CHILDREN} workers")
-            pid = os.fork()
+            pid = fork_between_imports()
         except (OSError, ValueError, KeyError, TypeError) as exc:
             for fd in fds:
                 os.close(fd)
