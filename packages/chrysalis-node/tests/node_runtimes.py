@@ -226,8 +226,9 @@ async def eventually(runtime: Runtime, predicate: Callable[[], bool], timeout: f
 
     Only for node state that offers no event to wait on: the outcome of a link session
     (``LinkSessions.refused_links``, ``LinkSessions.failure``: set by the session task, with no
-    change notification; ``test_node.py``). Anything the nameserver directory reflects waits
-    with ``directory_until`` instead (a route's removal, which follows its gate's fence)."""
+    change notification; ``test_node.py``), and a parent manager's status. Anything the
+    nameserver directory reflects waits with ``directory_until`` instead (a route's removal,
+    which follows its gate's fence)."""
     async with runtime.bounded(timeout):
         while not predicate():
             await runtime.sleep(0.01)

@@ -154,12 +154,16 @@ def test_a_second_node_with_one_identity_supersedes_and_clean_exits_are_withdraw
                             and e.locators == (Locator(twin.local_addr, 0),)
                         ),
                     )
+                    # The old link is told after the twin is published: until then
+                    # ``first`` is still connected, and ``wait_connected`` says so.
+                    manager = first.parent_manager
+                    assert manager is not None
+                    await eventually(
+                        runtime, lambda: manager.status.kind is ParentStatusKind.FAILED
+                    )
                     with pytest.raises(TerminalRejection, match="already_linked") as info:
                         await first.wait_connected()
                     assert info.value.superseded
-                    manager = first.parent_manager
-                    assert manager is not None
-                    assert manager.status.kind is ParentStatusKind.FAILED
             await directory_until(runtime, r, withdrawn_from(r, first.pid))
             assert r.router.get(first.pid) is None
 
