@@ -8,6 +8,7 @@ imported nothing before."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -137,5 +138,10 @@ def test_every_parsed_command_is_in_the_dispatch_table() -> None:
     assert choices is not None
     assert set(choices) - {"scale"} == set(COMMANDS)
     for name, command in COMMANDS.items():
-        function = getattr(importlib.import_module(command.module), command.function)
-        assert callable(function), name
+        assert importlib.util.find_spec(command.module) is not None, name
+        if importlib.util.find_spec("chrysalis.sqlite") is None and name == "sqlite":
+            # It needs chrysalis-sqlite, which chrysalis-node does not depend on (the command
+            # says so in one line when it is missing: test_cli_behaviours.py).
+            continue
+        module = importlib.import_module(command.module)
+        assert callable(getattr(module, command.function)), name
