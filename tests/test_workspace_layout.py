@@ -21,6 +21,7 @@ STACK = [
     "chrysalis-sqlite",
     "monarch-actor",
     "monarch-rdma",
+    "monarch-job",
 ]
 REQUIRED = set(STACK)
 
