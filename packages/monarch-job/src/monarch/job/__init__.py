@@ -18,12 +18,16 @@ from monarch.job._job import (
     load_current_job,
     set_current_job,
 )
+from monarch.job._process import ProcessJob
+from monarch.job._spec import MeshSpec
 
 __all__ = [
     "DEFAULT_JOB_PATH",
     "JobState",
     "JobTrait",
     "LocalJob",
+    "MeshSpec",
+    "ProcessJob",
     "job_load",
     "job_loads",
     "load_current_job",
