@@ -112,3 +112,27 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     except OSError:
         return True
+
+
+UNSAVED = textwrap.dedent(
+    """
+    import json
+    from monarch.job import ProcessJob
+
+    if __name__ == "__main__":
+        job = ProcessJob({"hosts": 1})
+        job.state(cached_path=None)  # not saved: no later process could reconnect
+        print(json.dumps([[h.pid, h.start_time] for h in job.hosts]), flush=True)
+        raise RuntimeError("the client fails without killing its job")
+    """
+)
+
+
+def test_a_job_nobody_saved_ends_with_the_client_that_applied_it(tmp_path: Path) -> None:
+    script = tmp_path / "unsaved.py"
+    script.write_text(UNSAVED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=T)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "the client fails" in done.stderr
+    hosts = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert session_members(hosts) == []
