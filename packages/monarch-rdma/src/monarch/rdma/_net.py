@@ -34,11 +34,13 @@ from monarch.config import get_global_config
 from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
 
 __all__ = [
+    "MAX_STREAMS",
     "MIN_CHUNK",
     "NAME",
     "NetProvider",
     "SPEC",
     "RDMAManager",
+    "managers",
     "plan_chunks",
 ]
 
@@ -90,17 +92,27 @@ def _check_range(region: _Region, number: int, offset: int, length: int) -> None
 
 
 class RDMAManager(Actor):
-    """The per-process RDMA manager: serves reads, writes and drops of the regions registered
-    in its process. Not for direct use."""
+    """One of the per-process RDMA managers: serves reads, writes and drops of the regions
+    registered in its process. Not for direct use."""
+
+    def __init__(self) -> None:
+        self._served = 0
+
+    @endpoint
+    def served(self) -> int:
+        """How many chunks this manager served (reads and writes; for tests and statistics)."""
+        return self._served
 
     @endpoint
     def read(self, number: int, offset: int, length: int) -> memoryview:
+        self._served += 1
         region = _region(number)
         _check_range(region, number, offset, length)
         return region.view[offset : offset + length]  # copied once, out of band, on sending
 
     @endpoint
     def write(self, number: int, offset: int, data: Any) -> None:
+        self._served += 1
         region = _region(number)
         incoming = memoryview(data).cast("B")
         _check_range(region, number, offset, incoming.nbytes)
@@ -114,19 +126,22 @@ class RDMAManager(Actor):
             _regions.pop(number, None)
 
 
-_manager: Any = None
+_managers: list[Any] = []
 _manager_lock = threading.Lock()
+#: The most managers (parallel streams) a process spawns, whatever the setting.
+MAX_STREAMS: Final = 16
 
 
-def _spawn_manager() -> Any:
-    """Spawn this process's manager from a thread that runs no actor, so the process (not the
-    actor registering first) owns it and it outlives that actor."""
+def _spawn_manager(index: int) -> Any:
+    """Spawn one of this process's managers from a thread that runs no actor, so the process
+    (not the actor registering first) owns it and it outlives that actor."""
     result: list[Any] = []
     failure: list[BaseException] = []
+    name = "rdma_manager" if index == 0 else f"rdma_manager_{index}"
 
     def spawn() -> None:
         try:
-            result.append(this_proc().spawn("rdma_manager", RDMAManager))
+            result.append(this_proc().spawn(name, RDMAManager))
         except BaseException as exc:  # reported to the caller below
             failure.append(exc)
 
@@ -140,20 +155,25 @@ def _spawn_manager() -> Any:
     return result[0]
 
 
-def manager() -> Any:
-    """This process's RDMA manager (spawned on first use)."""
-    global _manager
+def managers(count: int = 1) -> tuple[Any, ...]:
+    """This process's first ``count`` RDMA managers (spawned on first use; at most
+    ``MAX_STREAMS``): each serves on its own actor thread, one stream of chunks."""
+    count = max(1, min(count, MAX_STREAMS))
     with _manager_lock:
-        if _manager is None:
-            _manager = _spawn_manager()
-        return _manager
+        while len(_managers) < count:
+            _managers.append(_spawn_manager(len(_managers)))
+        return tuple(_managers[:count])
+
+
+def manager() -> Any:
+    """This process's first RDMA manager (spawned on first use)."""
+    return managers(1)[0]
 
 
 def _forget_after_fork() -> None:
     """A forked child (monarch's zygote forks workers from a copy of the client) has its own
     memory and must spawn its own manager: it drops the parent's manager and regions."""
-    global _manager
-    _manager = None
+    _managers.clear()
     _regions.clear()
 
 
@@ -165,6 +185,11 @@ def _settings() -> tuple[int, int]:
     max_chunk = max(1, int(config["rdma_max_chunk_size_mb"])) * _MIB
     window = max(1, int(config["rdma_net_chunks_in_flight"]))
     return max_chunk, window
+
+
+def _streams() -> int:
+    """``rdma_tcp_fallback_parallelism``: managers a registration is served by."""
+    return max(1, min(int(get_global_config()["rdma_tcp_fallback_parallelism"]), MAX_STREAMS))
 
 
 async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> None:
@@ -196,6 +221,14 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
+def _managers_of(key: RemoteKey) -> tuple[Any, ...]:
+    detail = key.detail
+    mgrs = tuple(detail) if isinstance(detail, tuple | list) else (detail,)
+    if not mgrs:
+        raise RuntimeError(f"RDMA region {key.region}: its key names no manager")
+    return mgrs
+
+
 def _failed(what: str, key: RemoteKey, exc: BaseException) -> RuntimeError:
     return RuntimeError(f"RDMA {what} of region {key.region} ({NAME} provider) failed: {exc}")
 
@@ -206,20 +239,22 @@ class NetProvider:
     name = NAME
 
     def register(self, memory: memoryview, *, owner: str) -> RemoteKey:
-        mgr = manager()
+        mgrs = managers(_streams())
         with _regions_lock:
             number = secrets.randbits(63)
             while number in _regions:
                 number = secrets.randbits(63)
             _regions[number] = _Region(memory, owner)
-        return RemoteKey(NAME, number, memory.nbytes, mgr)
+        return RemoteKey(NAME, number, memory.nbytes, mgrs)
 
     async def read(self, key: RemoteKey, offset: int, dst: memoryview) -> None:
         max_chunk, window = _settings()
-        mgr = key.detail
+        mgrs = _managers_of(key)
+        window = max(window, len(mgrs))
 
-        def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
+        def job(index: int, start: int, length: int) -> Callable[[], Awaitable[None]]:
             async def run() -> None:
+                mgr = mgrs[index % len(mgrs)]
                 data = await mgr.read.call_one(key.region, offset + start, length)
                 got = memoryview(data).cast("B")
                 if got.nbytes != length:
@@ -230,31 +265,41 @@ class NetProvider:
 
         try:
             await _bounded(
-                [job(s, n) for s, n in plan_chunks(dst.nbytes, max_chunk, window)], window
+                [
+                    job(i, s, n)
+                    for i, (s, n) in enumerate(plan_chunks(dst.nbytes, max_chunk, window))
+                ],
+                window,
             )
         except (ActorError, RuntimeError) as exc:
             raise _failed("read", key, exc) from exc
 
     async def write(self, key: RemoteKey, offset: int, src: memoryview) -> None:
         max_chunk, window = _settings()
-        mgr = key.detail
+        mgrs = _managers_of(key)
+        window = max(window, len(mgrs))
 
-        def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
+        def job(index: int, start: int, length: int) -> Callable[[], Awaitable[None]]:
             async def run() -> None:
+                mgr = mgrs[index % len(mgrs)]
                 await mgr.write.call_one(key.region, offset + start, src[start : start + length])
 
             return run
 
         try:
             await _bounded(
-                [job(s, n) for s, n in plan_chunks(src.nbytes, max_chunk, window)], window
+                [
+                    job(i, s, n)
+                    for i, (s, n) in enumerate(plan_chunks(src.nbytes, max_chunk, window))
+                ],
+                window,
             )
         except (ActorError, RuntimeError) as exc:
             raise _failed("write", key, exc) from exc
 
     async def deregister(self, key: RemoteKey) -> None:
         try:
-            await key.detail.drop.call_one(key.region)
+            await _managers_of(key)[0].drop.call_one(key.region)
         except (ActorError, RuntimeError) as exc:
             raise _failed("drop", key, exc) from exc
 
