@@ -63,7 +63,7 @@ def test_the_client_reads_and_writes_shared_memory_of_another_process(
 ) -> None:
     holder, _, _ = actors
     torch = pytest.importorskip("torch") if kind == "tensor" else None
-    content = _pattern(3 * (1 << 20) + 5, seed=1)  # large enough for the threaded copy
+    content = _pattern(5 * (1 << 20) + 5, seed=1)  # large enough for the threaded copy
     buffer = holder.create_shared.call_one(content, kind).get(timeout=T)
     assert (buffer.transport, buffer.backend) == ("shm", "tcp")
     assert sorted(buffer._keys) == ["net", "shm"]

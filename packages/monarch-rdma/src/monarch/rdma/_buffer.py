@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from monarch.actor import Future, context, returns_future
-from monarch.config import get_global_config
+from monarch.rdma._config import setting
 from monarch.rdma._ibverbs import is_ibverbs_available, unavailable_reason
 from monarch.rdma._memory import LocalMemory, _torch_tensor_type, local_memory, validate_timeout
 from monarch.rdma._provider import (
@@ -89,14 +89,13 @@ _HOST: Final = _host_identity()
 def _usable() -> dict[str, ProviderSpec]:
     """The providers this process may use now, given ``rdma_disable_ibverbs``,
     ``rdma_disable_shm`` and ``rdma_allow_tcp_fallback``."""
-    config = get_global_config()
     usable = {}
     for name, spec in default_registry().available().items():
-        if spec.backend == "ibverbs" and config["rdma_disable_ibverbs"]:
+        if spec.backend == "ibverbs" and setting("rdma_disable_ibverbs"):
             continue
-        if name == "shm" and config["rdma_disable_shm"]:
+        if name == "shm" and setting("rdma_disable_shm"):
             continue
-        if spec.backend != "ibverbs" and not config["rdma_allow_tcp_fallback"]:
+        if spec.backend != "ibverbs" and not setting("rdma_allow_tcp_fallback"):
             continue
         usable[name] = spec
     return usable

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from monarch.actor import Actor, ActorError, endpoint, this_proc
-from monarch.config import get_global_config
+from monarch.rdma._config import setting
 from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
 
 __all__ = [
@@ -181,15 +181,14 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _settings() -> tuple[int, int]:
-    config = get_global_config()
-    max_chunk = max(1, int(config["rdma_max_chunk_size_mb"])) * _MIB
-    window = max(1, int(config["rdma_net_chunks_in_flight"]))
+    max_chunk = max(1, int(setting("rdma_max_chunk_size_mb"))) * _MIB
+    window = max(1, int(setting("rdma_net_chunks_in_flight")))
     return max_chunk, window
 
 
 def _streams() -> int:
     """``rdma_tcp_fallback_parallelism``: managers a registration is served by."""
-    return max(1, min(int(get_global_config()["rdma_tcp_fallback_parallelism"]), MAX_STREAMS))
+    return max(1, min(int(setting("rdma_tcp_fallback_parallelism")), MAX_STREAMS))
 
 
 async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> None:

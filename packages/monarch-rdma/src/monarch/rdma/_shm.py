@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import logging
@@ -82,7 +83,7 @@ MAX_MAPPINGS: Final = 1024
 #: Owner processes a process keeps a control page and pidfd of.
 MAX_OWNERS: Final = 256
 #: Copies of at least this many bytes run in a worker thread (GIL released).
-THREAD_COPY: Final = 1 << 20
+THREAD_COPY: Final = 4 << 20
 #: Seconds the descriptor exchange with an owner's process may take.
 FETCH_TIMEOUT: Final = 10.0
 _SLOT: Final = struct.Struct("<Q")
@@ -349,7 +350,7 @@ class ShmProvider:
             _owner.release(detail.secret)
             return
         try:
-            await asyncio.to_thread(_request, detail, b"D")
+            await asyncio.get_running_loop().run_in_executor(_copier(), _request, detail, b"D")
         except OSError as exc:
             raise _failed("drop", key, f"the owner's process is unreachable ({exc})") from exc
 
@@ -402,10 +403,11 @@ class ShmProvider:
             window.release()
             return
         here, there = address_of(local), ctypes.addressof(remote)
+        loop = asyncio.get_running_loop()
         if to_remote:
-            await asyncio.to_thread(_memmove, there, here, n)
+            await loop.run_in_executor(_copier(), _memmove, there, here, n)
         else:
-            await asyncio.to_thread(_memmove, here, there, n)
+            await loop.run_in_executor(_copier(), _memmove, here, there, n)
         del remote
 
     async def _mapping(self, key: RemoteKey) -> _Mapped:
@@ -416,7 +418,7 @@ class ShmProvider:
             if mapped is not None:
                 self._mapped.move_to_end(ident)
                 return mapped
-        return await asyncio.to_thread(self._fetch, key)
+        return await asyncio.get_running_loop().run_in_executor(_copier(), self._fetch, key)
 
     def _fetch(self, key: RemoteKey) -> _Mapped:
         """Fetch the descriptors and map them (a worker thread)."""
@@ -499,6 +501,20 @@ def _unmap(mapped: _Mapped) -> None:
 
 
 _memmove = ctypes.memmove
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+#: Worker threads for large copies and descriptor exchanges (process-wide, made on first use:
+#: ``Future.get()`` runs each transfer on a loop of its own, whose default executor would start
+#: new threads every time).
+COPY_THREADS: Final = 4
+
+
+def _copier() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(COPY_THREADS, "monarch-rdma-copy")
+        return _pool
 
 
 def _check_range(key: RemoteKey, offset: int, length: int) -> None:
@@ -542,7 +558,8 @@ def _forget_owner_after_fork() -> None:
     """A forked child has none of its parent's registrations and no server thread: it closes
     the inherited listener (so peers of a dead parent are refused, not left waiting) and the
     descriptors, and starts its own on its first registration."""
-    global _owner
+    global _owner, _pool
+    _pool = None  # its threads do not exist in the child
     old = _owner
     _owner = _OwnerState()
     if old.listener is not None:
