@@ -7,8 +7,9 @@ Two roles in one file:
   only, so it runs unchanged under the reference ``torchmonarch``): spawns one worker process
   whose actor owns CPU tensors of 1 MiB and 64 MiB and hands out ``RDMABuffer``s over them; the
   client reads each buffer into, and writes it from, a tensor of its own, and prints one JSON
-  line of MB/s (size / median time of one operation) plus a plain ``Tensor.copy_`` of the same
-  size in the client (the memcpy the ``shm`` provider is compared with).
+  line of MB/s (size / median time of one operation) plus a plain single-threaded memcpy
+  (``ctypes.memmove``) of the same size in the client, which the ``shm`` provider is compared
+  with.
 * the driver (default): runs the sides ``ref`` (the reference interpreter, its TCP fallback here:
   no RDMA device), ``shm`` and ``net`` (this project, with ``MONARCH_RDMA_DISABLE_SHM=1`` for
   ``net``) one after the other, ``--rounds`` times (``ref shm net ref shm net ...``), and
@@ -28,6 +29,7 @@ one running the driver). Every child has a timeout.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -42,6 +44,7 @@ SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20}
 REPEATS = {"1MiB": 40, "64MiB": 6}
 WARMUP = 2
 ROOT = Path(__file__).resolve().parent.parent
+_memmove = ctypes.memmove  # the baseline: one plain single-threaded memcpy in the client
 
 
 try:  # the sides need these; the driver does not
@@ -84,7 +87,7 @@ def _side() -> dict[str, Any]:
             for name, op in (
                 ("read", lambda b=buffer, d=dst: b.read_into(d, timeout=120).get(timeout=120)),
                 ("write", lambda b=buffer, s=src: b.write_from(s, timeout=120).get(timeout=120)),
-                ("memcpy", lambda d=dst, s=src: d.copy_(s)),
+                ("memcpy", lambda d=dst, s=src, n=nbytes: _memmove(d.data_ptr(), s.data_ptr(), n)),
             ):
                 times = []
                 for i in range(WARMUP + REPEATS[label]):

@@ -8,15 +8,18 @@ actor that happened to register first; a forked child forgets its parent's manag
 regions). The manager runs on its own actor thread, so the owner's user actors never take part
 in a transfer: they may be busy or blocked meanwhile.
 
-A transfer is cut into chunks (``plan_chunks``, pure) of at most ``rdma_max_chunk_size_mb``
-MiB, and at most ``rdma_net_chunks_in_flight`` of them are outstanding at once: a read asks the
+A registration is served by ``rdma_tcp_fallback_parallelism`` managers of its process (each an
+actor of its own, so each its own thread; the key names them all). A transfer is cut into chunks
+(``plan_chunks``, pure) of at most ``rdma_max_chunk_size_mb`` MiB, sent to the managers
+round-robin, and at most ``rdma_net_chunks_in_flight`` of them (at least one per manager) are
+outstanding at once: a read asks the
 manager for ``(region, offset, length)`` and copies the answer into the destination; a write
 sends ``(region, offset, bytes)``. The bytes travel out of band in the actor messages (direct
 lanes: shared memory within a host, TLS over TCP across hosts; or QUIC), copied once on each
 side. Memory in flight is bounded by window x chunk on both sides.
 
-Everything here uses monarch-actor's public API only (``Actor``, ``endpoint``, ``this_proc``,
-``monarch.config``).
+Everything here uses monarch-actor's public API only (``Actor``, ``endpoint``, ``this_proc``),
+and settings through ``_config`` (``monarch.config``'s one-key getter).
 """
 
 from __future__ import annotations
