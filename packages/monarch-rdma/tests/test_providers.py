@@ -81,7 +81,7 @@ def test_chunks_cover_the_transfer_exactly_within_the_bounds(
     offset = 0
     for start, length in chunks:
         assert start == offset
-        assert 0 < length <= max_chunk
+        assert 0 < length <= min(max_chunk, _net.MAX_PIPELINE_CHUNK)
         offset += length
     if total >= _net.MIN_CHUNK * window and max_chunk >= _net.MIN_CHUNK:
         assert len(chunks) >= window  # enough chunks to fill the window
