@@ -239,7 +239,11 @@ def _move_to_shared_memory(data: Any) -> bool:
     tensor: Any = data
     if tensor.device.type != "cpu" or tensor.is_shared():
         return False
-    tensor.share_memory_()
+    try:
+        tensor.share_memory_()
+    except (RuntimeError, OSError) as exc:  # /dev/shm full, a storage that cannot move
+        _log.warning("RDMA buffer: the tensor stays in private memory (net serves it): %s", exc)
+        return False
     return True
 
 
