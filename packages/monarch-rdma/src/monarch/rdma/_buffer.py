@@ -379,10 +379,13 @@ async def _submit(ops: list[_Op], timeout: int) -> None:
         return
     usable = _usable()
     try:
-        results = await asyncio.wait_for(
-            asyncio.gather(*(_run(op, usable) for op in ops), return_exceptions=True),
-            timeout,
-        )
+        async with asyncio.timeout(timeout):  # no extra task (a 1 MiB shm read is ~40 us)
+            if len(ops) == 1:
+                await _run(ops[0], usable)
+                return
+            results = await asyncio.gather(
+                *(_run(op, usable) for op in ops), return_exceptions=True
+            )
     except TimeoutError:
         raise TimeoutError(
             f"RDMA transfer of {len(ops)} operation(s) timed out: not complete within {timeout} s"
