@@ -255,8 +255,9 @@ async def _drop(keys: dict[str, RemoteKey]) -> None:
 
 
 def _forget_after_fork() -> None:
-    global _fallback_warned
+    global _fallback_warned, _fallback_lock
     _fallback_warned = False  # once per process: a forked child warns on its own
+    _fallback_lock = threading.Lock()  # a fork while another thread held it left it held
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -183,6 +183,9 @@ def manager() -> Any:
 def _forget_after_fork() -> None:
     """A forked child (monarch's zygote forks workers from a copy of the client) has its own
     memory and must spawn its own manager: it drops the parent's manager and regions."""
+    global _manager_lock, _regions_lock
+    _manager_lock = threading.Lock()  # a fork while another thread held them left them held
+    _regions_lock = threading.Lock()
     _managers.clear()
     _regions.clear()
 

@@ -558,8 +558,9 @@ def _forget_owner_after_fork() -> None:
     """A forked child has none of its parent's registrations and no server thread: it closes
     the inherited listener (so peers of a dead parent are refused, not left waiting) and the
     descriptors, and starts its own on its first registration."""
-    global _owner, _pool
+    global _owner, _pool, _pool_lock
     _pool = None  # its threads do not exist in the child
+    _pool_lock = threading.Lock()  # a fork while another thread held it left it held
     old = _owner
     _owner = _OwnerState()
     if old.listener is not None:
