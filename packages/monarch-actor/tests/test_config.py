@@ -432,6 +432,7 @@ def test_the_rdma_keys_exist_with_their_environment_variables(
         "rdma_max_chunk_size_mb": "MONARCH_RDMA_MAX_CHUNK_SIZE_MB",
         "rdma_tcp_fallback_parallelism": "MONARCH_RDMA_TCP_FALLBACK_PARALLELISM",
         "rdma_net_chunks_in_flight": "MONARCH_RDMA_NET_CHUNKS_IN_FLIGHT",  # monarch-rdma's own
+        "rdma_disable_shm": "MONARCH_RDMA_DISABLE_SHM",  # monarch-rdma's own
     }.items():
         assert known[name].env == env
     assert get_global_config()["rdma_net_chunks_in_flight"] == 4
@@ -439,3 +440,6 @@ def test_the_rdma_keys_exist_with_their_environment_variables(
     assert get_global_config()["rdma_net_chunks_in_flight"] == 8
     with pytest.raises(ValueError, match="must not be 0"):
         configure(rdma_net_chunks_in_flight=0)
+    assert get_global_config()["rdma_disable_shm"] is False
+    monkeypatch.setenv("MONARCH_RDMA_DISABLE_SHM", "1")
+    assert get_global_config()["rdma_disable_shm"] is True

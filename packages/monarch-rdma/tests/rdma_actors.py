@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
+import time
+from typing import Any
 
 from monarch.actor import Actor, endpoint
+from monarch.config import configured
 from monarch.rdma import RDMAAction, RDMABuffer
+from monarch.rdma.providers import shared_memory
 
 _release = threading.Event()
 
@@ -15,7 +20,7 @@ class Holder(Actor):
     """Owns memory and an RDMABuffer over it."""
 
     def __init__(self) -> None:
-        self.memory = bytearray()
+        self.memory: Any = bytearray()
         self.buffer: RDMABuffer | None = None
 
     @endpoint
@@ -25,8 +30,49 @@ class Holder(Actor):
         return self.buffer
 
     @endpoint
+    def create_with(self, content: bytes, settings: dict[str, Any]) -> RDMABuffer:
+        """A buffer registered under ``settings`` (``monarch.config`` keys) in this process."""
+        self.memory = bytearray(content)
+        with configured(**settings):
+            self.buffer = RDMABuffer(memoryview(self.memory))
+        return self.buffer
+
+    @endpoint
+    def create_shared(self, content: bytes, kind: str) -> RDMABuffer:
+        """A buffer over memory the shm provider shares: a memfd memoryview or a CPU tensor
+        (moved into shared memory on registration)."""
+        if kind == "tensor":
+            torch: Any = importlib.import_module("torch")
+            tensor = torch.frombuffer(bytearray(content), dtype=torch.uint8)
+            self.memory = tensor
+            self.buffer = RDMABuffer(tensor)
+            return self.buffer
+        view = shared_memory(len(content))
+        view[:] = content
+        self.memory = view
+        self.buffer = RDMABuffer(view)
+        return self.buffer
+
+    @endpoint
     def content(self) -> bytes:
+        if hasattr(self.memory, "numpy"):
+            return bytes(self.memory.numpy().tobytes())
         return bytes(self.memory)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def spin(self, seconds: float) -> int:
+        """Stay busy in Python (holding the GIL most of the time) for ``seconds``."""
+        deadline = time.monotonic() + seconds
+        rounds = 0
+        while time.monotonic() < deadline and not _release.is_set():
+            sum(range(1000))
+            rounds += 1
+        _release.clear()
+        return rounds
 
     @endpoint
     def drop(self) -> None:
@@ -88,6 +134,15 @@ class Peer(Actor):
             .submit(timeout=30)
         )
         return bytes(a), bytes(b)
+
+    @endpoint
+    async def read_error(self, buffer: RDMABuffer) -> str:
+        """The error a read ends with (or "read")."""
+        try:
+            await buffer.read_into(memoryview(bytearray(buffer.size())), timeout=30)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "read"
 
     @endpoint
     async def transport(self, buffer: RDMABuffer) -> tuple[str, str]:

@@ -85,6 +85,29 @@ def test_large_transfers_are_chunked_with_several_chunks_in_flight(actors: Any) 
     assert holder.content.call_one().get(timeout=T) == changed
 
 
+def test_the_fallback_parallelism_spreads_chunks_over_that_many_managers(actors: Any) -> None:
+    """``rdma_tcp_fallback_parallelism`` in the owner's process: the buffer is served by that
+    many managers (each its own actor thread), and a transfer's chunks go round-robin."""
+    holder, _, _, _ = actors
+    content = _pattern(6 * (1 << 20), seed=7)
+    single = holder.create_with.call_one(content[:10], {}).get(timeout=T)
+    assert len(single._keys["net"].detail) == 1  # the default: one stream
+    buffer = holder.create_with.call_one(content, {"rdma_tcp_fallback_parallelism": 3}).get(
+        timeout=T
+    )
+    managers = buffer._keys["net"].detail
+    assert len(managers) == 3
+    before = [m.served.call_one().get(timeout=T) for m in managers]
+    dst = bytearray(len(content))
+    with configured(rdma_max_chunk_size_mb=1, rdma_net_chunks_in_flight=3):
+        buffer.read_into(memoryview(dst)).get(timeout=T)  # six chunks over three managers
+        assert dst == content
+        buffer.write_from(memoryview(bytearray(content[::-1]))).get(timeout=T)
+    after = [m.served.call_one().get(timeout=T) for m in managers]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [4, 4, 4]
+    assert holder.content.call_one().get(timeout=T) == content[::-1]
+
+
 def test_two_actors_of_other_processes_transfer_without_the_owner(actors: Any) -> None:
     holder, peer, releaser, _ = actors
     content = _pattern(4096, seed=3)

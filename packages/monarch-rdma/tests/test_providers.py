@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -81,7 +82,7 @@ def test_chunks_cover_the_transfer_exactly_within_the_bounds(
     offset = 0
     for start, length in chunks:
         assert start == offset
-        assert 0 < length <= max_chunk
+        assert 0 < length <= min(max_chunk, _net.MAX_PIPELINE_CHUNK)
         offset += length
     if total >= _net.MIN_CHUNK * window and max_chunk >= _net.MIN_CHUNK:
         assert len(chunks) >= window  # enough chunks to fill the window
@@ -205,3 +206,43 @@ def test_a_transfer_that_never_completes_fails_at_its_timeout(
         RDMAAction().read_remote(memoryview(bytearray(4)), buffer).submit(timeout=1).get(timeout=T)
     assert 1.0 <= time.monotonic() - started < 10
     buffer.drop().get(timeout=T)
+
+
+def test_a_child_forked_while_this_package_holds_its_locks_starts_with_free_ones() -> None:
+    """monarch's zygote forks workers from a copy of the client while the client's main thread
+    may be inside ``get_rdma_backend()``: a lock held there at the fork stayed held in every
+    worker, and the worker's first ``RDMABuffer`` hung (the README example, 4 runs in 6)."""
+    import os
+    import signal
+
+    from monarch.rdma import _buffer, _net, _shm, get_rdma_backend
+
+    registry = default_registry()
+    locks: list[Any] = [
+        _registry._default_lock,
+        registry._lock,
+        _buffer._fallback_lock,
+        _net._manager_lock,
+        _net._regions_lock,
+        _shm._pool_lock,
+    ]
+    for lock in locks:
+        lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: every call below takes one of those locks
+            signal.alarm(20)  # a hang kills the child, and the parent sees the signal
+            try:
+                default_registry().provider("net")
+                get_rdma_backend()
+                with _buffer._fallback_lock, _net._manager_lock, _net._regions_lock:
+                    pass
+                _shm._copier()
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+    finally:
+        for lock in locks:
+            lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

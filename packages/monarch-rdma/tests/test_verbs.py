@@ -46,6 +46,30 @@ def test_without_pyverbs_or_a_device_ibverbs_is_unavailable(
     assert _ibverbs.is_ibverbs_available() is False
 
 
+def test_each_missing_piece_is_named_as_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    assert "does not exist" in (_ibverbs.unavailable_reason(sysfs, dev) or "")
+    (sysfs / "mlx5_0").mkdir(parents=True)
+    assert "no uverbs device file" in (_ibverbs.unavailable_reason(sysfs, dev) or "")
+    dev.mkdir()
+    (dev / "uverbs0").touch()
+    monkeypatch.setattr(_ibverbs, "pyverbs_importable", lambda: False)
+    assert "pyverbs is not installed" in (_ibverbs.unavailable_reason(sysfs, dev) or "")
+    monkeypatch.setattr(_ibverbs, "pyverbs_importable", lambda: True)
+    assert _ibverbs.unavailable_reason(sysfs, dev) is None
+
+
+@pytest.mark.skipif(Path("/dev/infiniband").exists(), reason="an RDMA device exists here")
+def test_without_a_device_ibverbs_is_unavailable_with_a_clear_reason() -> None:
+    reason = _ibverbs.unavailable_reason()
+    assert reason is not None
+    assert reason.startswith("no RDMA device"), reason
+    assert is_ibverbs_available() is False
+    assert get_rdma_backend() == "tcp"
+
+
 @pytest.mark.skipif(not Path("/dev/infiniband").exists(), reason="no /dev/infiniband here")
 def test_a_device_is_discovered_where_one_exists() -> None:
     assert _ibverbs.list_devices()

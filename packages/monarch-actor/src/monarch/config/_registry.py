@@ -246,8 +246,8 @@ _SETTINGS: dict[str, Setting] = {
             int,
             1,
             "MONARCH_RDMA_TCP_FALLBACK_PARALLELISM",
-            "parallel channels of TCP-fallback transfers",
-            applied=False,
+            "parallel channels of TCP-fallback transfers (monarch-rdma: RDMA managers of the "
+            "owner's process a net-provider transfer spreads its chunks over; below 1 counts as 1)",
         ),
         # -- mailbox bytes (issue 15 item 6) --
         Setting(
@@ -267,6 +267,14 @@ _SETTINGS: dict[str, Setting] = {
             "chunks of one transfer of monarch-rdma's net provider outstanding at once (each "
             "at most rdma_max_chunk_size_mb)",
             nonzero=True,
+        ),
+        Setting(
+            "rdma_disable_shm",
+            bool,
+            False,
+            "MONARCH_RDMA_DISABLE_SHM",
+            "monarch-rdma: never use the shm provider (shared memory between processes of one "
+            "host); the net provider serves them instead",
         ),
     )
 }

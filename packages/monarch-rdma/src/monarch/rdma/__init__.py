@@ -2,8 +2,9 @@
 memory (a 1-D contiguous torch tensor or memoryview) and is a small picklable handle through which
 any actor or the client reads and writes that memory one-sidedly; ``RDMAAction`` batches such
 transfers. Transfers go through *providers* found by plugin (``monarch.rdma.providers``,
-``monarch.rdma.hookspecs``); this
-increment ships the ``net`` provider (a per-process manager actor, chunked and pipelined).
+``monarch.rdma.hookspecs``): ``shm`` between processes of one host (a memcpy through the
+owner's shared memory) and ``net`` otherwise (per-process manager actors, chunked and
+pipelined); ``RDMABuffer.transport`` says which serves.
 Importing this package does not import torch.
 """
 

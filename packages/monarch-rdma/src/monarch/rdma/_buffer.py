@@ -15,6 +15,7 @@ is checked before anything starts and bounds the whole submission.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -24,10 +25,16 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from monarch.actor import Future, context, returns_future
-from monarch.config import get_global_config
-from monarch.rdma._ibverbs import is_ibverbs_available
-from monarch.rdma._memory import LocalMemory, local_memory, validate_timeout
-from monarch.rdma._provider import PeerInfo, ProviderSpec, RemoteKey, select_provider
+from monarch.rdma._config import setting
+from monarch.rdma._ibverbs import is_ibverbs_available, unavailable_reason
+from monarch.rdma._memory import LocalMemory, _torch_tensor_type, local_memory, validate_timeout
+from monarch.rdma._provider import (
+    PeerInfo,
+    ProviderSpec,
+    RegistrationDeclined,
+    RemoteKey,
+    select_provider,
+)
 from monarch.rdma._registry import default_registry
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT: Final = 60
+_log = logging.getLogger("monarch.rdma")
 
 
 class RDMAReadTransferWarning(Warning):
@@ -61,26 +69,33 @@ _fallback_lock = threading.Lock()
 
 
 def _host_identity() -> str:
-    """This host's identity: its name and boot id (a rebooted host is another host)."""
+    """This host's identity: its name, boot id (a rebooted host is another host) and network
+    namespace (the ``shm`` provider's abstract sockets are per network namespace, so two
+    namespaces of one machine count as two hosts)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}/{boot}/{netns}"
 
 
 _HOST: Final = _host_identity()
 
 
 def _usable() -> dict[str, ProviderSpec]:
-    """The providers this process may use now, given ``rdma_disable_ibverbs`` and
-    ``rdma_allow_tcp_fallback``."""
-    config = get_global_config()
+    """The providers this process may use now, given ``rdma_disable_ibverbs``,
+    ``rdma_disable_shm`` and ``rdma_allow_tcp_fallback``."""
     usable = {}
     for name, spec in default_registry().available().items():
-        if spec.backend == "ibverbs" and config["rdma_disable_ibverbs"]:
+        if spec.backend == "ibverbs" and setting("rdma_disable_ibverbs"):
             continue
-        if spec.backend != "ibverbs" and not config["rdma_allow_tcp_fallback"]:
+        if name == "shm" and setting("rdma_disable_shm"):
+            continue
+        if spec.backend != "ibverbs" and not setting("rdma_allow_tcp_fallback"):
             continue
         usable[name] = spec
     return usable
@@ -137,8 +152,18 @@ class RDMABuffer:
         if memory.nbytes == 0:
             raise ValueError("Cannot create RDMABuffer with size 0.")
         owner = str(context().actor_instance.actor_id)
+        if "shm" in usable and _move_to_shared_memory(memory.owner):
+            memory = local_memory(data)  # the tensor's storage moved
         registry = default_registry()
-        keys = {name: registry.provider(name).register(memory.view, owner=owner) for name in usable}
+        keys = {}
+        for name in usable:
+            try:
+                keys[name] = registry.provider(name).register(memory.view, owner=owner)
+            except RegistrationDeclined as exc:
+                _log.debug("RDMA provider %s declined a buffer of %d bytes: %s", name,
+                           memory.nbytes, exc)  # fmt: skip
+        if not keys:
+            raise RuntimeError(f"no RDMA provider of this process accepted the buffer ({usable})")
         self._size = memory.nbytes
         self._owner = owner
         self._backend = backend
@@ -204,6 +229,24 @@ class RDMABuffer:
         return _drop(keys)
 
 
+def _move_to_shared_memory(data: Any) -> bool:
+    """Move a CPU tensor's storage into shared memory (``Tensor.share_memory_()``: one copy,
+    once, in place: every view of the storage then uses the shared memory), so that the ``shm``
+    provider shares it without copies. True when it moved."""
+    tensor_type = _torch_tensor_type()
+    if tensor_type is None or not isinstance(data, tensor_type):
+        return False
+    tensor: Any = data
+    if tensor.device.type != "cpu" or tensor.is_shared():
+        return False
+    try:
+        tensor.share_memory_()
+    except (RuntimeError, OSError) as exc:  # /dev/shm full, a storage that cannot move
+        _log.warning("RDMA buffer: the tensor stays in private memory (net serves it): %s", exc)
+        return False
+    return True
+
+
 @returns_future
 async def _drop(keys: dict[str, RemoteKey]) -> None:
     registry = default_registry()
@@ -212,8 +255,9 @@ async def _drop(keys: dict[str, RemoteKey]) -> None:
 
 
 def _forget_after_fork() -> None:
-    global _fallback_warned
+    global _fallback_warned, _fallback_lock
     _fallback_warned = False  # once per process: a forked child warns on its own
+    _fallback_lock = threading.Lock()  # a fork while another thread held it left it held
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -225,6 +269,9 @@ def _warn_fallback() -> None:
         if _fallback_warned:
             return
         _fallback_warned = True
+    _log.info(
+        "RDMA without ibverbs: %s", unavailable_reason() or "disabled by rdma_disable_ibverbs"
+    )
     warnings.warn(
         "No ibverbs RDMA hardware detected. Falling back to TCP transport, which has "
         "significantly lower throughput and higher latency than native RDMA. To disable this "
@@ -333,10 +380,13 @@ async def _submit(ops: list[_Op], timeout: int) -> None:
         return
     usable = _usable()
     try:
-        results = await asyncio.wait_for(
-            asyncio.gather(*(_run(op, usable) for op in ops), return_exceptions=True),
-            timeout,
-        )
+        async with asyncio.timeout(timeout):  # no extra task (a 1 MiB shm read is ~40 us)
+            if len(ops) == 1:
+                await _run(ops[0], usable)
+                return
+            results = await asyncio.gather(
+                *(_run(op, usable) for op in ops), return_exceptions=True
+            )
     except TimeoutError:
         raise TimeoutError(
             f"RDMA transfer of {len(ops)} operation(s) timed out: not complete within {timeout} s"

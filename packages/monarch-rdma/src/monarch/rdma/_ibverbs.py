@@ -13,7 +13,13 @@ import importlib.util
 import os
 from pathlib import Path
 
-__all__ = ["DEV_DIR", "SYSFS_DIR", "is_ibverbs_available", "list_devices"]
+__all__ = [
+    "DEV_DIR",
+    "SYSFS_DIR",
+    "is_ibverbs_available",
+    "list_devices",
+    "unavailable_reason",
+]
 
 DEV_DIR = Path("/dev/infiniband")
 SYSFS_DIR = Path("/sys/class/infiniband")
@@ -43,3 +49,21 @@ def pyverbs_importable() -> bool:
 def is_ibverbs_available() -> bool:
     """Whether ibverbs RDMA hardware is usable from this process (a device and pyverbs)."""
     return bool(list_devices()) and pyverbs_importable()
+
+
+def unavailable_reason(sysfs: Path = SYSFS_DIR, dev: Path = DEV_DIR) -> str | None:
+    """Why ibverbs cannot serve this process (``None`` when a device and pyverbs are there):
+    the first missing piece, in words, for logs and error messages."""
+    if not sysfs.is_dir():
+        return f"no RDMA device: {sysfs} does not exist (no RDMA driver loaded)"
+    try:
+        uverbs = [entry for entry in dev.iterdir() if entry.name.startswith("uverbs")]
+    except OSError:
+        uverbs = []
+    if not uverbs:
+        return f"no RDMA device: no uverbs device file in {dev}"
+    if not list_devices(sysfs, dev):
+        return f"no usable RDMA device: the uverbs files of {dev} are not readable and writable"
+    if not pyverbs_importable():
+        return "pyverbs is not installed (pip install 'monarch-rdma[verbs]')"
+    return None

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["MAX_TIMEOUT", "LocalMemory", "local_memory", "validate_timeout"]
+__all__ = ["MAX_TIMEOUT", "LocalMemory", "address_of", "local_memory", "validate_timeout"]
 
 #: The largest timeout accepted, in seconds (the reference's u64).
 MAX_TIMEOUT: Final = (1 << 64) - 1
@@ -76,7 +76,7 @@ _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 _release_buffer.restype = None
 
 
-def _address(view: memoryview) -> int:
+def address_of(view: memoryview) -> int:
     """The address of ``view``'s first byte (``view`` is C-contiguous)."""
     if view.nbytes == 0:
         return 0
@@ -102,7 +102,7 @@ def local_memory(data: object) -> LocalMemory:
         if data.ndim != 1 or not data.c_contiguous:
             raise _refuse(data)
         flat = data.cast("B") if data.format != "B" else data
-        return LocalMemory(flat, _address(flat), data.readonly, data)
+        return LocalMemory(flat, address_of(flat), data.readonly, data)
     tensor_type = _torch_tensor_type()
     if tensor_type is not None and isinstance(data, tensor_type):
         tensor: Any = data

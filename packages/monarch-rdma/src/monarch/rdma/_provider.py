@@ -26,6 +26,7 @@ __all__ = [
     "ProviderSpec",
     "RDMAProvider",
     "Reach",
+    "RegistrationDeclined",
     "RemoteKey",
     "select_provider",
 ]
@@ -65,6 +66,12 @@ class RemoteKey:
     region: int
     size: int
     detail: Any = None
+
+
+class RegistrationDeclined(Exception):
+    """Raised by ``RDMAProvider.register`` when the provider cannot serve this memory (the
+    ``shm`` provider: memory in private pages); the buffer is then registered without it and
+    another provider serves its transfers."""
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ stale installed metadata never loses the ``net`` provider).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import threading
 from types import ModuleType
 from typing import Any
@@ -142,3 +143,17 @@ def default_registry() -> ProviderRegistry:
                 registry.register(plugin, name=f"builtin:{plugin.__name__}")
             _default = registry
         return _default
+
+
+def _fresh_locks_after_fork() -> None:
+    """A process forked while another thread held a lock here (monarch's zygote forks workers
+    from a copy of the client, whose main thread may be asking for its backend meanwhile) would
+    inherit it held forever: the child takes new ones. The registry itself is consistent: it is
+    published only once built, and its caches are replaced whole."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    if _default is not None:
+        _default._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks_after_fork)

@@ -2,8 +2,9 @@
 
 ``RDMAProvider`` (the interface), ``ProviderSpec`` (what a plugin's ``monarch_rdma_providers``
 hook returns; see ``monarch.rdma.hookspecs``), ``RemoteKey``, ``PeerInfo``, ``Reach``,
-``select_provider`` (the pure choice of a provider for a pair of processes), and the registry
-(``ProviderRegistry``, ``default_registry``) with its errors.
+``select_provider`` (the pure choice of a provider for a pair of processes), the registry
+(``ProviderRegistry``, ``default_registry``) with its errors, ``RegistrationDeclined``, and
+``shared_memory(n)``: memory the ``shm`` provider shares without copies (for memoryviews).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from monarch.rdma._provider import (
     ProviderSpec,
     RDMAProvider,
     Reach,
+    RegistrationDeclined,
     RemoteKey,
     select_provider,
 )
@@ -22,6 +24,7 @@ from monarch.rdma._registry import (
     ProviderRegistry,
     default_registry,
 )
+from monarch.rdma._shm import shared_memory
 
 __all__ = [
     "PeerInfo",
@@ -31,7 +34,9 @@ __all__ = [
     "ProviderSpec",
     "RDMAProvider",
     "Reach",
+    "RegistrationDeclined",
     "RemoteKey",
     "default_registry",
     "select_provider",
+    "shared_memory",
 ]

@@ -1,0 +1,205 @@
+"""RDMA throughput: ``RDMABuffer.read_into`` / ``write_from`` between two processes, this
+project's ``monarch.rdma`` (``shm`` and ``net`` providers) against the reference Monarch's.
+
+Two roles in one file:
+
+* ``--side``: runs under *any* implementation of ``monarch.actor`` + ``monarch.rdma`` (public API
+  only, so it runs unchanged under the reference ``torchmonarch``): spawns one worker process
+  whose actor owns CPU tensors of 1 MiB and 64 MiB and hands out ``RDMABuffer``s over them; the
+  client reads each buffer into, and writes it from, a tensor of its own, and prints one JSON
+  line of MB/s (size / median time of one operation) plus a plain single-threaded memcpy
+  (``ctypes.memmove``) of the same size in the client, which the ``shm`` provider is compared
+  with; and ``register_*_ms``: one call that makes a tensor in the owner and an ``RDMABuffer``
+  over it (the registration, which moves a tensor into shared memory where ``shm`` serves).
+* the driver (default): runs the sides ``ref`` (the reference interpreter, its TCP fallback here:
+  no RDMA device), ``shm`` and ``net`` (this project, with ``MONARCH_RDMA_DISABLE_SHM=1`` for
+  ``net``) one after the other, ``--rounds`` times (``ref shm net ref shm net ...``), and
+  reports per figure the median MB/s of each side and the ratios ours / reference: the median
+  of the per-round ratios (sides of one round ran back to back, on about the same load) and
+  their min-max (the noise).
+
+    python benchmarks/rdma_throughput.py                    # 3 rounds, Markdown table
+    python benchmarks/rdma_throughput.py --rounds 5 --json out.json
+    python benchmarks/rdma_throughput.py --side shm         # one side, one JSON line
+
+The driver needs the reference interpreter (``--ref``, default ``/work/ref/bin/python``) and
+runs this project from the repository's ``packages/*/src`` (``--ours`` interpreter, default the
+one running the driver). Every child has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20}
+REPEATS = {"1MiB": 40, "64MiB": 6}
+WARMUP = 2
+MAKES = 3
+ROOT = Path(__file__).resolve().parent.parent
+_memmove = ctypes.memmove  # the baseline: one plain single-threaded memcpy in the client
+
+
+try:  # the sides need these; the driver does not
+    torch: Any = importlib.import_module("torch")  # untyped here: the lint env has no torch
+
+    from monarch.actor import Actor, endpoint, this_host
+    from monarch.rdma import RDMABuffer
+except ImportError:  # pragma: no cover (a driver without them on its path)
+    _HAVE_MONARCH = False
+else:
+    _HAVE_MONARCH = True
+
+    class Owner(Actor):
+        """Owns the tensors and hands out buffers over them."""
+
+        def __init__(self) -> None:
+            self.keep: list[Any] = []
+
+        @endpoint
+        def make(self, nbytes: int) -> Any:
+            tensor = torch.full((nbytes,), 7, dtype=torch.uint8)
+            buffer = RDMABuffer(tensor)
+            self.keep.append((tensor, buffer))
+            return buffer
+
+
+def _side() -> dict[str, Any]:
+    if not _HAVE_MONARCH:
+        raise RuntimeError("--side needs torch, monarch.actor and monarch.rdma importable")
+    warnings.simplefilter("ignore")
+    out: dict[str, Any] = {}
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        owner = procs.spawn("owner", Owner)
+        for label, nbytes in SIZES.items():
+            made = []
+            for _ in range(MAKES):  # the owner keeps them all (at most 3 x 65 MiB)
+                started = time.perf_counter()
+                buffer = owner.make.call_one(nbytes).get(timeout=120)
+                made.append(time.perf_counter() - started)
+            out[f"register_{label}_ms"] = statistics.median(made) * 1e3
+            out["transport"] = getattr(buffer, "transport", buffer.backend)
+            dst = torch.zeros(nbytes, dtype=torch.uint8)
+            src = torch.full((nbytes,), 3, dtype=torch.uint8)
+            for name, op in (
+                ("read", lambda b=buffer, d=dst: b.read_into(d, timeout=120).get(timeout=120)),
+                ("write", lambda b=buffer, s=src: b.write_from(s, timeout=120).get(timeout=120)),
+                ("memcpy", lambda d=dst, s=src, n=nbytes: _memmove(d.data_ptr(), s.data_ptr(), n)),
+            ):
+                times = []
+                for i in range(WARMUP + REPEATS[label]):
+                    started = time.perf_counter()
+                    op()
+                    if i >= WARMUP:
+                        times.append(time.perf_counter() - started)
+                out[f"{name}_{label}_MBps"] = nbytes / statistics.median(times) / 1e6
+            buffer.read_into(dst, timeout=120).get(timeout=120)
+            if int(dst[0]) != 3 or int(dst[-1]) != 3:  # the writes landed, the read saw them
+                raise RuntimeError(f"wrong data read back: {int(dst[0])}, {int(dst[-1])}")
+    finally:
+        procs.stop().get(timeout=120)
+    return out
+
+
+def _run_side(python: str, side: str, timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("MONARCH_RDMA_DISABLE_SHM", None)
+    if side == "ref":
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(p) for p in sorted((ROOT / "packages").glob("*/src"))
+        )
+        if side == "net":
+            env["MONARCH_RDMA_DISABLE_SHM"] = "1"
+    result = subprocess.run(
+        [python, str(Path(__file__).resolve()), "--side", side],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(ROOT),
+        check=False,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"side {side} failed ({result.returncode}): {result.stderr[-2000:]}")
+    record: dict[str, Any] = json.loads(lines[-1])
+    return record
+
+
+def _table(rounds: list[dict[str, dict[str, Any]]]) -> str:
+    figures = [k for k in rounds[0]["ref"] if k.endswith("_MBps") and not k.startswith("memcpy")]
+    figures += [k for k in rounds[0]["ref"] if k.startswith("register_")]
+    rows = [
+        "| figure | reference | shm | net | shm vs ref (min-max) | net vs ref (min-max) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for figure in figures:
+        med = {s: statistics.median(r[s][figure] for r in rounds) for s in ("ref", "shm", "net")}
+        unit = "MB/s" if figure.endswith("_MBps") else "ms"
+        name = figure.removesuffix("_MBps").removesuffix("_ms")
+        cells = [f"{name} ({unit})", *(f"{med[s]:,.1f}" for s in ("ref", "shm", "net"))]
+        for side in ("shm", "net"):
+            if unit == "ms":  # a time: the ratio is ref / ours, so above 1 is faster too
+                ratios = [r["ref"][figure] / r[side][figure] for r in rounds]
+            else:
+                ratios = [r[side][figure] / r["ref"][figure] for r in rounds]
+            cells.append(f"{statistics.median(ratios):.1f}x ({min(ratios):.1f}-{max(ratios):.1f})")
+        rows.append("| " + " | ".join(cells) + " |")
+    for label in SIZES:
+        ratios = [r["shm"][f"read_{label}_MBps"] / r["shm"][f"memcpy_{label}_MBps"] for r in rounds]
+        memcpy = statistics.median(r["shm"][f"memcpy_{label}_MBps"] for r in rounds)
+        rows.append(
+            f"| shm read {label} / memcpy in the client ({memcpy:,.0f} MB/s) | | | | "
+            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", help="run one side and print its JSON line")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ref", default="/work/ref/bin/python")
+    parser.add_argument("--ours", default=sys.executable)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side")
+    parser.add_argument("--json", help="write every round's records here")
+    args = parser.parse_args()
+    if args.side:
+        print(json.dumps(_side()), flush=True)
+        return
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for number in range(args.rounds):
+        record = {}
+        for side in ("ref", "shm", "net"):
+            python = args.ref if side == "ref" else args.ours
+            print(f"round {number + 1}/{args.rounds}: {side}", file=sys.stderr, flush=True)
+            record[side] = _run_side(python, side, args.timeout)
+        if record["shm"]["transport"] != "shm" or record["net"]["transport"] != "net":
+            raise RuntimeError(f"the sides did not use the providers named: {record}")
+        rounds.append(record)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rounds, indent=1))
+    print(
+        f"{args.rounds} rounds (ref shm net, back to back), {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f} at the end, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        "; speed-ups over the reference (above 1: ours is faster): median of the per-round "
+        "ratios (min-max)\n"
+    )
+    print(_table(rounds))
+
+
+if __name__ == "__main__":
+    main()
