@@ -39,6 +39,8 @@ __all__ = [
     "Meter",
     "MetricPoint",
     "UpDownCounter",
+    "descriptions",
+    "instrument_specs",
     "get_meter",
     "metrics_snapshot",
     "on_enqueued",
@@ -325,6 +327,18 @@ def metrics_snapshot(prefix: str = "") -> dict[str, list[MetricPoint]]:
         if points:
             out[instrument.name] = points
     return out
+
+
+def descriptions() -> dict[str, str]:
+    """Every registered instrument's description, by name (``# HELP`` of the Prometheus text)."""
+    with _instruments_lock:
+        return {n: i.description for n, i in _instruments.items() if i.description}
+
+
+def instrument_specs() -> list[tuple[str, str, str, str]]:
+    """``(name, kind, unit, description)`` of every registered instrument."""
+    with _instruments_lock:
+        return [(n, i.kind, i.unit, i.description) for n, i in _instruments.items()]
 
 
 def reset_metrics() -> None:
