@@ -16,9 +16,10 @@ Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
 - client -> zygote: ``{"target": "module:function", "argv": [...], "env": {...}}`` (``env``
   optional: the child's whole environment) with the write end of the worker's stdout pipe attached
-  (``SCM_RIGHTS``); the worker runs ``function(argv)`` (by default
-  ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with that pipe as its standard output and
-  ``/dev/null`` as its standard input, and exits with the integer it returns.
+  (``SCM_RIGHTS``), and optionally that of its stderr pipe after it; the worker runs
+  ``function(argv)`` (by default ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with
+  those pipes as its standard output (and error) and ``/dev/null`` as its standard input, and
+  exits with the integer it returns.
 - zygote -> client: ``{"spawned": PID}`` (or ``{"error": "..."}``) for each request, in request
   order, and ``{"exited": PID, "status": CODE}`` when a worker ends (``CODE`` as
   ``subprocess.Popen.returncode``: negative for a signal).
@@ -99,10 +100,13 @@ class ZygoteUnavailableError(RuntimeError):
 class ZygoteProcess:
     """A worker forked by the zygote, with the part of ``subprocess.Popen`` that spawning uses."""
 
-    def __init__(self, zygote: Zygote, pid: int, stdout: IO[bytes]) -> None:
+    def __init__(
+        self, zygote: Zygote, pid: int, stdout: IO[bytes], stderr: IO[bytes] | None = None
+    ) -> None:
         self._zygote = zygote
         self.pid = pid
         self.stdout: IO[bytes] | None = stdout
+        self.stderr: IO[bytes] | None = stderr
         self.returncode: int | None = None
         self._exited = threading.Event()
 
@@ -183,10 +187,14 @@ class Zygote:
         argv: Sequence[str],
         target: str = WORKER_TARGET,
         env: Mapping[str, str] | None = None,
+        stderr: bool = False,
     ) -> ZygoteProcess:
         """Fork one process running ``target(argv)`` with ``env`` as its environment (the
-        zygote's when None); its stdout is the returned pipe."""
+        zygote's when None); its stdout is the returned pipe, and so is its stderr with
+        ``stderr`` (else it shares the zygote's)."""
         read_fd, write_fd = os.pipe()
+        err_read, err_write = os.pipe() if stderr else (-1, -1)
+        fds = [write_fd] if not stderr else [write_fd, err_write]
         try:
             with self._lock:
                 if self._closed:
@@ -200,18 +208,31 @@ class Zygote:
                 try:
                     self._sock.sendmsg(
                         [message],
-                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_fd]))],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
                     )
                 except OSError as exc:
                     raise ZygoteUnavailableError(f"the zygote has gone: {exc}") from exc
                 reply = self._next_reply()
+        except BaseException:
+            if stderr:
+                os.close(err_read)
+            os.close(read_fd)
+            raise
         finally:
-            os.close(write_fd)
+            for fd in fds:
+                os.close(fd)
         if "spawned" not in reply:
             os.close(read_fd)
+            if stderr:
+                os.close(err_read)
             raise ZygoteUnavailableError(f"the zygote could not fork: {reply.get('error')}")
         pid = int(str(reply["spawned"]))
-        process = ZygoteProcess(self, pid, os.fdopen(read_fd, "rb", buffering=0))
+        process = ZygoteProcess(
+            self,
+            pid,
+            os.fdopen(read_fd, "rb", buffering=0),
+            os.fdopen(err_read, "rb", buffering=0) if stderr else None,
+        )
         with self._state:
             self._children[pid] = process
             early = self._early_exits.pop(pid, None)
@@ -301,7 +322,7 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
         if sock.fileno() not in ready:
             continue
         try:
-            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(4))
+            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(8))
         except OSError:
             return 0
         if not data:
@@ -317,8 +338,8 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
             env = request.get("env")
             if env is not None and not isinstance(env, dict):
                 raise ValueError("env must be an object")
-            if len(fds) != 1:
-                raise ValueError("expected exactly one stdout descriptor")
+            if len(fds) not in (1, 2):
+                raise ValueError("expected a stdout descriptor (and optionally a stderr one)")
             if len(children) >= _MAX_CHILDREN:
                 raise ValueError(f"more than {_MAX_CHILDREN} workers")
             pid = fork_between_imports()
@@ -328,8 +349,9 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
             sock.send(json.dumps({"error": repr(exc)}).encode())
             continue
         if pid == 0:
-            _run_worker(sock, (wake_r, wake_w), fds[0], target, argv, env)
-        os.close(fds[0])
+            _run_worker(sock, (wake_r, wake_w), list(fds), target, argv, env)
+        for fd in fds:
+            os.close(fd)
         children.add(pid)
         sock.send(json.dumps({"spawned": pid}).encode())
 
@@ -337,7 +359,7 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
 def _run_worker(  # pragma: no cover - runs in a forked worker
     sock: socket.socket,
     wake: tuple[int, int],
-    stdout_fd: int,
+    out_fds: list[int],
     target: str,
     argv: list[str],
     env: dict[str, str] | None,
@@ -353,8 +375,9 @@ def _run_worker(  # pragma: no cover - runs in a forked worker
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        os.dup2(stdout_fd, 1)
-        os.close(stdout_fd)
+        for target_fd, fd in zip((1, 2), out_fds, strict=False):  # stdout, then stderr if sent
+            os.dup2(fd, target_fd)
+            os.close(fd)
         # The client's sys.std* may be anything (a notebook's stream, a test runner's capture):
         # the child writes to its own descriptors, like an exec'd process.
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
