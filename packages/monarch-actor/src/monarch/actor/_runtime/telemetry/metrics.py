@@ -15,7 +15,7 @@ While the OpenTelemetry mirror is on, every instrument also feeds its twin (``ot
 from __future__ import annotations
 
 import bisect
-import collections
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -118,11 +118,16 @@ class _Sum(_Instrument):
 
     def _add_key(self, amount: float, key: _Key) -> None:
         with self._lock:
-            if key not in self._values and len(self._values) >= MAX_SERIES:
-                key = _OVERFLOW
-            self._values[key] = self._values.get(key, 0) + amount
+            self._add_locked(amount, key)
         if self._otel is not None:
             self._otel.add(amount, dict(key))
+
+    def _add_locked(self, amount: float, key: _Key) -> None:
+        """``_add_key`` without the mirror, the caller holding ``_lock``."""
+        values = self._values
+        if key not in values and len(values) >= MAX_SERIES:
+            key = _OVERFLOW
+        values[key] = values.get(key, 0) + amount
 
     def _points(self) -> list[MetricPoint]:
         with self._lock:
@@ -203,23 +208,27 @@ class Histogram(_Instrument):
         self._record_key(amount, _key(attributes))
 
     def _record_key(self, amount: float, key: _Key) -> None:
-        index = bisect.bisect_left(self.bounds, amount)
         with self._lock:
-            series = self._series.get(key)
-            if series is None and len(self._series) >= MAX_SERIES:
+            self._record_locked(amount, key)
+        if self._otel is not None:
+            self._otel.record(amount, dict(key))
+
+    def _record_locked(self, amount: float, key: _Key) -> None:
+        """``_record_key`` without the mirror, the caller holding ``_lock``."""
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= MAX_SERIES:
                 key = _OVERFLOW
                 series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _HistogramSeries(len(self.bounds) + 1)
-            series.count += 1
-            series.sum += amount
-            if amount < series.min:
-                series.min = amount
-            if amount > series.max:
-                series.max = amount
-            series.counts[index] += 1
-        if self._otel is not None:
-            self._otel.record(amount, dict(key))
+        series.count += 1
+        series.sum += amount
+        if amount < series.min:
+            series.min = amount
+        if amount > series.max:
+            series.max = amount
+        series.counts[bisect.bisect_left(self.bounds, amount)] += 1
 
     def _points(self) -> list[MetricPoint]:
         upper = (*self.bounds, float("inf"))
@@ -400,6 +409,12 @@ _call_latency = _meter.create_histogram(
 _supervision = _meter.create_counter(
     "monarch.supervision.events", "{event}", "supervision records, by event and category"
 )
+# The hooks below update the runtime's instruments under one lock (one acquisition per hook,
+# not one per instrument): they share it.
+_HOOK_LOCK = _sent._lock
+for _shared in (_received, _payload, _depth, _latency, _call_latency):
+    _shared._lock = _HOOK_LOCK
+del _shared
 # Series keys of the per-kind series, computed once (kind is a small IntEnum).
 _KIND_KEYS: dict[int, _Key] = {}
 
@@ -417,8 +432,14 @@ def on_sent(envelope: Envelope) -> None:
     if METRICS:
         key = _kind_key(envelope.kind)
         sizes = envelope.buffer_sizes
-        _sent._add_key(1, key)
-        _payload._record_key(len(envelope.payload) + (sum(sizes) if sizes else 0), key)
+        size = len(envelope.payload) + (sum(sizes) if sizes else 0)
+        with _HOOK_LOCK:
+            _sent._add_locked(1, key)
+            _payload._record_locked(size, key)
+        if _sent._otel is not None:
+            _sent._otel.add(1, dict(key))
+        if _payload._otel is not None:
+            _payload._otel.record(size, dict(key))
 
 
 def on_received(envelope: Envelope) -> None:
@@ -433,7 +454,10 @@ def on_enqueued(depth: int) -> None:
         _depth._record_key(depth, ())
 
 
-_opened: collections.OrderedDict[tuple[int, int], tuple[float, _Key]] = collections.OrderedDict()
+#: Open reply ports: (owner id, index) -> (opening time, endpoint key). Setting and popping one
+#: key is atomic (one dict operation), so the hooks take no lock; evicting the oldest (insertion
+#: order) when full does, so that two threads never evict at once.
+_opened: dict[tuple[int, int], tuple[float, _Key]] = {}
 _opened_lock = threading.Lock()
 #: Reply ports whose opening time is remembered (ports that never complete are forgotten).
 MAX_TRACKED_PORTS: Final = 65_536
@@ -456,16 +480,17 @@ def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
     to ``endpoint``, if given): remember when, and for which endpoint."""
     if METRICS:
         key = _endpoint_key(endpoint) if endpoint else ()
-        with _opened_lock:
-            _opened[(id(owner), index)] = (time.perf_counter(), key)
-            if len(_opened) > MAX_TRACKED_PORTS:
-                _opened.popitem(last=False)
+        _opened[(id(owner), index)] = (time.perf_counter(), key)
+        if len(_opened) > MAX_TRACKED_PORTS:
+            with _opened_lock:
+                while len(_opened) > MAX_TRACKED_PORTS:
+                    with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                        del _opened[next(iter(_opened))]
 
 
 def on_port_completed(owner: object, index: int) -> None:
     """Port ``index`` of ``owner`` received its last reply: record the call latency."""
-    with _opened_lock:
-        opened = _opened.pop((id(owner), index), None)
+    opened = _opened.pop((id(owner), index), None)
     if METRICS and opened is not None:
         _call_latency._record_key(time.perf_counter() - opened[0], opened[1])
 
