@@ -10,6 +10,10 @@ and errors by category, mailbox depth at enqueue, client-side call latency, supe
 are fed by the hooks at the end of this module, which the runtime calls only while telemetry is
 on (``telemetry.ACTIVE``); each records only while ``METRICS`` is on (``enable_telemetry``).
 While the OpenTelemetry mirror is on, every instrument also feeds its twin (``otel``).
+
+Cost: the runtime's instruments share one lock, so each hook takes it once (a send updates two
+instruments); reply ports are remembered in a plain dict (setting and popping a key is atomic)
+and only evicting the oldest takes a lock. ``benchmarks/actor_telemetry.py`` measures them.
 """
 
 from __future__ import annotations
