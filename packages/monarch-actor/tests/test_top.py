@@ -35,9 +35,15 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def program() -> Iterator[str]:
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("top") / "token"
+
+
+@pytest.fixture(scope="module")
+def program(token_file: Path) -> Iterator[str]:
     env = _env()
     env["MONARCH_ADMIN_PORT"] = "0"
+    env["MONARCH_ADMIN_TOKEN_FILE"] = str(token_file)
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "top_program.py")],
         stdin=subprocess.PIPE,
@@ -94,8 +100,10 @@ def test_once_json_lists_the_programs_actors_with_rates(program: str) -> None:
     assert "top_program.py" in doc["status"]["program"]
 
 
-def test_once_prints_a_table(program: str) -> None:
-    done = _top("--token", program, "--once", "--interval", "0")
+def test_once_prints_a_table_reading_the_token_file(program: str, token_file: Path) -> None:
+    assert token_file.read_text().strip() == program
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    done = _top("--token-file", str(token_file), "--once", "--interval", "0")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("HOST") and "MBOX" in line for line in lines), done.stdout
