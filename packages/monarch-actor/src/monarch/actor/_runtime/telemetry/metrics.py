@@ -159,10 +159,9 @@ class UpDownCounter(_Sum):
 
 
 class _HistogramSeries:
-    __slots__ = ("count", "counts", "max", "min", "sum")
+    __slots__ = ("counts", "max", "min", "sum")
 
     def __init__(self, nbuckets: int) -> None:
-        self.count = 0
         self.sum = 0.0
         self.min = float("inf")
         self.max = float("-inf")
@@ -226,13 +225,12 @@ class Histogram(_Instrument):
                 series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _HistogramSeries(len(self.bounds) + 1)
-        series.count += 1
+        series.counts[bisect.bisect_left(self.bounds, amount)] += 1  # count: their sum
         series.sum += amount
         if amount < series.min:
             series.min = amount
         if amount > series.max:
             series.max = amount
-        series.counts[bisect.bisect_left(self.bounds, amount)] += 1
 
     def _points(self) -> list[MetricPoint]:
         upper = (*self.bounds, float("inf"))
@@ -245,7 +243,7 @@ class Histogram(_Instrument):
                         self.kind,
                         self.unit,
                         dict(key),
-                        count=s.count,
+                        count=sum(s.counts),
                         sum=s.sum,
                         min=s.min,
                         max=s.max,
@@ -434,11 +432,13 @@ def _kind_key(kind: int) -> _Key:
 def on_sent(envelope: Envelope) -> None:
     """An envelope left this process's runtime (sender thread)."""
     if METRICS:
-        key = _kind_key(envelope.kind)
+        kind = envelope.kind
+        key = _KIND_KEYS.get(kind) or _kind_key(kind)
         sizes = envelope.buffer_sizes
         size = len(envelope.payload) + (sum(sizes) if sizes else 0)
+        values = _sent._values  # a few kinds: no series bound to check
         with _HOOK_LOCK:
-            _sent._add_locked(1, key)
+            values[key] = values.get(key, 0) + 1
             _payload._record_locked(size, key)
         if _sent._otel is not None:
             _sent._otel.add(1, dict(key))
@@ -449,13 +449,22 @@ def on_sent(envelope: Envelope) -> None:
 def on_received(envelope: Envelope) -> None:
     """An envelope reached this process's runtime (runtime loop thread)."""
     if METRICS:
-        _received._add_key(1, _kind_key(envelope.kind))
+        kind = envelope.kind
+        key = _KIND_KEYS.get(kind) or _kind_key(kind)
+        values = _received._values
+        with _HOOK_LOCK:
+            values[key] = values.get(key, 0) + 1
+        if _received._otel is not None:
+            _received._otel.add(1, dict(key))
 
 
 def on_enqueued(depth: int) -> None:
     """A message was added to a mailbox that already held ``depth`` items."""
     if METRICS:
-        _depth._record_key(depth, ())
+        with _HOOK_LOCK:
+            _depth._record_locked(depth, ())
+        if _depth._otel is not None:
+            _depth._otel.record(depth, {})
 
 
 #: Open reply ports: (owner id, index) -> (opening time, endpoint key). Setting and popping one
@@ -483,7 +492,7 @@ def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
     """Port ``index`` of process runtime ``owner`` was opened (to collect the replies of calls
     to ``endpoint``, if given): remember when, and for which endpoint."""
     if METRICS:
-        key = _endpoint_key(endpoint) if endpoint else ()
+        key = (_ENDPOINT_KEYS.get(endpoint) or _endpoint_key(endpoint)) if endpoint else ()
         _opened[(id(owner), index)] = (time.perf_counter(), key)
         if len(_opened) > MAX_TRACKED_PORTS:
             with _opened_lock:
@@ -496,13 +505,22 @@ def on_port_completed(owner: object, index: int) -> None:
     """Port ``index`` of ``owner`` received its last reply: record the call latency."""
     opened = _opened.pop((id(owner), index), None)
     if METRICS and opened is not None:
-        _call_latency._record_key(time.perf_counter() - opened[0], opened[1])
+        elapsed = time.perf_counter() - opened[0]
+        with _HOOK_LOCK:
+            _call_latency._record_locked(elapsed, opened[1])
+        if _call_latency._otel is not None:
+            _call_latency._otel.record(elapsed, dict(opened[1]))
 
 
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
     """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
     ``exc`` if it raised: its latency, and its error by category."""
-    _latency._record_key(time.perf_counter() - started, _endpoint_key(endpoint))
+    elapsed = time.perf_counter() - started
+    key = _ENDPOINT_KEYS.get(endpoint) or _endpoint_key(endpoint)
+    with _HOOK_LOCK:
+        _latency._record_locked(elapsed, key)
+    if _latency._otel is not None:
+        _latency._otel.record(elapsed, dict(key))
     if exc is not None:
         _errors.add(1, {"endpoint": endpoint, "category": str(error_category(exc))})
 
