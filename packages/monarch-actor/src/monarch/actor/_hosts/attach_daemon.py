@@ -76,7 +76,12 @@ from monarch.actor._hosts.commands import (
     spawn_timeout,
     worker_command,
 )
-from monarch.actor._hosts.groups import forward_output, read_worker_pids
+from monarch.actor._hosts.groups import (
+    OutputForwarder,
+    copy_to_stderr,
+    forward_output,
+    read_worker_pids,
+)
 from monarch.actor._runtime.logging import rank_prefix
 from monarch.config import _registry as _config
 
@@ -284,20 +289,32 @@ class WorkerDaemon:
                     executable=executable,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     env=environment,
                 )
             except (OSError, ValueError) as exc:
                 _kill_all_of(popens)
+                for started in popens:  # no forwarder owns their stderr yet
+                    if started.stderr is not None:
+                        with contextlib.suppress(OSError):
+                            started.stderr.close()
                 raise RuntimeError(
                     f"worker process {label} could not be started on host "
                     f"{socket.gethostname()}: {exc}"
                 ) from None
             popens.append(popen)
+        prefix = bool(_config.get("prefix_with_rank"))
+        # Their stderr to this daemon's, each line with its rank on this host, copied from the
+        # start (no handshake on it; a chatty start never blocks on a full pipe).
+        OutputForwarder(
+            [popen.stderr for popen in popens],
+            [rank_prefix(rank) if prefix else b"" for rank in range(len(popens))],
+            copy_to_stderr,
+        ).start()
         pids = read_worker_pids(popens, labels, spawn_timeout())
         if isinstance(pids, str):
             _kill_all_of(popens)
             raise RuntimeError(pids)
-        prefix = bool(_config.get("prefix_with_rank"))
         for rank, popen in enumerate(popens):  # its rank on this host, as Monarch's local rank
             forward_output(popen.stdout, rank_prefix(rank) if prefix else b"")
         return [
