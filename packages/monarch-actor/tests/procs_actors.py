@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -57,6 +58,11 @@ class Where(Actor):
     @endpoint
     def add(self, a: int, b: int) -> int:
         return a + b
+
+    @endpoint
+    def shout(self, text: str) -> None:
+        """Write ``text`` to this process's stderr."""
+        print(text, file=sys.stderr, flush=True)
 
 
 class Supervisor(Actor):

@@ -41,11 +41,18 @@ T = 20.0
 class Daemon:
     """A worker loop subprocess on loopback; ``address`` is what it printed."""
 
-    def __init__(self, ca_dir: Path, address: str = "udp://127.0.0.1:0") -> None:
+    def __init__(
+        self, ca_dir: Path, address: str = "udp://127.0.0.1:0", *, stderr: bool = False
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         command = [sys.executable, "-m", "monarch.actor._attach", "--address", address,
                    "--ca", str(ca_dir)]  # fmt: skip
-        self.popen = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
+        self.popen = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if stderr else None,
+            env=env,
+        )
         assert self.popen.stdout is not None
         ready, _, _ = select.select([self.popen.stdout], [], [], 30)
         self.address = self.popen.stdout.readline().decode().strip() if ready else ""
@@ -55,8 +62,9 @@ class Daemon:
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait(T)
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 class Daemons:
@@ -68,8 +76,8 @@ class Daemons:
         self.ca_dir = ca_dir
         self.made: list[Daemon] = []
 
-    def start(self) -> Daemon:
-        daemon = Daemon(self.ca_dir)
+    def start(self, *, stderr: bool = False) -> Daemon:
+        daemon = Daemon(self.ca_dir, stderr=stderr)
         self.made.append(daemon)
         return daemon
 
@@ -131,6 +139,28 @@ def test_attach_spawn_call_stop_respawn_and_shutdown(
         assert faults.failures == []  # stops and shutdowns are no failures
     finally:
         _kill(pids)
+
+
+def test_an_attached_workers_stderr_carries_its_rank_on_its_host(daemons: Daemons) -> None:
+    """What a worker on an attached host writes to stderr reaches its worker loop's stderr
+    with the worker's rank on that host (Monarch's local rank), as its stdout does."""
+    daemon = daemons.start(stderr=True)
+    assert daemon.popen.stderr is not None
+    hosts = attach_to_workers(workers=[daemon.address])
+    try:
+        procs = hosts.spawn_procs(per_host={"gpus": 2})
+        where: Any = procs.spawn("where", Where)
+        where.slice(gpus=1).shout.call_one("attached stderr line").get(timeout=T)
+        seen, deadline = b"", time.monotonic() + T
+        while b"[1] attached stderr line\n" not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0, seen.decode(errors="replace")
+            if select.select([daemon.popen.stderr], [], [], left)[0]:
+                chunk = os.read(daemon.popen.stderr.fileno(), 65536)
+                assert chunk, seen.decode(errors="replace")
+                seen += chunk
+    finally:
+        hosts.shutdown().get(timeout=T)
 
 
 def test_killed_remote_worker_reaches_the_owner_and_fails_calls(

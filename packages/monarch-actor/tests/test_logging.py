@@ -425,6 +425,52 @@ def test_worker_output_carries_its_rank_and_repeats_aggregate(tmp_path: Path) ->
     assert any(line.startswith(">>> Aggregated Logs (") for line in lines)
 
 
+@pytest.mark.parametrize("method", ["zygote", "exec"])
+def test_worker_stderr_carries_its_rank_too(tmp_path: Path, method: str) -> None:
+    """What a worker writes to its stderr reaches the client's stderr (not its stdout) with
+    the worker's rank, forked by the zygote or exec'd; its stdout still goes to stdout."""
+    (tmp_path / "stderr_module.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from monarch.actor import Actor, current_rank, endpoint
+
+            class Both(Actor):
+                @endpoint
+                def say(self) -> None:
+                    rank = current_rank()['gpus']
+                    print(f"err line from {rank}", file=sys.stderr, flush=True)
+                    print(f"out line from {rank}", flush=True)
+            """
+        )
+    )
+    script = textwrap.dedent(
+        """
+        from monarch.actor import this_host
+        import stderr_module
+        if __name__ == "__main__":
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            procs.spawn("b", stderr_module.Both).say.call().get(timeout=30)
+            procs.stop().get(timeout=30)
+        """
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+        MONARCH_WORKER_SPAWN_METHOD=method,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    errors, lines = out.stderr.splitlines(), out.stdout.splitlines()
+    assert "[0] err line from 0" in errors, out.stderr
+    assert "[1] err line from 1" in errors, out.stderr
+    assert "[1] out line from 1" in lines, out.stdout
+    assert not [line for line in lines if "err line" in line], out.stdout
+    assert not [line for line in errors if "out line" in line], out.stderr
+
+
 def test_output_forwarder_writes_a_window_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forwarding thread wakes at the window's end (the pipes still open): the block comes
     without more output; with aggregation off again, lines pass at once, prefixed."""

@@ -581,3 +581,56 @@ def test_otel_mirror_with_an_sdk(tmp_path: Path) -> None:
 def test_facade_names() -> None:
     assert monarch.actor.get_meter is get_meter
     assert monarch.actor.SupervisionRecord.__module__ == "monarch.actor"
+
+
+def test_hooks_count_exactly_from_many_threads(
+    telemetry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime's hooks share one lock (one acquisition per hook): concurrent senders and
+    receivers lose no count; reply ports are tracked without a lock and stay bounded."""
+    import threading
+
+    from monarch.actor._base.envelope import MessageKind
+
+    class _Envelope:
+        kind = MessageKind.CALL
+        payload = b"x" * 100
+        buffer_sizes = (28,)
+
+    envelope: Any = _Envelope()
+    owner = object()
+    per_thread, nthreads = 2000, 4
+
+    def work(base: int) -> None:
+        for i in range(per_thread):
+            tm_metrics.on_sent(envelope)
+            tm_metrics.on_received(envelope)
+            tm_metrics.on_port_opened(owner, base + i, "hammer")
+            tm_metrics.on_port_completed(owner, base + i)
+
+    threads = [threading.Thread(target=work, args=(n * per_thread,)) for n in range(nthreads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    snapshot = tm.metrics_snapshot("monarch.")
+    total = per_thread * nthreads
+    (sent,) = [p for p in snapshot["monarch.messages.sent"] if p.attributes == {"kind": "call"}]
+    (received,) = snapshot["monarch.messages.received"]
+    (size,) = snapshot["monarch.messages.payload_size"]
+    (latency,) = [
+        p for p in snapshot["monarch.client.call_latency"] if p.attributes == {"endpoint": "hammer"}
+    ]
+    assert (sent.value, received.value, size.count, latency.count) == (total,) * 4
+    assert size.sum == 128 * total
+    monkeypatch.setattr(tm_metrics, "MAX_TRACKED_PORTS", 10)
+    for i in range(25):
+        tm_metrics.on_port_opened(owner, 10_000 + i)
+    assert len(tm_metrics._opened) == 10
+    tm_metrics.on_port_completed(owner, 10_024)  # the newest is kept
+    tm_metrics.on_port_completed(owner, 10_000)  # the oldest was evicted: no latency
+    (latency,) = [
+        p for p in tm.metrics_snapshot()["monarch.client.call_latency"] if not p.attributes
+    ]
+    assert latency.count == 1
+    tm_metrics._opened.clear()

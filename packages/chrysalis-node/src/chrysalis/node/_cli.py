@@ -16,6 +16,7 @@ then:
 - ``chrysalis.node._cli_commands``: ``identity``, ``serve``, ``join``, ``ls``, ``resolve``,
   ``pipe`` and ``ping`` (the node machinery: carriers, QUIC, nameserver), and their output
   formats (``entry_record``, ``format_table``, ``format_entry``: still importable from here);
+- ``chrysalis.node._top``: ``top TOKEN`` (the tree's nodes and QUIC links, live);
 - ``chrysalis.node._cli_admin``: ``admin TOKEN ACTION`` (and ``scale admin ...``), run by
   ``chrysalis.node._admin``; it needs chrysalis-sqlite, which sits above chrysalis-node;
 - ``chrysalis.node._cli_sqlite``: ``sqlite DB ACTION`` (chrysalis-sqlite's shell);
@@ -236,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
         "pids", type=_reference, nargs="*", metavar="PID", help="targets (default: echo nodes)"
     )
 
+    top = commands.add_parser(
+        "top", parents=[common], help="watch the tree's nodes and links (echo nodes answer)"
+    )
+    top.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
+    top.add_argument("--once", action="store_true", help="print one table and exit")
+    top.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between polls (default 1)"
+    )
+
     # `chrysalis scale ...` is handed whole to the scale tool (see main); listed here for --help.
     commands.add_parser(
         "scale", help="launch N local processes and measure them (chrysalis scale --help)"
@@ -351,6 +361,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
     "resolve": Command(_COMMANDS_MODULE, "client"),
     "pipe": Command(_COMMANDS_MODULE, "client"),
     "ping": Command(_COMMANDS_MODULE, "client"),
+    "top": Command("chrysalis.node._top", "top_command"),
     "admin": Command("chrysalis.node._cli_admin", "admin", needs="chrysalis-sqlite"),
     "sqlite": Command("chrysalis.node._cli_sqlite", "sqlite_command", needs="chrysalis-sqlite"),
 }

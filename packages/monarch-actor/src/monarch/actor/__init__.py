@@ -40,6 +40,7 @@ from monarch.actor._hosts.commands import BootstrapCommand, default_bootstrap_cm
 from monarch.actor._hosts.host_mesh import HostMesh, attach_to_workers, this_host
 from monarch.actor._hosts.settle import default_unhandled_fault_hook as _default_hook
 from monarch.actor._hosts.settle import shutdown_context
+from monarch.actor._mesh import admin as _admin  # noqa: F401  (admin_port starts it: a hook)
 from monarch.actor._mesh import meshes as _meshes
 from monarch.actor._mesh.accumulator import Accumulator
 from monarch.actor._mesh.adverbs import Endpoint, as_endpoint, send

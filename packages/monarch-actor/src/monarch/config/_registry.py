@@ -205,6 +205,14 @@ _SETTINGS: dict[str, Setting] = {
             "stdout reaches the client here in any case, rank-prefixed)",
         ),
         Setting(
+            "admin_port",
+            int,
+            -1,
+            "MONARCH_ADMIN_PORT",
+            "start the client's admin endpoint (Prometheus /metrics, monarch top's /status) "
+            "on this loopback port when the client starts; 0: any free port; -1: off",
+        ),
+        Setting(
             "force_quic",
             bool,
             False,

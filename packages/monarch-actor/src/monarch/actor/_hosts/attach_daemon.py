@@ -86,8 +86,10 @@ from monarch.actor._hosts.commands import (
 )
 from monarch.actor._hosts.groups import (
     FORKED_WORKER,
+    OutputForwarder,
     _zygote,
     check_spawn_method,
+    copy_to_stderr,
     forward_output,
     read_worker_pids,
 )
@@ -318,20 +320,32 @@ class WorkerDaemon:
                     executable=executable,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     env=environment,
                 )
             except (OSError, ValueError) as exc:
                 _kill_all_of(popens)
+                for started in popens:  # no forwarder owns their stderr yet
+                    if started.stderr is not None:
+                        with contextlib.suppress(OSError):
+                            started.stderr.close()
                 raise RuntimeError(
                     f"worker process {label} could not be started on host "
                     f"{socket.gethostname()}: {exc}"
                 ) from None
             popens.append(popen)
+        prefix = bool(_config.get("prefix_with_rank"))
+        # Their stderr to this daemon's, each line with its rank on this host, copied from the
+        # start (no handshake on it; a chatty start never blocks on a full pipe).
+        OutputForwarder(
+            [popen.stderr for popen in popens],
+            [rank_prefix(rank) if prefix else b"" for rank in range(len(popens))],
+            copy_to_stderr,
+        ).start()
         pids = read_worker_pids(popens, labels, spawn_timeout())
         if isinstance(pids, str):
             _kill_all_of(popens)
             raise RuntimeError(pids)
-        prefix = bool(_config.get("prefix_with_rank"))
         for rank, popen in enumerate(popens):  # its rank on this host, as Monarch's local rank
             forward_output(popen.stdout, rank_prefix(rank) if prefix else b"")
         return [
@@ -361,12 +375,14 @@ class WorkerDaemon:
 
 
 def _fork_worker(zygote: Zygote, command: list[str], env: dict[str, str]) -> Any:
-    """A worker forked by this host's zygote (``command`` as for exec), its stdin a pipe this
-    daemon holds (``--exit-with-stdin``: it exits when the daemon dies); None when the zygote
-    has gone."""
+    """A worker forked by this host's zygote (``command`` as for exec): its stderr a pipe
+    (forwarded with its rank, as an exec'd worker's), its stdin a pipe this daemon holds
+    (``--exit-with-stdin``: it exits when the daemon dies); None when the zygote has gone."""
     read_fd, write_fd = os.pipe()
     try:
-        process = zygote.spawn(command[3:], target=FORKED_WORKER, env=env, stdin=read_fd)
+        process = zygote.spawn(
+            command[3:], target=FORKED_WORKER, env=env, stdin=read_fd, stderr=True
+        )
     except ZygoteUnavailableError as exc:
         os.close(write_fd)
         _log.warning("forking workers failed (%s); starting them with exec", exc)

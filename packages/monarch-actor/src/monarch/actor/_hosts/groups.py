@@ -103,6 +103,9 @@ class WorkerProcess(Protocol):
     @property
     def stdout(self) -> IO[bytes] | None: ...
 
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+
     def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
@@ -162,7 +165,14 @@ class OutputForwarder:
     file; the thread ends when every pipe did, writing what the aggregator held.
     """
 
-    def __init__(self, streams: Sequence[IO[bytes] | None], prefixes: Sequence[bytes]) -> None:
+    def __init__(
+        self,
+        streams: Sequence[IO[bytes] | None],
+        prefixes: Sequence[bytes],
+        write: Callable[[bytes], None] | None = None,
+    ) -> None:
+        #: Where the lines go: this process's stdout (default) or stderr (``copy_to_stderr``).
+        self._copy = write if write is not None else _copy_to_stdout
         self._streams = {
             stream.fileno(): (stream, LinePrefixer(prefix))
             for stream, prefix in zip(streams, prefixes, strict=True)
@@ -187,11 +197,16 @@ class OutputForwarder:
             if not self._closed:  # the thread waits on the new deadline
                 with contextlib.suppress(OSError):
                     os.write(self._wake_write, b"w")
-        _copy_to_stdout(b"".join(held))
+        self._copy(b"".join(held))
 
     def start(self) -> None:
         if self._streams:
-            threading.Thread(target=self._run, name="monarch-worker-stdout", daemon=True).start()
+            name = (
+                "monarch-worker-stdout"
+                if self._copy is _copy_to_stdout
+                else "monarch-worker-output"
+            )
+            threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def _write(self, lines: list[bytes]) -> None:
         with self._lock:
@@ -199,7 +214,7 @@ class OutputForwarder:
             if aggregator is not None:
                 now = time.time()
                 lines = [out for line in lines for out in aggregator.add(line, now)]
-        _copy_to_stdout(b"".join(lines))
+        self._copy(b"".join(lines))
 
     def _timeout(self) -> float | None:
         """Write the window's block if it ended; how long to wait for the next end."""
@@ -209,7 +224,7 @@ class OutputForwarder:
                 return None
             ended = aggregator.poll(time.time())
             deadline = aggregator.deadline()
-        _copy_to_stdout(b"".join(ended))
+        self._copy(b"".join(ended))
         return None if deadline is None else max(0.0, deadline - time.time())
 
     def _run(self) -> None:
@@ -268,20 +283,29 @@ def _zygote() -> Zygote | None:
         return _zygote_instance
 
 
-def _copy_to_stdout(chunk: bytes) -> None:
-    """Write a worker's output to this process's stdout as it came (dropped if it is closed)."""
+def _copy_to(stream: IO[str], chunk: bytes) -> None:
     if not chunk:
         return
-    out = getattr(sys.stdout, "buffer", None)
+    out = getattr(stream, "buffer", None)
     try:
         if out is not None:
             out.write(chunk)
             out.flush()
         else:
-            sys.stdout.write(chunk.decode("utf-8", "replace"))
-            sys.stdout.flush()
-    except (OSError, ValueError):  # our stdout is closed: keep draining
+            stream.write(chunk.decode("utf-8", "replace"))
+            stream.flush()
+    except (OSError, ValueError):  # our stream is closed: keep draining
         pass
+
+
+def _copy_to_stdout(chunk: bytes) -> None:
+    """Write a worker's output to this process's stdout as it came (dropped if it is closed)."""
+    _copy_to(sys.stdout, chunk)
+
+
+def copy_to_stderr(chunk: bytes) -> None:
+    """Write a worker's stderr output to this process's stderr (dropped if it is closed)."""
+    _copy_to(sys.stderr, chunk)
 
 
 _MARKER = STARTUP_MARKER.encode()
@@ -538,11 +562,14 @@ class LocalWorkerGroup(WorkerGroup):
         self.popens: list[WorkerProcess] = []
         self.output: OutputForwarder | None = None
         """Copies the workers' stdout here (once they started)."""
+        self.errors: OutputForwarder | None = None
+        """Copies the workers' stderr to this process's stderr (from their start)."""
 
     def set_output_window(self, seconds: float | None) -> None:
         super().set_output_window(seconds)
-        if self.output is not None:
-            self.output.set_window(seconds)
+        for forwarder in (self.output, self.errors):
+            if forwarder is not None:
+                forwarder.set_window(seconds)
 
     def start(
         self,
@@ -578,7 +605,9 @@ class LocalWorkerGroup(WorkerGroup):
             prefix = numactl[rank] if numactl is not None else ()
             if zygote is not None and custom is None and not prefix:
                 try:
-                    self.popens.append(zygote.spawn(command[3:], target=FORKED_WORKER, env=env))
+                    self.popens.append(
+                        zygote.spawn(command[3:], target=FORKED_WORKER, env=env, stderr=True)
+                    )
                     self.record("proc_starting", rank, f"os pid {self.popens[-1].pid}")
                     continue
                 except ZygoteUnavailableError as exc:
@@ -591,6 +620,7 @@ class LocalWorkerGroup(WorkerGroup):
                     executable=executable,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     env=environment,
                 )
             except OSError as exc:
@@ -598,6 +628,16 @@ class LocalWorkerGroup(WorkerGroup):
                 raise RuntimeError(f"worker process {label} could not be started: {exc}") from exc
             self.popens.append(process)
             self.record("proc_starting", rank, f"os pid {process.pid}")
+        ranked = bool(_config.get("prefix_with_rank"))
+        # Their stderr has no handshake: copied from the start (a worker that writes much
+        # while it starts never blocks on a full pipe), each line with its rank too.
+        self.errors = OutputForwarder(
+            [popen.stderr for popen in self.popens],
+            [rank_prefix(rank) if ranked else b"" for rank in range(len(self.popens))],
+            copy_to_stderr,
+        )
+        self.errors.set_window(self.output_window)
+        self.errors.start()
         if self.killed:
             self._abandon()
             raise RuntimeError("the processes were killed while they started")
@@ -608,7 +648,6 @@ class LocalWorkerGroup(WorkerGroup):
         self.pids = pids
         for rank in range(len(pids)):
             self.record("proc_ready", rank)
-        ranked = bool(_config.get("prefix_with_rank"))
         self.output = OutputForwarder(
             [popen.stdout for popen in self.popens],
             [rank_prefix(rank) if ranked else b"" for rank in range(len(self.popens))],

@@ -16,10 +16,11 @@ Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
 - client -> zygote: ``{"target": "module:function", "argv": [...], "env": {...}}`` (``env``
   optional: the child's whole environment) with the write end of the worker's stdout pipe attached
-  (``SCM_RIGHTS``), optionally followed by the read end of its stdin; the worker runs
-  ``function(argv)`` (by default ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with
-  that pipe as its standard output and the stdin given (else ``/dev/null``) as its standard
-  input, and exits with the integer it returns.
+  (``SCM_RIGHTS``), then that of its stderr pipe where ``"stderr": true`` and the read end of its
+  stdin where ``"stdin": true``; the worker runs ``function(argv)`` (by default
+  ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with those pipes as its standard
+  output (and error) and the stdin given (else ``/dev/null``) as its standard input, and exits
+  with the integer it returns.
 - zygote -> client: ``{"spawned": PID}`` (or ``{"error": "..."}``) for each request, in request
   order, and ``{"exited": PID, "status": CODE}`` when a worker ends (``CODE`` as
   ``subprocess.Popen.returncode``: negative for a signal).
@@ -50,6 +51,8 @@ __all__ = ["WORKER_TARGET", "Zygote", "ZygoteProcess", "ZygoteUnavailableError"]
 _MAX_MESSAGE: Final = 128 * 1024  # a whole environment fits
 #: What a zygote child runs unless told otherwise.
 WORKER_TARGET: Final = "monarch.actor._hosts.worker:main"
+#: Room for the descriptors of one request: stdout, stderr and stdin.
+_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * array.array("i").itemsize)
 #: Workers one zygote may run at once (a bound on its bookkeeping).
 _MAX_CHILDREN: Final = 4096
 #: Rounds ``fork_between_imports`` waits for other threads' imports before forking anyway.
@@ -100,11 +103,14 @@ class ZygoteUnavailableError(RuntimeError):
 class ZygoteProcess:
     """A worker forked by the zygote, with the part of ``subprocess.Popen`` that spawning uses."""
 
-    def __init__(self, zygote: Zygote, pid: int, stdout: IO[bytes]) -> None:
+    def __init__(
+        self, zygote: Zygote, pid: int, stdout: IO[bytes], stderr: IO[bytes] | None = None
+    ) -> None:
         self._zygote = zygote
         self.pid = pid
         self.stdout: IO[bytes] | None = stdout
         self.stdin: IO[bytes] | None = None  # the write end its spawner kept, if any
+        self.stderr: IO[bytes] | None = stderr
         self.returncode: int | None = None
         self._exited = threading.Event()
 
@@ -186,12 +192,16 @@ class Zygote:
         target: str = WORKER_TARGET,
         env: Mapping[str, str] | None = None,
         stdin: int | None = None,
+        stderr: bool = False,
     ) -> ZygoteProcess:
         """Fork one process running ``target(argv)`` with ``env`` as its environment (the
-        zygote's when None); its stdout is the returned pipe, its stdin the descriptor
-        ``stdin`` (the caller keeps and closes its own copy; ``/dev/null`` when None)."""
+        zygote's when None); its stdout is the returned pipe, and so is its stderr with
+        ``stderr`` (else it shares the zygote's); its stdin is the descriptor ``stdin`` (the
+        caller keeps and closes its own copy; ``/dev/null`` when None)."""
         read_fd, write_fd = os.pipe()
-        passed = [write_fd] if stdin is None else [write_fd, stdin]
+        err_read, err_write = os.pipe() if stderr else (-1, -1)
+        fds = [write_fd] if not stderr else [write_fd, err_write]  # ours, closed below
+        passed = fds if stdin is None else [*fds, stdin]
         try:
             with self._lock:
                 if self._closed:
@@ -199,6 +209,10 @@ class Zygote:
                 request: dict[str, object] = {"target": target, "argv": list(argv)}
                 if env is not None:
                     request["env"] = dict(env)
+                if stderr:
+                    request["stderr"] = True
+                if stdin is not None:
+                    request["stdin"] = True
                 message = json.dumps(request).encode()
                 if len(message) > _MAX_MESSAGE:
                     raise ValueError("worker command line too long for the zygote protocol")
@@ -210,13 +224,26 @@ class Zygote:
                 except OSError as exc:
                     raise ZygoteUnavailableError(f"the zygote has gone: {exc}") from exc
                 reply = self._next_reply()
+        except BaseException:
+            if stderr:
+                os.close(err_read)
+            os.close(read_fd)
+            raise
         finally:
-            os.close(write_fd)
+            for fd in fds:
+                os.close(fd)
         if "spawned" not in reply:
             os.close(read_fd)
+            if stderr:
+                os.close(err_read)
             raise ZygoteUnavailableError(f"the zygote could not fork: {reply.get('error')}")
         pid = int(str(reply["spawned"]))
-        process = ZygoteProcess(self, pid, os.fdopen(read_fd, "rb", buffering=0))
+        process = ZygoteProcess(
+            self,
+            pid,
+            os.fdopen(read_fd, "rb", buffering=0),
+            os.fdopen(err_read, "rb", buffering=0) if stderr else None,
+        )
         with self._state:
             self._children[pid] = process
             early = self._early_exits.pop(pid, None)
@@ -306,7 +333,7 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
         if sock.fileno() not in ready:
             continue
         try:
-            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(8))
+            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, _ANCILLARY_SPACE)
         except OSError:
             return 0
         if not data:
@@ -322,8 +349,9 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
             env = request.get("env")
             if env is not None and not isinstance(env, dict):
                 raise ValueError("env must be an object")
-            if len(fds) not in (1, 2):
-                raise ValueError("expected a stdout descriptor and at most a stdin one")
+            expected = 1 + bool(request.get("stderr")) + bool(request.get("stdin"))
+            if len(fds) != expected:
+                raise ValueError(f"expected {expected} descriptors, got {len(fds)}")
             if len(children) >= _MAX_CHILDREN:
                 raise ValueError(f"more than {_MAX_CHILDREN} workers")
             pid = fork_between_imports()
@@ -333,8 +361,10 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
             sock.send(json.dumps({"error": repr(exc)}).encode())
             continue
         if pid == 0:
-            stdin_fd = fds[1] if len(fds) > 1 else None
-            _run_worker(sock, (wake_r, wake_w), fds[0], target, argv, env, stdin_fd)
+            with_stderr = bool(request.get("stderr"))
+            out_fds = list(fds[: 2 if with_stderr else 1])
+            stdin_fd = fds[len(out_fds)] if request.get("stdin") else None
+            _run_worker(sock, (wake_r, wake_w), out_fds, target, argv, env, stdin_fd)
         for fd in fds:
             os.close(fd)
         children.add(pid)
@@ -344,7 +374,7 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
 def _run_worker(  # pragma: no cover - runs in a forked worker
     sock: socket.socket,
     wake: tuple[int, int],
-    stdout_fd: int,
+    out_fds: list[int],
     target: str,
     argv: list[str],
     env: dict[str, str] | None,
@@ -361,8 +391,9 @@ def _run_worker(  # pragma: no cover - runs in a forked worker
         source = os.open(os.devnull, os.O_RDONLY) if stdin_fd is None else stdin_fd
         os.dup2(source, 0)
         os.close(source)
-        os.dup2(stdout_fd, 1)
-        os.close(stdout_fd)
+        for target_fd, fd in zip((1, 2), out_fds, strict=False):  # stdout, then stderr if sent
+            os.dup2(fd, target_fd)
+            os.close(fd)
         # The client's sys.std* may be anything (a notebook's stream, a test runner's capture):
         # the child writes to its own descriptors, like an exec'd process.
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115

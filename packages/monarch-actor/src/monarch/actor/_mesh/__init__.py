@@ -5,7 +5,9 @@ Modules, each importing only those before it (and the layers to the right): ``ac
 ``broadcast``, ``send``) and ``logging_option`` (``ProcMesh.logging_option``) < ``meshes``
 (``ProcMesh``, ``ActorMesh``, ``this_proc``, ``local_proc_mesh``; sets hook H2,
 ``_runtime.context.set_proc_resolver``, and holds hook H4, ``set_host_resolver``) <
-``telemetry`` (a mesh's metrics summed over its processes, one trace of all their spans).
+``telemetry`` (a mesh's metrics summed over its processes, one trace of all their spans) <
+``admin`` (the client's admin endpoint: Prometheus text, ``monarch top``'s status) <
+``otel_metrics`` (the mesh-wide metrics as OpenTelemetry observable instruments).
 
 This package took the old module path ``monarch.actor._mesh``: the names that module exported,
 and the private ones other modules imported from it, are re-exported here for one release. Code

@@ -2,18 +2,18 @@
 shown.
 
 Why: Monarch programs call ``await procs.logging_option(stream_to_client=True, level=...)``
-after spawning. Here every local worker's stdout already reaches the client's terminal, each
-line with its rank prefix (``[1] ``, Monarch's ``prefix_with_rank``; the worker's pipe is copied
-by ``_hosts.groups.OutputForwarder``), which is what Monarch does when log forwarding streams to
-the client. So the call's effects are the level (every process of the mesh sets its root logger
-to ``level``, through a short-lived system actor) and the aggregation: with
-``stream_to_client=True`` and ``aggregate_window_sec=N``, repeated lines of the mesh's
-processes are merged and written once every ``N`` seconds (``_runtime.logging.LineAggregator``);
-any other call turns that off (the defaults, as in Monarch: no aggregation). As in Monarch,
-``level`` outside 0..255 and ``aggregate_window_sec`` without ``stream_to_client`` raise
-``ValueError``, and ``stream_to_client=True`` without ``enable_log_forwarding`` only warns.
-The window applies to the whole ``ProcMesh`` a slice belongs to; output of workers on attached
-hosts stays on their hosts (rank-prefixed there).
+after spawning. Here every local worker's stdout and stderr already reach the client's stdout
+and stderr, each line with its rank prefix (``[1] ``, Monarch's ``prefix_with_rank``; the
+worker's pipes are copied by ``_hosts.groups.OutputForwarder``), which is what Monarch does when
+log forwarding streams to the client. So the call's effects are the level (every process of the
+mesh sets its root logger to ``level``, through a short-lived system actor) and the aggregation:
+with ``stream_to_client=True`` and ``aggregate_window_sec=N``, repeated lines of the mesh's
+processes (stdout and stderr each on its own) are merged and written once every ``N`` seconds
+(``_runtime.logging.LineAggregator``); any other call turns that off (the defaults, as in
+Monarch: no aggregation). As in Monarch, ``level`` outside 0..255 and ``aggregate_window_sec``
+without ``stream_to_client`` raise ``ValueError``, and ``stream_to_client=True`` without
+``enable_log_forwarding`` only warns. The window applies to the whole ``ProcMesh`` a slice
+belongs to; output of workers on attached hosts stays on their hosts (rank-prefixed there).
 """
 
 from __future__ import annotations

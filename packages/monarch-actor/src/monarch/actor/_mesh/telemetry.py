@@ -54,14 +54,18 @@ def collect_telemetry(
     spans: bool = True,
     metrics: bool = True,
     lifecycle: bool = False,
+    actors: bool = False,
 ) -> list[TelemetryReport]:
     """Ask every process of ``mesh`` for its spans and metrics (and, with ``lifecycle``, its
-    lifecycle records); their reports, in rank order (processes that did not answer within
-    ``timeout`` seconds are left out)."""
+    lifecycle records; with ``actors``, its actors' states and recent failures); their
+    reports, in rank order (processes that did not answer within ``timeout`` seconds are left
+    out)."""
     if not isinstance(mesh, ProcMesh | ActorMesh):
         raise TypeError(f"collect_telemetry takes a ProcMesh or an ActorMesh, not {mesh!r}")
     runtime, sender = current_sender()
-    payload = _report.encode(TelemetryRequest(spans=spans, metrics=metrics, lifecycle=lifecycle))
+    payload = _report.encode(
+        TelemetryRequest(spans=spans, metrics=metrics, lifecycle=lifecycle, actors=actors)
+    )
     cells: list[tuple[bytes, _Cell[Reply], int]] = []
     try:
         for pid in _pids(mesh):

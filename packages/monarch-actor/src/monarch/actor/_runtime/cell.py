@@ -87,6 +87,7 @@ from monarch.actor._runtime.context import (
     _set_context,
 )
 from monarch.actor._runtime.ports import Port
+from monarch.actor._runtime.telemetry.report import ActorStatus
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
@@ -325,6 +326,10 @@ class _Mailbox:
             wake()
         return True
 
+    def __len__(self) -> int:
+        """Items queued now."""
+        return len(self._items)
+
     def full_reason(self) -> str:
         """Why ``put`` refused a message (for the sender's error)."""
         with self._lock:
@@ -389,6 +394,8 @@ class _Mailbox:
 # Actor cells
 # ---------------------------------------------------------------------------------------------
 _STARTING, _RUNNING, _STOPPING, _STOPPED, _FAILED = range(5)
+#: ``ActorCell.state`` by number, as ``ActorStatus.state`` names it.
+STATE_NAMES = ("starting", "running", "stopping", "stopped", "failed")
 
 
 class SpawnSpec:
@@ -452,6 +459,8 @@ class ActorCell(CellBase):
             int(_config.get("actor_mailbox_capacity")), int(_config.get("actor_mailbox_max_bytes"))
         )
         self.state = _STARTING
+        #: Items given to its mailbox so far (``status``).
+        self.received = 0
         self.failure: FailureEvent | None = None
         self.actor: Any = None
         self.cls: type | None = None
@@ -475,7 +484,21 @@ class ActorCell(CellBase):
         self._thread.start()
 
     def enqueue(self, item: _Item, force: bool = False) -> bool:
+        self.received += 1  # ``monarch top``'s message rate (racy increments may miss one)
         return self.mailbox.put(item, force=force)
+
+    def status(self) -> ActorStatus:
+        """What ``monarch top`` shows of this actor (``_runtime.telemetry.report``)."""
+        cls = self.cls
+        return ActorStatus(
+            name=self.display,
+            actor_id=f"{self.path}@{self.runtime.pid_raw.hex()}",
+            cls=f"{cls.__module__}.{cls.__qualname__}" if cls is not None else "",
+            rank=self.rank,
+            state=STATE_NAMES[self.state],
+            mailbox=len(self.mailbox),
+            received=self.received,
+        )
 
     def request_stop(self, reason: str) -> None:
         self.mailbox.put(_StopItem(reason, None), force=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import threading
 import weakref
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "add_start_hook",
     "broadcast_proc_death",
     "client",
     "new_local_runtime",
@@ -59,6 +61,7 @@ __all__ = [
     "shutdown_client",
 ]
 
+_log = logging.getLogger("monarch.actor.client")
 
 _frame_limits_cache: list[FrameLimits] = [FrameLimits()]
 
@@ -132,7 +135,29 @@ def client() -> _Client:
             if not _atexit_registered:
                 atexit.register(_shutdown_at_exit)
                 _atexit_registered = True
-        return _client
+            made = _client
+        else:
+            return _client
+    for hook in list(_start_hooks):
+        try:
+            hook(made)
+        except Exception:
+            _log.exception("a client start hook failed")
+    return made
+
+
+#: Called with each client runtime this process makes, once it exists (outside the lock):
+#: ``_mesh.admin`` starts the admin endpoint there when ``admin_port`` is set.
+_start_hooks: list[Callable[[_Client], None]] = []
+
+
+def add_start_hook(hook: Callable[[_Client], None]) -> None:
+    """Call ``hook(client)`` whenever this process makes its client runtime (bounded: a few
+    modules register one each, at import)."""
+    if hook not in _start_hooks:
+        if len(_start_hooks) >= 16:
+            raise ValueError("too many client start hooks (limit 16)")
+        _start_hooks.append(hook)
 
 
 def shutdown_client(timeout: float = 5.0, *, at_exit: bool = False) -> None:

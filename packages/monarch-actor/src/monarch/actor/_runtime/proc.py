@@ -245,7 +245,8 @@ class ProcRuntime:
                 _tracing.add_remote_spans(_report.decode_spans(env.payload))
                 return
             request = msgspec.msgpack.decode(env.payload, type=_report.TelemetryRequest)
-            data = _report.encode(_report.local_report(self.label, request))
+            actors = [cell.status() for cell in list(self.cells.values())] if request.actors else []
+            data = _report.encode(_report.local_report(self.label, request, actors))
         except (msgspec.DecodeError, msgspec.ValidationError):
             _log.warning("malformed %s message from %s dropped", env.endpoint, env.sender.pid.hex())
             return

@@ -10,12 +10,16 @@ and errors by category, mailbox depth at enqueue, client-side call latency, supe
 are fed by the hooks at the end of this module, which the runtime calls only while telemetry is
 on (``telemetry.ACTIVE``); each records only while ``METRICS`` is on (``enable_telemetry``).
 While the OpenTelemetry mirror is on, every instrument also feeds its twin (``otel``).
+
+Cost: the runtime's instruments share one lock, so each hook takes it once (a send updates two
+instruments); reply ports are remembered in a plain dict (setting and popping a key is atomic)
+and only evicting the oldest takes a lock. ``benchmarks/actor_telemetry.py`` measures them.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +43,8 @@ __all__ = [
     "Meter",
     "MetricPoint",
     "UpDownCounter",
+    "descriptions",
+    "instrument_specs",
     "get_meter",
     "metrics_snapshot",
     "on_enqueued",
@@ -116,11 +122,16 @@ class _Sum(_Instrument):
 
     def _add_key(self, amount: float, key: _Key) -> None:
         with self._lock:
-            if key not in self._values and len(self._values) >= MAX_SERIES:
-                key = _OVERFLOW
-            self._values[key] = self._values.get(key, 0) + amount
+            self._add_locked(amount, key)
         if self._otel is not None:
             self._otel.add(amount, dict(key))
+
+    def _add_locked(self, amount: float, key: _Key) -> None:
+        """``_add_key`` without the mirror, the caller holding ``_lock``."""
+        values = self._values
+        if key not in values and len(values) >= MAX_SERIES:
+            key = _OVERFLOW
+        values[key] = values.get(key, 0) + amount
 
     def _points(self) -> list[MetricPoint]:
         with self._lock:
@@ -148,10 +159,9 @@ class UpDownCounter(_Sum):
 
 
 class _HistogramSeries:
-    __slots__ = ("count", "counts", "max", "min", "sum")
+    __slots__ = ("counts", "max", "min", "sum")
 
     def __init__(self, nbuckets: int) -> None:
-        self.count = 0
         self.sum = 0.0
         self.min = float("inf")
         self.max = float("-inf")
@@ -201,23 +211,26 @@ class Histogram(_Instrument):
         self._record_key(amount, _key(attributes))
 
     def _record_key(self, amount: float, key: _Key) -> None:
-        index = bisect.bisect_left(self.bounds, amount)
         with self._lock:
-            series = self._series.get(key)
-            if series is None and len(self._series) >= MAX_SERIES:
+            self._record_locked(amount, key)
+        if self._otel is not None:
+            self._otel.record(amount, dict(key))
+
+    def _record_locked(self, amount: float, key: _Key) -> None:
+        """``_record_key`` without the mirror, the caller holding ``_lock``."""
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= MAX_SERIES:
                 key = _OVERFLOW
                 series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _HistogramSeries(len(self.bounds) + 1)
-            series.count += 1
-            series.sum += amount
-            if amount < series.min:
-                series.min = amount
-            if amount > series.max:
-                series.max = amount
-            series.counts[index] += 1
-        if self._otel is not None:
-            self._otel.record(amount, dict(key))
+        series.counts[bisect.bisect_left(self.bounds, amount)] += 1  # count: their sum
+        series.sum += amount
+        if amount < series.min:
+            series.min = amount
+        if amount > series.max:
+            series.max = amount
 
     def _points(self) -> list[MetricPoint]:
         upper = (*self.bounds, float("inf"))
@@ -230,7 +243,7 @@ class Histogram(_Instrument):
                         self.kind,
                         self.unit,
                         dict(key),
-                        count=s.count,
+                        count=sum(s.counts),
                         sum=s.sum,
                         min=s.min,
                         max=s.max,
@@ -327,6 +340,18 @@ def metrics_snapshot(prefix: str = "") -> dict[str, list[MetricPoint]]:
     return out
 
 
+def descriptions() -> dict[str, str]:
+    """Every registered instrument's description, by name (``# HELP`` of the Prometheus text)."""
+    with _instruments_lock:
+        return {n: i.description for n, i in _instruments.items() if i.description}
+
+
+def instrument_specs() -> list[tuple[str, str, str, str]]:
+    """``(name, kind, unit, description)`` of every registered instrument."""
+    with _instruments_lock:
+        return [(n, i.kind, i.unit, i.description) for n, i in _instruments.items()]
+
+
 def reset_metrics() -> None:
     """Forget every recorded value (instruments stay registered)."""
     with _instruments_lock:
@@ -386,6 +411,12 @@ _call_latency = _meter.create_histogram(
 _supervision = _meter.create_counter(
     "monarch.supervision.events", "{event}", "supervision records, by event and category"
 )
+# The hooks below update the runtime's instruments under one lock (one acquisition per hook,
+# not one per instrument): they share it.
+_HOOK_LOCK = _sent._lock
+for _shared in (_received, _payload, _depth, _latency, _call_latency):
+    _shared._lock = _HOOK_LOCK
+del _shared
 # Series keys of the per-kind series, computed once (kind is a small IntEnum).
 _KIND_KEYS: dict[int, _Key] = {}
 
@@ -401,25 +432,45 @@ def _kind_key(kind: int) -> _Key:
 def on_sent(envelope: Envelope) -> None:
     """An envelope left this process's runtime (sender thread)."""
     if METRICS:
-        key = _kind_key(envelope.kind)
+        kind = envelope.kind
+        key = _KIND_KEYS.get(kind) or _kind_key(kind)
         sizes = envelope.buffer_sizes
-        _sent._add_key(1, key)
-        _payload._record_key(len(envelope.payload) + (sum(sizes) if sizes else 0), key)
+        size = len(envelope.payload) + (sum(sizes) if sizes else 0)
+        values = _sent._values  # a few kinds: no series bound to check
+        with _HOOK_LOCK:
+            values[key] = values.get(key, 0) + 1
+            _payload._record_locked(size, key)
+        if _sent._otel is not None:
+            _sent._otel.add(1, dict(key))
+        if _payload._otel is not None:
+            _payload._otel.record(size, dict(key))
 
 
 def on_received(envelope: Envelope) -> None:
     """An envelope reached this process's runtime (runtime loop thread)."""
     if METRICS:
-        _received._add_key(1, _kind_key(envelope.kind))
+        kind = envelope.kind
+        key = _KIND_KEYS.get(kind) or _kind_key(kind)
+        values = _received._values
+        with _HOOK_LOCK:
+            values[key] = values.get(key, 0) + 1
+        if _received._otel is not None:
+            _received._otel.add(1, dict(key))
 
 
 def on_enqueued(depth: int) -> None:
     """A message was added to a mailbox that already held ``depth`` items."""
     if METRICS:
-        _depth._record_key(depth, ())
+        with _HOOK_LOCK:
+            _depth._record_locked(depth, ())
+        if _depth._otel is not None:
+            _depth._otel.record(depth, {})
 
 
-_opened: collections.OrderedDict[tuple[int, int], tuple[float, _Key]] = collections.OrderedDict()
+#: Open reply ports: (owner id, index) -> (opening time, endpoint key). Setting and popping one
+#: key is atomic (one dict operation), so the hooks take no lock; evicting the oldest (insertion
+#: order) when full does, so that two threads never evict at once.
+_opened: dict[tuple[int, int], tuple[float, _Key]] = {}
 _opened_lock = threading.Lock()
 #: Reply ports whose opening time is remembered (ports that never complete are forgotten).
 MAX_TRACKED_PORTS: Final = 65_536
@@ -441,25 +492,35 @@ def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
     """Port ``index`` of process runtime ``owner`` was opened (to collect the replies of calls
     to ``endpoint``, if given): remember when, and for which endpoint."""
     if METRICS:
-        key = _endpoint_key(endpoint) if endpoint else ()
-        with _opened_lock:
-            _opened[(id(owner), index)] = (time.perf_counter(), key)
-            if len(_opened) > MAX_TRACKED_PORTS:
-                _opened.popitem(last=False)
+        key = (_ENDPOINT_KEYS.get(endpoint) or _endpoint_key(endpoint)) if endpoint else ()
+        _opened[(id(owner), index)] = (time.perf_counter(), key)
+        if len(_opened) > MAX_TRACKED_PORTS:
+            with _opened_lock:
+                while len(_opened) > MAX_TRACKED_PORTS:
+                    with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                        del _opened[next(iter(_opened))]
 
 
 def on_port_completed(owner: object, index: int) -> None:
     """Port ``index`` of ``owner`` received its last reply: record the call latency."""
-    with _opened_lock:
-        opened = _opened.pop((id(owner), index), None)
+    opened = _opened.pop((id(owner), index), None)
     if METRICS and opened is not None:
-        _call_latency._record_key(time.perf_counter() - opened[0], opened[1])
+        elapsed = time.perf_counter() - opened[0]
+        with _HOOK_LOCK:
+            _call_latency._record_locked(elapsed, opened[1])
+        if _call_latency._otel is not None:
+            _call_latency._otel.record(elapsed, dict(opened[1]))
 
 
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
     """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
     ``exc`` if it raised: its latency, and its error by category."""
-    _latency._record_key(time.perf_counter() - started, _endpoint_key(endpoint))
+    elapsed = time.perf_counter() - started
+    key = _ENDPOINT_KEYS.get(endpoint) or _endpoint_key(endpoint)
+    with _HOOK_LOCK:
+        _latency._record_locked(elapsed, key)
+    if _latency._otel is not None:
+        _latency._otel.record(elapsed, dict(key))
     if exc is not None:
         _errors.add(1, {"endpoint": endpoint, "category": str(error_category(exc))})
 

@@ -19,6 +19,7 @@ same registry, which ``merge_reports`` counts once (by ``os_pid``).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 
 import msgspec
@@ -27,11 +28,13 @@ from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import records as _records
 from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._runtime.telemetry.metrics import MetricPoint
-from monarch.actor._runtime.telemetry.records import LifecycleRecord
+from monarch.actor._runtime.telemetry.records import LifecycleRecord, SupervisionRecord
 from monarch.actor._runtime.telemetry.tracing import SpanRecord
 
 __all__ = [
+    "MAX_RECENT_FAILURES",
     "SPANS_ENDPOINT",
+    "ActorStatus",
     "TELEMETRY_ENDPOINT",
     "SpanBatch",
     "TelemetryReport",
@@ -54,6 +57,27 @@ class TelemetryRequest(msgspec.Struct, frozen=True, kw_only=True):
     spans: bool = True
     metrics: bool = True
     lifecycle: bool = False
+    #: The process's actors (``ActorStatus``) and its recent failures (``monarch top``).
+    actors: bool = False
+
+
+#: Supervision records of kind ``failed`` a report carries at most (the newest).
+MAX_RECENT_FAILURES = 16
+
+
+class ActorStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One actor of a process, as ``monarch top`` shows it: its readable chain (``name``),
+    ``actor_id`` (``path@pid``), class, rank, ``state`` (``starting``, ``running``,
+    ``stopping``, ``stopped``, ``failed``), messages queued in its mailbox now (``mailbox``)
+    and messages it was given since it was spawned (``received``; rates are differences)."""
+
+    name: str
+    actor_id: str
+    cls: str = ""
+    rank: int = 0
+    state: str = ""
+    mailbox: int = 0
+    received: int = 0
 
 
 class TelemetryReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +90,9 @@ class TelemetryReport(msgspec.Struct, frozen=True, kw_only=True):
     spans: list[SpanRecord] = []
     metrics: dict[str, list[MetricPoint]] = {}
     lifecycle: list[LifecycleRecord] = []
+    host: str = ""
+    actors: list[ActorStatus] = []
+    failures: list[SupervisionRecord] = []
 
 
 class SpanBatch(msgspec.Struct, frozen=True):
@@ -74,15 +101,31 @@ class SpanBatch(msgspec.Struct, frozen=True):
     spans: list[SpanRecord]
 
 
-def local_report(proc: str, request: TelemetryRequest) -> TelemetryReport:
-    """This process's report (``proc``: the label of the runtime answering)."""
+def local_report(
+    proc: str, request: TelemetryRequest, actors: Sequence[ActorStatus] = ()
+) -> TelemetryReport:
+    """This process's report (``proc``: the label of the runtime answering; ``actors``: its
+    actors, included when the request asks for them)."""
+    failures: list[SupervisionRecord] = []
+    if request.actors:
+        failures = [
+            r
+            for r in _records.supervision_events()
+            if r.event in ("actor_failed", "unhandled_fault")
+        ][-MAX_RECENT_FAILURES:]
     return TelemetryReport(
         proc=proc,
         os_pid=_tracing._PID,
         spans=_tracing.span_records() if request.spans else [],
         metrics=_metrics.metrics_snapshot() if request.metrics else {},
         lifecycle=_records.lifecycle_events() if request.lifecycle else [],
+        host=_HOST,
+        actors=list(actors) if request.actors else [],
+        failures=failures,
     )
+
+
+_HOST = socket.gethostname()
 
 
 def merge_reports(reports: Sequence[TelemetryReport]) -> dict[str, list[MetricPoint]]:

@@ -221,16 +221,11 @@ class _NoSpan:
 _NO_SPAN: Final = _NoSpan()
 
 
-def _random_bytes(n: int) -> bytes:
-    """Random ids, as OpenTelemetry's SDK makes them (``random``, not a system call: ids
-    need to be unique, not secret)."""
-    return random.getrandbits(8 * n).to_bytes(n, "big")
-
-
-def _parent_from(trace: bytes) -> tuple[bytes, bytes] | None:
-    if len(trace) == 24:
-        return trace[:16], trace[16:]
-    return None
+#: Random ids, as OpenTelemetry's SDK makes them (``random``, not a system call: ids need to be
+#: unique, not secret), bound once for the hot path.
+_getrandbits = random.getrandbits
+#: Results no endpoint awaits (the receive span's fast path skips ``inspect.isawaitable``).
+_PLAIN_RESULTS: Final = frozenset({type(None), int, float, str, bytes, bool, list, dict, tuple})
 
 
 def _start_span(
@@ -247,8 +242,8 @@ def _start_span(
         if parent is not None:
             trace_id, parent_id = parent.trace_id, parent.span_id
         else:
-            trace_id, parent_id = _random_bytes(16), _ZERO_SPAN_ID
-    span_id = _random_bytes(8)
+            trace_id, parent_id = _getrandbits(128).to_bytes(16, "big"), _ZERO_SPAN_ID
+    span_id = _getrandbits(64).to_bytes(8, "big")
     if _otel._otel_trace is None:  # no mirror: no call
         return Span(name, trace_id, span_id, parent_id, attributes, proc, track)
     otel_span, trace_id, span_id = _otel.start_span(name, attributes, trace_id, parent_id, span_id)
@@ -540,6 +535,7 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
         token = None
         if traced_call:
             display = str(cell.display)
+            trace = envelope.trace
             current = _start_span(
                 endpoint,
                 {
@@ -548,7 +544,7 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
                     "endpoint": endpoint,
                     "rank": int(cell.rank),
                 },
-                _parent_from(envelope.trace),
+                (trace[:16], trace[16:]) if len(trace) == 24 else None,
                 cell.runtime.label,
                 display,
             )
@@ -561,9 +557,12 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
         finally:
             if token is not None:
                 _CURRENT_SPAN.reset(token)
-        if inspect.isawaitable(result):
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             return _await_endpoint(result, endpoint, started, current, timed)
-        _finish_endpoint(endpoint, started, current, None, timed)
+        if timed:
+            _metrics.record_endpoint(endpoint, started, None)
+        if current is not None:
+            current._end(None)
         return result
 
     return run

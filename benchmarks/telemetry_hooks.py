@@ -1,0 +1,216 @@
+"""CPU cost of the monarch-actor telemetry hooks of one call round trip, this tree against a git
+revision (default ``main``), side by side in one process.
+
+Why: ``actor_telemetry.py`` measures what turning telemetry on costs a real round trip, but on a
+shared two-core box its per-round ratios spread from 0.3x to 2x, far wider than a change to the
+hooks. This script isolates the hooks: it loads the revision's ``metrics`` and ``tracing``
+modules (``git show REV:path``, under other module names) next to this tree's, and runs the
+calls one ``call_one`` round trip makes, on fake envelopes and cells, alternately (ABAB rounds):
+
+- ``metric hooks``: port opened, CALL sent, received, enqueued, endpoint latency, reply sent,
+  received, port completed (metrics on);
+- ``tracing``: the send span entered, the trace context taken for the envelope, the receive span
+  around a sync endpoint (tracing on).
+
+Rates are round trips per second of this process's CPU time; ratio = this tree / revision (above
+1.0x: this tree's hooks are cheaper).
+
+    .venv/bin/python benchmarks/telemetry_hooks.py                 # about 20 s
+    .venv/bin/python benchmarks/telemetry_hooks.py --against HEAD~3
+    .venv/bin/python benchmarks/telemetry_hooks.py --smoke         # about 2 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import (  # noqa: E402
+    CaseResult,
+    Trial,
+    add_run_arguments,
+    alternate,
+    machine_facts,
+    run_mode,
+    write_json,
+)
+from monarch.actor._base.envelope import MessageKind  # noqa: E402
+from monarch.actor._runtime.telemetry import metrics as tree_metrics  # noqa: E402
+from monarch.actor._runtime.telemetry import tracing as tree_tracing  # noqa: E402
+
+_PACKAGE = "packages/monarch-actor/src/monarch/actor/_runtime/telemetry"
+MODES: dict[str, tuple[int, int, float]] = {
+    "full": (15, 20_000, 10.0),
+    "quick": (8, 10_000, 5.0),
+    "smoke": (2, 500, 1.0),
+}
+"""Rounds, round trips per trial and budget per case (seconds) of each mode."""
+
+
+def load_revision(revision: str, name: str, folder: Path) -> ModuleType:
+    """Module ``name`` (``metrics``, ``tracing``) of the telemetry package at ``revision``,
+    loaded as ``_rev_NAME``."""
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{revision}:{_PACKAGE}/{name}.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path = folder / f"_rev_{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"_rev_{name}", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Envelope:
+    def __init__(self, kind: MessageKind, size: int) -> None:
+        self.kind = kind
+        self.payload = b"x" * size
+        self.buffer_sizes = ()
+        self.endpoint = "ping"
+        self.trace = b""
+
+
+class _Runtime:
+    label = "procs{'gpus': 0/1}"
+
+
+class _Cell:
+    display = "<root>.<bench.Echo echo{'gpus': 0/1}>"
+    rank = 0
+    runtime = _Runtime()
+
+
+class _Sender:
+    display = "<root>"
+
+
+def metric_trip(m: Any, n: int) -> Trial:
+    call, reply, owner = (
+        _Envelope(MessageKind.CALL, 100),
+        _Envelope(MessageKind.PORT_VALUE, 20),
+        object(),
+    )
+    opened, completed, endpoint = m.on_port_opened, m.on_port_completed, m.record_endpoint
+    on_sent, on_received, on_enqueued = m.on_sent, m.on_received, m.on_enqueued
+    clock = time.perf_counter
+    start = time.process_time()
+    for i in range(n):
+        opened(owner, i, "ping")
+        on_sent(call)
+        on_received(call)
+        on_enqueued(0)
+        endpoint("ping", clock(), None)
+        on_sent(reply)
+        on_received(reply)
+        completed(owner, i)
+    seconds = time.process_time() - start
+    m.reset_metrics()
+    return Trial(counted=n, seconds=seconds, received=n, sent=n)
+
+
+def tracing_trip(t: Any, n: int) -> Trial:
+    envelope, cell, sender, runtime = _Envelope(MessageKind.CALL, 0), _Cell(), _Sender(), _Runtime()
+
+    def body(x: int) -> int:
+        return x
+
+    start = time.process_time()
+    for i in range(n):
+        with t.send_span("call_one", "ping", "echo", 1, runtime, sender):
+            envelope.trace = t.outgoing_trace(1)
+        t.wrap_endpoint(cell, envelope, body, None)(i)
+    seconds = time.process_time() - start
+    return Trial(counted=n, seconds=seconds, received=n, sent=n)
+
+
+def run(revision: str, rounds: int, trips: int, budget_s: float) -> list[CaseResult]:
+    with tempfile.TemporaryDirectory() as folder:
+        rev_metrics = load_revision(revision, "metrics", Path(folder))
+        rev_tracing = load_revision(revision, "tracing", Path(folder))
+    cases: list[tuple[str, Callable[[Any, int], Trial], Any, Any]] = [
+        ("metric hooks", metric_trip, rev_metrics, tree_metrics),
+        ("tracing", tracing_trip, rev_tracing, tree_tracing),
+    ]
+    results = []
+    for name, trip, old, new in cases:
+        for module in (old, new):
+            module.set_enabled(True)
+        try:
+            base, cand = alternate(
+                lambda trip=trip, old=old: trip(old, trips),  # type: ignore[misc]
+                lambda trip=trip, new=new: trip(new, trips),  # type: ignore[misc]
+                rounds,
+                budget_s=budget_s,
+            )
+        finally:
+            for module in (old, new):
+                module.set_enabled(False)
+        results.append(CaseResult(name, revision, "this tree", None, base, cand))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--against", default="main", help="git revision to compare with (main)")
+    add_run_arguments(parser, quick="fewer, shorter rounds (~8 s)", smoke="two tiny rounds")
+    args = parser.parse_args(argv)
+    mode = run_mode(args)
+    rounds, trips, budget_s = MODES[mode]
+    results = run(args.against, rounds, trips, budget_s)
+    print(table(results))
+    for r in results:
+        if r.measured:
+            print(
+                f"{r.name}: {1e6 / r.baseline_median:.2f} us per round trip at {args.against}, "
+                f"{1e6 / r.candidate_median:.2f} us here"
+            )
+    if args.json is not None:
+        document = {
+            "mode": mode,
+            **machine_facts("benchmarks/telemetry_hooks.py", argv),
+            "config": {"against": args.against, "rounds": rounds, "trips": trips},
+            "cases": [r.to_json() for r in results],
+        }
+        write_json(args.json, document)
+    return 0
+
+
+def table(results: list[CaseResult]) -> str:
+    """The results as Markdown: round trips of hooks per CPU second, and the ratio."""
+    lines = [
+        "| case | revision /CPU s | this tree /CPU s | ratio | min-max | rounds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if not r.measured:
+            lines.append(f"| {r.name} | - | - | - | - | 0 |")
+            continue
+        ratios = r.pair_ratios
+        lines.append(
+            f"| {r.name} | {r.baseline_median:,.0f} | {r.candidate_median:,.0f} | "
+            f"{r.ratio:.3f}x | {min(ratios):.2f}-{max(ratios):.2f} | {len(ratios)} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
