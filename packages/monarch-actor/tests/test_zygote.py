@@ -30,6 +30,13 @@ def _sleep(argv: Sequence[str]) -> int:
     return 0
 
 
+def _pipes(argv: Sequence[str]) -> int:
+    line = sys.stdin.readline().strip()
+    print(f"out {line}", flush=True)
+    print(f"err {line}", file=sys.stderr, flush=True)
+    return 0
+
+
 def _fail(argv: Sequence[str]) -> int:
     raise RuntimeError("boom in the child")
 
@@ -61,6 +68,31 @@ def test_child_runs_target_with_argv_single_threaded_and_its_status_is_reported(
     assert _read_line(child) == "7 b 1 True\n"
     assert child.wait(10) == 7
     assert child.poll() == 7
+
+
+@pytest.mark.parametrize("stdin", [False, True])
+@pytest.mark.parametrize("stderr", [False, True])
+def test_stdin_and_stderr_pipes_are_each_optional(
+    zygote: Zygote, stdin: bool, stderr: bool
+) -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        child = zygote.spawn(
+            [], target=f"{HERE}:_pipes", stdin=read_fd if stdin else None, stderr=stderr
+        )
+    finally:
+        os.close(read_fd)
+    with os.fdopen(write_fd, "wb") as feed:
+        if stdin:
+            feed.write(b"hello\n")
+    word = "hello" if stdin else ""  # without a stdin pipe the child reads /dev/null
+    assert _read_line(child) == f"out {word}\n"
+    if stderr:
+        assert child.stderr is not None
+        assert child.stderr.read() == f"err {word}\n".encode()
+    else:
+        assert child.stderr is None
+    assert child.wait(10) == 0
 
 
 def test_killed_child_reports_the_signal(zygote: Zygote) -> None:
