@@ -21,6 +21,7 @@ STACK = [
     "chrysalis-sqlite",
     "monarch-actor",
     "monarch-rdma",
+    "monarch-spmd",
 ]
 REQUIRED = set(STACK)
 
