@@ -63,3 +63,23 @@ def test_importing_monarch_spmd_does_not_import_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "blocked"  # the block works: the test can fail
+
+
+def test_the_process_group_says_it_needs_torch_where_torch_is_missing() -> None:
+    result = run_without_torch(
+        """
+        from monarch.actor import ActorError, this_host
+        from monarch.spmd import init_process_group
+
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            init_process_group(procs, timeout=10.0)
+        except ActorError as error:
+            print(str(error))
+        finally:
+            procs.stop().get(timeout=30)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "monarch.spmd.init_process_group needs torch" in result.stdout
+    assert "pip install 'torch>=2.13,<2.14'" in result.stdout

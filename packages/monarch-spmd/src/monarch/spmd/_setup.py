@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 ACTOR_NAME = "_SPMDActor"
 
 
-def _check_master(master_addr: str | None, master_port: int | None) -> None:
+def check_master(master_addr: str | None, master_port: int | None) -> None:
     if (master_addr is None) != (master_port is None):
         raise ValueError(
             "Either both master_addr and master_port must be specified or neither must be"
@@ -25,7 +25,7 @@ def _check_master(master_addr: str | None, master_port: int | None) -> None:
         )
 
 
-def _rank_zero(actors: Any, proc_mesh: ProcMesh) -> Any:
+def rank_zero(actors: Any, proc_mesh: ProcMesh) -> Any:
     return actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
 
 
@@ -43,11 +43,11 @@ def setup_torch_elastic_env(
     (every coordinate 0): its host name (or its address of ``use_ipaddr``'s family) and a port
     free there. Give both or neither (``ValueError``).
     """
-    _check_master(master_addr, master_port)
+    check_master(master_addr, master_port)
     actors: Any = proc_mesh.spawn(ACTOR_NAME, SPMDActor)
     if master_addr is None:
         master_addr, master_port = (
-            _rank_zero(actors, proc_mesh).get_host_port.call_one(use_ipaddr).get()
+            rank_zero(actors, proc_mesh).get_host_port.call_one(use_ipaddr).get()
         )
     logger.info(
         "torch elastic environment: MASTER_ADDR=%s MASTER_PORT=%s", master_addr, master_port
@@ -62,10 +62,10 @@ async def setup_torch_elastic_env_async(
     use_ipaddr: AddrType | None = None,
 ) -> None:
     """:func:`setup_torch_elastic_env` for ``async`` code (awaits instead of blocking)."""
-    _check_master(master_addr, master_port)
+    check_master(master_addr, master_port)
     actors: Any = proc_mesh.spawn(ACTOR_NAME, SPMDActor)
     if master_addr is None:
-        master_addr, master_port = await _rank_zero(actors, proc_mesh).get_host_port.call_one(
+        master_addr, master_port = await rank_zero(actors, proc_mesh).get_host_port.call_one(
             use_ipaddr
         )
     logger.info(
