@@ -3,6 +3,9 @@ and end where single-process training on the same global batches ends."""
 
 from __future__ import annotations
 
+import os
+import select
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,8 @@ pytest.importorskip("lightning")
 
 import torch
 
-from monarch.actor import ActorError, ProcMesh, this_host
+from monarch.actor import ActorError, ProcMesh, attach_to_workers, this_host
+from monarch.actor._runtime.client import client
 from monarch.spmd import TorchrunRanks, setup_torch_elastic_env, torchrun_ranks
 from monarch.spmd.lightning import MeshEnvironment
 
@@ -64,6 +68,10 @@ def test_ddp_over_two_processes_matches_single_process_training(
         (0, 0, 0, 2),
         (1, 1, 0, 2),
     ]
+    _matches_single_process(results, checkpoint)
+
+
+def _matches_single_process(results: list[dict[str, Any]], checkpoint: Path) -> None:
     # each rank trained on its own half of every global batch (Lightning's distributed sampler,
     # shuffled), and every epoch went over the whole data set once
     batches: list[list[int]] = []
@@ -133,3 +141,67 @@ def test_the_rendezvous_comes_from_the_environment(monkeypatch: pytest.MonkeyPat
 def test_outside_an_actor_the_environment_is_a_world_of_one() -> None:
     env = MeshEnvironment()
     assert (env.world_size(), env.global_rank(), env.devices, env.num_nodes) == (1, 0, 1, 1)
+
+
+class _WorkerLoop:
+    """A host started on its own (``run_worker_loop_forever`` as ``python -m
+    monarch.actor._attach``) on loopback, with the client's cluster CA; ``address`` is what it
+    printed."""
+
+    def __init__(self) -> None:
+        ca_dir = client().node_layer.cluster_ca_dir
+        assert ca_dir is not None
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        command = [
+            sys.executable,
+            "-m",
+            "monarch.actor._attach",
+            "--address",
+            "udp://127.0.0.1:0",
+            "--ca",
+            str(ca_dir),
+        ]
+        self.popen = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
+        assert self.popen.stdout is not None
+        ready, _, _ = select.select([self.popen.stdout], [], [], 60)
+        self.address = self.popen.stdout.readline().decode().strip() if ready else ""
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(60)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def test_ddp_across_two_attached_hosts_matches_single_process_training(tmp_path: Path) -> None:
+    """Two hosts attached with ``attach_to_workers`` (worker loops on loopback), one process
+    each: Lightning runs with ``num_nodes=2``, ``devices=1``, node ranks from the mesh."""
+    loops = [_WorkerLoop(), _WorkerLoop()]
+    try:
+        assert all(loop.address.startswith("udp://127.0.0.1:") for loop in loops)
+        hosts = attach_to_workers(workers=[loop.address for loop in loops], name="two_hosts")
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        try:
+            setup_torch_elastic_env(procs, "127.0.0.1", _free_port())
+            trainer: Any = procs.spawn("trainer", LightningTrainer)
+            checkpoint = tmp_path / "model.ckpt"
+            results = (
+                trainer.fit.call(STEPS, GLOBAL_BATCH, LR, str(checkpoint)).get(timeout=T).values()
+            )
+            assert [
+                (r["rank"], r["local_rank"], r["node_rank"], r["world_size"]) for r in results
+            ] == [(0, 0, 0, 2), (1, 0, 1, 2)]
+            _matches_single_process(results, checkpoint)
+        finally:
+            procs.stop().get(timeout=T)
+            hosts.shutdown().get(timeout=T)
+    finally:
+        for loop in loops:
+            loop.close()
+
+
+def _free_port() -> int:
+    from monarch.spmd._network import find_free_port
+
+    return find_free_port()
