@@ -22,6 +22,7 @@ STACK = [
     "monarch-actor",
     "monarch-rdma",
     "monarch-job",
+    "monarch-spmd",
 ]
 REQUIRED = set(STACK)
 
