@@ -79,7 +79,15 @@ def _run(cmd: list[str], **kwargs: object) -> None:
 
 
 #: Packages whose tests take longest start first, so that the others fill the other slot.
-_SLOWEST_FIRST = ("monarch-actor", "chrysalis-node", "chrysalis-quic", "chrysalis-sqlite")
+_SLOWEST_FIRST = (
+    "monarch-actor",
+    "monarch-job",
+    "chrysalis-node",
+    "monarch-tensor",
+    "monarch-spmd",
+    "chrysalis-quic",
+    "chrysalis-sqlite",
+)
 
 
 def _check_one(
