@@ -18,6 +18,7 @@ from monarch.job._job import (
     load_current_job,
     set_current_job,
 )
+from monarch.job._slurm import SlurmJob
 
 __all__ = [
     "DEFAULT_JOB_PATH",
@@ -28,4 +29,5 @@ __all__ = [
     "job_loads",
     "load_current_job",
     "set_current_job",
+    "SlurmJob",
 ]
