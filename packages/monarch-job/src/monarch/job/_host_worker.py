@@ -9,7 +9,9 @@ carrying the address back. The host's address comes from, in order: ``--host``; 
 (several nodes may share one machine, each with its own address); else ``$MONARCH_HOST_IP``
 (Kubernetes sets it from the pod's IP through the downward API); else the address the host
 name resolves to. It then runs ``monarch.actor.run_worker_loop_forever``, which ends when the
-client kills or shuts down the mesh, or when the engine signals the process.
+client kills or shuts down the mesh, or when the engine signals the process. With
+``--ready-file`` (or ``$MONARCH_READY_FILE``) it creates that file once the loop listens, for a
+readiness probe (Kubernetes: a pod is Ready only when its worker loop can be attached).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from monarch.actor import run_worker_loop_forever
+from monarch.actor import run_worker_loop_forever, start_worker_loop_forever
 from monarch.job._slurm_text import node_addrs
 
 _log = logging.getLogger("monarch.job.worker")
@@ -69,6 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--slurm-node-addr", action="store_true", help="listen on this Slurm node's NodeAddr"
     )
     parser.add_argument("--ca", default="trust_all_connections", help="the cluster CA directory")
+    parser.add_argument(
+        "--ready-file",
+        default=os.environ.get("MONARCH_READY_FILE"),
+        help="a file to create once the loop listens (a readiness probe tests it); "
+        "default $MONARCH_READY_FILE",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="[monarch-host] %(name)s: %(message)s")
@@ -77,7 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     address = f"udp://{host_address(args.host, args.slurm_node_addr)}:{args.port}"
     _log.info("host %s: worker loop on %s", socket.gethostname(), address)
     with contextlib.suppress(KeyboardInterrupt):
-        run_worker_loop_forever(address=address, ca=args.ca)
+        if args.ready_file is None:
+            run_worker_loop_forever(address=address, ca=args.ca)
+        else:
+            lifetime = start_worker_loop_forever(address=address, ca=args.ca)
+            Path(args.ready_file).write_text(f"{address}\n")
+            _log.info("listening; readiness file %s written", args.ready_file)
+            lifetime.get()
     return 0
 
 

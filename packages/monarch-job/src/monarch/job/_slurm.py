@@ -29,7 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from monarch.actor import HostMesh, attach_to_workers
+from monarch.actor import HostMesh
+from monarch.job._attach import attach_retrying
 from monarch.job._job import JobState, JobTrait
 from monarch.job._slurm_text import (
     ACTIVE_STATES,
@@ -313,19 +314,14 @@ class SlurmJob(JobTrait):
             interval = min(interval * 2, _POLL_MAX)
 
     def _attach(self, job_id: str, name: str, workers: list[str]) -> HostMesh:
-        """Attach to the mesh's worker loops, retrying while they start (bounded)."""
-        deadline = time.monotonic() + WORKER_START_TIMEOUT
-        while True:
-            try:
-                return attach_to_workers(workers=workers, ca=self._ca, name=name)
-            except RuntimeError as exc:
-                if time.monotonic() > deadline or not self._job_active():
-                    raise RuntimeError(
-                        f"mesh {name!r} of Slurm job {job_id} could not attach to its worker "
-                        f"loops {workers}: {exc} (see the job's logs in {self._log_dir})"
-                    ) from exc
-                _log.info("mesh %s: worker loops not ready yet (%s); retrying", name, exc)
-                time.sleep(0.5)
+        return attach_retrying(
+            name,
+            workers,
+            ca=self._ca,
+            alive=self._job_active,
+            timeout=WORKER_START_TIMEOUT,
+            where=f"Slurm job {job_id} (logs in {self._log_dir})",
+        )
 
 
 def _run(argv: list[str], stdin: str | None = None) -> str:
