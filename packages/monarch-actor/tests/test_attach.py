@@ -130,7 +130,18 @@ def test_worker_addresses_are_normalised_or_refused() -> None:
     assert _udp_address("udp://localhost:7000") == "udp://127.0.0.1:7000"
     assert _udp_address("127.0.0.1:7000") == "udp://127.0.0.1:7000"
     assert _udp_address("udp://0.0.0.0:0", any_port=True) == "udp://0.0.0.0:0"
-    for bad in ("udp://127.0.0.1:0", "udp://127.0.0.1:70000", "ipc:///tmp/x", "udp://:1"):
+    # Monarch's tcp:// addresses: the same host and port over UDP.
+    assert _udp_address("tcp://localhost:7000") == "udp://127.0.0.1:7000"
+    assert _udp_address("tcp://0.0.0.0:0", any_port=True) == "udp://0.0.0.0:0"
+    for bad in (
+        "udp://127.0.0.1:0",
+        "tcp://127.0.0.1:0",
+        "udp://127.0.0.1:70000",
+        "ipc:///tmp/x",
+        "metatls://127.0.0.1:7000",
+        "udp://:1",
+        "tcp://",
+    ):
         with pytest.raises(ValueError, match="udp://"):
             _udp_address(bad)
 

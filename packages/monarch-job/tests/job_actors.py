@@ -1,21 +1,44 @@
-"""Actors for the engine tests (workers on the engines' hosts import them by name)."""
+"""Actors of the job tests (a module of their own: host processes import them by name)."""
 
 from __future__ import annotations
 
 import os
-import socket
+from typing import Any
 
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, current_rank, endpoint, this_host
 
 
 class Where(Actor):
-    """Says where it runs: the Slurm node (or pod) name, the host name and its process id."""
+    """Reports where it runs: its pid, its parent's pid (the host's worker loop) and its
+    network namespace."""
 
     @endpoint
-    def where(self) -> tuple[str, str, int]:
-        node = os.environ.get("SLURMD_NODENAME") or os.environ.get("MONARCH_POD_NAME", "")
-        return node, socket.gethostname(), os.getpid()
+    def place(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "host_pid": os.getppid(),
+            "netns": os.stat("/proc/self/ns/net").st_ino,
+            "rank": current_rank().rank,
+        }
 
     @endpoint
-    def add(self, a: int, b: int) -> int:
-        return a + b
+    def point(self) -> dict[str, int]:
+        return dict(current_rank())
+
+
+class HostProbe(Actor):
+    """Spawns a process on its own ``this_host()`` and says which worker loop started it."""
+
+    @endpoint
+    def host_of_this_host(self) -> int:
+        procs = this_host().spawn_procs()
+        try:
+            where = procs.spawn("probe_where", Where)
+            place: dict[str, Any] = where.place.call_one().get(timeout=60)
+            return int(place["host_pid"])
+        finally:
+            procs.stop().get(timeout=60)
+
+    @endpoint
+    def host_pid(self) -> int:
+        return os.getppid()

@@ -20,9 +20,9 @@ pytest.importorskip("kubernetes", reason="the kubernetes extra is not installed"
 
 from kubernetes import client  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
-sys.path.insert(0, str(Path(__file__).parent))  # the workers import job_actors by name
+sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
 from _fake_kube import FakeKube
-from job_actors import Where
+from cluster_actors import Where
 
 from monarch.job import job_loads
 from monarch.job._kube_manifests import (

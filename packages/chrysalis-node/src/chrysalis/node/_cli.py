@@ -211,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         node_parser.add_argument(
             "--echo", action="store_true", help="echo every stream opened to this node"
         )
+        node_parser.add_argument(
+            "--advertise",
+            metavar="IP",
+            help="the IP others reach this node at (default: with a wildcard --listen, the "
+            "interface toward the parent or of the default route)",
+        )
 
     ls = commands.add_parser("ls", parents=[common], help="processes in the namespace")
     ls.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")

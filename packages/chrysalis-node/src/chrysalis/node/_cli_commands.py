@@ -7,6 +7,9 @@ Sockets: every node binds the carriers given with ``--listen`` (the first one is
 token it prints) plus a helper of the other kind (UDP on 127.0.0.1:0, or a Unix socket in a
 private temporary directory), so a node can reach parents and peers over either carrier (spec
 6.5). A joined node advertises the one it reaches its parent on (``Node.advertised_addr``).
+A wildcard ``--listen udp://0.0.0.0:PORT`` is printed in the token and advertised as a
+routable address of this host (toward the parent, else the default route's interface, see
+``chrysalis.node._advertise``), or as the address given with ``--advertise IP``.
 
 Liveness: nodes started with ``--idle-timeout S`` use that QUIC idle timeout and keep their
 parent link busy with a tiny request every ``S / 4`` seconds, so a killed process is fenced by
@@ -40,6 +43,7 @@ from chrysalis.nameserver import (
     ProcEntry,
 )
 from chrysalis.node._address import AddressSyntaxError, JoinToken, format_address
+from chrysalis.node._advertise import advertised_address, route_source
 from chrysalis.node._cli import _ERROR_EXIT, CliError, _emit, ping_payload
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._node import JoinSettings, Node, NodeError, bind_carrier
@@ -272,10 +276,16 @@ class _Carriers:
 
 
 def _udp_helper(parent: DatagramAddr | None) -> DatagramAddr:
-    """Where a node binds its helper UDP carrier: loopback of the parent's address family
+    """Where a node binds its helper UDP carrier: the local address the kernel uses toward a
+    UDP parent (so a parent on a wildcard bind, which answers from that route's address,
+    answers from the address it was sent to), else loopback of the parent's address family
     (``[::1]`` for an IPv6 parent, so client commands reach nodes served on IPv6)."""
-    if parent is not None and parent.scheme == "udp" and parent.ip.version == 6:
-        return DatagramAddr.udp("::1", 0)
+    if parent is not None and parent.scheme == "udp":
+        source = None if parent.ip.is_unspecified else route_source(str(parent.ip))
+        if source is not None:
+            return DatagramAddr.udp(str(source), 0)
+        if parent.ip.version == 6:
+            return DatagramAddr.udp("::1", 0)
     return DatagramAddr.udp("127.0.0.1", 0)
 
 
@@ -315,8 +325,17 @@ def build_node(
     config = QuicConfig(idle_timeout=args.idle_timeout, keepalive_interval=args.idle_timeout / 4)
     try:
         node = Node(
-            identity, carrier=carriers.socket, parent=parent, labels=labels, quic_config=config
+            identity,
+            carrier=carriers.socket,
+            parent=parent,
+            labels=labels,
+            quic_config=config,
+            advertise=getattr(args, "advertise", None),
         )
+    except ValueError as exc:  # a bad --advertise
+        carriers.socket.shutdown()
+        carriers.cleanup()
+        raise CliError(str(exc)) from None
     except BaseException:
         carriers.socket.shutdown()
         carriers.cleanup()
@@ -341,7 +360,12 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
                 await wait_connected(node, args.timeout, token.address)
             if args.echo:
                 background.append(asyncio.create_task(serve_streams(node, echo_raw)))
-            _emit(out, f"{format_address(carriers.token_addr)}?authority={node.pid.hex()}")
+            token_addr = advertised_address(
+                carriers.token_addr,
+                override=getattr(args, "advertise", None),
+                parent=None if token is None else token.address,
+            )  # a wildcard --listen: a routable address of this host, not 0.0.0.0
+            _emit(out, f"{format_address(token_addr)}?authority={node.pid.hex()}")
             await stop.wait()
             for task in background:
                 task.cancel()

@@ -78,6 +78,7 @@ from chrysalis.nameserver import (
     Resolution,
     VersionRange,
 )
+from chrysalis.node._advertise import advertised_address, is_wildcard, parse_advertise
 from chrysalis.node._sessions import DEFAULT_HANDSHAKE_TIMEOUT, LinkSessionHandler, LinkSessions
 from chrysalis.node._tempdirs import reclaim_stale_socket
 from chrysalis.quic import ByteStream, Identity, LinkProtocolId, QuicConfig, QuicTransport
@@ -165,6 +166,8 @@ class Node:
     """
 
     __slots__ = (
+        "_advertise",
+        "_advertised",
         "_carrier",
         "_identity",
         "_labels",
@@ -198,9 +201,13 @@ class Node:
         versions: VersionRange = DEFAULT_VERSIONS,
         negative_ttl_ms: int = DEFAULT_NEGATIVE_TTL_MS,
         quic_config: QuicConfig | None = None,
+        advertise: str | None = None,
     ) -> None:
         if carrier is not None and listen is not None:
             raise ValueError("pass carrier or listen, not both")
+        # Checked now: a bad --advertise fails before anything binds.
+        self._advertise = None if advertise is None else str(parse_advertise(advertise))
+        self._advertised: dict[tuple[DatagramAddr, DatagramAddr | None], DatagramAddr] = {}
         self._identity = identity
         self._carrier = carrier
         if carrier is None:
@@ -264,20 +271,38 @@ class Node:
     @property
     def advertised_addr(self) -> DatagramAddr:
         """The address this node publishes as its locator: the carrier it reaches its parent
-        on (a socket set's member for the parent's scheme), else ``local_addr``."""
+        on (a socket set's member for the parent's scheme), else ``local_addr``; a wildcard
+        UDP bind is replaced by a routable address of this host, or by the ``advertise``
+        address given (``chrysalis.node._advertise``: toward the parent, the default route's
+        interface, another interface, loopback)."""
         carrier = self._carrier
         assert carrier is not None
-        if self._parent is not None and isinstance(carrier, DatagramSocketSet):
+        bound = carrier.local_addr
+        parent = self._parent.address if self._parent is not None else None
+        if parent is not None and isinstance(carrier, DatagramSocketSet):
             try:
-                return carrier.member_for(self._parent.address).local_addr
+                bound = carrier.member_for(parent).local_addr
             except Exception:
-                return carrier.local_addr
-        return carrier.local_addr
+                bound = carrier.local_addr
+        return self._routable(bound, parent)
+
+    def _routable(self, bound: DatagramAddr, parent: DatagramAddr | None) -> DatagramAddr:
+        if bound.scheme != "udp" or (self._advertise is None and not is_wildcard(bound)):
+            return bound
+        key = (bound, parent)
+        found = self._advertised.get(key)
+        if found is None:
+            found = advertised_address(bound, override=self._advertise, parent=parent)
+            if len(self._advertised) >= 8:  # bounded: one entry per (carrier, parent) seen
+                self._advertised.clear()
+            self._advertised[key] = found
+        return found
 
     @property
     def join_token(self) -> str:
-        """``<carrier address>?authority=<pid hex>``: how others join this node."""
-        return f"{self.local_addr}?authority={self.pid.hex()}"
+        """``<carrier address>?authority=<pid hex>``: how others join this node (a wildcard
+        UDP bind replaced by a routable address, as in ``advertised_addr``)."""
+        return f"{self._routable(self.local_addr, None)}?authority={self.pid.hex()}"
 
     @property
     def nameserver(self) -> NameserverService:

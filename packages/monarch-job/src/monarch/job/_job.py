@@ -61,14 +61,31 @@ class JobState:
         state.trainers      # HostMesh of the "trainers" mesh
         state.dataloaders   # HostMesh of the "dataloaders" mesh
 
-    An unknown name raises ``AttributeError`` listing the names there are.
+    An unknown name raises ``AttributeError`` listing the names there are. ``layout(name)`` is
+    the per-host process layout the job gives that mesh (``{}``: one process per host), made
+    for ``spawn_procs``::
+
+        procs = state.trainers.spawn_procs(per_host=state.layout("trainers"))
     """
 
-    def __init__(self, hosts: Mapping[str, HostMesh]) -> None:
+    def __init__(
+        self,
+        hosts: Mapping[str, HostMesh],
+        layouts: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
         self._hosts: dict[str, HostMesh] = dict(hosts)
+        self._layouts: dict[str, dict[str, int]] = {
+            name: dict(layout) for name, layout in (layouts or {}).items()
+        }
+
+    def layout(self, name: str) -> dict[str, int]:
+        """The per-host process layout of mesh ``name`` (``KeyError`` for an unknown mesh)."""
+        if name not in self._hosts:
+            raise KeyError(f"no mesh {name!r} in this job: {', '.join(sorted(self._hosts))}")
+        return dict(self._layouts.get(name, {}))
 
     def __getattr__(self, attr: str) -> HostMesh:
-        if attr.startswith("__") or attr == "_hosts":
+        if attr.startswith("__") or attr in ("_hosts", "_layouts"):
             raise AttributeError(attr)
         try:
             return self._hosts[attr]

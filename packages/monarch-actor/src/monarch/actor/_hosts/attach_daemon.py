@@ -23,6 +23,11 @@ client adopts):
   (``commands.exec_spec``), resolving ``numactl`` on its own host, after checking their bounds
   and shape (``spawn_problem``; ``SpawnFailed`` otherwise). Running a client's command grants
   the client nothing new: it is authenticated and can already run any code in the workers.
+- Addresses: ``udp://IP:PORT``, or Monarch's ``tcp://HOST:PORT``, which means the same host and
+  port number over UDP (every process here speaks QUIC over UDP), so a Monarch program passing
+  one ``tcp://`` string to ``run_worker_loop_forever`` and ``attach_to_workers`` runs unchanged.
+  A wildcard bind (``udp://0.0.0.0:PORT``) reports and advertises a routable address of the
+  host (the default route's interface, see ``chrysalis.node._advertise``; ``--advertise IP``).
 - Lifecycle: ``HostMesh.stop()`` keeps the session; ``shutdown()`` ends the loop once the
   procs stopped; ``kill()`` SIGKILLs the workers and ends the loop at once. A client that exits
   *detaches*: the daemon kills leftovers and waits for the next client.
@@ -112,8 +117,16 @@ class WorkerDaemon:
     """The worker loop of one host (see the module docstring): ``await serve()`` runs it
     until a client asks it to end; ``ready(address)`` is called once it listens."""
 
-    def __init__(self, address: str, ca_dir: Path, *, idle_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        ca_dir: Path,
+        *,
+        idle_timeout: float | None = None,
+        advertise: str | None = None,
+    ) -> None:
         self.address = address
+        self.advertise = advertise
         self.ca_dir = ca_dir
         self.idle = float(
             idle_timeout if idle_timeout is not None else _config.get("mesh_orphan_timeout")
@@ -131,10 +144,12 @@ class WorkerDaemon:
             identity,
             self.address,
             quic_config=QuicConfig(idle_timeout=self.idle, keepalive_interval=self.idle / 4),
+            advertise=self.advertise,
         )
         node.register_link_protocol(ATTACH_PROTOCOL, self._on_stream)
         async with node:
-            self.address = str(node.local_addr)
+            # A wildcard bind (udp://0.0.0.0:PORT) reports a routable address of this host.
+            self.address = str(node.advertised_addr)
             _log.info("monarch worker loop %s listening on %s", identity.pid.hex(), self.address)
             if ready is not None:
                 ready(self.address)
@@ -353,7 +368,8 @@ def _kill(popen: subprocess.Popen[bytes]) -> None:
 def run_worker_loop_forever(
     *, address: str, ca: str | os.PathLike[str] = _TRUST_ALL, private_key: Any = None
 ) -> None:
-    """Run this host's worker loop on ``address`` (``udp://IP:PORT``) until a client ends it
+    """Run this host's worker loop on ``address`` (``udp://IP:PORT``, or Monarch's
+    ``tcp://HOST:PORT``: the same host and port over UDP) until a client ends it
     with ``HostMesh.shutdown()`` or ``kill()`` (or the process is interrupted).
 
     ``ca`` is where the cluster CA lives (``"trust_all_connections"``: the development CA
@@ -434,12 +450,19 @@ def start_worker_loop_forever(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a worker loop; print its bound address as the first stdout line."""
     parser = argparse.ArgumentParser(prog="python -m monarch.actor._attach")
-    parser.add_argument("--address", required=True, help="udp://IP:PORT to listen on (port 0: any)")
+    parser.add_argument(
+        "--address", required=True, help="udp://IP:PORT (or tcp://) to listen on (port 0: any)"
+    )
+    parser.add_argument("--advertise", help="the IP clients reach this host at (wildcard binds)")
     parser.add_argument("--ca", default=_TRUST_ALL, help="the cluster CA directory")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="[worker-loop] %(name)s: %(message)s")
-    daemon = WorkerDaemon(_udp_address(args.address, any_port=True), _ca_directory(args.ca))
+    daemon = WorkerDaemon(
+        _udp_address(args.address, any_port=True),
+        _ca_directory(args.ca),
+        advertise=args.advertise,
+    )
 
     def ready(address: str) -> None:
         sys.stdout.write(f"{address}\n")

@@ -361,18 +361,36 @@ def _ca_directory(ca: object) -> Path:
     raise ValueError(f"ca must be {_TRUST_ALL!r} or a CA directory, not {ca!r}")
 
 
+#: Schemes a worker address may use: ours, and Monarch's ``tcp://`` mapped onto it.
+WORKER_SCHEMES: Final = ("udp://", "tcp://")
+
+
 def _udp_address(text: str, *, any_port: bool = False) -> str:
     """Normalise a worker address to ``udp://IP:PORT`` (host names are resolved; port 0
-    only with ``any_port``)."""
+    only with ``any_port``).
+
+    Monarch programs name worker loops ``tcp://HOST:PORT``; here every process speaks QUIC over
+    UDP, so ``tcp://HOST:PORT`` means the same host and port number over UDP
+    (``udp://HOST:PORT``): a program passing the same ``tcp://`` string to
+    ``run_worker_loop_forever`` and to ``attach_to_workers`` runs unchanged. A bare
+    ``HOST:PORT`` is UDP too; other schemes (``ipc://``, ``metatls://``) raise ``ValueError``.
+    """
     if not isinstance(text, str):
         raise TypeError(f"a worker address is a str, not {type(text).__name__}")
-    rest = text[len("udp://") :] if text.startswith("udp://") else text
+    rest = text
+    for scheme in WORKER_SCHEMES:
+        if text.startswith(scheme):
+            rest = text[len(scheme) :]
+            break
     if "://" in rest:
-        raise ValueError(f"worker address {text!r}: only udp://HOST:PORT addresses are supported")
+        raise ValueError(
+            f"worker address {text!r}: only udp://HOST:PORT and tcp://HOST:PORT addresses are "
+            "supported"
+        )
     host, sep, port = rest.rpartition(":")
     lowest = 0 if any_port else 1
     if not sep or not host or not port.isdigit() or not lowest <= int(port) < 65536:
-        raise ValueError(f"worker address {text!r} is not udp://HOST:PORT")
+        raise ValueError(f"worker address {text!r} is not udp://HOST:PORT or tcp://HOST:PORT")
     try:
         ip = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
     except OSError as exc:

@@ -432,7 +432,8 @@ def attach_to_workers(
     name: str | None = None,
 ) -> HostMesh:
     """Attach the hosts whose worker loops (``run_worker_loop_forever``) listen at
-    ``workers`` (``udp://HOST:PORT``, or futures of them) and return them as an owned host
+    ``workers`` (``udp://HOST:PORT`` or Monarch's ``tcp://HOST:PORT``, the same over UDP; or
+    futures of them) and return them as an owned host
     mesh with extent ``{hosts: len(workers)}``.
 
     Blocks until every host accepted (bounded by ``ATTACH_TIMEOUT``); ``RuntimeError`` naming
