@@ -198,6 +198,7 @@ def slurm_conf(directory: Path, nodes: tuple[tuple[str, str], ...], base_port: i
         "MinJobAge=2",
         "KillWait=2",
         "Waittime=0",
+        "EnforcePartLimits=ALL",  # refuse at submission what the partition can never run
     ]
     for index, (name, addr) in enumerate(nodes):
         lines.append(

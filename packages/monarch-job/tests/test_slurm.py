@@ -23,10 +23,10 @@ import pytest
 
 from monarch.job import SlurmJob, job_load
 
-sys.path.insert(0, str(Path(__file__).parent))  # the workers import job_actors by name
+sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
 import _slurm_cluster
 from _slurm_cluster import SlurmCluster, SlurmUnavailable
-from job_actors import Where
+from cluster_actors import Where
 
 T = 60.0
 
@@ -90,7 +90,7 @@ def _processes_with(marker: str, program: str | None = None) -> list[int]:
 RECONNECT = textwrap.dedent("""
     import json, sys
     from monarch.job import job_load
-    from job_actors import Where
+    from cluster_actors import Where
     job = job_load(sys.argv[1])
     hosts = job.state(cached_path=None).hosts
     where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
@@ -143,3 +143,33 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
     assert not job.can_run(job)
     assert [pid for pid in actor_pids if _alive(pid)] == []
     assert _processes_with(f"--port {port}") == []
+
+
+def test_a_job_slurm_refuses_fails_apply_with_sbatch_s_reason(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = SlurmJob({"hosts": 3}, log_dir=str(tmp_path), exclusive=False)  # the cluster has 2
+    with pytest.raises(RuntimeError, match="sbatch failed.*submission failed"):
+        job.apply()
+    assert not job.active
+
+
+def test_a_job_that_does_not_start_in_time_is_cancelled(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = SlurmJob(
+        {"hosts": 1},
+        log_dir=str(tmp_path),
+        exclusive=False,
+        slurm_args=["--begin=now+1hour"],  # stays PENDING
+        job_start_timeout=1,
+    )
+    job.apply()
+    job_id = job.job_id
+    assert job_id is not None
+    try:
+        with pytest.raises(RuntimeError, match=f"Slurm job {job_id} did not start within 1 s"):
+            job.state(cached_path=None)
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
