@@ -149,7 +149,7 @@ def test_a_job_slurm_refuses_fails_apply_with_sbatch_s_reason(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     job = SlurmJob({"hosts": 3}, log_dir=str(tmp_path), exclusive=False)  # the cluster has 2
-    with pytest.raises(RuntimeError, match="sbatch failed.*submission failed"):
+    with pytest.raises(RuntimeError, match=r"sbatch failed.*submission failed"):
         job.apply()
     assert not job.active
 
