@@ -3,24 +3,29 @@ slurm-wlm and munge, one controller and two ``slurmd`` node names, ``n1`` and ``
 machine, torn down at the end). Skipped, with the reason, where that cluster cannot start.
 
 One job of two hosts: a second client process reconnects to the allocation from the saved job
-and runs actors on both nodes, then this process attaches, runs actors on both nodes, kills the
-job, and checks that Slurm lists no job and that no process of the job is left.
+and runs actors on both nodes, then this process attaches, runs actors on both nodes, loses one
+node (its worker loop killed: a supervision error at the client), kills the job, and checks that
+Slurm lists no job and that no process of the job is left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import monarch.actor
+from monarch.actor import SupervisionError
 from monarch.job import SlurmJob, job_load
 
 sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
@@ -69,6 +74,13 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes() + b"\0"
+    except OSError:
+        return b""
+
+
 def _processes_with(marker: str, program: str | None = None) -> list[int]:
     """Live processes whose command line contains ``marker`` (and whose program is
     ``program``, when given)."""
@@ -99,7 +111,7 @@ RECONNECT = textwrap.dedent("""
 
 
 def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
-    slurm: SlurmCluster, tmp_path: Path
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port = _free_udp_port()
     job = SlurmJob(
@@ -137,6 +149,23 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         loops = _processes_with(f"monarch.job._host_worker --port {port}", sys.executable)
         assert len(loops) == 2, loops  # one worker loop per node (the others are srun's)
         assert all(_alive(pid) for pid in actor_pids)
+
+        # node n2 is lost (its worker loop killed): the fault reaches the client (here its
+        # unhandled-fault hook, which by default interrupts the main thread) and calls fail
+        faults: list[Any] = []
+        heard = threading.Event()
+
+        def hook(failure: Any) -> None:
+            faults.append(failure)
+            heard.set()
+
+        monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", hook)
+        (lost,) = [pid for pid in loops if b"SLURMD_NODENAME=n2\0" in _environ(pid)]
+        os.kill(lost, signal.SIGKILL)
+        assert heard.wait(T), "no supervision event reached the client after a node was lost"
+        assert "was lost" in faults[0].report()
+        with pytest.raises(SupervisionError, match="was lost"):
+            where.where.call().get(timeout=T)
     finally:
         job.kill()
     assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
