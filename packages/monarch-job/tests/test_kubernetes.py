@@ -1,8 +1,9 @@
 """``KubernetesJob`` through the official ``kubernetes`` client against a FAKE API server
 (``_fake_kube``: no real cluster can run here). The fake's pods are local worker-loop
 processes, so ``state()`` returns working host meshes: apply, wait for Ready, spawn and call
-actors on both pods, reconnect from a pickled job, kill (pods and service deleted, processes
-gone); pods that never become Ready and pods that crash fail ``state()`` with the reason.
+actors on both pods, reconnect from a pickled job, lose a pod (a fault at the client), kill
+(pods and service deleted, processes gone); pods that never become Ready and pods that crash
+fail ``state()`` with the reason.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_act
 from _fake_kube import FakeKube
 from cluster_actors import Where
 
+import monarch.actor
+from monarch.actor import SupervisionError
 from monarch.job import job_loads
 from monarch.job._kube_manifests import (
     pod_failure,
@@ -62,7 +66,9 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def test_apply_state_actors_reconnect_and_kill(kube: tuple[FakeKube, KubeConfig]) -> None:
+def test_apply_state_actors_reconnect_crash_and_kill(
+    kube: tuple[FakeKube, KubeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake, kubeconfig = kube
     job = KubernetesJob("monarch", timeout=60, kubeconfig=kubeconfig)
     job.add_mesh("workers", 2, image_spec=ImageSpec("fake/monarch", resources={"cpu": 1}))
@@ -90,6 +96,25 @@ def test_apply_state_actors_reconnect_and_kill(kube: tuple[FakeKube, KubeConfig]
         copy = job_loads(job.dumps())  # what a later client would load
         assert isinstance(copy, KubernetesJob)
         assert copy.can_run(job)
+
+        # pod workers-1's worker loop crashes: the fault reaches the client, calls fail, and
+        # the pod reports the crash
+        faults: list[Any] = []
+        heard = threading.Event()
+
+        def hook(failure: Any) -> None:
+            faults.append(failure)
+            heard.set()
+
+        monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", hook)
+        crashed = fake.pods[("monarch", "workers-1")]
+        assert crashed.process is not None
+        crashed.process.kill()
+        assert heard.wait(T), "no supervision event reached the client after a pod crashed"
+        assert "was lost" in faults[0].report()
+        with pytest.raises(SupervisionError, match="was lost"):
+            where.where.call().get(timeout=T)
+        assert not copy.can_run(job)  # a crashed pod: the allocation cannot serve it any more
     finally:
         job.kill()
     assert fake.pods == {}
