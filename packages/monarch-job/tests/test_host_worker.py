@@ -52,3 +52,13 @@ def test_only_closed_udp_ports_are_refused() -> None:
         finally:
             timer.join()
             reopened.close()
+
+
+def test_under_slurm_without_scontrol_the_host_name_is_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "n9")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol
+    monkeypatch.setenv("MONARCH_HOST_IP", "127.0.0.8")
+    assert host_address(None, slurm=True) == "127.0.0.8"
+    assert "cannot read this node's NodeAddr" in caplog.text

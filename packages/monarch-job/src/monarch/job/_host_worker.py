@@ -55,7 +55,12 @@ def slurm_node_addr() -> str:
 def host_address(host: str | None, slurm: bool) -> str:
     """The IPv4 address this host's worker loop listens on (see the module docstring)."""
     if host is None and slurm:
-        host = slurm_node_addr()
+        try:
+            host = slurm_node_addr()
+        except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as exc:
+            if not os.environ.get("SLURMD_NODENAME"):
+                raise
+            _log.warning("cannot read this node's NodeAddr (%s): using its host name", exc)
     if host is None:
         host = os.environ.get("MONARCH_HOST_IP") or socket.getfqdn()
     try:
