@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +156,49 @@ def test_a_host_that_cannot_start_fails_apply_with_its_log(tmp_path: Path) -> No
     assert not job.active
     assert job.hosts == []
     assert job._tmpdir is None  # its logs were removed with it
+
+
+def test_a_lost_host_fails_the_calls_to_its_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose worker loop dies (SIGKILL of its process: the node is gone) surfaces at
+    the client as a supervision event on the mesh using it (one failure, its rank on that
+    host, within the orphan timeout), calls to that rank fail with ``SupervisionError``, the
+    other host's rank keeps answering, and ``kill()`` leaves nothing."""
+    import signal
+    import threading
+    import time
+
+    import monarch.actor
+    from monarch.actor import MeshFailure, SupervisionError
+    from monarch.actor.testing import flush_supervision
+
+    failures: list[MeshFailure] = []
+    arrived = threading.Event()
+
+    def hook(failure: MeshFailure) -> None:  # the client owns the mesh: its faults come here
+        failures.append(failure)
+        arrived.set()
+
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", hook)
+    job = ProcessJob({"hosts": 2})
+    sessions: dict[int, int] = {}
+    try:
+        hosts = job.state(cached_path=None).hosts
+        sessions = {h.pid: h.start_time for h in job.hosts}
+        procs = hosts.spawn_procs()
+        where = procs.spawn("where", Where)
+        assert len(where.place.call().get(timeout=T).values()) == 2
+        started = time.monotonic()
+        os.kill(job.hosts[1].pid, signal.SIGKILL)
+        assert arrived.wait(15.0), "the lost host never reached the client"
+        assert time.monotonic() - started < 15.0  # the orphan timeout (3 s) and some slack
+        with pytest.raises(SupervisionError):
+            where.slice(hosts=1).place.call_one().get(timeout=T)
+        assert where.slice(hosts=0).place.call_one().get(timeout=T)["host_pid"] == job.hosts[0].pid
+        procs.stop().get(timeout=T)
+        flush_supervision(20.0)  # every event in flight reached the hook before it is undone
+        assert [f.crashed_ranks for f in failures] == [[1]]  # one event: its rank on host 1
+        assert failures[0].mesh_name == where._name.get(timeout=T)
+        assert f"host {job.hosts[1].address}" in str(failures[0].event)  # which host was lost
+    finally:
+        job.kill()
+    assert session_members(sessions) == []

@@ -1,6 +1,10 @@
 """A persistent allocation: client process 1 applies a ``ProcessJob`` and saves it, runs actors
-and exits; client process 2 loads it, reconnects to the same worker loops, runs actors there,
-then kills the job, after which no process of it runs."""
+and exits; client process 2 builds the same specification, reconnects to the same worker loops
+through the saved job, runs actors there, then kills the job, after which no process of it runs.
+
+The hosts are three network namespaces with their own addresses where this machine can make
+them (the issue's scenario), else two loopback hosts (the README's reconnect example runs that
+case too, so each runs once per CI run)."""
 
 from __future__ import annotations
 
@@ -9,106 +13,136 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from monarch.job import ProcessJob, job_load
+from monarch.job._netns import NetnsHosts, NetnsUnavailable
 from monarch.job._procs import session_members
 
 HERE = Path(__file__).parent
 T = 120
 
-FIRST = textwrap.dedent(
+CLIENT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     from monarch.actor import shutdown_context
     from monarch.job import ProcessJob
     from job_actors import Where
 
     if __name__ == "__main__":
-        job = ProcessJob({"hosts": 2})
-        state = job.state(cached_path=sys.argv[1])
+        saved, spec, then = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+        job = ProcessJob({"hosts": spec["hosts"]}, namespaces=spec["namespaces"])
+        state = job.state(cached_path=saved)  # client 1 applies, client 2 reconnects
         procs = state.hosts.spawn_procs()
-        places = procs.spawn("where", Where).place.call().get(timeout=60)
-        procs.stop().get(timeout=60)
-        shutdown_context().get(timeout=60)
-        print(json.dumps({
-            "apply_id": job.apply_id,
-            "hosts": [p["host_pid"] for _, p in places.items()],
-        }), flush=True)
-    """
-)
-
-SECOND = textwrap.dedent(
-    """
-    import json, sys
-    from monarch.actor import shutdown_context
-    from monarch.job import ProcessJob
-    from job_actors import Where
-
-    if __name__ == "__main__":
-        job = ProcessJob({"hosts": 2})  # the same specification: the saved job runs it
-        state = job.state(cached_path=sys.argv[1])
-        procs = state.hosts.spawn_procs(per_host={"gpus": 2})
-        places = procs.spawn("where", Where).place.call().get(timeout=60)
+        places = [p for _, p in procs.spawn("where", Where).place.call().get(timeout=60).items()]
         out = {
             "apply_id": job.apply_id,
-            "hosts": [p["host_pid"] for _, p in places.items()],
-            "workers": [p["pid"] for _, p in places.items()],
+            "hosts": [p["host_pid"] for p in places],
+            "workers": [p["pid"] for p in places],
+            "netns": [p["netns"] for p in places],
+            "client_netns": os.stat("/proc/self/ns/net").st_ino,
         }
-        job.kill()
-        out["active_after_kill"] = job.active
+        if then == "kill":
+            job.kill()
+            out["active_after_kill"] = job.active
+        else:
+            procs.stop().get(timeout=60)
+        shutdown_context().get(timeout=60)
         print(json.dumps(out), flush=True)
     """
 )
 
 
-def _run(script: Path, saved: Path, env: dict[str, str]) -> dict[str, object]:
+@pytest.fixture
+def hosts_spec() -> Iterator[dict[str, Any]]:
+    namespaces = NetnsHosts(3)
+    try:
+        namespaces.create()
+    except NetnsUnavailable:
+        yield {"hosts": 2, "namespaces": None}
+        return
+    try:
+        yield {"hosts": 3, "namespaces": namespaces.names}
+    finally:
+        assert namespaces.delete() == []
+        assert namespaces.exists() == []
+
+
+def _run(script: Path, *args: str, env: dict[str, str]) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(script), str(saved)],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=T,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def test_a_later_client_process_reconnects_then_kills(tmp_path: Path) -> None:
+def test_a_later_client_process_reconnects_then_kills(
+    tmp_path: Path, hosts_spec: dict[str, Any]
+) -> None:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(HERE), *(p for p in sys.path if p)]),
         MONARCH_MESH_ORPHAN_TIMEOUT="3.0",
     )
-    first, second = tmp_path / "first.py", tmp_path / "second.py"
-    first.write_text(FIRST)
-    second.write_text(SECOND)
-    saved = tmp_path / "state" / "job.pkl"
-    one = _run(first, saved, env)
-    job = job_load(str(saved))
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    saved = str(tmp_path / "state" / "job.pkl")
+    spec = json.dumps(hosts_spec)
+    count = hosts_spec["hosts"]
+    one = _run(script, saved, spec, "keep", env=env)
+    job = job_load(saved)
     assert isinstance(job, ProcessJob)
     assert job.apply_id == one["apply_id"]
     hosts = job.hosts
     sessions = {h.pid: h.start_time for h in hosts}
     try:
+        assert len(hosts) == count
         assert one["hosts"] == [h.pid for h in hosts]
-        assert job.can_run(ProcessJob({"hosts": 2}))  # client 1 is gone, its hosts live on
-        two = _run(second, saved, env)
+        if hosts_spec["namespaces"] is not None:  # every host in its own namespace
+            assert len(set(one["netns"])) == count
+            assert one["client_netns"] not in one["netns"]
+        same = ProcessJob({"hosts": count}, namespaces=hosts_spec["namespaces"])
+        assert job.can_run(same)  # client 1 is gone, its hosts live on
+        two = _run(script, saved, spec, "kill", env=env)
         assert two["apply_id"] == one["apply_id"]  # the same allocation, not a new one
-        assert two["hosts"] == [hosts[0].pid, hosts[0].pid, hosts[1].pid, hosts[1].pid]
+        assert two["hosts"] == one["hosts"]
+        assert two["netns"] == one["netns"]
         assert two["active_after_kill"] is False
         assert session_members(sessions) == []  # hosts and their workers: all gone
-        for pid in two["workers"]:  # type: ignore[attr-defined]
-            assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
-        assert not job.can_run(ProcessJob({"hosts": 2}))
+        assert not job.can_run(same)
     finally:
         job.kill()  # only if the test failed before client 2 killed it
     assert session_members(sessions) == []
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
+UNSAVED = textwrap.dedent(
+    """
+    import json
+    from monarch.job import ProcessJob
+
+    if __name__ == "__main__":
+        job = ProcessJob({"hosts": 1})
+        job.state(cached_path=None)  # not saved: no later process could reconnect
+        print(json.dumps([[h.pid, h.start_time] for h in job.hosts]), flush=True)
+        raise RuntimeError("the client fails without killing its job")
+    """
+)
+
+
+def test_a_job_nobody_saved_ends_with_the_client_that_applied_it(tmp_path: Path) -> None:
+    script = tmp_path / "unsaved.py"
+    script.write_text(UNSAVED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=T)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "the client fails" in done.stderr
+    hosts = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert session_members(hosts) == []

@@ -8,11 +8,14 @@ bound address on an inherited pipe, so ``apply()`` starts every host at once and
 on the pipes. The job records, per host, the pid, its start time and the address: plain data
 that pickles, so a later client process (``job_load``/``state()``) checks the hosts still run
 and attaches to the same worker loops with ``attach_to_workers``. ``kill()`` ends every host's
-session (the worker processes too, whoever started them) and verifies they are gone.
+session (the worker processes too, whoever started them) and verifies they are gone. A job
+that was never saved (``dump``/``dumps``, or ``state()`` with a ``cached_path``) is ended when
+the client process that applied it exits, even by an unhandled fault: nobody could reconnect.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -98,12 +102,17 @@ class ProcessJob(JobTrait):
         self._hosts: list[HostProcess] = []
         self._tmpdir: str | None = None
         self._popens: list[subprocess.Popen[bytes]] = []  # not pickled: reaped by their waits
+        self._saved = False  # dumped: a later client process may reconnect, so hosts outlive us
 
     # -- pickling: the allocation is plain data -------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_popens"] = []
         return state
+
+    def dumps(self) -> bytes:
+        self._saved = True
+        return super().dumps()
 
     @property
     def hosts(self) -> list[HostProcess]:
@@ -146,6 +155,7 @@ class ProcessJob(JobTrait):
         ]
         for host in self._hosts:
             _log.info("ProcessJob host %s: pid %d at %s", host.key, host.pid, host.address)
+        atexit.register(_end_unsaved, weakref.ref(self))
 
     def _host_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -208,3 +218,13 @@ class ProcessJob(JobTrait):
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
         return left
+
+
+def _end_unsaved(ref: weakref.ref[ProcessJob]) -> None:
+    """At the exit of the client process that applied it: end a job nobody saved (no later
+    process can reconnect to it, so its hosts would only leak). A saved job's hosts live on
+    until some client kills it."""
+    job = ref()
+    if job is not None and not job._saved and job._hosts:
+        _log.info("ending the unsaved ProcessJob's %d hosts at exit", len(job._hosts))
+        job._end_hosts()
