@@ -151,8 +151,8 @@ def test_a_host_that_cannot_start_fails_apply_with_its_log(tmp_path: Path) -> No
     job = ProcessJob({"hosts": 2}, listen="udp://203.0.113.1:0")  # not an address of this host
     with pytest.raises(RuntimeError, match="hosts_0") as failure:
         job.apply()
-    assert "exited with status" in str(failure.value)
-    assert "log tail" in str(failure.value)
+    assert "log tail" in str(failure.value)  # with the host's own reason from its log:
+    assert "Cannot assign requested address" in str(failure.value)
     assert not job.active
     assert job.hosts == []
     assert job._tmpdir is None  # its logs were removed with it
@@ -202,3 +202,21 @@ def test_a_lost_host_fails_the_calls_to_its_ranks(monkeypatch: pytest.MonkeyPatc
     finally:
         job.kill()
     assert session_members(sessions) == []
+
+
+def test_hosts_start_with_exec_where_no_zygote_forks_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a zygote (another interpreter, or no fork) every host is ``python -m
+    monarch.job._host`` reporting its address on an inherited pipe."""
+    monkeypatch.setattr(ProcessJob, "_start_zygote", lambda self: None)
+    job = ProcessJob({"hosts": 1})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        (host,) = job.hosts
+        assert "monarch.job._host" in Path(f"/proc/{host.pid}/cmdline").read_bytes().decode()
+        procs = hosts.spawn_procs()
+        place = procs.spawn("where", Where).place.call_one().get(timeout=T)
+        assert place["host_pid"] == host.pid
+        procs.stop().get(timeout=T)
+    finally:
+        job.kill()
+    assert session_members({host.pid: host.start_time}) == []

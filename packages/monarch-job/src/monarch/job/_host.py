@@ -1,5 +1,6 @@
 """A job's host: ``python -m monarch.job._host --listen udp://IP:PORT [--ready-fd N]
-[--address-file PATH] [--advertise IP] [--ca DIR]``.
+[--address-file PATH] [--advertise IP] [--ca DIR] [--forked] [--netns NAME] [--ready-stdout]
+[--log PATH]`` (also run as ``main(argv)`` in a process forked by a zygote: ``ProcessJob``).
 
 It runs this host's Monarch worker loop (the worker daemon of ``run_worker_loop_forever``) and
 reports the address clients attach to once it listens: as one line on the inherited file
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 
 from monarch.actor._hosts.attach_daemon import WorkerDaemon
 from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
+from monarch.config import _registry as _config
 
 __all__ = ["main"]
 
@@ -43,8 +45,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--advertise", help="the IP clients reach this host at (default: found)")
     parser.add_argument("--ca", default="trust_all_connections", help="the cluster CA directory")
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument(
+        "--forked",
+        action="store_true",
+        help="forked from a client (ProcessJob's zygote): a session of its own, none of the "
+        "client's runtime configuration, log handlers or exit handlers",
+    )
+    parser.add_argument("--netns", help="enter this network namespace (ip netns) first")
+    parser.add_argument("--ready-stdout", action="store_true", help="the address on stdout")
+    parser.add_argument("--log", help="stderr (and stdout once ready) go to this file")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level, format="[job-host] %(name)s: %(message)s")
+    if args.forked:
+        _forget_the_client()
+    if args.netns:
+        _enter_netns(args.netns)
+    if args.log:
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        if not args.ready_stdout:
+            os.dup2(fd, 1)
+        os.close(fd)
+    logging.basicConfig(level=args.log_level, format="[job-host] %(name)s: %(message)s", force=True)
     daemon = WorkerDaemon(
         _udp_address(args.listen, any_port=True), _ca_directory(args.ca), advertise=args.advertise
     )
@@ -56,10 +77,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ready_fd is not None:
             with os.fdopen(args.ready_fd, "w") as out:
                 out.write(f"{address}\n")
+        if args.ready_stdout:
+            sys.stdout.write(f"{address}\n")
+            sys.stdout.flush()
+            if args.log:  # the launcher's pipe is done: worker output goes to the log
+                os.dup2(2, 1)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(daemon.serve(ready))
     return 0
+
+
+def _forget_the_client() -> None:
+    """Begin as an exec'd host would, in a process forked from a client: its own session
+    (``ProcessJob.kill`` ends it whole), configuration only from the environment, and none of
+    the client's exit handlers (its atexit would end *this* process's job)."""
+    import atexit
+
+    from monarch.actor._runtime import logging as runtime_logging
+
+    os.setsid()
+    _config.clear_runtime_config()
+    runtime_logging.uninstall_system_logging()
+    atexit._clear()
+
+
+def _enter_netns(name: str) -> None:
+    """Move this (single-threaded) process into the network namespace ``ip netns`` calls
+    ``name``; ``OSError`` naming it otherwise."""
+    path = f"/run/netns/{name}"
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns = getattr(os, "setns", None)  # Python 3.12+
+        if setns is not None:
+            setns(fd, _CLONE_NEWNET)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name!r}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+_CLONE_NEWNET = 0x40000000
 
 
 if __name__ == "__main__":

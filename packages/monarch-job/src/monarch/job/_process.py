@@ -1,8 +1,11 @@
 """``ProcessJob``: every host of the job is a local worker-loop process (optionally each in a
 network namespace of its own, so tests get hosts with their own addresses).
 
-Why this shape: a host is ``python -m monarch.job._host`` (the worker daemon of
-``run_worker_loop_forever``) in a session of its own; it listens on ``udp://127.0.0.1:0`` (in
+Why this shape: a host is ``monarch.job._host`` (the worker daemon of
+``run_worker_loop_forever``) in a session of its own, forked from a zygote of the client (the
+client's zygote mechanism of ``spawn_procs``: the host starts with every module imported, in
+milliseconds; ``python -m monarch.job._host`` with exec where forking is impossible or another
+interpreter is asked for); it listens on ``udp://127.0.0.1:0`` (in
 a namespace: on the wildcard, advertising the namespace's routable address) and reports the
 bound address on an inherited pipe, so ``apply()`` starts every host at once and waits (bounded)
 on the pipes. The job records, per host, the pid, its start time and the address: plain data
@@ -125,30 +128,43 @@ class ProcessJob(JobTrait):
             raise RuntimeError("ProcessJob cannot run batch-mode scripts")
         self._tmpdir = tempfile.mkdtemp(prefix="monarch_process_job_")
         env = self._host_env()
-        started: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        started: dict[str, tuple[Any, int]] = {}
         logs: dict[str, str] = {}
-        namespaces: dict[str, str | None] = {}
+        zygote = self._start_zygote()
         try:
             for index, (_mesh, _rank, key) in enumerate(host_keys(self._meshes)):
                 netns = (
                     self._namespaces[index % len(self._namespaces)] if self._namespaces else None
                 )
-                argv = [self._python, "-m", _HOST_MODULE, "--listen", self._listen]
-                argv += ["--ca", self._ca]
-                if netns is not None:
-                    argv = ["ip", "netns", "exec", netns, *argv]
-                logs[key] = os.path.join(self._tmpdir, f"{key}.log")
-                namespaces[key] = netns
-                popen, ready_fd = start_host(key, argv, {**env, "MONARCH_JOB_HOST": key}, logs[key])
-                started[key] = (popen, ready_fd)
-                self._popens.append(popen)
+                logs[key] = log = os.path.join(self._tmpdir, f"{key}.log")
+                host_env = {**env, "MONARCH_JOB_HOST": key}
+                options = ["--listen", self._listen, "--ca", self._ca]
+                if zygote is not None:  # forked warm: no interpreter start, no imports
+                    options += ["--forked", "--ready-stdout", "--log", log]
+                    options += ["--netns", netns] if netns is not None else []
+                    forked = zygote.spawn(options, target=f"{_HOST_MODULE}:main", env=host_env)
+                    assert forked.stdout is not None
+                    ready_fd = os.dup(forked.stdout.fileno())
+                    forked.stdout.close()
+                    forked.stdout = None
+                    process: Any = forked
+                else:
+                    argv = [self._python, "-m", _HOST_MODULE, *options]
+                    if netns is not None:
+                        argv = ["ip", "netns", "exec", netns, *argv]
+                    process, ready_fd = start_host(key, argv, host_env, log)
+                    self._popens.append(process)
+                started[key] = (process, ready_fd)
                 # Recorded at once, so a failure below still ends what was started.
-                start_time = process_start_time(popen.pid) or 0
-                self._hosts.append(HostProcess(key, popen.pid, start_time, "", netns, logs[key]))
+                start_time = process_start_time(process.pid) or 0
+                self._hosts.append(HostProcess(key, process.pid, start_time, "", netns, log))
             addresses = wait_ready(started, self._start_timeout, logs)
         except BaseException:
             self._end_hosts()  # Ctrl-C during start-up too: nothing started may outlive it
             raise
+        finally:
+            if zygote is not None:  # it exits; the hosts (sessions of their own) live on
+                zygote.close()
         self._hosts = [
             HostProcess(h.key, h.pid, h.start_time, addresses[h.key], h.netns, h.log)
             for h in self._hosts
@@ -156,6 +172,23 @@ class ProcessJob(JobTrait):
         for host in self._hosts:
             _log.info("ProcessJob host %s: pid %d at %s", host.key, host.pid, host.address)
         atexit.register(_end_unsaved, weakref.ref(self))
+
+    def _start_zygote(self) -> Any:
+        """A zygote forked from this client with the host module imported, so every host is a
+        fork that starts at once (None where forking is impossible or another interpreter is
+        asked for: hosts are then started with exec)."""
+        if self._python != sys.executable:
+            return None
+        try:
+            import monarch.job._host  # noqa: F401  (warm in the zygote)
+            from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
+        except ImportError:
+            return None
+        try:
+            return Zygote.start()
+        except (ZygoteUnavailableError, OSError) as exc:
+            _log.info("no zygote for the job's hosts (%s): starting them with exec", exc)
+            return None
 
     def _host_env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -19,7 +19,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from monarch.job._spec import parse_ready_line
 
@@ -37,6 +37,14 @@ READY_TIMEOUT: Final = 60.0
 #: Seconds between SIGTERM and SIGKILL when ending hosts, and the most the SIGKILL may take.
 KILL_GRACE: Final = 2.0
 KILL_WAIT: Final = 10.0
+
+
+class _Polled(Protocol):
+    """A started process as ``subprocess.Popen`` and the zygote's processes show it."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -175,7 +183,7 @@ def start_host(
 
 
 def wait_ready(
-    started: Mapping[str, tuple[subprocess.Popen[bytes], int]],
+    started: Mapping[str, tuple[_Polled, int]],
     timeout: float = READY_TIMEOUT,
     logs: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
