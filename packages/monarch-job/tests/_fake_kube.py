@@ -316,6 +316,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         namespace, kind, name, query = self._route()
+        if kind == "services" and name:
+            with self.kube.changed:
+                service = self.kube.services.get((namespace, name))
+            if service is None:
+                return self._status(404, "NotFound", f'services "{name}" not found')
+            return self._send(200, service)
         if kind != "pods":
             return self._status(404, "NotFound", f"the fake has no {self.path}")
         if name:

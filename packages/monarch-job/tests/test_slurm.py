@@ -18,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +28,10 @@ from monarch.actor import SupervisionError
 from monarch.job import SlurmJob, job_load
 
 sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
-import _slurm_cluster
-from _slurm_cluster import SlurmCluster, SlurmUnavailable
+from _slurm_cluster import SlurmCluster
 from cluster_actors import Where
 
 T = 60.0
-
-
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmCluster]:
-    """A running test cluster; ``SLURM_CONF`` (for the Slurm commands) and ``PYTHONPATH`` (for
-    the workers, which inherit the submitter's environment) set while it runs."""
-    if sys.platform != "linux":
-        pytest.skip("the Slurm test cluster needs Linux")
-    try:
-        cluster = _slurm_cluster.start()
-    except SlurmUnavailable as exc:
-        pytest.skip(f"no Slurm test cluster: {exc}")
-    saved = {key: os.environ.get(key) for key in ("SLURM_CONF", "PYTHONPATH")}
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    try:
-        yield cluster
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        cluster.stop()
 
 
 def _free_udp_port() -> int:
