@@ -162,8 +162,14 @@ def ensure_installed() -> float:
     return time.monotonic() - started
 
 
-def slurm_conf(directory: Path, nodes: tuple[tuple[str, str], ...], base_port: int) -> str:
-    """The ``slurm.conf`` of a cluster in ``directory`` (pure)."""
+def slurm_conf(
+    directory: Path,
+    nodes: tuple[tuple[str, str], ...],
+    base_port: int,
+    own_hostnames: bool = False,
+) -> str:
+    """The ``slurm.conf`` of a cluster in ``directory`` (pure). ``own_hostnames``: each node's
+    ``NodeHostname`` is its name (its ``slurmd`` runs in a UTS namespace of that name)."""
     host = socket.gethostname().split(".")[0]  # slurmctld checks that it runs on SlurmctldHost
     lines = [
         "ClusterName=monarchtest",
@@ -201,8 +207,9 @@ def slurm_conf(directory: Path, nodes: tuple[tuple[str, str], ...], base_port: i
         "EnforcePartLimits=ALL",  # refuse at submission what the partition can never run
     ]
     for index, (name, addr) in enumerate(nodes):
+        hostname = name if own_hostnames else host
         lines.append(
-            f"NodeName={name} NodeAddr={addr} NodeHostname={host} Port={base_port + 1 + index} "
+            f"NodeName={name} NodeAddr={addr} NodeHostname={hostname} Port={base_port + 1 + index} "
             "CPUs=1 RealMemory=1000 State=UNKNOWN"
         )
     names = ",".join(name for name, _ in nodes)
@@ -233,10 +240,15 @@ def _free_port_block(size: int) -> int:
     raise SlurmUnavailable("no block of free ports for the Slurm daemons")
 
 
-def start(nodes: tuple[tuple[str, str], ...] = NODES) -> SlurmCluster:
+def start(nodes: tuple[tuple[str, str], ...] = NODES, own_hostnames: bool = False) -> SlurmCluster:
     """Install if needed, then start munged, slurmctld and one slurmd per node, and wait until
     every node is idle (``START_TIMEOUT``). ``SlurmUnavailable`` with the daemons' logs when it
-    cannot; nothing is left running then."""
+    cannot; nothing is left running then.
+
+    ``own_hostnames``: every ``slurmd`` (and so every task it starts) runs in a UTS namespace
+    whose host name is the node's name, as on a real cluster where ``socket.gethostname()`` on
+    a node is its name (the reference's ``SlurmJob`` listens there); the caller makes the names
+    resolve to the nodes' addresses (an ``/etc/hosts`` of a private mount namespace)."""
     timings = {"install_s": ensure_installed()}
     started = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="monarch-slurm-"))
@@ -246,7 +258,7 @@ def start(nodes: tuple[tuple[str, str], ...] = NODES) -> SlurmCluster:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     conf = directory / "slurm.conf"
-    conf.write_text(slurm_conf(directory, nodes, _free_port_block(len(nodes) + 1)))
+    conf.write_text(slurm_conf(directory, nodes, _free_port_block(len(nodes) + 1), own_hostnames))
     cluster = SlurmCluster(directory, conf, nodes, timings=timings)
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": _path()}
     log = (directory / "log" / "stdio.log").open("ab")
@@ -266,7 +278,8 @@ def start(nodes: tuple[tuple[str, str], ...] = NODES) -> SlurmCluster:
         _wait_for(lambda: (munge / "munge.sock").exists(), "munged's socket", cluster)
         daemon("slurmctld", "-D", "-i", "-f", str(conf))
         for name, _ in nodes:
-            daemon("slurmd", "-D", "-N", name, "-f", str(conf))
+            uts = ("unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', name)
+            daemon(*(uts if own_hostnames else ()), "slurmd", "-D", "-N", name, "-f", str(conf))
         _wait_for(lambda: _all_idle(cluster), "every node idle in sinfo", cluster)
     except BaseException:
         cluster.stop()
