@@ -231,8 +231,8 @@ def test_a_busy_host_refuses_another_client_and_serves_after_its_client_died(
 def test_attach_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="at least one"):
         attach_to_workers(workers=[])
-    with pytest.raises(ValueError, match="only udp://"):
-        attach_to_workers(workers=["tcp://127.0.0.1:1234"])
+    with pytest.raises(ValueError, match="only udp://HOST:PORT and tcp://HOST:PORT"):
+        attach_to_workers(workers=["ipc:///tmp/monarch-worker"])  # tcp:// is UDP here
     with pytest.raises(ValueError, match="not udp://HOST:PORT"):
         attach_to_workers(workers=["udp://127.0.0.1"])
     with pytest.raises(ValueError, match="listed twice"):

@@ -9,14 +9,14 @@ from monarch.actor import Actor, current_rank, endpoint, this_host
 
 
 class Where(Actor):
-    """Reports where it runs: its pid, its parent's pid (the host's worker loop) and its
-    network namespace."""
+    """Reports where it runs: its pid, its host (the pid of the host's worker loop, which leads
+    the session every process it starts is in, forked or exec'd) and its network namespace."""
 
     @endpoint
     def place(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
-            "host_pid": os.getppid(),
+            "host_pid": os.getsid(0),
             "netns": os.stat("/proc/self/ns/net").st_ino,
             "rank": current_rank().rank,
         }
@@ -41,4 +41,4 @@ class HostProbe(Actor):
 
     @endpoint
     def host_pid(self) -> int:
-        return os.getppid()
+        return os.getsid(0)

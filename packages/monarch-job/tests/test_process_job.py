@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,6 +131,19 @@ def test_layout_and_pickling(job: ProcessJob) -> None:
     assert copy.can_run(job)
 
 
+def _sockets(pid: int) -> set[str]:
+    """The socket inodes process ``pid`` holds."""
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
 def _gone(pid: int) -> bool:
     return _wait_gone([pid], 10.0) == []  # a pidfd wait, bounded
 
@@ -179,6 +193,8 @@ def test_a_lost_host_fails_the_calls_to_its_ranks(monkeypatch: pytest.MonkeyPatc
         arrived.set()
 
     monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", hook)
+    client_socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a port the client holds
+    client_socket.bind(("127.0.0.1", 0))
     job = ProcessJob({"hosts": 2})
     sessions: dict[int, int] = {}
     try:
@@ -187,6 +203,10 @@ def test_a_lost_host_fails_the_calls_to_its_ranks(monkeypatch: pytest.MonkeyPatc
         procs = hosts.spawn_procs()
         where = procs.spawn("where", Where)
         assert len(where.place.call().get(timeout=T).values()) == 2
+        # Hosts forked from this client hold none of its sockets (its ports stay its own).
+        mine = f"socket:[{os.fstat(client_socket.fileno()).st_ino}]"
+        assert mine in _sockets(os.getpid())
+        assert _sockets(os.getpid()).isdisjoint(_sockets(job.hosts[0].pid))
         started = time.monotonic()
         os.kill(job.hosts[1].pid, signal.SIGKILL)
         assert arrived.wait(15.0), "the lost host never reached the client"
@@ -201,6 +221,7 @@ def test_a_lost_host_fails_the_calls_to_its_ranks(monkeypatch: pytest.MonkeyPatc
         assert f"host {job.hosts[1].address}" in str(failures[0].event)  # which host was lost
     finally:
         job.kill()
+        client_socket.close()
     assert session_members(sessions) == []
 
 

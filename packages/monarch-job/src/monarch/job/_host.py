@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -100,6 +101,30 @@ def _forget_the_client() -> None:
     _config.clear_runtime_config()
     runtime_logging.uninstall_system_logging()
     atexit._clear()
+    _drop_inherited_sockets()
+
+
+def _drop_inherited_sockets() -> None:
+    """Replace every socket inherited from the client (its node's carrier, lane listeners,
+    event-loop wakers) by ``/dev/null`` at the same descriptor: a host outlives its client, and
+    must not keep the client's ports bound. Replaced, not closed: the client's socket objects
+    copied into this process may still close their descriptor number some day."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in fds:
+            if fd <= 2 or fd == devnull:
+                continue
+            try:
+                if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    os.dup2(devnull, fd, inheritable=False)
+            except OSError:
+                continue
+    finally:
+        os.close(devnull)
 
 
 def _enter_netns(name: str) -> None:

@@ -15,6 +15,9 @@ client adopts):
   per-user ``<tmp>/chrysalis-dev-ca-<uid>``), or an explicit CA directory (``ca=PATH``, holding
   ``ca.pem`` and ``ca.key``). The daemon issues its own leaf and its workers' leaves from it.
   A peer that does not chain to those roots cannot complete the QUIC handshake.
+- Workers fork from the daemon's zygote (``zygote``: every module imported, as a client's local
+  workers are), unless a custom ``bootstrap_command`` or numactl needs an exec; their stdin is
+  still a pipe the daemon holds.
 - Process death: the daemon reaps its workers and sends ``Exited``. It SIGKILLs the workers of
   a lost client at once, and the workers watch the daemon through a stdin pipe
   (``--exit-with-stdin``): no worker outlives its host daemon or its client.
@@ -81,7 +84,14 @@ from monarch.actor._hosts.commands import (
     spawn_timeout,
     worker_command,
 )
-from monarch.actor._hosts.groups import forward_output, read_worker_pids
+from monarch.actor._hosts.groups import (
+    FORKED_WORKER,
+    _zygote,
+    check_spawn_method,
+    forward_output,
+    read_worker_pids,
+)
+from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
 from monarch.actor._runtime.logging import rank_prefix
 from monarch.config import _registry as _config
 
@@ -106,7 +116,7 @@ _log = logging.getLogger("monarch.actor.attach.daemon")
 class _DaemonProc:
     __slots__ = ("label", "os_pid", "pid", "popen")
 
-    def __init__(self, label: str, popen: subprocess.Popen[bytes], pid: str) -> None:
+    def __init__(self, label: str, popen: Any, pid: str) -> None:  # Popen or ZygoteProcess
         self.label = label
         self.popen = popen
         self.pid = pid
@@ -271,7 +281,7 @@ class WorkerDaemon:
         labels = list(request.labels)
         client_ip = hello.address.removeprefix("udp://").rpartition(":")[0]
         listen = f"udp://{source_ip_toward(client_ip)}:0"
-        popens: list[subprocess.Popen[bytes]] = []
+        popens: list[Any] = []  # subprocess.Popen, or ZygoteProcess
         env = dict(os.environ)
         if hello.force_quic:  # every process of the program takes the same path
             env["MONARCH_FORCE_QUIC"] = "1"
@@ -285,6 +295,9 @@ class WorkerDaemon:
                     f"host {socket.gethostname()} (a 'cpus' binding needs no tool)"
                 )
             prefixes = [[numactl, *options] if options else [] for options in request.numactl]
+        # Workers fork from this host's zygote (every module imported), as a client's local
+        # workers do, unless a custom command or numactl needs an exec.
+        zygote = _zygote() if check_spawn_method() == "zygote" else None
         for rank, label in enumerate(labels):
             command = worker_command(
                 parent=hello.address, authority=peer.hex(), ca_dir=self.ca_dir, label=label,
@@ -292,6 +305,12 @@ class WorkerDaemon:
             )  # fmt: skip
             wire = request.commands[rank] if request.commands is not None else None
             custom = wire.bootstrap_command() if wire is not None else None
+            if zygote is not None and custom is None and not prefixes[rank]:
+                forked = _fork_worker(zygote, command, env)
+                if forked is not None:
+                    popens.append(forked)
+                    continue
+                zygote = None  # the zygote is gone: exec the rest
             argv, executable, environment = exec_spec(command, custom, prefixes[rank], env)
             try:
                 popen = subprocess.Popen(
@@ -341,13 +360,30 @@ class WorkerDaemon:
             _kill(proc.popen)
 
 
+def _fork_worker(zygote: Zygote, command: list[str], env: dict[str, str]) -> Any:
+    """A worker forked by this host's zygote (``command`` as for exec), its stdin a pipe this
+    daemon holds (``--exit-with-stdin``: it exits when the daemon dies); None when the zygote
+    has gone."""
+    read_fd, write_fd = os.pipe()
+    try:
+        process = zygote.spawn(command[3:], target=FORKED_WORKER, env=env, stdin=read_fd)
+    except ZygoteUnavailableError as exc:
+        os.close(write_fd)
+        _log.warning("forking workers failed (%s); starting them with exec", exc)
+        return None
+    finally:
+        os.close(read_fd)
+    process.stdin = os.fdopen(write_fd, "wb", buffering=0)
+    return process
+
+
 def _kill_started(future: asyncio.Future[list[_DaemonProc]]) -> None:
     if not future.cancelled() and future.exception() is None:
         for proc in future.result():
             _kill(proc.popen)
 
 
-def _kill_all_of(popens: Sequence[subprocess.Popen[bytes]]) -> None:
+def _kill_all_of(popens: Sequence[Any]) -> None:
     for popen in popens:
         _kill(popen)
     for popen in popens:
@@ -359,7 +395,7 @@ def _kill_all_of(popens: Sequence[subprocess.Popen[bytes]]) -> None:
                     pipe.close()
 
 
-def _kill(popen: subprocess.Popen[bytes]) -> None:
+def _kill(popen: Any) -> None:
     if popen.poll() is None:
         with contextlib.suppress(OSError):
             popen.kill()

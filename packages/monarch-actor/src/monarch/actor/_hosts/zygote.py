@@ -16,9 +16,10 @@ Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
 - client -> zygote: ``{"target": "module:function", "argv": [...], "env": {...}}`` (``env``
   optional: the child's whole environment) with the write end of the worker's stdout pipe attached
-  (``SCM_RIGHTS``); the worker runs ``function(argv)`` (by default
-  ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with that pipe as its standard output and
-  ``/dev/null`` as its standard input, and exits with the integer it returns.
+  (``SCM_RIGHTS``), optionally followed by the read end of its stdin; the worker runs
+  ``function(argv)`` (by default ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with
+  that pipe as its standard output and the stdin given (else ``/dev/null``) as its standard
+  input, and exits with the integer it returns.
 - zygote -> client: ``{"spawned": PID}`` (or ``{"error": "..."}``) for each request, in request
   order, and ``{"exited": PID, "status": CODE}`` when a worker ends (``CODE`` as
   ``subprocess.Popen.returncode``: negative for a signal).
@@ -103,6 +104,7 @@ class ZygoteProcess:
         self._zygote = zygote
         self.pid = pid
         self.stdout: IO[bytes] | None = stdout
+        self.stdin: IO[bytes] | None = None  # the write end its spawner kept, if any
         self.returncode: int | None = None
         self._exited = threading.Event()
 
@@ -183,10 +185,13 @@ class Zygote:
         argv: Sequence[str],
         target: str = WORKER_TARGET,
         env: Mapping[str, str] | None = None,
+        stdin: int | None = None,
     ) -> ZygoteProcess:
         """Fork one process running ``target(argv)`` with ``env`` as its environment (the
-        zygote's when None); its stdout is the returned pipe."""
+        zygote's when None); its stdout is the returned pipe, its stdin the descriptor
+        ``stdin`` (the caller keeps and closes its own copy; ``/dev/null`` when None)."""
         read_fd, write_fd = os.pipe()
+        passed = [write_fd] if stdin is None else [write_fd, stdin]
         try:
             with self._lock:
                 if self._closed:
@@ -200,7 +205,7 @@ class Zygote:
                 try:
                     self._sock.sendmsg(
                         [message],
-                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_fd]))],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))],
                     )
                 except OSError as exc:
                     raise ZygoteUnavailableError(f"the zygote has gone: {exc}") from exc
@@ -301,7 +306,7 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
         if sock.fileno() not in ready:
             continue
         try:
-            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(4))
+            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(8))
         except OSError:
             return 0
         if not data:
@@ -317,8 +322,8 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
             env = request.get("env")
             if env is not None and not isinstance(env, dict):
                 raise ValueError("env must be an object")
-            if len(fds) != 1:
-                raise ValueError("expected exactly one stdout descriptor")
+            if len(fds) not in (1, 2):
+                raise ValueError("expected a stdout descriptor and at most a stdin one")
             if len(children) >= _MAX_CHILDREN:
                 raise ValueError(f"more than {_MAX_CHILDREN} workers")
             pid = fork_between_imports()
@@ -328,8 +333,10 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
             sock.send(json.dumps({"error": repr(exc)}).encode())
             continue
         if pid == 0:
-            _run_worker(sock, (wake_r, wake_w), fds[0], target, argv, env)
-        os.close(fds[0])
+            stdin_fd = fds[1] if len(fds) > 1 else None
+            _run_worker(sock, (wake_r, wake_w), fds[0], target, argv, env, stdin_fd)
+        for fd in fds:
+            os.close(fd)
         children.add(pid)
         sock.send(json.dumps({"spawned": pid}).encode())
 
@@ -341,6 +348,7 @@ def _run_worker(  # pragma: no cover - runs in a forked worker
     target: str,
     argv: list[str],
     env: dict[str, str] | None,
+    stdin_fd: int | None = None,
 ) -> None:
     code = 1
     try:
@@ -350,9 +358,9 @@ def _run_worker(  # pragma: no cover - runs in a forked worker
         sock.close()
         for fd in wake:
             os.close(fd)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
+        source = os.open(os.devnull, os.O_RDONLY) if stdin_fd is None else stdin_fd
+        os.dup2(source, 0)
+        os.close(source)
         os.dup2(stdout_fd, 1)
         os.close(stdout_fd)
         # The client's sys.std* may be anything (a notebook's stream, a test runner's capture):
