@@ -48,6 +48,13 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _environ(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes() + b"\0"
@@ -120,7 +127,8 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         assert sorted(node for node, _, _ in places) == ["n1", "n2"]
         assert where.add.call(2, 3).get(timeout=T).values() == [5, 5]
         actor_pids = [pid for _, _, pid in places]
-        loops = _processes_with(f"monarch.job._host_worker --port {port}", sys.executable)
+        matching = _processes_with(f"monarch.job._host_worker --port {port}", sys.executable)
+        loops = [pid for pid in matching if _parent(pid) not in matching]  # not their zygotes
         assert len(loops) == 2, loops  # one worker loop per node (the others are srun's)
         assert all(_alive(pid) for pid in actor_pids)
 
