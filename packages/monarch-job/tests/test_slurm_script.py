@@ -169,3 +169,38 @@ def test_the_job_pickles_without_its_attachments_and_keeps_its_allocation() -> N
     assert copy._addresses == job._addresses
     assert copy._attached == {}
     assert not copy.can_run(SlurmJob({"hosts": 3}, partition="p"))  # another spec: no query
+
+
+def test_batch_mode_starts_the_workers_in_the_background_and_runs_the_client() -> None:
+    job = SlurmJob({"hosts": 2}, python_exe="/opt/py", log_dir="/logs", monarch_port=4000)
+    script = job.batch_script("train", "train.py --lr '0.1 x'")
+    lines = script.splitlines()
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert lines[srun].endswith("-m monarch.job._host_worker --port 4000 --slurm-node-addr &")
+    assert lines[srun + 1 :] == [
+        "workers=$!",
+        "MONARCH_BATCH_JOB=1 /opt/py train.py --lr '0.1 x'",
+        "status=$?",
+        'kill "$workers" 2>/dev/null',
+        'wait "$workers"',
+        'exit "$status"',
+    ]
+    assert "exec srun" not in script
+    with pytest.raises(ValueError, match="client command"):
+        job.batch_script("train", "train.py 'x\nrm -rf /'")  # a quoted line break
+
+
+def test_a_batch_job_saved_before_submission_is_the_running_job_inside_its_allocation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = SlurmJob({"hosts": 2}, log_dir="/logs")
+    job._batch = True
+    saved = pickle.dumps(job)
+    assert pickle.loads(saved).job_id is None  # outside the allocation: not applied
+    monkeypatch.setenv("MONARCH_BATCH_JOB", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    inside = pickle.loads(saved)
+    assert inside.job_id == "77"
+    assert inside.active
+    job._batch = False
+    assert pickle.loads(pickle.dumps(job)).job_id is None  # only batch-mode saves

@@ -12,10 +12,18 @@ shared file system or side channel is needed. ``kill()`` ends what this client s
 gone. The job pickles as the job id and node list only: a later client process reconnects to
 the same allocation (``job_load`` then ``state()``) while the job runs.
 
+Batch mode (``apply(client_script="train.py --lr 0.1")``): the job is saved to
+``.monarch/job_state.pkl`` (in the submitting directory, which must be on a file system the
+first node shares) and the batch script starts the worker loops in the background, then runs
+``python_exe train.py --lr 0.1`` on the first node with ``MONARCH_BATCH_JOB=1``; there the saved
+job takes its allocation from ``$SLURM_JOB_ID``, so the client's ``SlurmJob(...).state()`` (or
+``job_load().state()``) attaches to the job it runs in. When the client exits, the script stops
+the worker loops and the job ends with the client's exit status. (A batch client should not call
+``kill()``: that cancels the allocation it runs in.)
+
 Differences from the reference: the worker loop speaks Chrysalis over UDP (``udp://``), not
 ``tcp://``; ``python_exe`` defaults to this interpreter (``sys.executable``) rather than
-``"python"``; ``share_node``/``clusterscope`` and the batch client mode (``apply(client_script)``)
-are not implemented (``NotImplementedError``).
+``"python"``; ``share_node``/``clusterscope`` are not implemented (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -31,7 +40,7 @@ from typing import Any, Final
 
 from monarch.actor import HostMesh
 from monarch.job._attach import attach_retrying
-from monarch.job._job import JobState, JobTrait
+from monarch.job._job import DEFAULT_JOB_PATH, JobState, JobTrait
 from monarch.job._slurm_text import (
     ACTIVE_STATES,
     SbatchSpec,
@@ -52,6 +61,13 @@ WORKER_START_TIMEOUT: Final = 120.0
 #: Seconds ``kill()`` waits for Slurm to stop listing a cancelled job.
 KILL_TIMEOUT: Final = 60.0
 _POLL_FIRST, _POLL_MAX = 0.1, 2.0
+#: Set (to ``1``) for the client a batch-mode job runs inside its allocation.
+BATCH_JOB_ENV: Final = "MONARCH_BATCH_JOB"
+
+
+def in_batch_job() -> bool:
+    """Whether this process is the client a batch-mode job runs (``MONARCH_BATCH_JOB=1``)."""
+    return os.environ.get(BATCH_JOB_ENV) == "1"
 
 
 class SlurmJob(JobTrait):
@@ -119,6 +135,7 @@ class SlurmJob(JobTrait):
         self._slurm_job_id: str | None = None
         self._all_hostnames: list[str] = []
         self._addresses: list[str] = []
+        self._batch = False  # saved by apply(client_script=...) for the client inside
         # this process's attachments (never pickled)
         self._attached: dict[str, HostMesh] = {}
         self.batch_script(self._unique_name())  # check every option now, not at apply()
@@ -131,6 +148,12 @@ class SlurmJob(JobTrait):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        batch_job = os.environ.get("SLURM_JOB_ID") if in_batch_job() else None
+        if self._slurm_job_id is None and self.__dict__.get("_batch") and batch_job:
+            # saved by apply(client_script=...) before submission; loaded by that client
+            # inside the allocation: this is the job it runs in
+            self._slurm_job_id = batch_job
+            self._status = "running"
 
     # -- the batch script -------------------------------------------------------------------------
     @property
@@ -149,8 +172,12 @@ class SlurmJob(JobTrait):
             argv += ["--ca", self._ca]
         return argv
 
-    def batch_script(self, unique_name: str) -> str:
-        """The script ``apply()`` submits (``ValueError`` for a bad option)."""
+    def batch_script(self, unique_name: str, client_script: str | None = None) -> str:
+        """The script ``apply()`` submits (``ValueError`` for a bad option); with
+        ``client_script`` (a script path and its arguments, shell-split), the batch-mode one."""
+        client = None
+        if client_script is not None:
+            client = (self._python_exe, *shlex.split(client_script))
         return sbatch_script(
             SbatchSpec(
                 job_name=unique_name,
@@ -168,16 +195,21 @@ class SlurmJob(JobTrait):
                 account=self._account,
                 qos=self._qos,
                 slurm_args=self._slurm_args,
+                client_argv=client,
             )
         )
 
     # -- engine hooks ---------------------------------------------------------------------------
     def _create(self, client_script: str | None) -> None:
-        if client_script is not None:
-            raise NotImplementedError("SlurmJob does not run client scripts (batch mode) here")
         name = self._unique_name()
-        script = self.batch_script(name)
+        script = self.batch_script(name, client_script)
         os.makedirs(self._log_dir, exist_ok=True)
+        if client_script is not None:  # the client inside the allocation loads it
+            self._batch = True
+            try:
+                self.dump(DEFAULT_JOB_PATH)
+            finally:
+                self._batch = False
         out = _run(["sbatch"], stdin=script)
         self._slurm_job_id = parse_job_id(out)
         self._all_hostnames = []

@@ -61,6 +61,9 @@ class SbatchSpec:
     account: str | None = None
     qos: str | None = None
     slurm_args: tuple[str, ...] = ()
+    #: Batch mode: the client command the script runs after starting the workers (None: the
+    #: script runs only the workers, and a client elsewhere attaches).
+    client_argv: tuple[str, ...] | None = None
 
 
 def _clean(what: str, value: str) -> str:
@@ -124,10 +127,29 @@ def sbatch_script(spec: SbatchSpec) -> str:
             raise ValueError(f"slurm_args entry {arg!r} is not an sbatch option (starts with -)")
         lines.append(f"#SBATCH {arg}")
     command = " ".join(shlex.quote(_clean("the worker command", a)) for a in spec.worker_argv)
+    srun = f"srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}"
+    if spec.client_argv is None:
+        lines += [
+            "",
+            "# one Monarch worker loop per allocated host; the job ends when they do",
+            f"exec {srun}",
+            "",
+        ]
+        return "\n".join(lines)
+    if not spec.client_argv:
+        raise ValueError("the client command is empty")
+    client = " ".join(shlex.quote(_clean("the client command", a)) for a in spec.client_argv)
     lines += [
         "",
-        "# one Monarch worker loop per allocated host; the job ends when they do",
-        f"exec srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}",
+        "# batch mode: one Monarch worker loop per allocated host in the background, the client",
+        "# here (its SlurmJob reconnects to this allocation); the job ends with the client",
+        f"{srun} &",
+        "workers=$!",
+        f"MONARCH_BATCH_JOB=1 {client}",
+        "status=$?",
+        'kill "$workers" 2>/dev/null',
+        'wait "$workers"',
+        'exit "$status"',
         "",
     ]
     return "\n".join(lines)
