@@ -255,7 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs = Path(os.environ.get("MONARCH_BENCH_SLURM_LOGS") or folder)
             records = _rounds_of(ROUNDS[mode], reference, logs)
     finally:
-        cluster.stop()
+        try:  # a cancelled job's slurmstepd is still cleaning up: let it end with its job
+            _wait_slurm_empty(30.0)
+        except BenchmarkError as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+        finally:
+            cluster.stop()
     figures = summarize(records)
     text = report(figures, meta, mode)
     print(text)
