@@ -1,8 +1,42 @@
-"""Shared test configuration: the Hypothesis profiles (the block below)."""
+"""Shared test configuration: the Slurm test cluster (one per session, for every module that
+asks for it) and the Hypothesis profiles (the block below)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
+import _slurm_cluster
+from _slurm_cluster import SlurmCluster, SlurmUnavailable
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmCluster]:
+    """A running test cluster; ``SLURM_CONF`` (for the Slurm commands) and ``PYTHONPATH`` (for
+    the workers, which inherit the submitter's environment) set while it runs."""
+    if sys.platform != "linux":
+        pytest.skip("the Slurm test cluster needs Linux")
+    try:
+        cluster = _slurm_cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no Slurm test cluster: {exc}")
+    saved = {key: os.environ.get(key) for key in ("SLURM_CONF", "PYTHONPATH")}
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    try:
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        cluster.stop()
 
 
 # --- Hypothesis profiles (issue 15). This block is the same in every tests/conftest.py of the

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from chrysalis.node._address import join_members, member_options
     from chrysalis.node._node import (
         ENUMERATION_ATTEMPTS,
         ENUMERATION_PAGE,
@@ -54,6 +55,8 @@ __all__ = [
     "NodeStatistics",
     "bind_carrier",
     "decode_ack",
+    "join_members",
+    "member_options",
 ]
 
 _NODE: Final = "chrysalis.node._node"
@@ -74,6 +77,8 @@ _LAZY: Final[Mapping[str, str]] = {
     "LinkSessions": _SESSIONS,
     "LinkSessionVersionError": _SESSIONS,
     "decode_ack": _SESSIONS,
+    "join_members": "chrysalis.node._address",
+    "member_options": "chrysalis.node._address",
 }
 """Where each public name is defined."""
 

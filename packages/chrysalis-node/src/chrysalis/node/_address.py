@@ -19,10 +19,18 @@ A bare ``host:port`` without a scheme, ``PID@address``, and any other query are 
 The module also contributes the ``udp`` and ``unix`` address resolvers to
 ``chrysalis.core``'s plugin registry (the ``chrysalis_address_resolvers`` hook), so any program
 can turn a join token into ``chrysalis.core.JoinSettings`` through the registry.
+
+Cluster URLs (``slurm://JOBID``, ``k8s://NAMESPACE/SERVICE``, ...): any other scheme is handed to
+the registry's resolver for it (``resolve_join_token``), which may name several *members* (the
+nodes of a job): ``JoinSettings.address`` is the first one (the job's root, which ``join`` and
+``ping`` use) and the ``members.N`` options list all of them as ``NAME=ADDRESS`` entries, comma
+separated, in chunks of at most ``MAX_OPTION_VALUE_LENGTH`` characters (``member_options`` writes
+them, ``join_members`` reads them back).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, final
@@ -39,6 +47,7 @@ from chrysalis.core import (
     PidPrefixError,
     hookimpl,
 )
+from chrysalis.core._plugin_types import MAX_JOIN_OPTIONS, MAX_OPTION_VALUE_LENGTH
 
 __all__ = [
     "AUTO_UNIX",
@@ -47,10 +56,13 @@ __all__ = [
     "JoinToken",
     "chrysalis_address_resolvers",
     "format_address",
+    "join_members",
+    "member_options",
     "parse_carrier",
     "parse_join_token",
     "parse_listen",
     "parse_pid_reference",
+    "resolve_join_token",
 ]
 
 MAX_TOKEN_LENGTH: Final = 4096
@@ -76,6 +88,9 @@ class JoinToken:
 
     address: DatagramAddr
     authority: Pid | None = None
+    #: Every node a cluster URL resolved to, ``(name, address)``, the root first; empty for a
+    #: plain join token.
+    members: tuple[tuple[str, DatagramAddr], ...] = ()
 
     def __str__(self) -> str:
         text = format_address(self.address)
@@ -190,6 +205,70 @@ def format_address(address: DatagramAddr) -> str:
     if address.scheme == UNIXGRAM_SCHEME:
         return "unix://" + text[len(UNIXGRAM_SCHEME) + 3 :]
     return text
+
+
+_MEMBERS: Final = "members."
+_MEMBER_NAME: Final = re.compile(r"[A-Za-z0-9._:\-]{1,253}")
+
+
+def member_options(members: Sequence[tuple[str, DatagramAddr]]) -> dict[str, str]:
+    """The ``members.N`` join options listing ``members`` (``(name, address)``, root first).
+
+    Names are 1 to 253 characters of ``[A-Za-z0-9._:-]``; ``ValueError`` for a bad name, an
+    address holding a comma, or more members than ``JoinSettings`` options can hold.
+    """
+    entries = []
+    for name, address in members:
+        if _MEMBER_NAME.fullmatch(name) is None:
+            raise ValueError(f"member name {_shown(name)} is not 1-253 of [A-Za-z0-9._:-]")
+        text = format_address(address)
+        if "," in text:
+            raise ValueError(f"member address {_shown(text)} holds a comma")
+        entries.append(f"{name}={text}")
+    chunks: list[str] = []
+    for entry in entries:
+        if chunks and len(chunks[-1]) + 1 + len(entry) <= MAX_OPTION_VALUE_LENGTH:
+            chunks[-1] += "," + entry
+        else:
+            chunks.append(entry)
+    if len(chunks) > MAX_JOIN_OPTIONS:
+        raise ValueError(f"{len(entries)} members do not fit in {MAX_JOIN_OPTIONS} join options")
+    return {f"{_MEMBERS}{index}": chunk for index, chunk in enumerate(chunks)}
+
+
+def join_members(settings: JoinSettings) -> tuple[tuple[str, DatagramAddr], ...]:
+    """The members a resolver listed in ``settings`` (see ``member_options``), or the one
+    address it names (``("", address)``) when it listed none. ``AddressSyntaxError`` for a
+    malformed entry."""
+    members: list[tuple[str, DatagramAddr]] = []
+    for index in range(MAX_JOIN_OPTIONS):
+        chunk = settings.options.get(f"{_MEMBERS}{index}")
+        if chunk is None:
+            break
+        for entry in chunk.split(","):
+            name, sep, text = entry.partition("=")
+            if not sep or _MEMBER_NAME.fullmatch(name) is None:
+                raise AddressSyntaxError(f"malformed member entry {_shown(entry)}")
+            members.append((name, parse_carrier(text)))
+    return tuple(members) if members else (("", settings.address),)
+
+
+def resolve_join_token(text: str) -> JoinToken:
+    """A join token (``parse_join_token``), or a URL of another scheme resolved by the plugin
+    registry's resolver for it (``slurm://JOBID``, ...): the token joins the first member and
+    lists all of them. ``AddressSyntaxError`` (one line) when no resolver serves the scheme or
+    the resolver fails."""
+    text = _check_text(text, "join token")
+    scheme, sep, _ = text.partition("://")
+    if not sep or scheme in _CARRIER_SCHEMES:
+        return parse_join_token(text)
+    from chrysalis.core import default_registry
+
+    try:
+        settings = default_registry().resolve_address(text)
+    except (LookupError, ValueError, RuntimeError, OSError) as exc:
+        raise AddressSyntaxError(f"{_shown(text)}: {exc}") from exc
+    return JoinToken(settings.address, settings.authority, join_members(settings))
 
 
 def _resolve(url: str) -> JoinSettings:

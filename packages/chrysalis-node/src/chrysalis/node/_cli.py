@@ -109,7 +109,7 @@ def _convert(parse: str, text: str) -> Any:
 
 
 def _token(text: str) -> JoinToken:
-    token: JoinToken = _convert("parse_join_token", text)
+    token: JoinToken = _convert("resolve_join_token", text)
     return token
 
 

@@ -391,6 +391,8 @@ async def wait_connected(node: Node, timeout: float, parent: DatagramAddr | None
 
 async def _client(args: argparse.Namespace, out: TextIO) -> int:
     token: JoinToken = args.token
+    if args.command == "ls" and len(token.members) > 1:
+        return await _ls_members(args, out, token)
     node, carriers = build_node(args, args.command, token, [None])
     try:
         async with node:
@@ -402,6 +404,32 @@ async def _client(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"{args.command} did not finish within {args.timeout:g} s") from None
     finally:
         carriers.cleanup()
+
+
+async def _ls_members(args: argparse.Namespace, out: TextIO, token: JoinToken) -> int:
+    """``ls`` of a cluster URL naming several roots (the worker loops of a job): a client
+    node joins each in turn and the table lists every entry found (but those clients), one
+    table."""
+    found: dict[Pid, ProcEntry] = {}
+    for _name, address in token.members:
+        node, carriers = build_node(args, args.command, JoinToken(address), [None])
+        try:
+            async with node:
+                await wait_connected(node, args.timeout, address)
+                entries = await asyncio.wait_for(node.enumerate(Consistency.REFRESH), args.timeout)
+                found.update((e.pid, e) for e in entries if e.pid != node.pid)
+        except TimeoutError:
+            raise CliError(
+                f"ls did not finish within {args.timeout:g} s at {format_address(address)}"
+            ) from None
+        finally:
+            carriers.cleanup()
+    ordered = sorted(found.values(), key=lambda item: item.pid)
+    if args.json:
+        _emit(out, json.dumps([entry_record(entry) for entry in ordered]))
+    else:
+        _emit(out, format_table(ordered, full=args.full))
+    return 0
 
 
 async def _client_command(node: Node, args: argparse.Namespace, out: TextIO) -> int:

@@ -4,8 +4,9 @@
 API-compatible with Meta Monarch's ``monarch.job``: ``JobTrait`` (the lifecycle every engine
 shares: ``apply``, ``state``, ``kill``, ``dump``/``dumps``, ``can_run``), ``JobState`` (the meshes
 by name), ``job_load``/``job_loads``, ``load_current_job``/``set_current_job``, ``LocalJob`` (this
-host) and ``ProcessJob`` (hosts as local worker-loop processes, optionally each in its own
-network namespace).
+host), ``ProcessJob`` (hosts as local worker-loop processes, optionally each in its own
+network namespace) and ``SlurmJob`` (nodes of a Slurm allocation). ``KubernetesJob`` (pods) is
+in ``monarch.job.kubernetes`` (the ``kubernetes`` extra).
 """
 
 from monarch.job._job import (
@@ -19,6 +20,7 @@ from monarch.job._job import (
     set_current_job,
 )
 from monarch.job._process import ProcessJob
+from monarch.job._slurm import SlurmJob
 from monarch.job._spec import MeshSpec
 
 __all__ = [
@@ -32,4 +34,5 @@ __all__ = [
     "job_loads",
     "load_current_job",
     "set_current_job",
+    "SlurmJob",
 ]

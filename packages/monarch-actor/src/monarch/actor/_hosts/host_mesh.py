@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Final
 
+from chrysalis.core import default_registry
+from chrysalis.node import join_members
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, Point, Shape, ShapedMesh
@@ -425,14 +427,16 @@ def attach_to_workers(
 ) -> HostMesh:
     """Attach the hosts whose worker loops (``run_worker_loop_forever``) listen at
     ``workers`` (``udp://HOST:PORT`` or Monarch's ``tcp://HOST:PORT``, the same over UDP; or
-    futures of them) and return them as an owned host
+    futures of them; or a cluster URL such as ``slurm://JOBID``, standing for the worker loops
+    that a Chrysalis address-resolver plugin finds for it) and return them as an owned host
     mesh with extent ``{hosts: len(workers)}``.
 
     Blocks until every host accepted (bounded by ``ATTACH_TIMEOUT``); ``RuntimeError`` naming
     the worker that could not be reached or refused (busy with another client); ``ValueError``
     for a malformed address or a ``ca`` that is not the client's cluster CA.
     """
-    resolved = [w.get(timeout=ATTACH_TIMEOUT) if isinstance(w, Future) else w for w in workers]
+    given = [w.get(timeout=ATTACH_TIMEOUT) if isinstance(w, Future) else w for w in workers]
+    resolved = [address for w in given for address in _cluster_members(w)]
     if not resolved:
         raise ValueError("attach_to_workers needs at least one worker address")
     if len(resolved) > MAX_HOSTS:
@@ -472,6 +476,20 @@ def attach_to_workers(
         layer.sessions.extend(sessions)
     shape = Shape.from_extent(Extent(["hosts"], [len(sessions)]))
     return HostMesh(shape, owned=True, name=name or "hosts", hosts=sessions)
+
+
+def _cluster_members(worker: str) -> list[str]:
+    """``worker`` itself, or the worker loops a cluster URL of another scheme names
+    (``slurm://JOBID``, ``k8s://NAMESPACE/SERVICE``: the resolvers that Chrysalis plugins, such
+    as monarch-job's, contribute to the plugin registry), in the resolver's order."""
+    scheme = worker.partition("://")[0] if "://" in worker else ""
+    if scheme in ("", "udp", "tcp"):
+        return [worker]
+    try:
+        settings = default_registry().resolve_address(worker)
+    except LookupError:  # no resolver for the scheme: the address check says what is accepted
+        return [worker]
+    return [str(address) for _name, address in join_members(settings)]
 
 
 def _check_client_ca(layer: ClientNodeLayer, ca: object) -> None:

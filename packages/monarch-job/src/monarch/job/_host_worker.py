@@ -1,0 +1,105 @@
+"""The worker loop a cluster engine starts on each of its hosts:
+``python -m monarch.job._host_worker --port PORT [--host HOST | --slurm-node-addr] [--ca DIR]``.
+
+Why this shape: a client attaches to ``udp://ADDRESS:PORT`` addresses it can compute from what
+the engine tells it (Slurm: the allocated nodes' ``NodeAddr``; Kubernetes: the pods' IPs), so
+each host's worker loop must listen on exactly that address, with no file or side channel
+carrying the address back. The host's address comes from, in order: ``--host``; under Slurm
+(``--slurm-node-addr``) the ``NodeAddr`` that ``scontrol`` reports for ``$SLURMD_NODENAME``
+(several nodes may share one machine, each with its own address); else ``$MONARCH_HOST_IP``
+(Kubernetes sets it from the pod's IP through the downward API); else the address the host
+name resolves to. It then runs ``monarch.actor.run_worker_loop_forever``, which ends when the
+client kills or shuts down the mesh, or when the engine signals the process. With
+``--ready-file`` (or ``$MONARCH_READY_FILE``) it creates that file once the loop listens, for a
+readiness probe (Kubernetes: a pod is Ready only when its worker loop can be attached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from monarch.actor import run_worker_loop_forever, start_worker_loop_forever
+from monarch.job._slurm_text import node_addrs
+
+_log = logging.getLogger("monarch.job.worker")
+
+#: Seconds a ``scontrol`` query of this node may take.
+SCONTROL_TIMEOUT = 30.0
+
+
+def slurm_node_addr() -> str:
+    """This Slurm node's ``NodeAddr`` (from ``$SLURMD_NODENAME`` and ``scontrol``)."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if not node:
+        raise RuntimeError("--slurm-node-addr outside a Slurm step: $SLURMD_NODENAME is not set")
+    done = subprocess.run(
+        ["scontrol", "show", "node", "-o", node],
+        capture_output=True,
+        text=True,
+        timeout=SCONTROL_TIMEOUT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"scontrol show node {node} failed: {done.stderr.strip()}")
+    return node_addrs(done.stdout, [node])[0]
+
+
+def host_address(host: str | None, slurm: bool) -> str:
+    """The IPv4 address this host's worker loop listens on (see the module docstring)."""
+    if host is None and slurm:
+        try:
+            host = slurm_node_addr()
+        except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as exc:
+            if not os.environ.get("SLURMD_NODENAME"):
+                raise
+            _log.warning("cannot read this node's NodeAddr (%s): using its host name", exc)
+    if host is None:
+        host = os.environ.get("MONARCH_HOST_IP") or socket.getfqdn()
+    try:
+        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+    except OSError as exc:
+        raise RuntimeError(f"cannot resolve this host's address {host!r}: {exc}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monarch.job._host_worker")
+    parser.add_argument("--port", type=int, required=True, help="the UDP port to listen on")
+    parser.add_argument("--host", default=None, help="the address to listen on")
+    parser.add_argument(
+        "--slurm-node-addr", action="store_true", help="listen on this Slurm node's NodeAddr"
+    )
+    parser.add_argument("--ca", default="trust_all_connections", help="the cluster CA directory")
+    parser.add_argument(
+        "--ready-file",
+        default=os.environ.get("MONARCH_READY_FILE"),
+        help="a file to create once the loop listens (a readiness probe tests it); "
+        "default $MONARCH_READY_FILE",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level, format="[monarch-host] %(name)s: %(message)s")
+    if not 0 < args.port < 65536:
+        parser.error(f"--port {args.port} is not a port")
+    address = f"udp://{host_address(args.host, args.slurm_node_addr)}:{args.port}"
+    _log.info("host %s: worker loop on %s", socket.gethostname(), address)
+    with contextlib.suppress(KeyboardInterrupt):
+        if args.ready_file is None:
+            run_worker_loop_forever(address=address, ca=args.ca)
+        else:
+            lifetime = start_worker_loop_forever(address=address, ca=args.ca)
+            Path(args.ready_file).write_text(f"{address}\n")
+            _log.info("listening; readiness file %s written", args.ready_file)
+            lifetime.get()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""``SlurmJob``: hosts from a Slurm cluster through the real ``sbatch``/``squeue``/``scontrol``/
+``scancel`` commands.
+
+Why this shape (Monarch's ``SlurmJob``, API-compatible): ``apply()`` submits ONE batch job for
+all meshes whose single ``srun`` step runs our worker loop (``python -m
+monarch.job._host_worker``) once on every allocated node, listening on the node's ``NodeAddr``
+and ``monarch_port``. ``state()`` waits until ``squeue`` says the job runs, asks ``scontrol``
+for the nodes' addresses, splits the nodes among the meshes in allocation order (the order of
+``SLURM_NODEID``) and attaches to ``udp://NODEADDR:PORT``: both sides compute the address, so no
+shared file system or side channel is needed. ``kill()`` ends what this client spawned there,
+``scancel``s the job and waits (bounded) until Slurm no longer lists it, so its processes are
+gone. The job pickles as the job id and node list only: a later client process reconnects to
+the same allocation (``job_load`` then ``state()``) while the job runs.
+
+Batch mode (``apply(client_script="train.py --lr 0.1")``): the job is saved to
+``.monarch/job_state.pkl`` (in the submitting directory, which must be on a file system the
+first node shares) and the batch script starts the worker loops in the background, then runs
+``python_exe train.py --lr 0.1`` on the first node with ``MONARCH_BATCH_JOB=1``; there the saved
+job takes its allocation from ``$SLURM_JOB_ID``, so the client's ``SlurmJob(...).state()`` (or
+``job_load().state()``) attaches to the job it runs in. When the client exits, the script stops
+the worker loops and the job ends with the client's exit status. (A batch client should not call
+``kill()``: that cancels the allocation it runs in.)
+
+Differences from the reference: the worker loop speaks Chrysalis over UDP (``udp://``), not
+``tcp://``; ``python_exe`` defaults to this interpreter (``sys.executable``) rather than
+``"python"``; ``share_node``/``clusterscope`` are not implemented (``NotImplementedError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from monarch.actor import HostMesh
+from monarch.job._attach import attach_retrying
+from monarch.job._job import DEFAULT_JOB_PATH, JobState, JobTrait
+from monarch.job._slurm_text import (
+    ACTIVE_STATES,
+    SbatchSpec,
+    node_addrs,
+    parse_job_id,
+    parse_squeue,
+    sbatch_script,
+)
+
+__all__ = ["SlurmJob"]
+
+_log = logging.getLogger("monarch.job.slurm")
+
+#: Seconds one Slurm command may take.
+COMMAND_TIMEOUT: Final = 60.0
+#: Seconds ``state()`` waits for the worker loops of a running job to accept the client.
+WORKER_START_TIMEOUT: Final = 120.0
+#: Seconds ``kill()`` waits for Slurm to stop listing a cancelled job.
+KILL_TIMEOUT: Final = 60.0
+_POLL_FIRST, _POLL_MAX = 0.1, 2.0
+#: Set (to ``1``) for the client a batch-mode job runs inside its allocation.
+BATCH_JOB_ENV: Final = "MONARCH_BATCH_JOB"
+
+
+def in_batch_job() -> bool:
+    """Whether this process is the client a batch-mode job runs (``MONARCH_BATCH_JOB=1``)."""
+    return os.environ.get(BATCH_JOB_ENV) == "1"
+
+
+class SlurmJob(JobTrait):
+    """A job whose meshes are nodes of a Slurm allocation (see the module docstring).
+
+    ``meshes`` maps mesh names to node counts; the other options become ``#SBATCH``
+    directives (``slurm_args``: extra ones, each starting with ``-``). ``job_start_timeout``
+    bounds the wait for the job to start running (None: wait as long as it queues).
+    ``ca``: the cluster CA directory the workers and the client share (on a shared file system;
+    ``"trust_all_connections"``: the development CA).
+    """
+
+    def __init__(
+        self,
+        meshes: dict[str, int],
+        python_exe: str | None = None,
+        slurm_args: Sequence[str] = (),
+        monarch_port: int = 22222,
+        job_name: str = "monarch_job",
+        ntasks_per_node: int = 1,
+        time_limit: str | None = None,
+        partition: str | None = None,
+        log_dir: str | None = None,
+        exclusive: bool = True,
+        gpus_per_node: int | None = None,
+        cpus_per_task: int | None = None,
+        mem: str | None = None,
+        job_start_timeout: int | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        bind_to: str | None = None,
+        ca: str = "trust_all_connections",
+    ) -> None:
+        super().__init__()
+        if not meshes:
+            raise ValueError("SlurmJob needs at least one mesh")
+        for name, count in meshes.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"mesh name {name!r} is not an identifier")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"mesh {name!r} needs a positive number of nodes, got {count!r}")
+        if not 0 < monarch_port < 65536:
+            raise ValueError(f"monarch_port {monarch_port} is not a port")
+        if isinstance(slurm_args, str):
+            raise TypeError("slurm_args is a sequence of options, not one str")
+        self._meshes = dict(meshes)
+        self._python_exe = python_exe or sys.executable
+        self._slurm_args = tuple(slurm_args)
+        self._port = monarch_port
+        self._job_name = job_name
+        self._ntasks_per_node = ntasks_per_node
+        self._time_limit = time_limit
+        self._partition = partition
+        self._log_dir = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
+        self._exclusive = exclusive
+        self._gpus_per_node = gpus_per_node
+        self._cpus_per_task = cpus_per_task
+        self._mem = mem
+        self._job_start_timeout = job_start_timeout
+        self._account = account
+        self._qos = qos
+        self._bind_to = bind_to
+        self._ca = ca
+        # the allocation (pickled)
+        self._slurm_job_id: str | None = None
+        self._all_hostnames: list[str] = []
+        self._addresses: list[str] = []
+        self._batch = False  # saved by apply(client_script=...) for the client inside
+        # this process's attachments (never pickled)
+        self._attached: dict[str, HostMesh] = {}
+        self.batch_script(self._unique_name())  # check every option now, not at apply()
+
+    # -- pickling -------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_attached"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        batch_job = os.environ.get("SLURM_JOB_ID") if in_batch_job() else None
+        if self._slurm_job_id is None and self.__dict__.get("_batch") and batch_job:
+            # saved by apply(client_script=...) before submission; loaded by that client
+            # inside the allocation: this is the job it runs in
+            self._slurm_job_id = batch_job
+            self._status = "running"
+
+    # -- the batch script -------------------------------------------------------------------------
+    @property
+    def job_id(self) -> str | None:
+        """The Slurm job id once applied."""
+        return self._slurm_job_id
+
+    def _unique_name(self) -> str:
+        return f"{self._job_name}_{os.getpid()}"
+
+    def worker_argv(self) -> list[str]:
+        """The command ``srun`` runs once on every node."""
+        argv = [self._python_exe, "-m", "monarch.job._host_worker", "--port", str(self._port)]
+        argv += ["--host", self._bind_to] if self._bind_to else ["--slurm-node-addr"]
+        if self._ca != "trust_all_connections":
+            argv += ["--ca", self._ca]
+        return argv
+
+    def batch_script(self, unique_name: str, client_script: str | None = None) -> str:
+        """The script ``apply()`` submits (``ValueError`` for a bad option); with
+        ``client_script`` (a script path and its arguments, shell-split), the batch-mode one."""
+        client = None
+        if client_script is not None:
+            client = (self._python_exe, *shlex.split(client_script))
+        return sbatch_script(
+            SbatchSpec(
+                job_name=unique_name,
+                nodes=sum(self._meshes.values()),
+                worker_argv=tuple(self.worker_argv()),
+                output=os.path.join(self._log_dir, f"slurm_%j_{unique_name}.out"),
+                error=os.path.join(self._log_dir, f"slurm_%j_{unique_name}.err"),
+                ntasks_per_node=self._ntasks_per_node,
+                time_limit=self._time_limit,
+                partition=self._partition,
+                exclusive=self._exclusive,
+                gpus_per_node=self._gpus_per_node,
+                cpus_per_task=self._cpus_per_task,
+                mem=self._mem,
+                account=self._account,
+                qos=self._qos,
+                slurm_args=self._slurm_args,
+                client_argv=client,
+            )
+        )
+
+    # -- engine hooks ---------------------------------------------------------------------------
+    def _create(self, client_script: str | None) -> None:
+        name = self._unique_name()
+        script = self.batch_script(name, client_script)
+        os.makedirs(self._log_dir, exist_ok=True)
+        if client_script is not None:  # the client inside the allocation loads it
+            self._batch = True
+            try:
+                self.dump(DEFAULT_JOB_PATH)
+            finally:
+                self._batch = False
+        out = _run(["sbatch"], stdin=script)
+        self._slurm_job_id = parse_job_id(out)
+        self._all_hostnames = []
+        self._addresses = []
+        _log.info(
+            "submitted Slurm job %s (%d nodes); logs in %s",
+            self._slurm_job_id,
+            sum(self._meshes.values()),
+            os.path.join(self._log_dir, f"slurm_{self._slurm_job_id}_{name}.out"),
+        )
+
+    def _state(self) -> JobState:
+        job_id = self._require_job_id()
+        if not self._addresses:
+            self._all_hostnames = self._wait_running(job_id)
+            names = ",".join(self._all_hostnames)
+            addrs = node_addrs(_run(["scontrol", "show", "node", "-o", names]), self._all_hostnames)
+            self._addresses = [f"udp://{a}:{self._port}" for a in addrs]
+        meshes: dict[str, HostMesh] = {}
+        index = 0
+        try:
+            for name, count in self._meshes.items():
+                workers = self._addresses[index : index + count]
+                index += count
+                meshes[name] = self._attach(job_id, name, workers)
+        except BaseException:
+            for mesh in meshes.values():
+                with contextlib.suppress(Exception):
+                    mesh.stop().get(timeout=10)
+            raise
+        self._attached.update(meshes)
+        return JobState(meshes)
+
+    def _kill(self) -> None:
+        for mesh in self._attached.values():
+            with contextlib.suppress(Exception):
+                mesh.kill().get(timeout=10)
+        self._attached.clear()
+        job_id = self._slurm_job_id
+        if job_id is None:
+            return
+        try:
+            _run(["scancel", job_id])
+        except RuntimeError as exc:
+            _log.warning("scancel %s: %s", job_id, exc)
+        deadline = time.monotonic() + KILL_TIMEOUT
+        interval = _POLL_FIRST
+        while self._still_running(job_id):  # RUNNING/COMPLETING while its processes are killed
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Slurm job {job_id} is still listed {KILL_TIMEOUT:g} s after scancel"
+                )
+            time.sleep(interval)
+            interval = min(interval * 2, _POLL_MAX)
+        _log.info("Slurm job %s cancelled; its processes are gone", job_id)
+        self._slurm_job_id = None
+        self._all_hostnames = []
+        self._addresses = []
+
+    def can_run(self, spec: JobTrait) -> bool:
+        return (
+            isinstance(spec, SlurmJob)
+            and spec._meshes == self._meshes
+            and spec._python_exe == self._python_exe
+            and spec._port == self._port
+            and spec._slurm_args == self._slurm_args
+            and spec._job_name == self._job_name
+            and spec._ntasks_per_node == self._ntasks_per_node
+            and spec._time_limit == self._time_limit
+            and spec._partition == self._partition
+            and spec._gpus_per_node == self._gpus_per_node
+            and spec._cpus_per_task == self._cpus_per_task
+            and spec._mem == self._mem
+            and spec._account == self._account
+            and spec._qos == self._qos
+            and spec._bind_to == self._bind_to
+            and spec._ca == self._ca
+            and self._job_active()
+        )
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _require_job_id(self) -> str:
+        if self._slurm_job_id is None:
+            raise RuntimeError("the Slurm job was not submitted (apply() first)")
+        return self._slurm_job_id
+
+    def _squeue(self, job_id: str) -> tuple[str, str] | None:
+        try:
+            return parse_squeue(_run(["squeue", "-h", "-j", job_id, "-o", "%T|%N"]))
+        except RuntimeError as exc:
+            if "Invalid job id" in str(exc):  # purged from the controller: long gone
+                return None
+            raise
+
+    def _still_running(self, job_id: str) -> bool:
+        listed = self._squeue(job_id)
+        return listed is not None and (listed[0] in ACTIVE_STATES or listed[0] == "COMPLETING")
+
+    def _job_active(self) -> bool:
+        if self._slurm_job_id is None:
+            return False
+        listed = self._squeue(self._slurm_job_id)
+        return listed is not None and listed[0] in ACTIVE_STATES
+
+    def _wait_running(self, job_id: str) -> list[str]:
+        """The allocated node names once the job runs (bounded by ``job_start_timeout``)."""
+        timeout = self._job_start_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        interval = _POLL_FIRST
+        while True:
+            listed = self._squeue(job_id)
+            if listed is None:
+                raise RuntimeError(f"Slurm job {job_id} is no longer listed by squeue")
+            state, nodelist = listed
+            if state == "RUNNING" and nodelist:
+                names = _run(["scontrol", "show", "hostnames", nodelist]).split()
+                expected = sum(self._meshes.values())
+                if len(names) != expected:
+                    raise RuntimeError(
+                        f"Slurm job {job_id} runs on {len(names)} nodes ({nodelist}), "
+                        f"not the {expected} asked for"
+                    )
+                _log.info("Slurm job %s runs on %s", job_id, nodelist)
+                return names
+            if state not in ACTIVE_STATES:
+                raise RuntimeError(f"Slurm job {job_id} ended before running: {state}")
+            if deadline is not None and time.monotonic() > deadline:
+                self._kill()
+                raise RuntimeError(
+                    f"Slurm job {job_id} did not start within {timeout} s (state {state}); "
+                    "it was cancelled"
+                )
+            time.sleep(interval)  # squeue has no notification: poll with back-off
+            interval = min(interval * 2, _POLL_MAX)
+
+    def _attach(self, job_id: str, name: str, workers: list[str]) -> HostMesh:
+        return attach_retrying(
+            name,
+            workers,
+            ca=self._ca,
+            alive=self._job_active,
+            timeout=WORKER_START_TIMEOUT,
+            where=f"Slurm job {job_id} (logs in {self._log_dir})",
+        )
+
+
+def _run(argv: list[str], stdin: str | None = None) -> str:
+    """Run a Slurm command; its stdout, or ``RuntimeError`` with its stderr."""
+    try:
+        done = subprocess.run(
+            argv,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise RuntimeError(
+            f"{argv[0]} is not installed (SlurmJob needs the Slurm commands)"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"{' '.join(argv)} did not answer within {COMMAND_TIMEOUT:g} s"
+        ) from None
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout

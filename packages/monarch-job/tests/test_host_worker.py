@@ -1,0 +1,64 @@
+"""The engines' shared pieces without an engine: the worker loop's choice of address, and the
+attach helper's check of which worker ports still refuse."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from monarch.job._attach import refused, wait_listening
+from monarch.job._host_worker import host_address, main
+
+
+def test_the_host_address_comes_from_the_flag_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MONARCH_HOST_IP", "127.0.0.7")
+    assert host_address("127.0.0.9", slurm=False) == "127.0.0.9"
+    assert host_address(None, slurm=False) == "127.0.0.7"
+    assert host_address("localhost", slurm=False) == "127.0.0.1"  # names are resolved
+    with pytest.raises(RuntimeError, match="cannot resolve"):
+        host_address("no-such-host.invalid", slurm=False)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    with pytest.raises(RuntimeError, match="outside a Slurm step"):
+        host_address(None, slurm=True)
+
+
+def test_a_bad_port_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--port", "0"])
+    assert "is not a port" in capsys.readouterr().err
+
+
+def test_only_closed_udp_ports_are_refused() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as open_:
+        open_.bind(("127.0.0.1", 0))
+        listening = f"udp://127.0.0.1:{open_.getsockname()[1]}"
+        closed_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        closed_sock.bind(("127.0.0.1", 0))
+        closed = f"udp://127.0.0.1:{closed_sock.getsockname()[1]}"
+        closed_sock.close()
+        assert refused([listening, closed]) == [closed]
+        assert wait_listening([closed], timeout=0.3) == [closed]
+
+        reopened = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        port = int(closed.rpartition(":")[2])
+        timer = threading.Timer(0.2, lambda: reopened.bind(("127.0.0.1", port)))
+        timer.start()
+        try:
+            assert wait_listening([closed, listening], timeout=10) == []
+        finally:
+            timer.join()
+            reopened.close()
+
+
+def test_under_slurm_without_scontrol_the_host_name_is_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "n9")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol
+    monkeypatch.setenv("MONARCH_HOST_IP", "127.0.0.8")
+    assert host_address(None, slurm=True) == "127.0.0.8"
+    assert "cannot read this node's NodeAddr" in caplog.text

@@ -1,0 +1,186 @@
+"""``SlurmJob`` against a real Slurm cluster started by the tests (``_slurm_cluster``: Debian's
+slurm-wlm and munge, one controller and two ``slurmd`` node names, ``n1`` and ``n2``, on this
+machine, torn down at the end). Skipped, with the reason, where that cluster cannot start.
+
+One job of two hosts: a second client process reconnects to the allocation from the saved job
+and runs actors on both nodes, then this process attaches, runs actors on both nodes, loses one
+node (its worker loop killed: a supervision error at the client), kills the job, and checks that
+Slurm lists no job and that no process of the job is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import monarch.actor
+from monarch.actor import SupervisionError
+from monarch.job import SlurmJob, job_load
+
+sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
+from _slurm_cluster import SlurmCluster
+from cluster_actors import Where
+
+T = 60.0
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes() + b"\0"
+    except OSError:
+        return b""
+
+
+def _processes_with(marker: str, program: str | None = None) -> list[int]:
+    """Live processes whose command line contains ``marker`` (and whose program is
+    ``program``, when given)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            cmdline = b" ".join(argv).decode(errors="replace")
+            if program is not None and argv[0].decode(errors="replace") != program:
+                continue
+            if marker in cmdline and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+RECONNECT = textwrap.dedent("""
+    import json, sys
+    from monarch.job import job_load
+    from cluster_actors import Where
+    job = job_load(sys.argv[1])
+    hosts = job.state(cached_path=None).hosts
+    where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
+    print(json.dumps(sorted(n for n, _, _ in where.where.call().get(timeout=60).values())))
+""")
+
+
+def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _free_udp_port()
+    job = SlurmJob(
+        {"hosts": 2},
+        monarch_port=port,
+        log_dir=str(tmp_path),
+        exclusive=False,
+        time_limit="00:10:00",
+        job_start_timeout=60,
+        job_name="monarch_test",
+    )
+    job.apply()
+    job_id = job.job_id
+    assert job_id is not None
+    try:
+        saved = tmp_path / "job.pkl"
+        job.dump(str(saved))
+        assert job_load(str(saved)).can_run(job)  # the allocation lives: a later client may use it
+
+        other = subprocess.run(
+            [sys.executable, "-c", RECONNECT, str(saved)],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        logs = "\n".join(p.read_text() for p in tmp_path.glob("slurm_*"))
+        assert other.returncode == 0, f"{other.stderr[-3000:]}\n{logs[-2000:]}"
+        assert json.loads(other.stdout.strip().splitlines()[-1]) == ["n1", "n2"]
+
+        hosts = job.state(cached_path=None).hosts
+        assert hosts.extent.sizes == [2]
+        where: Any = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
+        places = where.where.call().get(timeout=T).values()
+        assert sorted(node for node, _, _ in places) == ["n1", "n2"]
+        assert where.add.call(2, 3).get(timeout=T).values() == [5, 5]
+        actor_pids = [pid for _, _, pid in places]
+        matching = _processes_with(f"monarch.job._host_worker --port {port}", sys.executable)
+        loops = [pid for pid in matching if _parent(pid) not in matching]  # not their zygotes
+        assert len(loops) == 2, loops  # one worker loop per node (the others are srun's)
+        assert all(_alive(pid) for pid in actor_pids)
+
+        # node n2 is lost (its worker loop killed): the fault reaches the client (here its
+        # unhandled-fault hook, which by default interrupts the main thread) and calls fail
+        faults: list[Any] = []
+        heard = threading.Event()
+
+        def hook(failure: Any) -> None:
+            faults.append(failure)
+            heard.set()
+
+        monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", hook)
+        (lost,) = [pid for pid in loops if b"SLURMD_NODENAME=n2\0" in _environ(pid)]
+        os.kill(lost, signal.SIGKILL)
+        assert heard.wait(T), "no supervision event reached the client after a node was lost"
+        assert "was lost" in faults[0].report()
+        with pytest.raises(SupervisionError, match="was lost"):
+            where.where.call().get(timeout=T)
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
+    assert not job.can_run(job)
+    assert [pid for pid in actor_pids if _alive(pid)] == []
+    assert _processes_with(f"--port {port}") == []
+
+
+def test_a_job_slurm_refuses_fails_apply_with_sbatch_s_reason(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = SlurmJob({"hosts": 3}, log_dir=str(tmp_path), exclusive=False)  # the cluster has 2
+    with pytest.raises(RuntimeError, match=r"sbatch failed.*submission failed"):
+        job.apply()
+    assert not job.active
+
+
+def test_a_job_that_does_not_start_in_time_is_cancelled(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = SlurmJob(
+        {"hosts": 1},
+        log_dir=str(tmp_path),
+        exclusive=False,
+        slurm_args=["--begin=now+1hour"],  # stays PENDING
+        job_start_timeout=1,
+    )
+    job.apply()
+    job_id = job.job_id
+    assert job_id is not None
+    try:
+        with pytest.raises(RuntimeError, match=f"Slurm job {job_id} did not start within 1 s"):
+            job.state(cached_path=None)
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""

@@ -1,0 +1,206 @@
+"""``SlurmJob``'s batch script and its reading of the Slurm commands' output, without Slurm
+(the sans-IO ``_slurm_text`` and the script ``SlurmJob`` builds from its options)."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from monarch.job import SlurmJob
+from monarch.job._slurm_text import (
+    SbatchSpec,
+    node_addrs,
+    parse_job_id,
+    parse_squeue,
+    sbatch_script,
+)
+
+
+def _spec(**changes: object) -> SbatchSpec:
+    fields: dict[str, object] = {
+        "job_name": "j",
+        "nodes": 2,
+        "worker_argv": ("python", "-m", "w"),
+        "output": "/l/o",
+        "error": "/l/e",
+    }
+    fields.update(changes)
+    return SbatchSpec(**fields)  # type: ignore[arg-type]
+
+
+def _directives(script: str) -> list[str]:
+    return [
+        line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")
+    ]
+
+
+def test_every_option_becomes_its_directive_and_srun_runs_one_worker_per_node() -> None:
+    job = SlurmJob(
+        {"trainers": 2, "dataloaders": 1},
+        python_exe="/opt/py/bin/python",
+        slurm_args=["--constraint=a100", "--reservation=r1"],
+        monarch_port=23456,
+        job_name="train",
+        time_limit="01:30:00",
+        partition="gpu",
+        log_dir="/logs",
+        gpus_per_node=8,
+        cpus_per_task=16,
+        mem="200G",
+        account="acct",
+        qos="high",
+    )
+    script = job.batch_script("train_7")
+    assert script.startswith("#!/bin/bash\n")
+    assert _directives(script) == [
+        "--job-name=train_7",
+        "--nodes=3",
+        "--ntasks-per-node=1",
+        "--output=/logs/slurm_%j_train_7.out",
+        "--error=/logs/slurm_%j_train_7.err",
+        "--time=01:30:00",
+        "--partition=gpu",
+        "--gpus-per-node=8",
+        "--cpus-per-task=16",
+        "--mem=200G",
+        "--account=acct",
+        "--qos=high",
+        "--exclusive",
+        "--constraint=a100",
+        "--reservation=r1",
+    ]
+    srun = [line for line in script.splitlines() if "srun" in line]
+    assert srun == [
+        "exec srun --nodes=3 --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/py/bin/python -m "
+        "monarch.job._host_worker --port 23456 --slurm-node-addr"
+    ]
+
+
+def test_defaults_add_no_optional_directive_and_bind_to_and_ca_reach_the_worker() -> None:
+    job = SlurmJob({"hosts": 1}, exclusive=False, bind_to="10.0.0.5", ca="/shared/ca")
+    assert [d.split("=")[0] for d in _directives(job.batch_script("x"))] == [
+        "--job-name", "--nodes", "--ntasks-per-node", "--output", "--error",
+    ]  # fmt: skip
+    assert job.worker_argv() == [
+        sys.executable, "-m", "monarch.job._host_worker", "--port", "22222",
+        "--host", "10.0.0.5", "--ca", "/shared/ca",
+    ]  # fmt: skip
+
+
+def test_arguments_are_shell_quoted() -> None:
+    script = sbatch_script(_spec(worker_argv=("/my dir/python", "-c", "print('$HOME')")))
+    assert script.splitlines()[-1].endswith("'/my dir/python' -c 'print('\"'\"'$HOME'\"'\"')'")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"partition": "gpu\nrm -rf /"}, "line break"),
+        ({"job_name": "a\rb"}, "line break"),
+        ({"slurm_args": ("--x=1\necho hi",)}, "line break"),
+        ({"slurm_args": ("constraint=a100",)}, "not an sbatch option"),
+        ({"nodes": 0}, "positive"),
+        ({"gpus_per_node": 0}, "positive"),
+        ({"worker_argv": ()}, "empty"),
+        ({"mem": ""}, "1 to"),
+        ({"slurm_args": ("-x",) * 257}, "at most"),
+    ],
+)
+def test_bad_options_are_refused_with_the_reason(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sbatch_script(_spec(**changes))
+
+
+def test_a_bad_option_fails_at_construction_not_at_apply() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        SlurmJob({"hosts": 1}, qos="a\nb")
+    with pytest.raises(ValueError, match="positive number of nodes"):
+        SlurmJob({"hosts": 0})
+    with pytest.raises(ValueError, match="identifier"):
+        SlurmJob({"my hosts": 1})
+    with pytest.raises(ValueError, match="not a port"):
+        SlurmJob({"hosts": 1}, monarch_port=70000)
+    with pytest.raises(TypeError, match="sequence"):
+        SlurmJob({"hosts": 1}, slurm_args="--exclusive")
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_no_value_can_add_a_line_to_the_script(value: str) -> None:
+    try:
+        script = sbatch_script(_spec(partition=value, slurm_args=("-" + value,)))
+    except ValueError:
+        assert any((c.isspace() and c != " ") or ord(c) < 32 or ord(c) == 127 for c in value)
+        return
+    assert len(script.splitlines()) == len(sbatch_script(_spec()).splitlines()) + 2
+
+
+def test_the_job_id_and_the_queue_state_are_read() -> None:
+    assert parse_job_id("Submitted batch job 4711\n") == "4711"
+    assert parse_job_id("4712;cluster\n") == "4712"
+    with pytest.raises(ValueError, match="no job id"):
+        parse_job_id("sbatch: error: Batch job submission failed")
+    assert parse_squeue("RUNNING|n[1-2]\n") == ("RUNNING", "n[1-2]")
+    assert parse_squeue("PENDING|\n") == ("PENDING", "")
+    assert parse_squeue("") is None
+
+
+def test_node_addresses_come_in_the_asked_order() -> None:
+    out = (
+        "NodeName=n2 Arch=x86_64 NodeAddr=10.0.0.3 NodeHostName=b OS=Linux 6.1 #1 SMP\n"
+        "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.2 NodeHostName=a\n"
+        "NodeName=n3 Arch=x86_64 NodeHostName=c\n"
+    )
+    assert node_addrs(out, ["n1", "n2", "n3"]) == ["10.0.0.2", "10.0.0.3", "n3"]
+    with pytest.raises(ValueError, match="n4"):
+        node_addrs(out, ["n1", "n4"])
+
+
+def test_the_job_pickles_without_its_attachments_and_keeps_its_allocation() -> None:
+    job = SlurmJob({"hosts": 2}, partition="p")
+    job._slurm_job_id = "12"
+    job._addresses = ["udp://10.0.0.2:22222", "udp://10.0.0.3:22222"]
+    job._attached = {"hosts": object()}  # type: ignore[dict-item]
+    copy = pickle.loads(pickle.dumps(job))
+    assert copy.job_id == "12"
+    assert copy._addresses == job._addresses
+    assert copy._attached == {}
+    assert not copy.can_run(SlurmJob({"hosts": 3}, partition="p"))  # another spec: no query
+
+
+def test_batch_mode_starts_the_workers_in_the_background_and_runs_the_client() -> None:
+    job = SlurmJob({"hosts": 2}, python_exe="/opt/py", log_dir="/logs", monarch_port=4000)
+    script = job.batch_script("train", "train.py --lr '0.1 x'")
+    lines = script.splitlines()
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert lines[srun].endswith("-m monarch.job._host_worker --port 4000 --slurm-node-addr &")
+    assert lines[srun + 1 :] == [
+        "workers=$!",
+        "MONARCH_BATCH_JOB=1 /opt/py train.py --lr '0.1 x'",
+        "status=$?",
+        'kill "$workers" 2>/dev/null',
+        'wait "$workers"',
+        'exit "$status"',
+    ]
+    assert "exec srun" not in script
+    with pytest.raises(ValueError, match="client command"):
+        job.batch_script("train", "train.py 'x\nrm -rf /'")  # a quoted line break
+
+
+def test_a_batch_job_saved_before_submission_is_the_running_job_inside_its_allocation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = SlurmJob({"hosts": 2}, log_dir="/logs")
+    job._batch = True
+    saved = pickle.dumps(job)
+    assert pickle.loads(saved).job_id is None  # outside the allocation: not applied
+    monkeypatch.setenv("MONARCH_BATCH_JOB", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    inside = pickle.loads(saved)
+    assert inside.job_id == "77"
+    assert inside.active
+    job._batch = False
+    assert pickle.loads(pickle.dumps(job)).job_id is None  # only batch-mode saves
