@@ -7,6 +7,7 @@ through a real mesh of worker processes, over direct lanes and with every messag
 from __future__ import annotations
 
 import ctypes
+import mmap
 import pickle
 import subprocess
 import sys
@@ -140,6 +141,18 @@ def test_the_receiver_rebuilds_over_the_received_bytearray_without_a_copy() -> N
     assert torch.frombuffer(received[0], dtype=torch.float32)[0] == 123.0
 
 
+def test_the_receiver_rebuilds_over_a_received_mapping_without_a_copy() -> None:
+    tensor = make((1 << 16,), torch.float64)
+    payload = encode(tensor)
+    mapping = mmap.mmap(-1, payload.buffers[0].nbytes)
+    mapping[:] = payload.buffers[0]
+    rebuilt = decode(payload.data, [mapping], payload.kinds)
+    assert_same(rebuilt, tensor)
+    assert rebuilt.data_ptr() == ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    del mapping  # the tensor keeps the memory alive
+    assert_same(rebuilt, tensor)
+
+
 def test_a_read_only_received_buffer_is_copied_into_a_writable_tensor() -> None:
     tensor = make((1 << 12,), torch.int32)
     payload = encode(tensor)
@@ -251,6 +264,15 @@ def test_round_trip_through_worker_processes(echo: Any, case: Any) -> None:
         assert total == pytest.approx(expected_sum)
     back = echo.slice(gpus=1).echo.call_one(tensor).get(timeout=T)
     assert_same(back, tensor)
+
+
+def test_numpy_arrays_still_round_trip_through_worker_processes(echo: Any) -> None:
+    np = pytest.importorskip("numpy")
+    array = np.arange(300_000, dtype=np.float64).reshape(600, 500)  # 2.4 MB: shared memory
+    back = echo.slice(gpus=0).echo.call_one(array).get(timeout=T)
+    assert back.dtype == array.dtype
+    assert (back == array).all()
+    back[0, 0] = -1.0  # writable on arrival
 
 
 def test_identity_and_aliasing_through_a_worker(echo: Any) -> None:

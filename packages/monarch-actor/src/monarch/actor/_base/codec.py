@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copyreg
 import io
+import mmap
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ __all__ = [
     "MAX_BUFFERS",
     "OOB_THRESHOLD",
     "Payload",
+    "ReceivedBuffer",
     "decode",
     "detach_buffers",
     "encode",
@@ -68,6 +70,10 @@ MAX_BUFFERS = 1024
 
 KIND_READONLY = 1
 KIND_PERSISTENT = 2
+
+#: A buffer as a transport hands it to the receiver, receiver-owned: ``bytes`` for a read-only
+#: one, ``bytearray`` or a private anonymous ``mmap`` for a writable one.
+ReceivedBuffer = bytes | bytearray | mmap.mmap
 
 _SCAN_DEPTH = 3
 _SCAN_WIDTH = 64
@@ -297,7 +303,7 @@ def decode(data: bytes | memoryview, buffers: Sequence[object] = (), kinds: byte
     return _Unpickler(io.BytesIO(data), buffers, native).load()
 
 
-def detach_buffers(buffers: Sequence[memoryview], kinds: bytes) -> list[bytes | bytearray]:
+def detach_buffers(buffers: Sequence[memoryview], kinds: bytes) -> list[ReceivedBuffer]:
     """Copy sender-side buffer views into receiver-owned objects (one copy each).
 
     Read-only buffers become ``bytes`` (so a ``bytes`` argument is rebuilt without another copy),

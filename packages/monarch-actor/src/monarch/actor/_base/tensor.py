@@ -6,9 +6,9 @@ sender and twice more on the receiver. Here a plain CPU tensor is reduced to its
 strides and ``requires_grad`` plus one ``PickleBuffer`` over the bytes of its storage that its
 elements span (from its first element to its last: a view keeps its strides without a copy); the
 codec sends that buffer out of band like any protocol-5 buffer, and the receiver rebuilds the
-tensor over the buffer it received (``torch.frombuffer``: no copy when the buffer is a writable
-``bytearray`` the transport handed over, one copy otherwise). Spans below ``OOB_THRESHOLD`` go in
-band as ``bytes``.
+tensor over the buffer it received (``torch.frombuffer``: no copy when the buffer is the
+receiver-owned ``bytearray`` or ``mmap`` the transport handed over, one copy otherwise). Spans
+below ``OOB_THRESHOLD`` go in band as ``bytes``.
 
 Semantics match plain pickling: the receiver's tensor owns fresh storage (two views of one
 storage sent in one message do not alias on the receiver, as with ``pickle``), the same object
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import mmap
 import pickle
 import sys
 from typing import Any
@@ -101,16 +102,17 @@ def rebuild(
     data: Any, dtype_name: str, size: tuple[int, ...], stride: tuple[int, ...], grad: bool
 ) -> Any:
     """Rebuild a tensor sent by ``_reduce`` over ``data`` (the received buffer): without a copy
-    when ``data`` is a ``bytearray`` (the transports hand one over, receiver-owned, for a
-    writable buffer), else over a writable copy. ``UnpicklingError`` on a malformed message."""
+    when ``data`` is a ``bytearray`` or an ``mmap`` (the transports hand one over,
+    receiver-owned, for a writable buffer), else over a writable copy. ``UnpicklingError`` on a
+    malformed message."""
     torch: Any = importlib.import_module("torch")  # a tensor was sent: the program uses torch
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype):
         raise pickle.UnpicklingError(f"unknown torch dtype {dtype_name!r:.40}")
     if len(size) != len(stride) or any(n < 0 for n in size) or any(s < 0 for s in stride):
         raise pickle.UnpicklingError(f"malformed tensor geometry {size!r:.60} {stride!r:.60}")
-    if type(data) is not bytearray:  # a bytes, or a view the transport may reuse: copy
-        data = bytearray(memoryview(data).cast("B"))
+    if type(data) is not bytearray and type(data) is not mmap.mmap:
+        data = bytearray(memoryview(data).cast("B"))  # a bytes, or a view that may be reused
     span = _span(size, stride, dtype.itemsize)
     if len(data) != span:
         raise pickle.UnpicklingError(f"tensor buffer has {len(data)} bytes, {span} expected")
