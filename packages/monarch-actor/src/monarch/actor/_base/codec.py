@@ -44,6 +44,7 @@ import copyreg
 import io
 import mmap
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -178,6 +179,7 @@ def _cloudpickle_pickler() -> _PicklerFactory:
     return _cloud_pickler
 
 
+_modules = sys.modules  # checked for torch on every encode: a dict lookup, no call
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
@@ -216,7 +218,7 @@ def _encode_with(pickler: _PicklerFactory, obj: object) -> Payload:
 
 def _encode_fast(obj: object) -> Payload:
     collector = _Collector()
-    table = _tensor.dispatch_table()
+    table = _tensor.dispatch_table() if "torch" in _modules else None
     if table is None:
         data = pickle.dumps(obj, protocol=5, buffer_callback=collector.native)
     else:  # the program uses torch: tensors travel out of band (``tensor``)
