@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import mmap
+from collections.abc import Sequence
 
 import msgspec
 import pytest
@@ -45,7 +47,7 @@ def envelope(
     )
 
 
-def joined(pieces: list[bytes | memoryview | bytearray]) -> bytes:
+def joined(pieces: Sequence[bytes | memoryview | bytearray | mmap.mmap]) -> bytes:
     return b"".join(bytes(p) for p in pieces)
 
 

@@ -4,6 +4,7 @@ memory, TLS over TCP, failure and hostile peers (real Nodes on an in-process net
 from __future__ import annotations
 
 import asyncio
+import mmap
 import socket
 import sys
 import time
@@ -11,9 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from chrysalis.quic.testing import issue_identity
+from monarch.actor._base.codec import KIND_PERSISTENT
 from monarch.actor._base.envelope import Envelope, FrameLimits
 from monarch.actor._transport.lane import LaneManager, LaneSettings, TcpLane, UnixLane
 from monarch.actor._transport.lane_proto import (
@@ -101,7 +104,8 @@ def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Clu
     big[0] = 255  # the sender may reuse its memory once send returned
     b.wait("got", 1)
     buffers = b.got[0][1]
-    assert type(buffers[0]) is bytearray  # writable at the sender
+    # writable at the sender, a protocol-5 buffer (no persistent bit): the receiver's own mapping
+    assert type(buffers[0]) is mmap.mmap
     assert buffers[0][0] == 0
     assert bytes(buffers[0]) == bytes(bytearray(range(256)) * 4096)
     assert bytes(buffers[1]) == b"abc"
@@ -117,6 +121,20 @@ def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Clu
     assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got[1:])
     assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got[1:])
     assert lane.pool.issued == 21  # every large buffer went through a slot
+
+
+def test_a_large_persistent_bytearray_arrives_as_a_bytearray(cluster: Cluster) -> None:
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    on_lane(a, b)
+    big = bytearray(b"q" * 300_000)
+    env = with_buffers(envelope(a, b.transport.pid, 1), [big])
+    env = msgspec.structs.replace(env, buffer_kinds=bytes([KIND_PERSISTENT]))
+    a.transport.send(env, [memoryview(big)])
+    b.wait("got", 1)
+    (received,) = b.got[0][1]
+    assert type(received) is bytearray  # the codec rebuilds a bytearray argument over it
+    assert received == big
 
 
 def test_over_the_shared_bytes_bound_buffers_go_inline() -> None:

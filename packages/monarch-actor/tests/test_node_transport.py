@@ -21,6 +21,7 @@ from chrysalis.core import Pid
 from chrysalis.datagram import InprocNetwork
 from chrysalis.node import JoinSettings, Node
 from chrysalis.quic.testing import issue_identity
+from monarch.actor._base.codec import ReceivedBuffer
 from monarch.actor._base.envelope import ActorAddr, Envelope, FrameLimits, MessageKind, PortAddr
 from monarch.actor._base.errors import MessageTooLargeError
 from monarch.actor._base.loop import RuntimeLoop
@@ -36,11 +37,11 @@ T = 10.0
 class Member:
     node: Any
     transport: NodeProcessTransport
-    got: list[tuple[Envelope, list[bytes | bytearray]]] = field(default_factory=list)
+    got: list[tuple[Envelope, list[ReceivedBuffer]]] = field(default_factory=list)
     bounced: list[tuple[Envelope, str]] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def deliver(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def deliver(self, env: Envelope, buffers: list[ReceivedBuffer]) -> None:
         with self.cond:
             self.got.append((env, buffers))
             self.cond.notify_all()
@@ -295,7 +296,7 @@ class Inbox:
         self.bounced: list[tuple[Envelope, str]] = []
         self.cond = threading.Condition()
 
-    def deliver(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def deliver(self, env: Envelope, buffers: list[ReceivedBuffer]) -> None:
         frame: FrameType | None = sys._getframe(1)
         inbound = NodeProcessTransport._on_inbound.__code__
         while frame is not None and frame.f_code is not inbound:
@@ -383,7 +384,7 @@ def test_deliver_inbound_from_another_thread_still_goes_through_the_loop() -> No
         threads: list[int] = []
         inbox = Inbox()
 
-        def deliver(env: Envelope, buffers: list[bytes | bytearray]) -> None:
+        def deliver(env: Envelope, buffers: list[ReceivedBuffer]) -> None:
             threads.append(threading.get_ident())
             inbox.deliver(env, buffers)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import pytest
@@ -70,3 +71,20 @@ def test_a_pipe_is_not_a_buffer() -> None:
     os.close(w)
     with pytest.raises(_shm.ShmError, match="not a regular file"):
         _shm.read_buffer(r, 3, writable=True)
+
+
+def test_mapped_writable_buffers_come_back_as_private_writable_mappings() -> None:
+    pool = _shm.ShmPool(1 << 20)
+    data = os.urandom(300_000)
+    taken = pool.put(memoryview(data))
+    assert taken is not None
+    slot_fd = os.dup(taken[1])
+    try:
+        received = _shm.read_buffer(taken[1], len(data), writable=True, mapped=True)
+        assert isinstance(received, mmap.mmap)
+        assert received[:] == data
+        received[0] = received[0] ^ 0xFF  # the receiver's own memory, not the slot's
+        assert os.pread(slot_fd, len(data), 0) == data
+    finally:
+        os.close(slot_fd)
+    pool.close()

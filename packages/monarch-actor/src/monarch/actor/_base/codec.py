@@ -30,8 +30,9 @@ Closures, lambdas and local classes: the standard pickler cannot serialise them,
 retries with ``cloudpickle`` (a dependency, as in the reference), which pickles them by value;
 the receiver unpickles them with the standard unpickler (cloudpickle's reconstructors are
 importable there too). cloudpickle is imported on the first value that needs it, not with the
-package (it costs about 45 ms). torch is never imported here: tensors pickle through their own
-reducers, and numpy through protocol 5.
+package (it costs about 45 ms). torch is never imported here: once the program has imported it,
+the picklers carry a ``dispatch_table`` that sends CPU tensors' storage as one out-of-band buffer
+(``tensor``); numpy arrays go through protocol 5.
 
 Security: unpickling runs code chosen by the sender. Payloads are only decoded from
 authenticated peers of the same job; the framing layer bounds sizes before anything is decoded.
@@ -39,12 +40,16 @@ authenticated peers of the same job; the framing layer bounds sizes before anyth
 
 from __future__ import annotations
 
+import copyreg
 import io
+import mmap
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from monarch.actor._base import tensor as _tensor
 from monarch.actor._base.errors import CodecError, MessageTooLargeError
 
 __all__ = [
@@ -53,6 +58,7 @@ __all__ = [
     "MAX_BUFFERS",
     "OOB_THRESHOLD",
     "Payload",
+    "ReceivedBuffer",
     "decode",
     "detach_buffers",
     "encode",
@@ -65,6 +71,10 @@ MAX_BUFFERS = 1024
 
 KIND_READONLY = 1
 KIND_PERSISTENT = 2
+
+#: A buffer as a transport hands it to the receiver, receiver-owned: ``bytes`` for a read-only
+#: one, ``bytearray`` or a private anonymous ``mmap`` for a writable one.
+ReceivedBuffer = bytes | bytearray | mmap.mmap
 
 _SCAN_DEPTH = 3
 _SCAN_WIDTH = 64
@@ -144,6 +154,10 @@ def _make_pickler(base: type[pickle.Pickler]) -> _PicklerFactory:
         def __init__(self, file: io.BytesIO, collector: _Collector) -> None:
             super().__init__(file, protocol=5, buffer_callback=collector.native)
             self._collector = collector
+            table = _tensor.dispatch_table()
+            if table is not None:
+                base_table = getattr(self, "dispatch_table", copyreg.dispatch_table)
+                self.dispatch_table = {**base_table, **table}
 
         def persistent_id(self, obj: object) -> Any:
             return _persistent_id(self._collector, obj)
@@ -165,6 +179,7 @@ def _cloudpickle_pickler() -> _PicklerFactory:
     return _cloud_pickler
 
 
+_modules = sys.modules  # checked for torch on every encode: a dict lookup, no call
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
@@ -203,7 +218,15 @@ def _encode_with(pickler: _PicklerFactory, obj: object) -> Payload:
 
 def _encode_fast(obj: object) -> Payload:
     collector = _Collector()
-    data = pickle.dumps(obj, protocol=5, buffer_callback=collector.native)
+    table = _tensor.dispatch_table() if "torch" in _modules else None
+    if table is None:
+        data = pickle.dumps(obj, protocol=5, buffer_callback=collector.native)
+    else:  # the program uses torch: tensors travel out of band (``tensor``)
+        stream = io.BytesIO()
+        pickler = pickle.Pickler(stream, protocol=5, buffer_callback=collector.native)
+        pickler.dispatch_table = {**copyreg.dispatch_table, **table}
+        pickler.dump(obj)
+        data = stream.getvalue()
     return Payload(data, tuple(collector.buffers), bytes(collector.kinds))
 
 
@@ -282,7 +305,7 @@ def decode(data: bytes | memoryview, buffers: Sequence[object] = (), kinds: byte
     return _Unpickler(io.BytesIO(data), buffers, native).load()
 
 
-def detach_buffers(buffers: Sequence[memoryview], kinds: bytes) -> list[bytes | bytearray]:
+def detach_buffers(buffers: Sequence[memoryview], kinds: bytes) -> list[ReceivedBuffer]:
     """Copy sender-side buffer views into receiver-owned objects (one copy each).
 
     Read-only buffers become ``bytes`` (so a ``bytes`` argument is rebuilt without another copy),

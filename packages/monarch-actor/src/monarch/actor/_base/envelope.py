@@ -32,7 +32,7 @@ from typing import Annotated
 import msgspec
 
 from chrysalis.core.framing import LengthPrefixDecoder
-from monarch.actor._base.codec import KIND_READONLY, MAX_BUFFERS
+from monarch.actor._base.codec import KIND_READONLY, MAX_BUFFERS, ReceivedBuffer
 from monarch.actor._base.errors import FrameError, MessageTooLargeError
 from monarch.actor._base.shape import MAX_DIMS
 
@@ -189,9 +189,9 @@ def check_size(header_bytes: int, buffer_bytes: int, nbuffers: int, limits: Fram
 
 def encode_frame(
     envelope: Envelope,
-    buffers: Sequence[memoryview | bytes | bytearray] = (),
+    buffers: Sequence[memoryview | ReceivedBuffer] = (),
     limits: FrameLimits = FrameLimits(),
-) -> list[bytes | memoryview | bytearray]:
+) -> list[memoryview | ReceivedBuffer]:
     """The frame for ``envelope`` and its ``buffers`` as a list of pieces (buffers not copied).
 
     ``envelope.buffer_sizes`` must match ``buffers``; raises ``MessageTooLargeError`` when the
@@ -260,11 +260,11 @@ class FrameDecoder:
         frames.feed(data)
         frames.peek_length()  # a bad prefix fails now, before its frame is buffered
 
-    def next_message(self) -> tuple[Envelope, list[bytes | bytearray]] | None:
+    def next_message(self) -> tuple[Envelope, list[ReceivedBuffer]] | None:
         """The next complete message, or ``None`` if more data is needed."""
         return self._frames.next_parsed(self._parse)
 
-    def _decode(self, frame: memoryview) -> tuple[Envelope, list[bytes | bytearray]]:
+    def _decode(self, frame: memoryview) -> tuple[Envelope, list[ReceivedBuffer]]:
         header_len, body_len = FRAME_PREFIX.unpack_from(frame)
         start = FRAME_PREFIX.size
         with frame[start : start + header_len] as header:
@@ -276,7 +276,7 @@ class FrameDecoder:
             return envelope, []
         if sum(sizes) != body_len:
             raise FrameError(f"buffer sizes add up to {sum(sizes)}, body has {body_len}")
-        buffers: list[bytes | bytearray] = []
+        buffers: list[ReceivedBuffer] = []
         offset = start + header_len
         for size, kind in zip(sizes, envelope.buffer_kinds, strict=True):
             with frame[offset : offset + size] as piece:

@@ -219,7 +219,7 @@ class _Item:
 class _InitItem(_Item):
     __slots__ = ("buffers", "env", "nbytes")
 
-    def __init__(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def __init__(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
         self.env = env
         self.buffers = buffers
         #: What the message holds in memory while queued (pickle stream and buffers).

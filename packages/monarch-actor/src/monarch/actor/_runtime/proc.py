@@ -162,7 +162,7 @@ class ProcRuntime:
         # Calls that overtook their actor's spawn (a mesh handed on by its owner reaches a
         # third process before the owner's SPAWN reaches the target): held, in order, until
         # the spawn lands or PARK_TIMEOUT passes. Bounded by MAX_PARKED_CALLS.
-        self._parked: dict[str, list[tuple[Envelope, list[bytes | bytearray]]]] = {}
+        self._parked: dict[str, list[tuple[Envelope, list[_codec.ReceivedBuffer]]]] = {}
         self._parked_count = 0
         self.root: RootCell | None = None
         self.agent = _AgentCell(self, "", f"<proc {label}>", "")
@@ -377,7 +377,7 @@ class ProcRuntime:
                 _telemetry.on_port_completed(self, index)
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
-    def _on_envelope(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def _on_envelope(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
         if _telemetry.ACTIVE and env.endpoint not in _UNCOUNTED:
             _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
@@ -387,7 +387,7 @@ class ProcRuntime:
         except Exception:
             _log.exception("failed to route %s envelope", env.kind.name)
 
-    def _route(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def _route(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
         kind = env.kind
         if kind in (MessageKind.PORT_VALUE, MessageKind.PORT_ERROR):
             rank = env.cast.rank if env.cast is not None else 0
@@ -479,7 +479,7 @@ class ProcRuntime:
             )
             self._reject(env, (event, "root"))
 
-    def _park(self, env: Envelope, buffers: list[bytes | bytearray]) -> bool:
+    def _park(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> bool:
         """Hold a call to an unknown actor that may still be on its way (see ``_parked``)."""
         path = env.target.path
         if (
@@ -626,7 +626,7 @@ class ProcRuntime:
         else:
             _log.debug("undeliverable %s envelope dropped: %s", env.kind.name, reason)
 
-    def _spawn(self, env: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def _spawn(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
         path = env.target.path
         problem = None
         if self.stopped:

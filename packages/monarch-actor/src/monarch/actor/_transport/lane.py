@@ -43,7 +43,7 @@ from cryptography import x509
 
 from chrysalis.core import Pid
 from chrysalis.quic import verify_peer_chain
-from monarch.actor._base.codec import KIND_READONLY
+from monarch.actor._base.codec import KIND_PERSISTENT, KIND_READONLY
 from monarch.actor._base.envelope import Envelope, FrameLimits
 from monarch.actor._base.errors import FrameError
 from monarch.actor._transport import shm as _shm
@@ -404,8 +404,12 @@ class UnixLane:
             envelope, buffers, shm = message
             for position, (index, fd, size, slot) in enumerate(shm):
                 try:
-                    writable = not envelope.buffer_kinds[index] & KIND_READONLY
-                    buffers[index] = _shm.read_buffer(fd, size, writable)
+                    kind = envelope.buffer_kinds[index]
+                    writable = not kind & KIND_READONLY
+                    # A protocol-5 buffer (numpy, tensors) is rebuilt over whatever memory it
+                    # arrives in: a mapping; a persistent one becomes a bytearray: read into one.
+                    mapped = writable and not kind & KIND_PERSISTENT
+                    buffers[index] = _shm.read_buffer(fd, size, writable, mapped)
                 except (_shm.ShmError, OSError) as exc:
                     for _i, other, _s, _slot in shm[position + 1 :]:
                         with contextlib.suppress(OSError):

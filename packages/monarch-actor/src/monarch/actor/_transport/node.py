@@ -67,7 +67,7 @@ from typing import Any, Final
 import msgspec
 
 from chrysalis.core import Pid
-from monarch.actor._base.codec import detach_buffers
+from monarch.actor._base.codec import ReceivedBuffer, detach_buffers
 from monarch.actor._base.envelope import (
     FRAME_PREFIX,
     Envelope,
@@ -211,7 +211,7 @@ class _Shared:
     lane: Lane
     slots: list[tuple[int, int]]
     fds: list[int]
-    inline: list[bytes | bytearray | None]
+    inline: list[ReceivedBuffer | None]
 
     def close(self) -> None:
         """The frame will not leave with its descriptors: free the slots (the receiver will
@@ -548,7 +548,7 @@ class NodeProcessTransport:
             fds.append(taken[1])
         shared_indexes = {index for index, _slot in slots}
         kinds = envelope.buffer_kinds
-        inline: list[bytes | bytearray | None] = [
+        inline: list[ReceivedBuffer | None] = [
             None if i in shared_indexes else detach_buffers([b], kinds[i : i + 1])[0]
             for i, b in enumerate(buffers)
         ]
@@ -1007,7 +1007,7 @@ class NodeProcessTransport:
         lane.start(partial(self._on_lane_message, peer), partial(self._on_lane_end, peer, lane))
 
     def _on_lane_message(
-        self, peer: Pid, envelope: Envelope, buffers: list[bytes | bytearray]
+        self, peer: Pid, envelope: Envelope, buffers: list[ReceivedBuffer]
     ) -> None:
         if envelope.sender.pid != peer.raw:
             raise FrameError(
@@ -1021,7 +1021,7 @@ class NodeProcessTransport:
             _log.debug("lane from %s ended: %s", peer.hex(), reason)
         self._peer_closed(peer)
 
-    def _on_inbound(self, peer: Pid, envelope: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def _on_inbound(self, peer: Pid, envelope: Envelope, buffers: list[ReceivedBuffer]) -> None:
         if self._fenced and peer.raw in self._fenced:
             # Declared dead: whatever it still sends (it ran again) is refused.
             with self._lock:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from chrysalis.core import Pid
-from monarch.actor._base.codec import detach_buffers
+from monarch.actor._base.codec import ReceivedBuffer, detach_buffers
 from monarch.actor._base.envelope import Envelope, FrameLimits, check_size
 from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
 
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("monarch.actor.transport")
-DeliverCallback = Callable[[Envelope, list[bytes | bytearray]], None]
+DeliverCallback = Callable[[Envelope, list[ReceivedBuffer]], None]
 UndeliverableCallback = Callable[[Envelope, str], None]
 
 
@@ -130,7 +130,7 @@ class InProcessFabric:
         member = self._members.get(pid)
         return member is not None and not member._closed
 
-    def deliver_inbound(self, envelope: Envelope, buffers: list[bytes | bytearray]) -> None:
+    def deliver_inbound(self, envelope: Envelope, buffers: list[ReceivedBuffer]) -> None:
         """Hand an envelope that arrived from the uplink to its member (dropped, with a log
         line, when the member is gone).
 

@@ -12,7 +12,10 @@ costs several times a copy into warm ones (a new 1 MiB memfd: about 1.8 ms; rewr
 one: about 0.3 ms), so each lane's sender keeps its slots (``ShmPool``) and reuses one as soon as
 the receiver acknowledged that it has read it. A slot may only be rewritten once the receiver is
 done with it, which a mapping handed to user code would never tell; the receiver therefore
-copies out at once (``read_buffer``) and acknowledges the slot.
+copies out at once (``read_buffer``) and acknowledges the slot. A writable buffer that a
+protocol-5 reconstructor rebuilds in place (numpy arrays, torch tensors) is read into fresh
+private anonymous memory (an ``mmap``, its pages populated by the kernel) rather than a
+``bytearray``, whose allocation zero-fills every page in a pass of its own before the read.
 
 Bounds and hostile input: a sender has at most ``max_bytes`` in slots that are in flight
 (``put`` returns ``None`` over it: the buffer then goes inline), keeps at most as much in free
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import mmap
 import os
 import stat
 import threading
@@ -136,11 +140,22 @@ class ShmPool:
                 os.close(fd)
 
 
-def read_buffer(fd: int, size: int, writable: bool) -> bytes | bytearray:
+def _anonymous(size: int) -> mmap.mmap:
+    """Fresh private anonymous memory, its pages faulted in at once (``MAP_POPULATE``)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(-1, size, flags=flags)
+
+
+def read_buffer(
+    fd: int, size: int, writable: bool, mapped: bool = False
+) -> bytes | bytearray | mmap.mmap:
     """Read a received slot's first ``size`` bytes and close ``fd``: a ``bytes`` (one copy,
     straight into the object the codec hands to the user) or, when ``writable``, a
-    ``bytearray``. ``ShmError`` when the descriptor is not a regular file of at least ``size``
-    bytes or the read falls short."""
+    ``bytearray``, or with ``mapped`` too a private anonymous ``mmap`` (the receiver's own
+    memory, like the ``bytearray``, without its zero-filling pass over every page: for buffers
+    that protocol-5 reconstructors such as numpy's and the codec's tensors rebuild over in
+    place). ``ShmError`` when the descriptor is not a regular file of at least ``size`` bytes
+    or the read falls short."""
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -154,14 +169,15 @@ def read_buffer(fd: int, size: int, writable: bool) -> bytes | bytearray:
             if len(data) != size:
                 raise ShmError("a shared-memory buffer shrank while it was read")
             return data
-        out = bytearray(size)
+        out: bytearray | mmap.mmap = _anonymous(size) if mapped and size else bytearray(size)
         view = memoryview(out)
         offset = 0
-        while offset < size:
-            n = os.preadv(fd, [view[offset : offset + _PREAD_MAX]], offset)
-            if n <= 0:
-                raise ShmError("a shared-memory buffer shrank while it was read")
-            offset += n
+        with view:
+            while offset < size:
+                n = os.preadv(fd, [view[offset : offset + _PREAD_MAX]], offset)
+                if n <= 0:
+                    raise ShmError("a shared-memory buffer shrank while it was read")
+                offset += n
         return out
     finally:
         os.close(fd)
