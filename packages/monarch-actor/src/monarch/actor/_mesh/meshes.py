@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import itertools
 import logging
 import threading
@@ -72,6 +73,20 @@ def set_host_resolver(fn: Callable[[str], HostMesh]) -> None:
     import)."""
     global _host_resolver
     _host_resolver = fn
+
+
+#: The tensor engine's ``ProcMesh.activate`` (``proc_mesh -> context manager``); registered by
+#: ``monarch.tensor`` at import (a higher package: monarch-actor never imports it statically).
+_activate_hook: Callable[[ProcMesh], Any] | None = None
+
+#: The module that registers ``_activate_hook`` when it is imported (monarch-tensor).
+TENSOR_ENGINE_MODULE: Final = "monarch.tensor"
+
+
+def set_activate_hook(fn: Callable[[ProcMesh], Any]) -> None:
+    """Register what ``ProcMesh.activate()`` returns (``monarch.tensor``, at import)."""
+    global _activate_hook
+    _activate_hook = fn
 
 
 T = TypeVar("T")
@@ -556,6 +571,25 @@ class ProcMesh(MeshTrait):
     ) -> None:
         if self._owned:
             await self.stop()
+
+    def activate(self) -> Any:
+        """``with proc_mesh.activate():`` makes torch operations issued by this thread run on
+        every process of the mesh (the tensor engine, package ``monarch-tensor``, imported here
+        on first use; ``NotImplementedError`` naming it when it is not installed)."""
+        if _activate_hook is None:
+            try:
+                importlib.import_module(TENSOR_ENGINE_MODULE)
+            except ModuleNotFoundError as exc:
+                if exc.name is not None and TENSOR_ENGINE_MODULE.startswith(exc.name):
+                    raise NotImplementedError(
+                        "ProcMesh.activate() needs the tensor engine: install monarch-tensor"
+                    ) from exc
+                raise
+        if _activate_hook is None:
+            raise NotImplementedError(
+                f"ProcMesh.activate(): {TENSOR_ENGINE_MODULE} did not register the tensor engine"
+            )
+        return _activate_hook(self)
 
     def sync_workspace(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Not implemented on ``ProcMesh`` (as in the reference)."""
