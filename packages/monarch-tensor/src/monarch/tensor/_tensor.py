@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, Literal
 
 import torch
@@ -38,12 +39,12 @@ _TORCH = torch.__file__.rsplit("/", 1)[0]
 
 def issued_at() -> str:
     """``file:line in function`` of the first caller outside torch and monarch.tensor."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith((_HERE, _TORCH, "<")):
             return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return "<unknown>"
 
 
@@ -57,7 +58,7 @@ class Tensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, fake: torch.Tensor, mesh: DeviceMesh, ref: int, stream: Any) -> Tensor:
-        r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        r = torch.Tensor._make_wrapper_subclass(
             cls,
             fake.size(),
             strides=fake.stride(),
@@ -72,7 +73,7 @@ class Tensor(torch.Tensor):
         r._ref = ref
         r._stream = stream
         weakref.finalize(r, mesh.client.free, ref)
-        return r  # type: ignore[no-any-return]
+        return r
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -235,7 +236,7 @@ def dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         if active is None:  # no_mesh, or plain tensors only: run here
             return func(*args, **kwargs)
         mesh = active
-    elif active is not None and active != mesh:
+    elif active is not None and active.client is not mesh.client:
         raise ValueError(
             f"{func}: tensors are on {mesh!r} but the active mesh is {active!r}; "
             "use to_mesh or activate their mesh"

@@ -1,0 +1,242 @@
+"""The tensor engine on two real worker processes (spawned once for the module), checked against
+plain torch on the client."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import monarch
+from monarch.actor import ProcMesh, this_host
+from monarch.tensor import (
+    RemoteException,
+    Stream,
+    Tensor,
+    fetch_shard,
+    get_active_mesh,
+    get_active_stream,
+    inspect,
+    no_mesh,
+    reduce,
+    remote,
+    slice_mesh,
+    to_mesh,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
+from tensor_helpers import expected_shard, explode, pair, shard_data
+
+T = 60.0
+N = 2
+
+
+@pytest.fixture(scope="module")
+def procs() -> Iterator[ProcMesh]:
+    mesh = this_host().spawn_procs(per_host={"gpus": N})
+    try:
+        yield mesh
+    finally:
+        mesh.stop().get(timeout=T)
+
+
+@pytest.fixture
+def active(procs: ProcMesh) -> Iterator[Any]:
+    with procs.activate() as mesh:
+        yield mesh
+
+
+shard = remote(shard_data, propagate=lambda like: torch.empty_like(like))
+
+
+def shards(shape: tuple[int, ...]) -> Tensor:
+    """A distributed tensor whose shard on rank r is ``expected_shard(r, shape)``."""
+    out = shard(torch.zeros(shape))
+    assert isinstance(out, Tensor)
+    return out
+
+
+def local(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
+    with no_mesh.activate():
+        return expected_shard(rank, shape)
+
+
+def close(t: Any, expected: Callable[[], torch.Tensor], **coords: int) -> bool:
+    """The shard of ``t`` at ``coords`` equals ``expected()`` (made locally)."""
+    value = fetch_shard(t, **coords).get(timeout=T)
+    with no_mesh.activate():
+        want = expected()
+        return value.shape == want.shape and bool(torch.allclose(value, want))
+
+
+def test_ops_produce_distributed_tensors_with_propagated_shapes(active: Any) -> None:
+    a = torch.ones(2, 3)
+    b = (a * 2 + 1).to(torch.float64)
+    assert isinstance(b, Tensor)
+    assert b.mesh == active == get_active_mesh()
+    assert b.shape == (2, 3) and b.dtype == torch.float64
+    for rank in range(N):
+        assert close(b, lambda: torch.full((2, 3), 3.0, dtype=torch.float64), gpus=rank)
+    value = inspect(b)
+    with no_mesh.activate():
+        assert torch.equal(value, torch.full((2, 3), 3.0, dtype=torch.float64))
+
+
+def test_matmul_and_elementwise_match_plain_torch(active: Any) -> None:
+    x = shards((3, 4))
+    with no_mesh.activate():
+        w = torch.arange(8.0).reshape(4, 2)  # local data, sent with the op
+    y = torch.relu(x @ w - 20).sum(dim=1, keepdim=True)
+    assert y.shape == (3, 1)
+    for rank in range(N):
+        with no_mesh.activate():
+            expected = torch.relu(local(rank, (3, 4)) @ torch.arange(8.0).reshape(4, 2) - 20).sum(
+                dim=1, keepdim=True
+            )
+        assert close(y, lambda: expected, gpus=rank)
+
+
+def test_shape_errors_are_raised_on_the_client_at_once(active: Any) -> None:
+    with pytest.raises(RuntimeError, match="same reduction dim"):
+        torch.ones(2, 3) @ torch.ones(2, 2)
+
+
+def test_item_asks_for_a_fetch(active: Any) -> None:
+    with pytest.raises(RuntimeError, match="fetch_shard"):
+        torch.ones(1).item()
+
+
+@pytest.mark.parametrize("reduction", ["sum", "avg", "max", "min"])
+def test_reduce_over_the_mesh_matches_the_shards(active: Any, reduction: str) -> None:
+    x = shards((4, 2))
+    r = x.reduce("gpus", reduction)  # type: ignore[arg-type]
+    with no_mesh.activate():
+        stacked = torch.stack([local(rank, (4, 2)) for rank in range(N)])
+        expected = {
+            "sum": stacked.sum(0),
+            "avg": stacked.mean(0),
+            "max": stacked.max(0).values,
+            "min": stacked.min(0).values,
+        }[reduction]
+    for rank in range(N):
+        assert close(r, lambda: expected, gpus=rank)
+
+
+def test_reduce_scatter_stack_and_all_to_all(active: Any) -> None:
+    x = shards((4, 2))
+    scattered = x.reduce("gpus", "sum", scatter=True)
+    stacked = x.reduce("gpus", "stack")
+    swapped = reduce(x, "gpus", "stack", scatter=True)
+    assert scattered.shape == (2, 2) and stacked.shape == (N, 4, 2) and swapped.shape == (4, 2)
+    with no_mesh.activate():
+        parts = [local(rank, (4, 2)) for rank in range(N)]
+        total = parts[0] + parts[1]
+    for rank in range(N):
+        assert close(scattered, lambda: total.chunk(N)[rank], gpus=rank)
+        assert close(stacked, lambda: torch.stack(parts), gpus=rank)
+        assert close(swapped, lambda: torch.cat([p.chunk(N)[rank] for p in parts]), gpus=rank)
+
+
+def test_reduce_in_place(active: Any) -> None:
+    x = shards((2,))
+    same = x.reduce_("gpus", "sum")
+    assert same is x
+    with no_mesh.activate():
+        expected = local(0, (2,)) + local(1, (2,))
+    assert close(x, lambda: expected, gpus=1)
+
+
+def test_reduce_rejects_bad_arguments(active: Any) -> None:
+    x = torch.ones(3)
+    with pytest.raises(ValueError, match="dims"):
+        x.reduce("hosts", "sum")
+    with pytest.raises(ValueError, match="reduction"):
+        x.reduce("gpus", "prod")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="divisible"):
+        x.reduce("gpus", "sum", scatter=True)
+
+
+def test_remote_functions_by_value_and_by_path(active: Any) -> None:
+    x = shards((2, 2))
+    plus, total = remote(pair)(x)
+    relu = remote("torch.nn.functional.relu")(x - 5)
+    for rank in range(N):
+        with no_mesh.activate():
+            data = local(rank, (2, 2))
+        assert close(plus, lambda: data + 1, gpus=rank)
+        assert close(total, lambda: data.sum(), gpus=rank)
+        assert close(relu, lambda: torch.relu(data - 5), gpus=rank)
+
+
+def test_a_failed_op_surfaces_at_fetch_and_poisons_what_depends_on_it(active: Any) -> None:
+    bad = remote(explode, propagate=lambda x: x)(torch.ones(2))
+    later = (bad + 1) * 2
+    fine = torch.ones(2) + 1
+    for t in (bad, later):
+        with pytest.raises(RemoteException, match="exploded on purpose") as info:
+            fetch_shard(t, gpus=0).get(timeout=T)
+        assert "explode" in info.value.op
+        assert "test_engine.py" in info.value.issued_at
+    assert close(fine, lambda: torch.full((2,), 2.0), gpus=1)
+
+
+def test_commands_run_in_order_across_batches(active: Any) -> None:
+    x = torch.zeros(1)
+    for _ in range(1300):  # more than two batches
+        x.add_(1)
+    assert close(x, lambda: torch.tensor([1300.0]), gpus=1)
+
+
+def live(mesh: Any) -> list[int]:
+    mesh.client.flush()
+    return list(mesh.workers.live.call().get(timeout=T).values())
+
+
+def test_dropping_client_tensors_frees_the_shards(active: Any) -> None:
+    before = live(active)
+    kept = [torch.ones(4) * i for i in range(20)]
+    assert all(n >= b + 20 for n, b in zip(live(active), before, strict=True))
+    del kept
+    assert live(active) == before
+
+
+def test_no_mesh_runs_locally_inside_activate(active: Any) -> None:
+    with no_mesh.activate():
+        assert get_active_mesh() is None
+        t = torch.ones(2) + 1
+        assert type(t) is torch.Tensor and torch.equal(t, torch.full((2,), 2.0))
+
+
+def test_slice_mesh_and_to_mesh(active: Any) -> None:
+    x = shards((2,))
+    first = slice_mesh(x, gpus=0)
+    assert first.mesh.names == () and len(first.mesh) == 1
+    doubled = first * 2  # runs on rank 0 only
+    moved = to_mesh(doubled, active.slice(gpus=1))
+    assert close(moved, lambda: local(0, (2,)) * 2)
+    with pytest.raises(ValueError, match="different meshes"):
+        first + slice_mesh(x, gpus=1)
+
+
+def test_streams_need_borrows(active: Any) -> None:
+    other = Stream("other")
+    x = torch.ones(2)
+    assert x.stream is get_active_stream()
+    with other.activate():
+        with pytest.raises(RuntimeError, match="borrow"):
+            x + 1
+        borrowed, borrow = other.borrow(x)
+        y = borrowed + 1
+    borrow.drop()
+    with other.activate():
+        assert close(y, lambda: torch.full((2,), 2.0), gpus=0)
+
+
+def test_top_level_names(active: Any) -> None:
+    assert monarch.fetch_shard is fetch_shard
+    assert monarch.remote is remote
+    assert monarch.Tensor is Tensor
