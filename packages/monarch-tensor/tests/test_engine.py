@@ -78,7 +78,8 @@ def test_ops_produce_distributed_tensors_with_propagated_shapes(active: Any) -> 
     b = (a * 2 + 1).to(torch.float64)
     assert isinstance(b, Tensor)
     assert b.mesh == active == get_active_mesh()
-    assert b.shape == (2, 3) and b.dtype == torch.float64
+    assert b.shape == (2, 3)
+    assert b.dtype == torch.float64
     for rank in range(N):
         assert close(b, lambda: torch.full((2, 3), 3.0, dtype=torch.float64), gpus=rank)
     value = inspect(b)
@@ -97,7 +98,7 @@ def test_matmul_and_elementwise_match_plain_torch(active: Any) -> None:
             expected = torch.relu(local(rank, (3, 4)) @ torch.arange(8.0).reshape(4, 2) - 20).sum(
                 dim=1, keepdim=True
             )
-        assert close(y, lambda: expected, gpus=rank)
+        assert close(y, lambda e=expected: e, gpus=rank)
 
 
 def test_shape_errors_are_raised_on_the_client_at_once(active: Any) -> None:
@@ -131,14 +132,16 @@ def test_reduce_scatter_stack_and_all_to_all(active: Any) -> None:
     scattered = x.reduce("gpus", "sum", scatter=True)
     stacked = x.reduce("gpus", "stack")
     swapped = reduce(x, "gpus", "stack", scatter=True)
-    assert scattered.shape == (2, 2) and stacked.shape == (N, 4, 2) and swapped.shape == (4, 2)
+    assert scattered.shape == (2, 2)
+    assert stacked.shape == (N, 4, 2)
+    assert swapped.shape == (4, 2)
     with no_mesh.activate():
         parts = [local(rank, (4, 2)) for rank in range(N)]
         total = parts[0] + parts[1]
     for rank in range(N):
-        assert close(scattered, lambda: total.chunk(N)[rank], gpus=rank)
+        assert close(scattered, lambda r=rank: total.chunk(N)[r], gpus=rank)
         assert close(stacked, lambda: torch.stack(parts), gpus=rank)
-        assert close(swapped, lambda: torch.cat([p.chunk(N)[rank] for p in parts]), gpus=rank)
+        assert close(swapped, lambda r=rank: torch.cat([p.chunk(N)[r] for p in parts]), gpus=rank)
 
 
 def test_reduce_in_place(active: Any) -> None:
@@ -167,9 +170,9 @@ def test_remote_functions_by_value_and_by_path(active: Any) -> None:
     for rank in range(N):
         with no_mesh.activate():
             data = local(rank, (2, 2))
-        assert close(plus, lambda: data + 1, gpus=rank)
-        assert close(total, lambda: data.sum(), gpus=rank)
-        assert close(relu, lambda: torch.relu(data - 5), gpus=rank)
+        assert close(plus, lambda d=data: d + 1, gpus=rank)
+        assert close(total, lambda d=data: d.sum(), gpus=rank)
+        assert close(relu, lambda d=data: torch.relu(d - 5), gpus=rank)
 
 
 def test_a_failed_op_surfaces_at_fetch_and_poisons_what_depends_on_it(active: Any) -> None:
@@ -208,13 +211,15 @@ def test_no_mesh_runs_locally_inside_activate(active: Any) -> None:
     with no_mesh.activate():
         assert get_active_mesh() is None
         t = torch.ones(2) + 1
-        assert type(t) is torch.Tensor and torch.equal(t, torch.full((2,), 2.0))
+        assert type(t) is torch.Tensor
+        assert torch.equal(t, torch.full((2,), 2.0))
 
 
 def test_slice_mesh_and_to_mesh(active: Any) -> None:
     x = shards((2,))
     first = slice_mesh(x, gpus=0)
-    assert first.mesh.names == () and len(first.mesh) == 1
+    assert first.mesh.names == ()
+    assert len(first.mesh) == 1
     doubled = first * 2  # runs on rank 0 only
     moved = to_mesh(doubled, active.slice(gpus=1))
     assert close(moved, lambda: local(0, (2,)) * 2)
