@@ -49,9 +49,15 @@ assert monarch.__file__ is None, monarch.__file__  # a namespace package
 try:
     from monarch import fetch_shard
 except ImportError:
-    print("ok")
+    pass
 else:
     raise SystemExit("fetch_shard importable without monarch-tensor")
+from monarch.actor import this_proc
+try:
+    this_proc().activate()
+except NotImplementedError as exc:
+    assert "install monarch-tensor" in str(exc), exc
+    print("ok")
 """
 
 
