@@ -21,6 +21,7 @@ STACK = [
     "chrysalis-sqlite",
     "monarch-actor",
     "monarch-rdma",
+    "monarch-spmd",
     "monarch-tensor",
 ]
 REQUIRED = set(STACK)
