@@ -239,7 +239,7 @@ def get_active_mesh() -> DeviceMesh | None:
     return active_mesh()
 
 
-class _MeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class _MeshMode(TorchDispatchMode):  # type: ignore[misc]
     """Routes every torch operation to the tensor engine while a mesh is active."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -251,7 +251,7 @@ class _MeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 @contextlib.contextmanager
 def _activated(mesh: DeviceMesh | None) -> Iterator[None]:
     _active.stack.append(mesh)
-    mode = _MeshMode() if mesh is not None else None  # type: ignore[no-untyped-call]
+    mode = _MeshMode() if mesh is not None else None
     try:
         if mode is not None:
             with mode:

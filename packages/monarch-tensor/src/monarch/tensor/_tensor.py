@@ -11,7 +11,7 @@ import sys
 import weakref
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -48,7 +48,7 @@ def issued_at() -> str:
     return "<unknown>"
 
 
-class Tensor(torch.Tensor):
+class Tensor(torch.Tensor):  # type: ignore[misc]
     """A tensor with one shard on each process of ``mesh``."""
 
     _fake: torch.Tensor
@@ -73,20 +73,18 @@ class Tensor(torch.Tensor):
         r._ref = ref
         r._stream = stream
         weakref.finalize(r, mesh.client.free, ref)
-        return r
+        return cast(Tensor, r)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
-    def __torch_dispatch__(  # type: ignore[override]
-        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return dispatch(func, args, kwargs or {})
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
         return (
             f"monarch.Tensor(mesh={self._mesh!r}, shape={tuple(self._fake.shape)}, "
             f"dtype={self._fake.dtype}, stream={self._stream!r})"
