@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from monarch.actor import current_rank
+from monarch.actor import Actor, current_rank, endpoint
 
 
 def shard_data(like: torch.Tensor) -> torch.Tensor:
@@ -26,3 +26,33 @@ def explode(x: torch.Tensor) -> torch.Tensor:
 
 def pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x + 1, x.sum()
+
+
+class Scaler(Actor):
+    """An actor whose endpoints take and return shards (``rref``)."""
+
+    def __init__(self) -> None:
+        self.factor = 3.0
+        self.seen = 0
+        self.rank = current_rank().rank  # the rank in the mesh (a call to a slice sees {})
+
+    @endpoint(propagate=lambda x: x)
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return x * self.factor + self.rank
+
+    @endpoint(propagate=lambda x: (x, x.sum()))
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x - 1, x.sum()
+
+    @endpoint(propagate=lambda x: x)
+    def fail(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the actor refused")
+
+    @endpoint
+    def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @endpoint
+    def calls(self) -> int:
+        return self.seen

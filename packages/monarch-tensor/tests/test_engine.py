@@ -29,7 +29,7 @@ from monarch.tensor import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
-from tensor_helpers import expected_shard, explode, pair, shard_data
+from tensor_helpers import Scaler, expected_shard, explode, pair, shard_data
 
 T = 60.0
 N = 2
@@ -250,3 +250,23 @@ def test_top_level_names(active: Any) -> None:
     assert monarch.fetch_shard is fetch_shard
     assert monarch.remote is remote
     assert monarch.Tensor is Tensor
+
+
+def test_rref_endpoints_return_distributed_tensors(procs: ProcMesh, active: Any) -> None:
+    scalers = procs.spawn("scaler", Scaler)
+    x = shards((2,))
+    y = dist(scalers.scale.rref(x))
+    lower, total = scalers.halves.rref(y + 1)
+    assert y.shape == (2,)
+    assert total.shape == ()
+    for rank in range(N):
+        assert close(y, lambda r=rank: local(r, (2,)) * 3 + r, gpus=rank)  # type: ignore[misc]
+        assert close(lower, lambda r=rank: local(r, (2,)) * 3 + r, gpus=rank)  # type: ignore[misc]
+        assert close(total, lambda r=rank: (local(r, (2,)) * 3 + r + 1).sum(), gpus=rank)  # type: ignore[misc]
+    assert list(scalers.calls.call().get(timeout=T).values()) == [1] * N
+    refused = scalers.fail.rref(x) * 2
+    with pytest.raises(RemoteException, match="the actor refused") as info:
+        fetch_shard(refused, gpus=1).get(timeout=T)
+    assert info.value.op == "fail.rref"
+    with pytest.raises(ValueError, match="propagate"):
+        scalers.no_propagate.rref(x)

@@ -10,12 +10,14 @@ mesh's gloo process group; ``remote`` functions run on every shard.
 
 from __future__ import annotations
 
+from monarch.actor._mesh.adverbs import set_rref_hook as _set_rref_hook
 from monarch.actor._mesh.meshes import set_activate_hook as _set_activate_hook
 from monarch.tensor._errors import RemoteException
 from monarch.tensor._fetch import fetch_shard, inspect
 from monarch.tensor._mesh import DeviceMesh, activate_proc_mesh, get_active_mesh, no_mesh
 from monarch.tensor._move import slice_mesh, to_mesh
 from monarch.tensor._remote import Remote, remote
+from monarch.tensor._rref import rref as _rref
 from monarch.tensor._stream import Borrow, Stream, get_active_stream
 from monarch.tensor._tensor import Tensor, reduce, reduce_
 
@@ -39,3 +41,4 @@ __all__ = [
 ]
 
 _set_activate_hook(activate_proc_mesh)
+_set_rref_hook(_rref)

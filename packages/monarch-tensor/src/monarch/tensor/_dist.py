@@ -1,16 +1,16 @@
-"""torch.distributed for the tensor workers, in one private module so it can be swapped (for
-``monarch.spmd``'s helpers once they land): joining the mesh's process group and the
-subgroups collectives run over."""
+"""torch.distributed for the tensor engine, in one private module: the mesh's default process
+group is made by ``monarch.spmd.init_process_group`` (from the client, once, unless the workers
+already have one, e.g. made by the program through monarch.spmd), and the workers find the
+subgroups collectives run over here."""
 
 from __future__ import annotations
 
 import datetime
-import socket
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["group_for", "join_world", "pick_address"]
+__all__ = ["ensure_world", "group_for", "initialized"]
 
 #: How long a collective or the rendezvous waits for the other workers.
 TIMEOUT = datetime.timedelta(seconds=120)
@@ -20,30 +20,26 @@ MAX_GROUPS = 256
 _groups: dict[tuple[int, ...], Any] = {}
 
 
-def pick_address() -> tuple[str, int]:
-    """Host and a free TCP port on this worker, for rank 0's rendezvous store."""
-    host = socket.gethostname()
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        address = "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = int(sock.getsockname()[1])
-    return address, port
+def initialized() -> bool:
+    """Whether this process has a default process group (worker side)."""
+    return bool(dist.is_initialized())
 
 
-def join_world(rank: int, world: int, addr: str, port: int) -> None:
-    """Join the gloo process group of the mesh's ``world`` workers (once per process)."""
-    if dist.is_initialized():
-        return
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{addr}:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=TIMEOUT,
-    )
+def ensure_world(procs: Any, workers: Any, timeout_s: float) -> Any:
+    """Client side: make the default process group of every process of ``procs`` (the mesh the
+    tensor ``workers`` run on) unless they all have one; the ``MeshProcessGroup`` made, or
+    ``None``. A mesh where only some processes have one is an error."""
+    states = list(workers.dist_initialized.call().get(timeout=timeout_s).values())
+    if all(states):
+        return None
+    if any(states):
+        raise RuntimeError(
+            "some processes of the mesh have a torch.distributed process group and others do "
+            "not: the tensor engine needs one over all of them"
+        )
+    from monarch.spmd import init_process_group
+
+    return init_process_group(procs, backend="gloo", timeout=TIMEOUT.total_seconds())
 
 
 def group_for(ranks: tuple[int, ...]) -> Any:

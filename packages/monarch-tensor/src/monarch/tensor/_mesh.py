@@ -39,8 +39,11 @@ class Client:
     """The client's side of one activated process mesh: tensor refs, the pending batch (sent in
     order to every worker, each command tagged with the ranks it is for) and the frees."""
 
-    def __init__(self, workers: Any, labels: Sequence[str], sizes: Sequence[int]) -> None:
+    def __init__(
+        self, workers: Any, labels: Sequence[str], sizes: Sequence[int], procs: Any = None
+    ) -> None:
         self.workers = workers
+        self.procs = procs
         self.labels = tuple(labels)
         self.sizes = tuple(sizes)
         self.world = math.prod(self.sizes)
@@ -50,6 +53,8 @@ class Client:
         self._freed: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()
         self._pg_ready = False
+        #: The ``monarch.spmd.MeshProcessGroup`` made for this mesh (``None``: not made here).
+        self.process_group: Any = None
         self.closed = False
         self.sent_batches = 0
 
@@ -85,12 +90,13 @@ class Client:
             self.sent_batches += 1
 
     def ensure_process_group(self) -> None:
-        """Have every worker join the mesh's gloo group (once): rank 0 names the rendezvous."""
+        """Give the mesh's processes a gloo process group (once; ``monarch.spmd`` makes it,
+        unless the program already did)."""
         if self._pg_ready:
             return
-        first = self.workers.slice(**dict.fromkeys(self.labels, 0))
-        addr, port = first.address.call_one().get(timeout=ANSWER_TIMEOUT_S)
-        self.send(None, (m.PG, addr, port, self.world))
+        from monarch.tensor import _dist
+
+        self.process_group = _dist.ensure_world(self.procs, self.workers, ANSWER_TIMEOUT_S)
         self._pg_ready = True
 
 
@@ -292,7 +298,7 @@ def device_mesh_of(procs: ProcMesh, capacity: int = DEFAULT_CAPACITY) -> DeviceM
         labels = list(procs.extent.labels)
         sizes = list(procs.extent.sizes)
         workers = procs.spawn("tensor_engine_workers", TensorWorker, capacity)
-        client = Client(workers, labels, sizes)
+        client = Client(workers, labels, sizes, procs)
         mesh = DeviceMesh(client, workers, tuple(tuple(range(s)) for s in sizes))
         _device_meshes[id(procs)] = (procs, mesh)
         _log.info("tensor engine on %s: %d workers, dims %s", procs, client.world, labels)

@@ -6,7 +6,9 @@ to pickle). Tensors inside arguments are replaced by :class:`Ref`.
 in-place op returns); ``mutated`` are the input refs it writes (failed with it).
 ``("call", outs, mutated, fn, args, kwargs, issued_at)``: a ``remote`` function (callable or
 ``"module.path"``).
-``("del", refs)``: free. ``("pg", addr, port, world)``: join the mesh's process group.
+``("rref", outs, mutated, (actor_mesh, endpoint), args, kwargs, issued_at)``: call the
+endpoint of this process's actor with the local shards and wait for its reply.
+``("del", refs)``: free.
 ``("reduce", out, src, groups, reduction, scatter, shape, dtype, issued_at)``: a collective
 (``out`` None: in place) over the group
 of ``groups`` holding this worker's rank. ``("send", src, dst_rank, issued_at)`` and
@@ -15,12 +17,12 @@ of ``groups`` holding this worker's rank. ``("send", src, dst_rank, issued_at)``
 
 from __future__ import annotations
 
-__all__ = ["CALL", "DEL", "OP", "PG", "RECV", "REDUCE", "SEND", "Ref"]
+__all__ = ["CALL", "DEL", "OP", "RECV", "REDUCE", "RREF", "SEND", "Ref"]
 
 OP = "op"
 CALL = "call"
+RREF = "rref"
 DEL = "del"
-PG = "pg"
 REDUCE = "reduce"
 SEND = "send"
 RECV = "recv"

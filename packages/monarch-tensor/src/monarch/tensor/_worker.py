@@ -25,6 +25,9 @@ _log = logging.getLogger("monarch.tensor.worker")
 #: Point-to-point sends still in flight a worker keeps at most before waiting on the oldest.
 MAX_PENDING_SENDS = 64
 
+#: How long a tensor worker waits for the local actor of an ``rref`` call.
+RREF_TIMEOUT_S = 300.0
+
 _operators: dict[str, Any] = {}
 
 
@@ -64,6 +67,7 @@ class TensorWorker(Actor):
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.table = TensorTable(capacity)
+        self.point = dict(current_rank())
         self.rank = current_rank().rank
         torch.seed()  # workers forked from one image would otherwise draw the same numbers
         self._sends: list[tuple[Any, Any]] = []
@@ -97,8 +101,8 @@ class TensorWorker(Actor):
         return ("ok", values)
 
     @endpoint
-    def address(self) -> tuple[str, int]:
-        return _dist.pick_address()
+    def dist_initialized(self) -> bool:
+        return _dist.initialized()
 
     @endpoint
     def live(self) -> int:
@@ -117,16 +121,13 @@ class TensorWorker(Actor):
 
     def _execute(self, command: tuple[Any, ...]) -> None:
         kind = command[0]
-        if kind == m.OP or kind == m.CALL:
+        if kind in (m.OP, m.CALL, m.RREF):
             self._run_op(command)
         elif kind == m.DEL:
             for ref in command[1]:
                 self.table.drop(ref)
         elif kind == m.REDUCE:
             self._reduce(command)
-        elif kind == m.PG:
-            _, addr, port, world = command
-            _dist.join_world(self.rank, world, addr, port)
         elif kind == m.SEND:
             self._send(command)
         elif kind == m.RECV:
@@ -143,9 +144,9 @@ class TensorWorker(Actor):
         refs: list[int] = []
         name = kind
         issued_at = ""
-        if kind in (m.OP, m.CALL):
+        if kind in (m.OP, m.CALL, m.RREF):
             refs = [r for r in command[1] if r is not None] + list(command[2])
-            name = command[3] if isinstance(command[3], str) else _name_of(command[3])
+            name = _command_name(kind, command[3])
             issued_at = command[6]
         elif kind in (m.REDUCE, m.RECV):
             issued_at = command[-1]
@@ -160,7 +161,7 @@ class TensorWorker(Actor):
 
     def _run_op(self, command: tuple[Any, ...]) -> None:
         kind, outs, mutated, target, args, kwargs, issued_at = command
-        name = target if isinstance(target, str) else _name_of(target)
+        name = _command_name(kind, target)
         failure = self.table.first_failure(_refs_in((args, kwargs)))
         if failure is not None:
             self._fail([r for r in outs if r is not None] + list(mutated), failure)
@@ -168,6 +169,8 @@ class TensorWorker(Actor):
         try:
             if kind == m.OP:
                 function = resolve_operator(target)
+            elif kind == m.RREF:
+                function = self._local_endpoint(*target)
             else:
                 function = resolve_function(target) if isinstance(target, str) else target
             real_args, real_kwargs = tree_map(self._resolve, (args, kwargs))
@@ -190,6 +193,17 @@ class TensorWorker(Actor):
         for ref, leaf in zip(outs, leaves, strict=True):
             if ref is not None:
                 self.table.put(ref, leaf)
+
+    def _local_endpoint(self, actors: Any, name: str) -> Callable[..., Any]:
+        """A function calling endpoint ``name`` of the actor of ``actors`` on this process."""
+        labels = set(actors.extent.labels)
+        coords = {k: v for k, v in self.point.items() if k in labels}
+        endpoint = getattr(actors.slice(**coords) if coords else actors, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return endpoint.call_one(*args, **kwargs).get(timeout=RREF_TIMEOUT_S)
+
+        return call
 
     def _reduce(self, command: tuple[Any, ...]) -> None:
         _, out, src, groups, reduction, scatter, shape, dtype, _issued_at = command
@@ -256,6 +270,12 @@ class TensorWorker(Actor):
     def _finish_sends(self) -> None:
         while self._sends:
             self._sends.pop(0)[0].wait()
+
+
+def _command_name(kind: str, target: Any) -> str:
+    if kind == m.RREF:
+        return f"{target[1]}.rref"
+    return target if isinstance(target, str) else _name_of(target)
 
 
 def _name_of(target: Any) -> str:

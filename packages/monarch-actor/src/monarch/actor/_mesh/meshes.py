@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
 import itertools
 import logging
 import threading
@@ -43,7 +42,12 @@ from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
 from monarch.actor._mesh import logging_option as _logging_option
-from monarch.actor._mesh.adverbs import Endpoint, NotAnEndpoint
+from monarch.actor._mesh.adverbs import (
+    TENSOR_ENGINE_MODULE,
+    Endpoint,
+    NotAnEndpoint,
+    load_tensor_engine,
+)
 from monarch.actor._runtime import telemetry as _telemetry
 from monarch.actor._runtime.cell import CellBase, RootCell, SpawnSpec
 from monarch.actor._runtime.client import client, new_local_runtime
@@ -78,9 +82,6 @@ def set_host_resolver(fn: Callable[[str], HostMesh]) -> None:
 #: The tensor engine's ``ProcMesh.activate`` (``proc_mesh -> context manager``); registered by
 #: ``monarch.tensor`` at import (a higher package: monarch-actor never imports it statically).
 _activate_hook: Callable[[ProcMesh], Any] | None = None
-
-#: The module that registers ``_activate_hook`` when it is imported (monarch-tensor).
-TENSOR_ENGINE_MODULE: Final = "monarch.tensor"
 
 
 def set_activate_hook(fn: Callable[[ProcMesh], Any]) -> None:
@@ -577,14 +578,7 @@ class ProcMesh(MeshTrait):
         every process of the mesh (the tensor engine, package ``monarch-tensor``, imported here
         on first use; ``NotImplementedError`` naming it when it is not installed)."""
         if _activate_hook is None:
-            try:
-                importlib.import_module(TENSOR_ENGINE_MODULE)
-            except ModuleNotFoundError as exc:
-                if exc.name is not None and TENSOR_ENGINE_MODULE.startswith(exc.name):
-                    raise NotImplementedError(
-                        "ProcMesh.activate() needs the tensor engine: install monarch-tensor"
-                    ) from exc
-                raise
+            load_tensor_engine("ProcMesh.activate()")
         if _activate_hook is None:
             raise NotImplementedError(
                 f"ProcMesh.activate(): {TENSOR_ENGINE_MODULE} did not register the tensor engine"
