@@ -13,6 +13,7 @@ import torch
 
 import monarch
 from monarch.actor import ProcMesh, this_host
+from monarch.config import configured
 from monarch.tensor import (
     RemoteException,
     Stream,
@@ -35,13 +36,16 @@ T = 60.0
 N = 2
 
 
-@pytest.fixture(scope="module")
-def procs() -> Iterator[ProcMesh]:
-    mesh = this_host().spawn_procs(per_host={"gpus": N})
-    try:
-        yield mesh
-    finally:
-        mesh.stop().get(timeout=T)
+@pytest.fixture(scope="module", params=["lanes", "force-quic"])
+def procs(request: pytest.FixtureRequest) -> Iterator[ProcMesh]:
+    """Two worker processes shared by the module's tests; once over direct lanes, once with
+    every message on QUIC (the engine's order must hold on both)."""
+    with configured(force_quic=request.param == "force-quic"):
+        mesh = this_host().spawn_procs(per_host={"gpus": N})
+        try:
+            yield mesh
+        finally:
+            mesh.stop().get(timeout=T)
 
 
 @pytest.fixture
@@ -244,6 +248,16 @@ def test_streams_need_borrows(active: Any) -> None:
     borrow.drop()
     with other.activate():
         assert close(y, lambda: torch.full((2,), 2.0), gpus=0)
+        with pytest.raises(RuntimeError, match="dropped"):
+            borrowed + 1
+    z = dist(torch.zeros(2))
+    with other.activate():
+        lent, mutable = other.borrow(z, mutable=True)
+        lent.add_(1)
+    with pytest.raises(RuntimeError, match="lent mutably"):
+        z + 1
+    mutable.drop()
+    assert close(z, lambda: torch.ones(2), gpus=1)
 
 
 def test_top_level_names(active: Any) -> None:
@@ -270,3 +284,37 @@ def test_rref_endpoints_return_distributed_tensors(procs: ProcMesh, active: Any)
     assert info.value.op == "fail.rref"
     with pytest.raises(ValueError, match="propagate"):
         scalers.no_propagate.rref(x)
+
+
+def test_data_parallel_training_matches_plain_torch(active: Any) -> None:
+    """Each process its own batch; gradients averaged over the mesh; the same steps replayed
+    with plain torch on the client give the same weights and losses."""
+    xs = shards((4, 3)) * 0.1
+    ys = shards((4, 1)) * 0.05
+    w = torch.zeros(3, 1, requires_grad=True)
+    losses = []
+    for _ in range(3):
+        loss = ((xs @ w - ys) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.5 * w.grad.reduce("gpus", "avg")
+        w.grad = None
+        losses.append(loss)
+    with no_mesh.activate():
+        data = [(local(r, (4, 3)) * 0.1, local(r, (4, 1)) * 0.05) for r in range(N)]
+        w_local = torch.zeros(3, 1)
+        expected_losses: list[list[torch.Tensor]] = [[] for _ in range(N)]
+        for _ in range(3):
+            grads = []
+            for rank, (x, y) in enumerate(data):
+                w_r = w_local.clone().requires_grad_()
+                loss_r = ((x @ w_r - y) ** 2).mean()
+                loss_r.backward()
+                assert w_r.grad is not None
+                grads.append(w_r.grad)
+                expected_losses[rank].append(loss_r.detach())
+            w_local = w_local - 0.5 * torch.stack(grads).mean(0)
+    for rank in range(N):
+        assert close(w, lambda: w_local, gpus=rank)
+        for step, loss in enumerate(losses):
+            assert close(loss, lambda r=rank, s=step: expected_losses[r][s], gpus=rank)  # type: ignore[misc]

@@ -15,9 +15,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Borrow", "Stream", "check_usable", "get_active_stream"]
 
-#: Live borrows a client keeps at most.
-MAX_BORROWS = 10_000
-
 
 class Stream:
     """A named stream of work (``with stream.activate():``)."""
@@ -45,15 +42,14 @@ class Stream:
 
         if t._stream is self:
             raise ValueError(f"{t!r} is already on {self!r}")
-        if len(_borrowed) >= MAX_BORROWS:
-            raise RuntimeError(f"more than {MAX_BORROWS} live borrows; drop some")
         with self.activate(), t._mesh.activate():
             check_usable(t, t._stream, borrowing=True)
             with _lending(t):
                 alias = torch_alias(t)
         assert isinstance(alias, Tensor)
         borrow = Borrow(t, alias, mutable)
-        _borrowed[t._ref] = borrow
+        t._lent_to = borrow
+        alias._borrowed_by = borrow
         return alias, borrow
 
 
@@ -73,10 +69,7 @@ class Borrow:
         self.dropped = False
 
     def drop(self) -> None:
-        if not self.dropped:
-            self.dropped = True
-            _borrowed.pop(self.origin._ref, None)
-            _dropped.add(self.borrowed._ref)
+        self.dropped = True
 
     def __enter__(self) -> Borrow:
         return self
@@ -92,8 +85,6 @@ class _ActiveStream(threading.local):
 
 _active = _ActiveStream()
 _main = Stream("main")
-_borrowed: dict[int, Borrow] = {}
-_dropped: set[int] = set()
 _lent = threading.local()
 
 
@@ -115,10 +106,11 @@ def get_active_stream() -> Stream:
 def check_usable(t: Tensor, stream: Stream, *, borrowing: bool = False) -> None:
     if getattr(_lent, "ref", None) == t._ref:
         return
-    if t._ref in _dropped:
+    mine = getattr(t, "_borrowed_by", None)
+    if mine is not None and mine.dropped:
         raise RuntimeError(f"{t!r} is a borrow that was dropped")
-    borrow = _borrowed.get(t._ref)
-    if borrow is not None and borrow.mutable:
+    borrow = getattr(t, "_lent_to", None)
+    if borrow is not None and borrow.mutable and not borrow.dropped:
         raise RuntimeError(f"{t!r} is lent mutably to {borrow.borrowed._stream!r}; drop it first")
     if t._stream is not stream and not borrowing:
         raise RuntimeError(
