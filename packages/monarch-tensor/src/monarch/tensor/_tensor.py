@@ -231,8 +231,9 @@ def dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     mesh = mesh_of(flat)
     active = active_mesh()
     if mesh is None:
-        if active is None:  # no_mesh, or plain tensors only: run here
-            return func(*args, **kwargs)
+        if active is None or func in _NEEDS_VALUE:  # no mesh, or a local tensor's value
+            with no_mesh.activate():
+                return func(*args, **kwargs)
         mesh = active
     elif active is not None and active.client is not mesh.client:
         raise ValueError(
