@@ -162,6 +162,19 @@ def test_reduce_in_place(active: Any) -> None:
     assert close(x, lambda: expected, gpus=1)
 
 
+def test_reduce_onto_one_process(active: Any) -> None:
+    x = shards((3,))
+    first = active.slice(gpus=0)
+    total = x.reduce("gpus", "sum", mesh=first)
+    gathered = x.reduce("gpus", "stack", mesh=first)
+    assert total.mesh == first
+    assert gathered.shape == (N, 3)
+    assert close(total, lambda: local(0, (3,)) + local(1, (3,)))
+    assert close(gathered, lambda: torch.stack([local(0, (3,)), local(1, (3,))]))
+    with pytest.raises(ValueError, match="mesh= is not allowed"):
+        x.reduce_("gpus", "sum", mesh=first)
+
+
 def test_reduce_rejects_bad_arguments(active: Any) -> None:
     x = dist(torch.ones(3))
     with pytest.raises(ValueError, match="dims"):

@@ -108,9 +108,19 @@ class Tensor(torch.Tensor):  # type: ignore[misc]
     ) -> Tensor:
         """A collective over ``dims`` of the mesh: ``sum``/``avg``/``max``/``min`` leave every
         member the reduced tensor (``scatter``: its equal slice of dim 0); ``stack`` the members'
-        tensors stacked on a new dim 0 (``scatter``: all-to-all, the shape stays)."""
-        if mesh is not None and mesh != self._mesh:
-            raise NotImplementedError("reduce(mesh=...) onto another mesh is not provided yet")
+        tensors stacked on a new dim 0 (``scatter``: all-to-all, the shape stays). ``mesh``: a
+        part of this tensor's mesh the result is left on (e.g. ``mesh.slice(gpus=0)``: reduce to
+        one process)."""
+        target = self._mesh if mesh is None else mesh
+        if target != self._mesh:
+            if target.client is not self._mesh.client or not set(target.ranks) <= set(
+                self._mesh.ranks
+            ):
+                raise ValueError(
+                    f"reduce(mesh={target!r}): the result mesh must be part of {self._mesh!r}"
+                )
+            if _inplace:
+                raise ValueError("reduce_ keeps the tensor on its mesh: mesh= is not allowed")
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         names = (dims,) if isinstance(dims, str) else tuple(dims)
@@ -146,8 +156,11 @@ class Tensor(torch.Tensor):  # type: ignore[misc]
         client.send(self._mesh.rank_set, command)
         if out_ref is None:
             return self
+        if target != self._mesh:  # the result stays on the target's processes only
+            elsewhere = frozenset(self._mesh.ranks) - frozenset(target.ranks)
+            client.send(elsewhere, (m.DEL, (out_ref,)))
         fake = torch.empty(out_shape, dtype=self._fake.dtype, device="meta")
-        return Tensor(fake, self._mesh, out_ref, self._stream)
+        return Tensor(fake, target, out_ref, self._stream)
 
     def reduce_(
         self,
