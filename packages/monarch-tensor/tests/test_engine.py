@@ -175,6 +175,19 @@ def test_reduce_onto_one_process(active: Any) -> None:
         x.reduce_("gpus", "sum", mesh=first)
 
 
+def test_mesh_rank_is_each_process_coordinate(active: Any) -> None:
+    rank = active.rank("gpus")
+    assert rank.shape == ()
+    assert rank.dtype == torch.long
+    assert active.size("gpus") == N
+    scaled = torch.ones(2) * (rank + 1)
+    for r in range(N):
+        assert close(scaled, lambda v=r: torch.full((2,), float(v + 1)), gpus=r)  # type: ignore[misc]
+    assert close(active.slice(gpus=slice(1, 2)).rank("gpus"), lambda: torch.tensor(0))
+    with pytest.raises(KeyError, match="hosts"):
+        active.rank("hosts")
+
+
 def test_reduce_rejects_bad_arguments(active: Any) -> None:
     x = dist(torch.ones(3))
     with pytest.raises(ValueError, match="dims"):

@@ -29,6 +29,8 @@ __all__ = [
 
 _log = logging.getLogger("monarch.tensor")
 
+#: The worker function behind ``DeviceMesh.rank``.
+RANK_FUNCTION = "monarch.tensor._worker.coordinate"
 #: Commands the client batches at most before sending them.
 MAX_BATCH = 512
 #: How long the client waits for a worker's answer it needs to go on (process group address).
@@ -216,8 +218,40 @@ class DeviceMesh:
                 selection[position] = chosen[value]
         return DeviceMesh(self.client, self.workers.slice(**coords), tuple(selection))
 
-    def rank(self, dim: str) -> Any:
-        raise NotImplementedError("DeviceMesh.rank(dim) is not provided yet")
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """The number of processes along ``dim`` (several: their product; ``None``: all)."""
+        dims = self.names if dim is None else (dim,) if isinstance(dim, str) else tuple(dim)
+        unknown = [d for d in dims if d not in self.sizes]
+        if unknown:
+            raise KeyError(f"{self!r} has no dimensions {unknown}")
+        return math.prod(self.sizes[d] for d in dims)
+
+    def rank(self, dims: str | Sequence[str]) -> Any:
+        """A distributed scalar (int64): each process's coordinate along ``dims`` (several:
+        row-major over them)."""
+        if isinstance(dims, str):
+            if dims not in self.names:
+                raise KeyError(f"{self!r} does not have dimension {dims!r}")
+            import torch
+
+            from monarch.tensor._tensor import Tensor, issued_at
+
+            position = self.client.labels.index(dims)
+            chosen = self.selection[position]
+            ref = self.client.new_ref()
+            self.client.send(
+                self.rank_set,
+                (m.CALL, (ref,), (), RANK_FUNCTION, (dims, chosen), {}, issued_at()),
+            )
+            fake = torch.empty((), dtype=torch.long, device="meta")
+            from monarch.tensor._stream import get_active_stream
+
+            return Tensor(fake, self, ref, get_active_stream())
+        combined: Any = None
+        for dim in dims:
+            rank = self.rank(dim)
+            combined = rank if combined is None else combined * self.sizes[dim] + rank
+        return combined
 
     # -- activation ----------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -58,6 +58,15 @@ def resolve_function(path: str) -> Callable[..., Any]:
     raise ImportError(f"cannot import remote function {path!r}")
 
 
+#: This process's coordinates in the activated mesh (set by its tensor worker).
+_point: dict[str, int] = {}
+
+
+def coordinate(dim: str, chosen: tuple[int, ...]) -> torch.Tensor:
+    """This process's index along ``dim`` among the coordinates ``chosen`` (``DeviceMesh.rank``)."""
+    return torch.tensor(chosen.index(_point[dim]), dtype=torch.long)
+
+
 def _refs_in(tree: Any) -> list[int]:
     return [int(leaf) for leaf in tree_flatten(tree)[0] if isinstance(leaf, m.Ref)]
 
@@ -68,6 +77,8 @@ class TensorWorker(Actor):
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.table = TensorTable(capacity)
         self.point = dict(current_rank())
+        _point.clear()
+        _point.update(self.point)
         self.rank = current_rank().rank
         torch.seed()  # workers forked from one image would otherwise draw the same numbers
         self._sends: list[tuple[Any, Any]] = []
