@@ -18,6 +18,7 @@ from monarch.tensor import (
     RemoteException,
     Stream,
     Tensor,
+    call_on_shard_and_fetch,
     fetch_shard,
     get_active_mesh,
     get_active_stream,
@@ -208,6 +209,19 @@ def test_remote_functions_by_value_and_by_path(active: Any) -> None:
         assert close(plus, lambda d=data: d + 1, gpus=rank)  # type: ignore[misc]
         assert close(total, lambda d=data: d.sum(), gpus=rank)  # type: ignore[misc]
         assert close(relu, lambda d=data: torch.relu(d - 5), gpus=rank)  # type: ignore[misc]
+
+
+def test_call_on_shard_and_fetch_returns_what_the_function_returns(active: Any) -> None:
+    x = shards((2, 2))
+    x.add_(1)  # issued before: the call sees it
+    got = call_on_shard_and_fetch(remote(pair), x, shard={"gpus": 1}).get(timeout=T)
+    with no_mesh.activate():
+        data = local(1, (2, 2)) + 1
+        assert torch.equal(got[0], data + 1)
+        assert torch.equal(got[1], data.sum())
+    assert call_on_shard_and_fetch(remote("builtins.len"), x).get(timeout=T) == 2
+    with pytest.raises(RemoteException, match="exploded on purpose"):
+        call_on_shard_and_fetch(remote(explode), x).get(timeout=T)
 
 
 def test_a_failed_op_surfaces_at_fetch_and_poisons_what_depends_on_it(active: Any) -> None:

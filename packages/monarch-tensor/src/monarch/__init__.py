@@ -23,6 +23,7 @@ _PUBLIC = {
         "RemoteException",
         "Stream",
         "Tensor",
+        "call_on_shard_and_fetch",
         "fetch_shard",
         "get_active_mesh",
         "get_active_stream",

@@ -112,6 +112,25 @@ class TensorWorker(Actor):
         return ("ok", values)
 
     @endpoint
+    def call_and_fetch(
+        self, target: Callable[..., Any] | str, args: Any, kwargs: Any, issued_at: str
+    ) -> tuple[str, Any]:
+        """Run a remote function on this process's shards and return its result (as ``fetch``:
+        ``("ok", value)`` or ``("err", Failure)``)."""
+        self._finish_sends()
+        name = _command_name(m.CALL, target)
+        failure = self.table.first_failure(_refs_in((args, kwargs)))
+        if failure is not None:
+            return ("err", failure)
+        try:
+            function = resolve_function(target) if isinstance(target, str) else target
+            real_args, real_kwargs = tree_map(self._resolve, (args, kwargs))
+            result = function(*real_args, **real_kwargs)
+        except Exception:
+            return ("err", Failure(name, issued_at, traceback.format_exc(), self.rank))
+        return ("ok", result)
+
+    @endpoint
     def dist_initialized(self) -> bool:
         return _dist.initialized()
 
