@@ -83,3 +83,17 @@ def test_the_process_group_says_it_needs_torch_where_torch_is_missing() -> None:
     assert result.returncode == 0, result.stderr
     assert "monarch.spmd.init_process_group needs torch" in result.stdout
     assert "pip install 'torch>=2.13,<2.14'" in result.stdout
+
+
+def test_the_lightning_glue_says_it_needs_the_extra_where_lightning_is_missing() -> None:
+    result = run_without_torch(
+        """
+        try:
+            import monarch.spmd.lightning
+        except ImportError as error:
+            print(error)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "monarch.spmd.lightning needs Lightning" in result.stdout
+    assert "pip install 'monarch-spmd[lightning]'" in result.stdout

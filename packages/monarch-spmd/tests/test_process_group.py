@@ -56,7 +56,7 @@ def mesh(request: pytest.FixtureRequest) -> Iterator[tuple[ProcMesh, MeshProcess
     """A mesh of 2, then of 4 processes with a gloo group, shared by the module's tests."""
     procs = this_host().spawn_procs(per_host=request.param)
     try:
-        group = init_process_group(procs, timeout=30.0)
+        group = init_process_group(procs, timeout=60.0)
         yield procs, group, procs.spawn("collective", Collective)
     finally:
         procs.stop().get(timeout=T)
@@ -72,6 +72,7 @@ def test_the_group_spans_the_mesh_ranked_as_torchrun(
     states = group.actors.state.call().get(timeout=T).values()
     assert [s["rank"] for s in states] == list(range(size))
     assert {(s["backend"], s["world_size"]) for s in states} == {("gloo", size)}
+    assert (group.timeout, group.rendezvous_timeout) == (60.0, 60.0)
     assert len({s["pid"] for s in states}) == size
 
 
@@ -112,9 +113,11 @@ def test_bad_arguments_are_rejected(mesh: tuple[ProcMesh, MeshProcessGroup, Any]
     procs, _, _ = mesh
     with pytest.raises(ValueError, match="both master_addr and master_port"):
         init_process_group(procs, master_addr="localhost")
-    for timeout in (0, -1.0, float("inf"), "10"):
-        with pytest.raises(ValueError, match="timeout"):
+    for timeout in (0, -1.0, float("inf"), "10", True):
+        with pytest.raises(ValueError, match=r"^timeout"):
             init_process_group(procs, timeout=timeout)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"^rendezvous_timeout"):
+            init_process_group(procs, rendezvous_timeout=timeout)  # type: ignore[arg-type]
 
 
 def test_destroy_tears_the_group_down_and_a_new_one_can_be_made() -> None:
@@ -149,7 +152,7 @@ GROUP_TIMEOUT = 5.0
 def test_a_rank_killed_mid_collective_fails_the_call_within_the_timeout(faults: Faults) -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     try:
-        init_process_group(procs, timeout=GROUP_TIMEOUT)
+        init_process_group(procs, timeout=GROUP_TIMEOUT, rendezvous_timeout=T)
         collective: Any = procs.spawn("collective", Collective)
         assert collective.all_reduce.call([1.0]).get(timeout=T).values() == [[2.0], [2.0]]
         survivor = collective.slice(gpus=0).all_reduce_or_die.call_one(1, 1 << 16)
@@ -174,7 +177,7 @@ def test_a_rank_killed_mid_collective_fails_the_call_within_the_timeout(faults: 
 def test_a_rank_missing_from_a_collective_times_out_instead_of_hanging() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     try:
-        init_process_group(procs, timeout=GROUP_TIMEOUT)
+        init_process_group(procs, timeout=GROUP_TIMEOUT, rendezvous_timeout=T)
         collective: Any = procs.spawn("collective", Collective)
         started = time.monotonic()
         with pytest.raises(ActorError):  # rank 1 never joins: gloo's timeout ends rank 0's wait

@@ -10,6 +10,8 @@ its place in the mesh, the mesh's last dimension being the one within a host.
   set the environment everywhere (rendezvous on the first process unless given).
 - :func:`init_process_group`: a torch.distributed process group over the mesh's processes (gloo on
   CPU, nccl with CUDA), with bounded collective timeouts, destroyed when the mesh stops.
+- :mod:`monarch.spmd.lightning` (the ``lightning`` extra): ``MeshEnvironment``, a Lightning cluster
+  environment with the mesh's ranks, for ``Trainer(strategy="ddp")`` on a mesh.
 
 Importing this module does not import torch; what needs torch says so when torch is missing.
 """

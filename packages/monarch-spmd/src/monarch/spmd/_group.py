@@ -5,10 +5,10 @@ torchrun's environment and calls ``torch.distributed.init_process_group`` (every
 group, so any actor of the process can run collectives on it). The actor's ``__cleanup__``
 destroys the group, so stopping the mesh (or :meth:`MeshProcessGroup.destroy`) tears it down.
 
-Failures stay bounded: ``timeout`` bounds the rendezvous and every collective (gloo raises when it
-expires or a peer's connection breaks; nccl's watchdog aborts the process, which its owner sees as
-a supervision event), so a dead rank surfaces as an error at the caller and a supervision event at
-the owner instead of hanging the others.
+Failures stay bounded: ``rendezvous_timeout`` bounds the start, ``timeout`` every collective
+(gloo raises when it expires or a peer's connection breaks; nccl's watchdog aborts the process,
+which its owner sees as a supervision event), so a dead rank surfaces as an error at the caller
+and a supervision event at the owner instead of hanging the others.
 """
 
 from __future__ import annotations
@@ -46,7 +46,12 @@ class ProcessGroupActor(SPMDActor):
 
     @endpoint
     def init_process_group(
-        self, master_addr: str, master_port: int, backend: str | None, timeout: float
+        self,
+        master_addr: str,
+        master_port: int,
+        backend: str | None,
+        timeout: float,
+        rendezvous_timeout: float,
     ) -> str:
         """Set torchrun's environment and join the group (collective: every rank at once).
         Returns the backend used: ``backend``, else nccl where CUDA is available, else gloo."""
@@ -68,7 +73,7 @@ class ProcessGroupActor(SPMDActor):
             torch.cuda.set_device(device)
             options["device_id"] = device
         logger.info(
-            "rank %d/%d joins a %s process group at %s:%d (timeout %.1f s)",
+            "rank %d/%d joins a %s process group at %s:%d (collective timeout %.1f s)",
             self.rank,
             self.world_size,
             chosen,
@@ -76,9 +81,19 @@ class ProcessGroupActor(SPMDActor):
             master_port,
             timeout,
         )
+        # The store (rank 0 serves it) waits up to rendezvous_timeout for every rank to
+        # connect; the group's own timeout bounds each collective after that.
+        store = dist.TCPStore(
+            host_name=master_addr,
+            port=master_port,
+            world_size=self.world_size,
+            is_master=self.rank == 0,
+            timeout=timedelta(seconds=rendezvous_timeout),
+            wait_for_workers=True,
+        )
         dist.init_process_group(
             backend=chosen,
-            init_method="env://",
+            store=store,
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout),
@@ -122,8 +137,10 @@ class MeshProcessGroup:
     world_size: int
     master_addr: str
     master_port: int
-    #: Seconds that bound the rendezvous and every collective.
+    #: Seconds that bound every collective.
     timeout: float
+    #: Seconds that bounded the rendezvous (every rank connecting to the store).
+    rendezvous_timeout: float
 
     def destroy(self) -> Future[None]:
         """Destroy the group in every process (stopping its actors); the mesh lives on, and a
@@ -137,6 +154,7 @@ def init_process_group(
     *,
     backend: str | None = None,
     timeout: float = 60.0,
+    rendezvous_timeout: float | None = None,
     master_addr: str | None = None,
     master_port: int | None = None,
     use_ipaddr: AddrType | None = None,
@@ -146,7 +164,9 @@ def init_process_group(
     environment is set too). Blocks until every rank joined.
 
     ``backend``: default nccl where the workers have CUDA, else gloo. ``timeout`` (seconds)
-    bounds the rendezvous and every collective. The rendezvous is at ``master_addr:master_port``
+    bounds every collective: a rank that does not take part, or dies, makes the others' call
+    raise within it instead of hanging. ``rendezvous_timeout`` (default: ``timeout``) bounds the
+    wait for every rank to connect at the start. The rendezvous is at ``master_addr:master_port``
     (both or neither, ``ValueError``), by default the first process's host and a free port there.
     The group is destroyed when the mesh stops, or by :meth:`MeshProcessGroup.destroy`.
 
@@ -154,12 +174,14 @@ def init_process_group(
     no torch; a ``RuntimeError`` where a group already exists there).
     """
     check_master(master_addr, master_port)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise ValueError(f"timeout must be a number of seconds: {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be positive and finite: {timeout!r}")
+    timeout = _seconds("timeout", timeout)
+    rendezvous = (
+        timeout
+        if rendezvous_timeout is None
+        else _seconds("rendezvous_timeout", rendezvous_timeout)
+    )
     actors: Any = proc_mesh.spawn(ACTOR_NAME, ProcessGroupActor)
-    bound = float(timeout) + _IMPORT_ALLOWANCE_S
+    bound = max(rendezvous, timeout) + _IMPORT_ALLOWANCE_S
     try:
         if master_addr is None:
             master_addr, master_port = (
@@ -167,7 +189,7 @@ def init_process_group(
             )
         assert master_port is not None
         backends = set(
-            actors.init_process_group.call(master_addr, master_port, backend, float(timeout))
+            actors.init_process_group.call(master_addr, master_port, backend, timeout, rendezvous)
             .get(timeout=bound)
             .values()
         )
@@ -189,5 +211,14 @@ def init_process_group(
         world_size=world_size,
         master_addr=master_addr,
         master_port=master_port,
-        timeout=float(timeout),
+        timeout=timeout,
+        rendezvous_timeout=rendezvous,
     )
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number of seconds: {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be positive and finite: {value!r}")
+    return float(value)
