@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,9 +23,7 @@ import pytest
 
 from monarch.actor import Channel, SupervisionError, this_host
 from monarch.actor._hosts.groups import LocalWorkerGroup
-from monarch.actor._hosts.worker_exits import (
-    EXIT_FENCED,
-)
+from monarch.actor._hosts.worker_exits import EXIT_FENCED, EXIT_ORPHANED
 from monarch.config._registry import configured
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import liveness_actors by name
@@ -110,3 +109,31 @@ def test_a_worker_busy_in_a_long_call_keeps_answering_heartbeats(
             procs.stop().get(timeout=T)
         finally:
             _kill(pids)
+
+
+@pytest.mark.parametrize("stderr_state", ["closed", "full"])
+def test_the_orphan_exit_is_not_held_by_a_dead_or_full_stderr_pipe(stderr_state: str) -> None:
+    """The orphaned worker's last words go to stderr, which may be a pipe its dead client no
+    longer reads: closed (a write raises ``BrokenPipeError``) or full (a write blocks). Neither
+    may keep the worker alive."""
+    code = f"""
+import os, sys, threading
+from monarch.actor._hosts.worker_exits import exit_when_orphaned
+r, w = os.pipe()
+os.dup2(w, 2)
+if {stderr_state!r} == "closed":
+    os.close(r)
+else:
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(2, True)
+orphaned = threading.Event()
+orphaned.set()
+exit_when_orphaned(orphaned, "w0")
+"""
+    done = subprocess.run([sys.executable, "-c", code], timeout=30, check=False)
+    assert done.returncode == EXIT_ORPHANED

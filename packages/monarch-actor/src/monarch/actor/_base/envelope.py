@@ -49,6 +49,7 @@ __all__ = [
     "MessageKind",
     "PortAddr",
     "check_size",
+    "decode_header",
     "encode_frame",
 ]
 
@@ -157,6 +158,22 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Envelope)
 
 
+def decode_header(header: memoryview, max_buffers: int) -> Envelope:
+    """Decode a frame's envelope and check its buffer table (kinds and sizes agree, at most
+    ``max_buffers``): the part every frame reader shares (this module's ``FrameDecoder`` and
+    the direct lanes' reader); the body's length is each reader's own check."""
+    try:
+        envelope = _DECODER.decode(header)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise FrameError(f"malformed envelope: {exc}") from None
+    sizes = envelope.buffer_sizes
+    if len(envelope.buffer_kinds) != len(sizes):
+        raise FrameError("buffer kinds and sizes disagree")
+    if len(sizes) > max_buffers:
+        raise FrameError(f"frame carries {len(sizes)} buffers (limit {max_buffers})")
+    return envelope
+
+
 def check_size(header_bytes: int, buffer_bytes: int, nbuffers: int, limits: FrameLimits) -> None:
     """Raise ``MessageTooLargeError`` if a message of these sizes would exceed ``limits``."""
     if nbuffers > limits.max_buffers:
@@ -251,17 +268,8 @@ class FrameDecoder:
         header_len, body_len = FRAME_PREFIX.unpack_from(frame)
         start = FRAME_PREFIX.size
         with frame[start : start + header_len] as header:
-            try:
-                envelope = _DECODER.decode(header)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise FrameError(f"malformed envelope: {exc}") from None
+            envelope = decode_header(header, self._limits.max_buffers)
         sizes = envelope.buffer_sizes
-        if len(envelope.buffer_kinds) != len(sizes):
-            raise FrameError("buffer kinds and sizes disagree")
-        if len(sizes) > self._limits.max_buffers:
-            raise FrameError(
-                f"frame carries {len(sizes)} buffers (limit {self._limits.max_buffers})"
-            )
         if not sizes:
             if body_len:
                 raise FrameError(f"buffer sizes add up to 0, body has {body_len}")

@@ -44,6 +44,7 @@ __all__ = [
     "Point",
     "Region",
     "Shape",
+    "ShapedMesh",
     "Slice",
 ]
 
@@ -807,3 +808,20 @@ class MeshTrait(ABC):
 
     def __len__(self) -> int:
         return len(self._ndslice)
+
+
+class ShapedMesh(MeshTrait):
+    """A ``MeshTrait`` whose shape is its ``_shape`` attribute (host, proc, actor and value
+    meshes): it derives ``_ndslice`` and ``_labels`` from it."""
+
+    __slots__ = ()
+
+    _shape: Shape
+
+    @property
+    def _ndslice(self) -> Slice:
+        return self._shape.ndslice
+
+    @property
+    def _labels(self) -> Sequence[str]:
+        return self._shape.labels

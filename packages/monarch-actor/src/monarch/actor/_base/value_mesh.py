@@ -14,14 +14,14 @@ import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from monarch.actor._base.shape import Extent, MeshTrait, Point, Shape, Slice
+from monarch.actor._base.shape import Extent, Point, Shape, ShapedMesh, Slice
 
 __all__ = ["ValueMesh"]
 
 R = TypeVar("R")
 
 
-class ValueMesh(MeshTrait, Generic[R]):
+class ValueMesh(ShapedMesh, Generic[R]):
     """Values indexed by the points of a ``Shape``.
 
     ``ValueMesh(shape, values)`` takes ``values`` in the shape's local (row-major) order.
@@ -69,14 +69,6 @@ class ValueMesh(MeshTrait, Generic[R]):
         return cls(shape, [slots[i] for i in range(n)])
 
     # -- MeshTrait -------------------------------------------------------------------------
-    @property
-    def _ndslice(self) -> Slice:
-        return self._shape.ndslice
-
-    @property
-    def _labels(self) -> Sequence[str]:
-        return self._shape.labels
-
     def _new_with_shape(self, shape: Shape) -> ValueMesh[R]:
         return ValueMesh._from_table(shape, self._by_rank)
 

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
-from monarch.actor._base.shape import Extent, MeshTrait, Point, Shape, Slice
+from monarch.actor._base.shape import Extent, Point, Shape, ShapedMesh
 from monarch.actor._hosts import groups
 from monarch.actor._hosts.agent import ensure_agent, spawn_from_worker
 from monarch.actor._hosts.attach_protocol import (
@@ -78,7 +78,7 @@ __all__ = ["HostMesh", "attach_to_workers", "this_host"]
 _MAX_PROCS: Final = 1024
 
 
-class HostMesh(MeshTrait):
+class HostMesh(ShapedMesh):
     """A mesh of hosts. ``this_host()`` is the client's own host (extent ``{}``);
     ``attach_to_workers`` makes one of hosts started separately (extent ``{hosts: N}``).
 
@@ -121,14 +121,6 @@ class HostMesh(MeshTrait):
         self._python: str | None = None  # with_python_executable
 
     # -- MeshTrait ---------------------------------------------------------------------------
-    @property
-    def _ndslice(self) -> Slice:
-        return self._shape.ndslice
-
-    @property
-    def _labels(self) -> Sequence[str]:
-        return self._shape.labels
-
     def _new_with_shape(self, shape: Shape) -> HostMesh:
         mesh = HostMesh(
             shape,

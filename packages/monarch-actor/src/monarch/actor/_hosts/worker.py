@@ -75,6 +75,7 @@ from monarch.actor._hosts.worker_exits import (
     EXIT_ORPHANED,
     exit_when_orphaned,
     exit_when_stdin_ends,
+    say_last_words,
 )
 from monarch.actor._runtime import logging as _logging
 from monarch.actor._runtime import telemetry as _telemetry
@@ -258,11 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tracing.set_process_label(args.label)  # spans made outside actors name this worker
 
     def fenced(reason: str) -> None:
-        sys.stderr.write(
+        say_last_words(
             f"monarch worker {args.label}: fenced ({reason}): the client may have declared "
             "this process dead; exiting\n"
         )
-        sys.stderr.flush()
         os._exit(EXIT_FENCED)
 
     runtime.on_fenced = fenced

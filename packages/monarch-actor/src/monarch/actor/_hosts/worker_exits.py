@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from typing import Final
 
-__all__ = ["EXIT_FENCED", "EXIT_ORPHANED", "exit_when_orphaned", "exit_when_stdin_ends"]
+__all__ = [
+    "EXIT_FENCED",
+    "EXIT_ORPHANED",
+    "exit_when_orphaned",
+    "exit_when_stdin_ends",
+    "say_last_words",
+]
 
 #: Exit status of a worker whose parent link was gone for longer than its bound.
 EXIT_ORPHANED: Final = 3
@@ -24,12 +29,27 @@ EXIT_ORPHANED: Final = 3
 EXIT_FENCED: Final = 4
 
 
+def say_last_words(message: str, *, bound: float = 0.5) -> None:
+    """Say why on stderr, never holding the exit for more than ``bound`` seconds: the stderr pipe
+    may be gone with the client (a write raises ``BrokenPipeError``) or full with nobody reading
+    it (a write blocks). The write goes to the raw fd (another thread may hold ``sys.stderr``'s
+    lock) from a daemon thread, waited for at most ``bound``; the pipe is not made non-blocking,
+    since its open file description is shared with the sibling processes that write to it."""
+
+    def write() -> None:
+        with contextlib.suppress(Exception):
+            os.write(2, message.encode("utf-8", "replace"))
+
+    writer = threading.Thread(target=write, name="last-words", daemon=True)
+    writer.start()
+    writer.join(bound)
+
+
 def exit_when_orphaned(orphaned: threading.Event, label: str) -> None:
     """Exit (``EXIT_ORPHANED``, at once: no orphan survives, even with actor threads stuck in
     user code) once ``orphaned`` is set."""
     orphaned.wait()
-    sys.stderr.write(f"monarch worker {label}: the parent link is gone; exiting (no orphans)\n")
-    sys.stderr.flush()
+    say_last_words(f"monarch worker {label}: the parent link is gone; exiting (no orphans)\n")
     os._exit(EXIT_ORPHANED)
 
 
@@ -38,6 +58,5 @@ def exit_when_stdin_ends(label: str) -> None:
     with contextlib.suppress(Exception):  # the raw fd: no buffer lock held at shutdown
         while os.read(0, 4096):
             pass
-    sys.stderr.write(f"monarch worker {label}: the host's worker loop is gone; exiting\n")
-    sys.stderr.flush()
+    say_last_words(f"monarch worker {label}: the host's worker loop is gone; exiting\n")
     os._exit(EXIT_ORPHANED)

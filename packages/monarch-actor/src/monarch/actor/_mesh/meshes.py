@@ -40,7 +40,7 @@ from monarch.actor._base.endpoint import EndpointProperty, endpoints_of
 from monarch.actor._base.envelope import ActorAddr, CastInfo, MessageKind
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
-from monarch.actor._base.shape import Extent, MeshTrait, Shape, Slice
+from monarch.actor._base.shape import Extent, Shape, ShapedMesh
 from monarch.actor._mesh import logging_option as _logging_option
 from monarch.actor._mesh.adverbs import (
     TENSOR_ENGINE_MODULE,
@@ -351,7 +351,7 @@ class _PendingSpawn:
         return procs
 
 
-class ProcMesh(MeshTrait):
+class ProcMesh(ShapedMesh):
     """A mesh of processes. ``spawn`` creates one actor per process.
 
     The process ids are known at construction, or (a mesh ``spawn_procs`` just returned)
@@ -398,14 +398,6 @@ class ProcMesh(MeshTrait):
         return known
 
     # -- MeshTrait ---------------------------------------------------------------------------
-    @property
-    def _ndslice(self) -> Slice:
-        return self._shape.ndslice
-
-    @property
-    def _labels(self) -> Sequence[str]:
-        return self._shape.labels
-
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(self._known, shape, owned=False, state=self._state, name=self._name)
 
@@ -608,7 +600,7 @@ def _rebuild_proc_mesh(procs: tuple[ProcId, ...], shape: Shape, name: str) -> Pr
     return ProcMesh(procs, shape, owned=False, state=None, name=name)
 
 
-class ActorMesh(MeshTrait, Generic[T]):
+class ActorMesh(ShapedMesh, Generic[T]):
     """One actor per process of a proc mesh; endpoints are attributes (``mesh.method.call()``)."""
 
     #: An owner stops its actor meshes before its proc meshes (``_runtime.cell._stop_meshes``).
@@ -645,14 +637,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._endpoints: dict[str, EndpointProperty[Any, Any]] = endpoints_of(actor_class)
 
     # -- MeshTrait ---------------------------------------------------------------------------
-    @property
-    def _ndslice(self) -> Slice:
-        return self._shape.ndslice
-
-    @property
-    def _labels(self) -> Sequence[str]:
-        return self._shape.labels
-
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(
             self._class, self._user_name, self._path, self._procs, shape, pending=self._pending

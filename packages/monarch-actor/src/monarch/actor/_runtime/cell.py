@@ -41,6 +41,7 @@ import _thread
 import asyncio
 import collections
 import contextlib
+import contextvars
 import functools
 import inspect
 import itertools
@@ -590,9 +591,22 @@ class ActorCell(CellBase):
         self.lifecycle("actor_spawned")
         return spec
 
-    def _construct(self, spec: SpawnSpec, init: _InitItem) -> bool:
+    def _own_context(self) -> contextvars.Token[Context | None]:
+        """Enter the actor's own context (outside any message): its constructor and hooks may
+        call ``context()`` and message other actors; ``_reset_context`` the token after."""
         assert self.instance is not None
-        token = _set_context(Context(self.instance, self.spawn_point))
+        return _set_context(Context(self.instance, self.spawn_point))
+
+    def _user_hook(self, name: str) -> Callable[..., Any] | None:
+        """The actor's own ``name`` (``__supervise__``, ``__cleanup__``), or None where it has
+        none or its class keeps the default."""
+        if self.actor is None or self.cls is None or _is_default(self.cls, name):
+            return None
+        hook: Callable[..., Any] = getattr(self.actor, name)
+        return hook
+
+    def _construct(self, spec: SpawnSpec, init: _InitItem) -> bool:
+        token = self._own_context()
         try:
             self.actor = spec.cls(*spec.args, **spec.kwargs)
         except BaseException as exc:
@@ -787,7 +801,7 @@ class ActorCell(CellBase):
             return
         # Stop messages must leave from this actor's process (in a worker, outside an
         # endpoint, ``current_sender`` would otherwise fall back to a fresh local client).
-        token = _set_context(Context(self.instance, self.spawn_point))
+        token = self._own_context()
         try:
             _stop_meshes(owned)
         finally:
@@ -909,13 +923,13 @@ class _SyncRunner(_Runner):
 
     def _supervise(self, event: FailureEvent) -> None:
         cell = self.cell
-        if cell.cls is None or _is_default(cell.cls, "__supervise__"):
+        hook = cell._user_hook("__supervise__")
+        if hook is None:
             cell._record_failure(cell._unhandled(event), None)
             return
-        assert cell.instance is not None
-        token = _set_context(Context(cell.instance, cell.spawn_point))
+        token = cell._own_context()
         try:
-            handled = cell.actor.__supervise__(MeshFailure(event))
+            handled = hook(MeshFailure(event))
             if inspect.iscoroutine(handled):
                 handled = asyncio.run(handled)
         except BaseException as exc:
@@ -943,13 +957,12 @@ class _SyncRunner(_Runner):
 
     def _cleanup(self, exc: BaseException | None) -> None:
         cell = self.cell
-        if cell.actor is None or cell.cls is None or _is_default(cell.cls, "__cleanup__"):
+        hook = cell._user_hook("__cleanup__")
+        if hook is None:
             return
-        assert cell.instance is not None
-        # The actor's own context: __cleanup__ may call context() and message other actors.
-        token = _set_context(Context(cell.instance, cell.spawn_point))
+        token = cell._own_context()
         try:
-            result = cell.actor.__cleanup__(exc)
+            result = hook(exc)
             if inspect.iscoroutine(result):
                 timeout = float(_config.get("cleanup_timeout"))
                 asyncio.run(asyncio.wait_for(result, timeout))
@@ -1165,13 +1178,13 @@ class _AsyncRunner(_Runner):
 
     async def _supervise(self, event: FailureEvent) -> None:
         cell = self.cell
-        if cell.cls is None or _is_default(cell.cls, "__supervise__"):
+        hook = cell._user_hook("__supervise__")
+        if hook is None:
             self._fail_now(cell._unhandled(event), None)
             return
-        assert cell.instance is not None
-        token = _set_context(Context(cell.instance, cell.spawn_point))
+        token = cell._own_context()
         try:
-            handled = cell.actor.__supervise__(MeshFailure(event))
+            handled = hook(MeshFailure(event))
             if inspect.isawaitable(handled):
                 handled = await handled
         except asyncio.CancelledError:
@@ -1214,13 +1227,12 @@ class _AsyncRunner(_Runner):
 
     async def _cleanup(self, exc: BaseException | None) -> None:
         cell = self.cell
-        if cell.actor is None or cell.cls is None or _is_default(cell.cls, "__cleanup__"):
+        hook = cell._user_hook("__cleanup__")
+        if hook is None:
             return
-        assert cell.instance is not None
-        # The actor's own context: __cleanup__ may call context() and message other actors.
-        token = _set_context(Context(cell.instance, cell.spawn_point))
+        token = cell._own_context()
         try:
-            result = cell.actor.__cleanup__(exc)
+            result = hook(exc)
             if inspect.isawaitable(result):
                 await asyncio.wait_for(result, float(_config.get("cleanup_timeout")))
         except BaseException as error:

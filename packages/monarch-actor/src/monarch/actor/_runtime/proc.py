@@ -540,6 +540,19 @@ class ProcRuntime:
         )
         return event, path.rsplit("-", 1)[0]
 
+    def _ack(self, env: Envelope) -> None:
+        """Answer ``env``'s reply port with ``None`` (a stop or spawn that completed)."""
+        reply = env.reply_port
+        assert reply is not None
+        self.post(
+            self.agent,
+            MessageKind.PORT_VALUE,
+            reply.actor,
+            port=reply.index,
+            cast=env.cast,
+            payload=_NONE_PAYLOAD,
+        )
+
     def _reject(self, env: Envelope, why: tuple[FailureEvent, str]) -> None:
         event, user_name = why
         if env.kind in (MessageKind.CALL, MessageKind.SPAWN):
@@ -554,14 +567,7 @@ class ProcRuntime:
             elif env.kind == MessageKind.CALL:
                 self._bounce_to_sender(env, event.report())
         elif env.kind == MessageKind.STOP and env.reply_port is not None:
-            self.post(
-                self.agent,
-                MessageKind.PORT_VALUE,
-                env.reply_port.actor,
-                port=env.reply_port.index,
-                cast=env.cast,
-                payload=_NONE_PAYLOAD,
-            )
+            self._ack(env)
         elif env.kind == MessageKind.SUPERVISION:
             _log.warning("supervision event for a retired owner %s dropped", env.target.path)
 
@@ -654,14 +660,7 @@ class ProcRuntime:
                 handle.cancel()
             self._push_spans(env.sender.pid)
             if env.reply_port is not None:
-                self.post(
-                    self.agent,
-                    MessageKind.PORT_VALUE,
-                    env.reply_port.actor,
-                    port=env.reply_port.index,
-                    cast=env.cast,
-                    payload=_NONE_PAYLOAD,
-                )
+                self._ack(env)
             if self.root is None:
                 self.transport.close()
 
@@ -711,14 +710,7 @@ class ProcRuntime:
             cell.lifecycle("actor_stopped", cell.failure.reason)
         spawn = cell.spawn_env
         if starting and spawn.reply_port is not None:  # ``initialized`` resolves (as Monarch's)
-            self.post(
-                self.agent,
-                MessageKind.PORT_VALUE,
-                spawn.reply_port.actor,
-                port=spawn.reply_port.index,
-                cast=spawn.cast,
-                payload=_NONE_PAYLOAD,
-            )
+            self._ack(spawn)
         if inflight is not None and inflight.reply_port is not None:  # the call it is stuck in
             error = SupervisionError(
                 event=cell.failure, endpoint=f"{cell.user_name}.{inflight.endpoint}"

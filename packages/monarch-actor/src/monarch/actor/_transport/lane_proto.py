@@ -52,7 +52,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 
 from monarch.actor._base.codec import KIND_READONLY
-from monarch.actor._base.envelope import FRAME_PREFIX, Envelope, FrameLimits
+from monarch.actor._base.envelope import FRAME_PREFIX, Envelope, FrameLimits, decode_header
 from monarch.actor._base.errors import FrameError
 
 __all__ = [
@@ -286,9 +286,6 @@ def lane_prefix(shm: Sequence[tuple[int, int]]) -> bytes:
     return head
 
 
-_ENVELOPE_DECODER = msgspec.msgpack.Decoder(Envelope)
-
-
 class LaneDecoder:
     """Bytes (and passed descriptors) in, ``(Envelope, buffers, shm)`` out, for one lane.
 
@@ -487,17 +484,8 @@ class LaneDecoder:
             self._start += n
 
     def _envelope(self, header: memoryview, shm: dict[int, int], body_len: int) -> Envelope:
-        try:
-            envelope = _ENVELOPE_DECODER.decode(header)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise FrameError(f"malformed envelope: {exc}") from None
+        envelope = decode_header(header, self._limits.max_buffers)
         sizes = envelope.buffer_sizes
-        if len(envelope.buffer_kinds) != len(sizes):
-            raise FrameError("buffer kinds and sizes disagree")
-        if len(sizes) > self._limits.max_buffers:
-            raise FrameError(
-                f"frame carries {len(sizes)} buffers (limit {self._limits.max_buffers})"
-            )
         if not shm:  # the common case, kept cheap
             if sum(sizes) != body_len:
                 raise FrameError(f"buffer sizes add up to {sum(sizes)}, body has {body_len}")
