@@ -272,8 +272,13 @@ def test_large_arguments_round_trip(counters: Any) -> None:
     assert back is not data
 
 
-def test_rref_is_not_part_of_monarch_actor(counters: Any) -> None:
-    with pytest.raises(NotImplementedError, match="tensor engine"):
+def test_rref_needs_the_tensor_engine(counters: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without monarch-tensor (here: its module name made unimportable), rref names it."""
+    from monarch.actor._mesh import adverbs
+
+    monkeypatch.setattr(adverbs, "_rref_hook", None)
+    monkeypatch.setattr(adverbs, "TENSOR_ENGINE_MODULE", "monarch_no_such_tensor_engine")
+    with pytest.raises(NotImplementedError, match="install monarch-tensor"):
         counters.value.rref()
 
 

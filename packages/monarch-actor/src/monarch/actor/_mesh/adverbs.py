@@ -24,8 +24,9 @@ off the cost is one flag check.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn, ParamSpec, TypeVar
 
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.endpoint import EndpointProperty
@@ -64,6 +65,34 @@ def _gathered(extent: Extent) -> Callable[[list[Reply]], ValueMesh[Any]]:
         return _value_mesh_over(extent, [decode_reply(r) for r in ordered])
 
     return decode
+
+
+#: The module that registers the tensor engine's hooks when imported (monarch-tensor, a higher
+#: package: imported by name on first use, never statically).
+TENSOR_ENGINE_MODULE: Final = "monarch.tensor"
+
+#: ``Endpoint.rref``: ``(actor mesh, endpoint name, propagator, args, kwargs) -> tensors``;
+#: registered by the tensor engine at import.
+_rref_hook: Callable[..., Any] | None = None
+
+
+def set_rref_hook(fn: Callable[..., Any]) -> None:
+    """Register what ``Endpoint.rref`` does (``monarch.tensor``, at import)."""
+    global _rref_hook
+    _rref_hook = fn
+
+
+def load_tensor_engine(feature: str) -> None:
+    """Import the tensor engine (which registers its hooks); ``NotImplementedError`` naming
+    monarch-tensor for ``feature`` when it is not installed."""
+    try:
+        importlib.import_module(TENSOR_ENGINE_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and TENSOR_ENGINE_MODULE.startswith(exc.name):
+            raise NotImplementedError(
+                f"{feature} needs the tensor engine: install monarch-tensor"
+            ) from exc
+        raise
 
 
 class Endpoint(Generic[P, R]):
@@ -195,11 +224,16 @@ class Endpoint(Generic[P, R]):
         payload = self._encode(args, kwargs)
         self._post_all(payload, self._mesh._targets(), None, "broadcast")
 
-    def rref(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
-        """Tensor-engine only; not part of monarch-actor."""
-        raise NotImplementedError(
-            "rref() needs the Monarch tensor engine, which monarch-actor does not provide"
-        )
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Call on every rank inside the tensor engine's order: distributed tensor arguments
+        arrive as the local shards and the returned tensors form distributed tensors (shapes
+        from the endpoint's ``propagate``). Needs monarch-tensor (``NotImplementedError``)."""
+        if _rref_hook is None:
+            load_tensor_engine("Endpoint.rref()")
+        if _rref_hook is None:
+            raise NotImplementedError(f"{TENSOR_ENGINE_MODULE} did not register rref")
+        propagator = self._prop._propagator if self._prop is not None else None
+        return _rref_hook(self._mesh, self._name, propagator, args, kwargs)
 
     def _send(
         self,

@@ -42,7 +42,12 @@ from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.ids import ProcId
 from monarch.actor._base.shape import Extent, Shape, ShapedMesh
 from monarch.actor._mesh import logging_option as _logging_option
-from monarch.actor._mesh.adverbs import Endpoint, NotAnEndpoint
+from monarch.actor._mesh.adverbs import (
+    TENSOR_ENGINE_MODULE,
+    Endpoint,
+    NotAnEndpoint,
+    load_tensor_engine,
+)
 from monarch.actor._runtime import telemetry as _telemetry
 from monarch.actor._runtime.cell import CellBase, RootCell, SpawnSpec
 from monarch.actor._runtime.client import client, new_local_runtime
@@ -72,6 +77,17 @@ def set_host_resolver(fn: Callable[[str], HostMesh]) -> None:
     import)."""
     global _host_resolver
     _host_resolver = fn
+
+
+#: The tensor engine's ``ProcMesh.activate`` (``proc_mesh -> context manager``); registered by
+#: ``monarch.tensor`` at import (a higher package: monarch-actor never imports it statically).
+_activate_hook: Callable[[ProcMesh], Any] | None = None
+
+
+def set_activate_hook(fn: Callable[[ProcMesh], Any]) -> None:
+    """Register what ``ProcMesh.activate()`` returns (``monarch.tensor``, at import)."""
+    global _activate_hook
+    _activate_hook = fn
 
 
 T = TypeVar("T")
@@ -548,6 +564,18 @@ class ProcMesh(ShapedMesh):
     ) -> None:
         if self._owned:
             await self.stop()
+
+    def activate(self) -> Any:
+        """``with proc_mesh.activate():`` makes torch operations issued by this thread run on
+        every process of the mesh (the tensor engine, package ``monarch-tensor``, imported here
+        on first use; ``NotImplementedError`` naming it when it is not installed)."""
+        if _activate_hook is None:
+            load_tensor_engine("ProcMesh.activate()")
+        if _activate_hook is None:
+            raise NotImplementedError(
+                f"ProcMesh.activate(): {TENSOR_ENGINE_MODULE} did not register the tensor engine"
+            )
+        return _activate_hook(self)
 
     def sync_workspace(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Not implemented on ``ProcMesh`` (as in the reference)."""

@@ -1,0 +1,67 @@
+"""``endpoint.rref(...)``: actor endpoints inside the tensor engine's order.
+
+The call is a command of the batch: each tensor worker, when it reaches it, calls the endpoint of
+the actor on its own process with the local shards of the distributed arguments and waits for
+the reply, so the actor sees every earlier operation done and no later one; the tensors it
+returns become the shards of the result, whose shapes the endpoint's ``propagate`` gives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from monarch.tensor import _messages as m
+from monarch.tensor._mesh import active_mesh, no_mesh
+from monarch.tensor._tensor import Tensor, issued_at, mesh_of, to_message, to_meta
+
+__all__ = ["rref"]
+
+
+def rref(
+    actors: Any,
+    name: str,
+    propagate: Callable[..., Any] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """The tensor engine's ``Endpoint.rref`` (registered with monarch-actor)."""
+    flat = tree_flatten((args, kwargs))[0]
+    mesh = mesh_of(flat) or active_mesh()
+    if mesh is None:
+        raise RuntimeError(
+            f"{name}.rref() needs an active mesh (with proc_mesh.activate():) or distributed "
+            "tensor arguments"
+        )
+    if not callable(propagate):
+        raise ValueError(
+            f"{name}.rref() needs the endpoint's output shapes: declare it with "
+            "@endpoint(propagate=fn), fn taking meta tensors and returning the outputs"
+        )
+    from monarch.tensor._stream import get_active_stream
+
+    meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
+    with no_mesh.activate():
+        result = propagate(*meta_args, **meta_kwargs)
+    leaves, spec = tree_flatten(result)
+    client = mesh.client
+    stream = get_active_stream()
+    outs: list[int | None] = []
+    wrapped: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            ref = client.new_ref()
+            fake = leaf if leaf.device.type == "meta" else leaf.detach().to("meta")
+            outs.append(ref)
+            wrapped.append(Tensor(fake, mesh, ref, stream))
+        else:
+            outs.append(None)
+            wrapped.append(leaf)
+    message_args, message_kwargs = tree_map(to_message, (args, kwargs))
+    client.send(
+        mesh.rank_set,
+        (m.RREF, tuple(outs), (), (actors, name), message_args, message_kwargs, issued_at()),
+    )
+    return tree_unflatten(wrapped, spec)

@@ -1,0 +1,312 @@
+"""The tensor worker: one actor per process of an activated mesh, running the client's commands
+in order on a table of local tensors."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_map
+
+from monarch.actor import Actor, current_rank, endpoint
+from monarch.tensor import _dist
+from monarch.tensor import _messages as m
+from monarch.tensor._table import DEFAULT_CAPACITY, Failure, TensorTable
+
+__all__ = ["TensorWorker", "resolve_function", "resolve_operator"]
+
+_log = logging.getLogger("monarch.tensor.worker")
+
+#: Point-to-point sends still in flight a worker keeps at most before waiting on the oldest.
+MAX_PENDING_SENDS = 64
+
+#: How long a tensor worker waits for the local actor of an ``rref`` call.
+RREF_TIMEOUT_S = 300.0
+
+_operators: dict[str, Any] = {}
+
+
+def resolve_operator(name: str) -> Any:
+    """``"aten::add.Tensor"`` -> ``torch.ops.aten.add.Tensor`` (cached)."""
+    found = _operators.get(name)
+    if found is None:
+        namespace, _, rest = name.partition("::")
+        op, _, overload = rest.partition(".")
+        found = getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+        _operators[name] = found
+    return found
+
+
+def resolve_function(path: str) -> Callable[..., Any]:
+    """``"package.module.function"`` (or ``"package.module.Class.method"``) -> the object."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            target: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            target = getattr(target, attribute)
+        if not callable(target):
+            raise TypeError(f"remote function {path!r} is not callable")
+        return target  # type: ignore[no-any-return]
+    raise ImportError(f"cannot import remote function {path!r}")
+
+
+#: This process's coordinates in the activated mesh (set by its tensor worker).
+_point: dict[str, int] = {}
+
+
+def coordinate(dim: str, chosen: tuple[int, ...]) -> torch.Tensor:
+    """This process's index along ``dim`` among the coordinates ``chosen`` (``DeviceMesh.rank``)."""
+    return torch.tensor(chosen.index(_point[dim]), dtype=torch.long)
+
+
+def _refs_in(tree: Any) -> list[int]:
+    return [int(leaf) for leaf in tree_flatten(tree)[0] if isinstance(leaf, m.Ref)]
+
+
+class TensorWorker(Actor):
+    """Holds this process's shards; ``run`` executes a batch of commands."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.table = TensorTable(capacity)
+        self.point = dict(current_rank())
+        _point.clear()
+        _point.update(self.point)
+        self.rank = current_rank().rank
+        torch.seed()  # workers forked from one image would otherwise draw the same numbers
+        self._sends: list[tuple[Any, Any]] = []
+
+    # -- endpoints -----------------------------------------------------------------------------
+    @endpoint
+    def run(self, batch: list[tuple[frozenset[int] | None, tuple[Any, ...]]]) -> None:
+        """Execute ``batch`` in order: each command with the ranks it is for (``None``: all)."""
+        for ranks, command in batch:
+            if ranks is not None and self.rank not in ranks:
+                continue
+            try:
+                self._execute(command)
+            except Exception:  # a bug or a full table: fail what the command would produce
+                _log.exception("tensor worker rank %d: command %s failed", self.rank, command[0])
+                self._fail_outputs(command, traceback.format_exc())
+
+    @endpoint
+    def fetch(self, tree: Any) -> tuple[str, Any]:
+        """``("ok", values)`` with the refs of ``tree`` replaced by their tensors, or
+        ``("err", Failure)`` for the first that has none."""
+        self._finish_sends()
+        refs = _refs_in(tree)
+        failure = self.table.first_failure(refs)
+        if failure is not None:
+            return ("err", failure)
+        try:
+            values = tree_map(self._value_for_fetch, tree)
+        except KeyError as exc:
+            return ("err", Failure("fetch", "", str(exc.args[0]), self.rank))
+        return ("ok", values)
+
+    @endpoint
+    def call_and_fetch(
+        self, target: Callable[..., Any] | str, args: Any, kwargs: Any, issued_at: str
+    ) -> tuple[str, Any]:
+        """Run a remote function on this process's shards and return its result (as ``fetch``:
+        ``("ok", value)`` or ``("err", Failure)``)."""
+        self._finish_sends()
+        name = _command_name(m.CALL, target)
+        failure = self.table.first_failure(_refs_in((args, kwargs)))
+        if failure is not None:
+            return ("err", failure)
+        try:
+            function = resolve_function(target) if isinstance(target, str) else target
+            real_args, real_kwargs = tree_map(self._resolve, (args, kwargs))
+            result = function(*real_args, **real_kwargs)
+        except Exception:
+            return ("err", Failure(name, issued_at, traceback.format_exc(), self.rank))
+        return ("ok", result)
+
+    @endpoint
+    def dist_initialized(self) -> bool:
+        return _dist.initialized()
+
+    @endpoint
+    def live(self) -> int:
+        """How many tensors this worker holds (tests, diagnostics)."""
+        return len(self.table)
+
+    # -- commands ------------------------------------------------------------------------------
+    def _value_for_fetch(self, leaf: Any) -> Any:
+        if isinstance(leaf, m.Ref):
+            value = self.table.get(int(leaf))
+            return value.detach().clone() if isinstance(value, torch.Tensor) else value
+        return leaf
+
+    def _resolve(self, leaf: Any) -> Any:
+        return self.table.get(int(leaf)) if isinstance(leaf, m.Ref) else leaf
+
+    def _execute(self, command: tuple[Any, ...]) -> None:
+        kind = command[0]
+        if kind in (m.OP, m.CALL, m.RREF):
+            self._run_op(command)
+        elif kind == m.DEL:
+            for ref in command[1]:
+                self.table.drop(ref)
+        elif kind == m.REDUCE:
+            self._reduce(command)
+        elif kind == m.SEND:
+            self._send(command)
+        elif kind == m.RECV:
+            self._recv(command)
+        else:
+            raise ValueError(f"unknown tensor engine command {kind!r}")
+
+    def _fail(self, refs: list[int], failure: Failure) -> None:
+        for ref in refs:
+            self.table.put(ref, failure)
+
+    def _fail_outputs(self, command: tuple[Any, ...], text: str) -> None:
+        kind = command[0]
+        refs: list[int] = []
+        name = kind
+        issued_at = ""
+        if kind in (m.OP, m.CALL, m.RREF):
+            refs = [r for r in command[1] if r is not None] + list(command[2])
+            name = _command_name(kind, command[3])
+            issued_at = command[6]
+        elif kind in (m.REDUCE, m.RECV):
+            issued_at = command[-1]
+            if command[1] is not None:
+                refs = [command[1]]
+        failure = Failure(name, issued_at, text, self.rank)
+        for ref in refs:
+            try:
+                self.table.put(ref, failure)
+            except Exception:
+                self.table.drop(ref)
+
+    def _run_op(self, command: tuple[Any, ...]) -> None:
+        kind, outs, mutated, target, args, kwargs, issued_at = command
+        name = _command_name(kind, target)
+        failure = self.table.first_failure(_refs_in((args, kwargs)))
+        if failure is not None:
+            self._fail([r for r in outs if r is not None] + list(mutated), failure)
+            return
+        try:
+            if kind == m.OP:
+                function = resolve_operator(target)
+            elif kind == m.RREF:
+                function = self._local_endpoint(*target)
+            else:
+                function = resolve_function(target) if isinstance(target, str) else target
+            real_args, real_kwargs = tree_map(self._resolve, (args, kwargs))
+            result = function(*real_args, **real_kwargs)
+        except Exception:
+            failure = Failure(name, issued_at, traceback.format_exc(), self.rank)
+            self._fail([r for r in outs if r is not None] + list(mutated), failure)
+            return
+        leaves = tree_flatten(result)[0]
+        if len(leaves) != len(outs):
+            failure = Failure(
+                name,
+                issued_at,
+                f"returned {len(leaves)} values where the client expected {len(outs)} "
+                "(a wrong propagate?)",
+                self.rank,
+            )
+            self._fail([r for r in outs if r is not None], failure)
+            return
+        for ref, leaf in zip(outs, leaves, strict=True):
+            if ref is not None:
+                self.table.put(ref, leaf)
+
+    def _local_endpoint(self, actors: Any, name: str) -> Callable[..., Any]:
+        """A function calling endpoint ``name`` of the actor of ``actors`` on this process."""
+        labels = set(actors.extent.labels)
+        coords = {k: v for k, v in self.point.items() if k in labels}
+        endpoint = getattr(actors.slice(**coords) if coords else actors, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return endpoint.call_one(*args, **kwargs).get(timeout=RREF_TIMEOUT_S)
+
+        return call
+
+    def _reduce(self, command: tuple[Any, ...]) -> None:
+        _, out, src, groups, reduction, scatter, shape, dtype, _issued_at = command
+        ranks = next((g for g in groups if self.rank in g), None)
+        if ranks is None:
+            raise RuntimeError(f"rank {self.rank} is in none of the reduction groups {groups}")
+        value = self.table.get(src)
+        failure = value if isinstance(value, Failure) else None
+        if failure is not None:
+            # Still take part (with zeros) so the other members do not wait for this one.
+            value = torch.zeros(shape, dtype=dtype)
+        size = len(ranks)
+        index = ranks.index(self.rank)
+        group = _dist.group_for(ranks) if size > 1 else None
+        x = value.contiguous()
+        if reduction == "stack":
+            gathered = [torch.empty_like(x) for _ in range(size)]
+            if group is None:
+                gathered = [x.clone()]
+            else:
+                dist.all_gather(gathered, x, group=group)
+            if scatter:
+                result = torch.cat([g.chunk(size)[index] for g in gathered])
+            else:
+                result = torch.stack(gathered)
+        else:
+            result = x.clone()
+            if group is not None:
+                op = {
+                    "sum": dist.ReduceOp.SUM,
+                    "avg": dist.ReduceOp.SUM,
+                    "max": dist.ReduceOp.MAX,
+                    "min": dist.ReduceOp.MIN,
+                }[reduction]
+                dist.all_reduce(result, op=op, group=group)
+            if reduction == "avg":
+                result = result / size
+            if scatter:
+                result = result.chunk(size)[index].clone()
+        if failure is not None:
+            if out is not None:
+                self.table.put(out, failure)
+        elif out is None:  # in place
+            value.copy_(result)
+        else:
+            self.table.put(out, result)
+
+    def _send(self, command: tuple[Any, ...]) -> None:
+        _, src, dst_rank, _issued_at = command
+        value = self.table.get(src)
+        if isinstance(value, Failure):
+            value = torch.empty(0)
+        tensor = value.contiguous()
+        if len(self._sends) >= MAX_PENDING_SENDS:
+            self._sends.pop(0)[0].wait()
+        self._sends.append((dist.isend(tensor, dst_rank), tensor))
+
+    def _recv(self, command: tuple[Any, ...]) -> None:
+        _, out, src_rank, shape, dtype, _issued_at = command
+        tensor = torch.empty(shape, dtype=dtype)
+        dist.recv(tensor, src_rank)
+        self.table.put(out, tensor)
+
+    def _finish_sends(self) -> None:
+        while self._sends:
+            self._sends.pop(0)[0].wait()
+
+
+def _command_name(kind: str, target: Any) -> str:
+    if kind == m.RREF:
+        return f"{target[1]}.rref"
+    return target if isinstance(target, str) else _name_of(target)
+
+
+def _name_of(target: Any) -> str:
+    return str(getattr(target, "__qualname__", None) or getattr(target, "__name__", target))

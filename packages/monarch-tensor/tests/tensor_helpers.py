@@ -1,0 +1,65 @@
+"""Functions the tests run on the workers (imported there by module name)."""
+
+from __future__ import annotations
+
+import torch
+
+from monarch.actor import Actor, current_rank, endpoint
+
+
+def shard_data(like: torch.Tensor) -> torch.Tensor:
+    """This worker's shard: ``expected_shard(rank, shape)``."""
+    return expected_shard(current_rank().rank, tuple(like.shape))
+
+
+def expected_shard(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Different, known values on each rank."""
+    count = 1
+    for size in shape:
+        count *= size
+    return (torch.arange(count, dtype=torch.float32).reshape(shape) + 1) * (rank + 1)
+
+
+def explode(x: torch.Tensor) -> torch.Tensor:
+    raise ValueError("exploded on purpose")
+
+
+def pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x + 1, x.sum()
+
+
+class Scaler(Actor):
+    """An actor whose endpoints take and return shards (``rref``)."""
+
+    def __init__(self) -> None:
+        self.factor = 3.0
+        self.seen = 0
+        self.rank = current_rank().rank  # the rank in the mesh (a call to a slice sees {})
+
+    @endpoint(propagate=lambda x: x)
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return x * self.factor + self.rank
+
+    @endpoint(propagate=lambda x: (x, x.sum()))
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x - 1, x.sum()
+
+    @endpoint(propagate=lambda x: x)
+    def fail(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the actor refused")
+
+    @endpoint
+    def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @endpoint
+    def calls(self) -> int:
+        return self.seen
+
+
+def pid_of(x: torch.Tensor) -> torch.Tensor:
+    """This worker's process id."""
+    import os
+
+    return torch.tensor(os.getpid())

@@ -1,0 +1,360 @@
+"""The tensor engine on two real worker processes (spawned once for the module), checked against
+plain torch on the client."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import monarch
+from monarch.actor import ProcMesh, this_host
+from monarch.config import configured
+from monarch.tensor import (
+    RemoteException,
+    Stream,
+    Tensor,
+    call_on_shard_and_fetch,
+    fetch_shard,
+    get_active_mesh,
+    get_active_stream,
+    inspect,
+    no_mesh,
+    reduce,
+    remote,
+    slice_mesh,
+    to_mesh,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
+from tensor_helpers import Scaler, expected_shard, explode, pair, shard_data
+
+T = 60.0
+N = 2
+
+
+@pytest.fixture(scope="module", params=["lanes", "force-quic"])
+def procs(request: pytest.FixtureRequest) -> Iterator[ProcMesh]:
+    """Two worker processes shared by the module's tests; once over direct lanes, once with
+    every message on QUIC (the engine's order must hold on both)."""
+    with configured(force_quic=request.param == "force-quic"):
+        mesh = this_host().spawn_procs(per_host={"gpus": N})
+        try:
+            yield mesh
+        finally:
+            mesh.stop().get(timeout=T)
+
+
+@pytest.fixture
+def active(procs: ProcMesh) -> Iterator[Any]:
+    with procs.activate() as mesh:  # type: ignore[attr-defined,unused-ignore]
+        yield mesh
+
+
+shard = remote(shard_data, propagate=lambda like: torch.empty_like(like))
+
+
+def dist(t: torch.Tensor) -> Tensor:
+    """``t``, a distributed tensor (typed as such)."""
+    assert isinstance(t, Tensor)
+    return t
+
+
+def shards(shape: tuple[int, ...]) -> Tensor:
+    """A distributed tensor whose shard on rank r is ``expected_shard(r, shape)``."""
+    out = shard(torch.zeros(shape))
+    assert isinstance(out, Tensor)
+    return out
+
+
+def local(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
+    with no_mesh.activate():
+        return expected_shard(rank, shape)
+
+
+def close(t: Any, expected: Callable[[], torch.Tensor], **coords: int) -> bool:
+    """The shard of ``t`` at ``coords`` equals ``expected()`` (made locally)."""
+    value = fetch_shard(t, None, **coords).get(timeout=T)
+    with no_mesh.activate():
+        want = expected()
+        return value.shape == want.shape and bool(torch.allclose(value, want))
+
+
+def test_ops_produce_distributed_tensors_with_propagated_shapes(active: Any) -> None:
+    a = torch.ones(2, 3)
+    b = dist((a * 2 + 1).to(torch.float64))
+    assert b.mesh == active == get_active_mesh()
+    assert b.shape == (2, 3)
+    assert b.dtype == torch.float64
+    for rank in range(N):
+        assert close(b, lambda: torch.full((2, 3), 3.0, dtype=torch.float64), gpus=rank)
+    value = inspect(b)
+    with no_mesh.activate():
+        assert torch.equal(value, torch.full((2, 3), 3.0, dtype=torch.float64))
+
+
+def test_matmul_and_elementwise_match_plain_torch(active: Any) -> None:
+    x = shards((3, 4))
+    with no_mesh.activate():
+        w = torch.arange(8.0).reshape(4, 2)  # local data, sent with the op
+    y = torch.relu(x @ w - 20).sum(dim=1, keepdim=True)
+    assert y.shape == (3, 1)
+    for rank in range(N):
+        with no_mesh.activate():
+            expected = torch.relu(local(rank, (3, 4)) @ torch.arange(8.0).reshape(4, 2) - 20).sum(
+                dim=1, keepdim=True
+            )
+        assert close(y, lambda e=expected: e, gpus=rank)  # type: ignore[misc]
+
+
+def test_shape_errors_are_raised_on_the_client_at_once(active: Any) -> None:
+    with pytest.raises(RuntimeError, match="same reduction dim"):
+        torch.ones(2, 3) @ torch.ones(2, 2)
+
+
+def test_item_asks_for_a_fetch(active: Any) -> None:
+    with pytest.raises(RuntimeError, match="fetch_shard"):
+        torch.ones(1).item()
+
+
+@pytest.mark.parametrize("reduction", ["sum", "avg", "max", "min"])
+def test_reduce_over_the_mesh_matches_the_shards(active: Any, reduction: str) -> None:
+    x = shards((4, 2))
+    r = x.reduce("gpus", reduction)  # type: ignore[arg-type]
+    with no_mesh.activate():
+        stacked = torch.stack([local(rank, (4, 2)) for rank in range(N)])
+        expected = {
+            "sum": stacked.sum(0),
+            "avg": stacked.mean(0),
+            "max": stacked.max(0).values,
+            "min": stacked.min(0).values,
+        }[reduction]
+    for rank in range(N):
+        assert close(r, lambda: expected, gpus=rank)
+
+
+def test_reduce_scatter_stack_and_all_to_all(active: Any) -> None:
+    x = shards((4, 2))
+    scattered = x.reduce("gpus", "sum", scatter=True)
+    stacked = x.reduce("gpus", "stack")
+    swapped = reduce(x, "gpus", "stack", scatter=True)
+    assert scattered.shape == (2, 2)
+    assert stacked.shape == (N, 4, 2)
+    assert swapped.shape == (4, 2)
+    with no_mesh.activate():
+        parts = [local(rank, (4, 2)) for rank in range(N)]
+        total = parts[0] + parts[1]
+    for rank in range(N):
+        assert close(scattered, lambda r=rank: total.chunk(N)[r], gpus=rank)  # type: ignore[misc]
+        assert close(stacked, lambda: torch.stack(parts), gpus=rank)
+        assert close(swapped, lambda r=rank: torch.cat([p.chunk(N)[r] for p in parts]), gpus=rank)  # type: ignore[misc]
+
+
+def test_reduce_in_place(active: Any) -> None:
+    x = shards((2,))
+    same = x.reduce_("gpus", "sum")
+    assert same is x
+    with no_mesh.activate():
+        expected = local(0, (2,)) + local(1, (2,))
+    assert close(x, lambda: expected, gpus=1)
+
+
+def test_reduce_onto_one_process(active: Any) -> None:
+    x = shards((3,))
+    first = active.slice(gpus=0)
+    total = x.reduce("gpus", "sum", mesh=first)
+    gathered = x.reduce("gpus", "stack", mesh=first)
+    assert total.mesh == first
+    assert gathered.shape == (N, 3)
+    assert close(total, lambda: local(0, (3,)) + local(1, (3,)))
+    assert close(gathered, lambda: torch.stack([local(0, (3,)), local(1, (3,))]))
+    with pytest.raises(ValueError, match="mesh= is not allowed"):
+        x.reduce_("gpus", "sum", mesh=first)
+
+
+def test_mesh_rank_is_each_process_coordinate(active: Any) -> None:
+    rank = active.rank("gpus")
+    assert rank.shape == ()
+    assert rank.dtype == torch.long
+    assert active.size("gpus") == N
+    scaled = torch.ones(2) * (rank + 1)
+    for r in range(N):
+        assert close(scaled, lambda v=r: torch.full((2,), float(v + 1)), gpus=r)  # type: ignore[misc]
+    assert close(active.slice(gpus=slice(1, 2)).rank("gpus"), lambda: torch.tensor(0))
+    with pytest.raises(KeyError, match="hosts"):
+        active.rank("hosts")
+
+
+def test_reduce_rejects_bad_arguments(active: Any) -> None:
+    x = dist(torch.ones(3))
+    with pytest.raises(ValueError, match="dims"):
+        x.reduce("hosts", "sum")
+    with pytest.raises(ValueError, match="reduction"):
+        x.reduce("gpus", "prod")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="divisible"):
+        x.reduce("gpus", "sum", scatter=True)
+
+
+def test_remote_functions_by_value_and_by_path(active: Any) -> None:
+    x = shards((2, 2))
+    plus, total = remote(pair)(x)
+    relu = remote("torch.nn.functional.relu")(x - 5)
+    for rank in range(N):
+        with no_mesh.activate():
+            data = local(rank, (2, 2))
+        assert close(plus, lambda d=data: d + 1, gpus=rank)  # type: ignore[misc]
+        assert close(total, lambda d=data: d.sum(), gpus=rank)  # type: ignore[misc]
+        assert close(relu, lambda d=data: torch.relu(d - 5), gpus=rank)  # type: ignore[misc]
+
+
+def test_call_on_shard_and_fetch_returns_what_the_function_returns(active: Any) -> None:
+    x = shards((2, 2))
+    x.add_(1)  # issued before: the call sees it
+    got = call_on_shard_and_fetch(remote(pair), x, shard={"gpus": 1}).get(timeout=T)
+    with no_mesh.activate():
+        data = local(1, (2, 2)) + 1
+        assert torch.equal(got[0], data + 1)
+        assert torch.equal(got[1], data.sum())
+    assert call_on_shard_and_fetch(remote("builtins.len"), x).get(timeout=T) == 2
+    with pytest.raises(RemoteException, match="exploded on purpose"):
+        call_on_shard_and_fetch(remote(explode), x).get(timeout=T)
+
+
+def test_a_failed_op_surfaces_at_fetch_and_poisons_what_depends_on_it(active: Any) -> None:
+    bad = remote(explode, propagate=lambda x: x)(torch.ones(2))
+    later = (bad + 1) * 2
+    fine = torch.ones(2) + 1
+    for t in (bad, later):
+        with pytest.raises(RemoteException, match="exploded on purpose") as info:
+            fetch_shard(t, gpus=0).get(timeout=T)
+        assert "explode" in info.value.op
+        assert "test_engine.py" in info.value.issued_at
+    assert close(fine, lambda: torch.full((2,), 2.0), gpus=1)
+
+
+def test_commands_run_in_order_across_batches(active: Any) -> None:
+    x = torch.zeros(1)
+    for _ in range(1300):  # more than two batches
+        x.add_(1)
+    assert close(x, lambda: torch.tensor([1300.0]), gpus=1)
+
+
+def live(mesh: Any) -> list[int]:
+    mesh.client.flush()
+    return list(mesh.workers.live.call().get(timeout=T).values())
+
+
+def test_dropping_client_tensors_frees_the_shards(active: Any) -> None:
+    before = live(active)
+    kept = [torch.ones(4) * i for i in range(20)]
+    assert all(n >= b + 20 for n, b in zip(live(active), before, strict=True))
+    del kept
+    assert live(active) == before
+
+
+def test_no_mesh_runs_locally_inside_activate(active: Any) -> None:
+    with no_mesh.activate():
+        assert get_active_mesh() is None
+        t = torch.ones(2) + 1
+        assert type(t) is torch.Tensor
+        assert torch.equal(t, torch.full((2,), 2.0))
+
+
+def test_slice_mesh_and_to_mesh(active: Any) -> None:
+    x = shards((2,))
+    first = slice_mesh(x, gpus=0)
+    assert first.mesh.names == ()
+    assert len(first.mesh) == 1
+    doubled = first * 2  # runs on rank 0 only
+    moved = to_mesh(doubled, active.slice(gpus=1))
+    assert close(moved, lambda: local(0, (2,)) * 2)
+    with pytest.raises(ValueError, match="different meshes"):
+        first + slice_mesh(x, gpus=1)
+
+
+def test_streams_need_borrows(active: Any) -> None:
+    other = Stream("other")
+    x = dist(torch.ones(2))
+    assert x.stream is get_active_stream()
+    with other.activate():
+        with pytest.raises(RuntimeError, match="borrow"):
+            x + 1
+        borrowed, borrow = other.borrow(x)
+        y = borrowed + 1
+    borrow.drop()
+    with other.activate():
+        assert close(y, lambda: torch.full((2,), 2.0), gpus=0)
+        with pytest.raises(RuntimeError, match="dropped"):
+            borrowed + 1
+    z = dist(torch.zeros(2))
+    with other.activate():
+        lent, mutable = other.borrow(z, mutable=True)
+        lent.add_(1)
+    with pytest.raises(RuntimeError, match="lent mutably"):
+        z + 1
+    mutable.drop()
+    assert close(z, lambda: torch.ones(2), gpus=1)
+
+
+def test_top_level_names(active: Any) -> None:
+    assert monarch.fetch_shard is fetch_shard
+    assert monarch.remote is remote
+    assert monarch.Tensor is Tensor
+
+
+def test_rref_endpoints_return_distributed_tensors(procs: ProcMesh, active: Any) -> None:
+    scalers = procs.spawn("scaler", Scaler)
+    x = shards((2,))
+    y = dist(scalers.scale.rref(x))
+    lower, total = scalers.halves.rref(y + 1)
+    assert y.shape == (2,)
+    assert total.shape == ()
+    for rank in range(N):
+        assert close(y, lambda r=rank: local(r, (2,)) * 3 + r, gpus=rank)  # type: ignore[misc]
+        assert close(lower, lambda r=rank: local(r, (2,)) * 3 + r, gpus=rank)  # type: ignore[misc]
+        assert close(total, lambda r=rank: (local(r, (2,)) * 3 + r + 1).sum(), gpus=rank)  # type: ignore[misc]
+    assert list(scalers.calls.call().get(timeout=T).values()) == [1] * N
+    refused = scalers.fail.rref(x) * 2
+    with pytest.raises(RemoteException, match="the actor refused") as info:
+        fetch_shard(refused, gpus=1).get(timeout=T)
+    assert info.value.op == "fail.rref"
+    with pytest.raises(ValueError, match="propagate"):
+        scalers.no_propagate.rref(x)
+
+
+def test_data_parallel_training_matches_plain_torch(active: Any) -> None:
+    """Each process its own batch; gradients averaged over the mesh; the same steps replayed
+    with plain torch on the client give the same weights and losses."""
+    xs = shards((4, 3)) * 0.1
+    ys = shards((4, 1)) * 0.05
+    w = torch.zeros(3, 1, requires_grad=True)
+    losses = []
+    for _ in range(3):
+        loss = ((xs @ w - ys) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.5 * w.grad.reduce("gpus", "avg")
+        w.grad = None
+        losses.append(loss)
+    with no_mesh.activate():
+        data = [(local(r, (4, 3)) * 0.1, local(r, (4, 1)) * 0.05) for r in range(N)]
+        w_local = torch.zeros(3, 1)
+        expected_losses: list[list[torch.Tensor]] = [[] for _ in range(N)]
+        for _ in range(3):
+            grads = []
+            for rank, (x, y) in enumerate(data):
+                w_r = w_local.clone().requires_grad_()
+                loss_r = ((x @ w_r - y) ** 2).mean()
+                loss_r.backward()
+                assert w_r.grad is not None
+                grads.append(w_r.grad)
+                expected_losses[rank].append(loss_r.detach())
+            w_local = w_local - 0.5 * torch.stack(grads).mean(0)
+    for rank in range(N):
+        assert close(w, lambda: w_local, gpus=rank)
+        for step, loss in enumerate(losses):
+            assert close(loss, lambda r=rank, s=step: expected_losses[r][s], gpus=rank)  # type: ignore[misc]
