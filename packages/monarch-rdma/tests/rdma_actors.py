@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import threading
@@ -55,8 +56,8 @@ class Holder(Actor):
 
     @endpoint
     def content(self) -> bytes:
-        if hasattr(self.memory, "numpy"):
-            return bytes(self.memory.numpy().tobytes())
+        if hasattr(self.memory, "data_ptr"):  # a uint8 tensor (torch needs no numpy)
+            return ctypes.string_at(self.memory.data_ptr(), self.memory.numel())
         return bytes(self.memory)
 
     @endpoint
