@@ -13,6 +13,7 @@ import tomllib
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -234,6 +235,7 @@ class _FakeWorker:
         if status is not None:
             self.close_pipe()  # it exited: end of file
         self.stdout = os.fdopen(read, "rb")
+        self.stderr: IO[bytes] | None = None
         self.pid = 1
         self.status = status
 
