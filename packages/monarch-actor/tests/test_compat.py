@@ -323,9 +323,13 @@ def test_monarch_src_actor_modules_re_export_the_public_names(module: str) -> No
 
 def test_monarch_src_stays_a_namespace_other_packages_can_share() -> None:
     # No __init__.py: other distributions (monarch-rdma, ...) can add monarch._src.<theirs>.
+    # ``monarch`` itself has one only where monarch-tensor is installed, and it keeps the
+    # package open to the others (pkgutil.extend_path).
     for name in ("monarch", "monarch._src", "monarch._src.actor"):
         package = importlib.import_module(name)
-        assert getattr(package, "__file__", None) is None, name
+        init = getattr(package, "__file__", None)
+        shared = name == "monarch" and init is not None
+        assert init is None or (shared and "extend_path(__path__" in Path(init).read_text()), name
     src = Path(importlib.import_module("monarch._src.actor.bootstrap").__file__ or "").parent
     assert not (src / "__init__.py").exists()
     assert not (src.parent / "__init__.py").exists()
