@@ -1,5 +1,6 @@
-"""Persistent scale experiments in replicated SQLite: the five trusted tables and the store
-that applies the claim ledger's decisions as transactions (issue 22).
+"""Persistent scale experiments in replicated SQLite: the trusted tables (five, plus the
+results' baselines) and the store that applies the claim ledger's decisions as transactions
+(issue 22).
 
 Why SQLite and why these tables: every scale process keeps a ``chrysalis.sqlite.Replica``
 (a file per process, or memory for an admin client) replicated along the node tree by
@@ -176,7 +177,7 @@ def _records(execute: Callable[[str], Any]) -> list[Record]:
 
 @final
 class ExperimentStore:
-    """The ledger kept in ``replica``'s five tables. ``ledger()`` reads a snapshot;
+    """The ledger kept in ``replica``'s tables. ``ledger()`` reads a snapshot;
     ``decide(op)`` runs ``op`` on the ledger inside one ``IMMEDIATE`` replica transaction and
     writes (and captures) every record of the decision it returns. Loads the whole ledger
     per call: fine for the bounded ledger (``MAX_NODES``, ``MAX_EXPERIMENTS``), not tuned."""

@@ -3,7 +3,7 @@ node tree, record the node, claim the work addressed to its PID and run it (issu
 
 ``node_experiments(node, database, node_record)`` is an async context manager that a scale
 process (the root or a worker) enters inside its running ``Node``: it opens the replica file
-``database`` with the five tables (``chrysalis.node._experiment_store``), runs a
+``database`` with the experiment tables (``chrysalis.node._experiment_store``), runs a
 ``chrysalis.sqlite.topology.ReplicationTopology`` on the node's links, records the node row
 (a new incarnation if the PID was there before), then runs ``ExperimentRunner`` until the
 block ends, when the node is marked ``stopped`` (its unfinished work fails with that reason).
