@@ -17,12 +17,15 @@ from hypothesis import strategies as st
 from chrysalis.node._cli import PING_PAYLOAD, PING_TAG, ping_payload
 from chrysalis.node._echo import serve_stream
 from chrysalis.node._scale import (
+    BASELINES_OP,
     DELIVERY_OP,
     ECHO_OP,
     MAX_ECHO_PAYLOAD,
+    POOLED_ECHO_OP,
     ProcessGroup,
     ScaleError,
     ScaleSettings,
+    _scale_handler,
     _serve_echo,
     decode_echo_reply,
     encode_echo_request,
@@ -266,3 +269,26 @@ def test_tiny_run_converges_echoes_and_leaves_no_worker_behind(tmp_path: Path) -
 def test_command_line_usage_errors_exit_2() -> None:
     assert main(["run"]) == 2
     assert main(["run", "--nodes", "1"]) == 1  # valid syntax, invalid run: one error line
+
+
+def test_worker_answers_a_pooled_echo_frame_by_frame() -> None:
+    from chrysalis.node._baselines import FrameReader, frame
+
+    frames = [b"one", b"", b"\x2a" * 70_000]
+    stream = _serve(bytes([POOLED_ECHO_OP]) + b"".join(frame(f) for f in frames))
+    assert FrameReader().feed(bytes(stream.written)) == frames
+    assert stream.eof
+
+
+def test_worker_tells_its_baseline_addresses_and_refuses_an_oversized_pooled_frame() -> None:
+    async def go(handler_data: bytes, baselines: bytes) -> FakeStream:
+        stream = FakeStream(handler_data)
+        await serve_stream(stream, _scale_handler(baselines))
+        return stream
+
+    answer = asyncio.run(go(bytes([BASELINES_OP]), b'{"tcp": "127.0.0.1:9"}'))
+    assert bytes(answer.written) == b'{"tcp": "127.0.0.1:9"}'
+    assert bytes(_serve(bytes([BASELINES_OP])).written) == b"{}"  # a worker without servers
+    oversized = (MAX_ECHO_PAYLOAD + 1).to_bytes(4, "big")
+    refused = asyncio.run(go(bytes([POOLED_ECHO_OP]) + oversized, b"{}"))
+    assert bytes(refused.written) == b""

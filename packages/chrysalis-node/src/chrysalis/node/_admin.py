@@ -36,6 +36,7 @@ from typing import Any, Final, TextIO
 
 from chrysalis.core import LinkSide
 from chrysalis.node._address import format_address
+from chrysalis.node._baselines import BASELINE_METHODS, decode_baselines, pair_ratios
 from chrysalis.node._claims import (
     TERMINAL,
     ExperimentLedger,
@@ -154,6 +155,7 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
             "max_ms": r.max_ms,
             "mib_per_second": r.mib_per_second,
             "error": r.error,
+            **_baselines_of(r.p50_ms, r.p99_ms, r.mib_per_second, r.baselines),
         }
         for (e, _s, _d), r in sorted(ledger.results.items())
         if e == name
@@ -175,6 +177,7 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
         summary[key] = (
             {"median": _median(values), "min": min(values), "max": max(values)} if values else None
         )
+    summary["baseline_ratios"] = _ratio_summary(ok)
     pairs = [r for r in ledger.results.values() if r.experiment == name]
     longest = max((r.seconds for r in pairs), default=0.0)
     moved = sum(r.mib_per_second * r.seconds for r in pairs)
@@ -183,6 +186,48 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
     report["results"] = results
     report["summary"] = summary
     return report
+
+
+def _baselines_of(p50: float, p99: float, rate: float, text: str) -> dict[str, Any]:
+    """A result's ``baselines`` (per method, as stored) and ``ratios`` (Chrysalis over each
+    baseline: ``chrysalis.node._baselines.pair_ratios``); an unreadable document is reported
+    as ``baselines_error``, never raised."""
+    try:
+        found = decode_baselines(text)
+    except ValueError as exc:
+        return {"baselines": {}, "ratios": {}, "baselines_error": str(exc)}
+    return {
+        "baselines": {
+            method: {
+                "completed": b.completed,
+                "seconds": b.seconds,
+                "p50_ms": b.p50_ms,
+                "p90_ms": b.p90_ms,
+                "p99_ms": b.p99_ms,
+                "mean_ms": b.mean_ms,
+                "max_ms": b.max_ms,
+                "mib_per_second": b.mib_per_second,
+                "error": b.error,
+            }
+            for method, b in found.items()
+        },
+        "ratios": pair_ratios(p50, p99, rate, found),
+    }
+
+
+def _ratio_summary(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per method, the median over the ok pairs of each ratio (``None`` where no pair has
+    it)."""
+    summary: dict[str, dict[str, float | None]] = {}
+    for method in BASELINE_METHODS:
+        ratios = [r["ratios"][method] for r in results if method in r.get("ratios", {})]
+        if not ratios:
+            continue
+        summary[method] = {}
+        for key in ("p50", "p99", "throughput"):
+            values = [float(x[key]) for x in ratios if x[key] is not None]
+            summary[method][key] = _median(values) if values else None
+    return summary
 
 
 def format_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -199,6 +244,10 @@ def format_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def _ms(value: float) -> str:
     return f"{value:.3f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _show_text(report: dict[str, Any]) -> str:
@@ -243,7 +292,52 @@ def _show_text(report: dict[str, Any]) -> str:
                 ],
             )
         )
+    baseline_rows = [
+        (
+            r["source"][:8],
+            r["destination"][:8],
+            method,
+            b["completed"],
+            _ms(b["p50_ms"]),
+            _ms(b["p99_ms"]),
+            f"{b['mib_per_second']:.2f}",
+            _ratio(r["ratios"][method]["p50"]),
+            _ratio(r["ratios"][method]["p99"]),
+            _ratio(r["ratios"][method]["throughput"]),
+            b["error"],
+        )
+        for r in report["results"]
+        for method, b in r.get("baselines", {}).items()
+    ]
+    if baseline_rows:
+        lines.append(
+            "baselines (RATIO = Chrysalis / baseline: latency above 1 and throughput below 1 "
+            "mean Chrysalis is slower)"
+        )
+        lines.append(
+            format_rows(
+                (
+                    "SOURCE",
+                    "DESTINATION",
+                    "METHOD",
+                    "DONE",
+                    "P50_MS",
+                    "P99_MS",
+                    "MIB_S",
+                    "P50_RATIO",
+                    "P99_RATIO",
+                    "MIB_S_RATIO",
+                    "ERROR",
+                ),
+                baseline_rows,
+            )
+        )
     s = report["summary"]
+    for method, ratios in s.get("baseline_ratios", {}).items():
+        lines.append(
+            f"median ratio to {method}: p50 {_ratio(ratios['p50'])}, p99 {_ratio(ratios['p99'])}, "
+            f"throughput {_ratio(ratios['throughput'])}"
+        )
     line = (
         f"pairs ok {s['pairs_ok']}, failed {s['pairs_failed']}; sources failed "
         f"{s['sources_failed']}; operations {s['completed']}/{s['planned']}; "

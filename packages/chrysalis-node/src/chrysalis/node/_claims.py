@@ -286,7 +286,7 @@ class ResultRecord:
     """What ``source`` measured against ``destination``: ``status`` ``ok`` or ``failed``,
     ``completed`` of ``count`` operations in ``seconds`` (this pair's), latency percentiles in
     ms (0 when nothing completed), payload throughput in MiB/s (both directions for an
-    echo) and the first ``error``."""
+    echo), the first ``error`` and the pair's ``baselines``."""
 
     experiment: str
     source: str
@@ -302,6 +302,9 @@ class ResultRecord:
     max_ms: float = 0.0
     mib_per_second: float = 0.0
     error: str = ""
+    baselines: str = ""
+    """The direct network baselines measured for this pair in the same run, as JSON
+    (``chrysalis.node._baselines.encode_baselines``; empty when none were measured)."""
 
 
 Record = NodeRecord | ExperimentRecord | TargetRecord | ClaimRecord | ResultRecord

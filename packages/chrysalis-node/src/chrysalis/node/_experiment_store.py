@@ -1,5 +1,6 @@
-"""Persistent scale experiments in replicated SQLite: the five trusted tables and the store
-that applies the claim ledger's decisions as transactions (issue 22).
+"""Persistent scale experiments in replicated SQLite: the trusted tables (five, plus the
+results' baselines) and the store that applies the claim ledger's decisions as transactions
+(issue 22).
 
 Why SQLite and why these tables: every scale process keeps a ``chrysalis.sqlite.Replica``
 (a file per process, or memory for an admin client) replicated along the node tree by
@@ -33,6 +34,7 @@ epoch):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, final
 
@@ -94,14 +96,29 @@ RESULT_TABLE: Final = _schema(
     " max_ms REAL, mib_per_second REAL, error TEXT",
     ["experiment", "source", "destination"],
 )
-SCHEMAS: Final = (NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE)
+BASELINE_TABLE: Final = _schema(
+    "scale_result_baseline",
+    "experiment TEXT, source TEXT, destination TEXT, baselines TEXT",
+    ["experiment", "source", "destination"],
+)
+SCHEMAS: Final = (
+    NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE, BASELINE_TABLE,
+)  # fmt: skip
 """The trusted descriptors, in load order."""
 TABLES: Final = tuple(schema.table for schema in SCHEMAS)
 
 
 def open_replica(path: str) -> Replica:
-    """A replica at ``path`` (a file, or ``:memory:``) holding the five tables."""
+    """A replica at ``path`` (a file, or ``:memory:``) holding the experiment tables."""
     return Replica(path, list(SCHEMAS))
+
+
+def _rows(record: Record) -> list[tuple[str, tuple[SqlValue, ...]]]:
+    rows = [_row(record)]
+    if isinstance(record, ResultRecord) and record.baselines:
+        key = (record.experiment, record.source, record.destination)
+        rows.append((BASELINE_TABLE.table, (*key, record.baselines)))
+    return rows
 
 
 def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
@@ -146,14 +163,21 @@ def _records(execute: Callable[[str], Any]) -> list[Record]:
         found.append(TargetRecord(*row))
     for row in execute(f"SELECT {', '.join(CLAIM_TABLE.columns)} FROM scale_claim"):
         found.append(ClaimRecord(row[0], row[1], row[2], row[3], ClaimState(row[4]), *row[5:]))
+    baselines = {
+        (row[0], row[1], row[2]): str(row[3])
+        for row in execute(
+            f"SELECT {', '.join(BASELINE_TABLE.columns)} FROM {BASELINE_TABLE.table}"
+        )
+    }
     for row in execute(f"SELECT {', '.join(RESULT_TABLE.columns)} FROM scale_result"):
-        found.append(ResultRecord(*row))
+        key = (row[0], row[1], row[2])
+        found.append(dataclasses.replace(ResultRecord(*row), baselines=baselines.get(key, "")))
     return found
 
 
 @final
 class ExperimentStore:
-    """The ledger kept in ``replica``'s five tables. ``ledger()`` reads a snapshot;
+    """The ledger kept in ``replica``'s tables. ``ledger()`` reads a snapshot;
     ``decide(op)`` runs ``op`` on the ledger inside one ``IMMEDIATE`` replica transaction and
     writes (and captures) every record of the decision it returns. Loads the whole ledger
     per call: fine for the bounded ledger (``MAX_NODES``, ``MAX_EXPERIMENTS``), not tuned."""
@@ -197,8 +221,8 @@ class ExperimentStore:
             ledger = ExperimentLedger.from_records(_records(tx.execute))
             value, decision = op(ledger)
             for record in decision.records:
-                table, row = _row(record)
-                tx.upsert(table, row)
+                for table, row in _rows(record):
+                    tx.upsert(table, row)
         return value
 
     def apply(self, op: Callable[[ExperimentLedger], Decision]) -> Decision:

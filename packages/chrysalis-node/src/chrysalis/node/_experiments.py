@@ -3,10 +3,12 @@ node tree, record the node, claim the work addressed to its PID and run it (issu
 
 ``node_experiments(node, database, node_record)`` is an async context manager that a scale
 process (the root or a worker) enters inside its running ``Node``: it opens the replica file
-``database`` with the five tables (``chrysalis.node._experiment_store``), runs a
+``database`` with the experiment tables (``chrysalis.node._experiment_store``), runs a
 ``chrysalis.sqlite.topology.ReplicationTopology`` on the node's links, records the node row
 (a new incarnation if the PID was there before), then runs ``ExperimentRunner`` until the
 block ends, when the node is marked ``stopped`` (its unfinished work fails with that reason).
+With ``baselines`` (the default) each measured pair then gets its direct network baselines
+(``node_baselines``: ``chrysalis.node._baselines``), stored with its result row.
 
 ``ExperimentRunner`` polls the ledger (on every replica change, and every
 ``poll_interval`` for writes by other connections), claims the first open work addressed to
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -38,6 +41,14 @@ from typing import Final, final
 
 from chrysalis.core import Pid
 from chrysalis.nameserver import Consistency
+from chrysalis.node._baselines import (
+    MAX_BASELINES_JSON,
+    FrameReader,
+    MethodResult,
+    encode_baselines,
+    frame,
+    measure_baselines,
+)
 from chrysalis.node._claims import (
     TERMINAL,
     ClaimRecord,
@@ -51,17 +62,26 @@ from chrysalis.node._claims import (
 )
 from chrysalis.node._experiment_store import ExperimentStore, open_replica
 from chrysalis.node._node import Node
-from chrysalis.node._scale import DELIVERY_OP, decode_echo_reply, encode_echo_request
+from chrysalis.node._scale import (
+    BASELINES_OP,
+    DELIVERY_OP,
+    POOLED_ECHO_OP,
+    decode_echo_reply,
+    encode_echo_request,
+)
 from chrysalis.sqlite.topology import ReplicationTopology
 
 __all__ = [
+    "BASELINE_TIMEOUT",
     "ECHO_TIMEOUT",
     "POLL_INTERVAL",
     "ExperimentRunner",
     "Operation",
     "echo_once",
+    "node_baselines",
     "node_experiments",
     "percentiles",
+    "pooled_echo",
     "transfer_once",
 ]
 
@@ -73,6 +93,12 @@ POLL_INTERVAL: Final = 0.25
 ECHO_TIMEOUT: Final = 10.0
 """Seconds one echo may take; a slower one fails its pair (so a dead destination cannot hold
 a concurrency slot until the run's timeout)."""
+
+BASELINE_TIMEOUT: Final = 60.0
+"""Seconds each baseline method may take for one pair (its experiment's timeout if lower)."""
+
+Baselines = Callable[[Pid, ExperimentSpec], Awaitable[str]]
+"""Measures the direct baselines against ``pid`` for an experiment; their JSON."""
 
 Operation = Callable[[Pid, int], Awaitable[None]]
 """One measured operation of ``size`` payload bytes with ``pid``; raises when it fails."""
@@ -114,6 +140,79 @@ async def transfer_once(node: Node, pid: Pid, size: int) -> None:
         stream.close()
 
 
+async def pooled_echo(node: Node, pid: Pid, size: int, count: int) -> MethodResult:
+    """``count`` echoes of ``size`` bytes on one Chrysalis stream (``POOLED_ECHO_OP``), after
+    one untimed echo on it."""
+    payload = _FILL[:size] if size <= _CHUNK else b"\x2a" * size
+    loop = asyncio.get_running_loop()
+    stream = await node.dial(pid, Consistency.CACHED)
+    reader = FrameReader()
+    latencies: list[float] = []
+    error = ""
+    started = 0.0
+
+    async def once() -> None:
+        stream.write(frame(payload))
+        await stream.drain()
+        while True:
+            chunk = await stream.read(_CHUNK)
+            if not chunk:
+                raise ConnectionError("the destination ended the pooled stream")
+            frames = reader.feed(chunk)
+            if frames:
+                if frames != [payload] or reader.pending:
+                    raise ValueError("the pooled echo differs")
+                return
+
+    try:
+        stream.write(bytes([POOLED_ECHO_OP]))
+        await asyncio.wait_for(once(), ECHO_TIMEOUT)
+        started = loop.time()
+        for _ in range(count):
+            t0 = loop.time()
+            await asyncio.wait_for(once(), ECHO_TIMEOUT)
+            latencies.append(loop.time() - t0)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stream.close()
+    seconds = loop.time() - started if started else 0.0
+    return MethodResult.measured(latencies, seconds, 2 * size * len(latencies), error)
+
+
+async def node_baselines(node: Node, pid: Pid, spec: ExperimentSpec) -> str:
+    """The baselines JSON for one pair: asks ``pid`` for its baseline servers' addresses over
+    Chrysalis (``BASELINES_OP``), then measures each method (``measure_baselines``), with
+    the Chrysalis pooled-stream echo for an echo experiment."""
+    stream = await node.dial(pid, Consistency.CACHED)
+    try:
+        stream.write(bytes([BASELINES_OP]))
+        stream.write_eof()
+        answer = b""
+        while chunk := await asyncio.wait_for(stream.read(MAX_BASELINES_JSON), ECHO_TIMEOUT):
+            answer += chunk
+            if len(answer) > MAX_BASELINES_JSON:
+                raise ValueError("the destination's baseline addresses are too long")
+    finally:
+        stream.close()
+    raw = json.loads(answer or b"{}")
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ValueError(f"the destination answered {answer[:80]!r} for its baselines")
+
+    async def pooled(size: int, count: int) -> MethodResult:
+        return await pooled_echo(node, pid, size, count)
+
+    found = await measure_baselines(
+        raw,
+        spec.kind,
+        spec.payload,
+        spec.count,
+        pooled=pooled,
+        timeout=min(spec.timeout, BASELINE_TIMEOUT),
+    )
+    return encode_baselines(found)
+
+
 def percentiles(seconds: Sequence[float]) -> tuple[float, float, float, float, float]:
     """Nearest-rank p50, p90, p99, mean and max in milliseconds (zeros for none)."""
     if not seconds:
@@ -132,13 +231,16 @@ class _Progress:
     error: str = ""
     started: float = 0.0
     seconds: float = 0.0
+    baselines: str = ""
 
 
 @final
 class ExperimentRunner:
     """Claims and runs this node's work, one experiment at a time (see the module doc)."""
 
-    __slots__ = ("_clock", "_operations", "_pid", "_poll_interval", "_store", "_wake", "runs")
+    __slots__ = (
+        "_baselines", "_clock", "_operations", "_pid", "_poll_interval", "_store", "_wake", "runs",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -148,8 +250,10 @@ class ExperimentRunner:
         *,
         poll_interval: float = POLL_INTERVAL,
         clock: Callable[[], float] = time.time,
+        baselines: Baselines | None = None,
     ) -> None:
         self._store = store
+        self._baselines = baselines
         self._pid = pid
         self._operations = dict(operations)
         self._poll_interval = poll_interval
@@ -274,11 +378,31 @@ class ExperimentRunner:
             self._store.apply(lambda ledger: ledger.start(claim, self._clock()))
             if not await phase(measure):
                 return
+            if not await self._measure_baselines(work, progress):
+                return
             results = [self._result(spec, pid, progress[pid]) for pid in work.destinations]
             self._store.apply(lambda ledger: ledger.finish(claim, results, self._clock()))
             self.runs += 1
         except StaleClaimError as exc:  # cancelled or declared lost meanwhile
             _log.info("experiment %s ended elsewhere: %s", spec.name, exc)
+
+    async def _measure_baselines(self, work: Work, progress: Mapping[str, _Progress]) -> bool:
+        """After the Chrysalis figures, each measured pair's direct baselines, one pair at a
+        time (so they do not load each other); ``False`` if the claim ended meanwhile. A
+        pair whose baselines fail keeps its Chrysalis result, without baselines."""
+        if self._baselines is None:
+            return True
+        for pid in work.destinations:
+            record = progress[pid]
+            if record.error or not record.latencies:
+                continue
+            if not self._still_mine(work.claim):
+                return False
+            try:
+                record.baselines = await self._baselines(Pid.parse(pid), work.experiment.spec)
+            except Exception as exc:
+                _log.warning("baselines against %s failed: %s", pid[:8], exc)
+        return True
 
     def _result(self, spec: ExperimentSpec, pid: str, record: _Progress) -> ResultRecord:
         p50, p90, p99, mean, worst = percentiles(record.latencies)
@@ -300,6 +424,7 @@ class ExperimentRunner:
             max_ms=worst,
             mib_per_second=rate,
             error=record.error,
+            baselines=record.baselines,
         )
 
     async def _watch(self, claim: ClaimRecord) -> None:
@@ -316,6 +441,7 @@ async def node_experiments(
     *,
     poll_interval: float = POLL_INTERVAL,
     operations: Mapping[str, Operation] | None = None,
+    baselines: bool = True,
 ) -> AsyncIterator[ExperimentStore]:
     """Replicate, register and run experiments on ``node`` while the block runs (see the
     module docstring). ``record`` is this node's row (its ``incarnation`` is decided by the
@@ -334,7 +460,17 @@ async def node_experiments(
 
         if operations is None:
             operations = {"echo": echo, "stream-transfer": transfer}
-        runner = ExperimentRunner(store, pid, operations, poll_interval=poll_interval)
+
+        async def measure(target: Pid, spec: ExperimentSpec) -> str:
+            return await node_baselines(node, target, spec)
+
+        runner = ExperimentRunner(
+            store,
+            pid,
+            operations,
+            poll_interval=poll_interval,
+            baselines=measure if baselines else None,
+        )
         async with topology:
             store.apply(lambda ledger: ledger.register(record, time.time()))
             remove = replica.add_change_listener(runner.wake)

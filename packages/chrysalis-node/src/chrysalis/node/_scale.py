@@ -55,7 +55,7 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO, final
@@ -70,8 +70,10 @@ from chrysalis.node._node import JoinSettings, Node
 from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
 
 __all__ = [
+    "BASELINES_OP",
     "DELIVERY_OP",
     "ECHO_OP",
+    "POOLED_ECHO_OP",
     "MAX_ECHO_PAYLOAD",
     "MAX_NODES",
     "LatencySummary",
@@ -94,6 +96,12 @@ DELIVERY_OP: Final = 2
 byte count it received as u64 BE (spec 7.4's delivery op)."""
 ECHO_OP: Final = 1
 """First byte of a scale echo request; any other first byte asks for a raw echo."""
+BASELINES_OP: Final = 3
+"""A stream holding only this byte asks for the node's baseline servers' addresses (JSON,
+``chrysalis.node._baselines``; ``{}`` where it runs none)."""
+POOLED_ECHO_OP: Final = 4
+"""First byte of a pooled echo stream: ``[len u32 BE][payload]`` frames until FIN, each
+answered with the same frame (echo on one stream against a fresh stream per echo)."""
 MAX_ECHO_PAYLOAD: Final = 1024 * 1024
 """Largest echo payload a worker accepts (a longer announced length ends the stream)."""
 MAX_NODES: Final = 4096
@@ -456,24 +464,44 @@ def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
     return members[0] if len(members) == 1 else DatagramSocketSet(members[0], *members[1:])
 
 
-async def _serve_echo(stream: ByteStream) -> None:
+def _scale_handler(baselines: bytes = b"{}") -> Callable[[ByteStream], Awaitable[None]]:
     """A worker's echo: a scale request (``[ECHO_OP][len][payload]``) is answered with
     ``[len][payload]``, a transfer (``[DELIVERY_OP]`` then bytes until FIN) with the byte
-    count as u64 BE; any other first byte gets the raw echo (``chrysalis ping``). Errors end
-    the stream in ``chrysalis.node._echo.serve_stream``, never the worker."""
-    first = await stream.read(1)
-    if first == bytes([DELIVERY_OP]):
-        received = 0
-        while chunk := await stream.read(_TRANSFER_CHUNK):
-            received += len(chunk)
-        stream.write(_COUNT.pack(received))
-    elif first == bytes([ECHO_OP]):
-        (length,) = _LENGTH.unpack(await stream.read_exactly(_LENGTH.size))
-        if length > MAX_ECHO_PAYLOAD:
-            raise ScaleError(f"echo of {length} bytes refused")
-        stream.write(_LENGTH.pack(length) + await stream.read_exactly(length))
-    else:
-        await echo_raw(stream, first)
+    count as u64 BE, a pooled echo (``[POOLED_ECHO_OP]`` then frames) frame by frame,
+    ``[BASELINES_OP]`` with ``baselines`` (the JSON addresses of this process's baseline
+    servers); any other first byte gets the raw echo (``chrysalis ping``). Errors end the
+    stream in ``chrysalis.node._echo.serve_stream``, never the worker."""
+
+    async def handle(stream: ByteStream) -> None:
+        first = await stream.read(1)
+        if first == bytes([DELIVERY_OP]):
+            received = 0
+            while chunk := await stream.read(_TRANSFER_CHUNK):
+                received += len(chunk)
+            stream.write(_COUNT.pack(received))
+        elif first == bytes([ECHO_OP]):
+            (length,) = _LENGTH.unpack(await stream.read_exactly(_LENGTH.size))
+            if length > MAX_ECHO_PAYLOAD:
+                raise ScaleError(f"echo of {length} bytes refused")
+            stream.write(_LENGTH.pack(length) + await stream.read_exactly(length))
+        elif first == bytes([POOLED_ECHO_OP]):
+            while header := await stream.read(_LENGTH.size):
+                if len(header) < _LENGTH.size:
+                    header += await stream.read_exactly(_LENGTH.size - len(header))
+                (length,) = _LENGTH.unpack(header)
+                if length > MAX_ECHO_PAYLOAD:
+                    raise ScaleError(f"echo of {length} bytes refused")
+                stream.write(_LENGTH.pack(length) + await stream.read_exactly(length))
+                await stream.drain()
+        elif first == bytes([BASELINES_OP]):
+            stream.write(baselines)
+        else:
+            await echo_raw(stream, first)
+
+    return handle
+
+
+_serve_echo = _scale_handler()
 
 
 def _node_record(
@@ -524,11 +552,16 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(node)
+        handler = _serve_echo
         if args.database is not None:  # before children join: the replication link protocol
+            from chrysalis.node._baselines import baseline_servers
             from chrysalis.node._experiments import node_experiments
 
             record = _node_record(node, placement, args.topology, args.authority or "", carrier)
             await stack.enter_async_context(node_experiments(node, args.database, record))
+            host = str(udp.ip) if udp is not None else "127.0.0.1"
+            addresses = await stack.enter_async_context(baseline_servers(host, identity))
+            handler = _scale_handler(json.dumps(addresses).encode())
         connected = asyncio.ensure_future(node.wait_connected())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([connected, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -537,7 +570,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             return 1
         stopped.cancel()
         connected.result()
-        background = [asyncio.create_task(serve_streams(node, _serve_echo))]
+        background = [asyncio.create_task(serve_streams(node, handler))]
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
         await stop.wait()
@@ -689,11 +722,17 @@ async def _launched(
             from chrysalis.node._experiments import node_experiments
 
             record = _node_record(root, placements[0], settings.topology, "", root_carrier)
+            from chrysalis.node._baselines import baseline_servers
+
             store = await stack.enter_async_context(
                 node_experiments(root, database_dir / "node-0.db", record)
             )
+            addresses = await stack.enter_async_context(
+                baseline_servers(settings.host, root_identity)
+            )
             # The root is a destination like any node: it answers echoes too.
-            echo = asyncio.create_task(serve_streams(root, _serve_echo))
+            handler = _scale_handler(json.dumps(addresses).encode())
+            echo = asyncio.create_task(serve_streams(root, handler))
             stack.push_async_callback(_cancel, echo)
         root_token = (str(root.local_addr), root.pid.hex())
         joined: dict[int, tuple[str, str]] = {0: root_token}
