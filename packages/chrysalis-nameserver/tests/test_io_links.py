@@ -472,3 +472,66 @@ def test_idle_timeout_is_validated() -> None:
     with pytest.raises(ValueError, match="idle_timeout"):
         NameserverService(pid(1), idle_timeout=0)
     NameserverService(pid(1), idle_timeout=None)
+
+
+def test_a_lost_link_counts_as_rejoining_until_its_child_is_back_or_the_grace_ends() -> None:
+    """A link that ends uncleanly (its QUIC connection idled out while a process was starved)
+    revokes the child's entries, but the child counts as ``rejoining`` (callers may wait for
+    it) until its new snapshot is committed, for ``rejoin_grace`` at most; a child joining
+    (admitted, snapshot pending) counts too; a clean end and unknown PIDs never do."""
+
+    async def main() -> None:
+        now = [100.0]
+        root, leaf = Node(1), Node(2)
+        root.service = NameserverService(
+            root.pid, router=root.router, rejoin_grace=5.0, clock=lambda: now[0]
+        )
+        root.service.set_local_entry(ProcEntry(root.pid, "n1", locators=(Locator(root.address),)))
+        rejoining = root.service.rejoining
+        assert not rejoining(pid(77))  # never seen
+
+        async def connect(n: int) -> tuple[ParentLink, MemoryByteStream]:
+            stream = root.serve(leaf, LinkId(bytes([n]) * 16))
+            link = ParentLink.spawn(root.pid, root.address, stream, leaf.service)
+            await link.wait_active()
+            assert not rejoining(leaf.pid)  # published
+            return link, stream
+
+        # Lost: the child's stream is reset, not finished.
+        link, stream = await connect(1)
+        stream.abort()
+        await eventually(lambda: root.service.get(leaf.pid) is None)
+        assert rejoining(leaf.pid)
+        assert not rejoining(pid(77))
+        await link.wait_closed()
+        # Joining again: admitted, its snapshot not committed yet.
+        frames = NsFrameStream(root.serve(leaf, LinkId(b"\x02" * 16)))
+        await frames.send(Hello(VersionRange(1, 3), leaf.pid))
+        assert isinstance(await frames.receive(), Welcome)
+        assert root.service.get(leaf.pid) is None
+        assert rejoining(leaf.pid)
+        frames.abort()
+        await eventually(lambda: root.service.child_links() == {})
+        # Back: published again on a new link.
+        link, stream = await connect(3)
+        # A clean end (the child stopped) is forgotten at once.
+        await link.shutdown()
+        await eventually(lambda: root.service.get(leaf.pid) is None)
+        assert not rejoining(leaf.pid)
+        # Lost again, then not back within the grace.
+        link, stream = await connect(4)
+        stream.abort()
+        await eventually(lambda: root.service.get(leaf.pid) is None)
+        now[0] += 4.9
+        assert rejoining(leaf.pid)
+        now[0] += 0.2
+        assert not rejoining(leaf.pid)
+        await link.wait_closed()
+        await asyncio.gather(*root.tasks)
+
+    run(main)
+
+
+def test_rejoin_grace_is_validated() -> None:
+    with pytest.raises(ValueError, match="rejoin_grace"):
+        NameserverService(pid(1), rejoin_grace=-1)

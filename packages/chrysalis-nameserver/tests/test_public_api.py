@@ -217,6 +217,8 @@ def test_values_and_errors_pickle_by_facade_name() -> None:
 
 IO_LAYER = {
     "DEFAULT_READ_SIZE",
+    "DEFAULT_REJOIN_GRACE",
+    "MAX_REJOINING",
     "DEFAULT_RETRY_DELAY",
     "DEFAULT_UPSTREAM_TIMEOUT",
     "ByteStream",

@@ -257,6 +257,75 @@ def test_dial_unknown_pid_reports_not_found(runtime: Runtime) -> None:
     runtime.run(main)
 
 
+async def lose_parent_link(runtime: Runtime, r: Node, c: Node) -> Any:
+    """End ``c``'s nameserver link to ``r`` uncleanly (as when its QUIC connection idled out
+    while one side was starved of CPU) and hold ``c``'s next dial of its parent until the
+    returned event is set. Returns once ``r`` revoked ``c``'s entry."""
+    manager = c.parent_manager
+    assert manager is not None
+    link = manager.current_link
+    assert link is not None
+    gate = runtime.event()
+    dial = manager._dial
+
+    async def held(address: DatagramAddr, pinned: Pid | None) -> tuple[Pid, Any]:
+        await gate.wait()
+        return await dial(address, pinned)
+
+    manager._dial = held
+    link._frames.abort()  # a reset, not a finished stream
+    await directory_until(runtime, r, withdrawn_from(r, c.pid))
+    return gate
+
+
+def test_dial_waits_for_a_child_whose_link_was_lost_until_it_joins_again(
+    runtime: Runtime,
+) -> None:
+    """The flake of a first call to a fresh worker ("PID ... is not found (NotFound)"): the
+    worker's link was lost (an idled-out connection under CPU starvation) and its entry
+    revoked, while the worker was alive and joining again. ``dial`` waits (bounded) for such a
+    child instead of failing at once; an unknown PID still fails at once."""
+
+    async def main() -> None:
+        net = InprocNetwork()
+        async with root(net) as r, child(net, r) as c:
+            await c.wait_connected()
+            gate = await lose_parent_link(runtime, r, c)
+            assert r.nameserver.rejoining(c.pid)
+            with pytest.raises(NodeError, match="NotFound"):  # not waited for: at once
+                await r.dial(c.pid, rejoin_timeout=0)
+            async with runtime.background() as tasks:
+                tasks.spawn(echo_forever, runtime, c)
+
+                async def rejoin_later() -> None:
+                    await runtime.sleep(0.2)  # the child is slow to come back
+                    gate.set()
+
+                tasks.spawn(rejoin_later)
+                async with runtime.bounded(5):
+                    assert await round_trip(runtime, r, c.pid, b"back") == b"kcab"
+                assert r.nameserver.get(c.pid) is not None
+                with pytest.raises(NodeError, match="NotFound"):
+                    await r.dial(Pid(b"\x42" * 16))
+
+    runtime.run(main)
+
+
+def test_dial_to_a_lost_child_that_does_not_join_again_fails_after_the_bound(
+    runtime: Runtime,
+) -> None:
+    async def main() -> None:
+        net = InprocNetwork()
+        async with root(net) as r, child(net, r) as c:
+            await c.wait_connected()
+            gate = await lose_parent_link(runtime, r, c)
+            with pytest.raises(NodeError, match=r"NotFound\): .* did not join again within 0.3"):
+                await r.dial(c.pid, rejoin_timeout=0.3)
+            gate.set()
+
+    runtime.run(main)
+
+
 def _udp() -> UdpSocket:
     return UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0))
 

@@ -143,7 +143,9 @@ from chrysalis.nameserver._routes import (
 )
 from chrysalis.nameserver._server import ChildLinkServer, StreamAcceptor
 from chrysalis.nameserver._service import (
+    DEFAULT_REJOIN_GRACE,
     DEFAULT_UPSTREAM_TIMEOUT,
+    MAX_REJOINING,
     LocalEntryError,
     NameserverService,
     UpstreamClosed,
@@ -472,9 +474,11 @@ __all__ = [
     "ByteStream",
     "ChildLinkServer",
     "DEFAULT_READ_SIZE",
+    "DEFAULT_REJOIN_GRACE",
     "DEFAULT_RETRY_DELAY",
     "DEFAULT_UPSTREAM_TIMEOUT",
     "LinkState",
+    "MAX_REJOINING",
     "LinkStatus",
     "LocalEntryError",
     "MemoryByteStream",

@@ -23,6 +23,15 @@ module is the thin driver that owns the one directory of a node and serves child
 * A child stream that sends nothing for ``idle_timeout`` seconds (120 by default; ``None``
   disables it) is closed like any other ending link. ``ParentLink`` sends a keepalive well
   inside that time, so only streams that were abandoned (or never said ``Hello``) are closed.
+* Rejoining children (``rejoining``). A link that ends without the child finishing its stream
+  (a QUIC connection that idled out while one side was starved of CPU, a reset) revokes the
+  link's entries like any other end, but the service remembers those PIDs for
+  ``rejoin_grace`` seconds: the child is probably alive and dialling again (its entries come
+  back with its next snapshot), so a caller that finds such a PID missing may wait for it
+  (``chrysalis.node.Node.dial`` does, within a bound) instead of reporting ``NotFound`` at
+  once. So does a child whose new link is admitted but whose snapshot is not committed yet.
+  A clean end (the child finished its stream: it stopped) is forgotten at once. At most
+  ``MAX_REJOINING`` PIDs are remembered (the oldest are dropped).
 * Answers to a child are rewritten to this node's own locators: this node is the child's next
   hop toward everything it can name. Misses go upstream (``UpstreamNameserver``) when there is a
   parent, within ``upstream_timeout``; otherwise (or on failure) a local ``NotFound``.
@@ -35,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, Protocol, final
 
 from chrysalis.core import LinkId, Pid
@@ -81,11 +90,13 @@ from chrysalis.nameserver._views import (
     rewrite_enumeration,
     rewrite_resolution,
 )
-from chrysalis.nameserver.runtime import Event, fail_after, new_event
+from chrysalis.nameserver.runtime import Event, fail_after, monotonic, new_event
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_REJOIN_GRACE",
     "DEFAULT_UPSTREAM_TIMEOUT",
+    "MAX_REJOINING",
     "LocalEntryError",
     "NameserverService",
     "UpstreamClosed",
@@ -100,6 +111,10 @@ DEFAULT_UPSTREAM_TIMEOUT: Final = 10.0
 DEFAULT_IDLE_TIMEOUT: Final = 120.0
 """Seconds a served child stream may stay silent before it is closed (``ParentLink`` sends a
 keepalive every ``DEFAULT_KEEPALIVE_INTERVAL``, 30 s)."""
+DEFAULT_REJOIN_GRACE: Final = 30.0
+"""Seconds a PID whose link was lost (not closed) counts as ``rejoining``."""
+MAX_REJOINING: Final = 4096
+"""Most PIDs remembered as ``rejoining`` at once (the oldest are dropped first)."""
 _GATE_TIMEOUT: Final = 5.0
 
 
@@ -166,11 +181,14 @@ class NameserverService:
 
     __slots__ = (
         "_child_links",
+        "_clock",
         "_directory",
         "_idle_timeout",
         "_local",
+        "_lost",
         "_negative_ttl",
         "_projector",
+        "_rejoin_grace",
         "_revisions",
         "_serving",
         "_upstream_timeout",
@@ -189,7 +207,11 @@ class NameserverService:
         max_entries: int = DEFAULT_MAX_ENTRIES,
         max_bytes: int = DEFAULT_MAX_BYTES,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        rejoin_grace: float = DEFAULT_REJOIN_GRACE,
+        clock: Callable[[], float] = monotonic,
     ) -> None:
+        if not rejoin_grace >= 0:
+            raise ValueError("rejoin_grace must not be negative")
         if upstream_timeout <= 0:
             raise ValueError("upstream_timeout must be positive")
         if idle_timeout is not None and not idle_timeout > 0:
@@ -206,6 +228,10 @@ class NameserverService:
         self._local: ProcEntry | None = None
         self._revisions = Watch()
         self._child_links = Watch()
+        self._rejoin_grace = rejoin_grace
+        self._clock = clock
+        # PID -> until when it counts as rejoining (insertion order = oldest first).
+        self._lost: dict[Pid, float] = {}
 
     # -- observers --------------------------------------------------------------------------
 
@@ -257,6 +283,32 @@ class NameserverService:
         """Directly admitted children: child PID -> link id."""
         return self._directory.child_links()
 
+    def rejoining(self, pid: Pid) -> bool:
+        """Whether ``pid`` is missing only because its child is joining again: its link was
+        lost (not closed) less than ``rejoin_grace`` seconds ago, or the child's new link is
+        admitted and its snapshot not committed yet. ``False`` for a PID in the directory,
+        one never seen, or one whose child stopped cleanly (module docstring)."""
+        if self._directory.get(pid) is not None:
+            return False
+        if pid in self._directory.child_links():
+            return True
+        until = self._lost.get(pid)
+        if until is None:
+            return False
+        if self._clock() < until:
+            return True
+        del self._lost[pid]
+        return False
+
+    def _remember_lost(self, pids: tuple[Pid, ...]) -> None:
+        until = self._clock() + self._rejoin_grace
+        lost = self._lost
+        for pid in pids:
+            lost.pop(pid, None)  # re-inserted last: the newest
+            lost[pid] = until
+        while len(lost) > MAX_REJOINING:
+            del lost[next(iter(lost))]
+
     def set_local_entry(self, entry: ProcEntry) -> None:
         """Install this node's own entry, once (``LocalEntryError`` otherwise)."""
         if entry.pid != self.authority:
@@ -290,6 +342,8 @@ class NameserverService:
                     session.apply(change)
             self._revisions.bump()
         if effects.superseded is not None:
+            if change is not None:  # the child is back on a new link: its snapshot follows
+                self._remember_lost(change.removals)
             if stale is not None:
                 try:
                     stale.finish(_GATE_TIMEOUT)
@@ -404,7 +458,7 @@ class NameserverService:
         finally:
             if self._serving.get(link, (None,))[0] is session:
                 del self._serving[link]
-            self._revoke(session, routes, link)
+            self._revoke(session, routes, link, lost=not clean)
             if clean:
                 frames.finish()
             else:
@@ -446,16 +500,33 @@ class NameserverService:
                     await frames.send(action.message)
                     return True
 
-    def _revoke(self, session: ParentSession, routes: RouteSession | None, link: LinkId) -> None:
-        """Fence, commit ``RemoveLink``, then (only if that worked) remove the routes."""
+    def _revoke(
+        self, session: ParentSession, routes: RouteSession | None, link: LinkId, *, lost: bool
+    ) -> None:
+        """Fence, commit ``RemoveLink``, then (only if that worked) remove the routes. The
+        revoked PIDs of a ``lost`` link count as ``rejoining`` for a while; those of a link
+        the child closed are forgotten."""
         if routes is not None:
             _fence(routes, link)
         session.close()
         try:
-            self.apply(RemoveLink(link))
+            effects = self.apply(RemoveLink(link))
         except ApplyError:
             _log.exception("removing nameserver link %s failed; its routes stay fenced", link)
             return
+        change = effects.directory_change
+        if change is not None and change.removals:
+            if lost:
+                _log.info(
+                    "nameserver link %s of %s was lost: %d entries revoked until it rejoins",
+                    link,
+                    session.peer,
+                    len(change.removals),
+                )
+                self._remember_lost(change.removals)
+            else:
+                for pid in change.removals:
+                    self._lost.pop(pid, None)
         if routes is not None:
             routes.finish(_GATE_TIMEOUT)
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from chrysalis.node._address import join_members, member_options
     from chrysalis.node._node import (
+        DEFAULT_REJOIN_TIMEOUT,
         ENUMERATION_ATTEMPTS,
         ENUMERATION_PAGE,
         JoinSettings,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
+    "DEFAULT_REJOIN_TIMEOUT",
     "ENUMERATION_ATTEMPTS",
     "ENUMERATION_PAGE",
     "LINK_ID_BYTES",
@@ -62,6 +64,7 @@ __all__ = [
 _NODE: Final = "chrysalis.node._node"
 _SESSIONS: Final = "chrysalis.node._sessions"
 _LAZY: Final[Mapping[str, str]] = {
+    "DEFAULT_REJOIN_TIMEOUT": _NODE,
     "ENUMERATION_ATTEMPTS": _NODE,
     "ENUMERATION_PAGE": _NODE,
     "JoinSettings": _NODE,

@@ -45,6 +45,7 @@ from chrysalis.core.runtime import (
     Task,
     TrioSpawner,
     current_async_library,
+    fail_after,
     join_shielded,
     run_in_thread,
 )
@@ -84,6 +85,7 @@ from chrysalis.node._tempdirs import reclaim_stale_socket
 from chrysalis.quic import ByteStream, Identity, LinkProtocolId, QuicConfig, QuicTransport
 
 __all__ = [
+    "DEFAULT_REJOIN_TIMEOUT",
     "ENUMERATION_ATTEMPTS",
     "ENUMERATION_PAGE",
     "JoinSettings",
@@ -97,6 +99,9 @@ ENUMERATION_ATTEMPTS: Final = 8
 """Full enumeration passes before ``EnumerationChanged``."""
 ENUMERATION_PAGE: Final = 256
 """Entries per enumeration page."""
+DEFAULT_REJOIN_TIMEOUT: Final = 5.0
+"""Seconds ``dial`` waits for a child that is joining again (``NameserverService.rejoining``)
+before it reports ``NotFound``."""
 _SWITCH_JOIN: Final = 5.0
 
 
@@ -568,10 +573,25 @@ class Node:
 
     # -- streams ----------------------------------------------------------------------------
 
-    async def dial(self, pid: Pid, consistency: Consistency = Consistency.CACHED) -> ByteStream:
+    async def dial(
+        self,
+        pid: Pid,
+        consistency: Consistency = Consistency.CACHED,
+        *,
+        rejoin_timeout: float = DEFAULT_REJOIN_TIMEOUT,
+    ) -> ByteStream:
         """A new stream to ``pid`` (an ``AsyncioStream`` or ``TrioStream``, both ``ByteStream``):
-        resolve, then try its locators by priority."""
+        resolve, then try its locators by priority.
+
+        A PID this node does not know is ``NotFound`` at once, except one of this node's
+        subtree that is joining again (``NameserverService.rejoining``: its link was lost, for
+        instance a QUIC connection that idled out while a process was starved of CPU, and
+        the child is dialling again, or its new link's snapshot is not committed yet): that
+        one is waited for, at most ``rejoin_timeout`` seconds (``0``: not at all)."""
         resolution = await self.resolve(pid, consistency)
+        rejoin = rejoin_timeout > 0 and isinstance(resolution, NotFound)
+        if rejoin and self.nameserver.rejoining(pid):
+            resolution = await self._await_rejoin(pid, rejoin_timeout)
         if isinstance(resolution, NotFound):
             raise NodeError(f"PID {pid.hex()} is not found (NotFound)")
         entry = resolution.entry
@@ -586,6 +606,28 @@ class Node:
             except Exception as exc:
                 last = exc
         raise NodeError(f"dialling {pid.hex()} failed: {last}") from last
+
+    async def _await_rejoin(self, pid: Pid, timeout: float) -> Resolution:
+        """The resolution of ``pid`` once its child published it again; ``NodeError`` after
+        ``timeout`` seconds; ``NotFound`` once it no longer counts as rejoining."""
+        service = self.nameserver
+        watch = service.revisions
+
+        async def republished() -> Resolution:
+            while True:
+                seen = watch.version
+                resolution = service.resolve(pid)
+                if isinstance(resolution, Found) or not service.rejoining(pid):
+                    return resolution
+                await watch.wait_change(seen)
+
+        try:
+            return await fail_after(timeout, republished)
+        except TimeoutError:
+            raise NodeError(
+                f"PID {pid.hex()} is not found (NotFound): its link to this node was lost "
+                f"and it did not join again within {timeout:g} s"
+            ) from None
 
     async def accept(self) -> tuple[Pid, ByteStream]:
         """The next stream another process opened to this node (a ``ByteStream``), with its
