@@ -13,11 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.actor._base import loop as loop_module
+from monarch.actor._base.envelope import ActorAddr, Envelope, MessageKind
 from monarch.actor._base.loop import (
     RuntimeLoop,
     RuntimeLoopClosedError,
     RuntimeLoopOverloadedError,
 )
+from monarch.actor._transport.seam import InProcessFabric
 
 WAIT = 5.0
 
@@ -245,3 +247,43 @@ def test_stop_before_start_drops_the_queue_with_a_warning(
         loop.stop()
     assert loop.pending == 0
     assert "1 queued callbacks dropped" in caplog.text
+
+
+def test_an_overloaded_loop_refuses_an_in_process_send_to_its_sender() -> None:
+    """The in-process seam hands each envelope to the destination's loop: when that loop's
+    queue is full, the sender gets the error (its own loop would refuse a bounce as well)
+    rather than the envelope vanishing."""
+    loop = RuntimeLoop("test-seam-bounded", max_pending=2)
+    loop.start()
+    try:
+        fabric = InProcessFabric()
+        got: list[Envelope] = []
+        bounced: list[str] = []
+        two = threading.Event()
+
+        def deliver(envelope: Envelope, _buffers: object) -> None:
+            got.append(envelope)
+            if len(got) == 2:
+                two.set()
+
+        a = fabric.attach(loop, deliver, lambda _e, r: bounced.append(r))
+        b = fabric.attach(loop, deliver, lambda _e, r: bounced.append(r))
+
+        def envelope(seq: int) -> Envelope:
+            return Envelope(
+                MessageKind.CALL, ActorAddr(a.pid.raw, "root"), ActorAddr(b.pid.raw, "x"),
+                -1, "ep", seq, None, None, b"x",
+            )  # fmt: skip
+
+        _running, release = block(loop)
+        a.send(envelope(0), [])
+        a.send(envelope(1), [])
+        with pytest.raises(RuntimeLoopOverloadedError):
+            a.send(envelope(2), [])
+        release.set()
+        assert two.wait(WAIT)
+        flush(loop)
+        assert [e.sequence for e in got] == [0, 1]
+        assert bounced == []
+    finally:
+        loop.stop(timeout=WAIT)

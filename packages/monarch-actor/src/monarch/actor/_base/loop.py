@@ -22,9 +22,13 @@ order they were submitted (a total order, stronger than the per-thread FIFO prom
 runs in the ``contextvars`` context of its submitter, as a ``Handle`` would, and an exception
 goes to the loop's exception handler without disturbing the rest. ``stop`` refuses later
 submissions and the loop thread runs what was already queued before it exits, so nothing
-accepted is lost. Bound: ``max_pending`` queued callbacks (``RuntimeLoopOverloadedError``
-beyond it); today's producers bound themselves far below that (transport queues, mailboxes),
-as they did when the queue was asyncio's own unbounded ready queue.
+accepted is lost. Bound: ``max_pending`` queued callbacks (``RuntimeLoopOverloadedError``, a
+``RuntimeLoopClosedError``, beyond it: callers bounce the work as for a stopped loop). Before,
+the hand-off was asyncio's unbounded ready queue, and the bounds sat at the producers (the node
+transport's ``max_queued_frames``/``bytes``, mailboxes after delivery); the in-process seam had
+none but the loop keeping up. Order is not promised between ``call_soon`` and raw asyncio
+hand-offs to ``loop`` (``call_soon_threadsafe``, ``run_coroutine_threadsafe``), which bypass
+the queue: use one or the other for work whose order matters.
 
 Lifecycle: the loop starts lazily when a process runtime is created, survives until
 ``shutdown_context()`` (or interpreter exit), and is a daemon thread so it never keeps a
@@ -40,6 +44,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import reprlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -229,7 +234,10 @@ class RuntimeLoop:
                 raise
             except BaseException as exc:
                 self._loop.call_exception_handler(
-                    {"message": f"Exception in callback {fn!r}{args!r}", "exception": exc}
+                    {
+                        "message": f"Exception in callback {fn!r}{reprlib.repr(args)}",
+                        "exception": exc,
+                    }
                 )
         self._loop.call_soon(self._drain)  # ``_scheduled`` stays True: no wake-up needed
 
