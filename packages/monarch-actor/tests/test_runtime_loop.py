@@ -287,3 +287,30 @@ def test_an_overloaded_loop_refuses_an_in_process_send_to_its_sender() -> None:
         assert bounced == []
     finally:
         loop.stop(timeout=WAIT)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_loop_that_dies_runs_what_it_accepted_and_refuses_the_rest() -> None:
+    """``SystemExit`` in a callback ends the loop thread (as asyncio lets it): the callbacks
+    queued behind it still run, and later submissions are refused instead of hanging."""
+    loop = RuntimeLoop("test-dies")
+    loop.start()
+    try:
+        _running, release = block(loop)
+        ran: list[int] = []
+
+        def leave() -> None:
+            raise SystemExit
+
+        loop.call_soon(ran.append, 1)
+        loop.call_soon(leave)
+        loop.call_soon(ran.append, 2)
+        release.set()
+        loop._thread.join(WAIT)
+        assert not loop._thread.is_alive()
+        assert ran == [1, 2]
+        assert loop.closed
+        with pytest.raises(RuntimeLoopClosedError):
+            loop.call_soon(ran.append, 3)
+    finally:
+        loop.stop(timeout=WAIT)

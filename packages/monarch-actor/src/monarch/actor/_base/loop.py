@@ -149,8 +149,11 @@ class RuntimeLoop:
         try:
             self._loop.run_forever()
         finally:
-            # ``stop`` refused later submissions: run what it accepted before (a drain left
-            # in the ready queue behind ``loop.stop`` would otherwise never run).
+            # Refuse later submissions (``stop`` did already, unless the loop died of an
+            # exception), then run what was accepted before (a drain left in the ready queue
+            # behind ``loop.stop`` would otherwise never run).
+            with self._lock:
+                self._closed = True
             with contextlib.suppress(Exception):
                 self._drain(final=True)
             _RUNTIME_THREADS.discard(self._ident)
