@@ -228,12 +228,17 @@ class RuntimeLoop:
             budget -= 1
             try:
                 context.run(fn, *args)
-            except (SystemExit, KeyboardInterrupt):
-                if queue and not final:  # as asyncio does: propagate, the rest still runs
-                    self._loop.call_soon(self._drain)
-                else:
-                    with self._lock:
-                        self._scheduled = bool(queue)
+            except (SystemExit, KeyboardInterrupt) as exc:
+                if final:  # the loop is gone already: nothing left to end
+                    _log.warning(
+                        "a callback raised %r after runtime loop %r stopped", exc, self._name
+                    )
+                    continue
+                with self._lock:  # as asyncio does: propagate; what is queued still runs
+                    if queue:
+                        self._loop.call_soon(self._drain)
+                    else:
+                        self._scheduled = False
                 raise
             except BaseException as exc:
                 self._loop.call_exception_handler(
