@@ -78,7 +78,11 @@ from monarch.actor._base.envelope import (
     encode_frame,
 )
 from monarch.actor._base.errors import FrameError
-from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
+from monarch.actor._base.loop import (
+    RuntimeLoop,
+    RuntimeLoopClosedError,
+    RuntimeLoopOverloadedError,
+)
 from monarch.actor._transport.lane import ZERO_SHM_HEAD, Lane, LaneManager, LaneSettings, UnixLane
 from monarch.actor._transport.lane_proto import (
     ControlSplitter,
@@ -407,7 +411,13 @@ class NodeProcessTransport:
             self._bounce_soon(envelope, "the sending process's transport is closed")
             return
         if target == self._pid.raw or (self._hosts is not None and self._hosts(target)):
-            self._call_soon(self._deliver, envelope, detach_buffers(buffers, envelope.buffer_kinds))
+            owned = detach_buffers(buffers, envelope.buffer_kinds)
+            try:
+                self._loop.call_soon(self._deliver, envelope, owned)
+            except RuntimeLoopOverloadedError:
+                raise  # to the sender: the loop would refuse the bounce as well
+            except RuntimeLoopClosedError:
+                pass  # closed under us: nobody is left to tell
             return
         shared: _Shared | None = None
         pieces: list[Any] | None = None
@@ -616,6 +626,9 @@ class NodeProcessTransport:
     def _call_soon(self, fn: Callable[..., Any], *args: Any) -> bool:
         try:
             self._loop.call_soon(fn, *args)
+        except RuntimeLoopOverloadedError as exc:
+            _log.error("the node transport could not hand %r to its loop: %s", fn, exc)
+            return False
         except RuntimeLoopClosedError:
             return False
         return True

@@ -35,7 +35,11 @@ from typing import Protocol
 from chrysalis.core import Pid
 from monarch.actor._base.codec import ReceivedBuffer, detach_buffers
 from monarch.actor._base.envelope import Envelope, FrameLimits, check_size
-from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
+from monarch.actor._base.loop import (
+    RuntimeLoop,
+    RuntimeLoopClosedError,
+    RuntimeLoopOverloadedError,
+)
 
 __all__ = [
     "Attachable",
@@ -208,6 +212,8 @@ class InProcessTransport:
         owned = detach_buffers(buffers, envelope.buffer_kinds)
         try:
             destination._loop.call_soon(destination._deliver, envelope, owned)
+        except RuntimeLoopOverloadedError:
+            raise  # to the sender: its loop would refuse the bounce as well
         except RuntimeLoopClosedError:
             self._bounce(envelope, "the destination process has shut down")
 
