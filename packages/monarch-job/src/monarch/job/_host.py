@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 from monarch.actor._hosts.attach_daemon import WorkerDaemon
 from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
+from monarch.actor._runtime import logging as runtime_logging
 from monarch.config import _registry as _config
 
 __all__ = ["main"]
@@ -93,10 +95,6 @@ def _forget_the_client() -> None:
     """Begin as an exec'd host would, in a process forked from a client: its own session
     (``ProcessJob.kill`` ends it whole), configuration only from the environment, and none of
     the client's exit handlers (its atexit would end *this* process's job)."""
-    import atexit
-
-    from monarch.actor._runtime import logging as runtime_logging
-
     os.setsid()
     _config.clear_runtime_config()
     runtime_logging.uninstall_system_logging()

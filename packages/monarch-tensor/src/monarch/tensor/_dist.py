@@ -10,6 +10,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from monarch.spmd import init_process_group
+
 __all__ = ["ensure_world", "group_for", "initialized"]
 
 #: How long a collective or the rendezvous waits for the other workers.
@@ -37,8 +39,6 @@ def ensure_world(procs: Any, workers: Any, timeout_s: float) -> Any:
             "some processes of the mesh have a torch.distributed process group and others do "
             "not: the tensor engine needs one over all of them"
         )
-    from monarch.spmd import init_process_group
-
     return init_process_group(procs, backend="gloo", timeout=TIMEOUT.total_seconds())
 
 
