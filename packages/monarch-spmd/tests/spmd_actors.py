@@ -47,17 +47,19 @@ class Collective(Actor):
 
     @endpoint
     def all_reduce_or_die(self, dying_rank: int, numel: int) -> float:
-        """Every rank starts an all-reduce; ``dying_rank`` is killed with SIGKILL while it is in
-        flight (its peers are then inside the collective with a peer gone)."""
+        """Every rank but ``dying_rank`` starts an all-reduce; ``dying_rank`` is killed with
+        SIGKILL instead of contributing, so its peers are inside the collective with a peer gone.
+        (Killed after starting its own part, it raced the collective: gloo could finish a small
+        all-reduce before the signal, and the survivor then succeeded.)"""
         import signal
 
         import torch
         import torch.distributed as dist
 
-        tensor = torch.ones(numel)
-        work = dist.all_reduce(tensor, async_op=True)
         if dist.get_rank() == dying_rank:
             os.kill(os.getpid(), signal.SIGKILL)
+        tensor = torch.ones(numel)
+        work = dist.all_reduce(tensor, async_op=True)
         assert work is not None
         work.wait()
         return float(tensor[0])
