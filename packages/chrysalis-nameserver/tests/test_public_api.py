@@ -218,6 +218,7 @@ def test_values_and_errors_pickle_by_facade_name() -> None:
 IO_LAYER = {
     "DEFAULT_READ_SIZE",
     "DEFAULT_REJOIN_GRACE",
+    "DEFAULT_REJOIN_WAIT",
     "MAX_REJOINING",
     "DEFAULT_RETRY_DELAY",
     "DEFAULT_UPSTREAM_TIMEOUT",

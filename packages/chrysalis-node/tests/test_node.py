@@ -326,6 +326,39 @@ def test_dial_to_a_lost_child_that_does_not_join_again_fails_after_the_bound(
     runtime.run(main)
 
 
+def test_sibling_dial_waits_for_a_sibling_that_is_joining_again(runtime: Runtime) -> None:
+    """A worker dialling a sibling whose link to their parent was lost: the parent's answer to
+    the worker's resolve waits (bounded) for the sibling to be published again, instead of a
+    ``NotFound`` at once; a sibling that does not come back is ``NotFound`` after the bound."""
+
+    async def main() -> None:
+        net = InprocNetwork()
+        async with root(net) as r, child(net, r) as a, child(net, r) as b:
+            await a.wait_connected()
+            await b.wait_connected()
+            gate = await lose_parent_link(runtime, r, b)
+            assert r.nameserver.rejoining(b.pid)
+            async with runtime.background() as tasks:
+                tasks.spawn(echo_forever, runtime, b)
+
+                async def rejoin_later() -> None:
+                    await runtime.sleep(0.2)
+                    gate.set()
+
+                tasks.spawn(rejoin_later)
+                async with runtime.bounded(5):
+                    assert await round_trip(runtime, a, b.pid, b"sib") == b"bis"
+            # Lost again, and this time it stays away: NotFound once the parent's wait ends.
+            r.nameserver._rejoin_wait = 0.3
+            gate = await lose_parent_link(runtime, r, b)
+            with pytest.raises(NodeError, match="NotFound"):
+                async with runtime.bounded(5):
+                    await a.dial(b.pid, Consistency.REFRESH)
+            gate.set()
+
+    runtime.run(main, timeout=30)
+
+
 def _udp() -> UdpSocket:
     return UdpSocket.bind(DatagramAddr.udp("127.0.0.1", 0))
 

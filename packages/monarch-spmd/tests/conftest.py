@@ -1,26 +1,8 @@
-"""Shared test configuration: a patient link timeout for worker processes, and the Hypothesis
-profiles (the block below)."""
+"""Shared test configuration: the Hypothesis profiles (the block below)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-
-from monarch.config import configured
-
-#: The QUIC idle timeout of the links to worker processes while these tests run (monarch-actor's
-#: default is 3 s). On a starved machine (load above 10 on 2 cores, seen while six people shared
-#: one) a link that saw no keepalive for 3 s dropped, and the first call to a fresh mesh of 4
-#: failed with "PID ... is not found". Nothing here depends on that timeout: worker deaths reach
-#: the client from their exit statuses.
-LINK_IDLE_TIMEOUT = 30.0
-
-
-@pytest.fixture(scope="session", autouse=True)
-def patient_links() -> Iterator[None]:
-    with configured(mesh_orphan_timeout=LINK_IDLE_TIMEOUT):
-        yield
 
 
 # --- Hypothesis profiles (issue 15). This block is the same in every tests/conftest.py of the

@@ -144,6 +144,7 @@ from chrysalis.nameserver._routes import (
 from chrysalis.nameserver._server import ChildLinkServer, StreamAcceptor
 from chrysalis.nameserver._service import (
     DEFAULT_REJOIN_GRACE,
+    DEFAULT_REJOIN_WAIT,
     DEFAULT_UPSTREAM_TIMEOUT,
     MAX_REJOINING,
     LocalEntryError,
@@ -475,6 +476,7 @@ __all__ = [
     "ChildLinkServer",
     "DEFAULT_READ_SIZE",
     "DEFAULT_REJOIN_GRACE",
+    "DEFAULT_REJOIN_WAIT",
     "DEFAULT_RETRY_DELAY",
     "DEFAULT_UPSTREAM_TIMEOUT",
     "LinkState",

@@ -30,6 +30,10 @@ module is the thin driver that owns the one directory of a node and serves child
   back with its next snapshot), so a caller that finds such a PID missing may wait for it
   (``chrysalis.node.Node.dial`` does, within a bound) instead of reporting ``NotFound`` at
   once. So does a child whose new link is admitted but whose snapshot is not committed yet.
+  A child's resolve of such a PID (a worker dialling a sibling that is joining again) is
+  answered once the PID is back, or ``NotFound`` after ``rejoin_wait`` seconds (5 by default;
+  the wire protocol has no "rejoining" answer, so the answer is late instead of wrong; the
+  asking link's other requests wait behind it, as they do behind an upstream resolve).
   A clean end (the child finished its stream: it stopped) is forgotten at once. At most
   ``MAX_REJOINING`` PIDs are remembered (the oldest are dropped).
 * Answers to a child are rewritten to this node's own locators: this node is the child's next
@@ -55,6 +59,7 @@ from chrysalis.nameserver._protocol import (
     Consistency,
     EnumerationCursor,
     EnumerationResult,
+    Found,
     Locator,
     ProcEntry,
     Resolution,
@@ -95,6 +100,7 @@ from chrysalis.nameserver.runtime import Event, fail_after, monotonic, new_event
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_REJOIN_GRACE",
+    "DEFAULT_REJOIN_WAIT",
     "DEFAULT_UPSTREAM_TIMEOUT",
     "MAX_REJOINING",
     "LocalEntryError",
@@ -113,6 +119,8 @@ DEFAULT_IDLE_TIMEOUT: Final = 120.0
 keepalive every ``DEFAULT_KEEPALIVE_INTERVAL``, 30 s)."""
 DEFAULT_REJOIN_GRACE: Final = 30.0
 """Seconds a PID whose link was lost (not closed) counts as ``rejoining``."""
+DEFAULT_REJOIN_WAIT: Final = 5.0
+"""Seconds a child's resolve of a ``rejoining`` PID waits for it before ``NotFound``."""
 MAX_REJOINING: Final = 4096
 """Most PIDs remembered as ``rejoining`` at once (the oldest are dropped first)."""
 _GATE_TIMEOUT: Final = 5.0
@@ -189,6 +197,7 @@ class NameserverService:
         "_negative_ttl",
         "_projector",
         "_rejoin_grace",
+        "_rejoin_wait",
         "_revisions",
         "_serving",
         "_upstream_timeout",
@@ -208,10 +217,13 @@ class NameserverService:
         max_bytes: int = DEFAULT_MAX_BYTES,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         rejoin_grace: float = DEFAULT_REJOIN_GRACE,
+        rejoin_wait: float = DEFAULT_REJOIN_WAIT,
         clock: Callable[[], float] = monotonic,
     ) -> None:
         if not rejoin_grace >= 0:
             raise ValueError("rejoin_grace must not be negative")
+        if not rejoin_wait >= 0:
+            raise ValueError("rejoin_wait must not be negative")
         if upstream_timeout <= 0:
             raise ValueError("upstream_timeout must be positive")
         if idle_timeout is not None and not idle_timeout > 0:
@@ -229,6 +241,7 @@ class NameserverService:
         self._revisions = Watch()
         self._child_links = Watch()
         self._rejoin_grace = rejoin_grace
+        self._rejoin_wait = rejoin_wait
         self._clock = clock
         # PID -> until when it counts as rejoining (insertion order = oldest first).
         self._lost: dict[Pid, float] = {}
@@ -299,6 +312,25 @@ class NameserverService:
             return True
         del self._lost[pid]
         return False
+
+    async def await_rejoined(self, pid: Pid, timeout: float) -> Resolution | None:
+        """Wait, at most ``timeout`` seconds, for a ``rejoining`` PID to be published again:
+        its ``Found``, ``NotFound`` once it no longer counts as rejoining (its grace ended or
+        its child stopped cleanly), ``None`` when the time ran out first."""
+        watch = self._revisions
+
+        async def republished() -> Resolution:
+            while True:
+                seen = watch.version
+                resolution = self.resolve(pid)
+                if isinstance(resolution, Found) or not self.rejoining(pid):
+                    return resolution
+                await watch.wait_change(seen)
+
+        try:
+            return await fail_after(timeout, republished)
+        except TimeoutError:
+            return None
 
     def _remember_lost(self, pids: tuple[Pid, ...]) -> None:
         until = self._clock() + self._rejoin_grace
@@ -387,6 +419,17 @@ class NameserverService:
         """What a child learns about ``pid``: rewritten to this node's locators."""
         found = lookup_local(self._directory, pid, self._local)
         result: Resolution
+        if found is None and self._rejoin_wait > 0 and self.rejoining(pid):
+            # In this node's subtree and joining again: answer once it is back (bounded).
+            waited = await self.await_rejoined(pid, self._rejoin_wait)
+            if waited is not None:
+                return rewrite_resolution(waited, self._own_locators())
+            _log.info(
+                "resolve for a child: %s did not join again within %g s",
+                pid.hex(),
+                self._rejoin_wait,
+            )
+            return rewrite_resolution(self.resolve(pid), self._own_locators())
         if found is not None:
             result = found
         elif upstream is None:

@@ -45,7 +45,6 @@ from chrysalis.core.runtime import (
     Task,
     TrioSpawner,
     current_async_library,
-    fail_after,
     join_shielded,
     run_in_thread,
 )
@@ -610,24 +609,13 @@ class Node:
     async def _await_rejoin(self, pid: Pid, timeout: float) -> Resolution:
         """The resolution of ``pid`` once its child published it again; ``NodeError`` after
         ``timeout`` seconds; ``NotFound`` once it no longer counts as rejoining."""
-        service = self.nameserver
-        watch = service.revisions
-
-        async def republished() -> Resolution:
-            while True:
-                seen = watch.version
-                resolution = service.resolve(pid)
-                if isinstance(resolution, Found) or not service.rejoining(pid):
-                    return resolution
-                await watch.wait_change(seen)
-
-        try:
-            return await fail_after(timeout, republished)
-        except TimeoutError:
+        resolution = await self.nameserver.await_rejoined(pid, timeout)
+        if resolution is None:
             raise NodeError(
                 f"PID {pid.hex()} is not found (NotFound): its link to this node was lost "
                 f"and it did not join again within {timeout:g} s"
-            ) from None
+            )
+        return resolution
 
     async def accept(self) -> tuple[Pid, ByteStream]:
         """The next stream another process opened to this node (a ``ByteStream``), with its
