@@ -79,9 +79,10 @@ def test_a_changed_program_no_longer_matches_its_recording(tmp_path: Path) -> No
     assert not compat.matches_program(program, line)
 
 
-#: The reference's public modules the examples may import: ``monarch.actor``, ``monarch.spmd`` and
-#: the top-level names of the tensor engine (``from monarch import fetch_shard``).
-PUBLIC = {"monarch", "monarch.actor", "monarch.spmd"}
+#: The reference's public modules the examples may import: ``monarch.actor``, ``monarch.rdma``,
+#: ``monarch.spmd`` and the top-level names of the tensor engine (``from monarch import
+#: fetch_shard``).
+PUBLIC = {"monarch", "monarch.actor", "monarch.rdma", "monarch.spmd"}
 
 
 def test_examples_use_only_the_public_monarch_api() -> None:
