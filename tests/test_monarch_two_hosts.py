@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTORS = ROOT / "packages" / "monarch-actor" / "tests"
+RDMA_ACTORS = ROOT / "packages" / "monarch-rdma" / "tests"
 T = 60
 
 
@@ -76,6 +77,62 @@ CLIENT = textwrap.dedent(
 )
 
 
+RDMA_CLIENT = textwrap.dedent(
+    """
+    import json, os, sys, warnings
+
+    from monarch.actor import attach_to_workers, shutdown_context
+    from monarch.rdma import RDMAAction, RDMABuffer
+    from monarch.rdma.providers import shared_memory
+    from procs_actors import Where
+    from rdma_actors import Holder, Peer
+
+    warnings.simplefilter("ignore")  # RDMATcpFallbackWarning: no ibverbs here
+
+    def pattern(size, seed):
+        return bytes((i * 7 + seed) % 251 for i in range(size))
+
+    if __name__ == "__main__":
+        hosts = attach_to_workers(workers=[sys.argv[1]])
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        peer = procs.spawn("peer", Peer)
+        holder = procs.spawn("holder", Holder)
+        size = 3 << 20  # several chunks in flight across the veth link
+        # The client's buffer over shareable memory: the shm provider would serve it on one
+        # host, across hosts the worker must be served by net.
+        mine = shared_memory(size)
+        mine[:] = pattern(size, 1)
+        buffer = RDMABuffer(mine)
+        read_ok = peer.read.call_one(buffer, size).get(timeout=60) == pattern(size, 1)
+        peer.write.call_one(buffer, b"written from the worker host").get(timeout=60)
+        served = peer.transport.call_one(buffer).get(timeout=60)
+        # The worker's buffer, read and written by the client through an action.
+        theirs = holder.create_shared.call_one(pattern(size, 2), "memfd").get(timeout=60)
+        got = memoryview(bytearray(size))
+        RDMAAction().read_remote(got, theirs).submit(timeout=60).get(timeout=60)
+        theirs.write_from(memoryview(b"written from the client host")).get(timeout=60)
+        content = holder.content.call_one().get(timeout=60)
+        buffer.drop().get(timeout=60)
+        after_drop = peer.read_error.call_one(buffer).get(timeout=60)
+        places = procs.spawn("where", Where).place.call().get(timeout=60).values()
+        procs.stop().get(timeout=60)
+        hosts.shutdown().get(timeout=60)
+        shutdown_context().get(timeout=60)
+        print(json.dumps({
+            "read_ok": read_ok,
+            "written": bytes(mine[:28]).decode(),
+            "served": list(served),
+            "client_transport": theirs.transport,
+            "action_ok": bytes(got) == pattern(size, 2),
+            "worker_content": content[:28].decode(),
+            "after_drop": after_drop,
+            "places": places,
+            "client_netns": os.stat("/proc/self/ns/net").st_ino,
+        }), flush=True)
+    """
+)
+
+
 class TwoHosts:
     """Namespaces ``client`` and ``worker`` joined by one veth pair."""
 
@@ -87,7 +144,9 @@ class TwoHosts:
         self.env = dict(
             os.environ,
             CHRYSALIS_DEV_CA_DIR=str(tmp / "ca"),
-            PYTHONPATH=os.pathsep.join([str(ACTORS), *(p for p in sys.path if p)]),
+            PYTHONPATH=os.pathsep.join(
+                [str(ACTORS), str(RDMA_ACTORS), *(p for p in sys.path if p)]
+            ),
             MONARCH_MESH_ORPHAN_TIMEOUT="3.0",
         )
 
@@ -178,5 +237,43 @@ def test_a_client_attaches_a_worker_host_in_another_namespace(tmp_path: Path, mo
         while any(Path(f"/proc/{pid}").exists() for pid in pids):  # same PID namespace
             assert time.monotonic() < deadline, "worker processes outlived their host"
             time.sleep(0.1)
+    finally:
+        hosts.close()
+
+
+def test_rdma_buffers_move_between_hosts_over_the_net_provider(tmp_path: Path) -> None:
+    """Issue 17's two-host test: ``RDMABuffer`` transfers between a client and a worker in
+    different network namespaces, both directions, one of them through an ``RDMAAction``. The
+    buffers lie in shareable memory, yet ``shm`` cannot reach across namespaces: ``net`` serves
+    them, chunked over the veth link; a dropped buffer then fails on the other host."""
+    hosts = TwoHosts(tmp_path)
+    try:
+        hosts.create()
+        worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (owned by the process)
+        daemon = hosts.run_in(
+            "worker",
+            [sys.executable, "-m", "monarch.actor._attach", "--address", "udp://10.232.0.2:0"],
+            stderr=worker_log,
+        )
+        worker_log.close()
+        assert daemon.stdout is not None
+        ready, _, _ = select.select([daemon.stdout], [], [], 30)
+        address = daemon.stdout.readline().decode().strip() if ready else ""
+        assert address.startswith("udp://10.232.0.2:"), (tmp_path / "worker.log").read_text()
+        script = tmp_path / "rdma_client.py"
+        script.write_text(RDMA_CLIENT)
+        client = hosts.run_in("client", [sys.executable, str(script), address], subprocess.PIPE)
+        out, err = client.communicate(timeout=T)
+        assert client.returncode == 0, err.decode()[-3000:]
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        assert result["read_ok"] is True
+        assert result["written"] == "written from the worker host"
+        assert result["served"] == ["net", "tcp"]
+        assert result["client_transport"] == "net"
+        assert result["action_ok"] is True
+        assert result["worker_content"] == "written from the client host"
+        assert "dropped" in result["after_drop"], result["after_drop"]
+        assert result["client_netns"] not in {netns for _, netns in result["places"]}
+        assert daemon.wait(timeout=T) == 0
     finally:
         hosts.close()
