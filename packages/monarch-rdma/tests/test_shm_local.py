@@ -89,3 +89,35 @@ def test_private_memory_is_declined_and_shared_memory_checks_its_size() -> None:
     buffer.drop().get(timeout=T)
     with pytest.raises(ValueError, match="at least one byte"):
         shared_memory(0)
+
+
+def test_a_large_copy_stops_when_its_transfer_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A threaded copy that outlives its timeout stops at the next piece boundary, and the
+    caller gets its ``TimeoutError`` only once the copy stopped: nothing is written after."""
+    import ctypes
+    import time
+
+    def slow_memmove(target: int, source: int, n: int) -> None:
+        ctypes.memmove(target, source, n)
+        time.sleep(0.03)  # 64 pieces of 64 KiB: about 2 s in all, well past the 1 s timeout
+
+    monkeypatch.setattr(_shm, "THREAD_COPY", 1 << 20)
+    monkeypatch.setattr(_shm, "COPY_CHUNK", 64 << 10)
+    monkeypatch.setattr(_shm, "_memmove", slow_memmove)
+    size = 4 << 20
+    memory = shared_memory(size)
+    memory[:] = b"\x07" * size
+    buffer = RDMABuffer(memory)
+    dst = bytearray(size)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="timed out"):
+        buffer.read_into(memoryview(dst), timeout=1).get(timeout=T)
+    assert time.monotonic() - started < 1.6  # the timeout and one piece more, not 2 s
+    copied = dst.count(7)
+    assert 0 < copied < size, copied  # it had started, and it did not finish
+    time.sleep(0.2)
+    assert dst.count(7) == copied  # nothing written after the error
+    monkeypatch.setattr(_shm, "_memmove", ctypes.memmove)
+    buffer.read_into(memoryview(dst), timeout=5).get(timeout=T)  # the buffer still works
+    assert dst == b"\x07" * size
+    buffer.drop().get(timeout=T)

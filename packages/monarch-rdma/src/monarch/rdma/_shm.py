@@ -27,7 +27,9 @@ the copy the transferring process checks the control slot (dropped: ``RuntimeErr
 and the pidfd (exited: ``RuntimeError`` "exited"), so a drop or the owner's death is an error
 and never a silent success. Copies of at least ``THREAD_COPY`` bytes run in a worker thread
 (``ctypes.memmove`` releases the GIL), so the caller's event loop stays responsive and the
-operations of an ``RDMAAction`` overlap.
+operations of an ``RDMAAction`` overlap. Such a copy runs in ``COPY_CHUNK`` pieces: a transfer
+cancelled meanwhile (its timeout passed) stops the copy at the end of the current piece and
+waits for it, so once the caller sees the error nothing more is written into either memory.
 
 Only Linux has memfds, pidfds and abstract sockets; ``available()`` says whether they exist here.
 """
@@ -84,6 +86,9 @@ MAX_MAPPINGS: Final = 1024
 MAX_OWNERS: Final = 256
 #: Copies of at least this many bytes run in a worker thread (GIL released).
 THREAD_COPY: Final = 4 << 20
+#: A threaded copy runs in pieces of this many bytes and stops between two of them once its
+#: transfer was cancelled (a timeout): nothing is written after the caller's error.
+COPY_CHUNK: Final = 16 << 20
 #: Seconds the descriptor exchange with an owner's process may take.
 FETCH_TIMEOUT: Final = 10.0
 _SLOT: Final = struct.Struct("<Q")
@@ -403,12 +408,21 @@ class ShmProvider:
             window.release()
             return
         here, there = address_of(local), ctypes.addressof(remote)
-        loop = asyncio.get_running_loop()
-        if to_remote:
-            await loop.run_in_executor(_copier(), _memmove, there, here, n)
-        else:
-            await loop.run_in_executor(_copier(), _memmove, here, there, n)
-        del remote
+        target, source = (there, here) if to_remote else (here, there)
+        stop = threading.Event()
+        copy = _copier().submit(_copy_in_chunks, target, source, n, stop)
+        try:
+            await asyncio.wrap_future(copy)
+        except asyncio.CancelledError:
+            # A timeout (or the caller's cancellation): stop at the end of the current piece
+            # and wait for it (one piece, milliseconds), so the memory is not written after
+            # the caller learned the transfer failed.
+            stop.set()
+            if not copy.cancel():  # started: it ends at its next piece boundary
+                concurrent.futures.wait([copy])
+            raise
+        finally:
+            del remote
 
     async def _mapping(self, key: RemoteKey) -> _Mapped:
         detail: ShmDetail = key.detail
@@ -501,6 +515,19 @@ def _unmap(mapped: _Mapped) -> None:
 
 
 _memmove = ctypes.memmove
+
+
+def _copy_in_chunks(target: int, source: int, n: int, stop: threading.Event) -> None:
+    """``n`` bytes from ``source`` to ``target`` in ``COPY_CHUNK`` pieces, stopping early once
+    ``stop`` is set (a worker thread; each piece releases the GIL)."""
+    done = 0
+    chunk = COPY_CHUNK
+    while done < n and not stop.is_set():
+        step = min(chunk, n - done)
+        _memmove(target + done, source + done, step)
+        done += step
+
+
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 #: Worker threads for large copies and descriptor exchanges (process-wide, made on first use:
