@@ -11,6 +11,9 @@ Two roles in one file:
   (``ctypes.memmove``) of the same size in the client, which the ``shm`` provider is compared
   with; and ``register_*_ms``: one call that makes a tensor in the owner and an ``RDMABuffer``
   over it (the registration, which moves a tensor into shared memory where ``shm`` serves).
+  Sizes 1, 64 and 256 MiB; and ``action32_1MiB_MBps``: one ``RDMAAction`` of 32 reads of the
+  1 MiB buffer, each into a tensor of its own, built once and submitted again and again (32 MiB
+  per submission, the operations run in parallel).
 * the driver (default): runs the sides ``ref`` (the reference interpreter, its TCP fallback here:
   no RDMA device), ``shm`` and ``net`` (this project, with ``MONARCH_RDMA_DISABLE_SHM=1`` for
   ``net``) one after the other, ``--rounds`` times (``ref shm net ref shm net ...``), and
@@ -42,8 +45,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20}
-REPEATS = {"1MiB": 40, "64MiB": 6}
+SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20, "256MiB": 256 << 20}
+REPEATS = {"1MiB": 40, "64MiB": 6, "256MiB": 3}
+ACTION_OPS = 32  # reads of the 1 MiB buffer in one RDMAAction, each into its own tensor
+ACTION_REPEATS = 10
 WARMUP = 2
 MAKES = 3
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +59,7 @@ try:  # the sides need these; the driver does not
     torch: Any = importlib.import_module("torch")  # untyped here: the lint env has no torch
 
     from monarch.actor import Actor, endpoint, this_host
-    from monarch.rdma import RDMABuffer
+    from monarch.rdma import RDMAAction, RDMABuffer
 except ImportError:  # pragma: no cover (a driver without them on its path)
     _HAVE_MONARCH = False
 else:
@@ -82,9 +87,10 @@ def _side() -> dict[str, Any]:
     procs = this_host().spawn_procs(per_host={"procs": 1})
     try:
         owner = procs.spawn("owner", Owner)
+        small = None
         for label, nbytes in SIZES.items():
             made = []
-            for _ in range(MAKES):  # the owner keeps them all (at most 3 x 65 MiB)
+            for _ in range(MAKES):  # the owner keeps them all (at most 3 x 256 MiB)
                 started = time.perf_counter()
                 buffer = owner.make.call_one(nbytes).get(timeout=120)
                 made.append(time.perf_counter() - started)
@@ -107,9 +113,32 @@ def _side() -> dict[str, Any]:
             buffer.read_into(dst, timeout=120).get(timeout=120)
             if int(dst[0]) != 3 or int(dst[-1]) != 3:  # the writes landed, the read saw them
                 raise RuntimeError(f"wrong data read back: {int(dst[0])}, {int(dst[-1])}")
+            if small is None:
+                small = buffer
+            del dst, src
+        assert small is not None
+        out.update(_action(small))
     finally:
         procs.stop().get(timeout=120)
     return out
+
+
+def _action(buffer: Any) -> dict[str, Any]:
+    """MB/s of one ``RDMAAction`` of ``ACTION_OPS`` reads of ``buffer`` (1 MiB)."""
+    nbytes = buffer.size()
+    dsts = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(ACTION_OPS)]
+    action = RDMAAction()
+    for dst in dsts:
+        action.read_remote(dst, buffer)
+    times = []
+    for i in range(WARMUP + ACTION_REPEATS):
+        started = time.perf_counter()
+        action.submit(timeout=120).get(timeout=120)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - started)
+    if any(int(dst[0]) != 3 for dst in dsts):
+        raise RuntimeError("the action read wrong data")
+    return {f"action{ACTION_OPS}_1MiB_MBps": ACTION_OPS * nbytes / statistics.median(times) / 1e6}
 
 
 def _run_side(python: str, side: str, timeout: float) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from chrysalis.node._claims import (
 )
 from chrysalis.node._experiment_store import ExperimentStore, open_replica
 from chrysalis.node._node import Node
+from chrysalis.node._plot import PlotError, write_plot
 from chrysalis.sqlite.topology import LinkReplicationStatus, ReplicationTopology
 
 __all__ = [
@@ -186,6 +187,31 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
     report["results"] = results
     report["summary"] = summary
     return report
+
+
+def show(
+    ledger: ExperimentLedger,
+    names: str | Sequence[str],
+    plot: str | None,
+    emit: Callable[[object, str], None],
+    err: TextIO,
+) -> None:
+    """``show NAME... [--plot FILE.png]``: each experiment's report (one report as itself,
+    several as a list, for ``--json``), and the picture of them all when ``plot`` names a
+    file (``chrysalis.node._plot``; a note on ``err`` says what it drew)."""
+    wanted = [names] if isinstance(names, str) else list(names)
+    reports = [experiment_report(ledger, name) for name in wanted]
+    if len(reports) == 1:
+        emit(reports[0], _show_text(reports[0]))
+    else:
+        emit(reports, "\n\n".join(_show_text(report) for report in reports))
+    if plot:
+        try:
+            series = write_plot(reports, plot)
+        except PlotError as exc:
+            raise AdminError(str(exc)) from exc
+        err.write(f"plot of {len(series)} series from {len(reports)} experiment(s): {plot}\n")
+        err.flush()
 
 
 def _baselines_of(p50: float, p99: float, rate: float, text: str) -> dict[str, Any]:
@@ -536,8 +562,7 @@ async def _command(
             )
             return 0
         if action == "show":
-            report = experiment_report(ledger, args.name)
-            emit(report, _show_text(report))
+            show(ledger, args.name, getattr(args, "plot", None), emit, err)
             return 0
         if action == "cancel":
             before = _sent(topology)

@@ -313,8 +313,14 @@ def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     submit.add_argument("--seed", type=int, help="seed of sample:N")
     submit.add_argument("--wait", action="store_true", help="return when the experiment ended")
     actions.add_parser("experiments", parents=[common], help="every experiment and its status")
-    show = actions.add_parser("show", parents=[common], help="one experiment's results")
-    show.add_argument("name", metavar="NAME")
+    show = actions.add_parser("show", parents=[common], help="experiments' results")
+    show.add_argument("name", metavar="NAME", nargs="+", help="one or more experiments")
+    show.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw latency percentiles and throughput against payload size of the "
+        "experiments (needs chrysalis-node[plot]: matplotlib)",
+    )
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an experiment")
     cancel.add_argument("name", metavar="NAME")
 
