@@ -20,7 +20,10 @@ then:
 - ``chrysalis.node._cli_admin``: ``admin TOKEN ACTION`` (and ``scale admin ...``), run by
   ``chrysalis.node._admin``; it needs chrysalis-sqlite, which sits above chrysalis-node;
 - ``chrysalis.node._cli_sqlite``: ``sqlite DB ACTION`` (chrysalis-sqlite's shell);
-- ``chrysalis.node._scale``: ``scale ...``, handed its arguments unparsed.
+- ``chrysalis.node._scale``: ``scale ...``, handed its arguments unparsed;
+- ``chrysalis.node._agent``: ``agent start|stop|status|serve``, and the hand-over of ``ls``,
+  ``resolve``, ``ping`` and ``pipe`` to a running agent (a warm process that forks per
+  command: their start-up without the interpreter and the imports).
 
 Each command module names the failures it reports as one line (``EXPECTED_ERRORS``).
 
@@ -252,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _admin_parser(commands, common)
+    _agent_parser(commands, common)
 
     sqlite = commands.add_parser(
         "sqlite", parents=[common], help="a shell on a node's database (needs chrysalis-sqlite)"
@@ -273,6 +277,33 @@ def build_parser() -> argparse.ArgumentParser:
         "shell", parents=[common], help="interactive shell (the default; --json has no effect)"
     )
     return parser
+
+
+def _agent_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    agent = commands.add_parser(
+        "agent",
+        parents=[common],
+        help="a warm process that runs ls, resolve, ping and pipe without start-up cost",
+    )
+    actions = agent.add_subparsers(dest="agent_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("start", "start an agent in the background"),
+        ("stop", "stop the running agent"),
+        ("status", "whether an agent runs, and what it did"),
+        ("serve", "run an agent in the foreground"),
+    ):
+        action = actions.add_parser(name, parents=[common], help=text)
+        action.add_argument(
+            "--socket",
+            help="the agent's socket (default: $CHRYSALIS_AGENT_SOCKET, else per user)",
+        )
+        if name in ("start", "serve"):
+            action.add_argument(
+                "--idle-exit",
+                type=_seconds,
+                default=600.0,
+                help="seconds without a command after which the agent exits (600)",
+            )
 
 
 def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -370,10 +401,38 @@ COMMANDS: Final[Mapping[str, Command]] = {
     "top": Command("chrysalis.node._top", "top_command"),
     "admin": Command("chrysalis.node._cli_admin", "admin", needs="chrysalis-sqlite"),
     "sqlite": Command("chrysalis.node._cli_sqlite", "sqlite_command", needs="chrysalis-sqlite"),
+    "agent": Command("chrysalis.node._agent", "agent_command"),
 }
 """Every parsed command (all but ``scale``, which ``main`` hands over unparsed)."""
 
 _SCALE: Final = Command("chrysalis.node._scale", "main")
+
+_AGENT_COMMANDS: Final = frozenset({"ls", "resolve", "ping", "pipe"})
+"""Commands a running agent may run (``chrysalis.node._agent.AGENT_COMMANDS``, repeated here
+so that deciding needs no import)."""
+_VALUED_OPTIONS: Final = frozenset(
+    {"--log-level", "--identity-dir", "--ca-dir", "--idle-timeout", "--timeout", "--label"}
+)
+"""Global options that take a value (``_global_options``); ``--json`` takes none."""
+
+
+def _command_name(raw: Sequence[str]) -> str | None:
+    """The command word of ``raw`` without building the parser: the first word after the
+    global options; ``None`` where anything else comes first (the parser then decides)."""
+    index = 0
+    while index < len(raw):
+        word = raw[index]
+        if not word.startswith("-"):
+            return word
+        name = word.split("=", 1)[0]
+        if name == "--json":
+            index += 1
+        elif name in _VALUED_OPTIONS:
+            index += 1 if "=" in word else 2
+        else:
+            return None
+    return None
+
 
 _MOVED: Final[Mapping[str, str]] = dict.fromkeys(
     ("_Carriers", "entry_record", "format_entry", "format_table"), _COMMANDS_MODULE
@@ -429,6 +488,13 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             importlib.import_module(_SCALE.module), _SCALE.function
         )
         return scale_main(["run", *raw[1:]], out=stdout)
+    if out is None and _command_name(raw) in _AGENT_COMMANDS:
+        # A running agent (``chrysalis agent start``) runs the command in a warm fork with
+        # this process's streams, and parses it there (usage errors reach this stderr too):
+        # no parser is built here. ``None``: no agent took it, run it here.
+        via_agent = importlib.import_module("chrysalis.node._agent").run_via_agent(raw)
+        if via_agent is not None:
+            return int(via_agent)
     parser = build_parser()
     try:
         args = parser.parse_args(raw)
