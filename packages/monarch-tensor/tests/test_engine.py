@@ -358,3 +358,34 @@ def test_data_parallel_training_matches_plain_torch(active: Any) -> None:
         assert close(w, lambda: w_local, gpus=rank)
         for step, loss in enumerate(losses):
             assert close(loss, lambda r=rank, s=step: expected_losses[r][s], gpus=rank)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_torch_optimizer_steps_on_the_shards(active: Any, foreach: bool) -> None:
+    """``torch.optim.SGD.step`` (momentum, both loop kinds) runs on every shard; its profiler
+    ranges (``record_function``) stay on the client."""
+    xs = shards((4, 3))
+    model = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.fill_(0.5)
+        model.bias.fill_(-0.25)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    for _ in range(2):
+        model(xs).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with no_mesh.activate():
+        want = []
+        for rank in range(N):
+            ref = torch.nn.Linear(3, 1)
+            with torch.no_grad():
+                ref.weight.fill_(0.5)
+                ref.bias.fill_(-0.25)
+            ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+            for _ in range(2):
+                ref(local(rank, (4, 3))).pow(2).mean().backward()
+                ref_opt.step()
+                ref_opt.zero_grad()
+            want.append(ref.weight.detach().clone())
+    for rank in range(N):
+        assert close(model.weight, lambda r=rank: want[r], gpus=rank)  # type: ignore[misc]

@@ -34,6 +34,9 @@ _NEEDS_VALUE = {
     _aten.is_nonzero.default,
     _aten.equal.default,
 }
+#: Operator namespaces that only mark the client's own work (``torch.optim``'s
+#: ``record_function`` profiler ranges): they run on the client, never on the workers.
+_CLIENT_ONLY_NAMESPACES = frozenset({"profiler"})
 
 
 class Tensor(torch.Tensor):  # type: ignore[misc]
@@ -224,6 +227,9 @@ def _check_streams(leaves: Sequence[Any], stream: Any) -> None:
 
 def dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Run ``func`` on the client's meta tensors and send it to the workers."""
+    if func.namespace in _CLIENT_ONLY_NAMESPACES:
+        with no_mesh.activate():
+            return func(*args, **kwargs)
     flat, _ = tree_flatten((args, kwargs))
     mesh = mesh_of(flat)
     active = active_mesh()
