@@ -25,6 +25,7 @@ ORDER = (
     "_rref",
     "_mesh",
     "_worker",
+    "_grad",
     "_dist",
     "_tensor",
     "_stream",
