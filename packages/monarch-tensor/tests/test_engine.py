@@ -30,6 +30,8 @@ from monarch.tensor import (
     slice_mesh,
     to_mesh,
 )
+from monarch.tensor._table import Failure
+from monarch.tensor._worker import MAX_LOGGED_FAILURES, TensorWorker
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
 from tensor_helpers import Scaler, expected_shard, explode, pair, shard_data
@@ -235,6 +237,37 @@ def test_a_failed_op_surfaces_at_fetch_and_poisons_what_depends_on_it(active: An
         assert "explode" in info.value.op
         assert "test_engine.py" in info.value.issued_at
     assert close(fine, lambda: torch.full((2,), 2.0), gpus=1)
+
+
+def failed(mesh: Any) -> list[int]:
+    mesh.client.flush()
+    return list(mesh.workers.failed.call().get(timeout=T).values())
+
+
+def test_each_worker_counts_and_logs_the_failed_op_not_what_depends_on_it(active: Any) -> None:
+    before = failed(active)
+    bad = remote(explode, propagate=lambda x: x)(torch.ones(2))
+    later = (bad + 1) * 2
+    assert failed(active) == [n + 1 for n in before]
+    del bad, later
+
+
+def test_a_failure_log_names_the_op_where_it_was_issued_and_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = object.__new__(TensorWorker)  # no actor context: the logging part only
+    worker.rank, worker.failures = 3, 0
+    failure = Failure("aten::mm", "prog.py:7 in main", "Traceback...\nRuntimeError: bad\n", 3)
+    with caplog.at_level("WARNING", logger="monarch.tensor.worker"):
+        for _ in range(MAX_LOGGED_FAILURES + 5):
+            worker._note_failure(failure)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == MAX_LOGGED_FAILURES
+    assert messages[0] == (
+        "tensor worker rank 3: aten::mm issued at prog.py:7 in main failed: RuntimeError: bad"
+    )
+    assert messages[-1].endswith("(later failures are not logged)")
+    assert worker.failures == MAX_LOGGED_FAILURES + 5
 
 
 def test_commands_run_in_order_across_batches(active: Any) -> None:
