@@ -34,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +208,11 @@ def main(argv: list[str]) -> int:
     if args.smoke:
         args.rounds, args.ops, args.steps, args.reductions = 1, 200, 2, 1
         args.reference = None
-    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"tensor-ops-{os.getpid()}"
-    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tensor-ops-") as folder:
+        return _run(args, Path(folder))
+
+
+def _run(args: argparse.Namespace, workdir: Path) -> int:
     ours_env = dict(os.environ)
     ref_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     counts = {"ops": args.ops, "train": args.steps, "reduce": args.reductions}
