@@ -1,5 +1,6 @@
 """Device meshes: an activated process mesh, its tensor workers and the client's ordered,
-batched stream of commands to them; the active mesh (``activate``, ``no_mesh``)."""
+batched stream of commands to them; ``activate()`` (the active-mesh stack itself and
+``no_mesh`` are in ``_context``)."""
 
 from __future__ import annotations
 
