@@ -20,14 +20,23 @@ def test_smoke_run_measures_our_engine(tmp_path: Path) -> None:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     (row,) = document["rounds"]
-    for key in ("issue_per_s", "done_per_s"):
-        assert math.isfinite(row["ours"][key])
-        assert row["ours"][key] > 0
-    assert "| issued ops/s |" in proc.stdout
+    for kind, key in (
+        ("ops", "issue_per_s"),
+        ("ops", "done_per_s"),
+        ("train", "step_s"),
+        ("reduce", "reduce_s"),
+    ):
+        assert math.isfinite(row[f"ours_{kind}"][key])
+        assert row[f"ours_{kind}"][key] > 0
+    assert not any(k.startswith("reference_") for k in row)
+    # The training example's loss after 2 warm-up and 2 timed steps (its recorded output).
+    assert row["ours_train"]["last_loss"] == "0.923507"
+    assert "| issued ops/s (2 processes) |" in proc.stdout
+    assert "| training step, s (2x2 mesh) |" in proc.stdout

@@ -22,6 +22,7 @@ from monarch.tensor import (
     fetch_shard,
     get_active_mesh,
     get_active_stream,
+    grad_generator,
     inspect,
     no_mesh,
     reduce,
@@ -29,6 +30,8 @@ from monarch.tensor import (
     slice_mesh,
     to_mesh,
 )
+from monarch.tensor._table import Failure
+from monarch.tensor._worker import MAX_LOGGED_FAILURES, TensorWorker
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
 from tensor_helpers import Scaler, expected_shard, explode, pair, shard_data
@@ -236,6 +239,37 @@ def test_a_failed_op_surfaces_at_fetch_and_poisons_what_depends_on_it(active: An
     assert close(fine, lambda: torch.full((2,), 2.0), gpus=1)
 
 
+def failed(mesh: Any) -> list[int]:
+    mesh.client.flush()
+    return list(mesh.workers.failed.call().get(timeout=T).values())
+
+
+def test_each_worker_counts_and_logs_the_failed_op_not_what_depends_on_it(active: Any) -> None:
+    before = failed(active)
+    bad = remote(explode, propagate=lambda x: x)(torch.ones(2))
+    later = (bad + 1) * 2
+    assert failed(active) == [n + 1 for n in before]
+    del bad, later
+
+
+def test_a_failure_log_names_the_op_where_it_was_issued_and_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = object.__new__(TensorWorker)  # no actor context: the logging part only
+    worker.rank, worker.failures = 3, 0
+    failure = Failure("aten::mm", "prog.py:7 in main", "Traceback...\nRuntimeError: bad\n", 3)
+    with caplog.at_level("WARNING", logger="monarch.tensor.worker"):
+        for _ in range(MAX_LOGGED_FAILURES + 5):
+            worker._note_failure(failure)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == MAX_LOGGED_FAILURES
+    assert messages[0] == (
+        "tensor worker rank 3: aten::mm issued at prog.py:7 in main failed: RuntimeError: bad"
+    )
+    assert messages[-1].endswith("(later failures are not logged)")
+    assert worker.failures == MAX_LOGGED_FAILURES + 5
+
+
 def test_commands_run_in_order_across_batches(active: Any) -> None:
     x = torch.zeros(1)
     for _ in range(1300):  # more than two batches
@@ -304,6 +338,7 @@ def test_top_level_names(active: Any) -> None:
     assert monarch.fetch_shard is fetch_shard
     assert monarch.remote is remote
     assert monarch.Tensor is Tensor
+    assert monarch.grad_generator is grad_generator
 
 
 def test_rref_endpoints_return_distributed_tensors(procs: ProcMesh, active: Any) -> None:
@@ -358,3 +393,67 @@ def test_data_parallel_training_matches_plain_torch(active: Any) -> None:
         assert close(w, lambda: w_local, gpus=rank)
         for step, loss in enumerate(losses):
             assert close(loss, lambda r=rank, s=step: expected_losses[r][s], gpus=rank)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_torch_optimizer_steps_on_the_shards(active: Any, foreach: bool) -> None:
+    """``torch.optim.SGD.step`` (momentum, both loop kinds) runs on every shard; its profiler
+    ranges (``record_function``) stay on the client."""
+    xs = shards((4, 3))
+    model = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.fill_(0.5)
+        model.bias.fill_(-0.25)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    for _ in range(2):
+        model(xs).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with no_mesh.activate():
+        want = []
+        for rank in range(N):
+            ref = torch.nn.Linear(3, 1)
+            with torch.no_grad():
+                ref.weight.fill_(0.5)
+                ref.bias.fill_(-0.25)
+            ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+            for _ in range(2):
+                ref(local(rank, (4, 3))).pow(2).mean().backward()
+                ref_opt.step()
+                ref_opt.zero_grad()
+            want.append(ref.weight.detach().clone())
+    for rank in range(N):
+        assert close(model.weight, lambda r=rank: want[r], gpus=rank)  # type: ignore[misc]
+
+
+def test_grad_generator_yields_each_gradient_in_order(active: Any) -> None:
+    """``grad_generator(loss, [b, w, unused])`` hands out d loss / d b, d loss / d w and None,
+    in that order, equal to plain torch's on each shard; the first can be reduced at once."""
+    xs = shards((4, 3))
+    w = torch.full((3, 1), 0.5, requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    unused = torch.ones(2, requires_grad=True)
+    loss = ((xs @ w + b) ** 2).sum()
+    grads = grad_generator(loss, [b, w, unused])
+    first = next(grads)
+    assert isinstance(first, Tensor)
+    total = first.reduce("gpus", "sum")
+    rest = list(grads)
+    assert len(rest) == 2
+    assert rest[1] is None
+    with no_mesh.activate():
+        want = []
+        for rank in range(N):
+            w_r = torch.full((3, 1), 0.5, requires_grad=True)
+            b_r = torch.zeros(1, requires_grad=True)
+            ((local(rank, (4, 3)) @ w_r + b_r) ** 2).sum().backward()
+            assert w_r.grad is not None
+            assert b_r.grad is not None
+            want.append((b_r.grad.clone(), w_r.grad.clone()))
+        want_total = want[0][0] + want[1][0]
+    for rank in range(N):
+        assert close(first, lambda r=rank: want[r][0], gpus=rank)  # type: ignore[misc]
+        assert close(rest[0], lambda r=rank: want[r][1], gpus=rank)  # type: ignore[misc]
+        assert close(total, lambda: want_total, gpus=rank)
+    with pytest.raises(ValueError, match="at least one root"):
+        grad_generator((), [w])

@@ -17,16 +17,19 @@ from pathlib import Path
 import pytest
 
 import monarch.actor
+import monarch.spmd
 import monarch.tensor
 
 ACTOR_ROOT = Path(monarch.actor.__file__).parent.parent  # .../monarch (actor's portion)
 TENSOR_ROOT = Path(monarch.tensor.__file__).parent.parent  # .../monarch (with __init__.py)
+#: monarch-spmd, which monarch-tensor depends on (its process groups).
+SPMD = Path(monarch.spmd.__file__).parent
 
 #: The folders monarch-actor installs under monarch/.
 ACTOR_PARTS = [
     p.name
     for p in ACTOR_ROOT.iterdir()
-    if p.is_dir() and (p / "__init__.py").exists() and p.name not in ("tensor", "rdma")
+    if p.is_dir() and (p / "__init__.py").exists() and p.name not in ("tensor", "rdma", "spmd")
 ]
 if (ACTOR_ROOT / "_src").is_dir():
     ACTOR_PARTS.append("_src")
@@ -116,6 +119,7 @@ def _actor_parts() -> dict[str, Path]:
 def test_one_folder_as_wheels_install(tmp_path: Path) -> None:
     parts = _actor_parts() | {
         "tensor": TENSOR_ROOT / "tensor",
+        "spmd": SPMD,
         "__init__.py": TENSOR_ROOT / "__init__.py",
     }
     site = _site(tmp_path / "site", parts)
@@ -127,7 +131,11 @@ def test_separate_folders_as_editable_installs(tmp_path: Path, tensor_first: boo
     actor = _site(tmp_path / "actor", _actor_parts())
     tensor = _site(
         tmp_path / "tensor",
-        {"tensor": TENSOR_ROOT / "tensor", "__init__.py": TENSOR_ROOT / "__init__.py"},
+        {
+            "tensor": TENSOR_ROOT / "tensor",
+            "spmd": SPMD,
+            "__init__.py": TENSOR_ROOT / "__init__.py",
+        },
     )
     path = [tensor, actor] if tensor_first else [actor, tensor]
     assert _run(CHECK_BOTH, path, tmp_path).strip() == "ok True"

@@ -27,6 +27,7 @@ _PUBLIC = {
         "fetch_shard",
         "get_active_mesh",
         "get_active_stream",
+        "grad_generator",
         "inspect",
         "no_mesh",
         "reduce",

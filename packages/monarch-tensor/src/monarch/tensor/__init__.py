@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from monarch.actor._mesh.adverbs import set_rref_hook as _set_rref_hook
 from monarch.actor._mesh.meshes import set_activate_hook as _set_activate_hook
+from monarch.tensor._context import get_active_mesh, no_mesh
 from monarch.tensor._errors import RemoteException
 from monarch.tensor._fetch import call_on_shard_and_fetch, fetch_shard, inspect
-from monarch.tensor._mesh import DeviceMesh, activate_proc_mesh, get_active_mesh, no_mesh
+from monarch.tensor._grad import grad_generator
+from monarch.tensor._mesh import DeviceMesh, activate_proc_mesh
 from monarch.tensor._move import slice_mesh, to_mesh
 from monarch.tensor._remote import Remote, remote
 from monarch.tensor._rref import rref as _rref
@@ -32,6 +34,7 @@ __all__ = [
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
+    "grad_generator",
     "inspect",
     "no_mesh",
     "reduce",

@@ -7,8 +7,8 @@ from typing import Any
 from torch.utils._pytree import tree_flatten, tree_map
 
 from monarch.actor import Future
+from monarch.tensor._context import active_mesh, issued_at, no_mesh
 from monarch.tensor._errors import RemoteException
-from monarch.tensor._mesh import no_mesh
 from monarch.tensor._table import Failure
 from monarch.tensor._tensor import mesh_of, to_message
 
@@ -40,9 +40,6 @@ def call_on_shard_and_fetch(
     """Run the ``remote`` function on one process (``shard``: its coordinates, unnamed ones 0)
     of the mesh of its tensor arguments (else the active mesh), in order after everything
     issued before, and return what it returns."""
-    from monarch.tensor._mesh import active_mesh
-    from monarch.tensor._tensor import issued_at
-
     target = getattr(remote, "target", remote)
     mesh = mesh_of(tree_flatten((args, kwargs))[0]) or active_mesh()
     if mesh is None:

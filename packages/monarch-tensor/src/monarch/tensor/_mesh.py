@@ -1,5 +1,6 @@
 """Device meshes: an activated process mesh, its tensor workers and the client's ordered,
-batched stream of commands to them; the active mesh (``activate``, ``no_mesh``)."""
+batched stream of commands to them; ``activate()`` (the active-mesh stack itself and
+``no_mesh`` are in ``_context``)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,23 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from monarch.actor import ProcMesh
+from monarch.tensor import _dist
 from monarch.tensor import _messages as m
+from monarch.tensor._context import issued_at, pushed
+from monarch.tensor._stream import get_active_stream
 from monarch.tensor._table import DEFAULT_CAPACITY
+from monarch.tensor._tensor import Tensor, dispatch
+from monarch.tensor._worker import TensorWorker
 
 __all__ = [
     "Client",
     "DeviceMesh",
     "activate_proc_mesh",
-    "active_mesh",
-    "get_active_mesh",
-    "no_mesh",
+    "device_mesh_of",
 ]
 
 _log = logging.getLogger("monarch.tensor")
@@ -96,8 +101,6 @@ class Client:
         unless the program already did)."""
         if self._pg_ready:
             return
-        from monarch.tensor import _dist
-
         self.process_group = _dist.ensure_world(self.procs, self.workers, ANSWER_TIMEOUT_S)
         self._pg_ready = True
 
@@ -232,10 +235,6 @@ class DeviceMesh:
         if isinstance(dims, str):
             if dims not in self.names:
                 raise KeyError(f"{self!r} does not have dimension {dims!r}")
-            import torch
-
-            from monarch.tensor._tensor import Tensor, issued_at
-
             position = self.client.labels.index(dims)
             chosen = self.selection[position]
             ref = self.client.new_ref()
@@ -244,8 +243,6 @@ class DeviceMesh:
                 (m.CALL, (ref,), (), RANK_FUNCTION, (dims, chosen), {}, issued_at()),
             )
             fake = torch.empty((), dtype=torch.long, device="meta")
-            from monarch.tensor._stream import get_active_stream
-
             return Tensor(fake, self, ref, get_active_stream())
         combined: Any = None
         for dim in dims:
@@ -261,60 +258,21 @@ class DeviceMesh:
             yield self
 
 
-class _Active(threading.local):
-    def __init__(self) -> None:
-        self.stack: list[DeviceMesh | None] = []
-
-
-_active = _Active()
-
-
-def active_mesh() -> DeviceMesh | None:
-    stack = _active.stack
-    return stack[-1] if stack else None
-
-
-def get_active_mesh() -> DeviceMesh | None:
-    """The mesh torch operations run on now (``None`` outside ``activate()``)."""
-    return active_mesh()
-
-
 class _MeshMode(TorchDispatchMode):  # type: ignore[misc]
     """Routes every torch operation to the tensor engine while a mesh is active."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from monarch.tensor._tensor import dispatch
-
         return dispatch(func, args, kwargs or {})
 
 
 @contextlib.contextmanager
-def _activated(mesh: DeviceMesh | None) -> Iterator[None]:
-    _active.stack.append(mesh)
-    mode = _MeshMode() if mesh is not None else None
+def _activated(mesh: DeviceMesh) -> Iterator[None]:
     try:
-        if mode is not None:
-            with mode:
-                yield
-        else:
+        with pushed(mesh), _MeshMode():
             yield
     finally:
-        _active.stack.pop()
-        if mesh is not None:
-            mesh.client.flush()
+        mesh.client.flush()
 
-
-class _NoMesh:
-    """``with no_mesh.activate():`` runs torch operations locally again."""
-
-    def activate(self) -> contextlib.AbstractContextManager[None]:
-        return _activated(None)
-
-    def __repr__(self) -> str:
-        return "no_mesh"
-
-
-no_mesh = _NoMesh()
 
 #: id(proc mesh) -> (proc mesh, its device mesh): one set of tensor workers per process mesh.
 _device_meshes: dict[int, tuple[ProcMesh, DeviceMesh]] = {}
@@ -323,8 +281,6 @@ _device_meshes_lock = threading.Lock()
 
 def device_mesh_of(procs: ProcMesh, capacity: int = DEFAULT_CAPACITY) -> DeviceMesh:
     """The device mesh of ``procs``, spawning its tensor workers on first use."""
-    from monarch.tensor._worker import TensorWorker
-
     with _device_meshes_lock:
         known = _device_meshes.get(id(procs))
         if known is not None:

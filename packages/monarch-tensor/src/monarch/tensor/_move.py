@@ -8,8 +8,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from monarch.tensor import _messages as m
+from monarch.tensor._context import issued_at
 from monarch.tensor._mesh import DeviceMesh
-from monarch.tensor._tensor import Tensor, issued_at
+from monarch.tensor._tensor import Tensor
 
 __all__ = ["slice_mesh", "to_mesh"]
 

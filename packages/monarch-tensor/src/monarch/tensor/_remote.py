@@ -9,8 +9,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from monarch.tensor import _messages as m
-from monarch.tensor._mesh import active_mesh, no_mesh
-from monarch.tensor._tensor import Tensor, issued_at, mesh_of, to_message, to_meta
+from monarch.tensor._context import active_mesh, issued_at, no_mesh
+from monarch.tensor._stream import get_active_stream
+from monarch.tensor._tensor import Tensor, mesh_of, to_message, to_meta
 from monarch.tensor._worker import resolve_function
 
 __all__ = ["Remote", "remote"]
@@ -40,8 +41,6 @@ class Remote:
             mesh = active
         if mesh is None:
             return self._local()(*args, **kwargs)
-        from monarch.tensor._stream import get_active_stream
-
         meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
         shaper = self.propagate if self.propagate is not None else self._local()
         with no_mesh.activate():

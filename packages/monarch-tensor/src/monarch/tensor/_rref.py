@@ -14,8 +14,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from monarch.tensor import _messages as m
-from monarch.tensor._mesh import active_mesh, no_mesh
-from monarch.tensor._tensor import Tensor, issued_at, mesh_of, to_message, to_meta
+from monarch.tensor._context import active_mesh, issued_at, no_mesh
+from monarch.tensor._stream import get_active_stream
+from monarch.tensor._tensor import Tensor, mesh_of, to_message, to_meta
 
 __all__ = ["rref"]
 
@@ -40,8 +41,6 @@ def rref(
             f"{name}.rref() needs the endpoint's output shapes: declare it with "
             "@endpoint(propagate=fn), fn taking meta tensors and returning the outputs"
         )
-    from monarch.tensor._stream import get_active_stream
-
     meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
     with no_mesh.activate():
         result = propagate(*meta_args, **meta_kwargs)

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from monarch.tensor._tensor import Tensor
 
@@ -38,15 +40,14 @@ class Stream:
     def borrow(self, t: Tensor, mutable: bool = False) -> tuple[Tensor, Borrow]:
         """``t`` made usable on this stream: the borrowed tensor and the borrow to ``drop()``.
         Until then ``t`` is read-only on its own stream (unusable if ``mutable``)."""
-        from monarch.tensor._tensor import Tensor
-
         if t._stream is self:
             raise ValueError(f"{t!r} is already on {self!r}")
         with self.activate(), t._mesh.activate():
             check_usable(t, t._stream, borrowing=True)
             with _lending(t):
                 alias = torch_alias(t)
-        assert isinstance(alias, Tensor)
+        if getattr(alias, "_stream", None) is not self:  # not a distributed tensor of ours
+            raise TypeError(f"borrowing {t!r} made {type(alias).__name__}, not a monarch.Tensor")
         borrow = Borrow(t, alias, mutable)
         t._lent_to = borrow
         alias._borrowed_by = borrow
@@ -54,8 +55,6 @@ class Stream:
 
 
 def torch_alias(t: Tensor) -> Any:
-    import torch
-
     return torch.ops.aten.alias.default(t)
 
 

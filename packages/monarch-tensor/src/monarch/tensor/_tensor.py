@@ -7,19 +7,21 @@ ordered batch. Dropping the client tensor frees the shards.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Sequence
-from types import FrameType
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from monarch.tensor import _messages as m
-from monarch.tensor._mesh import DeviceMesh, active_mesh, no_mesh
+from monarch.tensor._context import active_mesh, issued_at, no_mesh
+from monarch.tensor._stream import check_usable, get_active_stream
 
-__all__ = ["Tensor", "dispatch", "issued_at", "reduce", "reduce_"]
+if TYPE_CHECKING:
+    from monarch.tensor._mesh import DeviceMesh
+
+__all__ = ["Tensor", "dispatch", "mesh_of", "reduce", "reduce_", "to_message", "to_meta"]
 
 Reduction = Literal["sum", "avg", "max", "min", "stack"]
 _REDUCTIONS = ("sum", "avg", "max", "min", "stack")
@@ -32,20 +34,9 @@ _NEEDS_VALUE = {
     _aten.is_nonzero.default,
     _aten.equal.default,
 }
-
-_HERE = __file__.rsplit("/", 1)[0]
-_TORCH = torch.__file__.rsplit("/", 1)[0]
-
-
-def issued_at() -> str:
-    """``file:line in function`` of the first caller outside torch and monarch.tensor."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith((_HERE, _TORCH, "<")):
-            return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return "<unknown>"
+#: Operator namespaces that only mark the client's own work (``torch.optim``'s
+#: ``record_function`` profiler ranges): they run on the client, never on the workers.
+_CLIENT_ONLY_NAMESPACES = frozenset({"profiler"})
 
 
 class Tensor(torch.Tensor):  # type: ignore[misc]
@@ -229,8 +220,6 @@ def to_message(leaf: Any) -> Any:
 
 
 def _check_streams(leaves: Sequence[Any], stream: Any) -> None:
-    from monarch.tensor._stream import check_usable
-
     for leaf in leaves:
         if isinstance(leaf, Tensor):
             check_usable(leaf, stream)
@@ -238,8 +227,9 @@ def _check_streams(leaves: Sequence[Any], stream: Any) -> None:
 
 def dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Run ``func`` on the client's meta tensors and send it to the workers."""
-    from monarch.tensor._stream import get_active_stream
-
+    if func.namespace in _CLIENT_ONLY_NAMESPACES:
+        with no_mesh.activate():
+            return func(*args, **kwargs)
     flat, _ = tree_flatten((args, kwargs))
     mesh = mesh_of(flat)
     active = active_mesh()

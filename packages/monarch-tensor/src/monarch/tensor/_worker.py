@@ -25,6 +25,9 @@ _log = logging.getLogger("monarch.tensor.worker")
 #: Point-to-point sends still in flight a worker keeps at most before waiting on the oldest.
 MAX_PENDING_SENDS = 64
 
+#: Failed operations a worker logs (one warning each) before it only counts them.
+MAX_LOGGED_FAILURES = 20
+
 #: How long a tensor worker waits for the local actor of an ``rref`` call.
 RREF_TIMEOUT_S = 300.0
 
@@ -82,6 +85,7 @@ class TensorWorker(Actor):
         self.rank = current_rank().rank
         torch.seed()  # workers forked from one image would otherwise draw the same numbers
         self._sends: list[tuple[Any, Any]] = []
+        self.failures = 0
 
     # -- endpoints -----------------------------------------------------------------------------
     @endpoint
@@ -133,6 +137,11 @@ class TensorWorker(Actor):
     @endpoint
     def dist_initialized(self) -> bool:
         return _dist.initialized()
+
+    @endpoint
+    def failed(self) -> int:
+        """How many operations failed here (not counting those that only read a failed value)."""
+        return self.failures
 
     @endpoint
     def live(self) -> int:
@@ -207,6 +216,7 @@ class TensorWorker(Actor):
             result = function(*real_args, **real_kwargs)
         except Exception:
             failure = Failure(name, issued_at, traceback.format_exc(), self.rank)
+            self._note_failure(failure)
             self._fail([r for r in outs if r is not None] + list(mutated), failure)
             return
         leaves = tree_flatten(result)[0]
@@ -223,6 +233,21 @@ class TensorWorker(Actor):
         for ref, leaf in zip(outs, leaves, strict=True):
             if ref is not None:
                 self.table.put(ref, leaf)
+
+    def _note_failure(self, failure: Failure) -> None:
+        """Log an operation that failed here (not those that only read its result): the client
+        learns of it at the next fetch of what depends on it, perhaps never."""
+        self.failures += 1
+        if self.failures <= MAX_LOGGED_FAILURES:
+            last = failure.traceback.strip().splitlines()[-1] if failure.traceback else ""
+            _log.warning(
+                "tensor worker rank %d: %s issued at %s failed: %s%s",
+                self.rank,
+                failure.op,
+                failure.issued_at or "?",
+                last,
+                " (later failures are not logged)" if self.failures == MAX_LOGGED_FAILURES else "",
+            )
 
     def _local_endpoint(self, actors: Any, name: str) -> Callable[..., Any]:
         """A function calling endpoint ``name`` of the actor of ``actors`` on this process."""
