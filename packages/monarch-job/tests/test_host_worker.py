@@ -81,18 +81,25 @@ NOT_FOR_THE_WORKER_LOOP = (
 
 def test_the_worker_loop_imports_only_what_it_needs_with_collection_back_on() -> None:
     probe = (
-        "import gc, json, sys\n"
-        "import monarch.job._host_worker\n"
+        "import gc, json, runpy, sys\n"
+        "sys.argv = ['_host_worker', '--port', '0']  # refused after the imports: no loop\n"
+        "try:\n"
+        "    runpy.run_module('monarch.job._host_worker', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
         f"heavy = [m for m in {NOT_FOR_THE_WORKER_LOOP!r} if m in sys.modules]\n"
-        "print(json.dumps([heavy, gc.isenabled(), 'monarch.actor' in sys.modules]))\n"
+        "facts = [code, heavy, gc.isenabled(), gc.get_freeze_count() > 1000]\n"
+        "print(json.dumps([*facts, 'monarch.actor' in sys.modules]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    heavy, collecting, actor = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "is not a port" in done.stderr
+    code, heavy, collecting, frozen, actor = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 2
     assert heavy == []
     assert collecting is True  # off only while importing
+    assert frozen is True  # what the imports made is out of later collections
     assert actor is True  # the worker loop itself
 
 
