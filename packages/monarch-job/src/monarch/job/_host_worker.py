@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level, format="[monarch-host] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="[monarch-host] %(asctime)s %(name)s: %(message)s"
+    )
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port} is not a port")
     address = f"udp://{host_address(args.host, args.slurm_node_addr)}:{args.port}"
