@@ -87,7 +87,6 @@ def _run(script: Path, *args: str, env: dict[str, str]) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.netns
 def test_a_later_client_process_reconnects_then_kills(
     tmp_path: Path, hosts_spec: dict[str, Any]
 ) -> None:
