@@ -70,6 +70,7 @@ SKIPPED: Final = 3
 CHILD_TIMEOUT: Final = 240.0
 SLURM_NODES: Final = tuple((f"n{i + 1}", f"127.0.0.{i + 2}") for i in range(HOSTS))
 _IN_NAMESPACE: Final = "MONARCH_BENCH_PRIVATE_HOSTS"
+_HOSTS_FOLDER: Final = "MONARCH_BENCH_HOSTS_FOLDER"
 _squeue_shim_dir: Path | None = None
 
 
@@ -154,11 +155,17 @@ def _enter_private_hosts(argv: Sequence[str]) -> None:
     if os.environ.get(_IN_NAMESPACE) != "1":
         if shutil.which("unshare") is None or os.geteuid() != 0:
             raise BenchmarkError("the reference needs root and unshare (a private /etc/hosts)")
-        env = dict(os.environ, **{_IN_NAMESPACE: "1"})
+        # made (and removed) out here: inside, the file is a mount point until the end
+        folder = tempfile.mkdtemp(prefix="bench-hosts-")
+        env = dict(os.environ, **{_IN_NAMESPACE: "1", _HOSTS_FOLDER: folder})
         command = ["unshare", "--mount", "--propagation", "private", sys.executable]
-        done = subprocess.run([*command, __file__, *argv], env=env, check=False)
+        try:
+            done = subprocess.run([*command, __file__, *argv], env=env, check=False)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         raise SystemExit(done.returncode)
-    hosts = Path(tempfile.mkdtemp(prefix="bench-hosts-")) / "hosts"
+    folder = os.environ.get(_HOSTS_FOLDER) or tempfile.mkdtemp(prefix="bench-hosts-")
+    hosts = Path(folder) / "hosts"
     extra = "".join(f"{addr} {name}\n" for name, addr in SLURM_NODES)
     # The reference's client (TcpWithHostname) listens on its host name's address and refuses
     # a loopback one: its name goes first, at the address of the default route's interface.
