@@ -23,7 +23,8 @@ def test_smoke_run_times_one_round_of_ours(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     (row,) = document["rounds"]
-    assert set(row) == {"round", "ours"}
+    assert set(row) == {"round", "load", "ours"}
+    assert row["load"] >= 0
     for key in ("ready", "first_call"):
         assert math.isfinite(row["ours"][key])
         assert 0 < row["ours"][key]

@@ -33,7 +33,9 @@ def test_smoke_run_times_one_round_of_ours(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     (row,) = document["rounds"]
-    assert set(row) == {"round", "ours_ready", "ours_first_call"}
+    assert set(row) == {"round", "order", "load_before_ours", "ours_ready", "ours_first_call"}
+    assert row["order"] == "ours"
+    assert row["load_before_ours"] >= 0
     assert 0 < row["ours_ready"] <= row["ours_first_call"]
     assert math.isfinite(row["ours_first_call"])
     assert proc.stdout.startswith(HEADING + "\n")

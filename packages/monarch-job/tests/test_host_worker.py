@@ -3,7 +3,10 @@ attach helper's check of which worker ports still refuse."""
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -62,3 +65,64 @@ def test_under_slurm_without_scontrol_the_host_name_is_used(
     monkeypatch.setenv("MONARCH_HOST_IP", "127.0.0.8")
     assert host_address(None, slurm=True) == "127.0.0.8"
     assert "cannot read this node's NodeAddr" in caplog.text
+
+
+#: Modules the worker loop's process never needs before a client asks it for something: the
+#: client side of every engine, the admin endpoint's HTTP server, torch.
+NOT_FOR_THE_WORKER_LOOP = (
+    "monarch.job._job",
+    "monarch.job._process",
+    "monarch.job._slurm",
+    "monarch.job.kubernetes",
+    "http.server",
+    "torch",
+)
+
+
+def test_the_worker_loop_imports_only_what_it_needs_with_collection_back_on() -> None:
+    probe = (
+        "import gc, json, runpy, sys\n"
+        "sys.argv = ['_host_worker', '--port', '0']  # refused after the imports: no loop\n"
+        "try:\n"
+        "    runpy.run_module('monarch.job._host_worker', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        f"heavy = [m for m in {NOT_FOR_THE_WORKER_LOOP!r} if m in sys.modules]\n"
+        "facts = [code, heavy, gc.isenabled(), gc.get_freeze_count() > 1000]\n"
+        "print(json.dumps([*facts, 'monarch.actor' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "is not a port" in done.stderr
+    code, heavy, collecting, frozen, actor = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 2
+    assert heavy == []
+    assert collecting is True  # off only while importing
+    assert frozen is True  # what the imports made is out of later collections
+    assert actor is True  # the worker loop itself
+
+
+def test_the_package_imports_its_names_on_first_use() -> None:
+    probe = (
+        "import json, sys\n"
+        "import monarch.job\n"
+        "before = 'monarch.actor' in sys.modules\n"
+        "from monarch.job import SlurmJob, ProcessJob, JobState, MeshSpec, job_load\n"
+        "names = sorted(n for n in monarch.job.__all__ if getattr(monarch.job, n) is None)\n"
+        "try:\n"
+        "    monarch.job.NoSuchName\n"
+        "    missing = None\n"
+        "except AttributeError as exc:\n"
+        "    missing = str(exc)\n"
+        "print(json.dumps([before, SlurmJob.__module__, names, missing]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, module, unset, missing = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before is False
+    assert module == "monarch.job._slurm"
+    assert unset == []
+    assert missing == "module 'monarch.job' has no attribute 'NoSuchName'"

@@ -2,9 +2,10 @@
 and exits; client process 2 builds the same specification, reconnects to the same worker loops
 through the saved job, runs actors there, then kills the job, after which no process of it runs.
 
-The hosts are three network namespaces with their own addresses where this machine can make
-them (the issue's scenario), else two loopback hosts (the README's reconnect example runs that
-case too, so each runs once per CI run)."""
+The hosts are three network namespaces with their own addresses (the issue's scenario: the
+local job with hosts in namespaces); the test is skipped, with the reason, where this machine
+cannot make them (not root, no ``ip``). The same reconnect on loopback hosts is the README's
+example (``tests/test_readme_examples.py`` runs it)."""
 
 from __future__ import annotations
 
@@ -59,12 +60,13 @@ CLIENT = textwrap.dedent(
 
 @pytest.fixture
 def hosts_spec() -> Iterator[dict[str, Any]]:
+    if sys.platform != "linux":
+        pytest.skip("network namespaces are Linux's")
     namespaces = NetnsHosts(3)
     try:
         namespaces.create()
-    except NetnsUnavailable:
-        yield {"hosts": 2, "namespaces": None}
-        return
+    except NetnsUnavailable as exc:
+        pytest.skip(f"network namespaces cannot be created here: {exc}")
     try:
         yield {"hosts": 3, "namespaces": namespaces.names}
     finally:
@@ -107,9 +109,9 @@ def test_a_later_client_process_reconnects_then_kills(
     try:
         assert len(hosts) == count
         assert one["hosts"] == [h.pid for h in hosts]
-        if hosts_spec["namespaces"] is not None:  # every host in its own namespace
-            assert len(set(one["netns"])) == count
-            assert one["client_netns"] not in one["netns"]
+        assert len(set(one["netns"])) == count  # every host in a namespace of its own
+        assert one["client_netns"] not in one["netns"]
+        assert [h.netns for h in hosts] == hosts_spec["namespaces"]
         same = ProcessJob({"hosts": count}, namespaces=hosts_spec["namespaces"])
         assert job.can_run(same)  # client 1 is gone, its hosts live on
         two = _run(script, saved, spec, "kill", env=env)

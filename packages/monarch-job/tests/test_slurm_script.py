@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.job import SlurmJob
+from monarch.job._slurm import start_poll_interval
 from monarch.job._slurm_text import (
     SbatchSpec,
     node_addrs,
@@ -204,3 +205,19 @@ def test_a_batch_job_saved_before_submission_is_the_running_job_inside_its_alloc
     assert inside.active
     job._batch = False
     assert pickle.loads(pickle.dumps(job)).job_id is None  # only batch-mode saves
+
+
+def test_the_start_poll_doubles_up_to_half_a_second_then_two() -> None:
+    polls: list[tuple[float, float]] = []  # (seconds waited so far, the next interval)
+    interval, waited = 0.1, 0.0
+    while waited < 40:
+        waited += interval
+        interval = start_poll_interval(interval, waited)
+        polls.append((waited, interval))
+    assert [i for _, i in polls[:4]] == pytest.approx([0.2, 0.4, 0.5, 0.5])
+    assert max(i for w, i in polls if w < 30) == 0.5  # a job that starts soon is seen soon
+    assert polls[-1][1] == 2.0  # one that queues costs the controller little
+    with pytest.raises(ValueError, match="positive"):
+        start_poll_interval(0, 1.0)
+    with pytest.raises(ValueError, match="positive"):
+        start_poll_interval(0.1, -1.0)

@@ -61,6 +61,13 @@ WORKER_START_TIMEOUT: Final = 120.0
 #: Seconds ``kill()`` waits for Slurm to stop listing a cancelled job.
 KILL_TIMEOUT: Final = 60.0
 _POLL_FIRST, _POLL_MAX = 0.1, 2.0
+#: While a job waits to start: at most this many seconds between two ``squeue`` calls during
+#: its first ``START_POLL_WINDOW`` seconds, then ``_POLL_MAX``. A job that starts at once is
+#: seen within 0.5 s (before its worker loops can listen: starting Python and importing the
+#: stack takes longer), and a job that queues for minutes costs the controller one call every
+#: 2 s only.
+START_POLL_FAST: Final = 0.5
+START_POLL_WINDOW: Final = 30.0
 #: Set (to ``1``) for the client a batch-mode job runs inside its allocation.
 BATCH_JOB_ENV: Final = "MONARCH_BATCH_JOB"
 
@@ -317,7 +324,8 @@ class SlurmJob(JobTrait):
     def _wait_running(self, job_id: str) -> list[str]:
         """The allocated node names once the job runs (bounded by ``job_start_timeout``)."""
         timeout = self._job_start_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         interval = _POLL_FIRST
         while True:
             listed = self._squeue(job_id)
@@ -343,7 +351,7 @@ class SlurmJob(JobTrait):
                     "it was cancelled"
                 )
             time.sleep(interval)  # squeue has no notification: poll with back-off
-            interval = min(interval * 2, _POLL_MAX)
+            interval = start_poll_interval(interval, time.monotonic() - started)
 
     def _attach(self, job_id: str, name: str, workers: list[str]) -> HostMesh:
         return attach_retrying(
@@ -354,6 +362,16 @@ class SlurmJob(JobTrait):
             timeout=WORKER_START_TIMEOUT,
             where=f"Slurm job {job_id} (logs in {self._log_dir})",
         )
+
+
+def start_poll_interval(previous: float, waited: float) -> float:
+    """The seconds to wait before the next ``squeue`` while a job waits to start, after waiting
+    ``previous`` seconds last time and ``waited`` in all: doubling from ``_POLL_FIRST``, capped
+    at ``START_POLL_FAST`` during the first ``START_POLL_WINDOW`` seconds, then ``_POLL_MAX``."""
+    if previous <= 0 or waited < 0:
+        raise ValueError(f"poll intervals and waits are positive, got {previous!r}, {waited!r}")
+    cap = START_POLL_FAST if waited < START_POLL_WINDOW else _POLL_MAX
+    return min(previous * 2, cap)
 
 
 def _run(argv: list[str], stdin: str | None = None) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import http.server
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -49,6 +48,9 @@ from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import report as _report
 from monarch.actor._runtime.telemetry.report import TelemetryReport, TelemetryRequest
 from monarch.config import _registry as _config
+
+if TYPE_CHECKING:
+    import http.server
 
 __all__ = [
     "AdminServer",
@@ -157,49 +159,53 @@ def collect_status(timeout: float = 5.0) -> dict[str, Any]:
     }
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _HTTPServer
-    server_version = "monarch-admin/1"
+def _http_server(host: str, port: int, secret: str, timeout: float) -> http.server.HTTPServer:
+    """The endpoint's HTTP server, bound to ``host:port``, not yet serving. ``http.server``
+    (with ``http.client``, ``email`` and ``html``: about 20 ms of CPU) is imported here, not
+    with this module: every process imports this module (the client's start hook is
+    registered at import), few serve, and a cluster host's worker loop, whose start-up is on
+    the critical path of a job's ``apply()``, never does."""
+    import http.server
 
-    def log_message(self, format: str, *args: Any) -> None:
-        _log.debug("admin: " + format, *args)
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "monarch-admin/1"
 
-    def _send(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        with contextlib.suppress(OSError):
-            self.wfile.write(body)
+        def log_message(self, format: str, *args: Any) -> None:
+            _log.debug("admin: " + format, *args)
 
-    def _authorized(self, query: dict[str, list[str]]) -> bool:
-        given = self.headers.get("Authorization", "")
-        secret = given[7:] if given.startswith("Bearer ") else query.get("token", [""])[0]
-        return hmac.compare_digest(secret.encode(), self.server.secret.encode())
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(body)
 
-    def do_GET(self) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        query = urllib.parse.parse_qs(url.query)
-        try:
-            if url.path == "/metrics":
-                body = metrics_text(self.server.timeout_s).encode()
-                self._send(200, body, _exposition.CONTENT_TYPE)
-            elif url.path == "/status":
-                if not self._authorized(query):
-                    self._send(403, b"bad or missing token\n", "text/plain")
-                    return
-                body = json.dumps(collect_status(self.server.timeout_s)).encode()
-                self._send(200, body, "application/json")
-            else:
-                self._send(404, b"not found: try /metrics or /status\n", "text/plain")
-        except Exception as exc:
-            _log.exception("admin request %s failed", url.path)
-            self._send(500, f"{type(exc).__name__}: {exc}\n".encode(), "text/plain")
+        def _authorized(self, query: dict[str, list[str]]) -> bool:
+            given = self.headers.get("Authorization", "")
+            token = given[7:] if given.startswith("Bearer ") else query.get("token", [""])[0]
+            return hmac.compare_digest(token.encode(), secret.encode())
 
+        def do_GET(self) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(url.query)
+            try:
+                if url.path == "/metrics":
+                    body = metrics_text(timeout).encode()
+                    self._send(200, body, _exposition.CONTENT_TYPE)
+                elif url.path == "/status":
+                    if not self._authorized(query):
+                        self._send(403, b"bad or missing token\n", "text/plain")
+                        return
+                    body = json.dumps(collect_status(timeout)).encode()
+                    self._send(200, body, "application/json")
+                else:
+                    self._send(404, b"not found: try /metrics or /status\n", "text/plain")
+            except Exception as exc:
+                _log.exception("admin request %s failed", url.path)
+                self._send(500, f"{type(exc).__name__}: {exc}\n".encode(), "text/plain")
 
-class _HTTPServer(http.server.HTTPServer):
-    secret = ""
-    timeout_s = 5.0
+    return http.server.HTTPServer((host, port), Handler)
 
 
 class AdminServer:
@@ -207,9 +213,8 @@ class AdminServer:
     (``HOST:PORT:SECRET``, what ``monarch top --token`` takes), ``close()``."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
-        self._server = _HTTPServer((host, port), _Handler)
-        self._server.secret = secrets.token_hex(16)
-        self._server.timeout_s = timeout
+        self._secret = secrets.token_hex(16)
+        self._server = _http_server(host, port, self._secret, timeout)
         address = self._server.server_address
         self.host, self.port = str(address[0]), int(address[1])
         self._thread = threading.Thread(
@@ -223,7 +228,7 @@ class AdminServer:
 
     @property
     def token(self) -> str:
-        return f"{self.host}:{self.port}:{self._server.secret}"
+        return f"{self.host}:{self.port}:{self._secret}"
 
     def close(self) -> None:
         """Stop serving (idempotent)."""
