@@ -34,6 +34,20 @@ PACKAGES = ROOT / "packages"
 PER_PACKAGE_TEST_TIMEOUT = 900
 
 
+def _markers_ini() -> str:
+    """A ``[pytest]`` section holding the root ``pytest.ini``'s ``markers`` and nothing else."""
+    lines = (Path(__file__).resolve().parent.parent / "pytest.ini").read_text().splitlines()
+    markers: list[str] = []
+    for line in lines:
+        if line.startswith("markers"):
+            markers.append("markers =")
+        elif markers and line.startswith((" ", "\t")) and line.strip():
+            markers.append(line)
+        elif markers:
+            break
+    return "[pytest]\n" + "\n".join(markers) + "\n"
+
+
 def _requirement_name(requirement: str) -> str:
     match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
     if match is None:
@@ -108,6 +122,10 @@ def _check_one(
     tests = Path(workspace[name]["folder"]) / "tests"  # type: ignore[arg-type]
     run_dir = work / "run" / name
     run_dir.mkdir(parents=True)
+    # Only the repository's marker registrations (slow, netns) from its pytest.ini: none of its
+    # options or paths, so the package's tests run as an installed package's would.
+    ini = run_dir / "pytest.ini"
+    ini.write_text(_markers_ini())
     install = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *targets]
     pytest = [
         python,
@@ -120,7 +138,7 @@ def _check_one(
         "--rootdir",
         str(run_dir),
         "-c",
-        os.devnull,
+        str(ini),
         str(tests),
     ]
     with log.open("w") as out:
