@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import select
 import signal
 import subprocess
@@ -113,6 +114,25 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
     assert memory["processes"] == 15
     assert 0 < memory["pss_mib_mean"] <= memory["rss_mib_mean"]
     assert _descendants(os.getpid()) - before == set()  # workers and fork server: all gone
+    cpu = _ready_cpu_ms(tmp_path / "logs")
+    assert len(cpu) == 15
+    assert max(cpu) < FORKED_READY_CPU_MS, cpu
+
+
+def _ready_cpu_ms(logs: Path) -> list[float]:
+    """Each worker's CPU to its ready line, from the line it logs (``ready: X ms CPU``)."""
+    found = []
+    for log in sorted(logs.glob("rank-*.log")):
+        match = re.search(r"ready: ([0-9.]+) ms CPU", log.read_text())
+        assert match is not None, log.read_text()[-500:]
+        found.append(float(match.group(1)))
+    return found
+
+
+# An exec'd worker needs about 500 ms of CPU to its ready line (interpreter and imports); a
+# forked one about 30 ms. CPU time, unlike wall time, hardly moves with the machine's load: a
+# forked worker that imported the stack again would fail this.
+FORKED_READY_CPU_MS = 250.0
 
 
 def _crash_before_ready(argv: list[str]) -> int:
@@ -240,6 +260,8 @@ def test_workers_die_with_their_launcher(tmp_path: Path, sig: signal.Signals) ->
                 break
         workers = _descendants(launcher.pid)
         assert len(workers) == 8  # the fork server and seven workers
+        # forked, not fresh interpreters (which need about 500 ms of CPU each to get ready)
+        assert max(_ready_cpu_ms(tmp_path / "logs")) < FORKED_READY_CPU_MS
         launcher.send_signal(sig)
         assert _wait_gone(workers, 15) == set()
         launcher.wait(15)

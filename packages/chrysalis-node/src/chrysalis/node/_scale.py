@@ -126,7 +126,10 @@ _STOP_GRACE: Final = 5.0
 _TRANSFER_CHUNK: Final = 256 * 1024
 _LINE_LIMIT: Final = 4096
 _MODULE: Final = "chrysalis.node._scale"
-_FORK_TARGET: Final = f"{_MODULE}:main"
+_FORK_TARGET: Final = f"{__name__}:main"
+"""What a forked worker runs: this very module object (``__main__`` under ``python -m``),
+whose caches the fork server warmed; importing ``chrysalis.node._scale`` anew there would
+run the module again (about 20 ms of CPU per worker) with cold caches."""
 _STARTED_AT: Final = time.time()
 """When this process started (close enough: when this module was imported)."""
 _REAP_INTERVAL: Final = 0.5
@@ -733,6 +736,7 @@ def _warm(ca_dir: Path, persist: bool) -> None:
     imports only when it runs (persistent mode's modules, the worker's event loop and QUIC
     engine), so every forked worker starts with all of it."""
     _provider(ca_dir).issue_identity()
+    _parser()
     # Found with ``PYTHONPROFILEIMPORTTIME=1`` on an exec'd worker: what it imports after
     # ``chrysalis.node._scale`` (its event loop's default executor).
     modules = ["concurrent.futures.thread", "queue"]
@@ -800,6 +804,9 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         background = [asyncio.create_task(serve_streams(node, handler))]
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
+        # In its log: the CPU this process used to get here (a forked worker's count starts
+        # at its fork; an exec'd one's includes the interpreter's start and imports).
+        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
         await stop.wait()
         for task in background:
             task.cancel()
@@ -1224,7 +1231,14 @@ async def serve_persistent(
 # -- command line -------------------------------------------------------------------------------
 
 
+@functools.cache
 def _parser() -> argparse.ArgumentParser:
+    """The command line (built once per process: the fork server builds it in ``_warm``, so
+    forked workers only parse; building costs more than a worker's whole identity)."""
+    return _build_parser()
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m chrysalis.node._scale",
         description="Launch many Chrysalis processes on this host and measure them.",
