@@ -26,7 +26,8 @@ For each size N (full run: 64, 256 and 512 processes, 3 rounds; ``--quick``: 16 
    spec 7.3), one at a time: the first round also opens each QUIC connection, later rounds
    open a fresh stream on the pooled connection.
 4. **chrysalis, fresh interpreters** (informational, sizes given by ``--exec-size``; full run:
-   64): the same run with ``--start exec``, every worker a new ``python -m`` process.
+   64; in the first round of the size only): the same run with ``--start exec``, every worker
+   a new ``python -m`` process.
 5. **Unix echo** (baseline for the echo): a plain asyncio Unix stream server in another
    Python process; the client opens a fresh connection per echo, sends the same request, FIN,
    reads to EOF.
@@ -256,7 +257,9 @@ def measure(
                 if import_baseline:
                     imported = asyncio.run(timed_launch(IMPORT_ONLY, nodes, work / "imp", timeout))
                 scale = run_scale(nodes, config, work)
-                fresh = run_scale(nodes, config, work, "exec") if nodes in exec_sizes else None
+                fresh = None
+                if nodes in exec_sizes and index == 0:  # informational: the first round only
+                    fresh = run_scale(nodes, config, work, "exec")
                 echoes = asyncio.run(unix_echo(config.unix_echoes, work, timeout))
                 result.append(Round(nodes, bare, imported, scale, fresh, echoes))
                 print(
@@ -364,7 +367,8 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
         "line the launcher waits for). *chrysalis forked*: from the root's start until every "
         "process is resolvable at the root, workers forked from the launcher's warm fork "
         "server (each issues its identity, joins its parent over QUIC and publishes its "
-        "entry); *fresh interpreters*: the same with `--start exec`. *forked vs bare*: the "
+        "entry); *fresh interpreters*: the same with `--start exec` (first round only). "
+        "*forked vs bare*: the "
         "median over the rounds of the per-round ratio (min-max in brackets); the goal is "
         "issue 22's. *import-only* (`--import-baseline`): fresh interpreters that import the "
         "worker's modules and stop.\n"
