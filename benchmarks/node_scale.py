@@ -4,11 +4,11 @@ tree.
 
 Usage::
 
-    python benchmarks/node_scale.py [--quick | --smoke] [--size N]... [--rounds R]
+    python benchmarks/node_scale.py [--quick | --smoke] [--size N]... [--rounds R] [--big-rounds R]
                                     [--import-baseline] [--exec-size N]... [--json OUT]
                                     [--write-readme]
 
-For each size N (full run: 64, 256 and 512 processes, 3 rounds; ``--quick``: 16 and 64;
+For each size N (full run: 64, 256 and 512 processes, 3 rounds, 2 of 512; ``--quick``: 16 and 64;
 ``--smoke``: 4) every round runs, back to back so that they see about the same machine load:
 
 1. **bare launch** (baseline): N Python processes that only print one line
@@ -109,11 +109,14 @@ class Config:
     run_timeout: float
     exec_sizes: tuple[int, ...]
     import_baseline: bool
+    big_rounds: int
+    """Rounds of sizes from ``BIG`` processes up (they load a shared machine heavily)."""
 
 
-FULL: Final = Config("full", (64, 256, 512), 32, 3, 2, 300, 300.0, (64,), False)
-QUICK: Final = Config("quick", (16, 64), 16, 3, 2, 200, 120.0, (16,), False)
-SMOKE: Final = Config("smoke", (4,), 2, 1, 2, 20, 25.0, (4,), True)
+FULL: Final = Config("full", (64, 256, 512), 32, 3, 2, 300, 300.0, (64,), False, 2)
+QUICK: Final = Config("quick", (16, 64), 16, 3, 2, 200, 120.0, (16,), False, 3)
+SMOKE: Final = Config("smoke", (4,), 2, 1, 2, 20, 25.0, (4,), True, 1)
+BIG: Final = 512
 GOAL_NODES: Final = 512
 GOAL_RATIO: Final = 3.0
 """Issue 22: 512 processes resolvable in at most 3x the time of 512 bare starts."""
@@ -241,6 +244,7 @@ def measure(
     sizes: Sequence[int],
     *,
     rounds: int,
+    big_rounds: int,
     import_baseline: bool,
     exec_sizes: Sequence[int],
 ) -> list[Round]:
@@ -249,7 +253,7 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="chrysalis-bench-") as tmp:
         work = Path(tmp)
         for nodes in sizes:
-            for index in range(rounds):
+            for index in range(big_rounds if nodes >= BIG else rounds):
                 print(f"[{nodes} processes, round {index + 1}]", file=sys.stderr)
                 timeout = config.run_timeout
                 bare = asyncio.run(timed_launch(BARE, nodes, work / "bare", timeout))
@@ -399,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", type=int, action="append", help="processes (repeatable)")
     parser.add_argument("--rounds", type=int, help="rounds per size (full run: 3)")
     parser.add_argument(
+        "--big-rounds", type=int, help=f"rounds of sizes from {BIG} up (full run: 2)"
+    )
+    parser.add_argument(
         "--import-baseline",
         action="store_true",
         help="also time fresh interpreters that only import the worker's modules",
@@ -415,8 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(not 2 <= n <= 512 for n in sizes):
         parser.error("--size must be in 2..512")
     rounds = config.rounds if args.rounds is None else args.rounds
-    if rounds < 1:
-        parser.error("--rounds must be at least 1")
+    big_rounds = config.big_rounds if args.big_rounds is None else args.big_rounds
+    if rounds < 1 or big_rounds < 1:
+        parser.error("--rounds and --big-rounds must be at least 1")
     exec_sizes = tuple(args.exec_size) if args.exec_size else config.exec_sizes
     meta: dict[str, Any] = {
         "mode": config.mode,
@@ -428,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             config,
             sizes,
             rounds=rounds,
+            big_rounds=big_rounds,
             import_baseline=config.import_baseline or args.import_baseline,
             exec_sizes=exec_sizes,
         )
