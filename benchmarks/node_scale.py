@@ -1,34 +1,41 @@
-"""Scale of ``chrysalis-node`` on one host: how long until N processes are resolvable from the
-root, and how fast a fresh stream echoes through the tree.
+"""Scale of ``chrysalis-node`` on one host: how long until N processes are resolvable at the
+root, against starting N bare Python processes, and how fast a fresh stream echoes through the
+tree.
 
 Usage::
 
-    python benchmarks/node_scale.py [--quick | --smoke] [--size N]... [--json OUT]
+    python benchmarks/node_scale.py [--quick | --smoke] [--size N]... [--rounds R] [--big-rounds R]
+                                    [--import-baseline] [--exec-size N]... [--json OUT]
                                     [--write-readme]
 
-For each size N (full run: 16, 64 and 128 processes; ``--quick``: 8 and 16; ``--smoke``: 4)
-the script runs, back to back so that they see about the same machine load:
+For each size N (full run: 64, 256 and 512 processes, 3 rounds, 2 of 512; ``--quick``: 16 and 64;
+``--smoke``: 4) every round runs, back to back so that they see about the same machine load:
 
-1. **bare launch** (baseline): N Python processes that print one line and wait
-   (``python -c "print(...); sys.stdin.read()"``), started by the scale tool's own launcher
-   (``chrysalis.node._scale.ProcessGroup``) with the same launch concurrency; the time from the
-   first start until every process printed.
-2. **import-only launch** (informational): the same, each process first importing the scale
-   worker's modules (``chrysalis.node._scale``: QUIC, TLS, nameserver). The difference to (1)
-   is interpreter start-up and imports, which no protocol work can avoid.
-3. **chrysalis** (candidate): ``python -m chrysalis.node._scale run --nodes N`` in its own
-   session (killed as a group if it overstays): the root plus N - 1 workers in the task-head
-   topology, the time from the root's start until every process is resolvable at the root,
-   then fresh-stream echoes from the root to every worker (``[1][len][0x2A]``, spec 7.3),
-   one at a time: the first round also opens each QUIC connection, later rounds open a fresh
-   stream on the pooled connection.
-4. **Unix echo** (baseline for the echo): a plain asyncio Unix stream server in another
+1. **bare launch** (baseline): N Python processes that only print one line
+   (``python -c "print('ready', flush=True)"``: ``python -c pass`` plus the line the launcher
+   waits for), started by the scale tool's own launcher (``chrysalis.node._scale.ProcessGroup``)
+   with the same launch concurrency; the time from the first start until every process printed.
+2. **import-only launch** (informational, ``--import-baseline``): the same, each process first
+   importing the scale worker's modules (QUIC, TLS, nameserver): what a fresh interpreter per
+   worker must pay before any protocol work.
+3. **chrysalis, forked** (candidate): ``python -m chrysalis.node._scale run --nodes N`` in its
+   own session (killed as a group if it overstays): the root plus N - 1 workers forked from its
+   warm fork server, task-head topology (UDP heads, Unix-datagram leaves); the time from the
+   root's start until every process is resolvable at the root; the workers' RSS and PSS once
+   they all are; then fresh-stream echoes from the root to every worker (``[1][len][0x2A]``,
+   spec 7.3), one at a time: the first round also opens each QUIC connection, later rounds
+   open a fresh stream on the pooled connection.
+4. **chrysalis, fresh interpreters** (informational, sizes given by ``--exec-size``; full run:
+   64; in the first round of the size only): the same run with ``--start exec``, every worker
+   a new ``python -m`` process.
+5. **Unix echo** (baseline for the echo): a plain asyncio Unix stream server in another
    Python process; the client opens a fresh connection per echo, sends the same request, FIN,
    reads to EOF.
 
-The ratios are candidate / baseline in the same round (lower is better for both times). The
-machine is shared and noisy: trust ratios more than times. Every wait is bounded, and every
-process the script starts is stopped (stdin closed, then SIGTERM, then SIGKILL).
+The ratio of a size is the median over its rounds of (candidate / baseline of the same round);
+lower is better. The machine is shared and noisy: trust ratios more than times. Every wait is
+bounded, and every process the script starts is stopped (stdin closed, then SIGTERM, then
+SIGKILL; the scale runs' workers also die with their launcher).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from benchmarks._common import (  # noqa: E402
     add_run_arguments,
     machine_facts,
     machine_line,
+    median,
     write_json,
     write_readme_section,
 )
@@ -67,7 +75,7 @@ from chrysalis.node._scale import (  # noqa: E402
 )
 
 README: Final = ROOT / "packages" / "chrysalis-node" / "README.md"
-BARE: Final = "import sys; print('ready', flush=True); sys.stdin.read()"
+BARE: Final = "print('ready', flush=True)"
 IMPORT_ONLY: Final = (
     "import sys, chrysalis.node._scale; print('ready', flush=True); sys.stdin.read()"
 )
@@ -99,27 +107,36 @@ class Config:
     echo_rounds: int
     unix_echoes: int
     run_timeout: float
+    exec_sizes: tuple[int, ...]
+    import_baseline: bool
+    big_rounds: int
+    """Rounds of sizes from ``BIG`` processes up (they load a shared machine heavily)."""
 
 
-FULL: Final = Config("full", (16, 64, 128), 32, 1, 3, 300, 240.0)
-QUICK: Final = Config("quick", (8, 16), 8, 1, 3, 200, 120.0)
-SMOKE: Final = Config("smoke", (4,), 2, 1, 2, 20, 25.0)
+FULL: Final = Config("full", (64, 256, 512), 32, 3, 2, 300, 300.0, (64,), False, 2)
+QUICK: Final = Config("quick", (16, 64), 16, 3, 2, 200, 120.0, (16,), False, 3)
+SMOKE: Final = Config("smoke", (4,), 2, 1, 2, 20, 25.0, (4,), True, 1)
+BIG: Final = 512
+GOAL_NODES: Final = 512
+GOAL_RATIO: Final = 3.0
+"""Issue 22: 512 processes resolvable in at most 3x the time of 512 bare starts."""
 
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    """One round of one size: the three launch times in seconds, the scale tool's record and
-    the Unix echo latencies (seconds)."""
+    """One round of one size: the launch times in seconds, the scale tool's records (forked;
+    fresh interpreters where measured) and the Unix echo latencies (seconds)."""
 
     nodes: int
     bare_seconds: float
     import_seconds: float | None
     scale: dict[str, Any]
+    exec_scale: dict[str, Any] | None
     unix_echo: tuple[float, ...]
 
     @property
     def join_seconds(self) -> float:
-        """Root start until every process was resolvable."""
+        """Root start until every process was resolvable (forked start)."""
         return float(self.scale["join_seconds"])
 
     def to_json(self) -> dict[str, Any]:
@@ -127,6 +144,7 @@ class Round:
         unix = summarize_latencies(self.unix_echo)
         echo = self.scale["echo"] or self.scale["first_echo"]
         imported = self.import_seconds
+        exec_join = None if self.exec_scale is None else float(self.exec_scale["join_seconds"])
         return {
             "nodes": self.nodes,
             "bare_launch_seconds": self.bare_seconds,
@@ -134,7 +152,12 @@ class Round:
             "join_seconds": self.join_seconds,
             "join_over_bare": self.join_seconds / self.bare_seconds,
             "join_over_import": None if imported is None else self.join_seconds / imported,
+            "exec_join_seconds": exec_join,
+            "exec_over_bare": None if exec_join is None else exec_join / self.bare_seconds,
+            "memory": self.scale.get("memory"),
+            "exec_memory": None if self.exec_scale is None else self.exec_scale.get("memory"),
             "scale": self.scale,
+            "exec_scale": self.exec_scale,
             "unix_echo": unix.to_json(),
             "echo_p50_over_unix": echo["p50_ms"] / unix.p50_ms,
         }
@@ -186,11 +209,12 @@ async def unix_echo(count: int, workdir: Path, timeout: float) -> tuple[float, .
         await group.stop()
 
 
-def run_scale(nodes: int, config: Config, workdir: Path) -> dict[str, Any]:
+def run_scale(nodes: int, config: Config, workdir: Path, start: str = "fork") -> dict[str, Any]:
     """One ``chrysalis.node._scale run`` in its own session; its result record."""
-    out = workdir / f"scale-{nodes}.json"
+    out = workdir / f"scale-{nodes}-{start}.json"
     command = [
         sys.executable, "-m", "chrysalis.node._scale", "run", "--nodes", str(nodes),
+        "--start", start,
         "--nodes-per-task", str(config.nodes_per_task),
         "--identity-concurrency", str(LAUNCH_CONCURRENCY),
         "--echo-rounds", str(config.echo_rounds),
@@ -210,19 +234,26 @@ def run_scale(nodes: int, config: Config, workdir: Path) -> dict[str, Any]:
             os.killpg(proc.pid, signal.SIGKILL)  # workers share the session: none survives
         proc.wait(timeout=10)
     if proc.returncode != 0 or not out.exists():
-        raise BenchmarkError(f"scale run of {nodes} failed: {stderr.decode()[-2000:]}")
+        raise BenchmarkError(f"scale run of {nodes} ({start}) failed: {stderr.decode()[-2000:]}")
     record: dict[str, Any] = json.loads(out.read_text())
     return record
 
 
-def measure(config: Config, sizes: Sequence[int], *, import_baseline: bool = True) -> list[Round]:
-    """Every round of every size (see the module docstring); ``import_baseline=False``
-    skips the import-only launches (about 40 % of a full run)."""
-    rounds = []
+def measure(
+    config: Config,
+    sizes: Sequence[int],
+    *,
+    rounds: int,
+    big_rounds: int,
+    import_baseline: bool,
+    exec_sizes: Sequence[int],
+) -> list[Round]:
+    """Every round of every size (see the module docstring)."""
+    result = []
     with tempfile.TemporaryDirectory(prefix="chrysalis-bench-") as tmp:
         work = Path(tmp)
         for nodes in sizes:
-            for index in range(config.rounds):
+            for index in range(big_rounds if nodes >= BIG else rounds):
                 print(f"[{nodes} processes, round {index + 1}]", file=sys.stderr)
                 timeout = config.run_timeout
                 bare = asyncio.run(timed_launch(BARE, nodes, work / "bare", timeout))
@@ -230,14 +261,19 @@ def measure(config: Config, sizes: Sequence[int], *, import_baseline: bool = Tru
                 if import_baseline:
                     imported = asyncio.run(timed_launch(IMPORT_ONLY, nodes, work / "imp", timeout))
                 scale = run_scale(nodes, config, work)
+                fresh = None
+                if nodes in exec_sizes and index == 0:  # informational: the first round only
+                    fresh = run_scale(nodes, config, work, "exec")
                 echoes = asyncio.run(unix_echo(config.unix_echoes, work, timeout))
-                rounds.append(Round(nodes, bare, imported, scale, echoes))
+                result.append(Round(nodes, bare, imported, scale, fresh, echoes))
                 print(
-                    f"  bare {bare:.2f} s, import-only {_s(imported)} s, "
-                    f"chrysalis {scale['join_seconds']:.2f} s",
+                    f"  bare {bare:.2f} s, import-only {_s(imported)} s, chrysalis forked "
+                    f"{scale['join_seconds']:.2f} s "
+                    f"({scale['join_seconds'] / bare:.2f}x), fresh interpreters "
+                    f"{_s(None if fresh is None else fresh['join_seconds'])} s",
                     file=sys.stderr,
                 )
-    return rounds
+    return result
 
 
 def _s(seconds: float | None) -> str:
@@ -250,25 +286,70 @@ def _ms(summary: dict[str, Any] | None) -> str:
     return f"{summary['p50_ms']:.2f} / {summary['p90_ms']:.2f}"
 
 
-def markdown_table(rounds: Sequence[Round]) -> str:
-    """One row per round: launch times, ratios and echo latencies."""
-    lines = [
-        "| processes | tasks | bare launch s | import-only launch s | chrysalis: all resolvable s "
-        "| vs bare | vs import-only | first dial echo p50 / p90 ms "
-        "| fresh-stream echo p50 / p90 ms | Unix fresh-connection echo p50 / p90 ms "
-        "| echo p50 vs Unix |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+def _ratio(values: Sequence[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}x"
+    return f"{median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def _mib(memory: dict[str, Any] | None) -> str:
+    if memory is None:
+        return "-"
+    return f"{memory['rss_mib_mean']:.1f} / {memory['pss_mib_mean']:.1f}"
+
+
+def _by_size(rounds: Sequence[Round]) -> dict[int, list[Round]]:
+    sizes: dict[int, list[Round]] = {}
     for r in rounds:
-        record = r.to_json()
-        ratio = record["join_over_import"]
-        over_import = "-" if ratio is None else f"{ratio:.2f}x"
+        sizes.setdefault(r.nodes, []).append(r)
+    return sizes
+
+
+def markdown_table(rounds: Sequence[Round]) -> str:
+    """Start-up (one row per size: medians, ratio = median of per-round ratios, min-max),
+    then echo latencies (medians over the rounds)."""
+    lines = [
+        "| processes | tasks | rounds | bare launch s | chrysalis forked: all resolvable s "
+        "| forked vs bare | goal | fresh interpreters: all resolvable s | fresh vs bare "
+        "| import-only launch s | worker RSS / PSS MiB, forked | PSS of all workers MiB "
+        "| worker RSS / PSS MiB, fresh |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for nodes, group in _by_size(rounds).items():
+        records = [r.to_json() for r in group]
+        ratios = [rec["join_over_bare"] for rec in records]
+        goal = "-"
+        if nodes == GOAL_NODES:
+            goal = f"<= {GOAL_RATIO:g}x: {'met' if median(ratios) <= GOAL_RATIO else 'NOT met'}"
+        fresh = [rec["exec_join_seconds"] for rec in records if rec["exec_join_seconds"]]
+        fresh_ratios = [rec["exec_over_bare"] for rec in records if rec["exec_over_bare"]]
+        imported = [r.import_seconds for r in group if r.import_seconds is not None]
+        memory = [rec["memory"] for rec in records if rec["memory"]]
+        exec_memory = [rec["exec_memory"] for rec in records if rec["exec_memory"]]
+        total = f"{median([m['pss_mib_total'] for m in memory]):.0f}" if memory else "-"
         lines.append(
-            f"| {r.nodes} | {r.scale['tasks']} | {r.bare_seconds:.2f} | {_s(r.import_seconds)} "
-            f"| {r.join_seconds:.2f} | {record['join_over_bare']:.1f}x "
-            f"| {over_import} | {_ms(r.scale['first_echo'])} "
-            f"| {_ms(r.scale['echo'])} | {_ms(record['unix_echo'])} "
-            f"| {record['echo_p50_over_unix']:.1f}x |"
+            f"| {nodes} | {group[0].scale['tasks']} | {len(group)} "
+            f"| {median([r.bare_seconds for r in group]):.2f} "
+            f"| {median([r.join_seconds for r in group]):.2f} | {_ratio(ratios)} | {goal} "
+            f"| {_s(median(fresh) if fresh else None)} "
+            f"| {_ratio(fresh_ratios) if fresh_ratios else '-'} "
+            f"| {_s(median(imported) if imported else None)} "
+            f"| {_mib(memory[-1] if memory else None)} | {total} "
+            f"| {_mib(exec_memory[-1] if exec_memory else None)} |"
+        )
+    lines += [
+        "",
+        "| processes | tasks | first dial echo p50 / p90 ms | fresh-stream echo p50 / p90 ms "
+        "| Unix fresh-connection echo p50 / p90 ms | echo p50 vs Unix |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for nodes, group in _by_size(rounds).items():
+        last = group[-1]
+        record = last.to_json()
+        ratio = median([r.to_json()["echo_p50_over_unix"] for r in group])
+        lines.append(
+            f"| {nodes} | {last.scale['tasks']} | {_ms(last.scale['first_echo'])} "
+            f"| {_ms(last.scale['echo'])} | {_ms(record['unix_echo'])} | {ratio:.1f}x |"
         )
     return "\n".join(lines)
 
@@ -283,20 +364,28 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
         f"`{meta['command']}`, {machine_line(meta)}"
         f"{note}. Task-head topology, {config.nodes_per_task} processes per task (the root's "
         f"task has the root and its Unix leaves; other tasks a UDP head and Unix leaves), "
-        f"{LAUNCH_CONCURRENCY} processes starting at once in every launch, one round per "
-        "size; the echoes run one at a time, 1-byte payload.\n\n"
+        f"{LAUNCH_CONCURRENCY} processes starting at once in every launch; the echoes run "
+        "one at a time, 1-byte payload.\n\n"
         f"{markdown_table(rounds)}\n\n"
-        "- *bare launch*: Python processes that only print and wait; *import-only*: the same "
-        "after importing the worker's modules (QUIC, TLS, nameserver). *chrysalis*: from the "
-        "root's start until every process is resolvable at the root (each worker also issues "
-        "its identity, joins its parent over QUIC and publishes its entry). "
-        "The ratio to import-only is the protocol's own share.\n"
+        "- *bare launch*: Python processes that only print a line (`python -c pass` plus the "
+        "line the launcher waits for). *chrysalis forked*: from the root's start until every "
+        "process is resolvable at the root, workers forked from the launcher's warm fork "
+        "server (each issues its identity, joins its parent over QUIC and publishes its "
+        "entry); *fresh interpreters*: the same with `--start exec` (first round only). "
+        "*forked vs bare*: the "
+        "median over the rounds of the per-round ratio (min-max in brackets); the goal is "
+        "issue 22's. *import-only* (`--import-baseline`): fresh interpreters that import the "
+        "worker's modules and stop.\n"
+        "- Memory: mean resident (RSS) and proportional (PSS: shared pages divided among "
+        "their sharers) set size per worker once all are resolvable (`/proc/PID/smaps_rollup`"
+        ", last round), and the workers' PSS summed (median over the rounds).\n"
         "- *first dial*: a fresh stream to every worker that also sets up the QUIC connection "
         "(through the worker's head for other tasks); *fresh-stream*: later rounds, a new "
-        "stream on the pooled connection. The baseline opens a new Unix stream connection "
-        "per echo between two asyncio Python processes.\n"
-        "- Reproduce: `.venv/bin/python benchmarks/node_scale.py` (about 7 minutes on two "
-        "busy cores; `--no-import-baseline`: about 4; `--quick`: 8 and 16 processes; "
+        "stream on the pooled connection (both: the last round). The baseline opens a new "
+        "Unix stream connection per echo between two asyncio Python processes.\n"
+        "- Reproduce: `.venv/bin/python benchmarks/node_scale.py` (a few minutes on two "
+        "busy cores; it loads the machine with 512 processes for a few seconds per round; "
+        "`--quick`: 16 and 64 processes; `--size N --rounds R`: other sizes; "
         "`--json OUT`: every record).\n"
     )
 
@@ -306,35 +395,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     add_run_arguments(
         parser,
-        quick="8 and 16 processes",
+        quick="16 and 64 processes",
         smoke="4 processes: proves it runs",
         json_help="also write every record as JSON here",
         readme="replace the '## Benchmark' section of packages/chrysalis-node/README.md",
     )
     parser.add_argument("--size", type=int, action="append", help="processes (repeatable)")
+    parser.add_argument("--rounds", type=int, help="rounds per size (full run: 3)")
     parser.add_argument(
-        "--no-import-baseline", action="store_true", help="skip the import-only launches"
+        "--big-rounds", type=int, help=f"rounds of sizes from {BIG} up (full run: 2)"
+    )
+    parser.add_argument(
+        "--import-baseline",
+        action="store_true",
+        help="also time fresh interpreters that only import the worker's modules",
+    )
+    parser.add_argument(
+        "--exec-size",
+        type=int,
+        action="append",
+        help="also run these sizes with fresh interpreters (--start exec; full run: 64)",
     )
     args = parser.parse_args(argv)
     config = SMOKE if args.smoke else QUICK if args.quick else FULL
     sizes = tuple(args.size) if args.size else config.sizes
     if any(not 2 <= n <= 512 for n in sizes):
         parser.error("--size must be in 2..512")
+    rounds = config.rounds if args.rounds is None else args.rounds
+    big_rounds = config.big_rounds if args.big_rounds is None else args.big_rounds
+    if rounds < 1 or big_rounds < 1:
+        parser.error("--rounds and --big-rounds must be at least 1")
+    exec_sizes = tuple(args.exec_size) if args.exec_size else config.exec_sizes
     meta: dict[str, Any] = {
         "mode": config.mode,
         **machine_facts("benchmarks/node_scale.py", argv),
     }
     started = time.monotonic()
     try:
-        rounds = measure(config, sizes, import_baseline=not args.no_import_baseline)
+        measured = measure(
+            config,
+            sizes,
+            rounds=rounds,
+            big_rounds=big_rounds,
+            import_baseline=config.import_baseline or args.import_baseline,
+            exec_sizes=exec_sizes,
+        )
     except BenchmarkError as exc:
         print(f"node_scale: {exc}", file=sys.stderr)
         return 1
-    section = render_section(config, rounds, meta)
+    section = render_section(config, measured, meta)
     print(section)
     print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.json is not None:
-        document = {**meta, "rounds": [r.to_json() for r in rounds]}
+        document = {**meta, "rounds": [r.to_json() for r in measured]}
         write_json(args.json, document)
     if args.write_readme:
         write_readme_section(README, section)

@@ -33,7 +33,18 @@ def test_smoke_run_measures_launches_convergence_and_echoes(tmp_path: Path) -> N
     assert scale["first_echo"]["count"] == nodes - 1
     assert scale["echo"]["count"] == (SMOKE.echo_rounds - 1) * (nodes - 1)
     assert row["unix_echo"]["count"] == SMOKE.unix_echoes
-    for key in ("bare_launch_seconds", "import_launch_seconds", "join_over_bare"):
+    assert scale["start"] == "fork"
+    assert row["exec_scale"]["start"] == "exec"  # the fresh-interpreter comparison ran too
+    assert row["exec_scale"]["children"] == nodes - 1
+    assert row["memory"]["processes"] == nodes - 1
+    assert 0 < row["memory"]["pss_mib_mean"] <= row["memory"]["rss_mib_mean"]
+    for key in (
+        "bare_launch_seconds",
+        "import_launch_seconds",
+        "join_over_bare",
+        "exec_join_seconds",
+        "exec_over_bare",
+    ):
         assert math.isfinite(row[key])
         assert row[key] > 0
     assert row["join_over_bare"] == row["join_seconds"] / row["bare_launch_seconds"]

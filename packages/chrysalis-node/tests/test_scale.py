@@ -229,7 +229,7 @@ def test_launcher_times_out_a_silent_process_and_stop_ends_it(tmp_path: Path) ->
                     [[sys.executable, "-c", code]], names=["silent"], concurrency=1, timeout=0.5
                 )
         finally:
-            procs = list(group._procs)
+            procs = [child.proc for child in group._children]
             await group.stop(grace=0.5)
         return [proc.returncode for proc in procs]
 
@@ -250,10 +250,12 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_tiny_run_converges_echoes_and_leaves_no_worker_behind(tmp_path: Path) -> None:
+def test_tiny_exec_run_converges_echoes_and_leaves_no_worker_behind(tmp_path: Path) -> None:
     work = tmp_path / "w"
     work.mkdir()
-    config = ScaleSettings(4, nodes_per_task=2, echo_rounds=2, join_timeout=60, echo_timeout=30)
+    config = ScaleSettings(
+        4, nodes_per_task=2, echo_rounds=2, join_timeout=60, echo_timeout=30, start="exec"
+    )
     result = asyncio.run(run_scale(config, workdir=work))
     assert (result.tasks, result.children) == (2, 3)
     assert 0 < result.launch_seconds <= result.join_seconds
@@ -263,6 +265,7 @@ def test_tiny_run_converges_echoes_and_leaves_no_worker_behind(tmp_path: Path) -
     record = result.to_json()
     assert record["event"] == "chrysalis_scale_result"
     assert record["nodes"] == 4
+    assert record["start"] == "exec"
     assert _processes_mentioning(str(work)) == []
 
 

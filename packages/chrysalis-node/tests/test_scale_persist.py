@@ -39,20 +39,6 @@ def _ready(proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
     return record
 
 
-def _worker_pid(database: Path) -> int:
-    """The OS process of the worker that opened ``database`` (its command line names it)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(database).encode() in argv and b"worker" in argv:
-            return int(entry.name)
-    raise AssertionError(f"no worker process for {database}")
-
-
 def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_path: Path) -> None:
     work = tmp_path / "w"
     log = tmp_path / "scale.log"
@@ -142,7 +128,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
             "2", "submit", "long", "--sources", "rank:4", "--destinations", "rank:3",
             "--count", "100000", "--warmup", "0", "--run-timeout", "120",
         )  # fmt: skip
-        os.kill(_worker_pid(work / "db" / "node-4.db"), signal.SIGKILL)
+        os.kill(ready["processes"]["4"], signal.SIGKILL)  # forked: no command line of its own
 
         def failed() -> bool:
             claims = admin("1", "show", "long")["claims"]

@@ -6,18 +6,26 @@ with many processes shows what joining costs when dozens of children publish at 
 root's namespace grows entry by entry. ``python -m chrysalis.node._scale run --nodes N`` is the
 whole experiment on one host:
 
-placement (``plan_placement``, pure): ``flat`` puts every worker under the root (UDP); the
+placement (``plan_placement``, pure): ``flat`` puts every worker under the root; the
 default ``task-head`` groups ranks into tasks of ``nodes_per_task``; each task's first rank is
 a *head* (UDP plus a Unix socket ``task-<t>/head.sock``), task 0's head is the root itself,
 other heads join the root over UDP, and the remaining ranks of a task are *leaves* bound to a
-Unix socket only, joined to their head's ``head.sock`` and pinned to the head's PID.
+Unix socket only, joined to their head's ``head.sock`` and pinned to the head's PID (with
+``flat``, every worker is a leaf of the root's ``task-0/head.sock``).
 
-launch: the supervisor (this process) is rank 0, the root. Workers run
-``python -m chrysalis.node._scale worker ...`` with at most ``launch_concurrency`` starting at
-once (heads first, then leaves); a worker is *ready* when it printed its join token, which it
-does after its parent acknowledged its snapshot. Every worker keeps its stdin open as a
-lifeline: when the supervisor exits for any reason the pipe closes and the worker shuts down,
-so a run never leaves processes behind; ``ProcessGroup.stop`` also terminates, then kills.
+launch: the supervisor (this process) is rank 0, the root. By default (``start="fork"``) it
+first forks a fork server (``chrysalis.node._forkserver``), which loads the CA, issues one
+identity to initialise the crypto libraries and then forks every worker: a worker starts with
+every module imported, so its start-up is protocol work (issue 22 item 4). ``start="exec"``
+runs ``python -m chrysalis.node._scale worker ...`` instead, a fresh interpreter per worker
+(for comparison). At most ``launch_concurrency`` workers start at once (heads first, then
+leaves); a worker is *ready* when it printed its join token, which it does after its parent
+acknowledged its snapshot. Every worker keeps its stdin open as a lifeline: when the
+supervisor exits for any reason the pipe closes and the worker shuts down, so a run never
+leaves processes behind; forked workers also die with the fork server, and it with the
+supervisor (``PR_SET_PDEATHSIG``), so even ``kill -9`` of the supervisor leaves none.
+``ProcessGroup.stop`` also terminates, then kills. A worker that exits before the tree
+converged fails the run at once, naming it and its exit status.
 
 convergence (spec 7.3): the root waits on nameserver revision changes until its directory
 holds ``nodes`` entries, then confirms with a ``CACHED`` enumeration and resolves every
@@ -46,6 +54,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import importlib
 import json
 import math
 import os
@@ -66,6 +76,7 @@ from chrysalis.nameserver import Consistency, Found, Labels
 from chrysalis.node._address import format_address
 from chrysalis.node._claims import Liveness, NodeRecord
 from chrysalis.node._echo import echo_raw, serve_streams
+from chrysalis.node._forkserver import ForkedProcess, ForkServer
 from chrysalis.node._node import JoinSettings, Node
 from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
 
@@ -82,6 +93,7 @@ __all__ = [
     "ScaleError",
     "ScaleResult",
     "ScaleSettings",
+    "StartMode",
     "decode_echo_reply",
     "encode_echo_request",
     "main",
@@ -89,6 +101,7 @@ __all__ = [
     "run_scale",
     "serve_persistent",
     "summarize_latencies",
+    "worker_memory",
 ]
 
 DELIVERY_OP: Final = 2
@@ -113,11 +126,16 @@ _STOP_GRACE: Final = 5.0
 _TRANSFER_CHUNK: Final = 256 * 1024
 _LINE_LIMIT: Final = 4096
 _MODULE: Final = "chrysalis.node._scale"
+_FORK_TARGET: Final = f"{__name__}:main"
+"""What a forked worker runs: this very module object (``__main__`` under ``python -m``),
+whose caches the fork server warmed; importing ``chrysalis.node._scale`` anew there would
+run the module again (about 20 ms of CPU per worker) with cold caches."""
 _STARTED_AT: Final = time.time()
 """When this process started (close enough: when this module was imported)."""
 _REAP_INTERVAL: Final = 0.5
 
 Topology = Literal["flat", "task-head"]
+StartMode = Literal["fork", "exec"]
 Role = Literal["root", "head", "leaf"]
 
 
@@ -250,7 +268,9 @@ class ScaleSettings:
     QUIC ``idle_timeout`` and keep their parent link alive every quarter of it. ``host`` is the
     IPv4 address UDP carriers bind. ``persist``: every process keeps a replicated experiment
     database and serves experiments until stopped (``serve_persistent``) instead of one echo
-    sweep."""
+    sweep. ``start``: ``fork`` (default) forks every worker from a warm fork server
+    (``chrysalis.node._forkserver``), ``exec`` starts each as a fresh interpreter
+    (``python -m chrysalis.node._scale worker``: for comparison)."""
 
     nodes: int
     nodes_per_task: int = 100
@@ -264,9 +284,12 @@ class ScaleSettings:
     idle_timeout: float = 60.0
     host: str = "127.0.0.1"
     persist: bool = False
+    start: StartMode = "fork"
 
     def __post_init__(self) -> None:
         plan_placement(self.nodes, self.nodes_per_task, self.topology)
+        if self.start not in ("fork", "exec"):
+            raise ValueError(f"unknown start mode {self.start!r} (fork or exec)")
         if self.launch_concurrency < 1 or self.echo_concurrency < 1 or self.echo_rounds < 1:
             raise ValueError("concurrencies and echo_rounds must be at least 1")
         if not 0 <= self.echo_payload <= MAX_ECHO_PAYLOAD:
@@ -286,7 +309,9 @@ class ScaleResult:
     ``join_seconds``: until every process was resolvable at the root; ``first_echo``: fresh
     stream plus a new QUIC connection per worker; ``echo``: fresh streams on pooled
     connections (``None`` with one round); ``echo_seconds`` and ``echoes_per_second`` cover
-    every echo of every round.
+    every echo of every round. ``memory``: the workers' resident and proportional set sizes
+    once all were resolvable (``worker_memory``; ``None`` where ``/proc`` has no
+    ``smaps_rollup``).
     """
 
     settings: ScaleSettings
@@ -297,6 +322,7 @@ class ScaleResult:
     echo_seconds: float
     first_echo: LatencySummary
     echo: LatencySummary | None
+    memory: dict[str, float] | None = None
 
     @property
     def echoes_per_second(self) -> float:
@@ -325,10 +351,86 @@ class ScaleResult:
             "echo": None if self.echo is None else self.echo.to_json(),
             "mean_echo_millis": (self.echo or self.first_echo).mean_ms,
             "max_echo_millis": (self.echo or self.first_echo).max_ms,
+            "start": s.start,
+            "memory": self.memory,
         }
 
 
+def worker_memory(pids: Sequence[int]) -> dict[str, float] | None:
+    """Resident (RSS) and proportional (PSS: shared pages divided among their sharers) set
+    sizes of the processes ``pids``, in MiB, from ``/proc/PID/smaps_rollup`` (Linux):
+    ``processes`` measured, ``rss_mib_mean``, ``pss_mib_mean``, ``pss_mib_total``.
+    ``None`` where nothing could be read (not Linux, or every process gone)."""
+    rss: list[float] = []
+    pss: list[float] = []
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        fields = {}
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                fields[key] = int(parts[0]) / 1024
+        if "Rss" in fields and "Pss" in fields:
+            rss.append(fields["Rss"])
+            pss.append(fields["Pss"])
+    if not rss:
+        return None
+    return {
+        "processes": len(rss),
+        "rss_mib_mean": sum(rss) / len(rss),
+        "pss_mib_mean": sum(pss) / len(pss),
+        "pss_mib_total": sum(pss),
+    }
+
+
 # -- process launching --------------------------------------------------------------------------
+
+
+@final
+class _Lifeline:
+    """The launcher's write end of a forked worker's stdin: closing it tells the worker to
+    stop (like closing an exec'd process's stdin pipe)."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+@final
+class _Child:
+    """One launched process, exec'd or forked: what ``ProcessGroup`` needs of it."""
+
+    __slots__ = ("name", "proc", "stdin", "stdout", "transport")
+
+    def __init__(
+        self,
+        name: str,
+        proc: asyncio.subprocess.Process | ForkedProcess,
+        stdin: asyncio.StreamWriter | _Lifeline | None,
+        stdout: asyncio.StreamReader | None,
+        transport: asyncio.BaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.proc = proc
+        self.stdin = stdin
+        self.stdout = stdout
+        self.transport = transport
+
+    def close_pipes(self) -> None:
+        if self.stdin is not None:
+            self.stdin.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 @final
@@ -336,28 +438,115 @@ class ProcessGroup:
     """Child processes that each print one ready line on stdout, then run until their stdin
     closes. ``launch`` starts commands with bounded concurrency and returns their first lines;
     ``stop`` closes every stdin, waits ``grace`` seconds, then terminates and kills. Every
-    process ever started is stopped, also after a failed launch."""
+    process ever started is stopped, also after a failed launch.
 
-    __slots__ = ("_env", "_logs", "_names", "_procs", "_reported")
+    Two ways to start: each command exec'd as a fresh process (the default), or, after
+    ``start_forkserver``, each forked from a warm fork server (``chrysalis.node._forkserver``),
+    a command then being ``["module:function", *argv]`` (the worker runs ``function(argv)``).
+    ``wait_exit`` wakes as soon as any started process ends (a crash is reported, not lost)."""
+
+    __slots__ = ("_children", "_env", "_exit_event", "_fork", "_logs", "_reported", "_watchers")
 
     def __init__(self, logs: Path, env: dict[str, str] | None = None) -> None:
         self._logs = logs
         self._env = env
-        self._procs: list[asyncio.subprocess.Process] = []
-        self._names: dict[asyncio.subprocess.Process, str] = {}
-        self._reported: set[asyncio.subprocess.Process] = set()
+        self._children: list[_Child] = []
+        self._reported: set[int] = set()
+        self._fork: ForkServer | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        self._exit_event: asyncio.Event | None = None
+
+    @property
+    def forked(self) -> bool:
+        """Whether processes are forked from a fork server."""
+        return self._fork is not None
+
+    def start_forkserver(self, warm: Callable[[], None] | None = None) -> None:
+        """Fork the fork server now (before this process runs sockets or threads a worker
+        must not inherit); every later ``launch`` forks from it. ``warm`` runs once in it."""
+        if self._fork is not None:
+            raise ScaleError("this group has a fork server already")
+        self._fork = ForkServer.start(warm)
+        self._fork.on_exit = lambda _process: self._exited_now()
+
+    def _exited_now(self) -> None:
+        if self._exit_event is not None:
+            self._exit_event.set()
 
     def exited(self) -> list[tuple[str, int]]:
         """``(name, exit status)`` of every process that exited since the last call."""
         found = []
-        for proc in self._procs:
-            if proc.returncode is not None and proc not in self._reported:
-                self._reported.add(proc)
-                found.append((self._names[proc], proc.returncode))
+        for child in self._children:
+            code = child.proc.returncode
+            if code is not None and id(child) not in self._reported:
+                self._reported.add(id(child))
+                found.append((child.name, code))
         return found
 
+    async def wait_exit(self) -> list[tuple[str, int]]:
+        """Wait until a process exits that ``exited`` has not reported yet; those processes."""
+        if self._exit_event is None:
+            self._exit_event = asyncio.Event()
+        while not (found := self.exited()):
+            self._exit_event.clear()
+            if found := self.exited():
+                break
+            await self._exit_event.wait()
+        return found
+
+    def pids(self) -> list[int]:
+        """Process IDs of every process started and not yet stopped."""
+        return [child.proc.pid for child in self._children]
+
+    def named_pids(self) -> dict[str, int]:
+        """``{name: process ID}`` of every process started and not yet stopped."""
+        return {child.name: child.proc.pid for child in self._children}
+
     def __len__(self) -> int:
-        return len(self._procs)
+        return len(self._children)
+
+    async def _exec(self, command: Sequence[str], name: str, log: int) -> _Child:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=self._env,
+            limit=_LINE_LIMIT,
+        )
+
+        async def watch() -> None:
+            await proc.wait()
+            self._exited_now()
+
+        self._watchers.append(asyncio.create_task(watch()))
+        return _Child(name, proc, proc.stdin, proc.stdout)
+
+    async def _forked(self, command: Sequence[str], name: str, log: int) -> _Child:
+        assert self._fork is not None
+        if not command:
+            raise ValueError("a forked command needs its target")
+        loop = asyncio.get_running_loop()
+        stdin_r, stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            proc = await self._fork.spawn(
+                command[0], command[1:], stdin=stdin_r, stdout=out_w, stderr=log
+            )
+        except BaseException:
+            for fd in (stdin_w, out_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, out_w):
+                os.close(fd)
+        os.set_inheritable(stdin_w, False)
+        reader = asyncio.StreamReader(limit=_LINE_LIMIT, loop=loop)
+        pipe = os.fdopen(out_r, "rb", buffering=0)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe
+        )
+        return _Child(name, proc, _Lifeline(stdin_w), reader, transport)
 
     async def launch(
         self,
@@ -369,34 +558,36 @@ class ProcessGroup:
     ) -> list[str]:
         """Start every command (at most ``concurrency`` not yet ready at once) and return
         each one's first stdout line; ``ScaleError`` if one exits or stays silent for
-        ``timeout`` seconds."""
+        ``timeout`` seconds (with the tail of its stderr, kept in ``logs/NAME.log``)."""
         if len(names) != len(commands):
             raise ValueError("one name per command")
         slots = asyncio.Semaphore(concurrency)
         self._logs.mkdir(parents=True, exist_ok=True)
+        if self._exit_event is None:
+            self._exit_event = asyncio.Event()
 
         async def start(command: Sequence[str], name: str) -> str:
             async with slots:
                 log_path = self._logs / f"{name}.log"
                 with open(log_path, "wb") as log:
-                    proc = await asyncio.create_subprocess_exec(
-                        *command,
-                        stdin=asyncio.subprocess.PIPE,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=log,
-                        env=self._env,
-                        limit=_LINE_LIMIT,
-                    )
-                self._procs.append(proc)
-                self._names[proc] = name
-                assert proc.stdout is not None
+                    if self._fork is not None:
+                        child = await self._forked(command, name, log.fileno())
+                    else:
+                        child = await self._exec(command, name, log.fileno())
+                self._children.append(child)
+                assert child.stdout is not None
                 try:
-                    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+                    line = await asyncio.wait_for(child.stdout.readline(), timeout)
                 except (TimeoutError, ValueError):
                     line = b""
                 if not line.endswith(b"\n"):
+                    if child.proc.returncode is None:  # EOF first, the exit report follows
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(child.proc.wait(), 1.0)
+                    status = child.proc.returncode
+                    how = "was not ready" if status is None else f"exited with status {status}"
                     tail = log_path.read_bytes()[-1500:].decode(errors="replace")
-                    raise ScaleError(f"{name} exited or was not ready within {timeout:g} s: {tail}")
+                    raise ScaleError(f"{name} {how} within {timeout:g} s: {tail}")
                 return line.decode(errors="replace").strip()
 
         tasks = [asyncio.ensure_future(start(c, n)) for c, n in zip(commands, names, strict=True)]
@@ -409,27 +600,37 @@ class ProcessGroup:
             raise
 
     async def stop(self, grace: float = _STOP_GRACE) -> None:
-        """Close every lifeline, then terminate and kill what is still running (bounded)."""
-        procs, self._procs = self._procs, []
-        self._names.clear()
+        """Close every lifeline, then terminate and kill what is still running (bounded);
+        then end the fork server, if any."""
+        children, self._children = self._children, []
         self._reported.clear()
-        for proc in procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        waits = [asyncio.ensure_future(proc.wait()) for proc in procs]
-        if not waits:
-            return
-        _done, pending = await asyncio.wait(waits, timeout=grace)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not pending:
-                break
-            for proc in procs:
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(sig)
-            _done, pending = await asyncio.wait(pending, timeout=grace)
-        for wait in pending:
-            wait.cancel()
+        try:
+            for child in children:
+                if child.stdin is not None:
+                    child.stdin.close()
+            waits = [asyncio.ensure_future(child.proc.wait()) for child in children]
+            if waits:
+                _done, pending = await asyncio.wait(waits, timeout=grace)
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    if not pending:
+                        break
+                    for child in children:
+                        if child.proc.returncode is None:
+                            with contextlib.suppress(ProcessLookupError):
+                                child.proc.send_signal(sig)
+                    _done, pending = await asyncio.wait(pending, timeout=grace)
+                for wait in pending:
+                    wait.cancel()
+        finally:
+            for child in children:
+                child.close_pipes()
+            watchers, self._watchers = self._watchers, []
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            fork, self._fork = self._fork, None
+            if fork is not None:
+                fork.close()
 
 
 # -- worker -------------------------------------------------------------------------------------
@@ -516,9 +717,39 @@ def _node_record(
     )  # fmt: skip
 
 
+_PROVIDERS: dict[str, DevelopmentIdentityProvider] = {}
+"""Identity providers by CA directory: loaded once in the fork server (``_warm``), so forked
+workers neither read the CA nor initialise its key again."""
+
+
+def _provider(ca_dir: Path) -> DevelopmentIdentityProvider:
+    key = str(ca_dir)
+    provider = _PROVIDERS.get(key)
+    if provider is None:
+        provider = _PROVIDERS[key] = DevelopmentIdentityProvider(ca_dir)
+    return provider
+
+
+def _warm(ca_dir: Path, persist: bool) -> None:
+    """Run once in the fork server before it forks workers: load the CA, issue one identity
+    (which loads what key generation and signing load lazily) and import what a worker
+    imports only when it runs (persistent mode's modules, the worker's event loop and QUIC
+    engine), so every forked worker starts with all of it."""
+    _provider(ca_dir).issue_identity()
+    _parser()
+    # Found with ``PYTHONPROFILEIMPORTTIME=1`` on an exec'd worker: what it imports after
+    # ``chrysalis.node._scale`` (its event loop's default executor).
+    modules = ["concurrent.futures.thread", "queue"]
+    if persist:
+        modules += ["chrysalis.node._experiments", "chrysalis.node._baselines"]
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     placement = Placement(args.rank, args.task, args.role, args.level, None)
-    identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
+    identity = _provider(args.ca_dir).issue_identity()
     udp = None if args.udp is None else DatagramAddr.parse(args.udp)
     carrier = _carrier(udp, args.unix)
     parent = JoinSettings(
@@ -573,6 +804,9 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         background = [asyncio.create_task(serve_streams(node, handler))]
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
+        # In its log: the CPU this process used to get here (a forked worker's count starts
+        # at its fork; an exec'd one's includes the interpreter's start and imports).
+        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
         await stop.wait()
         for task in background:
             task.cancel()
@@ -594,8 +828,9 @@ def _worker_command(
     ca_dir: Path,
     database: Path | None = None,
 ) -> list[str]:
+    """The worker's arguments (``main``'s ``argv``, from ``worker`` on)."""
     command = [
-        sys.executable, "-m", _MODULE, "worker",
+        "worker",
         "--rank", str(placement.rank), "--task", str(placement.task),
         "--role", placement.role, "--level", str(placement.level),
         "--topology", settings.topology, "--parent", parent,
@@ -675,6 +910,44 @@ class _Tree:
     launch_seconds: float
     join_seconds: float
     store: Any
+    memory: dict[str, float] | None = None
+
+
+async def _until_exit(group: ProcessGroup, work: Awaitable[object]) -> None:
+    """Run ``work``, failing at once (``ScaleError``, naming the process and its exit
+    status) if a launched process exits meanwhile: a crashed worker is reported, not waited
+    for until a timeout."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(group.wait_exit())
+    try:
+        await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
+        if watch.done() and not task.done():
+            gone = ", ".join(f"{name} (status {status})" for name, status in watch.result())
+            raise ScaleError(f"worker exited before the tree converged: {gone}")
+        await task
+    finally:
+        for pending in (task, watch):
+            pending.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+
+
+def _raise_open_files(nodes: int, progress: TextIO) -> None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` towards what ``nodes`` workers need (two
+    pipe ends each, plus the root's sockets), up to the hard limit; say so if short."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    needed = 2 * nodes + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            progress.write(
+                f"[root] warning: {nodes} workers need about {needed} open files, the hard "
+                f"limit is {hard}\n"
+            )
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -701,11 +974,15 @@ async def _launched(
         (work / f"task-{task}").mkdir(exist_ok=True)
         return str(work / f"task-{task}" / "head.sock")
 
+    _raise_open_files(settings.nodes, progress)
     started = loop.time()
-    root_identity = DevelopmentIdentityProvider(ca_dir).issue_identity()
+    if settings.start == "fork":
+        # Before the root binds a socket or starts its loop's I/O: the fork server (and so
+        # every worker) must not inherit them.
+        group.start_forkserver(functools.partial(_warm, ca_dir, settings.persist))
+    root_identity = _provider(ca_dir).issue_identity()
     udp = DatagramAddr.udp(settings.host, 0)
-    root_unix = head_sock(0) if settings.topology == "task-head" else None
-    root_carrier = _carrier(udp, root_unix)
+    root_carrier = _carrier(udp, head_sock(0))  # leaves of task 0 (all of them when flat)
     root = Node(
         root_identity,
         carrier=root_carrier,
@@ -741,16 +1018,14 @@ async def _launched(
             commands = []
             for p in batch:
                 assert p.parent is not None
-                if p.role == "head" or settings.topology == "flat":
+                if p.role == "head":  # UDP to the root, and a Unix socket for its leaves
                     parent, authority = joined[0]
-                    own_udp, own_unix = (
-                        str(udp),
-                        head_sock(p.task) if p.role == "head" else None,
-                    )
-                else:
-                    parent = str(DatagramAddr.unixgram(head_sock(p.task)))
+                    own_udp, own_unix = str(udp), head_sock(p.task)
+                else:  # a leaf: Unix datagrams only, to its head (the root when flat)
+                    task = placements[p.parent].task
+                    parent = str(DatagramAddr.unixgram(head_sock(task)))
                     authority = joined[p.parent][1]
-                    own_udp, own_unix = None, str(work / f"task-{p.task}/node-{p.rank}.sock")
+                    own_udp, own_unix = None, str(work / f"task-{task}/node-{p.rank}.sock")
                 commands.append(
                     _worker_command(
                         settings,
@@ -765,6 +1040,10 @@ async def _launched(
                         else database_dir / f"node-{p.rank}.db",
                     )
                 )
+            if group.forked:
+                commands = [[_FORK_TARGET, *command] for command in commands]
+            else:
+                commands = [[sys.executable, "-m", _MODULE, *command] for command in commands]
             names = [f"rank-{p.rank}" for p in batch]
             remaining = settings.join_timeout - (loop.time() - started)
             lines = await group.launch(
@@ -792,7 +1071,9 @@ async def _launched(
 
         remaining = settings.join_timeout - launch_seconds
         try:
-            await _wait_converged(root, settings.nodes, max(0.1, remaining), progress)
+            await _until_exit(
+                group, _wait_converged(root, settings.nodes, max(0.1, remaining), progress)
+            )
         except ScaleError as exc:
             raise ScaleError(f"{exc}; unresolvable ranks: {missing()[:20]}") from None
         entries = await root.enumerate(Consistency.CACHED)
@@ -803,7 +1084,14 @@ async def _launched(
             )
         join_seconds = loop.time() - started
         progress.write(f"[root] all {settings.nodes} resolvable after {join_seconds:.2f} s\n")
-        yield _Tree(root, joined, pids, launch_seconds, join_seconds, store)
+        memory = worker_memory(group.pids())
+        if memory is not None:
+            progress.write(
+                f"[root] workers: RSS {memory['rss_mib_mean']:.1f} MiB, PSS "
+                f"{memory['pss_mib_mean']:.1f} MiB each, PSS {memory['pss_mib_total']:.0f} MiB "
+                f"in all ({settings.start})\n"
+            )
+        yield _Tree(root, joined, pids, launch_seconds, join_seconds, store, memory)
 
 
 async def run_scale(
@@ -844,6 +1132,7 @@ async def run_scale(
                 echo_seconds,
                 summarize_latencies(rounds[0]),
                 summarize_latencies(later) if later else None,
+                tree.memory,
             )
     finally:
         await group.stop()
@@ -876,7 +1165,8 @@ async def serve_persistent(
 ) -> None:
     """Persistent mode (``chrysalis scale --persist``): launch the tree with a replicated
     experiment database per process, wait until every node row reached the root, print
-    ``[root] READY {"tokens": {rank: token}, "workdir": ..., "ca_dir": ...}`` (clients such
+    ``[root] READY {"tokens": {rank: token}, "processes": {rank: OS process ID}, "workdir":
+    ..., "ca_dir": ...}`` (clients such
     as ``chrysalis admin`` need ``--ca-dir``) and serve experiments until
     ``stop`` is set (SIGINT/SIGTERM in ``main``). A worker process that exits meanwhile is
     declared lost (its open work fails with its exit status), and so is any registered node
@@ -896,7 +1186,15 @@ async def serve_persistent(
                 rank: f"{format_address(DatagramAddr.parse(addr))}?authority={pid}"
                 for rank, (addr, pid) in sorted(tree.tokens.items())
             }
-            ready = {"tokens": tokens, "workdir": str(work), "ca_dir": str(work / "ca")}
+            processes = {0: os.getpid()} | {
+                int(name.rpartition("-")[2]): pid for name, pid in group.named_pids().items()
+            }
+            ready = {
+                "tokens": tokens,
+                "processes": dict(sorted(processes.items())),
+                "workdir": str(work),
+                "ca_dir": str(work / "ca"),
+            }
             out.write(f"[root] READY {json.dumps(ready)}\n")
             out.flush()
             root_pid = tree.root.pid.hex()
@@ -933,7 +1231,14 @@ async def serve_persistent(
 # -- command line -------------------------------------------------------------------------------
 
 
+@functools.cache
 def _parser() -> argparse.ArgumentParser:
+    """The command line (built once per process: the fork server builds it in ``_warm``, so
+    forked workers only parse; building costs more than a worker's whole identity)."""
+    return _build_parser()
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m chrysalis.node._scale",
         description="Launch many Chrysalis processes on this host and measure them.",
@@ -961,6 +1266,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=int(env("CHRYSALIS_SCALE_CONCURRENCY", "1")),
         help="echoes in flight (1: latency without queueing)",
+    )
+    run.add_argument(
+        "--start",
+        choices=("fork", "exec"),
+        default=env("CHRYSALIS_SCALE_START", "fork"),
+        help="fork workers from a warm fork server (default) or exec fresh interpreters",
     )
     run.add_argument("--echo-rounds", type=int, default=3)
     run.add_argument("--join-timeout-secs", type=float, default=300.0)
@@ -1028,6 +1339,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             idle_timeout=args.idle_timeout,
             host=args.host,
             persist=args.persist,
+            start=args.start,
         )
         if settings.persist:
             asyncio.run(_serve_until_signal(settings, args.workdir, stdout))
