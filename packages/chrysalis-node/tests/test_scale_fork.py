@@ -119,13 +119,23 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
     assert max(cpu) < FORKED_READY_CPU_MS, cpu
 
 
-def _ready_cpu_ms(logs: Path) -> list[float]:
-    """Each worker's CPU to its ready line, from the line it logs (``ready: X ms CPU``)."""
-    found = []
-    for log in sorted(logs.glob("rank-*.log")):
-        match = re.search(r"ready: ([0-9.]+) ms CPU", log.read_text())
-        assert match is not None, log.read_text()[-500:]
-        found.append(float(match.group(1)))
+def _ready_cpu_ms(logs: Path, timeout: float = 15.0) -> list[float]:
+    """Each worker's CPU to its ready line, from the line it logs (``ready: X ms CPU``). A
+    worker writes that line after its join, so the root may see every worker before the last
+    lines reach the files: they are waited for, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found, missing = [], []
+        for log in sorted(logs.glob("rank-*.log")):
+            match = re.search(r"ready: ([0-9.]+) ms CPU", log.read_text())
+            if match is None:
+                missing.append(log)
+            else:
+                found.append(float(match.group(1)))
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not missing, [log.read_text()[-500:] for log in missing]
     return found
 
 
