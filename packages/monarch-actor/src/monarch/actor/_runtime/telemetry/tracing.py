@@ -347,16 +347,45 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
         trace_id, parent_id = parent.trace_id, parent.span_id
     else:
         trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
-    return Span(
-        f"{adverb} {mesh}.{endpoint}",
-        trace_id,
-        span_id,
-        parent_id,
-        None,
-        runtime.label,
-        display,
-        lazy,
+    return _hot_span(
+        f"{adverb} {mesh}.{endpoint}", trace_id, span_id, parent_id, runtime.label, display, lazy
     )
+
+
+_new_span = object.__new__
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+
+
+def _hot_span(
+    name: str,
+    trace_id: bytes,
+    span_id: bytes,
+    parent_id: bytes,
+    proc: str,
+    track: str,
+    lazy: tuple[Any, ...],
+) -> Span:
+    """``Span(name, ..., None, proc, track, lazy)`` without the mirror, minus ``__init__``'s
+    keyword handling (the runtime's send and receive spans: one per call each)."""
+    result: Span = _new_span(Span)
+    result.name = name
+    result.os_pid = _PID
+    result.proc = proc or _process_label
+    result.track = track
+    result.trace_id = trace_id
+    result.span_id = span_id
+    result.parent_id = parent_id
+    result._attributes = None
+    result._lazy = lazy
+    result.start_ns = _time_ns()
+    result.end_ns = 0
+    result.status = "unset"
+    result.error = ""
+    result.thread_id = _get_ident()
+    result._token = None
+    result._otel = None
+    return result
 
 
 _P = ParamSpec("_P")
@@ -625,14 +654,26 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
         started = _perf_counter()
         display = cell.display
         trace = envelope.trace
-        current = _start_span(
-            endpoint,
-            None,
-            (trace[:16], trace[16:]) if len(trace) == 24 else None,
-            cell.runtime.label,
-            display,
-            ("receive", display, endpoint, cell.rank),
-        )
+        lazy = ("receive", display, endpoint, cell.rank)
+        if len(trace) == 24 and _otel._otel_trace is None:  # the common case, inlined
+            current = _hot_span(
+                endpoint,
+                trace[:16],
+                _next_id().to_bytes(8, "big"),
+                trace[16:],
+                cell.runtime.label,
+                display,
+                lazy,
+            )
+        else:
+            current = _start_span(
+                endpoint,
+                None,
+                (trace[:16], trace[16:]) if len(trace) == 24 else None,
+                cell.runtime.label,
+                display,
+                lazy,
+            )
         token = _CURRENT_SPAN.set(current)
         try:
             result = fn(*args, **kwargs)
@@ -645,7 +686,12 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
             return _await_endpoint(result, endpoint, started, current, timed)
         if timed:
             _metrics.record_endpoint(endpoint, started, None)
-        current._end(None)
+        if current._otel is None and not _span_listeners and not current.end_ns:
+            current.end_ns = _time_ns()  # ``_end`` inlined for the common case
+            current.status = "ok"
+            _spans.append(current)
+        else:
+            current._end(None)
         return result
 
     return run
