@@ -28,6 +28,7 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --quick    # about 15 s
     .venv/bin/python benchmarks/actor_telemetry.py --smoke    # about 3 s
     .venv/bin/python benchmarks/actor_telemetry.py --json out.json   # every trial as JSON
+    .venv/bin/python benchmarks/actor_telemetry.py --rounds 30       # more rounds (a busy box)
 """
 
 from __future__ import annotations
@@ -180,9 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(
         parser, quick="fewer, shorter rounds (~15 s)", smoke="a few short rounds (~3 s)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="ABAB rounds per case (default: the mode's); each case's time budget grows with it",
+    )
     args = parser.parse_args(argv)
     mode = run_mode(args)
     rounds, trial_s, budget_s = MODES[mode]
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        budget_s = budget_s * max(1.0, args.rounds / rounds)
+        rounds = args.rounds
     results = run(rounds, trial_s, budget_s)
     print(table(results))
     if args.json is not None:

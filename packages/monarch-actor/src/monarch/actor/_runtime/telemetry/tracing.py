@@ -623,78 +623,88 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
     """``fn`` timed (metrics) and run in a span (tracing) whose parent is the caller's span.
 
     Returns a callable with ``fn``'s calling convention: its result is ``fn``'s, or, when that is
-    awaitable, a coroutine that awaits it inside the span (async endpoints).
+    awaitable, a coroutine that awaits it inside the span (async endpoints). The callable is a
+    ``functools.partial`` of a module function (made in C: no closure and no cells per call).
     """
-    endpoint = envelope.endpoint
-    traced_call = TRACING and (prop is None or getattr(prop, "_instrument", True))
-    timed = _metrics.METRICS
-    if not traced_call:
-        if not timed:
-            return fn
+    if TRACING and (prop is None or getattr(prop, "_instrument", True)):
+        return _partial(_run_traced, cell, envelope, fn)
+    if _metrics.METRICS:
+        return _partial(_run_timed, envelope.endpoint, fn)
+    return fn
+
+
+_partial = functools.partial
+
+
+def _run_timed(endpoint: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with its latency recorded (metrics on, tracing off)."""
+    started = _perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _metrics.record_endpoint(endpoint, started, exc)
+        raise
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        return _await_endpoint(result, endpoint, started, None, True)
+    elapsed = _perf_counter() - started
+    log = _metrics._latency_logs.get(endpoint)
+    if log is None:
         log = _metrics.latency_log(endpoint)
+    log.append(elapsed)
+    if len(log) >= _FOLD_AT or _metrics._MIRROR:
+        _metrics.note_latency(endpoint, log, elapsed)
+    return result
 
-        def run_timed(*args: Any, **kwargs: Any) -> Any:
-            started = _perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                _metrics.record_endpoint(endpoint, started, exc)
-                raise
-            if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-                return _await_endpoint(result, endpoint, started, None, True)
-            elapsed = _perf_counter() - started
-            log.append(elapsed)
-            if len(log) >= _FOLD_AT or _metrics._MIRROR:
-                _metrics.note_latency(endpoint, log, elapsed)
-            return result
 
-        return run_timed
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        started = _perf_counter()
-        display = cell.display
-        trace = envelope.trace
-        lazy = ("receive", display, endpoint, cell.rank)
-        if len(trace) == 24 and _otel._otel_trace is None:  # the common case, inlined
-            current = _hot_span(
-                endpoint,
-                trace[:16],
-                _next_id().to_bytes(8, "big"),
-                trace[16:],
-                cell.runtime.label,
-                display,
-                lazy,
-            )
-        else:
-            current = _start_span(
-                endpoint,
-                None,
-                (trace[:16], trace[16:]) if len(trace) == 24 else None,
-                cell.runtime.label,
-                display,
-                lazy,
-            )
-        token = _CURRENT_SPAN.set(current)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            _finish_endpoint(endpoint, started, current, exc, timed)
-            raise
-        finally:
-            _CURRENT_SPAN.reset(token)
-        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return _await_endpoint(result, endpoint, started, current, timed)
-        if timed:
-            _metrics.record_endpoint(endpoint, started, None)
-        if current._otel is None and not _span_listeners and not current.end_ns:
-            current.end_ns = _time_ns()  # ``_end`` inlined for the common case
-            current.status = "ok"
-            _spans.append(current)
-        else:
-            current._end(None)
-        return result
-
-    return run
+def _run_traced(
+    cell: Any, envelope: Envelope, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)`` in a receive span whose parent is the caller's span (the ids
+    the envelope carries), timed too while metrics are on."""
+    started = _perf_counter()
+    endpoint = envelope.endpoint
+    display = cell.display
+    trace = envelope.trace
+    lazy = ("receive", display, endpoint, cell.rank)
+    current: Span
+    if len(trace) == 24 and _otel._otel_trace is None:  # the common case, inlined
+        current = _hot_span(
+            endpoint,
+            trace[:16],
+            _next_id().to_bytes(8, "big"),
+            trace[16:],
+            cell.runtime.label,
+            display,
+            lazy,
+        )
+    else:
+        current = _start_span(
+            endpoint,
+            None,
+            (trace[:16], trace[16:]) if len(trace) == 24 else None,
+            cell.runtime.label,
+            display,
+            lazy,
+        )
+    token = _CURRENT_SPAN.set(current)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _finish_endpoint(endpoint, started, current, exc, _metrics.METRICS)
+        raise
+    finally:
+        _CURRENT_SPAN.reset(token)
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        return _await_endpoint(result, endpoint, started, current, _metrics.METRICS)
+    if _metrics.METRICS:
+        _metrics.record_endpoint(endpoint, started, None)
+    if current._otel is None and not _span_listeners and not current.end_ns:
+        current.end_ns = _time_ns()  # ``_end`` inlined for the common case
+        current.status = "ok"
+        _spans.append(current)
+    else:
+        current._end(None)
+    return result
 
 
 async def _await_endpoint(
