@@ -28,11 +28,23 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --quick    # about 15 s
     .venv/bin/python benchmarks/actor_telemetry.py --smoke    # about 3 s
     .venv/bin/python benchmarks/actor_telemetry.py --json out.json   # every trial as JSON
+    .venv/bin/python benchmarks/actor_telemetry.py --rounds 30       # more rounds (a busy box)
+    .venv/bin/python benchmarks/actor_telemetry.py --profile-hooks   # only: each hook in situ
+
+``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks, the
+endpoint wrapper and what it returns, the send span's making, ``__enter__`` and ``__exit__``,
+``outgoing_trace``) with a ``perf_counter_ns`` pair, makes ``PIPELINE``-deep pipelined calls with
+metrics on, then with tracing on, and prints the median wall nanoseconds per hook call, in the
+running program (caches and threads as they are there, unlike ``telemetry_hooks.py``'s loops).
+Each figure includes one wrapper's own cost, given in the table (an empty function wrapped the
+same way, called on the same path); the endpoint row includes the body, given too (telemetry
+off, the same wrapper around the bare method).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -121,6 +133,97 @@ def _calls_trial(
         _telemetry.reset_metrics()
 
 
+def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
+    """Median wall ns per call of each hook in situ (see the module docstring), by mode
+    (``metrics``, ``tracing``, ``off``): ``{mode: {hook: (calls, median ns)}}``."""
+    from monarch.actor._runtime.telemetry import tracing as _tracing
+
+    clock = time.perf_counter_ns
+    samples: dict[str, list[int]] = {}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        acc = samples.setdefault(name, [])
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            result = fn(*args, **kwargs)
+            acc.append(clock() - start)
+            return result
+
+        return wrapper
+
+    hooks = ("on_sent", "on_received", "on_enqueued", "on_port_opened", "on_port_completed")
+    saved_hooks = {name: getattr(_telemetry, name) for name in hooks}
+    saved = (_telemetry.wrap_endpoint, _telemetry.outgoing_trace, _tracing.send_span)
+    saved_span = (_tracing.Span.__enter__, _tracing.Span.__exit__)
+
+    def install(mode: str) -> None:
+        samples.clear()
+        for name in hooks:
+            setattr(_telemetry, name, timed(name, saved_hooks[name]))
+        original_wrap = saved[0]
+        empty = timed("(an empty function, wrapped)", _empty)
+
+        def wrap(cell: Any, envelope: Any, fn: Any, prop: Any) -> Any:
+            empty()
+            if mode == "off":
+                return timed("endpoint body alone", fn)
+            made = timed("wrap_endpoint (making the wrapper)", original_wrap)
+            return timed("endpoint wrapper run (+ body)", made(cell, envelope, fn, prop))
+
+        _telemetry.wrap_endpoint = wrap
+        _telemetry.outgoing_trace = timed("outgoing_trace", saved[1])
+        _tracing.send_span = timed("send_span (making the span)", saved[2])
+        setattr(_tracing.Span, "__enter__", timed("send span __enter__", saved_span[0]))  # noqa: B010
+        setattr(_tracing.Span, "__exit__", timed("send span __exit__ (ends it)", saved_span[1]))  # noqa: B010
+
+    def uninstall() -> None:
+        for name in hooks:
+            setattr(_telemetry, name, saved_hooks[name])
+        _telemetry.wrap_endpoint, _telemetry.outgoing_trace, _tracing.send_span = saved
+        setattr(_tracing.Span, "__enter__", saved_span[0])  # noqa: B010
+        setattr(_tracing.Span, "__exit__", saved_span[1])  # noqa: B010
+
+    out: dict[str, dict[str, tuple[int, float]]] = {}
+    procs = _local_proc_mesh(per_host={"gpus": 1})
+    try:
+        actor = procs.spawn("echo", Echo)
+        actor.ping.call_one(0).get(timeout=10)
+        for mode in ("metrics", "tracing", "off"):
+            install(mode)
+            if mode == "off":
+                _telemetry.disable_telemetry()
+                _telemetry.ACTIVE = True  # the endpoint wrapper only: every hook checks its flag
+            else:
+                _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
+            try:
+                for i in range(max(1, calls // PIPELINE)):
+                    for future in [actor.ping.call_one(i) for _ in range(PIPELINE)]:
+                        future.get(timeout=10)
+            finally:
+                uninstall()
+                _telemetry.disable_telemetry()
+                _telemetry.reset_metrics()
+            out[mode] = {
+                name: (len(values), float(statistics.median(values)))
+                for name, values in samples.items()
+                if values
+            }
+    finally:
+        procs.stop().get(timeout=10)
+    return out
+
+
+def profile_table(profile: dict[str, dict[str, tuple[int, float]]]) -> str:
+    """The in-situ profile as Markdown: one row per hook and mode."""
+    lines = ["| mode | hook | calls per round trip | median ns per call |", "|---|---|---:|---:|"]
+    for mode, rows in profile.items():
+        trips = rows.get("(an empty function, wrapped)", (1, 0.0))[0] or 1
+        for name, (n, ns) in rows.items():
+            lines.append(f"| {mode} | {name} | {n / trips:.2f} | {ns:,.0f} |")
+    return "\n".join(lines)
+
+
 def run(rounds: int, trial_s: float, budget_s: float) -> list[CaseResult]:
     results = []
     base, cand = alternate(
@@ -180,9 +283,42 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(
         parser, quick="fewer, shorter rounds (~15 s)", smoke="a few short rounds (~3 s)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="ABAB rounds per case (default: the mode's); each case's time budget grows with it",
+    )
+    parser.add_argument(
+        "--profile-hooks",
+        action="store_true",
+        help="only profile each hook in situ (median ns per call; no ratios)",
+    )
     args = parser.parse_args(argv)
     mode = run_mode(args)
+    if args.profile_hooks:
+        n_calls = {"full": 6400, "quick": 3200, "smoke": 320}[mode]
+        profile = profile_hooks(n_calls)
+        print(profile_table(profile))
+        if args.json is not None:
+            write_json(
+                args.json,
+                {
+                    "mode": mode,
+                    **machine_facts("benchmarks/actor_telemetry.py", argv),
+                    "profile": {
+                        m: {h: {"calls": n, "median_ns": ns} for h, (n, ns) in rows.items()}
+                        for m, rows in profile.items()
+                    },
+                },
+            )
+        return 0
     rounds, trial_s, budget_s = MODES[mode]
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        budget_s = budget_s * max(1.0, args.rounds / rounds)
+        rounds = args.rounds
     results = run(rounds, trial_s, budget_s)
     print(table(results))
     if args.json is not None:

@@ -15,9 +15,16 @@ calls one ``call_one`` round trip makes, on fake envelopes and cells, alternatel
 Rates are round trips per second of this process's CPU time; ratio = this tree / revision (above
 1.0x: this tree's hooks are cheaper).
 
+``--per-hook`` adds one row per hook (same ABAB rounds, each hook called alone in a loop), with
+the nanoseconds of CPU per call on each side: where a round trip's hook time goes. The loop
+itself (a ``for`` over ``range`` and the call) is included, about 10 to 30 ns here. The
+revision's ``tracing`` module is given the revision's ``metrics`` module, so its endpoint
+wrapper times with the revision's code.
+
     .venv/bin/python benchmarks/telemetry_hooks.py                 # about 20 s
     .venv/bin/python benchmarks/telemetry_hooks.py --against HEAD~3
     .venv/bin/python benchmarks/telemetry_hooks.py --smoke         # about 2 s
+    .venv/bin/python benchmarks/telemetry_hooks.py --per-hook      # + a row per hook, ~1 min
 """
 
 from __future__ import annotations
@@ -141,10 +148,106 @@ def tracing_trip(t: Any, n: int) -> Trial:
     return Trial(counted=n, seconds=seconds, received=n, sent=n)
 
 
-def run(revision: str, rounds: int, trips: int, budget_s: float) -> list[CaseResult]:
+def _timed(n: int, loop: Callable[[int], None]) -> Trial:
+    start = time.process_time()
+    loop(n)
+    seconds = time.process_time() - start
+    return Trial(counted=n, seconds=seconds, received=n, sent=n)
+
+
+def per_hook_cases() -> list[tuple[str, str, Callable[[Any, Any, int], Trial]]]:
+    """``(name, "metrics"|"tracing", trial(metrics module, tracing module, n))`` per hook."""
+    call, reply = _Envelope(MessageKind.CALL, 100), _Envelope(MessageKind.PORT_VALUE, 20)
+    cell, sender, runtime = _Cell(), _Sender(), _Runtime()
+    owner = object()
+
+    def body(x: int) -> int:
+        return x
+
+    def ports(m: Any, t: Any, n: int) -> Trial:
+        opened, completed = m.on_port_opened, m.on_port_completed
+
+        def loop(n: int) -> None:
+            for i in range(n):
+                opened(owner, i, "ping")
+                completed(owner, i)
+
+        return _timed(n, loop)
+
+    def sent(m: Any, t: Any, n: int) -> Trial:
+        hook = m.on_sent
+
+        def loop(n: int) -> None:
+            for _ in range(n):
+                hook(call)
+
+        return _timed(n, loop)
+
+    def received(m: Any, t: Any, n: int) -> Trial:
+        hook = m.on_received
+
+        def loop(n: int) -> None:
+            for _ in range(n):
+                hook(reply)
+
+        return _timed(n, loop)
+
+    def enqueued(m: Any, t: Any, n: int) -> Trial:
+        hook = m.on_enqueued
+
+        def loop(n: int) -> None:
+            for i in range(n):
+                hook(i & 7)
+
+        return _timed(n, loop)
+
+    def latency(m: Any, t: Any, n: int) -> Trial:
+        hook, clock = m.record_endpoint, time.perf_counter
+
+        def loop(n: int) -> None:
+            for _ in range(n):
+                hook("ping", clock(), None)
+
+        return _timed(n, loop)
+
+    def wrapper(m: Any, t: Any, n: int) -> Trial:
+        wrap = t.wrap_endpoint
+
+        def loop(n: int) -> None:
+            for i in range(n):
+                wrap(cell, call, body, None)(i)
+
+        return _timed(n, loop)
+
+    def send(m: Any, t: Any, n: int) -> Trial:
+        send_span, outgoing = t.send_span, t.outgoing_trace
+
+        def loop(n: int) -> None:
+            for _ in range(n):
+                with send_span("call_one", "ping", "echo", 1, runtime, sender):
+                    call.trace = outgoing(1)
+
+        return _timed(n, loop)
+
+    return [
+        ("port opened + completed (call latency)", "metrics", ports),
+        ("envelope sent (count, payload size)", "metrics", sent),
+        ("envelope received (count)", "metrics", received),
+        ("mailbox enqueue (depth)", "metrics", enqueued),
+        ("endpoint latency (+ the caller's perf_counter)", "metrics", latency),
+        ("endpoint wrapper, metrics only (+ body)", "metrics", wrapper),
+        ("send span + trace context for the envelope", "tracing", send),
+        ("receive span, tracing only (+ body)", "tracing", wrapper),
+    ]
+
+
+def run(
+    revision: str, rounds: int, trips: int, budget_s: float, per_hook: bool = False
+) -> list[CaseResult]:
     with tempfile.TemporaryDirectory() as folder:
         rev_metrics = load_revision(revision, "metrics", Path(folder))
         rev_tracing = load_revision(revision, "tracing", Path(folder))
+    rev_tracing.__dict__["_metrics"] = rev_metrics  # its endpoint wrapper: its own metrics
     cases: list[tuple[str, Callable[[Any, int], Trial], Any, Any]] = [
         ("metric hooks", metric_trip, rev_metrics, tree_metrics),
         ("tracing", tracing_trip, rev_tracing, tree_tracing),
@@ -164,6 +267,25 @@ def run(revision: str, rounds: int, trips: int, budget_s: float) -> list[CaseRes
             for module in (old, new):
                 module.set_enabled(False)
         results.append(CaseResult(name, revision, "this tree", None, base, cand))
+    if per_hook:
+        sides = ((rev_metrics, rev_tracing), (tree_metrics, tree_tracing))
+        for name, switch, hook_trial in per_hook_cases():
+            for m, t in sides:
+                m.set_enabled(switch == "metrics")
+                t.set_enabled(switch == "tracing")
+            try:
+                base, cand = alternate(
+                    lambda f=hook_trial, s=sides[0]: f(*s, trips),  # type: ignore[misc]
+                    lambda f=hook_trial, s=sides[1]: f(*s, trips),  # type: ignore[misc]
+                    rounds,
+                    budget_s=budget_s,
+                )
+            finally:
+                for m, t in sides:
+                    m.set_enabled(False)
+                    t.set_enabled(False)
+                    m.reset_metrics()
+            results.append(CaseResult(f"hook: {name}", revision, "this tree", None, base, cand))
     return results
 
 
@@ -171,23 +293,32 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", default="main", help="git revision to compare with (main)")
+    parser.add_argument(
+        "--per-hook", action="store_true", help="also time each hook alone (ns per call)"
+    )
     add_run_arguments(parser, quick="fewer, shorter rounds (~8 s)", smoke="two tiny rounds")
     args = parser.parse_args(argv)
     mode = run_mode(args)
     rounds, trips, budget_s = MODES[mode]
-    results = run(args.against, rounds, trips, budget_s)
+    results = run(args.against, rounds, trips, budget_s, args.per_hook)
     print(table(results))
     for r in results:
         if r.measured:
+            unit, scale = ("ns per call", 1e9) if r.name.startswith("hook:") else ("us", 1e6)
             print(
-                f"{r.name}: {1e6 / r.baseline_median:.2f} us per round trip at {args.against}, "
-                f"{1e6 / r.candidate_median:.2f} us here"
+                f"{r.name}: {scale / r.baseline_median:.2f} {unit} at {args.against}, "
+                f"{scale / r.candidate_median:.2f} {unit} here"
             )
     if args.json is not None:
         document = {
             "mode": mode,
             **machine_facts("benchmarks/telemetry_hooks.py", argv),
-            "config": {"against": args.against, "rounds": rounds, "trips": trips},
+            "config": {
+                "against": args.against,
+                "rounds": rounds,
+                "trips": trips,
+                "per_hook": args.per_hook,
+            },
             "cases": [r.to_json() for r in results],
         }
         write_json(args.json, document)

@@ -130,3 +130,45 @@ def test_actor_telemetry_smoke_run_measures_every_case(tmp_path: Path) -> None:
         assert case["measured"], name
         assert case["ratio"] > 0, name
         assert f"| {name} |" in proc.stdout
+
+
+def test_actor_telemetry_profile_hooks_times_every_hook_in_situ(tmp_path: Path) -> None:
+    """``--profile-hooks`` finds every hook on the call path: each wrapped hook fires on every
+    round trip (the counts per round trip are what one ``call_one`` makes)."""
+    out = tmp_path / "profile.json"
+    proc = common.run_smoke(
+        ROOT / "benchmarks" / "actor_telemetry.py", out, "--profile-hooks", cwd=tmp_path
+    )
+    profile = json.loads(out.read_text())["profile"]
+    per_trip = {
+        mode: {
+            hook: row["calls"] / rows["(an empty function, wrapped)"]["calls"]
+            for hook, row in rows.items()
+        }
+        for mode, rows in profile.items()
+    }
+    # The call and its reply, plus any runtime message of the same seconds (rare): at least 2.
+    for mode, hook in (
+        ("metrics", "on_sent"),
+        ("metrics", "on_received"),
+        ("tracing", "outgoing_trace"),
+    ):
+        assert 2 <= per_trip[mode].pop(hook) < 2.2, (mode, hook)
+    assert per_trip["metrics"] == {
+        "(an empty function, wrapped)": 1,
+        "on_enqueued": 1,
+        "on_port_opened": 1,
+        "on_port_completed": 1,
+        "wrap_endpoint (making the wrapper)": 1,
+        "endpoint wrapper run (+ body)": 1,
+    }
+    assert per_trip["tracing"] == {
+        "(an empty function, wrapped)": 1,
+        "send_span (making the span)": 1,
+        "send span __enter__": 1,
+        "send span __exit__ (ends it)": 1,
+        "wrap_endpoint (making the wrapper)": 1,
+        "endpoint wrapper run (+ body)": 1,
+    }
+    assert set(per_trip["off"]) == {"(an empty function, wrapped)", "endpoint body alone"}
+    assert "| tracing | send_span (making the span) |" in proc.stdout

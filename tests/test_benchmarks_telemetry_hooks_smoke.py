@@ -43,3 +43,18 @@ def test_smoke_run_times_both_sides_of_both_cases(tmp_path: Path) -> None:
         assert row["baseline"], name
         assert row["candidate"], name
     assert "| metric hooks |" in proc.stdout
+
+
+@pytest.mark.skipif(not _has_git_history(), reason="needs the repository's git history")
+def test_per_hook_rows_time_every_hook_on_both_sides(tmp_path: Path) -> None:
+    out = tmp_path / "hooks.json"
+    proc = run_smoke(SCRIPT, out, "--against", "HEAD", "--per-hook", cwd=tmp_path)
+    document = json.loads(out.read_text())
+    assert document["config"]["per_hook"] is True
+    hooks = [row for row in document["cases"] if row["case"].startswith("hook: ")]
+    assert len(hooks) == 8
+    for row in hooks:
+        assert row["measured"], row["case"]
+        assert row["baseline"], row["case"]
+        assert row["candidate"], row["case"]
+    assert "ns per call here" in proc.stdout

@@ -168,6 +168,74 @@ def test_histogram_totals_match_observations(values: list[float]) -> None:
         assert count == sum(1 for v in values if lower < v <= bound)
 
 
+@given(
+    st.lists(st.floats(min_value=0, max_value=100.0, allow_nan=False), min_size=1),
+    st.lists(st.floats(min_value=0, max_value=100.0, allow_nan=False)),
+)
+def test_batched_histogram_fold_matches_one_record_each(
+    before: list[float], batch: list[float]
+) -> None:
+    """The hooks' folding (``_record_many_locked``: sort, one bisect per bound) gives the same
+    buckets, count, minimum and maximum as recording each value, and the same sum to rounding."""
+    one, many = tm.Histogram("one"), tm.Histogram("many")
+    for h in (one, many):
+        for v in before:
+            h.record(v)
+    for v in batch:
+        one.record(v)
+    many._record_many_locked(list(batch), ())
+    (a,), (b,) = one._points(), many._points()
+    assert (a.buckets, a.count, a.min, a.max) == (b.buckets, b.count, b.min, b.max)
+    assert math.isclose(a.sum, b.sum, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_hook_logs_are_bounded_and_folded(telemetry: None) -> None:
+    """Each raw log holds fewer than ``FOLD_AT`` observations (the hook that fills it folds);
+    a snapshot folds what is pending, ``reset_metrics`` forgets it."""
+    n = 2 * tm_metrics.FOLD_AT + 7
+    for i in range(n):
+        tm_metrics.on_enqueued(i % 3)
+        tm_metrics.record_endpoint("bounded", 0.0, None)
+    assert len(tm_metrics._depth_log) < tm_metrics.FOLD_AT
+    assert len(tm_metrics._latency_logs["bounded"]) < tm_metrics.FOLD_AT
+    assert tm_metrics._depth_log  # 7 pending: the snapshot must see them
+    (depth,) = tm.metrics_snapshot()["monarch.mailbox.depth"]
+    expected = (n, float(sum(i % 3 for i in range(n))), 0.0, 2.0)
+    assert (depth.count, depth.sum, depth.min, depth.max) == expected
+    assert _value("monarch.endpoint.latency", endpoint="bounded") == n
+    tm_metrics.on_enqueued(5)  # pending when reset: forgotten with the rest
+    tm.reset_metrics()
+    assert "monarch.mailbox.depth" not in tm.metrics_snapshot()
+
+
+def test_span_ids_are_unique_and_differ_after_fork(telemetry: None) -> None:
+    """Span ids count from a random start; a root span's trace id is the process's random
+    prefix and its id; a forked child draws a new start (its ids are not the parent's)."""
+    spans = [tm_tracing._start_span("s", {}) for _ in range(1000)]
+    assert len({s.span_id for s in spans}) == 1000
+    assert all(len(s.span_id) == 8 and len(s.trace_id) == 16 for s in spans)
+    assert spans[0].trace_id == tm_tracing._trace_prefix + spans[0].span_id
+    assert spans[0].parent_id == bytes(8)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id and prefix, then out without cleanup
+        try:
+            child = tm_tracing._start_span("child", {})
+            os.write(write, child.trace_id + child.span_id)
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        data = os.read(read, 24)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    mine = tm_tracing._start_span("parent", {})
+    assert len(data) == 24
+    assert data[:8] != mine.trace_id[:8]  # another random prefix
+    assert abs(int.from_bytes(data[16:], "big") - int.from_bytes(mine.span_id, "big")) > 1000
+
+
 # -- runtime metrics ----------------------------------------------------------------------
 def test_disabled_telemetry_records_nothing(procs: Procs) -> None:
     tm.disable_telemetry()
@@ -586,7 +654,8 @@ def test_facade_names() -> None:
 def test_hooks_count_exactly_from_many_threads(
     telemetry: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The runtime's hooks share one lock (one acquisition per hook): concurrent senders and
+    """The runtime's hooks append to raw logs without a lock and fold them when full (4 threads
+    x 2000 calls pass ``FOLD_AT`` several times, folds racing appends): concurrent senders and
     receivers lose no count; reply ports are tracked without a lock and stay bounded."""
     import threading
 

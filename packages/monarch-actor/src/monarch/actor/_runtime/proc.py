@@ -317,7 +317,7 @@ class ProcRuntime:
             flags,
             _telemetry.outgoing_trace(kind) if _telemetry.TRACING else b"",
         )
-        if _telemetry.ACTIVE:
+        if _telemetry.METRICS:
             _telemetry.on_sent(envelope)
         self.transport.send(envelope, payload.buffers)
         if kind in _SUPERVISION_TRAFFIC:
@@ -350,7 +350,7 @@ class ProcRuntime:
                 raise PortOverflowError(f"this process already has {limit} open ports")
             index = next(self._next_port)
             self._ports[index] = sink
-        if _telemetry.ACTIVE:
+        if _telemetry.METRICS:
             _telemetry.on_port_opened(self, index, endpoint)
         sink.closer = lambda: self.close_port(index)
         return PortAddr(self.pid_raw, owner.path, index)
@@ -373,12 +373,12 @@ class ProcRuntime:
             return
         if sink.deliver(reply):
             self.close_port(index)
-            if _telemetry.ACTIVE:
+            if _telemetry.METRICS:
                 _telemetry.on_port_completed(self, index)
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
-        if _telemetry.ACTIVE and env.endpoint not in _UNCOUNTED:
+        if _telemetry.METRICS and env.endpoint not in _UNCOUNTED:
             _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._received, env.sender.pid, 1)
@@ -438,7 +438,7 @@ class ProcRuntime:
             _telemetry.record_supervision("supervision_received", item.event, self.label)
         else:  # UNDELIVERABLE
             item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
-        if _telemetry.ACTIVE:
+        if _telemetry.METRICS:
             _telemetry.on_enqueued(len(cell.mailbox._items))
         if not cell.enqueue(item, force=kind != MessageKind.CALL):
             event = FailureEvent(

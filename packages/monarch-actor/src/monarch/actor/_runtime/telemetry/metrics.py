@@ -11,14 +11,25 @@ are fed by the hooks at the end of this module, which the runtime calls only whi
 on (``telemetry.ACTIVE``); each records only while ``METRICS`` is on (``enable_telemetry``).
 While the OpenTelemetry mirror is on, every instrument also feeds its twin (``otel``).
 
-Cost: the runtime's instruments share one lock, so each hook takes it once (a send updates two
-instruments); reply ports are remembered in a plain dict (setting and popping a key is atomic)
-and only evicting the oldest takes a lock. ``benchmarks/actor_telemetry.py`` measures them.
+Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a kind, a
+payload size, a mailbox depth, a latency in seconds) to a bounded log of this module (one
+``list.append``, atomic under the GIL); the logs are folded into the instruments (counts by
+kind, histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when
+a log reaches ``FOLD_AT`` entries (so each holds at most that many), and before every
+``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation made before
+it. Folding a batch costs little per observation: sizes, kinds and depths repeat (counted with
+``collections.Counter``, in C), latencies are sorted once and their buckets found with one
+``bisect`` per bucket bound. Reply ports are remembered in a plain dict (setting and popping a
+key is atomic) and only evicting the oldest takes a lock. While the OpenTelemetry mirror is on,
+each hook also feeds the twins at once (an exporter wants its data when it happens).
+``benchmarks/actor_telemetry.py`` measures the hooks' cost on real calls,
+``benchmarks/telemetry_hooks.py`` the hook code alone.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import threading
 import time
@@ -35,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BYTES_BOUNDS",
     "DEPTH_BOUNDS",
+    "FOLD_AT",
     "MAX_SERIES",
     "MAX_TRACKED_PORTS",
     "SECONDS_BOUNDS",
@@ -46,7 +58,9 @@ __all__ = [
     "descriptions",
     "instrument_specs",
     "get_meter",
+    "latency_log",
     "metrics_snapshot",
+    "note_latency",
     "on_enqueued",
     "on_port_completed",
     "on_port_opened",
@@ -218,6 +232,15 @@ class Histogram(_Instrument):
 
     def _record_locked(self, amount: float, key: _Key) -> None:
         """``_record_key`` without the mirror, the caller holding ``_lock``."""
+        series = self._series_locked(key)
+        series.counts[bisect.bisect_left(self.bounds, amount)] += 1  # count: their sum
+        series.sum += amount
+        if amount < series.min:
+            series.min = amount
+        if amount > series.max:
+            series.max = amount
+
+    def _series_locked(self, key: _Key) -> _HistogramSeries:
         series = self._series.get(key)
         if series is None:
             if len(self._series) >= MAX_SERIES:
@@ -225,12 +248,39 @@ class Histogram(_Instrument):
                 series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _HistogramSeries(len(self.bounds) + 1)
-        series.counts[bisect.bisect_left(self.bounds, amount)] += 1  # count: their sum
-        series.sum += amount
+        return series
+
+    def _record_counted_locked(self, amount: float, times: int, key: _Key) -> None:
+        """``times`` observations of ``amount`` at once, the caller holding ``_lock``."""
+        series = self._series_locked(key)
+        series.counts[bisect.bisect_left(self.bounds, amount)] += times
+        series.sum += amount * times
         if amount < series.min:
             series.min = amount
         if amount > series.max:
             series.max = amount
+
+    def _record_many_locked(self, values: list[float], key: _Key) -> None:
+        """Every observation of ``values`` (sorted here, in place), the caller holding
+        ``_lock``: the same counts as one ``_record_locked`` each, one ``bisect`` per bound."""
+        if not values:
+            return
+        series = self._series_locked(key)
+        values.sort()
+        bounds, counts = self.bounds, series.counts
+        first = bisect.bisect_left(bounds, values[0])
+        last = bisect.bisect_left(bounds, values[-1])
+        lo = 0
+        for i in range(first, last):  # bucket i: bounds[i - 1] < value <= bounds[i]
+            hi = bisect.bisect_right(values, bounds[i], lo)
+            counts[i] += hi - lo
+            lo = hi
+        counts[last] += len(values) - lo
+        series.sum += sum(values)
+        if values[0] < series.min:
+            series.min = values[0]
+        if values[-1] > series.max:
+            series.max = values[-1]
 
     def _points(self) -> list[MetricPoint]:
         upper = (*self.bounds, float("inf"))
@@ -330,6 +380,7 @@ def get_meter(name: str, version: str | None = None) -> Meter:
 
 def metrics_snapshot(prefix: str = "") -> dict[str, list[MetricPoint]]:
     """Every series of every instrument whose name starts with ``prefix``, by name."""
+    _fold()
     with _instruments_lock:
         instruments = [i for n, i in _instruments.items() if n.startswith(prefix)]
     out: dict[str, list[MetricPoint]] = {}
@@ -354,6 +405,13 @@ def instrument_specs() -> list[tuple[str, str, str, str]]:
 
 def reset_metrics() -> None:
     """Forget every recorded value (instruments stay registered)."""
+    with _HOOK_LOCK:
+        _sent_log.clear()
+        _received_log.clear()
+        _depth_log.clear()
+        for logs in (_latency_logs, _call_logs):
+            for log in list(logs.values()):
+                log.clear()
     with _instruments_lock:
         instruments = list(_instruments.values())
     for instrument in instruments:
@@ -363,6 +421,8 @@ def reset_metrics() -> None:
 def set_mirrored(on: bool) -> None:
     """Give every registered instrument its OpenTelemetry twin (``on``; the mirror must be
     loaded) or drop the twins; instruments registered later follow the mirror's state."""
+    global _MIRROR
+    _MIRROR = bool(on)
     with _instruments_lock:
         instruments = list(_instruments.values())
     for instrument in instruments:
@@ -376,6 +436,8 @@ def set_enabled(on: bool) -> None:
     """Turn the runtime's metric hooks on or off (``enable_telemetry`` calls this)."""
     global METRICS
     METRICS = bool(on)
+    if not METRICS:
+        _opened.clear()  # calls opened while on are not timed once it is off
 
 
 # The runtime's own instruments.
@@ -429,71 +491,132 @@ def _kind_key(kind: int) -> _Key:
 
 
 # -- hooks the runtime calls (only while telemetry is ACTIVE) ---------------------------------
+#: Whether the OpenTelemetry mirror is on (``set_mirrored``): the hooks then feed the twins too.
+_MIRROR = False
+#: Entries a raw log holds before the hook that fills it folds every log (``_fold``).
+FOLD_AT: Final = 4096
+#: Raw observations not yet folded (see the module docstring): (kind, payload size) of each
+#: sent envelope, the kind of each received one, the mailbox depth at each enqueue, and the
+#: latencies in seconds of endpoint bodies and of calls, by endpoint name (at most
+#: ``MAX_SERIES`` names each; later names share the overflow log).
+_sent_log: list[tuple[int, int]] = []
+_received_log: list[int] = []
+_depth_log: list[int] = []
+_latency_logs: dict[str, list[float]] = {}
+_call_logs: dict[str, list[float]] = {}
+_OVERFLOW_NAME: Final = "\x00overflow"
+
+
+def _log_of(logs: dict[str, list[float]], endpoint: str) -> list[float]:
+    """The raw latency log of ``endpoint`` in ``logs`` (made on first use, bounded)."""
+    log = logs.get(endpoint)
+    if log is None:
+        if len(logs) >= MAX_SERIES:
+            endpoint = _OVERFLOW_NAME
+        log = logs.setdefault(endpoint, [])
+    return log
+
+
+def latency_log(endpoint: str) -> list[float]:
+    """The raw log an endpoint body's latency (seconds) is appended to (``tracing``); append
+    with ``note_latency`` or check ``FOLD_AT`` after appending."""
+    log = _latency_logs.get(endpoint)
+    return _log_of(_latency_logs, endpoint) if log is None else log
+
+
+def _take(log: list[Any]) -> list[Any]:
+    """The entries of ``log`` so far, removed from it; entries other threads append meanwhile
+    stay (each step is one atomic list operation under the GIL: no lock on the append side)."""
+    n = len(log)
+    batch = log[:n]
+    del log[:n]
+    return batch
+
+
+def _endpoint_series(endpoint: str) -> _Key:
+    if endpoint == _OVERFLOW_NAME:
+        return _OVERFLOW
+    return (("endpoint", endpoint),) if endpoint else ()
+
+
+def _fold() -> None:
+    """Fold every raw log into the runtime's instruments (see the module docstring)."""
+    with _HOOK_LOCK:
+        if _sent_log:
+            sent = _sent._values
+            for (kind, size), times in collections.Counter(_take(_sent_log)).items():
+                key = _KIND_KEYS.get(kind) or _kind_key(kind)
+                sent[key] = sent.get(key, 0) + times
+                _payload._record_counted_locked(size, times, key)
+        if _received_log:
+            received = _received._values
+            for kind, times in collections.Counter(_take(_received_log)).items():
+                key = _KIND_KEYS.get(kind) or _kind_key(kind)
+                received[key] = received.get(key, 0) + times
+        if _depth_log:
+            for depth, times in collections.Counter(_take(_depth_log)).items():
+                _depth._record_counted_locked(depth, times, ())
+        for instrument, logs in ((_latency, _latency_logs), (_call_latency, _call_logs)):
+            for endpoint, log in list(logs.items()):
+                if log:
+                    instrument._record_many_locked(_take(log), _endpoint_series(endpoint))
+
+
 def on_sent(envelope: Envelope) -> None:
     """An envelope left this process's runtime (sender thread)."""
     if METRICS:
-        kind = envelope.kind
-        key = _KIND_KEYS.get(kind) or _kind_key(kind)
         sizes = envelope.buffer_sizes
-        size = len(envelope.payload) + (sum(sizes) if sizes else 0)
-        values = _sent._values  # a few kinds: no series bound to check
-        with _HOOK_LOCK:
-            values[key] = values.get(key, 0) + 1
-            _payload._record_locked(size, key)
-        if _sent._otel is not None:
-            _sent._otel.add(1, dict(key))
-        if _payload._otel is not None:
-            _payload._otel.record(size, dict(key))
+        size = len(envelope.payload) + sum(sizes) if sizes else len(envelope.payload)
+        _sent_log.append((envelope.kind, size))
+        if len(_sent_log) >= FOLD_AT:
+            _fold()
+        if _MIRROR:
+            key = _kind_key(envelope.kind)
+            if _sent._otel is not None:
+                _sent._otel.add(1, dict(key))
+            if _payload._otel is not None:
+                _payload._otel.record(size, dict(key))
 
 
 def on_received(envelope: Envelope) -> None:
     """An envelope reached this process's runtime (runtime loop thread)."""
     if METRICS:
-        kind = envelope.kind
-        key = _KIND_KEYS.get(kind) or _kind_key(kind)
-        values = _received._values
-        with _HOOK_LOCK:
-            values[key] = values.get(key, 0) + 1
-        if _received._otel is not None:
-            _received._otel.add(1, dict(key))
+        _received_log.append(envelope.kind)
+        if len(_received_log) >= FOLD_AT:
+            _fold()
+        if _MIRROR and _received._otel is not None:
+            _received._otel.add(1, dict(_kind_key(envelope.kind)))
 
 
 def on_enqueued(depth: int) -> None:
     """A message was added to a mailbox that already held ``depth`` items."""
     if METRICS:
-        with _HOOK_LOCK:
-            _depth._record_locked(depth, ())
-        if _depth._otel is not None:
+        _depth_log.append(depth)
+        if len(_depth_log) >= FOLD_AT:
+            _fold()
+        if _MIRROR and _depth._otel is not None:
             _depth._otel.record(depth, {})
 
 
-#: Open reply ports: (owner id, index) -> (opening time, endpoint key). Setting and popping one
-#: key is atomic (one dict operation), so the hooks take no lock; evicting the oldest (insertion
-#: order) when full does, so that two threads never evict at once.
-_opened: dict[tuple[int, int], tuple[float, _Key]] = {}
+#: Open reply ports: (owner, index) -> (opening time, the raw log of the endpoint's call
+#: latencies, the endpoint). Setting and popping one key is atomic (one dict operation), so
+#: the hooks take no lock; evicting the oldest (insertion order) when full does, so that two
+#: threads never evict at once.
+_opened: dict[tuple[object, int], tuple[float, list[float], str]] = {}
 _opened_lock = threading.Lock()
 #: Reply ports whose opening time is remembered (ports that never complete are forgotten).
 MAX_TRACKED_PORTS: Final = 65_536
-
-
-_ENDPOINT_KEYS: dict[str, _Key] = {}
-
-
-def _endpoint_key(endpoint: str) -> _Key:
-    key = _ENDPOINT_KEYS.get(endpoint)
-    if key is None:
-        key = (("endpoint", endpoint),)
-        if len(_ENDPOINT_KEYS) < MAX_SERIES:
-            _ENDPOINT_KEYS[endpoint] = key
-    return key
+_perf_counter = time.perf_counter
 
 
 def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
     """Port ``index`` of process runtime ``owner`` was opened (to collect the replies of calls
     to ``endpoint``, if given): remember when, and for which endpoint."""
     if METRICS:
-        key = (_ENDPOINT_KEYS.get(endpoint) or _endpoint_key(endpoint)) if endpoint else ()
-        _opened[(id(owner), index)] = (time.perf_counter(), key)
+        log = _call_logs.get(endpoint)
+        if log is None:
+            log = _log_of(_call_logs, endpoint)
+        _opened[(owner, index)] = (_perf_counter(), log, endpoint)
         if len(_opened) > MAX_TRACKED_PORTS:
             with _opened_lock:
                 while len(_opened) > MAX_TRACKED_PORTS:
@@ -503,24 +626,33 @@ def on_port_opened(owner: object, index: int, endpoint: str = "") -> None:
 
 def on_port_completed(owner: object, index: int) -> None:
     """Port ``index`` of ``owner`` received its last reply: record the call latency."""
-    opened = _opened.pop((id(owner), index), None)
-    if METRICS and opened is not None:
-        elapsed = time.perf_counter() - opened[0]
-        with _HOOK_LOCK:
-            _call_latency._record_locked(elapsed, opened[1])
-        if _call_latency._otel is not None:
-            _call_latency._otel.record(elapsed, dict(opened[1]))
+    opened = _opened.pop((owner, index), None)
+    if opened is not None:
+        elapsed = _perf_counter() - opened[0]
+        log = opened[1]
+        log.append(elapsed)
+        if len(log) >= FOLD_AT:
+            _fold()
+        if _MIRROR and _call_latency._otel is not None:
+            _call_latency._otel.record(elapsed, dict(_endpoint_series(opened[2])))
+
+
+def note_latency(endpoint: str, log: list[float], elapsed: float) -> None:
+    """After ``elapsed`` was appended to ``log`` (``latency_log(endpoint)``): fold when full,
+    feed the mirror."""
+    if len(log) >= FOLD_AT:
+        _fold()
+    if _MIRROR and _latency._otel is not None:
+        _latency._otel.record(elapsed, dict(_endpoint_series(endpoint)))
 
 
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
     """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
     ``exc`` if it raised: its latency, and its error by category."""
-    elapsed = time.perf_counter() - started
-    key = _ENDPOINT_KEYS.get(endpoint) or _endpoint_key(endpoint)
-    with _HOOK_LOCK:
-        _latency._record_locked(elapsed, key)
-    if _latency._otel is not None:
-        _latency._otel.record(elapsed, dict(key))
+    elapsed = _perf_counter() - started
+    log = latency_log(endpoint)
+    log.append(elapsed)
+    note_latency(endpoint, log, elapsed)
     if exc is not None:
         _errors.add(1, {"endpoint": endpoint, "category": str(error_category(exc))})
 

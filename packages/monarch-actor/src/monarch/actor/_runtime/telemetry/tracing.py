@@ -16,6 +16,7 @@ import collections
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 import os
 import random
@@ -78,6 +79,7 @@ def _after_fork() -> None:
     with no spans: those in the ring were its parent's."""
     global _PID, _remote_lock
     _PID = os.getpid()
+    _seed_ids()  # after ``random`` reseeded itself (registered first, runs first)
     _spans.clear()
     _remote.clear()
     _remote_lock = threading.Lock()  # it may have been held by a thread that is not here
@@ -111,9 +113,10 @@ class Span:
     """
 
     __slots__ = (
+        "_attributes",
+        "_lazy",
         "_otel",
         "_token",
-        "attributes",
         "end_ns",
         "error",
         "name",
@@ -134,9 +137,10 @@ class Span:
         trace_id: bytes,
         span_id: bytes,
         parent_id: bytes,
-        attributes: dict[str, Any],
+        attributes: dict[str, Any] | None,
         proc: str = "",
         track: str = "",
+        lazy: tuple[Any, ...] | None = None,
     ) -> None:
         self.name = name
         self.os_pid = _PID
@@ -145,7 +149,8 @@ class Span:
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent_id = parent_id
-        self.attributes = attributes
+        self._attributes = attributes
+        self._lazy = lazy
         self.start_ns = time.time_ns()
         self.end_ns = 0
         self.status = "unset"
@@ -154,10 +159,21 @@ class Span:
         self._token: contextvars.Token[Span | None] | None = None
         self._otel: Any = None
 
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The span's attributes (the runtime's send and receive spans keep theirs as a tuple
+        until asked: ``_lazy_attributes``)."""
+        attributes = self._attributes
+        if attributes is None:
+            attributes = self._attributes = _lazy_attributes(self._lazy)
+            self._lazy = None
+        return attributes
+
     def set_attribute(self, key: str, value: str | int | float | bool) -> None:
         """Attach ``key=value`` (at most 64 attributes; more are ignored)."""
-        if len(self.attributes) < 64 or key in self.attributes:
-            self.attributes[key] = value
+        attributes = self.attributes
+        if len(attributes) < 64 or key in attributes:
+            attributes[key] = value
         if self._otel is not None:
             self._otel.set_attribute(key, value)
 
@@ -171,9 +187,16 @@ class Span:
         return self
 
     def __exit__(self, et: object, exc: BaseException | None, tb: object) -> None:
-        if self._token is not None:
-            _CURRENT_SPAN.reset(self._token)
+        token = self._token
+        if token is not None:
+            _CURRENT_SPAN.reset(token)
             self._token = None
+        if exc is None and self._otel is None and not self.end_ns and not _span_listeners:
+            # ``_end`` inlined for the common case (one frame less on every send).
+            self.end_ns = time.time_ns()
+            self.status = "ok"
+            _spans.append(self)
+            return
         self._end(exc)
 
     def _end(self, exc: BaseException | None) -> None:
@@ -221,20 +244,58 @@ class _NoSpan:
 _NO_SPAN: Final = _NoSpan()
 
 
-#: Random ids, as OpenTelemetry's SDK makes them (``random``, not a system call: ids need to be
-#: unique, not secret), bound once for the hot path.
+#: Span ids: a counter from a random start (62 bits, drawn again in a forked child), so a span
+#: id is unique in its process, and across processes unless two random starts fall within as
+#: many spans of each other; a root span's trace id is this process's random 8-byte prefix and
+#: its span id. Ids need to be unique, not secret: one ``next`` and one ``to_bytes`` per span
+#: instead of two random draws (``benchmarks/telemetry_hooks.py``).
 _getrandbits = random.getrandbits
+_next_id: Callable[[], int]
+_trace_prefix = b""
+
+
+def _seed_ids() -> None:
+    global _next_id, _trace_prefix
+    _next_id = itertools.count(_getrandbits(62) + 1).__next__
+    _trace_prefix = _getrandbits(64).to_bytes(8, "big")
+
+
+_seed_ids()
+_perf_counter = time.perf_counter
+_FOLD_AT: Final = _metrics.FOLD_AT
 #: Results no endpoint awaits (the receive span's fast path skips ``inspect.isawaitable``).
 _PLAIN_RESULTS: Final = frozenset({type(None), int, float, str, bytes, bool, list, dict, tuple})
 
 
+def _lazy_attributes(lazy: tuple[Any, ...] | None) -> dict[str, Any]:
+    """The attributes of a runtime span, from the tuple it was made with (``send_span``:
+    ``("send", adverb, endpoint, mesh, ranks, actor)``; ``wrap_endpoint``: ``("receive",
+    actor, endpoint, rank)``): built when first read, not on the hot path."""
+    if lazy is None:
+        return {}
+    if lazy[0] == "send":
+        _, adverb, endpoint, mesh, ranks, actor = lazy
+        return {
+            "span.kind": "send",
+            "adverb": adverb,
+            "endpoint": endpoint,
+            "mesh": mesh,
+            "ranks": ranks,
+            "actor": actor,
+        }
+    _, actor, endpoint, rank = lazy
+    return {"span.kind": "receive", "actor": actor, "endpoint": endpoint, "rank": int(rank)}
+
+
 def _start_span(
     name: str,
-    attributes: dict[str, Any],
+    attributes: dict[str, Any] | None,
     remote_parent: tuple[bytes, bytes] | None = None,
     proc: str = "",
     track: str = "",
+    lazy: tuple[Any, ...] | None = None,
 ) -> Span:
+    span_id = _next_id().to_bytes(8, "big")
     if remote_parent is not None:
         trace_id, parent_id = remote_parent
     else:
@@ -242,10 +303,11 @@ def _start_span(
         if parent is not None:
             trace_id, parent_id = parent.trace_id, parent.span_id
         else:
-            trace_id, parent_id = _getrandbits(128).to_bytes(16, "big"), _ZERO_SPAN_ID
-    span_id = _getrandbits(64).to_bytes(8, "big")
+            trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
     if _otel._otel_trace is None:  # no mirror: no call
-        return Span(name, trace_id, span_id, parent_id, attributes, proc, track)
+        return Span(name, trace_id, span_id, parent_id, attributes, proc, track, lazy)
+    if attributes is None:
+        attributes = _lazy_attributes(lazy)
     otel_span, trace_id, span_id = _otel.start_span(name, attributes, trace_id, parent_id, span_id)
     result = Span(name, trace_id, span_id, parent_id, attributes, proc, track)
     result._otel = otel_span
@@ -272,20 +334,58 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     ``ranks`` actors of ``mesh``, made by ``sender`` (a cell of process runtime ``runtime``).
     Entered by the caller while it posts, so each CALL envelope carries its ids and every
     endpoint span is its child."""
-    display = str(sender.display)
-    return _start_span(
-        f"{adverb} {mesh}.{endpoint}",
-        {
-            "span.kind": "send",
-            "adverb": adverb,
-            "endpoint": endpoint,
-            "mesh": mesh,
-            "ranks": ranks,
-            "actor": display,
-        },
-        proc=runtime.label,
-        track=display,
+    display = sender.display
+    if type(display) is not str:
+        display = str(display)
+    lazy = ("send", adverb, endpoint, mesh, ranks, display)
+    if _otel._otel_trace is not None:
+        return _start_span(f"{adverb} {mesh}.{endpoint}", None, None, runtime.label, display, lazy)
+    # ``_start_span`` inlined (one frame less on every call): the caller's span is the parent.
+    span_id = _next_id().to_bytes(8, "big")
+    parent = _CURRENT_SPAN.get()
+    if parent is not None:
+        trace_id, parent_id = parent.trace_id, parent.span_id
+    else:
+        trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
+    return _hot_span(
+        f"{adverb} {mesh}.{endpoint}", trace_id, span_id, parent_id, runtime.label, display, lazy
     )
+
+
+_new_span = object.__new__
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+
+
+def _hot_span(
+    name: str,
+    trace_id: bytes,
+    span_id: bytes,
+    parent_id: bytes,
+    proc: str,
+    track: str,
+    lazy: tuple[Any, ...],
+) -> Span:
+    """``Span(name, ..., None, proc, track, lazy)`` without the mirror, minus ``__init__``'s
+    keyword handling (the runtime's send and receive spans: one per call each)."""
+    result: Span = _new_span(Span)
+    result.name = name
+    result.os_pid = _PID
+    result.proc = proc or _process_label
+    result.track = track
+    result.trace_id = trace_id
+    result.span_id = span_id
+    result.parent_id = parent_id
+    result._attributes = None
+    result._lazy = lazy
+    result.start_ns = _time_ns()
+    result.end_ns = 0
+    result.status = "unset"
+    result.error = ""
+    result.thread_id = _get_ident()
+    result._token = None
+    result._otel = None
+    return result
 
 
 _P = ParamSpec("_P")
@@ -523,49 +623,88 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
     """``fn`` timed (metrics) and run in a span (tracing) whose parent is the caller's span.
 
     Returns a callable with ``fn``'s calling convention: its result is ``fn``'s, or, when that is
-    awaitable, a coroutine that awaits it inside the span (async endpoints).
+    awaitable, a coroutine that awaits it inside the span (async endpoints). The callable is a
+    ``functools.partial`` of a module function (made in C: no closure and no cells per call).
     """
+    if TRACING and (prop is None or getattr(prop, "_instrument", True)):
+        return _partial(_run_traced, cell, envelope, fn)
+    if _metrics.METRICS:
+        return _partial(_run_timed, envelope.endpoint, fn)
+    return fn
+
+
+_partial = functools.partial
+
+
+def _run_timed(endpoint: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with its latency recorded (metrics on, tracing off)."""
+    started = _perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _metrics.record_endpoint(endpoint, started, exc)
+        raise
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        return _await_endpoint(result, endpoint, started, None, True)
+    elapsed = _perf_counter() - started
+    log = _metrics._latency_logs.get(endpoint)
+    if log is None:
+        log = _metrics.latency_log(endpoint)
+    log.append(elapsed)
+    if len(log) >= _FOLD_AT or _metrics._MIRROR:
+        _metrics.note_latency(endpoint, log, elapsed)
+    return result
+
+
+def _run_traced(
+    cell: Any, envelope: Envelope, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)`` in a receive span whose parent is the caller's span (the ids
+    the envelope carries), timed too while metrics are on."""
+    started = _perf_counter()
     endpoint = envelope.endpoint
-    traced_call = TRACING and (prop is None or getattr(prop, "_instrument", True))
-    timed = _metrics.METRICS
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        current: Span | None = None
-        token = None
-        if traced_call:
-            display = str(cell.display)
-            trace = envelope.trace
-            current = _start_span(
-                endpoint,
-                {
-                    "span.kind": "receive",
-                    "actor": display,
-                    "endpoint": endpoint,
-                    "rank": int(cell.rank),
-                },
-                (trace[:16], trace[16:]) if len(trace) == 24 else None,
-                cell.runtime.label,
-                display,
-            )
-            token = _CURRENT_SPAN.set(current)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            _finish_endpoint(endpoint, started, current, exc, timed)
-            raise
-        finally:
-            if token is not None:
-                _CURRENT_SPAN.reset(token)
-        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return _await_endpoint(result, endpoint, started, current, timed)
-        if timed:
-            _metrics.record_endpoint(endpoint, started, None)
-        if current is not None:
-            current._end(None)
-        return result
-
-    return run
+    display = cell.display
+    trace = envelope.trace
+    lazy = ("receive", display, endpoint, cell.rank)
+    current: Span
+    if len(trace) == 24 and _otel._otel_trace is None:  # the common case, inlined
+        current = _hot_span(
+            endpoint,
+            trace[:16],
+            _next_id().to_bytes(8, "big"),
+            trace[16:],
+            cell.runtime.label,
+            display,
+            lazy,
+        )
+    else:
+        current = _start_span(
+            endpoint,
+            None,
+            (trace[:16], trace[16:]) if len(trace) == 24 else None,
+            cell.runtime.label,
+            display,
+            lazy,
+        )
+    token = _CURRENT_SPAN.set(current)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _finish_endpoint(endpoint, started, current, exc, _metrics.METRICS)
+        raise
+    finally:
+        _CURRENT_SPAN.reset(token)
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        return _await_endpoint(result, endpoint, started, current, _metrics.METRICS)
+    if _metrics.METRICS:
+        _metrics.record_endpoint(endpoint, started, None)
+    if current._otel is None and not _span_listeners and not current.end_ns:
+        current.end_ns = _time_ns()  # ``_end`` inlined for the common case
+        current.status = "ok"
+        _spans.append(current)
+    else:
+        current._end(None)
+    return result
 
 
 async def _await_endpoint(
