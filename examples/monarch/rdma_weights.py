@@ -34,7 +34,7 @@ class ParameterServer(Actor):
     @endpoint
     def apply(self, lr: float) -> list[float]:
         self.weights -= lr * self.grads.sum(dim=0)
-        return self.weights.tolist()
+        return list(self.weights.tolist())
 
     @endpoint
     def drop_weights(self) -> None:
@@ -51,7 +51,7 @@ class Trainer(Actor):
         await weights.read_into(self.local.view(torch.uint8).flatten())
         grad = self.local * (self.rank + 1)
         await grads[self.rank].write_from(grad.view(torch.uint8).flatten())
-        return self.local.tolist()
+        return list(self.local.tolist())
 
     @endpoint
     async def pull_twice(self, weights: RDMABuffer) -> list[list[float]]:
