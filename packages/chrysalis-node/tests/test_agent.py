@@ -77,7 +77,7 @@ def test_commands_run_in_the_agent_with_the_callers_streams_and_environment(
 ) -> None:
     env = _env(tree)
     served = int(str(_status(env)["served"]))
-    through = _run(["ls", tree["token"], "--json"], env)
+    through = _run(["--timeout", "30", "ls", tree["token"], "--json"], env)  # options first
     assert through.returncode == 0, through.stderr
     assert tree["root"] in {entry["pid"] for entry in json.loads(through.stdout)}
     assert _status(env)["served"] == served + 1

@@ -48,6 +48,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from chrysalis.node._cli import _command_name
+
 __all__ = [
     "AGENT_COMMANDS",
     "MAX_CHILDREN",
@@ -410,11 +412,12 @@ def _accept(
             )
         conn.close()
         return 0, op == "stop"
+    argv = request.get("argv")
     valid = (
         len(fds) == 3
-        and isinstance(request.get("argv"), list)
-        and request["argv"][:1]
-        and request["argv"][0] in AGENT_COMMANDS
+        and isinstance(argv, list)
+        and all(isinstance(word, str) for word in argv)
+        and _command_name(argv) in AGENT_COMMANDS
         and isinstance(request.get("cwd"), str)
         and isinstance(request.get("env"), dict)
     )
