@@ -853,11 +853,12 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         stopped.cancel()
         connected.result()
         background = [asyncio.create_task(serve_streams(node, handler))]
+        # In its log: the CPU this process used to get here (a forked worker's count starts
+        # at its fork; an exec'd one's includes the interpreter's start and imports). Written
+        # before the ready line, so that whoever saw the ready line finds it in the log.
+        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
-        # In its log: the CPU this process used to get here (a forked worker's count starts
-        # at its fork; an exec'd one's includes the interpreter's start and imports).
-        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
         await stop.wait()
         for task in background:
             task.cancel()
