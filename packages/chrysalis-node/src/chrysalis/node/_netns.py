@@ -209,7 +209,7 @@ def _reap(plan: NetnsPlan, launcher: int) -> None:  # pragma: no cover - runs in
             if fd >= start:
                 os.closerange(start, fd)
                 start = fd + 1
-        os.closerange(start, 65536)
+        os.closerange(start, max(65536, os.sysconf("SC_OPEN_MAX")))
         if pidfd >= 0:
             select.select([pidfd], [], [])
         for error in _remove(plan):
