@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLI", "eventually", "run_json", "start_node", "stop_all"]
+__all__ = ["CLI", "eventually", "read_ready", "run_json", "start_node", "stop_all"]
 
 CLI = [sys.executable, "-m", "chrysalis.node._cli"]
 """The ``chrysalis`` command, run by this interpreter."""
@@ -52,6 +52,18 @@ def start_node(
         tail = log.read_text()[-2000:] if log is not None else ""
         raise AssertionError(f"{argv[-1]!r}... printed no join token ({line!r}): {tail}")
     return proc, line
+
+
+def read_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> dict[str, Any]:
+    """The record of the ``[root] READY {json}`` line a ``chrysalis scale --persist`` launcher
+    prints first (bounded by ``timeout`` seconds; failing with the tail of its ``log``)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().decode() if ready else ""
+    if not line.startswith("[root] READY "):
+        raise AssertionError(f"no READY line ({line!r}): {log.read_text()[-2000:]}")
+    record: dict[str, Any] = json.loads(line.removeprefix("[root] READY "))
+    return record
 
 
 def run_json(argv: Sequence[str], env: dict[str, str], timeout: float) -> tuple[int, Any, str]:

@@ -216,8 +216,10 @@ def test_a_launch_fails_at_once_when_a_forked_worker_dies(tmp_path: Path) -> Non
     # after the 60 s join timeout) and name it with its status.
     original = ProcessGroup._forked
 
-    async def forked_and_killed(self: ProcessGroup, command: list[str], name: str, log: int):  # type: ignore[no-untyped-def]
-        child = await original(self, command, name, log)
+    async def forked_and_killed(  # type: ignore[no-untyped-def]
+        self: ProcessGroup, command: list[str], name: str, log: int, netns: str | None = None
+    ):
+        child = await original(self, command, name, log, netns)
         if name == "rank-1":
             os.kill(child.proc.pid, signal.SIGKILL)
         return child

@@ -8,9 +8,7 @@ About 20 s on two busy cores: one tree, a dozen short ``chrysalis admin`` client
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -22,21 +20,9 @@ import pytest
 pytest.importorskip("chrysalis.sqlite")
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
-from node_processes import CLI, eventually, run_json, start_node, stop_all
+from node_processes import CLI, eventually, read_ready, run_json, start_node, stop_all
 
 pytestmark = pytest.mark.slow
-
-READY_TIMEOUT = 90.0
-
-
-def _ready(proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
-    line = proc.stdout.readline().decode() if ready else ""
-    if not line.startswith("[root] READY "):
-        raise AssertionError(f"no READY line ({line!r}): {log.read_text()[-2000:]}")
-    record: dict[str, Any] = json.loads(line.removeprefix("[root] READY "))
-    return record
 
 
 def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_path: Path) -> None:
@@ -47,7 +33,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
     with log.open("wb") as err:
         scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
     try:
-        ready = _ready(scale, log)
+        ready = read_ready(scale, log)
         tokens = ready["tokens"]
         env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=ready["ca_dir"])
 

@@ -13,10 +13,12 @@ any of that, and stays single-threaded: a blocking loop on one socket.
 
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
-- launcher -> server: ``{"target": "module:function", "argv": [...]}`` with three descriptors
-  attached (``SCM_RIGHTS``): the worker's stdin, stdout and stderr. The worker runs
-  ``function(argv)`` with them as descriptors 0, 1 and 2 and exits with the integer it returns
-  (1 after an exception, whose traceback goes to its stderr).
+- launcher -> server: ``{"target": "module:function", "argv": [...], "netns": PATH}`` with
+  three descriptors attached (``SCM_RIGHTS``): the worker's stdin, stdout and stderr. The
+  worker enters the network namespace named by the file ``PATH`` first (``setns``, where
+  ``netns`` is given and not null: ``chrysalis scale --netns``), then runs ``function(argv)``
+  with the descriptors as 0, 1 and 2 and exits with the integer it returns (1 after an
+  exception, whose traceback goes to its stderr).
 - server -> launcher: ``{"spawned": PID}`` (or ``{"error": "..."}``) for each request, in
   request order, and ``{"exited": PID, "status": CODE}`` when a worker ends (``CODE`` as
   ``subprocess.Popen.returncode``: negative for a signal).
@@ -51,6 +53,26 @@ _ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * array.array("i").itemsize)
 _MAX_CHILDREN: Final = 8192
 """Workers one server may run at once (a bound on its bookkeeping)."""
 _PR_SET_PDEATHSIG: Final = 1
+_CLONE_NEWNET: Final = 0x40000000
+
+
+def _enter_netns(path: str) -> None:
+    """Move this (single-threaded) process into the network namespace named by ``path``
+    (``OSError`` if it cannot: not Linux, no rights, no such namespace)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns = getattr(os, "setns", None)
+        if setns is not None:  # Python 3.12+
+            setns(fd, _CLONE_NEWNET)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns({path}): {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 class ForkServerError(RuntimeError):
@@ -159,13 +181,22 @@ class ForkServer:
         return self._lock
 
     async def spawn(
-        self, target: str, argv: Sequence[str], *, stdin: int, stdout: int, stderr: int
+        self,
+        target: str,
+        argv: Sequence[str],
+        *,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        netns: str | None = None,
     ) -> ForkedProcess:
         """Fork one worker running ``target`` (``"module:function"``) on ``argv`` with the
-        three descriptors as its standard streams (the caller keeps and closes its copies).
+        three descriptors as its standard streams (the caller keeps and closes its copies),
+        in the network namespace named by the file ``netns`` if given (a worker that cannot
+        enter it exits with status 1, the reason on its stderr).
         ``ForkServerError`` if the server is gone or could not fork."""
         lock = self._attach()
-        message = json.dumps({"target": target, "argv": list(argv)}).encode()
+        message = json.dumps({"target": target, "argv": list(argv), "netns": netns}).encode()
         if len(message) > _MAX_MESSAGE:
             raise ValueError(f"a spawn request of {len(message)} bytes exceeds {_MAX_MESSAGE}")
         async with lock:
@@ -315,6 +346,9 @@ def _serve(
             request = json.loads(data)
             argv = [str(a) for a in request["argv"]]
             target = str(request["target"])
+            netns = request.get("netns")
+            if netns is not None and not isinstance(netns, str):
+                raise TypeError(f"netns must be a path, not {netns!r}")
             if len(fds) != 3:
                 raise ValueError(f"expected 3 descriptors, got {len(fds)}")
             if len(children) >= _MAX_CHILDREN:
@@ -327,7 +361,7 @@ def _serve(
                 sock.send(json.dumps({"error": repr(exc)}).encode())
             continue
         if pid == 0:
-            _run_worker(sock, (wake_r, wake_w), list(fds), target, argv, server)
+            _run_worker(sock, (wake_r, wake_w), list(fds), target, argv, server, netns)
         for fd in fds:
             os.close(fd)
         children.add(pid)
@@ -342,6 +376,7 @@ def _run_worker(  # pragma: no cover - runs in a forked worker
     target: str,
     argv: list[str],
     server: int,
+    netns: str | None = None,
 ) -> None:
     code = 1
     try:
@@ -360,6 +395,8 @@ def _run_worker(  # pragma: no cover - runs in a forked worker
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        if netns is not None:  # before the worker binds anything; a failure in its own log
+            _enter_netns(netns)
         module, _, function = target.partition(":")
         result = getattr(importlib.import_module(module), function)(argv)
         code = result if isinstance(result, int) else 0

@@ -270,7 +270,10 @@ class ScaleSettings:
     database and serves experiments until stopped (``serve_persistent``) instead of one echo
     sweep. ``start``: ``fork`` (default) forks every worker from a warm fork server
     (``chrysalis.node._forkserver``), ``exec`` starts each as a fresh interpreter
-    (``python -m chrysalis.node._scale worker``: for comparison)."""
+    (``python -m chrysalis.node._scale worker``: for comparison). ``netns``: every task but
+    the root's runs in a network namespace of its own (``chrysalis.node._netns``: needs root
+    and iproute2, and the ``task-head`` topology with at least two tasks); ``host`` is then
+    replaced by each namespace's address on the bridge joining them."""
 
     nodes: int
     nodes_per_task: int = 100
@@ -285,9 +288,15 @@ class ScaleSettings:
     host: str = "127.0.0.1"
     persist: bool = False
     start: StartMode = "fork"
+    netns: bool = False
 
     def __post_init__(self) -> None:
-        plan_placement(self.nodes, self.nodes_per_task, self.topology)
+        placements = plan_placement(self.nodes, self.nodes_per_task, self.topology)
+        if self.netns and (self.topology != "task-head" or placements[-1].task == 0):
+            raise ValueError(
+                "--netns puts each task head's subtree in a namespace: it needs the task-head "
+                "topology and at least two tasks (nodes > nodes_per_task)"
+            )
         if self.start not in ("fork", "exec"):
             raise ValueError(f"unknown start mode {self.start!r} (fork or exec)")
         if self.launch_concurrency < 1 or self.echo_concurrency < 1 or self.echo_rounds < 1:
@@ -352,6 +361,7 @@ class ScaleResult:
             "mean_echo_millis": (self.echo or self.first_echo).mean_ms,
             "max_echo_millis": (self.echo or self.first_echo).max_ms,
             "start": s.start,
+            "netns": s.netns,
             "memory": self.memory,
         }
 
@@ -445,7 +455,16 @@ class ProcessGroup:
     a command then being ``["module:function", *argv]`` (the worker runs ``function(argv)``).
     ``wait_exit`` wakes as soon as any started process ends (a crash is reported, not lost)."""
 
-    __slots__ = ("_children", "_env", "_exit_event", "_fork", "_logs", "_reported", "_watchers")
+    __slots__ = (
+        "_at_stop",
+        "_children",
+        "_env",
+        "_exit_event",
+        "_fork",
+        "_logs",
+        "_reported",
+        "_watchers",
+    )
 
     def __init__(self, logs: Path, env: dict[str, str] | None = None) -> None:
         self._logs = logs
@@ -455,6 +474,12 @@ class ProcessGroup:
         self._fork: ForkServer | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._exit_event: asyncio.Event | None = None
+        self._at_stop: list[Callable[[], None]] = []
+
+    def at_stop(self, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` at the end of ``stop``, once every process has ended (last
+        registered first): what the processes ran in, such as their network namespaces."""
+        self._at_stop.append(cleanup)
 
     @property
     def forked(self) -> bool:
@@ -505,7 +530,11 @@ class ProcessGroup:
     def __len__(self) -> int:
         return len(self._children)
 
-    async def _exec(self, command: Sequence[str], name: str, log: int) -> _Child:
+    async def _exec(
+        self, command: Sequence[str], name: str, log: int, netns: str | None = None
+    ) -> _Child:
+        if netns is not None:  # ``ip netns exec`` execs the command: the same process
+            command = ["ip", "netns", "exec", Path(netns).name, *command]
         proc = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.PIPE,
@@ -522,7 +551,9 @@ class ProcessGroup:
         self._watchers.append(asyncio.create_task(watch()))
         return _Child(name, proc, proc.stdin, proc.stdout)
 
-    async def _forked(self, command: Sequence[str], name: str, log: int) -> _Child:
+    async def _forked(
+        self, command: Sequence[str], name: str, log: int, netns: str | None = None
+    ) -> _Child:
         assert self._fork is not None
         if not command:
             raise ValueError("a forked command needs its target")
@@ -531,7 +562,7 @@ class ProcessGroup:
         out_r, out_w = os.pipe()
         try:
             proc = await self._fork.spawn(
-                command[0], command[1:], stdin=stdin_r, stdout=out_w, stderr=log
+                command[0], command[1:], stdin=stdin_r, stdout=out_w, stderr=log, netns=netns
             )
         except BaseException:
             for fd in (stdin_w, out_r):
@@ -555,25 +586,31 @@ class ProcessGroup:
         names: Sequence[str],
         concurrency: int,
         timeout: float,
+        netns: Sequence[str | None] | None = None,
     ) -> list[str]:
         """Start every command (at most ``concurrency`` not yet ready at once) and return
         each one's first stdout line; ``ScaleError`` if one exits or stays silent for
-        ``timeout`` seconds (with the tail of its stderr, kept in ``logs/NAME.log``)."""
+        ``timeout`` seconds (with the tail of its stderr, kept in ``logs/NAME.log``).
+        ``netns``: per command, the file naming the network namespace it runs in (``None``:
+        this process's)."""
         if len(names) != len(commands):
             raise ValueError("one name per command")
+        spaces = [None] * len(commands) if netns is None else list(netns)
+        if len(spaces) != len(commands):
+            raise ValueError("one namespace (or None) per command")
         slots = asyncio.Semaphore(concurrency)
         self._logs.mkdir(parents=True, exist_ok=True)
         if self._exit_event is None:
             self._exit_event = asyncio.Event()
 
-        async def start(command: Sequence[str], name: str) -> str:
+        async def start(command: Sequence[str], name: str, space: str | None) -> str:
             async with slots:
                 log_path = self._logs / f"{name}.log"
                 with open(log_path, "wb") as log:
                     if self._fork is not None:
-                        child = await self._forked(command, name, log.fileno())
+                        child = await self._forked(command, name, log.fileno(), space)
                     else:
-                        child = await self._exec(command, name, log.fileno())
+                        child = await self._exec(command, name, log.fileno(), space)
                 self._children.append(child)
                 assert child.stdout is not None
                 try:
@@ -590,7 +627,10 @@ class ProcessGroup:
                     raise ScaleError(f"{name} {how} within {timeout:g} s: {tail}")
                 return line.decode(errors="replace").strip()
 
-        tasks = [asyncio.ensure_future(start(c, n)) for c, n in zip(commands, names, strict=True)]
+        tasks = [
+            asyncio.ensure_future(start(c, n, ns))
+            for c, n, ns in zip(commands, names, spaces, strict=True)
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -601,7 +641,7 @@ class ProcessGroup:
 
     async def stop(self, grace: float = _STOP_GRACE) -> None:
         """Close every lifeline, then terminate and kill what is still running (bounded);
-        then end the fork server, if any."""
+        then end the fork server, if any, and run the ``at_stop`` clean-ups."""
         children, self._children = self._children, []
         self._reported.clear()
         try:
@@ -629,8 +669,19 @@ class ProcessGroup:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
             fork, self._fork = self._fork, None
-            if fork is not None:
-                fork.close()
+            try:
+                if fork is not None:
+                    fork.close()
+            finally:
+                cleanups, self._at_stop = self._at_stop, []
+                errors = []
+                for cleanup in reversed(cleanups):
+                    try:
+                        cleanup()
+                    except Exception as exc:  # every clean-up runs; the first error is raised
+                        errors.append(exc)
+                if errors:
+                    raise errors[0]
 
 
 # -- worker -------------------------------------------------------------------------------------
@@ -790,7 +841,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
 
             record = _node_record(node, placement, args.topology, args.authority or "", carrier)
             await stack.enter_async_context(node_experiments(node, args.database, record))
-            host = str(udp.ip) if udp is not None else "127.0.0.1"
+            host = args.host or (str(udp.ip) if udp is not None else "127.0.0.1")
             addresses = await stack.enter_async_context(baseline_servers(host, identity))
             handler = _scale_handler(json.dumps(addresses).encode())
         connected = asyncio.ensure_future(node.wait_connected())
@@ -802,11 +853,12 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         stopped.cancel()
         connected.result()
         background = [asyncio.create_task(serve_streams(node, handler))]
+        # In its log: the CPU this process used to get here (a forked worker's count starts
+        # at its fork; an exec'd one's includes the interpreter's start and imports). Written
+        # before the ready line, so that whoever saw the ready line finds it in the log.
+        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
-        # In its log: the CPU this process used to get here (a forked worker's count starts
-        # at its fork; an exec'd one's includes the interpreter's start and imports).
-        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
         await stop.wait()
         for task in background:
             task.cancel()
@@ -827,6 +879,7 @@ def _worker_command(
     authority: str | None,
     ca_dir: Path,
     database: Path | None = None,
+    host: str | None = None,
 ) -> list[str]:
     """The worker's arguments (``main``'s ``argv``, from ``worker`` on)."""
     command = [
@@ -844,6 +897,8 @@ def _worker_command(
         command += ["--unix", unix]
     if database is not None:
         command += ["--database", str(database)]
+    if host is not None:
+        command += ["--host", host]
     return command
 
 
@@ -911,6 +966,8 @@ class _Tree:
     join_seconds: float
     store: Any
     memory: dict[str, float] | None = None
+    namespaces: dict[int, str] | None = None
+    """``--netns``: each task's namespace name (tasks 1 and up) and address."""
 
 
 async def _until_exit(group: ProcessGroup, work: Awaitable[object]) -> None:
@@ -976,12 +1033,28 @@ async def _launched(
 
     _raise_open_files(settings.nodes, progress)
     started = loop.time()
+    host = dict.fromkeys(range(placements[-1].task + 1), settings.host)
+    spaces: dict[int, str] = {}  # task -> the file naming its namespace
+    if settings.netns:
+        # Before the fork server: it forks no reaper, and workers enter these by path.
+        from chrysalis.node._netns import Namespaces
+
+        namespaces = Namespaces.for_tasks(placements[-1].task)
+        namespaces.create()
+        group.at_stop(namespaces.delete)
+        plan = namespaces.plan
+        host = {0: plan.root_address} | {t: plan.address(t) for t in range(1, plan.count + 1)}
+        spaces = {t: plan.path(t) for t in range(1, plan.count + 1)}
+        progress.write(
+            f"[root] {plan.count} network namespaces on {plan.subnet} (root at "
+            f"{plan.root_address}): {', '.join(plan.names()[1:])}\n"
+        )
     if settings.start == "fork":
         # Before the root binds a socket or starts its loop's I/O: the fork server (and so
         # every worker) must not inherit them.
         group.start_forkserver(functools.partial(_warm, ca_dir, settings.persist))
     root_identity = _provider(ca_dir).issue_identity()
-    udp = DatagramAddr.udp(settings.host, 0)
+    udp = DatagramAddr.udp(host[0], 0)
     root_carrier = _carrier(udp, head_sock(0))  # leaves of task 0 (all of them when flat)
     root = Node(
         root_identity,
@@ -1004,9 +1077,7 @@ async def _launched(
             store = await stack.enter_async_context(
                 node_experiments(root, database_dir / "node-0.db", record)
             )
-            addresses = await stack.enter_async_context(
-                baseline_servers(settings.host, root_identity)
-            )
+            addresses = await stack.enter_async_context(baseline_servers(host[0], root_identity))
             # The root is a destination like any node: it answers echoes too.
             handler = _scale_handler(json.dumps(addresses).encode())
             echo = asyncio.create_task(serve_streams(root, handler))
@@ -1020,7 +1091,7 @@ async def _launched(
                 assert p.parent is not None
                 if p.role == "head":  # UDP to the root, and a Unix socket for its leaves
                     parent, authority = joined[0]
-                    own_udp, own_unix = str(udp), head_sock(p.task)
+                    own_udp, own_unix = str(DatagramAddr.udp(host[p.task], 0)), head_sock(p.task)
                 else:  # a leaf: Unix datagrams only, to its head (the root when flat)
                     task = placements[p.parent].task
                     parent = str(DatagramAddr.unixgram(head_sock(task)))
@@ -1038,6 +1109,7 @@ async def _launched(
                         database=None
                         if database_dir is None
                         else database_dir / f"node-{p.rank}.db",
+                        host=host[p.task] if settings.netns else None,
                     )
                 )
             if group.forked:
@@ -1051,6 +1123,7 @@ async def _launched(
                 names=names,
                 concurrency=settings.launch_concurrency,
                 timeout=max(0.1, remaining),
+                netns=[spaces.get(p.task) for p in batch],
             )
             for p, name, line in zip(batch, names, lines, strict=True):
                 joined[p.rank] = _split_token(line, name)
@@ -1091,7 +1164,8 @@ async def _launched(
                 f"{memory['pss_mib_mean']:.1f} MiB each, PSS {memory['pss_mib_total']:.0f} MiB "
                 f"in all ({settings.start})\n"
             )
-        yield _Tree(root, joined, pids, launch_seconds, join_seconds, store, memory)
+        names = {task: Path(path).name for task, path in spaces.items()}
+        yield _Tree(root, joined, pids, launch_seconds, join_seconds, store, memory, names)
 
 
 async def run_scale(
@@ -1166,7 +1240,7 @@ async def serve_persistent(
     """Persistent mode (``chrysalis scale --persist``): launch the tree with a replicated
     experiment database per process, wait until every node row reached the root, print
     ``[root] READY {"tokens": {rank: token}, "processes": {rank: OS process ID}, "workdir":
-    ..., "ca_dir": ...}`` (clients such
+    ..., "ca_dir": ..., "namespaces": {task: network namespace}}`` (``--netns``; clients such
     as ``chrysalis admin`` need ``--ca-dir``) and serve experiments until
     ``stop`` is set (SIGINT/SIGTERM in ``main``). A worker process that exits meanwhile is
     declared lost (its open work fails with its exit status), and so is any registered node
@@ -1194,6 +1268,7 @@ async def serve_persistent(
                 "processes": dict(sorted(processes.items())),
                 "workdir": str(work),
                 "ca_dir": str(work / "ca"),
+                "namespaces": tree.namespaces or {},
             }
             out.write(f"[root] READY {json.dumps(ready)}\n")
             out.flush()
@@ -1287,6 +1362,12 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workdir", type=Path, help="CA, sockets, logs and databases (default: a temp dir)"
     )
+    run.add_argument(
+        "--netns",
+        action="store_true",
+        help="run each task head's subtree in a network namespace of its own (one machine as "
+        "several hosts; needs root and iproute2)",
+    )
 
     worker = commands.add_parser("worker", help=argparse.SUPPRESS)
     worker.add_argument("--rank", type=int, required=True)
@@ -1302,6 +1383,7 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--idle-timeout", type=float, default=60.0)
     worker.add_argument("--lifeline", action="store_true", help="exit when stdin closes")
     worker.add_argument("--database", type=Path, help="persistent mode: this node's replica")
+    worker.add_argument("--host", help="this host's address (baseline servers bind it)")
     return parser
 
 
@@ -1340,6 +1422,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             host=args.host,
             persist=args.persist,
             start=args.start,
+            netns=args.netns,
         )
         if settings.persist:
             asyncio.run(_serve_until_signal(settings, args.workdir, stdout))
