@@ -27,7 +27,8 @@ from chrysalis.quic import QuicConfig
 __all__ = ["LOCAL_MAX_UDP_PAYLOAD", "is_local", "scale_quic_config"]
 
 LOCAL_MAX_UDP_PAYLOAD: Final = 16 * 1024
-"""QUIC datagram size of a scale node whose paths are all local (Unix or loopback UDP)."""
+"""QUIC datagram size of a scale node whose paths are all local (Unix or loopback UDP): the
+largest ``QuicConfig`` accepts, since the engines write frame lengths as 2-byte varints."""
 
 
 def is_local(address: DatagramAddr) -> bool:
