@@ -195,7 +195,9 @@ def test_udp_tcp_unix_and_plain_quic_baselines_run_on_loopback(tmp_path: Path) -
     async def main() -> tuple[dict[str, MethodResult], dict[str, MethodResult], dict[str, str]]:
         async with baseline_servers("127.0.0.1", identity) as addresses:
             echo = await measure_baselines(addresses, "echo", 100, 5, timeout=20)
-            transfer = await measure_baselines(addresses, "stream-transfer", 1 << 18, 2, timeout=20)
+            transfer = await measure_baselines(
+                addresses, "stream-transfer", 1 << 18, 2, timeout=20, datagram_size=16384
+            )
         return echo, transfer, addresses
 
     echo, transfer, addresses = asyncio.run(asyncio.wait_for(main(), 60))

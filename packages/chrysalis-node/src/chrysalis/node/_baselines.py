@@ -259,10 +259,12 @@ class _UdpEcho(asyncio.DatagramProtocol):
             self.transport.sendto(data, addr)
 
 
-def _server_configuration(identity: Any) -> Any:
+def _server_configuration(identity: Any, datagram_size: int | None) -> Any:
     from aioquic.quic.configuration import QuicConfiguration
 
     config = QuicConfiguration(is_client=False, alpn_protocols=[_ALPN], idle_timeout=30.0)
+    if datagram_size is not None:
+        config.max_datagram_size = datagram_size
     config.certificate = identity.chain[0]
     config.certificate_chain = list(identity.chain[1:])
     config.private_key = identity.private_key
@@ -270,11 +272,16 @@ def _server_configuration(identity: Any) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def baseline_servers(host: str, identity: Any) -> AsyncIterator[dict[str, str]]:
+async def baseline_servers(
+    host: str, identity: Any, *, datagram_size: int | None = None
+) -> AsyncIterator[dict[str, str]]:
     """UDP echo, TCP, Unix stream and plain-QUIC servers on ``host`` (ephemeral ports; the Unix
     server on a fresh abstract name) while the block runs; yields their addresses ``{"udp":
     "H:P", "tcp": "H:P", "unix": "@NAME", "quic": "H:P"}``. ``identity`` is a
-    ``chrysalis.quic.Identity`` (its certificate and key serve QUIC)."""
+    ``chrysalis.quic.Identity`` (its certificate and key serve QUIC). The QUIC server sends
+    datagrams of ``datagram_size`` bytes, by default those a scale node on ``host`` sends
+    (``chrysalis.node._scale_quic.datagram_size``: 16 KiB on a loopback address), so that
+    plain QUIC is measured like for like."""
     from aioquic.asyncio.server import serve
 
     loop = asyncio.get_running_loop()
@@ -297,7 +304,12 @@ async def baseline_servers(host: str, identity: Any) -> AsyncIterator[dict[str, 
 
     try:
         quic = await serve(
-            host, 0, configuration=_server_configuration(identity), stream_handler=on_stream
+            host,
+            0,
+            configuration=_server_configuration(
+                identity, datagram_size if datagram_size is not None else _host_datagrams(host)
+            ),
+            stream_handler=on_stream,
         )
         udp_port = transport.get_extra_info("sockname")[1]
         tcp_port = tcp.sockets[0].getsockname()[1]
@@ -326,6 +338,23 @@ def _split(address: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"bad baseline address {address!r}")
     return host, int(port)
+
+
+def _host_datagrams(host: str) -> int:
+    from chrysalis.core import DatagramAddr
+    from chrysalis.node._scale_quic import datagram_size
+
+    return datagram_size(DatagramAddr.udp(host, 0))
+
+
+def _client_configuration(datagram_size: int | None) -> Any:
+    from aioquic.quic.configuration import QuicConfiguration
+
+    config = QuicConfiguration(is_client=True, alpn_protocols=[_ALPN], idle_timeout=30.0)
+    config.verify_mode = ssl.CERT_NONE
+    if datagram_size is not None:
+        config.max_datagram_size = datagram_size
+    return config
 
 
 def _unix_path(address: str) -> str:
@@ -445,13 +474,13 @@ async def _connection_method(open_: _Opener, kind: str, size: int, count: int) -
     return await _timed(count, fresh, size)
 
 
-async def _quic(address: str, kind: str, size: int, count: int) -> MethodResult:
+async def _quic(
+    address: str, kind: str, size: int, count: int, datagram_size: int | None = None
+) -> MethodResult:
     from aioquic.asyncio.client import connect
-    from aioquic.quic.configuration import QuicConfiguration
 
     host, port = _split(address)
-    config = QuicConfiguration(is_client=True, alpn_protocols=[_ALPN], idle_timeout=30.0)
-    config.verify_mode = ssl.CERT_NONE
+    config = _client_configuration(datagram_size)
     payload = _payload(size)
     async with connect(host, port, configuration=config) as client:
 
@@ -482,13 +511,20 @@ async def measure_baselines(
     *,
     pooled: PooledEcho | None = None,
     timeout: float = 60.0,
+    datagram_size: int | None = None,
 ) -> dict[str, MethodResult]:
     """Each method against a destination's ``addresses`` (``baseline_servers``), one after
-    another, each bounded by ``timeout``; a method that fails carries its error."""
+    another, each bounded by ``timeout``; a method that fails carries its error. The plain
+    QUIC client sends datagrams of ``datagram_size`` bytes (aioquic's default if ``None``;
+    a source passes its node's ``max_udp_payload``, like for like)."""
     methods: dict[str, Callable[[], Awaitable[MethodResult]]] = {}
     if pooled is not None and kind == "echo":
         methods["chrysalis-pooled"] = lambda: pooled(size, count)
-    measures = {"udp": _udp, "tcp": _tcp, "unix": _unix, "quic": _quic}
+
+    async def quic(address: str, kind: str, size: int, count: int) -> MethodResult:
+        return await _quic(address, kind, size, count, datagram_size)
+
+    measures = {"udp": _udp, "tcp": _tcp, "unix": _unix, "quic": quic}
     for name, measure in measures.items():
         address = addresses.get(name)
         if address is None:

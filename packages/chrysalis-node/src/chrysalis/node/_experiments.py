@@ -215,6 +215,7 @@ async def node_baselines(node: Node, pid: Pid, spec: ExperimentSpec) -> str:
         spec.count,
         pooled=pooled,
         timeout=min(spec.timeout, BASELINE_TIMEOUT),
+        datagram_size=node.quic_config.max_udp_payload,
     )
     return encode_baselines(found)
 

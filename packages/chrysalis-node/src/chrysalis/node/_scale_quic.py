@@ -24,7 +24,7 @@ from typing import Final
 from chrysalis.core import UDP_SCHEME, UNIXGRAM_SCHEME, DatagramAddr
 from chrysalis.quic import QuicConfig
 
-__all__ = ["LOCAL_MAX_UDP_PAYLOAD", "is_local", "scale_quic_config"]
+__all__ = ["LOCAL_MAX_UDP_PAYLOAD", "datagram_size", "is_local", "scale_quic_config"]
 
 LOCAL_MAX_UDP_PAYLOAD: Final = 16 * 1024
 """QUIC datagram size of a scale node whose paths are all local (Unix or loopback UDP): the
@@ -39,16 +39,21 @@ def is_local(address: DatagramAddr) -> bool:
     return address.scheme == UDP_SCHEME and address.ip.is_loopback
 
 
-def scale_quic_config(idle_timeout: float, *addresses: DatagramAddr | None) -> QuicConfig:
-    """The QUIC settings of a scale node that binds or dials ``addresses`` (``None``s are
-    skipped): keepalives every quarter of ``idle_timeout``, and ``LOCAL_MAX_UDP_PAYLOAD``
-    datagrams when every address is local (``is_local``)."""
+def datagram_size(*addresses: DatagramAddr | None) -> int:
+    """The QUIC datagram size of a scale node that binds or dials ``addresses`` (``None``s
+    are skipped): ``LOCAL_MAX_UDP_PAYLOAD`` when every address is local (``is_local``), else
+    ``QuicConfig``'s default."""
     present = [address for address in addresses if address is not None]
-    local = bool(present) and all(is_local(address) for address in present)
-    if local:
-        return QuicConfig(
-            idle_timeout=idle_timeout,
-            keepalive_interval=idle_timeout / 4,
-            max_udp_payload=LOCAL_MAX_UDP_PAYLOAD,
-        )
-    return QuicConfig(idle_timeout=idle_timeout, keepalive_interval=idle_timeout / 4)
+    if present and all(is_local(address) for address in present):
+        return LOCAL_MAX_UDP_PAYLOAD
+    return QuicConfig().max_udp_payload
+
+
+def scale_quic_config(idle_timeout: float, *addresses: DatagramAddr | None) -> QuicConfig:
+    """The QUIC settings of a scale node that binds or dials ``addresses``: keepalives every
+    quarter of ``idle_timeout``, datagrams of ``datagram_size(*addresses)``."""
+    return QuicConfig(
+        idle_timeout=idle_timeout,
+        keepalive_interval=idle_timeout / 4,
+        max_udp_payload=datagram_size(*addresses),
+    )
