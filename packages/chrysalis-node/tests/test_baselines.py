@@ -187,7 +187,7 @@ def test_the_runner_measures_baselines_after_its_pairs_and_keeps_a_failing_one_o
 # -- real sockets on loopback -------------------------------------------------------------------
 
 
-def test_udp_tcp_and_plain_quic_baselines_run_on_loopback(tmp_path: Path) -> None:
+def test_udp_tcp_unix_and_plain_quic_baselines_run_on_loopback(tmp_path: Path) -> None:
     from chrysalis.quic import DevelopmentIdentityProvider
 
     identity = DevelopmentIdentityProvider(tmp_path / "ca").issue_identity()
@@ -195,18 +195,21 @@ def test_udp_tcp_and_plain_quic_baselines_run_on_loopback(tmp_path: Path) -> Non
     async def main() -> tuple[dict[str, MethodResult], dict[str, MethodResult], dict[str, str]]:
         async with baseline_servers("127.0.0.1", identity) as addresses:
             echo = await measure_baselines(addresses, "echo", 100, 5, timeout=20)
-            transfer = await measure_baselines(addresses, "stream-transfer", 1 << 18, 2, timeout=20)
+            transfer = await measure_baselines(
+                addresses, "stream-transfer", 1 << 18, 2, timeout=20, datagram_size=16384
+            )
         return echo, transfer, addresses
 
     echo, transfer, addresses = asyncio.run(asyncio.wait_for(main(), 60))
-    assert sorted(addresses) == ["quic", "tcp", "udp"]
-    assert sorted(echo) == ["quic", "tcp", "udp"]  # no Chrysalis pooled echo was given
+    assert sorted(addresses) == ["quic", "tcp", "udp", "unix"]
+    assert addresses["unix"].startswith("@chrysalis-baseline-")  # abstract: no file to remove
+    assert sorted(echo) == ["quic", "tcp", "udp", "unix"]  # no Chrysalis pooled echo was given
     for method, result in echo.items():
         assert (method, result.completed, result.error) == (method, 5, "")
         assert 0 < result.p50_ms <= result.p99_ms <= result.max_ms
         assert result.mib_per_second > 0
     assert transfer["udp"].error.startswith("not applicable")
-    for method in ("tcp", "quic"):
+    for method in ("tcp", "unix", "quic"):
         assert (transfer[method].completed, transfer[method].error) == (2, "")
         assert transfer[method].mib_per_second > 0
 
@@ -217,5 +220,18 @@ def test_a_destination_without_servers_is_reported_per_method() -> None:
 
     found = asyncio.run(main())
     assert "serves no udp" in found["udp"].error
+    assert "serves no unix" in found["unix"].error
     assert found["tcp"].completed == 0
     assert found["tcp"].error
+
+
+def test_a_unix_baseline_of_another_namespace_or_a_bad_address_fails_that_method_only() -> None:
+    async def main() -> dict[str, MethodResult]:
+        addresses = {"unix": "@chrysalis-baseline-nobody-listens", "tcp": "127.0.0.1:1"}
+        return await measure_baselines(addresses, "stream-transfer", 8, 2, timeout=5)
+
+    found = asyncio.run(main())
+    assert found["unix"].completed == 0
+    assert "ConnectionRefusedError" in found["unix"].error
+    bad = asyncio.run(measure_baselines({"unix": "/tmp/not-abstract"}, "echo", 8, 1, timeout=5))
+    assert "bad unix baseline address" in bad["unix"].error

@@ -197,6 +197,48 @@ def test_a_cancel_stops_a_running_experiment_and_the_runner_moves_on() -> None:
     assert [key[0] for key in ledger.results] == ["e2"]
 
 
+def test_a_pair_rate_is_over_its_own_operations_not_the_slots_it_waited_for() -> None:
+    from chrysalis.core import Pid
+    from chrysalis.node._admin import experiment_report
+    from chrysalis.node._experiments import ExperimentRunner, pair_rate
+
+    assert pair_rate([0.5, 0.5], 1 << 20, "stream-transfer") == 2.0
+    assert pair_rate([0.5, 0.5], 1 << 20, "echo") == 4.0  # both directions
+    assert pair_rate([], 1 << 20, "echo") == 0.0
+    store = _store_with_nodes()
+    delays = {B: 0.05, C: 0.15}
+
+    async def transfer(pid: Pid, size: int) -> None:
+        await asyncio.sleep(delays[pid.hex()])
+
+    # one slot for two destinations: each pair waits for the other's transfers
+    spec = ExperimentSpec(
+        "t1", kind="stream-transfer", payload=1 << 20, count=3, warmup=0, concurrency=1
+    )
+    store.apply(lambda ledger: ledger.submit(spec, [A], [B, C], submitted_by=B, now=2.0))
+    runner = ExperimentRunner(store, A, {"stream-transfer": transfer}, poll_interval=0.01)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(runner.run())
+        while runner.runs == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    ledger = store.ledger()
+    for pid, delay in delays.items():
+        result = ledger.results[("t1", A, pid)]
+        assert result.completed == 3
+        # 1 MiB per transfer of `delay` seconds (sleeps overshoot a little, never undershoot)
+        assert 0.6 / delay < result.mib_per_second <= 1 / delay
+        # its wall-clock span also held (at least two of) the other pair's transfers
+        other = sum(delays.values()) - delay
+        assert result.seconds >= 3 * delay + 2 * other
+    report = experiment_report(ledger, "t1")
+    assert report["summary"]["aggregate_mib_per_second"] <= 6 / 0.6
+
+
 def test_the_runner_runs_each_kind_with_its_operation_and_fails_an_unknown_one() -> None:
     from chrysalis.core import Pid
     from chrysalis.node._experiments import ExperimentRunner
@@ -238,7 +280,7 @@ def test_show_reports_pairs_failures_and_an_aggregate() -> None:
     from chrysalis.node._admin import experiment_report, format_rows
 
     store = _store_with_nodes()
-    spec = ExperimentSpec("e1", count=4)
+    spec = ExperimentSpec("e1", count=4, payload=1 << 19)
     store.apply(lambda ledger: ledger.submit(spec, [A, B], [A, B, C], submitted_by=C, now=2.0))
     work = store.decide(lambda ledger: ledger.next_work(A, 3.0))
     assert work is not None
@@ -254,7 +296,9 @@ def test_show_reports_pairs_failures_and_an_aggregate() -> None:
     summary = report["summary"]
     assert (summary["pairs_ok"], summary["pairs_failed"]) == (1, 1)
     assert (summary["completed"], summary["planned"]) == (5, 16)  # 2 sources x 2 others x 4
-    assert summary["aggregate_mib_per_second"] == (1.0 * 2.0 + 0.5 * 1.0) / 2.0
+    # every completed echo's payload both ways (5 x 2 x 0.5 MiB) over the longest span (2 s),
+    # whatever the pairs' own rates say
+    assert summary["aggregate_mib_per_second"] == 5 * 2 * 0.5 / 2.0
     assert summary["p50_ms"] == {"median": 1.0, "min": 1.0, "max": 1.0}  # ok pairs only
     assert format_rows(("A", "BB"), [("xyz", ""), (1, None)]) == "A    BB\nxyz  -\n1    -"
 

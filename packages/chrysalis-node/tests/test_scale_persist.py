@@ -68,7 +68,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
             assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
             # the direct baselines of the same run, each pair's own (values sane, no timings)
             baselines = result["baselines"]
-            assert sorted(baselines) == ["chrysalis-pooled", "quic", "tcp", "udp"], result
+            assert sorted(baselines) == ["chrysalis-pooled", "quic", "tcp", "udp", "unix"], result
             for method, figures in baselines.items():
                 assert (method, figures["completed"], figures["error"]) == (method, 3, "")
                 assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
@@ -78,6 +78,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
             "quic",
             "tcp",
             "udp",
+            "unix",
         }
         assert report["summary"]["completed"] == report["summary"]["planned"] == 24
         assert [e["name"] for e in admin("0", "experiments")] == ["e1"]
@@ -90,9 +91,9 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
         (transfer,) = admin("2", "show", "t1")["results"]
         assert (transfer["status"], transfer["completed"], transfer["error"]) == ("ok", 2, "")
         assert transfer["mib_per_second"] > 0
-        assert sorted(transfer["baselines"]) == ["quic", "tcp", "udp"]
+        assert sorted(transfer["baselines"]) == ["quic", "tcp", "udp", "unix"]
         assert transfer["baselines"]["udp"]["error"].startswith("not applicable")
-        for method in ("quic", "tcp"):
+        for method in ("quic", "tcp", "unix"):
             assert transfer["baselines"][method]["completed"] == 2, transfer["baselines"]
             assert transfer["ratios"][method]["throughput"] > 0
 

@@ -181,7 +181,10 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
     summary["baseline_ratios"] = _ratio_summary(ok)
     pairs = [r for r in ledger.results.values() if r.experiment == name]
     longest = max((r.seconds for r in pairs), default=0.0)
-    moved = sum(r.mib_per_second * r.seconds for r in pairs)
+    # every completed operation's payload (both ways for an echo) over the longest wall-clock
+    # span; a pair's own MiB/s is over its busy time, so it cannot give its bytes back
+    each = report["payload"] * (2 if report["kind"] == "echo" else 1) / (1024 * 1024)
+    moved = sum(r.completed for r in pairs) * each
     summary["aggregate_mib_per_second"] = moved / longest if longest > 0 else 0.0
     report["claims"] = claims
     report["results"] = results

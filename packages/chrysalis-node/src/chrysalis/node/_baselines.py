@@ -3,19 +3,24 @@ figure so that every figure is reported as a ratio (issue 22, item 3).
 
 Every ``chrysalis scale --persist`` process runs ``baseline_servers`` next to its node, on the
 host its UDP carrier binds (loopback by default): a UDP echo socket (raw carrier datagrams:
-one datagram each way), a TCP server and a plain QUIC server (aioquic directly, the node's own
+one datagram each way), a TCP server, a Unix stream server (``AF_UNIX``/``SOCK_STREAM`` on a
+Linux abstract name: nothing is left in the file system, and only processes of the same host
+and network namespace reach it) and a plain QUIC server (aioquic directly, the node's own
 certificate and key, no Chrysalis layers: no PIDs, routing, nameserver or stream multiplexing
 of ours). A source asks a destination for their addresses over Chrysalis (``BASELINES_OP``),
 then, after its Chrysalis measurement of that pair, measures with ``measure_baselines``:
 
 - ``echo``: ``chrysalis-pooled`` (``count`` echoes on one Chrysalis stream, against the
-  experiment's fresh stream per echo), ``udp`` (one datagram each way per echo), ``tcp``
-  (``count`` echoes on one connection) and ``quic`` (one aioquic connection, a fresh stream per
-  echo, like Chrysalis' echo);
-- ``stream-transfer``: ``tcp`` (a fresh connection per transfer) and ``quic`` (a fresh stream
-  per transfer); datagrams have no stream, so ``udp`` reports why it is absent.
+  experiment's fresh stream per echo), ``udp`` (one datagram each way per echo), ``tcp`` and
+  ``unix`` (``count`` echoes on one connection) and ``quic`` (one aioquic connection, a fresh
+  stream per echo, like Chrysalis' echo);
+- ``stream-transfer``: ``tcp`` and ``unix`` (a fresh connection per transfer) and ``quic`` (a
+  fresh stream per transfer); datagrams have no stream, so ``udp`` reports why it is absent.
 
-The TCP and QUIC servers speak the worker's protocol (``chrysalis.node._scale``): first byte
+A destination on another host (or in another network namespace) has a ``unix`` address the
+source cannot reach: that method then carries the connection error, like any failed method.
+
+The TCP, Unix and QUIC servers speak the worker's protocol (``chrysalis.node._scale``): first byte
 ``ECHO_OP`` (``[len][payload]`` answered with the same), ``DELIVERY_OP`` (bytes until FIN
 answered with the count as u64 BE) or ``POOLED_ECHO_OP`` (``[len][payload]`` frames until FIN,
 each answered). Handshakes are not timed (the Chrysalis figure reuses a pooled connection too).
@@ -32,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import math
+import secrets
 import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -57,7 +63,7 @@ __all__ = [
     "serve_stream",
 ]
 
-BASELINE_METHODS: Final = ("chrysalis-pooled", "udp", "tcp", "quic")
+BASELINE_METHODS: Final = ("chrysalis-pooled", "udp", "tcp", "unix", "quic")
 """The methods a result's baselines may hold, in report order."""
 MAX_BASELINES_JSON: Final = 16 * 1024
 """Longest baselines document stored or decoded (bytes)."""
@@ -72,6 +78,7 @@ _COUNT: Final = struct.Struct(">Q")
 _CHUNK: Final = 64 * 1024
 _FILL: Final = b"\x2a" * _CHUNK
 _ALPN: Final = "chrysalis-baseline"
+_MAX_UNIX_NAME: Final = 108  # sun_path, the leading NUL included
 
 
 # -- sans-IO ------------------------------------------------------------------------------------
@@ -209,8 +216,8 @@ def frame(payload: bytes) -> bytes:
 
 
 async def serve_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """The worker's protocol on an asyncio stream pair (a TCP connection or an aioquic
-    stream); errors end the stream."""
+    """The worker's protocol on an asyncio stream pair (a TCP or Unix connection, or an
+    aioquic stream); errors end the stream."""
     try:
         first = await reader.readexactly(1)
         if first[0] == _DELIVERY_OP:
@@ -252,10 +259,12 @@ class _UdpEcho(asyncio.DatagramProtocol):
             self.transport.sendto(data, addr)
 
 
-def _server_configuration(identity: Any) -> Any:
+def _server_configuration(identity: Any, datagram_size: int | None) -> Any:
     from aioquic.quic.configuration import QuicConfiguration
 
     config = QuicConfiguration(is_client=False, alpn_protocols=[_ALPN], idle_timeout=30.0)
+    if datagram_size is not None:
+        config.max_datagram_size = datagram_size
     config.certificate = identity.chain[0]
     config.certificate_chain = list(identity.chain[1:])
     config.private_key = identity.private_key
@@ -263,15 +272,28 @@ def _server_configuration(identity: Any) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def baseline_servers(host: str, identity: Any) -> AsyncIterator[dict[str, str]]:
-    """UDP echo, TCP and plain-QUIC servers on ``host`` (ephemeral ports) while the block runs;
-    yields their addresses ``{"udp": "H:P", "tcp": "H:P", "quic": "H:P"}``. ``identity`` is a
-    ``chrysalis.quic.Identity`` (its certificate and key serve QUIC)."""
+async def baseline_servers(
+    host: str, identity: Any, *, datagram_size: int | None = None
+) -> AsyncIterator[dict[str, str]]:
+    """UDP echo, TCP, Unix stream and plain-QUIC servers on ``host`` (ephemeral ports; the Unix
+    server on a fresh abstract name) while the block runs; yields their addresses ``{"udp":
+    "H:P", "tcp": "H:P", "unix": "@NAME", "quic": "H:P"}``. ``identity`` is a
+    ``chrysalis.quic.Identity`` (its certificate and key serve QUIC). The QUIC server sends
+    datagrams of ``datagram_size`` bytes, by default those a scale node on ``host`` sends
+    (``chrysalis.node._scale_quic.datagram_size``: 16 KiB on a loopback address), so that
+    plain QUIC is measured like for like."""
     from aioquic.asyncio.server import serve
 
     loop = asyncio.get_running_loop()
     transport, _ = await loop.create_datagram_endpoint(_UdpEcho, local_addr=(host, 0))
     tcp = await asyncio.start_server(serve_stream, host, 0)
+    unix_name = f"@chrysalis-baseline-{secrets.token_hex(8)}"
+    try:
+        unix = await asyncio.start_unix_server(serve_stream, _unix_path(unix_name))
+    except BaseException:
+        transport.close()
+        tcp.close()
+        raise
     quic: Any = None
     streams: set[asyncio.Task[None]] = set()
 
@@ -282,7 +304,12 @@ async def baseline_servers(host: str, identity: Any) -> AsyncIterator[dict[str, 
 
     try:
         quic = await serve(
-            host, 0, configuration=_server_configuration(identity), stream_handler=on_stream
+            host,
+            0,
+            configuration=_server_configuration(
+                identity, datagram_size if datagram_size is not None else _host_datagrams(host)
+            ),
+            stream_handler=on_stream,
         )
         udp_port = transport.get_extra_info("sockname")[1]
         tcp_port = tcp.sockets[0].getsockname()[1]
@@ -290,11 +317,13 @@ async def baseline_servers(host: str, identity: Any) -> AsyncIterator[dict[str, 
         yield {
             "udp": f"{host}:{udp_port}",
             "tcp": f"{host}:{tcp_port}",
+            "unix": unix_name,
             "quic": f"{host}:{quic_port}",
         }
     finally:
         transport.close()
         tcp.close()
+        unix.close()
         if quic is not None:
             quic.close()
         for task in list(streams):
@@ -309,6 +338,30 @@ def _split(address: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"bad baseline address {address!r}")
     return host, int(port)
+
+
+def _host_datagrams(host: str) -> int:
+    from chrysalis.core import DatagramAddr
+    from chrysalis.node._scale_quic import datagram_size
+
+    return datagram_size(DatagramAddr.udp(host, 0))
+
+
+def _client_configuration(datagram_size: int | None) -> Any:
+    from aioquic.quic.configuration import QuicConfiguration
+
+    config = QuicConfiguration(is_client=True, alpn_protocols=[_ALPN], idle_timeout=30.0)
+    config.verify_mode = ssl.CERT_NONE
+    if datagram_size is not None:
+        config.max_datagram_size = datagram_size
+    return config
+
+
+def _unix_path(address: str) -> str:
+    """``@NAME`` (the form ``baseline_servers`` yields) as the socket's abstract address."""
+    if not address.startswith("@") or len(address.encode()) > _MAX_UNIX_NAME:
+        raise ValueError(f"bad unix baseline address {address!r}")
+    return "\0" + address[1:]
 
 
 def _payload(size: int) -> bytes:
@@ -388,8 +441,21 @@ async def _transfer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 async def _tcp(address: str, kind: str, size: int, count: int) -> MethodResult:
     host, port = _split(address)
+    return await _connection_method(lambda: asyncio.open_connection(host, port), kind, size, count)
+
+
+async def _unix(address: str, kind: str, size: int, count: int) -> MethodResult:
+    path = _unix_path(address)
+    return await _connection_method(lambda: asyncio.open_unix_connection(path), kind, size, count)
+
+
+_Opener = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+async def _connection_method(open_: _Opener, kind: str, size: int, count: int) -> MethodResult:
+    """A stream-socket method: echoes on one connection, a fresh connection per transfer."""
     if kind == "echo":
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await open_()
         payload = _payload(size)
         try:
             writer.write(bytes([POOLED_ECHO_OP]))
@@ -399,7 +465,7 @@ async def _tcp(address: str, kind: str, size: int, count: int) -> MethodResult:
             writer.close()
 
     async def fresh() -> None:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await open_()
         try:
             await _transfer(reader, writer, size)
         finally:
@@ -408,13 +474,13 @@ async def _tcp(address: str, kind: str, size: int, count: int) -> MethodResult:
     return await _timed(count, fresh, size)
 
 
-async def _quic(address: str, kind: str, size: int, count: int) -> MethodResult:
+async def _quic(
+    address: str, kind: str, size: int, count: int, datagram_size: int | None = None
+) -> MethodResult:
     from aioquic.asyncio.client import connect
-    from aioquic.quic.configuration import QuicConfiguration
 
     host, port = _split(address)
-    config = QuicConfiguration(is_client=True, alpn_protocols=[_ALPN], idle_timeout=30.0)
-    config.verify_mode = ssl.CERT_NONE
+    config = _client_configuration(datagram_size)
     payload = _payload(size)
     async with connect(host, port, configuration=config) as client:
 
@@ -445,13 +511,20 @@ async def measure_baselines(
     *,
     pooled: PooledEcho | None = None,
     timeout: float = 60.0,
+    datagram_size: int | None = None,
 ) -> dict[str, MethodResult]:
     """Each method against a destination's ``addresses`` (``baseline_servers``), one after
-    another, each bounded by ``timeout``; a method that fails carries its error."""
+    another, each bounded by ``timeout``; a method that fails carries its error. The plain
+    QUIC client sends datagrams of ``datagram_size`` bytes (aioquic's default if ``None``;
+    a source passes its node's ``max_udp_payload``, like for like)."""
     methods: dict[str, Callable[[], Awaitable[MethodResult]]] = {}
     if pooled is not None and kind == "echo":
         methods["chrysalis-pooled"] = lambda: pooled(size, count)
-    measures = {"udp": _udp, "tcp": _tcp, "quic": _quic}
+
+    async def quic(address: str, kind: str, size: int, count: int) -> MethodResult:
+        return await _quic(address, kind, size, count, datagram_size)
+
+    measures = {"udp": _udp, "tcp": _tcp, "unix": _unix, "quic": quic}
     for name, measure in measures.items():
         address = addresses.get(name)
         if address is None:

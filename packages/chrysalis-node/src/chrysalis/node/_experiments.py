@@ -16,7 +16,12 @@ the node, runs it (``warmup`` untimed operations to every destination, then ``st
 ``count`` timed operations per destination with at most ``concurrency`` in flight, each
 echo bounded by ``ECHO_TIMEOUT``, the whole by the experiment's ``timeout``) and publishes
 one result row per destination: ``ok`` with latency percentiles and payload MiB/s, or
-``failed`` with the first error and how many operations completed. The operations:
+``failed`` with the first error and how many operations completed. A pair's MiB/s is its
+payload bytes over its own busy time, the sum of its operations' times: the destinations of
+a source share its ``concurrency`` slots, and a pair's wall-clock span also holds the time
+it waited for a slot while the source served other destinations (with two destinations and
+one slot, that span made each pair look about half as fast as its transfers were). The
+row's ``seconds`` stays the pair's wall-clock span (the aggregate rate uses it). The operations:
 ``echo_once`` (kind ``echo``: ``[1][len][payload]`` on a fresh stream, the reply checked)
 and ``transfer_once`` (kind ``stream-transfer``: ``[2]``, the payload in 64 KiB writes, FIN;
 the destination answers the byte count). A claim that ends meanwhile (cancelled, or the node
@@ -80,6 +85,7 @@ __all__ = [
     "echo_once",
     "node_baselines",
     "node_experiments",
+    "pair_rate",
     "percentiles",
     "pooled_echo",
     "transfer_once",
@@ -209,8 +215,17 @@ async def node_baselines(node: Node, pid: Pid, spec: ExperimentSpec) -> str:
         spec.count,
         pooled=pooled,
         timeout=min(spec.timeout, BASELINE_TIMEOUT),
+        datagram_size=node.quic_config.max_udp_payload,
     )
     return encode_baselines(found)
+
+
+def pair_rate(latencies: Sequence[float], payload: int, kind: str) -> float:
+    """A pair's payload MiB/s over its busy time: the bytes its completed operations moved
+    (both directions for an echo) over the sum of their times (0 for none)."""
+    busy = sum(latencies)
+    moved = len(latencies) * payload * (2 if kind == "echo" else 1)
+    return moved / (1024 * 1024) / busy if busy > 0 else 0.0
 
 
 def percentiles(seconds: Sequence[float]) -> tuple[float, float, float, float, float]:
@@ -407,8 +422,7 @@ class ExperimentRunner:
     def _result(self, spec: ExperimentSpec, pid: str, record: _Progress) -> ResultRecord:
         p50, p90, p99, mean, worst = percentiles(record.latencies)
         completed = len(record.latencies)
-        moved = completed * spec.payload * (2 if spec.kind == "echo" else 1)
-        rate = moved / (1024 * 1024) / record.seconds if record.seconds > 0 else 0.0
+        rate = pair_rate(record.latencies, spec.payload, spec.kind)
         return ResultRecord(
             spec.name,
             self._pid,

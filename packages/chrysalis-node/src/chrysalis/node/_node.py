@@ -262,6 +262,11 @@ class Node:
         return self._identity.pid
 
     @property
+    def quic_config(self) -> QuicConfig:
+        """The QUIC parameters of this node's connections (``QuicConfig()`` unless given)."""
+        return self._quic_config if self._quic_config is not None else QuicConfig()
+
+    @property
     def router(self) -> Router:
         """The routing table (projected from the nameserver)."""
         return self._router

@@ -78,7 +78,8 @@ from chrysalis.node._claims import Liveness, NodeRecord
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._forkserver import ForkedProcess, ForkServer
 from chrysalis.node._node import JoinSettings, Node
-from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, QuicConfig
+from chrysalis.node._scale_quic import scale_quic_config
+from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider
 
 __all__ = [
     "BASELINES_OP",
@@ -828,9 +829,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         carrier=carrier,
         parent=parent,
         labels=_labels(placement, args.topology),
-        quic_config=QuicConfig(
-            idle_timeout=args.idle_timeout, keepalive_interval=args.idle_timeout / 4
-        ),
+        quic_config=scale_quic_config(args.idle_timeout, udp, parent.address),
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(node)
@@ -1060,10 +1059,7 @@ async def _launched(
         root_identity,
         carrier=root_carrier,
         labels=_labels(placements[0], settings.topology),
-        quic_config=QuicConfig(
-            idle_timeout=settings.idle_timeout,
-            keepalive_interval=settings.idle_timeout / 4,
-        ),
+        quic_config=scale_quic_config(settings.idle_timeout, udp),
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(root)

@@ -33,7 +33,12 @@ MIN_UDP_PAYLOAD: Final = 1200
 DEFAULT_FLOW_WINDOW: Final = 64 * 1024 * 1024
 """The reference's single flow-control window (connection and stream), 64 MiB."""
 
-_MAX_UDP_PAYLOAD: Final = 65527
+_MAX_UDP_PAYLOAD: Final = 16384
+"""Largest ``max_udp_payload`` the engines carry intact: aioquic (and the engines built on it)
+write STREAM and CRYPTO frame lengths and long-header packet lengths as 2-byte varints (at
+most 16,383), so a larger datagram can hold a frame whose length field overflows and the
+peer reads garbage (measured: "Unknown frame type" at 32 KiB, "Failed to parse frame" at
+60,000 bytes). At 16,384 bytes the headers and the AEAD tag keep every length below 16,383."""
 _MAX_WINDOW: Final = 1 << 40
 _MAX_STREAMS: Final = 1 << 24
 _MAX_COUNT: Final = 1 << 31
@@ -90,7 +95,8 @@ class QuicConfig:
 
     Attributes:
         alpn: the application protocol (``"chrysalis/1"``).
-        max_udp_payload: largest QUIC datagram sent (1,200 to 65,527; default 1,472).
+        max_udp_payload: largest QUIC datagram sent (1,200 to 16,384: the engines encode frame
+            lengths in 2-byte varints, so larger datagrams would corrupt frames; default 1,472).
         idle_timeout: seconds without traffic before a connection is dropped silently.
         connection_window: connection-level receive flow-control window in bytes. Received
             bytes that no posted receive consumed yet are bounded by it.
