@@ -286,9 +286,9 @@ def report(meta: dict[str, Any], mode: str, rounds: Sequence[Round]) -> str:
         "chrysalis.core); the 3x goal for `ls` cannot be met by importing less, only by a",
         "client that skips most of the QUIC stack or a warm process that forks the command.",
         "The agent is that warm process: with one running (`chrysalis agent start`), `ls`",
-        f"took {figures['ls_agent_seconds'] * 1000:.0f} ms: a light client (its parser and a",
-        "Unix socket) hands its arguments and streams to the agent, which forks; the fork",
-        "still does the protocol work.",
+        f"took {figures['ls_agent_seconds'] * 1000:.0f} ms: a light client (no parser, one Unix",
+        "socket) hands its arguments and streams to the agent, which forks; the fork still",
+        "does the protocol work, and the client still starts an interpreter.",
     ]
     if mode != "full":
         lines += ["", f"A {mode} run: too few rounds to trust; run without options for the table."]
