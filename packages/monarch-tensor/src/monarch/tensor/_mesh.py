@@ -23,7 +23,7 @@ from monarch.tensor._context import issued_at, pushed
 from monarch.tensor._stream import get_active_stream
 from monarch.tensor._table import DEFAULT_CAPACITY
 from monarch.tensor._tensor import Tensor, dispatch
-from monarch.tensor._worker import TensorWorker
+from monarch.tensor._worker import TensorInbox, TensorWorker
 
 __all__ = [
     "Client",
@@ -64,6 +64,17 @@ class Client:
         self.process_group: Any = None
         self.closed = False
         self.sent_batches = 0
+        self._inbox: Any = None
+
+    def ensure_inbox(self) -> Any:
+        """The ``TensorInbox`` actors of this mesh's processes (spawned on first use: tensors
+        sent here from another process mesh arrive there)."""
+        with self._lock:
+            if self._inbox is None:
+                if self.procs is None:
+                    raise RuntimeError("this mesh has no process mesh to spawn inboxes on")
+                self._inbox = self.procs.spawn("tensor_engine_inbox", TensorInbox)
+            return self._inbox
 
     def new_ref(self) -> int:
         return next(self._refs)

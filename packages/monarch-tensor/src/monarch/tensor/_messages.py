@@ -12,12 +12,16 @@ endpoint of this process's actor with the local shards and wait for its reply.
 ``("reduce", out, src, groups, reduction, scatter, shape, dtype, issued_at)``: a collective
 (``out`` None: in place) over the group
 of ``groups`` holding this worker's rank. ``("send", src, dst_rank, issued_at)`` and
-``("recv", out, src_rank, shape, dtype, issued_at)``: point-to-point (``to_mesh``).
+``("recv", out, src_rank, shape, dtype, issued_at)``: point-to-point (``to_mesh`` within one
+process mesh). ``("push", src, inbox, coords, key, issued_at)``: send ``src``'s shard to the
+``TensorInbox`` actor at ``coords`` of the actor mesh ``inbox`` (another process mesh) under
+``key``; ``("take", out, key, shape, dtype, issued_at)``: wait for ``key`` in this process's
+inbox and keep it as ``out`` (``to_mesh`` between process meshes).
 """
 
 from __future__ import annotations
 
-__all__ = ["CALL", "DEL", "OP", "RECV", "REDUCE", "RREF", "SEND", "Ref"]
+__all__ = ["CALL", "DEL", "OP", "PUSH", "RECV", "REDUCE", "RREF", "SEND", "TAKE", "Ref"]
 
 OP = "op"
 CALL = "call"
@@ -26,6 +30,8 @@ DEL = "del"
 REDUCE = "reduce"
 SEND = "send"
 RECV = "recv"
+PUSH = "push"
+TAKE = "take"
 
 
 class Ref(int):

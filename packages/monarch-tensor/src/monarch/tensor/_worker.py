@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +20,7 @@ from monarch.tensor import _dist
 from monarch.tensor import _messages as m
 from monarch.tensor._table import DEFAULT_CAPACITY, Failure, TensorTable
 
-__all__ = ["TensorWorker", "resolve_function", "resolve_operator"]
+__all__ = ["TensorInbox", "TensorWorker", "resolve_function", "resolve_operator"]
 
 _log = logging.getLogger("monarch.tensor.worker")
 
@@ -30,6 +32,11 @@ MAX_LOGGED_FAILURES = 20
 
 #: How long a tensor worker waits for the local actor of an ``rref`` call.
 RREF_TIMEOUT_S = 300.0
+
+#: Shards from other process meshes an inbox holds at most before a sender waits.
+MAX_INBOX = 256
+#: How long a transfer between process meshes waits (for the shard; for room in the inbox).
+TRANSFER_TIMEOUT_S = 120.0
 
 _operators: dict[str, Any] = {}
 
@@ -68,6 +75,48 @@ _point: dict[str, int] = {}
 def coordinate(dim: str, chosen: tuple[int, ...]) -> torch.Tensor:
     """This process's index along ``dim`` among the coordinates ``chosen`` (``DeviceMesh.rank``)."""
     return torch.tensor(chosen.index(_point[dim]), dtype=torch.long)
+
+
+class _Inbox:
+    """Shards sent to this process from another process mesh (``to_mesh``), by key; bounded."""
+
+    def __init__(self, capacity: int) -> None:
+        self._values: dict[str, Any] = {}
+        self._capacity = capacity
+        self._cond = threading.Condition()
+
+    def put(self, key: str, value: Any, timeout_s: float) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._values) < self._capacity, timeout_s):
+                raise RuntimeError(
+                    f"the tensor inbox stayed full ({self._capacity} shards nobody took) for "
+                    f"{timeout_s:.0f} s"
+                )
+            self._values[key] = value
+            self._cond.notify_all()
+
+    def take(self, key: str, timeout_s: float) -> Any:
+        with self._cond:
+            if not self._cond.wait_for(lambda: key in self._values, timeout_s):
+                raise TimeoutError(
+                    f"no shard arrived from the source mesh within {timeout_s:.0f} s "
+                    f"(transfer {key})"
+                )
+            value = self._values.pop(key)
+            self._cond.notify_all()
+            return value
+
+
+_inbox = _Inbox(MAX_INBOX)
+
+
+class TensorInbox(Actor):
+    """Receives shards sent from another process mesh's workers (its own actor, so a delivery
+    is taken while this process's ``TensorWorker`` waits for it)."""
+
+    @endpoint
+    def deliver(self, key: str, value: Any) -> None:
+        _inbox.put(key, value, TRANSFER_TIMEOUT_S)
 
 
 def _refs_in(tree: Any) -> list[int]:
@@ -171,6 +220,10 @@ class TensorWorker(Actor):
             self._send(command)
         elif kind == m.RECV:
             self._recv(command)
+        elif kind == m.PUSH:
+            self._push(command)
+        elif kind == m.TAKE:
+            self._take(command)
         else:
             raise ValueError(f"unknown tensor engine command {kind!r}")
 
@@ -187,7 +240,7 @@ class TensorWorker(Actor):
             refs = [r for r in command[1] if r is not None] + list(command[2])
             name = _command_name(kind, command[3])
             issued_at = command[6]
-        elif kind in (m.REDUCE, m.RECV):
+        elif kind in (m.REDUCE, m.RECV, m.TAKE):
             issued_at = command[-1]
             if command[1] is not None:
                 refs = [command[1]]
@@ -321,6 +374,27 @@ class TensorWorker(Actor):
         tensor = torch.empty(shape, dtype=dtype)
         dist.recv(tensor, src_rank)
         self.table.put(out, tensor)
+
+    def _push(self, command: tuple[Any, ...]) -> None:
+        _, src, inbox, coords, key, _issued_at = command
+        value = self.table.get(src)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().clone()
+        inbox.slice(**coords).deliver.broadcast(key, value)  # a Failure travels as itself
+
+    def _take(self, command: tuple[Any, ...]) -> None:
+        _, out, key, shape, dtype, _issued_at = command
+        started = time.monotonic()
+        value = _inbox.take(key, TRANSFER_TIMEOUT_S)
+        if isinstance(value, torch.Tensor) and (
+            tuple(value.shape) != shape or value.dtype != dtype
+        ):
+            raise RuntimeError(
+                f"to_mesh: the shard arrived as {tuple(value.shape)} {value.dtype}, expected "
+                f"{shape} {dtype}"
+            )
+        _log.debug("rank %d took %s after %.3f s", self.rank, key, time.monotonic() - started)
+        self.table.put(out, value)
 
     def _finish_sends(self) -> None:
         while self._sends:
