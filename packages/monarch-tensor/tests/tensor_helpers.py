@@ -63,3 +63,18 @@ def pid_of(x: torch.Tensor) -> torch.Tensor:
     import os
 
     return torch.tensor(os.getpid())
+
+
+#: Calls of ``data_dependent`` in this process.
+calls = {"data_dependent": 0}
+
+
+def data_dependent(x: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """An output whose shape depends on the values (cannot run on meta tensors), and a string."""
+    calls["data_dependent"] += 1
+    n = int(x.sum().item())
+    return torch.arange(n, dtype=torch.int32), f"rank {current_rank().rank}"
+
+
+def calls_of(name: str) -> int:
+    return calls[name]

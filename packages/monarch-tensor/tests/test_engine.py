@@ -34,7 +34,7 @@ from monarch.tensor._table import Failure
 from monarch.tensor._worker import MAX_LOGGED_FAILURES, TensorWorker
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
-from tensor_helpers import Scaler, expected_shard, explode, pair, shard_data
+from tensor_helpers import Scaler, data_dependent, expected_shard, explode, pair, shard_data
 
 T = 60.0
 N = 2
@@ -457,3 +457,57 @@ def test_grad_generator_yields_each_gradient_in_order(active: Any) -> None:
         assert close(total, lambda: want_total, gpus=rank)
     with pytest.raises(ValueError, match="at least one root"):
         grad_generator((), [w])
+
+
+def test_propagate_cached_runs_once_on_the_first_process_per_input(active: Any) -> None:
+    counted = remote("tensor_helpers.calls_of", propagate="inspect")
+    before = [
+        call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": g}).get(timeout=T)
+        for g in (0, 1)
+    ]
+    f = remote(data_dependent, propagate="cached")
+    x = torch.ones(3) * 2  # each shard sums to 6
+    first, label = f(x)
+    again, label2 = f(x)  # the same input shape: no second run for shapes
+    assert dist(first).shape == (6,)
+    assert first.dtype == torch.int32
+    assert label == label2 == "rank 0"  # non-tensor outputs come from the first process
+    after = [
+        call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": g}).get(timeout=T)
+        for g in (0, 1)
+    ]
+    assert after[0] - before[0] == 3  # the propagation run, then both calls
+    assert after[1] - before[1] == 2
+    assert close(again, lambda: torch.arange(6, dtype=torch.int32), gpus=1)
+    other, _ = f(torch.ones(2))  # a new input shape: propagated again
+    assert dist(other).shape == (2,)
+    with pytest.raises(RuntimeError, match='propagate="cached"'):
+        remote(data_dependent)(x)  # no propagator: runs on meta tensors and cannot
+
+
+def test_propagate_cached_failure_is_raised_at_the_call(active: Any) -> None:
+    with pytest.raises(RemoteException, match="exploded on purpose"):
+        remote(explode, propagate="cached")(torch.ones(2))
+
+
+def test_propagate_inspect_keeps_nothing_and_mocked_or_unknown_fail_as_the_reference(
+    active: Any,
+) -> None:
+    x = torch.ones(2)
+    counted = remote("tensor_helpers.calls_of", propagate="inspect")
+    before = call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": 1}).get(timeout=T)
+    assert remote(data_dependent, propagate="inspect")(x) is None  # still runs everywhere
+    after = call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": 1}).get(timeout=T)
+    assert after == before + 1
+    assert call_on_shard_and_fetch(remote("torch.neg", propagate="inspect"), x).get(
+        timeout=T
+    ).tolist() == [-1.0, -1.0]
+    for propagate, error, text in (
+        ("mocked", NotImplementedError, "mocked propagation"),
+        ("bogus", TypeError, "'str' object is not callable"),
+        (3, TypeError, "'int' object is not callable"),
+    ):
+        with pytest.raises(error, match=text):
+            remote("torch.neg", propagate=propagate)(x)
+        with pytest.raises(error, match=text):
+            call_on_shard_and_fetch(remote("torch.neg", propagate=propagate), x)

@@ -41,6 +41,9 @@ def call_on_shard_and_fetch(
     of the mesh of its tensor arguments (else the active mesh), in order after everything
     issued before, and return what it returns."""
     target = getattr(remote, "target", remote)
+    check = getattr(remote, "check_fetchable", None)
+    if check is not None:
+        check()
     mesh = mesh_of(tree_flatten((args, kwargs))[0]) or active_mesh()
     if mesh is None:
         raise RuntimeError("call_on_shard_and_fetch needs an active mesh or distributed tensors")

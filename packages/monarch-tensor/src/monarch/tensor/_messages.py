@@ -3,7 +3,8 @@ to pickle). Tensors inside arguments are replaced by :class:`Ref`.
 
 ``("op", outs, mutated, name, args, kwargs, issued_at)``: run the torch operator ``name``
 (``aten::add.Tensor``); ``outs`` names each output leaf (``None``: not kept, e.g. the input an
-in-place op returns); ``mutated`` are the input refs it writes (failed with it).
+in-place op returns; ``outs`` itself ``None``: nothing of the result is kept); ``mutated``
+are the input refs it writes (failed with it).
 ``("call", outs, mutated, fn, args, kwargs, issued_at)``: a ``remote`` function (callable or
 ``"module.path"``).
 ``("rref", outs, mutated, (actor_mesh, endpoint), args, kwargs, issued_at)``: call the

@@ -9,6 +9,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,14 @@ from monarch.tensor import _dist
 from monarch.tensor import _messages as m
 from monarch.tensor._table import DEFAULT_CAPACITY, Failure, TensorTable
 
-__all__ = ["TensorInbox", "TensorWorker", "resolve_function", "resolve_operator"]
+__all__ = [
+    "TensorInbox",
+    "TensorSpec",
+    "TensorWorker",
+    "propagate_on_shard",
+    "resolve_function",
+    "resolve_operator",
+]
 
 _log = logging.getLogger("monarch.tensor.worker")
 
@@ -117,6 +125,25 @@ class TensorInbox(Actor):
     @endpoint
     def deliver(self, key: str, value: Any) -> None:
         _inbox.put(key, value, TRANSFER_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's shape and dtype (what ``propagate="cached"`` brings back to the client)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def propagate_on_shard(target: Callable[..., Any] | str, args: Any, kwargs: Any) -> Any:
+    """Run ``target`` on this process's shards and return its result with every tensor
+    replaced by its :class:`TensorSpec` (``remote(..., propagate="cached")``)."""
+    function = resolve_function(target) if isinstance(target, str) else target
+    result = function(*args, **kwargs)
+    return tree_map(
+        lambda v: TensorSpec(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v,
+        result,
+    )
 
 
 def _refs_in(tree: Any) -> list[int]:
@@ -237,7 +264,7 @@ class TensorWorker(Actor):
         name = kind
         issued_at = ""
         if kind in (m.OP, m.CALL, m.RREF):
-            refs = [r for r in command[1] if r is not None] + list(command[2])
+            refs = [r for r in command[1] or () if r is not None] + list(command[2])
             name = _command_name(kind, command[3])
             issued_at = command[6]
         elif kind in (m.REDUCE, m.RECV, m.TAKE):
@@ -256,7 +283,7 @@ class TensorWorker(Actor):
         name = _command_name(kind, target)
         failure = self.table.first_failure(_refs_in((args, kwargs)))
         if failure is not None:
-            self._fail([r for r in outs if r is not None] + list(mutated), failure)
+            self._fail([r for r in outs or () if r is not None] + list(mutated), failure)
             return
         try:
             if kind == m.OP:
@@ -270,7 +297,9 @@ class TensorWorker(Actor):
         except Exception:
             failure = Failure(name, issued_at, traceback.format_exc(), self.rank)
             self._note_failure(failure)
-            self._fail([r for r in outs if r is not None] + list(mutated), failure)
+            self._fail([r for r in outs or () if r is not None] + list(mutated), failure)
+            return
+        if outs is None:  # propagate="inspect": the client keeps nothing of the result
             return
         leaves = tree_flatten(result)[0]
         if len(leaves) != len(outs):
