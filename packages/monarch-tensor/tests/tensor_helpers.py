@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 
 from monarch.actor import Actor, current_rank, endpoint
@@ -78,3 +81,25 @@ def data_dependent(x: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 def calls_of(name: str) -> int:
     return calls[name]
+
+
+#: A flag one stream raises and another waits for (``test_streams``).
+_flag = threading.Event()
+
+
+def wait_for_flag(x: torch.Tensor) -> torch.Tensor:
+    """``x + 1`` once another stream raised the flag (``x`` itself after 20 s without it)."""
+    raised = _flag.wait(20.0)
+    _flag.clear()
+    return x + 1 if raised else x
+
+
+def raise_flag(x: torch.Tensor) -> torch.Tensor:
+    _flag.set()
+    return x
+
+
+def slow_fill(x: torch.Tensor, value: float) -> torch.Tensor:
+    """``x`` filled with ``value`` in place, slowly (another stream must wait for it)."""
+    time.sleep(0.3)
+    return x.fill_(value)

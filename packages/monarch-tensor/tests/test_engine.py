@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import monarch
+import monarch.tensor._mesh
 from monarch.actor import ProcMesh, this_host
 from monarch.config import configured
 from monarch.tensor import (
@@ -34,7 +35,17 @@ from monarch.tensor._table import Failure
 from monarch.tensor._worker import MAX_LOGGED_FAILURES, TensorWorker
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
-from tensor_helpers import Scaler, data_dependent, expected_shard, explode, pair, shard_data
+from tensor_helpers import (
+    Scaler,
+    data_dependent,
+    expected_shard,
+    explode,
+    pair,
+    raise_flag,
+    shard_data,
+    slow_fill,
+    wait_for_flag,
+)
 
 T = 60.0
 N = 2
@@ -511,3 +522,84 @@ def test_propagate_inspect_keeps_nothing_and_mocked_or_unknown_fail_as_the_refer
             remote("torch.neg", propagate=propagate)(x)
         with pytest.raises(error, match=text):
             call_on_shard_and_fetch(remote("torch.neg", propagate=propagate), x)
+
+
+def test_streams_overlap_on_the_workers(active: Any) -> None:
+    other = Stream("overlap")
+    x = torch.zeros(2)
+    with other.activate():
+        waited = remote(wait_for_flag, propagate=lambda x: x)(torch.zeros(2))  # blocks its stream
+    remote(raise_flag, propagate=lambda x: x)(x)  # main, issued later: runs meanwhile
+    for rank in range(N):  # one order for all streams would wait 20 s and leave zeros
+        assert close(waited, lambda: torch.ones(2), gpus=rank)
+
+
+def test_a_borrow_waits_for_the_lenders_work(active: Any) -> None:
+    other = Stream("borrower")
+    filled = remote(slow_fill, propagate=lambda x, v: x)(torch.zeros(3), 5.0)  # 0.3 s on main
+    with other.activate():
+        borrowed, borrow = other.borrow(filled)
+        doubled = borrowed * 2  # on the other stream: after the fill
+    borrow.drop()
+    borrow.drop()  # again: nothing
+    for rank in range(N):
+        assert close(doubled, lambda: torch.full((3,), 10.0), gpus=rank)
+
+
+def test_a_drop_makes_the_lenders_later_work_wait_for_the_borrower(active: Any) -> None:
+    other = Stream("mutator")
+    z = dist(torch.zeros(3))
+    with other.activate():
+        lent, borrow = other.borrow(z, mutable=True)
+        remote(slow_fill, propagate=lambda x, v: x)(lent, 7.0)  # 0.3 s, writes z's storage
+    borrow.drop()
+    after = z + 1  # main, after the drop: sees the borrower's write
+    for rank in range(N):
+        assert close(after, lambda: torch.full((3,), 8.0), gpus=rank)
+
+
+def test_collectives_of_different_streams_run_in_issued_order(active: Any) -> None:
+    other = Stream("collective")
+    results = []
+    for i in range(4):
+        with other.activate():
+            results.append(dist(torch.ones(2) * i).reduce("gpus", "sum"))
+        results.append(dist(torch.ones(2) * (10 + i)).reduce("gpus", "sum"))
+    for rank in range(N):
+        got = [fetch_shard(r, gpus=rank).get(timeout=T) for r in results]
+        with no_mesh.activate():
+            want = [torch.full((2,), 2.0 * v) for i in range(4) for v in (i, 10 + i)]
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_to_mesh_onto_another_stream_waits_for_the_source(active: Any) -> None:
+    other = Stream("destination")
+    filled = remote(slow_fill, propagate=lambda x, v: x)(torch.zeros(2), 3.0)
+    copied = to_mesh(filled, active, stream=other)
+    assert copied.stream is other
+    with other.activate():
+        plus = copied + 1
+    assert close(plus, lambda: torch.full((2,), 4.0), gpus=1)
+
+
+def test_a_mesh_refuses_more_streams_than_its_workers_run(
+    active: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.ones(1)  # the main stream is known
+    monkeypatch.setattr(monarch.tensor._mesh, "MAX_STREAMS", len(active.client._streams))
+    with Stream("one too many").activate(), pytest.raises(RuntimeError, match="at most"):
+        torch.ones(1)
+
+
+def test_tensors_made_under_an_active_mesh_carry_plain_meta_fakes(active: Any) -> None:
+    x = dist(torch.ones(4))
+    made = [
+        x.reduce("gpus", "sum"),
+        active.rank("gpus"),
+        to_mesh(x, active),
+        remote(pair, propagate=lambda x: (torch.zeros(4), torch.zeros(())))(x)[0],
+        remote(data_dependent, propagate="cached")(x)[0],
+    ]
+    for t in made:
+        assert type(t._fake) is torch.Tensor  # not a distributed tensor (would send ops)
+        assert t._fake.device.type == "meta"

@@ -20,10 +20,10 @@ from monarch.actor import ProcMesh
 from monarch.tensor import _dist
 from monarch.tensor import _messages as m
 from monarch.tensor._context import issued_at, pushed
-from monarch.tensor._stream import get_active_stream
+from monarch.tensor._stream import get_active_stream, stream_id
 from monarch.tensor._table import DEFAULT_CAPACITY
-from monarch.tensor._tensor import Tensor, dispatch
-from monarch.tensor._worker import TensorInbox, TensorWorker
+from monarch.tensor._tensor import Tensor, dispatch, meta_empty
+from monarch.tensor._worker import MAX_STREAMS, TensorInbox, TensorWorker
 
 __all__ = [
     "Client",
@@ -55,10 +55,12 @@ class Client:
         self.sizes = tuple(sizes)
         self.world = math.prod(self.sizes)
         self._refs = itertools.count(1)
-        self._pending: list[tuple[frozenset[int] | None, tuple[Any, ...]]] = []
-        #: refs freed by the garbage collector (any thread), sent with the next batch.
-        self._freed: collections.deque[int] = collections.deque()
+        self._events = itertools.count(1)
+        self._pending: list[tuple[frozenset[int] | None, int, tuple[Any, ...]]] = []
+        #: (ref, stream id) freed by the garbage collector (any thread), sent with the next batch.
+        self._freed: collections.deque[tuple[int, int]] = collections.deque()
         self._lock = threading.Lock()
+        self._streams: set[int] = set()
         self._pg_ready = False
         #: The ``monarch.spmd.MeshProcessGroup`` made for this mesh (``None``: not made here).
         self.process_group: Any = None
@@ -79,24 +81,47 @@ class Client:
     def new_ref(self) -> int:
         return next(self._refs)
 
-    def free(self, ref: int) -> None:
-        """A client tensor was dropped: free its value on the workers (next batch)."""
-        self._freed.append(ref)
+    def free(self, ref: int, stream: int = 0) -> None:
+        """A client tensor was dropped: free its value on the workers (next batch, on the
+        stream it belongs to, after the work issued there before)."""
+        self._freed.append((ref, stream))
 
-    def send(self, ranks: frozenset[int] | None, command: tuple[Any, ...]) -> None:
+    def send(
+        self, ranks: frozenset[int] | None, command: tuple[Any, ...], stream: Any = None
+    ) -> None:
+        """Queue ``command`` for the workers of ``ranks`` (``None``: all) on ``stream``
+        (``None``: the active stream)."""
+        sid = stream_id(get_active_stream() if stream is None else stream)
         with self._lock:
+            if sid not in self._streams:
+                if len(self._streams) >= MAX_STREAMS:
+                    raise RuntimeError(
+                        f"a mesh runs at most {MAX_STREAMS} streams (workers keep a thread each)"
+                    )
+                self._streams.add(sid)
             self._take_freed()
-            self._pending.append((ranks, command))
+            self._pending.append((ranks, sid, command))
             full = len(self._pending) >= MAX_BATCH
         if full:
             self.flush()
 
+    def sync(self, ranks: frozenset[int] | None, before: Any, after: Any) -> None:
+        """Work issued on stream ``after`` from now on runs, on ``ranks``, only once stream
+        ``before`` ran the work issued on it so far."""
+        if stream_id(before) == stream_id(after):
+            return
+        event = next(self._events)
+        self.send(ranks, (m.SIGNAL, event), before)
+        self.send(ranks, (m.WAIT, event), after)
+
     def _take_freed(self) -> None:
         if self._freed:
-            refs = []
+            by_stream: dict[int, list[int]] = {}
             while self._freed:
-                refs.append(self._freed.popleft())
-            self._pending.append((None, (m.DEL, tuple(refs))))
+                ref, sid = self._freed.popleft()
+                by_stream.setdefault(sid, []).append(ref)
+            for sid, refs in by_stream.items():
+                self._pending.append((None, sid, (m.DEL, tuple(refs))))
 
     def flush(self) -> None:
         """Send what is pending (one message to every worker)."""
@@ -253,7 +278,7 @@ class DeviceMesh:
                 self.rank_set,
                 (m.CALL, (ref,), (), RANK_FUNCTION, (dims, chosen), {}, issued_at()),
             )
-            fake = torch.empty((), dtype=torch.long, device="meta")
+            fake = meta_empty((), torch.long)
             return Tensor(fake, self, ref, get_active_stream())
         combined: Any = None
         for dim in dims:

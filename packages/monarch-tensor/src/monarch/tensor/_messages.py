@@ -18,11 +18,29 @@ process mesh). ``("push", src, inbox, coords, key, issued_at)``: send ``src``'s 
 ``TensorInbox`` actor at ``coords`` of the actor mesh ``inbox`` (another process mesh) under
 ``key``; ``("take", out, key, shape, dtype, issued_at)``: wait for ``key`` in this process's
 inbox and keep it as ``out`` (``to_mesh`` between process meshes).
+``("signal", event)`` and ``("wait", event)``: the stream running ``wait`` goes on only after
+the one running ``signal`` reached it (borrows, ``to_mesh`` onto another stream).
+
+A batch is a list of ``(ranks, stream, command)``: ``ranks`` the root ranks it is for
+(``None``: all), ``stream`` the id of the :class:`Stream` it runs on (``0``: main).
 """
 
 from __future__ import annotations
 
-__all__ = ["CALL", "DEL", "OP", "PUSH", "RECV", "REDUCE", "RREF", "SEND", "TAKE", "Ref"]
+__all__ = [
+    "CALL",
+    "DEL",
+    "OP",
+    "PUSH",
+    "RECV",
+    "REDUCE",
+    "RREF",
+    "SEND",
+    "SIGNAL",
+    "TAKE",
+    "WAIT",
+    "Ref",
+]
 
 OP = "op"
 CALL = "call"
@@ -33,6 +51,8 @@ SEND = "send"
 RECV = "recv"
 PUSH = "push"
 TAKE = "take"
+SIGNAL = "signal"
+WAIT = "wait"
 
 
 class Ref(int):

@@ -15,14 +15,13 @@ import secrets
 import warnings
 from typing import Any
 
-import torch
 from torch.utils._pytree import tree_map
 
 from monarch.actor import ProcMesh
 from monarch.tensor import _messages as m
 from monarch.tensor._context import issued_at
 from monarch.tensor._mesh import DeviceMesh, device_mesh_of
-from monarch.tensor._tensor import Tensor
+from monarch.tensor._tensor import Tensor, meta_empty
 
 __all__ = ["slice_mesh", "to_mesh"]
 
@@ -38,6 +37,7 @@ def _alias_on(t: Tensor, mesh: DeviceMesh) -> Tensor:
     client.send(
         mesh.rank_set,
         (m.OP, (ref,), (), "aten::alias", (m.Ref(t._ref),), {}, issued_at()),
+        t._stream,
     )
     return Tensor(t._fake, mesh, ref, t._stream)
 
@@ -91,35 +91,44 @@ def to_mesh(tensors: Any, mesh: DeviceMesh | ProcMesh, stream: Any = None) -> An
         if not isinstance(t, Tensor):
             return t
         pairs = placement(t._mesh, target)
-        fake = torch.empty(tuple(t._fake.shape), dtype=t._fake.dtype, device="meta")
+        fake = meta_empty(t._fake.shape, t._fake.dtype)
         out = target.client.new_ref()
         where = issued_at()
+        onto = t._stream if stream is None else stream
         if t._mesh.client is target.client:
-            _within(t, target.client, pairs, out, where)
+            _within(t, target.client, pairs, out, where, onto)
         else:
-            _between(t, target, pairs, out, where)
-        return Tensor(fake, target, out, t._stream if stream is None else stream)
+            _between(t, target, pairs, out, where, onto)
+        return Tensor(fake, target, out, onto)
 
     return tree_map(one, tensors)
 
 
-def _within(t: Tensor, client: Any, pairs: list[tuple[int, int]], out: int, where: str) -> None:
-    """Point-to-point over the process group of the one process mesh."""
+def _within(
+    t: Tensor, client: Any, pairs: list[tuple[int, int]], out: int, where: str, onto: Any
+) -> None:
+    """Point-to-point over the process group of the one process mesh: sent on ``t``'s stream,
+    received on ``onto`` (a copy on the same process: on ``onto``, after ``t``'s stream)."""
     if any(a != b for a, b in pairs):
         client.ensure_process_group()
     shape, dtype = tuple(t._fake.shape), t._fake.dtype
+    copies = frozenset(a for a, b in pairs if a == b)
+    if copies:
+        client.sync(copies, t._stream, onto)
     for a, b in pairs:
         if a == b:
             client.send(
-                frozenset({a}), (m.OP, (out,), (), "aten::clone", (m.Ref(t._ref),), {}, where)
+                frozenset({a}),
+                (m.OP, (out,), (), "aten::clone", (m.Ref(t._ref),), {}, where),
+                onto,
             )
         else:
-            client.send(frozenset({a}), (m.SEND, t._ref, b, where))
-            client.send(frozenset({b}), (m.RECV, out, a, shape, dtype, where))
+            client.send(frozenset({a}), (m.SEND, t._ref, b, where), t._stream)
+            client.send(frozenset({b}), (m.RECV, out, a, shape, dtype, where), onto)
 
 
 def _between(
-    t: Tensor, target: DeviceMesh, pairs: list[tuple[int, int]], out: int, where: str
+    t: Tensor, target: DeviceMesh, pairs: list[tuple[int, int]], out: int, where: str, onto: Any
 ) -> None:
     """Actor messages from the source workers to the destination processes' inboxes; the
     source's batch is sent at once, so the destination never waits on an unsent command."""
@@ -130,8 +139,8 @@ def _between(
     for a, b in pairs:
         key = f"{_TOKEN}:{next(_transfers)}"
         coords = dict(zip(labels, _coordinates(b, target.client.sizes), strict=True))
-        source.send(frozenset({a}), (m.PUSH, t._ref, inbox, coords, key, where))
-        target.client.send(frozenset({b}), (m.TAKE, out, key, shape, dtype, where))
+        source.send(frozenset({a}), (m.PUSH, t._ref, inbox, coords, key, where), t._stream)
+        target.client.send(frozenset({b}), (m.TAKE, out, key, shape, dtype, where), onto)
     source.flush()
 
 

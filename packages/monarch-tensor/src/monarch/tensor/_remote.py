@@ -23,7 +23,7 @@ from monarch.tensor._errors import RemoteException
 from monarch.tensor._mesh import ANSWER_TIMEOUT_S, DeviceMesh
 from monarch.tensor._stream import get_active_stream
 from monarch.tensor._table import Failure
-from monarch.tensor._tensor import Tensor, mesh_of, to_message, to_meta
+from monarch.tensor._tensor import Tensor, mesh_of, meta_empty, streams_of, to_message, to_meta
 from monarch.tensor._worker import TensorSpec, resolve_function
 
 __all__ = ["PROPAGATORS", "Remote", "check_propagate", "remote"]
@@ -77,9 +77,9 @@ class Remote:
         return f"remote({self.__name__})"
 
     def _on_meta(self, args: Any, kwargs: Any) -> Any:
-        meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
         shaper = self.propagate if callable(self.propagate) else self._local()
         with no_mesh.activate():
+            meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
             try:
                 return shaper(*meta_args, **meta_kwargs)
             except Exception as exc:
@@ -100,7 +100,11 @@ class Remote:
             workers = mesh.workers.slice(**first) if first else mesh.workers
             message = tree_map(to_message, (args, kwargs))
             answer = workers.call_and_fetch.call_one(
-                PROPAGATE_FUNCTION, (self.target, *message), {}, issued_at()
+                PROPAGATE_FUNCTION,
+                (self.target, *message),
+                {},
+                issued_at(),
+                streams_of(leaves, get_active_stream()),
             )
             with no_mesh.activate():
                 status, found = answer.get(timeout=ANSWER_TIMEOUT_S)
@@ -111,11 +115,7 @@ class Remote:
                 self._cache.clear()
             self._cache[key] = found
         return tree_map(
-            lambda v: (
-                torch.empty(v.shape, dtype=v.dtype, device="meta")
-                if isinstance(v, TensorSpec)
-                else v
-            ),
+            lambda v: meta_empty(v.shape, v.dtype) if isinstance(v, TensorSpec) else v,
             found,
         )
 
@@ -134,6 +134,7 @@ class Remote:
             client.send(
                 mesh.rank_set,
                 (m.CALL, None, (), self.target, message_args, message_kwargs, issued_at()),
+                get_active_stream(),
             )
             return None
         if self.propagate == "cached":
@@ -147,7 +148,7 @@ class Remote:
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 ref = client.new_ref()
-                fake = leaf if leaf.device.type == "meta" else leaf.detach().to("meta")
+                fake = leaf if leaf.device.type == "meta" else meta_empty(leaf.shape, leaf.dtype)
                 outs.append(ref)
                 wrapped.append(Tensor(fake, mesh, ref, stream))
             else:
@@ -156,6 +157,7 @@ class Remote:
         client.send(
             mesh.rank_set,
             (m.CALL, tuple(outs), (), self.target, message_args, message_kwargs, issued_at()),
+            stream,
         )
         return tree_unflatten(wrapped, spec)
 

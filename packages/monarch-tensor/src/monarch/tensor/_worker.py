@@ -1,10 +1,22 @@
 """The tensor worker: one actor per process of an activated mesh, running the client's commands
-in order on a table of local tensors."""
+on a table of local tensors.
+
+Each stream is an ordering domain: ``run`` hands every command to its stream's thread (a
+bounded queue each; ``run`` waits for room), which runs them in the order issued, while
+different streams' commands overlap. Streams meet only where the client says so: ``signal`` on
+one stream and ``wait`` on another (a borrow: the borrowing stream waits for the lender's work
+issued before it; a drop: the lender's later work waits for the borrower's work issued before
+the drop). Collectives and point-to-point transfers (``reduce``, ``send``, ``recv``) run one at a
+time in the order issued, whatever their streams (every process of a group must run them in the
+same order). Every wait is for work issued earlier, so the order of issue rules out deadlock.
+A fetch waits for the streams of what it reads, up to the commands issued before it."""
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -45,6 +57,18 @@ RREF_TIMEOUT_S = 300.0
 MAX_INBOX = 256
 #: How long a transfer between process meshes waits (for the shard; for room in the inbox).
 TRANSFER_TIMEOUT_S = 120.0
+
+#: Streams a worker runs at most (one thread each).
+MAX_STREAMS = 64
+#: Commands queued on one stream at most before ``run`` waits for room.
+MAX_QUEUED = 4096
+#: Cross-stream events a worker holds at most (signalled, not yet waited for).
+MAX_EVENTS = 65_536
+#: How long a stream waits for another stream's ``signal`` before it fails the wait.
+EVENT_TIMEOUT_S = 600.0
+
+#: Commands that run one at a time in issued order across all streams (collectives).
+_NETWORK = frozenset({m.REDUCE, m.SEND, m.RECV})
 
 _operators: dict[str, Any] = {}
 
@@ -161,25 +185,105 @@ class TensorWorker(Actor):
         self.rank = current_rank().rank
         torch.seed()  # workers forked from one image would otherwise draw the same numbers
         self._sends: list[tuple[Any, Any]] = []
+        self._sends_lock = threading.Lock()
         self.failures = 0
+        self._queues: dict[int, queue.Queue[tuple[tuple[Any, ...], int | None]]] = {}
+        #: Guards the counts below: commands handed to each stream, finished by each, network
+        #: tickets handed out and finished; waited on by fetches and by the ticket turnstile.
+        self._progress = threading.Condition()
+        self._issued: dict[int, int] = {}
+        self._done: dict[int, int] = {}
+        self._tickets = 0
+        self._turn = 0
+        self._events: dict[int, threading.Event] = {}
+        self._events_lock = threading.Lock()
 
     # -- endpoints -----------------------------------------------------------------------------
     @endpoint
-    def run(self, batch: list[tuple[frozenset[int] | None, tuple[Any, ...]]]) -> None:
-        """Execute ``batch`` in order: each command with the ranks it is for (``None``: all)."""
-        for ranks, command in batch:
+    def run(self, batch: list[tuple[frozenset[int] | None, int, tuple[Any, ...]]]) -> None:
+        """Hand ``batch`` to the streams in order: each command with the ranks it is for
+        (``None``: all) and its stream."""
+        for ranks, stream, command in batch:
             if ranks is not None and self.rank not in ranks:
                 continue
             try:
+                commands = self._queue(stream)
+            except RuntimeError:
+                _log.exception("tensor worker rank %d: command %s failed", self.rank, command[0])
+                self._fail_outputs(command, traceback.format_exc())
+                continue
+            ticket = None
+            with self._progress:
+                if command[0] in _NETWORK:
+                    ticket = self._tickets
+                    self._tickets += 1
+                self._issued[stream] = self._issued.get(stream, 0) + 1
+            commands.put((command, ticket))  # waits while the stream's queue is full
+
+    def _queue(self, stream: int) -> queue.Queue[tuple[tuple[Any, ...], int | None]]:
+        found = self._queues.get(stream)
+        if found is None:
+            if len(self._queues) >= MAX_STREAMS:
+                raise RuntimeError(f"a tensor worker runs at most {MAX_STREAMS} streams")
+            found = queue.Queue(maxsize=MAX_QUEUED)
+            self._queues[stream] = found
+            # The actor's context (current_rank(), the sender of rref calls) for its thread.
+            context = contextvars.copy_context()
+            threading.Thread(
+                target=context.run,
+                args=(self._stream_loop, stream, found),
+                name=f"tensor-stream-{stream}",
+                daemon=True,
+            ).start()
+        return found
+
+    def _stream_loop(
+        self, stream: int, commands: queue.Queue[tuple[tuple[Any, ...], int | None]]
+    ) -> None:
+        while True:
+            command, ticket = commands.get()
+            try:
+                if ticket is not None:
+                    with self._progress:
+                        self._progress.wait_for(lambda t=ticket: self._turn == t)  # type: ignore[misc]
                 self._execute(command)
             except Exception:  # a bug or a full table: fail what the command would produce
                 _log.exception("tensor worker rank %d: command %s failed", self.rank, command[0])
                 self._fail_outputs(command, traceback.format_exc())
+            finally:
+                with self._progress:
+                    if ticket is not None:
+                        self._turn += 1
+                    self._done[stream] = self._done.get(stream, 0) + 1
+                    self._progress.notify_all()
+
+    def _caught_up(self, streams: tuple[int, ...] | None) -> None:
+        """Wait until ``streams`` (``None``: all) ran every command handed to them so far."""
+        with self._progress:
+            names = list(self._issued) if streams is None else streams
+            goal = {s: self._issued.get(s, 0) for s in names}
+            self._progress.wait_for(lambda: all(self._done.get(s, 0) >= n for s, n in goal.items()))
+
+    def _event(self, event: int) -> threading.Event:
+        with self._events_lock:
+            found = self._events.get(event)
+            if found is None:
+                if len(self._events) >= MAX_EVENTS:
+                    raise RuntimeError(f"more than {MAX_EVENTS} stream events pending")
+                found = self._events[event] = threading.Event()
+            return found
+
+    def _wait_event(self, event: int) -> None:
+        if not self._event(event).wait(EVENT_TIMEOUT_S):
+            raise TimeoutError(f"stream event {event} was not signalled in {EVENT_TIMEOUT_S} s")
+        with self._events_lock:
+            self._events.pop(event, None)
 
     @endpoint
-    def fetch(self, tree: Any) -> tuple[str, Any]:
+    def fetch(self, tree: Any, streams: tuple[int, ...] | None = None) -> tuple[str, Any]:
         """``("ok", values)`` with the refs of ``tree`` replaced by their tensors, or
-        ``("err", Failure)`` for the first that has none."""
+        ``("err", Failure)`` for the first that has none (after ``streams`` caught up)."""
+        self._caught_up(streams)
         self._finish_sends()
         refs = _refs_in(tree)
         failure = self.table.first_failure(refs)
@@ -193,10 +297,16 @@ class TensorWorker(Actor):
 
     @endpoint
     def call_and_fetch(
-        self, target: Callable[..., Any] | str, args: Any, kwargs: Any, issued_at: str
+        self,
+        target: Callable[..., Any] | str,
+        args: Any,
+        kwargs: Any,
+        issued_at: str,
+        streams: tuple[int, ...] | None = None,
     ) -> tuple[str, Any]:
         """Run a remote function on this process's shards and return its result (as ``fetch``:
         ``("ok", value)`` or ``("err", Failure)``)."""
+        self._caught_up(streams)
         self._finish_sends()
         name = _command_name(m.CALL, target)
         failure = self.table.first_failure(_refs_in((args, kwargs)))
@@ -217,11 +327,13 @@ class TensorWorker(Actor):
     @endpoint
     def failed(self) -> int:
         """How many operations failed here (not counting those that only read a failed value)."""
+        self._caught_up(None)
         return self.failures
 
     @endpoint
     def live(self) -> int:
         """How many tensors this worker holds (tests, diagnostics)."""
+        self._caught_up(None)
         return len(self.table)
 
     # -- commands ------------------------------------------------------------------------------
@@ -251,6 +363,10 @@ class TensorWorker(Actor):
             self._push(command)
         elif kind == m.TAKE:
             self._take(command)
+        elif kind == m.SIGNAL:
+            self._event(command[1]).set()
+        elif kind == m.WAIT:
+            self._wait_event(command[1])
         else:
             raise ValueError(f"unknown tensor engine command {kind!r}")
 
@@ -394,9 +510,13 @@ class TensorWorker(Actor):
         if isinstance(value, Failure):
             value = torch.empty(0)
         tensor = value.contiguous()
-        if len(self._sends) >= MAX_PENDING_SENDS:
-            self._sends.pop(0)[0].wait()
-        self._sends.append((dist.isend(tensor, dst_rank), tensor))
+        oldest = None
+        with self._sends_lock:
+            if len(self._sends) >= MAX_PENDING_SENDS:
+                oldest = self._sends.pop(0)
+            self._sends.append((dist.isend(tensor, dst_rank), tensor))
+        if oldest is not None:
+            oldest[0].wait()
 
     def _recv(self, command: tuple[Any, ...]) -> None:
         _, out, src_rank, shape, dtype, _issued_at = command
@@ -426,8 +546,12 @@ class TensorWorker(Actor):
         self.table.put(out, value)
 
     def _finish_sends(self) -> None:
-        while self._sends:
-            self._sends.pop(0)[0].wait()
+        while True:
+            with self._sends_lock:
+                if not self._sends:
+                    return
+                oldest = self._sends.pop(0)
+            oldest[0].wait()
 
 
 def _command_name(kind: str, target: Any) -> str:
