@@ -20,6 +20,7 @@ from monarch.tensor import (
     Stream,
     Tensor,
     call_on_shard_and_fetch,
+    coalescing,
     fetch_shard,
     get_active_mesh,
     get_active_stream,
@@ -603,3 +604,42 @@ def test_tensors_made_under_an_active_mesh_carry_plain_meta_fakes(active: Any) -
     for t in made:
         assert type(t._fake) is torch.Tensor  # not a distributed tensor (would send ops)
         assert t._fake.device.type == "meta"
+
+
+def test_coalescing_sends_the_block_at_its_end(active: Any) -> None:
+    client = active.client
+    client.flush()
+    sent = client.sent_batches
+    with coalescing():
+        x = torch.ones(3)
+        y = x * 2 + 1
+        with coalescing():  # nested: part of the outer block
+            z = y.sum()
+        client.flush()  # held until the block ends
+        assert client.sent_batches == sent
+    assert client.sent_batches == sent + 1
+    assert close(z, lambda: torch.tensor(9.0), gpus=1)
+
+
+def test_coalescing_refuses_fetches_and_drops_an_abandoned_block(active: Any) -> None:
+    with (
+        pytest.raises(NotImplementedError, match="NYI: fetching results during a coalescing block"),
+        coalescing(),
+    ):
+        fetch_shard(torch.ones(2) + 1)
+    kept = dist(torch.zeros(2))
+    made: list[Any] = []
+
+    def abandoned() -> None:
+        with coalescing():
+            made.append(torch.ones(2) + 5)
+            kept.add_(1)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        abandoned()
+    (dropped,) = made
+    with pytest.raises(RemoteException, match="not on this worker"):
+        fetch_shard(dropped, gpus=0).get(timeout=T)
+    assert close(kept, lambda: torch.zeros(2), gpus=0)  # the block's mutation was dropped too
+    assert close(torch.ones(1) * 3, lambda: torch.full((1,), 3.0), gpus=1)

@@ -17,6 +17,7 @@ from monarch.config import configured
 from monarch.tensor import (
     RemoteException,
     Tensor,
+    coalescing,
     fetch_shard,
     no_mesh,
     remote,
@@ -130,3 +131,16 @@ def test_within_one_mesh_matches_by_name(meshes: tuple[ProcMesh, ProcMesh]) -> N
         x.mul_(0)
     assert same is not x
     assert torch.equal(value(same, gpus=1), local(1, (2,)))
+
+
+def test_a_coalescing_block_refuses_a_second_mesh(meshes: tuple[ProcMesh, ProcMesh]) -> None:
+    a, b = meshes
+
+    def both() -> None:
+        with coalescing():
+            torch.ones(2) + 1
+            with b.activate():
+                torch.ones(2) + 1
+
+    with a.activate(), pytest.raises(ValueError, match="multiple controllers"):
+        both()

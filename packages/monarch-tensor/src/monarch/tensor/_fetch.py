@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from monarch.actor import Future
 from monarch.tensor._context import active_mesh, issued_at, no_mesh
 from monarch.tensor._errors import RemoteException
+from monarch.tensor._mesh import refuse_in_coalescing
 from monarch.tensor._stream import get_active_stream
 from monarch.tensor._table import Failure
 from monarch.tensor._tensor import mesh_of, streams_of, to_message
@@ -49,6 +50,7 @@ def call_on_shard_and_fetch(
     mesh = mesh_of(leaves) or active_mesh()
     if mesh is None:
         raise RuntimeError("call_on_shard_and_fetch needs an active mesh or distributed tensors")
+    refuse_in_coalescing("fetching results")
     full = _coords_on(mesh, shard)
     mesh.client.flush()
     workers = mesh.workers.slice(**full) if full else mesh.workers
@@ -74,6 +76,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
     mesh = mesh_of(leaves)
     if mesh is None:
         return Future._completed(obj)
+    refuse_in_coalescing("fetching results")
     full = _coords_on(mesh, coords)
     mesh.client.flush()
     target = mesh.workers.slice(**full) if full else mesh.workers

@@ -29,7 +29,9 @@ __all__ = [
     "Client",
     "DeviceMesh",
     "activate_proc_mesh",
+    "coalescing",
     "device_mesh_of",
+    "refuse_in_coalescing",
 ]
 
 _log = logging.getLogger("monarch.tensor")
@@ -40,6 +42,48 @@ RANK_FUNCTION = "monarch.tensor._worker.coordinate"
 MAX_BATCH = 512
 #: How long the client waits for a worker's answer it needs to go on (process group address).
 ANSWER_TIMEOUT_S = 120.0
+#: Commands a ``coalescing()`` block holds at most (all sent when it ends).
+MAX_COALESCED = 100_000
+
+
+class _Block:
+    """An open ``coalescing()`` block: the one client it holds the work of, and where that
+    client's pending commands stood when the block first used it."""
+
+    def __init__(self) -> None:
+        self.client: Client | None = None
+        self.start = 0
+
+
+#: The open ``coalescing()`` block (one per program, as in the reference), else ``None``.
+_block: _Block | None = None
+
+
+def refuse_in_coalescing(reason: str) -> None:
+    """The reference's error for what a ``coalescing()`` block cannot do (fetch results)."""
+    if _block is not None:
+        raise NotImplementedError(f"NYI: {reason} during a coalescing block")
+
+
+@contextlib.contextmanager
+def coalescing() -> Iterator[None]:
+    """Hold the work issued inside and send it together when the block ends (nested blocks:
+    part of the outer one). Fetching inside raises ``NotImplementedError``, using a second
+    mesh's client ``ValueError`` (the reference's errors); a block left by an exception drops
+    the work issued inside (its tensors fail at fetch), as the reference abandons it."""
+    global _block
+    if _block is not None:
+        yield
+        return
+    block = _block = _Block()
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        _block = None
+        if block.client is not None:
+            block.client.end_block(block.start, finished)
 
 
 class Client:
@@ -92,7 +136,17 @@ class Client:
         """Queue ``command`` for the workers of ``ranks`` (``None``: all) on ``stream``
         (``None``: the active stream)."""
         sid = stream_id(get_active_stream() if stream is None else stream)
+        block = _block
         with self._lock:
+            if block is not None:
+                if block.client is None:
+                    block.client, block.start = self, len(self._pending)
+                elif block.client is not self:
+                    raise ValueError(
+                        "using multiple controllers in the same coalescing block is not supported"
+                    )
+                if len(self._pending) >= MAX_COALESCED:
+                    raise RuntimeError(f"a coalescing block holds at most {MAX_COALESCED} commands")
             if sid not in self._streams:
                 if len(self._streams) >= MAX_STREAMS:
                     raise RuntimeError(
@@ -101,7 +155,7 @@ class Client:
                 self._streams.add(sid)
             self._take_freed()
             self._pending.append((ranks, sid, command))
-            full = len(self._pending) >= MAX_BATCH
+            full = len(self._pending) >= MAX_BATCH and block is None
         if full:
             self.flush()
 
@@ -124,13 +178,28 @@ class Client:
                 self._pending.append((None, sid, (m.DEL, tuple(refs))))
 
     def flush(self) -> None:
-        """Send what is pending (one message to every worker)."""
+        """Send what is pending (one message to every worker per ``MAX_BATCH`` commands);
+        nothing while a ``coalescing()`` block holds this client's work."""
+        block = _block
+        if block is not None and block.client is self:
+            return
         with self._lock:
             self._take_freed()
             batch, self._pending = self._pending, []
         if batch and not self.closed:
-            self.workers.run.broadcast(batch)
-            self.sent_batches += 1
+            for at in range(0, len(batch), MAX_BATCH):
+                self.workers.run.broadcast(batch[at : at + MAX_BATCH])
+                self.sent_batches += 1
+
+    def end_block(self, start: int, finished: bool) -> None:
+        """A ``coalescing()`` block that held this client's work (from ``start`` of the
+        pending commands) ended: send it, or, ``finished`` false, drop it (but its frees)."""
+        if not finished:
+            with self._lock:
+                kept = self._pending[:start]
+                kept.extend(c for c in self._pending[start:] if c[2][0] == m.DEL)
+                self._pending = kept
+        self.flush()
 
     def ensure_process_group(self) -> None:
         """Give the mesh's processes a gloo process group (once; ``monarch.spmd`` makes it,

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from monarch.tensor import _messages as m
 from monarch.tensor._context import active_mesh, issued_at, no_mesh
 from monarch.tensor._errors import RemoteException
-from monarch.tensor._mesh import ANSWER_TIMEOUT_S, DeviceMesh
+from monarch.tensor._mesh import ANSWER_TIMEOUT_S, DeviceMesh, refuse_in_coalescing
 from monarch.tensor._stream import get_active_stream
 from monarch.tensor._table import Failure
 from monarch.tensor._tensor import Tensor, mesh_of, meta_empty, streams_of, to_message, to_meta
@@ -95,6 +95,7 @@ class Remote:
         key = (str(spec), tuple(_key_of(leaf) for leaf in leaves))
         found = self._cache.get(key)
         if found is None:
+            refuse_in_coalescing("fetching results")
             mesh.client.flush()
             first = dict.fromkeys(mesh.names, 0)
             workers = mesh.workers.slice(**first) if first else mesh.workers
