@@ -56,6 +56,19 @@ class Scaler(Actor):
     def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    @endpoint(propagate="inspect")
+    def inspected(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return x * 2
+
+    @endpoint(propagate="mocked")
+    def mocked(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @endpoint(propagate="bogus")
+    def bogus(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
     @endpoint
     def calls(self) -> int:
         return self.seen

@@ -369,8 +369,17 @@ def test_rref_endpoints_return_distributed_tensors(procs: ProcMesh, active: Any)
     with pytest.raises(RemoteException, match="the actor refused") as info:
         fetch_shard(refused, gpus=1).get(timeout=T)
     assert info.value.op == "fail.rref"
-    with pytest.raises(ValueError, match="propagate"):
-        scalers.no_propagate.rref(x)
+    with pytest.raises(
+        NotImplementedError, match="Cached propagation is not implemented for actor endpoints"
+    ):
+        scalers.no_propagate.rref(x)  # the reference's default propagator, "cached"
+    assert scalers.inspected.rref(x) is None  # runs on every process, nothing comes back
+    fetch_shard(x + 1).get(timeout=T)  # after the rref call in order
+    assert list(scalers.calls.call().get(timeout=T).values()) == [2] * N
+    with pytest.raises(NotImplementedError, match="mocked propagation"):
+        scalers.mocked.rref(x)
+    with pytest.raises(TypeError, match="'str' object is not callable"):
+        scalers.bogus.rref(x)
 
 
 def test_data_parallel_training_matches_plain_torch(active: Any) -> None:

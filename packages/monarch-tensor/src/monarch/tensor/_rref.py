@@ -24,7 +24,7 @@ __all__ = ["rref"]
 def rref(
     actors: Any,
     name: str,
-    propagate: Callable[..., Any] | None,
+    propagate: Callable[..., Any] | str | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
@@ -36,11 +36,22 @@ def rref(
             f"{name}.rref() needs an active mesh (with proc_mesh.activate():) or distributed "
             "tensor arguments"
         )
-    if not callable(propagate):
-        raise ValueError(
-            f"{name}.rref() needs the endpoint's output shapes: declare it with "
-            "@endpoint(propagate=fn), fn taking meta tensors and returning the outputs"
+    # The reference's propagators for endpoints: no "cached" (its default), no "mocked";
+    # "inspect": nothing comes back (the endpoint still runs on every process).
+    if propagate is None or propagate == "cached":
+        raise NotImplementedError("Cached propagation is not implemented for actor endpoints.")
+    if propagate == "mocked":
+        raise NotImplementedError("mocked propagation")
+    if propagate == "inspect":
+        message_args, message_kwargs = tree_map(to_message, (args, kwargs))
+        mesh.client.send(
+            mesh.rank_set,
+            (m.RREF, None, (), (actors, name), message_args, message_kwargs, issued_at()),
+            get_active_stream(),
         )
+        return None
+    if not callable(propagate):
+        raise TypeError(f"'{type(propagate).__name__}' object is not callable")
     with no_mesh.activate():
         meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
         result = propagate(*meta_args, **meta_kwargs)
