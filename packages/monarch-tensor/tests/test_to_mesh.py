@@ -144,3 +144,16 @@ def test_a_coalescing_block_refuses_a_second_mesh(meshes: tuple[ProcMesh, ProcMe
 
     with a.activate(), pytest.raises(ValueError, match="multiple controllers"):
         both()
+
+
+def test_the_tensor_methods_as_the_reference_writes_them(
+    meshes: tuple[ProcMesh, ProcMesh],
+) -> None:
+    a, b = meshes
+    with a.activate():
+        x = shard(torch.zeros(2))
+        with pytest.warns(UserWarning, match="broadcasting along gpus"):
+            spread = x.slice_mesh(gpus=1).to_mesh(b)  # one process's shard to all of b
+    assert spread.mesh.client is not x.mesh.client
+    for rank in (0, 1):
+        assert torch.equal(value(spread, gpus=rank), local(1, (2,)))

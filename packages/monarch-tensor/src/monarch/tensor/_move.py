@@ -21,7 +21,7 @@ from monarch.actor import ProcMesh
 from monarch.tensor import _messages as m
 from monarch.tensor._context import issued_at
 from monarch.tensor._mesh import DeviceMesh, device_mesh_of
-from monarch.tensor._tensor import Tensor, meta_empty
+from monarch.tensor._tensor import MOVES, Tensor, meta_empty
 
 __all__ = ["slice_mesh", "to_mesh"]
 
@@ -150,3 +150,7 @@ def _coordinates(rank: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
         point.append(rank % size)
         rank //= size
     return tuple(reversed(point))
+
+
+MOVES["to_mesh"] = to_mesh
+MOVES["slice_mesh"] = slice_mesh

@@ -8,7 +8,7 @@ ordered batch. Dropping the client tensor frees the shards.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
@@ -21,10 +21,25 @@ from monarch.tensor._stream import check_usable, get_active_stream, stream_id
 if TYPE_CHECKING:
     from monarch.tensor._mesh import DeviceMesh
 
-__all__ = ["Tensor", "dispatch", "mesh_of", "reduce", "reduce_", "to_message", "to_meta"]
+__all__ = [
+    "MOVES",
+    "Tensor",
+    "dispatch",
+    "mesh_of",
+    "meta_empty",
+    "reduce",
+    "reduce_",
+    "streams_of",
+    "to_message",
+    "to_meta",
+]
 
 Reduction = Literal["sum", "avg", "max", "min", "stack"]
 _REDUCTIONS = ("sum", "avg", "max", "min", "stack")
+
+#: ``to_mesh`` and ``slice_mesh`` behind the methods of the same names (``_move``, a module
+#: above this one, registers them when it is imported).
+MOVES: dict[str, Callable[..., Any]] = {}
 
 _aten = torch.ops.aten
 #: Operations that need a value on the client: fetch the shard instead.
@@ -152,6 +167,14 @@ class Tensor(torch.Tensor):  # type: ignore[misc]
             client.send(elsewhere, (m.DEL, (out_ref,)), self._stream)
         fake = meta_empty(out_shape, self._fake.dtype)
         return Tensor(fake, target, out_ref, self._stream)
+
+    def to_mesh(self, mesh: Any, stream: Any = None) -> Tensor:
+        """``monarch.to_mesh(self, mesh, stream)``: a copy on ``mesh`` (dimensions by name)."""
+        return cast(Tensor, MOVES["to_mesh"](self, mesh, stream))
+
+    def slice_mesh(self, **coords: int | slice) -> Tensor:
+        """``monarch.slice_mesh(self, **coords)``: this tensor on the slice of its mesh."""
+        return cast(Tensor, MOVES["slice_mesh"](self, **coords))
 
     def reduce_(
         self,
