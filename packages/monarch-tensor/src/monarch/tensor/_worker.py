@@ -71,6 +71,8 @@ EVENT_TIMEOUT_S = 600.0
 _NETWORK = frozenset({m.REDUCE, m.SEND, m.RECV})
 
 _operators: dict[str, Any] = {}
+#: Guards the worker's failure count (its streams' threads fail concurrently).
+_failures_lock = threading.Lock()
 
 
 def resolve_operator(name: str) -> Any:
@@ -435,8 +437,10 @@ class TensorWorker(Actor):
     def _note_failure(self, failure: Failure) -> None:
         """Log an operation that failed here (not those that only read its result): the client
         learns of it at the next fetch of what depends on it, perhaps never."""
-        self.failures += 1
-        if self.failures <= MAX_LOGGED_FAILURES:
+        with _failures_lock:  # streams fail concurrently
+            self.failures += 1
+            count = self.failures
+        if count <= MAX_LOGGED_FAILURES:
             last = failure.traceback.strip().splitlines()[-1] if failure.traceback else ""
             _log.warning(
                 "tensor worker rank %d: %s issued at %s failed: %s%s",
@@ -444,7 +448,7 @@ class TensorWorker(Actor):
                 failure.op,
                 failure.issued_at or "?",
                 last,
-                " (later failures are not logged)" if self.failures == MAX_LOGGED_FAILURES else "",
+                " (later failures are not logged)" if count == MAX_LOGGED_FAILURES else "",
             )
 
     def _local_endpoint(self, actors: Any, name: str) -> Callable[..., Any]:
