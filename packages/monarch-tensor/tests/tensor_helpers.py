@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 
 from monarch.actor import Actor, current_rank, endpoint
@@ -53,6 +56,19 @@ class Scaler(Actor):
     def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    @endpoint(propagate="inspect")
+    def inspected(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return x * 2
+
+    @endpoint(propagate="mocked")
+    def mocked(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @endpoint(propagate="bogus")
+    def bogus(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
     @endpoint
     def calls(self) -> int:
         return self.seen
@@ -63,3 +79,40 @@ def pid_of(x: torch.Tensor) -> torch.Tensor:
     import os
 
     return torch.tensor(os.getpid())
+
+
+#: Calls of ``data_dependent`` in this process.
+calls = {"data_dependent": 0}
+
+
+def data_dependent(x: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """An output whose shape depends on the values (cannot run on meta tensors), and a string."""
+    calls["data_dependent"] += 1
+    n = int(x.sum().item())
+    return torch.arange(n, dtype=torch.int32), f"rank {current_rank().rank}"
+
+
+def calls_of(name: str) -> int:
+    return calls[name]
+
+
+#: A flag one stream raises and another waits for (``test_streams``).
+_flag = threading.Event()
+
+
+def wait_for_flag(x: torch.Tensor) -> torch.Tensor:
+    """``x + 1`` once another stream raised the flag (``x`` itself after 20 s without it)."""
+    raised = _flag.wait(20.0)
+    _flag.clear()
+    return x + 1 if raised else x
+
+
+def raise_flag(x: torch.Tensor) -> torch.Tensor:
+    _flag.set()
+    return x
+
+
+def slow_fill(x: torch.Tensor, value: float) -> torch.Tensor:
+    """``x`` filled with ``value`` in place, slowly (another stream must wait for it)."""
+    time.sleep(0.3)
+    return x.fill_(value)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import monarch
+import monarch.tensor._mesh
 from monarch.actor import ProcMesh, this_host
 from monarch.config import configured
 from monarch.tensor import (
@@ -19,6 +20,7 @@ from monarch.tensor import (
     Stream,
     Tensor,
     call_on_shard_and_fetch,
+    coalescing,
     fetch_shard,
     get_active_mesh,
     get_active_stream,
@@ -34,7 +36,17 @@ from monarch.tensor._table import Failure
 from monarch.tensor._worker import MAX_LOGGED_FAILURES, TensorWorker
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import tensor_helpers by name
-from tensor_helpers import Scaler, expected_shard, explode, pair, shard_data
+from tensor_helpers import (
+    Scaler,
+    data_dependent,
+    expected_shard,
+    explode,
+    pair,
+    raise_flag,
+    shard_data,
+    slow_fill,
+    wait_for_flag,
+)
 
 T = 60.0
 N = 2
@@ -357,8 +369,17 @@ def test_rref_endpoints_return_distributed_tensors(procs: ProcMesh, active: Any)
     with pytest.raises(RemoteException, match="the actor refused") as info:
         fetch_shard(refused, gpus=1).get(timeout=T)
     assert info.value.op == "fail.rref"
-    with pytest.raises(ValueError, match="propagate"):
-        scalers.no_propagate.rref(x)
+    with pytest.raises(
+        NotImplementedError, match="Cached propagation is not implemented for actor endpoints"
+    ):
+        scalers.no_propagate.rref(x)  # the reference's default propagator, "cached"
+    assert scalers.inspected.rref(x) is None  # runs on every process, nothing comes back
+    fetch_shard(x + 1).get(timeout=T)  # after the rref call in order
+    assert list(scalers.calls.call().get(timeout=T).values()) == [2] * N
+    with pytest.raises(NotImplementedError, match="mocked propagation"):
+        scalers.mocked.rref(x)
+    with pytest.raises(TypeError, match="'str' object is not callable"):
+        scalers.bogus.rref(x)
 
 
 def test_data_parallel_training_matches_plain_torch(active: Any) -> None:
@@ -457,3 +478,177 @@ def test_grad_generator_yields_each_gradient_in_order(active: Any) -> None:
         assert close(total, lambda: want_total, gpus=rank)
     with pytest.raises(ValueError, match="at least one root"):
         grad_generator((), [w])
+
+
+def test_propagate_cached_runs_once_on_the_first_process_per_input(active: Any) -> None:
+    counted = remote("tensor_helpers.calls_of", propagate="inspect")
+    before = [
+        call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": g}).get(timeout=T)
+        for g in (0, 1)
+    ]
+    f = remote(data_dependent, propagate="cached")
+    x = torch.ones(3) * 2  # each shard sums to 6
+    first, label = f(x)
+    again, label2 = f(x)  # the same input shape: no second run for shapes
+    assert dist(first).shape == (6,)
+    assert first.dtype == torch.int32
+    assert label == label2 == "rank 0"  # non-tensor outputs come from the first process
+    after = [
+        call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": g}).get(timeout=T)
+        for g in (0, 1)
+    ]
+    assert after[0] - before[0] == 3  # the propagation run, then both calls
+    assert after[1] - before[1] == 2
+    assert close(again, lambda: torch.arange(6, dtype=torch.int32), gpus=1)
+    other, _ = f(torch.ones(2))  # a new input shape: propagated again
+    assert dist(other).shape == (2,)
+    with pytest.raises(RuntimeError, match='propagate="cached"'):
+        remote(data_dependent)(x)  # no propagator: runs on meta tensors and cannot
+
+
+def test_propagate_cached_failure_is_raised_at_the_call(active: Any) -> None:
+    with pytest.raises(RemoteException, match="exploded on purpose"):
+        remote(explode, propagate="cached")(torch.ones(2))
+
+
+def test_propagate_inspect_keeps_nothing_and_mocked_or_unknown_fail_as_the_reference(
+    active: Any,
+) -> None:
+    x = torch.ones(2)
+    counted = remote("tensor_helpers.calls_of", propagate="inspect")
+    before = call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": 1}).get(timeout=T)
+    assert remote(data_dependent, propagate="inspect")(x) is None  # still runs everywhere
+    after = call_on_shard_and_fetch(counted, "data_dependent", shard={"gpus": 1}).get(timeout=T)
+    assert after == before + 1
+    assert call_on_shard_and_fetch(remote("torch.neg", propagate="inspect"), x).get(
+        timeout=T
+    ).tolist() == [-1.0, -1.0]
+    for propagate, error, text in (
+        ("mocked", NotImplementedError, "mocked propagation"),
+        ("bogus", TypeError, "'str' object is not callable"),
+        (3, TypeError, "'int' object is not callable"),
+    ):
+        with pytest.raises(error, match=text):
+            remote("torch.neg", propagate=propagate)(x)
+        with pytest.raises(error, match=text):
+            call_on_shard_and_fetch(remote("torch.neg", propagate=propagate), x)
+
+
+def test_streams_overlap_on_the_workers(active: Any) -> None:
+    other = Stream("overlap")
+    x = torch.zeros(2)
+    with other.activate():
+        waited = remote(wait_for_flag, propagate=lambda x: x)(torch.zeros(2))  # blocks its stream
+    remote(raise_flag, propagate=lambda x: x)(x)  # main, issued later: runs meanwhile
+    for rank in range(N):  # one order for all streams would wait 20 s and leave zeros
+        assert close(waited, lambda: torch.ones(2), gpus=rank)
+
+
+def test_a_borrow_waits_for_the_lenders_work(active: Any) -> None:
+    other = Stream("borrower")
+    filled = remote(slow_fill, propagate=lambda x, v: x)(torch.zeros(3), 5.0)  # 0.3 s on main
+    with other.activate():
+        borrowed, borrow = other.borrow(filled)
+        doubled = borrowed * 2  # on the other stream: after the fill
+    borrow.drop()
+    borrow.drop()  # again: nothing
+    for rank in range(N):
+        assert close(doubled, lambda: torch.full((3,), 10.0), gpus=rank)
+
+
+def test_a_drop_makes_the_lenders_later_work_wait_for_the_borrower(active: Any) -> None:
+    other = Stream("mutator")
+    z = dist(torch.zeros(3))
+    with other.activate():
+        lent, borrow = other.borrow(z, mutable=True)
+        remote(slow_fill, propagate=lambda x, v: x)(lent, 7.0)  # 0.3 s, writes z's storage
+    borrow.drop()
+    after = z + 1  # main, after the drop: sees the borrower's write
+    for rank in range(N):
+        assert close(after, lambda: torch.full((3,), 8.0), gpus=rank)
+
+
+def test_collectives_of_different_streams_run_in_issued_order(active: Any) -> None:
+    other = Stream("collective")
+    results = []
+    for i in range(4):
+        with other.activate():
+            results.append(dist(torch.ones(2) * i).reduce("gpus", "sum"))
+        results.append(dist(torch.ones(2) * (10 + i)).reduce("gpus", "sum"))
+    for rank in range(N):
+        got = [fetch_shard(r, gpus=rank).get(timeout=T) for r in results]
+        with no_mesh.activate():
+            want = [torch.full((2,), 2.0 * v) for i in range(4) for v in (i, 10 + i)]
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_to_mesh_onto_another_stream_waits_for_the_source(active: Any) -> None:
+    other = Stream("destination")
+    filled = remote(slow_fill, propagate=lambda x, v: x)(torch.zeros(2), 3.0)
+    copied = to_mesh(filled, active, stream=other)
+    assert copied.stream is other
+    with other.activate():
+        plus = copied + 1
+    assert close(plus, lambda: torch.full((2,), 4.0), gpus=1)
+
+
+def test_a_mesh_refuses_more_streams_than_its_workers_run(
+    active: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.ones(1)  # the main stream is known
+    monkeypatch.setattr(monarch.tensor._mesh, "MAX_STREAMS", len(active.client._streams))
+    with Stream("one too many").activate(), pytest.raises(RuntimeError, match="at most"):
+        torch.ones(1)
+
+
+def test_tensors_made_under_an_active_mesh_carry_plain_meta_fakes(active: Any) -> None:
+    x = dist(torch.ones(4))
+    made = [
+        x.reduce("gpus", "sum"),
+        active.rank("gpus"),
+        to_mesh(x, active),
+        remote(pair, propagate=lambda x: (torch.zeros(4), torch.zeros(())))(x)[0],
+        remote(data_dependent, propagate="cached")(x)[0],
+    ]
+    for t in made:
+        assert type(t._fake) is torch.Tensor  # not a distributed tensor (would send ops)
+        assert t._fake.device.type == "meta"
+
+
+def test_coalescing_sends_the_block_at_its_end(active: Any) -> None:
+    client = active.client
+    client.flush()
+    sent = client.sent_batches
+    with coalescing():
+        x = torch.ones(3)
+        y = x * 2 + 1
+        with coalescing():  # nested: part of the outer block
+            z = y.sum()
+        client.flush()  # held until the block ends
+        assert client.sent_batches == sent
+    assert client.sent_batches == sent + 1
+    assert close(z, lambda: torch.tensor(9.0), gpus=1)
+
+
+def test_coalescing_refuses_fetches_and_drops_an_abandoned_block(active: Any) -> None:
+    with (
+        pytest.raises(NotImplementedError, match="NYI: fetching results during a coalescing block"),
+        coalescing(),
+    ):
+        fetch_shard(torch.ones(2) + 1)
+    kept = dist(torch.zeros(2))
+    made: list[Any] = []
+
+    def abandoned() -> None:
+        with coalescing():
+            made.append(torch.ones(2) + 5)
+            kept.add_(1)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        abandoned()
+    (dropped,) = made
+    with pytest.raises(RemoteException, match="not on this worker"):
+        fetch_shard(dropped, gpus=0).get(timeout=T)
+    assert close(kept, lambda: torch.zeros(2), gpus=0)  # the block's mutation was dropped too
+    assert close(torch.ones(1) * 3, lambda: torch.full((1,), 3.0), gpus=1)

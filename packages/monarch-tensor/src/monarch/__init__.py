@@ -24,6 +24,7 @@ _PUBLIC = {
         "Stream",
         "Tensor",
         "call_on_shard_and_fetch",
+        "coalescing",
         "fetch_shard",
         "get_active_mesh",
         "get_active_stream",

@@ -16,7 +16,7 @@ from monarch.tensor._context import get_active_mesh, no_mesh
 from monarch.tensor._errors import RemoteException
 from monarch.tensor._fetch import call_on_shard_and_fetch, fetch_shard, inspect
 from monarch.tensor._grad import grad_generator
-from monarch.tensor._mesh import DeviceMesh, activate_proc_mesh
+from monarch.tensor._mesh import DeviceMesh, activate_proc_mesh, coalescing
 from monarch.tensor._move import slice_mesh, to_mesh
 from monarch.tensor._remote import Remote, remote
 from monarch.tensor._rref import rref as _rref
@@ -31,6 +31,7 @@ __all__ = [
     "Stream",
     "Tensor",
     "call_on_shard_and_fetch",
+    "coalescing",
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",

@@ -9,8 +9,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 from monarch.actor import Future
 from monarch.tensor._context import active_mesh, issued_at, no_mesh
 from monarch.tensor._errors import RemoteException
+from monarch.tensor._mesh import refuse_in_coalescing
+from monarch.tensor._stream import get_active_stream
 from monarch.tensor._table import Failure
-from monarch.tensor._tensor import mesh_of, to_message
+from monarch.tensor._tensor import mesh_of, streams_of, to_message
 
 __all__ = ["call_on_shard_and_fetch", "fetch_shard", "inspect"]
 
@@ -41,14 +43,25 @@ def call_on_shard_and_fetch(
     of the mesh of its tensor arguments (else the active mesh), in order after everything
     issued before, and return what it returns."""
     target = getattr(remote, "target", remote)
-    mesh = mesh_of(tree_flatten((args, kwargs))[0]) or active_mesh()
+    check = getattr(remote, "check_fetchable", None)
+    if check is not None:
+        check()
+    leaves = tree_flatten((args, kwargs))[0]
+    mesh = mesh_of(leaves) or active_mesh()
     if mesh is None:
         raise RuntimeError("call_on_shard_and_fetch needs an active mesh or distributed tensors")
+    refuse_in_coalescing("fetching results")
     full = _coords_on(mesh, shard)
     mesh.client.flush()
     workers = mesh.workers.slice(**full) if full else mesh.workers
     message_args, message_kwargs = tree_map(to_message, (args, kwargs))
-    answer = workers.call_and_fetch.call_one(target, message_args, message_kwargs, issued_at())
+    answer = workers.call_and_fetch.call_one(
+        target,
+        message_args,
+        message_kwargs,
+        issued_at(),
+        streams_of(leaves, get_active_stream()),
+    )
     inner = answer._decode
     return Future._create(answer._cell, lambda raw: _decode(inner, raw))
 
@@ -63,10 +76,11 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
     mesh = mesh_of(leaves)
     if mesh is None:
         return Future._completed(obj)
+    refuse_in_coalescing("fetching results")
     full = _coords_on(mesh, coords)
     mesh.client.flush()
     target = mesh.workers.slice(**full) if full else mesh.workers
-    answer = target.fetch.call_one(tree_map(to_message, obj))
+    answer = target.fetch.call_one(tree_map(to_message, obj), streams_of(leaves))
     inner = answer._decode
     return Future._create(answer._cell, lambda raw: _decode(inner, raw))
 

@@ -20,16 +20,18 @@ from monarch.actor import ProcMesh
 from monarch.tensor import _dist
 from monarch.tensor import _messages as m
 from monarch.tensor._context import issued_at, pushed
-from monarch.tensor._stream import get_active_stream
+from monarch.tensor._stream import get_active_stream, stream_id
 from monarch.tensor._table import DEFAULT_CAPACITY
-from monarch.tensor._tensor import Tensor, dispatch
-from monarch.tensor._worker import TensorWorker
+from monarch.tensor._tensor import Tensor, dispatch, meta_empty
+from monarch.tensor._worker import MAX_STREAMS, TensorInbox, TensorWorker
 
 __all__ = [
     "Client",
     "DeviceMesh",
     "activate_proc_mesh",
+    "coalescing",
     "device_mesh_of",
+    "refuse_in_coalescing",
 ]
 
 _log = logging.getLogger("monarch.tensor")
@@ -40,6 +42,48 @@ RANK_FUNCTION = "monarch.tensor._worker.coordinate"
 MAX_BATCH = 512
 #: How long the client waits for a worker's answer it needs to go on (process group address).
 ANSWER_TIMEOUT_S = 120.0
+#: Commands a ``coalescing()`` block holds at most (all sent when it ends).
+MAX_COALESCED = 100_000
+
+
+class _Block:
+    """An open ``coalescing()`` block: the one client it holds the work of, and where that
+    client's pending commands stood when the block first used it."""
+
+    def __init__(self) -> None:
+        self.client: Client | None = None
+        self.start = 0
+
+
+#: The open ``coalescing()`` block (one per program, as in the reference), else ``None``.
+_block: _Block | None = None
+
+
+def refuse_in_coalescing(reason: str) -> None:
+    """The reference's error for what a ``coalescing()`` block cannot do (fetch results)."""
+    if _block is not None:
+        raise NotImplementedError(f"NYI: {reason} during a coalescing block")
+
+
+@contextlib.contextmanager
+def coalescing() -> Iterator[None]:
+    """Hold the work issued inside and send it together when the block ends (nested blocks:
+    part of the outer one). Fetching inside raises ``NotImplementedError``, using a second
+    mesh's client ``ValueError`` (the reference's errors); a block left by an exception drops
+    the work issued inside (its tensors fail at fetch), as the reference abandons it."""
+    global _block
+    if _block is not None:
+        yield
+        return
+    block = _block = _Block()
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        _block = None
+        if block.client is not None:
+            block.client.end_block(block.start, finished)
 
 
 class Client:
@@ -55,46 +99,107 @@ class Client:
         self.sizes = tuple(sizes)
         self.world = math.prod(self.sizes)
         self._refs = itertools.count(1)
-        self._pending: list[tuple[frozenset[int] | None, tuple[Any, ...]]] = []
-        #: refs freed by the garbage collector (any thread), sent with the next batch.
-        self._freed: collections.deque[int] = collections.deque()
+        self._events = itertools.count(1)
+        self._pending: list[tuple[frozenset[int] | None, int, tuple[Any, ...]]] = []
+        #: (ref, stream id) freed by the garbage collector (any thread), sent with the next batch.
+        self._freed: collections.deque[tuple[int, int]] = collections.deque()
         self._lock = threading.Lock()
+        self._streams: set[int] = set()
         self._pg_ready = False
         #: The ``monarch.spmd.MeshProcessGroup`` made for this mesh (``None``: not made here).
         self.process_group: Any = None
         self.closed = False
         self.sent_batches = 0
+        self._inbox: Any = None
+
+    def ensure_inbox(self) -> Any:
+        """The ``TensorInbox`` actors of this mesh's processes (spawned on first use: tensors
+        sent here from another process mesh arrive there)."""
+        with self._lock:
+            if self._inbox is None:
+                if self.procs is None:
+                    raise RuntimeError("this mesh has no process mesh to spawn inboxes on")
+                self._inbox = self.procs.spawn("tensor_engine_inbox", TensorInbox)
+            return self._inbox
 
     def new_ref(self) -> int:
         return next(self._refs)
 
-    def free(self, ref: int) -> None:
-        """A client tensor was dropped: free its value on the workers (next batch)."""
-        self._freed.append(ref)
+    def free(self, ref: int, stream: int = 0) -> None:
+        """A client tensor was dropped: free its value on the workers (next batch, on the
+        stream it belongs to, after the work issued there before)."""
+        self._freed.append((ref, stream))
 
-    def send(self, ranks: frozenset[int] | None, command: tuple[Any, ...]) -> None:
+    def send(
+        self, ranks: frozenset[int] | None, command: tuple[Any, ...], stream: Any = None
+    ) -> None:
+        """Queue ``command`` for the workers of ``ranks`` (``None``: all) on ``stream``
+        (``None``: the active stream)."""
+        sid = stream_id(get_active_stream() if stream is None else stream)
+        block = _block
         with self._lock:
+            if block is not None:
+                if block.client is None:
+                    block.client, block.start = self, len(self._pending)
+                elif block.client is not self:
+                    raise ValueError(
+                        "using multiple controllers in the same coalescing block is not supported"
+                    )
+                if len(self._pending) >= MAX_COALESCED:
+                    raise RuntimeError(f"a coalescing block holds at most {MAX_COALESCED} commands")
+            if sid not in self._streams:
+                if len(self._streams) >= MAX_STREAMS:
+                    raise RuntimeError(
+                        f"a mesh runs at most {MAX_STREAMS} streams (workers keep a thread each)"
+                    )
+                self._streams.add(sid)
             self._take_freed()
-            self._pending.append((ranks, command))
-            full = len(self._pending) >= MAX_BATCH
+            self._pending.append((ranks, sid, command))
+            full = len(self._pending) >= MAX_BATCH and block is None
         if full:
             self.flush()
 
+    def sync(self, ranks: frozenset[int] | None, before: Any, after: Any) -> None:
+        """Work issued on stream ``after`` from now on runs, on ``ranks``, only once stream
+        ``before`` ran the work issued on it so far."""
+        if stream_id(before) == stream_id(after):
+            return
+        event = next(self._events)
+        self.send(ranks, (m.SIGNAL, event), before)
+        self.send(ranks, (m.WAIT, event), after)
+
     def _take_freed(self) -> None:
         if self._freed:
-            refs = []
+            by_stream: dict[int, list[int]] = {}
             while self._freed:
-                refs.append(self._freed.popleft())
-            self._pending.append((None, (m.DEL, tuple(refs))))
+                ref, sid = self._freed.popleft()
+                by_stream.setdefault(sid, []).append(ref)
+            for sid, refs in by_stream.items():
+                self._pending.append((None, sid, (m.DEL, tuple(refs))))
 
     def flush(self) -> None:
-        """Send what is pending (one message to every worker)."""
+        """Send what is pending (one message to every worker per ``MAX_BATCH`` commands);
+        nothing while a ``coalescing()`` block holds this client's work."""
+        block = _block
+        if block is not None and block.client is self:
+            return
         with self._lock:
             self._take_freed()
             batch, self._pending = self._pending, []
         if batch and not self.closed:
-            self.workers.run.broadcast(batch)
-            self.sent_batches += 1
+            for at in range(0, len(batch), MAX_BATCH):
+                self.workers.run.broadcast(batch[at : at + MAX_BATCH])
+                self.sent_batches += 1
+
+    def end_block(self, start: int, finished: bool) -> None:
+        """A ``coalescing()`` block that held this client's work (from ``start`` of the
+        pending commands) ended: send it, or, ``finished`` false, drop it (but its frees)."""
+        if not finished:
+            with self._lock:
+                kept = self._pending[:start]
+                kept.extend(c for c in self._pending[start:] if c[2][0] == m.DEL)
+                self._pending = kept
+        self.flush()
 
     def ensure_process_group(self) -> None:
         """Give the mesh's processes a gloo process group (once; ``monarch.spmd`` makes it,
@@ -242,7 +347,7 @@ class DeviceMesh:
                 self.rank_set,
                 (m.CALL, (ref,), (), RANK_FUNCTION, (dims, chosen), {}, issued_at()),
             )
-            fake = torch.empty((), dtype=torch.long, device="meta")
+            fake = meta_empty((), torch.long)
             return Tensor(fake, self, ref, get_active_stream())
         combined: Any = None
         for dim in dims:

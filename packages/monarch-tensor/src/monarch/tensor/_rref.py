@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from monarch.tensor import _messages as m
 from monarch.tensor._context import active_mesh, issued_at, no_mesh
 from monarch.tensor._stream import get_active_stream
-from monarch.tensor._tensor import Tensor, mesh_of, to_message, to_meta
+from monarch.tensor._tensor import Tensor, mesh_of, meta_empty, to_message, to_meta
 
 __all__ = ["rref"]
 
@@ -24,7 +24,7 @@ __all__ = ["rref"]
 def rref(
     actors: Any,
     name: str,
-    propagate: Callable[..., Any] | None,
+    propagate: Callable[..., Any] | str | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
@@ -36,13 +36,24 @@ def rref(
             f"{name}.rref() needs an active mesh (with proc_mesh.activate():) or distributed "
             "tensor arguments"
         )
-    if not callable(propagate):
-        raise ValueError(
-            f"{name}.rref() needs the endpoint's output shapes: declare it with "
-            "@endpoint(propagate=fn), fn taking meta tensors and returning the outputs"
+    # The reference's propagators for endpoints: no "cached" (its default), no "mocked";
+    # "inspect": nothing comes back (the endpoint still runs on every process).
+    if propagate is None or propagate == "cached":
+        raise NotImplementedError("Cached propagation is not implemented for actor endpoints.")
+    if propagate == "mocked":
+        raise NotImplementedError("mocked propagation")
+    if propagate == "inspect":
+        message_args, message_kwargs = tree_map(to_message, (args, kwargs))
+        mesh.client.send(
+            mesh.rank_set,
+            (m.RREF, None, (), (actors, name), message_args, message_kwargs, issued_at()),
+            get_active_stream(),
         )
-    meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
+        return None
+    if not callable(propagate):
+        raise TypeError(f"'{type(propagate).__name__}' object is not callable")
     with no_mesh.activate():
+        meta_args, meta_kwargs = tree_map(to_meta, (args, kwargs))
         result = propagate(*meta_args, **meta_kwargs)
     leaves, spec = tree_flatten(result)
     client = mesh.client
@@ -52,7 +63,7 @@ def rref(
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             ref = client.new_ref()
-            fake = leaf if leaf.device.type == "meta" else leaf.detach().to("meta")
+            fake = leaf if leaf.device.type == "meta" else meta_empty(leaf.shape, leaf.dtype)
             outs.append(ref)
             wrapped.append(Tensor(fake, mesh, ref, stream))
         else:
@@ -62,5 +73,6 @@ def rref(
     client.send(
         mesh.rank_set,
         (m.RREF, tuple(outs), (), (actors, name), message_args, message_kwargs, issued_at()),
+        stream,
     )
     return tree_unflatten(wrapped, spec)

@@ -1,11 +1,14 @@
 """Streams: named orders of work. Each tensor belongs to the stream that was active when it was
 made; using it on another stream needs a borrow, which the client tracks (a mutable borrow
-makes the original unusable until dropped). On the workers every stream's commands run in the
-one order the client issued them, so a borrow never waits."""
+makes the original unusable until dropped). On the workers each stream is an ordering domain
+(its own thread: different streams' work overlaps); a borrow makes the borrowing stream wait
+for the lender's work issued before it, and ``drop()`` makes the lender's later work wait for
+the borrower's work issued before the drop (the reference's BorrowCreate/BorrowDrop)."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -15,7 +18,9 @@ import torch
 if TYPE_CHECKING:
     from monarch.tensor._tensor import Tensor
 
-__all__ = ["Borrow", "Stream", "check_usable", "get_active_stream"]
+__all__ = ["Borrow", "Stream", "check_usable", "get_active_stream", "stream_id"]
+
+_ids = itertools.count(1)
 
 
 class Stream:
@@ -25,6 +30,8 @@ class Stream:
         if not name:
             raise ValueError("a stream needs a name")
         self.name = name
+        #: The workers' name for it (``0``: the main stream).
+        self.sid = next(_ids)
 
     def __repr__(self) -> str:
         return f"stream {self.name!r}"
@@ -44,6 +51,7 @@ class Stream:
             raise ValueError(f"{t!r} is already on {self!r}")
         with self.activate(), t._mesh.activate():
             check_usable(t, t._stream, borrowing=True)
+            t._mesh.client.sync(t._mesh.rank_set, t._stream, self)
             with _lending(t):
                 alias = torch_alias(t)
         if getattr(alias, "_stream", None) is not self:  # not a distributed tensor of ours
@@ -68,7 +76,13 @@ class Borrow:
         self.dropped = False
 
     def drop(self) -> None:
+        """End the borrow (again: nothing): the lender's later work waits for the borrower's
+        work issued before now."""
+        if self.dropped:
+            return
         self.dropped = True
+        mesh = self.origin._mesh
+        mesh.client.sync(mesh.rank_set, self.borrowed._stream, self.origin._stream)
 
     def __enter__(self) -> Borrow:
         return self
@@ -84,6 +98,7 @@ class _ActiveStream(threading.local):
 
 _active = _ActiveStream()
 _main = Stream("main")
+_main.sid = 0
 _lent = threading.local()
 
 
@@ -94,6 +109,11 @@ def _lending(t: Tensor) -> Iterator[None]:
         yield
     finally:
         _lent.ref = None
+
+
+def stream_id(stream: Any) -> int:
+    """The workers' name for ``stream`` (the main stream: 0)."""
+    return int(getattr(stream, "sid", 0))
 
 
 def get_active_stream() -> Stream:

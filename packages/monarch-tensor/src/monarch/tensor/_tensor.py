@@ -8,7 +8,7 @@ ordered batch. Dropping the client tensor frees the shards.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
@@ -16,15 +16,30 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from monarch.tensor import _messages as m
 from monarch.tensor._context import active_mesh, issued_at, no_mesh
-from monarch.tensor._stream import check_usable, get_active_stream
+from monarch.tensor._stream import check_usable, get_active_stream, stream_id
 
 if TYPE_CHECKING:
     from monarch.tensor._mesh import DeviceMesh
 
-__all__ = ["Tensor", "dispatch", "mesh_of", "reduce", "reduce_", "to_message", "to_meta"]
+__all__ = [
+    "MOVES",
+    "Tensor",
+    "dispatch",
+    "mesh_of",
+    "meta_empty",
+    "reduce",
+    "reduce_",
+    "streams_of",
+    "to_message",
+    "to_meta",
+]
 
 Reduction = Literal["sum", "avg", "max", "min", "stack"]
 _REDUCTIONS = ("sum", "avg", "max", "min", "stack")
+
+#: ``to_mesh`` and ``slice_mesh`` behind the methods of the same names (``_move``, a module
+#: above this one, registers them when it is imported).
+MOVES: dict[str, Callable[..., Any]] = {}
 
 _aten = torch.ops.aten
 #: Operations that need a value on the client: fetch the shard instead.
@@ -63,7 +78,7 @@ class Tensor(torch.Tensor):  # type: ignore[misc]
         r._mesh = mesh
         r._ref = ref
         r._stream = stream
-        weakref.finalize(r, mesh.client.free, ref)
+        weakref.finalize(r, mesh.client.free, ref, stream_id(stream))
         return cast(Tensor, r)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -144,14 +159,22 @@ class Tensor(torch.Tensor):  # type: ignore[misc]
             self._fake.dtype,
             issued_at(),
         )
-        client.send(self._mesh.rank_set, command)
+        client.send(self._mesh.rank_set, command, self._stream)
         if out_ref is None:
             return self
         if target != self._mesh:  # the result stays on the target's processes only
             elsewhere = frozenset(self._mesh.ranks) - frozenset(target.ranks)
-            client.send(elsewhere, (m.DEL, (out_ref,)))
-        fake = torch.empty(out_shape, dtype=self._fake.dtype, device="meta")
+            client.send(elsewhere, (m.DEL, (out_ref,)), self._stream)
+        fake = meta_empty(out_shape, self._fake.dtype)
         return Tensor(fake, target, out_ref, self._stream)
+
+    def to_mesh(self, mesh: Any, stream: Any = None) -> Tensor:
+        """``monarch.to_mesh(self, mesh, stream)``: a copy on ``mesh`` (dimensions by name)."""
+        return cast(Tensor, MOVES["to_mesh"](self, mesh, stream))
+
+    def slice_mesh(self, **coords: int | slice) -> Tensor:
+        """``monarch.slice_mesh(self, **coords)``: this tensor on the slice of its mesh."""
+        return cast(Tensor, MOVES["slice_mesh"](self, **coords))
 
     def reduce_(
         self,
@@ -203,6 +226,21 @@ def mesh_of(leaves: Sequence[Any]) -> DeviceMesh | None:
                     f"{leaf._mesh!r}); move them with to_mesh first"
                 )
     return found
+
+
+def streams_of(leaves: Sequence[Any], *more: Any) -> tuple[int, ...]:
+    """The ids of the streams of the distributed tensors among ``leaves`` and of ``more``: what
+    a fetch of them waits for on the workers."""
+    found = {stream_id(leaf._stream) for leaf in leaves if isinstance(leaf, Tensor)}
+    found.update(stream_id(s) for s in more)
+    return tuple(sorted(found))
+
+
+def meta_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A plain meta tensor, even where a mesh is active (there ``torch.empty`` would make a
+    distributed tensor, whose later use as a fake would send operations to the workers)."""
+    with no_mesh.activate():
+        return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
 def to_meta(leaf: Any) -> Any:
@@ -289,5 +327,6 @@ def dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
             message_kwargs,
             issued_at(),
         ),
+        stream,
     )
     return tree_unflatten(wrapped, out_spec)

@@ -1,12 +1,27 @@
 """The tensor worker: one actor per process of an activated mesh, running the client's commands
-in order on a table of local tensors."""
+on a table of local tensors.
+
+Each stream is an ordering domain: ``run`` hands every command to its stream's thread (a
+bounded queue each; ``run`` waits for room), which runs them in the order issued, while
+different streams' commands overlap. Streams meet only where the client says so: ``signal`` on
+one stream and ``wait`` on another (a borrow: the borrowing stream waits for the lender's work
+issued before it; a drop: the lender's later work waits for the borrower's work issued before
+the drop). Collectives and point-to-point transfers (``reduce``, ``send``, ``recv``) run one at a
+time in the order issued, whatever their streams (every process of a group must run them in the
+same order). Every wait is for work issued earlier, so the order of issue rules out deadlock.
+A fetch waits for the streams of what it reads, up to the commands issued before it."""
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import logging
+import queue
+import threading
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +33,14 @@ from monarch.tensor import _dist
 from monarch.tensor import _messages as m
 from monarch.tensor._table import DEFAULT_CAPACITY, Failure, TensorTable
 
-__all__ = ["TensorWorker", "resolve_function", "resolve_operator"]
+__all__ = [
+    "TensorInbox",
+    "TensorSpec",
+    "TensorWorker",
+    "propagate_on_shard",
+    "resolve_function",
+    "resolve_operator",
+]
 
 _log = logging.getLogger("monarch.tensor.worker")
 
@@ -31,7 +53,26 @@ MAX_LOGGED_FAILURES = 20
 #: How long a tensor worker waits for the local actor of an ``rref`` call.
 RREF_TIMEOUT_S = 300.0
 
+#: Shards from other process meshes an inbox holds at most before a sender waits.
+MAX_INBOX = 256
+#: How long a transfer between process meshes waits (for the shard; for room in the inbox).
+TRANSFER_TIMEOUT_S = 120.0
+
+#: Streams a worker runs at most (one thread each).
+MAX_STREAMS = 64
+#: Commands queued on one stream at most before ``run`` waits for room.
+MAX_QUEUED = 4096
+#: Cross-stream events a worker holds at most (signalled, not yet waited for).
+MAX_EVENTS = 65_536
+#: How long a stream waits for another stream's ``signal`` before it fails the wait.
+EVENT_TIMEOUT_S = 600.0
+
+#: Commands that run one at a time in issued order across all streams (collectives).
+_NETWORK = frozenset({m.REDUCE, m.SEND, m.RECV})
+
 _operators: dict[str, Any] = {}
+#: Guards the worker's failure count (its streams' threads fail concurrently).
+_failures_lock = threading.Lock()
 
 
 def resolve_operator(name: str) -> Any:
@@ -70,6 +111,67 @@ def coordinate(dim: str, chosen: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(chosen.index(_point[dim]), dtype=torch.long)
 
 
+class _Inbox:
+    """Shards sent to this process from another process mesh (``to_mesh``), by key; bounded."""
+
+    def __init__(self, capacity: int) -> None:
+        self._values: dict[str, Any] = {}
+        self._capacity = capacity
+        self._cond = threading.Condition()
+
+    def put(self, key: str, value: Any, timeout_s: float) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._values) < self._capacity, timeout_s):
+                raise RuntimeError(
+                    f"the tensor inbox stayed full ({self._capacity} shards nobody took) for "
+                    f"{timeout_s:.0f} s"
+                )
+            self._values[key] = value
+            self._cond.notify_all()
+
+    def take(self, key: str, timeout_s: float) -> Any:
+        with self._cond:
+            if not self._cond.wait_for(lambda: key in self._values, timeout_s):
+                raise TimeoutError(
+                    f"no shard arrived from the source mesh within {timeout_s:.0f} s "
+                    f"(transfer {key})"
+                )
+            value = self._values.pop(key)
+            self._cond.notify_all()
+            return value
+
+
+_inbox = _Inbox(MAX_INBOX)
+
+
+class TensorInbox(Actor):
+    """Receives shards sent from another process mesh's workers (its own actor, so a delivery
+    is taken while this process's ``TensorWorker`` waits for it)."""
+
+    @endpoint
+    def deliver(self, key: str, value: Any) -> None:
+        _inbox.put(key, value, TRANSFER_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's shape and dtype (what ``propagate="cached"`` brings back to the client)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def propagate_on_shard(target: Callable[..., Any] | str, args: Any, kwargs: Any) -> Any:
+    """Run ``target`` on this process's shards and return its result with every tensor
+    replaced by its :class:`TensorSpec` (``remote(..., propagate="cached")``)."""
+    function = resolve_function(target) if isinstance(target, str) else target
+    result = function(*args, **kwargs)
+    return tree_map(
+        lambda v: TensorSpec(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v,
+        result,
+    )
+
+
 def _refs_in(tree: Any) -> list[int]:
     return [int(leaf) for leaf in tree_flatten(tree)[0] if isinstance(leaf, m.Ref)]
 
@@ -85,25 +187,105 @@ class TensorWorker(Actor):
         self.rank = current_rank().rank
         torch.seed()  # workers forked from one image would otherwise draw the same numbers
         self._sends: list[tuple[Any, Any]] = []
+        self._sends_lock = threading.Lock()
         self.failures = 0
+        self._queues: dict[int, queue.Queue[tuple[tuple[Any, ...], int | None]]] = {}
+        #: Guards the counts below: commands handed to each stream, finished by each, network
+        #: tickets handed out and finished; waited on by fetches and by the ticket turnstile.
+        self._progress = threading.Condition()
+        self._issued: dict[int, int] = {}
+        self._done: dict[int, int] = {}
+        self._tickets = 0
+        self._turn = 0
+        self._events: dict[int, threading.Event] = {}
+        self._events_lock = threading.Lock()
 
     # -- endpoints -----------------------------------------------------------------------------
     @endpoint
-    def run(self, batch: list[tuple[frozenset[int] | None, tuple[Any, ...]]]) -> None:
-        """Execute ``batch`` in order: each command with the ranks it is for (``None``: all)."""
-        for ranks, command in batch:
+    def run(self, batch: list[tuple[frozenset[int] | None, int, tuple[Any, ...]]]) -> None:
+        """Hand ``batch`` to the streams in order: each command with the ranks it is for
+        (``None``: all) and its stream."""
+        for ranks, stream, command in batch:
             if ranks is not None and self.rank not in ranks:
                 continue
             try:
+                commands = self._queue(stream)
+            except RuntimeError:
+                _log.exception("tensor worker rank %d: command %s failed", self.rank, command[0])
+                self._fail_outputs(command, traceback.format_exc())
+                continue
+            ticket = None
+            with self._progress:
+                if command[0] in _NETWORK:
+                    ticket = self._tickets
+                    self._tickets += 1
+                self._issued[stream] = self._issued.get(stream, 0) + 1
+            commands.put((command, ticket))  # waits while the stream's queue is full
+
+    def _queue(self, stream: int) -> queue.Queue[tuple[tuple[Any, ...], int | None]]:
+        found = self._queues.get(stream)
+        if found is None:
+            if len(self._queues) >= MAX_STREAMS:
+                raise RuntimeError(f"a tensor worker runs at most {MAX_STREAMS} streams")
+            found = queue.Queue(maxsize=MAX_QUEUED)
+            self._queues[stream] = found
+            # The actor's context (current_rank(), the sender of rref calls) for its thread.
+            context = contextvars.copy_context()
+            threading.Thread(
+                target=context.run,
+                args=(self._stream_loop, stream, found),
+                name=f"tensor-stream-{stream}",
+                daemon=True,
+            ).start()
+        return found
+
+    def _stream_loop(
+        self, stream: int, commands: queue.Queue[tuple[tuple[Any, ...], int | None]]
+    ) -> None:
+        while True:
+            command, ticket = commands.get()
+            try:
+                if ticket is not None:
+                    with self._progress:
+                        self._progress.wait_for(lambda t=ticket: self._turn == t)  # type: ignore[misc]
                 self._execute(command)
             except Exception:  # a bug or a full table: fail what the command would produce
                 _log.exception("tensor worker rank %d: command %s failed", self.rank, command[0])
                 self._fail_outputs(command, traceback.format_exc())
+            finally:
+                with self._progress:
+                    if ticket is not None:
+                        self._turn += 1
+                    self._done[stream] = self._done.get(stream, 0) + 1
+                    self._progress.notify_all()
+
+    def _caught_up(self, streams: tuple[int, ...] | None) -> None:
+        """Wait until ``streams`` (``None``: all) ran every command handed to them so far."""
+        with self._progress:
+            names = list(self._issued) if streams is None else streams
+            goal = {s: self._issued.get(s, 0) for s in names}
+            self._progress.wait_for(lambda: all(self._done.get(s, 0) >= n for s, n in goal.items()))
+
+    def _event(self, event: int) -> threading.Event:
+        with self._events_lock:
+            found = self._events.get(event)
+            if found is None:
+                if len(self._events) >= MAX_EVENTS:
+                    raise RuntimeError(f"more than {MAX_EVENTS} stream events pending")
+                found = self._events[event] = threading.Event()
+            return found
+
+    def _wait_event(self, event: int) -> None:
+        if not self._event(event).wait(EVENT_TIMEOUT_S):
+            raise TimeoutError(f"stream event {event} was not signalled in {EVENT_TIMEOUT_S} s")
+        with self._events_lock:
+            self._events.pop(event, None)
 
     @endpoint
-    def fetch(self, tree: Any) -> tuple[str, Any]:
+    def fetch(self, tree: Any, streams: tuple[int, ...] | None = None) -> tuple[str, Any]:
         """``("ok", values)`` with the refs of ``tree`` replaced by their tensors, or
-        ``("err", Failure)`` for the first that has none."""
+        ``("err", Failure)`` for the first that has none (after ``streams`` caught up)."""
+        self._caught_up(streams)
         self._finish_sends()
         refs = _refs_in(tree)
         failure = self.table.first_failure(refs)
@@ -117,10 +299,16 @@ class TensorWorker(Actor):
 
     @endpoint
     def call_and_fetch(
-        self, target: Callable[..., Any] | str, args: Any, kwargs: Any, issued_at: str
+        self,
+        target: Callable[..., Any] | str,
+        args: Any,
+        kwargs: Any,
+        issued_at: str,
+        streams: tuple[int, ...] | None = None,
     ) -> tuple[str, Any]:
         """Run a remote function on this process's shards and return its result (as ``fetch``:
         ``("ok", value)`` or ``("err", Failure)``)."""
+        self._caught_up(streams)
         self._finish_sends()
         name = _command_name(m.CALL, target)
         failure = self.table.first_failure(_refs_in((args, kwargs)))
@@ -141,11 +329,13 @@ class TensorWorker(Actor):
     @endpoint
     def failed(self) -> int:
         """How many operations failed here (not counting those that only read a failed value)."""
+        self._caught_up(None)
         return self.failures
 
     @endpoint
     def live(self) -> int:
         """How many tensors this worker holds (tests, diagnostics)."""
+        self._caught_up(None)
         return len(self.table)
 
     # -- commands ------------------------------------------------------------------------------
@@ -171,6 +361,14 @@ class TensorWorker(Actor):
             self._send(command)
         elif kind == m.RECV:
             self._recv(command)
+        elif kind == m.PUSH:
+            self._push(command)
+        elif kind == m.TAKE:
+            self._take(command)
+        elif kind == m.SIGNAL:
+            self._event(command[1]).set()
+        elif kind == m.WAIT:
+            self._wait_event(command[1])
         else:
             raise ValueError(f"unknown tensor engine command {kind!r}")
 
@@ -184,10 +382,10 @@ class TensorWorker(Actor):
         name = kind
         issued_at = ""
         if kind in (m.OP, m.CALL, m.RREF):
-            refs = [r for r in command[1] if r is not None] + list(command[2])
+            refs = [r for r in command[1] or () if r is not None] + list(command[2])
             name = _command_name(kind, command[3])
             issued_at = command[6]
-        elif kind in (m.REDUCE, m.RECV):
+        elif kind in (m.REDUCE, m.RECV, m.TAKE):
             issued_at = command[-1]
             if command[1] is not None:
                 refs = [command[1]]
@@ -203,7 +401,7 @@ class TensorWorker(Actor):
         name = _command_name(kind, target)
         failure = self.table.first_failure(_refs_in((args, kwargs)))
         if failure is not None:
-            self._fail([r for r in outs if r is not None] + list(mutated), failure)
+            self._fail([r for r in outs or () if r is not None] + list(mutated), failure)
             return
         try:
             if kind == m.OP:
@@ -217,7 +415,9 @@ class TensorWorker(Actor):
         except Exception:
             failure = Failure(name, issued_at, traceback.format_exc(), self.rank)
             self._note_failure(failure)
-            self._fail([r for r in outs if r is not None] + list(mutated), failure)
+            self._fail([r for r in outs or () if r is not None] + list(mutated), failure)
+            return
+        if outs is None:  # propagate="inspect": the client keeps nothing of the result
             return
         leaves = tree_flatten(result)[0]
         if len(leaves) != len(outs):
@@ -237,8 +437,10 @@ class TensorWorker(Actor):
     def _note_failure(self, failure: Failure) -> None:
         """Log an operation that failed here (not those that only read its result): the client
         learns of it at the next fetch of what depends on it, perhaps never."""
-        self.failures += 1
-        if self.failures <= MAX_LOGGED_FAILURES:
+        with _failures_lock:  # streams fail concurrently
+            self.failures += 1
+            count = self.failures
+        if count <= MAX_LOGGED_FAILURES:
             last = failure.traceback.strip().splitlines()[-1] if failure.traceback else ""
             _log.warning(
                 "tensor worker rank %d: %s issued at %s failed: %s%s",
@@ -246,7 +448,7 @@ class TensorWorker(Actor):
                 failure.op,
                 failure.issued_at or "?",
                 last,
-                " (later failures are not logged)" if self.failures == MAX_LOGGED_FAILURES else "",
+                " (later failures are not logged)" if count == MAX_LOGGED_FAILURES else "",
             )
 
     def _local_endpoint(self, actors: Any, name: str) -> Callable[..., Any]:
@@ -312,9 +514,13 @@ class TensorWorker(Actor):
         if isinstance(value, Failure):
             value = torch.empty(0)
         tensor = value.contiguous()
-        if len(self._sends) >= MAX_PENDING_SENDS:
-            self._sends.pop(0)[0].wait()
-        self._sends.append((dist.isend(tensor, dst_rank), tensor))
+        oldest = None
+        with self._sends_lock:
+            if len(self._sends) >= MAX_PENDING_SENDS:
+                oldest = self._sends.pop(0)
+            self._sends.append((dist.isend(tensor, dst_rank), tensor))
+        if oldest is not None:
+            oldest[0].wait()
 
     def _recv(self, command: tuple[Any, ...]) -> None:
         _, out, src_rank, shape, dtype, _issued_at = command
@@ -322,9 +528,34 @@ class TensorWorker(Actor):
         dist.recv(tensor, src_rank)
         self.table.put(out, tensor)
 
+    def _push(self, command: tuple[Any, ...]) -> None:
+        _, src, inbox, coords, key, _issued_at = command
+        value = self.table.get(src)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().clone()
+        inbox.slice(**coords).deliver.broadcast(key, value)  # a Failure travels as itself
+
+    def _take(self, command: tuple[Any, ...]) -> None:
+        _, out, key, shape, dtype, _issued_at = command
+        started = time.monotonic()
+        value = _inbox.take(key, TRANSFER_TIMEOUT_S)
+        if isinstance(value, torch.Tensor) and (
+            tuple(value.shape) != shape or value.dtype != dtype
+        ):
+            raise RuntimeError(
+                f"to_mesh: the shard arrived as {tuple(value.shape)} {value.dtype}, expected "
+                f"{shape} {dtype}"
+            )
+        _log.debug("rank %d took %s after %.3f s", self.rank, key, time.monotonic() - started)
+        self.table.put(out, value)
+
     def _finish_sends(self) -> None:
-        while self._sends:
-            self._sends.pop(0)[0].wait()
+        while True:
+            with self._sends_lock:
+                if not self._sends:
+                    return
+                oldest = self._sends.pop(0)
+            oldest[0].wait()
 
 
 def _command_name(kind: str, target: Any) -> str:
