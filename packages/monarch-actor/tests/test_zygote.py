@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from monarch.actor._hosts import zygote as zygote_module
 from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError, fork_between_imports
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -35,6 +36,14 @@ def _pipes(argv: Sequence[str]) -> int:
     print(f"out {line}", flush=True)
     print(f"err {line}", file=sys.stderr, flush=True)
     return 0
+
+
+def _sleep_or_echo(argv: Sequence[str]) -> int:
+    if argv[0] == "sleep":
+        return _sleep(argv)
+    print(f"out {argv[0]}", flush=True)
+    print(f"err {argv[0]}", file=sys.stderr, flush=True)
+    return int(argv[0])
 
 
 def _fail(argv: Sequence[str]) -> int:
@@ -118,11 +127,85 @@ def test_many_children_each_get_their_own_status(zygote: Zygote) -> None:
     assert [c.wait(10) for c in children] == list(range(8))
 
 
+def test_one_request_forks_a_batch_each_with_its_own_pipes(zygote: Zygote) -> None:
+    children, error = zygote.spawn_many(
+        [["sleep"], ["3"], ["4"]], target=f"{HERE}:_sleep_or_echo", stderr=True
+    )
+    assert error is None
+    assert len({c.pid for c in children}) == 3
+    assert _read_line(children[0]) == "ready\n"
+    # A sibling holds no copy of another's pipes: an exited worker's pipes end at once, while
+    # the first still runs.
+    for child, n in zip(children[1:], (3, 4), strict=True):
+        assert child.wait(10) == n
+        assert child.stdout is not None
+        assert child.stderr is not None
+        assert child.stdout.read() == f"out {n}\n".encode()
+        assert child.stderr.read() == f"err {n}\n".encode()
+    assert children[0].poll() is None
+    children[0].kill()
+    assert children[0].wait(10) == -signal.SIGKILL
+
+
+def test_a_batch_larger_than_one_request_is_sent_as_several(
+    zygote: Zygote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zygote_module, "MAX_BATCH", 2)
+    children, error = zygote.spawn_many([[str(i)] for i in range(5)], target=f"{HERE}:_echo")
+    assert error is None
+    assert [c.wait(10) for c in children] == list(range(5))
+    with pytest.raises(ValueError, match="1 to 2 workers"):
+        zygote._request([["0"]] * 3, f"{HERE}:_echo", None, None, False)
+
+
+def test_a_batch_the_zygote_cannot_fork_whole_returns_those_it_forked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(zygote_module, "_MAX_CHILDREN", 2)  # the zygote forked below has it
+    z = Zygote.start()
+    try:
+        fds = os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else None
+        children, error = z.spawn_many([[str(i)] for i in range(4)], target=f"{HERE}:_echo")
+        assert error is not None
+        assert "more than 2 workers" in error
+        if fds is not None:  # the pipes of the two never forked are closed: two stdouts kept
+            assert len(os.listdir("/proc/self/fd")) == len(fds) + 2
+        assert [c.wait(10) for c in children] == [0, 1]
+        # Once reaped, they make room again.
+        again, error = z.spawn_many([["5"]], target=f"{HERE}:_echo")
+        assert error is None
+        assert again[0].wait(10) == 5
+    finally:
+        z.close()
+
+
+def test_malformed_request_is_refused_with_a_reason(zygote: Zygote) -> None:
+    import array
+    import json
+    import socket
+
+    read_fd, write_fd = os.pipe()
+    try:
+        with zygote._lock:
+            zygote._sock.sendmsg(
+                [json.dumps({"workers": [["0"], ["1"]]}).encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_fd]))],
+            )
+            reply = zygote._next_reply()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert reply["spawned"] == []
+    assert "expected 2 descriptors, got 1" in str(reply["error"])
+
+
 def test_closed_zygote_refuses_spawns_clearly() -> None:
     z = Zygote.start()
     z.close()
     with pytest.raises(ZygoteUnavailableError):
         z.spawn(["0"], target=f"{HERE}:_echo")
+    with pytest.raises(ZygoteUnavailableError):
+        z.spawn_many([["0"], ["1"]], target=f"{HERE}:_echo")
     with pytest.raises(ChildProcessError):
         os.waitpid(z.pid, os.WNOHANG)  # reaped by close()
 

@@ -594,26 +594,55 @@ class LocalWorkerGroup(WorkerGroup):
         main = main_reference()
         method = check_spawn_method()
         zygote = _zygote() if method == "zygote" else None
-        for rank, label in enumerate(self.labels):
-            if self.killed:  # killed while starting: start no more
-                break
-            command = worker_command(
-                parent=parent, authority=authority, ca_dir=ca_dir, label=label, idle=idle,
+        commands_by_rank = [
+            worker_command(
+                parent=parent,
+                authority=authority,
+                ca_dir=ca_dir,
+                label=label,
+                idle=idle,
                 main=main,
-            )  # fmt: skip
-            custom = commands[rank] if commands is not None else None
-            prefix = numactl[rank] if numactl is not None else ()
-            if zygote is not None and custom is None and not prefix:
-                try:
-                    self.popens.append(
-                        zygote.spawn(command[3:], target=FORKED_WORKER, env=env, stderr=True)
-                    )
-                    self.record("proc_starting", rank, f"os pid {self.popens[-1].pid}")
-                    continue
-                except ZygoteUnavailableError as exc:
-                    _log.warning("forking workers failed (%s); starting them with exec", exc)
-                    zygote = None
-            argv, executable, environment = exec_spec(command, custom, prefix, env)
+            )
+            for label in self.labels
+        ]
+        customs = [
+            commands[rank] if commands is not None else None for rank in range(len(self.labels))
+        ]
+        prefixes = [
+            numactl[rank] if numactl is not None else () for rank in range(len(self.labels))
+        ]
+        # Every worker the zygote can fork (no custom command, no numactl) in one request: it
+        # forks them back to back and they start up in parallel.
+        forkable = [
+            rank for rank in range(len(self.labels)) if customs[rank] is None and not prefixes[rank]
+        ]
+        forked: dict[int, WorkerProcess] = {}
+        if zygote is not None and forkable and not self.killed:
+            try:
+                started, error = zygote.spawn_many(
+                    [commands_by_rank[rank][3:] for rank in forkable],
+                    target=FORKED_WORKER,
+                    env=env,
+                    stderr=True,
+                )
+            except ZygoteUnavailableError as exc:
+                started, error = [], str(exc)
+            forked = dict(zip(forkable, started, strict=False))
+            if error is not None:
+                _log.warning("forking workers failed (%s); starting them with exec", error)
+        for rank, label in enumerate(self.labels):
+            if rank in forked:
+                self.popens.append(forked[rank])
+                self.record("proc_starting", rank, f"os pid {forked[rank].pid}")
+                continue
+            if self.killed:  # killed while starting: start no more, end those forked
+                for later in range(rank + 1, len(self.labels)):
+                    if later in forked:
+                        forked[later].kill()
+                break
+            argv, executable, environment = exec_spec(
+                commands_by_rank[rank], customs[rank], prefixes[rank], env
+            )
             try:
                 process = subprocess.Popen(
                     argv,

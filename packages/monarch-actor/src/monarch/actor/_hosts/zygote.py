@@ -14,16 +14,21 @@ involved (logging, threading) reset their state in the zygote.
 
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
-- client -> zygote: ``{"target": "module:function", "argv": [...], "env": {...}}`` (``env``
-  optional: the child's whole environment) with the write end of the worker's stdout pipe attached
-  (``SCM_RIGHTS``), then that of its stderr pipe where ``"stderr": true`` and the read end of its
-  stdin where ``"stdin": true``; the worker runs ``function(argv)`` (by default
-  ``monarch.actor._hosts.worker:main``, ``WORKER_TARGET``) with those pipes as its standard
-  output (and error) and the stdin given (else ``/dev/null``) as its standard input, and exits
-  with the integer it returns.
-- zygote -> client: ``{"spawned": PID}`` (or ``{"error": "..."}``) for each request, in request
-  order, and ``{"exited": PID, "status": CODE}`` when a worker ends (``CODE`` as
-  ``subprocess.Popen.returncode``: negative for a signal).
+- client -> zygote: ``{"target": "module:function", "workers": [[ARG, ...], ...], "env":
+  {...}}`` (``env`` optional: the children's whole environment): one request for every process
+  of a batch (a whole ``spawn_procs`` mesh: the zygote forks them back to back, and they start
+  up in parallel while it forks the next, with one round trip for them all). Attached
+  (``SCM_RIGHTS``), for each worker in order: the write end of its stdout pipe, then that of
+  its stderr pipe where ``"stderr": true`` and the read end of its stdin where ``"stdin":
+  true``. A worker runs ``function(argv)`` (by default ``monarch.actor._hosts.worker:main``,
+  ``WORKER_TARGET``) with those pipes as its standard output (and error) and the stdin given
+  (else ``/dev/null``) as its standard input, and exits with the integer it returns; it closes
+  the descriptors of the others.
+- zygote -> client: ``{"spawned": [PID, ...]}`` for each request, in request order, one PID
+  per worker in order, with ``"error": "..."`` where it could not fork them all (the PIDs are
+  then those of the workers forked before the failure), and ``{"exited": PID, "status":
+  CODE}`` when a worker ends (``CODE`` as ``subprocess.Popen.returncode``: negative for a
+  signal).
 
 The zygote exits when the client's end of the socket closes (the client exited or was killed);
 its workers notice the loss of their parent link and exit on their own (see ``worker``).
@@ -34,6 +39,7 @@ from __future__ import annotations
 import _imp
 import array
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -46,13 +52,16 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import IO, Final
 
-__all__ = ["WORKER_TARGET", "Zygote", "ZygoteProcess", "ZygoteUnavailableError"]
+__all__ = ["MAX_BATCH", "WORKER_TARGET", "Zygote", "ZygoteProcess", "ZygoteUnavailableError"]
 
 _MAX_MESSAGE: Final = 128 * 1024  # a whole environment fits
 #: What a zygote child runs unless told otherwise.
 WORKER_TARGET: Final = "monarch.actor._hosts.worker:main"
-#: Room for the descriptors of one request: stdout, stderr and stdin.
-_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * array.array("i").itemsize)
+#: Workers in one request (their descriptors must fit one message: the kernel passes at most
+#: 253 per message, ``SCM_MAX_FD``); a larger batch is sent as several requests.
+MAX_BATCH: Final = 64
+#: Room for the descriptors of one request: stdout, stderr and stdin of each worker.
+_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * MAX_BATCH * array.array("i").itemsize)
 #: Workers one zygote may run at once (a bound on its bookkeeping).
 _MAX_CHILDREN: Final = 4096
 #: Rounds ``fork_between_imports`` waits for other threads' imports before forking anyway.
@@ -198,20 +207,76 @@ class Zygote:
         zygote's when None); its stdout is the returned pipe, and so is its stderr with
         ``stderr`` (else it shares the zygote's); its stdin is the descriptor ``stdin`` (the
         caller keeps and closes its own copy; ``/dev/null`` when None)."""
-        read_fd, write_fd = os.pipe()
-        err_read, err_write = os.pipe() if stderr else (-1, -1)
-        fds = [write_fd] if not stderr else [write_fd, err_write]  # ours, closed below
-        passed = fds if stdin is None else [*fds, stdin]
+        processes, error = self._request(
+            [argv], target, env, None if stdin is None else [stdin], stderr
+        )
+        if error is not None:
+            raise ZygoteUnavailableError(f"the zygote could not fork: {error}")
+        return processes[0]
+
+    def spawn_many(
+        self,
+        argvs: Sequence[Sequence[str]],
+        target: str = WORKER_TARGET,
+        env: Mapping[str, str] | None = None,
+        stderr: bool = False,
+    ) -> tuple[list[ZygoteProcess], str | None]:
+        """Fork one process per ``argvs`` entry, as ``spawn`` does (stdin ``/dev/null``), with
+        one request per ``MAX_BATCH`` of them: the processes start up in parallel. Returns the
+        processes forked, in order, and why the others were not (None when all were): the
+        caller starts those another way. ``ZygoteUnavailableError`` if the zygote has gone
+        before the first was forked."""
+        processes: list[ZygoteProcess] = []
+        for first in range(0, len(argvs), MAX_BATCH):
+            try:
+                batch, error = self._request(
+                    argvs[first : first + MAX_BATCH], target, env, None, stderr
+                )
+            except ZygoteUnavailableError as exc:
+                if not processes:
+                    raise
+                return processes, str(exc)
+            processes.extend(batch)
+            if error is not None:
+                return processes, error
+        return processes, None
+
+    def _request(
+        self,
+        argvs: Sequence[Sequence[str]],
+        target: str,
+        env: Mapping[str, str] | None,
+        stdins: Sequence[int] | None,
+        stderr: bool,
+    ) -> tuple[list[ZygoteProcess], str | None]:
+        """One request (at most ``MAX_BATCH`` workers): the processes forked and the
+        zygote's error, if it could not fork them all."""
+        if not 0 < len(argvs) <= MAX_BATCH:
+            raise ValueError(f"a zygote request forks 1 to {MAX_BATCH} workers, not {len(argvs)}")
+        outs = [os.pipe() for _ in argvs]
+        errs = [os.pipe() for _ in argvs] if stderr else []
+        ours = [w for _, w in outs] + [w for _, w in errs]  # closed below, whatever happens
+        passed: list[int] = []
+        for index in range(len(argvs)):
+            passed.append(outs[index][1])
+            if stderr:
+                passed.append(errs[index][1])
+            if stdins is not None:
+                passed.append(stdins[index])
+        kept = [r for r, _ in outs] + [r for r, _ in errs]  # handed to the processes or closed
         try:
             with self._lock:
                 if self._closed:
                     raise ZygoteUnavailableError("the zygote has exited")
-                request: dict[str, object] = {"target": target, "argv": list(argv)}
+                request: dict[str, object] = {
+                    "target": target,
+                    "workers": [list(argv) for argv in argvs],
+                }
                 if env is not None:
                     request["env"] = dict(env)
                 if stderr:
                     request["stderr"] = True
-                if stdin is not None:
+                if stdins is not None:
                     request["stdin"] = True
                 message = json.dumps(request).encode()
                 if len(message) > _MAX_MESSAGE:
@@ -225,31 +290,36 @@ class Zygote:
                     raise ZygoteUnavailableError(f"the zygote has gone: {exc}") from exc
                 reply = self._next_reply()
         except BaseException:
-            if stderr:
-                os.close(err_read)
-            os.close(read_fd)
+            for fd in kept:
+                os.close(fd)
             raise
         finally:
-            for fd in fds:
+            for fd in ours:
                 os.close(fd)
-        if "spawned" not in reply:
-            os.close(read_fd)
+        spawned = reply.get("spawned")
+        pids = [int(pid) for pid in spawned] if isinstance(spawned, list) else []
+        pids = pids[: len(argvs)]
+        processes: list[ZygoteProcess] = []
+        for index, pid in enumerate(pids):
+            process = ZygoteProcess(
+                self,
+                pid,
+                os.fdopen(outs[index][0], "rb", buffering=0),
+                os.fdopen(errs[index][0], "rb", buffering=0) if stderr else None,
+            )
+            with self._state:
+                self._children[pid] = process
+                early = self._early_exits.pop(pid, None)
+            if early is not None:
+                process._set_exit(early)
+            processes.append(process)
+        for index in range(len(pids), len(argvs)):  # not forked: nobody writes to these
+            os.close(outs[index][0])
             if stderr:
-                os.close(err_read)
-            raise ZygoteUnavailableError(f"the zygote could not fork: {reply.get('error')}")
-        pid = int(str(reply["spawned"]))
-        process = ZygoteProcess(
-            self,
-            pid,
-            os.fdopen(read_fd, "rb", buffering=0),
-            os.fdopen(err_read, "rb", buffering=0) if stderr else None,
-        )
-        with self._state:
-            self._children[pid] = process
-            early = self._early_exits.pop(pid, None)
-        if early is not None:
-            process._set_exit(early)
-        return process
+                os.close(errs[index][0])
+        if len(pids) < len(argvs):
+            return processes, str(reply.get("error") or "no process id in the zygote's reply")
+        return processes, None
 
     def _next_reply(self) -> dict[str, object]:
         with self._state:
@@ -308,6 +378,11 @@ def _exit_code(status: int) -> int:
 
 def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
     """The zygote's loop: fork workers on request, report their exits, end on EOF."""
+    # Everything inherited from the client lives as long as the zygote and its workers: move it
+    # out of the cyclic collector's reach once, here, so that no worker's collections (its
+    # full ``gc.collect()`` before it reports ready, the automatic ones while it starts) walk
+    # the client's whole heap again (about 100 ms per worker on a loaded 2-core machine).
+    gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -342,33 +417,57 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-        try:
-            request = json.loads(data)
-            argv = [str(a) for a in request["argv"]]
-            target = str(request.get("target", WORKER_TARGET))
-            env = request.get("env")
-            if env is not None and not isinstance(env, dict):
-                raise ValueError("env must be an object")
-            expected = 1 + bool(request.get("stderr")) + bool(request.get("stdin"))
-            if len(fds) != expected:
-                raise ValueError(f"expected {expected} descriptors, got {len(fds)}")
+        _fork_batch(sock, (wake_r, wake_w), list(fds), data, children)
+
+
+def _fork_batch(  # pragma: no cover - runs in the zygote
+    sock: socket.socket,
+    wake: tuple[int, int],
+    fds: list[int],
+    data: bytes,
+    children: set[int],
+) -> None:
+    """Serve one request (module docstring): fork its workers back to back, then send one
+    reply; the zygote's copies of the descriptors are closed in every case."""
+    pids: list[int] = []
+    error: str | None = None
+    try:
+        request = json.loads(data)
+        workers = request["workers"]
+        if not isinstance(workers, list) or not 0 < len(workers) <= MAX_BATCH:
+            raise ValueError(f"workers must be a list of 1 to {MAX_BATCH} command lines")
+        argvs = [[str(a) for a in argv] for argv in workers]
+        target = str(request.get("target", WORKER_TARGET))
+        env = request.get("env")
+        if env is not None and not isinstance(env, dict):
+            raise ValueError("env must be an object")
+        with_stderr = bool(request.get("stderr"))
+        with_stdin = bool(request.get("stdin"))
+        per_worker = 1 + with_stderr + with_stdin
+        if len(fds) != per_worker * len(argvs):
+            raise ValueError(f"expected {per_worker * len(argvs)} descriptors, got {len(fds)}")
+        for index, argv in enumerate(argvs):
             if len(children) >= _MAX_CHILDREN:
                 raise ValueError(f"more than {_MAX_CHILDREN} workers")
+            own = fds[index * per_worker : (index + 1) * per_worker]
             pid = fork_between_imports()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            for fd in fds:
-                os.close(fd)
-            sock.send(json.dumps({"error": repr(exc)}).encode())
-            continue
-        if pid == 0:
-            with_stderr = bool(request.get("stderr"))
-            out_fds = list(fds[: 2 if with_stderr else 1])
-            stdin_fd = fds[len(out_fds)] if request.get("stdin") else None
-            _run_worker(sock, (wake_r, wake_w), out_fds, target, argv, env, stdin_fd)
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        sock.send(json.dumps({"spawned": pid}).encode())
+            if pid == 0:
+                for fd in fds:  # the other workers' descriptors: theirs alone
+                    if fd not in own:
+                        os.close(fd)
+                out_fds = own[: 2 if with_stderr else 1]
+                stdin_fd = own[-1] if with_stdin else None
+                _run_worker(sock, wake, out_fds, target, argv, env, stdin_fd)
+            children.add(pid)
+            pids.append(pid)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        error = repr(exc)
+    for fd in fds:
+        os.close(fd)
+    reply: dict[str, object] = {"spawned": pids}
+    if error is not None:
+        reply["error"] = error
+    sock.send(json.dumps(reply).encode())
 
 
 def _run_worker(  # pragma: no cover - runs in a forked worker
