@@ -671,8 +671,8 @@ def set_stream(notify: Callable[[], None] | None) -> None:
     caller sends them (``_runtime.proc``: a worker, to the client). ``None``: keep them here."""
     global _stream
     _stream = notify
-    if notify is not None:
-        _shipper.start()
+    if notify is not None and (TRACING or _pending):
+        _shipper.start()  # else tracing's start, or the first kick, starts it
 
 
 def _ship() -> bool:
@@ -778,7 +778,8 @@ def wait_stored(predicate: Callable[[], bool], timeout: float) -> bool:
 
 
 class _Shipper:
-    """This process's shipper thread (a daemon, started with tracing or a stream): packs the
+    """This process's shipper thread (a daemon, started with tracing; it ends once tracing is
+    off and nothing is pending, and starts again with tracing or a kick): packs the
     pending spans every ``SHIP_INTERVAL`` seconds, or when ``kick``ed (``SHIP_AT`` pending),
     and notifies the stream. One per OS process (a forked child makes its own)."""
 
@@ -817,7 +818,7 @@ class _Shipper:
                     notify()
             except Exception:
                 _log.exception("span shipper: could not pack the finished spans")
-            if not kicked and not TRACING and _stream is None and not _pending:
+            if not kicked and not TRACING and not _pending:
                 with self._start_lock:  # idle and off: end (``start`` makes a new one)
                     if not _pending and not TRACING:
                         self._thread = None
