@@ -147,7 +147,7 @@ _CURRENT_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
 _ZERO_SPAN_ID = bytes(8)
 
 
-class Span:
+class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
     """One timed operation: a name, ids (16-byte trace id, 8-byte span id, parent span id),
     start and end (``time.time_ns()``), attributes, and ``status`` (``"ok"``/``"error"``).
     Where it ran: ``os_pid``, ``proc`` (the process runtime's label: simulated processes share
@@ -155,54 +155,30 @@ class Span:
 
     Use it as a context manager (``with span("step"):``); while it is open it is the current
     span, the parent of spans started inside it and of the endpoint spans of calls sent from it.
+
+    A ``msgspec.Struct`` (made by ``span()`` and the runtime, not by hand): made in C with its
+    fields in order, packed for the trace by encoding a list of them as is (``encode_batch``),
+    untracked by the cyclic garbage collector (it refers to no container that refers back to it),
+    equal only to itself.
     """
 
-    __slots__ = (
-        "_attributes",
-        "_lazy",
-        "_otel",
-        "_token",
-        "end_ns",
-        "error",
-        "name",
-        "os_pid",
-        "parent_id",
-        "proc",
-        "span_id",
-        "start_ns",
-        "status",
-        "thread_id",
-        "trace_id",
-        "track",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        trace_id: bytes,
-        span_id: bytes,
-        parent_id: bytes,
-        attributes: dict[str, Any] | None,
-        proc: str = "",
-        track: str = "",
-        lazy: tuple[Any, ...] | None = None,
-    ) -> None:
-        self.name = name
-        self.os_pid = _PID
-        self.proc = proc or _process_label
-        self.track = track
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_id = parent_id
-        self._attributes = attributes
-        self._lazy = lazy
-        self.start_ns = time.time_ns()
-        self.end_ns = 0
-        self.status = "unset"
-        self.error = ""
-        self.thread_id = threading.get_ident()
-        self._token: contextvars.Token[Span | None] | None = None
-        self._otel: Any = None
+    name: str
+    trace_id: bytes
+    span_id: bytes
+    parent_id: bytes
+    start_ns: int
+    end_ns: int
+    os_pid: int
+    proc: str
+    track: str
+    thread_id: int
+    status: str
+    error: str
+    _attributes: dict[str, Any] | None
+    _lazy: tuple[Any, ...] | None
+    #: The context-variable token while entered (``__enter__``), else ``None``.
+    _token: Any = None
+    _otel: Any = None
 
     @property
     def attributes(self) -> dict[str, Any]:
@@ -354,11 +330,11 @@ def _start_span(
         else:
             trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
     if _otel._otel_trace is None:  # no mirror: no call
-        return Span(name, trace_id, span_id, parent_id, attributes, proc, track, lazy)
+        return _hot_span(name, trace_id, span_id, parent_id, proc, track, lazy, attributes)
     if attributes is None:
         attributes = _lazy_attributes(lazy)
     otel_span, trace_id, span_id = _otel.start_span(name, attributes, trace_id, parent_id, span_id)
-    result = Span(name, trace_id, span_id, parent_id, attributes, proc, track)
+    result = _hot_span(name, trace_id, span_id, parent_id, proc, track, None, attributes)
     result._otel = otel_span
     return result
 
@@ -401,7 +377,6 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     )
 
 
-_new_span = object.__new__
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
 
@@ -413,28 +388,26 @@ def _hot_span(
     parent_id: bytes,
     proc: str,
     track: str,
-    lazy: tuple[Any, ...],
+    lazy: tuple[Any, ...] | None,
+    attributes: dict[str, Any] | None = None,
 ) -> Span:
-    """``Span(name, ..., None, proc, track, lazy)`` without the mirror, minus ``__init__``'s
-    keyword handling (the runtime's send and receive spans: one per call each)."""
-    result: Span = _new_span(Span)
-    result.name = name
-    result.os_pid = _PID
-    result.proc = proc or _process_label
-    result.track = track
-    result.trace_id = trace_id
-    result.span_id = span_id
-    result.parent_id = parent_id
-    result._attributes = None
-    result._lazy = lazy
-    result.start_ns = _time_ns()
-    result.end_ns = 0
-    result.status = "unset"
-    result.error = ""
-    result.thread_id = _get_ident()
-    result._token = None
-    result._otel = None
-    return result
+    """A new open span, started now on this thread (one positional ``Span`` call, made in C)."""
+    return Span(
+        name,
+        trace_id,
+        span_id,
+        parent_id,
+        _time_ns(),
+        0,
+        _PID,
+        proc or _process_label,
+        track,
+        _get_ident(),
+        "unset",
+        "",
+        attributes,
+        lazy,
+    )
 
 
 _P = ParamSpec("_P")
@@ -583,15 +556,16 @@ def _plain(attributes: Mapping[str, Any]) -> dict[str, str | int | float | bool]
 
 
 def encode_batch(spans: Sequence[Span]) -> bytes:
-    """``spans`` packed: a msgpack array with one array per span (``_PACK_FIELDS``; a runtime
-    span's attributes still as their tuple). Attribute values other than ``str``, ``int``,
-    ``float`` and ``bool`` are left out (as ``SpanRecord.of`` does)."""
+    """``spans`` packed: a msgpack array with one array per span (its fields in order; a
+    runtime span's attributes still as their tuple), encoded as is, in C. Attribute values
+    other than ``str``, ``int``, ``float`` and ``bool`` are left out (as ``SpanRecord.of``
+    does), as is an OpenTelemetry twin."""
     try:
-        return _encode(list(map(_pack_one, spans)))
-    except (TypeError, ValueError, OverflowError):  # an attribute msgpack cannot carry
+        return _encode(spans)
+    except (TypeError, ValueError, OverflowError):  # something msgpack cannot carry
         rows = []
         for s in spans:
-            row = list(_pack_one(s))
+            row = [*_pack_one(s), None, None]  # as ``Span``'s fields: token and twin left out
             row[12] = _plain(s.attributes)
             row[13] = None
             rows.append(row)
@@ -613,6 +587,8 @@ _Row = tuple[
     str,
     dict[str, Any] | None,
     list[Any] | None,
+    Any,
+    Any,
 ]
 _decode_rows = msgspec.msgpack.Decoder(list[_Row]).decode
 
@@ -626,7 +602,7 @@ def decode_batch(data: bytes) -> list[SpanRecord]:
     out = []
     for row in rows:
         (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
-        thread_id, status, error, attributes, lazy = row[9:]
+        thread_id, status, error, attributes, lazy = row[9:14]
         try:
             plain = _plain(attributes if attributes is not None else _lazy_attributes(lazy))
         except (ValueError, TypeError, IndexError) as exc:
