@@ -13,9 +13,9 @@ Where finished spans go (issue 21: spans of processes that die without a stop). 
 span is appended to ``_pending`` (one ``deque.append`` on the finishing thread, and a length
 check). This process's *shipper* thread (``_Shipper``, never an actor thread) drains it every
 ``SHIP_INTERVAL`` seconds, or as soon as ``SHIP_AT`` spans are pending, packs them
-(``encode_batch``: one msgpack array of plain tuples per batch, made in C) and moves the span
-objects to the small ring of recent spans (``finished_spans()``: the ring, then what is still
-pending). A packed batch goes
+(``encode_batch``: a ``Span`` is a ``msgspec.Struct``, so a batch is the list of them encoded
+as is, in C) and moves the span objects to the small ring of recent spans
+(``finished_spans()``: the ring, then what is still pending). A packed batch goes
 
 - to the *stream* when one is set (``set_stream``: a worker process streams to the client, which
   started it; ``_runtime.proc`` sends each batch to the client's agent, endpoint ``__spans__``,
@@ -528,7 +528,8 @@ class SpanRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 
 # -- packing, the stream and the store ---------------------------------------------------------
-#: A packed span: these attributes, in this order (``operator.attrgetter``: one C call).
+#: A packed span: these attributes, in this order, then two ``None`` (``Span``'s fields; the
+#: slow path of ``encode_batch``, for spans whose attributes msgpack cannot carry).
 _PACK_FIELDS: Final = (
     "name",
     "trace_id",
