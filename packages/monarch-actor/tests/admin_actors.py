@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from monarch.actor import Actor, context, endpoint
+from typing import Any
+
+from monarch.actor import Actor, context, endpoint, this_host
 
 
 class Ticker(Actor):
@@ -23,3 +25,23 @@ class Ticker(Actor):
     @endpoint
     def die(self) -> None:
         context().actor_instance.abort("ticker died on purpose")
+
+
+class Spawner(Actor):
+    """Spawns a proc mesh of its own from inside its worker, with a ``Ticker`` on it."""
+
+    def __init__(self) -> None:
+        self.procs: Any = None
+        self.tickers: Any = None
+
+    @endpoint
+    def spawn(self, name: str) -> int:
+        self.procs = this_host().spawn_procs(per_host={"gpus": 1}, name=name)
+        self.tickers = self.procs.spawn("inner", Ticker)
+        return int(self.tickers.tick.call_one().get(timeout=30))
+
+    @endpoint
+    def stop_inner(self) -> None:
+        if self.procs is not None:
+            self.procs.stop().get(timeout=30)
+            self.procs = None

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from monarch.actor import this_host
 from monarch.actor._mesh import admin
 from monarch.actor._runtime import telemetry as tm
+from monarch.actor._runtime.telemetry import top
 from monarch.actor._runtime.telemetry.exposition import (
     CONTENT_TYPE,
     metric_name,
@@ -33,7 +34,7 @@ from monarch.actor._runtime.telemetry.exposition import (
 from monarch.actor._runtime.telemetry.metrics import MetricPoint
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import admin_actors by name
-from admin_actors import Ticker
+from admin_actors import Spawner, Ticker
 
 T = 30.0
 CALLS = 7
@@ -180,6 +181,38 @@ def test_status_needs_the_token_and_lists_the_actors(
     assert all(a["received"] == CALLS and a["mailbox"] == 0 for a in actors)
     assert len({p["os_pid"] for p in procs}) == 3  # the client and two workers
     assert doc["metrics"]["monarch.endpoint.latency"] >= 2 * CALLS
+
+
+def test_status_lists_the_proc_meshes_actors_spawned_in_workers(
+    tickers: tuple[Any, Any, admin.AdminServer],
+) -> None:
+    """A proc mesh an actor spawned inside a worker is listed with its processes, its actors
+    and its owner (the worker's label), and leaves the listing once stopped."""
+    procs, _, _ = tickers
+    spawner: Any = procs.slice(gpus=1).spawn("spawner", Spawner)
+    try:
+        assert spawner.spawn.call_one("innerprocs").get(timeout=T) == 1
+        doc = admin.collect_status(timeout=T)
+        inner = [p for h in doc["hosts"] for p in h["procs"] if p["mesh"] == "innerprocs"]
+        assert len(inner) == 1, doc["hosts"]
+        assert inner[0]["owner"] == "procs{'gpus': 1/2}"
+        (ticker,) = inner[0]["actors"]
+        assert ticker["cls"] == "admin_actors.Ticker"
+        assert ticker["state"] == "running"
+        assert ticker["received"] == 1
+        assert inner[0]["os_pid"] not in {
+            p["os_pid"] for h in doc["hosts"] for p in h["procs"] if p["mesh"] != "innerprocs"
+        }
+        owners = {p["owner"] for h in doc["hosts"] for p in h["procs"] if p["mesh"] == "procs"}
+        assert owners == {"client"}
+        rows = top.actor_rows(doc)
+        assert [r.proc for r in rows if r.mesh == "innerprocs"] == [inner[0]["proc"]]
+        spawner.stop_inner.call_one().get(timeout=T)
+        after = admin.collect_status(timeout=T)
+        assert not [p for h in after["hosts"] for p in h["procs"] if p["mesh"] == "innerprocs"]
+    finally:
+        spawner.stop_inner.call_one().get(timeout=T)
+        spawner.stop().get(timeout=T)
 
 
 def test_status_lists_recent_failures(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import logging
@@ -9,6 +10,8 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -234,6 +237,134 @@ def test_span_ids_are_unique_and_differ_after_fork(telemetry: None) -> None:
     assert len(data) == 24
     assert data[:8] != mine.trace_id[:8]  # another random prefix
     assert abs(int.from_bytes(data[16:], "big") - int.from_bytes(mine.span_id, "big")) > 1000
+
+
+# -- the span stream and store (issue 21: spans of processes that die without a stop) -------
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty store for the test (what it adds leaves with it)."""
+    monkeypatch.setattr(tm_tracing, "_store", collections.deque())
+    monkeypatch.setattr(tm_tracing, "_store_counts", [0, 0, 0])
+
+
+def test_packed_batches_round_trip(telemetry: None) -> None:
+    """A packed batch decodes to the records ``SpanRecord.of`` makes, runtime spans (their
+    attributes still a tuple) and user spans alike; values msgpack cannot carry are left out."""
+    with span("user", {"n": 3, "f": 0.5, "ok": True, "s": "x"}) as user:
+        pass
+    with span("odd", {"obj": object(), "kept": 1}) as odd:
+        pass
+    sent = tm_tracing._hot_span(
+        "call x.y",
+        b"t" * 16,
+        b"s" * 8,
+        bytes(8),
+        "client",
+        "<root>",
+        ("send", "call", "y", "x", 2, "<root>"),
+    )
+    sent._end(None)
+    got = tm_tracing.decode_batch(tm_tracing.encode_batch([user, sent]))  # type: ignore[list-item]
+    assert got == [tm_tracing.SpanRecord.of(user), tm_tracing.SpanRecord.of(sent)]  # type: ignore[arg-type]
+    assert got[1].attributes["span.kind"] == "send"
+    assert got[1].attributes["ranks"] == 2
+    (odd_record,) = tm_tracing.decode_batch(tm_tracing.encode_batch([odd]))  # type: ignore[list-item]
+    assert odd_record.attributes == {"kept": 1}
+
+
+def test_a_malformed_batch_is_refused_and_skipped(
+    telemetry: None, store: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    for junk in (b"", b"\xc1", msgspec.msgpack.encode([["name", "not bytes"]]), b"\x92\x01"):
+        with pytest.raises(ValueError, match="not a packed span batch"):
+            tm_tracing.decode_batch(junk)
+    tm_tracing.add_remote_batch(b"\x91\x01", "process deadbeef")
+    with span("still here") as kept:
+        pass
+    caplog.set_level(logging.WARNING, logger="monarch.actor.telemetry")
+    records = tm_tracing.span_records()
+    assert kept.span_id in {r.span_id for r in records}  # type: ignore[union-attr]
+    assert "spans from process deadbeef dropped" in caplog.text
+
+
+def test_finished_spans_are_packed_into_the_store_by_the_shipper(
+    telemetry: None, store: None
+) -> None:
+    """Within ``SHIP_INTERVAL`` (the timer) or at ``SHIP_AT`` pending (a kick), finished spans
+    reach the store packed; ``finished_spans()`` keeps the newest, in order."""
+    with span("one") as one:
+        pass
+
+    def stored(ids: set[bytes]) -> Callable[[], bool]:
+        def check() -> bool:
+            with tm_tracing._store_lock:
+                batches = [data for _, data, _ in tm_tracing._store]
+            found = {r.span_id for data in batches for r in tm_tracing.decode_batch(data)}
+            return ids <= found
+
+        return check
+
+    assert tm_tracing.wait_stored(stored({one.span_id}), T)  # type: ignore[union-attr]
+    many = []
+    for i in range(3 * tm_tracing.SHIP_AT):
+        with span(f"many {i}") as s:
+            many.append(s)
+    assert tm_tracing.wait_stored(stored({s.span_id for s in many}), T)  # type: ignore[union-attr]
+    recent = finished_spans()
+    assert (
+        tm_tracing.RECENT_SPANS
+        <= len(recent)
+        <= (tm_tracing.RECENT_SPANS + tm_tracing.MAX_PENDING_SPANS)
+    )
+    assert recent[-1] is many[-1]
+    assert [s.name for s in recent[-3:]] == [s.name for s in many[-3:]]  # type: ignore[union-attr]
+
+
+def test_the_store_is_bounded(
+    telemetry: None, store: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tm_tracing, "MAX_STORED_SPANS", 10)
+    batch = tm_tracing.encode_batch([tm_tracing._start_span(f"s{i}", {}) for i in range(4)])
+    for _ in range(5):
+        tm_tracing.add_remote_batch(batch, "test")
+    assert tm_tracing.stored_spans() <= 10
+    monkeypatch.setattr(tm_tracing, "MAX_STORED_SPANS", 1 << 30)
+    monkeypatch.setattr(tm_tracing, "MAX_STORED_BYTES", 2 * len(batch))
+    for _ in range(5):
+        tm_tracing.add_remote_batch(batch, "test")
+    with tm_tracing._store_lock:
+        assert tm_tracing._store_counts[1] <= 2 * len(batch)
+
+
+def test_a_streaming_process_hands_its_batches_to_the_stream(telemetry: None, store: None) -> None:
+    """With a stream set (a worker), packed batches wait for the sender (``take_unsent``)
+    instead of the store; a stop flushes what is pending at once."""
+    notified = threading.Event()
+    tm_tracing.set_stream(notified.set)
+    try:
+        before = tm_tracing.stored_spans()
+        with span("streamed") as streamed:
+            pass
+        sent: set[bytes] = set()
+        deadline = time.monotonic() + T
+        while streamed.span_id not in sent:  # type: ignore[union-attr]
+            # The shipper's timer packed it and told the stream (maybe after older spans).
+            assert notified.wait(max(0.0, deadline - time.monotonic()))
+            notified.clear()
+            sent |= {
+                r.span_id
+                for data in tm_tracing.take_unsent()
+                for r in tm_tracing.decode_batch(data)
+            }
+        with span("at stop") as last:
+            pass
+        flushed = tm_tracing.take_unsent(flush=True)  # packed now, not at the next interval
+        assert last.span_id in {  # type: ignore[union-attr]
+            r.span_id for data in flushed for r in tm_tracing.decode_batch(data)
+        }
+        assert tm_tracing.stored_spans() == before  # none went to the store
+    finally:
+        tm_tracing.set_stream(None)
 
 
 # -- runtime metrics ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from monarch.actor import this_host
 from monarch.actor._mesh.telemetry import collect_telemetry, mesh_metrics, mesh_trace
 from monarch.actor._runtime import telemetry as tm
-from monarch.actor._runtime.telemetry import command
+from monarch.actor._runtime.telemetry import command, tracing
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import trace_actors by name
 from trace_actors import Relay
@@ -215,6 +215,43 @@ def test_pulled_spans_of_live_workers(traced_relays: Any) -> None:
     assert send["name"] == "call relays.work"
     received = [e for e in spans if e["args"]["parent_id"] == send["args"]["span_id"]]
     assert len({e["pid"] for e in received}) == 4
+
+
+def test_spans_of_a_killed_worker_reach_the_client(traced_relays: Any, faults: Any) -> None:
+    """A worker streams its finished spans to the client as it goes (every
+    ``tracing.SHIP_INTERVAL`` seconds): killed with SIGKILL, never stopped nor pulled, its spans
+    up to its last shipment are in the client's trace, each parented by the client's send."""
+    _procs, relays = traced_relays
+    victim = relays.slice(gpus=2)
+    (report,) = collect_telemetry(victim, T, spans=False, metrics=False)
+    with tm.span("before the kill") as step:
+        for x in range(5):
+            assert victim.work.call_one(x).get(timeout=T) == x + 1
+    assert isinstance(step, tm.Span)
+    sends = {s.span_id for s in tm.finished_spans() if s.parent_id == step.span_id}
+    assert len(sends) == 5
+
+    def streamed() -> list[tracing.SpanRecord]:
+        return [
+            r
+            for r in tracing.span_records()
+            if r.os_pid == report.os_pid and r.name == "work" and r.parent_id in sends
+        ]
+
+    # Bounded by the test's timeout, not by the interval: a loaded box may be slow.
+    assert tracing.wait_stored(lambda: len(streamed()) == 5, T), streamed()
+    os.kill(report.os_pid, signal.SIGKILL)
+    faults.wait_for(1, timeout=T)
+    trace = tracing.chrome_trace(tracing.span_records())
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    received = [
+        e for e in events if e["ph"] == "X" and e["args"]["parent_id"] in {s.hex() for s in sends}
+    ]
+    assert len(received) == 5
+    assert {names[e["pid"]] for e in received} == {f"{report.proc} (os pid {report.os_pid})"}
+    flows_in = {(e["pid"], e["tid"], e["ts"]) for e in events if e["ph"] == "f"}
+    assert all((e["pid"], e["tid"], e["ts"]) in flows_in for e in received)
 
 
 def test_lifecycle_records_of_worker_processes(traced_relays: Any, faults: Any) -> None:

@@ -57,8 +57,9 @@ from monarch.actor._hosts.commands import (
     check_proc_bind,
 )
 from monarch.actor._hosts.groups import LocalWorkerGroup, check_spawn_method
-from monarch.actor._hosts.nested import NestedProcs, nested_procs
+from monarch.actor._hosts.nested import NestedProcs, nested_meshes, nested_procs
 from monarch.actor._hosts.spawn import bring_up, start_group
+from monarch.actor._mesh.admin import set_nested_meshes
 from monarch.actor._mesh.meshes import (
     ProcMesh,
     _adopt,
@@ -521,3 +522,4 @@ def _new_node_layer() -> ClientNodeLayer:
 
 set_node_layer(_new_node_layer)  # hook H3: the client's node layer
 set_host_resolver(_host_of)  # hook H4: ``ProcMesh.host_mesh``
+set_nested_meshes(nested_meshes)  # the admin endpoint lists meshes actors spawned in workers

@@ -47,6 +47,7 @@ from monarch.actor._mesh.meshes import (
     ProcMesh,
     _ProcMeshState,
 )
+from monarch.actor._runtime.client import current_client
 
 if TYPE_CHECKING:
     from monarch.actor._runtime.client import (
@@ -58,6 +59,7 @@ __all__ = [
     "MAX_NESTED_PROCS",
     "MAX_REQUESTS_IN_FLIGHT",
     "MAX_SPAWN_DEPTH",
+    "nested_meshes",
     "NestedProcs",
     "nested_procs",
 ]
@@ -261,6 +263,20 @@ class NestedProcs:
         if groups:
             _kill_groups(groups)
 
+    def meshes(self) -> list[tuple[ProcMesh, str]]:
+        """The groups spawned for workers, as proc meshes, each with the label of the process
+        that asked for it (its PID's first 8 hex digits once that process is gone)."""
+        with self._lock:
+            nested = list(self._groups.values())
+        with self._layer._lock:
+            groups = list(self._layer.groups)
+        labels = {
+            pid.raw: label
+            for group in groups
+            for pid, label in zip(group.pids, group.labels, strict=False)
+        }
+        return [(n.mesh, labels.get(n.owner, n.owner.hex()[:8])) for n in nested]
+
     def clear(self) -> None:
         """Forget everything (client shutdown kills every process anyway)."""
         with self._lock:
@@ -282,3 +298,16 @@ def _kill_groups(groups: Sequence[WorkerGroup]) -> None:
 def nested_procs(layer: ClientNodeLayer) -> NestedProcs:
     """The table of ``layer`` (made with it, see ``host_mesh``)."""
     return layer.observer(NestedProcs)
+
+
+def nested_meshes() -> list[tuple[ProcMesh, str]]:
+    """The current client's process groups spawned for workers, with their owners' labels
+    (``NestedProcs.meshes``; none without a client): what the admin endpoint lists besides
+    the client's own meshes (``_mesh.admin.set_nested_meshes``)."""
+    current = current_client()
+    if current is None:
+        return []
+    try:
+        return nested_procs(current.node_layer).meshes()
+    except LookupError:
+        return []

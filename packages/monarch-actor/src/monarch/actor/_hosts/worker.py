@@ -272,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runtime = ProcRuntime(transport, loop, args.label)
     set_process_sender(runtime)
     _tracing.set_process_label(args.label)  # spans made outside actors name this worker
+    # Finished spans stream to the client (the authority), so a kill loses only the last
+    # interval's (``_runtime.telemetry.tracing``).
+    runtime.stream_spans_to(bytes.fromhex(args.authority))
 
     def fenced(reason: str) -> None:
         say_last_words(

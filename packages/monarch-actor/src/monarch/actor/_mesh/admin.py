@@ -6,9 +6,10 @@ server, or ``monarch top`` in another terminal, needs them from one place while 
 runs. The client already collects them on demand (``_mesh.telemetry.collect_telemetry``, which
 every process answers on its runtime loop); this module serves what it collects:
 
-- ``GET /metrics``: the metrics of the client's process and of every live proc mesh the client
-  owns, summed series by series (each OS process once; ``report.merge_reports``), in the
-  Prometheus text format (``_runtime.telemetry.exposition``). No token (loopback only).
+- ``GET /metrics``: the metrics of the client's process and of every live proc mesh of the
+  program (the client's, and those actors spawned inside workers), summed series by series
+  (each OS process once; ``report.merge_reports``), in the Prometheus text format
+  (``_runtime.telemetry.exposition``). No token (loopback only).
 - ``GET /status`` (``Authorization: Bearer SECRET`` or ``?token=SECRET``): JSON of the hosts,
   processes and actors (``ActorStatus``: state, mailbox depth, messages received), the recent
   failures and the metrics totals, for ``monarch top`` (``_runtime.telemetry.top``).
@@ -18,9 +19,12 @@ Start it with ``start_admin(port=0)`` (returns the ``AdminServer``: ``url``, ``t
 the client then starts it, writes its token to ``MONARCH_ADMIN_TOKEN_FILE`` if set, and writes
 ``monarch top --token TOKEN`` on stderr. A token reads ``HOST:PORT:SECRET``.
 Metrics are recorded only while they are on (``enable_telemetry(metrics=True)``); actor
-states and failures always are. Only meshes the client owns are listed (not those actors spawn
-in workers). Every collection is bounded by ``timeout`` (a mesh that does not answer is listed
-under ``unreachable``); requests are served one at a time.
+states and failures always are. Proc meshes that actors spawned inside workers are listed too
+(each process with its mesh and ``owner``: the label of the worker whose actor owns it;
+``client`` for the client's own meshes): the client starts those processes for the workers
+(``_hosts.nested``, which lists them through ``set_nested_meshes``). Every collection is
+bounded by ``timeout`` (a mesh that does not answer is listed under ``unreachable``);
+requests are served one at a time.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -58,6 +63,7 @@ __all__ = [
     "collect_reports",
     "collect_status",
     "metrics_text",
+    "set_nested_meshes",
     "start_admin",
     "stop_admin",
 ]
@@ -70,12 +76,33 @@ STATUS_VERSION = 1
 MAX_MESHES = 256
 
 
-def _live_proc_meshes() -> list[ProcMesh]:
+#: What lists the proc meshes actors spawned inside workers, with their owner's label (the
+#: hosts layer starts those processes for them and sets it: ``_hosts.nested``), or ``None``.
+_nested_meshes: Callable[[], Sequence[tuple[ProcMesh, str]]] | None = None
+
+
+def set_nested_meshes(source: Callable[[], Sequence[tuple[ProcMesh, str]]] | None) -> None:
+    """Hook: ``source()`` lists the live proc meshes that actors spawned in worker processes
+    (each with the label of the process that owns it), so ``/status``, ``/metrics`` and
+    ``monarch top`` show them too; the hosts layer sets it (this layer cannot import it)."""
+    global _nested_meshes
+    _nested_meshes = source
+
+
+def _live_proc_meshes() -> list[tuple[ProcMesh, str]]:
+    """The live proc meshes to ask: those the client owns, then those actors spawned inside
+    workers (at most ``MAX_MESHES``, the newest), each with its owner's label."""
     current = current_client()
     if current is None:
         return []
-    meshes = [m for m in list(current.root.owned) if isinstance(m, ProcMesh)]
-    return [m for m in meshes if not _is_finished(m)][-MAX_MESHES:]
+    meshes = [(m, "client") for m in list(current.root.owned) if isinstance(m, ProcMesh)]
+    source = _nested_meshes
+    if source is not None:
+        try:
+            meshes.extend(source())
+        except Exception:  # a listing that failed leaves those meshes out of one poll
+            _log.exception("could not list the proc meshes spawned inside workers")
+    return [(m, owner) for m, owner in meshes if not _is_finished(m)][-MAX_MESHES:]
 
 
 def _client_report(request: TelemetryRequest) -> TelemetryReport:
@@ -90,14 +117,17 @@ def _client_report(request: TelemetryRequest) -> TelemetryReport:
     return _report.local_report(label, request, actors)
 
 
-def _collect(timeout: float, actors: bool) -> tuple[list[tuple[str, TelemetryReport]], list[str]]:
-    """The client's report and every live owned proc mesh's, each tagged with its mesh name;
-    the names of meshes none of whose processes answered."""
+def _collect(
+    timeout: float, actors: bool
+) -> tuple[list[tuple[str, str, TelemetryReport]], list[str]]:
+    """The client's report and every live proc mesh's (``_live_proc_meshes``), each tagged
+    with its mesh name and its owner's label; the names of meshes none of whose processes
+    answered."""
     request = TelemetryRequest(spans=False, metrics=True, actors=actors)
-    reports = [("<client>", _client_report(request))]
+    reports = [("<client>", "", _client_report(request))]
     unreachable: list[str] = []
     deadline = time.monotonic() + timeout
-    for mesh in _live_proc_meshes():
+    for mesh, owner in _live_proc_meshes():
         left = deadline - time.monotonic()
         try:
             got = collect_telemetry(mesh, max(0.05, left), spans=False, metrics=True, actors=actors)
@@ -105,13 +135,14 @@ def _collect(timeout: float, actors: bool) -> tuple[list[tuple[str, TelemetryRep
             _log.debug("mesh %s did not report: %s", mesh._name, exc)
             unreachable.append(mesh._name)
             continue
-        reports.extend((mesh._name, r) for r in got)
+        reports.extend((mesh._name, owner, r) for r in got)
     return reports, unreachable
 
 
 def collect_reports(timeout: float = 5.0) -> list[TelemetryReport]:
-    """The metric reports of the client's process and of every live proc mesh it owns."""
-    return [r for _, r in _collect(timeout, actors=False)[0]]
+    """The metric reports of the client's process and of every live proc mesh of the program
+    (the client's and those actors spawned in workers)."""
+    return [r for _, _, r in _collect(timeout, actors=False)[0]]
 
 
 def metrics_text(timeout: float = 5.0) -> str:
@@ -128,12 +159,13 @@ def collect_status(timeout: float = 5.0) -> dict[str, Any]:
     hosts: dict[str, list[dict[str, Any]]] = {}
     failures: list[dict[str, Any]] = []
     seen: set[tuple[int, int]] = set()
-    for mesh, r in reports:
+    for mesh, owner, r in reports:
         hosts.setdefault(r.host, []).append(
             {
                 "proc": r.proc,
                 "os_pid": r.os_pid,
                 "mesh": mesh,
+                "owner": owner,
                 "actors": [msgspec.to_builtins(a) for a in r.actors],
             }
         )
@@ -142,7 +174,7 @@ def collect_status(timeout: float = 5.0) -> dict[str, Any]:
                 seen.add((r.os_pid, f.seq))
                 failures.append(msgspec.to_builtins(f))
     failures.sort(key=lambda f: f["timestamp"])
-    merged = _report.merge_reports([r for _, r in reports])
+    merged = _report.merge_reports([r for _, _, r in reports])
     totals: dict[str, float] = {}
     for name, points in merged.items():
         totals[name] = float(sum(p.count if p.kind == "histogram" else p.value for p in points))

@@ -41,8 +41,10 @@ Telemetry (``_runtime.telemetry.report``): the agent endpoint ``__telemetry__`` 
 of this process's spans, metrics and lifecycle records on the runtime loop; on ``STOP_PROC``
 the process pushes its finished spans to the stopper's agent (``__spans__``) right before the
 acknowledgement, on the same path, so a stopped process's spans are with its stopper once the
-stop returned. These system endpoints, like heartbeats, are sent with ``send_system`` and are
-not counted in the message metrics.
+stop returned. A worker also streams its finished spans to the client as they are packed
+(``stream_spans_to``), so a worker killed without a stop loses at most its last interval.
+These system endpoints, like heartbeats, are sent with ``send_system`` and are not counted in
+the message metrics.
 
 Every queue is bounded by ``monarch.config`` settings: actor mailboxes
 (``actor_mailbox_capacity`` messages and ``actor_mailbox_max_bytes`` bytes; an overflowing call
@@ -82,7 +84,7 @@ from monarch.actor._base.errors import (
     SupervisionError,
 )
 from monarch.actor._base.ids import ProcId
-from monarch.actor._base.loop import RuntimeLoop
+from monarch.actor._base.loop import RuntimeLoop, RuntimeLoopClosedError
 from monarch.actor._base.shape import Extent, Point
 from monarch.actor._runtime import logging as _logging
 from monarch.actor._runtime import telemetry as _telemetry
@@ -184,6 +186,7 @@ class ProcRuntime:
         """Why this process was fenced (``None``: it was not)."""
         self.on_fenced: Callable[[str], None] | None = None
         """Called once when the lease runs out (a worker exits); without it, sends are dropped."""
+        self._span_target: bytes | None = None
 
     # -- supervision traffic and flushes -------------------------------------------------------
     def _count(self, table: dict[bytes, int], pid: bytes, delta: int) -> None:
@@ -242,7 +245,9 @@ class ProcRuntime:
         (runtime loop thread)."""
         try:
             if env.endpoint == _report.SPANS_ENDPOINT:
-                _tracing.add_remote_spans(_report.decode_spans(env.payload))
+                # Checked when a trace is made (``span_records``): decoding every batch as it
+                # comes would cost this loop what the stream saves the workers.
+                _tracing.add_remote_batch(env.payload, self._peer_label(env))
                 return
             request = msgspec.msgpack.decode(env.payload, type=_report.TelemetryRequest)
             actors = [cell.status() for cell in list(self.cells.values())] if request.actors else []
@@ -263,19 +268,48 @@ class ProcRuntime:
                     data,
                 )
 
+    @staticmethod
+    def _peer_label(env: Envelope) -> str:
+        return f"process {env.sender.pid.hex()[:8]}"
+
+    def stream_spans_to(self, pid: bytes) -> None:
+        """Stream this OS process's finished spans to process ``pid``'s agent (a worker, to the
+        client that started it): the span shipper packs them every ``SHIP_INTERVAL`` seconds
+        or ``SHIP_AT`` spans (``_runtime.telemetry.tracing``), and this runtime's loop sends
+        each batch (``__spans__``), so a worker killed without a stop loses at most its
+        last interval. One runtime per OS process may stream (the worker's)."""
+        self._span_target = pid
+        _tracing.set_stream(self._spans_ready)
+
+    def _spans_ready(self) -> None:
+        """Packed spans wait (the shipper thread): send them from the runtime loop."""
+        with contextlib.suppress(RuntimeLoopClosedError):  # stopping: the stop pushes them
+            self.loop.call_soon(self._send_spans)
+
+    def _send_spans(self) -> None:
+        target = self._span_target
+        if target is None:
+            return
+        for data in _tracing.take_unsent():
+            try:
+                self.send_system(
+                    MessageKind.CALL, ActorAddr(target, ""), _report.SPANS_ENDPOINT, payload=data
+                )
+            except Exception as exc:  # the client is gone: nobody collects them
+                _log.debug("could not stream %d bytes of spans: %r", len(data), exc)
+
     def _push_spans(self, to: bytes) -> None:
-        """Before acknowledging a stop: send this process's finished spans to the stopper's
-        process ``to`` (the same path as the acknowledgement, so they arrive first)."""
-        if to == self.pid_raw or not _tracing.has_spans():
+        """Before acknowledging a stop: send this process's finished spans not yet streamed
+        (what is pending, packed now) to the stopper's process ``to`` (the same path as the
+        acknowledgement, so they arrive first). Only a streaming process (a worker) pushes:
+        processes simulated in the client's OS process share its store."""
+        if to == self.pid_raw or self._span_target is None:
             return
-        records = _tracing.span_records()
-        if not records:
-            return
-        data = _report.encode(_report.SpanBatch(records))
-        with contextlib.suppress(Exception):  # the stopper is gone: nobody collects them
-            self.send_system(
-                MessageKind.CALL, ActorAddr(to, ""), _report.SPANS_ENDPOINT, payload=data
-            )
+        for data in _tracing.take_unsent(flush=True):
+            with contextlib.suppress(Exception):  # the stopper is gone: nobody collects them
+                self.send_system(
+                    MessageKind.CALL, ActorAddr(to, ""), _report.SPANS_ENDPOINT, payload=data
+                )
 
     # -- sending ------------------------------------------------------------------------------
     def post(

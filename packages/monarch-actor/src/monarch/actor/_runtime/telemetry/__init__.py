@@ -13,7 +13,8 @@ and the modules behind it decide what each hook records:
 - ``records``: supervision event records (``record_supervision``, ``SupervisionRecord``) and
   lifecycle records of actors and meshes (``record_lifecycle``, ``LifecycleRecord``);
 - ``report``: what a process reports to the client about itself (``TelemetryReport``: spans,
-  metrics, lifecycle records), pulled through the agent endpoint ``__telemetry__`` or pushed at
+  metrics, lifecycle records), pulled through the agent endpoint ``__telemetry__``; a worker's
+  finished spans also stream to the client as they are packed, and the rest is pushed at
   ``STOP_PROC``; ``_mesh.telemetry`` collects them for a whole mesh;
 - ``command``: the ``monarch`` console script (``monarch trace -o trace.json -- prog``);
 - ``otel``: the optional OpenTelemetry mirror; ``listeners``: the bounded listener lists.
@@ -32,7 +33,8 @@ processes inherit them):
   latency, supervision events).
 - ``TRACING``: spans are made. The caller's span travels in the CALL envelope (24 bytes: trace
   id and span id), so the endpoint's span is its child in another process. Finished spans go to
-  a bounded ring (``finished_spans()``) and to listeners.
+  listeners and, packed by a shipper thread, to the client's bounded store (a worker streams
+  them there: ``tracing``); ``finished_spans()`` keeps the newest.
 - ``otel``: if the optional ``opentelemetry-api`` package is importable, instruments and spans are
   mirrored to OpenTelemetry (whatever SDK the program configured exports them). Without it the
   built-in registry is all there is; nothing else is imported (never torch).
@@ -42,9 +44,12 @@ switches live here, where the runtime reads them; ``enable_telemetry`` also sets
 ``metrics`` and ``tracing`` read, so set them only through it.
 
 Supervision and lifecycle records are always on (they are rare). Every store is bounded: the
-rings of spans, supervision and lifecycle records (``set_ring_capacity``), the spans other
-processes reported (``tracing.MAX_REMOTE_SPANS``), the series per instrument (``MAX_SERIES``;
-later attribute sets share one overflow series), the listeners (``MAX_LISTENERS``).
+rings of recent spans, supervision and lifecycle records (``set_ring_capacity``), the packed
+spans kept for the trace, this process's and those other processes sent
+(``tracing.MAX_STORED_SPANS``, ``MAX_STORED_BYTES``), the spans waiting to be packed
+(``tracing.MAX_PENDING_SPANS``) or sent (``MAX_UNSENT_BATCHES``), the series per instrument
+(``MAX_SERIES``; later attribute sets share one overflow series), the listeners
+(``MAX_LISTENERS``).
 
 This package took over the old module ``monarch.actor._telemetry`` (kept as an alias for one
 release) and re-exports its names.
@@ -189,7 +194,8 @@ def telemetry_state() -> dict[str, bool]:
 
 
 def set_ring_capacity(capacity: int) -> None:
-    """Resize the supervision-record and finished-span rings (keeps the newest entries)."""
+    """Resize the supervision-record ring and the ring of recent finished spans (keeps the
+    newest entries; the spans kept for the trace are bounded by ``tracing.MAX_STORED_SPANS``)."""
     if capacity < 1:
         raise ValueError("ring capacity must be at least 1")
     _records.resize(capacity)
@@ -222,9 +228,10 @@ def _trace_file_from_environment() -> None:
     """``MONARCH_TRACE_FILE`` (set by ``monarch trace``): turn tracing on, and write one
     Chrome trace of every span this process holds when it exits. Read once, by the process
     that imports ``monarch.actor`` first (the client), and removed from the environment so
-    that the worker processes it starts do not write one too (they push their spans to the
-    client when stopped: ``report``). The handler is registered before the client runtime
-    registers its own shutdown, so it runs after that shutdown stopped the meshes."""
+    that the worker processes it starts do not write one too (they stream their spans to the
+    client, and push the rest when stopped: ``report``). The handler is registered before the
+    client runtime registers its own shutdown, so it runs after that shutdown stopped the
+    meshes."""
     global _trace_file
     path = os.environ.pop("MONARCH_TRACE_FILE", None)
     if not path:

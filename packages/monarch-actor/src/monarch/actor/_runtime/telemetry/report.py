@@ -6,13 +6,18 @@ mesh needs them in one place. Two ways carry them, both answered on the process'
 
 - *pull*: the client calls the agent endpoint ``__telemetry__`` of each process of a mesh
   (``TelemetryRequest`` in, ``TelemetryReport`` back; ``_mesh.telemetry`` does this);
-- *push at stop*: a process that receives ``STOP_PROC`` first sends its finished spans (and
-  those its own child processes pushed to it) to the stopper's agent (``__spans__``), ahead of
-  the stop's acknowledgement on the same path, so when ``ProcMesh.stop()`` returns the client
-  holds them (``tracing.add_remote_spans``). That is how ``monarch trace`` gets the spans of
-  processes that are gone by the time the program ends.
+- *stream*: a worker sends its finished spans to the client (its authority) as its span
+  shipper packs them (``__spans__``, one packed batch per message: ``tracing.encode_batch``),
+  every ``tracing.SHIP_INTERVAL`` seconds or ``tracing.SHIP_AT`` spans, and the client keeps
+  them packed in its bounded store (``tracing.add_remote_batch``); a worker killed without a
+  stop loses at most its last interval;
+- *push at stop*: a worker that receives ``STOP_PROC`` first packs what is pending and sends
+  every batch not yet streamed (those its own child processes pushed to it included) to the
+  stopper's agent (``__spans__``), ahead of the stop's acknowledgement on the same path, so
+  when ``ProcMesh.stop()`` returns the client holds them. With the stream, that is how
+  ``monarch trace`` gets the spans of processes that are gone by the time the program ends.
 
-Reports are bounded: spans by the ring and ``tracing.MAX_REMOTE_SPANS``, metrics by
+Reports are bounded: spans by ``tracing.MAX_STORED_SPANS`` (and bytes), metrics by
 ``metrics.MAX_SERIES``. Metrics are per OS process: simulated processes sharing one report the
 same registry, which ``merge_reports`` counts once (by ``os_pid``).
 """
@@ -36,10 +41,8 @@ __all__ = [
     "SPANS_ENDPOINT",
     "ActorStatus",
     "TELEMETRY_ENDPOINT",
-    "SpanBatch",
     "TelemetryReport",
     "TelemetryRequest",
-    "decode_spans",
     "encode",
     "local_report",
     "merge_reports",
@@ -47,7 +50,8 @@ __all__ = [
 
 #: The agent endpoint that answers a ``TelemetryRequest`` with a ``TelemetryReport``.
 TELEMETRY_ENDPOINT = "__telemetry__"
-#: The agent endpoint that takes a ``SpanBatch`` pushed by a stopping child process.
+#: The agent endpoint that takes a packed batch of spans (``tracing.encode_batch``) a worker
+#: streams, or pushes when stopped.
 SPANS_ENDPOINT = "__spans__"
 
 
@@ -93,12 +97,6 @@ class TelemetryReport(msgspec.Struct, frozen=True, kw_only=True):
     host: str = ""
     actors: list[ActorStatus] = []
     failures: list[SupervisionRecord] = []
-
-
-class SpanBatch(msgspec.Struct, frozen=True):
-    """Spans pushed to the stopper's process at ``STOP_PROC``."""
-
-    spans: list[SpanRecord]
 
 
 def local_report(
@@ -168,11 +166,6 @@ def _add(a: MetricPoint, b: MetricPoint) -> MetricPoint:
     )
 
 
-def encode(value: TelemetryReport | TelemetryRequest | SpanBatch) -> bytes:
-    """The msgpack bytes of a request, report or batch."""
+def encode(value: TelemetryReport | TelemetryRequest) -> bytes:
+    """The msgpack bytes of a request or report."""
     return msgspec.msgpack.encode(value)
-
-
-def decode_spans(data: bytes) -> list[SpanRecord]:
-    """The spans of a pushed ``SpanBatch``."""
-    return msgspec.msgpack.decode(data, type=SpanBatch).spans

@@ -4,20 +4,41 @@
 the current span, the parent of spans started inside it. The caller's span travels in the CALL
 envelope (``outgoing_trace``: 24 bytes, trace id and span id), and the runtime runs each
 endpoint in a span whose parent is that one (``wrap_endpoint``), in whatever process it runs:
-``wrap_endpoint`` also times the endpoint for ``metrics``. Finished spans go to a bounded ring
-(``finished_spans()``) and to listeners (``add_span_listener``); ``chrome_trace()`` renders
-them for Perfetto. Spans are made only while ``TRACING`` is on (``enable_telemetry``); while
-the OpenTelemetry mirror is on, each span has a twin there (``otel``).
+``wrap_endpoint`` also times the endpoint for ``metrics``. Finished spans go to listeners
+(``add_span_listener``) and to a bounded *pending* queue; ``chrome_trace()`` renders them for
+Perfetto. Spans are made only while ``TRACING`` is on (``enable_telemetry``); while the
+OpenTelemetry mirror is on, each span has a twin there (``otel``).
+
+Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
+span is appended to ``_pending`` (one ``deque.append`` on the finishing thread, and a length
+check). This process's *shipper* thread (``_Shipper``, never an actor thread) drains it every
+``SHIP_INTERVAL`` seconds, or as soon as ``SHIP_AT`` spans are pending, packs them
+(``encode_batch``: a ``Span`` is a ``msgspec.Struct``, so a batch is the list of them encoded
+as is, in C) and moves the span objects to the small ring of recent spans
+(``finished_spans()``: the ring, then what is still pending). A packed batch goes
+
+- to the *stream* when one is set (``set_stream``: a worker process streams to the client, which
+  started it; ``_runtime.proc`` sends each batch to the client's agent, endpoint ``__spans__``,
+  from its runtime loop), so a worker killed without a stop loses at most its last interval;
+- otherwise to this process's *store* (``_store``: packed batches, bounded by
+  ``MAX_STORED_SPANS`` spans and ``MAX_STORED_BYTES`` bytes, the oldest batches dropped), where
+  the batches other processes stream or push to it (``add_remote_batch``) go too. Batches stay
+  packed until a trace is made (``span_records``), so keeping them costs no objects.
+
+A stopping worker packs what is pending and hands every batch not yet sent to its stopper
+(``take_unsent``), ahead of the stop's acknowledgement on the same path.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import functools
 import inspect
 import itertools
 import logging
+import operator
 import os
 import random
 import threading
@@ -36,11 +57,20 @@ if TYPE_CHECKING:
     from monarch.actor._base.envelope import Envelope
 
 __all__ = [
-    "MAX_REMOTE_SPANS",
+    "MAX_BATCH_SPANS",
+    "MAX_PENDING_SPANS",
+    "MAX_STORED_BYTES",
+    "MAX_STORED_SPANS",
+    "MAX_UNSENT_BATCHES",
+    "RECENT_SPANS",
+    "SHIP_AT",
+    "SHIP_INTERVAL",
     "Span",
     "SpanRecord",
-    "add_remote_spans",
+    "add_remote_batch",
     "add_span_listener",
+    "decode_batch",
+    "encode_batch",
     "process_label",
     "chrome_trace",
     "finished_spans",
@@ -50,9 +80,13 @@ __all__ = [
     "send_span",
     "set_enabled",
     "set_process_label",
+    "set_stream",
     "span",
     "span_records",
+    "stored_spans",
+    "take_unsent",
     "traced",
+    "wait_stored",
     "wrap_endpoint",
 ]
 
@@ -63,9 +97,12 @@ TRACING = False
 
 
 def set_enabled(on: bool) -> None:
-    """Turn span making on or off (``enable_telemetry`` calls this)."""
+    """Turn span making on or off (``enable_telemetry`` calls this); on, this process's
+    shipper runs (``_Shipper``)."""
     global TRACING
     TRACING = bool(on)
+    if TRACING:
+        _shipper.start()
 
 
 #: This OS process's id (kept current across forks) and the label of its main process
@@ -77,12 +114,20 @@ _process_label = "client"
 def _after_fork() -> None:
     """A forked child (the zygote, a worker forked from it, a program's own fork) starts
     with no spans: those in the ring were its parent's."""
-    global _PID, _remote_lock
+    global _PID, _shipper, _stream, _store_lock, _store_changed, _ship_lock
     _PID = os.getpid()
     _seed_ids()  # after ``random`` reseeded itself (registered first, runs first)
     _spans.clear()
-    _remote.clear()
-    _remote_lock = threading.Lock()  # it may have been held by a thread that is not here
+    _pending.clear()
+    _unsent.clear()
+    _stream = None
+    # Locks may have been held by a thread that is not here; the shipper thread is not.
+    _store_lock = threading.Lock()
+    _store_changed = threading.Condition(_store_lock)
+    _ship_lock = threading.Lock()
+    _store.clear()
+    _store_counts[:] = [0, 0, 0]
+    _shipper = _Shipper()
 
 
 def set_process_label(label: str) -> None:
@@ -102,7 +147,7 @@ _CURRENT_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
 _ZERO_SPAN_ID = bytes(8)
 
 
-class Span:
+class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
     """One timed operation: a name, ids (16-byte trace id, 8-byte span id, parent span id),
     start and end (``time.time_ns()``), attributes, and ``status`` (``"ok"``/``"error"``).
     Where it ran: ``os_pid``, ``proc`` (the process runtime's label: simulated processes share
@@ -110,54 +155,30 @@ class Span:
 
     Use it as a context manager (``with span("step"):``); while it is open it is the current
     span, the parent of spans started inside it and of the endpoint spans of calls sent from it.
+
+    A ``msgspec.Struct`` (made by ``span()`` and the runtime, not by hand): made in C with its
+    fields in order, packed for the trace by encoding a list of them as is (``encode_batch``),
+    untracked by the cyclic garbage collector (it refers to no container that refers back to it),
+    equal only to itself.
     """
 
-    __slots__ = (
-        "_attributes",
-        "_lazy",
-        "_otel",
-        "_token",
-        "end_ns",
-        "error",
-        "name",
-        "os_pid",
-        "parent_id",
-        "proc",
-        "span_id",
-        "start_ns",
-        "status",
-        "thread_id",
-        "trace_id",
-        "track",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        trace_id: bytes,
-        span_id: bytes,
-        parent_id: bytes,
-        attributes: dict[str, Any] | None,
-        proc: str = "",
-        track: str = "",
-        lazy: tuple[Any, ...] | None = None,
-    ) -> None:
-        self.name = name
-        self.os_pid = _PID
-        self.proc = proc or _process_label
-        self.track = track
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_id = parent_id
-        self._attributes = attributes
-        self._lazy = lazy
-        self.start_ns = time.time_ns()
-        self.end_ns = 0
-        self.status = "unset"
-        self.error = ""
-        self.thread_id = threading.get_ident()
-        self._token: contextvars.Token[Span | None] | None = None
-        self._otel: Any = None
+    name: str
+    trace_id: bytes
+    span_id: bytes
+    parent_id: bytes
+    start_ns: int
+    end_ns: int
+    os_pid: int
+    proc: str
+    track: str
+    thread_id: int
+    status: str
+    error: str
+    _attributes: dict[str, Any] | None
+    _lazy: tuple[Any, ...] | None
+    #: The context-variable token while entered (``__enter__``), else ``None``.
+    _token: Any = None
+    _otel: Any = None
 
     @property
     def attributes(self) -> dict[str, Any]:
@@ -195,7 +216,9 @@ class Span:
             # ``_end`` inlined for the common case (one frame less on every send).
             self.end_ns = time.time_ns()
             self.status = "ok"
-            _spans.append(self)
+            _pending.append(self)
+            if len(_pending) >= SHIP_AT:
+                _shipper.kick()
             return
         self._end(exc)
 
@@ -210,7 +233,9 @@ class Span:
             self.status = "ok"
         if self._otel is not None:
             _otel.end_span(self._otel, exc)
-        _spans.append(self)
+        _pending.append(self)
+        if len(_pending) >= SHIP_AT:
+            _shipper.kick()
         if not _span_listeners:
             return
         for listener in tuple(_span_listeners):
@@ -267,7 +292,7 @@ _FOLD_AT: Final = _metrics.FOLD_AT
 _PLAIN_RESULTS: Final = frozenset({type(None), int, float, str, bytes, bool, list, dict, tuple})
 
 
-def _lazy_attributes(lazy: tuple[Any, ...] | None) -> dict[str, Any]:
+def _lazy_attributes(lazy: Sequence[Any] | None) -> dict[str, Any]:
     """The attributes of a runtime span, from the tuple it was made with (``send_span``:
     ``("send", adverb, endpoint, mesh, ranks, actor)``; ``wrap_endpoint``: ``("receive",
     actor, endpoint, rank)``): built when first read, not on the hot path."""
@@ -305,11 +330,11 @@ def _start_span(
         else:
             trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
     if _otel._otel_trace is None:  # no mirror: no call
-        return Span(name, trace_id, span_id, parent_id, attributes, proc, track, lazy)
+        return _hot_span(name, trace_id, span_id, parent_id, proc, track, lazy, attributes)
     if attributes is None:
         attributes = _lazy_attributes(lazy)
     otel_span, trace_id, span_id = _otel.start_span(name, attributes, trace_id, parent_id, span_id)
-    result = Span(name, trace_id, span_id, parent_id, attributes, proc, track)
+    result = _hot_span(name, trace_id, span_id, parent_id, proc, track, None, attributes)
     result._otel = otel_span
     return result
 
@@ -352,7 +377,6 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     )
 
 
-_new_span = object.__new__
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
 
@@ -364,28 +388,26 @@ def _hot_span(
     parent_id: bytes,
     proc: str,
     track: str,
-    lazy: tuple[Any, ...],
+    lazy: tuple[Any, ...] | None,
+    attributes: dict[str, Any] | None = None,
 ) -> Span:
-    """``Span(name, ..., None, proc, track, lazy)`` without the mirror, minus ``__init__``'s
-    keyword handling (the runtime's send and receive spans: one per call each)."""
-    result: Span = _new_span(Span)
-    result.name = name
-    result.os_pid = _PID
-    result.proc = proc or _process_label
-    result.track = track
-    result.trace_id = trace_id
-    result.span_id = span_id
-    result.parent_id = parent_id
-    result._attributes = None
-    result._lazy = lazy
-    result.start_ns = _time_ns()
-    result.end_ns = 0
-    result.status = "unset"
-    result.error = ""
-    result.thread_id = _get_ident()
-    result._token = None
-    result._otel = None
-    return result
+    """A new open span, started now on this thread (one positional ``Span`` call, made in C)."""
+    return Span(
+        name,
+        trace_id,
+        span_id,
+        parent_id,
+        _time_ns(),
+        0,
+        _PID,
+        proc or _process_label,
+        track,
+        _get_ident(),
+        "unset",
+        "",
+        attributes,
+        lazy,
+    )
 
 
 _P = ParamSpec("_P")
@@ -429,13 +451,34 @@ def traced(
     return decorate
 
 
-_spans: collections.deque[Span] = collections.deque(maxlen=DEFAULT_RING_CAPACITY)
+#: Spans ``finished_spans()`` keeps once packed (the newest; ``resize``). Small: keeping
+#: thousands of finished span objects alive cost tracing about 10 points of call throughput
+#: (README, "Errors, logs and telemetry"); the trace keeps them packed (``_store``).
+RECENT_SPANS: Final = 256
+#: The shipper packs what is pending at least this often (seconds): what a killed process loses.
+SHIP_INTERVAL: Final = 0.5
+#: ... and as soon as this many spans are pending.
+SHIP_AT: Final = 256
+#: Spans in one packed batch (a ``__spans__`` message) at most.
+MAX_BATCH_SPANS: Final = 1024
+#: Finished spans waiting for the shipper at most (the oldest are dropped beyond: only if the
+#: shipper thread cannot keep up).
+MAX_PENDING_SPANS: Final = 16 * SHIP_AT
+#: Packed batches waiting to be sent on the stream at most (the oldest are dropped beyond).
+MAX_UNSENT_BATCHES: Final = 256
+#: The store of packed spans (this process's own, and those other processes sent to it).
+MAX_STORED_SPANS: Final = 16 * DEFAULT_RING_CAPACITY
+MAX_STORED_BYTES: Final = 64 * 1024 * 1024
+
+_spans: collections.deque[Span] = collections.deque(maxlen=RECENT_SPANS)
+_pending: collections.deque[Span] = collections.deque(maxlen=MAX_PENDING_SPANS)
 _span_listeners: list[Callable[[Span], None]] = []
 
 
 def finished_spans() -> list[Span]:
-    """The most recent finished spans of this process, oldest first (a bounded ring)."""
-    return list(_spans)
+    """The most recent finished spans of this process, oldest first (the ring of recent spans,
+    then those not yet packed: at least the last ``RECENT_SPANS``)."""
+    return list(_spans) + list(_pending)
 
 
 def add_span_listener(listener: Callable[[Span], None]) -> Callable[[], None]:
@@ -484,31 +527,308 @@ class SpanRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
         )
 
 
-#: Spans other processes reported to this one (their stop, or a pull), bounded.
-MAX_REMOTE_SPANS: Final = 4 * DEFAULT_RING_CAPACITY
-_remote: collections.deque[SpanRecord] = collections.deque(maxlen=MAX_REMOTE_SPANS)
-_remote_lock = threading.Lock()
+# -- packing, the stream and the store ---------------------------------------------------------
+#: A packed span: these attributes, in this order, then two ``None`` (``Span``'s fields; the
+#: slow path of ``encode_batch``, for spans whose attributes msgpack cannot carry).
+_PACK_FIELDS: Final = (
+    "name",
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "start_ns",
+    "end_ns",
+    "os_pid",
+    "proc",
+    "track",
+    "thread_id",
+    "status",
+    "error",
+    "_attributes",
+    "_lazy",
+)
+_pack_one = operator.attrgetter(*_PACK_FIELDS)
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+_ATTRIBUTE_TYPES = (str, int, float, bool)
 
 
-def add_remote_spans(records: Sequence[SpanRecord]) -> None:
-    """Keep spans another process reported (those made in this OS process are already in the
-    ring and are skipped; the oldest are dropped beyond ``MAX_REMOTE_SPANS``)."""
-    with _remote_lock:
-        _remote.extend(r for r in records if r.os_pid != _PID)
+def _plain(attributes: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+    return {k: v for k, v in attributes.items() if isinstance(v, _ATTRIBUTE_TYPES)}
+
+
+def encode_batch(spans: Sequence[Span]) -> bytes:
+    """``spans`` packed: a msgpack array with one array per span (its fields in order; a
+    runtime span's attributes still as their tuple), encoded as is, in C. Attribute values
+    other than ``str``, ``int``, ``float`` and ``bool`` are left out (as ``SpanRecord.of``
+    does), as is an OpenTelemetry twin."""
+    try:
+        return _encode(spans)
+    except (TypeError, ValueError, OverflowError):  # something msgpack cannot carry
+        rows = []
+        for s in spans:
+            row = [*_pack_one(s), None, None]  # as ``Span``'s fields: token and twin left out
+            row[12] = _plain(s.attributes)
+            row[13] = None
+            rows.append(row)
+        return _encode(rows)
+
+
+_Row = tuple[
+    str,
+    bytes,
+    bytes,
+    bytes,
+    int,
+    int,
+    int,
+    str,
+    str,
+    int,
+    str,
+    str,
+    dict[str, Any] | None,
+    list[Any] | None,
+    Any,
+    Any,
+]
+_decode_rows = msgspec.msgpack.Decoder(list[_Row]).decode
+
+
+def decode_batch(data: bytes) -> list[SpanRecord]:
+    """The spans of a packed batch (``encode_batch``); ``ValueError`` if it is not one."""
+    try:
+        rows = _decode_rows(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"not a packed span batch: {exc}") from exc
+    out = []
+    for row in rows:
+        (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
+        thread_id, status, error, attributes, lazy = row[9:14]
+        try:
+            plain = _plain(attributes if attributes is not None else _lazy_attributes(lazy))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise ValueError(f"not a packed span batch: attributes {lazy!r}: {exc}") from exc
+        out.append(
+            SpanRecord(
+                name=name,
+                trace_id=trace_id,
+                span_id=span_id,
+                parent_id=parent_id,
+                start_ns=start_ns,
+                end_ns=end_ns,
+                os_pid=os_pid,
+                proc=proc,
+                track=track,
+                thread_id=thread_id,
+                status=status,
+                error=error,
+                attributes=plain,
+            )
+        )
+    return out
+
+
+#: Where this process's packed batches go instead of its store (``set_stream``), or ``None``.
+_stream: Callable[[], None] | None = None
+#: Packed batches for the stream, not yet sent (``take_unsent``), oldest first.
+_unsent: collections.deque[bytes] = collections.deque(maxlen=MAX_UNSENT_BATCHES)
+#: The store: ``(spans, packed batch, sender)``, oldest first; ``_store_counts``: spans,
+#: bytes, and batches ever stored (``wait_stored`` waits for it to change).
+_store: collections.deque[tuple[int, bytes, str]] = collections.deque()
+_store_counts = [0, 0, 0]
+_store_lock = threading.Lock()
+_store_changed = threading.Condition(_store_lock)
+#: Held while pending spans are packed and placed (the shipper, ``take_unsent``).
+_ship_lock = threading.Lock()
+
+
+def set_stream(notify: Callable[[], None] | None) -> None:
+    """Stream this process's spans: packed batches wait for ``take_unsent`` instead of going to
+    the store, and ``notify()`` is called (on the shipper thread) whenever one is added, so the
+    caller sends them (``_runtime.proc``: a worker, to the client). ``None``: keep them here."""
+    global _stream
+    _stream = notify
+    if notify is not None and (TRACING or _pending):
+        _shipper.start()  # else tracing's start, or the first kick, starts it
+
+
+def _ship() -> bool:
+    """Pack everything pending, in batches of at most ``MAX_BATCH_SPANS`` (the shipper thread,
+    or ``take_unsent``); whether a batch was made. Called with ``_ship_lock`` held."""
+    made = False
+    popleft = _pending.popleft
+    while _pending:
+        batch: list[Span] = []
+        with contextlib.suppress(IndexError):  # nobody else drains it: the lock is held
+            for _ in range(min(len(_pending), MAX_BATCH_SPANS)):
+                batch.append(popleft())
+        if not batch:
+            break
+        data = encode_batch(batch)
+        _spans.extend(batch)
+        made = True
+        if _stream is not None:
+            if len(_unsent) == _unsent.maxlen:
+                _log.warning("span stream: %d batches unsent, the oldest dropped", len(_unsent))
+            _unsent.append(data)
+        else:
+            _keep(len(batch), data, "")
+    return made
+
+
+def take_unsent(*, flush: bool = False) -> list[bytes]:
+    """The packed batches waiting for the stream, oldest first (they are the caller's now);
+    with ``flush``, what is pending is packed first (a stopping worker)."""
+    if flush:
+        with _ship_lock:
+            _ship()
+    out = []
+    with contextlib.suppress(IndexError):
+        while _unsent:
+            out.append(_unsent.popleft())
+    return out
+
+
+def _keep(count: int, data: bytes, sender: str) -> None:
+    """Put a packed batch in the store, dropping the oldest beyond the bounds."""
+    with _store_changed:
+        _store.append((count, data, sender))
+        _store_counts[0] += count
+        _store_counts[1] += len(data)
+        while len(_store) > 1 and (
+            _store_counts[0] > MAX_STORED_SPANS or _store_counts[1] > MAX_STORED_BYTES
+        ):
+            n, old, _ = _store.popleft()
+            _store_counts[0] -= n
+            _store_counts[1] -= len(old)
+        _store_counts[2] += 1
+        _store_changed.notify_all()
+
+
+def add_remote_batch(data: bytes, sender: str = "") -> None:
+    """A packed batch another process sent (its stream, or its stop): forwarded on this
+    process's own stream if it has one (a worker that stopped a process its actors spawned),
+    else kept in the store (checked when read: ``span_records``). ``sender``: who sent it."""
+    if _stream is not None:
+        _unsent.append(data)
+        _stream()
+        return
+    _keep(_count_hint(data), data, sender)
+
+
+def _count_hint(data: bytes) -> int:
+    """The number of spans of a packed batch (its msgpack array header), 1 if unreadable."""
+    if not data:
+        return 1
+    head = data[0]
+    if head & 0xF0 == 0x90:
+        return max(1, head & 0x0F)
+    if head == 0xDC and len(data) >= 3:
+        return max(1, int.from_bytes(data[1:3], "big"))
+    if head == 0xDD and len(data) >= 5:
+        return max(1, int.from_bytes(data[1:5], "big"))
+    return 1
+
+
+def stored_spans() -> int:
+    """How many spans the store holds (packed)."""
+    with _store_lock:
+        return _store_counts[0]
+
+
+def wait_stored(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Wait until ``predicate()`` is true, calling it now and again each time a batch reached
+    the store (outside the store's lock: it may read ``span_records()``), at most ``timeout``
+    seconds; whether it became true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _store_lock:
+            seen = _store_counts[2]
+        if predicate():
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        with _store_changed:
+            if _store_counts[2] == seen:
+                _store_changed.wait(remaining)
+
+
+class _Shipper:
+    """This process's shipper thread (a daemon, started with tracing; it ends once tracing is
+    off and nothing is pending, and starts again with tracing or a kick): packs the
+    pending spans every ``SHIP_INTERVAL`` seconds, or when ``kick``ed (``SHIP_AT`` pending),
+    and notifies the stream. One per OS process (a forked child makes its own)."""
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._kicked = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="monarch-span-shipper", daemon=True
+                )
+                self._thread.start()
+
+    def kick(self) -> None:
+        """``SHIP_AT`` spans are pending: pack them now (any thread; cheap when repeated)."""
+        if not self._kicked:
+            self._kicked = True
+            if self._thread is None:
+                self.start()
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            kicked = self._wake.wait(SHIP_INTERVAL)
+            self._wake.clear()
+            self._kicked = False
+            try:
+                with _ship_lock:
+                    made = _ship()
+                notify = _stream
+                if made and notify is not None:
+                    notify()
+            except Exception:
+                _log.exception("span shipper: could not pack the finished spans")
+            if not kicked and not TRACING and not _pending:
+                with self._start_lock:  # idle and off: end (``start`` makes a new one)
+                    if not _pending and not TRACING:
+                        self._thread = None
+                        return
+
+
+_shipper = _Shipper()
 
 
 def has_spans() -> bool:
     """Whether any finished span (own or reported) is held here."""
-    return bool(_spans) or bool(_remote)
+    return bool(_spans) or bool(_pending) or bool(_store) or bool(_unsent)
 
 
 def span_records(*, remote: bool = True) -> list[SpanRecord]:
-    """This OS process's finished spans (the ring) and, with ``remote``, those other processes
-    reported to it, as records, each span once."""
-    out = [SpanRecord.of(s) for s in list(_spans) if s.os_pid == _PID]
-    if remote:
-        with _remote_lock:
-            out.extend(_remote)
+    """The finished spans held here, as records, each once: those of the store (this
+    process's packed ones and, with ``remote``, those other processes sent), those packed
+    and not yet streamed, the recent ring and what is pending. A batch that does not decode
+    is skipped with a warning naming its sender."""
+    with _store_lock:
+        stored = list(_store)
+    out: list[SpanRecord] = []
+    for _, data, sender in stored:
+        try:
+            records = decode_batch(data)
+        except ValueError as exc:
+            _log.warning("spans from %s dropped: %s", sender or "this process", exc)
+            continue
+        out.extend(r for r in records if remote or r.os_pid == _PID)
+    for data in list(_unsent):
+        with contextlib.suppress(ValueError):
+            out.extend(r for r in decode_batch(data) if remote or r.os_pid == _PID)
+    out.extend(SpanRecord.of(s) for s in finished_spans() if s.os_pid == _PID)
     return _unique(out)
 
 
@@ -536,7 +856,7 @@ def chrome_trace(spans: Sequence[Span | SpanRecord] | None = None) -> dict[str, 
     records = _unique(
         [
             s if isinstance(s, SpanRecord) else SpanRecord.of(s)
-            for s in (list(_spans) if spans is None else spans)
+            for s in (finished_spans() if spans is None else spans)
         ]
     )
     procs: dict[tuple[int, str], int] = {}
@@ -604,7 +924,8 @@ def _meta(kind: str, pid: int, tid: int, name: str) -> dict[str, Any]:
 
 
 def resize(capacity: int) -> None:
-    """Resize the finished-span ring (keeps the newest spans; ``set_ring_capacity``)."""
+    """Resize the ring of recent finished spans (keeps the newest spans; ``set_ring_capacity``);
+    the trace's store is bounded separately (``MAX_STORED_SPANS``)."""
     global _spans
     _spans = collections.deque(_spans, maxlen=capacity)
 
@@ -701,7 +1022,9 @@ def _run_traced(
     if current._otel is None and not _span_listeners and not current.end_ns:
         current.end_ns = _time_ns()  # ``_end`` inlined for the common case
         current.status = "ok"
-        _spans.append(current)
+        _pending.append(current)
+        if len(_pending) >= SHIP_AT:
+            _shipper.kick()
     else:
         current._end(None)
     return result
