@@ -178,9 +178,14 @@ def test_connect_opens_the_stream_first_and_the_peer_reuses_its_connection(
     after = root.node.transport.statistics()
     assert after.dials == before.dials
     assert after.adopted > before.adopted
-    if transport_mode == "lanes":
-        stats = child.transport.statistics()
-        assert stats.outbound_lanes + stats.inbound_lanes >= 1
+    if transport_mode == "lanes":  # negotiated on the stream, in the background: waited for
+        deadline = time.monotonic() + 10
+        while True:
+            stats = child.transport.statistics()
+            if stats.outbound_lanes + stats.inbound_lanes >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert stats.outbound_lanes + stats.inbound_lanes >= 1, stats
     # Connecting again, or to itself, is a no-op; a PID nobody knows fails like a first send.
     cluster.run(child.transport.connect(root.transport.pid))
     cluster.run(child.transport.connect(child.transport.pid))
