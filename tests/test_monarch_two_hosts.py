@@ -181,6 +181,21 @@ class TwoHosts:
         self.procs.append(proc)
         return proc
 
+    def start_worker_loop(self, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+        """``run_worker_loop_forever`` on the worker host (its stderr in ``log``): the process
+        and the address it printed first."""
+        with open(log, "wb") as sink:
+            daemon = self.run_in(
+                "worker",
+                [sys.executable, "-m", "monarch.actor._attach", "--address", "udp://10.232.0.2:0"],
+                stderr=sink,
+            )
+        assert daemon.stdout is not None
+        ready, _, _ = select.select([daemon.stdout], [], [], 30)
+        address = daemon.stdout.readline().decode().strip() if ready else ""
+        assert address.startswith("udp://10.232.0.2:"), log.read_text()
+        return daemon, address
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -203,17 +218,7 @@ def test_a_client_attaches_a_worker_host_in_another_namespace(tmp_path: Path, mo
         hosts.env["MONARCH_FORCE_QUIC"] = "1"
     try:
         hosts.create()
-        worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (owned by the process)
-        daemon = hosts.run_in(
-            "worker",
-            [sys.executable, "-m", "monarch.actor._attach", "--address", "udp://10.232.0.2:0"],
-            stderr=worker_log,
-        )
-        worker_log.close()
-        assert daemon.stdout is not None
-        ready, _, _ = select.select([daemon.stdout], [], [], 30)
-        address = daemon.stdout.readline().decode().strip() if ready else ""
-        assert address.startswith("udp://10.232.0.2:"), (tmp_path / "worker.log").read_text()
+        daemon, address = hosts.start_worker_loop(tmp_path / "worker.log")
 
         script = tmp_path / "client.py"
         script.write_text(CLIENT)
@@ -249,17 +254,7 @@ def test_rdma_buffers_move_between_hosts_over_the_net_provider(tmp_path: Path) -
     hosts = TwoHosts(tmp_path)
     try:
         hosts.create()
-        worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (owned by the process)
-        daemon = hosts.run_in(
-            "worker",
-            [sys.executable, "-m", "monarch.actor._attach", "--address", "udp://10.232.0.2:0"],
-            stderr=worker_log,
-        )
-        worker_log.close()
-        assert daemon.stdout is not None
-        ready, _, _ = select.select([daemon.stdout], [], [], 30)
-        address = daemon.stdout.readline().decode().strip() if ready else ""
-        assert address.startswith("udp://10.232.0.2:"), (tmp_path / "worker.log").read_text()
+        daemon, address = hosts.start_worker_loop(tmp_path / "worker.log")
         script = tmp_path / "rdma_client.py"
         script.write_text(RDMA_CLIENT)
         client = hosts.run_in("client", [sys.executable, str(script), address], subprocess.PIPE)
