@@ -28,7 +28,6 @@ from monarch.actor._base.loop import RuntimeLoop
 from monarch.actor._transport.lane import LaneSettings
 from monarch.actor._transport.node import NodeProcessTransport, NodeTransportSettings
 from monarch.actor._transport.seam import InProcessFabric, InProcessTransport
-from monarch.config import _registry as _config
 from monarch.config._registry import configured
 
 T = 10.0
@@ -155,48 +154,6 @@ def test_envelopes_between_sibling_processes_arrive_in_send_order(cluster: Clust
     b.wait("got", 200)
     assert [env.sequence for env, _ in b.got] == list(range(200))
     assert all(env.sender.pid == a.transport.pid.raw for env, _ in b.got)
-
-
-def test_connect_opens_the_stream_first_and_the_peer_reuses_its_connection(
-    cluster: Cluster, transport_mode: str
-) -> None:
-    root = cluster.add()
-    child = cluster.add(root)
-    before = root.node.transport.statistics()
-    # Where the root listens is known (a worker knows its client's address): no resolution.
-    cluster.run(child.transport.connect(root.transport.pid, root.node.local_addr))
-    assert child.transport.statistics().peers == 1  # the stream is open, nothing was sent
-    assert child.got == []
-    assert root.got == []
-    # The root talks back on the connection the child opened: no dial of its own.
-    for i in range(20):
-        root.transport.send(envelope(root, child.transport.pid, i), [])
-        child.transport.send(envelope(child, root.transport.pid, i), [])
-    child.wait("got", 20)
-    root.wait("got", 20)
-    assert [env.sequence for env, _ in child.got] == list(range(20))
-    assert [env.sequence for env, _ in root.got] == list(range(20))
-    after = root.node.transport.statistics()
-    assert after.dials == before.dials
-    assert after.adopted > before.adopted
-    if not _config.get("force_quic"):  # (CI also runs "lanes" with MONARCH_FORCE_QUIC=1)
-        # The lane is negotiated on the stream in the background: waited for.
-        deadline = time.monotonic() + 10
-        while True:
-            stats = child.transport.statistics()
-            if stats.outbound_lanes + stats.inbound_lanes >= 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        assert stats.outbound_lanes + stats.inbound_lanes >= 1, stats
-    # Connecting again, or to itself, is a no-op; a PID nobody knows fails like a first send.
-    cluster.run(child.transport.connect(root.transport.pid))
-    cluster.run(child.transport.connect(child.transport.pid))
-    assert child.transport.statistics().peers == 1
-    stranger = issue_identity().pid
-    cluster.run(child.transport.connect(stranger))
-    child.transport.send(envelope(child, stranger, 0), [])
-    child.wait("bounced", 1)
-    assert "unreachable" in child.bounced[0][1]
 
 
 def test_out_of_band_buffers_are_copied_and_arrive_intact(cluster: Cluster) -> None:

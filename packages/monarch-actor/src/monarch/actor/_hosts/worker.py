@@ -58,7 +58,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from chrysalis.core import DatagramAddr, Pid
+from chrysalis.core import Pid
 from chrysalis.nameserver import ParentStatusKind
 from chrysalis.node import Node
 from chrysalis.quic import DevelopmentIdentityProvider, QuicConfig
@@ -114,8 +114,6 @@ __all__ = [
 ]
 
 _STARTUP_TIMEOUT: Final = 30.0
-#: How long start-up waits for the stream to the client (``NodeProcessTransport.connect``).
-_CONNECT_TIMEOUT: Final = 10.0
 _MAX_ARGV_ENV: Final = 64 * 1024
 _log = logging.getLogger("monarch.actor.worker")
 
@@ -250,17 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         transport = NodeProcessTransport(node, loop, limits=_frame_limits, identity=identity)
         transport.start()
         background.append(asyncio.create_task(_watch_parent(node, args.idle_timeout, orphaned)))
-        # The client's first message and this worker's first reply would each dial a QUIC
-        # connection of their own; opened here, before the ready line, the client finds this
-        # one (it adopts the connections it accepts) and the reply path (stream and lane
-        # offer) is there. Bounded; a failure is the first reply's, as without it.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                transport.connect(
-                    Pid(bytes.fromhex(args.authority)), DatagramAddr.parse(args.parent)
-                ),
-                _CONNECT_TIMEOUT,
-            )
         return transport
 
     try:

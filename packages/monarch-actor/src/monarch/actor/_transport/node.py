@@ -596,30 +596,6 @@ class NodeProcessTransport:
         self._closed = True
         await self._shutdown()
 
-    async def connect(self, pid: Pid, address: Any = None) -> None:
-        """Open the stream to ``pid`` now, before any envelope for it (on the loop): dial it,
-        offer a lane, and return once the stream is open (the lane is negotiated on). A worker
-        connects to its client this way while it starts, so the client's first call finds the
-        QUIC connection there (the client reuses the connection the worker opened) and the
-        reply path ready. ``address`` (a carrier address, ``DatagramAddr`` or string), where
-        the caller knows where ``pid`` listens (a worker: its client's, which it joined),
-        saves the resolution; if dialling it fails, the PID is resolved as usual. Failures
-        are as a first send's: the peer fails and later envelopes to it bounce."""
-        if self._closed or self._shut or pid.raw == self._pid.raw:
-            return
-        if pid.raw in self._unreachable:
-            return
-        peer = self._peers.get(pid.raw)
-        if peer is None:
-            if len(self._peers) >= self._settings.max_peers:
-                return
-            peer = self._peers[pid.raw] = _Peer(pid)
-        if peer.stream is None and peer.task is None and peer.failing is None:
-            peer.task = asyncio.get_running_loop().create_task(self._write_loop(peer, address))
-        task = peer.task
-        if task is not None:
-            await asyncio.shield(task)
-
     def wait_closed(self, timeout: float | None = None) -> bool:
         """Block (not on the loop) until the transport finished closing; False on timeout."""
         return self._closed_event.wait(timeout)
@@ -732,20 +708,11 @@ class NodeProcessTransport:
             self._release(nbytes)
             self._fail_peer(peer, f"process {peer.pid.hex()} is unreachable: {exc}")
 
-    async def _dial(self, pid: Pid, address: Any) -> Any:
-        """A stream to ``pid``: at ``address`` where given (no resolution), else resolved."""
-        if address is not None:
-            try:
-                return await self._node.transport.dial(pid, address)
-            except Exception as exc:
-                _log.info("dialling %s at %s failed (%r); resolving it", pid.hex(), address, exc)
-        return await self._node.dial(pid)
-
-    async def _write_loop(self, peer: _Peer, address: Any = None) -> None:
+    async def _write_loop(self, peer: _Peer) -> None:
         try:
             if peer.stream is None:
                 peer.stream = await asyncio.wait_for(
-                    self._dial(peer.pid, address), self._settings.dial_timeout
+                    self._node.dial(peer.pid), self._settings.dial_timeout
                 )
                 peer.stream.write(STREAM_MAGIC)
                 if self._lanes is not None and not self._shut and not self._lanes_forced_off():
