@@ -114,6 +114,17 @@ def _child_env(folder: Path) -> dict[str, str]:
     return env
 
 
+def _terminate(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL after 10 s; waits for the exit."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class _Agent:
     """``chrysalis agent serve`` on ``socket`` (in the foreground of its own process)."""
 
@@ -133,13 +144,7 @@ class _Agent:
             time.sleep(0.02)
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        _terminate(self._proc)
 
 
 def _timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, str]:
@@ -184,13 +189,7 @@ class _Root:
         return line
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        _terminate(self._proc)
         if self._proc.stdout is not None:
             self._proc.stdout.close()
 

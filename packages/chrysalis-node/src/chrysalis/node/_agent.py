@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
+import importlib
 import json
 import os
 import selectors
@@ -48,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from chrysalis.node._cli import _command_name
+from chrysalis.node._cli import COMMANDS, _command_name, main
 
 __all__ = [
     "AGENT_COMMANDS",
@@ -229,10 +230,6 @@ def _bind(path: Path) -> socket.socket:
 
 def _warm_up() -> None:
     """Import what the agent's commands need, once, before any fork."""
-    import importlib
-
-    from chrysalis.node._cli import COMMANDS
-
     for name in AGENT_COMMANDS:
         importlib.import_module(COMMANDS[name].module)
 
@@ -267,8 +264,6 @@ def _run_child(request: dict[str, Any], fds: list[int], listener: socket.socket)
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's own streams)
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-        from chrysalis.node._cli import main
-
         status = main([str(a) for a in request["argv"]])
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
