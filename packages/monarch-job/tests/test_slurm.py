@@ -11,6 +11,7 @@ Slurm lists no job and that no process of the job is left.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,8 +25,10 @@ from typing import Any
 import pytest
 
 import monarch.actor
+import monarch.job._slurm
 from monarch.actor import SupervisionError
 from monarch.job import SlurmJob, job_load
+from monarch.job._report import ReportListener
 
 sys.path.insert(0, str(Path(__file__).parent))  # the workers import cluster_actors by name
 from _slurm_cluster import SlurmCluster
@@ -92,7 +95,10 @@ RECONNECT = textwrap.dedent("""
 
 
 def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
-    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     port = _free_udp_port()
     job = SlurmJob(
@@ -120,7 +126,11 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         assert other.returncode == 0, f"{other.stderr[-3000:]}\n{logs[-2000:]}"
         assert json.loads(other.stdout.strip().splitlines()[-1]) == ["n1", "n2"]
 
-        hosts = job.state(cached_path=None).hosts
+        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+            hosts = job.state(cached_path=None).hosts
+        # found by its worker loops' reports (_report), not by polling for them
+        assert f"Slurm job {job_id}: every worker loop listens" in caplog.text
+        assert "polling for them" not in caplog.text
         assert hosts.extent.sizes == [2]
         where: Any = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
         places = where.where.call().get(timeout=T).values()
@@ -181,6 +191,48 @@ def test_a_job_that_does_not_start_in_time_is_cancelled(
     try:
         with pytest.raises(RuntimeError, match=f"Slurm job {job_id} did not start within 1 s"):
             job.state(cached_path=None)
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
+
+
+class _Unreachable(ReportListener):
+    """A listener the nodes cannot reach (it names a port where nobody listens)."""
+
+    def __init__(self) -> None:
+        super().__init__(advertise="127.0.0.1")
+        self.target = self.target.rpartition(":")[0] + f":{_free_tcp_port()}"
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_worker_loops_that_cannot_report_are_found_by_polling(
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(monarch.job._slurm, "ReportListener", _Unreachable)
+    monkeypatch.setattr(monarch.job._slurm, "REPORT_GRACE", 0.5)
+    job = SlurmJob(
+        {"hosts": 1},
+        monarch_port=_free_udp_port(),
+        log_dir=str(tmp_path),
+        exclusive=False,
+        time_limit="00:10:00",
+        job_start_timeout=60,
+    )
+    job.apply()
+    try:
+        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+            hosts = job.state(cached_path=None).hosts
+        assert "polling for them" in caplog.text
+        where: Any = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
+        assert where.add.call(1, 2).get(timeout=T).values() == [3]
     finally:
         job.kill()
     assert slurm.run("squeue", "-h", "-o", "%i %T") == ""

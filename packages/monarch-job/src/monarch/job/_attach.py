@@ -96,15 +96,19 @@ def attach_retrying(
     alive: Callable[[], bool],
     timeout: float,
     where: str,
+    listening: bool = False,
 ) -> HostMesh:
     """``attach_to_workers(workers)`` as mesh ``name``, retried until ``timeout`` seconds passed
     or ``alive()`` says the allocation ended; ``RuntimeError`` naming ``where`` (the job and its
-    logs) and the last failure then."""
+    logs) and the last failure then. ``listening``: the workers are known to listen (they said
+    so), so the first attempt skips the probe of their ports."""
     deadline = time.monotonic() + timeout
     while True:
-        closed = wait_listening(workers, max(0.0, deadline - time.monotonic()))
-        if closed:
-            _log.info("mesh %s: nothing listens yet on %s", name, closed)
+        if not listening:
+            closed = wait_listening(workers, max(0.0, deadline - time.monotonic()))
+            if closed:
+                _log.info("mesh %s: nothing listens yet on %s", name, closed)
+        listening = False
         try:
             return attach_to_workers(workers=list(workers), ca=ca, name=name)
         except RuntimeError as exc:

@@ -11,7 +11,13 @@ carrying the address back. The host's address comes from, in order: ``--host``; 
 name resolves to. It then runs ``monarch.actor.run_worker_loop_forever``, which ends when the
 client kills or shuts down the mesh, or when the engine signals the process. With
 ``--ready-file`` (or ``$MONARCH_READY_FILE``) it creates that file once the loop listens, for a
-readiness probe (Kubernetes: a pod is Ready only when its worker loop can be attached).
+readiness probe (Kubernetes: a pod is Ready only when its worker loop can be attached). Under
+Slurm, with ``$MONARCH_JOB_REPORT`` set by the submitting client (``_report``), it connects back
+to that client once it listens and says where (node rank, name, address), so the client need not
+poll the scheduler for it.
+
+Start-up is the critical path of a cluster job's ``apply()``, so the ``scontrol`` query of this
+node's address starts before the stack's imports and runs while they do.
 """
 
 from __future__ import annotations
@@ -39,8 +45,32 @@ try:
     from collections.abc import Sequence
     from pathlib import Path
 
+    def _start_node_query(argv: Sequence[str]) -> tuple[str, subprocess.Popen[str]] | None:
+        """``scontrol show node -o $SLURMD_NODENAME``, started now (it runs while this process
+        imports the stack) when this run will need it (``--slurm-node-addr`` without
+        ``--host``); None otherwise or when it cannot start."""
+        node = os.environ.get("SLURMD_NODENAME")
+        if not node or "--slurm-node-addr" not in argv or "--host" in argv:
+            return None
+        try:
+            return node, _node_query_process(node)
+        except OSError:
+            return None
+
+    def _node_query_process(node: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            ["scontrol", "show", "node", "-o", node],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+    _node_query = _start_node_query(sys.argv[1:]) if _STARTING_AS_MAIN else None
+
     from monarch.actor import run_worker_loop_forever, start_worker_loop_forever
-    from monarch.job._slurm_text import node_addrs
+    from monarch.job._report import send_report
+    from monarch.job._slurm_text import REPORT_ENV, WorkerReport, node_addrs
 finally:
     if _STARTING_AS_MAIN:
         gc.freeze()
@@ -54,19 +84,27 @@ SCONTROL_TIMEOUT = 30.0
 
 def slurm_node_addr() -> str:
     """This Slurm node's ``NodeAddr`` (from ``$SLURMD_NODENAME`` and ``scontrol``)."""
+    global _node_query
     node = os.environ.get("SLURMD_NODENAME")
     if not node:
         raise RuntimeError("--slurm-node-addr outside a Slurm step: $SLURMD_NODENAME is not set")
-    done = subprocess.run(
-        ["scontrol", "show", "node", "-o", node],
-        capture_output=True,
-        text=True,
-        timeout=SCONTROL_TIMEOUT,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"scontrol show node {node} failed: {done.stderr.strip()}")
-    return node_addrs(done.stdout, [node])[0]
+    started, _node_query = _node_query, None  # at import time, or now
+    if started is not None and started[0] == node:
+        query = started[1]
+    else:
+        if started is not None:
+            started[1].kill()
+            started[1].wait()
+        query = _node_query_process(node)
+    try:
+        stdout, stderr = query.communicate(timeout=SCONTROL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        query.kill()
+        query.wait()
+        raise
+    if query.returncode != 0:
+        raise RuntimeError(f"scontrol show node {node} failed: {stderr.strip()}")
+    return node_addrs(stdout, [node])[0]
 
 
 def host_address(host: str | None, slurm: bool) -> str:
@@ -109,14 +147,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--port {args.port} is not a port")
     address = f"udp://{host_address(args.host, args.slurm_node_addr)}:{args.port}"
     _log.info("host %s: worker loop on %s", socket.gethostname(), address)
+    report_to = os.environ.get(REPORT_ENV)
+    job_id = os.environ.get("SLURM_JOB_ID")
     with contextlib.suppress(KeyboardInterrupt):
-        if args.ready_file is None:
+        if args.ready_file is None and not (report_to and job_id):
             run_worker_loop_forever(address=address, ca=args.ca)
-        else:
-            lifetime = start_worker_loop_forever(address=address, ca=args.ca)
+            return 0
+        lifetime = start_worker_loop_forever(address=address, ca=args.ca)
+        if args.ready_file is not None:
             Path(args.ready_file).write_text(f"{address}\n")
             _log.info("listening; readiness file %s written", args.ready_file)
-            lifetime.get()
+        if report_to and job_id:
+            report = WorkerReport(
+                node_id=int(os.environ.get("SLURM_NODEID") or 0),
+                node_name=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                address=address,
+            )
+            if send_report(report_to, job_id, report):
+                _log.info("listening; reported to the client")
+        lifetime.get()
     return 0
 
 

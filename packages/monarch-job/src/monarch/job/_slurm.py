@@ -41,9 +41,12 @@ from typing import Any, Final
 from monarch.actor import HostMesh
 from monarch.job._attach import attach_retrying
 from monarch.job._job import DEFAULT_JOB_PATH, JobState, JobTrait
+from monarch.job._report import ReportListener
 from monarch.job._slurm_text import (
     ACTIVE_STATES,
+    REPORT_ENV,
     SbatchSpec,
+    WorkerReport,
     node_addrs,
     parse_job_id,
     parse_squeue,
@@ -68,6 +71,10 @@ _POLL_FIRST, _POLL_MAX = 0.1, 2.0
 #: 2 s only.
 START_POLL_FAST: Final = 0.5
 START_POLL_WINDOW: Final = 30.0
+#: Seconds after ``squeue`` first says the job runs that a client waiting for its worker loops'
+#: reports (``_report``) gives up on the missing ones and finds them by polling instead (the
+#: nodes may not reach the client: a firewall, a client outside the cluster's network).
+REPORT_GRACE: Final = 10.0
 #: Set (to ``1``) for the client a batch-mode job runs inside its allocation.
 BATCH_JOB_ENV: Final = "MONARCH_BATCH_JOB"
 
@@ -143,14 +150,17 @@ class SlurmJob(JobTrait):
         self._all_hostnames: list[str] = []
         self._addresses: list[str] = []
         self._batch = False  # saved by apply(client_script=...) for the client inside
-        # this process's attachments (never pickled)
+        # this process's attachments and its listener for the worker loops' reports (never
+        # pickled)
         self._attached: dict[str, HostMesh] = {}
+        self._reports: ReportListener | None = None
         self.batch_script(self._unique_name())  # check every option now, not at apply()
 
     # -- pickling -------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_attached"] = {}
+        state["_reports"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -217,8 +227,21 @@ class SlurmJob(JobTrait):
                 self.dump(DEFAULT_JOB_PATH)
             finally:
                 self._batch = False
-        out = _run(["sbatch"], stdin=script)
-        self._slurm_job_id = parse_job_id(out)
+        env = {k: v for k, v in os.environ.items() if k != REPORT_ENV}
+        self._close_reports()
+        if client_script is None:  # a client elsewhere: the worker loops report to it
+            try:
+                self._reports = ReportListener()
+            except OSError as exc:
+                _log.warning("no listener for the worker loops' reports (%s): polling", exc)
+            else:
+                env[REPORT_ENV] = self._reports.target
+        try:
+            out = _run(["sbatch"], stdin=script, env=env)
+            self._slurm_job_id = parse_job_id(out)
+        except BaseException:
+            self._close_reports()
+            raise
         self._all_hostnames = []
         self._addresses = []
         _log.info(
@@ -230,18 +253,28 @@ class SlurmJob(JobTrait):
 
     def _state(self) -> JobState:
         job_id = self._require_job_id()
+        listening = False
         if not self._addresses:
-            self._all_hostnames = self._wait_running(job_id)
-            names = ",".join(self._all_hostnames)
-            addrs = node_addrs(_run(["scontrol", "show", "node", "-o", names]), self._all_hostnames)
-            self._addresses = [f"udp://{a}:{self._port}" for a in addrs]
+            reported = self._wait_reported(job_id) if self._reports is not None else None
+            self._close_reports()
+            if reported is not None:
+                self._all_hostnames = [r.node_name for r in reported]
+                self._addresses = [r.address for r in reported]
+                listening = True  # each reported once it listened: no probe needed
+            else:
+                self._all_hostnames = self._wait_running(job_id)
+                names = ",".join(self._all_hostnames)
+                addrs = node_addrs(
+                    _run(["scontrol", "show", "node", "-o", names]), self._all_hostnames
+                )
+                self._addresses = [f"udp://{a}:{self._port}" for a in addrs]
         meshes: dict[str, HostMesh] = {}
         index = 0
         try:
             for name, count in self._meshes.items():
                 workers = self._addresses[index : index + count]
                 index += count
-                meshes[name] = self._attach(job_id, name, workers)
+                meshes[name] = self._attach(job_id, name, workers, listening)
         except BaseException:
             for mesh in meshes.values():
                 with contextlib.suppress(Exception):
@@ -250,7 +283,13 @@ class SlurmJob(JobTrait):
         self._attached.update(meshes)
         return JobState(meshes)
 
+    def _close_reports(self) -> None:
+        if self._reports is not None:
+            self._reports.close()
+            self._reports = None
+
     def _kill(self) -> None:
+        self._close_reports()
         for mesh in self._attached.values():
             with contextlib.suppress(Exception):
                 mesh.kill().get(timeout=10)
@@ -353,7 +392,64 @@ class SlurmJob(JobTrait):
             time.sleep(interval)  # squeue has no notification: poll with back-off
             interval = start_poll_interval(interval, time.monotonic() - started)
 
-    def _attach(self, job_id: str, name: str, workers: list[str]) -> HostMesh:
+    def _wait_reported(self, job_id: str) -> list[WorkerReport] | None:
+        """The worker loops' reports in node order, once every node's arrived (they listen
+        then); None when the job runs but some never reported within ``REPORT_GRACE`` (the
+        caller polls instead). Meanwhile ``squeue`` is asked, at the start-poll intervals, only
+        whether the job still queues or runs (``RuntimeError`` when it ended, or did not start
+        within ``job_start_timeout``: then it is cancelled)."""
+        assert self._reports is not None
+        expected = sum(self._meshes.values())
+        reports: dict[int, WorkerReport] = {}
+        started = time.monotonic()
+        timeout = self._job_start_timeout
+        interval = START_POLL_FAST
+        next_poll = started + interval
+        running_since: float | None = None
+        while len(reports) < expected:
+            now = time.monotonic()
+            if now >= next_poll:
+                listed = self._squeue(job_id)
+                if listed is None:
+                    raise RuntimeError(f"Slurm job {job_id} is no longer listed by squeue")
+                state = listed[0]
+                if state not in ACTIVE_STATES:
+                    raise RuntimeError(
+                        f"Slurm job {job_id} ended before its workers listened: {state}"
+                    )
+                if state == "RUNNING":
+                    running_since = now if running_since is None else running_since
+                    if now - running_since > REPORT_GRACE:
+                        missing = sorted(set(range(expected)) - set(reports))
+                        _log.warning(
+                            "Slurm job %s: no report from nodes %s %g s after it started; "
+                            "polling for them",
+                            job_id,
+                            missing,
+                            REPORT_GRACE,
+                        )
+                        return None
+                elif timeout is not None and now - started > timeout:
+                    self._kill()
+                    raise RuntimeError(
+                        f"Slurm job {job_id} did not start within {timeout} s (state {state}); "
+                        "it was cancelled"
+                    )
+                interval = start_poll_interval(interval, now - started)
+                next_poll = now + interval
+            for report in self._reports.receive(job_id, next_poll):
+                if report.node_id >= expected or report.node_id in reports:
+                    _log.warning("Slurm job %s: unexpected report %s", job_id, report)
+                    continue
+                reports[report.node_id] = report
+        _log.info(
+            "Slurm job %s: every worker loop listens (%s)",
+            job_id,
+            ", ".join(r.address for r in reports.values()),
+        )
+        return [reports[i] for i in range(expected)]
+
+    def _attach(self, job_id: str, name: str, workers: list[str], listening: bool) -> HostMesh:
         return attach_retrying(
             name,
             workers,
@@ -361,6 +457,7 @@ class SlurmJob(JobTrait):
             alive=self._job_active,
             timeout=WORKER_START_TIMEOUT,
             where=f"Slurm job {job_id} (logs in {self._log_dir})",
+            listening=listening,
         )
 
 
@@ -374,12 +471,13 @@ def start_poll_interval(previous: float, waited: float) -> float:
     return min(previous * 2, cap)
 
 
-def _run(argv: list[str], stdin: str | None = None) -> str:
+def _run(argv: list[str], stdin: str | None = None, env: dict[str, str] | None = None) -> str:
     """Run a Slurm command; its stdout, or ``RuntimeError`` with its stderr."""
     try:
         done = subprocess.run(
             argv,
             input=stdin,
+            env=env,
             capture_output=True,
             text=True,
             timeout=COMMAND_TIMEOUT,

@@ -17,11 +17,17 @@ from typing import Final
 
 __all__ = [
     "ACTIVE_STATES",
+    "MAX_REPORT_BYTES",
+    "REPORT_ENV",
     "TERMINAL_STATES",
     "SbatchSpec",
+    "WorkerReport",
     "node_addrs",
     "parse_job_id",
+    "parse_report",
+    "parse_report_target",
     "parse_squeue",
+    "report_line",
     "sbatch_script",
 ]
 
@@ -40,6 +46,15 @@ TERMINAL_STATES: Final = frozenset(
 MAX_DIRECTIVES: Final = 256
 MAX_VALUE_CHARS: Final = 4096
 _JOB_ID = re.compile(r"Submitted batch job (\d+)")
+#: The environment variable through which a submitting client asks each node's worker loop to
+#: report once it listens: ``TOKEN@HOST:PORT`` (a TCP listener of the client).
+REPORT_ENV: Final = "MONARCH_JOB_REPORT"
+#: The longest report (one line) a client reads.
+MAX_REPORT_BYTES: Final = 512
+_REPORT_MAGIC: Final = "monarch-job-report/1"
+_TOKEN = re.compile(r"[0-9a-f]{16,64}")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_WORKER_ADDRESS = re.compile(r"udp://[0-9A-Za-z.:\[\]-]{1,255}:\d{1,5}")
 
 
 @dataclass(frozen=True)
@@ -189,3 +204,60 @@ def node_addrs(scontrol_stdout: str, names: Sequence[str]) -> list[str]:
     if missing:
         raise ValueError(f"scontrol does not report the nodes {missing}")
     return [found[n] for n in names]
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What a worker loop tells the client that submitted its job once it listens: its node's
+    rank in the allocation (``$SLURM_NODEID``), its node name and the address it listens on."""
+
+    node_id: int
+    node_name: str
+    address: str
+
+
+def parse_report_target(value: str) -> tuple[str, str, int]:
+    """``(token, host, port)`` from ``$MONARCH_JOB_REPORT`` (``TOKEN@HOST:PORT``);
+    ``ValueError`` naming what is wrong."""
+    token, at, target = value.strip().partition("@")
+    host, colon, port = target.rpartition(":")
+    if not at or not colon or not _TOKEN.fullmatch(token):
+        raise ValueError(f"{REPORT_ENV} {value[:100]!r} is not TOKEN@HOST:PORT")
+    if not port.isdigit() or not 0 < int(port) < 65536 or not host or _unsafe(host):
+        raise ValueError(f"{REPORT_ENV} {value[:100]!r} has no usable HOST:PORT")
+    return token, host.strip("[]"), int(port)
+
+
+def report_line(token: str, job_id: str, report: WorkerReport) -> bytes:
+    """The one line a worker loop sends (``parse_report`` reads it)."""
+    line = (
+        f"{_REPORT_MAGIC} {token} {job_id} {report.node_id} {report.node_name} {report.address}\n"
+    )
+    if len(line) > MAX_REPORT_BYTES:
+        raise ValueError(f"a report of {len(line)} bytes is over {MAX_REPORT_BYTES}")
+    return line.encode()
+
+
+def parse_report(data: bytes, token: str, job_id: str) -> WorkerReport:
+    """The report in ``data`` when it carries ``token`` and ``job_id`` (this client's request,
+    this job); ``ValueError`` saying why not otherwise (a stale job's or a stranger's line)."""
+    if len(data) > MAX_REPORT_BYTES:
+        raise ValueError(f"a report is at most {MAX_REPORT_BYTES} bytes, got {len(data)}")
+    try:
+        words = data.decode("ascii").split()
+    except UnicodeDecodeError:
+        raise ValueError("a report is ASCII text") from None
+    if len(words) != 6 or words[0] != _REPORT_MAGIC:
+        raise ValueError(f"not a worker report: {data[:80]!r}")
+    _, their_token, their_job, node_id, node_name, address = words
+    if their_token != token:
+        raise ValueError("a report with another token (not this client's request)")
+    if their_job != job_id:
+        raise ValueError(f"a report of job {their_job}, not {job_id}")
+    if not node_id.isdigit() or len(node_id) > 6:
+        raise ValueError(f"a report's node id {node_id!r} is not a number")
+    if not _NODE_NAME.fullmatch(node_name):
+        raise ValueError(f"a report's node name {node_name!r} is not a host name")
+    if not _WORKER_ADDRESS.fullmatch(address):
+        raise ValueError(f"a report's address {address!r} is not udp://HOST:PORT")
+    return WorkerReport(int(node_id), node_name, address)
