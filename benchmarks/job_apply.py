@@ -118,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         script.write_text(TRIAL)
         namespaces = None
         if args.netns:
-            sys.path.insert(0, str(ROOT / "packages" / "monarch-job" / "src"))
-            from monarch.job._netns import NetnsHosts
+            sys.path.insert(0, str(ROOT / "packages" / "chrysalis-node" / "src"))
+            from chrysalis.node.netns import Namespaces
 
-            namespaces = NetnsHosts(args.hosts)
+            namespaces = Namespaces.for_tasks(args.hosts)
             namespaces.create()
         try:
             for index in range(args.rounds):
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["ours"] = _trial(sys.executable, script, env, args.hosts, [])
                 if namespaces is not None:
                     row["ours_netns"] = _trial(
-                        sys.executable, script, env, args.hosts, namespaces.names
+                        sys.executable, script, env, args.hosts, namespaces.plan.task_names()
                     )
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 rows.append(row)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from chrysalis.node.netns import Namespaces, NetnsUnavailable
 from monarch.job import ProcessJob, job_load
-from monarch.job._netns import NetnsHosts, NetnsUnavailable
 from monarch.job._procs import session_members
 
 HERE = Path(__file__).parent
@@ -62,16 +62,16 @@ CLIENT = textwrap.dedent(
 def hosts_spec() -> Iterator[dict[str, Any]]:
     if sys.platform != "linux":
         pytest.skip("network namespaces are Linux's")
-    namespaces = NetnsHosts(3)
     try:
+        namespaces = Namespaces.for_tasks(3)
         namespaces.create()
     except NetnsUnavailable as exc:
         pytest.skip(f"network namespaces cannot be created here: {exc}")
     try:
-        yield {"hosts": 3, "namespaces": namespaces.names}
+        yield {"hosts": 3, "namespaces": namespaces.plan.task_names()}
     finally:
-        assert namespaces.delete() == []
-        assert namespaces.exists() == []
+        namespaces.delete()  # OSError if one is left
+        assert not any(Path("/run/netns", name).exists() for name in namespaces.plan.names())
 
 
 def _run(script: Path, *args: str, env: dict[str, str]) -> dict[str, Any]:

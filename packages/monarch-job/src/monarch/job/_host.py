@@ -23,6 +23,7 @@ import stat
 import sys
 from collections.abc import Sequence
 
+from chrysalis.node.netns import enter_netns
 from monarch.actor._hosts.attach_daemon import WorkerDaemon
 from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
 from monarch.actor._runtime import logging as runtime_logging
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.forked:
         _forget_the_client()
     if args.netns:
-        _enter_netns(args.netns)
+        enter_netns(args.netns)
     if args.log:
         fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
@@ -123,29 +124,6 @@ def _drop_inherited_sockets() -> None:
                 continue
     finally:
         os.close(devnull)
-
-
-def _enter_netns(name: str) -> None:
-    """Move this (single-threaded) process into the network namespace ``ip netns`` calls
-    ``name``; ``OSError`` naming it otherwise."""
-    path = f"/run/netns/{name}"
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        setns = getattr(os, "setns", None)  # Python 3.12+
-        if setns is not None:
-            setns(fd, _CLONE_NEWNET)
-            return
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"setns into network namespace {name!r}: {os.strerror(errno)}")
-    finally:
-        os.close(fd)
-
-
-_CLONE_NEWNET = 0x40000000
 
 
 if __name__ == "__main__":
