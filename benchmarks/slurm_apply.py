@@ -20,7 +20,10 @@ One measurement is one fresh client process (``benchmarks/_slurm_apply_child.py`
 interpreter of its side): ``ready`` is ``apply()`` until ``state()`` returned the mesh and
 ``hosts.initialized`` resolved, ``first_call`` until one process per host answered (the
 client's imports and interpreter start are not timed; the worker loops' are). Our sources are
-byte-compiled first (``compileall``, untimed), as an installed wheel's are. Rounds alternate
+byte-compiled first (``compileall``, untimed), as an installed wheel's are. Before the first
+round one throwaway job of all nodes runs ``srun true`` (untimed): a fresh cluster's first job
+and first step cost about 2 s more than later ones (slurmd's first step start-up), which would
+otherwise fall on whichever side runs first. Rounds alternate
 the two sides, each round starting with the side the previous one ended with; the headline is
 the median over rounds of ours / reference in the same round, the spread the min and max of
 those ratios. Full run: 5 rounds (the machine is shared); ``--quick``: 2; ``--smoke``: 1 round
@@ -143,6 +146,18 @@ def _wait_slurm_empty(timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise BenchmarkError(f"squeue still lists jobs after {timeout:g} s")
         time.sleep(0.5)  # Slurm has no notification for a purged job record
+
+
+def _warm_up(log_dir: Path) -> None:
+    """Run one throwaway job of all nodes (``srun true``) to its end, untimed."""
+    done = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={HOSTS}", f"--output={log_dir}/warm-up-%j.out",
+         "--wrap", "srun true"],
+        capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise BenchmarkError(f"the warm-up job was refused: {done.stderr.strip()}")
+    _wait_slurm_empty()
 
 
 def _have_reference() -> bool:
@@ -299,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="slurm-apply-") as folder:
             _squeue_shim_dir = _squeue_shim(Path(folder)) if reference else None
             logs = Path(os.environ.get("MONARCH_BENCH_SLURM_LOGS") or folder)
+            _warm_up(logs)
             records = _rounds_of(ROUNDS[mode], reference, logs)
     finally:
         try:  # a cancelled job's slurmstepd is still cleaning up: let it end with its job

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import chrysalis.node._netns as compat
-from chrysalis.node import netns
 from chrysalis.node.netns import (
     Namespaces,
     NetnsUnavailable,
@@ -43,12 +41,6 @@ def test_where_namespaces_cannot_be_made_the_reason_is_an_oserror(
     assert isinstance(caught.value, OSError)  # callers that caught OSError still do
     with pytest.raises(FileNotFoundError):
         enter_netns("chs-no-such-namespace")
-
-
-def test_the_private_name_is_the_same_module_s_api() -> None:
-    assert compat.Namespaces is Namespaces
-    assert compat.enter_netns is enter_netns
-    assert set(compat.__all__) == set(netns.__all__)
 
 
 def _child_in(target: str) -> int:

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from chrysalis.node._netns import NetnsPlan, netns_unavailable, plan_namespaces
 from chrysalis.node._scale import ScaleSettings
+from chrysalis.node.netns import NetnsPlan, netns_unavailable, plan_namespaces
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
 from node_processes import CLI, eventually, read_ready, run_json, stop_all

@@ -21,11 +21,14 @@ once. Deleting a pod SIGTERMs its process (SIGKILL after 5 s) and reaps it.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import itertools
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -71,6 +74,11 @@ class FakeKube:
     next_ip: Iterator[int] = field(default_factory=lambda: itertools.count(20))
     stopping: bool = False
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fake-kube-")))
+    #: Serve HTTPS with this (certificate, key) pair (``self_signed``), as a real API server
+    #: does for in-cluster clients; None: plain HTTP.
+    tls: tuple[Path, Path] | None = None
+    #: The ``Authorization`` header of every request (bounded like ``requests``).
+    authorizations: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         fake = self
@@ -80,11 +88,19 @@ class FakeKube:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, name="fake-kube", daemon=True).start()
 
     @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def kubeconfig(self, path: Path) -> Path:
         path.write_text(
@@ -271,6 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.kube.changed:
             if len(self.kube.requests) < MAX_REQUESTS:
                 self.kube.requests.append((self.command, url.path))
+                self.kube.authorizations.append(self.headers.get("Authorization") or "")
         parts = url.path.strip("/").split("/")
         # api/v1/namespaces/NS/KIND[/NAME]
         if len(parts) < 5 or parts[:3] != ["api", "v1", "namespaces"]:
@@ -373,3 +390,41 @@ class _Handler(BaseHTTPRequestHandler):
                     pending = [{"type": kind, "object": body} for _, ns, kind, body in fresh
                                if ns == namespace and _matches(body, selector)]  # fmt: skip
             chunk(b"")
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for ``127.0.0.1`` and its key, written into ``folder``: the
+    HTTPS fake's certificate and, for its clients, the CA file to trust."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-kube")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "server.crt", folder / "server.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path

@@ -236,3 +236,19 @@ def test_worker_loops_that_cannot_report_are_found_by_polling(
     finally:
         job.kill()
     assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
+
+
+def test_share_node_asks_for_the_task_s_share_of_the_partition_s_nodes(
+    slurm: SlurmCluster,
+) -> None:
+    job = SlurmJob({"hosts": 2})
+    job.share_node(tasks_per_node=1, gpus_per_task=0, partition="debug")
+    script = job.batch_script("j")  # the test cluster's nodes: CPUs=1 RealMemory=1000
+    assert "#SBATCH --cpus-per-task=1" in script
+    assert "#SBATCH --mem=1000M" in script
+    assert "#SBATCH --partition=debug" in script
+    assert "--exclusive" not in script
+    with pytest.raises(ValueError, match="do not fit a node of 1 CPUs"):
+        job.share_node(tasks_per_node=2, gpus_per_task=0, partition="debug")
+    with pytest.raises(ValueError, match="no nodes in partition 'nosuchpartition'"):
+        job.share_node(tasks_per_node=1, gpus_per_task=0, partition="nosuchpartition")

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 from monarch.job import SlurmJob
 from monarch.job._slurm import start_poll_interval
 from monarch.job._slurm_text import (
+    NodeShape,
     SbatchSpec,
     node_addrs,
+    node_share,
     parse_job_id,
+    parse_sinfo_nodes,
     parse_squeue,
     sbatch_script,
 )
@@ -221,3 +224,50 @@ def test_the_start_poll_doubles_up_to_half_a_second_then_two() -> None:
         start_poll_interval(0, 1.0)
     with pytest.raises(ValueError, match="positive"):
         start_poll_interval(0.1, -1.0)
+
+
+def test_add_mesh_adds_nodes_to_the_one_job_before_apply() -> None:
+    job = SlurmJob({"trainers": 2})
+    job.add_mesh("dataloaders", 3)
+    assert "#SBATCH --nodes=5" in job.batch_script("j")
+    job.add_mesh("trainers", 1)  # resized
+    assert "#SBATCH --nodes=4" in job.batch_script("j")
+    with pytest.raises(ValueError, match="identifier"):
+        job.add_mesh("not a name", 1)
+    with pytest.raises(ValueError, match="positive"):
+        job.add_mesh("more", 0)
+
+
+def test_out_of_cluster_clients_are_refused_with_the_reason() -> None:
+    with pytest.raises(NotImplementedError, match="gateway"):
+        SlurmJob({"hosts": 1}, out_of_cluster=True)
+    with pytest.raises(NotImplementedError, match="gateway"):
+        SlurmJob({"hosts": 1}, attach_to="tcp://login:26600")
+
+
+def test_sinfo_node_shapes_are_read_with_their_gpus() -> None:
+    out = "96|1000000|gpu:8\n96+|2000000|gpu:h100:8(S:0-1)\n8|64000|(null)\nbad line\n"
+    assert parse_sinfo_nodes(out, "p") == [
+        NodeShape(96, 1000000, 8),
+        NodeShape(96, 2000000, 8),
+        NodeShape(8, 64000, 0),
+    ]
+    with pytest.raises(ValueError, match="no nodes in partition 'p'"):
+        parse_sinfo_nodes("", "p")
+
+
+def test_a_node_share_is_the_task_s_fraction_of_the_smallest_node() -> None:
+    gpu_nodes = [NodeShape(96, 1_000_000, 8), NodeShape(128, 2_000_000, 8)]
+    assert node_share(gpu_nodes, tasks_per_node=2, gpus_per_task=4) == (48, "500000M")
+    assert node_share(gpu_nodes, tasks_per_node=8, gpus_per_task=1) == (12, "125000M")
+    assert node_share([NodeShape(8, 64000, 0)], tasks_per_node=4, gpus_per_task=0) == (
+        2,
+        "16000M",
+    )
+    assert node_share([NodeShape(1, 1000, 0)], tasks_per_node=1, gpus_per_task=0) == (1, "1000M")
+    with pytest.raises(ValueError, match="do not fit a node of 8 GPUs"):
+        node_share(gpu_nodes, tasks_per_node=3, gpus_per_task=4)
+    with pytest.raises(ValueError, match="do not fit a node of 8 CPUs"):
+        node_share([NodeShape(8, 64000, 0)], tasks_per_node=9, gpus_per_task=0)
+    with pytest.raises(ValueError, match="positive"):
+        node_share(gpu_nodes, tasks_per_node=0, gpus_per_task=1)

@@ -46,6 +46,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final, final
 
+from chrysalis.node.netns import enter_netns as _enter_netns
+
 __all__ = ["ForkServer", "ForkServerError", "ForkedProcess"]
 
 _MAX_MESSAGE: Final = 64 * 1024
@@ -53,26 +55,6 @@ _ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * array.array("i").itemsize)
 _MAX_CHILDREN: Final = 8192
 """Workers one server may run at once (a bound on its bookkeeping)."""
 _PR_SET_PDEATHSIG: Final = 1
-_CLONE_NEWNET: Final = 0x40000000
-
-
-def _enter_netns(path: str) -> None:
-    """Move this (single-threaded) process into the network namespace named by ``path``
-    (``OSError`` if it cannot: not Linux, no rights, no such namespace)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        setns = getattr(os, "setns", None)
-        if setns is not None:  # Python 3.12+
-            setns(fd, _CLONE_NEWNET)
-            return
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"setns({path}): {os.strerror(errno)}")
-    finally:
-        os.close(fd)
 
 
 class ForkServerError(RuntimeError):

@@ -272,7 +272,7 @@ class ScaleSettings:
     sweep. ``start``: ``fork`` (default) forks every worker from a warm fork server
     (``chrysalis.node._forkserver``), ``exec`` starts each as a fresh interpreter
     (``python -m chrysalis.node._scale worker``: for comparison). ``netns``: every task but
-    the root's runs in a network namespace of its own (``chrysalis.node._netns``: needs root
+    the root's runs in a network namespace of its own (``chrysalis.node.netns``: needs root
     and iproute2, and the ``task-head`` topology with at least two tasks); ``host`` is then
     replaced by each namespace's address on the bridge joining them."""
 
@@ -1036,7 +1036,7 @@ async def _launched(
     spaces: dict[int, str] = {}  # task -> the file naming its namespace
     if settings.netns:
         # Before the fork server: it forks no reaper, and workers enter these by path.
-        from chrysalis.node._netns import Namespaces
+        from chrysalis.node.netns import Namespaces
 
         namespaces = Namespaces.for_tasks(placements[-1].task)
         namespaces.create()

@@ -207,6 +207,7 @@ class JobTrait(ABC):
         running = job._running
         if running is None:
             return None
+        running._rebind_connection_inputs(self)
         if running.can_run(self):
             return job
         _log.info("the saved job at %s cannot run this specification: killing it", cached_path)
@@ -218,6 +219,11 @@ class JobTrait(ABC):
         with contextlib.suppress(FileNotFoundError):
             os.remove(target)
         return None
+
+    def _rebind_connection_inputs(self, spec: JobTrait) -> None:
+        """Take what a saved job could not keep from ``spec``, the current specification, before
+        reconnecting (Kubernetes: an in-memory API configuration). Default: nothing."""
+        del spec  # an engine whose saved jobs keep everything needs nothing from it
 
     # -- persistence ----------------------------------------------------------------------------
     def dump(self, filename: str) -> None:

@@ -23,7 +23,9 @@ the worker loops and the job ends with the client's exit status. (A batch client
 
 Differences from the reference: the worker loop speaks Chrysalis over UDP (``udp://``), not
 ``tcp://``; ``python_exe`` defaults to this interpreter (``sys.executable``) rather than
-``"python"``; ``share_node``/``clusterscope`` are not implemented (``NotImplementedError``).
+``"python"``; ``share_node`` reads the partition's nodes with ``sinfo`` (Monarch's asks
+``clusterscope``); ``out_of_cluster``/``attach_to`` (a gateway worker for a client outside the
+cluster's network) are not implemented (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from monarch.job._slurm_text import (
     SbatchSpec,
     WorkerReport,
     node_addrs,
+    node_share,
     parse_job_id,
+    parse_sinfo_nodes,
     parse_squeue,
     sbatch_script,
 )
@@ -114,6 +118,8 @@ class SlurmJob(JobTrait):
         qos: str | None = None,
         bind_to: str | None = None,
         ca: str = "trust_all_connections",
+        out_of_cluster: bool = False,
+        attach_to: str | None = None,
     ) -> None:
         super().__init__()
         if not meshes:
@@ -127,6 +133,12 @@ class SlurmJob(JobTrait):
             raise ValueError(f"monarch_port {monarch_port} is not a port")
         if isinstance(slurm_args, str):
             raise TypeError("slurm_args is a sequence of options, not one str")
+        if out_of_cluster or attach_to is not None:
+            raise NotImplementedError(
+                "SlurmJob(out_of_cluster=True / attach_to=...): a client outside the cluster's "
+                "network reaching the nodes through a gateway worker is not implemented; the "
+                "client must reach every node's worker loop over UDP (run it on a login node)"
+            )
         self._meshes = dict(meshes)
         self._python_exe = python_exe or sys.executable
         self._slurm_args = tuple(slurm_args)
@@ -155,6 +167,34 @@ class SlurmJob(JobTrait):
         self._attached: dict[str, HostMesh] = {}
         self._reports: ReportListener | None = None
         self.batch_script(self._unique_name())  # check every option now, not at apply()
+
+    def add_mesh(self, name: str, num_nodes: int) -> None:
+        """Add (or resize) mesh ``name`` of ``num_nodes`` nodes, before ``apply()``."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"mesh name {name!r} is not an identifier")
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"mesh {name!r} needs a positive number of nodes, got {num_nodes!r}")
+        if self.active:
+            raise RuntimeError("add_mesh() after apply(): kill() the job first")
+        self._meshes[name] = num_nodes
+
+    def share_node(self, tasks_per_node: int, gpus_per_task: int, partition: str) -> None:
+        """Share nodes with other jobs: not exclusive, and each task asks for its share of a
+        node of ``partition`` (``gpus_per_task`` of the node's GPUs, or 1/``tasks_per_node``
+        of a GPU-less node): that fraction of the node's CPUs and memory, read with ``sinfo``
+        (the smallest node of the partition). Monarch's uses ``clusterscope`` for the same
+        reading; here the Slurm commands do. ``ValueError`` when the share does not fit."""
+        if isinstance(tasks_per_node, bool) or not isinstance(tasks_per_node, int):
+            raise TypeError(f"tasks_per_node must be an int, not {tasks_per_node!r}")
+        if isinstance(gpus_per_task, bool) or not isinstance(gpus_per_task, int):
+            raise TypeError(f"gpus_per_task must be an int, not {gpus_per_task!r}")
+        out = _run(["sinfo", "-h", "-p", partition, "-o", "%c|%m|%G"])
+        cpus, mem = node_share(parse_sinfo_nodes(out, partition), tasks_per_node, gpus_per_task)
+        self._exclusive = False
+        self._cpus_per_task = cpus
+        self._mem = mem
+        self._partition = partition
+        self.batch_script(self._unique_name())  # still a valid script
 
     # -- pickling -------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

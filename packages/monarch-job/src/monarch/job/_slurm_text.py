@@ -22,7 +22,10 @@ __all__ = [
     "TERMINAL_STATES",
     "SbatchSpec",
     "WorkerReport",
+    "NodeShape",
     "node_addrs",
+    "node_share",
+    "parse_sinfo_nodes",
     "parse_job_id",
     "parse_report",
     "parse_report_target",
@@ -261,3 +264,66 @@ def parse_report(data: bytes, token: str, job_id: str) -> WorkerReport:
     if not _WORKER_ADDRESS.fullmatch(address):
         raise ValueError(f"a report's address {address!r} is not udp://HOST:PORT")
     return WorkerReport(int(node_id), node_name, address)
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One kind of node of a partition: its CPUs, memory (MB) and GPUs."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+
+
+def _gpus_in_gres(gres: str) -> int:
+    """The GPU count in ``sinfo``'s ``%G`` (``gpu:8``, ``gpu:a100:4(S:0-1)``, ``(null)``)."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def parse_sinfo_nodes(stdout: str, partition: str) -> list[NodeShape]:
+    """The node shapes of ``sinfo -h -p PARTITION -o '%c|%m|%G'`` (``ValueError`` naming the
+    partition when it lists none)."""
+    shapes = []
+    for line in stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 3:
+            continue
+        cpus, memory, gres = fields
+        cpus, memory = cpus.rstrip("+"), memory.rstrip("+")
+        if cpus.isdigit() and memory.isdigit():
+            shapes.append(NodeShape(int(cpus), int(memory), _gpus_in_gres(gres)))
+    if not shapes:
+        raise ValueError(f"sinfo lists no nodes in partition {partition!r}")
+    return shapes
+
+
+def node_share(
+    shapes: Sequence[NodeShape], tasks_per_node: int, gpus_per_task: int
+) -> tuple[int, str]:
+    """``(cpus_per_task, mem)`` for a task that takes ``gpus_per_task`` GPUs of a node (or,
+    on nodes without GPUs, ``1/tasks_per_node`` of it): that fraction of the CPUs (at least
+    one) and of the memory, on the smallest node shape so any node of the partition fits."""
+    _positive("tasks_per_node", tasks_per_node)
+    if gpus_per_task < 0:
+        raise ValueError(f"gpus_per_task must not be negative, got {gpus_per_task}")
+    if not shapes:
+        raise ValueError("no node shapes to share")
+    cpus = min(s.cpus for s in shapes)
+    memory = min(s.memory_mb for s in shapes)
+    gpus = min(s.gpus for s in shapes)
+    if gpus_per_task:
+        if gpus_per_task * tasks_per_node > gpus:
+            raise ValueError(
+                f"{tasks_per_node} tasks of {gpus_per_task} GPUs do not fit a node of {gpus} GPUs"
+            )
+        share_cpus, share_mem = cpus * gpus_per_task // gpus, memory * gpus_per_task // gpus
+    else:
+        if tasks_per_node > cpus:
+            raise ValueError(f"{tasks_per_node} tasks do not fit a node of {cpus} CPUs")
+        share_cpus, share_mem = cpus // tasks_per_node, memory // tasks_per_node
+    return max(1, share_cpus), f"{max(1, share_mem)}M"

@@ -89,21 +89,47 @@ class ImageSpec:
 
 @dataclasses.dataclass(frozen=True)
 class KubeConfig:
-    """How to reach the API server: a kubeconfig file (``KubeConfig.from_path``), else the
-    in-cluster service account."""
+    """How to reach the API server: a kubeconfig file (``KubeConfig.from_path``: out of the
+    cluster, with the file's server, credentials, CA and ``proxy-url``), an in-memory client
+    configuration (``KubeConfig.from_config``), else (``KubeConfig()``) the in-cluster service
+    account (``$KUBERNETES_SERVICE_HOST``/``_PORT``, the pod's token and CA files)."""
 
     local: Path | None = None
+    #: An in-memory configuration (process-local: a saved job drops it; see ``from_config``).
+    remote: client.Configuration | None = dataclasses.field(default=None, compare=False)
+    #: A saved job whose in-memory configuration was dropped: it needs the current
+    #: specification's (``state()`` with a ``KubernetesJob`` carrying one) before it can connect.
+    requires_rebind: bool = False
 
     @classmethod
     def from_path(cls, path: str) -> KubeConfig:
         return cls(local=Path(path).expanduser())
 
+    @classmethod
+    def from_config(cls, configuration: client.Configuration) -> KubeConfig:
+        """An in-memory client configuration (``kubernetes.client.Configuration``). It is not
+        saved with the job: a later client reconnects through ``state()`` of a specification
+        that carries a current configuration (prefer ``from_path`` where there is a file)."""
+        if not isinstance(configuration, client.Configuration):
+            raise TypeError(
+                f"from_config takes a kubernetes.client.Configuration, not {type(configuration)}"
+            )
+        return cls(remote=configuration)
+
     @property
     def out_of_cluster(self) -> bool:
-        return self.local is not None
+        return self.local is not None or self.remote is not None or self.requires_rebind
 
     def api_client(self) -> client.ApiClient:
         """A client for this configuration (``RuntimeError`` when it cannot be loaded)."""
+        if self.remote is not None:
+            return client.ApiClient(self.remote)
+        if self.requires_rebind:
+            raise RuntimeError(
+                "this saved KubernetesJob's in-memory Kubernetes configuration "
+                "(KubeConfig.from_config) was not saved with it: reconnect through state() of "
+                "a KubernetesJob given a current configuration"
+            )
         configuration = client.Configuration()
         try:
             if self.local is not None:
@@ -155,7 +181,17 @@ class KubernetesJob(JobTrait):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_attached"] = {}
+        if self._kubeconfig.remote is not None:
+            _log.warning(
+                "the in-memory Kubernetes configuration is not saved with the job: a later "
+                "client reconnects through state() of a KubernetesJob given a current one"
+            )
+            state["_kubeconfig"] = KubeConfig(requires_rebind=True)
         return state
+
+    def _rebind_connection_inputs(self, spec: JobTrait) -> None:
+        if isinstance(spec, KubernetesJob) and self._kubeconfig.requires_rebind:
+            self._kubeconfig = spec._kubeconfig
 
     def add_mesh(
         self,
