@@ -23,7 +23,12 @@ client's imports and interpreter start are not timed; the worker loops' are). Ou
 byte-compiled first (``compileall``, untimed), as an installed wheel's are. Before the first
 round one throwaway job of all nodes runs ``srun true`` (untimed): a fresh cluster's first job
 and first step cost about 2 s more than later ones (slurmd's first step start-up), which would
-otherwise fall on whichever side runs first. Rounds alternate
+otherwise fall on whichever side runs first. Before each side, once ``squeue`` is empty, the
+controller is left idle for ``batch_sched_delay`` plus a second (untimed; Slurm's default 3 s):
+slurmctld starts a batch job at once only when its last scheduling pass is that old, else at a
+later pass, so without the pause the side whose client starts faster after the other's job ended
+would wait up to 3 s longer in the queue (measured: 1-2 s for ours, 0 for the reference's slower
+client). Rounds alternate
 the two sides, each round starting with the side the previous one ended with; the headline is
 the median over rounds of ours / reference in the same round, the spread the min and max of
 those ratios. Full run: 5 rounds (the machine is shared); ``--quick``: 2; ``--smoke``: 1 round
@@ -148,6 +153,22 @@ def _wait_slurm_empty(timeout: float = 60.0) -> None:
         time.sleep(0.5)  # Slurm has no notification for a purged job record
 
 
+def _settle_seconds() -> float:
+    """``batch_sched_delay`` (``scontrol show config``'s SchedulerParameters; Slurm's default
+    3) plus one second of the controller's background tick."""
+    done = subprocess.run(
+        ["scontrol", "show", "config"], capture_output=True, text=True, check=False
+    )
+    delay = 3.0
+    for line in done.stdout.splitlines():
+        if line.strip().startswith("SchedulerParameters"):
+            for item in line.partition("=")[2].split(","):
+                key, _, value = item.strip().partition("=")
+                if key == "batch_sched_delay" and value.isdigit():
+                    delay = float(value)
+    return delay + 1.0
+
+
 def _warm_up(log_dir: Path) -> None:
     """Run one throwaway job of all nodes (``srun true``) to its end, untimed."""
     done = subprocess.run(
@@ -210,8 +231,10 @@ def _rounds_of(rounds: int, reference: bool, log_dir: Path) -> list[dict[str, An
         if index % 2 == 1:
             sides.reverse()
         results: dict[str, dict[str, float]] = {}
+        settle = _settle_seconds()
         for side in sides:
             _wait_slurm_empty()
+            time.sleep(settle)  # an idle controller for both sides (see the module docstring)
             row[f"load_before_{side}"] = os.getloadavg()[0]
             if side == "ours":
                 results[side] = _measure(

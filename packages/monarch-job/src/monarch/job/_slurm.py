@@ -4,13 +4,17 @@
 Why this shape (Monarch's ``SlurmJob``, API-compatible): ``apply()`` submits ONE batch job for
 all meshes whose single ``srun`` step runs our worker loop (``python -m
 monarch.job._host_worker``) once on every allocated node, listening on the node's ``NodeAddr``
-and ``monarch_port``. ``state()`` waits until ``squeue`` says the job runs, asks ``scontrol``
-for the nodes' addresses, splits the nodes among the meshes in allocation order (the order of
-``SLURM_NODEID``) and attaches to ``udp://NODEADDR:PORT``: both sides compute the address, so no
-shared file system or side channel is needed. ``kill()`` ends what this client spawned there,
-``scancel``s the job and waits (bounded) until Slurm no longer lists it, so its processes are
-gone. The job pickles as the job id and node list only: a later client process reconnects to
-the same allocation (``job_load`` then ``state()``) while the job runs.
+and ``monarch_port``. Before ``sbatch`` the client opens a TCP listener and passes it to the job
+(``$MONARCH_JOB_REPORT``, ``_report``); each worker loop connects there once it listens and
+says where (its ``SLURM_NODEID``, node name and address), so ``state()`` attaches as soon as the
+last one did, polling ``squeue`` meanwhile only to see a job that ends or never starts. Nodes
+that cannot reach the client are found by polling instead (``REPORT_GRACE`` after the job
+runs): ``squeue`` until it runs, ``scontrol`` for the nodes' addresses, ``udp://NODEADDR:PORT``
+computed on both sides (no shared file system needed either way). The nodes are split among
+the meshes in allocation order (the order of ``SLURM_NODEID``). ``kill()`` ends what this
+client spawned there, ``scancel``s the job and waits (bounded) until Slurm no longer lists it,
+so its processes are gone. The job pickles as the job id and node list only: a later client
+process reconnects to the same allocation (``job_load`` then ``state()``) while the job runs.
 
 Batch mode (``apply(client_script="train.py --lr 0.1")``): the job is saved to
 ``.monarch/job_state.pkl`` (in the submitting directory, which must be on a file system the
