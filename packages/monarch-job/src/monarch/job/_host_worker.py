@@ -50,7 +50,8 @@ try:
         imports the stack) when this run will need it (``--slurm-node-addr`` without
         ``--host``); None otherwise or when it cannot start."""
         node = os.environ.get("SLURMD_NODENAME")
-        if not node or "--slurm-node-addr" not in argv or "--host" in argv:
+        host_given = any(a == "--host" or a.startswith("--host=") for a in argv)
+        if not node or "--slurm-node-addr" not in argv or host_given:
             return None
         try:
             return node, _node_query_process(node)
@@ -157,9 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ready_file is not None:
             Path(args.ready_file).write_text(f"{address}\n")
             _log.info("listening; readiness file %s written", args.ready_file)
-        if report_to and job_id:
+        node_id = os.environ.get("SLURM_NODEID") or "0"
+        if report_to and job_id and not node_id.isdigit():
+            _log.warning("$SLURM_NODEID %r is not a number: not reporting", node_id[:20])
+        elif report_to and job_id:
             report = WorkerReport(
-                node_id=int(os.environ.get("SLURM_NODEID") or 0),
+                node_id=int(node_id),
                 node_name=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
                 address=address,
             )
