@@ -124,3 +124,9 @@ def test_an_in_memory_configuration_is_used_then_dropped_from_a_saved_job(
     saved._rebind_connection_inputs(KubernetesJob("memory", kubeconfig=config))
     assert saved._kubeconfig.remote is configuration  # the current specification's
     assert _list_pods(saved._kubeconfig, in_cluster, "memory") == "Bearer memory-token"
+
+
+def test_attaching_through_a_forwarded_port_is_refused_with_the_reason() -> None:
+    with pytest.raises(NotImplementedError, match="port-forward carries TCP"):
+        KubernetesJob("ns", None, None, "tcp://127.0.0.1:26600")  # Monarch's 4th argument
+    assert KubernetesJob("ns", 5)._timeout == 5

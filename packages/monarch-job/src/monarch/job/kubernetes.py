@@ -167,9 +167,17 @@ class KubernetesJob(JobTrait):
         namespace: str,
         timeout: int | None = None,
         kubeconfig: KubeConfig | None = None,
+        attach_to: str | None = None,
+        *,
         ca: str = "trust_all_connections",
     ) -> None:
         super().__init__()
+        if attach_to is not None:
+            raise NotImplementedError(
+                "KubernetesJob(attach_to=...): attaching through a forwarded port is not "
+                "implemented (kubectl port-forward carries TCP, the worker loops speak QUIC over "
+                "UDP); the client must reach the pods' IPs (run it in the cluster)"
+            )
         self._namespace = namespace
         self._timeout = timeout
         self._kubeconfig = kubeconfig or KubeConfig()
