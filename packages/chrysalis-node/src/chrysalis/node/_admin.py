@@ -100,6 +100,7 @@ def _experiment_row(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
         "warmup": spec.warmup,
         "concurrency": spec.concurrency,
         "timeout": spec.timeout,
+        "baselines": spec.baselines,
         "sources": list(ledger.role_pids(name, "source")),
         "destinations": list(ledger.role_pids(name, "destination")),
         "submitted_by": record.submitted_by,
@@ -283,7 +284,8 @@ def _show_text(report: dict[str, Any]) -> str:
     lines = [
         f"experiment {report['name']}: {report['status']} ({report['kind']}, payload "
         f"{report['payload']} B, {report['count']} timed + {report['warmup']} warm-up operations "
-        f"per pair, concurrency {report['concurrency']})",
+        f"per pair, concurrency {report['concurrency']}"
+        f"{'' if report.get('baselines', True) else ', no baselines'})",
         format_rows(
             ("SOURCE", "STATE", "ATTEMPT", "ERROR"),
             [(c["source"][:8], c["state"], c["attempt"], c["error"]) for c in report["claims"]],
@@ -596,6 +598,7 @@ async def _submit(
         warmup=args.warmup,
         concurrency=args.concurrency,
         timeout=args.run_timeout,
+        baselines=not args.no_baselines,
     )
     nodes = list(store.ledger().nodes.values())
     sources = select_nodes(nodes, args.sources, seed=args.seed)

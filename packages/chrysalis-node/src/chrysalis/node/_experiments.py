@@ -404,8 +404,9 @@ class ExperimentRunner:
     async def _measure_baselines(self, work: Work, progress: Mapping[str, _Progress]) -> bool:
         """After the Chrysalis figures, each measured pair's direct baselines, one pair at a
         time (so they do not load each other); ``False`` if the claim ended meanwhile. A
-        pair whose baselines fail keeps its Chrysalis result, without baselines."""
-        if self._baselines is None:
+        pair whose baselines fail keeps its Chrysalis result, without baselines. None for an
+        experiment submitted without them (``ExperimentSpec.baselines``)."""
+        if self._baselines is None or not work.experiment.spec.baselines:
             return True
         for pid in work.destinations:
             record = progress[pid]
