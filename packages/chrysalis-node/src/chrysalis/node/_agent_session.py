@@ -222,7 +222,10 @@ class _Session:
         except Exception as exc:
             status = 1
             err.write(error_line(exc, self._expected) + "\n")
-        reply = encode_reply(kind, status, out.getvalue().encode(), err.getvalue().encode())
+        try:
+            reply = encode_reply(kind, status, out.getvalue().encode(), err.getvalue().encode())
+        except ValueError as exc:  # over MAX_REPLY
+            reply = encode_reply(DONE, 1, b"", f"chrysalis: error: {exc}\n".encode())
         try:
             conn.setblocking(False)
             await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, reply), 30.0)
