@@ -33,7 +33,10 @@ epoch):
 - ``scale_result_baseline`` (pk ``experiment, source, destination``): baselines (JSON);
 - ``scale_experiment_option`` (pk ``experiment``): options (JSON: ``{"baselines": bool}``),
   the spec's fields added after ``scale_experiment`` existed (a sibling table, so an older
-  database needs no ``ALTER TABLE``; an experiment without a row has the defaults).
+  database needs no ``ALTER TABLE``; an experiment without a row has the defaults);
+- ``scale_progress`` (pk ``experiment, source``): done, planned, updated_at: a running
+  source's timed operations so far (``publish_progress``, at most one write a second per
+  source; informational, outside the ledger: ``submit``'s progress bar reads it).
 """
 
 from __future__ import annotations
@@ -111,9 +114,14 @@ OPTION_TABLE: Final = _schema(
     "experiment TEXT, options TEXT",
     ["experiment"],
 )
+PROGRESS_TABLE: Final = _schema(
+    "scale_progress",
+    "experiment TEXT, source TEXT, done INTEGER, planned INTEGER, updated_at REAL",
+    ["experiment", "source"],
+)
 SCHEMAS: Final = (
     NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE, BASELINE_TABLE,
-    OPTION_TABLE,
+    OPTION_TABLE, PROGRESS_TABLE,
 )  # fmt: skip
 """The trusted descriptors, in load order."""
 TABLES: Final = tuple(schema.table for schema in SCHEMAS)
@@ -243,6 +251,22 @@ class ExperimentStore:
             (pid,),
         ).fetchone()
         return row is not None
+
+    def publish_progress(
+        self, experiment: str, source: str, done: int, planned: int, now: float
+    ) -> None:
+        """Record that ``source`` completed ``done`` of its ``planned`` timed operations of
+        ``experiment`` (replicated like every row; not a ledger decision)."""
+        with self._replica.transaction("IMMEDIATE") as tx:
+            tx.upsert(PROGRESS_TABLE.table, (experiment, source, done, planned, float(now)))
+
+    def progress(self, experiment: str) -> dict[str, tuple[int, int]]:
+        """``source -> (done, planned)`` as last published for ``experiment``."""
+        rows = self._replica.connection.execute(
+            "SELECT source, done, planned FROM scale_progress WHERE experiment = ?",
+            (experiment,),
+        )
+        return {str(source): (int(done), int(planned)) for source, done, planned in rows}
 
     def decide(self, op: Callable[[ExperimentLedger], tuple[T, Decision]]) -> T:
         """Run ``op(ledger)`` and store its decision atomically; returns ``op``'s value. An
