@@ -17,14 +17,18 @@ so that the four see about the same machine load:
    costs beyond this is protocol work, not imports.
 4. **ls**: ``python -m chrysalis.node._cli --ca-dir CA ls TOKEN``: a client node that joins
    the root, enumerates the namespace, prints the table and leaves.
-5. **ls_agent**: the same command while an agent runs (``chrysalis agent serve`` on a socket
+5. **ls_agent_fork** (informational): ``chrysalis --log-level info ls TOKEN`` with the agent
+   running: a command a session does not take (its log belongs on the caller's stderr), so
+   the agent forks it as before sessions existed: the child still does identity, QUIC
+   handshake, join, enumeration and leave.
+6. **ls_agent**: the same command while an agent runs (``chrysalis agent serve`` on a socket
    of the run's temporary directory, started before the rounds): the command (its thin path,
    ``chrysalis.node._agent_client``) hands itself to the agent, whose warm session (a client
    node joined once, at the warm-up) answers it with one enumeration at the root; the caller
    prints the table. The run checks, through ``agent status``, that every round's command was
    answered by a session (not forked). The other cases run with ``CHRYSALIS_NO_AGENT=1``, so
    an agent of the user's never takes them.
-6. **ls_agent_script**: the same through the ``chrysalis`` console script installed next to
+7. **ls_agent_script**: the same through the ``chrysalis`` console script installed next to
    this interpreter (when there is one): what a user runs. It imports ``sys`` and
    ``chrysalis.node._cli``; ``python -m`` also imports ``runpy`` (and with it ``importlib.util``,
    ``contextlib``, ``collections``, ``functools``), about as much again as the thin path.
@@ -86,7 +90,7 @@ LS_GOAL: Final = 3.0
 
 SCRIPT: Final = Path(sys.executable).with_name("chrysalis")
 """The installed ``chrysalis`` console script of this interpreter's environment (if any)."""
-CASES: Final = ("bare", "help", "imports", "ls", "ls_agent") + (
+CASES: Final = ("bare", "help", "imports", "ls", "ls_agent_fork", "ls_agent") + (
     ("ls_agent_script",) if SCRIPT.exists() else ()
 )
 """The commands of one round, in the order they run (``bare`` is the baseline)."""
@@ -95,6 +99,8 @@ LABELS: Final = {
     "help": "`chrysalis --help`",
     "imports": "`import chrysalis.node._cli_commands` (informational)",
     "ls": "`chrysalis ls TOKEN`",
+    "ls_agent_fork": "`chrysalis --log-level info ls TOKEN` with an agent: forked per command "
+    "(informational)",
     "ls_agent": "`chrysalis ls TOKEN` with an agent running (`chrysalis agent start`)",
     "ls_agent_script": "the same through the installed `chrysalis` script (no `runpy`)",
 }
@@ -235,6 +241,7 @@ def measure(rounds: int, loads: list[float]) -> list[Round]:
         agent: _Agent | None = None
         try:
             ls = [*CLI, "--ca-dir", str(ca_dir), "ls", root.token]
+            forked = [*CLI, "--log-level", "info", "--ca-dir", str(ca_dir), "ls", root.token]
             for warm_up in (BARE, [*CLI, "--help"], [sys.executable, "-c", IMPORTS], ls):
                 _timed(warm_up, env)  # bytecode caches, the file cache, the root's first client
             agent = _Agent(socket, agent_env)
@@ -247,6 +254,7 @@ def measure(rounds: int, loads: list[float]) -> list[Round]:
                 seconds["help"], help_text = _timed([*CLI, "--help"], env)
                 seconds["imports"], _ = _timed([sys.executable, "-c", IMPORTS], env)
                 seconds["ls"], table = _timed(ls, env)
+                seconds["ls_agent_fork"], fork_table = _timed(forked, agent_env)
                 seconds["ls_agent"], agent_table = _timed(ls, agent_env)
                 if "ls_agent_script" in CASES:
                     seconds["ls_agent_script"], script_table = _timed(
@@ -256,6 +264,8 @@ def measure(rounds: int, loads: list[float]) -> list[Round]:
                         raise BenchmarkError(f"the script's ls printed {script_table[:80]!r}")
                 if not help_text.startswith("usage: chrysalis") or "PID" not in table:
                     raise BenchmarkError(f"unexpected output: {help_text[:80]!r} {table[:80]!r}")
+                if fork_table.splitlines()[:1] != table.splitlines()[:1]:
+                    raise BenchmarkError(f"the forked ls printed {fork_table[:80]!r}")
                 if agent_table.splitlines()[:1] != table.splitlines()[:1]:
                     raise BenchmarkError(f"the agent's ls printed {agent_table[:80]!r}")
                 results.append(Round(seconds))

@@ -21,9 +21,13 @@ then:
   ``chrysalis.node._admin``; it needs chrysalis-sqlite, which sits above chrysalis-node;
 - ``chrysalis.node._cli_sqlite``: ``sqlite DB ACTION`` (chrysalis-sqlite's shell);
 - ``chrysalis.node._scale``: ``scale ...``, handed its arguments unparsed;
-- ``chrysalis.node._agent``: ``agent start|stop|status|serve``, and the hand-over of ``ls``,
-  ``resolve``, ``ping`` and ``pipe`` to a running agent (a warm process that forks per
-  command: their start-up without the interpreter and the imports).
+- ``chrysalis.node._agent``: ``agent start|stop|status|serve`` (a warm process that answers
+  ``ls``, ``resolve`` and ``ping`` from a node it keeps joined and forks ``pipe``);
+- ``chrysalis.node._agent_client``: the hand-over of ``ls``, ``resolve``, ``ping`` and
+  ``pipe`` to a running agent, before any parser is built. This module and that one import
+  only ``os``, ``sys``, ``_socket`` and ``_struct`` at first (no ``typing``, ``argparse``,
+  ``logging``, ``pathlib``, ``dataclasses`` or ``importlib``: ``TYPE_CHECKING`` is a local
+  ``False``), so a command the agent answers costs little more than the interpreter.
 
 Each command module names the failures it reports as one line (``EXPECTED_ERRORS``).
 
