@@ -115,6 +115,11 @@ def test_commands_run_in_the_agent_with_the_callers_streams_and_environment(
     assert _status(env)["served"] == served + 4
 
 
+def _agent_entries(env: dict[str, str], token: str) -> list[str]:
+    """PIDs of the ``command=agent`` entries at ``token``'s root."""
+    return [pid for pid, command in _commands(_ls(env, token)).items() if command == "agent"]
+
+
 def _sessions(env: dict[str, str]) -> int:
     sessions = _status(env)["sessions"]
     assert isinstance(sessions, list)
@@ -157,7 +162,9 @@ def test_ls_is_answered_by_a_warm_session_and_is_fresh(
         assert json.loads(resolved.stdout)["pid"] == child, resolved.stderr
     finally:
         stop_all([joined])
-    assert child not in _commands(_ls(env, tree["token"]))  # a clean leave withdraws at once
+    # A clean leave withdraws the node at the root (within the leave's own round trip; well
+    # before the 30 s idle timeout that would fence a silent one).
+    eventually(lambda: child not in _commands(_ls(env, tree["token"])), 10, "the child gone")
     pinged = _run(["ping", tree["token"], "--json"], env)
     assert pinged.returncode == 0, pinged.stderr
     assert json.loads(pinged.stdout)[tree["root"]]["ok"] is True
@@ -351,6 +358,13 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     started = _run(["agent", "start"], env)
     assert started.returncode == 0, started.stderr
     pid = int(str(_status(env)["pid"]))
+    assert _run(["ls", tree["token"]], env).returncode == 0  # starts a session
+    sessions = _status(env)["sessions"]
+    assert isinstance(sessions, list)
+    (session,) = sessions
+    lone = {**env, "CHRYSALIS_NO_AGENT": "1"}
+    before = _agent_entries(lone, tree["token"])  # this agent's session, and the module's agent's
+    assert before
     again = _run(["agent", "start"], env)
     assert again.returncode == 1
     assert "already runs" in again.stderr
@@ -358,6 +372,9 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     assert stopped.returncode == 0, stopped.stderr
     assert not path.exists()
     eventually(lambda: not Path(f"/proc/{pid}").exists(), 10, "the agent process gone")
+    # Its session left the tree with it (a clean leave: gone from the root's namespace).
+    assert not Path(f"/proc/{session['pid']}").exists()
+    assert len(_agent_entries(lone, tree["token"])) == len(before) - 1
     idle = subprocess.run(
         [*CLI, "agent", "serve", "--idle-exit", "0.5"],
         env=env,

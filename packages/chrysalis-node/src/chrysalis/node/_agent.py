@@ -553,12 +553,16 @@ class _Agent:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self, idle_exit: float) -> None:
-        last = time.monotonic()
+        last = stopped_at = time.monotonic()
         while not self.stopping or self.children or self.sessions:
             now = time.monotonic()
             if not self.children and not self.stopping and now - last > idle_exit:
                 self.note(f"idle for {idle_exit:g} s: exiting")
                 break
+            if self.stopping and now - stopped_at > SESSION_STOP_GRACE:
+                for session in self.sessions.values():  # did not leave in time
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(session.pid, signal.SIGKILL)
             for child in list(self.children.values()):
                 if child.interrupted_at is not None and now - child.interrupted_at > KILL_GRACE:
                     with contextlib.suppress(ProcessLookupError):
@@ -575,6 +579,7 @@ class _Agent:
                         with contextlib.suppress(FileNotFoundError):
                             self.path.unlink()  # new callers run their commands themselves
                         self.stop_sessions()
+                        stopped_at = time.monotonic()
                     last = time.monotonic()
                 elif isinstance(what, tuple) and what[0] == "exit":
                     self.reap(what[1])
