@@ -1,26 +1,33 @@
-"""``chrysalis agent`` (issue 22 item 5): a warm process runs ``ls``/``resolve``/``ping``/``pipe``
-in a fork with the caller's streams, directory and environment; the command falls back to its
-own process without an agent, with a stale socket, and for what the agent refuses; an
-interrupted caller interrupts its command; ``stop`` and the idle exit end the agent.
+"""``chrysalis agent`` (issue 22 item 5): a warm process answers ``ls``/``resolve``/``ping`` from
+a warm joined node (a session) and runs ``pipe`` (and what a session does not take) in a fork
+with the caller's streams, directory and environment; answers are fresh; a session that lost
+its root hands the command back and a new one joins when the root is back; the command falls
+back to its own process without an agent, with a stale socket, and for what the agent
+refuses; an interrupted caller interrupts its command; ``stop`` and the idle exit end the
+agent.
 
 Real processes: a root (``serve --echo``), an agent (``agent serve`` in the foreground, on a
 socket of the test's own directory), and ``chrysalis`` commands, each bounded."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from chrysalis.node import _agent
+from chrysalis.node import _agent, _agent_client, _agent_session
+from chrysalis.node._cli import build_parser
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
 from node_processes import CLI, eventually, start_node, stop_all
@@ -108,6 +115,133 @@ def test_commands_run_in_the_agent_with_the_callers_streams_and_environment(
     assert _status(env)["served"] == served + 4
 
 
+def _agent_entries(env: dict[str, str], token: str) -> list[str]:
+    """PIDs of the ``command=agent`` entries at ``token``'s root."""
+    return [pid for pid, command in _commands(_ls(env, token)).items() if command == "agent"]
+
+
+def _sessions(env: dict[str, str]) -> int:
+    sessions = _status(env)["sessions"]
+    assert isinstance(sessions, list)
+    return len(sessions)
+
+
+def _ls(env: dict[str, str], token: str) -> list[dict[str, Any]]:
+    done = _run(["ls", token, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    entries: list[dict[str, Any]] = json.loads(done.stdout)
+    return entries
+
+
+def _commands(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """PID -> its ``command`` label."""
+    return {str(e["pid"]): str(e["labels"].get("command")) for e in entries}
+
+
+def test_ls_is_answered_by_a_warm_session_and_is_fresh(
+    tree: dict[str, str], agent: subprocess.Popen[bytes]
+) -> None:
+    env = _env(tree)
+    first = _commands(_ls(env, tree["token"]))
+    warm = int(str(_status(env)["warm"]))
+    second = _commands(_ls(env, tree["token"]))
+    assert int(str(_status(env)["warm"])) == warm + 1  # answered without a fork
+    # The agent's session node is listed (command=agent), the same one both times, and no
+    # per-command client (command=ls).
+    agents = [pid for pid, command in second.items() if command == "agent"]
+    assert len(agents) == 1, second
+    assert agents[0] in first
+    assert "ls" not in second.values()
+    # Fresh: a node that joined after the session did is in the very next answer, and gone
+    # from the one after it left (the root's namespace, not the session's cache).
+    joined, token = start_node([*CLI, "join", tree["token"]], env)
+    try:
+        child = token.rsplit("=", 1)[1]
+        assert child in _commands(_ls(env, tree["token"]))
+        resolved = _run(["resolve", tree["token"], child[:12], "--json"], env)
+        assert json.loads(resolved.stdout)["pid"] == child, resolved.stderr
+    finally:
+        stop_all([joined])
+    # A clean leave withdraws the node at the root (within the leave's own round trip; well
+    # before the 30 s idle timeout that would fence a silent one).
+    eventually(lambda: child not in _commands(_ls(env, tree["token"])), 10, "the child gone")
+    pinged = _run(["ping", tree["token"], "--json"], env)
+    assert pinged.returncode == 0, pinged.stderr
+    assert json.loads(pinged.stdout)[tree["root"]]["ok"] is True
+    assert int(str(_status(env)["warm"])) == warm + 5
+    assert _sessions(env) == 1
+
+
+def test_a_session_that_lost_its_root_hands_the_command_back_and_rejoins(
+    tree: dict[str, str], agent: subprocess.Popen[bytes]
+) -> None:
+    """A root of its own (fixed identity and port, so it can come back): while it is away
+    the command reports it as it would alone; once it is back, the agent answers again."""
+    env = _env(tree)
+    tmp = Path(tree["tmp"])
+    identity = tmp / "lost-root"
+    assert _run(["identity", "issue", "--out", str(identity)], env).returncode == 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serve = [*CLI, "--identity-dir", str(identity), "serve", "--listen", f"udp://127.0.0.1:{port}"]
+    root, token = start_node(serve, env)
+    try:
+        assert token.rsplit("=", 1)[1] in _commands(_ls(env, token))
+        sessions = _sessions(env)
+    finally:
+        stop_all([root])
+    started = time.monotonic()
+    away = _run(["ls", token, "--timeout", "3"], env)
+    assert away.returncode == 1
+    assert away.stderr.startswith("chrysalis: error: no parent answered at"), away.stderr
+    assert time.monotonic() - started < 3 + _agent_session.WARM_ATTEMPT + 10
+    eventually(
+        lambda: _sessions(env) < sessions,
+        T,
+        "the lost session gone",
+    )
+    root, again = start_node(serve, env)
+    try:
+        assert again == token
+        warm = int(str(_status(env)["warm"]))
+        assert token.rsplit("=", 1)[1] in _commands(_ls(env, token))
+        assert int(str(_status(env)["warm"])) == warm + 1
+    finally:
+        stop_all([root])
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def test_the_session_key_separates_what_a_node_depends_on() -> None:
+    token = "udp://127.0.0.1:9?authority=" + "ab" * 16
+    key = _agent_session.session_key
+    base = key(_args("ls", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca", "PATH": "/bin"})
+    assert base is not None
+    same = [
+        key(_args("resolve", token, "ab"), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca"}),
+        key(_args("--json", "ping", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca", "X": "1"}),
+        key(_args("--ca-dir", "../w/ca", "ls", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca"}),
+    ]
+    assert same[:2] == [base, base]
+    assert same[2] == key(
+        _args("--ca-dir", "/w/ca", "ls", token), "/", {"CHRYSALIS_DEV_CA_DIR": "/ca"}
+    )
+    other = [
+        key(_args("ls", token.replace(":9", ":10")), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca"}),
+        key(_args("ls", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/other"}),
+        key(_args("--label", "a=b", "ls", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca"}),
+        key(_args("--idle-timeout", "5", "ls", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca"}),
+        key(_args("--identity-dir", "i", "ls", token), "/w", {"CHRYSALIS_DEV_CA_DIR": "/ca"}),
+    ]
+    assert len({base, *other}) == 6
+    # Forked, not warm: pipe, and a command whose debug log belongs on the caller's stderr.
+    assert key(_args("pipe", token, "ab"), "/w", {}) is None
+    assert key(_args("--log-level", "debug", "ls", token), "/w", {}) is None
+
+
 def test_an_interrupted_caller_interrupts_its_command(
     tree: dict[str, str], agent: subprocess.Popen[bytes]
 ) -> None:
@@ -135,24 +269,37 @@ def test_an_interrupted_caller_interrupts_its_command(
         caller.stdin.close()
 
 
+def _ask(path: str, payload: bytes, fds: tuple[int, ...]) -> tuple[int, int, bytes, bytes] | None:
+    """Send one raw request; the decoded reply, ``None`` when closed without a word."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(T)
+        sock.connect(path)
+        frame = len(payload).to_bytes(4, "big") + payload
+        rights = struct.pack(f"{len(fds)}i", *fds)
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)] if fds else []
+        sock.sendmsg([frame], ancillary)
+        try:
+            reply, _ = _agent._recv_raw(sock)
+        except ConnectionError:
+            return None
+        return _agent_client.decode_reply(reply)
+
+
 def test_the_agent_refuses_other_commands_and_other_requests(
     tree: dict[str, str], agent: subprocess.Popen[bytes]
 ) -> None:
     path = tree["CHRYSALIS_AGENT_SOCKET"]
     served = _status(_env(tree))["served"]
-    for request, fds in (
-        ({"argv": ["serve"], "cwd": "/", "env": {}}, (0, 1, 2)),  # not a client command
-        ({"argv": ["ls", "x"], "cwd": "/", "env": {}}, ()),  # no streams
+    encode = _agent_client.encode_request
+    for payload, fds in (
+        (encode(["serve"], "/", {}), (0, 1, 2)),  # not a client command
+        (encode(["ls", tree["token"]], "/", {}), ()),  # no streams
+        (b"chrysalis-agent-1\0x\0", (0, 1, 2)),  # malformed
+        (json.dumps({"argv": ["ls", "x"], "cwd": "/", "env": {}}).encode(), (0, 1, 2)),  # old
+        (json.dumps({"op": "explode"}).encode(), ()),  # not an operation
     ):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(T)
-            sock.connect(path)
-            _agent._send_frame(sock, request, fds)
-            try:
-                reply, _ = _agent._recv_frame(sock)
-            except ConnectionError:
-                reply = None  # closed without a word: refused too
-        assert reply is None or "refused" in reply, reply
+        reply = _ask(path, payload, fds)
+        assert reply is None or reply[0] == _agent_client.REFUSED, (payload[:40], reply)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:  # over the size bound
         sock.settimeout(T)
         sock.connect(path)
@@ -160,6 +307,29 @@ def test_the_agent_refuses_other_commands_and_other_requests(
         assert sock.recv(1) == b""  # closed
     assert _status(_env(tree))["served"] == served
     assert agent.poll() is None  # still serving
+
+
+def test_the_wire_round_trips_and_refuses_malformed_frames() -> None:
+    env = {"A": "1", "B": "x=y", "C": ""}
+    argv = ["ls", "unix:///tmp/a b?authority=" + "cd" * 16, "--json", ""]
+    payload = _agent_client.encode_request(argv, "/some where", env)
+    assert _agent_client.decode_request(payload) == (argv, "/some where", env)
+    with pytest.raises(ValueError, match="NUL"):
+        _agent_client.encode_request(["a\0b"], "/", {})
+    for bad in (
+        b"{}",
+        b"chrysalis-agent-1\0" + b"9\0ls",
+        b"chrysalis-agent-1\0" + b"0\0/\0NOEQUALS",
+    ):
+        with pytest.raises(ValueError):
+            _agent_client.decode_request(bad)
+    frame = _agent_client.encode_reply(_agent_client.DONE, 3, b"out", "é".encode())
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    assert _agent_client.decode_reply(frame[4:]) == (0, 3, b"out", "é".encode())
+    with pytest.raises(ValueError):
+        _agent_client.decode_reply(frame[4:9])
+    with pytest.raises(ValueError):
+        _agent_client.decode_reply(b"\x07" + frame[5:])  # an unknown kind
 
 
 def test_without_an_agent_or_with_a_stale_socket_commands_run_alone(
@@ -188,6 +358,13 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     started = _run(["agent", "start"], env)
     assert started.returncode == 0, started.stderr
     pid = int(str(_status(env)["pid"]))
+    assert _run(["ls", tree["token"]], env).returncode == 0  # starts a session
+    sessions = _status(env)["sessions"]
+    assert isinstance(sessions, list)
+    (session,) = sessions
+    lone = {**env, "CHRYSALIS_NO_AGENT": "1"}
+    before = _agent_entries(lone, tree["token"])  # this agent's session, and the module's agent's
+    assert before
     again = _run(["agent", "start"], env)
     assert again.returncode == 1
     assert "already runs" in again.stderr
@@ -195,6 +372,9 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     assert stopped.returncode == 0, stopped.stderr
     assert not path.exists()
     eventually(lambda: not Path(f"/proc/{pid}").exists(), 10, "the agent process gone")
+    # Its session left the tree with it (a clean leave: gone from the root's namespace).
+    assert not Path(f"/proc/{session['pid']}").exists()
+    assert len(_agent_entries(lone, tree["token"])) == len(before) - 1
     idle = subprocess.run(
         [*CLI, "agent", "serve", "--idle-exit", "0.5"],
         env=env,

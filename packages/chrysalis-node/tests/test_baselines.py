@@ -25,7 +25,13 @@ from chrysalis.node._baselines import (
     measure_baselines,
     pair_ratios,
 )
-from chrysalis.node._claims import ExperimentSpec, NodeRecord, ResultRecord
+from chrysalis.node._claims import (
+    ExperimentRecord,
+    ExperimentSpec,
+    LedgerError,
+    NodeRecord,
+    ResultRecord,
+)
 from chrysalis.node._experiment_store import SCHEMAS, ExperimentStore, _row, open_replica
 from chrysalis.sqlite import Replica
 
@@ -182,6 +188,72 @@ def test_the_runner_measures_baselines_after_its_pairs_and_keeps_a_failing_one_o
     results = store.ledger().results
     assert decode_baselines(results[("e1", A, B)].baselines)["tcp"].completed == 2
     assert (results[("e1", A, C)].status, results[("e1", A, C)].baselines) == ("ok", "")
+
+
+def test_an_experiment_without_baselines_runs_none_and_says_so(tmp_path: Path) -> None:
+    """``submit --no-baselines``: stored with the experiment (its option row survives a
+    reopen and replicates like the rest), the runner measures no baseline for its pairs,
+    ``show`` says so; an experiment written before the option existed has baselines."""
+    from chrysalis.node._admin import _show_text, experiment_report
+    from chrysalis.node._experiments import ExperimentRunner
+
+    path = tmp_path / "node.db"
+    store = _store(open_replica(str(path)))
+    measured: list[str] = []
+
+    async def echo(pid: Pid, size: int) -> None:
+        pass
+
+    async def baselines(pid: Pid, spec: ExperimentSpec) -> str:
+        measured.append(spec.name)
+        return encode_baselines({"tcp": MethodResult(spec.count, 1.0, p50_ms=1.0)})
+
+    plain = ExperimentSpec("plain", payload=4, count=2, warmup=0, timeout=5.0, baselines=False)
+    full = ExperimentSpec("full", payload=4, count=2, warmup=0, timeout=5.0)
+    store.apply(lambda ledger: ledger.submit(plain, [A], [B], submitted_by=B, now=2.0))
+    store.apply(lambda ledger: ledger.submit(full, [A], [B], submitted_by=B, now=2.0))
+    runner = ExperimentRunner(store, A, {"echo": echo}, poll_interval=0.01, baselines=baselines)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(runner.run())
+        while runner.runs < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert measured == ["full"]
+    results = store.ledger().results
+    assert results[("plain", A, B)].status == "ok"
+    assert results[("plain", A, B)].baselines == ""
+    assert results[("full", A, B)].baselines != ""
+    store.replica.close()
+    reopened = ExperimentStore(open_replica(str(path))).ledger()
+    assert reopened.experiments["plain"].spec == plain
+    assert reopened.experiments["full"].spec.baselines is True
+    report = experiment_report(reopened, "plain")
+    assert report["baselines"] is False
+    assert experiment_report(reopened, "full")["baselines"] is True
+    assert "concurrency 1, no baselines)" in _show_text(report).splitlines()[0]
+    assert "no baselines" not in _show_text(experiment_report(reopened, "full"))
+    with pytest.raises(LedgerError, match="baselines must be"):
+        ExperimentSpec("x", baselines=1)  # type: ignore[arg-type]
+
+    old = tmp_path / "old.db"  # the layout before the option existed: the default
+    replica = Replica(str(old), list(SCHEMAS[:6]))
+    with replica.transaction("IMMEDIATE") as tx:
+        tx.upsert(*_row(ExperimentRecord(ExperimentSpec("old"), B, 2.0)))
+    replica.close()
+    assert ExperimentStore(open_replica(str(old))).ledger().experiments["old"].spec.baselines
+
+
+def test_submit_takes_no_baselines() -> None:
+    from chrysalis.node._cli import build_parser
+
+    token = "udp://127.0.0.1:9?authority=" + "ab" * 16
+    base = ["admin", token, "submit", "e", "--sources", "all", "--destinations", "all"]
+    assert build_parser().parse_args(base).no_baselines is False
+    assert build_parser().parse_args([*base, "--no-baselines"]).no_baselines is True
 
 
 # -- real sockets on loopback -------------------------------------------------------------------

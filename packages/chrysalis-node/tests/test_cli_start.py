@@ -10,8 +10,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -145,3 +148,86 @@ def test_every_parsed_command_is_in_the_dispatch_table() -> None:
             continue
         module = importlib.import_module(command.module)
         assert callable(getattr(module, command.function)), name
+
+
+# The thin path: what the interpreter had before ``main`` (the set ``python -c`` starts with)
+# against what it has after a command the agent answered.
+THIN_RUN = """
+import json, sys
+before = sorted(sys.modules)
+from chrysalis.node._cli import main
+out, argv = sys.argv[1], sys.argv[2:]
+code = main(argv)
+with open(out, "w") as handle:
+    json.dump({"code": code, "before": before, "modules": sorted(sys.modules)}, handle)
+"""
+THIN_IMPORTS = frozenset(
+    {
+        "__future__",
+        "_socket",
+        "_struct",
+        "chrysalis",
+        "chrysalis.node",
+        "chrysalis.node._agent_client",
+        "chrysalis.node._cli",
+    }
+)
+"""Everything a command answered by an agent may import (``chrysalis.node._agent_client``)."""
+
+
+def test_a_command_answered_by_the_agent_imports_only_the_thin_client(tmp_path: Path) -> None:
+    """An agent stand-in (one connection, answered with a canned reply) shows what the caller
+    sends, prints and imports: the arguments, directory and environment with its three
+    standard streams; the reply's output on stdout and stderr, and its status; and nothing
+    beyond ``THIN_IMPORTS`` (no socket, json, typing, argparse, logging, pathlib)."""
+    from chrysalis.node import _agent, _agent_client
+
+    path = tmp_path / "agent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    listener.settimeout(TIMEOUT)
+    got: dict[str, object] = {}
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            payload, fds = _agent._recv_raw(conn, max_fds=3)
+            got["request"] = _agent_client.decode_request(payload)
+            got["fds"] = len(fds)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(_agent_client.encode_reply(_agent_client.DONE, 3, b"table\n", b"note\n"))
+
+    server = threading.Thread(target=answer)
+    server.start()
+    try:
+        out = tmp_path / "modules.json"
+        env = {**os.environ, "CHRYSALIS_AGENT_SOCKET": str(path)}
+        env.pop("CHRYSALIS_NO_AGENT", None)
+        token = "udp://127.0.0.1:9?authority=" + "ab" * 16
+        proc = subprocess.run(
+            [sys.executable, "-c", THIN_RUN, str(out), "ls", token, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+            env=env,
+            cwd=tmp_path,
+        )
+    finally:
+        server.join(TIMEOUT)
+        listener.close()
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout, proc.stderr) == ("table\n", "note\n")
+    record = json.loads(out.read_text())
+    assert record["code"] == 3
+    request = got["request"]
+    assert isinstance(request, tuple)
+    argv, cwd, sent_env = request
+    assert argv == ["ls", token, "--json"]
+    assert Path(cwd) == tmp_path
+    assert sent_env["CHRYSALIS_AGENT_SOCKET"] == str(path)
+    assert got["fds"] == 3
+    extra = set(record["modules"]) - set(record["before"])
+    assert extra <= THIN_IMPORTS, sorted(extra - THIN_IMPORTS)

@@ -325,3 +325,51 @@ def test_submit_progress_is_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
     lines.show(4, 2)  # within a second of the last line: held back
     lines.close()
     assert log.getvalue() == "[admin] e1: 2/4 claimed, 0/4 ended\n"
+
+
+def test_a_running_source_publishes_its_operations_and_submit_counts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``submit``'s progress counts timed operations: a running source publishes how many it
+    completed (``scale_progress``), an ended one is counted by its results."""
+    from chrysalis.core import Pid
+    from chrysalis.node import _experiments
+    from chrysalis.node._admin import _Progress, operations
+
+    monkeypatch.setattr(_experiments, "PROGRESS_EVERY", 0.0)
+    store = _store_with_nodes()
+    seen: list[tuple[int, int]] = []
+
+    async def echo(pid: Pid, size: int) -> None:
+        await asyncio.sleep(0.005)
+        seen.extend(store.progress("e1").values())
+
+    spec = ExperimentSpec("e1", payload=4, count=20, warmup=2, timeout=10.0)
+    store.apply(lambda ledger: ledger.submit(spec, [A, B], [A, B, C], submitted_by=B, now=2.0))
+    runner = _experiments.ExperimentRunner(store, A, {"echo": echo}, poll_interval=0.01)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(runner.run())
+        while runner.runs == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    # Published while running: never warm-up operations, planned = count x (B, C).
+    assert seen
+    assert {planned for _done, planned in seen} == {40}
+    assert any(0 < done < 40 for done, _planned in seen), seen
+    assert [done for done, _planned in seen] == sorted(done for done, _planned in seen)
+    # A ended (its 40 by its results), B has not started: 40 of 2 x 40.
+    ledger = store.ledger()
+    assert operations(ledger, store.progress("e1"), "e1") == (40, 80)
+    assert operations(ledger, {B: (7, 40)}, "e1") == (47, 80)  # B's published count
+    log = io.StringIO()
+    lines = _Progress(log, "e1", 2)
+    lines.show(1, 1, 47, 80)
+    assert log.getvalue() == "[admin] e1: 47/80 operations, 1/2 claimed, 1/2 ended\n"
+    terminal = _Terminal()
+    bar = _Progress(terminal, "e1", 2)
+    bar.show(1, 1, 40, 80)
+    assert "[###############---------------] 40/80 operations" in terminal.getvalue()

@@ -13,11 +13,13 @@ in QUIC, TLS and the nameserver unless it uses them (issue 22, item 5).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+import sys
 
+TYPE_CHECKING = False  # not typing's: the CLI's thin path imports no typing (issue 22, item 5)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Final
+
     from chrysalis.node._address import join_members, member_options
     from chrysalis.node._node import (
         DEFAULT_REJOIN_TIMEOUT,
@@ -90,7 +92,8 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value: object = getattr(importlib.import_module(module), name)
+    __import__(module)  # not importlib (it imports warnings): see TYPE_CHECKING above
+    value: object = getattr(sys.modules[module], name)
     globals()[name] = value
     return value
 

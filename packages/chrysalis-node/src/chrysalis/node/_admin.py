@@ -31,7 +31,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TextIO
 
 from chrysalis.core import LinkSide
@@ -100,6 +100,7 @@ def _experiment_row(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
         "warmup": spec.warmup,
         "concurrency": spec.concurrency,
         "timeout": spec.timeout,
+        "baselines": spec.baselines,
         "sources": list(ledger.role_pids(name, "source")),
         "destinations": list(ledger.role_pids(name, "destination")),
         "submitted_by": record.submitted_by,
@@ -283,7 +284,8 @@ def _show_text(report: dict[str, Any]) -> str:
     lines = [
         f"experiment {report['name']}: {report['status']} ({report['kind']}, payload "
         f"{report['payload']} B, {report['count']} timed + {report['warmup']} warm-up operations "
-        f"per pair, concurrency {report['concurrency']})",
+        f"per pair, concurrency {report['concurrency']}"
+        f"{'' if report.get('baselines', True) else ', no baselines'})",
         format_rows(
             ("SOURCE", "STATE", "ATTEMPT", "ERROR"),
             [(c["source"][:8], c["state"], c["attempt"], c["error"]) for c in report["claims"]],
@@ -383,30 +385,36 @@ def _show_text(report: dict[str, Any]) -> str:
 
 
 class _Progress:
-    """Submit's progress on stderr: a bar redrawn in place on a terminal, otherwise a line
-    when the counts change (at most one a second)."""
+    """Submit's progress on stderr: a bar of timed operations (completed of planned, as the
+    sources publish them: ``scale_progress``, about once a second each; ended sources by
+    their results) redrawn in place on a terminal, otherwise a line when the counts change
+    (at most one a second)."""
 
     def __init__(self, err: TextIO, name: str, sources: int) -> None:
         self._err = err
         self._name = name
         self._sources = sources
         self._tty = bool(getattr(err, "isatty", lambda: False)())
-        self._last: tuple[int, int] | None = None
+        self._last: tuple[int, int, int, int] | None = None
         self._at = -math.inf
         self._drawn = False
 
-    def show(self, claimed: int, finished: int) -> None:
+    def show(self, claimed: int, finished: int, done: int = 0, planned: int = 0) -> None:
         now = time.monotonic()
-        if (claimed, finished) == self._last or (
-            not self._tty and now - self._at < _PROGRESS_EVERY
-        ):
+        state = (claimed, finished, done, planned)
+        if state == self._last or (not self._tty and now - self._at < _PROGRESS_EVERY):
             return
-        self._last, self._at = (claimed, finished), now
+        self._last, self._at = state, now
         counts = f"{claimed}/{self._sources} claimed, {finished}/{self._sources} ended"
+        if planned:
+            counts = f"{done}/{planned} operations, {counts}"
         if self._tty:
             width = 30
-            done = width * finished // max(1, self._sources)
-            bar = "#" * done + "-" * (width - done)
+            if planned:
+                filled = width * min(done, planned) // planned
+            else:
+                filled = width * finished // max(1, self._sources)
+            bar = "#" * filled + "-" * (width - filled)
             self._err.write(f"\r[admin] {self._name} [{bar}] {counts}")
             self._drawn = True
         else:
@@ -417,6 +425,29 @@ class _Progress:
         if self._drawn:
             self._err.write("\n")
             self._err.flush()
+
+
+def operations(
+    ledger: ExperimentLedger, published: Mapping[str, tuple[int, int]], name: str
+) -> tuple[int, int]:
+    """``(done, planned)`` timed operations of experiment ``name``: every source plans
+    ``count`` per destination but itself; an ended source counts its results' completed
+    operations, a running one what it last published (``ExperimentStore.progress``)."""
+    count = ledger.experiments[name].spec.count
+    destinations = ledger.role_pids(name, "destination")
+    done = planned = 0
+    for source in ledger.role_pids(name, "source"):
+        planned += count * sum(pid != source for pid in destinations)
+        claim = ledger.claims.get((name, source))
+        if claim is not None and claim.state in TERMINAL:
+            done += sum(
+                r.completed
+                for (experiment, src, _dst), r in ledger.results.items()
+                if experiment == name and src == source
+            )
+        else:
+            done += published.get(source, (0, 0))[0]
+    return done, planned
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -596,6 +627,7 @@ async def _submit(
         warmup=args.warmup,
         concurrency=args.concurrency,
         timeout=args.run_timeout,
+        baselines=not args.no_baselines,
     )
     nodes = list(store.ledger().nodes.values())
     sources = select_nodes(nodes, args.sources, seed=args.seed)
@@ -614,7 +646,7 @@ async def _submit(
         claims = [ledger.claims.get((args.name, s)) for s in sources]
         claimed = sum(c is not None for c in claims)
         finished = sum(c is not None and c.state in TERMINAL for c in claims)
-        progress.show(claimed, finished)
+        progress.show(claimed, finished, *operations(ledger, store.progress(args.name), args.name))
         return finished == len(sources) if args.wait else claimed == len(sources)
 
     try:

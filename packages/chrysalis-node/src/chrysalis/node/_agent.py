@@ -13,22 +13,36 @@ socket, by default ``$XDG_RUNTIME_DIR/chrysalis-agent/agent.sock`` (else
 in a directory only its user may enter. While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
 ``chrysalis`` command, not ``main(out=...)`` from Python) send it their arguments, working
 directory and environment, with their standard input, output and error as file descriptors
-(``SCM_RIGHTS``); the agent checks the caller's user (``SO_PEERCRED``), forks, and the child
-takes the caller's descriptors, directory and environment and runs the command's ``main``: it
-writes straight to the caller's terminal or pipes. The caller waits for the exit status; if it
+(``SCM_RIGHTS``; the caller's side is ``chrysalis.node._agent_client``, which imports almost
+nothing); the agent checks the caller's user (``SO_PEERCRED``) and then:
+
+- ``ls``, ``resolve`` and ``ping`` (default log level, a ``udp://`` or ``unix://`` token) go to
+  a *warm session*: a process forked once per token and settings that stays joined to the
+  tree and answers each command with one request to the root
+  (``chrysalis.node._agent_session``: freshness, a root that goes away, bounds); the caller
+  prints the output it gets back. At most ``MAX_SESSIONS`` sessions; their nodes are listed
+  in ``ls`` as ``command=agent``;
+- anything else (``pipe``, usage errors, other log levels, cluster URLs, all sessions taken)
+  is forked: the child takes the caller's descriptors, directory and environment and runs
+  the command's ``main``, writing straight to the caller's terminal or pipes.
+
+A forked command's caller waits for the exit status; if it
 is interrupted (Ctrl-C) its connection closes and the agent interrupts the child (``SIGINT``,
 then ``SIGKILL`` after ``KILL_GRACE`` seconds). Without an agent, with a stale socket, with
-``CHRYSALIS_NO_AGENT=1``, or when the agent is busy (``MAX_CHILDREN`` commands at once), the
-command runs in its own process as before: the agent only ever makes it faster.
+``CHRYSALIS_NO_AGENT=1``, when the agent is busy (``MAX_CHILDREN`` forked commands at once)
+or when a session hands the command back (its root did not answer), the command runs in its
+own process as before.
 
 What differs from a fresh process: modules are imported once, with the agent's environment, so
 settings read at import time come from the environment ``agent start`` saw (the command's own
 environment variables are in place before ``main`` runs; restart the agent after changing
 module-level settings). ``chrysalis agent stop`` ends it; it also ends after ``--idle-exit``
-seconds without a command (600 by default).
+seconds without a command (600 by default); its sessions leave the tree when it ends (or
+after ``chrysalis.node._agent_session.SESSION_IDLE_EXIT`` idle seconds).
 
 Bounds: a request is at most ``MAX_REQUEST`` bytes and carries exactly three descriptors; at
-most ``MAX_CHILDREN`` commands run at once (more are refused, and run locally).
+most ``MAX_CHILDREN`` forked commands run at once and ``MAX_SESSIONS`` sessions exist (more
+are refused, and run locally).
 """
 
 from __future__ import annotations
@@ -37,8 +51,10 @@ import argparse
 import array
 import contextlib
 import importlib
+import io
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -49,12 +65,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from chrysalis.node._cli import COMMANDS, _command_name, main
+from chrysalis.node import _agent_client
+from chrysalis.node._agent_client import DONE, REFUSED, REQUEST_MAGIC, decode_request, encode_reply
+from chrysalis.node._cli import COMMANDS, _command_name, build_parser, main
 
 __all__ = [
     "AGENT_COMMANDS",
     "MAX_CHILDREN",
     "MAX_REQUEST",
+    "MAX_SESSIONS",
     "agent_command",
     "default_socket",
     "run_via_agent",
@@ -63,21 +82,23 @@ __all__ = [
 
 AGENT_COMMANDS: Final = frozenset({"ls", "resolve", "ping", "pipe"})
 """Commands the ``chrysalis`` command hands to a running agent."""
-MAX_REQUEST: Final = 1 << 20
-"""Bytes of one request (arguments, directory, environment as JSON)."""
+MAX_REQUEST: Final = _agent_client.MAX_REQUEST
+"""Bytes of one request (arguments, directory, environment)."""
 MAX_CHILDREN: Final = 32
-"""Commands one agent runs at once."""
+"""Forked commands one agent runs at once."""
+MAX_SESSIONS: Final = 8
+"""Warm sessions (``chrysalis.node._agent_session``: a joined node per token and settings)
+one agent keeps; a command for another token runs in a fork while all are taken."""
+SESSION_STOP_GRACE: Final = 5.0
+"""Seconds a stopping agent gives its sessions to leave the tree before ``SIGKILL``."""
 KILL_GRACE: Final = 2.0
 """Seconds between ``SIGINT`` and ``SIGKILL`` for a child whose caller went away."""
 DEFAULT_IDLE_EXIT: Final = 600.0
 """Seconds an agent waits for a command before it exits."""
 START_TIMEOUT: Final = 30.0
 """Seconds ``agent start`` waits for the new agent to answer."""
-_NO_AGENT_ENV: Final = "CHRYSALIS_NO_AGENT"
-_SOCKET_ENV: Final = "CHRYSALIS_AGENT_SOCKET"
 _LENGTH: Final = struct.Struct("!I")
-_in_child = False
-"""Set in a forked child: its command runs here, never handed to the agent again."""
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class AgentError(Exception):
@@ -89,13 +110,7 @@ EXPECTED_ERRORS: Final = (AgentError,)
 
 def default_socket() -> Path:
     """``CHRYSALIS_AGENT_SOCKET``, else a socket in a per-user directory."""
-    named = os.environ.get(_SOCKET_ENV)
-    if named:
-        return Path(named)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir():
-        return Path(runtime) / "chrysalis-agent" / "agent.sock"
-    return Path(f"/tmp/chrysalis-agent-{os.getuid()}") / "agent.sock"
+    return Path(_agent_client.default_socket())
 
 
 # -- framing ------------------------------------------------------------------------------------
@@ -125,8 +140,8 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[Any, list[int]]:
-    """One frame and the descriptors that came with its first bytes."""
+def _recv_raw(sock: socket.socket, max_fds: int = 0) -> tuple[bytes, list[int]]:
+    """One frame's payload and the descriptors that came with its first bytes."""
     space = socket.CMSG_SPACE(max_fds * array.array("i").itemsize) if max_fds else 0
     head, ancillary, _flags, _addr = sock.recvmsg(_LENGTH.size, space)
     fds: list[int] = []
@@ -142,7 +157,18 @@ def _recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[Any, list[int]]:
         (length,) = _LENGTH.unpack(head)
         if length > MAX_REQUEST:
             raise AgentError(f"frame of {length} bytes is over {MAX_REQUEST}")
-        return json.loads(_recv_exactly(sock, length)), fds
+        return _recv_exactly(sock, length), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[Any, list[int]]:
+    """One JSON frame and the descriptors that came with its first bytes."""
+    payload, fds = _recv_raw(sock, max_fds)
+    try:
+        return json.loads(payload), fds
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -154,28 +180,9 @@ def _recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[Any, list[int]]:
 
 def run_via_agent(argv: Sequence[str], path: Path | None = None) -> int | None:
     """Run ``chrysalis ARGV`` in the agent with this process's standard streams, directory and
-    environment; its exit status, or ``None`` when no agent can take it (then run it here)."""
-    if _in_child or os.environ.get(_NO_AGENT_ENV) == "1":
-        return None
-    target = path or default_socket()
-    if not target.exists():
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        try:
-            sock.connect(str(target))
-            request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)}
-            _send_frame(sock, request, (0, 1, 2))
-            reply, _ = _recv_frame(sock)
-        except KeyboardInterrupt:
-            return 130  # closing the connection interrupts the command in the agent
-        except (OSError, ValueError, AgentError):
-            return None  # a stale socket, an agent that went away: run it here
-        if not isinstance(reply, dict) or not isinstance(reply.get("rc"), int):
-            return None  # refused (busy) or not an agent: run it here
-        return int(reply["rc"])
-    finally:
-        sock.close()
+    environment; its exit status, or ``None`` when no agent can take it (then run it here).
+    (``chrysalis.node._agent_client.run_via_agent``, which the command itself uses.)"""
+    return _agent_client.run_via_agent(argv, None if path is None else str(path))
 
 
 def _control(path: Path, op: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -229,12 +236,15 @@ def _bind(path: Path) -> socket.socket:
 
 
 def _warm_up() -> None:
-    """Import what the agent's commands need, once, before any fork."""
+    """Import what the agent's commands (and its sessions) need, once, before any fork."""
     for name in AGENT_COMMANDS:
         importlib.import_module(COMMANDS[name].module)
+    importlib.import_module("chrysalis.node._agent_session")
 
 
 class _Child:
+    """A command forked for one caller (its connection gets the exit status)."""
+
     __slots__ = ("conn", "interrupted_at", "pid", "pidfd")
 
     def __init__(self, pid: int, pidfd: int, conn: socket.socket) -> None:
@@ -244,27 +254,58 @@ class _Child:
         self.interrupted_at: float | None = None
 
 
-def _run_child(request: dict[str, Any], fds: list[int], listener: socket.socket) -> None:
+class _Session:
+    """A warm session process (``chrysalis.node._agent_session``) and its end of the pair."""
+
+    __slots__ = ("ctrl", "key", "pid", "pidfd", "served")
+
+    def __init__(self, key: str, pid: int, pidfd: int, ctrl: socket.socket) -> None:
+        self.key = key
+        self.pid = pid
+        self.pidfd = pidfd
+        self.ctrl = ctrl
+        self.served = 0
+
+
+def _in_child(listener: socket.socket, keep: int = -1) -> None:
+    """In any forked child: never hand a command to the agent again, default signals, and
+    nothing of the agent's left open (its listener, selector, callers' connections, other
+    children's pidfds) but descriptors 0 to 2 and ``keep``."""
+    _agent_client._in_child = True
+    listener.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if keep < 0:
+        os.closerange(3, _max_fd())
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _max_fd())
+
+
+def _adopt(cwd: str, env: dict[str, str]) -> None:
+    """Take the caller's working directory and environment."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    import tempfile
+
+    tempfile.tempdir = None  # found again from this environment's TMPDIR
+
+
+def _run_child(
+    argv: list[str], cwd: str, env: dict[str, str], fds: list[int], listener: socket.socket
+) -> None:
     """In the forked child: become the caller's command and exit with its status."""
-    global _in_child
-    _in_child = True
     status = 1
     try:
-        listener.close()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        # Nothing else of the agent's stays open here: its listener, selector, other
-        # callers' connections and children's pidfds, and the descriptors just duplicated.
-        os.closerange(3, _max_fd())
-        os.chdir(str(request["cwd"]))
-        os.environ.clear()
-        os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+        _in_child(listener)
+        _adopt(cwd, env)
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's own streams)
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-        status = main([str(a) for a in request["argv"]])
+        status = main(argv)
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:
@@ -279,6 +320,30 @@ def _run_child(request: dict[str, Any], fds: list[int], listener: socket.socket)
         os._exit(status)
 
 
+def _run_session_child(
+    ctrl: socket.socket,
+    args: argparse.Namespace,
+    cwd: str,
+    env: dict[str, str],
+    listener: socket.socket,
+) -> None:
+    """In the forked session process: serve commands until the session ends, then exit."""
+    status = 1
+    try:
+        _in_child(listener, keep=ctrl.fileno())
+        _adopt(cwd, env)
+        from chrysalis.node._agent_session import run_session
+
+        status = run_session(ctrl, args)
+    except KeyboardInterrupt:
+        status = 0
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            print(f"chrysalis agent: session failed: {exc!r}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(status)
+
+
 def _max_fd() -> int:
     import resource
 
@@ -286,154 +351,290 @@ def _max_fd() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 16
 
 
-def serve(path: Path, idle_exit: float = DEFAULT_IDLE_EXIT, *, log: TextIO | None = None) -> int:
-    """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command."""
-    listener = _bind(path)
-    _warm_up()
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "listen")
-    children: dict[int, _Child] = {}
-    served = 0
-    last = time.monotonic()
-    stopping = False
+def _refuse(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(encode_reply(REFUSED, 0))
+    conn.close()
 
-    def note(text: str) -> None:
-        if log is not None:
-            print(f"chrysalis agent: {text}", file=log, flush=True)
 
-    def reap(child: _Child, status: int) -> None:
-        selector.unregister(child.pidfd)
+class _Agent:
+    """The agent's state: its listener, forked commands and warm sessions."""
+
+    def __init__(self, path: Path, listener: socket.socket, log: TextIO | None) -> None:
+        self.path = path
+        self.listener = listener
+        self.log = log
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ, "listen")
+        self.children: dict[int, _Child] = {}
+        self.sessions: dict[str, _Session] = {}
+        self.served = 0
+        self.warm = 0
+        self.stopping = False
+        self.parser = build_parser()
+
+    def note(self, text: str) -> None:
+        if self.log is not None:
+            print(f"chrysalis agent: {text}", file=self.log, flush=True)
+
+    # -- forked commands ---------------------------------------------------------------------
+
+    def reap(self, child: _Child) -> None:
+        _pid, wait_status = os.waitpid(child.pid, 0)
+        self.selector.unregister(child.pidfd)
         with contextlib.suppress(KeyError, ValueError):
-            selector.unregister(child.conn)
+            self.selector.unregister(child.conn)
         os.close(child.pidfd)
-        children.pop(child.pid, None)
+        self.children.pop(child.pid, None)
         with contextlib.suppress(OSError):
-            _send_frame(child.conn, {"rc": status})
+            child.conn.sendall(encode_reply(DONE, os.waitstatus_to_exitcode(wait_status)))
         child.conn.close()
 
-    signal.signal(signal.SIGTERM, _terminate)
-    note(f"serving on {path} (pid {os.getpid()})")
-    try:
-        while not stopping or children:
-            now = time.monotonic()
-            if not children and not stopping and now - last > idle_exit:
-                note(f"idle for {idle_exit:g} s: exiting")
-                break
-            for child in list(children.values()):
-                if child.interrupted_at is not None and now - child.interrupted_at > KILL_GRACE:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child.pid, signal.SIGKILL)
-            for key, _events in selector.select(timeout=0.5):
-                what = key.data
-                if what == "listen":
-                    conn, _ = listener.accept()
-                    started, stop = _accept(conn, listener, selector, children, path, served)
-                    served += started
-                    if stop:
-                        note("stop requested")
-                        stopping = True
-                        selector.unregister(listener)
-                        listener.close()
-                        with contextlib.suppress(FileNotFoundError):
-                            path.unlink()  # new callers run their commands themselves
-                    last = time.monotonic()
-                elif isinstance(what, tuple) and what[0] == "exit":
-                    child = what[1]
-                    _pid, wait_status = os.waitpid(child.pid, 0)
-                    reap(child, os.waitstatus_to_exitcode(wait_status))
-                    last = time.monotonic()
-                elif isinstance(what, tuple) and what[0] == "caller":
-                    child = what[1]
-                    selector.unregister(child.conn)  # gone (or spoke out of turn): interrupt
-                    child.interrupted_at = time.monotonic()
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child.pid, signal.SIGINT)
-    except KeyboardInterrupt:
-        note("terminated")
-    finally:
-        for child in children.values():
+    def fork_command(
+        self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int], conn: socket.socket
+    ) -> None:
+        pid = os.fork()
+        if pid == 0:  # the child never returns
+            _run_child(argv, cwd, env, fds, self.listener)
+        for fd in fds:
+            os.close(fd)
+        conn.settimeout(None)
+        child = _Child(pid, os.pidfd_open(pid), conn)
+        self.children[pid] = child
+        self.selector.register(child.pidfd, selectors.EVENT_READ, ("exit", child))
+        self.selector.register(conn, selectors.EVENT_READ, ("caller", child))
+
+    # -- warm sessions -----------------------------------------------------------------------
+
+    def warm_key(
+        self, argv: list[str], cwd: str, env: dict[str, str]
+    ) -> tuple[str, argparse.Namespace] | None:
+        """The session key of a command a session may answer (parsed here, with the
+        agent's parser), else ``None``: it is forked (so a usage error, or a token of a
+        cluster scheme, which may need a slow resolver, is handled in the fork)."""
+        from chrysalis.node._agent_session import WARM_COMMANDS, session_key
+
+        if _command_name(argv) not in WARM_COMMANDS:
+            return None
+        if any(_SCHEME.match(w) and not w.startswith(("udp://", "unix://")) for w in argv):
+            return None
+        try:
+            with (
+                contextlib.redirect_stderr(io.StringIO()),
+                contextlib.redirect_stdout(io.StringIO()),
+            ):
+                args = self.parser.parse_args(argv)
+        except SystemExit:
+            return None
+        key = session_key(args, cwd, env)
+        return None if key is None else (key, args)
+
+    def start_session(
+        self, key: str, args: argparse.Namespace, cwd: str, env: dict[str, str]
+    ) -> _Session | None:
+        if len(self.sessions) >= MAX_SESSIONS or self.stopping:
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the session never returns
+            ours.close()
+            _run_session_child(theirs, args, cwd, env, self.listener)
+        theirs.close()
+        ours.setblocking(False)
+        session = _Session(key, pid, os.pidfd_open(pid), ours)
+        self.sessions[key] = session
+        self.selector.register(session.pidfd, selectors.EVENT_READ, ("session", session))
+        self.note(f"session {pid} joins at {args.token}")
+        return session
+
+    def hand_over(self, session: _Session, argv: list[str], conn: socket.socket) -> bool:
+        """Give ``conn`` and the command to ``session``; ``False`` when it cannot take it."""
+        message = json.dumps({"argv": argv}).encode()
+        try:
+            session.ctrl.sendmsg(
+                [message],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", conn.fileno()))],
+            )
+        except OSError:
+            return False
+        conn.close()
+        session.served += 1
+        return True
+
+    def end_session(self, session: _Session) -> None:
+        _pid, wait_status = os.waitpid(session.pid, 0)
+        self.selector.unregister(session.pidfd)
+        os.close(session.pidfd)
+        session.ctrl.close()
+        if self.sessions.get(session.key) is session:
+            del self.sessions[session.key]
+        code = os.waitstatus_to_exitcode(wait_status)
+        self.note(f"session {session.pid} ended (status {code}, {session.served} commands)")
+
+    def stop_sessions(self) -> None:
+        for session in self.sessions.values():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)
-        selector.close()
-        if listener.fileno() >= 0:
-            listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-    return 0
+                os.kill(session.pid, signal.SIGTERM)
 
+    # -- requests ----------------------------------------------------------------------------
 
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM: the same orderly end as Ctrl-C
+    def accept(self, conn: socket.socket) -> bool:
+        """Handle one connection: a control request (answered at once), a command for a
+        warm session (handed over) or one to fork. Returns whether ``stop`` was asked."""
+        conn.settimeout(5.0)
+        try:
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            if uid != os.getuid():
+                conn.close()  # another user: not a word
+                return False
+            payload, fds = _recv_raw(conn, max_fds=3)
+        except (OSError, ValueError, AgentError):
+            conn.close()
+            return False
+        if not payload.startswith(REQUEST_MAGIC):
+            for fd in fds:
+                os.close(fd)
+            return self.control(conn, payload)
+        try:
+            argv, cwd, env = decode_request(payload)
+        except ValueError:
+            argv, cwd, env = [], "", {}
+        valid = len(fds) == 3 and _command_name(argv) in AGENT_COMMANDS
+        if not valid:
+            for fd in fds:
+                os.close(fd)
+            _refuse(conn)
+            return False
+        warm = self.warm_key(argv, cwd, env)
+        if warm is not None:
+            key, args = warm
+            session = self.sessions.get(key) or self.start_session(key, args, cwd, env)
+            if session is not None and self.hand_over(session, argv, conn):
+                for fd in fds:
+                    os.close(fd)
+                self.served += 1
+                self.warm += 1
+                return False
+        if len(self.children) >= MAX_CHILDREN:
+            for fd in fds:
+                os.close(fd)
+            _refuse(conn)
+            return False
+        self.fork_command(argv, cwd, env, fds, conn)
+        self.served += 1
+        return False
 
-
-def _accept(
-    conn: socket.socket,
-    listener: socket.socket,
-    selector: selectors.BaseSelector,
-    children: dict[int, _Child],
-    path: Path,
-    served: int,
-) -> tuple[int, bool]:
-    """Handle one connection: a control request (answered at once) or a command (forked).
-    Returns (1 when a command was started, whether ``stop`` was asked)."""
-    conn.settimeout(5.0)
-    try:
-        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-        if uid != os.getuid():
-            conn.close()  # another user: not a word
-            return 0, False
-        request, fds = _recv_frame(conn, max_fds=3)
-    except (OSError, ValueError, AgentError):
-        conn.close()
-        return 0, False
-    if not isinstance(request, dict):
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        return 0, False
-    op = request.get("op")
-    if op is not None:
-        for fd in fds:
-            os.close(fd)
+    def control(self, conn: socket.socket, payload: bytes) -> bool:
+        try:
+            request = json.loads(payload)
+        except ValueError:
+            request = None
+        op = request.get("op") if isinstance(request, dict) else None
+        if op not in ("status", "stop"):
+            _refuse(conn)  # not a request of this agent's
+            return False
         with contextlib.suppress(OSError):
             _send_frame(
                 conn,
                 {
                     "pid": os.getpid(),
-                    "socket": str(path),
-                    "running": len(children),
-                    "served": served,
+                    "socket": str(self.path),
+                    "running": len(self.children),
+                    "served": self.served,
+                    "warm": self.warm,
+                    "sessions": [
+                        {"pid": s.pid, "served": s.served} for s in self.sessions.values()
+                    ],
                 },
             )
         conn.close()
-        return 0, op == "stop"
-    argv = request.get("argv")
-    valid = (
-        len(fds) == 3
-        and isinstance(argv, list)
-        and all(isinstance(word, str) for word in argv)
-        and _command_name(argv) in AGENT_COMMANDS
-        and isinstance(request.get("cwd"), str)
-        and isinstance(request.get("env"), dict)
-    )
-    if not valid or len(children) >= MAX_CHILDREN:
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            _send_frame(conn, {"refused": "busy" if valid else "not a command the agent runs"})
-        conn.close()
-        return 0, False
-    pid = os.fork()
-    if pid == 0:  # the child never returns
-        _run_child(request, fds, listener)
-    for fd in fds:
-        os.close(fd)
-    conn.settimeout(None)
-    child = _Child(pid, os.pidfd_open(pid), conn)
-    children[pid] = child
-    selector.register(child.pidfd, selectors.EVENT_READ, ("exit", child))
-    selector.register(conn, selectors.EVENT_READ, ("caller", child))
-    return 1, False
+        return bool(op == "stop")
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self, idle_exit: float) -> None:
+        last = stopped_at = time.monotonic()
+        while not self.stopping or self.children or self.sessions:
+            now = time.monotonic()
+            if not self.children and not self.stopping and now - last > idle_exit:
+                self.note(f"idle for {idle_exit:g} s: exiting")
+                break
+            if self.stopping and now - stopped_at > SESSION_STOP_GRACE:
+                for session in self.sessions.values():  # did not leave in time
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(session.pid, signal.SIGKILL)
+            for child in list(self.children.values()):
+                if child.interrupted_at is not None and now - child.interrupted_at > KILL_GRACE:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGKILL)
+            for key, _events in self.selector.select(timeout=0.5):
+                what = key.data
+                if what == "listen":
+                    conn, _ = self.listener.accept()
+                    if self.accept(conn):
+                        self.note("stop requested")
+                        self.stopping = True
+                        self.selector.unregister(self.listener)
+                        self.listener.close()
+                        with contextlib.suppress(FileNotFoundError):
+                            self.path.unlink()  # new callers run their commands themselves
+                        self.stop_sessions()
+                        stopped_at = time.monotonic()
+                    last = time.monotonic()
+                elif isinstance(what, tuple) and what[0] == "exit":
+                    self.reap(what[1])
+                    last = time.monotonic()
+                elif isinstance(what, tuple) and what[0] == "session":
+                    self.end_session(what[1])
+                elif isinstance(what, tuple) and what[0] == "caller":
+                    child = what[1]
+                    self.selector.unregister(child.conn)  # gone (or spoke out of turn)
+                    child.interrupted_at = time.monotonic()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGINT)
+
+    def close(self) -> None:
+        for child in self.children.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+        self.stop_sessions()  # they leave the tree cleanly, within a grace period
+        deadline = time.monotonic() + SESSION_STOP_GRACE
+        for session in list(self.sessions.values()):
+            while time.monotonic() < deadline:
+                done, _status = os.waitpid(session.pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.02)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(session.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(session.pid, 0)
+        self.selector.close()
+        if self.listener.fileno() >= 0:
+            self.listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+
+def serve(path: Path, idle_exit: float = DEFAULT_IDLE_EXIT, *, log: TextIO | None = None) -> int:
+    """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command."""
+    listener = _bind(path)
+    _warm_up()
+    agent = _Agent(path, listener, log)
+    signal.signal(signal.SIGTERM, _terminate)
+    agent.note(f"serving on {path} (pid {os.getpid()})")
+    try:
+        agent.run(idle_exit)
+    except KeyboardInterrupt:
+        agent.note("terminated")
+    finally:
+        agent.close()
+    return 0
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM: the same orderly end as Ctrl-C
 
 
 # -- the `chrysalis agent` command --------------------------------------------------------------

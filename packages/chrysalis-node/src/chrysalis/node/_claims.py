@@ -202,7 +202,9 @@ class NodeRecord:
 class ExperimentSpec:
     """What to run: ``kind`` (``KINDS``), ``payload`` bytes, ``count`` measured operations per
     destination after ``warmup`` untimed ones, at most ``concurrency`` in flight, the whole
-    run bounded by ``timeout`` seconds. Checked on construction (``LedgerError``)."""
+    run bounded by ``timeout`` seconds; ``baselines``: each measured pair's direct network
+    baselines after the Chrysalis figures (``chrysalis.node._baselines``; ``False``: none,
+    about a quarter of an echo experiment's time). Checked on construction (``LedgerError``)."""
 
     name: str
     kind: str = "echo"
@@ -211,6 +213,7 @@ class ExperimentSpec:
     warmup: int = 1
     concurrency: int = 1
     timeout: float = 60.0
+    baselines: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -230,6 +233,8 @@ class ExperimentSpec:
                 raise LedgerError(f"{what} must be an integer in {low}..{high}, got {value!r}")
         if not (isinstance(self.timeout, int | float) and 0.1 <= self.timeout <= 86_400):
             raise LedgerError(f"timeout must be in 0.1..86400 seconds, got {self.timeout!r}")
+        if not isinstance(self.baselines, bool):
+            raise LedgerError(f"baselines must be true or false, got {self.baselines!r}")
 
 
 @final

@@ -21,9 +21,13 @@ then:
   ``chrysalis.node._admin``; it needs chrysalis-sqlite, which sits above chrysalis-node;
 - ``chrysalis.node._cli_sqlite``: ``sqlite DB ACTION`` (chrysalis-sqlite's shell);
 - ``chrysalis.node._scale``: ``scale ...``, handed its arguments unparsed;
-- ``chrysalis.node._agent``: ``agent start|stop|status|serve``, and the hand-over of ``ls``,
-  ``resolve``, ``ping`` and ``pipe`` to a running agent (a warm process that forks per
-  command: their start-up without the interpreter and the imports).
+- ``chrysalis.node._agent``: ``agent start|stop|status|serve`` (a warm process that answers
+  ``ls``, ``resolve`` and ``ping`` from a node it keeps joined and forks ``pipe``);
+- ``chrysalis.node._agent_client``: the hand-over of ``ls``, ``resolve``, ``ping`` and
+  ``pipe`` to a running agent, before any parser is built. This module and that one import
+  only ``os``, ``sys``, ``_socket`` and ``_struct`` at first (no ``typing``, ``argparse``,
+  ``logging``, ``pathlib``, ``dataclasses`` or ``importlib``: ``TYPE_CHECKING`` is a local
+  ``False``), so a command the agent answers costs little more than the interpreter.
 
 Each command module names the failures it reports as one line (``EXPECTED_ERRORS``).
 
@@ -33,18 +37,16 @@ Output: a readable table by default and ``--json`` for scripts. Errors are one l
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, TextIO
 
-if TYPE_CHECKING:
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the thin path imports neither typing nor argparse
+    import argparse
+    from collections.abc import Callable, Mapping, Sequence
+    from types import ModuleType
+    from typing import Any, Final, TextIO
+
     from chrysalis.core import DatagramAddr, PidPrefix
     from chrysalis.node._address import JoinToken
     from chrysalis.node._cli_commands import entry_record, format_entry, format_table
@@ -57,11 +59,10 @@ __all__ = [
     "entry_record",
     "format_entry",
     "format_table",
+    "error_line",
     "main",
     "ping_payload",
 ]
-
-_log = logging.getLogger("chrysalis.cli")
 
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a client command may take to join, look up and finish."""
@@ -80,10 +81,19 @@ class CliError(Exception):
     """A command failed for a reason the user can act on; printed as one line, exit 1."""
 
 
+def _import(name: str) -> ModuleType:
+    """``importlib.import_module(name)`` without importing ``importlib`` (which imports
+    ``warnings``): the thin path of an agent command imports as little as it can."""
+    __import__(name)
+    return sys.modules[name]
+
+
 # -- parsing ------------------------------------------------------------------------------------
 
 
 def _label(text: str) -> tuple[str, str]:
+    import argparse
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"label {text!r} is not KEY=VALUE")
@@ -91,6 +101,8 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def _seconds(text: str) -> float:
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
@@ -104,7 +116,9 @@ def _convert(parse: str, text: str) -> Any:
     """``chrysalis.node._address.<parse>(text)``, a syntax error as argparse's
     ``ArgumentTypeError``. That module (and chrysalis.core beneath it) is imported with the
     first argument converted: ``--help`` and most usage errors convert none."""
-    address = importlib.import_module(_ADDRESS)
+    import argparse
+
+    address = _import(_ADDRESS)
     try:
         return getattr(address, parse)(text)
     except address.AddressSyntaxError as exc:
@@ -129,6 +143,8 @@ def _listen(text: str) -> DatagramAddr | None:
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     """Flags accepted before and after the subcommand (``suppress``: the copy on each
     subcommand leaves values given before the subcommand alone)."""
+    import argparse
+    from pathlib import Path
 
     def default(value: object) -> object:
         return argparse.SUPPRESS if suppress else value
@@ -181,6 +197,9 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``chrysalis`` command."""
+    import argparse
+    from pathlib import Path
+
     parser = argparse.ArgumentParser(
         prog="chrysalis", description="Chrysalis process mesh: nodes, identities, namespace."
     )
@@ -341,6 +360,12 @@ def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     submit.add_argument(
         "--run-timeout", type=float, default=60.0, help="seconds one source's run may take (60)"
     )
+    submit.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the direct network baselines after each pair (they take about as long "
+        "again per method as the Chrysalis figures)",
+    )
     submit.add_argument("--seed", type=int, help="seed of sample:N")
     submit.add_argument("--wait", action="store_true", help="return when the experiment ended")
     actions.add_parser("experiments", parents=[common], help="every experiment and its status")
@@ -377,15 +402,33 @@ def ping_payload() -> bytes:
 # -- dispatch -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class Command:
     """Where a command is implemented: ``function(args, out) -> exit code`` in ``module``,
     imported on dispatch. ``needs``: the distribution the module needs beyond chrysalis-node
-    (its absence is reported as one line naming it)."""
+    (its absence is reported as one line naming it). (A plain class: ``dataclasses`` costs the
+    thin path tens of milliseconds.)"""
 
-    module: str
-    function: str
-    needs: str | None = None
+    __slots__ = ("function", "module", "needs")
+
+    def __init__(self, module: str, function: str, needs: str | None = None) -> None:
+        self.module = module
+        self.function = function
+        self.needs = needs
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Command):
+            return NotImplemented
+        return (self.module, self.function, self.needs) == (
+            other.module,
+            other.function,
+            other.needs,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.module, self.function, self.needs))
+
+    def __repr__(self) -> str:
+        return f"Command({self.module!r}, {self.function!r}, needs={self.needs!r})"
 
 
 _COMMANDS_MODULE: Final = "chrysalis.node._cli_commands"
@@ -445,13 +488,13 @@ def __getattr__(name: str) -> Any:
     module = _MOVED.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return getattr(_import(module), name)
 
 
 def _load(name: str, command: Command) -> ModuleType:
     """Import ``command``'s module; a missing ``needs`` distribution is a ``CliError``."""
     try:
-        return importlib.import_module(command.module)
+        return _import(command.module)
     except ImportError as exc:
         if command.needs is None:
             raise
@@ -484,15 +527,15 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     if raw[:2] == ["scale", "admin"]:  # `chrysalis scale admin ...` is `chrysalis admin ...`
         raw = raw[1:]
     if raw[:1] == ["scale"]:
-        scale_main: Callable[..., int] = getattr(
-            importlib.import_module(_SCALE.module), _SCALE.function
-        )
+        scale_main: Callable[..., int] = getattr(_import(_SCALE.module), _SCALE.function)
         return scale_main(["run", *raw[1:]], out=stdout)
     if out is None and _command_name(raw) in _AGENT_COMMANDS:
         # A running agent (``chrysalis agent start``) runs the command in a warm fork with
         # this process's streams, and parses it there (usage errors reach this stderr too):
         # no parser is built here. ``None``: no agent took it, run it here.
-        via_agent = importlib.import_module("chrysalis.node._agent").run_via_agent(raw)
+        from chrysalis.node._agent_client import run_via_agent
+
+        via_agent = run_via_agent(raw)
         if via_agent is not None:
             return int(via_agent)
     parser = build_parser()
@@ -500,6 +543,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         args = parser.parse_args(raw)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
+    import logging
+
     logging.basicConfig(
         level=str(args.log_level).upper(), format="%(name)s %(levelname)s %(message)s"
     )
@@ -511,22 +556,27 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        if isinstance(exc, expected):
-            message = str(exc) or type(exc).__name__
-            print(f"chrysalis: error: {message.splitlines()[0]}", file=sys.stderr)
-            return _ERROR_EXIT
-        # Not one of the failures above: still one line (the traceback with --log-level debug).
-        _log.debug("unexpected failure", exc_info=True)
-        first = (str(exc) or "").splitlines()[:1]
-        message = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
-        print(
-            f"chrysalis: error: {message} (--log-level debug shows where)",
-            file=sys.stderr,
-        )
+        print(error_line(exc, expected), file=sys.stderr)
         return _ERROR_EXIT
+
+
+def error_line(exc: BaseException, expected: tuple[type[BaseException], ...]) -> str:
+    """The one line a failure is reported as: ``chrysalis: error: MESSAGE`` for the
+    ``expected`` failures, else the exception's type and first line (its traceback is logged
+    at debug level)."""
+    if isinstance(exc, expected):
+        message = str(exc) or type(exc).__name__
+        return f"chrysalis: error: {message.splitlines()[0]}"
+    # Not one of the failures above: still one line (the traceback with --log-level debug).
+    import logging
+
+    logging.getLogger("chrysalis.cli").debug("unexpected failure", exc_info=exc)
+    first = (str(exc) or "").splitlines()[:1]
+    message = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+    return f"chrysalis: error: {message} (--log-level debug shows where)"
 
 
 if __name__ == "__main__":
     # ``python -m chrysalis.node._cli`` runs this file as ``__main__``; the command modules
     # import ``chrysalis.node._cli`` (``CliError``), so run that one module's ``main``.
-    sys.exit(importlib.import_module("chrysalis.node._cli").main())
+    sys.exit(_import("chrysalis.node._cli").main())

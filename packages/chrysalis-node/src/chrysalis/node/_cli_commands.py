@@ -73,6 +73,8 @@ __all__ = [
     "format_entry",
     "format_table",
     "identity_command",
+    "ping_report",
+    "ping_targets",
     "run_node",
     "wait_connected",
 ]
@@ -493,15 +495,26 @@ async def _ping(node: Node, args: argparse.Namespace, out: TextIO) -> int:
     """Dial every target at once; each is reported as it finishes: ``ok`` (echoed),
     ``timeout`` (no echo within ``--timeout``), ``refused`` (not found, no route, the dial or
     the stream refused) or ``mismatch``. ``--json`` prints one object at the end."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + args.timeout
-    targets: list[Pid]
+    deadline = asyncio.get_running_loop().time() + args.timeout
     async with asyncio.timeout_at(deadline):
-        if args.pids:
-            targets = [await node.expand_pid(prefix, Consistency.REFRESH) for prefix in args.pids]
-        else:
-            entries = await node.enumerate(Consistency.REFRESH)
-            targets = sorted(e.pid for e in entries if e.labels.get("echo") == "true")
+        targets = await ping_targets(node, args)
+    return await ping_report(node, args, out, targets, deadline)
+
+
+async def ping_targets(node: Node, args: argparse.Namespace) -> list[Pid]:
+    """``ping``'s targets: the PIDs given (each prefix expanded by the root), else every
+    ``echo=true`` node of the root's namespace."""
+    if args.pids:
+        return [await node.expand_pid(prefix, Consistency.REFRESH) for prefix in args.pids]
+    entries = await node.enumerate(Consistency.REFRESH)
+    return sorted(e.pid for e in entries if e.labels.get("echo") == "true")
+
+
+async def ping_report(
+    node: Node, args: argparse.Namespace, out: TextIO, targets: list[Pid], deadline: float
+) -> int:
+    """Ping ``targets`` at once, each bounded by ``deadline`` (loop time), reporting as
+    ``_ping`` says; exit status 1 when any failed."""
     results: dict[str, dict[str, Any]] = {}
 
     async def one(pid: Pid) -> None:

@@ -29,12 +29,20 @@ epoch):
 - ``scale_claim`` (pk ``experiment, source``): incarnation, attempt, state, claimed_at,
   updated_at, error;
 - ``scale_result`` (pk ``experiment, source, destination``): status, count, completed,
-  seconds, p50_ms, p90_ms, p99_ms, mean_ms, max_ms, mib_per_second, error.
+  seconds, p50_ms, p90_ms, p99_ms, mean_ms, max_ms, mib_per_second, error;
+- ``scale_result_baseline`` (pk ``experiment, source, destination``): baselines (JSON);
+- ``scale_experiment_option`` (pk ``experiment``): options (JSON: ``{"baselines": bool}``),
+  the spec's fields added after ``scale_experiment`` existed (a sibling table, so an older
+  database needs no ``ALTER TABLE``; an experiment without a row has the defaults);
+- ``scale_progress`` (pk ``experiment, source``): done, planned, updated_at: a running
+  source's timed operations so far (``publish_progress``, at most one write a second per
+  source; informational, outside the ledger: ``submit``'s progress bar reads it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, final
 
@@ -101,8 +109,19 @@ BASELINE_TABLE: Final = _schema(
     "experiment TEXT, source TEXT, destination TEXT, baselines TEXT",
     ["experiment", "source", "destination"],
 )
+OPTION_TABLE: Final = _schema(
+    "scale_experiment_option",
+    "experiment TEXT, options TEXT",
+    ["experiment"],
+)
+PROGRESS_TABLE: Final = _schema(
+    "scale_progress",
+    "experiment TEXT, source TEXT, done INTEGER, planned INTEGER, updated_at REAL",
+    ["experiment", "source"],
+)
 SCHEMAS: Final = (
     NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE, BASELINE_TABLE,
+    OPTION_TABLE, PROGRESS_TABLE,
 )  # fmt: skip
 """The trusted descriptors, in load order."""
 TABLES: Final = tuple(schema.table for schema in SCHEMAS)
@@ -118,6 +137,9 @@ def _rows(record: Record) -> list[tuple[str, tuple[SqlValue, ...]]]:
     if isinstance(record, ResultRecord) and record.baselines:
         key = (record.experiment, record.source, record.destination)
         rows.append((BASELINE_TABLE.table, (*key, record.baselines)))
+    if isinstance(record, ExperimentRecord):
+        options = json.dumps({"baselines": record.spec.baselines})
+        rows.append((OPTION_TABLE.table, (record.spec.name, options)))
     return rows
 
 
@@ -156,8 +178,12 @@ def _records(execute: Callable[[str], Any]) -> list[Record]:
         values = list(row)
         values[11] = NodeState(values[11])
         found.append(NodeRecord(*values))
+    options = {
+        str(row[0]): _options(str(row[1]))
+        for row in execute(f"SELECT {', '.join(OPTION_TABLE.columns)} FROM {OPTION_TABLE.table}")
+    }
     for row in execute(f"SELECT {', '.join(EXPERIMENT_TABLE.columns)} FROM scale_experiment"):
-        spec = ExperimentSpec(*row[:7])
+        spec = ExperimentSpec(*row[:7], **options.get(str(row[0]), {}))
         found.append(ExperimentRecord(spec, row[7], row[8], row[9]))
     for row in execute(f"SELECT {', '.join(TARGET_TABLE.columns)} FROM scale_target"):
         found.append(TargetRecord(*row))
@@ -173,6 +199,18 @@ def _records(execute: Callable[[str], Any]) -> list[Record]:
         key = (row[0], row[1], row[2])
         found.append(dataclasses.replace(ResultRecord(*row), baselines=baselines.get(key, "")))
     return found
+
+
+def _options(text: str) -> dict[str, Any]:
+    """The spec fields of an ``scale_experiment_option`` row that this release knows (an
+    unreadable row, or unknown keys, leave the defaults)."""
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(decoded, dict):
+        return {}
+    return {k: v for k, v in decoded.items() if k == "baselines" and isinstance(v, bool)}
 
 
 @final
@@ -213,6 +251,22 @@ class ExperimentStore:
             (pid,),
         ).fetchone()
         return row is not None
+
+    def publish_progress(
+        self, experiment: str, source: str, done: int, planned: int, now: float
+    ) -> None:
+        """Record that ``source`` completed ``done`` of its ``planned`` timed operations of
+        ``experiment`` (replicated like every row; not a ledger decision)."""
+        with self._replica.transaction("IMMEDIATE") as tx:
+            tx.upsert(PROGRESS_TABLE.table, (experiment, source, done, planned, float(now)))
+
+    def progress(self, experiment: str) -> dict[str, tuple[int, int]]:
+        """``source -> (done, planned)`` as last published for ``experiment``."""
+        rows = self._replica.connection.execute(
+            "SELECT source, done, planned FROM scale_progress WHERE experiment = ?",
+            (experiment,),
+        )
+        return {str(source): (int(done), int(planned)) for source, done, planned in rows}
 
     def decide(self, op: Callable[[ExperimentLedger], tuple[T, Decision]]) -> T:
         """Run ``op(ledger)`` and store its decision atomically; returns ``op``'s value. An

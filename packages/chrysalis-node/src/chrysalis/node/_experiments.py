@@ -93,6 +93,8 @@ __all__ = [
 
 _log = logging.getLogger("chrysalis.scale.experiments")
 
+PROGRESS_EVERY: Final = 1.0
+"""Seconds between two progress rows of one running source (``scale_progress``)."""
 POLL_INTERVAL: Final = 0.25
 """Seconds between ledger polls when nothing woke the runner (the replica's poll period)."""
 
@@ -366,6 +368,9 @@ class ExperimentRunner:
             finally:
                 record.seconds = loop.time() - record.started
 
+        def operations_done() -> int:
+            return sum(len(record.latencies) for record in progress.values())
+
         async def phase(make: Callable[[str], Awaitable[None]]) -> bool:
             """Run ``make`` for every destination until all end or the deadline passes;
             ``False`` if the claim stopped being ours meanwhile."""
@@ -374,7 +379,8 @@ class ExperimentRunner:
             tasks = [asyncio.ensure_future(make(pid)) for pid in work.destinations]
             remaining = max(0.0, deadline - loop.time())
             everything = asyncio.ensure_future(asyncio.wait(tasks, timeout=remaining))
-            watcher = asyncio.ensure_future(self._watch(claim))
+            planned = spec.count * len(work.destinations) if make is measure else 0
+            watcher = asyncio.ensure_future(self._watch(claim, operations_done, planned))
             try:
                 await asyncio.wait([everything, watcher], return_when=asyncio.FIRST_COMPLETED)
                 ours = everything.done()
@@ -404,8 +410,9 @@ class ExperimentRunner:
     async def _measure_baselines(self, work: Work, progress: Mapping[str, _Progress]) -> bool:
         """After the Chrysalis figures, each measured pair's direct baselines, one pair at a
         time (so they do not load each other); ``False`` if the claim ended meanwhile. A
-        pair whose baselines fail keeps its Chrysalis result, without baselines."""
-        if self._baselines is None:
+        pair whose baselines fail keeps its Chrysalis result, without baselines. None for an
+        experiment submitted without them (``ExperimentSpec.baselines``)."""
+        if self._baselines is None or not work.experiment.spec.baselines:
             return True
         for pid in work.destinations:
             record = progress[pid]
@@ -441,9 +448,20 @@ class ExperimentRunner:
             baselines=record.baselines,
         )
 
-    async def _watch(self, claim: ClaimRecord) -> None:
-        """Returns once the claim is no longer this run's (cancelled, lost, taken over)."""
+    async def _watch(self, claim: ClaimRecord, done: Callable[[], int], planned: int) -> None:
+        """Returns once the claim is no longer this run's (cancelled, lost, taken over);
+        meanwhile publishes ``done()`` timed operations when it changed, at most every
+        ``PROGRESS_EVERY`` seconds (``ExperimentStore.publish_progress``)."""
+        published, at = -1, -math.inf
+        loop = asyncio.get_running_loop()
         while self._still_mine(claim):
+            now = loop.time()
+            if planned and done() != published and now - at >= PROGRESS_EVERY:
+                published, at = done(), now
+                with contextlib.suppress(Exception):  # informational: never fails a run
+                    self._store.publish_progress(
+                        claim.experiment, claim.source, published, planned, self._clock()
+                    )
             await asyncio.sleep(self._poll_interval)
 
 
