@@ -212,7 +212,10 @@ class LaneServer:
             raise
         self._unix, self._tcp = unix, tcp
         self.endpoint = Endpoint(
-            name, tcp.getsockname()[1], host_addresses(), hashlib.sha256(der).digest()
+            name,
+            tcp.getsockname()[1],
+            host_addresses() if tcp_host in ("0.0.0.0", "") else (tcp_host,),
+            hashlib.sha256(der).digest(),
         )
         for listener, tls in ((unix, False), (tcp, True)):
             threading.Thread(

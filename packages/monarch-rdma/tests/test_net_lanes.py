@@ -1,0 +1,292 @@
+"""The ``net`` provider's data lanes: the wire format (pure), the chunk plan, and a lane server
+with its connecting pool in this process (Unix and TLS), including refusals, drops, pinning and
+cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from monarch.config import configured
+from monarch.rdma import RDMABuffer, _net
+from monarch.rdma._net import LANE_CHUNK, MIN_CHUNK, plan_lane_chunks
+from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone
+from monarch.rdma._netwire import (
+    MAX_MESSAGE,
+    REPLY_SIZE,
+    REQUEST_SIZE,
+    Op,
+    Reply,
+    Request,
+    WireError,
+    decode_reply,
+    decode_request,
+    encode_error,
+    encode_ok,
+    encode_request,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::monarch.rdma.RDMATcpFallbackWarning")
+SECRET = bytes(range(16))
+U64 = st.integers(0, (1 << 64) - 1)
+
+
+# -- the wire format ----------------------------------------------------------------------------
+
+
+@given(st.sampled_from([Op.READ, Op.WRITE]), U64, U64, U64, st.binary(min_size=16, max_size=16))
+def test_requests_round_trip(op: Op, region: int, offset: int, length: int, secret: bytes) -> None:
+    data = encode_request(op, region, offset, length, secret)
+    assert len(data) == REQUEST_SIZE
+    assert decode_request(data) == Request(op, region, offset, length, secret)
+
+
+@given(U64)
+def test_replies_round_trip(length: int) -> None:
+    assert decode_reply(encode_ok(length)) == Reply(True, length)
+
+
+def test_an_error_reply_carries_its_message_cut_to_the_bound() -> None:
+    data = encode_error("é" * MAX_MESSAGE)
+    reply = decode_reply(data[:REPLY_SIZE])
+    assert not reply.ok
+    assert reply.length == MAX_MESSAGE == len(data) - REPLY_SIZE
+    assert decode_reply(encode_error("gone")[:REPLY_SIZE]) == Reply(False, 4)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"short", "45 bytes"),
+        (b"XXXX" + encode_request(Op.READ, 1, 0, 1, SECRET)[4:], "magic"),
+        (encode_request(Op.READ, 1, 0, 1, SECRET)[:4] + b"\x09" + bytes(40), "unknown request op"),
+        (encode_request(Op.DROP, 1, 0, 5, SECRET), "no range"),
+    ],
+)
+def test_malformed_requests_are_wire_errors(data: bytes, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        decode_request(data)
+
+
+def test_malformed_replies_and_values_are_wire_errors() -> None:
+    with pytest.raises(WireError, match="9 bytes"):
+        decode_reply(b"\x00")
+    with pytest.raises(WireError, match="unknown reply status"):
+        decode_reply(b"\x07" + bytes(8))
+    with pytest.raises(WireError, match="error message"):
+        decode_reply(b"\x01" + (MAX_MESSAGE + 1).to_bytes(8, "big"))
+    with pytest.raises(WireError, match="secret"):
+        encode_request(Op.READ, 1, 0, 1, b"short")
+    with pytest.raises(WireError, match="out of range"):
+        encode_request(Op.READ, -1, 0, 1, SECRET)
+
+
+# -- the chunk plan -----------------------------------------------------------------------------
+
+
+@given(st.integers(0, 1 << 34), st.integers(1, 16))
+def test_lane_chunks_cover_the_transfer(total: int, window: int) -> None:
+    chunks = plan_lane_chunks(total, window)
+    assert sum(n for _, n in chunks) == total
+    assert [s for s, _ in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
+    assert all(n <= LANE_CHUNK for _, n in chunks)
+    if total <= 2 * MIN_CHUNK:
+        assert len(chunks) == (1 if total else 0)  # the latency case: one request
+    else:
+        assert all(n >= MIN_CHUNK for _, n in chunks[:-1])
+        assert len(chunks) >= min(window, total // MIN_CHUNK)  # every connection has work
+
+
+def test_a_bad_lane_plan_is_refused() -> None:
+    with pytest.raises(ValueError, match="bad chunk plan"):
+        plan_lane_chunks(-1, 1)
+    with pytest.raises(ValueError, match="bad chunk plan"):
+        plan_lane_chunks(10, 0)
+
+
+# -- a lane server and its pool in this process -------------------------------------------------
+
+
+class _Table:
+    """A region table for a lane server: number -> (memory, secret)."""
+
+    def __init__(self) -> None:
+        self.regions: dict[int, tuple[memoryview, bytes]] = {}
+        self.gate: threading.Event | None = None  # set: lookups wait on it (a stalled owner)
+
+    def lookup(self, number: int, secret: bytes) -> memoryview | str:
+        if self.gate is not None:
+            self.gate.wait(30)
+        found = self.regions.get(number)
+        if found is None or found[1] != secret:
+            return f"RDMA region {number} is not registered in this process"
+        return found[0]
+
+    def drop(self, number: int, secret: bytes) -> None:
+        if number in self.regions and self.regions[number][1] == secret:
+            del self.regions[number]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[_Table, LaneServer, LanePool]]:
+    table = _Table()
+    server = LaneServer(table.lookup, table.drop, tcp_host="127.0.0.1")
+    pool = LanePool()
+    try:
+        yield table, server, pool
+    finally:
+        pool.close_idle()
+        server.close()
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("kind", ["unix", "tls"])
+def test_reads_and_writes_move_bytes_between_the_memories(
+    served: tuple[_Table, LaneServer, LanePool], kind: str
+) -> None:
+    table, server, pool = served
+    memory = bytearray(os.urandom(3 << 20))
+    table.regions[1] = (memoryview(memory), SECRET)
+    dst = bytearray(1 << 20)
+    _run(pool.transfer(kind, server.endpoint, Op.READ, 1, SECRET, 5, memoryview(dst)))
+    assert dst == memory[5 : 5 + (1 << 20)]
+    src = os.urandom(2 << 20)
+    _run(pool.transfer(kind, server.endpoint, Op.WRITE, 1, SECRET, 7, memoryview(src)))
+    assert memory[7 : 7 + len(src)] == src
+
+
+@pytest.mark.parametrize("kind", ["unix", "tls"])
+def test_refusals_carry_the_owners_message_and_keep_the_connection(
+    served: tuple[_Table, LaneServer, LanePool], kind: str
+) -> None:
+    table, server, pool = served
+    memory = bytearray(b"abcdefgh")
+    table.regions[2] = (memoryview(memory), SECRET)
+    table.regions[3] = (memoryview(b"read-only"), SECRET)
+    endpoint = server.endpoint
+
+    def transfer(op: Op, region: int, secret: bytes, offset: int, view: memoryview) -> None:
+        _run(pool.transfer(kind, endpoint, op, region, secret, offset, view))
+
+    with pytest.raises(RuntimeError, match="not registered"):
+        transfer(Op.READ, 2, bytes(16), 0, memoryview(bytearray(8)))  # the wrong secret
+    with pytest.raises(RuntimeError, match="not registered"):  # its payload drained
+        transfer(Op.WRITE, 99, SECRET, 0, memoryview(bytes(3 << 20)))
+    with pytest.raises(RuntimeError, match="outside its 8 bytes"):
+        transfer(Op.READ, 2, SECRET, 4, memoryview(bytearray(5)))
+    with pytest.raises(RuntimeError, match="read-only"):
+        transfer(Op.WRITE, 3, SECRET, 0, memoryview(b"x"))
+    transfer(Op.WRITE, 2, SECRET, 0, memoryview(b"XY"))  # still in step
+    assert memory == b"XYcdefgh"
+    transfer(Op.DROP, 2, SECRET, 0, memoryview(b""))
+    assert 2 not in table.regions
+    with pytest.raises(RuntimeError, match="not registered"):
+        transfer(Op.READ, 2, SECRET, 0, memoryview(bytearray(1)))
+
+
+def test_a_tls_owner_whose_certificate_is_not_the_pinned_one_is_refused(
+    served: tuple[_Table, LaneServer, LanePool],
+) -> None:
+    table, server, _ = served
+    table.regions[4] = (memoryview(bytearray(4)), SECRET)
+    forged = dataclasses.replace(server.endpoint, fingerprint=bytes(32))
+    with pytest.raises(OwnerGone, match="not the one in its key"):
+        _run(LanePool().transfer("tls", forged, Op.READ, 4, SECRET, 0, memoryview(bytearray(4))))
+
+
+@pytest.mark.parametrize("kind", ["unix", "tls"])
+def test_an_owner_that_is_gone_fails_at_once(kind: str) -> None:
+    table = _Table()
+    server = LaneServer(table.lookup, table.drop, tcp_host="127.0.0.1")
+    endpoint = dataclasses.replace(server.endpoint, addresses=("127.0.0.1",))
+    server.close()
+    started = time.monotonic()
+    with pytest.raises(OwnerGone, match="has exited"):
+        _run(LanePool().transfer(kind, endpoint, Op.READ, 1, SECRET, 0, memoryview(bytearray(1))))
+    assert time.monotonic() - started < 2
+
+
+def test_a_stalled_owner_is_cut_off_when_the_transfer_times_out() -> None:
+    """Cancellation shuts the socket down: the blocked thread ends at once and is waited for,
+    so nothing touches the destination once the caller has its error."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    name = f"monarch-rdma-test/{os.getpid()}/{time.monotonic_ns()}"
+    listener.bind("\0" + name)
+    listener.listen(4)  # connections queue, nobody ever answers
+    endpoint = Endpoint(name, 0, (), bytes(32))
+    pool = LanePool()
+
+    async def main() -> None:
+        await asyncio.wait_for(
+            pool.transfer("unix", endpoint, Op.READ, 1, SECRET, 0, memoryview(bytearray(8))), 0.3
+        )
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            _run(main())
+        assert time.monotonic() - started < 2
+        listener.settimeout(5)
+        conn, _ = listener.accept()  # the request the owner never answered, then its end:
+        with conn:  # the client shut the connection down, it does not wait on it any longer
+            conn.settimeout(5)
+            got = b""
+            while part := conn.recv(4096):
+                got += part
+            assert len(got) == REQUEST_SIZE
+    finally:
+        listener.close()
+
+
+# -- the provider in this process ---------------------------------------------------------------
+
+
+@pytest.fixture
+def net_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("MONARCH_RDMA_NET_LANE", "unix")
+    with configured(rdma_disable_shm=True):
+        yield
+
+
+def test_the_provider_times_out_a_read_from_a_stalled_owner(net_only: None) -> None:
+    memory = bytearray(b"stalled!" * 1024)
+    buffer = RDMABuffer(memoryview(memory))
+    assert buffer.transport == "net"
+    server = _net._server
+    assert server is not None
+    gate = threading.Event()
+    real = server._lookup
+
+    def stalled(number: int, secret: bytes) -> memoryview | str:
+        gate.wait(30)
+        return real(number, secret)
+
+    server._lookup = stalled
+    dst = bytearray(len(memory))
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="timed out"):
+            buffer.read_into(memoryview(dst), timeout=1).get(timeout=30)
+        assert time.monotonic() - started < 5
+        assert dst == bytes(len(memory))  # nothing arrived
+    finally:
+        gate.set()
+        server._lookup = real
+    buffer.read_into(memoryview(dst), timeout=30).get(timeout=30)  # a fresh connection serves
+    assert dst == memory
+    buffer.drop().get(timeout=30)
+    with pytest.raises(RuntimeError, match="not registered"):
+        buffer.read_into(memoryview(dst), timeout=30).get(timeout=30)
