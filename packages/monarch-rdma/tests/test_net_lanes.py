@@ -94,13 +94,14 @@ def test_malformed_replies_and_values_are_wire_errors() -> None:
 # -- the chunk plan -----------------------------------------------------------------------------
 
 
-@given(st.integers(0, 1 << 34), st.integers(1, 16))
-def test_lane_chunks_cover_the_transfer(total: int, window: int) -> None:
-    chunks = plan_lane_chunks(total, window)
+@given(st.integers(0, 1 << 34), st.integers(1, 128), st.integers(1, 16))
+def test_lane_chunks_cover_the_transfer(total: int, max_mib: int, window: int) -> None:
+    max_chunk = max_mib * MIN_CHUNK
+    chunks = plan_lane_chunks(total, max_chunk, window)
     assert sum(n for _, n in chunks) == total
     assert [s for s, _ in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
-    assert all(n <= LANE_CHUNK for _, n in chunks)
-    if total <= 2 * MIN_CHUNK:
+    assert all(n <= min(LANE_CHUNK, max_chunk) for _, n in chunks)
+    if total <= min(2 * MIN_CHUNK, max_chunk):
         assert len(chunks) == (1 if total else 0)  # the latency case: one request
     else:
         assert all(n >= MIN_CHUNK for _, n in chunks[:-1])
@@ -109,9 +110,11 @@ def test_lane_chunks_cover_the_transfer(total: int, window: int) -> None:
 
 def test_a_bad_lane_plan_is_refused() -> None:
     with pytest.raises(ValueError, match="bad chunk plan"):
-        plan_lane_chunks(-1, 1)
+        plan_lane_chunks(-1, MIN_CHUNK, 1)
     with pytest.raises(ValueError, match="bad chunk plan"):
-        plan_lane_chunks(10, 0)
+        plan_lane_chunks(10, MIN_CHUNK, 0)
+    with pytest.raises(ValueError, match="bad chunk plan"):
+        plan_lane_chunks(10, 0, 1)
 
 
 # -- a lane server and its pool in this process -------------------------------------------------
@@ -262,7 +265,7 @@ def net_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_the_provider_times_out_a_read_from_a_stalled_owner(net_only: None) -> None:
-    memory = bytearray(b"stalled!" * 1024)
+    memory = bytearray(b"stalled!" * (6 << 17))  # 6 MiB: four chunks, all in flight
     buffer = RDMABuffer(memoryview(memory))
     assert buffer.transport == "net"
     server = _net._server

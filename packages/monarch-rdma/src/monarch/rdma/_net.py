@@ -92,18 +92,20 @@ def plan_chunks(total: int, max_chunk: int, window: int) -> list[tuple[int, int]
     return [(offset, min(size, total - offset)) for offset in range(0, total, size)]
 
 
-def plan_lane_chunks(total: int, window: int) -> list[tuple[int, int]]:
+def plan_lane_chunks(total: int, max_chunk: int, window: int) -> list[tuple[int, int]]:
     """``(offset, length)`` of the chunks of a ``total``-byte data-lane transfer: one chunk up
     to ``2 * MIN_CHUNK`` bytes (the latency case: one request, one reply); above, at least
     ``window`` chunks (so that ``window`` connections share the work) of at least ``MIN_CHUNK``
-    and at most ``LANE_CHUNK`` bytes; none for ``total == 0``."""
-    if total < 0 or window < 1:
-        raise ValueError(f"bad chunk plan ({total=}, {window=})")
+    bytes; every chunk at most ``max_chunk`` (``rdma_max_chunk_size_mb``) and ``LANE_CHUNK``
+    bytes; none for ``total == 0``."""
+    if total < 0 or max_chunk < 1 or window < 1:
+        raise ValueError(f"bad chunk plan ({total=}, {max_chunk=}, {window=})")
     if total == 0:
         return []
-    if total <= 2 * MIN_CHUNK:
+    limit = min(max_chunk, LANE_CHUNK)
+    if total <= min(2 * MIN_CHUNK, limit):
         return [(0, total)]
-    size = min(LANE_CHUNK, max(MIN_CHUNK, -(-total // window)))
+    size = min(limit, max(MIN_CHUNK, -(-total // window)))
     return [(offset, min(size, total - offset)) for offset in range(0, total, size)]
 
 
@@ -309,7 +311,8 @@ def _streams() -> int:
 
 
 async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> None:
-    """Run ``jobs`` with at most ``window`` outstanding; the first failure cancels the rest."""
+    """Run ``jobs`` with at most ``window`` outstanding; the first failure (or a cancellation:
+    the transfer's timeout) cancels the rest and waits until they have stopped."""
     pending: set[asyncio.Task[None]] = set()
     queue = iter(jobs)
     try:
@@ -329,6 +332,8 @@ async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> No
         for task in pending:
             task.cancel()
             task.add_done_callback(_retrieve)
+        if pending:  # each stops its I/O first: nothing is written once the caller has the error
+            await asyncio.wait(pending)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
@@ -435,7 +440,7 @@ class NetProvider:
         """A read or write over data lanes: its chunks on up to ``window`` connections."""
         assert detail.endpoint is not None
         endpoint = detail.endpoint
-        _max_chunk, window = _settings()
+        max_chunk, window = _settings()
 
         def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
             def run() -> Awaitable[None]:
@@ -447,7 +452,9 @@ class NetProvider:
             return run
 
         try:
-            await _bounded([job(s, n) for s, n in plan_lane_chunks(view.nbytes, window)], window)
+            await _bounded(
+                [job(s, n) for s, n in plan_lane_chunks(view.nbytes, max_chunk, window)], window
+            )
         except OwnerGone as exc:
             raise RuntimeError(
                 f"RDMA {what} of region {key.region} ({NAME} provider, {kind} lane) failed: the "

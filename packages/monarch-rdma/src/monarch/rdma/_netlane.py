@@ -397,6 +397,8 @@ class LanePool:
             state.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait([job])  # nothing touches ``view`` once we return
+            if job.done() and not job.cancelled():
+                job.exception()  # seen: no "exception never retrieved" noise
             raise
 
     def _blocking(
