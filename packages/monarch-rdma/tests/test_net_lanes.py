@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from monarch.config import configured
 from monarch.rdma import RDMABuffer, _net
 from monarch.rdma._net import LANE_CHUNK, MIN_CHUNK, plan_lane_chunks
-from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone
+from monarch.rdma._netlane import MAX_IDLE, Endpoint, LanePool, LaneServer, OwnerGone
 from monarch.rdma._netwire import (
     MAX_MESSAGE,
     REPLY_SIZE,
@@ -198,6 +198,34 @@ def test_refusals_carry_the_owners_message_and_keep_the_connection(
     assert 2 not in table.regions
     with pytest.raises(RuntimeError, match="not registered"):
         transfer(Op.READ, 2, SECRET, 0, memoryview(bytearray(1)))
+
+
+def test_the_pool_keeps_a_bounded_number_of_idle_connections(
+    served: tuple[_Table, LaneServer, LanePool],
+) -> None:
+    table, server, _ = served
+    memory = bytes(range(256)) * 4
+    table.regions[5] = (memoryview(memory), SECRET)
+    pool = LanePool()
+    dsts = [bytearray(len(memory)) for _ in range(MAX_IDLE + 4)]
+
+    async def many() -> None:  # more connections at once than the pool keeps
+        await asyncio.gather(
+            *(
+                pool.transfer("unix", server.endpoint, Op.READ, 5, SECRET, 0, memoryview(dst))
+                for dst in dsts
+            )
+        )
+
+    _run(many())
+    assert all(dst == memory for dst in dsts)
+    idle = sum(len(conns) for conns in pool._idle.values())
+    assert 1 <= idle <= MAX_IDLE
+    assert idle == pool._idle_count
+    _run(many())  # the kept ones are reused, the bound holds
+    assert sum(len(conns) for conns in pool._idle.values()) == pool._idle_count <= MAX_IDLE
+    pool.close_idle()
+    assert pool._idle_count == 0
 
 
 def test_a_tls_owner_whose_certificate_is_not_the_pinned_one_is_refused(

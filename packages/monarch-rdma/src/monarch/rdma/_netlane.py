@@ -18,13 +18,13 @@ also from the key. Each connection is served by a thread of its own (at most
 ``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'s.
 
 The process that transfers (``LanePool``) keeps idle connections per owner endpoint (at most
-``MAX_IDLE`` each) and runs every chunk as blocking socket I/O in a thread of a bounded pool
-(``recv_into``/``sendall`` release the GIL), so several chunks of one transfer run at once on
-several connections. A chunk cancelled (its transfer's timeout passed) shuts its socket down,
-which ends the blocked call at once, and waits for the thread before it lets the cancellation
-through: once the caller has its error, nothing more is written into either memory. A
-connection refused, or one that ends mid-request, is the owner's death (or its drop of the
-region): ``RuntimeError``.
+``MAX_IDLE`` each, ``MAX_IDLE_TOTAL`` in all) and runs every chunk as blocking socket I/O in a
+thread of a bounded pool (``recv_into``/``sendall`` release the GIL), so several chunks of one
+transfer run at once on several connections. A chunk cancelled (its transfer's timeout passed)
+shuts its socket down, which ends the blocked call at once, and waits for the thread before it
+lets the cancellation through: once the caller has its error, nothing more is written into
+either memory. A connection refused, or one that ends mid-request, is the owner's death:
+``OwnerGone`` (a ``RuntimeError``); a refusal by a live owner (a dropped region) is its message.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ __all__ = [
     "IO_TIMEOUT",
     "MAX_CONNECTIONS",
     "MAX_IDLE",
+    "MAX_IDLE_TOTAL",
     "Endpoint",
     "LanePool",
     "LaneServer",
@@ -75,8 +76,9 @@ __all__ = [
 _log = logging.getLogger("monarch.rdma.net")
 #: Connections one owner process serves at once (each a thread); more are closed at once.
 MAX_CONNECTIONS: Final = 64
-#: Idle connections a transferring process keeps per owner endpoint.
+#: Idle connections a transferring process keeps per owner endpoint, and in all.
 MAX_IDLE: Final = 8
+MAX_IDLE_TOTAL: Final = 256
 #: Seconds a socket call may block without progress before the connection is given up (the
 #: transfer's own timeout cancels sooner; this bounds a thread whose caller went away).
 IO_TIMEOUT: Final = 120.0
@@ -369,6 +371,7 @@ class LanePool:
         self._lock = threading.Lock()
         self._client_tls: ssl.SSLContext | None = None
         self._reachable: dict[Endpoint, str] = {}
+        self._idle_count = 0
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -442,6 +445,9 @@ class LanePool:
             idle = self._idle.get((kind, endpoint))
             if idle:
                 conn = idle.pop()
+                self._idle_count -= 1
+                if not idle:
+                    del self._idle[(kind, endpoint)]
         if conn is not None:
             try:
                 state.track(conn.sock)
@@ -461,8 +467,9 @@ class LanePool:
     def _give_back(self, kind: str, endpoint: Endpoint, conn: _Conn) -> None:
         with self._lock:
             idle = self._idle.setdefault((kind, endpoint), collections.deque())
-            if len(idle) < MAX_IDLE:
+            if len(idle) < MAX_IDLE and self._idle_count < MAX_IDLE_TOTAL:
                 idle.append(conn)
+                self._idle_count += 1
                 return
         conn.close()
 
@@ -506,6 +513,8 @@ class LanePool:
                 raw.close()
                 raise
             with self._lock:
+                if len(self._reachable) >= MAX_IDLE_TOTAL:
+                    self._reachable.clear()  # a cache: bounded, refilled on use
                 self._reachable[endpoint] = address
             return sock
         assert failure is not None
@@ -526,5 +535,6 @@ class LanePool:
         with self._lock:
             conns = [c for idle in self._idle.values() for c in idle]
             self._idle.clear()
+            self._idle_count = 0
         for conn in conns:
             conn.close()
