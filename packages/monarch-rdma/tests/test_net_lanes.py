@@ -228,6 +228,44 @@ def test_the_pool_keeps_a_bounded_number_of_idle_connections(
     assert pool._idle_count == 0
 
 
+def test_a_cancel_that_comes_after_the_io_leaves_the_kept_connection_alone(
+    served: tuple[_Table, LaneServer, LanePool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk whose I/O finished (its connection back in the pool) and that is cancelled
+    before its task resumes (another chunk failed, or the timeout passed just then) must not
+    shut that connection down: the next transfer takes it."""
+    table, server, _ = served
+    memory = b"kept alive"
+    table.regions[6] = (memoryview(memory), SECRET)
+    pool = LanePool()
+    kept = threading.Event()
+    give_back = pool._give_back
+
+    def noted(kind: str, endpoint: Endpoint, conn: Any) -> None:
+        give_back(kind, endpoint, conn)
+        kept.set()
+
+    monkeypatch.setattr(pool, "_give_back", noted)
+    dst = memoryview(bytearray(len(memory)))
+
+    async def cancelled_late() -> None:
+        task = asyncio.ensure_future(
+            pool.transfer("unix", server.endpoint, Op.READ, 6, SECRET, 0, dst)
+        )
+        await asyncio.sleep(0)  # the task started its thread
+        assert kept.wait(10)  # the loop is held: the task cannot resume before the cancel
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    _run(cancelled_late())
+    assert pool._idle_count == 1
+    again = memoryview(bytearray(len(memory)))
+    _run(pool.transfer("unix", server.endpoint, Op.READ, 6, SECRET, 0, again))
+    assert bytes(again) == memory
+    assert pool._idle_count == 1  # the same connection served, and is kept again
+
+
 def test_a_tls_owner_whose_certificate_is_not_the_pinned_one_is_refused(
     served: tuple[_Table, LaneServer, LanePool],
 ) -> None:

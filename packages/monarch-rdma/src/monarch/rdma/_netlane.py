@@ -330,7 +330,9 @@ class _Conn:
 
 class _Job:
     """One chunk's I/O: ``cancel`` (from the caller's loop) shuts down the socket the thread
-    uses, or will use, so a blocked call ends at once."""
+    uses, or will use, so a blocked call ends at once; ``release`` (the thread, done with the
+    socket) takes it out of reach first, so a late cancel never touches a connection that went
+    back to the pool."""
 
     __slots__ = ("cancelled", "lock", "sock")
 
@@ -348,11 +350,16 @@ class _Job:
             raise OwnerGone("cancelled")
 
     def cancel(self) -> None:
-        with self.lock:
+        with self.lock:  # under the lock: ``release`` cannot hand the socket on meanwhile
             self.cancelled = True
-            sock = self.sock
-        if sock is not None:
-            _shutdown(sock)
+            if self.sock is not None:
+                _shutdown(self.sock)
+
+    def release(self) -> bool:
+        """The thread is done with its socket; False when the job was cancelled."""
+        with self.lock:
+            self.sock = None
+            return not self.cancelled
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -434,7 +441,7 @@ class LanePool:
                 raise OwnerGone("cancelled") from exc
             raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
         finally:
-            if ok and not state.cancelled:
+            if state.release() and ok:
                 self._give_back(kind, endpoint, conn)
             else:
                 conn.close()
