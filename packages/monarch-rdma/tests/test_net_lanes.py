@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import socket
 import threading
@@ -359,3 +360,41 @@ def test_the_provider_times_out_a_read_from_a_stalled_owner(net_only: None) -> N
     buffer.drop().get(timeout=30)
     with pytest.raises(RuntimeError, match="not registered"):
         buffer.read_into(memoryview(dst), timeout=30).get(timeout=30)
+
+
+def test_an_owner_whose_tls_lane_does_not_answer_is_served_over_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Across hosts, a TLS lane that does not answer (no route, a firewall: not a refusal) is
+    not a dead owner: the transfer takes the message lane, and keeps taking it."""
+    monkeypatch.delenv("MONARCH_RDMA_NET_LANE", raising=False)
+    with configured(rdma_disable_shm=True):
+        memory = bytearray(b"far away" * 512)
+        buffer = RDMABuffer(memoryview(memory))
+    key = buffer._keys["net"]
+    assert isinstance(key.detail, _net.NetDetail)
+    elsewhere = dataclasses.replace(key.detail, host="another host")  # as seen from another host
+    buffer._keys["net"] = dataclasses.replace(key, detail=elsewhere)
+    assert _net.lane_kind(elsewhere) == "tls"
+    tried: list[str] = []
+
+    def no_route(self: LanePool, kind: str, endpoint: Endpoint, state: Any) -> socket.socket:
+        tried.append(kind)
+        raise OSError(errno.EHOSTUNREACH, "No route to host")
+
+    monkeypatch.setattr(LanePool, "_connect", no_route)
+    manager = elsewhere.managers[0]
+    before = manager.served.call_one().get(timeout=30)
+    with configured(rdma_disable_shm=True):
+        dst = bytearray(len(memory))
+        buffer.read_into(memoryview(dst), timeout=30).get(timeout=30)
+        assert dst == memory
+        assert tried  # the TLS lane was tried first
+        assert _net.lane_kind(elsewhere) == "messages"  # remembered
+        tried.clear()
+        buffer.write_from(memoryview(b"near"), timeout=30).get(timeout=30)
+        assert memory.startswith(b"near")
+        assert not tried
+        assert manager.served.call_one().get(timeout=30) - before == 2
+        buffer.drop().get(timeout=30)
+    _net._unreachable.discard(elsewhere.endpoint)

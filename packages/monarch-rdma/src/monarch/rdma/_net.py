@@ -43,7 +43,7 @@ from typing import Any, Final
 from monarch.actor import Actor, ActorError, endpoint, this_proc
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
-from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone
+from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone, Unreachable
 from monarch.rdma._netwire import SECRET_SIZE, Op
 from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
 
@@ -190,6 +190,12 @@ def _endpoint() -> Endpoint | None:
         return None if _server is None else _server.endpoint
 
 
+#: Owners whose TLS lane did not answer (a firewall, no common address family): the message
+#: lane serves them (bounded: forgotten, and tried again, when full).
+_unreachable: set[Endpoint] = set()
+_MAX_UNREACHABLE: Final = 1024
+
+
 def lane_kind(detail: NetDetail) -> str:
     """The lane a transfer through ``detail`` takes from this process (module docstring)."""
     chosen = os.environ.get("MONARCH_RDMA_NET_LANE", "auto").strip().lower() or "auto"
@@ -201,7 +207,9 @@ def lane_kind(detail: NetDetail) -> str:
         return chosen  # asked for explicitly: even under force_quic
     if setting("force_quic"):
         return "messages"
-    return "unix" if detail.host == HOST else "tls"
+    if detail.host == HOST:
+        return "unix"
+    return "messages" if detail.endpoint in _unreachable else "tls"
 
 
 class RDMAManager(Actor):
@@ -294,6 +302,7 @@ def _forget_after_fork() -> None:
     _lanes = LanePool()  # nor its threads and connections
     _managers.clear()
     _regions.clear()
+    _unreachable.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -376,8 +385,9 @@ class NetProvider:
     async def read(self, key: RemoteKey, offset: int, dst: memoryview) -> None:
         detail = _detail(key)
         kind = lane_kind(detail)
-        if kind != "messages":
-            await self._on_lane(kind, "read", Op.READ, key, detail, offset, dst)
+        if kind != "messages" and await self._on_lane(
+            kind, "read", Op.READ, key, detail, offset, dst
+        ):
             return
         max_chunk, window = _settings()
         mgrs = detail.managers
@@ -408,8 +418,9 @@ class NetProvider:
     async def write(self, key: RemoteKey, offset: int, src: memoryview) -> None:
         detail = _detail(key)
         kind = lane_kind(detail)
-        if kind != "messages":
-            await self._on_lane(kind, "write", Op.WRITE, key, detail, offset, src)
+        if kind != "messages" and await self._on_lane(
+            kind, "write", Op.WRITE, key, detail, offset, src
+        ):
             return
         max_chunk, window = _settings()
         mgrs = detail.managers
@@ -436,8 +447,9 @@ class NetProvider:
     async def _on_lane(
         self, kind: str, what: str, op: Op, key: RemoteKey, detail: NetDetail, offset: int,
         view: memoryview,
-    ) -> None:  # fmt: skip
-        """A read or write over data lanes: its chunks on up to ``window`` connections."""
+    ) -> bool:  # fmt: skip
+        """A read or write over data lanes: its chunks on up to ``window`` connections. False
+        when the owner's TLS lane does not answer (the caller then takes the message lane)."""
         assert detail.endpoint is not None
         endpoint = detail.endpoint
         max_chunk, window = _settings()
@@ -455,6 +467,12 @@ class NetProvider:
             await _bounded(
                 [job(s, n) for s, n in plan_lane_chunks(view.nbytes, max_chunk, window)], window
             )
+        except Unreachable as exc:
+            if len(_unreachable) >= _MAX_UNREACHABLE:
+                _unreachable.clear()
+            _unreachable.add(endpoint)
+            _log.warning("RDMA net: %s; the message lane serves this owner from now on", exc)
+            return False
         except OwnerGone as exc:
             raise RuntimeError(
                 f"RDMA {what} of region {key.region} ({NAME} provider, {kind} lane) failed: the "
@@ -462,18 +480,23 @@ class NetProvider:
             ) from exc
         except RuntimeError as exc:
             raise _failed(what, key, exc) from exc
+        return True
 
     async def deregister(self, key: RemoteKey) -> None:
         detail = _detail(key)
         kind = lane_kind(detail)
         try:
-            if kind == "messages":
-                await detail.managers[0].drop.call_one(key.region)
-            else:
+            if kind != "messages":
                 assert detail.endpoint is not None
-                await _lanes.transfer(
-                    kind, detail.endpoint, Op.DROP, key.region, detail.secret, 0, memoryview(b"")
-                )
+                try:
+                    await _lanes.transfer(
+                        kind, detail.endpoint, Op.DROP, key.region, detail.secret, 0,
+                        memoryview(b""),
+                    )  # fmt: skip
+                    return
+                except Unreachable:
+                    pass  # the message lane below
+            await detail.managers[0].drop.call_one(key.region)
         except (ActorError, RuntimeError) as exc:
             raise _failed("drop", key, exc) from exc
 

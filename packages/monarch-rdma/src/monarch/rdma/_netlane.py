@@ -70,6 +70,7 @@ __all__ = [
     "LaneServer",
     "Lookup",
     "OwnerGone",
+    "Unreachable",
     "host_addresses",
 ]
 
@@ -92,6 +93,11 @@ Lookup = Callable[[int, bytes], "memoryview | str"]
 
 class OwnerGone(RuntimeError):
     """The owner's process cannot be reached (it exited) or ended the connection."""
+
+
+class Unreachable(OwnerGone):
+    """No address of the owner's host answered on its TLS lane (not a refusal: a timeout, no
+    route): another path (the message lane) may still reach it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +471,12 @@ class LanePool:
         try:
             return _Conn(self._connect(kind, endpoint, state))
         except OSError as exc:
+            if kind == "tls" and not isinstance(
+                exc, ConnectionRefusedError | ssl.SSLError | ssl.CertificateError
+            ):
+                raise Unreachable(
+                    f"no address of the owner's host answers on its TLS lane: {exc!r}"
+                ) from exc
             raise OwnerGone(
                 f"cannot reach the owner's process ({kind} lane): {exc!r}; it has exited"
                 if isinstance(exc, ConnectionRefusedError | FileNotFoundError)
