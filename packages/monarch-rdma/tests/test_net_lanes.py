@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import errno
 import os
+import select
 import socket
 import threading
 import time
@@ -265,6 +266,33 @@ def test_a_cancel_that_comes_after_the_io_leaves_the_kept_connection_alone(
     _run(pool.transfer("unix", server.endpoint, Op.READ, 6, SECRET, 0, again))
     assert bytes(again) == memory
     assert pool._idle_count == 1  # the same connection served, and is kept again
+
+
+@pytest.mark.parametrize("op", [Op.READ, Op.WRITE])
+def test_a_kept_connection_the_owner_closed_while_idle_is_replaced(op: Op) -> None:
+    """The owner ends a connection idle for ``idle_timeout``; the next transfer through the
+    pool finds it closed before any reply and retries once on a fresh connection."""
+    table = _Table()
+    memory = bytearray(b"idle" * 64)
+    table.regions[1] = (memoryview(memory), SECRET)
+    server = LaneServer(table.lookup, table.drop, tcp_host="127.0.0.1", idle_timeout=0.2)
+    pool = LanePool()
+    try:
+        view = memoryview(bytearray(len(memory)))
+        _run(pool.transfer("unix", server.endpoint, Op.READ, 1, SECRET, 0, view))
+        assert pool._idle_count == 1
+        (kept,) = [conn for conns in pool._idle.values() for conn in conns]
+        readable, _, _ = select.select([kept.sock], [], [], 10)  # the owner's end of it
+        assert readable
+        assert kept.sock.recv(1, socket.MSG_PEEK) == b""
+        data = memoryview(bytearray(b"IDLE" * 64)) if op is Op.WRITE else view
+        _run(pool.transfer("unix", server.endpoint, op, 1, SECRET, 0, data))
+        assert bytes(memory) == (b"IDLE" * 64 if op is Op.WRITE else bytes(view))
+        assert kept.sock.fileno() == -1  # the stale one was closed, a fresh one is kept
+        assert pool._idle_count == 1
+    finally:
+        pool.close_idle()
+        server.close()
 
 
 def test_a_tls_owner_whose_certificate_is_not_the_pinned_one_is_refused(

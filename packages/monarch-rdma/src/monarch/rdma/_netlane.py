@@ -61,6 +61,7 @@ from monarch.rdma._netwire import (
 )
 
 __all__ = [
+    "IDLE_TIMEOUT",
     "IO_TIMEOUT",
     "MAX_CONNECTIONS",
     "MAX_IDLE",
@@ -84,6 +85,9 @@ MAX_IDLE_TOTAL: Final = 256
 #: transfer's own timeout cancels sooner; this bounds a thread whose caller went away).
 IO_TIMEOUT: Final = 120.0
 CONNECT_TIMEOUT: Final = 5.0
+#: Seconds an owner keeps a connection with no request (its thread then ends); a connecting
+#: side whose kept connection was closed meanwhile retries once on a fresh one.
+IDLE_TIMEOUT: Final = 120.0
 _DRAIN: Final = 1 << 20
 _SIOCGIFADDR: Final = 0x8915
 
@@ -198,10 +202,12 @@ class LaneServer:
     the process's region table; ``tcp_host`` is the address the TLS listener binds."""
 
     def __init__(
-        self, lookup: Lookup, drop: Callable[[int, bytes], None], tcp_host: str = "0.0.0.0"
-    ) -> None:
+        self, lookup: Lookup, drop: Callable[[int, bytes], None], tcp_host: str = "0.0.0.0",
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:  # fmt: skip
         self._lookup = lookup
         self._drop = drop
+        self._idle_timeout = idle_timeout
         self._lock = threading.Lock()
         self._active = 0
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -281,7 +287,7 @@ class LaneServer:
 
     def _one(self, conn: socket.socket) -> bool:
         """Serve one request; False when the peer closed the connection."""
-        conn.settimeout(None)  # idle between requests: the pool keeps it for the next one
+        conn.settimeout(self._idle_timeout)  # between requests (a timeout ends the connection)
         head = bytearray(REQUEST_SIZE)
         first = conn.recv_into(head, REQUEST_SIZE)
         if first == 0:
@@ -323,15 +329,20 @@ class LaneServer:
 
 
 class _Conn:
-    """One client connection."""
+    """One client connection; ``reused`` when it came from the pool (it may have gone stale)."""
 
-    __slots__ = ("sock",)
+    __slots__ = ("reused", "sock")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, reused: bool = False) -> None:
         self.sock = sock
+        self.reused = reused
 
     def close(self) -> None:
         self.sock.close()
+
+
+class _Stale(Exception):
+    """A kept connection failed before its reply began: the owner had closed it while idle."""
 
 
 class _Job:
@@ -422,7 +433,17 @@ class LanePool:
         view: memoryview, state: _Job,
     ) -> None:  # fmt: skip
         conn = self._take(kind, endpoint, state)
-        ok = False
+        try:
+            self._attempt(kind, endpoint, op, region, secret, offset, view, state, conn)
+        except _Stale:  # all requests are idempotent: once more, on a fresh connection
+            conn = self._take(kind, endpoint, state, fresh=True)
+            self._attempt(kind, endpoint, op, region, secret, offset, view, state, conn)
+
+    def _attempt(
+        self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,
+        view: memoryview, state: _Job, conn: _Conn,
+    ) -> None:  # fmt: skip
+        ok = replied = False
         try:
             sock = conn.sock
             sock.settimeout(IO_TIMEOUT)
@@ -431,6 +452,7 @@ class LanePool:
             if op is Op.WRITE:
                 sock.sendall(view)
             reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
+            replied = True
             if not reply.ok:
                 message = _recv_exact(sock, reply.length).decode("utf-8", "replace")
                 ok = True  # in step: the connection is reused
@@ -442,9 +464,11 @@ class LanePool:
                     )
                 _recv_into_all(sock, view)
             ok = True
-        except (OSError, WireError) as exc:
+        except (OSError, WireError, OwnerGone) as exc:
             if state.cancelled:
                 raise OwnerGone("cancelled") from exc
+            if conn.reused and not replied and not isinstance(exc, WireError):
+                raise _Stale() from exc
             raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
         finally:
             if state.release() and ok:
@@ -452,12 +476,13 @@ class LanePool:
             else:
                 conn.close()
 
-    def _take(self, kind: str, endpoint: Endpoint, state: _Job) -> _Conn:
+    def _take(self, kind: str, endpoint: Endpoint, state: _Job, fresh: bool = False) -> _Conn:
         conn = None
         with self._lock:
-            idle = self._idle.get((kind, endpoint))
+            idle = None if fresh else self._idle.get((kind, endpoint))
             if idle:
                 conn = idle.pop()
+                conn.reused = True
                 self._idle_count -= 1
                 if not idle:
                     del self._idle[(kind, endpoint)]
