@@ -22,7 +22,14 @@ from hypothesis import strategies as st
 from monarch.config import configured
 from monarch.rdma import RDMABuffer, _net
 from monarch.rdma._net import LANE_CHUNK, MIN_CHUNK, plan_lane_chunks
-from monarch.rdma._netlane import MAX_IDLE, Endpoint, LanePool, LaneServer, OwnerGone
+from monarch.rdma._netlane import (
+    MAX_IDLE,
+    Endpoint,
+    LanePool,
+    LaneServer,
+    OwnerGone,
+    Unreachable,
+)
 from monarch.rdma._netwire import (
     MAX_MESSAGE,
     REPLY_SIZE,
@@ -315,6 +322,13 @@ def test_an_owner_that_is_gone_fails_at_once(kind: str) -> None:
     with pytest.raises(OwnerGone, match="has exited"):
         _run(LanePool().transfer(kind, endpoint, Op.READ, 1, SECRET, 0, memoryview(bytearray(1))))
     assert time.monotonic() - started < 2
+
+
+def test_an_owner_host_without_an_ipv4_address_is_unreachable_not_gone() -> None:
+    """No address to dial is not a dead owner: the provider then takes the message lane."""
+    nowhere = Endpoint("unused", 1, (), bytes(32))
+    with pytest.raises(Unreachable, match="no IPv4 address"):
+        _run(LanePool().transfer("tls", nowhere, Op.READ, 1, SECRET, 0, memoryview(bytearray(1))))
 
 
 def test_a_stalled_owner_is_cut_off_when_the_transfer_times_out() -> None:

@@ -31,6 +31,7 @@ and settings through ``_config`` (``monarch.config``'s one-key getter).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import os
@@ -210,6 +211,15 @@ def lane_kind(detail: NetDetail) -> str:
     if detail.host == HOST:
         return "unix"
     return "messages" if detail.endpoint in _unreachable else "tls"
+
+
+def _lane_endpoint(kind: str, detail: NetDetail) -> Endpoint:
+    """The owner's endpoint as this process dials it: the TLS lane asked for between processes
+    of one host goes over loopback."""
+    assert detail.endpoint is not None
+    if kind == "tls" and detail.host == HOST:
+        return dataclasses.replace(detail.endpoint, addresses=("127.0.0.1",))
+    return detail.endpoint
 
 
 class RDMAManager(Actor):
@@ -450,8 +460,7 @@ class NetProvider:
     ) -> bool:  # fmt: skip
         """A read or write over data lanes: its chunks on up to ``window`` connections. False
         when the owner's TLS lane does not answer (the caller then takes the message lane)."""
-        assert detail.endpoint is not None
-        endpoint = detail.endpoint
+        endpoint = _lane_endpoint(kind, detail)
         max_chunk, window = _settings()
 
         def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
@@ -487,10 +496,9 @@ class NetProvider:
         kind = lane_kind(detail)
         try:
             if kind != "messages":
-                assert detail.endpoint is not None
                 try:
                     await _lanes.transfer(
-                        kind, detail.endpoint, Op.DROP, key.region, detail.secret, 0,
+                        kind, _lane_endpoint(kind, detail), Op.DROP, key.region, detail.secret, 0,
                         memoryview(b""),
                     )  # fmt: skip
                     return

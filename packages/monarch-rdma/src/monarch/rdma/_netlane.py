@@ -34,6 +34,7 @@ import collections
 import concurrent.futures
 import contextlib
 import datetime
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -530,8 +531,10 @@ class LanePool:
             return sock
         with self._lock:
             known = self._reachable.get(endpoint)
-        candidates = [known] if known else list(endpoint.addresses) or ["127.0.0.1"]
+        candidates = [known] if known else list(endpoint.addresses)
         failure: OSError | None = None
+        if not candidates:
+            raise OSError(errno.ENETUNREACH, "the owner's host offers no IPv4 address")
         for address in candidates:
             raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
