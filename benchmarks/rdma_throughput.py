@@ -15,15 +15,22 @@ Two roles in one file:
   1 MiB buffer, each into a tensor of its own, built once and submitted again and again (32 MiB
   per submission, the operations run in parallel).
 * the driver (default): runs the sides ``ref`` (the reference interpreter, its TCP fallback here:
-  no RDMA device), ``shm`` and ``net`` (this project, with ``MONARCH_RDMA_DISABLE_SHM=1`` for
-  ``net``) one after the other, ``--rounds`` times (``ref shm net ref shm net ...``), and
-  reports per figure the median MB/s of each side and the ratios ours / reference: the median
-  of the per-round ratios (sides of one round ran back to back, on about the same load) and
-  their min-max (the noise).
+  no RDMA device), ``shm`` and the ``net`` provider (this project, with
+  ``MONARCH_RDMA_DISABLE_SHM=1``) on each of its lanes: ``net`` (its choice between two
+  processes of one host: the Unix data lane), ``net-tls`` (``MONARCH_RDMA_NET_LANE=tls``: the
+  TLS data lane that serves across hosts, here over loopback) and ``net-msg``
+  (``MONARCH_RDMA_NET_LANE=messages``: chunks as actor messages, the path under ``force_quic``),
+  one after the other, ``--rounds`` times (``ref shm net net-tls net-msg ref ...``), plus the
+  *floors* of the data lanes in each round: a raw Unix stream socket and a raw TLS 1.3 socket
+  (Python's ``ssl``) moving the same bytes between two processes (a ``recv_into`` loop into
+  one buffer; what a lane cannot beat). It reports per figure the median MB/s of each side and
+  the ratios ours / reference: the median of the per-round ratios (sides of one round ran back
+  to back, on about the same load) and their min-max (the noise).
 
     python benchmarks/rdma_throughput.py                    # 3 rounds, Markdown table
     python benchmarks/rdma_throughput.py --rounds 5 --json out.json
     python benchmarks/rdma_throughput.py --side shm         # one side, one JSON line
+    python benchmarks/rdma_throughput.py --sides ref,net     # only some sides (and the floors)
 
 The driver needs the reference interpreter (``--ref``, default ``/work/ref/bin/python``) and
 runs this project from the repository's ``packages/*/src`` (``--ours`` interpreter, default the
@@ -34,12 +41,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
 import importlib
 import json
 import os
+import socket
+import ssl
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -53,6 +64,11 @@ WARMUP = 2
 MAKES = 3
 ROOT = Path(__file__).resolve().parent.parent
 _memmove = ctypes.memmove  # the baseline: one plain single-threaded memcpy in the client
+SIDES = ("ref", "shm", "net", "net-tls", "net-msg")
+#: ``MONARCH_RDMA_NET_LANE`` of each side of the net provider.
+NET_LANES = {"net": "auto", "net-tls": "tls", "net-msg": "messages"}
+FLOOR_SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20}
+FLOOR_REPEATS = {"1MiB": 40, "64MiB": 6}
 
 
 try:  # the sides need these; the driver does not
@@ -144,14 +160,16 @@ def _action(buffer: Any) -> dict[str, Any]:
 def _run_side(python: str, side: str, timeout: float) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("MONARCH_RDMA_DISABLE_SHM", None)
+    env.pop("MONARCH_RDMA_NET_LANE", None)
     if side == "ref":
         env.pop("PYTHONPATH", None)
     else:
         env["PYTHONPATH"] = os.pathsep.join(
             str(p) for p in sorted((ROOT / "packages").glob("*/src"))
         )
-        if side == "net":
+        if side in NET_LANES:
             env["MONARCH_RDMA_DISABLE_SHM"] = "1"
+            env["MONARCH_RDMA_NET_LANE"] = NET_LANES[side]
     result = subprocess.run(
         [python, str(Path(__file__).resolve()), "--side", side],
         env=env,
@@ -168,32 +186,131 @@ def _run_side(python: str, side: str, timeout: float) -> dict[str, Any]:
     return record
 
 
-def _table(rounds: list[dict[str, dict[str, Any]]]) -> str:
+def _certificate(directory: str) -> str:
+    """A throw-away self-signed certificate and key (PEM) for the raw TLS floor."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "floor")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256())
+    )  # fmt: skip
+    path = os.path.join(directory, "floor.pem")
+    Path(path).write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return path
+
+
+def _floor(kind: str, nbytes: int, repeats: int) -> float:
+    """MB/s of a raw ``kind`` (``unix``, ``tls``) stream socket moving ``nbytes`` from a forked
+    process into one buffer of this one (``recv_into``), one request byte per transfer."""
+    if kind == "unix":
+        mine, theirs = socket.socketpair()
+    else:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            mine = socket.create_connection(listener.getsockname())
+            theirs, _ = listener.accept()
+    with tempfile.TemporaryDirectory() as directory:
+        pem = _certificate(directory) if kind == "tls" else ""
+        pid = os.fork()
+        if pid == 0:  # the sender
+            try:
+                mine.close()
+                peer: socket.socket = theirs
+                if kind == "tls":
+                    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                    server.load_cert_chain(pem)
+                    peer = server.wrap_socket(theirs, server_side=True)
+                source = memoryview(bytearray(b"\x07" * nbytes))
+                while peer.recv(1):
+                    peer.sendall(source)
+            finally:
+                os._exit(0)
+        theirs.close()
+        conn: socket.socket = mine
+        try:
+            if kind == "tls":
+                client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                client.check_hostname = False
+                client.verify_mode = ssl.CERT_NONE
+                conn = client.wrap_socket(mine)
+            conn.settimeout(60)
+            target = memoryview(bytearray(nbytes))
+            times = []
+            for i in range(WARMUP + repeats):
+                started = time.perf_counter()
+                conn.sendall(b"r")
+                got = 0
+                while got < nbytes:
+                    got += conn.recv_into(target[got:], nbytes - got)
+                if i >= WARMUP:
+                    times.append(time.perf_counter() - started)
+        finally:
+            conn.close()
+            os.waitpid(pid, 0)
+    return nbytes / statistics.median(times) / 1e6
+
+
+def _floors() -> dict[str, Any]:
+    return {
+        f"{kind}_{label}_MBps": _floor(kind, nbytes, FLOOR_REPEATS[label])
+        for kind in ("unix", "tls")
+        for label, nbytes in FLOOR_SIZES.items()
+    }
+
+
+def _table(rounds: list[dict[str, dict[str, Any]]], sides: list[str]) -> str:
+    ours = [side for side in sides if side != "ref"]
     figures = [k for k in rounds[0]["ref"] if k.endswith("_MBps") and not k.startswith("memcpy")]
     figures += [k for k in rounds[0]["ref"] if k.startswith("register_")]
     rows = [
-        "| figure | reference | shm | net | shm vs ref (min-max) | net vs ref (min-max) |",
-        "|---|---|---|---|---|---|",
-    ]
+        "| figure | " + " | ".join(["reference", *ours]) + " | "
+        + " | ".join(f"{side} vs ref (min-max)" for side in ours) + " |",
+        "|---|" + "---|" * (1 + 2 * len(ours)),
+    ]  # fmt: skip
     for figure in figures:
-        med = {s: statistics.median(r[s][figure] for r in rounds) for s in ("ref", "shm", "net")}
+        med = {s: statistics.median(r[s][figure] for r in rounds) for s in sides}
         unit = "MB/s" if figure.endswith("_MBps") else "ms"
         name = figure.removesuffix("_MBps").removesuffix("_ms")
-        cells = [f"{name} ({unit})", *(f"{med[s]:,.1f}" for s in ("ref", "shm", "net"))]
-        for side in ("shm", "net"):
+        cells = [f"{name} ({unit})", *(f"{med[s]:,.1f}" for s in sides)]
+        for side in ours:
             if unit == "ms":  # a time: the ratio is ref / ours, so above 1 is faster too
                 ratios = [r["ref"][figure] / r[side][figure] for r in rounds]
             else:
                 ratios = [r[side][figure] / r["ref"][figure] for r in rounds]
             cells.append(f"{statistics.median(ratios):.1f}x ({min(ratios):.1f}-{max(ratios):.1f})")
         rows.append("| " + " | ".join(cells) + " |")
-    for label in SIZES:
-        ratios = [r["shm"][f"read_{label}_MBps"] / r["shm"][f"memcpy_{label}_MBps"] for r in rounds]
-        memcpy = statistics.median(r["shm"][f"memcpy_{label}_MBps"] for r in rounds)
+    blank = " |" * (2 * len(ours))
+
+    def ratio_row(title: str, side: str, figure: str, base: str, baseline: str) -> None:
+        ratios = [r[side][figure] / r[base][baseline] for r in rounds]
+        rate = statistics.median(r[base][baseline] for r in rounds)
         rows.append(
-            f"| shm read {label} / memcpy in the client ({memcpy:,.0f} MB/s) | | | | "
-            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | |"
+            f"| {side} {title} / {baseline.removesuffix('_MBps')} ({rate:,.0f} MB/s) | "
+            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}){blank}"
         )
+
+    if "shm" in sides:
+        for label in SIZES:
+            ratio_row(f"read {label}", "shm", f"read_{label}_MBps", "shm", f"memcpy_{label}_MBps")
+    for side, kind in (("net", "unix"), ("net-tls", "tls")):
+        if side in sides:
+            for label in FLOOR_SIZES:
+                for op in ("read", "write"):
+                    figure = f"{op}_{label}_MBps"
+                    ratio_row(f"{op} {label}", side, figure, "floor", f"{kind}_{label}_MBps")
     return "\n".join(rows)
 
 
@@ -205,29 +322,39 @@ def main() -> None:
     parser.add_argument("--ours", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side")
     parser.add_argument("--json", help="write every round's records here")
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated, ref first")
     args = parser.parse_args()
     if args.side:
         print(json.dumps(_side()), flush=True)
         return
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    if not sides or sides[0] != "ref" or not set(sides) <= set(SIDES):
+        parser.error(f"--sides: 'ref' first, then some of {SIDES[1:]}")
     rounds: list[dict[str, dict[str, Any]]] = []
+    started_load = os.getloadavg()[0]
     for number in range(args.rounds):
         record = {}
-        for side in ("ref", "shm", "net"):
+        for side in sides:
             python = args.ref if side == "ref" else args.ours
             print(f"round {number + 1}/{args.rounds}: {side}", file=sys.stderr, flush=True)
             record[side] = _run_side(python, side, args.timeout)
-        if record["shm"]["transport"] != "shm" or record["net"]["transport"] != "net":
-            raise RuntimeError(f"the sides did not use the providers named: {record}")
+            expected = "net" if side in NET_LANES else side
+            if side != "ref" and record[side]["transport"] != expected:
+                raise RuntimeError(f"side {side} used {record[side]['transport']}, not {expected}")
+        print(f"round {number + 1}/{args.rounds}: floors", file=sys.stderr, flush=True)
+        record["floor"] = _floors()
         rounds.append(record)
     if args.json:
         Path(args.json).write_text(json.dumps(rounds, indent=1))
     print(
-        f"{args.rounds} rounds (ref shm net, back to back), {os.cpu_count()} CPUs, load average "
+        f"load average {started_load:.1f} at the start; "
+        f"{args.rounds} rounds ({' '.join(sides)} floors, back to back), {os.cpu_count()} CPUs, "
+        f"load average "
         f"{os.getloadavg()[0]:.1f} at the end, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         "; speed-ups over the reference (above 1: ours is faster): median of the per-round "
         "ratios (min-max)\n"
     )
-    print(_table(rounds))
+    print(_table(rounds, sides))
 
 
 if __name__ == "__main__":

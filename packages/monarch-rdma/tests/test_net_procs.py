@@ -72,10 +72,18 @@ def test_the_client_reads_and_writes_a_buffer_of_another_process(actors: Any) ->
     assert holder.content.call_one().get(timeout=T) == b"new!" + content[4:]
 
 
-def test_large_transfers_are_chunked_with_several_chunks_in_flight(actors: Any) -> None:
+@pytest.mark.parametrize("lane", ["unix", "tls", "messages"])
+def test_large_transfers_are_chunked_with_several_chunks_in_flight(
+    actors: Any, lane: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every lane moves a chunked transfer intact; the data lanes without the owner's managers
+    (no actor of the owner's process runs), the message lane through them."""
+    monkeypatch.setenv("MONARCH_RDMA_NET_LANE", lane)
     holder, _, _, _ = actors
     content = _pattern(5 * (1 << 20) + 3, seed=1)
     buffer = holder.create.call_one(content).get(timeout=T)
+    manager = buffer._keys["net"].detail.managers[0]
+    before = manager.served.call_one().get(timeout=T)
     dst = bytearray(len(content))
     with configured(rdma_max_chunk_size_mb=1, rdma_net_chunks_in_flight=3):
         buffer.read_into(memoryview(dst)).get(timeout=T)  # six chunks, three in flight
@@ -83,19 +91,25 @@ def test_large_transfers_are_chunked_with_several_chunks_in_flight(actors: Any) 
         changed = _pattern(len(content), seed=2)
         buffer.write_from(memoryview(bytearray(changed))).get(timeout=T)
     assert holder.content.call_one().get(timeout=T) == changed
+    served = manager.served.call_one().get(timeout=T) - before
+    assert served == (12 if lane == "messages" else 0)
 
 
-def test_the_fallback_parallelism_spreads_chunks_over_that_many_managers(actors: Any) -> None:
-    """``rdma_tcp_fallback_parallelism`` in the owner's process: the buffer is served by that
-    many managers (each its own actor thread), and a transfer's chunks go round-robin."""
+def test_the_fallback_parallelism_spreads_chunks_over_that_many_managers(
+    actors: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the message lane, ``rdma_tcp_fallback_parallelism`` in the owner's process: the
+    buffer is served by that many managers (each its own actor thread), and a transfer's chunks
+    go round-robin."""
+    monkeypatch.setenv("MONARCH_RDMA_NET_LANE", "messages")  # this (transferring) process
     holder, _, _, _ = actors
     content = _pattern(6 * (1 << 20), seed=7)
     single = holder.create_with.call_one(content[:10], {}).get(timeout=T)
-    assert len(single._keys["net"].detail) == 1  # the default: one stream
+    assert len(single._keys["net"].detail.managers) == 1  # the default: one stream
     buffer = holder.create_with.call_one(content, {"rdma_tcp_fallback_parallelism": 3}).get(
         timeout=T
     )
-    managers = buffer._keys["net"].detail
+    managers = buffer._keys["net"].detail.managers
     assert len(managers) == 3
     before = [m.served.call_one().get(timeout=T) for m in managers]
     dst = bytearray(len(content))

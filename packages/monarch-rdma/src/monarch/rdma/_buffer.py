@@ -17,15 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import threading
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from monarch.actor import Future, context, returns_future
 from monarch.rdma._config import setting
+from monarch.rdma._host import HOST
 from monarch.rdma._ibverbs import is_ibverbs_available, unavailable_reason
 from monarch.rdma._memory import LocalMemory, _torch_tensor_type, local_memory, validate_timeout
 from monarch.rdma._provider import (
@@ -68,22 +67,7 @@ _fallback_warned = False
 _fallback_lock = threading.Lock()
 
 
-def _host_identity() -> str:
-    """This host's identity: its name, boot id (a rebooted host is another host) and network
-    namespace (the ``shm`` provider's abstract sockets are per network namespace, so two
-    namespaces of one machine count as two hosts)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
-    except OSError:
-        boot = ""
-    try:
-        netns = str(os.stat("/proc/self/ns/net").st_ino)
-    except OSError:
-        netns = ""
-    return f"{socket.gethostname()}/{boot}/{netns}"
-
-
-_HOST: Final = _host_identity()
+_HOST: Final = HOST
 
 
 def _usable() -> dict[str, ProviderSpec]:

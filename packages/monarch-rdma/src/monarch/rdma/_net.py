@@ -1,22 +1,28 @@
-"""The ``net`` provider: one-sided transfers served by a per-process RDMA manager actor.
+"""The ``net`` provider: one-sided transfers over data lanes served by threads of the owner's
+process, or over actor messages to its RDMA managers.
 
 Theory of operation. Registering memory puts a flat byte ``memoryview`` into this Python
-process's region table under a random 63-bit number and returns a ``RemoteKey`` that carries
-that number and the process's *manager*: an ``RDMAManager`` actor spawned once per process on
-``this_proc()`` (from a short-lived thread, so that it belongs to the process and not to the
-actor that happened to register first; a forked child forgets its parent's manager and
-regions). The manager runs on its own actor thread, so the owner's user actors never take part
-in a transfer: they may be busy or blocked meanwhile.
+process's region table under a random 63-bit number and a 128-bit secret and returns a
+``RemoteKey`` whose detail (``NetDetail``) names the process's data-lane server (``_netlane``:
+an abstract Unix socket and a TLS port, with its certificate's fingerprint) and its RDMA
+*managers* (``RDMAManager`` actors spawned once per process on ``this_proc()``, from a
+short-lived thread so that they belong to the process; a forked child forgets its parent's
+server, managers and regions).
 
-A registration is served by ``rdma_tcp_fallback_parallelism`` managers of its process (each an
-actor of its own, so each its own thread; the key names them all). A transfer is cut into chunks
-(``plan_chunks``, pure) of at most ``rdma_max_chunk_size_mb`` MiB, sent to the managers
-round-robin, and at most ``rdma_net_chunks_in_flight`` of them (at least one per manager) are
-outstanding at once: a read asks the
-manager for ``(region, offset, length)`` and copies the answer into the destination; a write
-sends ``(region, offset, bytes)``. The bytes travel out of band in the actor messages (direct
-lanes: shared memory within a host, TLS over TCP across hosts; or QUIC), copied once on each
-side. Memory in flight is bounded by window x chunk on both sides.
+A transfer takes a *lane* (``lane_kind``): ``unix`` when both processes are on one host (same
+boot id and network namespace), ``tls`` across hosts, ``messages`` when the transferring
+process has ``force_quic`` set (every message on QUIC). ``MONARCH_RDMA_NET_LANE`` (``auto``,
+``unix``, ``tls``, ``messages``; for tests and benchmarks) chooses one explicitly.
+
+On a data lane the bytes move straight between the two memories (the owner's server thread
+sends a slice of the registered memory, the reader receives into the destination; a write goes
+the other way), chunked (``plan_lane_chunks``) over up to ``rdma_net_chunks_in_flight``
+connections at once, each chunk blocking socket I/O in a thread of the transferring process. On
+the message lane a chunk is one actor call to a manager (the bytes out of band in the message:
+a direct lane's memfd slot within a host, TLS across hosts, or QUIC), at most
+``rdma_max_chunk_size_mb`` and ``MAX_PIPELINE_CHUNK`` bytes, round-robin over
+``rdma_tcp_fallback_parallelism`` managers. Either way the owner's user actors never run: lane
+threads and manager actors serve.
 
 Everything here uses monarch-actor's public API only (``Actor``, ``endpoint``, ``this_proc``),
 and settings through ``_config`` (``monarch.config``'s one-key getter).
@@ -25,6 +31,9 @@ and settings through ``_config`` (``monarch.config``'s one-key getter).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hmac
+import logging
 import os
 import secrets
 import threading
@@ -34,18 +43,25 @@ from typing import Any, Final
 
 from monarch.actor import Actor, ActorError, endpoint, this_proc
 from monarch.rdma._config import setting
+from monarch.rdma._host import HOST
+from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone, Unreachable
+from monarch.rdma._netwire import SECRET_SIZE, Op
 from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
 
 __all__ = [
+    "LANE_CHUNK",
     "MAX_PIPELINE_CHUNK",
     "MAX_STREAMS",
     "MIN_CHUNK",
     "NAME",
+    "NetDetail",
     "NetProvider",
     "SPEC",
     "RDMAManager",
+    "lane_kind",
     "managers",
     "plan_chunks",
+    "plan_lane_chunks",
 ]
 
 NAME: Final = "net"
@@ -57,6 +73,11 @@ MIN_CHUNK: Final = 1 << 20
 #: between two processes: 16 MiB chunks (4 in flight) 0.17-0.29 GB/s, 4 MiB chunks 0.55-1.2.
 MAX_PIPELINE_CHUNK: Final = 4 << 20
 _MIB: Final = 1 << 20
+_log = logging.getLogger("monarch.rdma.net")
+#: The largest chunk of a data-lane transfer: no copy is made of it (it is a slice of the
+#: source or destination), so a chunk is only the unit of load balancing over connections.
+LANE_CHUNK: Final = 16 << 20
+_LANES: Final = ("auto", "unix", "tls", "messages")
 
 
 def plan_chunks(total: int, max_chunk: int, window: int) -> list[tuple[int, int]]:
@@ -72,10 +93,40 @@ def plan_chunks(total: int, max_chunk: int, window: int) -> list[tuple[int, int]
     return [(offset, min(size, total - offset)) for offset in range(0, total, size)]
 
 
+def plan_lane_chunks(total: int, max_chunk: int, window: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the chunks of a ``total``-byte data-lane transfer: one chunk up
+    to ``2 * MIN_CHUNK`` bytes (the latency case: one request, one reply); above, at least
+    ``window`` chunks (so that ``window`` connections share the work) of at least ``MIN_CHUNK``
+    bytes; every chunk at most ``max_chunk`` (``rdma_max_chunk_size_mb``) and ``LANE_CHUNK``
+    bytes; none for ``total == 0``."""
+    if total < 0 or max_chunk < 1 or window < 1:
+        raise ValueError(f"bad chunk plan ({total=}, {max_chunk=}, {window=})")
+    if total == 0:
+        return []
+    limit = min(max_chunk, LANE_CHUNK)
+    if total <= min(2 * MIN_CHUNK, limit):
+        return [(0, total)]
+    size = min(limit, max(MIN_CHUNK, -(-total // window)))
+    return [(offset, min(size, total - offset)) for offset in range(0, total, size)]
+
+
+@dataclass(frozen=True, slots=True)
+class NetDetail:
+    """The ``net`` part of a ``RemoteKey``: the owner's ``managers`` (actor references, the
+    message lane), its data-lane ``endpoint`` (``None`` where its server could not start), its
+    ``host`` identity and the registration's ``secret``."""
+
+    managers: tuple[Any, ...]
+    endpoint: Endpoint | None
+    host: str
+    secret: bytes
+
+
 @dataclass(slots=True)
 class _Region:
     view: memoryview
     owner: str
+    secret: bytes = b""
 
 
 _regions: dict[int, _Region] = {}
@@ -99,6 +150,76 @@ def _check_range(region: _Region, number: int, offset: int, length: int) -> None
             f"RDMA region {number}: bytes [{offset}, {offset + length}) are outside its "
             f"{region.view.nbytes} bytes"
         )
+
+
+def _lookup(number: int, secret: bytes) -> memoryview | str:
+    """The lane server's view of the region table: the memory, or why not."""
+    with _regions_lock:
+        region = _regions.get(number)
+    if region is None or not hmac.compare_digest(region.secret, secret):
+        return (
+            f"RDMA region {number} is not registered in this process: the buffer was dropped, "
+            "or its owner's process restarted"
+        )
+    return region.view
+
+
+def _drop_region(number: int, secret: bytes) -> None:
+    with _regions_lock:
+        region = _regions.get(number)
+        if region is not None and hmac.compare_digest(region.secret, secret):
+            del _regions[number]
+
+
+_server: LaneServer | None = None
+_server_failed = False
+_server_lock = threading.Lock()
+_lanes = LanePool()
+
+
+def _endpoint() -> Endpoint | None:
+    """This process's data-lane server's endpoint (started on first use; ``None`` where it
+    cannot start: transfers then take the message lane)."""
+    global _server, _server_failed
+    with _server_lock:
+        if _server is None and not _server_failed:
+            try:
+                _server = LaneServer(_lookup, _drop_region)
+            except (OSError, ImportError) as exc:
+                _server_failed = True
+                _log.warning("RDMA net: no data lanes in this process (%s); messages serve", exc)
+        return None if _server is None else _server.endpoint
+
+
+#: Owners whose TLS lane did not answer (a firewall, no common address family): the message
+#: lane serves them (bounded: forgotten, and tried again, when full).
+_unreachable: set[Endpoint] = set()
+_MAX_UNREACHABLE: Final = 1024
+
+
+def lane_kind(detail: NetDetail) -> str:
+    """The lane a transfer through ``detail`` takes from this process (module docstring)."""
+    chosen = os.environ.get("MONARCH_RDMA_NET_LANE", "auto").strip().lower() or "auto"
+    if chosen not in _LANES:
+        raise RuntimeError(f"MONARCH_RDMA_NET_LANE={chosen!r}: expected one of {_LANES}")
+    if detail.endpoint is None or chosen == "messages":
+        return "messages"
+    if chosen in ("unix", "tls"):
+        return chosen  # asked for explicitly: even under force_quic
+    if setting("force_quic"):
+        return "messages"
+    if detail.host == HOST:
+        return "unix"
+    return "messages" if detail.endpoint in _unreachable else "tls"
+
+
+def _lane_endpoint(kind: str, detail: NetDetail) -> Endpoint:
+    """The owner's endpoint as this process dials it: the TLS lane asked for between processes
+    of one host goes over loopback."""
+    assert detail.endpoint is not None
+    if kind == "tls" and detail.host == HOST:
+        return dataclasses.replace(detail.endpoint, addresses=("127.0.0.1",))
+    return detail.endpoint
 
 
 class RDMAManager(Actor):
@@ -183,11 +304,15 @@ def manager() -> Any:
 def _forget_after_fork() -> None:
     """A forked child (monarch's zygote forks workers from a copy of the client) has its own
     memory and must spawn its own manager: it drops the parent's manager and regions."""
-    global _manager_lock, _regions_lock
+    global _manager_lock, _regions_lock, _server, _server_failed, _server_lock, _lanes
     _manager_lock = threading.Lock()  # a fork while another thread held them left them held
     _regions_lock = threading.Lock()
+    _server_lock = threading.Lock()
+    _server, _server_failed = None, False  # its threads do not exist in the child
+    _lanes = LanePool()  # nor its threads and connections
     _managers.clear()
     _regions.clear()
+    _unreachable.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -205,7 +330,8 @@ def _streams() -> int:
 
 
 async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> None:
-    """Run ``jobs`` with at most ``window`` outstanding; the first failure cancels the rest."""
+    """Run ``jobs`` with at most ``window`` outstanding; the first failure (or a cancellation:
+    the transfer's timeout) cancels the rest and waits until they have stopped."""
     pending: set[asyncio.Task[None]] = set()
     queue = iter(jobs)
     try:
@@ -225,6 +351,8 @@ async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> No
         for task in pending:
             task.cancel()
             task.add_done_callback(_retrieve)
+        if pending:  # each stops its I/O first: nothing is written once the caller has the error
+            await asyncio.wait(pending)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
@@ -233,12 +361,15 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-def _managers_of(key: RemoteKey) -> tuple[Any, ...]:
+def _detail(key: RemoteKey) -> NetDetail:
     detail = key.detail
-    mgrs = tuple(detail) if isinstance(detail, tuple | list) else (detail,)
-    if not mgrs:
-        raise RuntimeError(f"RDMA region {key.region}: its key names no manager")
-    return mgrs
+    if not isinstance(detail, NetDetail) or not detail.managers:
+        raise RuntimeError(f"RDMA region {key.region}: not a {NAME} key ({detail!r})")
+    return detail
+
+
+def _managers_of(key: RemoteKey) -> tuple[Any, ...]:
+    return _detail(key).managers
 
 
 def _failed(what: str, key: RemoteKey, exc: BaseException) -> RuntimeError:
@@ -252,16 +383,24 @@ class NetProvider:
 
     def register(self, memory: memoryview, *, owner: str) -> RemoteKey:
         mgrs = managers(_streams())
+        endpoint = _endpoint()
+        secret = secrets.token_bytes(SECRET_SIZE)
         with _regions_lock:
             number = secrets.randbits(63)
             while number in _regions:
                 number = secrets.randbits(63)
-            _regions[number] = _Region(memory, owner)
-        return RemoteKey(NAME, number, memory.nbytes, mgrs)
+            _regions[number] = _Region(memory, owner, secret)
+        return RemoteKey(NAME, number, memory.nbytes, NetDetail(mgrs, endpoint, HOST, secret))
 
     async def read(self, key: RemoteKey, offset: int, dst: memoryview) -> None:
+        detail = _detail(key)
+        kind = lane_kind(detail)
+        if kind != "messages" and await self._on_lane(
+            kind, "read", Op.READ, key, detail, offset, dst
+        ):
+            return
         max_chunk, window = _settings()
-        mgrs = _managers_of(key)
+        mgrs = detail.managers
         window = max(window, len(mgrs))
 
         def job(index: int, start: int, length: int) -> Callable[[], Awaitable[None]]:
@@ -287,8 +426,14 @@ class NetProvider:
             raise _failed("read", key, exc) from exc
 
     async def write(self, key: RemoteKey, offset: int, src: memoryview) -> None:
+        detail = _detail(key)
+        kind = lane_kind(detail)
+        if kind != "messages" and await self._on_lane(
+            kind, "write", Op.WRITE, key, detail, offset, src
+        ):
+            return
         max_chunk, window = _settings()
-        mgrs = _managers_of(key)
+        mgrs = detail.managers
         window = max(window, len(mgrs))
 
         def job(index: int, start: int, length: int) -> Callable[[], Awaitable[None]]:
@@ -309,9 +454,57 @@ class NetProvider:
         except (ActorError, RuntimeError) as exc:
             raise _failed("write", key, exc) from exc
 
-    async def deregister(self, key: RemoteKey) -> None:
+    async def _on_lane(
+        self, kind: str, what: str, op: Op, key: RemoteKey, detail: NetDetail, offset: int,
+        view: memoryview,
+    ) -> bool:  # fmt: skip
+        """A read or write over data lanes: its chunks on up to ``window`` connections. False
+        when the owner's TLS lane does not answer (the caller then takes the message lane)."""
+        endpoint = _lane_endpoint(kind, detail)
+        max_chunk, window = _settings()
+
+        def job(start: int, length: int) -> Callable[[], Awaitable[None]]:
+            def run() -> Awaitable[None]:
+                return _lanes.transfer(
+                    kind, endpoint, op, key.region, detail.secret, offset + start,
+                    view[start : start + length],
+                )  # fmt: skip
+
+            return run
+
         try:
-            await _managers_of(key)[0].drop.call_one(key.region)
+            await _bounded(
+                [job(s, n) for s, n in plan_lane_chunks(view.nbytes, max_chunk, window)], window
+            )
+        except Unreachable as exc:
+            if len(_unreachable) >= _MAX_UNREACHABLE:
+                _unreachable.clear()
+            _unreachable.add(endpoint)
+            _log.warning("RDMA net: %s; the message lane serves this owner from now on", exc)
+            return False
+        except OwnerGone as exc:
+            raise RuntimeError(
+                f"RDMA {what} of region {key.region} ({NAME} provider, {kind} lane) failed: the "
+                f"owner's process has exited or cannot be reached ({exc})"
+            ) from exc
+        except RuntimeError as exc:
+            raise _failed(what, key, exc) from exc
+        return True
+
+    async def deregister(self, key: RemoteKey) -> None:
+        detail = _detail(key)
+        kind = lane_kind(detail)
+        try:
+            if kind != "messages":
+                try:
+                    await _lanes.transfer(
+                        kind, _lane_endpoint(kind, detail), Op.DROP, key.region, detail.secret, 0,
+                        memoryview(b""),
+                    )  # fmt: skip
+                    return
+                except Unreachable:
+                    pass  # the message lane below
+            await detail.managers[0].drop.call_one(key.region)
         except (ActorError, RuntimeError) as exc:
             raise _failed("drop", key, exc) from exc
 

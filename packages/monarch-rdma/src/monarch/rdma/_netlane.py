@@ -1,0 +1,587 @@
+"""The ``net`` provider's data lanes: one-sided transfers over sockets, served by threads.
+
+Why: a chunk sent as an actor message is copied three or four times (into the message, the
+lane's slot or TLS record, out of it, into the destination) and hops between the runtime loop
+and the manager's actor thread on both sides. A data lane moves the bytes straight between the
+two memories: the owner's server thread ``sendall``s a ``memoryview`` slice of the registered
+memory and the reader ``recv_into``s the destination slice (a write goes the other way), so the
+only copies are the kernel's (and TLS's encryption across hosts), and no actor thread of the
+owner runs.
+
+The owner (``LaneServer``, one per process, started with its first registration) listens on
+an abstract Unix socket (within a host; the peer must run as the same user, ``SO_PEERCRED``) and
+on a TCP port with TLS 1.3 (across hosts). Its TLS certificate is a fresh self-signed one made
+at start; the key carries its SHA-256 fingerprint, and the connecting side checks it before it
+sends anything (the key travels only inside authenticated actor messages, so this pins the
+owner's process). A request names the region and carries the registration's 128-bit secret,
+also from the key. Each connection is served by a thread of its own (at most
+``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'s.
+
+The process that transfers (``LanePool``) keeps idle connections per owner endpoint (at most
+``MAX_IDLE`` each, ``MAX_IDLE_TOTAL`` in all) and runs every chunk as blocking socket I/O in a
+thread of a bounded pool (``recv_into``/``sendall`` release the GIL), so several chunks of one
+transfer run at once on several connections. A chunk cancelled (its transfer's timeout passed)
+shuts its socket down, which ends the blocked call at once, and waits for the thread before it
+lets the cancellation through: once the caller has its error, nothing more is written into
+either memory. A connection refused, or one that ends mid-request, is the owner's death:
+``OwnerGone`` (a ``RuntimeError``); a refusal by a live owner (a dropped region) is its message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import datetime
+import errno
+import fcntl
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from monarch.rdma._netwire import (
+    REPLY_SIZE,
+    REQUEST_SIZE,
+    Op,
+    WireError,
+    decode_reply,
+    decode_request,
+    encode_error,
+    encode_ok,
+    encode_request,
+)
+
+__all__ = [
+    "IDLE_TIMEOUT",
+    "IO_TIMEOUT",
+    "MAX_CONNECTIONS",
+    "MAX_IDLE",
+    "MAX_IDLE_TOTAL",
+    "Endpoint",
+    "LanePool",
+    "LaneServer",
+    "Lookup",
+    "OwnerGone",
+    "Unreachable",
+    "host_addresses",
+]
+
+_log = logging.getLogger("monarch.rdma.net")
+#: Connections one owner process serves at once (each a thread); more are closed at once.
+MAX_CONNECTIONS: Final = 64
+#: Idle connections a transferring process keeps per owner endpoint, and in all.
+MAX_IDLE: Final = 8
+MAX_IDLE_TOTAL: Final = 256
+#: Seconds a socket call may block without progress before the connection is given up (the
+#: transfer's own timeout cancels sooner; this bounds a thread whose caller went away).
+IO_TIMEOUT: Final = 120.0
+CONNECT_TIMEOUT: Final = 5.0
+#: Seconds an owner keeps a connection with no request (its thread then ends); a connecting
+#: side whose kept connection was closed meanwhile retries once on a fresh one.
+IDLE_TIMEOUT: Final = 120.0
+_DRAIN: Final = 1 << 20
+_SIOCGIFADDR: Final = 0x8915
+
+#: ``lookup(region, secret)``: the registered memory, or an error message.
+Lookup = Callable[[int, bytes], "memoryview | str"]
+
+
+class OwnerGone(RuntimeError):
+    """The owner's process cannot be reached (it exited) or ended the connection."""
+
+
+class Unreachable(OwnerGone):
+    """No address of the owner's host answered on its TLS lane (not a refusal: a timeout, no
+    route): another path (the message lane) may still reach it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where an owner process's lane server listens: ``unix`` (abstract socket name, without
+    the leading NUL), ``port`` and ``addresses`` (its host's IPv4 addresses, loopback left out)
+    of the TLS listener, and ``fingerprint`` (SHA-256 of its certificate)."""
+
+    unix: str
+    port: int
+    addresses: tuple[str, ...]
+    fingerprint: bytes
+
+
+def host_addresses() -> tuple[str, ...]:
+    """This host's IPv4 interface addresses, loopback left out (``SIOCGIFADDR`` per interface)."""
+    found: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _index, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(
+                    probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15])
+                )
+            except OSError:
+                continue  # no IPv4 address
+            address = socket.inet_ntoa(raw[20:24])
+            if not address.startswith("127.") and address not in found:
+                found.append(address)
+    return tuple(found)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = bytearray(n)
+    _recv_into_all(sock, memoryview(data))
+    return bytes(data)
+
+
+def _recv_into_all(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, view.nbytes
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise OwnerGone("the connection ended mid-request")
+        got += k
+
+
+def _drain(sock: socket.socket, n: int) -> None:
+    scratch = memoryview(bytearray(min(n, _DRAIN)))
+    while n > 0:
+        k = sock.recv_into(scratch, min(n, scratch.nbytes))
+        if k == 0:
+            raise OwnerGone("the connection ended mid-request")
+        n -= k
+
+
+def _make_certificate() -> tuple[bytes, bytes]:
+    """A fresh self-signed ECDSA P-256 certificate: ``(PEM of certificate and key, DER)``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "monarch-rdma-net")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return pem, cert.public_bytes(serialization.Encoding.DER)
+
+
+def _server_context(pem: bytes) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    fd = os.memfd_create("monarch-rdma-net-identity", os.MFD_CLOEXEC)
+    try:  # never in the file system
+        os.write(fd, pem)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+    return context
+
+
+class LaneServer:
+    """One owner process's data-lane server (module docstring). ``lookup`` and ``drop`` reach
+    the process's region table; ``tcp_host`` is the address the TLS listener binds."""
+
+    def __init__(
+        self, lookup: Lookup, drop: Callable[[int, bytes], None], tcp_host: str = "0.0.0.0",
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:  # fmt: skip
+        self._lookup = lookup
+        self._drop = drop
+        self._idle_timeout = idle_timeout
+        self._lock = threading.Lock()
+        self._active = 0
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            name = f"monarch-rdma-net/{os.getpid()}/{secrets.token_hex(8)}"
+            unix.bind("\0" + name)
+            unix.listen(128)
+            tcp.bind((tcp_host, 0))
+            tcp.listen(128)
+            pem, der = _make_certificate()
+            self._tls = _server_context(pem)
+        except BaseException:
+            unix.close()
+            tcp.close()
+            raise
+        self._unix, self._tcp = unix, tcp
+        self.endpoint = Endpoint(
+            name,
+            tcp.getsockname()[1],
+            host_addresses() if tcp_host in ("0.0.0.0", "") else (tcp_host,),
+            hashlib.sha256(der).digest(),
+        )
+        for listener, tls in ((unix, False), (tcp, True)):
+            threading.Thread(
+                target=self._accept, args=(listener, tls), name="monarch-rdma-net-accept",
+                daemon=True,
+            ).start()  # fmt: skip
+
+    def close(self) -> None:
+        """Stop listening (connections being served finish their request)."""
+        for listener in (self._unix, self._tcp):
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+
+    def _accept(self, listener: socket.socket, tls: bool) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                full = self._active >= MAX_CONNECTIONS
+                if not full:
+                    self._active += 1
+            if full:
+                _log.warning("RDMA net lane: %d connections already, one refused", MAX_CONNECTIONS)
+                conn.close()
+                continue
+            threading.Thread(
+                target=self._serve, args=(conn, tls), name="monarch-rdma-net-serve", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket, tls: bool) -> None:
+        try:
+            conn.settimeout(IO_TIMEOUT)
+            if tls:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            else:
+                creds = conn.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+                )
+                pid, uid, _gid = struct.unpack("3i", creds)
+                if uid != os.getuid():
+                    _log.warning("RDMA net lane: refused pid %d of another user (uid %d)", pid, uid)
+                    return
+            while self._one(conn):
+                pass
+        except (OSError, WireError, OwnerGone) as exc:
+            _log.debug("RDMA net lane connection ended: %r", exc)
+        finally:
+            conn.close()
+            with self._lock:
+                self._active -= 1
+
+    def _one(self, conn: socket.socket) -> bool:
+        """Serve one request; False when the peer closed the connection."""
+        conn.settimeout(self._idle_timeout)  # between requests (a timeout ends the connection)
+        head = bytearray(REQUEST_SIZE)
+        first = conn.recv_into(head, REQUEST_SIZE)
+        if first == 0:
+            return False
+        conn.settimeout(IO_TIMEOUT)
+        if first < REQUEST_SIZE:
+            _recv_into_all(conn, memoryview(head)[first:])
+        request = decode_request(head)
+        if request.op is Op.DROP:
+            self._drop(request.region, request.secret)
+            conn.sendall(encode_ok())
+            return True
+        found = self._lookup(request.region, request.secret)
+        error = found if isinstance(found, str) else None
+        if isinstance(found, memoryview):
+            if request.offset + request.length > found.nbytes:
+                error = (
+                    f"RDMA region {request.region}: bytes [{request.offset}, "
+                    f"{request.offset + request.length}) are outside its {found.nbytes} bytes"
+                )
+            elif request.op is Op.WRITE and found.readonly:
+                error = f"RDMA region {request.region} is read-only memory: it cannot be written"
+        if request.op is Op.READ:
+            if error is not None:
+                conn.sendall(encode_error(error))
+                return True
+            assert isinstance(found, memoryview)
+            conn.sendall(encode_ok(request.length))
+            conn.sendall(found[request.offset : request.offset + request.length])
+            return True
+        if error is not None:
+            _drain(conn, request.length)  # stay in step: the payload follows the header
+            conn.sendall(encode_error(error))
+            return True
+        assert isinstance(found, memoryview)
+        _recv_into_all(conn, found[request.offset : request.offset + request.length])
+        conn.sendall(encode_ok())
+        return True
+
+
+class _Conn:
+    """One client connection; ``reused`` when it came from the pool (it may have gone stale)."""
+
+    __slots__ = ("reused", "sock")
+
+    def __init__(self, sock: socket.socket, reused: bool = False) -> None:
+        self.sock = sock
+        self.reused = reused
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _Stale(Exception):
+    """A kept connection failed before its reply began: the owner had closed it while idle."""
+
+
+class _Job:
+    """One chunk's I/O: ``cancel`` (from the caller's loop) shuts down the socket the thread
+    uses, or will use, so a blocked call ends at once; ``release`` (the thread, done with the
+    socket) takes it out of reach first, so a late cancel never touches a connection that went
+    back to the pool."""
+
+    __slots__ = ("cancelled", "lock", "sock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.sock: socket.socket | None = None
+
+    def track(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.sock = sock
+            cancelled = self.cancelled
+        if cancelled:
+            _shutdown(sock)
+            raise OwnerGone("cancelled")
+
+    def cancel(self) -> None:
+        with self.lock:  # under the lock: ``release`` cannot hand the socket on meanwhile
+            self.cancelled = True
+            if self.sock is not None:
+                _shutdown(self.sock)
+
+    def release(self) -> bool:
+        """The thread is done with its socket; False when the job was cancelled."""
+        with self.lock:
+            self.sock = None
+            return not self.cancelled
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the fd's, even under an SSLSocket
+
+
+class LanePool:
+    """The connecting side (module docstring): idle connections per endpoint, chunk I/O in a
+    bounded thread pool. ``tls`` makes even a same-host transfer go over TLS (to 127.0.0.1)."""
+
+    def __init__(self, threads: int = 16) -> None:
+        self._threads = threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._idle: dict[tuple[str, Endpoint], collections.deque[_Conn]] = {}
+        self._lock = threading.Lock()
+        self._client_tls: ssl.SSLContext | None = None
+        self._reachable: dict[Endpoint, str] = {}
+        self._idle_count = 0
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    self._threads, "monarch-rdma-net"
+                )
+            return self._executor
+
+    async def transfer(
+        self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes,
+        offset: int, view: memoryview,
+    ) -> None:  # fmt: skip
+        """One request (``op``) over a connection of ``kind`` (``"unix"``, ``"tls"``): a read
+        fills ``view`` from the region at ``offset``, a write stores ``view`` there, a drop
+        releases it (``view`` empty). ``RuntimeError`` with the owner's message when it
+        refuses; ``OwnerGone`` when it cannot be reached."""
+        loop = asyncio.get_running_loop()
+        state = _Job()
+        job = loop.run_in_executor(
+            self._pool(), self._blocking, kind, endpoint, op, region, secret, offset, view, state
+        )
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            state.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait([job])  # nothing touches ``view`` once we return
+            if job.done() and not job.cancelled():
+                job.exception()  # seen: no "exception never retrieved" noise
+            raise
+
+    def _blocking(
+        self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,
+        view: memoryview, state: _Job,
+    ) -> None:  # fmt: skip
+        conn = self._take(kind, endpoint, state)
+        try:
+            self._attempt(kind, endpoint, op, region, secret, offset, view, state, conn)
+        except _Stale:  # all requests are idempotent: once more, on a fresh connection
+            conn = self._take(kind, endpoint, state, fresh=True)
+            self._attempt(kind, endpoint, op, region, secret, offset, view, state, conn)
+
+    def _attempt(
+        self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,
+        view: memoryview, state: _Job, conn: _Conn,
+    ) -> None:  # fmt: skip
+        ok = replied = False
+        try:
+            sock = conn.sock
+            sock.settimeout(IO_TIMEOUT)
+            length = 0 if op is Op.DROP else view.nbytes
+            sock.sendall(encode_request(op, region, offset, length, secret))
+            if op is Op.WRITE:
+                sock.sendall(view)
+            reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
+            replied = True
+            if not reply.ok:
+                message = _recv_exact(sock, reply.length).decode("utf-8", "replace")
+                ok = True  # in step: the connection is reused
+                raise RuntimeError(message)
+            if op is Op.READ:
+                if reply.length != view.nbytes:
+                    raise WireError(
+                        f"asked for {view.nbytes} bytes, the owner sends {reply.length}"
+                    )
+                _recv_into_all(sock, view)
+            ok = True
+        except (OSError, WireError, OwnerGone) as exc:
+            if state.cancelled:
+                raise OwnerGone("cancelled") from exc
+            if conn.reused and not replied and not isinstance(exc, WireError):
+                raise _Stale() from exc
+            raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
+        finally:
+            if state.release() and ok:
+                self._give_back(kind, endpoint, conn)
+            else:
+                conn.close()
+
+    def _take(self, kind: str, endpoint: Endpoint, state: _Job, fresh: bool = False) -> _Conn:
+        conn = None
+        with self._lock:
+            idle = None if fresh else self._idle.get((kind, endpoint))
+            if idle:
+                conn = idle.pop()
+                conn.reused = True
+                self._idle_count -= 1
+                if not idle:
+                    del self._idle[(kind, endpoint)]
+        if conn is not None:
+            try:
+                state.track(conn.sock)
+            except OwnerGone:
+                conn.close()
+                raise
+            return conn
+        try:
+            return _Conn(self._connect(kind, endpoint, state))
+        except OSError as exc:
+            if kind == "tls" and not isinstance(
+                exc, ConnectionRefusedError | ssl.SSLError | ssl.CertificateError
+            ):
+                raise Unreachable(
+                    f"no address of the owner's host answers on its TLS lane: {exc!r}"
+                ) from exc
+            raise OwnerGone(
+                f"cannot reach the owner's process ({kind} lane): {exc!r}; it has exited"
+                if isinstance(exc, ConnectionRefusedError | FileNotFoundError)
+                else f"cannot reach the owner's process ({kind} lane): {exc!r}"
+            ) from exc
+
+    def _give_back(self, kind: str, endpoint: Endpoint, conn: _Conn) -> None:
+        with self._lock:
+            idle = self._idle.setdefault((kind, endpoint), collections.deque())
+            if len(idle) < MAX_IDLE and self._idle_count < MAX_IDLE_TOTAL:
+                idle.append(conn)
+                self._idle_count += 1
+                return
+        conn.close()
+
+    def _connect(self, kind: str, endpoint: Endpoint, state: _Job) -> socket.socket:
+        if kind == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                state.track(sock)
+                sock.settimeout(CONNECT_TIMEOUT)
+                sock.connect("\0" + endpoint.unix)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        with self._lock:
+            known = self._reachable.get(endpoint)
+        candidates = [known] if known else list(endpoint.addresses)
+        failure: OSError | None = None
+        if not candidates:
+            raise OSError(errno.ENETUNREACH, "the owner's host offers no IPv4 address")
+        for address in candidates:
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                state.track(raw)
+                raw.settimeout(CONNECT_TIMEOUT)
+                raw.connect((address, endpoint.port))
+            except OSError as exc:
+                raw.close()
+                failure = exc
+                continue
+            except BaseException:
+                raw.close()
+                raise
+            try:
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._tls_context().wrap_socket(raw)
+                state.track(sock)
+                der = sock.getpeercert(binary_form=True) or b""
+                if not hmac.compare_digest(hashlib.sha256(der).digest(), endpoint.fingerprint):
+                    sock.close()
+                    raise ssl.SSLError("the owner's TLS certificate is not the one in its key")
+            except BaseException:
+                raw.close()
+                raise
+            with self._lock:
+                if len(self._reachable) >= MAX_IDLE_TOTAL:
+                    self._reachable.clear()  # a cache: bounded, refilled on use
+                self._reachable[endpoint] = address
+            return sock
+        assert failure is not None
+        raise failure
+
+    def _tls_context(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._client_tls is None:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.minimum_version = ssl.TLSVersion.TLSv1_3
+                context.check_hostname = False  # pinned instead: the key's fingerprint
+                context.verify_mode = ssl.CERT_NONE
+                self._client_tls = context
+            return self._client_tls
+
+    def close_idle(self) -> None:
+        """Close every idle connection (tests; a process exit closes them anyway)."""
+        with self._lock:
+            conns = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+            self._idle_count = 0
+        for conn in conns:
+            conn.close()
