@@ -4,6 +4,7 @@ memory, TLS over TCP, failure and hostile peers (real Nodes on an in-process net
 from __future__ import annotations
 
 import asyncio
+import gc
 import mmap
 import socket
 import sys
@@ -111,16 +112,62 @@ def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Clu
     assert bytes(buffers[1]) == b"abc"
     lane = a.transport._peers[b.transport.pid.raw].lane
     assert isinstance(lane, UnixLane)
-    wait_for(lambda: lane.shm_outstanding == 0)  # the receiver acknowledged the slot
+    # The mapping is the slot: it stays the receiver's (unacknowledged) while the object lives
+    time.sleep(0.05)
+    assert lane.shm_outstanding == 1 << 20
+    buffers[0][0] = 7  # private: the receiver's write never reaches the slot
+    del buffers
+    b.got.clear()
+    gc.collect()
+    wait_for(lambda: lane.shm_outstanding == 0)  # freed: the receiver acknowledged the slot
     frozen = bytes(range(256)) * 2048
     for i in range(20):  # the slot is reused, never rewritten while in flight
         a.transport.send(
             with_buffers(envelope(a, b.transport.pid, 2 + i), [frozen]), [memoryview(frozen)]
         )
-    b.wait("got", 21)
-    assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got[1:])
-    assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got[1:])
+    b.wait("got", 20)
+    assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got)
+    assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got)
     assert lane.pool.issued == 21  # every large buffer went through a slot
+    assert lane.pool.detached_issued == 0  # and a pooled one: copied out, acknowledged at once
+    wait_for(lambda: lane.shm_outstanding == 0)
+
+
+def test_a_held_mapping_sends_later_buffers_in_detached_slots_then_recycles() -> None:
+    """The receiver keeps an array rebuilt over a slot: over the bound the sender uses fresh
+    (detached) slots, acknowledged on receipt; once the array is freed the pooled slot is
+    reused."""
+    c = Cluster(lane_settings=LaneSettings(shm_threshold=1024, max_shm_bytes=128 * 1024))
+    try:
+        root = c.add()
+        a, b = c.add(root), c.add(root)
+        on_lane(a, b)
+        lane = a.transport._peers[b.transport.pid.raw].lane
+        assert isinstance(lane, UnixLane)
+        data = bytearray(range(256)) * 400  # 100 KiB: a 128 KiB slot, the whole bound
+        for i in range(3):
+            data[0] = i
+            a.transport.send(
+                with_buffers(envelope(a, b.transport.pid, i), [data]), [memoryview(data)]
+            )
+            b.wait("got", i + 1)
+            # the first is held by the receiver; a detached one is acknowledged on receipt
+            wait_for(lambda: lane.shm_outstanding == 128 * 1024)
+        got = [env_buffers[1][0] for env_buffers in b.got]
+        assert [type(x) for x in got] == [mmap.mmap] * 3
+        assert [x[0] for x in got] == [0, 1, 2]
+        assert all(x[1:] == data[1:] for x in got)
+        assert lane.pool.issued == 3
+        assert lane.pool.detached_issued == 2
+        del got
+        b.got.clear()
+        gc.collect()
+        wait_for(lambda: lane.shm_outstanding == 0)
+        a.transport.send(with_buffers(envelope(a, b.transport.pid, 3), [data]), [memoryview(data)])
+        b.wait("got", 1)
+        assert lane.pool.detached_issued == 2  # the recycled slot again
+    finally:
+        c.close()
 
 
 def test_a_large_persistent_bytearray_arrives_as_a_bytearray(cluster: Cluster) -> None:
