@@ -101,6 +101,13 @@ def _sealed_memfd(size: int) -> int:
     return fd
 
 
+def _writable_map(fd: int, size: int) -> mmap.mmap:
+    """The sender's mapping of a slot, its page tables filled at once (``MAP_POPULATE``: about
+    3 ms for 64 MiB here, where faulting them in page by page during the first copy took
+    15 to 30 ms)."""
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+
+
 def _copy_into(target: mmap.mmap, data: memoryview) -> None:
     total = data.nbytes
     if total <= _COPY_PIECE:
@@ -185,7 +192,7 @@ class ShmPool:
                 return slot, fd
             if entry is None:
                 fd = _sealed_memfd(size)
-                entry = (fd, size, mmap.mmap(fd, size))
+                entry = (fd, size, _writable_map(fd, size))
                 with self._lock:
                     if slot not in self._busy:  # closed meanwhile
                         _close_slot(entry)
@@ -215,12 +222,15 @@ class ShmPool:
                 and _size_sealed(fd)
             ):
                 with self._lock:
-                    keep = not self._closed and self._retained + size <= self._max
+                    keep = (
+                        not self._closed
+                        and self._retained + self._outstanding + size <= 2 * self._max
+                    )
                     if keep:
                         self._retained += size
                 if keep:
                     try:
-                        mapping = mmap.mmap(fd, size)
+                        mapping = _writable_map(fd, size)
                     except (OSError, ValueError):
                         with self._lock:
                             self._retained -= size
@@ -250,7 +260,11 @@ class ShmPool:
                 self._detached -= size
                 return True
             self._outstanding -= size
-            if fd >= 0 and not self._closed and self._retained + size <= self._max:
+            if (
+                fd >= 0
+                and not self._closed
+                and self._retained + self._outstanding + size <= 2 * self._max
+            ):
                 self._free.setdefault(size, []).append(entry)
                 self._retained += size
                 return True
@@ -296,6 +310,14 @@ class SlotMaps:
     @property
     def mapped_bytes(self) -> int:
         return self._bytes
+
+    def lookup(self, info: os.stat_result) -> mmap.mmap | None:
+        """The kept mapping of the file ``info`` describes, if any (never a new one)."""
+        key = (info.st_dev, info.st_ino)
+        found = self._maps.get(key)
+        if found is not None:
+            self._maps.move_to_end(key)
+        return found
 
     def get(self, fd: int, info: os.stat_result) -> mmap.mmap | None:
         """A read-only mapping of ``fd``'s whole (sealed) file, or ``None`` when it would not
@@ -377,6 +399,13 @@ def read_buffer(
         os.close(fd)
 
 
+def _copy_out(kept: mmap.mmap, size: int, writable: bool) -> bytes | bytearray:
+    if not writable:
+        return kept[:size]
+    with memoryview(kept) as view:
+        return bytearray(view[:size])
+
+
 def receive_buffer(
     fd: int, size: int, kind: int, maps: SlotMaps | None = None
 ) -> tuple[bytes | bytearray | mmap.mmap, bool]:
@@ -397,6 +426,11 @@ def receive_buffer(
             raise ShmError(
                 f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
             )
+        if not in_place and maps is not None and size <= _MAP_COPY_MAX:
+            # a slot mapped before was sealed then (seals are never removed): no check again
+            kept = maps.lookup(info)
+            if kept is not None:
+                return _copy_out(kept, size, writable), False
         if size and _size_sealed(fd):
             if in_place:
                 flags, prot = mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE
@@ -406,10 +440,7 @@ def receive_buffer(
                 return mapping, True
             kept = maps.get(fd, info) if maps is not None and size <= _MAP_COPY_MAX else None
             if kept is not None:
-                if not writable:
-                    return kept[:size], False
-                with memoryview(kept) as view:
-                    return bytearray(view[:size]), False
+                return _copy_out(kept, size, writable), False
         read = True
     finally:
         if not read:
