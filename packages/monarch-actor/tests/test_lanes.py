@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import mmap
+import os
 import socket
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 from chrysalis.quic.testing import issue_identity
 from monarch.actor._base.codec import KIND_PERSISTENT
 from monarch.actor._base.envelope import Envelope, FrameLimits
+from monarch.actor._transport import shm as _shm
 from monarch.actor._transport.lane import LaneManager, LaneSettings, TcpLane, UnixLane
 from monarch.actor._transport.lane_proto import (
     Auth,
@@ -163,6 +165,8 @@ def test_a_held_mapping_sends_later_buffers_in_detached_slots_then_recycles() ->
         b.got.clear()
         gc.collect()
         wait_for(lambda: lane.shm_outstanding == 0)
+        # the receiver gave its detached slots back: the sender keeps what its bound allows
+        wait_for(lambda: lane.pool.adopted == 1)
         a.transport.send(with_buffers(envelope(a, b.transport.pid, 3), [data]), [memoryview(data)])
         b.wait("got", 1)
         assert lane.pool.detached_issued == 2  # the recycled slot again
@@ -329,3 +333,63 @@ def test_a_lane_handshake_refuses_an_impostor_and_a_foreign_certificate() -> Non
 def test_decoding_a_handshake_message_is_bounded() -> None:
     auth = Auth(b"t" * 16, (b"c" * 10,), b"s")
     assert decode_control(encode_handshake(auth)[4:]) == auth
+
+
+def _sender_lane_against(script: Any) -> tuple[UnixLane, list[str]]:
+    """A sender ``UnixLane`` on one end of a socket pair; ``script(peer_socket)`` plays the
+    receiver; returns the lane and the reasons it failed with."""
+    failures: list[str] = []
+
+    async def run() -> UnixLane:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        lane = UnixLane(mine, asyncio.get_running_loop(), b"\x01" * 16, LaneSettings())
+        lane.on_failed = failures.append
+        lane.start_sender()
+        try:
+            script(theirs)
+            for _ in range(50):  # let the loop read what the peer wrote
+                await asyncio.sleep(0.002)
+        finally:
+            theirs.close()
+            lane.close()
+        return lane
+
+    return asyncio.run(run()), failures
+
+
+def _give_back(sock: socket.socket, fd: int | None) -> None:
+    import array
+
+    fds = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+    sock.sendmsg([b"\0\0\0\0"], fds)
+
+
+def test_a_slot_given_back_is_kept_only_when_it_is_a_sealed_slot() -> None:
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, 64 * 1024)
+    try:
+        lane, failures = _sender_lane_against(lambda peer: _give_back(peer, unsealed))
+    finally:
+        os.close(unsealed)
+    assert failures == []  # refused quietly: it could shrink under the sender's mapping
+    assert lane.pool.adopted == 0
+
+    pool = _shm.ShmPool(1 << 20)
+    taken = pool.put(memoryview(b"s" * 100_000))
+    assert taken is not None
+    try:
+        lane, failures = _sender_lane_against(lambda peer: _give_back(peer, taken[1]))
+    finally:
+        os.close(taken[1])
+        pool.close()
+    assert failures == []
+    assert lane.pool.adopted == 1  # a sealed slot of a slot size: kept
+
+
+def test_a_give_back_without_its_descriptor_or_a_stray_ack_fails_the_lane() -> None:
+    _lane, failures = _sender_lane_against(lambda peer: _give_back(peer, None))
+    assert len(failures) == 1
+    assert "gave back a slot without its descriptor" in failures[0]
+    _lane, failures = _sender_lane_against(lambda peer: peer.send(b"\0\0\0\7"))
+    assert len(failures) == 1
+    assert "acknowledged shared memory never sent" in failures[0]
