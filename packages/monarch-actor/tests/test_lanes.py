@@ -393,3 +393,67 @@ def test_a_give_back_without_its_descriptor_or_a_stray_ack_fails_the_lane() -> N
     _lane, failures = _sender_lane_against(lambda peer: peer.send(b"\0\0\0\7"))
     assert len(failures) == 1
     assert "acknowledged shared memory never sent" in failures[0]
+
+
+def test_a_corked_batch_of_frames_with_descriptors_arrives_in_order() -> None:
+    """Frames with shared-memory descriptors queued together leave in one sendmsg (every
+    descriptor with the batch's first byte, at most 32 per call); the receiver claims them in
+    frame order."""
+    from monarch.actor._base.envelope import FRAME_PREFIX as prefix
+    from monarch.actor._base.envelope import ActorAddr, MessageKind
+    from monarch.actor._transport.lane_proto import lane_prefix
+
+    encoder = msgspec.msgpack.Encoder()
+    got: list[tuple[int, bytes]] = []
+    n = 70  # three sendmsg calls' worth of descriptors
+    pool = _shm.ShmPool(256 << 20)
+
+    async def run() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender = UnixLane(one, loop, b"\x01" * 16, LaneSettings())
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        done = asyncio.Event()
+        ended: list[str | None] = []
+
+        def on_message(env: Envelope, buffers: list[Any]) -> None:
+            got.append((env.sequence, bytes(buffers[0])))
+            if len(got) == n:
+                done.set()
+
+        receiver.start(on_message, ended.append)
+        sender.start_sender()
+        calls = 0
+        real = one.sendmsg
+
+        def counting(*args: Any) -> int:
+            nonlocal calls
+            calls += 1
+            return real(*args)
+
+        sender._sock = type("S", (), {"sendmsg": staticmethod(counting)})()
+        sender.cork()
+        for seq in range(n):
+            data = bytes([seq]) * 70_000
+            taken = pool.put(memoryview(data))
+            assert taken is not None
+            env = Envelope(
+                MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
+                -1, "ep", seq, None, None, b"", (len(data),), b"\x01",
+            )  # fmt: skip
+            header = encoder.encode(env)
+            pieces = [lane_prefix([(0, taken[0])]), prefix.pack(len(header), 0), header]
+            sender.send_frame(pieces, [taken[1]], 1)
+        sender.uncork()
+        await asyncio.wait_for(done.wait(), T)
+        sender._sock = one
+        sender.close()
+        receiver.close()
+        return calls, len(ended)
+
+    calls, ended = asyncio.run(run())
+    pool.close()
+    assert [seq for seq, _data in got] == list(range(n))
+    assert all(data == bytes([seq]) * 70_000 for seq, data in got)
+    assert calls == 3  # 32 + 32 + 6 descriptors
+    assert ended == 0

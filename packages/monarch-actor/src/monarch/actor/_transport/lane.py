@@ -9,10 +9,13 @@ halves of the handshake. Everything runs on the runtime loop.
   (nothing in the file system; it disappears with the process) and raw non-blocking sockets
   driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
   accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
-  through pooled memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads each
-  slot at once and acknowledges it on the same socket, which bounds the shared bytes a sender
-  has outstanding (``max_shm_bytes``; over the bound, buffers go inline) and lets the sender
-  reuse the slot.
+  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver copies
+  a ``bytes`` or ``bytearray`` out of its kept mapping of the slot and acknowledges the slot at
+  once, or hands an array or tensor a private mapping of it and acknowledges the slot when that
+  mapping is freed. The acknowledgements (on the same socket) bound the shared bytes a sender
+  has outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes
+  in a detached slot (the receiver's, acknowledged on receipt and given back, descriptor and
+  all, when it is done with it, so that its pages are reused warm), over both bounds inline.
 - TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
   both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
   compared with the PID the negotiation named.
@@ -70,6 +73,7 @@ _log = logging.getLogger("monarch.actor.lane")
 _ACK = struct.Struct(">I")
 _IOV_MAX: Final = 512
 _FDS_PER_RECV: Final = 64
+_FDS_PER_SEND: Final = 32  # well under what one receive takes (no truncated descriptors)
 ZERO_SHM_HEAD: Final = b"E\x00\x00"
 _GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given back
 _MAX_KEPT: Final = 64  # detached slots a receiver keeps open to give back, per lane
@@ -88,8 +92,10 @@ class LaneSettings:
         max_pending: offers and handshaken lanes waiting for their ``Switch``.
         shm_threshold: buffers of at least this many bytes travel as shared memory on Unix
             lanes (0: never).
-        max_shm_bytes: shared bytes a sender may have in flight on one lane (slots sent and not
-            yet acknowledged as read by the receiver); it keeps as much again in free slots.
+        max_shm_bytes: shared bytes a sender may have in flight on one lane in its own slots
+            (sent and not yet acknowledged: read, or a mapping of them freed, by the receiver)
+            and, as much again, in detached slots not yet received; its own slots, in flight
+            and free, hold at most twice this.
         max_fds: descriptors received and not yet claimed by a frame.
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
         force_tcp: offer TCP even to processes on this host (tests).
@@ -286,11 +292,18 @@ class UnixLane:
         sock = self._sock
         while out:
             first = out[0]
-            fds = first[1]
+            fds = list(first[1]) if first[1] else []
+            carriers = [first] if fds else []
             batch = [first[0]]
+            # Frames with descriptors share one sendmsg too: the descriptors of every frame of
+            # the batch travel with its first byte (so they arrive before or with their frames,
+            # and the receiver claims them in order), at most _FDS_PER_SEND of them.
             for entry in itertools.islice(out, 1, _IOV_MAX):
                 if entry[1] is not None:
-                    break
+                    if len(fds) + len(entry[1]) > _FDS_PER_SEND:
+                        break
+                    fds.extend(entry[1])
+                    carriers.append(entry)
                 batch.append(entry[0])
             try:
                 if fds:
@@ -307,11 +320,12 @@ class UnixLane:
             except OSError as exc:
                 self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
                 return
-            if fds:
+            if fds:  # passed, whatever part of the bytes was written
                 for fd in fds:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                first[1] = None
+                for entry in carriers:
+                    entry[1] = None
             while sent:
                 entry = out[0]
                 size = memoryview(entry[0]).nbytes
