@@ -99,45 +99,24 @@ def test_slots_are_sealed_so_a_receiver_cannot_shrink_them() -> None:
     pool.close()
 
 
-def test_a_readonly_buffer_is_copied_out_of_a_kept_mapping_of_a_reused_slot() -> None:
+def test_bytes_and_bytearrays_are_read_out_and_the_slot_freed_at_once() -> None:
     pool = _shm.ShmPool(1 << 20)
-    maps = _shm.SlotMaps(1 << 20)
     for fill in (b"x", b"y"):
         taken = pool.put(memoryview(fill * 300_000))
         assert taken is not None
         slot, fd = taken
-        received, held = _shm.receive_buffer(fd, 300_000, 1, maps)  # KIND_READONLY
+        received, held = _shm.receive_buffer(fd, 300_000, 0b11)  # read-only, persistent
         assert not held  # copied out: the slot may be reused at once
         assert type(received) is bytes
         assert received == fill * 300_000
         with pytest.raises(OSError):
             os.fstat(fd)  # closed
         assert pool.release(slot)
-    assert maps.mapped_bytes == 512 * 1024  # one slot, mapped once
-    taken = pool.put(memoryview(b"z" * 100_000))  # persistent writable: a bytearray copy
+    taken = pool.put(memoryview(b"z" * 100_000))
     assert taken is not None
-    received, held = _shm.receive_buffer(taken[1], 100_000, 0b10, maps)
+    received, held = _shm.receive_buffer(taken[1], 100_000, 0b10)  # writable, persistent
     assert (type(received), held) == (bytearray, False)
     assert received == b"z" * 100_000
-    maps.close()
-    pool.close()
-
-
-def test_kept_mappings_are_bounded() -> None:
-    maps = _shm.SlotMaps(256 * 1024)
-    pool = _shm.ShmPool(4 << 20)
-    taken = [pool.put(memoryview(bytes([i]) * 100_000)) for i in range(3)]
-    for i, t in enumerate(taken):
-        assert t is not None
-        received, _held = _shm.receive_buffer(t[1], 100_000, 1, maps)
-        assert received == bytes([i]) * 100_000
-        assert maps.mapped_bytes <= 256 * 1024  # the oldest unmapped
-    big = pool.put(memoryview(b"b" * 300_000))
-    assert big is not None  # a 512 KiB slot: over the bound, read instead of mapped
-    received, _held = _shm.receive_buffer(big[1], 300_000, 1, maps)
-    assert received == b"b" * 300_000
-    assert maps.mapped_bytes <= 256 * 1024
-    maps.close()
     pool.close()
 
 
@@ -167,8 +146,12 @@ def test_an_in_place_buffer_is_a_private_mapping_of_the_slot() -> None:
 def test_an_unsealed_descriptor_is_read_not_mapped() -> None:
     fd = os.memfd_create("hostile")  # no seals: it could shrink under a mapping
     os.write(fd, b"h" * 100_000)
-    received, held = _shm.receive_buffer(fd, 100_000, 0, _shm.SlotMaps(1 << 20))
+    theirs = os.dup(fd)  # the sender keeps a descriptor
+    received, held = _shm.receive_buffer(fd, 100_000, 0)
     assert not held  # read into the receiver's own memory
+    os.ftruncate(theirs, 10)  # a mapping of the file would now fault past its end
+    os.pwrite(theirs, b"changed", 0)
+    os.close(theirs)
     assert bytes(received) == b"h" * 100_000
     with pytest.raises(OSError):
         os.fstat(fd)

@@ -9,13 +9,13 @@ halves of the handshake. Everything runs on the runtime loop.
   (nothing in the file system; it disappears with the process) and raw non-blocking sockets
   driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
   accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
-  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver copies
-  a ``bytes`` or ``bytearray`` out of its kept mapping of the slot and acknowledges the slot at
-  once, or hands an array or tensor a private mapping of it and acknowledges the slot when that
-  mapping is freed. The acknowledgements (on the same socket) bound the shared bytes a sender
-  has outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes
-  in a detached slot (the receiver's, acknowledged on receipt and given back, descriptor and
-  all, when it is done with it, so that its pages are reused warm), over both bounds inline.
+  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads
+  a ``bytes`` or ``bytearray`` out of the slot and acknowledges the slot at once, or hands an
+  array or tensor a private mapping of it and acknowledges the slot when that mapping is
+  freed. The acknowledgements (on the same socket) bound the shared bytes a sender has
+  outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes in a
+  detached slot (the receiver's, acknowledged on receipt and given back, descriptor and all,
+  when it is done with it, so that its pages are reused warm), over both bounds inline.
 - TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
   both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
   compared with the PID the negotiation named.
@@ -205,7 +205,6 @@ class UnixLane:
         self._decoder: LaneDecoder | None = None
         self._on_message: MessageCallback | None = None
         self._on_end: EndCallback | None = None
-        self._maps: _shm.SlotMaps | None = None
         self.shm = settings.shm_threshold > 0 and _shm.available()
         self.pool = _shm.ShmPool(settings.max_shm_bytes)
 
@@ -384,7 +383,6 @@ class UnixLane:
         """Begin reading frames (after the ``Switch`` was seen on the old path)."""
         assert self._limits is not None
         self._decoder = LaneDecoder(self._limits, self._settings.max_fds)
-        self._maps = _shm.SlotMaps(2 * self._settings.max_shm_bytes)
         self._on_message = on_message
         self._on_end = on_end
         self._loop.add_reader(self._fd, self._on_readable)
@@ -444,9 +442,7 @@ class UnixLane:
                     with contextlib.suppress(OSError):
                         keep = os.dup(fd)
                 try:
-                    buffer, held = _shm.receive_buffer(
-                        fd, size, envelope.buffer_kinds[index], self._maps
-                    )
+                    buffer, held = _shm.receive_buffer(fd, size, envelope.buffer_kinds[index])
                 except (_shm.ShmError, OSError, ValueError) as exc:
                     for other in [keep] + [other for _i, other, _s, _n in shm[position + 1 :]]:
                         with contextlib.suppress(OSError):
@@ -558,8 +554,6 @@ class UnixLane:
         self._out.clear()
         if self._decoder is not None:
             self._decoder.close()
-        if self._maps is not None:
-            self._maps.close()
         self.pool.close()
         while self._returned:
             with contextlib.suppress(OSError):

@@ -18,20 +18,23 @@ the receiver's acknowledgement when it took them. Over both bounds ``put`` retur
 the buffer goes inline.
 
 Receiver (``receive_buffer``): it checks that the descriptor is a regular file holding at least
-the announced size, and whether its size is sealed. A sealed slot is used through a mapping:
+the announced size. Then, by what the codec rebuilds from the buffer:
 
-- a read-only buffer becomes a ``bytes`` copied out of a mapping of the slot that the lane
-  keeps (``SlotMaps``, keyed by the file's inode, bounded), then acknowledged: one copy, no
-  system call for a reused slot (``pread`` into a ``bytes`` costs about twice as much);
 - a writable buffer rebuilt in place by a protocol-5 reconstructor (numpy arrays, the codec's
-  tensors) is handed over as a private mapping of the slot (``MAP_PRIVATE``: the receiver's
-  writes copy the page and never reach the slot, and a fork gets a copy-on-write view like
-  any memory): no copy at all. The slot is then the object's: the lane acknowledges it when
-  the mapping is freed (``weakref.finalize``), and the sender reuses it only then;
-- a persistent writable buffer (a ``bytearray`` argument) is copied out of the kept mapping.
+  tensors) in a size-sealed slot is handed over as a private mapping of the slot
+  (``MAP_PRIVATE``: the receiver's writes copy the page and never reach the slot, and a fork
+  gets a copy-on-write view like any memory; page tables filled at once with
+  ``MADV_POPULATE_READ``): no copy at all. The slot is then the object's: the lane
+  acknowledges it when the mapping is freed (``weakref.finalize``), and the sender reuses it
+  only then;
+- a ``bytes`` or ``bytearray`` is read out (``read_buffer``: ``pread``, one copy, the GIL
+  released meanwhile) and the slot acknowledged at once. (Copying it out of a mapping the lane
+  keeps is a faster ``memcpy``, 35 against 67 us for 1 MiB here, but it holds the GIL: with
+  calls pipelined the worker's actor thread then waited for the loop thread's copies, and
+  1 MiB throughput fell, so the read stays.)
 
-An unsealed descriptor (nothing this package sends) is read with ``read_buffer`` as before:
-nothing is mapped, so a file that shrinks under the read is a ``ShmError``, never a fault.
+An unsealed descriptor (nothing this package sends) is never mapped: it is read like a
+``bytes``, so a file that shrinks under the read is a ``ShmError``, never a fault.
 
 Only Linux has ``memfd_create``; ``available()`` says whether this process can use it, and the
 lanes send buffers inline where it cannot.
@@ -39,7 +42,6 @@ lanes send buffers inline where it cannot.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import itertools
@@ -53,7 +55,6 @@ __all__ = [
     "DETACHED",
     "ShmError",
     "ShmPool",
-    "SlotMaps",
     "available",
     "read_buffer",
     "receive_buffer",
@@ -68,9 +69,6 @@ _F_ADD_SEALS: Final = getattr(fcntl, "F_ADD_SEALS", 1033)
 _F_GET_SEALS: Final = getattr(fcntl, "F_GET_SEALS", 1034)
 _F_SEAL_SEAL: Final = getattr(fcntl, "F_SEAL_SEAL", 1)
 _MADV_POPULATE_READ: Final = 22
-#: Read-only buffers up to this size are copied out of a kept mapping (with the GIL held, as
-#: one ``memcpy``); larger ones are read with ``pread``, which lets other threads run.
-_MAP_COPY_MAX: Final = 16 * 1024 * 1024
 DETACHED: Final = 0x8000_0000
 """Slot-number bit of a detached slot: the sender keeps nothing of it; acknowledged on receipt."""
 
@@ -295,60 +293,6 @@ def _close_slot(entry: _Slot) -> None:
             os.close(fd)
 
 
-class SlotMaps:
-    """A receiver's mappings of the sealed slots it was sent (one lane, loop thread): a slot
-    the sender reuses is copied out of the same mapping every time, without a system call.
-    Keyed by the file's device and inode (a mapping holds its file, so an inode in the table is
-    never reused for another file); at most ``max_bytes`` mapped, the least recently used
-    unmapped first."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._maps: collections.OrderedDict[tuple[int, int], mmap.mmap] = collections.OrderedDict()
-        self._bytes = 0
-
-    @property
-    def mapped_bytes(self) -> int:
-        return self._bytes
-
-    def lookup(self, info: os.stat_result) -> mmap.mmap | None:
-        """The kept mapping of the file ``info`` describes, if any (never a new one)."""
-        key = (info.st_dev, info.st_ino)
-        found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
-        return found
-
-    def get(self, fd: int, info: os.stat_result) -> mmap.mmap | None:
-        """A read-only mapping of ``fd``'s whole (sealed) file, or ``None`` when it would not
-        fit the bound."""
-        key = (info.st_dev, info.st_ino)
-        found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
-            return found
-        size = info.st_size
-        if size <= 0 or size > self._max:
-            return None
-        while self._maps and self._bytes + size > self._max:
-            _key, old = self._maps.popitem(last=False)
-            self._bytes -= len(old)
-            with contextlib.suppress(BufferError, ValueError):
-                old.close()
-        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        self._maps[key] = mapping
-        self._bytes += size
-        return mapping
-
-    def close(self) -> None:
-        """Unmap everything (idempotent)."""
-        while self._maps:
-            _key, mapping = self._maps.popitem()
-            with contextlib.suppress(BufferError, ValueError):
-                mapping.close()
-        self._bytes = 0
-
-
 def _size_sealed(fd: int) -> bool:
     try:
         return fcntl.fcntl(fd, _F_GET_SEALS) & _SIZE_SEALS == _SIZE_SEALS
@@ -399,50 +343,32 @@ def read_buffer(
         os.close(fd)
 
 
-def _copy_out(kept: mmap.mmap, size: int, writable: bool) -> bytes | bytearray:
-    if not writable:
-        return kept[:size]
-    with memoryview(kept) as view:
-        return bytearray(view[:size])
-
-
-def receive_buffer(
-    fd: int, size: int, kind: int, maps: SlotMaps | None = None
-) -> tuple[bytes | bytearray | mmap.mmap, bool]:
+def receive_buffer(fd: int, size: int, kind: int) -> tuple[bytes | bytearray | mmap.mmap, bool]:
     """The object a received slot's buffer of codec ``kind`` is rebuilt from, and whether it
     still uses the slot (a private mapping of it: the slot may be reused only once that object
     is freed); ``fd`` is closed. ``ShmError`` when the descriptor is not a regular file of at
     least ``size`` bytes or a read falls short (module docstring)."""
     writable = not kind & 1  # KIND_READONLY
     # A protocol-5 buffer (numpy, tensors) is rebuilt over whatever memory it arrives in; a
-    # persistent one becomes a bytes or bytearray.
+    # persistent one becomes a bytes or bytearray: read into one.
     in_place = writable and not kind & 2  # KIND_PERSISTENT
-    read = False
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ShmError("a shared-memory buffer descriptor is not a regular file")
-        if info.st_size < size:
-            raise ShmError(
-                f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
-            )
-        if not in_place and maps is not None and size <= _MAP_COPY_MAX:
-            # a slot mapped before was sealed then (seals are never removed): no check again
-            kept = maps.lookup(info)
-            if kept is not None:
-                return _copy_out(kept, size, writable), False
-        if size and _size_sealed(fd):
-            if in_place:
+    if in_place and size:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ShmError("a shared-memory buffer descriptor is not a regular file")
+            if info.st_size < size:
+                raise ShmError(
+                    f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
+                )
+            if _size_sealed(fd):
                 flags, prot = mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE
                 mapping = mmap.mmap(fd, size, flags=flags, prot=prot)
                 with contextlib.suppress(OSError, ValueError):
                     mapping.madvise(_MADV_POPULATE_READ)  # page tables now, not a fault a page
+                os.close(fd)
                 return mapping, True
-            kept = maps.get(fd, info) if maps is not None and size <= _MAP_COPY_MAX else None
-            if kept is not None:
-                return _copy_out(kept, size, writable), False
-        read = True
-    finally:
-        if not read:
+        except BaseException:
             os.close(fd)
+            raise
     return read_buffer(fd, size, writable, in_place), False
