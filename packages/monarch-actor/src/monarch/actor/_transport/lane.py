@@ -494,7 +494,13 @@ class UnixLane:
                 self._send_acks()  # keep acknowledgements in order before it
                 if not self._pending_acks:
                     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-                    self._sock.sendmsg([_GIVE_BACK], ancillary)
+                    sent = self._sock.sendmsg([_GIVE_BACK], ancillary)
+                    if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
+                        self._sock.setblocking(True)
+                        try:
+                            self._sock.sendall(_GIVE_BACK[sent:])
+                        finally:
+                            self._sock.setblocking(False)
         except OSError:
             pass  # not sent (a full socket, or its end): the memory goes with the descriptor
         finally:
