@@ -192,3 +192,26 @@ def test_mapped_writable_buffers_come_back_as_private_writable_mappings() -> Non
     finally:
         os.close(slot_fd)
     pool.close()
+
+
+def test_free_slots_of_other_sizes_make_room_for_the_size_in_use() -> None:
+    pool = _shm.ShmPool(512 * 1024)
+    big = pool.put(memoryview(b"B" * 400_000))  # a 512 KiB slot: the whole in-flight bound
+    other = pool.put(memoryview(b"b" * 400_000))  # over it: a detached one
+    assert big is not None
+    assert other is not None
+    assert other[0] & _shm.DETACHED
+    os.close(big[1])
+    assert pool.release(big[0])
+    assert pool.release(other[0])
+    assert pool.adopt(other[1])  # given back: two free 512 KiB slots, twice the bound
+    small = pool.put(memoryview(b"s" * 100_000))  # a 128 KiB slot
+    assert small is not None
+    small_file = _inode(small[1])
+    os.close(small[1])
+    assert pool.release(small[0])  # kept: a free 512 KiB slot is closed to make room
+    again = pool.put(memoryview(b"t" * 100_000))
+    assert again is not None
+    assert _inode(again[1]) == small_file  # the small slot reused, not a fresh memfd
+    os.close(again[1])
+    pool.close()

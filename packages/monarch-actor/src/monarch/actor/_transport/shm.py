@@ -9,12 +9,16 @@ Sender (``ShmPool``): touching fresh pages costs several times a copy into warm 
 lane's sender keeps its slots and reuses one once the receiver said it is done with it. Each
 slot is sealed at birth against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW |
 F_SEAL_SEAL``: nobody, the receiver included, can change its size again, so a mapping of it can
-never fault past its end) and mapped once by the sender, which copies into that mapping (a
-``memcpy``, about twice as fast as ``pwrite`` into the page cache; in 4 MiB pieces, so other
-threads get the GIL between them). Over the bound (``max_bytes`` in slots the receiver holds)
-the buffer goes in a *detached* slot: a fresh sealed memfd the sender forgets once sent (its
-slot number has ``DETACHED`` set); detached bytes in flight have the same bound, released by
-the receiver's acknowledgement when it took them. Over both bounds ``put`` returns ``None`` and
+never fault past its end) and mapped once by the sender (``MAP_POPULATE``), which copies into
+that mapping (a ``memcpy``, about twice as fast as ``pwrite`` into the page cache; in 4 MiB
+pieces, so other threads get the GIL between them). At most ``max_bytes`` of its own slots are
+in flight (sent, not yet acknowledged), and its own slots, in flight and free, hold at most
+twice that; a slot of the size in use that would not fit closes free slots of other sizes first.
+Over the in-flight bound (the receiver still holds a tensor, say) the buffer goes in a
+*detached* slot, a free slot given away or a fresh one (its slot number has ``DETACHED`` set):
+the receiver acknowledges it on receipt (detached bytes not yet received have the same bound)
+and gives its descriptor back when done with it, and ``adopt`` keeps it as a free slot when it
+is a sealed memfd of a slot size within the bound. Over both bounds ``put`` returns ``None`` and
 the buffer goes inline.
 
 Receiver (``receive_buffer``): it checks that the descriptor is a regular file holding at least
@@ -220,12 +224,15 @@ class ShmPool:
                 and _size_sealed(fd)
             ):
                 with self._lock:
+                    victims = self._make_room(size)
                     keep = (
                         not self._closed
                         and self._retained + self._outstanding + size <= 2 * self._max
                     )
                     if keep:
                         self._retained += size
+                for victim in victims:
+                    _close_slot(victim)
                 if keep:
                     try:
                         mapping = _writable_map(fd, size)
@@ -258,16 +265,38 @@ class ShmPool:
                 self._detached -= size
                 return True
             self._outstanding -= size
-            if (
+            victims = self._make_room(size) if fd >= 0 and not self._closed else []
+            keep = (
                 fd >= 0
                 and not self._closed
                 and self._retained + self._outstanding + size <= 2 * self._max
-            ):
+            )
+            if keep:
                 self._free.setdefault(size, []).append(entry)
                 self._retained += size
-                return True
-        _close_slot(entry)
+        for victim in victims:
+            _close_slot(victim)
+        if not keep:
+            _close_slot(entry)
         return True
+
+    def _make_room(self, size: int) -> list[_Slot]:
+        """(lock held) Free slots of other sizes, largest and oldest first, taken out of the
+        pool until a slot of ``size`` fits the bound: the sizes in use now win over those
+        used before. The caller closes them (outside the lock)."""
+        victims: list[_Slot] = []
+        if size > 2 * self._max:
+            return victims
+        for other in sorted(self._free, reverse=True):
+            entries = self._free[other]
+            while (
+                other != size
+                and entries
+                and self._retained + self._outstanding + size > 2 * self._max
+            ):
+                victims.append(entries.pop(0))
+                self._retained -= other
+        return victims
 
     def close(self) -> None:
         """Close every descriptor and mapping (idempotent); slots in flight are closed too (a
