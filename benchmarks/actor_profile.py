@@ -2,7 +2,10 @@
 
 Why: to cut the hot path (issue 23) one must know which stages dominate. This script spawns one
 worker process (``this_host().spawn_procs``), then follows calls one at a time (nothing else in
-flight) and takes a timestamp at each stage boundary, in the client and in the worker:
+flight) and takes a timestamp at each stage boundary, in the client and in the worker. Three
+kinds of call: a tiny ``call_one``, one with a 1 MiB ``bytes`` argument and, where torch is
+importable, one with a 64 MiB float32 tensor (both through the lane's shared-memory slots; for
+them the copy into the slot and the worker's taking of it are timed too, ``WITHIN``):
 
     client   call -> encoded (args pickled) -> send (port opened, envelope built, transport
              entered) -> framed (frame encoded, or the buffer copied into shared memory) ->
@@ -42,9 +45,9 @@ the counting on and off around the plain calls (every time of that run is then 1
 too long: only its instruction counts mean something). Where neither is asked for or possible,
 the report says why and gives the CPU time only.
 
-    .venv/bin/python benchmarks/actor_profile.py            # 2,000 + 300 calls, about 5 s
-    .venv/bin/python benchmarks/actor_profile.py --quick    # 500 + 100 calls
-    .venv/bin/python benchmarks/actor_profile.py --smoke    # 30 + 10 calls (CI, about 2 s)
+    .venv/bin/python benchmarks/actor_profile.py            # 2,000 + 300 + 40 calls, ~20 s
+    .venv/bin/python benchmarks/actor_profile.py --quick    # 500 + 100 + 15 calls
+    .venv/bin/python benchmarks/actor_profile.py --smoke    # 30 + 10 + 3 calls (CI, ~3 s)
     .venv/bin/python benchmarks/actor_profile.py --json out.json   # the report as JSON
     .venv/bin/python benchmarks/actor_profile.py --callgrind  # instructions per call (~2 min)
 """
