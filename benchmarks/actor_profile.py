@@ -2,7 +2,10 @@
 
 Why: to cut the hot path (issue 23) one must know which stages dominate. This script spawns one
 worker process (``this_host().spawn_procs``), then follows calls one at a time (nothing else in
-flight) and takes a timestamp at each stage boundary, in the client and in the worker:
+flight) and takes a timestamp at each stage boundary, in the client and in the worker. Three
+kinds of call: a tiny ``call_one``, one with a 1 MiB ``bytes`` argument and, where torch is
+importable, one with a 64 MiB float32 tensor (both through the lane's shared-memory slots; for
+them the copy into the slot and the worker's taking of it are timed too, ``WITHIN``):
 
     client   call -> encoded (args pickled) -> send (port opened, envelope built, transport
              entered) -> framed (frame encoded, or the buffer copied into shared memory) ->
@@ -42,9 +45,9 @@ the counting on and off around the plain calls (every time of that run is then 1
 too long: only its instruction counts mean something). Where neither is asked for or possible,
 the report says why and gives the CPU time only.
 
-    .venv/bin/python benchmarks/actor_profile.py            # 2,000 + 300 calls, about 5 s
-    .venv/bin/python benchmarks/actor_profile.py --quick    # 500 + 100 calls
-    .venv/bin/python benchmarks/actor_profile.py --smoke    # 30 + 10 calls (CI, about 2 s)
+    .venv/bin/python benchmarks/actor_profile.py            # 2,000 + 300 + 40 calls, ~20 s
+    .venv/bin/python benchmarks/actor_profile.py --quick    # 500 + 100 + 15 calls
+    .venv/bin/python benchmarks/actor_profile.py --smoke    # 30 + 10 + 3 calls (CI, ~3 s)
     .venv/bin/python benchmarks/actor_profile.py --json out.json   # the report as JSON
     .venv/bin/python benchmarks/actor_profile.py --callgrind  # instructions per call (~2 min)
 """
@@ -84,9 +87,10 @@ from monarch.actor._mesh.adverbs import Endpoint  # noqa: E402
 from monarch.actor._runtime.cell import ActorCell, _Mailbox, _SyncRunner  # noqa: E402
 from monarch.actor._runtime.sinks import OneSink  # noqa: E402
 from monarch.actor._transport import node as _node  # noqa: E402
+from monarch.actor._transport import shm as _shm  # noqa: E402
 from monarch.actor._transport.lane_proto import LaneDecoder  # noqa: E402
 
-PROFILED = frozenset({"ping", "nbytes"})
+PROFILED = frozenset({"ping", "nbytes", "numel"})
 """The endpoints whose calls are followed (other traffic, heartbeats included, is ignored)."""
 
 MIB = 1 << 20
@@ -118,6 +122,15 @@ OVERLAPPING: tuple[tuple[str, str, str, str], ...] = (
     ("(overlaps) worker reply send returned after", "worker", "w.reply_framed", "w.reply_sent"),
 )
 
+#: Spans inside the stages above, for calls whose buffers travel in shared memory (absent for
+#: the others): the sender's copy into its memfd slots (``ShmPool.put``, inside "frame encode /
+#: shm copy") and the receiver's taking of the slots (``shm.receive_buffer``: a read, or a
+#: mapping; inside "worker read + frame decode"). Each is the sum over the call's slots.
+WITHIN: tuple[tuple[str, str, str], ...] = (
+    ("(within) client shm slot copy", "client", "shm_put"),
+    ("(within) worker shm slot take", "worker", "w.shm_take"),
+)
+
 
 # --------------------------------------------------------------------------------------------
 # Probes: wrappers installed by this script only
@@ -138,6 +151,7 @@ class _Recorder:
         self.last_buffer = 0
         self.read_start = 0
         self.previous_read = 0
+        self.shm_take = 0  # worker: ns spent taking shm slots since the last frame handed over
         self.installed: list[tuple[Any, str, Any]] = []
 
     def begin(self) -> None:
@@ -201,7 +215,30 @@ class _Recorder:
         self.previous_read, self.read_start = read, 0
         return read
 
+    def _timed(self, owner: Any, name: str, add: Callable[[int], None]) -> None:
+        """Replace ``owner.name`` by a wrapper that reports its duration (ns) to ``add``."""
+        original = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                add(time.perf_counter_ns() - t0)
+
+        setattr(owner, name, wrapper)
+        self.installed.append((owner, name, original))
+
+    def _add_put(self, ns: int) -> None:
+        if self.send_thread == threading.get_ident():
+            self.current["shm_put"] = self.current.get("shm_put", 0) + ns
+
+    def _add_take(self, ns: int) -> None:
+        self.shm_take += ns
+
     def _install_common(self) -> None:
+        self._timed(_shm.ShmPool, "put", self._add_put)
+        self._timed(_shm, "receive_buffer", self._add_take)
         self.wrap(_node, "encode_frame", after=self._on_framed)
         self.wrap(_node.NodeProcessTransport, "_share", after=self._on_framed)
         self.wrap(LaneDecoder, "get_buffer", before=self._on_get_buffer)
@@ -271,8 +308,11 @@ class _Recorder:
     def _worker_inbound(self, _transport: object, _peer: object, envelope: Any, *_: object) -> None:
         now = time.perf_counter_ns()
         read = self._take_read_start()
+        take, self.shm_take = self.shm_take, 0
         if envelope.kind == MessageKind.CALL and envelope.endpoint in PROFILED:
             record = {"seq": envelope.sequence, "decoded": now}
+            if take:
+                record["shm_take"] = take
             if read:
                 record["read"] = read
             if len(self.arrived) >= 10_000:  # bounded: calls never taken are forgotten
@@ -333,6 +373,10 @@ class Profiled(Actor):
     @endpoint
     def nbytes(self, payload: bytes) -> int:
         return len(payload)
+
+    @endpoint
+    def numel(self, tensor: Any) -> int:
+        return int(tensor.numel())
 
     @endpoint
     def pid(self) -> int:
@@ -553,21 +597,42 @@ def stage_table(rows: Sequence[dict[str, int]]) -> list[dict[str, Any]]:
         table.append(entry)
         if stage == STAGES[-1][0]:
             table.append({"stage": "round trip (probed)", "process": "client", **_stats_us(totals)})
+    for stage, process, key in WITHIN:
+        values = [r[key] for r in rows if key in r]
+        entry = {"stage": stage, "process": process, "from": key, "to": key}
+        if values:
+            entry.update(_stats_us(values))
+            entry["share"] = _pct(values, 50) / total_median if total_median else 0.0
+        else:
+            entry.update({"median_us": None, "p90_us": None, "n": 0, "share": None})
+        table.append(entry)
     return table
 
 
-def _one_call(actor: Any, kind: str, i: int, payload: bytes) -> None:
+def _one_call(actor: Any, kind: str, i: int, payload: Any) -> None:
     if kind == "call_one":
         if actor.ping.call_one(i).get(timeout=30) != i:
             raise RuntimeError("wrong echo")
+    elif kind == "tensor_64mib":
+        if actor.numel.call_one(payload).get(timeout=60) != payload.numel():
+            raise RuntimeError("wrong element count")
     elif actor.nbytes.call_one(payload).get(timeout=30) != len(payload):
         raise RuntimeError("wrong length")
 
 
+def _payload(kind: str) -> Any:
+    """The argument of the calls of ``kind``: 1 MiB of ``bytes``, or a 64 MiB float32 tensor."""
+    if kind == "tensor_64mib":
+        import torch  # only for this case (the script runs without torch)
+
+        return torch.ones(16 * MIB, dtype=torch.float32)
+    return b"x" * MIB
+
+
 def measure(actor: Any, kind: str, n: int, worker_pid: int, counter: str | None) -> dict[str, Any]:
     """Plain calls (wall time, CPU, instructions), then the same calls probed (stages)."""
-    payload = b"x" * MIB
-    for i in range(max(5, n // 10)):  # warm-up
+    payload = _payload(kind)
+    for i in range(max(2 if kind == "tensor_64mib" else 5, n // 10)):  # warm-up
         _one_call(actor, kind, i, payload)
     # plain: no probe anywhere
     pids = [os.getpid(), worker_pid]
@@ -643,7 +708,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def report(document: dict[str, Any]) -> str:
     """The profile as Markdown: one stage table with both kinds of call side by side."""
-    kinds = [k for k in ("call_one", "payload_1mib") if k in document["cases"]]
+    kinds = [k for k in KINDS if k in document["cases"]]
     lines = [
         "## Actor call profile (`benchmarks/actor_profile.py`)",
         "",
@@ -704,14 +769,28 @@ def report(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-MODES: dict[str, tuple[int, int]] = {"full": (2000, 300), "quick": (500, 100), "smoke": (30, 10)}
-"""Calls of each kind (``call_one``, 1 MiB) per mode."""
+KINDS: tuple[str, ...] = ("call_one", "payload_1mib", "tensor_64mib")
+"""The kinds of call profiled, in report order (``tensor_64mib`` only where torch imports)."""
+
+MODES: dict[str, tuple[int, int, int]] = {
+    "full": (2000, 300, 40),
+    "quick": (500, 100, 15),
+    "smoke": (30, 10, 3),
+}
+"""Calls of each kind (``call_one``, 1 MiB, 64 MiB tensor) per mode."""
+
+
+def torch_available() -> bool:
+    """Whether the 64 MiB tensor case can run (torch importable)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    add_run_arguments(parser, quick="500 + 100 calls", smoke="30 + 10 calls (~2 s)")
+    add_run_arguments(parser, quick="500 + 100 + 15 calls", smoke="30 + 10 + 3 calls (~3 s)")
     parser.add_argument(
         "--callgrind",
         action="store_true",
@@ -722,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.callgrind and not under_callgrind:
         return rerun_under_callgrind(sys.argv[1:] if argv is None else argv)
     mode = run_mode(args)
-    n_small, n_large = MODES[mode]
+    n_small, n_large, n_tensor = MODES[mode]
     counter: str | None
     if under_callgrind:
         counter, no_count = "callgrind", None
@@ -739,6 +818,8 @@ def main(argv: list[str] | None = None) -> int:
             "call_one": measure(actor, "call_one", n_small, worker_pid, counter),
             "payload_1mib": measure(actor, "payload_1mib", n_large, worker_pid, counter),
         }
+        if torch_available():
+            cases["tensor_64mib"] = measure(actor, "tensor_64mib", n_tensor, worker_pid, counter)
     finally:
         procs.stop().get(timeout=120)
     document: dict[str, Any] = {

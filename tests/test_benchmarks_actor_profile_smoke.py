@@ -17,20 +17,24 @@ if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an i
 
 from benchmarks._common import run_smoke  # noqa: E402
 from benchmarks.actor_profile import (  # noqa: E402
+    KINDS,
     MODES,
     OVERLAPPING,
     STAGES,
+    WITHIN,
     _Recorder,
     join_records,
     parse_callgrind_totals,
     parse_perf_count,
     per_call,
     stage_table,
+    torch_available,
 )
 from monarch.actor._mesh.adverbs import Endpoint  # noqa: E402
 from monarch.actor._runtime.cell import ActorCell, _Mailbox, _SyncRunner  # noqa: E402
 from monarch.actor._runtime.sinks import OneSink  # noqa: E402
 from monarch.actor._transport import node as _node  # noqa: E402
+from monarch.actor._transport import shm as _shm  # noqa: E402
 from monarch.actor._transport.lane_proto import LaneDecoder  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "actor_profile.py"
@@ -42,8 +46,9 @@ def test_smoke_run_times_every_stage_of_both_calls(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     assert document["mode"] == "smoke"
     assert document["command"].startswith("python benchmarks/actor_profile.py --smoke")
-    assert set(document["cases"]) == {"call_one", "payload_1mib"}
-    for kind, calls in zip(("call_one", "payload_1mib"), MODES["smoke"], strict=True):
+    kinds = KINDS if torch_available() else KINDS[:2]
+    assert set(document["cases"]) == set(kinds)
+    for kind, calls in zip(kinds, MODES["smoke"], strict=False):
         case = document["cases"][kind]
         assert case["calls"] == calls
         # every call followed on both sides, and every probe fired on every followed call
@@ -52,6 +57,8 @@ def test_smoke_run_times_every_stage_of_both_calls(tmp_path: Path) -> None:
         for stage, *_ in STAGES + OVERLAPPING:
             assert stages[stage]["n"] == calls, (kind, stage)
         assert stages["round trip (probed)"]["n"] == calls
+        for stage, *_ in WITHIN:  # the shared-memory spans: every large call, no small one
+            assert stages[stage]["n"] == (0 if kind == "call_one" else calls), (kind, stage)
         assert case["round_trip"]["n"] == calls
         assert case["cpu_us_per_call"]["client"] > 0
         assert case["cpu_us_per_call"]["worker"] > 0
@@ -64,6 +71,8 @@ def test_smoke_run_times_every_stage_of_both_calls(tmp_path: Path) -> None:
 
 def test_probes_are_removed_without_a_trace() -> None:
     targets = [
+        (_shm.ShmPool, "put"),
+        (_shm, "receive_buffer"),
         (_node, "encode_frame"),
         (_node.NodeProcessTransport, "_share"),
         (_node.NodeProcessTransport, "send"),
@@ -81,12 +90,13 @@ def test_probes_are_removed_without_a_trace() -> None:
     recorder = _Recorder()
     recorder.install_client()
     try:
-        assert _node.NodeProcessTransport.send is not before[2]
+        assert _node.NodeProcessTransport.send is not before[4]
+        assert _shm.receive_buffer is not before[1]
     finally:
         recorder.uninstall()
     recorder.install_worker()
     try:
-        assert _SyncRunner._call is not before[9]
+        assert _SyncRunner._call is not before[11]
     finally:
         recorder.uninstall()
     assert [getattr(owner, name) for owner, name in targets] == before
@@ -110,6 +120,8 @@ def test_stages_add_up_to_the_round_trip_and_calls_pair_by_sequence() -> None:
     ]
     worker = [{**{m: 100 + 10 * i for i, m in enumerate(worker_marks)}, "seq": 7, "reply_sent": 0}]
     client[0].update({"reply_read": 300, "reply_decoded": 310, "delivered": 320, "done": 1000})
+    client[0]["shm_put"] = 50  # a duration (ns), not a mark
+    worker[0]["shm_take"] = 20
     rows = join_records(client, worker)
     assert len(rows) == 1
     assert rows[0]["w.read"] == 100
@@ -120,6 +132,9 @@ def test_stages_add_up_to_the_round_trip_and_calls_pair_by_sequence() -> None:
     assert table["future completion (wake, decode)"]["median_us"] == 0.68
     assert table["future completion (wake, decode)"]["share"] == 0.68
     assert table["(overlaps) client send returned after"]["median_us"] == 0.005
+    assert table["(within) client shm slot copy"]["median_us"] == 0.05
+    assert table["(within) worker shm slot take"]["median_us"] == 0.02
+    assert table["(within) worker shm slot take"]["share"] == 0.02
 
 
 def test_instruction_counts_are_parsed_and_the_counting_cost_subtracted() -> None:

@@ -4,7 +4,9 @@ memory, TLS over TCP, failure and hostile peers (real Nodes on an in-process net
 from __future__ import annotations
 
 import asyncio
+import gc
 import mmap
+import os
 import socket
 import sys
 import time
@@ -18,6 +20,7 @@ import pytest
 from chrysalis.quic.testing import issue_identity
 from monarch.actor._base.codec import KIND_PERSISTENT
 from monarch.actor._base.envelope import Envelope, FrameLimits
+from monarch.actor._transport import shm as _shm
 from monarch.actor._transport.lane import LaneManager, LaneSettings, TcpLane, UnixLane
 from monarch.actor._transport.lane_proto import (
     Auth,
@@ -111,16 +114,64 @@ def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Clu
     assert bytes(buffers[1]) == b"abc"
     lane = a.transport._peers[b.transport.pid.raw].lane
     assert isinstance(lane, UnixLane)
-    wait_for(lambda: lane.shm_outstanding == 0)  # the receiver acknowledged the slot
+    # The mapping is the slot: it stays the receiver's (unacknowledged) while the object lives
+    time.sleep(0.05)
+    assert lane.shm_outstanding == 1 << 20
+    buffers[0][0] = 7  # private: the receiver's write never reaches the slot
+    del buffers
+    b.got.clear()
+    gc.collect()
+    wait_for(lambda: lane.shm_outstanding == 0)  # freed: the receiver acknowledged the slot
     frozen = bytes(range(256)) * 2048
     for i in range(20):  # the slot is reused, never rewritten while in flight
         a.transport.send(
             with_buffers(envelope(a, b.transport.pid, 2 + i), [frozen]), [memoryview(frozen)]
         )
-    b.wait("got", 21)
-    assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got[1:])
-    assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got[1:])
+    b.wait("got", 20)
+    assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got)
+    assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got)
     assert lane.pool.issued == 21  # every large buffer went through a slot
+    assert lane.pool.detached_issued == 0  # and a pooled one: copied out, acknowledged at once
+    wait_for(lambda: lane.shm_outstanding == 0)
+
+
+def test_a_held_mapping_sends_later_buffers_in_detached_slots_then_recycles() -> None:
+    """The receiver keeps an array rebuilt over a slot: over the bound the sender uses fresh
+    (detached) slots, acknowledged on receipt; once the array is freed the pooled slot is
+    reused."""
+    c = Cluster(lane_settings=LaneSettings(shm_threshold=1024, max_shm_bytes=128 * 1024))
+    try:
+        root = c.add()
+        a, b = c.add(root), c.add(root)
+        on_lane(a, b)
+        lane = a.transport._peers[b.transport.pid.raw].lane
+        assert isinstance(lane, UnixLane)
+        data = bytearray(range(256)) * 400  # 100 KiB: a 128 KiB slot, the whole bound
+        for i in range(3):
+            data[0] = i
+            a.transport.send(
+                with_buffers(envelope(a, b.transport.pid, i), [data]), [memoryview(data)]
+            )
+            b.wait("got", i + 1)
+            # the first is held by the receiver; a detached one is acknowledged on receipt
+            wait_for(lambda: lane.shm_outstanding == 128 * 1024)
+        got = [env_buffers[1][0] for env_buffers in b.got]
+        assert [type(x) for x in got] == [mmap.mmap] * 3
+        assert [x[0] for x in got] == [0, 1, 2]
+        assert all(x[1:] == data[1:] for x in got)
+        assert lane.pool.issued == 3
+        assert lane.pool.detached_issued == 2
+        del got
+        b.got.clear()
+        gc.collect()
+        wait_for(lambda: lane.shm_outstanding == 0)
+        # the receiver gave its detached slots back: the sender keeps what its bound allows
+        wait_for(lambda: lane.pool.adopted == 1)
+        a.transport.send(with_buffers(envelope(a, b.transport.pid, 3), [data]), [memoryview(data)])
+        b.wait("got", 1)
+        assert lane.pool.detached_issued == 2  # the recycled slot again
+    finally:
+        c.close()
 
 
 def test_a_large_persistent_bytearray_arrives_as_a_bytearray(cluster: Cluster) -> None:
@@ -282,3 +333,127 @@ def test_a_lane_handshake_refuses_an_impostor_and_a_foreign_certificate() -> Non
 def test_decoding_a_handshake_message_is_bounded() -> None:
     auth = Auth(b"t" * 16, (b"c" * 10,), b"s")
     assert decode_control(encode_handshake(auth)[4:]) == auth
+
+
+def _sender_lane_against(script: Any) -> tuple[UnixLane, list[str]]:
+    """A sender ``UnixLane`` on one end of a socket pair; ``script(peer_socket)`` plays the
+    receiver; returns the lane and the reasons it failed with."""
+    failures: list[str] = []
+
+    async def run() -> UnixLane:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        lane = UnixLane(mine, asyncio.get_running_loop(), b"\x01" * 16, LaneSettings())
+        lane.on_failed = failures.append
+        lane.start_sender()
+        try:
+            script(theirs)
+            for _ in range(50):  # let the loop read what the peer wrote
+                await asyncio.sleep(0.002)
+        finally:
+            theirs.close()
+            lane.close()
+        return lane
+
+    return asyncio.run(run()), failures
+
+
+def _give_back(sock: socket.socket, fd: int | None) -> None:
+    import array
+
+    fds = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+    sock.sendmsg([b"\0\0\0\0"], fds)
+
+
+def test_a_slot_given_back_is_kept_only_when_it_is_a_sealed_slot() -> None:
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, 64 * 1024)
+    try:
+        lane, failures = _sender_lane_against(lambda peer: _give_back(peer, unsealed))
+    finally:
+        os.close(unsealed)
+    assert failures == []  # refused quietly: it could shrink under the sender's mapping
+    assert lane.pool.adopted == 0
+
+    pool = _shm.ShmPool(1 << 20)
+    taken = pool.put(memoryview(b"s" * 100_000))
+    assert taken is not None
+    try:
+        lane, failures = _sender_lane_against(lambda peer: _give_back(peer, taken[1]))
+    finally:
+        os.close(taken[1])
+        pool.close()
+    assert failures == []
+    assert lane.pool.adopted == 1  # a sealed slot of a slot size: kept
+
+
+def test_a_give_back_without_its_descriptor_or_a_stray_ack_fails_the_lane() -> None:
+    _lane, failures = _sender_lane_against(lambda peer: _give_back(peer, None))
+    assert len(failures) == 1
+    assert "gave back a slot without its descriptor" in failures[0]
+    _lane, failures = _sender_lane_against(lambda peer: peer.send(b"\0\0\0\7"))
+    assert len(failures) == 1
+    assert "acknowledged shared memory never sent" in failures[0]
+
+
+def test_a_corked_batch_of_frames_with_descriptors_arrives_in_order() -> None:
+    """Frames with shared-memory descriptors queued together leave in one sendmsg (every
+    descriptor with the batch's first byte, at most 32 per call); the receiver claims them in
+    frame order."""
+    from monarch.actor._base.envelope import FRAME_PREFIX as prefix
+    from monarch.actor._base.envelope import ActorAddr, MessageKind
+    from monarch.actor._transport.lane_proto import lane_prefix
+
+    encoder = msgspec.msgpack.Encoder()
+    got: list[tuple[int, bytes]] = []
+    n = 70  # three sendmsg calls' worth of descriptors
+    pool = _shm.ShmPool(256 << 20)
+
+    async def run() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender = UnixLane(one, loop, b"\x01" * 16, LaneSettings())
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        done = asyncio.Event()
+        ended: list[str | None] = []
+
+        def on_message(env: Envelope, buffers: list[Any]) -> None:
+            got.append((env.sequence, bytes(buffers[0])))
+            if len(got) == n:
+                done.set()
+
+        receiver.start(on_message, ended.append)
+        sender.start_sender()
+        calls = 0
+        real = one.sendmsg
+
+        def counting(*args: Any) -> int:
+            nonlocal calls
+            calls += 1
+            return real(*args)
+
+        sender._sock = type("S", (), {"sendmsg": staticmethod(counting)})()
+        sender.cork()
+        for seq in range(n):
+            data = bytes([seq]) * 70_000
+            taken = pool.put(memoryview(data))
+            assert taken is not None
+            env = Envelope(
+                MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
+                -1, "ep", seq, None, None, b"", (len(data),), b"\x01",
+            )  # fmt: skip
+            header = encoder.encode(env)
+            pieces = [lane_prefix([(0, taken[0])]), prefix.pack(len(header), 0), header]
+            sender.send_frame(pieces, [taken[1]], 1)
+        sender.uncork()
+        await asyncio.wait_for(done.wait(), T)
+        sender._sock = one
+        sender.close()
+        receiver.close()
+        return calls, len(ended)
+
+    calls, ended = asyncio.run(run())
+    pool.close()
+    assert [seq for seq, _data in got] == list(range(n))
+    assert all(data == bytes([seq]) * 70_000 for seq, data in got)
+    assert calls == 3  # 32 + 32 + 6 descriptors
+    assert ended == 0

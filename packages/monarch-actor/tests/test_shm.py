@@ -1,9 +1,13 @@
-"""Pooled memfd slots: one copy out, one copy in, bounded, reused, and refusals of bad input."""
+"""Pooled, sealed memfd slots: one copy out, one copy in (or a mapping), bounded, reused,
+refusals of bad input, and an unsealed descriptor read rather than mapped."""
 
 from __future__ import annotations
 
+import fcntl
+import gc
 import mmap
 import os
+import weakref
 
 import pytest
 
@@ -42,21 +46,121 @@ def test_writable_buffers_come_back_as_bytearrays() -> None:
     pool.close()
 
 
+def _inode(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
 def test_slots_are_reused_after_acknowledgement_and_bounded_before() -> None:
     pool = _shm.ShmPool(256 * 1024)
     first = pool.put(memoryview(b"a" * 100_000))
     second = pool.put(memoryview(b"b" * 100_000))
     assert first is not None
     assert second is not None
-    assert pool.put(memoryview(b"c" * 100_000)) is None  # over the bound: inline instead
-    for _slot, fd in (first, second):
+    first_file = _inode(first[1])
+    # over the bound of pooled slots: detached ones (bounded alike), then inline
+    third = pool.put(memoryview(b"c" * 100_000))
+    fourth = pool.put(memoryview(b"c" * 100_000))
+    assert third is not None
+    assert fourth is not None
+    assert third[0] & _shm.DETACHED
+    assert fourth[0] & _shm.DETACHED
+    assert pool.detached_issued == 2
+    assert pool.outstanding == 512 * 1024
+    assert pool.put(memoryview(b"c" * 100_000)) is None
+    assert _shm.read_buffer(third[1], 100_000, writable=False) == b"c" * 100_000
+    for _slot, fd in (first, second, fourth):
         os.close(fd)
+    assert pool.release(third[0])  # a detached slot: only the count goes down
+    assert not pool.release(third[0])
+    assert pool.outstanding == 384 * 1024
     assert pool.release(first[0])
     assert not pool.release(first[0])  # an acknowledgement for a slot not in flight
-    third = pool.put(memoryview(b"d" * 90_000))
-    assert third is not None
-    assert _shm.read_buffer(third[1], 90_000, writable=False) == b"d" * 90_000
+    again = pool.put(memoryview(b"d" * 90_000))
+    assert again is not None
+    assert not again[0] & _shm.DETACHED
+    assert _inode(again[1]) == first_file  # the same slot, rewritten
+    assert _shm.read_buffer(again[1], 90_000, writable=False) == b"d" * 90_000
     pool.close()
+
+
+def test_slots_are_sealed_so_a_receiver_cannot_shrink_them() -> None:
+    pool = _shm.ShmPool(1 << 20)
+    for taken in (pool.put(memoryview(b"s" * 70_000)), pool.put(memoryview(b"t" * 600_000))):
+        assert taken is not None  # the second over the bound: a detached slot, sealed too
+        _slot, fd = taken
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_SHRINK
+        assert seals & fcntl.F_SEAL_GROW
+        assert seals & fcntl.F_SEAL_SEAL  # nor add or remove seals
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 10)
+        os.close(fd)
+    pool.close()
+
+
+def test_bytes_and_bytearrays_are_read_out_and_the_slot_freed_at_once() -> None:
+    pool = _shm.ShmPool(1 << 20)
+    for fill in (b"x", b"y"):
+        taken = pool.put(memoryview(fill * 300_000))
+        assert taken is not None
+        slot, fd = taken
+        received, held = _shm.receive_buffer(fd, 300_000, 0b11)  # read-only, persistent
+        assert not held  # copied out: the slot may be reused at once
+        assert type(received) is bytes
+        assert received == fill * 300_000
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
+        assert pool.release(slot)
+    taken = pool.put(memoryview(b"z" * 100_000))
+    assert taken is not None
+    received, held = _shm.receive_buffer(taken[1], 100_000, 0b10)  # writable, persistent
+    assert (type(received), held) == (bytearray, False)
+    assert received == b"z" * 100_000
+    pool.close()
+
+
+def test_an_in_place_buffer_is_a_private_mapping_of_the_slot() -> None:
+    pool = _shm.ShmPool(1 << 20)
+    data = os.urandom(300_000)
+    taken = pool.put(memoryview(data))
+    assert taken is not None
+    slot_fd = os.dup(taken[1])
+    try:
+        received, held = _shm.receive_buffer(taken[1], len(data), 0)  # protocol 5, writable
+        assert held  # the slot is the object's until it is freed
+        assert isinstance(received, mmap.mmap)
+        assert received[:] == data
+        received[0] ^= 0xFF  # copy on write: never reaches the slot
+        assert os.pread(slot_fd, len(data), 0) == data
+        freed: list[int] = []
+        weakref.finalize(received, freed.append, 1)
+        del received
+        gc.collect()
+        assert freed == [1]
+    finally:
+        os.close(slot_fd)
+    pool.close()
+
+
+def test_an_unsealed_descriptor_is_read_not_mapped() -> None:
+    fd = os.memfd_create("hostile")  # no seals: it could shrink under a mapping
+    os.write(fd, b"h" * 100_000)
+    theirs = os.dup(fd)  # the sender keeps a descriptor
+    received, held = _shm.receive_buffer(fd, 100_000, 0)
+    assert not held  # read into the receiver's own memory
+    os.ftruncate(theirs, 10)  # a mapping of the file would now fault past its end
+    os.pwrite(theirs, b"changed", 0)
+    os.close(theirs)
+    assert bytes(received) == b"h" * 100_000
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    short = os.memfd_create("short")
+    os.write(short, b"abc")
+    with pytest.raises(_shm.ShmError, match="3 bytes where 4 were announced"):
+        _shm.receive_buffer(short, 4, 0)
+    with pytest.raises(OSError):
+        os.fstat(short)  # closed on refusal too
 
 
 def test_a_size_beyond_the_file_is_refused() -> None:
@@ -87,4 +191,27 @@ def test_mapped_writable_buffers_come_back_as_private_writable_mappings() -> Non
         assert os.pread(slot_fd, len(data), 0) == data
     finally:
         os.close(slot_fd)
+    pool.close()
+
+
+def test_free_slots_of_other_sizes_make_room_for_the_size_in_use() -> None:
+    pool = _shm.ShmPool(512 * 1024)
+    big = pool.put(memoryview(b"B" * 400_000))  # a 512 KiB slot: the whole in-flight bound
+    other = pool.put(memoryview(b"b" * 400_000))  # over it: a detached one
+    assert big is not None
+    assert other is not None
+    assert other[0] & _shm.DETACHED
+    os.close(big[1])
+    assert pool.release(big[0])
+    assert pool.release(other[0])
+    assert pool.adopt(other[1])  # given back: two free 512 KiB slots, twice the bound
+    small = pool.put(memoryview(b"s" * 100_000))  # a 128 KiB slot
+    assert small is not None
+    small_file = _inode(small[1])
+    os.close(small[1])
+    assert pool.release(small[0])  # kept: a free 512 KiB slot is closed to make room
+    again = pool.put(memoryview(b"t" * 100_000))
+    assert again is not None
+    assert _inode(again[1]) == small_file  # the small slot reused, not a fresh memfd
+    os.close(again[1])
     pool.close()

@@ -9,10 +9,13 @@ halves of the handshake. Everything runs on the runtime loop.
   (nothing in the file system; it disappears with the process) and raw non-blocking sockets
   driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
   accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
-  through pooled memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads each
-  slot at once and acknowledges it on the same socket, which bounds the shared bytes a sender
-  has outstanding (``max_shm_bytes``; over the bound, buffers go inline) and lets the sender
-  reuse the slot.
+  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads
+  a ``bytes`` or ``bytearray`` out of the slot and acknowledges the slot at once, or hands an
+  array or tensor a private mapping of it and acknowledges the slot when that mapping is
+  freed. The acknowledgements (on the same socket) bound the shared bytes a sender has
+  outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes in a
+  detached slot (the receiver's, acknowledged on receipt and given back, descriptor and all,
+  when it is done with it, so that its pages are reused warm), over both bounds inline.
 - TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
   both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
   compared with the PID the negotiation named.
@@ -35,6 +38,7 @@ import os
 import socket
 import ssl
 import struct
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -43,7 +47,6 @@ from cryptography import x509
 
 from chrysalis.core import Pid
 from chrysalis.quic import verify_peer_chain
-from monarch.actor._base.codec import KIND_PERSISTENT, KIND_READONLY
 from monarch.actor._base.envelope import Envelope, FrameLimits
 from monarch.actor._base.errors import FrameError
 from monarch.actor._transport import shm as _shm
@@ -70,7 +73,10 @@ _log = logging.getLogger("monarch.actor.lane")
 _ACK = struct.Struct(">I")
 _IOV_MAX: Final = 512
 _FDS_PER_RECV: Final = 64
+_FDS_PER_SEND: Final = 32  # well under what one receive takes (no truncated descriptors)
 ZERO_SHM_HEAD: Final = b"E\x00\x00"
+_GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given back
+_MAX_KEPT: Final = 64  # detached slots a receiver keeps open to give back, per lane
 
 MessageCallback = Callable[[Envelope, list[Any]], None]
 EndCallback = Callable[[str | None], None]
@@ -86,8 +92,10 @@ class LaneSettings:
         max_pending: offers and handshaken lanes waiting for their ``Switch``.
         shm_threshold: buffers of at least this many bytes travel as shared memory on Unix
             lanes (0: never).
-        max_shm_bytes: shared bytes a sender may have in flight on one lane (slots sent and not
-            yet acknowledged as read by the receiver); it keeps as much again in free slots.
+        max_shm_bytes: shared bytes a sender may have in flight on one lane in its own slots
+            (sent and not yet acknowledged: read, or a mapping of them freed, by the receiver)
+            and, as much again, in detached slots not yet received; its own slots, in flight
+            and free, hold at most twice this.
         max_fds: descriptors received and not yet claimed by a frame.
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
         force_tcp: offer TCP even to processes on this host (tests).
@@ -192,6 +200,8 @@ class UnixLane:
         self.on_failed: Callable[[str], None] = lambda _r: None
         self._ack_buf = bytearray()
         self._pending_acks: list[int] = []
+        self._returned: collections.deque[int] = collections.deque()  # given-back descriptors
+        self._kept = 0  # detached slots held by received objects, to be given back
         self._decoder: LaneDecoder | None = None
         self._on_message: MessageCallback | None = None
         self._on_end: EndCallback | None = None
@@ -281,11 +291,18 @@ class UnixLane:
         sock = self._sock
         while out:
             first = out[0]
-            fds = first[1]
+            fds = list(first[1]) if first[1] else []
+            carriers = [first] if fds else []
             batch = [first[0]]
+            # Frames with descriptors share one sendmsg too: the descriptors of every frame of
+            # the batch travel with its first byte (so they arrive before or with their frames,
+            # and the receiver claims them in order), at most _FDS_PER_SEND of them.
             for entry in itertools.islice(out, 1, _IOV_MAX):
                 if entry[1] is not None:
-                    break
+                    if len(fds) + len(entry[1]) > _FDS_PER_SEND:
+                        break
+                    fds.extend(entry[1])
+                    carriers.append(entry)
                 batch.append(entry[0])
             try:
                 if fds:
@@ -302,11 +319,12 @@ class UnixLane:
             except OSError as exc:
                 self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
                 return
-            if fds:
+            if fds:  # passed, whatever part of the bytes was written
                 for fd in fds:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                first[1] = None
+                for entry in carriers:
+                    entry[1] = None
             while sent:
                 entry = out[0]
                 size = memoryview(entry[0]).nbytes
@@ -329,12 +347,19 @@ class UnixLane:
 
     def _on_acks(self) -> None:
         try:
-            data = self._sock.recv(4096)
+            data, ancdata, _flags, _addr = self._sock.recvmsg(
+                4096, socket.CMSG_SPACE(_FDS_PER_RECV * 4), socket.MSG_CMSG_CLOEXEC
+            )
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
             return
+        for level, kind, raw in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
+                self._returned.extend(fds)
         if not data:
             self._fail(f"process {self.peer.hex()} closed its lane")
             return
@@ -342,9 +367,16 @@ class UnixLane:
         while len(self._ack_buf) >= _ACK.size:
             (slot,) = _ACK.unpack_from(self._ack_buf)
             del self._ack_buf[: _ACK.size]
-            if not self.pool.release(slot):
+            if slot == 0:  # a detached slot given back, its descriptor beside it
+                if not self._returned:
+                    self._fail(f"process {self.peer.hex()} gave back a slot without its descriptor")
+                    return
+                self.pool.adopt(self._returned.popleft())
+            elif not self.pool.release(slot):
                 self._fail(f"process {self.peer.hex()} acknowledged shared memory never sent")
                 return
+        if len(self._returned) > _FDS_PER_RECV:
+            self._fail(f"process {self.peer.hex()} sent descriptors without acknowledgements")
 
     # -- inbound ------------------------------------------------------------------------------
     def start(self, on_message: MessageCallback, on_end: EndCallback) -> None:
@@ -403,20 +435,82 @@ class UnixLane:
         while (message := decoder.next_message()) is not None:
             envelope, buffers, shm = message
             for position, (index, fd, size, slot) in enumerate(shm):
+                # A detached slot is ours: given back to the sender when we are done with it,
+                # so that its pages are reused warm (a bounded number kept open meanwhile).
+                keep = -1
+                if slot & _shm.DETACHED and self._kept < _MAX_KEPT:
+                    with contextlib.suppress(OSError):
+                        keep = os.dup(fd)
                 try:
-                    kind = envelope.buffer_kinds[index]
-                    writable = not kind & KIND_READONLY
-                    # A protocol-5 buffer (numpy, tensors) is rebuilt over whatever memory it
-                    # arrives in: a mapping; a persistent one becomes a bytearray: read into one.
-                    mapped = writable and not kind & KIND_PERSISTENT
-                    buffers[index] = _shm.read_buffer(fd, size, writable, mapped)
-                except (_shm.ShmError, OSError) as exc:
-                    for _i, other, _s, _slot in shm[position + 1 :]:
+                    buffer, held = _shm.receive_buffer(fd, size, envelope.buffer_kinds[index])
+                except (_shm.ShmError, OSError, ValueError) as exc:
+                    for other in [keep] + [other for _i, other, _s, _n in shm[position + 1 :]]:
                         with contextlib.suppress(OSError):
-                            os.close(other)
+                            if other >= 0:
+                                os.close(other)
                     raise FrameError(str(exc)) from None
-                self._pending_acks.append(slot)
+                buffers[index] = buffer
+                if slot & _shm.DETACHED:
+                    self._pending_acks.append(slot)  # taken: the sender's count goes down
+                    if keep >= 0:
+                        if held:
+                            self._kept += 1
+                            weakref.finalize(buffer, self._give_back_later, keep).atexit = False
+                        else:
+                            self._give_back(keep)
+                elif held:
+                    # The object rebuilt over this mapping owns the slot: acknowledged when the
+                    # mapping is freed (any thread), so the sender reuses it only then.
+                    weakref.finalize(buffer, self._release_later, slot).atexit = False
+                else:
+                    self._pending_acks.append(slot)
             self._on_message(envelope, buffers)
+
+    def _release_later(self, slot: int) -> None:
+        """A mapping that held ``slot`` was freed (any thread): acknowledge it on the loop."""
+        if self._closed:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the lane is gone too
+            self._loop.call_soon_threadsafe(self._ack_now, slot)
+
+    def _give_back_later(self, fd: int) -> None:
+        """A mapping of a detached slot was freed (any thread): give the slot back on the
+        loop (or close it when the lane is gone)."""
+        if not self._closed:
+            try:
+                self._loop.call_soon_threadsafe(self._give_back, fd, True)
+                return
+            except RuntimeError:  # the loop is closed: the lane is gone too
+                pass
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def _give_back(self, fd: int, kept: bool = False) -> None:
+        """Send ``fd`` back to the sender (a ``GIVE_BACK`` acknowledgement carrying it)."""
+        if kept:
+            self._kept -= 1
+        try:
+            if not self._closed:
+                self._send_acks()  # keep acknowledgements in order before it
+                if not self._pending_acks:
+                    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+                    sent = self._sock.sendmsg([_GIVE_BACK], ancillary)
+                    if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
+                        self._sock.setblocking(True)
+                        try:
+                            self._sock.sendall(_GIVE_BACK[sent:])
+                        finally:
+                            self._sock.setblocking(False)
+        except OSError:
+            pass  # not sent (a full socket, or its end): the memory goes with the descriptor
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _ack_now(self, slot: int) -> None:
+        if not self._closed:
+            self._pending_acks.append(slot)
+            self._send_acks()
 
     def _send_acks(self) -> None:
         acks = self._pending_acks
@@ -467,6 +561,9 @@ class UnixLane:
         if self._decoder is not None:
             self._decoder.close()
         self.pool.close()
+        while self._returned:
+            with contextlib.suppress(OSError):
+                os.close(self._returned.popleft())
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

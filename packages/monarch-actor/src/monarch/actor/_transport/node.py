@@ -46,8 +46,8 @@ may end without consequence; the lane's end is what fails the peer then, exactly
 stream does. ``force_quic`` (setting ``MONARCH_FORCE_QUIC``) keeps everything on the QUIC
 path. On a Unix lane, buffers of at least ``LaneSettings.shm_threshold`` bytes travel as memfd
 slots (``shm``): the sender copies them once, straight from the caller's memory into a pooled
-memfd slot, and the receiver reads them once, straight into the objects the values are rebuilt
-from.
+memfd slot, and the receiver copies a ``bytes`` out once or rebuilds an array or tensor over a
+private mapping of the slot (no copy).
 """
 
 from __future__ import annotations
