@@ -66,7 +66,14 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from chrysalis.node import _agent_client
-from chrysalis.node._agent_client import DONE, REFUSED, REQUEST_MAGIC, decode_request, encode_reply
+from chrysalis.node._agent_client import (
+    DONE,
+    REFUSED,
+    REQUEST_MAGIC,
+    _recv_exactly,
+    decode_request,
+    encode_reply,
+)
 from chrysalis.node._cli import COMMANDS, _command_name, build_parser, main
 
 __all__ = [
@@ -127,17 +134,6 @@ def _send_frame(sock: socket.socket, record: object, fds: Sequence[int] = ()) ->
     sent = sock.sendmsg([payload], ancillary)
     if sent < len(payload):
         sock.sendall(payload[sent:])
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 16))
-        if not chunk:
-            raise ConnectionError("the peer closed the connection")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
 
 
 def _recv_raw(sock: socket.socket, max_fds: int = 0) -> tuple[bytes, list[int]]:

@@ -129,7 +129,7 @@ def _recv_exactly(sock: _socket.socket, n: int) -> bytes:
     while n:
         chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
-            raise ConnectionError("the agent closed the connection")
+            raise ConnectionError("the other side closed the connection")
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
