@@ -16,9 +16,11 @@ Each round runs these commands back to back, so that they see about the same loa
 
 1. **bare** (the floor): ``python -c pass``.
 2. **import** on each tree: ``python -c "import monarch.actor"``.
-3. **loop** on each tree: ``python -m monarch.actor._attach --address udp://127.0.0.1:0 --ca
-   CA`` (the worker loop's documented entry point), from exec until it prints its listening
-   address; it is then killed (SIGKILL) and reaped.
+3. **loop** on each tree: ``python -m monarch.actor._attach --address udp://127.0.0.1:0`` (the
+   worker loop's documented entry point), from exec until it prints its listening address; it
+   is then killed (SIGKILL) and reaped.
+4. **job_host** on each tree: ``python -m monarch.job._host --listen udp://127.0.0.1:0
+   --ready-stdout`` (a ``ProcessJob`` host started with exec), measured the same way.
 
 The two trees are the candidate (this checkout) and the baseline (``--baseline``, default
 ``/work/main``), each run with its own ``packages/*/src`` first on ``PYTHONPATH``; their order
@@ -68,7 +70,39 @@ COMMAND_TIMEOUT: Final = 60.0
 """Seconds one measured command may take."""
 DEFAULT_BASELINE: Final = Path("/work/main")
 IMPORT_CODE: Final = "import monarch.actor"
-LOOP_ARGS: Final = ("-m", "monarch.actor._attach", "--address", "udp://127.0.0.1:0")
+LOOPS: Final = {
+    "loop": ("-m", "monarch.actor._attach", "--address", "udp://127.0.0.1:0"),
+    "job_host": ("-m", "monarch.job._host", "--listen", "udp://127.0.0.1:0", "--ready-stdout"),
+}
+"""The processes measured from exec to listening: the worker loop's documented entry point
+(``run_worker_loop_forever``), and a job's host as ``ProcessJob`` starts it where it cannot
+fork (``SlurmJob``'s ``monarch.job._host_worker`` runs the same worker loop)."""
+NAMES: Final = {
+    "import": '`python -c "import monarch.actor"`',
+    "loop": "worker loop (`-m monarch.actor._attach`) to listening",
+    "job_host": "job host (`-m monarch.job._host`) to listening",
+}
+NOTES: Final = """\
+Where the CPU time goes (this tree; `-X importtime`, the least self time of each module over
+7 runs, summed by group: about 275 ms of imports in all): the standard library 27% (asyncio,
+ssl, logging, dataclasses, inspect, ...), chrysalis.core 11%, chrysalis.nameserver 11%,
+cryptography 9%, aioquic's `tls` module's own imports 8% (service_identity, pyOpenSSL, attrs,
+idna, certifi), aioquic 7%, chrysalis.quic 7%, the monarch.actor layers 13% together,
+msgspec/pluggy 3%, chrysalis.datagram 3%. Of a worker loop's CPU time to listening, about 4%
+is the interpreter's own start (`python -c pass`), about 90% importing, and the rest issuing
+its TLS identity and starting the node (about 10 ms). What changed: `importlib.metadata` (with
+`zipfile`, `csv`, ...) is imported on the first entry-point lookup, which no worker makes; the
+worker entry points import the stack with the cyclic collector paused and freeze what the
+imports made (a full collection after the imports walked all of it: about 20 ms before
+listening on the baseline). What cannot go: aioquic's `tls` module imports service_identity
+(hence pyOpenSSL and attrs) at its top, for host name checks that Chrysalis never asks for
+(its peers are PIDs), and the aioquic engine needs that module; qh3's own stack costs about
+half as much to import (26 against 55 ms of CPU on top of cryptography, measured side by
+side), but this tree's qh3 engine also imports `aioquic.quic.connection`, so choosing it saves
+nothing until that is split. The `import monarch.actor` row includes the interpreter's exit
+(about 110 ms of CPU in a forked child's `sys.exit` after the import; not analysed further);
+the worker rows end at listening.
+"""
 
 
 def tree_env(tree: Path, cache: Path, ca_dir: Path) -> dict[str, str]:
@@ -124,11 +158,12 @@ def run_command(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]
     return cpu, wall
 
 
-def run_loop(env: dict[str, str]) -> tuple[float, float]:
-    """Start a worker loop; (CPU seconds up to its address line, wall seconds to that line)."""
+def run_loop(env: dict[str, str], case: str = "loop") -> tuple[float, float]:
+    """Start the ``LOOPS[case]`` process; (CPU seconds up to its address line, wall seconds to
+    that line)."""
     start = time.perf_counter()
     popen = subprocess.Popen(
-        [sys.executable, *LOOP_ARGS],
+        [sys.executable, *LOOPS[case]],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -143,11 +178,11 @@ def run_loop(env: dict[str, str]) -> tuple[float, float]:
             while not line.endswith(b"\n"):
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(left):
-                    raise BenchmarkError(f"the worker loop did not listen within {COMMAND_TIMEOUT}")
+                    raise BenchmarkError(f"{case} did not listen within {COMMAND_TIMEOUT} s")
                 chunk = os.read(popen.stdout.fileno(), 4096)
                 if not chunk:
                     err = popen.stderr.read().decode(errors="replace")
-                    raise BenchmarkError(f"the worker loop exited before listening: {err[-2000:]}")
+                    raise BenchmarkError(f"{case} exited before listening: {err[-2000:]}")
                 line += chunk
         wall = time.perf_counter() - start
         os.kill(popen.pid, signal.SIGKILL)
@@ -160,7 +195,7 @@ def run_loop(env: dict[str, str]) -> tuple[float, float]:
         popen.stdout.close()
         popen.stderr.close()
     if not line.startswith(b"udp://"):
-        raise BenchmarkError(f"unexpected first line from the worker loop: {line!r}")
+        raise BenchmarkError(f"unexpected first line from {case}: {line!r}")
     return cpu, wall
 
 
@@ -169,8 +204,8 @@ def measure(mode: str, baseline: Path) -> dict[str, Any]:
     trees = {"candidate": ROOT, "baseline": baseline}
     samples: dict[str, list[tuple[float, float]]] = {"bare": []}
     for side in trees:
-        samples[f"import/{side}"] = []
-        samples[f"loop/{side}"] = []
+        for case in ("import", *LOOPS):
+            samples[f"{case}/{side}"] = []
     loads = []
     with tempfile.TemporaryDirectory(prefix="worker-start-") as scratch:
         ca_dir = Path(scratch) / "ca"
@@ -181,7 +216,8 @@ def measure(mode: str, baseline: Path) -> dict[str, Any]:
         bare = [sys.executable, "-c", "pass"]
         for env in envs.values():  # warm-up: bytecode caches, the CA
             run_command([sys.executable, "-c", IMPORT_CODE], env)
-            run_loop(env)
+            for case in LOOPS:
+                run_loop(env, case)
         for index in range(rounds):
             loads.append(os.getloadavg()[0])
             order = list(trees) if index % 2 == 0 else list(reversed(list(trees)))
@@ -190,8 +226,9 @@ def measure(mode: str, baseline: Path) -> dict[str, Any]:
                 samples[f"import/{side}"].append(
                     run_command([sys.executable, "-c", IMPORT_CODE], envs[side])
                 )
-            for side in order:
-                samples[f"loop/{side}"].append(run_loop(envs[side]))
+            for case in LOOPS:
+                for side in order:
+                    samples[f"{case}/{side}"].append(run_loop(envs[side], case))
             print(f"round {index + 1}/{rounds} done", file=sys.stderr)
     return {"rounds": rounds, "samples": samples, "load": loads}
 
@@ -220,8 +257,8 @@ def report(result: dict[str, Any], meta: dict[str, str], baseline: Path) -> str:
         f"| `python -c pass` | - | {1000 * bare_cpu:.0f} | 0 | "
         f"{1000 * median([s[1] for s in samples['bare']]):.0f} |"
     )
-    names = {"import": '`python -c "import monarch.actor"`', "loop": "worker loop to listening"}
-    for case in ("import", "loop"):
+    names = NAMES
+    for case in ("import", *LOOPS):
         for side in ("baseline", "candidate"):
             cpu = median([s[0] for s in samples[f"{case}/{side}"]])
             wall = median([s[1] for s in samples[f"{case}/{side}"]])
@@ -231,14 +268,14 @@ def report(result: dict[str, Any], meta: dict[str, str], baseline: Path) -> str:
             )
     lines += ["", "| command | CPU ratio candidate / baseline (median, min-max) | wall ratio |"]
     lines.append("|---|---|---|")
-    for case in ("import", "loop"):
+    for case in ("import", *LOOPS):
         cpu_ratios = _ratios(samples, case, 0)
         wall_ratios = _ratios(samples, case, 1)
         lines.append(
             f"| {names[case]} | {median(cpu_ratios):.2f}x "
             f"({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}) | {median(wall_ratios):.2f}x |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + NOTES
 
 
 def main(argv: Sequence[str] | None = None) -> int:
