@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if mode != "full":
             print("--write-readme needs a full run; README left as it is", file=sys.stderr)
         else:
-            write_readme_section(README, text)
+            write_readme_section(README, text, HEADING)
     return 0
 
 
