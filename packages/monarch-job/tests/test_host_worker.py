@@ -103,6 +103,27 @@ def test_the_worker_loop_imports_only_what_it_needs_with_collection_back_on() ->
     assert actor is True  # the worker loop itself
 
 
+def test_an_exec_started_job_host_imports_with_collection_paused_then_frozen() -> None:
+    """``python -m monarch.job._host`` (``ProcessJob``'s host where it cannot fork) does as the
+    worker loop above: collection off while importing, the imports frozen, then back on."""
+    probe = (
+        "import gc, json, runpy, sys\n"
+        "sys.argv = ['_host', '--help']  # exits after the imports\n"
+        "try:\n"
+        "    runpy.run_module('monarch.job._host', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print(json.dumps([code, gc.isenabled(), gc.get_freeze_count()]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    code, collecting, frozen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0, done.stderr
+    assert collecting is True
+    assert frozen > 10_000  # the stack's modules, classes and functions
+
+
 def test_the_package_imports_its_names_on_first_use() -> None:
     probe = (
         "import json, sys\n"

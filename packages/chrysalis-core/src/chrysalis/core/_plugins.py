@@ -22,13 +22,12 @@ builds the process-wide one lazily, exactly once.
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pluggy
 
@@ -45,6 +44,9 @@ from chrysalis.core._plugin_types import (
     UnknownPluginError,
     check_plugin_key,
 )
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 __all__ = ["PluginRegistry", "default_registry"]
 
@@ -124,6 +126,12 @@ class PluginRegistry:
         distribution and entry point, chained to the cause; plugins loaded before it stay
         registered, and a later call retries the failed one.
         """
+        # Imported here, not at the top: ``importlib.metadata`` (with ``email``, ``zipfile``,
+        # ``csv``) is about a twentieth of a worker's start-up, and a process that never looks
+        # up an entry point (a worker, a worker loop) never needs it. Once imported it is a
+        # ``sys.modules`` hit; this runs once per registry anyway.
+        import importlib.metadata
+
         with self._lock:
             count = 0
             for dist in importlib.metadata.distributions():

@@ -13,21 +13,36 @@ worker loop's log and the output of the worker processes it starts.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import atexit
-import contextlib
-import logging
-import os
-import stat
-import sys
-from collections.abc import Sequence
+import gc
 
-from chrysalis.node.netns import enter_netns
-from monarch.actor._hosts.attach_daemon import WorkerDaemon
-from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
-from monarch.actor._runtime import logging as runtime_logging
-from monarch.config import _registry as _config
+# Run with exec (``python -m``: where the client cannot fork its hosts), this process's
+# start-up is on the path of the job's ``apply()``, and importing the stack is most of it: as
+# in ``_host_worker``, collection is off while importing (the imports make long-lived objects
+# only) and what they made is frozen before it is back on. Imported (a forked host, tests),
+# nothing changes.
+_STARTING_AS_MAIN = __name__ == "__main__" and gc.isenabled()
+if _STARTING_AS_MAIN:
+    gc.disable()
+try:
+    import argparse
+    import asyncio
+    import atexit
+    import contextlib
+    import logging
+    import os
+    import stat
+    import sys
+    from collections.abc import Sequence
+
+    from chrysalis.node.netns import enter_netns
+    from monarch.actor._hosts.attach_daemon import WorkerDaemon
+    from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
+    from monarch.actor._runtime import logging as runtime_logging
+    from monarch.config import _registry as _config
+finally:
+    if _STARTING_AS_MAIN:
+        gc.freeze()
+        gc.enable()
 
 __all__ = ["main"]
 
