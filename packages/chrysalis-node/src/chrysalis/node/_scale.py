@@ -1338,6 +1338,12 @@ async def serve_persistent(
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), _REAP_INTERVAL)
+            routed = tree.root.router.statistics()  # forwarding at the root, for the log
+            dropped = ", ".join(f"{r.value} {n}" for r, n in routed.dropped.items() if n)
+            progress.write(
+                f"[root] stopping: forwarded {routed.forwarded} datagrams, dropped "
+                f"{dropped or 'none'}\n"
+            )
     finally:
         await group.stop()
         if owned:
