@@ -443,6 +443,37 @@ def test_a_full_held_queue_stops_receiving_and_drops_what_does_not_fit(
         assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 1
 
 
+def test_a_stalled_destination_holds_only_its_own_share_and_delays_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(switch_module, "HELD_PER_DESTINATION", 2)
+    net = InprocNetwork(queue_capacity=2)
+    source, carrier, stalled, free = net.bind(), net.bind(), net.bind(), net.bind()
+    router = Router()
+    router.insert(PID_B, Route.permanent(stalled.local_addr))
+    router.insert(PID_C, Route.permanent(free.local_addr))
+
+    def send(pid: Pid, fill: int) -> None:
+        assert source.try_send_to(segment(pid, 40, fill), carrier.local_addr)
+
+    with DatagramSwitch(carrier, router) as switch:
+        send(PID_B, 0)
+        send(PID_B, 1)
+        switch.pump()  # the stalled destination's queue is full now
+        send(PID_B, 2)
+        send(PID_B, 3)
+        switch.pump()  # its share of the hold is full: 2 and 3
+        send(PID_B, 4)
+        send(PID_C, 0)
+        switch.pump()  # 4 is over the share: dropped; the other destination's goes straight on
+        assert free.try_recv_from() == (segment(PID_C, 40, 0), carrier.local_addr)
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 1
+        got = [stalled.try_recv_from(), stalled.try_recv_from()]
+        switch.pump()
+        got += [stalled.try_recv_from(), stalled.try_recv_from(), stalled.try_recv_from()]
+        assert got == [(segment(PID_B, 40, fill), carrier.local_addr) for fill in range(4)] + [None]
+
+
 def test_pump_thread_forwards_a_burst_past_a_unix_destination_queue(tmp_path: Path) -> None:
     # A Unix datagram socket queues net.unix.max_dgram_qlen datagrams (10 by default): a
     # burst of 40 to a destination that is not reading is held and paced, none lost.

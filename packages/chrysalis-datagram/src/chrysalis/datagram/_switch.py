@@ -125,9 +125,13 @@ MAX_BINDING_BYTES: Final = 1 << 40
 """Largest accepted ``queue_bytes``."""
 
 _THREAD_BATCHES: Final = 8
-HELD_DATAGRAMS: Final = 64
-"""Forwarded datagrams a switch holds, in arrival order, while their egress queue is full
-(a Unix datagram socket queues only ``net.unix.max_dgram_qlen`` datagrams, 10 by default)."""
+HELD_DATAGRAMS: Final = 128
+"""Forwarded datagrams a switch holds while their egress queue is full (a Unix datagram
+socket queues only ``net.unix.max_dgram_qlen`` datagrams, 10 by default); each target's in
+arrival order. While the hold is full the switch receives nothing (back-pressure)."""
+HELD_PER_DESTINATION: Final = 64
+"""Of those, the most held for one destination PID: one stalled destination (a stopped
+process whose socket still exists) cannot fill the whole hold."""
 HELD_SECONDS: Final = 0.05
 """The longest a forwarded datagram is held before it is dropped (``EGRESS_QUEUE_FULL``)."""
 _HELD_RETRY_MS: Final = 1
@@ -688,7 +692,7 @@ class DatagramSwitch:
         # Forwarded datagrams waiting for room in their egress queue (datagram, target key,
         # deadline), in arrival order; used by the pump only (under _pump_lock).
         self._held: deque[tuple[bytes, bytes, float]] = deque()
-        self._held_total = 0
+        self._held_keys: dict[bytes, int] = {}  # datagrams held per target key
         # Counters of slow paths.
         self._stats_lock = threading.Lock()
         self._drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
@@ -1095,7 +1099,7 @@ class DatagramSwitch:
         views = self._views
         buffers = self._buffers
         bindings = self._bindings
-        held = self._held
+        held_keys = self._held_keys
         send_one = self._router._send_one
         egress = self._carrier
         received = 0
@@ -1168,7 +1172,7 @@ class DatagramSwitch:
                     j += 1
                 if j > i + 1:
                     received += j - i - 1
-                    if held and ecn is None:  # behind the held ones, in order
+                    if ecn is None and key in held_keys:  # behind its held ones, in order
                         for k in range(i, j):
                             reason = self._hold(bytes(views[k][:length]), key)
                             if reason is not None:
@@ -1180,7 +1184,7 @@ class DatagramSwitch:
                     i = j
                     continue
                 i += 1
-                if held and ecn is None:  # behind the held ones, in order
+                if ecn is None and key in held_keys:  # behind its held ones, in order
                     reason = self._hold(bytes(view), key)
                     if reason is not None:
                         drops[reason] = drops.get(reason, 0) + 1
@@ -1207,44 +1211,62 @@ class DatagramSwitch:
 
     def _hold(self, datagram: bytes, key: bytes) -> DropReason | None:
         """Hold a forwarded datagram whose egress queue is full (``None``), or say it must
-        be dropped (``EGRESS_QUEUE_FULL``: the held queue is full). Pump only."""
+        be dropped (``EGRESS_QUEUE_FULL``: the hold, or its destination's share, is full).
+        Pump only."""
         held = self._held
-        if len(held) >= HELD_DATAGRAMS:
+        keys = self._held_keys
+        count = keys.get(key, 0)
+        if len(held) >= HELD_DATAGRAMS or count >= HELD_PER_DESTINATION:
             return _EGRESS_QUEUE_FULL
         held.append((datagram, key, time.monotonic() + HELD_SECONDS))
-        self._held_total += 1
+        keys[key] = count + 1
         return None
 
     def _flush_held(self) -> deque[tuple[bytes, bytes, float]]:
-        """Send held datagrams, oldest first, until one still finds its queue full; drop
-        those held past their deadline. Pump only; returns the held queue."""
-        held = self._held
+        """Send held datagrams, oldest first; a destination whose queue is still full keeps
+        its datagrams (in order) while the others' go on; drop those held past their
+        deadline. Pump only; returns the held queue."""
         router = self._router
         send_one = router._send_one
         egress = self._carrier
+        keys = self._held_keys
         now = time.monotonic()
         forwarded = 0
         drops: dict[DropReason, int] = {}
+        blocked: set[bytes] = set()
+        kept: deque[tuple[bytes, bytes, float]] = deque()
+        held, self._held = self._held, kept
         try:
             while held:
-                datagram, key, deadline = held[0]
+                item = held.popleft()
+                datagram, key, deadline = item
+                if key in blocked:
+                    kept.append(item)
+                    continue
                 try:
                     reason = send_one(egress, datagram, key)
                 except OSError:
-                    held.popleft()
+                    reason = None
                     self._count_error(1)
-                    continue
-                if reason is _EGRESS_QUEUE_FULL and now < deadline:
-                    break
-                held.popleft()
-                if reason is None:
-                    forwarded += 1
                 else:
-                    drops[reason] = drops.get(reason, 0) + 1
+                    if reason is _EGRESS_QUEUE_FULL and now < deadline:
+                        blocked.add(key)
+                        kept.append(item)
+                        continue
+                    if reason is None:
+                        forwarded += 1
+                    else:
+                        drops[reason] = drops.get(reason, 0) + 1
+                left = keys[key] - 1
+                if left:
+                    keys[key] = left
+                else:
+                    del keys[key]
         finally:
+            kept.extend(held)  # only after an unexpected error: nothing is lost from the count
             if forwarded or drops:
                 router._add_counts(forwarded, drops)
-        return held
+        return kept
 
     def _forward_group(
         self, contents: bytes, size: int, ecn: int | None, count: int, key: bytes
