@@ -133,6 +133,10 @@ class Round:
     scale: dict[str, Any]
     exec_scale: dict[str, Any] | None
     unix_echo: tuple[float, ...]
+    load: tuple[float, float] = (0.0, 0.0)
+    """The machine's 1-minute load average at the round's start and end."""
+    concurrency: int = 0
+    """Processes starting at once in both launches of the round."""
 
     @property
     def join_seconds(self) -> float:
@@ -160,18 +164,23 @@ class Round:
             "exec_scale": self.exec_scale,
             "unix_echo": unix.to_json(),
             "echo_p50_over_unix": echo["p50_ms"] / unix.p50_ms,
+            "load_average": list(self.load),
+            "launch_concurrency": self.concurrency,
         }
 
 
-async def timed_launch(code: str, count: int, logs: Path, timeout: float) -> float:
-    """Seconds until ``count`` processes running ``python -c code`` all printed their line."""
+async def timed_launch(
+    code: str, count: int, logs: Path, timeout: float, concurrency: int = LAUNCH_CONCURRENCY
+) -> float:
+    """Seconds until ``count`` processes running ``python -c code`` all printed their line
+    (at most ``concurrency`` starting at once)."""
     group = ProcessGroup(logs)
     try:
         started = time.monotonic()
         await group.launch(
             [[sys.executable, "-c", code]] * count,
             names=[f"p{i}" for i in range(count)],
-            concurrency=LAUNCH_CONCURRENCY,
+            concurrency=concurrency,
             timeout=timeout,
         )
         return time.monotonic() - started
@@ -209,14 +218,21 @@ async def unix_echo(count: int, workdir: Path, timeout: float) -> tuple[float, .
         await group.stop()
 
 
-def run_scale(nodes: int, config: Config, workdir: Path, start: str = "fork") -> dict[str, Any]:
-    """One ``chrysalis.node._scale run`` in its own session; its result record."""
+def run_scale(
+    nodes: int,
+    config: Config,
+    workdir: Path,
+    start: str = "fork",
+    concurrency: int = LAUNCH_CONCURRENCY,
+) -> dict[str, Any]:
+    """One ``chrysalis.node._scale run`` in its own session (at most ``concurrency`` workers
+    starting at once); its result record."""
     out = workdir / f"scale-{nodes}-{start}.json"
     command = [
         sys.executable, "-m", "chrysalis.node._scale", "run", "--nodes", str(nodes),
         "--start", start,
         "--nodes-per-task", str(config.nodes_per_task),
-        "--identity-concurrency", str(LAUNCH_CONCURRENCY),
+        "--identity-concurrency", str(concurrency),
         "--echo-rounds", str(config.echo_rounds),
         "--join-timeout-secs", str(config.run_timeout * 0.8),
         "--echo-timeout-secs", str(config.run_timeout * 0.15),
@@ -247,6 +263,7 @@ def measure(
     big_rounds: int,
     import_baseline: bool,
     exec_sizes: Sequence[int],
+    concurrency: int = LAUNCH_CONCURRENCY,
 ) -> list[Round]:
     """Every round of every size (see the module docstring)."""
     result = []
@@ -256,16 +273,22 @@ def measure(
             for index in range(big_rounds if nodes >= BIG else rounds):
                 print(f"[{nodes} processes, round {index + 1}]", file=sys.stderr)
                 timeout = config.run_timeout
-                bare = asyncio.run(timed_launch(BARE, nodes, work / "bare", timeout))
+                load = os.getloadavg()[0]
+                bare = asyncio.run(timed_launch(BARE, nodes, work / "bare", timeout, concurrency))
                 imported = None
                 if import_baseline:
-                    imported = asyncio.run(timed_launch(IMPORT_ONLY, nodes, work / "imp", timeout))
-                scale = run_scale(nodes, config, work)
+                    imported = asyncio.run(
+                        timed_launch(IMPORT_ONLY, nodes, work / "imp", timeout, concurrency)
+                    )
+                scale = run_scale(nodes, config, work, concurrency=concurrency)
                 fresh = None
                 if nodes in exec_sizes and index == 0:  # informational: the first round only
-                    fresh = run_scale(nodes, config, work, "exec")
+                    fresh = run_scale(nodes, config, work, "exec", concurrency)
                 echoes = asyncio.run(unix_echo(config.unix_echoes, work, timeout))
-                result.append(Round(nodes, bare, imported, scale, fresh, echoes))
+                loads = (load, os.getloadavg()[0])
+                result.append(
+                    Round(nodes, bare, imported, scale, fresh, echoes, loads, concurrency)
+                )
                 print(
                     f"  bare {bare:.2f} s, import-only {_s(imported)} s, chrysalis forked "
                     f"{scale['join_seconds']:.2f} s "
@@ -359,13 +382,18 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
     note = " (a smoke run: proves the script works, the numbers mean nothing)" * (
         config.mode == "smoke"
     )
+    loads = [value for r in rounds for value in r.load]
+    concurrency = rounds[0].concurrency if rounds else LAUNCH_CONCURRENCY
+    load = f" 1-minute load average {min(loads):.1f} to {max(loads):.1f} during the rounds." * bool(
+        loads
+    )
     return (
         "## Benchmark\n\n"
         f"`{meta['command']}`, {machine_line(meta)}"
-        f"{note}. Task-head topology, {config.nodes_per_task} processes per task (the root's "
-        f"task has the root and its Unix leaves; other tasks a UDP head and Unix leaves), "
-        f"{LAUNCH_CONCURRENCY} processes starting at once in every launch; the echoes run "
-        "one at a time, 1-byte payload.\n\n"
+        f"{note}.{load} Task-head topology, {config.nodes_per_task} processes per task (the "
+        f"root's task has the root and its Unix leaves; other tasks a UDP head and Unix "
+        f"leaves), {concurrency} processes starting at once in every launch (bare and "
+        "chrysalis alike); the echoes run one at a time, 1-byte payload.\n\n"
         f"{markdown_table(rounds)}\n\n"
         "- *bare launch*: Python processes that only print a line (`python -c pass` plus the "
         "line the launcher waits for). *chrysalis forked*: from the root's start until every "
@@ -386,6 +414,7 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
         "- Reproduce: `.venv/bin/python benchmarks/node_scale.py` (a few minutes on two "
         "busy cores; it loads the machine with 512 processes for a few seconds per round; "
         "`--quick`: 16 and 64 processes; `--size N --rounds R`: other sizes; "
+        "`--launch-concurrency N`: processes starting at once in both launches; "
         "`--json OUT`: every record).\n"
     )
 
@@ -411,6 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also time fresh interpreters that only import the worker's modules",
     )
     parser.add_argument(
+        "--launch-concurrency",
+        type=int,
+        default=LAUNCH_CONCURRENCY,
+        help=f"processes starting at once, bare and chrysalis alike ({LAUNCH_CONCURRENCY})",
+    )
+    parser.add_argument(
         "--exec-size",
         type=int,
         action="append",
@@ -425,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     big_rounds = config.big_rounds if args.big_rounds is None else args.big_rounds
     if rounds < 1 or big_rounds < 1:
         parser.error("--rounds and --big-rounds must be at least 1")
+    if not 1 <= args.launch_concurrency <= 64:
+        parser.error("--launch-concurrency must be in 1..64")
     exec_sizes = tuple(args.exec_size) if args.exec_size else config.exec_sizes
     meta: dict[str, Any] = {
         "mode": config.mode,
@@ -439,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             big_rounds=big_rounds,
             import_baseline=config.import_baseline or args.import_baseline,
             exec_sizes=exec_sizes,
+            concurrency=args.launch_concurrency,
         )
     except BenchmarkError as exc:
         print(f"node_scale: {exc}", file=sys.stderr)

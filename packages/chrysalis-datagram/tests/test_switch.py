@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chrysalis.core import ConnectionId, DatagramAddr, Pid
+from chrysalis.datagram import _switch as switch_module
 from chrysalis.datagram._inproc import InprocNetwork, InprocSocket
 from chrysalis.datagram._mmsg import RecvRing, recv_ring_supported
 from chrysalis.datagram._route import DropReason, Route, RouteGate, Router
@@ -359,26 +360,149 @@ def test_inproc_local_binding_precedes_route_and_replies_through_the_carrier() -
         assert peer.try_recv_from() == (short(PID_C, b"pong"), carrier.local_addr)
 
 
-def test_inproc_full_egress_queue_drops_on_the_forward_path() -> None:
-    net = InprocNetwork(queue_capacity=2)
-    source = net.bind()
-    carrier = net.bind()
-    destination = net.bind()
+def _held_setup(capacity: int) -> tuple[InprocSocket, InprocSocket, InprocSocket, Router]:
+    """A source, a switch carrier and a destination on one in-process network whose queues
+    hold ``capacity`` datagrams, and a router with a route to the destination."""
+    net = InprocNetwork(queue_capacity=capacity)
+    source, carrier, destination = net.bind(), net.bind(), net.bind()
     router = Router()
     router.insert(PID_B, Route.permanent(destination.local_addr))
+    return source, carrier, destination, router
+
+
+def _send(source: InprocSocket, carrier: InprocSocket, *fills: int) -> None:
+    for fill in fills:
+        assert source.try_send_to(segment(PID_B, 40, fill), carrier.local_addr)
+
+
+def _received(destination: InprocSocket) -> list[int]:
+    got = []
+    while (item := destination.try_recv_from()) is not None:
+        got.append(item[0][-1])
+    return got
+
+
+def test_inproc_full_egress_queue_holds_forwarded_datagrams_in_order() -> None:
+    source, carrier, destination, router = _held_setup(2)
     with DatagramSwitch(carrier, router) as switch:
-        for fill in range(2):
-            assert source.try_send_to(segment(PID_B, 40, fill), carrier.local_addr)
+        _send(source, carrier, 0, 1)
+        switch.pump()  # both forwarded: the destination's queue is full now
+        _send(source, carrier, 2, 3)
+        switch.pump()  # held, not dropped
+        _send(source, carrier, 4)
         switch.pump()
-        assert source.try_send_to(segment(PID_B, 40, 9), carrier.local_addr)
-        switch.pump()  # destination queue is full: dropped for QUIC to repair
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 0
+        assert router.statistics().forwarded == 2
+        got = _received(destination)
+        _send(source, carrier, 5)
+        switch.pump()  # the held ones first (two fit); 5 waits behind 4 although 4 is held
+        got += _received(destination)
+        switch.pump()
+        got += _received(destination)
+        assert got == [0, 1, 2, 3, 4, 5]
+        assert router.statistics().forwarded == 6
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 0
+
+
+def test_a_held_datagram_is_dropped_after_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(switch_module, "HELD_SECONDS", 0.0)
+    source, carrier, destination, router = _held_setup(1)
+    with DatagramSwitch(carrier, router) as switch:
+        _send(source, carrier, 0)
+        switch.pump()
+        _send(source, carrier, 1)
+        switch.pump()  # held, with a deadline already past
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 0
+        switch.pump()  # still full at the retry: dropped for QUIC to repair
         assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 1
-        got = [destination.try_recv_from() for _ in range(3)]
-        assert got == [
-            (segment(PID_B, 40, 0), carrier.local_addr),
-            (segment(PID_B, 40, 1), carrier.local_addr),
-            None,
-        ]
+        assert _received(destination) == [0]
+
+
+def test_a_full_held_queue_stops_receiving_and_drops_what_does_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(switch_module, "HELD_DATAGRAMS", 3)
+    source, carrier, destination, router = _held_setup(2)
+    with DatagramSwitch(carrier, router) as switch:
+        _send(source, carrier, 0, 1)
+        switch.pump()
+        _send(source, carrier, 2, 3)
+        switch.pump()  # held: 2, 3
+        _send(source, carrier, 4, 5)
+        switch.pump()  # 4 held (the bound), 5 dropped
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 1
+        _send(source, carrier, 6)
+        assert switch.pump() == 0  # back-pressure: 6 stays in the carrier's queue
+        assert switch.statistics().received == 6
+        got = _received(destination)
+        assert switch.pump() == 1  # 2 and 3 sent, so there is room: 6 is taken, behind 4
+        got += _received(destination)
+        switch.pump()
+        got += _received(destination)
+        assert got == [0, 1, 2, 3, 4, 6]
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 1
+
+
+def test_a_stalled_destination_holds_only_its_own_share_and_delays_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(switch_module, "HELD_PER_DESTINATION", 2)
+    net = InprocNetwork(queue_capacity=2)
+    source, carrier, stalled, free = net.bind(), net.bind(), net.bind(), net.bind()
+    router = Router()
+    router.insert(PID_B, Route.permanent(stalled.local_addr))
+    router.insert(PID_C, Route.permanent(free.local_addr))
+
+    def send(pid: Pid, fill: int) -> None:
+        assert source.try_send_to(segment(pid, 40, fill), carrier.local_addr)
+
+    with DatagramSwitch(carrier, router) as switch:
+        send(PID_B, 0)
+        send(PID_B, 1)
+        switch.pump()  # the stalled destination's queue is full now
+        send(PID_B, 2)
+        send(PID_B, 3)
+        switch.pump()  # its share of the hold is full: 2 and 3
+        send(PID_B, 4)
+        send(PID_C, 0)
+        switch.pump()  # 4 is over the share: dropped; the other destination's goes straight on
+        assert free.try_recv_from() == (segment(PID_C, 40, 0), carrier.local_addr)
+        assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 1
+        got = [stalled.try_recv_from(), stalled.try_recv_from()]
+        switch.pump()
+        got += [stalled.try_recv_from(), stalled.try_recv_from(), stalled.try_recv_from()]
+        assert got == [(segment(PID_B, 40, fill), carrier.local_addr) for fill in range(4)] + [None]
+
+
+def test_pump_thread_forwards_a_burst_past_a_unix_destination_queue(tmp_path: Path) -> None:
+    # A Unix datagram socket queues net.unix.max_dgram_qlen datagrams (10 by default): a
+    # burst of 40 to a destination that is not reading is held and paced, none lost.
+    router = Router()
+    with (
+        UnixDatagramSocket.bind(str(tmp_path / "src.sock")) as source,
+        UnixDatagramSocket.bind(str(tmp_path / "dst.sock")) as destination,
+    ):
+        router.insert(PID_B, Route.permanent(destination.local_addr))
+        carrier = UnixDatagramSocket.bind(str(tmp_path / "switch.sock"))
+        with DatagramSwitch.spawn(carrier, router) as switch:
+            sent = 0
+            deadline = time.monotonic() + WAIT
+            while sent < 40:  # the switch's own queue may be full for a moment
+                assert time.monotonic() < deadline, "the switch did not take the burst"
+                if source.try_send_to(segment(PID_B, 1000, sent), switch.carrier.local_addr):
+                    sent += 1
+            wait_for(lambda: switch.statistics().received == 40, "the burst at the switch")
+            got: list[bytes] = []
+            deadline = time.monotonic() + WAIT
+            while len(got) < 40:
+                assert time.monotonic() < deadline, f"only {len(got)} of 40 arrived"
+                item = destination.try_recv_from()
+                if item is None:
+                    time.sleep(0.001)
+                else:
+                    got.append(item[0])
+            assert got == [segment(PID_B, 1000, fill) for fill in range(40)]
+            assert router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL] == 0
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from chrysalis.node._scale import (
     ScaleSettings,
     _launched,
     _until_exit,
+    _warm_join,
     plan_placement,
 )
 
@@ -158,6 +159,23 @@ def _ready_then_wait(argv: list[str]) -> int:
     print(f"ready {os.getppid()}", flush=True)
     sys.stdin.read()  # the lifeline: returns when the launcher closes it
     return 0
+
+
+def test_the_fork_servers_warm_up_join_connects_and_leaves_no_thread_or_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+    import threading
+
+    from chrysalis.quic import DevelopmentCA
+
+    DevelopmentCA.load_or_create(tmp_path / "ca")
+    before = threading.active_count()
+    leftovers = set(Path(tempfile.gettempdir()).glob("chrysalis-warm-*"))
+    _warm_join(tmp_path / "ca")  # raises if a thread is left: a fork would lose it
+    assert threading.active_count() == before
+    assert "warm-up join failed" not in capsys.readouterr().err  # the child did connect
+    assert set(Path(tempfile.gettempdir()).glob("chrysalis-warm-*")) == leftovers
 
 
 def test_forked_worker_crashing_before_its_ready_line_is_reported(tmp_path: Path) -> None:

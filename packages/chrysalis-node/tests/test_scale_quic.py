@@ -39,6 +39,18 @@ def test_a_node_uses_local_datagrams_only_when_all_its_addresses_are_local() -> 
     assert scale_quic_config(60.0).max_udp_payload == default  # nothing known: the default
 
 
+def test_a_node_skips_the_stateless_retry_only_when_all_its_addresses_are_local() -> None:
+    unix = DatagramAddr.parse("unixgram:///tmp/task-0/head.sock")
+    loopback = DatagramAddr.parse("udp://127.0.0.1:0")
+    remote = DatagramAddr.parse("udp://192.0.2.7:4000")
+    assert QuicConfig().retry  # the transport's default
+    assert not scale_quic_config(60.0, None, unix).retry
+    assert not scale_quic_config(60.0, loopback, unix).retry
+    assert scale_quic_config(60.0, loopback, remote).retry
+    assert scale_quic_config(60.0, remote).retry
+    assert scale_quic_config(60.0).retry
+
+
 def test_plain_quic_baselines_send_the_datagrams_a_scale_node_there_sends() -> None:
     # like for like: the aioquic server on a loopback host and the client of a local node
     assert _host_datagrams("127.0.0.1") == LOCAL_MAX_UDP_PAYLOAD

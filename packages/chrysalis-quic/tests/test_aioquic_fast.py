@@ -692,6 +692,41 @@ def test_corrupt_and_unknown_cid_datagrams_are_dropped_on_the_fast_path() -> Non
     assert event.data == b"y" * 16
 
 
+@given(
+    before=st.binary(max_size=40),
+    zeros=st.integers(0, 20_000),
+    after=st.binary(max_size=40),
+)
+@settings(max_examples=60)
+def test_padding_is_skipped_exactly_as_aioquic_does(
+    before: bytes, zeros: int, after: bytes
+) -> None:
+    # the fast skip (C speed) ends where aioquic's byte loop ends, wherever the frame starts
+    keys = itertools.count(1)
+
+    def cid() -> bytes:
+        return ConnectionId.issued(_SERVER_ID.pid, next(keys)).raw
+
+    def server(fast: bool) -> AioquicConnection:
+        initial = ConnectionId.initial(_SERVER_ID.pid, 1).raw
+        return _connection(
+            QuicConfig(), _SERVER_ID, fast, host_cid=cid(), issue_cid=cid, original_dcid=initial
+        )
+
+    data = before + bytes(zeros) + after
+    ends = []
+    fast, plain = server(True), server(False)
+    assert fast._chrysalis_fast
+    assert not plain._chrysalis_fast
+    for conn in (fast, plain):
+        buf = Buffer(data=data)
+        buf.seek(len(before))
+        conn._handle_padding_frame(None, 0, buf)  # type: ignore[arg-type]  # unused context
+        ends.append(buf.tell())
+    assert ends[0] == ends[1]
+    assert ends[0] == len(before) + zeros + len(after) - len(after.lstrip(b"\0"))
+
+
 @given(value=st.integers(0, UINT_VAR_MAX))
 def test_direct_writer_varints_are_aioquics(value: int) -> None:
     buf = Buffer(capacity=8)

@@ -752,7 +752,11 @@ class Router:
         ecn: int | None,
         count: int,
         key: bytes,
+        *,
+        count_full: bool = True,
     ) -> tuple[DropReason | None, bytes | None, int]:
+        """Send ``count`` datagrams of one target; counts the outcome, except a full egress
+        queue with ``count_full=False`` (the switch then holds them and counts later)."""
         route = self._resolve(key)
         if route.__class__ is DropReason:
             assert isinstance(route, DropReason)
@@ -772,7 +776,8 @@ class Router:
             finally:
                 gate._exit()
         if accepted == 0:
-            self._count(_EGRESS_QUEUE_FULL, count)
+            if count_full:
+                self._count(_EGRESS_QUEUE_FULL, count)
             return _EGRESS_QUEUE_FULL, key, 0
         self._count_forwarded(accepted)
         return None, key, accepted

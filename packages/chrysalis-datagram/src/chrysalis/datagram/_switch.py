@@ -125,6 +125,18 @@ MAX_BINDING_BYTES: Final = 1 << 40
 """Largest accepted ``queue_bytes``."""
 
 _THREAD_BATCHES: Final = 8
+HELD_DATAGRAMS: Final = 128
+"""Forwarded datagrams a switch holds while their egress queue is full (a Unix datagram
+socket queues only ``net.unix.max_dgram_qlen`` datagrams, 10 by default); each target's in
+arrival order. While the hold is full the switch receives nothing (back-pressure)."""
+HELD_PER_DESTINATION: Final = 64
+"""Of those, the most held for one destination PID: one stalled destination (a stopped
+process whose socket still exists) cannot fill the whole hold."""
+HELD_SECONDS: Final = 0.05
+"""The longest a forwarded datagram is held before it is dropped (``EGRESS_QUEUE_FULL``)."""
+_HELD_RETRY_MS: Final = 1
+"""The pump thread's poll timeout while it holds datagrams: the retry pace (an unconnected
+Unix datagram socket gets no wake-up when a full destination queue drains)."""
 _SWITCH_IDS = itertools.count(1)
 
 # Delivery outcomes of SwitchSocket._deliver.
@@ -677,6 +689,10 @@ class DatagramSwitch:
             self._views = [memoryview(buffer) for buffer in self._buffers]
         self._metas: list[DatagramRecvMeta] = []
         self._received = 0
+        # Forwarded datagrams waiting for room in their egress queue (datagram, target key,
+        # deadline), in arrival order; used by the pump only (under _pump_lock).
+        self._held: deque[tuple[bytes, bytes, float]] = deque()
+        self._held_keys: dict[bytes, int] = {}  # datagrams held per target key
         # Counters of slow paths.
         self._stats_lock = threading.Lock()
         self._drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
@@ -1000,6 +1016,10 @@ class DatagramSwitch:
             metas = self._metas
             total = 0
             full = False
+            if self._held and len(self._flush_held()) >= HELD_DATAGRAMS:
+                # Back-pressure: what arrives stays in the carrier's kernel queue, where
+                # senders on this host see it full (would block) instead of losing it here.
+                return 0, False
             for _ in range(max_batches):
                 try:
                     filled = -1
@@ -1079,6 +1099,7 @@ class DatagramSwitch:
         views = self._views
         buffers = self._buffers
         bindings = self._bindings
+        held_keys = self._held_keys
         send_one = self._router._send_one
         egress = self._carrier
         received = 0
@@ -1151,11 +1172,23 @@ class DatagramSwitch:
                     j += 1
                 if j > i + 1:
                     received += j - i - 1
+                    if ecn is None and key in held_keys:  # behind its held ones, in order
+                        for k in range(i, j):
+                            reason = self._hold(bytes(views[k][:length]), key)
+                            if reason is not None:
+                                drops[reason] = drops.get(reason, 0) + 1
+                        i = j
+                        continue
                     group = b"".join([views[k][:length] for k in range(i, j)])
                     self._forward_group(group, length, ecn, j - i, key)
                     i = j
                     continue
                 i += 1
+                if ecn is None and key in held_keys:  # behind its held ones, in order
+                    reason = self._hold(bytes(view), key)
+                    if reason is not None:
+                        drops[reason] = drops.get(reason, 0) + 1
+                    continue
                 try:
                     if ecn is None:
                         reason = send_one(egress, view, key)
@@ -1167,12 +1200,73 @@ class DatagramSwitch:
                     continue
                 if reason is None:
                     forwarded += 1
+                elif reason is _EGRESS_QUEUE_FULL and self._hold(bytes(view), key) is None:
+                    pass  # held: retried by the next pump
                 else:
                     drops[reason] = drops.get(reason, 0) + 1
         finally:
             if forwarded or drops:
                 self._router._add_counts(forwarded, drops)
         return received
+
+    def _hold(self, datagram: bytes, key: bytes) -> DropReason | None:
+        """Hold a forwarded datagram whose egress queue is full (``None``), or say it must
+        be dropped (``EGRESS_QUEUE_FULL``: the hold, or its destination's share, is full).
+        Pump only."""
+        held = self._held
+        keys = self._held_keys
+        count = keys.get(key, 0)
+        if len(held) >= HELD_DATAGRAMS or count >= HELD_PER_DESTINATION:
+            return _EGRESS_QUEUE_FULL
+        held.append((datagram, key, time.monotonic() + HELD_SECONDS))
+        keys[key] = count + 1
+        return None
+
+    def _flush_held(self) -> deque[tuple[bytes, bytes, float]]:
+        """Send held datagrams, oldest first; a destination whose queue is still full keeps
+        its datagrams (in order) while the others' go on; drop those held past their
+        deadline. Pump only; returns the held queue."""
+        router = self._router
+        send_one = router._send_one
+        egress = self._carrier
+        keys = self._held_keys
+        now = time.monotonic()
+        forwarded = 0
+        drops: dict[DropReason, int] = {}
+        blocked: set[bytes] = set()
+        kept: deque[tuple[bytes, bytes, float]] = deque()
+        held, self._held = self._held, kept
+        try:
+            while held:
+                item = held.popleft()
+                datagram, key, deadline = item
+                if key in blocked:
+                    kept.append(item)
+                    continue
+                try:
+                    reason = send_one(egress, datagram, key)
+                except OSError:
+                    reason = None
+                    self._count_error(1)
+                else:
+                    if reason is _EGRESS_QUEUE_FULL and now < deadline:
+                        blocked.add(key)
+                        kept.append(item)
+                        continue
+                    if reason is None:
+                        forwarded += 1
+                    else:
+                        drops[reason] = drops.get(reason, 0) + 1
+                left = keys[key] - 1
+                if left:
+                    keys[key] = left
+                else:
+                    del keys[key]
+        finally:
+            kept.extend(held)  # only after an unexpected error: nothing is lost from the count
+            if forwarded or drops:
+                router._add_counts(forwarded, drops)
+        return kept
 
     def _forward_group(
         self, contents: bytes, size: int, ecn: int | None, count: int, key: bytes
@@ -1185,10 +1279,25 @@ class DatagramSwitch:
         while count:
             try:
                 reason, _, accepted = router._forward_uniform(
-                    egress, view[offset:] if offset else contents, size, ecn, count, key
+                    egress,
+                    view[offset:] if offset else contents,
+                    size,
+                    ecn,
+                    count,
+                    key,
+                    count_full=ecn is not None,
                 )
             except OSError:
                 self._count_error(count)
+                return
+            if reason is _EGRESS_QUEUE_FULL and ecn is None:
+                # Hold the unsent rest in order; what does not fit is dropped and counted.
+                dropped = 0
+                for start in range(offset, offset + count * size, size):
+                    if self._hold(bytes(view[start : start + size]), key) is not None:
+                        dropped += 1
+                if dropped:
+                    router._add_counts(0, {_EGRESS_QUEUE_FULL: dropped})
                 return
             if reason is not None:
                 return
@@ -1273,13 +1382,24 @@ class DatagramSwitch:
             wake_fd = reader.fileno()
             for fd in {wake_fd, *carrier.readiness_fds()}:
                 poller.register(fd, select.POLLIN)
+            waiter = select.poll()  # the wake-up socket alone: a back-pressure pause
+            waiter.register(wake_fd, select.POLLIN)
             while not self.is_shutdown:
                 if self._pump(_THREAD_BATCHES)[1]:
                     continue  # the last batch was full: more may be ready
+                if len(self._held) >= HELD_DATAGRAMS:
+                    # Not receiving (back-pressure): wait for the retry pace or shutdown only,
+                    # not for the carrier, whose queue is left full on purpose.
+                    if waiter.poll(_HELD_RETRY_MS):
+                        with contextlib.suppress(OSError):  # drained
+                            while reader.recv(4096):
+                                pass
+                    continue
                 # Called at once if a receive may already succeed or the carrier is shut
                 # down; shutdown() also writes to the wake-up socket.
                 carrier.add_recv_waker(self._wake)
-                ready = poller.poll()
+                # Holding forwarded datagrams: come back to retry them within a millisecond.
+                ready = poller.poll(_HELD_RETRY_MS if self._held else None)
                 if any(fd == wake_fd for fd, _ in ready):
                     with contextlib.suppress(OSError):  # drained
                         while reader.recv(4096):

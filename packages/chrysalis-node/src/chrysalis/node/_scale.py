@@ -788,7 +788,13 @@ def _warm(ca_dir: Path, persist: bool) -> None:
     imports only when it runs (persistent mode's modules, the worker's event loop and QUIC
     engine), so every forked worker starts with all of it."""
     _provider(ca_dir).issue_identity()
-    _parser()
+    # Parsed once, not only built: parsing compiles (and caches) argparse's regular
+    # expressions, about 1.5 ms of every worker's CPU otherwise.
+    _parser().parse_args(
+        ["worker", "--rank", "1", "--task", "0", "--role", "leaf", "--level", "1",
+         "--topology", "task-head", "--parent", "unixgram:///warm", "--ca-dir", str(ca_dir),
+         "--idle-timeout", "60", "--lifeline", "--authority", "0" * 32, "--unix", "/warm"]
+    )  # fmt: skip
     # Found with ``PYTHONPROFILEIMPORTTIME=1`` on an exec'd worker: what it imports after
     # ``chrysalis.node._scale`` (its event loop's default executor).
     modules = ["concurrent.futures.thread", "queue"]
@@ -797,6 +803,45 @@ def _warm(ca_dir: Path, persist: bool) -> None:
     for name in modules:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    _warm_join(ca_dir)
+
+
+def _warm_join(ca_dir: Path) -> None:
+    """Run one join in this process (the fork server, before it forks anything): a parent
+    and a child node over Unix datagram sockets in a temporary directory, until the child is
+    connected, then both stop. What a process's first join initialises lazily (caches of
+    ``abc``, ``typing``, ``re`` and ``enum`` lookups, the TLS and QUIC engines' tables) is then
+    ready in every forked worker. Must leave no thread running (forks copy only the calling
+    thread); a failure is reported on stderr and leaves the workers to warm themselves."""
+    import threading
+
+    async def join(directory: Path) -> None:
+        provider = _provider(ca_dir)
+        parent_sock = str(directory / "p.sock")
+        parent_addr = DatagramAddr.unixgram(parent_sock)
+        parent = Node(
+            provider.issue_identity(),
+            carrier=_carrier(None, parent_sock),
+            quic_config=scale_quic_config(5.0, parent_addr),
+        )
+        async with parent:
+            child = Node(
+                provider.issue_identity(),
+                carrier=_carrier(None, str(directory / "c.sock")),
+                parent=JoinSettings(parent_addr, parent.pid),
+                quic_config=scale_quic_config(5.0, parent_addr),
+            )
+            async with child:
+                await asyncio.wait_for(child.wait_connected(), 10.0)
+
+    before = threading.active_count()
+    try:
+        with tempfile.TemporaryDirectory(prefix="chrysalis-warm-") as directory:
+            asyncio.run(join(Path(directory)))
+    except Exception as exc:  # only an optimisation: the workers still start without it
+        print(f"[fork server] warm-up join failed: {exc!r}", file=sys.stderr)
+    if (left := threading.active_count() - before) > 0:
+        raise ScaleError(f"{left} threads left running after the warm-up join")
 
 
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
@@ -1293,6 +1338,12 @@ async def serve_persistent(
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), _REAP_INTERVAL)
+            routed = tree.root.router.statistics()  # forwarding at the root, for the log
+            dropped = ", ".join(f"{r.value} {n}" for r, n in routed.dropped.items() if n)
+            progress.write(
+                f"[root] stopping: forwarded {routed.forwarded} datagrams, dropped "
+                f"{dropped or 'none'}\n"
+            )
     finally:
         await group.stop()
         if owned:

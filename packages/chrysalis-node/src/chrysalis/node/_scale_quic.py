@@ -15,6 +15,15 @@ transfer about tenfold and lift leaf-to-leaf transfers from 3 to 6 MiB/s to 15 t
 format is unchanged): a peer with the default still sends 1,472-byte datagrams, and receives
 these larger ones (a receiver accepts up to 65,527 bytes unless it says otherwise). Where a
 UDP address is not a loopback address the default stays: the path may cross a real link.
+
+Where every path is local, a scale node also answers new clients without a stateless Retry
+(``QuicConfig(retry=False)``): the transport spec (5.4) skips Retry where the packet I/O
+declares peer addresses validated, which a Unix datagram socket's kernel-given source path and
+a loopback address are (no other host can send from them). Retry validates a client's address
+against spoofed floods; here it only cost each child a round trip, a second ClientHello (four
+key shares generated again) and a token minted and checked at its parent (issue 22 item 4:
+about a fifth of a forked worker's start-up CPU together with the fork server's warm-up join,
+README "Scale start-up"). Anything else keeps ``QuicConfig``'s default (Retry on).
 """
 
 from __future__ import annotations
@@ -51,9 +60,12 @@ def datagram_size(*addresses: DatagramAddr | None) -> int:
 
 def scale_quic_config(idle_timeout: float, *addresses: DatagramAddr | None) -> QuicConfig:
     """The QUIC settings of a scale node that binds or dials ``addresses``: keepalives every
-    quarter of ``idle_timeout``, datagrams of ``datagram_size(*addresses)``."""
+    quarter of ``idle_timeout``, datagrams of ``datagram_size(*addresses)``, and no stateless
+    Retry where every path is local (see the module docstring)."""
+    size = datagram_size(*addresses)
     return QuicConfig(
         idle_timeout=idle_timeout,
         keepalive_interval=idle_timeout / 4,
-        max_udp_payload=datagram_size(*addresses),
+        max_udp_payload=size,
+        retry=size != LOCAL_MAX_UDP_PAYLOAD,
     )
