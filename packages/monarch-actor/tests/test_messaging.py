@@ -617,3 +617,23 @@ def test_accumulate_waits_for_pending_replies() -> None:
     cells[1].set_result(2)
     cells[0].set_result(1)
     assert result.get(timeout=T) == 3
+
+
+def test_the_point_of_a_cast_is_cached_per_cast_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The message rank of a call is built once per ``CastInfo`` (every call of a pipelining
+    caller carries the same one) and stays right for every rank; the cache is bounded."""
+    from monarch.actor._base.envelope import CastInfo
+    from monarch.actor._runtime import cell as _cell
+
+    monkeypatch.setattr(_cell, "_POINTS", {})
+    monkeypatch.setattr(_cell, "_POINTS_MAX", 4)
+    for rank in range(6):
+        point = _cell._point_of(CastInfo(("hosts", "gpus"), (2, 3), rank))
+        assert (point.rank, point["hosts"], point["gpus"]) == (rank, rank // 3, rank % 3)
+        again = _cell._point_of(CastInfo(("hosts", "gpus"), (2, 3), rank))
+        assert again is point
+        assert len(_cell._POINTS) <= 4
+    assert _cell._point_of(CastInfo(("x",), (2,), 5)).rank == 0  # out of range: empty point
+    assert _cell._point_of(None).rank == 0

@@ -398,11 +398,14 @@ class NodeProcessTransport:
     def _lanes_forced_off() -> bool:
         return bool(_config.get("force_quic"))
 
-    def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None:
+    def send(self, envelope: Envelope, buffers: Sequence[memoryview], more: bool = False) -> None:
         """Queue ``envelope`` for its target (any thread; never blocks on the network).
 
         ``MessageTooLargeError`` over the frame bound; other failures (closed transport,
-        queues full, unreachable PID) bounce the envelope to ``undeliverable``.
+        queues full, unreachable PID) bounce the envelope to ``undeliverable``. ``more``: the
+        caller sends again at once (an actor thread working through queued calls), so the frame
+        takes the outbox instead of a ``sendmsg`` of its own: the loop's drain writes it with
+        the ones that follow in one ``sendmsg``.
         """
         limits = self.limits
         check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
@@ -433,6 +436,7 @@ class NodeProcessTransport:
             peer is not None
             and lane is not None
             and lane.direct
+            and not more
             and self._send_direct(envelope, peer, lane, pieces, shared)
         ):
             return
