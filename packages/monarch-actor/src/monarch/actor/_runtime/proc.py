@@ -348,7 +348,7 @@ class ProcRuntime:
             reply_port,
             cast,
             payload.data,
-            tuple(b.nbytes for b in payload.buffers),
+            tuple([b.nbytes for b in payload.buffers]) if payload.buffers else (),
             payload.kinds,
             flags,
             _telemetry.outgoing_trace(kind) if _telemetry.TRACING else b"",
@@ -411,7 +411,8 @@ class ProcRuntime:
             _log.debug("dropping a message for closed port %d", index)
             return
         if sink.deliver(reply):
-            self.close_port(index)
+            if index in self._ports:  # most sinks closed their port already (``closer``)
+                self.close_port(index)
             if _telemetry.METRICS:
                 _telemetry.on_port_completed(self, index)
 

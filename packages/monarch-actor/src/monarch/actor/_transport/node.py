@@ -408,7 +408,10 @@ class NodeProcessTransport:
         the ones that follow in one ``sendmsg``.
         """
         limits = self.limits
-        check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
+        if buffers:
+            check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
+        else:
+            check_size(len(envelope.payload), 0, 0, limits)
         target = envelope.target.pid
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
@@ -431,12 +434,17 @@ class NodeProcessTransport:
             if any(b.nbytes >= threshold for b in buffers):
                 pieces, shared = self._share(envelope, buffers, lane, threshold)
         if pieces is None:
-            pieces = encode_frame(envelope, detach_buffers(buffers, envelope.buffer_kinds), limits)
+            pieces = encode_frame(
+                envelope, detach_buffers(buffers, envelope.buffer_kinds) if buffers else [], limits
+            )
         if (
             peer is not None
             and lane is not None
             and lane.direct
             and not more
+            # Calls to this peer in flight (a pipelining sender): the outbox, without taking
+            # the lock just to find that out (a stale read only picks the outbox, always safe).
+            and not peer.outstanding
             and self._send_direct(envelope, peer, lane, pieces, shared)
         ):
             return
