@@ -457,3 +457,36 @@ def test_a_corked_batch_of_frames_with_descriptors_arrives_in_order() -> None:
     assert all(data == bytes([seq]) * 70_000 for seq, data in got)
     assert calls == 3  # 32 + 32 + 6 descriptors
     assert ended == 0
+
+
+def test_sends_hinted_more_leave_together_through_the_outbox_in_order(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``send(..., more=True)`` (an actor thread with more calls queued) skips the sending
+    thread's own ``sendmsg``: the frames go through the outbox and leave in batches, in order,
+    and a plain send after them does not overtake them."""
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    on_lane(a, b)
+    lane = a.transport._peers[b.transport.pid.raw].lane
+    assert isinstance(lane, UnixLane)
+    assert lane.direct
+    direct: list[int] = []
+    original = UnixLane.send_direct
+
+    def counted(self: UnixLane, pieces: Any, fds: Any) -> None:
+        direct.append(len(pieces))
+        original(self, pieces, fds)
+
+    monkeypatch.setattr(UnixLane, "send_direct", counted)
+    a.transport.send(envelope(a, b.transport.pid, 0), [])  # the control: an idle lane, direct
+    b.wait("got", 1)
+    assert len(direct) == 1
+    for seq in range(1, 101):
+        a.transport.send(envelope(a, b.transport.pid, seq), [], more=True)
+    a.transport.send(envelope(a, b.transport.pid, 101), [])
+    b.wait("got", 102)
+    assert [env.sequence for env, _ in b.got] == list(range(102))
+    # The hinted frames never took the direct path; the last one did only if the loop had
+    # drained the outbox before it was sent.
+    assert len(direct) <= 2

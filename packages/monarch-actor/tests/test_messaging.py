@@ -617,3 +617,78 @@ def test_accumulate_waits_for_pending_replies() -> None:
     cells[1].set_result(2)
     cells[0].set_result(1)
     assert result.get(timeout=T) == 3
+
+
+def test_the_point_of_a_cast_is_cached_per_cast_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The message rank of a call is built once per ``CastInfo`` (every call of a pipelining
+    caller carries the same one) and stays right for every rank; the cache is bounded."""
+    from monarch.actor._base.envelope import CastInfo
+    from monarch.actor._runtime import cell as _cell
+
+    monkeypatch.setattr(_cell, "_POINTS", {})
+    monkeypatch.setattr(_cell, "_POINTS_MAX", 4)
+    for rank in range(6):
+        point = _cell._point_of(CastInfo(("hosts", "gpus"), (2, 3), rank))
+        assert (point.rank, point["hosts"], point["gpus"]) == (rank, rank // 3, rank % 3)
+        again = _cell._point_of(CastInfo(("hosts", "gpus"), (2, 3), rank))
+        assert again is point
+        assert len(_cell._POINTS) <= 4
+    assert _cell._point_of(CastInfo(("x",), (2,), 5)).rank == 0  # out of range: empty point
+    assert _cell._point_of(None).rank == 0
+
+
+_GATE = threading.Event()
+_GATE_CELL: list[Any] = []
+
+
+class HintGate(Actor):
+    @endpoint
+    def wait(self) -> int:
+        _GATE_CELL.append(context()._cell)
+        assert _GATE.wait(T)
+        return -1
+
+    @endpoint
+    def echo(self, x: int) -> int:
+        return x
+
+
+def test_replies_are_hinted_more_exactly_while_calls_are_queued(
+    procs: Procs, monkeypatch: pytest.MonkeyPatch, wait_until: Callable[..., None]
+) -> None:
+    """An actor thread with calls queued behind the one it answers posts the reply with
+    ``more=True`` (the transport may write the batch's replies together); the last reply of the
+    batch, with nothing queued, is a plain send, so nothing waits for a next call."""
+    from monarch.actor._base.codec import decode
+    from monarch.actor._runtime.proc import ProcRuntime
+
+    gate = procs().spawn("gate", HintGate)
+    assert gate.echo.call_one(0).get(timeout=T) == 0
+    hints: dict[int, bool] = {}
+    original = ProcRuntime.post
+
+    def recording(self: ProcRuntime, *args: Any, **kwargs: Any) -> None:
+        payload = kwargs.get("payload")
+        if kwargs.get("port", -1) >= 0 and payload is not None:
+            value = decode(payload.data, list(payload.buffers), payload.kinds)
+            if isinstance(value, int):
+                hints[value] = kwargs.get("more", False)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcRuntime, "post", recording)
+    _GATE.clear()
+    _GATE_CELL.clear()
+    try:
+        blocked = gate.wait.call_one()
+        futures = [gate.echo.call_one(i) for i in range(1, 6)]
+        # The endpoint holds the actor thread: the five echoes queue behind it.
+        wait_until(lambda: len(_GATE_CELL) == 1 and len(_GATE_CELL[0].mailbox) == 5)
+    finally:
+        _GATE.set()
+    assert blocked.get(timeout=T) == -1
+    assert [f.get(timeout=T) for f in futures] == [1, 2, 3, 4, 5]
+    assert hints == {-1: True, 1: True, 2: True, 3: True, 4: True, 5: False}
+    assert gate.echo.call_one(6).get(timeout=T) == 6
+    assert hints[6] is False  # one call at a time: every reply is a plain send

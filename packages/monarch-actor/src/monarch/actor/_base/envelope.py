@@ -197,7 +197,7 @@ def encode_frame(
     ``envelope.buffer_sizes`` must match ``buffers``; raises ``MessageTooLargeError`` when the
     frame would exceed ``limits`` and ``ValueError`` on a size mismatch.
     """
-    sizes = tuple(memoryview(b).nbytes for b in buffers)
+    sizes = tuple([memoryview(b).nbytes for b in buffers]) if buffers else ()
     if sizes != envelope.buffer_sizes or len(envelope.buffer_kinds) != len(sizes):
         raise ValueError(
             f"envelope announces buffers {envelope.buffer_sizes} but {sizes} were given"

@@ -129,8 +129,10 @@ class Endpoint(Generic[P, R]):
         targets: list[tuple[ActorAddr, CastInfo]],
         reply_port: Any,
         adverb: str,
+        opened_by: tuple[Any, Any] | None = None,
     ) -> None:
-        runtime, sender = current_sender()
+        # ``opened_by``: the runtime and sender that opened ``reply_port`` (asked once per call)
+        runtime, sender = opened_by if opened_by is not None else current_sender()
         flags = FLAG_EXPLICIT_PORT if self._explicit and self._prop is None else 0
         if _tracing.TRACING and (self._prop is None or self._prop._instrument):
             name = self._mesh._user_name
@@ -162,7 +164,7 @@ class Endpoint(Generic[P, R]):
 
     def _open(self, sink: Any) -> Any:
         runtime, sender = current_sender()
-        return runtime, runtime.open_port(sender, sink, self._name)
+        return runtime, sender, runtime.open_port(sender, sink, self._name)
 
     def _send_with(
         self,
@@ -171,9 +173,9 @@ class Endpoint(Generic[P, R]):
         sink: Any,
         adverb: str,
     ) -> None:
-        runtime, port = self._open(sink)
+        runtime, sender, port = self._open(sink)
         try:
-            self._post_all(payload, targets, port, adverb)
+            self._post_all(payload, targets, port, adverb, (runtime, sender))
         except BaseException:
             runtime.close_port(port.index)
             raise

@@ -324,9 +324,11 @@ class ProcRuntime:
         cast: CastInfo | None = None,
         payload: _codec.Payload = _EMPTY,
         flags: int = 0,
+        more: bool = False,
     ) -> None:
         """Send one envelope from ``sender`` (any thread; FIFO per thread and destination).
-        Nothing leaves a fenced process (its lease ran out), nor a fenced actor."""
+        Nothing leaves a fenced process (its lease ran out), nor a fenced actor. ``more``: the
+        sender posts again at once (the transport may write this envelope with the next)."""
         if sender.fenced:
             raise RuntimeError(
                 f"{sender.display} was stopped (it did not stop within the stop timeout); it "
@@ -346,14 +348,17 @@ class ProcRuntime:
             reply_port,
             cast,
             payload.data,
-            tuple(b.nbytes for b in payload.buffers),
+            tuple([b.nbytes for b in payload.buffers]) if payload.buffers else (),
             payload.kinds,
             flags,
             _telemetry.outgoing_trace(kind) if _telemetry.TRACING else b"",
         )
         if _telemetry.METRICS:
             _telemetry.on_sent(envelope)
-        self.transport.send(envelope, payload.buffers)
+        if more:
+            self.transport.send(envelope, payload.buffers, True)
+        else:
+            self.transport.send(envelope, payload.buffers)
         if kind in _SUPERVISION_TRAFFIC:
             self._count(self._sent, target.pid, 1)
 
@@ -406,7 +411,8 @@ class ProcRuntime:
             _log.debug("dropping a message for closed port %d", index)
             return
         if sink.deliver(reply):
-            self.close_port(index)
+            if index in self._ports:  # most sinks closed their port already (``closer``)
+                self.close_port(index)
             if _telemetry.METRICS:
                 _telemetry.on_port_completed(self, index)
 

@@ -398,14 +398,20 @@ class NodeProcessTransport:
     def _lanes_forced_off() -> bool:
         return bool(_config.get("force_quic"))
 
-    def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None:
+    def send(self, envelope: Envelope, buffers: Sequence[memoryview], more: bool = False) -> None:
         """Queue ``envelope`` for its target (any thread; never blocks on the network).
 
         ``MessageTooLargeError`` over the frame bound; other failures (closed transport,
-        queues full, unreachable PID) bounce the envelope to ``undeliverable``.
+        queues full, unreachable PID) bounce the envelope to ``undeliverable``. ``more``: the
+        caller sends again at once (an actor thread working through queued calls), so the frame
+        takes the outbox instead of a ``sendmsg`` of its own: the loop's drain writes it with
+        the ones that follow in one ``sendmsg``.
         """
         limits = self.limits
-        check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
+        if buffers:
+            check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
+        else:
+            check_size(len(envelope.payload), 0, 0, limits)
         target = envelope.target.pid
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
@@ -428,11 +434,17 @@ class NodeProcessTransport:
             if any(b.nbytes >= threshold for b in buffers):
                 pieces, shared = self._share(envelope, buffers, lane, threshold)
         if pieces is None:
-            pieces = encode_frame(envelope, detach_buffers(buffers, envelope.buffer_kinds), limits)
+            pieces = encode_frame(
+                envelope, detach_buffers(buffers, envelope.buffer_kinds) if buffers else [], limits
+            )
         if (
             peer is not None
             and lane is not None
             and lane.direct
+            and not more
+            # Calls to this peer in flight (a pipelining sender): the outbox, without taking
+            # the lock just to find that out (a stale read only picks the outbox, always safe).
+            and not peer.outstanding
             and self._send_direct(envelope, peer, lane, pieces, shared)
         ):
             return

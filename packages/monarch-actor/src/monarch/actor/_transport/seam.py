@@ -64,7 +64,9 @@ class ProcessTransport(Protocol):
     - ``send`` may be called from any thread; it never blocks on the network. Envelopes sent
       from one thread to one destination are delivered in order. ``buffers`` may alias the
       sender's memory only until ``send`` returns. Raises ``MessageTooLargeError`` for messages
-      over the transport's bound.
+      over the transport's bound. ``more=True`` is a hint that the caller sends again at once
+      (an actor thread with more calls queued): a transport may then hold the envelope to write
+      it with the ones that follow (never reordering them).
     - Delivered envelopes reach the ``deliver`` callback, and envelopes that cannot be delivered
       reach the ``undeliverable`` callback with a reason, both on this process's runtime loop.
     - ``close`` detaches the process; later envelopes addressed to it are undeliverable.
@@ -73,7 +75,9 @@ class ProcessTransport(Protocol):
     @property
     def pid(self) -> Pid: ...
 
-    def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None: ...
+    def send(
+        self, envelope: Envelope, buffers: Sequence[memoryview], more: bool = False
+    ) -> None: ...
 
     def close(self) -> None: ...
 
@@ -193,19 +197,20 @@ class InProcessTransport:
         """True once detached."""
         return self._closed
 
-    def send(self, envelope: Envelope, buffers: Sequence[memoryview]) -> None:
-        """Copy the buffers once and hand the envelope to the destination's loop."""
+    def send(self, envelope: Envelope, buffers: Sequence[memoryview], more: bool = False) -> None:
+        """Copy the buffers once and hand the envelope to the destination's loop (or to the
+        uplink, which checks the size against its own bound)."""
+        destination = self._fabric._lookup(envelope.target.pid)
+        uplink = self._fabric.uplink
+        if destination is None and uplink is not None:
+            uplink.send(envelope, buffers, more)
+            return
         check_size(
             len(envelope.payload),
             sum(b.nbytes for b in buffers),
             len(buffers),
             self._fabric.limits,
         )
-        destination = self._fabric._lookup(envelope.target.pid)
-        uplink = self._fabric.uplink
-        if destination is None and uplink is not None:
-            uplink.send(envelope, buffers)
-            return
         if destination is None or destination._closed:
             self._bounce(envelope, "the destination process is not reachable (stopped or unknown)")
             return
