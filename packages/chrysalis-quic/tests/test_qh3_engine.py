@@ -39,6 +39,7 @@ from chrysalis.quic._engines.base import (
     EngineEvent,
     HandshakeCompleted,
     StreamDataReceived,
+    StreamResetReceived,
     Terminated,
     TerminationKind,
 )
@@ -105,6 +106,7 @@ class _Pair:
         self.loss, self.reorder = loss, reorder
         self.held: list[tuple[str, bytes]] = []
         self.on_server_event: Callable[[EngineEvent], None] | None = None
+        self.drop: Callable[[str, bytes], bool] | None = None  # True: lose this datagram
 
     def _carry(self, direction: str, data: bytes) -> None:
         if direction == "to server":
@@ -118,6 +120,8 @@ class _Pair:
             for direction, conn in (("to server", self.client), ("to client", self.server)):
                 for data, _ in conn.datagrams_to_send(self.now):
                     self.prefixes.append((direction, target_pid(data)))
+                    if self.drop is not None and self.drop(direction, data):
+                        continue
                     roll = self.random.random()
                     if roll < self.loss:
                         continue
@@ -279,6 +283,64 @@ def test_receive_gate_bounds_unconsumed_bytes_and_resumes_on_consumption() -> No
         pair.server.set_buffered(0)
         pair.step(5)
     assert pair.received == payload
+
+
+def _confirmed(connection: Qh3Connection) -> bool:
+    return bool(connection._handshake_confirmed)
+
+
+def test_client_stream_data_waits_for_confirmation_in_order_and_a_reset_drops_it() -> None:
+    """A client's stream data reaches the core only once the handshake is confirmed (see the
+    module docstring, 8.): until then it is handed over and unacknowledged, nothing of it is
+    sent (the server's first 1-RTT datagram, with HANDSHAKE_DONE, is lost), and none of it
+    counts as acknowledged when everything in flight was; then it leaves in order, and a
+    stream reset meanwhile never sends its kept bytes."""
+    pair = _Pair()
+    while not pair.of("client", HandshakeCompleted):
+        pair.step(1)
+        assert pair.now < T0 + 5.0
+    client = pair.client
+    assert isinstance(client, Qh3Connection)
+    assert not _confirmed(client)  # the server has not seen the Finished yet
+    first, second = random.Random(3).randbytes(30_000), random.Random(4).randbytes(5_000)
+    client.open_stream(0)
+    client.open_stream(4)
+    client.send_stream_data(0, first[:20_000], False)
+    client.send_stream_data(4, second, False)
+    client.send_stream_data(0, memoryview(first)[20_000:], True)
+    assert client.stream_send_state(0) == (0, len(first))
+    assert client.stream_send_state(4) == (0, len(second))
+    assert client._core is not None
+    assert client._core.get_send_buffer_size(0) == 0  # nothing in the core yet
+    client.reset_stream(4, 7)
+    lost: list[bytes] = []
+
+    def lose_handshake_done(direction: str, data: bytes) -> bool:
+        if direction == "to client" and not data[0] & 0x80 and not lost:
+            lost.append(data)
+            return True
+        return False
+
+    pair.drop = lose_handshake_done
+    received: dict[int, bytearray] = {0: bytearray(), 4: bytearray()}
+
+    def collect(event: EngineEvent) -> None:
+        if isinstance(event, StreamDataReceived):
+            received[event.stream_id] += event.data
+
+    pair.on_server_event = collect
+    for _ in range(200):
+        pair.step(1)
+        state = client.stream_send_state(0)
+        assert state is not None
+        assert state[0] <= len(received[0])  # kept bytes are never counted as acknowledged
+        if state == (len(first), 0):
+            break
+    assert _confirmed(client)
+    assert lost
+    assert bytes(received[0]) == first
+    assert received[4] == b""
+    assert [(e.stream_id, e.error_code) for e in pair.of("server", StreamResetReceived)] == [(4, 7)]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

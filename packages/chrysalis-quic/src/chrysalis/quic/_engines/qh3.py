@@ -56,6 +56,17 @@ difference from what the endpoint needs is handled here, as narrowly as qh3 allo
    proves source addresses (qh3 2.1 also fails its anti-amplification accounting with a
    single-datagram ClientHello, as aioquic sends, when the address is not validated).
 
+8. **Early stream data.** A client keeps the stream data the endpoint hands it after its
+   handshake completed and gives it to the core only once the handshake is *confirmed*
+   (HANDSHAKE_DONE), in order. Why: the server acknowledges no 1-RTT packet before it has the
+   client's Finished, so data sent earlier stays in flight; and qh3 2.1's core, once such
+   data fills the congestion window, sends neither its Handshake-space probes nor even
+   acknowledgements (found by the lossy hypothesis test). A lost Finished was then never
+   retransmitted and both sides went idle. The cost is one round trip before a new
+   connection's first stream bytes leave (the client proof is exempt: the server needs it).
+   Kept bytes count as handed over and unacknowledged, so the endpoint's
+   ``stream_send_buffer`` bounds them per stream.
+
 qh3 runs its own congestion controller (``QuicConfig.congestion_control`` is not used). qh3
 itself imports ``socket`` and, through its package, ``asyncio``; nothing in this module does
 I/O or reads a clock: ``now`` is always an argument.
@@ -146,13 +157,16 @@ def _internal(exc: RuntimeError) -> QuicConnectionError:
 
 @final
 class _SendTrack:
-    """Send-side bookkeeping of one stream: bytes handed to the core, the acknowledged
-    estimate, and checkpoints ``(packet number, bytes sent)`` awaiting acknowledgement."""
+    """Send-side bookkeeping of one stream: bytes the endpoint handed over (``written``),
+    of which ``early`` still wait in the engine for the handshake's confirmation (not yet in
+    the core), the acknowledged estimate, and checkpoints ``(packet number, bytes sent)``
+    awaiting acknowledgement."""
 
-    __slots__ = ("acked", "checkpoints", "written")
+    __slots__ = ("acked", "checkpoints", "early", "written")
 
     def __init__(self) -> None:
         self.written = 0
+        self.early = 0
         self.acked = 0
         self.checkpoints: deque[tuple[int, int]] = deque()
 
@@ -253,6 +267,11 @@ class Qh3Connection(QuicConnection):
         self._ch_tracks: dict[int, _SendTrack] = {}
         self._ch_unacked: dict[int, _SendTrack] = {}
         self._ch_loss_mark = 0
+        # Client only, until the handshake is confirmed: stream writes kept out of the core
+        # (``_release_early``); None once released (and always on a server).
+        self._ch_early: list[tuple[int, bytes, bool]] | None = (
+            [] if configuration.is_client else None
+        )
         self._ch_outbox: list[tuple[bytes, DatagramAddr]] = []
         # The last path a datagram came from, by identity (carriers hand out one cached
         # address object per sender): no ``DatagramAddr.__hash__`` / ``__eq__`` frames per
@@ -396,6 +415,7 @@ class Qh3Connection(QuicConnection):
             elif kind == "handshake_done":
                 self._handshake_confirmed = True
                 core.handshake_confirmed()
+                self._release_early(core)
             elif kind == "connection_id_issued":
                 out.append(CidIssued(native[1]))
             elif kind == "connection_id_retired":
@@ -547,7 +567,7 @@ class Qh3Connection(QuicConnection):
             # flight: one frame less on the path).
             for sid, track in list(unacked.items()):
                 track.checkpoints.clear()
-                track.acked = track.written - core.get_send_buffer_size(sid)
+                track.acked = track.written - track.early - core.get_send_buffer_size(sid)
                 if track.acked >= track.written:
                     del unacked[sid]
             return
@@ -586,7 +606,7 @@ class Qh3Connection(QuicConnection):
             return
         top = max(outstanding)[0]  # unique packet numbers: the largest tuple's
         for sid, track in unacked.items():
-            sent = track.written - core.get_send_buffer_size(sid)
+            sent = track.written - track.early - core.get_send_buffer_size(sid)
             checkpoints = track.checkpoints
             last = checkpoints[-1][1] if checkpoints else track.acked
             if sent > last:
@@ -600,7 +620,7 @@ class Qh3Connection(QuicConnection):
         was acknowledged."""
         for sid, track in list(self._ch_unacked.items()):
             track.checkpoints.clear()
-            track.acked = track.written - core.get_send_buffer_size(sid)
+            track.acked = track.written - track.early - core.get_send_buffer_size(sid)
             if track.acked >= track.written:
                 del self._ch_unacked[sid]
 
@@ -810,10 +830,39 @@ class Qh3Connection(QuicConnection):
         track = self._ch_tracks.get(stream_id)
         if track is None:
             raise ValueError(f"stream {stream_id} is finished or unknown")
-        core.send_stream(stream_id, data, end_stream)  # ValueError / RuntimeError pass up
+        early = self._ch_early
+        if early is not None:
+            # Before confirmation (see the module docstring, 8.): kept here, counted as
+            # handed over and unacknowledged, so the endpoint's per-stream send buffer
+            # bounds it like bytes in the core.
+            early.append((stream_id, bytes(data), end_stream))
+            track.early += len(data)
+        else:
+            core.send_stream(stream_id, data, end_stream)  # ValueError / RuntimeError pass up
         if data:
             track.written += len(data)
             self._ch_unacked[stream_id] = track
+
+    def _release_early(self, core: QuicConnectionCore) -> None:
+        """The handshake is confirmed: hand the core the stream writes kept until now, in
+        order. A write the core refuses (the peer stopped the stream meanwhile: the endpoint
+        abandons that send half on the ``StopSendingReceived`` it gets) drops the stream's
+        remaining early writes."""
+        early = self._ch_early
+        self._ch_early = None
+        if not early:
+            return
+        refused: set[int] = set()
+        for stream_id, data, fin in early:
+            track = self._ch_tracks.get(stream_id)
+            if track is not None:
+                track.early -= len(data)
+            if stream_id in refused or track is None:
+                continue
+            try:
+                core.send_stream(stream_id, data, fin)
+            except (RuntimeError, ValueError):
+                refused.add(stream_id)
 
     def reset_stream(self, stream_id: int, error_code: int) -> None:
         core = self._core
@@ -823,6 +872,12 @@ class Qh3Connection(QuicConnection):
             core.reset_stream(stream_id, error_code)
         except RuntimeError as exc:
             raise ValueError(str(exc)) from exc
+        early = self._ch_early
+        if early:  # a reset stream's early writes are never sent
+            self._ch_early = [write for write in early if write[0] != stream_id]
+            track = self._ch_tracks.get(stream_id)
+            if track is not None:
+                track.early = 0
         self._ch_unacked.pop(stream_id, None)
 
     def stop_stream(self, stream_id: int, error_code: int) -> None:
