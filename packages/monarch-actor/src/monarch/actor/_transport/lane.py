@@ -9,8 +9,9 @@ halves of the handshake. Everything runs on the runtime loop.
   (nothing in the file system; it disappears with the process) and raw non-blocking sockets
   driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
   accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
-  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads
-  a ``bytes`` or ``bytearray`` out of the slot and acknowledges the slot at once, or hands an
+  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver copies
+  a ``bytes`` out of a view of the slot it keeps (``shm.SlotViews``, bounded by
+  ``shm_views``) or reads a ``bytearray`` out, and acknowledges the slot at once, or hands an
   array or tensor a private mapping of it and acknowledges the slot when that mapping is
   freed. The acknowledgements (on the same socket) bound the shared bytes a sender has
   outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes in a
