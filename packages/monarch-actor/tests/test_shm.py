@@ -337,3 +337,35 @@ def test_retain_heap_keeps_freed_buffers_warm() -> None:
     assert (retained, again) == (64 << 20, 64 << 20)  # once per process: the first call wins
     # Without it glibc unmaps or trims those buffers: about 220 page faults per MiB here.
     assert faults < 16, faults
+
+
+def test_the_copy_into_a_slot_takes_any_contiguous_view_without_the_gil(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copy = _shm._gil_free_copy()
+    if copy is None:
+        pytest.skip("needs CPython's ctypes.pythonapi")
+    used: list[int] = []
+
+    def recording(target: mmap.mmap, data: memoryview) -> None:
+        used.append(data.nbytes)
+        copy(target, data)
+
+    monkeypatch.setattr(_shm, "_raw_copy", recording)
+    pool = _shm.ShmPool(64 << 20)
+    source = os.urandom(3 << 20)
+    views = [
+        memoryview(source),
+        memoryview(source)[12_345 : 12_345 + 700_000],  # an offset into the object
+        memoryview(bytearray(source)).cast("B", (3, 1 << 20)),  # multidimensional
+        memoryview(source)[:1000],  # small: a slice assignment
+    ]
+    for view in views:
+        taken = pool.put(view)
+        assert taken is not None
+        assert _shm.read_buffer(taken[1], view.nbytes, writable=False) == view.tobytes()
+        assert pool.release(taken[0])
+    assert used == [3 << 20, 700_000, 3 << 20]
+    with pytest.raises(ValueError, match="larger than its slot"):
+        copy(mmap.mmap(-1, 4096), memoryview(source))
+    pool.close()

@@ -10,8 +10,10 @@ lane's sender keeps its slots and reuses one once the receiver said it is done w
 slot is sealed at birth against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW |
 F_SEAL_SEAL``: nobody, the receiver included, can change its size again, so a mapping of it can
 never fault past its end) and mapped once by the sender (``MAP_POPULATE``), which copies into
-that mapping (a ``memcpy``, about twice as fast as ``pwrite`` into the page cache; in 4 MiB
-pieces, so other threads get the GIL between them). At most ``max_bytes`` of its own slots are
+that mapping (a ``memcpy``, about twice as fast as ``pwrite`` into the page cache; by
+``ctypes.memmove`` with the GIL released, so that the runtime loop's thread sends the frames
+queued before and reads replies meanwhile; where ``ctypes`` cannot, a slice assignment in
+4 MiB pieces, so other threads get the GIL between them). At most ``max_bytes`` of its own slots are
 in flight (sent, not yet acknowledged), and its own slots, in flight and free, hold at most
 twice that; a slot of the size in use that would not fit closes free slots of other sizes first.
 Over the in-flight bound (the receiver still holds a tensor, say) the buffer goes in a
@@ -173,8 +175,73 @@ def _writable_map(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
 
 
+_RawCopy = Callable[[mmap.mmap, memoryview], None]
+_raw_copy: _RawCopy | None = None
+_raw_copy_checked = False
+_RAW_COPY_MIN: Final = 64 * 1024
+
+
+def _gil_free_copy() -> _RawCopy | None:
+    """``copy(target, data)``: ``data`` (contiguous, at most ``len(target)`` bytes) copied to
+    the start of ``target`` by ``ctypes.memmove``, the GIL released during the copy (CPython);
+    ``None`` where that is not possible."""
+    global _raw_copy, _raw_copy_checked
+    if not _raw_copy_checked:
+        _raw_copy_checked = True
+        if sys.implementation.name != "cpython":
+            return None
+        try:
+            import ctypes
+
+            api = ctypes.pythonapi
+            get_buffer, release_buffer = api.PyObject_GetBuffer, api.PyBuffer_Release
+        except (ImportError, AttributeError, OSError):
+            return None
+
+        class PyBuffer(ctypes.Structure):
+            _fields_ = [
+                ("buf", ctypes.c_void_p),
+                ("obj", ctypes.c_void_p),
+                ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t),
+                ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int),
+                ("format", ctypes.c_void_p),
+                ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p),
+            ]
+
+        get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer), ctypes.c_int]
+        get_buffer.restype = ctypes.c_int
+        release_buffer.argtypes = [ctypes.POINTER(PyBuffer)]
+        release_buffer.restype = None
+        memmove, addressof, char = ctypes.memmove, ctypes.addressof, ctypes.c_char
+
+        def copy(target: mmap.mmap, data: memoryview) -> None:
+            view = PyBuffer()
+            get_buffer(data, view, 0)  # PyBUF_SIMPLE: contiguous bytes, or an exception
+            try:
+                if view.len > len(target):
+                    raise ValueError("a buffer larger than its slot")
+                destination = char.from_buffer(target)  # an export: the slot stays mapped
+                memmove(addressof(destination), view.buf, view.len)
+                del destination
+            finally:
+                release_buffer(view)
+
+        _raw_copy = copy
+    return _raw_copy
+
+
 def _copy_into(target: mmap.mmap, data: memoryview) -> None:
     total = data.nbytes
+    # Without the GIL where possible: the runtime loop then writes the frames queued before
+    # this one (and reads replies) during the copy, instead of waiting for it.
+    if total >= _RAW_COPY_MIN and (copy := _gil_free_copy()) is not None:
+        copy(target, data)
+        return
     if total <= _COPY_PIECE:
         target[:total] = data
         return
