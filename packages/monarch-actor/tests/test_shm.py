@@ -369,3 +369,18 @@ def test_the_copy_into_a_slot_takes_any_contiguous_view_without_the_gil(
     with pytest.raises(ValueError, match="larger than its slot"):
         copy(mmap.mmap(-1, 4096), memoryview(source))
     pool.close()
+
+
+def test_a_slot_that_cannot_be_mapped_is_read_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = _shm.ShmPool(1 << 20)
+    views = _shm.SlotViews(1 << 20)
+    taken = pool.put(memoryview(b"m" * 300_000))
+    assert taken is not None
+
+    def refused(*_args: object, **_kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refused)  # the module shm maps with
+    assert _shm.receive_buffer(taken[1], 300_000, 0b11, views) == (b"m" * 300_000, False)
+    assert (views.mapped, views.copies) == (0, 0)
+    pool.close()

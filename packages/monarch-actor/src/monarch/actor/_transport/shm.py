@@ -539,7 +539,10 @@ class SlotViews:
             import ctypes
 
             prot = mmap.PROT_READ | mmap.PROT_WRITE  # private: a write would never reach the slot
-            mapping = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot)
+            try:
+                mapping = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot)
+            except (OSError, ValueError):  # out of mappings or address space: read it instead
+                return None
             export = ctypes.c_char.from_buffer(mapping)
             entry = (mapping, export, ctypes.addressof(export), length)
             self._views[key] = entry
