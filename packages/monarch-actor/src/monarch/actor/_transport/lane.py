@@ -116,7 +116,7 @@ class LaneSettings:
     max_shm_bytes: int = 64 * 1024 * 1024
     max_fds: int = 1024
     shm_views: int = 32 * 1024 * 1024
-    heap_retain: int = 64 * 1024 * 1024
+    heap_retain: int = 16 * 1024 * 1024
     tcp_host: str | None = None
     force_tcp: bool = False
 

@@ -56,7 +56,7 @@ then faulted in and zeroed every page again (about 220 faults per MiB, half of t
 time for a pipelined 1 MiB call went into the ``pread``, 40 % of that in those faults).
 ``retain_heap`` (called by the lane once it read a buffer into the process's own memory) sets
 malloc's thresholds once per process so that freed buffers stay in the heap, warm, for the
-next ones: bounded by the trim threshold it sets (the lane passes ``max_shm_bytes``).
+next ones: bounded by the trim threshold it sets (the lane passes ``heap_retain``, 16 MiB).
 
 An unsealed descriptor (nothing this package sends) is never mapped: it is read like a
 ``bytes``, so a file that shrinks under the read is a ``ShmError``, never a fault.
