@@ -124,8 +124,9 @@ OVERLAPPING: tuple[tuple[str, str, str, str], ...] = (
 
 #: Spans inside the stages above, for calls whose buffers travel in shared memory (absent for
 #: the others): the sender's copy into its memfd slots (``ShmPool.put``, inside "frame encode /
-#: shm copy") and the receiver's taking of the slots (``shm.receive_buffer``: a read, or a
-#: mapping; inside "worker read + frame decode"). Each is the sum over the call's slots.
+#: shm copy") and the receiver's taking of the slots (``shm.receive_buffer``: a copy out of a
+#: view, a read, or a mapping; inside "worker read + frame decode"). Each is the sum over the
+#: call's slots.
 WITHIN: tuple[tuple[str, str, str], ...] = (
     ("(within) client shm slot copy", "client", "shm_put"),
     ("(within) worker shm slot take", "worker", "w.shm_take"),

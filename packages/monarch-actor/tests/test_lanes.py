@@ -490,3 +490,69 @@ def test_sends_hinted_more_leave_together_through_the_outbox_in_order(
     # The hinted frames never took the direct path; the last one did only if the loop had
     # drained the outbox before it was sent.
     assert len(direct) <= 2
+
+
+@pytest.mark.skipif(not _shm.available(), reason="needs memfd_create")
+@pytest.mark.parametrize("views", [32 << 20, 0])
+def test_a_receiver_copies_bytes_out_of_its_views_of_the_senders_slots(views: int) -> None:
+    """A read-only buffer in a slot is copied out of the receiver's kept view of that slot (one
+    mapping per slot the sender reuses, none with ``shm_views=0``), the slot acknowledged at
+    once, so the sender's slots go round."""
+    from monarch.actor._base.envelope import FRAME_PREFIX as prefix
+    from monarch.actor._base.envelope import ActorAddr, MessageKind
+    from monarch.actor._transport.lane_proto import lane_prefix
+
+    encoder = msgspec.msgpack.Encoder()
+    got: list[bytes] = []
+    n = 12
+
+    async def run() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        settings = LaneSettings(shm_views=views)
+        sender = UnixLane(one, loop, b"\x01" * 16, settings)
+        receiver = UnixLane(two, loop, b"\x02" * 16, settings, FrameLimits())
+        arrived = asyncio.Event()
+
+        def on_message(env: Envelope, buffers: list[Any]) -> None:
+            assert type(buffers[0]) is bytes
+            got.append(buffers[0])
+            arrived.set()
+
+        released = asyncio.Event()
+        release = sender.pool.release
+
+        def releasing(slot: int) -> bool:
+            released.set()
+            return release(slot)
+
+        sender.pool.release = releasing  # type: ignore[method-assign]
+        receiver.start(on_message, lambda _reason: None)
+        sender.start_sender()
+        for seq in range(n):
+            data = bytes([seq]) * (1 << 20)
+            taken = sender.pool.put(memoryview(data))
+            assert taken is not None
+            env = Envelope(
+                MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
+                -1, "ep", seq, None, None, b"", (len(data),), b"\x03",
+            )  # fmt: skip
+            header = encoder.encode(env)
+            pieces = [lane_prefix([(0, taken[0])]), prefix.pack(len(header), 0), header]
+            arrived.clear()
+            released.clear()
+            sender.send_frame(pieces, [taken[1]], 1)
+            await asyncio.wait_for(arrived.wait(), T)
+            await asyncio.wait_for(released.wait(), T)  # the acknowledgement frees the slot
+            assert sender.shm_outstanding == 0
+        mapped = receiver.views.mapped if receiver.views is not None else -1
+        copies = receiver.views.copies if receiver.views is not None else -1
+        slots = sum(len(free) for free in sender.pool._free.values())
+        sender.close()
+        receiver.close()
+        return mapped, copies, slots
+
+    mapped, copies, slots = asyncio.run(run())
+    assert got == [bytes([seq]) * (1 << 20) for seq in range(n)]
+    assert slots == 1  # one slot, reused every call
+    assert (mapped, copies) == ((1, n) if views else (-1, -1))

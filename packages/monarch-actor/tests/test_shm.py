@@ -215,3 +215,172 @@ def test_free_slots_of_other_sizes_make_room_for_the_size_in_use() -> None:
     assert _inode(again[1]) == small_file  # the small slot reused, not a fresh memfd
     os.close(again[1])
     pool.close()
+
+
+def test_bytes_are_copied_out_of_a_kept_view_of_the_slot() -> None:
+    pool = _shm.ShmPool(1 << 20)
+    views = _shm.SlotViews(1 << 20)
+    files = set()
+    for fill in (b"p", b"q", b"r"):
+        taken = pool.put(memoryview(fill * 300_000))
+        assert taken is not None
+        slot, fd = taken
+        files.add(_inode(fd))
+        received, held = _shm.receive_buffer(fd, 300_000, 0b11, views)  # read-only, persistent
+        assert (type(received), held) == (bytes, False)
+        assert received == fill * 300_000  # what the sender wrote into the reused slot now
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
+        assert pool.release(slot)
+    assert len(files) == 1  # one slot, reused
+    assert (views.mapped, views.copies, views.nbytes) == (1, 3, 512 * 1024)
+    # A bytearray is the receiver's to write to: read out, never through a view.
+    taken = pool.put(memoryview(b"s" * 300_000))
+    assert taken is not None
+    received, held = _shm.receive_buffer(taken[1], 300_000, 0b10, views)
+    assert (type(received), held, views.copies) == (bytearray, False, 3)
+    views.close()
+    assert views.nbytes == 0
+    pool.close()
+
+
+def test_slot_views_are_bounded_least_recently_used_first_out() -> None:
+    pool = _shm.ShmPool(4 << 20)
+    views = _shm.SlotViews(1 << 20)
+    taken = [pool.put(memoryview(bytes([i]) * 300_000)) for i in range(3)]  # 3 slots of 512 KiB
+    for i, entry in enumerate(taken):
+        assert entry is not None
+        assert views.read(entry[1], 300_000) == bytes([i]) * 300_000
+        os.close(entry[1])
+        assert views.nbytes <= 1 << 20
+    assert (views.mapped, views.nbytes) == (3, 1 << 20)
+    big = pool.put(memoryview(b"b" * 1_500_000))  # a 2 MiB slot: over the bound, not mapped
+    assert big is not None
+    assert views.read(big[1], 1_500_000) is None
+    assert _shm.receive_buffer(big[1], 1_500_000, 0b11, views) == (b"b" * 1_500_000, False)
+    assert views.mapped == 3
+    views.close()
+    pool.close()
+
+
+def test_an_unsealed_or_bad_descriptor_is_not_viewed() -> None:
+    views = _shm.SlotViews(1 << 20)
+    fd = os.memfd_create("hostile")  # no seals: it could shrink under a mapping
+    os.write(fd, b"h" * 100_000)
+    theirs = os.dup(fd)
+    assert views.read(fd, 100_000) is None
+    received, held = _shm.receive_buffer(fd, 100_000, 0b11, views)  # read out instead
+    assert (received, held, views.mapped) == (b"h" * 100_000, False, 0)
+    os.ftruncate(theirs, 10)
+    os.close(theirs)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    r, w = os.pipe()
+    os.close(w)
+    with pytest.raises(_shm.ShmError, match="not a regular file"):
+        _shm.receive_buffer(r, 3, 0b11, views)
+    with pytest.raises(OSError):
+        os.fstat(r)  # closed on refusal
+    short = _shm.ShmPool(1 << 20)
+    taken = short.put(memoryview(b"abc" * 30_000))
+    assert taken is not None
+    with pytest.raises(_shm.ShmError, match="where 200000 were announced"):
+        _shm.receive_buffer(taken[1], 200_000, 0b11, views)
+    with pytest.raises(OSError):
+        os.fstat(taken[1])
+    assert views.mapped == 0
+    short.close()
+
+
+_HEAP_PROBE = """
+import os, resource, sys, threading
+from monarch.actor._transport import shm
+fd = os.memfd_create("probe")
+os.ftruncate(fd, 1 << 20)
+
+def faults_per_mib():
+    held = []
+    def body():  # as a lane's loop thread: 8 buffers in flight, then all freed
+        for _ in range(20):
+            held.extend(os.pread(fd, 1 << 20, 0) for _ in range(8))
+            held.clear()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 160
+
+faults_per_mib()
+retained = shm.retain_heap(64 << 20)
+again = shm.retain_heap(1)
+faults_per_mib()
+print(retained, again, faults_per_mib())
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "confstr") or "CS_GNU_LIBC_VERSION" not in os.confstr_names,
+    reason="needs glibc",
+)
+def test_retain_heap_keeps_freed_buffers_warm() -> None:
+    import subprocess
+    import sys
+
+    try:
+        os.confstr("CS_GNU_LIBC_VERSION")
+    except ValueError:
+        pytest.skip("needs glibc")
+    out = subprocess.run(
+        [sys.executable, "-c", _HEAP_PROBE], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    retained, again, faults = int(out[0]), int(out[1]), float(out[2])
+    assert (retained, again) == (64 << 20, 64 << 20)  # once per process: the first call wins
+    # Without it glibc unmaps or trims those buffers: about 220 page faults per MiB here.
+    assert faults < 16, faults
+
+
+def test_the_copy_into_a_slot_takes_any_contiguous_view_without_the_gil(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copy = _shm._gil_free_copy()
+    if copy is None:
+        pytest.skip("needs CPython's ctypes.pythonapi")
+    used: list[int] = []
+
+    def recording(target: mmap.mmap, data: memoryview) -> None:
+        used.append(data.nbytes)
+        copy(target, data)
+
+    monkeypatch.setattr(_shm, "_raw_copy", recording)
+    pool = _shm.ShmPool(64 << 20)
+    source = os.urandom(3 << 20)
+    views = [
+        memoryview(source),
+        memoryview(source)[12_345 : 12_345 + 700_000],  # an offset into the object
+        memoryview(bytearray(source)).cast("B", (3, 1 << 20)),  # multidimensional
+        memoryview(source)[:1000],  # small: a slice assignment
+    ]
+    for view in views:
+        taken = pool.put(view)
+        assert taken is not None
+        assert _shm.read_buffer(taken[1], view.nbytes, writable=False) == view.tobytes()
+        assert pool.release(taken[0])
+    assert used == [3 << 20, 700_000, 3 << 20]
+    with pytest.raises(ValueError, match="larger than its slot"):
+        copy(mmap.mmap(-1, 4096), memoryview(source))
+    pool.close()
+
+
+def test_a_slot_that_cannot_be_mapped_is_read_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = _shm.ShmPool(1 << 20)
+    views = _shm.SlotViews(1 << 20)
+    taken = pool.put(memoryview(b"m" * 300_000))
+    assert taken is not None
+
+    def refused(*_args: object, **_kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refused)  # the module shm maps with
+    assert _shm.receive_buffer(taken[1], 300_000, 0b11, views) == (b"m" * 300_000, False)
+    assert (views.mapped, views.copies) == (0, 0)
+    pool.close()

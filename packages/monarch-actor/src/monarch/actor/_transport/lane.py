@@ -9,8 +9,9 @@ halves of the handshake. Everything runs on the runtime loop.
   (nothing in the file system; it disappears with the process) and raw non-blocking sockets
   driven by ``add_reader``/``add_writer``: a frame is written with one ``sendmsg`` when the socket
   accepts it, so the hot path has no task switch. Buffers of at least ``shm_threshold`` bytes go
-  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver reads
-  a ``bytes`` or ``bytearray`` out of the slot and acknowledges the slot at once, or hands an
+  through pooled, sealed memfd slots passed with ``SCM_RIGHTS`` (``shm``); the receiver copies
+  a ``bytes`` out of a view of the slot it keeps (``shm.SlotViews``, bounded by
+  ``shm_views``) or reads a ``bytearray`` out, and acknowledges the slot at once, or hands an
   array or tensor a private mapping of it and acknowledges the slot when that mapping is
   freed. The acknowledgements (on the same socket) bound the shared bytes a sender has
   outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes in a
@@ -97,6 +98,13 @@ class LaneSettings:
             and, as much again, in detached slots not yet received; its own slots, in flight
             and free, hold at most twice this.
         max_fds: descriptors received and not yet claimed by a frame.
+        shm_views: bytes of read-only mappings of a sender's slots that a Unix lane's
+            receiver keeps, to copy the ``bytes`` it receives out of them (``shm.SlotViews``;
+            they keep those slots' memory alive until dropped; 0: ``pread`` instead).
+        heap_retain: freed memory this process's malloc keeps in its heap once a Unix lane
+            read a shared-memory buffer into the process's own memory (``shm.retain_heap``:
+            without it every 1 MiB ``bytes`` received faulted its pages in again; 0: leave
+            malloc as it is).
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
         force_tcp: offer TCP even to processes on this host (tests).
     """
@@ -107,6 +115,8 @@ class LaneSettings:
     shm_threshold: int = 256 * 1024
     max_shm_bytes: int = 64 * 1024 * 1024
     max_fds: int = 1024
+    shm_views: int = 32 * 1024 * 1024
+    heap_retain: int = 16 * 1024 * 1024
     tcp_host: str | None = None
     force_tcp: bool = False
 
@@ -115,6 +125,8 @@ class LaneSettings:
             self.handshake_timeout <= 0
             or min(self.max_pending, self.max_fds, self.max_shm_bytes) < 1
             or self.shm_threshold < 0
+            or self.heap_retain < 0
+            or self.shm_views < 0
             or not set(self.kinds) <= {"unix", "tcp"}
         ):
             raise ValueError(f"invalid lane settings {self!r}")
@@ -202,6 +214,8 @@ class UnixLane:
         self._pending_acks: list[int] = []
         self._returned: collections.deque[int] = collections.deque()  # given-back descriptors
         self._kept = 0  # detached slots held by received objects, to be given back
+        self._heap_ready = False  # shm.retain_heap called (once a buffer was read out)
+        self.views = _shm.SlotViews(settings.shm_views) if settings.shm_views else None
         self._decoder: LaneDecoder | None = None
         self._on_message: MessageCallback | None = None
         self._on_end: EndCallback | None = None
@@ -442,7 +456,9 @@ class UnixLane:
                     with contextlib.suppress(OSError):
                         keep = os.dup(fd)
                 try:
-                    buffer, held = _shm.receive_buffer(fd, size, envelope.buffer_kinds[index])
+                    buffer, held = _shm.receive_buffer(
+                        fd, size, envelope.buffer_kinds[index], self.views
+                    )
                 except (_shm.ShmError, OSError, ValueError) as exc:
                     for other in [keep] + [other for _i, other, _s, _n in shm[position + 1 :]]:
                         with contextlib.suppress(OSError):
@@ -450,6 +466,9 @@ class UnixLane:
                                 os.close(other)
                     raise FrameError(str(exc)) from None
                 buffers[index] = buffer
+                if not held and not self._heap_ready:
+                    self._heap_ready = True
+                    _shm.retain_heap(self._settings.heap_retain)
                 if slot & _shm.DETACHED:
                     self._pending_acks.append(slot)  # taken: the sender's count goes down
                     if keep >= 0:
@@ -560,6 +579,8 @@ class UnixLane:
         self._out.clear()
         if self._decoder is not None:
             self._decoder.close()
+        if self.views is not None:
+            self.views.close()
         self.pool.close()
         while self._returned:
             with contextlib.suppress(OSError):

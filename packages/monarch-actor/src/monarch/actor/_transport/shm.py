@@ -10,8 +10,10 @@ lane's sender keeps its slots and reuses one once the receiver said it is done w
 slot is sealed at birth against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW |
 F_SEAL_SEAL``: nobody, the receiver included, can change its size again, so a mapping of it can
 never fault past its end) and mapped once by the sender (``MAP_POPULATE``), which copies into
-that mapping (a ``memcpy``, about twice as fast as ``pwrite`` into the page cache; in 4 MiB
-pieces, so other threads get the GIL between them). At most ``max_bytes`` of its own slots are
+that mapping (a ``memcpy``, about twice as fast as ``pwrite`` into the page cache; by
+``ctypes.memmove`` with the GIL released, so that the runtime loop's thread sends the frames
+queued before and reads replies meanwhile; where ``ctypes`` cannot, a slice assignment in
+4 MiB pieces, so other threads get the GIL between them). At most ``max_bytes`` of its own slots are
 in flight (sent, not yet acknowledged), and its own slots, in flight and free, hold at most
 twice that; a slot of the size in use that would not fit closes free slots of other sizes first.
 Over the in-flight bound (the receiver still holds a tensor, say) the buffer goes in a
@@ -31,11 +33,30 @@ the announced size. Then, by what the codec rebuilds from the buffer:
   ``MADV_POPULATE_READ``): no copy at all. The slot is then the object's: the lane
   acknowledges it when the mapping is freed (``weakref.finalize``), and the sender reuses it
   only then;
-- a ``bytes`` or ``bytearray`` is read out (``read_buffer``: ``pread``, one copy, the GIL
-  released meanwhile) and the slot acknowledged at once. (Copying it out of a mapping the lane
-  keeps is a faster ``memcpy``, 35 against 67 us for 1 MiB here, but it holds the GIL: with
-  calls pipelined the worker's actor thread then waited for the loop thread's copies, and
-  1 MiB throughput fell, so the read stays.)
+- a ``bytes`` is copied out of a mapping of the slot that the lane keeps (``SlotViews``: the
+  sender reuses its slots, so after the first call of a size the mapping exists and its page
+  tables are filled) straight into a new ``bytes`` object, with ``ctypes.memmove`` (the GIL
+  released during the copy), and the slot acknowledged at once. Before, a ``pread``: 65 against
+  39 us of CPU for 1 MiB here, the kernel looking every page up in the page cache (in a
+  profile of pipelined 1 MiB calls the ``pread`` was about 60 % of the worker's CPU time, a
+  third of that the page lookups). (A copy out of a kept mapping was tried before with
+  ``bytes(mapping[...])``: it holds the GIL, and with calls pipelined the worker's actor thread
+  then waited for the loop thread's copies.) The views are bounded (``max_bytes`` of mappings
+  per lane, least recently used dropped first); a slot that is not size-sealed, larger than
+  that bound, or a Python without ``ctypes.pythonapi`` (not CPython) is read with ``pread``.
+  A view keeps its slot's memory alive until it is dropped, also after the sender closed the
+  slot: so the bound is also the most memory a receiver keeps that way, per lane;
+- a ``bytearray`` is read out (``read_buffer``: ``pread``, one copy, the GIL released
+  meanwhile) and the slot acknowledged at once.
+
+The ``bytes`` a receiver reads out are fresh heap memory on every call, and glibc's malloc gave
+their pages back to the kernel when they were freed (an allocation of 1 MiB or more is
+``mmap``'d, or the top of the heap trimmed, once a few of them were freed together): each read
+then faulted in and zeroed every page again (about 220 faults per MiB, half of the worker's CPU
+time for a pipelined 1 MiB call went into the ``pread``, 40 % of that in those faults).
+``retain_heap`` (called by the lane once it read a buffer into the process's own memory) sets
+malloc's thresholds once per process so that freed buffers stay in the heap, warm, for the
+next ones: bounded by the trim threshold it sets (the lane passes ``heap_retain``, 16 MiB).
 
 An unsealed descriptor (nothing this package sends) is never mapped: it is read like a
 ``bytes``, so a file that shrinks under the read is a ``ShmError``, never a fault.
@@ -46,22 +67,27 @@ lanes send buffers inline where it cannot.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import itertools
 import mmap
 import os
 import stat
+import sys
 import threading
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 __all__ = [
     "DETACHED",
     "ShmError",
     "ShmPool",
+    "SlotViews",
     "available",
     "read_buffer",
     "receive_buffer",
+    "retain_heap",
 ]
 
 _WRITE_CHUNK: Final = 64 * 1024 * 1024
@@ -73,6 +99,9 @@ _F_ADD_SEALS: Final = getattr(fcntl, "F_ADD_SEALS", 1033)
 _F_GET_SEALS: Final = getattr(fcntl, "F_GET_SEALS", 1034)
 _F_SEAL_SEAL: Final = getattr(fcntl, "F_SEAL_SEAL", 1)
 _MADV_POPULATE_READ: Final = 22
+_M_TRIM_THRESHOLD: Final = -1  # mallopt parameters (glibc's malloc.h)
+_M_MMAP_THRESHOLD: Final = -3
+_MMAP_THRESHOLD_MAX: Final = 32 * 1024 * 1024  # the most glibc accepts on 64-bit
 DETACHED: Final = 0x8000_0000
 """Slot-number bit of a detached slot: the sender keeps nothing of it; acknowledged on receipt."""
 
@@ -84,6 +113,42 @@ class ShmError(ValueError):
 def available() -> bool:
     """True when memfds can be created here (Linux)."""
     return hasattr(os, "memfd_create")
+
+
+_heap_lock = threading.Lock()
+_heap_retained: int | None = None
+
+
+def retain_heap(nbytes: int) -> int:
+    """Keep up to ``nbytes`` of freed memory in this process's heap instead of giving it back to
+    the kernel at every ``free`` (module docstring): glibc's ``M_TRIM_THRESHOLD`` set to
+    ``nbytes`` and ``M_MMAP_THRESHOLD`` to ``min(nbytes, 32 MiB)``, so that buffers up to that
+    size come from the heap and their pages stay mapped between calls. Once per process (a
+    forked child inherits it); the bytes retained as set by the first call, 0 when nothing was
+    changed (``nbytes`` 0, another C library than glibc, or ``mallopt`` refused)."""
+    global _heap_retained
+    with _heap_lock:
+        if _heap_retained is not None:
+            return _heap_retained
+        _heap_retained = 0
+        if nbytes <= 0:
+            return 0
+        try:
+            os.confstr("CS_GNU_LIBC_VERSION")  # ValueError elsewhere (musl, macOS)
+            import ctypes  # only here: most processes never receive a large buffer
+
+            mallopt = ctypes.CDLL(None).mallopt
+        except (ValueError, OSError, AttributeError):
+            return 0
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        mallopt.restype = ctypes.c_int
+        limit = min(nbytes, 0x7FFFFFFF)
+        if mallopt(_M_MMAP_THRESHOLD, min(limit, _MMAP_THRESHOLD_MAX)) != 1:
+            return 0
+        if mallopt(_M_TRIM_THRESHOLD, limit) != 1:
+            return 0
+        _heap_retained = limit
+        return limit
 
 
 def _slot_size(nbytes: int) -> int:
@@ -110,8 +175,73 @@ def _writable_map(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
 
 
+_RawCopy = Callable[[mmap.mmap, memoryview], None]
+_raw_copy: _RawCopy | None = None
+_raw_copy_checked = False
+_RAW_COPY_MIN: Final = 64 * 1024
+
+
+def _gil_free_copy() -> _RawCopy | None:
+    """``copy(target, data)``: ``data`` (contiguous, at most ``len(target)`` bytes) copied to
+    the start of ``target`` by ``ctypes.memmove``, the GIL released during the copy (CPython);
+    ``None`` where that is not possible."""
+    global _raw_copy, _raw_copy_checked
+    if not _raw_copy_checked:
+        _raw_copy_checked = True
+        if sys.implementation.name != "cpython":
+            return None
+        try:
+            import ctypes
+
+            api = ctypes.pythonapi
+            get_buffer, release_buffer = api.PyObject_GetBuffer, api.PyBuffer_Release
+        except (ImportError, AttributeError, OSError):
+            return None
+
+        class PyBuffer(ctypes.Structure):
+            _fields_ = [
+                ("buf", ctypes.c_void_p),
+                ("obj", ctypes.c_void_p),
+                ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t),
+                ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int),
+                ("format", ctypes.c_void_p),
+                ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p),
+            ]
+
+        get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer), ctypes.c_int]
+        get_buffer.restype = ctypes.c_int
+        release_buffer.argtypes = [ctypes.POINTER(PyBuffer)]
+        release_buffer.restype = None
+        memmove, addressof, char = ctypes.memmove, ctypes.addressof, ctypes.c_char
+
+        def copy(target: mmap.mmap, data: memoryview) -> None:
+            view = PyBuffer()
+            get_buffer(data, view, 0)  # PyBUF_SIMPLE: contiguous bytes, or an exception
+            try:
+                if view.len > len(target):
+                    raise ValueError("a buffer larger than its slot")
+                destination = char.from_buffer(target)  # an export: the slot stays mapped
+                memmove(addressof(destination), view.buf, view.len)
+                del destination
+            finally:
+                release_buffer(view)
+
+        _raw_copy = copy
+    return _raw_copy
+
+
 def _copy_into(target: mmap.mmap, data: memoryview) -> None:
     total = data.nbytes
+    # Without the GIL where possible: the runtime loop then writes the frames queued before
+    # this one (and reads replies) during the copy, instead of waiting for it.
+    if total >= _RAW_COPY_MIN and (copy := _gil_free_copy()) is not None:
+        copy(target, data)
+        return
     if total <= _COPY_PIECE:
         target[:total] = data
         return
@@ -329,6 +459,115 @@ def _size_sealed(fd: int) -> bool:
         return False
 
 
+_Copier = Callable[[int, int], bytes]
+_copier: _Copier | None = None
+_copier_checked = False
+
+
+def _bytes_copier() -> _Copier | None:
+    """``copy(address, size)``: a new ``bytes`` of ``size`` (> 0) bytes copied from ``address``
+    with the GIL released during the copy (CPython: the object is allocated uninitialised, as
+    ``os.pread`` does, and filled by ``ctypes.memmove`` before anything else can see it);
+    ``None`` where that is not possible."""
+    global _copier, _copier_checked
+    if not _copier_checked:
+        _copier_checked = True
+        if sys.implementation.name == "cpython":
+            try:
+                import ctypes  # only here: most processes never receive a large buffer
+
+                new = ctypes.pythonapi.PyBytes_FromStringAndSize
+            except (ImportError, AttributeError, OSError):
+                return None
+            new.restype = ctypes.py_object
+            new.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+            memmove = ctypes.memmove
+            offset = bytes.__basicsize__ - 1  # where ``ob_sval`` begins
+
+            def copy(address: int, size: int) -> bytes:
+                out: bytes = new(None, size)  # size > 0: never the shared empty bytes
+                memmove(id(out) + offset, address, size)
+                return out
+
+            _copier = copy
+    return _copier
+
+
+class SlotViews:
+    """One lane's receiver-side read-only views of the sender's slots, to copy ``bytes`` out of
+    (loop thread; module docstring). At most ``max_bytes`` of mappings, least recently used
+    dropped first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        # (st_dev, st_ino) -> (mapping, its ctypes export, the export's address, mapped size)
+        self._views: collections.OrderedDict[tuple[int, int], tuple[mmap.mmap, Any, int, int]]
+        self._views = collections.OrderedDict()
+        self._bytes = 0
+        self.mapped = 0
+        """Slots mapped so far (statistics)."""
+        self.copies = 0
+        """Buffers copied out of a view so far (statistics)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the views kept now."""
+        return self._bytes
+
+    def read(self, fd: int, size: int) -> bytes | None:
+        """The first ``size`` bytes of the slot ``fd`` (not closed here) as a new ``bytes``, copied
+        out of a kept view of it; ``None`` when it is not to be mapped (not size-sealed, over
+        the bound, no copier here): the caller reads it. ``ShmError`` when ``fd`` is not a
+        regular file of at least ``size`` bytes."""
+        copier = _bytes_copier()
+        if copier is None or size <= 0 or size > self._max:
+            return None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ShmError("a shared-memory buffer descriptor is not a regular file")
+        if info.st_size < size:
+            raise ShmError(
+                f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
+            )
+        key = (info.st_dev, info.st_ino)  # unique while the view keeps the file alive
+        entry = self._views.get(key)
+        if entry is None:
+            length = info.st_size
+            # Only a size-sealed file is mapped: nobody can shrink it under the copy (no fault).
+            if length > self._max or not _size_sealed(fd):
+                return None
+            import ctypes
+
+            prot = mmap.PROT_READ | mmap.PROT_WRITE  # private: a write would never reach the slot
+            try:
+                mapping = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot)
+            except (OSError, ValueError):  # out of mappings or address space: read it instead
+                return None
+            export = ctypes.c_char.from_buffer(mapping)
+            entry = (mapping, export, ctypes.addressof(export), length)
+            self._views[key] = entry
+            self._bytes += length
+            self.mapped += 1
+            while self._bytes > self._max:
+                self._drop(self._views.popitem(last=False)[1])
+        else:
+            self._views.move_to_end(key)
+        self.copies += 1
+        return copier(entry[2], size)
+
+    def _drop(self, entry: tuple[mmap.mmap, Any, int, int]) -> None:
+        mapping, export, _address, length = entry
+        self._bytes -= length
+        del export  # the mapping can be closed only once no export of it is left
+        with contextlib.suppress(BufferError, ValueError):
+            mapping.close()
+
+    def close(self) -> None:
+        """Drop every view (idempotent)."""
+        while self._views:
+            self._drop(self._views.popitem()[1])
+
+
 def _anonymous(size: int) -> mmap.mmap:
     """Fresh private anonymous memory, its pages faulted in at once (``MAP_POPULATE``)."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
@@ -372,12 +611,24 @@ def read_buffer(
         os.close(fd)
 
 
-def receive_buffer(fd: int, size: int, kind: int) -> tuple[bytes | bytearray | mmap.mmap, bool]:
+def receive_buffer(
+    fd: int, size: int, kind: int, views: SlotViews | None = None
+) -> tuple[bytes | bytearray | mmap.mmap, bool]:
     """The object a received slot's buffer of codec ``kind`` is rebuilt from, and whether it
     still uses the slot (a private mapping of it: the slot may be reused only once that object
-    is freed); ``fd`` is closed. ``ShmError`` when the descriptor is not a regular file of at
-    least ``size`` bytes or a read falls short (module docstring)."""
+    is freed); ``fd`` is closed. A ``bytes`` is copied out of ``views`` where it can be.
+    ``ShmError`` when the descriptor is not a regular file of at least ``size`` bytes or a read
+    falls short (module docstring)."""
     writable = not kind & 1  # KIND_READONLY
+    if views is not None and not writable:
+        try:
+            data = views.read(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        if data is not None:
+            os.close(fd)
+            return data, False
     # A protocol-5 buffer (numpy, tensors) is rebuilt over whatever memory it arrives in; a
     # persistent one becomes a bytes or bytearray: read into one.
     in_place = writable and not kind & 2  # KIND_PERSISTENT
