@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from chrysalis.core import Pid
 from chrysalis.sqlite import EligibilityMode, Replica, TableSchema
-from chrysalis.sqlite._shell import (
+from chrysalis.sqlite.shell import (
     PROMPT,
     PROMPT_CONTINUE,
     ResultSet,

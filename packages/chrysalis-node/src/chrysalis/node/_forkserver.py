@@ -28,6 +28,10 @@ thread that forked it exits (``PR_SET_PDEATHSIG``, Linux), every worker likewise
 server exits, and the server exits when the launcher's end of the socket closes. So a launcher
 killed with ``SIGKILL`` leaves no worker behind. Where there is no ``prctl`` (not Linux) the
 socket and the workers' own lifelines (their stdin) remain.
+
+The server's loop, the descriptors' passing, the exit reports and a forked worker's set-up are
+``chrysalis.node.forking`` (which monarch-actor's zygote uses too); the requests and the
+asyncio client are this module's own.
 """
 
 from __future__ import annotations
@@ -35,41 +39,28 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import functools
 import gc
-import importlib
 import json
 import os
 import select
 import signal
 import socket
-import sys
 from collections.abc import Callable, Sequence
 from typing import Final, final
 
+from chrysalis.node import forking
 from chrysalis.node.netns import enter_netns as _enter_netns
 
 __all__ = ["ForkServer", "ForkServerError", "ForkedProcess"]
 
 _MAX_MESSAGE: Final = 64 * 1024
-_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * array.array("i").itemsize)
 _MAX_CHILDREN: Final = 8192
 """Workers one server may run at once (a bound on its bookkeeping)."""
-_PR_SET_PDEATHSIG: Final = 1
 
 
 class ForkServerError(RuntimeError):
     """The fork server could not be started, could not fork, or has gone."""
-
-
-def _die_with_parent(parent: int) -> None:
-    """``SIGKILL`` this process when ``parent`` exits (Linux); exit now if it already has."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
 
 
 @final
@@ -126,23 +117,9 @@ class ForkServer:
         initialise what workers use), freezes the garbage collector's heap (so workers do
         not copy its pages by collecting them) and serves. ``ForkServerError`` where this
         platform cannot fork or pass descriptors."""
-        if not hasattr(os, "fork") or not hasattr(socket, "SOCK_SEQPACKET"):
+        if not forking.can_fork_server():
             raise ForkServerError("this platform cannot run a fork server")
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        launcher = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the fork server
-            code = 1
-            try:
-                ours.close()
-                _die_with_parent(launcher)
-                code = _serve(theirs, warm)
-            finally:
-                os._exit(code)
-        theirs.close()
+        ours, pid = forking.fork_server(lambda sock: _serve(sock, warm), lifeline=True)
         ours.setblocking(False)
         return cls(ours, pid)
 
@@ -286,110 +263,40 @@ def _serve(
         warm()
     gc.collect()
     gc.freeze()  # workers inherit a frozen heap: collections in them do not touch its pages
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    server = os.getpid()
-    children: set[int] = set()
-    while True:
-        try:
-            ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_r, 4096)
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            with contextlib.suppress(OSError):
-                code = os.waitstatus_to_exitcode(status)
-                sock.send(json.dumps({"exited": pid, "status": code}).encode())
-        if sock.fileno() not in ready:
-            continue
-        try:
-            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, _ANCILLARY_SPACE)
-        except OSError:
-            return 0
-        if not data:
-            return 0
-        fds = array.array("i")
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-        try:
-            request = json.loads(data)
-            argv = [str(a) for a in request["argv"]]
-            target = str(request["target"])
-            netns = request.get("netns")
-            if netns is not None and not isinstance(netns, str):
-                raise TypeError(f"netns must be a path, not {netns!r}")
-            if len(fds) != 3:
-                raise ValueError(f"expected 3 descriptors, got {len(fds)}")
-            if len(children) >= _MAX_CHILDREN:
-                raise ValueError(f"more than {_MAX_CHILDREN} workers")
-            pid = os.fork()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            for fd in fds:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                sock.send(json.dumps({"error": repr(exc)}).encode())
-            continue
-        if pid == 0:
-            _run_worker(sock, (wake_r, wake_w), list(fds), target, argv, server, netns)
+    return forking.serve(sock, _fork_worker, max_bytes=_MAX_MESSAGE, max_fds=3)
+
+
+def _fork_worker(
+    loop: forking.ServerLoop, data: bytes, fds: list[int]
+) -> None:  # pragma: no cover - runs in the fork server
+    """Serve one request (module docstring); the server's copies of the descriptors are closed
+    in every case."""
+    try:
+        request = json.loads(data)
+        argv = [str(a) for a in request["argv"]]
+        target = str(request["target"])
+        netns = request.get("netns")
+        if netns is not None and not isinstance(netns, str):
+            raise TypeError(f"netns must be a path, not {netns!r}")
+        if len(fds) != 3:
+            raise ValueError(f"expected 3 descriptors, got {len(fds)}")
+        if len(loop.children) >= _MAX_CHILDREN:
+            raise ValueError(f"more than {_MAX_CHILDREN} workers")
+        server = os.getpid()
+        pid = os.fork()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         for fd in fds:
             os.close(fd)
-        children.add(pid)
         with contextlib.suppress(OSError):
-            sock.send(json.dumps({"spawned": pid}).encode())
-
-
-def _run_worker(  # pragma: no cover - runs in a forked worker
-    sock: socket.socket,
-    wake: tuple[int, int],
-    fds: list[int],
-    target: str,
-    argv: list[str],
-    server: int,
-    netns: str | None = None,
-) -> None:
-    code = 1
-    try:
-        _die_with_parent(server)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sock.close()
-        for fd in wake:
-            os.close(fd)
-        for target_fd, fd in enumerate(fds):
-            os.dup2(fd, target_fd)
-            os.close(fd)
-        # Whatever the launcher's sys.std* were (a test runner's capture, say), the worker
-        # writes to its own descriptors, like an exec'd process.
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        if netns is not None:  # before the worker binds anything; a failure in its own log
-            _enter_netns(netns)
-        module, _, function = target.partition(":")
-        result = getattr(importlib.import_module(module), function)(argv)
-        code = result if isinstance(result, int) else 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+            loop.sock.send(json.dumps({"error": repr(exc)}).encode())
+        return
+    if pid == 0:
+        # The network namespace is entered before the worker binds anything; a failure goes
+        # to its own log.
+        prepare = None if netns is None else functools.partial(_enter_netns, netns)
+        forking.run_child(loop, target, argv, fds, parent=server, prepare=prepare)
+    for fd in fds:
+        os.close(fd)
+    loop.children.add(pid)
+    with contextlib.suppress(OSError):
+        loop.sock.send(json.dumps({"spawned": pid}).encode())

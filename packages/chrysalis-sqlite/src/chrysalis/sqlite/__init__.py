@@ -99,60 +99,6 @@ from chrysalis.sqlite._transaction import (
 )
 from chrysalis.sqlite._values import MAX_BYTES, MAX_VALUES, SqlValue, decode_values, encode_values
 
-for _public in (
-    ChangeVersionTooLargeError,
-    ClockBoundError,
-    CodecError,
-    CorruptMetadataError,
-    DuplicatePeerError,
-    FrameTooLargeError,
-    InvalidBatchError,
-    InvalidMutationError,
-    InvalidSchemaError,
-    MissingRowError,
-    MissingSchemaError,
-    NonUniqueKeyError,
-    RemoteProtocolError,
-    RemoteProtocolErrorKind,
-    ReplicaBusyError,
-    ReplicaClosedError,
-    ReplicationError,
-    SchemaConflictError,
-    SessionClosedError,
-    SessionError,
-    SiteScopeError,
-    SiteScopeErrorKind,
-    StalePeerError,
-    TransactionTooLargeError,
-    TruncatedFrameError,
-    Ack,
-    BatchChunk,
-    BeginBatch,
-    Change,
-    CommitBatch,
-    FrameDecoder,
-    Hello,
-    Schema,
-    Scope,
-    Synchronized,
-    ApplyOutcome,
-    FrontierEntry,
-    GarbageCollection,
-    Replica,
-    ReplicaTransaction,
-    TableSchema,
-    EligibilityMode,
-    SitePublisher,
-    SiteScope,
-    SiteSet,
-    SubtreeScopeAggregator,
-    ReplicaSession,
-    SessionState,
-    SessionStatistics,
-):
-    _public.__module__ = __name__
-del _public
-
 __all__ = [
     "CHUNK_TARGET_BYTES",
     "DEFAULT_MAX_CLOCK_DRIFT",
@@ -235,3 +181,11 @@ __all__ = [
     "update_peer_scope",
     "validate_scope_pair",
 ]
+
+# The public classes present themselves as this facade's (reprs, pickles, documentation), not
+# as the private modules that define them.
+for _name in __all__:
+    _public = globals()[_name]
+    if isinstance(_public, type) and _public.__module__.startswith(f"{__name__}._"):
+        _public.__module__ = __name__
+del _name, _public

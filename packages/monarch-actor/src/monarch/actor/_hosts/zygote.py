@@ -32,6 +32,10 @@ Protocol (a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet):
 
 The zygote exits when the client's end of the socket closes (the client exited or was killed);
 its workers notice the loss of their parent link and exit on their own (see ``worker``).
+
+The server's loop, the descriptors' passing, the exit reports and a forked worker's set-up are
+``chrysalis.node.forking`` (which ``chrysalis scale``'s fork server uses too); the batches and
+environments of the requests, and the threaded client, are the zygote's own.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from __future__ import annotations
 import _imp
 import array
 import contextlib
+import functools
 import gc
 import importlib
 import json
 import os
-import select
 import signal
 import socket
 import sys
@@ -51,6 +55,8 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import IO, Final
+
+from chrysalis.node import forking
 
 __all__ = ["MAX_BATCH", "WORKER_TARGET", "Zygote", "ZygoteProcess", "ZygoteUnavailableError"]
 
@@ -60,8 +66,6 @@ WORKER_TARGET: Final = "monarch.actor._hosts.worker:main"
 #: Workers in one request (their descriptors must fit one message: the kernel passes at most
 #: 253 per message, ``SCM_MAX_FD``); a larger batch is sent as several requests.
 MAX_BATCH: Final = 64
-#: Room for the descriptors of one request: stdout, stderr and stdin of each worker.
-_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(3 * MAX_BATCH * array.array("i").itemsize)
 #: Workers one zygote may run at once (a bound on its bookkeeping).
 _MAX_CHILDREN: Final = 4096
 #: Rounds ``fork_between_imports`` waits for other threads' imports before forking anyway.
@@ -103,6 +107,14 @@ def fork_between_imports() -> int:
         finally:
             _imp.release_lock()
     return os.fork()
+
+
+def _fork_quietly() -> int:
+    """``fork_between_imports``, without Python's warning about forking with threads (3.12+):
+    the zygote runs single-threaded from then on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return fork_between_imports()
 
 
 class ZygoteUnavailableError(RuntimeError):
@@ -172,23 +184,9 @@ class Zygote:
     @classmethod
     def start(cls) -> Zygote:
         """Fork the zygote from the calling thread; ``ZygoteUnavailableError`` if impossible."""
-        if not hasattr(os, "fork") or not hasattr(socket, "SOCK_SEQPACKET"):
+        if not forking.can_fork_server():
             raise ZygoteUnavailableError("this platform cannot fork a zygote")
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-            pid = fork_between_imports()
-        if pid == 0:  # pragma: no cover - runs in the zygote
-            code = 1
-            try:
-                parent.close()
-                code = _serve(child)
-            finally:
-                os._exit(code)
-        child.close()
+        parent, pid = forking.fork_server(_serve, fork=_fork_quietly)
         return cls(parent, pid)
 
     @property
@@ -372,10 +370,6 @@ class Zygote:
             os.waitpid(self.pid, 0)
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
     """The zygote's loop: fork workers on request, report their exits, end on EOF."""
     # Everything inherited from the client lives as long as the zygote and its workers: move it
@@ -383,49 +377,12 @@ def _serve(sock: socket.socket) -> int:  # pragma: no cover - runs in the zygote
     # full ``gc.collect()`` before it reports ready, the automatic ones while it starts) walk
     # the client's whole heap again (about 100 ms per worker on a loaded 2-core machine).
     gc.freeze()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client handles ^C and stops workers
-    children: set[int] = set()
-    while True:
-        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        if wake_r in ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_r, 4096)
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            with contextlib.suppress(OSError):
-                sock.send(json.dumps({"exited": pid, "status": _exit_code(status)}).encode())
-        if sock.fileno() not in ready:
-            continue
-        try:
-            data, ancdata, _, _ = sock.recvmsg(_MAX_MESSAGE, _ANCILLARY_SPACE)
-        except OSError:
-            return 0
-        if not data:
-            return 0
-        fds = array.array("i")
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-        _fork_batch(sock, (wake_r, wake_w), list(fds), data, children)
+    return forking.serve(sock, _fork_batch, max_bytes=_MAX_MESSAGE, max_fds=3 * MAX_BATCH)
 
 
 def _fork_batch(  # pragma: no cover - runs in the zygote
-    sock: socket.socket,
-    wake: tuple[int, int],
-    fds: list[int],
-    data: bytes,
-    children: set[int],
+    loop: forking.ServerLoop, data: bytes, fds: list[int]
 ) -> None:
     """Serve one request (module docstring): fork its workers back to back, then send one
     reply; the zygote's copies of the descriptors are closed in every case."""
@@ -447,7 +404,7 @@ def _fork_batch(  # pragma: no cover - runs in the zygote
         if len(fds) != per_worker * len(argvs):
             raise ValueError(f"expected {per_worker * len(argvs)} descriptors, got {len(fds)}")
         for index, argv in enumerate(argvs):
-            if len(children) >= _MAX_CHILDREN:
+            if len(loop.children) >= _MAX_CHILDREN:
                 raise ValueError(f"more than {_MAX_CHILDREN} workers")
             own = fds[index * per_worker : (index + 1) * per_worker]
             pid = fork_between_imports()
@@ -455,10 +412,11 @@ def _fork_batch(  # pragma: no cover - runs in the zygote
                 for fd in fds:  # the other workers' descriptors: theirs alone
                     if fd not in own:
                         os.close(fd)
-                out_fds = own[: 2 if with_stderr else 1]
-                stdin_fd = own[-1] if with_stdin else None
-                _run_worker(sock, wake, out_fds, target, argv, env, stdin_fd)
-            children.add(pid)
+                # Standard input (the one sent, else /dev/null), output, then error if sent.
+                stdio = [own[-1] if with_stdin else None, *own[: 2 if with_stderr else 1]]
+                prepare = None if env is None else functools.partial(_set_environment, env)
+                forking.run_child(loop, target, argv, stdio, prepare=prepare)
+            loop.children.add(pid)
             pids.append(pid)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         error = repr(exc)
@@ -467,52 +425,9 @@ def _fork_batch(  # pragma: no cover - runs in the zygote
     reply: dict[str, object] = {"spawned": pids}
     if error is not None:
         reply["error"] = error
-    sock.send(json.dumps(reply).encode())
+    loop.sock.send(json.dumps(reply).encode())
 
 
-def _run_worker(  # pragma: no cover - runs in a forked worker
-    sock: socket.socket,
-    wake: tuple[int, int],
-    out_fds: list[int],
-    target: str,
-    argv: list[str],
-    env: dict[str, str] | None,
-    stdin_fd: int | None = None,
-) -> None:
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sock.close()
-        for fd in wake:
-            os.close(fd)
-        source = os.open(os.devnull, os.O_RDONLY) if stdin_fd is None else stdin_fd
-        os.dup2(source, 0)
-        os.close(source)
-        for target_fd, fd in zip((1, 2), out_fds, strict=False):  # stdout, then stderr if sent
-            os.dup2(fd, target_fd)
-            os.close(fd)
-        # The client's sys.std* may be anything (a notebook's stream, a test runner's capture):
-        # the child writes to its own descriptors, like an exec'd process.
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        if env is not None:
-            os.environ.clear()
-            os.environ.update({str(k): str(v) for k, v in env.items()})
-        import importlib
-
-        module, _, function = target.partition(":")
-        code = getattr(importlib.import_module(module), function)(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+def _set_environment(env: dict[str, str]) -> None:  # pragma: no cover - in a worker
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in env.items()})
