@@ -142,7 +142,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
         # resumes the claim (attempt 2, by incarnation 2), which finishes with results
         admin(
             "2", "submit", "again", "--sources", "rank:4", "--destinations", "rank:1",
-            "--count", "1500", "--warmup", "0", "--run-timeout", "120", "--no-baselines",
+            "--count", "1000", "--warmup", "0", "--run-timeout", "120", "--no-baselines",
         )  # fmt: skip
         source_db = work / "db" / "node-4.db"
         eventually(
@@ -164,7 +164,7 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
         (claim,) = report["claims"]
         assert (claim["state"], claim["attempt"], claim["incarnation"]) == ("done", 2, 2), claim
         (result,) = report["results"]
-        assert (result["status"], result["completed"], result["error"]) == ("ok", 1500, "")
+        assert (result["status"], result["completed"], result["error"]) == ("ok", 1000, "")
         (again,) = admin("0", "nodes", "rank:4")
         assert (again["pid"], again["state"], again["incarnation"]) == (pid[4], "live", 2)
 
