@@ -27,6 +27,7 @@ from chrysalis.node._scale import (
     RestartPolicy,
     ScaleError,
     ScaleSettings,
+    _restart_error,
     _scale_handler,
     _serve_echo,
     _worker_identity,
@@ -140,6 +141,13 @@ def test_restart_policy_counts_per_rank_doubles_the_backoff_and_gives_up() -> No
     for limit, backoff, cap in ((-1, 0.5, 1.0), (1, 2.0, 1.0), (1, float("nan"), 1.0)):
         with pytest.raises(ValueError):
             RestartPolicy(limit, backoff, cap)
+
+
+def test_a_failed_restart_is_reported_by_the_new_process_s_own_error() -> None:
+    exc = ScaleError("rank-2 exited with status 1 within 9 s: rank 2 ready: 4 ms\nbad: 'chain'\n")
+    assert _restart_error(exc) == "rank-2 exited with status 1 within 9 s: bad: 'chain'"
+    assert _restart_error(OSError()) == "OSError"
+    assert len(_restart_error(ScaleError("x" * 1000))) == 300
 
 
 def test_a_kept_identity_is_read_back_with_its_pid(tmp_path: Path) -> None:

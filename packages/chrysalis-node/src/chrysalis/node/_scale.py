@@ -1432,6 +1432,15 @@ async def run_scale(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _restart_error(exc: BaseException) -> str:
+    """One line for a failed restart: the launch error's first line up to its log tail, and
+    the tail's last line (the new process's own error; the log holds earlier runs too)."""
+    lines = [line for line in (str(exc) or type(exc).__name__).splitlines() if line.strip()]
+    if len(lines) > 1:
+        lines = [lines[0].split(": ", 1)[0], lines[-1].strip()]
+    return ": ".join(lines)[:300]
+
+
 async def _wait_registered(store: Any, nodes: int, timeout: float) -> None:
     """Until the root's replica holds ``nodes`` live node rows (registry convergence)."""
     from chrysalis.node._claims import NodeState
@@ -1513,11 +1522,11 @@ async def serve_persistent(
                     if again != pid:
                         raise ScaleError(f"came back as {again[:8]}, not {pid[:8]}")
 
+                why = f"exited with status {status}"
                 while True:
                     progress.write(
-                        f"[root] rank {rank} ({pid[:8]}) exited with status {status}: "
-                        f"restarting in {delay:.2f} s (restart {policy.used(rank)} of "
-                        f"{policy.limit})\n"
+                        f"[root] rank {rank} ({pid[:8]}) {why}: restarting in {delay:.2f} s "
+                        f"(restart {policy.used(rank)} of {policy.limit})\n"
                     )
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), delay)
@@ -1534,15 +1543,14 @@ async def serve_persistent(
                             check=same_identity,
                         )
                     except (ScaleError, ForkServerError, OSError) as exc:
-                        status = 1
-                        first = (str(exc) or type(exc).__name__).splitlines()[0][:300]
-                        progress.write(f"[root] rank {rank} ({pid[:8]}) restart failed: {first}\n")
-                        next_delay = policy.exited(rank, status)
+                        first = _restart_error(exc)
+                        why = f"restart failed: {first}"
+                        next_delay = policy.exited(rank, 1)  # one more abnormal exit
                         if next_delay is None:
                             lost(
                                 rank,
                                 f"its process (rank {rank}) could not be restarted: {first}",
-                                f"restart failed, given up after {policy.used(rank)} tries",
+                                f"{why}, given up after {policy.used(rank)} restarts",
                             )
                             return
                         delay = next_delay
