@@ -22,11 +22,15 @@ from chrysalis.node._scale import (
     ECHO_OP,
     MAX_ECHO_PAYLOAD,
     POOLED_ECHO_OP,
+    RESTART_BACKOFF_MAX,
     ProcessGroup,
+    RestartPolicy,
     ScaleError,
     ScaleSettings,
+    _restart_error,
     _scale_handler,
     _serve_echo,
+    _worker_identity,
     decode_echo_reply,
     encode_echo_request,
     main,
@@ -114,6 +118,88 @@ def test_settings_reject_zero_concurrency_and_bad_timeouts() -> None:
         ScaleSettings(4, join_timeout=0)
     with pytest.raises(ValueError):
         ScaleSettings(1)
+
+
+def test_restarts_need_persist_and_bounded_settings() -> None:
+    ScaleSettings(4, persist=True, restart=3, restart_backoff=0)
+    with pytest.raises(ValueError, match="needs --persist"):
+        ScaleSettings(4, restart=1)
+    with pytest.raises(ValueError, match="restart must be"):
+        ScaleSettings(4, persist=True, restart=-1)
+    with pytest.raises(ValueError, match="restart_backoff"):
+        ScaleSettings(4, persist=True, restart=1, restart_backoff=RESTART_BACKOFF_MAX + 1)
+
+
+def test_restart_policy_counts_per_rank_doubles_the_backoff_and_gives_up() -> None:
+    policy = RestartPolicy(3, 0.5, cap=1.5)
+    assert policy.exited(4, 0) is None  # a clean exit is not restarted (and not counted)
+    assert [policy.exited(4, -9) for _ in range(4)] == [0.5, 1.0, 1.5, None]  # capped, then
+    assert (policy.used(4), policy.used(5), policy.total) == (3, 0, 3)  # given up on
+    assert policy.exited(5, 1) == 0.5  # every rank has its own budget
+    assert policy.total == 4
+    assert RestartPolicy(0, 0.5).exited(1, -9) is None  # restarts off
+    for limit, backoff, cap in ((-1, 0.5, 1.0), (1, 2.0, 1.0), (1, float("nan"), 1.0)):
+        with pytest.raises(ValueError):
+            RestartPolicy(limit, backoff, cap)
+
+
+def test_a_failed_restart_is_reported_by_the_new_process_s_own_error() -> None:
+    exc = ScaleError("rank-2 exited with status 1 within 9 s: rank 2 ready: 4 ms\nbad: 'chain'\n")
+    assert _restart_error(exc) == "rank-2 exited with status 1 within 9 s: bad: 'chain'"
+    assert _restart_error(OSError()) == "OSError"
+    assert len(_restart_error(ScaleError("x" * 1000))) == 300
+
+
+def test_a_kept_identity_is_read_back_with_its_pid(tmp_path: Path) -> None:
+    ca = tmp_path / "ca"
+    path = tmp_path / "rank-1.json"
+    first = _worker_identity(ca, path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert _worker_identity(ca, path).pid == first.pid  # a restart: the same PID
+    assert _worker_identity(ca, None).pid != first.pid  # no file: a new identity each time
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    path.write_text('{"chain": "not pem"}')
+    with pytest.raises(ScaleError, match="not usable"):
+        _worker_identity(ca, path)
+
+
+def test_relaunch_replaces_an_exited_process_and_owns_its_failures(tmp_path: Path) -> None:
+    ready = "import sys; print('up', flush=True); sys.stdin.read()"
+
+    async def go() -> None:
+        group = ProcessGroup(tmp_path)
+        try:
+            (line,) = await group.launch(
+                [[sys.executable, "-c", ready]], names=["w"], concurrency=1, timeout=20
+            )
+            assert line == "up"
+            with pytest.raises(ScaleError, match="still running"):
+                await group.relaunch("w", [sys.executable, "-c", ready], timeout=20)
+            first = group.named_pids()["w"]
+            os.kill(first, 9)
+            assert await asyncio.wait_for(group.wait_exit(), 20) == [("w", -9)]
+            line, second = await group.relaunch("w", [sys.executable, "-c", ready], timeout=20)
+            assert (line, len(group)) == ("up", 1)
+            assert second != first
+            assert group.named_pids() == {"w": second}
+            os.kill(second, 9)
+            assert await asyncio.wait_for(group.wait_exit(), 20) == [("w", -9)]
+
+            def refuse(line: str) -> None:
+                raise ScaleError(f"refused {line}")
+
+            for command, check, match in (
+                ([sys.executable, "-c", "import sys; sys.exit('boom')"], None, "boom"),
+                ([sys.executable, "-c", ready], refuse, "refused up"),
+            ):
+                with pytest.raises(ScaleError, match=match):
+                    await group.relaunch("w", command, timeout=20, check=check)
+                assert (len(group), group.exited()) == (0, [])  # killed, forgotten, unreported
+            assert "boom" in (tmp_path / "w.log").read_text()  # logs are appended to
+        finally:
+            await group.stop(grace=1)
+
+    asyncio.run(go())
 
 
 class FakeStream:

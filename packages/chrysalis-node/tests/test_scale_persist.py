@@ -1,15 +1,20 @@
 """Persistent scale experiments end to end (issue 22): ``chrysalis scale --persist`` launches
 a 5-process tree on loopback (task-head: root + 2 Unix leaves, a UDP head + 1 Unix leaf),
 every process with its own replicated experiment database. An echo experiment is submitted
-from a leaf that is not the root and inspected from a third process; then a source is killed
-with SIGKILL while it holds a claim and its work is reported failed, not lost.
+from a leaf that is not the root and inspected from a third process. The tree restarts a
+worker that dies, once (``--restart 1``): a source killed with SIGKILL while it runs its claim
+comes back with the same PID and resumes the claim, which finishes with results; killed a
+second time, it is given up on and its work is reported failed, not lost.
 
-About 20 s on two busy cores: one tree, a dozen short ``chrysalis admin`` clients."""
+About 30 s on two busy cores: one tree, a dozen short ``chrysalis admin`` clients."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -25,11 +30,34 @@ from node_processes import CLI, eventually, read_ready, run_json, start_node, st
 pytestmark = pytest.mark.slow
 
 
+def claim_state(database: Path, experiment: str) -> str | None:
+    """The state of ``experiment``'s claim in one process's replica file (read-only; ``None``
+    while there is no claim or the file is busy)."""
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=1.0)
+        ) as conn:
+            row = conn.execute(
+                "SELECT state FROM scale_claim WHERE experiment = ?", (experiment,)
+            ).fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return None if row is None else str(row[0])
+
+
+def restarted_as(log: Path, rank: int, nth: int) -> int | None:
+    """The OS process ID of ``rank``'s ``nth`` restart, from the launcher's log line."""
+    pattern = rf"\[root\] rank {rank} \(\w+\) restarted as process (\d+) in \S+ s \(restart {nth} "
+    found = re.search(pattern, log.read_text(errors="replace"))
+    return None if found is None else int(found.group(1))
+
+
 def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_path: Path) -> None:
     work = tmp_path / "w"
     log = tmp_path / "scale.log"
     argv = [*CLI, "scale", "--nodes", "5", "--nodes-per-task", "3", "--persist"]
     argv += ["--workdir", str(work), "--idle-timeout", "5", "--join-timeout-secs", "80"]
+    argv += ["--restart", "1", "--restart-backoff", "0.2"]
     with log.open("wb") as err:
         scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
     try:
@@ -110,12 +138,43 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
 
         eventually(cancelled, 20, "the cancel to reach every process")
 
-        # a source killed with -9 while it holds a claim: its work fails, it is not lost
+        # a source killed with -9 while it runs its claim is restarted with its identity and
+        # resumes the claim (attempt 2, by incarnation 2), which finishes with results
+        admin(
+            "2", "submit", "again", "--sources", "rank:4", "--destinations", "rank:1",
+            "--count", "1000", "--warmup", "0", "--run-timeout", "120", "--no-baselines",
+        )  # fmt: skip
+        source_db = work / "db" / "node-4.db"
+        eventually(
+            lambda: claim_state(source_db, "again") in ("running", "done"), 20, "the claim to run"
+        )
+        assert claim_state(source_db, "again") == "running", "finished before the kill"
+        os.kill(ready["processes"]["4"], signal.SIGKILL)  # forked: no command line of its own
+        eventually(lambda: restarted_as(log, 4, 1) is not None, 30, "rank 4 to be restarted")
+        process = restarted_as(log, 4, 1)
+        assert process is not None
+        assert process != ready["processes"]["4"]
+
+        def finished() -> bool:
+            return bool(admin("3", "show", "again")["status"] in ("done", "failed"))
+
+        eventually(finished, 90, "the resumed claim to finish")
+        report = admin("3", "show", "again")
+        assert report["status"] == "done", report
+        (claim,) = report["claims"]
+        assert (claim["state"], claim["attempt"], claim["incarnation"]) == ("done", 2, 2), claim
+        (result,) = report["results"]
+        assert (result["status"], result["completed"], result["error"]) == ("ok", 1000, "")
+        (again,) = admin("0", "nodes", "rank:4")
+        assert (again["pid"], again["state"], again["incarnation"]) == (pid[4], "live", 2)
+
+        # killed again while it holds a claim, past its one restart: its work fails, it is
+        # declared lost (never silently resumed or dropped)
         admin(
             "2", "submit", "long", "--sources", "rank:4", "--destinations", "rank:3",
             "--count", "100000", "--warmup", "0", "--run-timeout", "120",
         )  # fmt: skip
-        os.kill(ready["processes"]["4"], signal.SIGKILL)  # forked: no command line of its own
+        os.kill(process, signal.SIGKILL)
 
         def failed() -> bool:
             claims = admin("1", "show", "long")["claims"]
@@ -123,8 +182,9 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
 
         eventually(failed, 20, "the killed source's claim to be reported failed")
         claim = admin("1", "show", "long")["claims"][0]
-        assert "exited with status -9" in claim["error"]
+        assert "exited with status -9, given up after 1 restart" in claim["error"]
         assert admin("0", "nodes", "rank:4")[0]["state"] == "lost"
+        assert restarted_as(log, 4, 2) is None
     finally:
         stop_all([scale])
     assert scale.returncode == 0, log.read_text()[-2000:]

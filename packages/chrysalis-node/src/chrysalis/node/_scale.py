@@ -71,15 +71,15 @@ from pathlib import Path
 from typing import Any, Final, Literal, TextIO, final
 
 from chrysalis.core import DatagramAddr, Pid
-from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket, UnixDatagramSocket
+from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket
 from chrysalis.nameserver import Consistency, Found, Labels
 from chrysalis.node._address import format_address
 from chrysalis.node._claims import Liveness, NodeRecord
 from chrysalis.node._echo import echo_raw, serve_streams
-from chrysalis.node._forkserver import ForkedProcess, ForkServer
-from chrysalis.node._node import JoinSettings, Node
+from chrysalis.node._forkserver import ForkedProcess, ForkServer, ForkServerError
+from chrysalis.node._node import JoinSettings, Node, bind_carrier
 from chrysalis.node._scale_quic import scale_quic_config
-from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider
+from chrysalis.quic import ByteStream, DevelopmentCA, DevelopmentIdentityProvider, Identity
 
 __all__ = [
     "BASELINES_OP",
@@ -91,6 +91,8 @@ __all__ = [
     "LatencySummary",
     "Placement",
     "ProcessGroup",
+    "RESTART_BACKOFF_MAX",
+    "RestartPolicy",
     "ScaleError",
     "ScaleResult",
     "ScaleSettings",
@@ -134,6 +136,11 @@ run the module again (about 20 ms of CPU per worker) with cold caches."""
 _STARTED_AT: Final = time.time()
 """When this process started (close enough: when this module was imported)."""
 _REAP_INTERVAL: Final = 0.5
+MAX_RESTARTS: Final = 1000
+"""Most restarts ``--restart`` may allow per worker."""
+RESTART_BACKOFF_MAX: Final = 30.0
+"""Longest wait before restarting a worker (the back-off doubles up to it)."""
+_MAX_IDENTITY_FILE: Final = 64 * 1024
 
 Topology = Literal["flat", "task-head"]
 StartMode = Literal["fork", "exec"]
@@ -274,7 +281,11 @@ class ScaleSettings:
     (``python -m chrysalis.node._scale worker``: for comparison). ``netns``: every task but
     the root's runs in a network namespace of its own (``chrysalis.node.netns``: needs root
     and iproute2, and the ``task-head`` topology with at least two tasks); ``host`` is then
-    replaced by each namespace's address on the bridge joining them."""
+    replaced by each namespace's address on the bridge joining them. ``restart``
+    (persistent mode only): a worker that exits abnormally (any status but 0) is started
+    again with its identity, at most ``restart`` times per rank, after ``restart_backoff``
+    seconds, doubled for each further restart of that rank up to ``RESTART_BACKOFF_MAX``
+    (``RestartPolicy``); past that it is given up on and declared lost."""
 
     nodes: int
     nodes_per_task: int = 100
@@ -290,6 +301,8 @@ class ScaleSettings:
     persist: bool = False
     start: StartMode = "fork"
     netns: bool = False
+    restart: int = 0
+    restart_backoff: float = 0.5
 
     def __post_init__(self) -> None:
         placements = plan_placement(self.nodes, self.nodes_per_task, self.topology)
@@ -300,6 +313,15 @@ class ScaleSettings:
             )
         if self.start not in ("fork", "exec"):
             raise ValueError(f"unknown start mode {self.start!r} (fork or exec)")
+        if not 0 <= self.restart <= MAX_RESTARTS:
+            raise ValueError(f"restart must be in 0..{MAX_RESTARTS}, got {self.restart}")
+        if self.restart and not self.persist:
+            raise ValueError("--restart needs --persist: a sweep fails at once when a worker exits")
+        if not 0 <= self.restart_backoff <= RESTART_BACKOFF_MAX:
+            raise ValueError(
+                f"restart_backoff must be in 0..{RESTART_BACKOFF_MAX:g} seconds, got "
+                f"{self.restart_backoff}"
+            )
         if self.launch_concurrency < 1 or self.echo_concurrency < 1 or self.echo_rounds < 1:
             raise ValueError("concurrencies and echo_rounds must be at least 1")
         if not 0 <= self.echo_payload <= MAX_ECHO_PAYLOAD:
@@ -398,6 +420,51 @@ def worker_memory(pids: Sequence[int]) -> dict[str, float] | None:
     }
 
 
+@final
+class RestartPolicy:
+    """Which exited workers to start again, and when (pure: no processes, no clock).
+
+    ``exited(rank, status)`` counts an abnormal exit (any ``status`` but 0) of ``rank`` and
+    returns the seconds to wait before its restart: ``backoff`` for its first restart,
+    doubled for each further one, at most ``cap``; ``None`` when the worker is not to be
+    restarted (a clean exit, or ``limit`` restarts of that rank used up: given up on).
+    A failed restart (the new process died or stayed silent) is one more abnormal exit."""
+
+    __slots__ = ("_backoff", "_cap", "_limit", "_used")
+
+    def __init__(self, limit: int, backoff: float, cap: float = RESTART_BACKOFF_MAX) -> None:
+        if not 0 <= limit <= MAX_RESTARTS:
+            raise ValueError(f"restart limit must be in 0..{MAX_RESTARTS}, got {limit}")
+        if not (math.isfinite(backoff) and math.isfinite(cap) and 0 <= backoff <= cap):
+            raise ValueError(f"need 0 <= backoff <= cap, got {backoff} and {cap}")
+        self._limit = limit
+        self._backoff = backoff
+        self._cap = cap
+        self._used: dict[int, int] = {}
+
+    @property
+    def limit(self) -> int:
+        """Restarts allowed per rank."""
+        return self._limit
+
+    def used(self, rank: int) -> int:
+        """Restarts of ``rank`` so far."""
+        return self._used.get(rank, 0)
+
+    @property
+    def total(self) -> int:
+        """Restarts of every rank so far."""
+        return sum(self._used.values())
+
+    def exited(self, rank: int, status: int) -> float | None:
+        """Seconds until ``rank`` restarts after exiting with ``status``; ``None``: not."""
+        used = self._used.get(rank, 0)
+        if status == 0 or used >= self._limit:
+            return None
+        self._used[rank] = used + 1
+        return min(self._cap, self._backoff * 2.0 ** min(used, 64))
+
+
 # -- process launching --------------------------------------------------------------------------
 
 
@@ -454,7 +521,8 @@ class ProcessGroup:
     Two ways to start: each command exec'd as a fresh process (the default), or, after
     ``start_forkserver``, each forked from a warm fork server (``chrysalis.node._forkserver``),
     a command then being ``["module:function", *argv]`` (the worker runs ``function(argv)``).
-    ``wait_exit`` wakes as soon as any started process ends (a crash is reported, not lost)."""
+    ``wait_exit`` wakes as soon as any started process ends (a crash is reported, not lost);
+    ``relaunch`` starts an exited process's command again under its name."""
 
     __slots__ = (
         "_at_stop",
@@ -463,6 +531,7 @@ class ProcessGroup:
         "_exit_event",
         "_fork",
         "_logs",
+        "_quiet",
         "_reported",
         "_watchers",
     )
@@ -472,6 +541,7 @@ class ProcessGroup:
         self._env = env
         self._children: list[_Child] = []
         self._reported: set[int] = set()
+        self._quiet: set[str] = set()  # names being relaunched: their exits are relaunch's
         self._fork: ForkServer | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._exit_event: asyncio.Event | None = None
@@ -504,7 +574,11 @@ class ProcessGroup:
         found = []
         for child in self._children:
             code = child.proc.returncode
-            if code is not None and id(child) not in self._reported:
+            if (
+                code is not None
+                and id(child) not in self._reported
+                and child.name not in self._quiet
+            ):
                 self._reported.add(id(child))
                 found.append((child.name, code))
         return found
@@ -588,12 +662,13 @@ class ProcessGroup:
         concurrency: int,
         timeout: float,
         netns: Sequence[str | None] | None = None,
+        append_logs: bool = False,
     ) -> list[str]:
         """Start every command (at most ``concurrency`` not yet ready at once) and return
         each one's first stdout line; ``ScaleError`` if one exits or stays silent for
-        ``timeout`` seconds (with the tail of its stderr, kept in ``logs/NAME.log``).
-        ``netns``: per command, the file naming the network namespace it runs in (``None``:
-        this process's)."""
+        ``timeout`` seconds (with the tail of its stderr, kept in ``logs/NAME.log``, which
+        ``append_logs`` extends instead of starting anew). ``netns``: per command, the file
+        naming the network namespace it runs in (``None``: this process's)."""
         if len(names) != len(commands):
             raise ValueError("one name per command")
         spaces = [None] * len(commands) if netns is None else list(netns)
@@ -607,7 +682,7 @@ class ProcessGroup:
         async def start(command: Sequence[str], name: str, space: str | None) -> str:
             async with slots:
                 log_path = self._logs / f"{name}.log"
-                with open(log_path, "wb") as log:
+                with open(log_path, "ab" if append_logs else "wb") as log:
                     if self._fork is not None:
                         child = await self._forked(command, name, log.fileno(), space)
                     else:
@@ -639,6 +714,60 @@ class ProcessGroup:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    async def relaunch(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        timeout: float,
+        netns: str | None = None,
+        check: Callable[[str], None] | None = None,
+    ) -> tuple[str, int]:
+        """Start ``command`` as ``name`` again, in place of that name's exited process (whose
+        pipes are closed and which is forgotten), its output appended to ``logs/NAME.log``;
+        its ready line (``check`` raises if it is not acceptable) and its OS process ID.
+        On any failure (``ScaleError``: it exited or stayed silent; ``check``'s error; the
+        fork server gone) the new process is killed and forgotten too, so no exit of
+        ``name`` is reported by ``exited`` for this attempt: the caller decides what next."""
+        if name in self._quiet:
+            raise ScaleError(f"{name} is being relaunched already")
+        old = [child for child in self._children if child.name == name]
+        if any(child.proc.returncode is None for child in old):
+            raise ScaleError(f"{name} is still running")
+        for child in old:
+            self._forget(child)
+        self._quiet.add(name)
+        try:
+            try:
+                (line,) = await self.launch(
+                    [command],
+                    names=[name],
+                    concurrency=1,
+                    timeout=timeout,
+                    netns=[netns],
+                    append_logs=True,
+                )
+                if check is not None:
+                    check(line)
+            except Exception:
+                for child in [child for child in self._children if child.name == name]:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.send_signal(signal.SIGKILL)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(child.proc.wait(), _STOP_GRACE)
+                    if child.proc.returncode is not None:  # else ``stop`` ends it
+                        self._forget(child)
+                raise
+        finally:
+            self._quiet.discard(name)
+        (child,) = [child for child in self._children if child.name == name]
+        return line, child.proc.pid
+
+    def _forget(self, child: _Child) -> None:
+        self._children.remove(child)
+        self._reported.discard(id(child))  # an id may be reused by a later child
+        child.close_pipes()
 
     async def stop(self, grace: float = _STOP_GRACE) -> None:
         """Close every lifeline, then terminate and kill what is still running (bounded);
@@ -706,8 +835,8 @@ def _carrier(udp: DatagramAddr | None, unix: str | None) -> DatagramSocket:
     try:
         if udp is not None:
             members.append(UdpSocket.bind(udp))
-        if unix is not None:
-            members.append(UnixDatagramSocket.bind(unix))
+        if unix is not None:  # a socket file left by a killed worker is reclaimed
+            members.append(bind_carrier(DatagramAddr.unixgram(unix)))
     except BaseException:
         for member in members:
             member.shutdown()
@@ -844,9 +973,42 @@ def _warm_join(ca_dir: Path) -> None:
         raise ScaleError(f"{left} threads left running after the warm-up join")
 
 
+def _worker_identity(ca_dir: Path, path: Path | None) -> Identity:
+    """A new identity from the CA, or (``path`` given, ``--restart``) the one kept in the file
+    ``path``: read when it exists (a restarted worker: same key and certificate, so the same
+    PID), else issued and written there first (JSON of the three PEM blobs, mode 0600,
+    replaced atomically), before the worker binds or joins anything."""
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            with open(path, "rb") as file:
+                data = file.read(_MAX_IDENTITY_FILE + 1)
+            if len(data) > _MAX_IDENTITY_FILE:
+                raise ScaleError(f"identity file {path} exceeds {_MAX_IDENTITY_FILE} bytes")
+            try:
+                kept = json.loads(data)
+                return Identity.from_pem(
+                    kept["chain"].encode(), kept["key"].encode(), kept["roots"].encode()
+                )
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ScaleError(f"identity file {path} is not usable: {exc}") from None
+    identity = _provider(ca_dir).issue_identity()
+    if path is not None:
+        record = {
+            "chain": identity.chain_pem().decode(),
+            "key": identity.key_pem().decode(),
+            "roots": identity.roots_pem().decode(),
+        }
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w", encoding="ascii") as file:
+            json.dump(record, file)
+        os.replace(partial, path)
+    return identity
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     placement = Placement(args.rank, args.task, args.role, args.level, None)
-    identity = _provider(args.ca_dir).issue_identity()
+    identity = _worker_identity(args.ca_dir, args.identity_file)
     udp = None if args.udp is None else DatagramAddr.parse(args.udp)
     carrier = _carrier(udp, args.unix)
     parent = JoinSettings(
@@ -924,6 +1086,7 @@ def _worker_command(
     ca_dir: Path,
     database: Path | None = None,
     host: str | None = None,
+    identity_file: Path | None = None,
 ) -> list[str]:
     """The worker's arguments (``main``'s ``argv``, from ``worker`` on)."""
     command = [
@@ -943,6 +1106,8 @@ def _worker_command(
         command += ["--database", str(database)]
     if host is not None:
         command += ["--host", host]
+    if identity_file is not None:
+        command += ["--identity-file", str(identity_file)]
     return command
 
 
@@ -1012,6 +1177,9 @@ class _Tree:
     memory: dict[str, float] | None = None
     namespaces: dict[int, str] | None = None
     """``--netns``: each task's namespace name (tasks 1 and up) and address."""
+    relaunch: Callable[[int], tuple[list[str], str | None]] | None = None
+    """A rank's command to start it again (same identity file, carrier address, parent,
+    database) and the file naming its network namespace (``None``: this one's)."""
 
 
 async def _until_exit(group: ProcessGroup, work: Awaitable[object]) -> None:
@@ -1125,38 +1293,45 @@ async def _launched(
             stack.push_async_callback(_cancel, echo)
         root_token = (str(root.local_addr), root.pid.hex())
         joined: dict[int, tuple[str, str]] = {0: root_token}
+        identities = None
+        if settings.restart:  # a restarted worker reads its identity back: the same PID
+            identities = work / "identity"
+            identities.mkdir(mode=0o700, exist_ok=True)
+
+        def command_for(p: Placement, *, again: bool = False) -> list[str]:
+            assert p.parent is not None
+            if p.role == "head":  # UDP to the root, and a Unix socket for its leaves
+                parent, authority = joined[0]
+                # started again: on the UDP port it had (its children and tokens name it)
+                own_udp = joined[p.rank][0] if again else str(DatagramAddr.udp(host[p.task], 0))
+                own_unix = head_sock(p.task)
+            else:  # a leaf: Unix datagrams only, to its head (the root when flat)
+                task = placements[p.parent].task
+                parent = str(DatagramAddr.unixgram(head_sock(task)))
+                authority = joined[p.parent][1]
+                own_udp, own_unix = None, str(work / f"task-{task}/node-{p.rank}.sock")
+            command = _worker_command(
+                settings,
+                p,
+                udp=own_udp,
+                unix=own_unix,
+                parent=parent,
+                authority=authority,
+                ca_dir=ca_dir,
+                database=None if database_dir is None else database_dir / f"node-{p.rank}.db",
+                host=host[p.task] if settings.netns else None,
+                identity_file=None if identities is None else identities / f"rank-{p.rank}.json",
+            )
+            if group.forked:
+                return [_FORK_TARGET, *command]
+            return [sys.executable, "-m", _MODULE, *command]
+
+        def relaunch(rank: int) -> tuple[list[str], str | None]:
+            p = placements[rank]
+            return command_for(p, again=True), spaces.get(p.task)
 
         async def launch(batch: Sequence[Placement]) -> None:
-            commands = []
-            for p in batch:
-                assert p.parent is not None
-                if p.role == "head":  # UDP to the root, and a Unix socket for its leaves
-                    parent, authority = joined[0]
-                    own_udp, own_unix = str(DatagramAddr.udp(host[p.task], 0)), head_sock(p.task)
-                else:  # a leaf: Unix datagrams only, to its head (the root when flat)
-                    task = placements[p.parent].task
-                    parent = str(DatagramAddr.unixgram(head_sock(task)))
-                    authority = joined[p.parent][1]
-                    own_udp, own_unix = None, str(work / f"task-{task}/node-{p.rank}.sock")
-                commands.append(
-                    _worker_command(
-                        settings,
-                        p,
-                        udp=own_udp,
-                        unix=own_unix,
-                        parent=parent,
-                        authority=authority,
-                        ca_dir=ca_dir,
-                        database=None
-                        if database_dir is None
-                        else database_dir / f"node-{p.rank}.db",
-                        host=host[p.task] if settings.netns else None,
-                    )
-                )
-            if group.forked:
-                commands = [[_FORK_TARGET, *command] for command in commands]
-            else:
-                commands = [[sys.executable, "-m", _MODULE, *command] for command in commands]
+            commands = [command_for(p) for p in batch]
             names = [f"rank-{p.rank}" for p in batch]
             remaining = settings.join_timeout - (loop.time() - started)
             lines = await group.launch(
@@ -1206,7 +1381,9 @@ async def _launched(
                 f"in all ({settings.start})\n"
             )
         names = {task: Path(path).name for task, path in spaces.items()}
-        yield _Tree(root, joined, pids, launch_seconds, join_seconds, store, memory, names)
+        yield _Tree(
+            root, joined, pids, launch_seconds, join_seconds, store, memory, names, relaunch
+        )
 
 
 async def run_scale(
@@ -1253,6 +1430,15 @@ async def run_scale(
         await group.stop()
         if owned:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _restart_error(exc: BaseException) -> str:
+    """One line for a failed restart: the launch error's first line up to its log tail, and
+    the tail's last line (the new process's own error; the log holds earlier runs too)."""
+    lines = [line for line in (str(exc) or type(exc).__name__).splitlines() if line.strip()]
+    if len(lines) > 1:
+        lines = [lines[0].split(": ", 1)[0], lines[-1].strip()]
+    return ": ".join(lines)[:300]
 
 
 async def _wait_registered(store: Any, nodes: int, timeout: float) -> None:
@@ -1315,8 +1501,78 @@ async def serve_persistent(
             out.flush()
             root_pid = tree.root.pid.hex()
             watch = Liveness(grace=settings.idle_timeout)
+            policy = RestartPolicy(settings.restart, settings.restart_backoff)
+            restarting: dict[int, asyncio.Task[None]] = {}  # rank -> its restart
+
+            def lost(rank: int, reason: str, why: str) -> None:
+                pid = tree.tokens[rank][1]
+                progress.write(f"[root] rank {rank} ({pid[:8]}) lost: {why}\n")
+                tree.store.apply(lambda ledger: ledger.node_lost(pid, time.time(), reason))
+
+            async def restart(rank: int, status: int, delay: float) -> None:
+                """Start ``rank`` again after ``delay`` s (more tries while ``policy``
+                allows); its node row stays live meanwhile, so its open claims wait for it
+                (resumed by its next incarnation) instead of failing."""
+                assert tree.relaunch is not None
+                pid = tree.tokens[rank][1]
+                name = f"rank-{rank}"
+
+                def same_identity(line: str) -> None:
+                    again = _split_token(line, name)[1]
+                    if again != pid:
+                        raise ScaleError(f"came back as {again[:8]}, not {pid[:8]}")
+
+                why = f"exited with status {status}"
+                while True:
+                    progress.write(
+                        f"[root] rank {rank} ({pid[:8]}) {why}: restarting in {delay:.2f} s "
+                        f"(restart {policy.used(rank)} of {policy.limit})\n"
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    if stop.is_set():
+                        return
+                    began = time.monotonic()
+                    command, space = tree.relaunch(rank)
+                    try:
+                        _line, process = await group.relaunch(
+                            name,
+                            command,
+                            timeout=settings.join_timeout,
+                            netns=space,
+                            check=same_identity,
+                        )
+                    except (ScaleError, ForkServerError, OSError) as exc:
+                        first = _restart_error(exc)
+                        why = f"restart failed: {first}"
+                        next_delay = policy.exited(rank, 1)  # one more abnormal exit
+                        if next_delay is None:
+                            lost(
+                                rank,
+                                f"its process (rank {rank}) could not be restarted: {first}",
+                                f"{why}, given up after {policy.used(rank)} restarts",
+                            )
+                            return
+                        delay = next_delay
+                        continue
+                    progress.write(
+                        f"[root] rank {rank} ({pid[:8]}) restarted as process {process} in "
+                        f"{time.monotonic() - began:.2f} s (restart {policy.used(rank)} of "
+                        f"{policy.limit}, {policy.total} in all)\n"
+                    )
+                    return
+
+            def restart_done(rank: int, task: asyncio.Task[None]) -> None:
+                if restarting.get(rank) is task:
+                    del restarting[rank]
+                if not task.cancelled() and (exc := task.exception()) is not None:
+                    progress.write(f"[root] rank {rank} restart failed: {exc!r}\n")
+
             while not stop.is_set():
-                live = [pid for pid in tree.store.live_pids() if pid != root_pid]
+                down = {tree.tokens[rank][1] for rank in restarting}  # not lost: restarting
+                live = [
+                    pid for pid in tree.store.live_pids() if pid != root_pid and pid not in down
+                ]
                 resolve = tree.root.nameserver.resolve
                 seen = {pid for pid in live if isinstance(resolve(Pid.parse(pid)), Found)}
                 for pid in watch.observe(live, seen, time.monotonic()):
@@ -1330,14 +1586,25 @@ async def serve_persistent(
                     )
                 for name, status in group.exited():
                     rank = int(name.rpartition("-")[2])
-                    pid = tree.tokens[rank][1]
+                    delay = policy.exited(rank, status)
+                    if delay is not None and rank not in restarting:
+                        task = asyncio.create_task(restart(rank, status, delay))
+                        task.add_done_callback(functools.partial(restart_done, rank))
+                        restarting[rank] = task
+                        continue
                     reason = f"its process (rank {rank}) exited with status {status}"
-                    progress.write(f"[root] rank {rank} ({pid[:8]}) lost: exit status {status}\n")
-                    tree.store.apply(
-                        lambda ledger, p=pid, r=reason: ledger.node_lost(p, time.time(), r)
-                    )
+                    why = f"exit status {status}"
+                    if used := policy.used(rank):
+                        given_up = f", given up after {used} restart{'s' if used > 1 else ''}"
+                        reason += given_up
+                        why += given_up
+                    lost(rank, reason, why)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), _REAP_INTERVAL)
+            for task in list(restarting.values()):
+                await _cancel(task)
+            if policy.total:
+                progress.write(f"[root] {policy.total} worker restarts in all\n")
             routed = tree.root.router.statistics()  # forwarding at the root, for the log
             dropped = ", ".join(f"{r.value} {n}" for r, n in routed.dropped.items() if n)
             progress.write(
@@ -1415,6 +1682,22 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run each task head's subtree in a network namespace of its own (one machine as "
         "several hosts; needs root and iproute2)",
     )
+    run.add_argument(
+        "--restart",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --persist: start a worker that exits abnormally again, with its identity "
+        "(same PID; it resumes its claims), at most N times per worker (default 0: never)",
+    )
+    run.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=0.5,
+        metavar="SECS",
+        help=f"wait before a worker's first restart, doubled for each further one, at most "
+        f"{RESTART_BACKOFF_MAX:g} s (0.5)",
+    )
 
     worker = commands.add_parser("worker", help=argparse.SUPPRESS)
     worker.add_argument("--rank", type=int, required=True)
@@ -1431,6 +1714,9 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--lifeline", action="store_true", help="exit when stdin closes")
     worker.add_argument("--database", type=Path, help="persistent mode: this node's replica")
     worker.add_argument("--host", help="this host's address (baseline servers bind it)")
+    worker.add_argument(
+        "--identity-file", type=Path, help="keep the identity here (read it when it exists)"
+    )
     return parser
 
 
@@ -1470,6 +1756,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             persist=args.persist,
             start=args.start,
             netns=args.netns,
+            restart=args.restart,
+            restart_backoff=args.restart_backoff,
         )
         if settings.persist:
             asyncio.run(_serve_until_signal(settings, args.workdir, stdout))
