@@ -12,7 +12,7 @@ from aioquic._buffer import Buffer
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_endpoint_harness import Net, Node
+from test_endpoint_harness import Net, Node, issue
 
 from chrysalis.core import (
     INITIAL_SUFFIX_FLAG,
@@ -27,6 +27,7 @@ from chrysalis.core.completion import (
     ConnectionEstablished,
     SendCompletion,
 )
+from chrysalis.quic._config import QuicConfig
 from chrysalis.quic._endpoint import Close, Connect, EndpointRole
 
 
@@ -103,10 +104,11 @@ def test_cids_have_the_documented_layout() -> None:
     first_source, first = headers[0]
     assert first_source == client.addr
     assert first.packet_type is QuicPacketType.INITIAL
-    assert first.destination_cid == ConnectionId.initial(server.pid, 1).raw
     dcid = ConnectionId.from_bytes(first.destination_cid)
+    assert dcid.pid == server.pid
     assert dcid.is_initial
     assert dcid.suffix & INITIAL_SUFFIX_FLAG
+    assert 1 <= dcid.suffix & ~INITIAL_SUFFIX_FLAG <= 1 << 30  # a random start below 2^30
     scid = ConnectionId.from_bytes(first.source_cid)
     assert (scid.pid, scid.is_initial) == (client.pid, False)
     (retry,) = [h for s, h in headers if h.packet_type is QuicPacketType.RETRY]
@@ -175,3 +177,35 @@ def test_prefix_invariant_holds_under_any_fault_schedule(
     stream = client.open(conn)
     client.wait_op(client.send(stream, b"q" * 20_000), within=60.0)
     assert audit.violations == []
+
+
+def test_a_restarted_endpoint_on_the_same_address_is_not_routed_to_the_old_one() -> None:
+    """A process that comes back with its identity on its address (a scale worker restarted
+    after a kill -9) dials afresh: its first Initial must not repeat the last incarnation's
+    (same DCID, SCID and source), or the server feeds it to the dead incarnation's connection
+    until that one idles out. Initial nonces start at a random point, and count up from it."""
+    net = Net()
+    # Without Retry (as between local processes, where addresses need no validation): with it,
+    # the connection is keyed by the server's Retry CID, fresh for every attempt.
+    server = net.add("server", role=EndpointRole.SERVER, config=QuicConfig(retry=False))
+    identity = issue()
+    first_dcids: list[bytes] = []
+
+    def capture(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
+        if data[0] & 0x80:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=20)
+            if header.packet_type is QuicPacketType.INITIAL and source != server.addr:
+                first_dcids.append(header.destination_cid)
+
+    net.observers.append(capture)
+    old = net.add("old", role=EndpointRole.CLIENT, identity=identity)
+    old.connect(server)
+    net.run_until(lambda: bool(server.of_type(ConnectionEstablished)))
+    old_dcid = first_dcids[0]
+    # The old incarnation dies without a word (the server keeps its connection until it idles
+    # out, 30 s); the new one binds the same address with its own entropy.
+    del net.nodes[old.addr]
+    new = net.add("new", role=EndpointRole.CLIENT, identity=identity, addr=old.addr, seed=99)
+    new.connect(server)
+    net.run_until(lambda: len(server.of_type(ConnectionEstablished)) == 2, within=2.0)
+    assert first_dcids[-1] != old_dcid

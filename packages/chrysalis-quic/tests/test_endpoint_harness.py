@@ -286,6 +286,7 @@ class Net:
         auto_drain: bool = True,
         routing_pid: Pid | None = None,
         addr: DatagramAddr | None = None,
+        seed: int | None = None,
     ) -> Node:
         ident = issue() if identity is None else identity
         channels = EndpointChannels[QuicCommand](
@@ -303,7 +304,7 @@ class Net:
             config=config,
             channels=channels,
             now=self.now,
-            random_bytes=random.Random(len(self.nodes)).randbytes,
+            random_bytes=random.Random(len(self.nodes) if seed is None else seed).randbytes,
         )
         where = DatagramAddr.inproc(1, len(self.nodes) + 1) if addr is None else addr
         node = Node(self, name, ident, where, channels, endpoint, auto_drain)

@@ -617,12 +617,13 @@ class QuicEndpoint:
         self._channels = channels
         self._wall_offset = float(wall_clock_offset)
         factory: EngineFactory = DEFAULT_ENGINE if engine is None else engine
+        entropy = secrets.token_bytes if random_bytes is None else random_bytes
         self._engine: QuicEngine = factory(self._config, identity)
         self._retry = RetryTokens(
             now=now + self._wall_offset,
             token_lifetime=self._config.retry_token_lifetime,
             secret_lifetime=self._config.retry_secret_lifetime,
-            random_bytes=secrets.token_bytes if random_bytes is None else random_bytes,
+            random_bytes=entropy,
         )
         self._conn_refs = ConnectionRefAllocator(channels.driver)
         self._conns: dict[ConnectionRef, _Connection] = {}
@@ -631,7 +632,12 @@ class QuicEndpoint:
         self._per_source: dict[object, int] = {}
         self._pending = 0
         self._next_key = 1
-        self._next_nonce = 1
+        # Initial nonces count up from a random start below 2^30 (at least 2^30 dials before
+        # ``ConnectionKeyExhausted``): unique within this endpoint's life, as the contract asks,
+        # and unlike a count from 1, a process restarted with the same identity on the same
+        # address does not repeat its last incarnation's first Initial (DCID, SCID, source),
+        # which a peer would still route to the old connection until it idled out.
+        self._next_nonce = 1 + int.from_bytes(entropy(4), "big") % (1 << 30)
         self._dirty: dict[_Connection, None] = {}
         # Engine timers are cached per connection: asking an engine scans its loss-detection
         # state, so only connections touched since the last look (``_dirty`` and ``_stale``)
