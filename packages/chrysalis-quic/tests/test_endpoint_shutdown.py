@@ -11,6 +11,7 @@ sys.path.append(str(Path(__file__).parent))
 import pytest
 from test_endpoint_harness import Net, Node, pair
 
+from chrysalis.core import DatagramAddr
 from chrysalis.core.completion import (
     AbortStarted,
     BlockReason,
@@ -25,6 +26,7 @@ from chrysalis.core.completion import (
     SendCompletion,
     SendOutcome,
     ShutdownStarted,
+    StreamRef,
     SubmissionClosed,
     SubmissionReceipt,
     WouldBlock,
@@ -266,4 +268,83 @@ def test_closing_every_submission_handle_shuts_down_gracefully() -> None:
     client.channels.commands.close()
     client.channels.streams.close()
     net.run_until(lambda: _stopped(client), within=1.0)
+    assert client.of_type(ConnectionClosed)[0].application_code == 0
+
+
+def _acknowledged_words(net: Net, client: Node, server: Node) -> tuple[StreamRef, StreamRef]:
+    """A client stream whose b"last words" the server received and the client saw
+    acknowledged; returns (the client's stream, the server's)."""
+    conn = client.connect(server)
+    stream = client.open(conn)
+    sent = client.send(stream, b"last words")
+    accepted = server.incoming()
+    done = client.wait_op(sent)
+    assert isinstance(done, SendCompletion)
+    assert done.outcome is SendOutcome.ACKNOWLEDGED
+    return stream, accepted
+
+
+def test_shutdown_in_the_step_of_a_finish_still_delivers_the_fin() -> None:
+    # The finish completes once the engine has the FIN; a shutdown submitted in the same step
+    # must not close the connection before the FIN was sent and acknowledged.
+    net, client, server = pair()
+    stream, accepted = _acknowledged_words(net, client, server)
+    finish = client.channels.streams.finish_nowait(stream)
+    client.channels.commands.submit_and_close_nowait(Shutdown(grace=5.0))
+    assert server.read_all(accepted, within=2.0) == b"last words"
+    net.run_until(lambda: _stopped(client), within=2.0)
+    done = client.op(finish)
+    assert isinstance(done, FinishCompletion)
+    assert done.outcome is ControlOutcome.COMPLETE
+    net.run_until(lambda: bool(server.of_type(ConnectionClosed)))
+    assert server.of_type(ConnectionClosed)[0].application_code == 0
+
+
+def test_shutdown_waits_for_a_lost_fin_to_be_retransmitted() -> None:
+    net, client, server = pair()
+    stream, accepted = _acknowledged_words(net, client, server)
+    dropped: list[bytes] = []
+
+    def drop_first(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> bool:
+        if source == client.addr and not dropped:
+            dropped.append(data)
+            return False
+        return True
+
+    net.filters.append(drop_first)
+    finish = client.channels.streams.finish_nowait(stream)
+    net.run_until(lambda: client.op(finish) is not None, within=1.0)
+    assert dropped  # the datagram that carried the FIN never arrived
+    started = net.now
+    client.channels.commands.submit_and_close_nowait(Shutdown(grace=5.0))
+    assert server.read_all(accepted, within=2.0) == b"last words"
+    net.run_until(lambda: _stopped(client), within=2.0)
+    assert net.now - started < 2.0  # the retransmission's acknowledgement, not the grace
+    net.run_until(lambda: bool(server.of_type(ConnectionClosed)))
+    assert server.of_type(ConnectionClosed)[0].application_code == 0
+
+
+def test_shutdown_with_everything_acknowledged_closes_at_once() -> None:
+    net, client, server = pair()
+    stream, accepted = _acknowledged_words(net, client, server)
+    finish = client.channels.streams.finish_nowait(stream)
+    assert server.read_all(accepted) == b"last words"
+    net.run_for(0.1)  # the FIN's acknowledgement arrives
+    assert isinstance(client.op(finish), FinishCompletion)
+    started = net.now
+    client.channels.commands.submit_and_close_nowait(Shutdown(grace=5.0))
+    net.pump()
+    assert _stopped(client)
+    assert net.now == started
+
+
+def test_shutdown_deadline_abandons_an_unacknowledged_fin() -> None:
+    net, client, server = pair()
+    stream, _ = _acknowledged_words(net, client, server)
+    net.filters.append(lambda source, destination, data: source != client.addr)
+    client.channels.streams.finish_nowait(stream)
+    started = net.now
+    client.channels.commands.submit_and_close_nowait(Shutdown(grace=0.5))
+    net.run_until(lambda: _stopped(client), within=2.0)
+    assert 0.5 - 1e-6 <= net.now - started <= 0.55
     assert client.of_type(ConnectionClosed)[0].application_code == 0

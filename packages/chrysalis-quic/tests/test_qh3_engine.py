@@ -313,6 +313,7 @@ def test_client_stream_data_waits_for_confirmation_in_order_and_a_reset_drops_it
     assert client._core is not None
     assert client._core.get_send_buffer_size(0) == 0  # nothing in the core yet
     client.reset_stream(4, 7)
+    assert not client.sends_settled()  # the kept FIN of stream 0 too
     lost: list[bytes] = []
 
     def lose_handshake_done(direction: str, data: bytes) -> bool:
@@ -334,6 +335,7 @@ def test_client_stream_data_waits_for_confirmation_in_order_and_a_reset_drops_it
         state = client.stream_send_state(0)
         assert state is not None
         assert state[0] <= len(received[0])  # kept bytes are never counted as acknowledged
+        assert not client.sends_settled() or _confirmed(client)
         if state == (len(first), 0):
             break
     assert _confirmed(client)
@@ -564,6 +566,68 @@ def test_each_datagram_is_mapped_to_its_own_path_with_the_last_path_memo() -> No
 # --- EngineHints: the endpoint's drain and consume calls -----------------------------------------
 
 _HINTS = ("event_queue", "events_withheld", "stream_consumed_noop")
+
+
+@pytest.mark.parametrize("engine", [Qh3Engine, AioquicEngine], ids=["qh3", "aioquic"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_sends_settle_only_once_every_fin_was_delivered(engine: Factory, seed: int) -> None:
+    """``sends_settled`` (a graceful shutdown's condition to close) is False from the moment
+    a FIN is handed over until the peer has it, whether the FIN rides with data or alone,
+    and its datagram is lost (seed 0: the first one after each handover; else random loss
+    and reordering); it becomes True once every FIN was acknowledged."""
+    pair = _Pair(client=engine, server=engine, seed=seed)
+    while not (pair.of("client", HandshakeCompleted) and pair.of("server", HandshakeCompleted)):
+        pair.step(1)
+        assert pair.now < T0 + 5.0
+    client = pair.client
+    pair.step(20)
+    if seed:
+        pair.loss = pair.reorder = 0.1
+    assert client.sends_settled()
+    fins: set[int] = set()
+    dropping: list[bool] = []
+
+    def collect(event: EngineEvent) -> None:
+        if isinstance(event, StreamDataReceived) and event.fin:
+            fins.add(event.stream_id)
+
+    def drop_after_handover(direction: str, data: bytes) -> bool:
+        if seed == 0 and direction == "to server" and dropping:
+            dropping.clear()
+            return True
+        return False
+
+    def settle(expected: set[int]) -> None:
+        for _ in range(2000):
+            pair.step(1)
+            if client.sends_settled():
+                assert fins == expected  # never before the peer has every FIN
+                return
+        raise AssertionError("the FINs were never acknowledged")
+
+    pair.on_server_event = collect
+    pair.drop = drop_after_handover
+    for sid in (0, 4, 8):
+        client.open_stream(sid)
+    client.send_stream_data(0, b"with data", True)  # data and FIN together
+    client.send_stream_data(4, b"data first", False)
+    dropping.append(True)
+    assert not client.sends_settled()
+    settle({0})
+    client.send_stream_data(4, b"", True)  # a FIN alone, after its data was acknowledged
+    client.send_stream_data(8, b"", True)  # a stream that is only a FIN
+    dropping.append(True)
+    assert not client.sends_settled()
+    settle({0, 4, 8})
+    # A FIN handed over just before a receipt that finds nothing in flight: not transmitted
+    # yet, so that receipt must not count it acknowledged.
+    client.open_stream(12)
+    client.send_stream_data(12, b"", True)
+    pair.server.send_ping(1)
+    for data, _ in pair.server.datagrams_to_send(pair.now):
+        client.receive_datagram(data, SERVER_ADDR, pair.now)
+    assert not client.sends_settled()
+    settle({0, 4, 8, 12})
 
 
 class _Spy:

@@ -212,8 +212,9 @@ class Close:
 @dataclass(frozen=True, slots=True)
 class Shutdown:
     """Graceful shutdown (submit with ``submit_and_close``): stop admission, let queued work
-    finish, close every connection with code 0, abandon what remains after ``grace``
-    seconds, then ``DriverStopped``. Result: ``ShutdownStarted``."""
+    finish and every FIN already handed over be acknowledged (a finish completes earlier,
+    once the engine has it), close every connection with code 0, abandon what remains after
+    ``grace`` seconds, then ``DriverStopped``. Result: ``ShutdownStarted``."""
 
     grace: float = 1.0
 
@@ -1911,6 +1912,16 @@ class QuicEndpoint:
                     self._outbox.extend(batch)
             self._remove(conn)
 
+    def _sends_settled(self, conn: _Connection) -> bool:
+        """Whether ``conn`` has nothing left to deliver: no byte or FIN awaits acknowledgement,
+        or nothing more can be delivered (the connection is closing or closed)."""
+        if conn.terminated is not None or conn.close_code is not None:
+            return True
+        try:
+            return conn.engine.sends_settled()
+        except Exception:  # an engine bug must not hold shutdown until the deadline
+            return True
+
     def _advance_shutdown(self, now: float) -> None:
         submissions = self._channels.submissions
         if (
@@ -1921,13 +1932,16 @@ class QuicEndpoint:
                 for conn in self._conns.values()
                 for stream in conn.streams.values()
             )
+            and all(self._sends_settled(conn) for conn in self._conns.values())
         ):
             self._shutdown_closed = True
-            # Every operation is done (writes complete once acknowledged): close each
-            # connection and forget it at once, its CONNECTION_CLOSE sent in this poll's
-            # batch. The closing state (3 PTO) would only repeat that frame to late packets
-            # of a peer, for an endpoint that is going away: it cost every shutdown about
-            # 90 ms (a `chrysalis ls` spent a third of its time in it).
+            # Every operation is done (writes complete once acknowledged) and every FIN was
+            # acknowledged too (a finish completes once the engine has it: a CONNECTION_CLOSE
+            # sent before it went out, or while it could still need retransmitting, would
+            # lose it): close each connection and forget it at once, its CONNECTION_CLOSE
+            # sent in this poll's batch. The closing state (3 PTO) would only repeat that
+            # frame to late packets of a peer, for an endpoint that is going away: it cost
+            # every shutdown about 90 ms (a `chrysalis ls` spent a third of its time in it).
             self._abandon_all(now)
         if self._deadline is not None and now >= self._deadline and self._conns:
             self._abandon_all(now)

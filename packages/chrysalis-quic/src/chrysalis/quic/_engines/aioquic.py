@@ -330,6 +330,20 @@ class AioquicConnection(FastQuicConnection):
         sender = stream.sender
         return sender._buffer_start, sender._buffer_stop - sender._buffer_start
 
+    def sends_settled(self) -> bool:
+        # A sender is done once its FIN (or reset) was acknowledged (``is_finished``; a
+        # finished stream may already be discarded); short of that, it is settled only with
+        # no FIN handed over and every byte acknowledged. A reset one gave its data up.
+        for stream in self._streams.values():
+            sender = stream.sender
+            if (
+                not sender.is_finished
+                and sender._reset_error_code is None
+                and (sender._buffer_fin is not None or sender._buffer_start != sender._buffer_stop)
+            ):
+                return False
+        return True
+
     def stream_consumed(self, stream_id: int, consumed_through: int) -> None:
         stream = self._streams.get(stream_id)
         if stream is None:

@@ -222,6 +222,13 @@ class EngineConnection(Protocol):
         acknowledged offset and the bytes handed over but not acknowledged; None when the
         engine no longer has the stream (it finished: FIN or reset acknowledged)."""
 
+    def sends_settled(self) -> bool:
+        """True when nothing handed over on any stream awaits acknowledgement: every byte
+        and every FIN was acknowledged (a reset send half counts as settled: its data was
+        given up). A graceful shutdown closes the connection only once this holds (or its
+        grace ran out): a CONNECTION_CLOSE ends retransmission, so a FIN or byte still in
+        flight, or not even sent yet, would never reach the peer."""
+
     def stream_consumed(self, stream_id: int, consumed_through: int) -> None:
         """The application consumed (or the endpoint dropped) the stream's received bytes up
         to ``consumed_through``: the stream's receive window may slide."""

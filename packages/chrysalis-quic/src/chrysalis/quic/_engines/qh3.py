@@ -39,6 +39,11 @@ difference from what the endpoint needs is handled here, as narrowly as qh3 allo
    under reordering), acknowledgement waits until nothing is in flight, which may be
    noticed on a timer (the endpoint re-examines its sends after timers too). The estimate is
    conservative: a send never completes before its bytes were acknowledged, only later.
+   A FIN is tracked the same way (``sends_settled``: a graceful shutdown closes only once
+   every FIN was acknowledged), but a FIN-only frame is invisible to the core's send buffer
+   size: the FIN counts as transmitted after a flush the congestion window and pacing did not
+   hold back (its checkpoint is then that flush's highest packet number), and otherwise only
+   once a flush leaves nothing in flight.
 5. **Addresses.** The core accepts only IP socket addresses; each connection maps the
    endpoint's opaque ``DatagramAddr`` values to synthetic ones (at most eight per
    connection; datagrams from further addresses are dropped).
@@ -145,6 +150,9 @@ _SYNTHETIC_HOST: Final = "198.18.0.1"
 """Host of the synthetic socket addresses (RFC 2544 benchmarking range, never routed)."""
 _MAX_CHECKPOINTS: Final = 64
 """Acknowledgement checkpoints kept per stream (further ones merge into the newest)."""
+_FIN_ROOM: Final = 4 * 1500
+"""Congestion window a flush must leave free for the engine to count a FIN handed before it
+as transmitted (a fuller window may have held the FIN-only frame back)."""
 _NOTHING: Final = object()
 """A placeholder that is no ``DatagramAddr`` (the last-path memo before the first datagram)."""
 _CORE_HAS_EVENTS: Final = hasattr(QuicConnectionCore, "has_events")
@@ -160,15 +168,18 @@ class _SendTrack:
     """Send-side bookkeeping of one stream: bytes the endpoint handed over (``written``),
     of which ``early`` still wait in the engine for the handshake's confirmation (not yet in
     the core), the acknowledged estimate, and checkpoints ``(packet number, bytes sent)``
-    awaiting acknowledgement."""
+    awaiting acknowledgement; ``fin`` while a FIN handed over is not known acknowledged, and
+    ``fin_packet``, once it is known transmitted, the packet number by which it was."""
 
-    __slots__ = ("acked", "checkpoints", "early", "written")
+    __slots__ = ("acked", "checkpoints", "early", "fin", "fin_packet", "written")
 
     def __init__(self) -> None:
         self.written = 0
         self.early = 0
         self.acked = 0
         self.checkpoints: deque[tuple[int, int]] = deque()
+        self.fin = False
+        self.fin_packet: int | None = None
 
 
 class _Qh3TlsBridge(QuicTlsBridge):
@@ -406,7 +417,7 @@ class Qh3Connection(QuicConnection):
             elif kind == "stop_sending":
                 if not native[1] & 2:
                     out.append(StopSendingReceived(native[1], native[2]))
-                    self._ch_unacked.pop(native[1], None)
+                    self._give_up(native[1])
             elif kind == "stream_finished":
                 sid = native[1]
                 self._created_local_stream_ids.discard(sid)
@@ -556,7 +567,8 @@ class Qh3Connection(QuicConnection):
             return
         if core.loss_total != self._ch_loss_mark:
             for track in unacked.values():
-                track.checkpoints.clear()  # some bytes may need retransmission
+                track.checkpoints.clear()  # some bytes (or the FIN) may need retransmission
+                track.fin_packet = None
             if core.bytes_in_flight == 0:
                 # Flush now: if the core has nothing to (re)transmit, nothing is pending.
                 self._poll_into(self._ch_outbox, now)
@@ -565,11 +577,22 @@ class Qh3Connection(QuicConnection):
         if core.bytes_in_flight == 0:
             # ``_all_acked`` inline (a request/response receipt mostly finds nothing in
             # flight: one frame less on the path).
+            untransmitted = False
             for sid, track in list(unacked.items()):
                 track.checkpoints.clear()
                 track.acked = track.written - track.early - core.get_send_buffer_size(sid)
+                if track.fin:
+                    if track.fin_packet is None:
+                        untransmitted = True
+                        continue
+                    track.fin = False  # its packet was outstanding: now acknowledged
                 if track.acked >= track.written:
                     del unacked[sid]
+            if untransmitted:
+                # A FIN not known transmitted (rare: a flush held back, or none since the
+                # FIN): flush now; if that leaves nothing in flight, it was acknowledged.
+                self._poll_into(self._ch_outbox, now)
+                self._settle_if_quiet(core)
             return
         outstanding = core.outstanding_application_packets
         # Packet numbers are unique, so the smallest tuple holds the smallest number (no
@@ -579,6 +602,11 @@ class Qh3Connection(QuicConnection):
             checkpoints = track.checkpoints
             while checkpoints and checkpoints[0][0] < low:
                 track.acked = checkpoints.popleft()[1]
+            if track.fin:
+                fin_packet = track.fin_packet
+                if fin_packet is None or fin_packet >= low:
+                    continue
+                track.fin = False
             if track.acked >= track.written:
                 del unacked[sid]
 
@@ -605,7 +633,17 @@ class Qh3Connection(QuicConnection):
         if not outstanding:
             return
         top = max(outstanding)[0]  # unique packet numbers: the largest tuple's
+        # A FIN kept until the handshake's confirmation (``_ch_early``) was not transmitted.
+        held: bool | None = None if self._ch_early is None else True
         for sid, track in unacked.items():
+            if track.fin and track.fin_packet is None:
+                if held is None:
+                    timer = core.get_timer()
+                    held = (timer is not None and timer[0] == "pacing") or (
+                        core.bytes_in_flight + _FIN_ROOM > core.congestion_window
+                    )
+                if not held:
+                    track.fin_packet = top
             sent = track.written - track.early - core.get_send_buffer_size(sid)
             checkpoints = track.checkpoints
             last = checkpoints[-1][1] if checkpoints else track.acked
@@ -618,11 +656,21 @@ class Qh3Connection(QuicConnection):
     def _all_acked(self, core: QuicConnectionCore) -> None:
         """Nothing is in flight and nothing awaits retransmission: every transmitted byte
         was acknowledged."""
+        kept = self._ch_early is not None  # a FIN kept there was not even handed to the core
         for sid, track in list(self._ch_unacked.items()):
             track.checkpoints.clear()
             track.acked = track.written - track.early - core.get_send_buffer_size(sid)
-            if track.acked >= track.written:
+            if track.fin and not kept:
+                track.fin = False
+            if track.acked >= track.written and not track.fin:
                 del self._ch_unacked[sid]
+
+    def _give_up(self, stream_id: int) -> None:
+        """The stream's send half was reset: nothing of it awaits acknowledgement."""
+        self._ch_unacked.pop(stream_id, None)
+        track = self._ch_tracks.get(stream_id)
+        if track is not None:
+            track.fin = False
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -842,6 +890,9 @@ class Qh3Connection(QuicConnection):
         if data:
             track.written += len(data)
             self._ch_unacked[stream_id] = track
+        if end_stream:
+            track.fin = True
+            self._ch_unacked[stream_id] = track
 
     def _release_early(self, core: QuicConnectionCore) -> None:
         """The handshake is confirmed: hand the core the stream writes kept until now, in
@@ -878,7 +929,7 @@ class Qh3Connection(QuicConnection):
             track = self._ch_tracks.get(stream_id)
             if track is not None:
                 track.early = 0
-        self._ch_unacked.pop(stream_id, None)
+        self._give_up(stream_id)
 
     def stop_stream(self, stream_id: int, error_code: int) -> None:
         core = self._core
@@ -894,6 +945,9 @@ class Qh3Connection(QuicConnection):
         if track is None:
             return None
         return track.acked, track.written - track.acked
+
+    def sends_settled(self) -> bool:
+        return not self._ch_unacked
 
     def stream_consumed(self, stream_id: int, consumed_through: int) -> None:
         # The core credits per stream as events are polled; the gate is per connection
@@ -1137,6 +1191,9 @@ class _ProvingAioquicClient:
 
     def stream_send_state(self, stream_id: int) -> tuple[int, int] | None:
         return self._engine().stream_send_state(stream_id)
+
+    def sends_settled(self) -> bool:
+        return self._engine().sends_settled()
 
     def stream_consumed(self, stream_id: int, consumed_through: int) -> None:
         self._engine().stream_consumed(stream_id, consumed_through)
