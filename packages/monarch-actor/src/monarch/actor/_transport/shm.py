@@ -522,13 +522,7 @@ class SlotViews:
         copier = _bytes_copier()
         if copier is None or size <= 0 or size > self._max:
             return None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ShmError("a shared-memory buffer descriptor is not a regular file")
-        if info.st_size < size:
-            raise ShmError(
-                f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
-            )
+        info = _checked_stat(fd, size)
         key = (info.st_dev, info.st_ino)  # unique while the view keeps the file alive
         entry = self._views.get(key)
         if entry is None:
@@ -574,6 +568,18 @@ def _anonymous(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size, flags=flags)
 
 
+def _checked_stat(fd: int, size: int) -> os.stat_result:
+    """``fd``'s status, checked: a regular file of at least ``size`` bytes (``ShmError``)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ShmError("a shared-memory buffer descriptor is not a regular file")
+    if info.st_size < size:
+        raise ShmError(
+            f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
+        )
+    return info
+
+
 def read_buffer(
     fd: int, size: int, writable: bool, mapped: bool = False
 ) -> bytes | bytearray | mmap.mmap:
@@ -585,13 +591,7 @@ def read_buffer(
     place). ``ShmError`` when the descriptor is not a regular file of at least ``size`` bytes
     or the read falls short."""
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ShmError("a shared-memory buffer descriptor is not a regular file")
-        if info.st_size < size:
-            raise ShmError(
-                f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
-            )
+        _checked_stat(fd, size)
         if not writable and size <= _PREAD_MAX:
             data = os.pread(fd, size, 0)
             if len(data) != size:
@@ -634,13 +634,7 @@ def receive_buffer(
     in_place = writable and not kind & 2  # KIND_PERSISTENT
     if in_place and size:
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise ShmError("a shared-memory buffer descriptor is not a regular file")
-            if info.st_size < size:
-                raise ShmError(
-                    f"a shared-memory buffer has {info.st_size} bytes where {size} were announced"
-                )
+            _checked_stat(fd, size)
             if _size_sealed(fd):
                 flags, prot = mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE
                 mapping = mmap.mmap(fd, size, flags=flags, prot=prot)
