@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import importlib.util
 import json
@@ -419,8 +420,6 @@ def test_spans_nest_and_traced_names_them(telemetry: None) -> None:
     async def other() -> int:
         return 2
 
-    import asyncio
-
     with span("outer", {"step": 1}) as outer:
         assert inner() == 1
         assert asyncio.run(other()) == 2
@@ -477,6 +476,58 @@ def test_endpoint_span_records_errors(telemetry: None, procs: Procs) -> None:
     assert failed
     assert failed[-1].status == "error"
     assert "KeyError" in failed[-1].error
+
+
+class Sleeper(Actor):
+    @endpoint
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @endpoint
+    def fail(self, seconds: float) -> None:
+        time.sleep(seconds)
+        raise ValueError("late")
+
+
+class AsyncSleeper(Actor):
+    @endpoint
+    async def anap(self, seconds: float) -> float:
+        await asyncio.sleep(seconds)
+        return seconds
+
+
+def _latency_point(endpoint: str) -> Any:
+    (point,) = [
+        p
+        for p in metrics_snapshot()["monarch.endpoint.latency"]
+        if dict(p.attributes) == {"endpoint": endpoint}
+    ]
+    return point
+
+
+@pytest.mark.parametrize("name", ["nap", "anap", "fail"])
+def test_endpoint_latency_is_the_receive_spans_duration(
+    telemetry: None, procs: Procs, name: str
+) -> None:
+    """Metrics and tracing on: one clock (the receive span's start and end) gives the span
+    and the latency metric, so the latency recorded is the span's duration, for a sync body,
+    an async one, and one that raised (counted as an error too)."""
+    sleeper: Any = procs(gpus=1).spawn("s", AsyncSleeper if name == "anap" else Sleeper)
+    call = getattr(sleeper, name)
+    if name == "fail":
+        with pytest.raises(ActorError):
+            call.call_one(0.02).get(timeout=T)
+        assert _value("monarch.endpoint.errors", endpoint=name, category="user") == 1
+    else:
+        assert call.call_one(0.02).get(timeout=T) == 0.02
+    (received,) = [s for s in finished_spans() if s.name == name]
+    assert received.status == ("error" if name == "fail" else "ok")
+    point = _latency_point(name)
+    assert point.count == 1
+    assert received.duration_s >= 0.02
+    assert point.sum == pytest.approx(received.duration_s, rel=1e-9, abs=1e-12)
+    assert point.min == point.max == point.sum
 
 
 def test_uninstrumented_endpoints_get_no_span(telemetry: None, procs: Procs) -> None:

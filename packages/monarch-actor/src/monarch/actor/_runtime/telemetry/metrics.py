@@ -67,6 +67,7 @@ __all__ = [
     "on_received",
     "on_sent",
     "on_supervision",
+    "record_elapsed",
     "record_endpoint",
     "reset_metrics",
     "set_enabled",
@@ -649,7 +650,12 @@ def note_latency(endpoint: str, log: list[float], elapsed: float) -> None:
 def record_endpoint(endpoint: str, started: float, exc: BaseException | None) -> None:
     """An endpoint body that started at ``started`` (``time.perf_counter()``) finished, with
     ``exc`` if it raised: its latency, and its error by category."""
-    elapsed = _perf_counter() - started
+    record_elapsed(endpoint, _perf_counter() - started, exc)
+
+
+def record_elapsed(endpoint: str, elapsed: float, exc: BaseException | None) -> None:
+    """An endpoint body finished after ``elapsed`` seconds, with ``exc`` if it raised (the
+    receive span's clock measured it: ``tracing``): its latency, and its error by category."""
     log = latency_log(endpoint)
     log.append(elapsed)
     note_latency(endpoint, log, elapsed)

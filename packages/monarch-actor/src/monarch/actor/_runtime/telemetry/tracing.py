@@ -365,15 +365,29 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     lazy = ("send", adverb, endpoint, mesh, ranks, display)
     if _otel._otel_trace is not None:
         return _start_span(f"{adverb} {mesh}.{endpoint}", None, None, runtime.label, display, lazy)
-    # ``_start_span`` inlined (one frame less on every call): the caller's span is the parent.
+    # ``_start_span`` and ``_hot_span`` inlined (two frames less on every call): the caller's
+    # span is the parent.
     span_id = _next_id().to_bytes(8, "big")
     parent = _CURRENT_SPAN.get()
     if parent is not None:
         trace_id, parent_id = parent.trace_id, parent.span_id
     else:
         trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
-    return _hot_span(
-        f"{adverb} {mesh}.{endpoint}", trace_id, span_id, parent_id, runtime.label, display, lazy
+    return Span(
+        f"{adverb} {mesh}.{endpoint}",
+        trace_id,
+        span_id,
+        parent_id,
+        _time_ns(),
+        0,
+        _PID,
+        runtime.label or _process_label,
+        display,
+        _get_ident(),
+        "unset",
+        "",
+        None,
+        lazy,
     )
 
 
@@ -981,32 +995,95 @@ def _run_traced(
     cell: Any, envelope: Envelope, fn: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
     """``fn(*args, **kwargs)`` in a receive span whose parent is the caller's span (the ids
-    the envelope carries), timed too while metrics are on."""
+    the envelope carries), timed too while metrics are on.
+
+    The common case (the envelope carries a parent, no OpenTelemetry mirror, no listener, a
+    plain result) makes the span in place and reads the clock twice: the span's start and end
+    (``time.time_ns``), whose difference is also the endpoint latency metrics record (one
+    clock for both, instead of a ``perf_counter`` pair next to the span's pair)."""
+    trace = envelope.trace
+    if len(trace) != 24 or _otel._otel_trace is not None:
+        return _run_traced_slow(cell, envelope, fn, args, kwargs)
+    endpoint = envelope.endpoint
+    display = cell.display
+    start_ns = _time_ns()
+    current = Span(
+        endpoint,
+        trace[:16],
+        _next_id().to_bytes(8, "big"),
+        trace[16:],
+        start_ns,
+        0,
+        _PID,
+        cell.runtime.label or _process_label,
+        display,
+        _get_ident(),
+        "unset",
+        "",
+        None,
+        ("receive", display, endpoint, cell.rank),
+    )
+    token = _CURRENT_SPAN.set(current)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _finish_endpoint_ns(endpoint, start_ns, current, exc)
+        raise
+    finally:
+        _CURRENT_SPAN.reset(token)
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        return _await_endpoint(result, endpoint, start_ns * 1e-9, current, _metrics.METRICS, True)
+    if _span_listeners or current.end_ns:
+        _finish_endpoint_ns(endpoint, start_ns, current, None)
+        return result
+    end_ns = current.end_ns = _time_ns()  # ``_end`` inlined for the common case
+    current.status = "ok"
+    _pending.append(current)
+    if len(_pending) >= SHIP_AT:
+        _shipper.kick()
+    if _metrics.METRICS:
+        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+        log = _metrics._latency_logs.get(endpoint)
+        if log is None:
+            log = _metrics.latency_log(endpoint)
+        log.append(elapsed)
+        if len(log) >= _FOLD_AT or _metrics._MIRROR:
+            _metrics.note_latency(endpoint, log, elapsed)
+    return result
+
+
+def _finish_endpoint_ns(
+    endpoint: str, start_ns: int, current: Span, exc: BaseException | None
+) -> None:
+    """End the receive span ``current`` (with ``exc`` if the body raised) and, while metrics
+    are on, record the endpoint's latency from the span's own clock (``_run_traced``)."""
+    current._end(exc)
+    if _metrics.METRICS:
+        end_ns = current.end_ns
+        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+        _metrics.record_elapsed(endpoint, elapsed, exc)
+
+
+def _run_traced_slow(
+    cell: Any,
+    envelope: Envelope,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``_run_traced`` for an envelope without a parent, or with the OpenTelemetry mirror on."""
     started = _perf_counter()
     endpoint = envelope.endpoint
     display = cell.display
     trace = envelope.trace
-    lazy = ("receive", display, endpoint, cell.rank)
-    current: Span
-    if len(trace) == 24 and _otel._otel_trace is None:  # the common case, inlined
-        current = _hot_span(
-            endpoint,
-            trace[:16],
-            _next_id().to_bytes(8, "big"),
-            trace[16:],
-            cell.runtime.label,
-            display,
-            lazy,
-        )
-    else:
-        current = _start_span(
-            endpoint,
-            None,
-            (trace[:16], trace[16:]) if len(trace) == 24 else None,
-            cell.runtime.label,
-            display,
-            lazy,
-        )
+    current = _start_span(
+        endpoint,
+        None,
+        (trace[:16], trace[16:]) if len(trace) == 24 else None,
+        cell.runtime.label,
+        display,
+        ("receive", display, endpoint, cell.rank),
+    )
     token = _CURRENT_SPAN.set(current)
     try:
         result = fn(*args, **kwargs)
@@ -1017,32 +1094,37 @@ def _run_traced(
         _CURRENT_SPAN.reset(token)
     if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
         return _await_endpoint(result, endpoint, started, current, _metrics.METRICS)
-    if _metrics.METRICS:
-        _metrics.record_endpoint(endpoint, started, None)
-    if current._otel is None and not _span_listeners and not current.end_ns:
-        current.end_ns = _time_ns()  # ``_end`` inlined for the common case
-        current.status = "ok"
-        _pending.append(current)
-        if len(_pending) >= SHIP_AT:
-            _shipper.kick()
-    else:
-        current._end(None)
+    _finish_endpoint(endpoint, started, current, None, _metrics.METRICS)
     return result
 
 
 async def _await_endpoint(
-    awaitable: Awaitable[Any], endpoint: str, started: float, current: Span | None, timed: bool
+    awaitable: Awaitable[Any],
+    endpoint: str,
+    started: float,
+    current: Span | None,
+    timed: bool,
+    span_clock: bool = False,
 ) -> Any:
+    """Await an async endpoint's result inside ``current`` (if any), then end the span and
+    record the latency. ``span_clock``: ``current`` started on ``time.time_ns`` and its clock
+    gives the latency (``_run_traced``'s fast path); else ``started`` is a ``perf_counter``."""
     token = _CURRENT_SPAN.set(current) if current is not None else None
     try:
         result = await awaitable
     except BaseException as exc:
-        _finish_endpoint(endpoint, started, current, exc, timed)
+        if span_clock and current is not None:
+            _finish_endpoint_ns(endpoint, current.start_ns, current, exc)
+        else:
+            _finish_endpoint(endpoint, started, current, exc, timed)
         raise
     finally:
         if token is not None:
             _CURRENT_SPAN.reset(token)
-    _finish_endpoint(endpoint, started, current, None, timed)
+    if span_clock and current is not None:
+        _finish_endpoint_ns(endpoint, current.start_ns, current, None)
+    else:
+        _finish_endpoint(endpoint, started, current, None, timed)
     return result
 
 
