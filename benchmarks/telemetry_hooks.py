@@ -156,7 +156,8 @@ def _timed(n: int, loop: Callable[[int], None]) -> Trial:
 
 
 def per_hook_cases() -> list[tuple[str, str, Callable[[Any, Any, int], Trial]]]:
-    """``(name, "metrics"|"tracing", trial(metrics module, tracing module, n))`` per hook."""
+    """``(name, "metrics"|"tracing"|"both", trial(metrics module, tracing module, n))`` per
+    hook (the switches it runs with)."""
     call, reply = _Envelope(MessageKind.CALL, 100), _Envelope(MessageKind.PORT_VALUE, 20)
     cell, sender, runtime = _Cell(), _Sender(), _Runtime()
     owner = object()
@@ -238,6 +239,7 @@ def per_hook_cases() -> list[tuple[str, str, Callable[[Any, Any, int], Trial]]]:
         ("endpoint wrapper, metrics only (+ body)", "metrics", wrapper),
         ("send span + trace context for the envelope", "tracing", send),
         ("receive span, tracing only (+ body)", "tracing", wrapper),
+        ("receive span and endpoint latency, both on (+ body)", "both", wrapper),
     ]
 
 
@@ -271,8 +273,8 @@ def run(
         sides = ((rev_metrics, rev_tracing), (tree_metrics, tree_tracing))
         for name, switch, hook_trial in per_hook_cases():
             for m, t in sides:
-                m.set_enabled(switch == "metrics")
-                t.set_enabled(switch == "tracing")
+                m.set_enabled(switch in ("metrics", "both"))
+                t.set_enabled(switch in ("tracing", "both"))
             try:
                 base, cand = alternate(
                     lambda f=hook_trial, s=sides[0]: f(*s, trips),  # type: ignore[misc]
