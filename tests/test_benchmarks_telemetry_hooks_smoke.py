@@ -52,7 +52,7 @@ def test_per_hook_rows_time_every_hook_on_both_sides(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     assert document["config"]["per_hook"] is True
     hooks = [row for row in document["cases"] if row["case"].startswith("hook: ")]
-    assert len(hooks) == 8
+    assert len(hooks) == 9  # ``per_hook_cases``: eight hooks, and the receive span with both on
     for row in hooks:
         assert row["measured"], row["case"]
         assert row["baseline"], row["case"]
