@@ -194,7 +194,8 @@ def _needs_persistent(obj: object, depth: int) -> bool:
         return False
     items: Sequence[object]
     if kind is tuple or kind is list:
-        items = obj[:_SCAN_WIDTH]  # type: ignore[index]
+        # no slice (a copy) for the common short sequence
+        items = obj if len(obj) <= _SCAN_WIDTH else obj[:_SCAN_WIDTH]  # type: ignore[assignment,arg-type,index]
     elif kind is dict:
         if not obj:
             return False
@@ -202,8 +203,11 @@ def _needs_persistent(obj: object, depth: int) -> bool:
     else:
         return False
     for item in items:
-        if type(item) in _SCALARS:
+        kind = type(item)
+        if kind in _SCALARS:
             continue
+        if (kind is dict or kind is tuple) and not item:
+            continue  # empty (a call's ``{}`` keywords): nothing to scan, no call
         if _needs_persistent(item, depth - 1):
             return True
     return False

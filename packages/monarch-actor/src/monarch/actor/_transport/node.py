@@ -110,6 +110,8 @@ _WRITE_CHUNK: Final = 256 * 1024
 _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
 )
+_PREFIX_BYTES: Final = FRAME_PREFIX.size
+_REPLY_KINDS: Final = frozenset({MessageKind.PORT_VALUE, MessageKind.PORT_ERROR})
 _log = logging.getLogger("monarch.actor.transport")
 _HEADER_ENCODER = msgspec.msgpack.Encoder()
 _TCP_TRANSPORTS: Final = (ChannelTransport.TcpWithHostname, ChannelTransport.TcpWithLocalhost)
@@ -410,8 +412,8 @@ class NodeProcessTransport:
         limits = self.limits
         if buffers:
             check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
-        else:
-            check_size(len(envelope.payload), 0, 0, limits)
+        elif _PREFIX_BYTES + len(envelope.payload) > limits.max_frame_bytes:
+            check_size(len(envelope.payload), 0, 0, limits)  # raises MessageTooLargeError
         target = envelope.target.pid
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
@@ -1062,7 +1064,7 @@ class NodeProcessTransport:
         if target != self._pid.raw and not (self._hosts is not None and self._hosts(target)):
             _log.warning("dropping an envelope for %s (not hosted here)", target.hex())
             return
-        if envelope.kind in (MessageKind.PORT_VALUE, MessageKind.PORT_ERROR):
+        if envelope.kind in _REPLY_KINDS:
             outbound = self._peers.get(peer.raw)
             if outbound is not None:
                 rank = envelope.cast.rank if envelope.cast is not None else 0
