@@ -4,6 +4,7 @@ header-only frames and the out-of-band scan keep their checks."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
@@ -128,3 +129,19 @@ def test_scan_skips_empty_containers_but_not_what_follows_them() -> None:
         {},
         [big],
     )
+
+
+def test_small_call_payload_is_a_full_payload() -> None:
+    payload = _codec.encode(((7, "s"), {}))
+    assert type(payload) is _codec.Payload
+    assert payload.buffers == ()
+    assert payload.kinds == b""
+    assert payload.nbytes == len(payload.data)
+    assert _codec.decode(payload.data, payload.buffers, payload.kinds) == ((7, "s"), {})
+    with pytest.raises(AttributeError):
+        payload.data = b""  # type: ignore[misc]
+    # A native out-of-band buffer on the same path still travels out of band.
+    big = bytearray(_codec.OOB_THRESHOLD)
+    native = _codec.encode(((pickle.PickleBuffer(big),), {}))
+    assert len(native.buffers) == 1
+    assert len(native.kinds) == 1
