@@ -23,6 +23,8 @@ from monarch.actor._base.errors import MessageTooLargeError
 from monarch.actor._base.future import _Cell
 from monarch.actor._runtime.client import client
 from monarch.actor._runtime.sinks import GatherSink, OneSink, Reply
+from monarch.actor._transport import node as _node
+from monarch.actor._transport.lane_proto import LaneDecoder
 
 PID = bytes(range(16))
 
@@ -145,3 +147,39 @@ def test_small_call_payload_is_a_full_payload() -> None:
     native = _codec.encode(((pickle.PickleBuffer(big),), {}))
     assert len(native.buffers) == 1
     assert len(native.kinds) == 1
+
+
+def lane_messages(data: bytes) -> list[tuple[Envelope, list[Any], list[Any]]]:
+    decoder = LaneDecoder(FrameLimits())
+    out: list[tuple[Envelope, list[Any], list[Any]]] = []
+    while data:
+        view = decoder.get_buffer()
+        n = min(len(view), len(data))
+        view[:n] = data[:n]
+        view.release()
+        data = data[n:]
+        decoder.buffer_updated(n)
+        while (message := decoder.next_message()) is not None:
+            out.append(message)
+    return out
+
+
+def test_small_header_only_frame_goes_on_a_lane_as_one_piece() -> None:
+    small, large = envelope(b"s" * 100), envelope(b"L" * (_node._JOIN_MAX + 1))
+    buffered = envelope(b"b", (3,), b"\x00")
+    one = _node._lane_pieces(encode_frame(small))
+    assert len(one) == 1
+    assert len(_node._lane_pieces(encode_frame(large))) == 3  # not copied: head, prefix, header
+    assert len(_node._lane_pieces(encode_frame(buffered, [memoryview(b"abc")]))) == 4
+    stream = b"".join(
+        bytes(p)
+        for pieces in (
+            one,
+            _node._lane_pieces(encode_frame(large)),
+            _node._lane_pieces(encode_frame(buffered, [memoryview(b"abc")])),
+        )
+        for p in pieces
+    )
+    got = lane_messages(stream)
+    assert [m[0] for m in got] == [small, large, buffered]
+    assert got[2][1] == [bytearray(b"abc")]

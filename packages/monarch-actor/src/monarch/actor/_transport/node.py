@@ -111,6 +111,21 @@ _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
 )
 _PREFIX_BYTES: Final = FRAME_PREFIX.size
+#: A header-only frame up to this size goes on a lane as one piece (lane head, prefix and
+#: header joined: a copy of at most this much, against two more entries in the lane's queue
+#: and two more iovecs in its ``sendmsg``, which carries at most 1,024).
+_JOIN_MAX: Final = 4096
+
+
+def _lane_pieces(pieces: list[Any]) -> list[Any]:
+    """The lane frame for ``encode_frame``'s ``pieces`` (no shared-memory slots)."""
+    if len(pieces) == 2:
+        prefix, header = pieces
+        if type(header) is bytes and len(header) <= _JOIN_MAX:
+            return [ZERO_SHM_HEAD + prefix + header]
+    return [ZERO_SHM_HEAD, *pieces]
+
+
 _REPLY_KINDS: Final = frozenset({MessageKind.PORT_VALUE, MessageKind.PORT_ERROR})
 _log = logging.getLogger("monarch.actor.transport")
 _HEADER_ENCODER = msgspec.msgpack.Encoder()
@@ -539,7 +554,7 @@ class NodeProcessTransport:
             if shared is not None:
                 fds, shared.fds = shared.fds, []
             else:
-                pieces = [ZERO_SHM_HEAD, *pieces]
+                pieces = _lane_pieces(pieces)
             lane.send_direct(pieces, fds)
         return True
 
@@ -708,7 +723,7 @@ class NodeProcessTransport:
             else:
                 pieces = [ZERO_SHM_HEAD, *self._unshare(envelope, shared)]
         else:
-            pieces = [ZERO_SHM_HEAD, *pieces]
+            pieces = _lane_pieces(pieces)
         corked = self._corked
         if corked is not None and isinstance(lane, UnixLane) and not lane._corked:
             lane.cork()
