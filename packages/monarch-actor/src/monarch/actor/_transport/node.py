@@ -111,6 +111,7 @@ _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
 )
 _PREFIX_BYTES: Final = FRAME_PREFIX.size
+_KEEP_PAYLOAD: Final = 256
 #: A header-only frame up to this size goes on a lane as one piece (lane head, prefix and
 #: header joined: a copy of at most this much, against two more entries in the lane's queue
 #: and two more iovecs in its ``sendmsg``, which carries at most 1,024).
@@ -564,7 +565,11 @@ class NodeProcessTransport:
         if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
             rank = envelope.cast.rank if envelope.cast is not None else 0
             key = (envelope.reply_port.pid, envelope.reply_port.index, rank)
-            peer.outstanding[key] = _stripped(envelope)
+            # A small payload is kept rather than copying the envelope without it (a bounce
+            # does not read it): at most _KEEP_PAYLOAD bytes per remembered call.
+            peer.outstanding[key] = (
+                envelope if len(envelope.payload) <= _KEEP_PAYLOAD else _stripped(envelope)
+            )
             if len(peer.outstanding) > self._settings.max_outstanding:
                 peer.outstanding.popitem(last=False)
 
