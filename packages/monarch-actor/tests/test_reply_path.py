@@ -19,11 +19,12 @@ from monarch.actor._base.envelope import (
     MessageKind,
     encode_frame,
 )
-from monarch.actor._base.errors import MessageTooLargeError
+from monarch.actor._base.errors import FrameError, MessageTooLargeError
 from monarch.actor._base.future import _Cell
 from monarch.actor._runtime.client import client
 from monarch.actor._runtime.sinks import GatherSink, OneSink, Reply
 from monarch.actor._transport import node as _node
+from monarch.actor._transport.lane import ZERO_SHM_HEAD
 from monarch.actor._transport.lane_proto import LaneDecoder
 
 PID = bytes(range(16))
@@ -183,3 +184,25 @@ def test_small_header_only_frame_goes_on_a_lane_as_one_piece() -> None:
     got = lane_messages(stream)
     assert [m[0] for m in got] == [small, large, buffered]
     assert got[2][1] == [bytearray(b"abc")]
+
+
+def test_lane_fast_path_keeps_the_frame_checks() -> None:
+    small = envelope(b"s" * 100)
+    frame = b"".join(bytes(p) for p in _node._lane_pieces(encode_frame(small)))
+    # Over the decoder's frame bound: refused, not decoded.
+    decoder = LaneDecoder(FrameLimits(max_frame_bytes=len(frame) - 4))
+    view = decoder.get_buffer()
+    view[: len(frame)] = frame
+    view.release()
+    decoder.buffer_updated(len(frame))
+    with pytest.raises(FrameError, match="exceeds"):
+        decoder.next_message()
+    # An empty header: refused.
+    with pytest.raises(FrameError, match="empty header"):
+        lane_messages(ZERO_SHM_HEAD + FRAME_PREFIX.pack(0, 0) + b"x" * 8)
+    # Zero-length buffers (no body, but a buffer table): decoded by the full path.
+    empty_buffer = envelope(b"z", (0,), b"\x00")
+    pieces = _node._lane_pieces(encode_frame(empty_buffer, [memoryview(b"")]))
+    got = lane_messages(b"".join(bytes(p) for p in pieces))
+    assert [m[0] for m in got] == [empty_buffer]
+    assert got[0][1] == [bytearray()]
