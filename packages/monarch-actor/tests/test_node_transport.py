@@ -197,6 +197,25 @@ def test_mark_unreachable_fails_outstanding_calls_and_later_sends(cluster: Clust
     assert a.bounced[1][0].sequence == 1
 
 
+def test_a_bounced_call_keeps_only_a_small_payload(cluster: Cluster) -> None:
+    """A remembered call holds at most 256 bytes of payload until its reply (a bounce does not
+    read it): a larger one is remembered without its payload."""
+    root = cluster.add()
+    a, b = cluster.add(root), cluster.add(root)
+    for seq, size in ((0, 256), (1, 257)):
+        call = Envelope(
+            MessageKind.CALL, ActorAddr(a.transport.pid.raw, "root"),
+            ActorAddr(b.transport.pid.raw, "a"), -1, "ep", seq,
+            PortAddr(a.transport.pid.raw, "root", 10 + seq), None, b"p" * size,
+        )  # fmt: skip
+        a.transport.send(call, [])
+    b.wait("got", 2)
+    a.transport.mark_unreachable(b.transport.pid, "gone")
+    a.wait("bounced", 2)
+    payloads = {env.sequence: env.payload for env, _reason in a.bounced}
+    assert payloads == {0: b"p" * 256, 1: b""}
+
+
 def test_a_fenced_process_is_refused_what_it_still_sends(
     cluster: Cluster, wait_until: Callable[..., None]
 ) -> None:

@@ -197,6 +197,12 @@ def encode_frame(
     ``envelope.buffer_sizes`` must match ``buffers``; raises ``MessageTooLargeError`` when the
     frame would exceed ``limits`` and ``ValueError`` on a size mismatch.
     """
+    if not buffers and not envelope.buffer_sizes and not envelope.buffer_kinds:
+        # The common small message (a call's arguments, a reply): header only.
+        header = _ENCODER.encode(envelope)
+        if FRAME_PREFIX.size + len(header) > limits.max_frame_bytes:
+            check_size(len(header), 0, 0, limits)  # raises MessageTooLargeError
+        return [FRAME_PREFIX.pack(len(header), 0), header]
     sizes = tuple([memoryview(b).nbytes for b in buffers]) if buffers else ()
     if sizes != envelope.buffer_sizes or len(envelope.buffer_kinds) != len(sizes):
         raise ValueError(

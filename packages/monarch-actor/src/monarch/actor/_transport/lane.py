@@ -341,7 +341,8 @@ class UnixLane:
                     entry[1] = None
             while sent:
                 entry = out[0]
-                size = memoryview(entry[0]).nbytes
+                piece = entry[0]
+                size = len(piece) if type(piece) is bytes else memoryview(piece).nbytes
                 if sent >= size:
                     sent -= size
                     out.popleft()

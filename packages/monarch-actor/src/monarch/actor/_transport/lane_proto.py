@@ -85,6 +85,7 @@ CONTEXT_DIALER: Final = b"monarch lane v1: dialer proof"
 CONTEXT_ACCEPTOR: Final = b"monarch lane v1: acceptor proof"
 _LANE_HEAD = struct.Struct(">BH")
 _SHM_ENTRY = struct.Struct(">HI")
+_PLAIN_HEAD = _LANE_HEAD.size + FRAME_PREFIX.size  # a lane frame's head without slots
 _HANDSHAKE_PREFIX = struct.Struct(">I")
 _DIRECT_MIN: Final = 64 * 1024
 
@@ -405,6 +406,21 @@ class LaneDecoder:
         kind, nshm = _LANE_HEAD.unpack_from(self._buf, start)
         if kind != LANE_TYPE_ENVELOPE:
             raise FrameError(f"unknown lane frame type {kind}")
+        if not nshm and avail >= _PLAIN_HEAD:
+            # The common small message (a call, a reply): no slots, no body, all here. Anything
+            # else, or anything wrong, takes the full path below, which checks and reports it.
+            header_len, body_len = FRAME_PREFIX.unpack_from(self._buf, start + 3)
+            if (
+                header_len
+                and not body_len
+                and avail >= _PLAIN_HEAD + header_len
+                and FRAME_PREFIX.size + header_len <= self._limits.max_frame_bytes
+            ):
+                h0 = start + _PLAIN_HEAD
+                envelope = decode_header(self._view[h0 : h0 + header_len], self._limits.max_buffers)
+                if not envelope.buffer_sizes:
+                    self._start = h0 + header_len
+                    return envelope, [], []
         if nshm > self._limits.max_buffers:
             raise FrameError(f"frame claims {nshm} shared-memory buffers")
         head = 3 + _SHM_ENTRY.size * nshm + FRAME_PREFIX.size

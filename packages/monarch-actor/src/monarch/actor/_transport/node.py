@@ -110,6 +110,24 @@ _WRITE_CHUNK: Final = 256 * 1024
 _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
 )
+_PREFIX_BYTES: Final = FRAME_PREFIX.size
+_KEEP_PAYLOAD: Final = 256
+#: A header-only frame up to this size goes on a lane as one piece (lane head, prefix and
+#: header joined: a copy of at most this much, against two more entries in the lane's queue
+#: and two more iovecs in its ``sendmsg``, which carries at most 1,024).
+_JOIN_MAX: Final = 4096
+
+
+def _lane_pieces(pieces: list[Any]) -> list[Any]:
+    """The lane frame for ``encode_frame``'s ``pieces`` (no shared-memory slots)."""
+    if len(pieces) == 2:
+        prefix, header = pieces
+        if type(header) is bytes and len(header) <= _JOIN_MAX:
+            return [ZERO_SHM_HEAD + prefix + header]
+    return [ZERO_SHM_HEAD, *pieces]
+
+
+_REPLY_KINDS: Final = frozenset({MessageKind.PORT_VALUE, MessageKind.PORT_ERROR})
 _log = logging.getLogger("monarch.actor.transport")
 _HEADER_ENCODER = msgspec.msgpack.Encoder()
 _TCP_TRANSPORTS: Final = (ChannelTransport.TcpWithHostname, ChannelTransport.TcpWithLocalhost)
@@ -410,8 +428,8 @@ class NodeProcessTransport:
         limits = self.limits
         if buffers:
             check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
-        else:
-            check_size(len(envelope.payload), 0, 0, limits)
+        elif _PREFIX_BYTES + len(envelope.payload) > limits.max_frame_bytes:
+            check_size(len(envelope.payload), 0, 0, limits)  # raises MessageTooLargeError
         target = envelope.target.pid
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
@@ -537,7 +555,7 @@ class NodeProcessTransport:
             if shared is not None:
                 fds, shared.fds = shared.fds, []
             else:
-                pieces = [ZERO_SHM_HEAD, *pieces]
+                pieces = _lane_pieces(pieces)
             lane.send_direct(pieces, fds)
         return True
 
@@ -547,7 +565,11 @@ class NodeProcessTransport:
         if envelope.kind in _TRACKED_KINDS and envelope.reply_port is not None:
             rank = envelope.cast.rank if envelope.cast is not None else 0
             key = (envelope.reply_port.pid, envelope.reply_port.index, rank)
-            peer.outstanding[key] = _stripped(envelope)
+            # A small payload is kept rather than copying the envelope without it (a bounce
+            # does not read it): at most _KEEP_PAYLOAD bytes per remembered call.
+            peer.outstanding[key] = (
+                envelope if len(envelope.payload) <= _KEEP_PAYLOAD else _stripped(envelope)
+            )
             if len(peer.outstanding) > self._settings.max_outstanding:
                 peer.outstanding.popitem(last=False)
 
@@ -706,7 +728,7 @@ class NodeProcessTransport:
             else:
                 pieces = [ZERO_SHM_HEAD, *self._unshare(envelope, shared)]
         else:
-            pieces = [ZERO_SHM_HEAD, *pieces]
+            pieces = _lane_pieces(pieces)
         corked = self._corked
         if corked is not None and isinstance(lane, UnixLane) and not lane._corked:
             lane.cork()
@@ -1062,7 +1084,7 @@ class NodeProcessTransport:
         if target != self._pid.raw and not (self._hosts is not None and self._hosts(target)):
             _log.warning("dropping an envelope for %s (not hosted here)", target.hex())
             return
-        if envelope.kind in (MessageKind.PORT_VALUE, MessageKind.PORT_ERROR):
+        if envelope.kind in _REPLY_KINDS:
             outbound = self._peers.get(peer.raw)
             if outbound is not None:
                 rank = envelope.cast.rank if envelope.cast is not None else 0
