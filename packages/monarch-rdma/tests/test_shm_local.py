@@ -121,3 +121,26 @@ def test_a_large_copy_stops_when_its_transfer_times_out(monkeypatch: pytest.Monk
     buffer.read_into(memoryview(dst), timeout=5).get(timeout=T)  # the buffer still works
     assert dst == b"\x07" * size
     buffer.drop().get(timeout=T)
+
+
+def test_addresses_work_next_to_monarch_actors_shared_memory_and_change_no_shared_prototype() -> (
+    None
+):
+    """monarch-actor's shared memory and this package both call CPython's buffer API through
+    ctypes; each uses function objects of its own, so neither breaks the other (one setting the
+    shared ``ctypes.pythonapi`` prototypes made the other's calls fail with ArgumentError)."""
+    import ctypes
+
+    from monarch.actor._transport import shm
+    from monarch.rdma._memory import address_of
+
+    data = bytearray(b"x" * 4096)
+    target = shm._anonymous(4096)
+    copy = shm._gil_free_copy()
+    if copy is not None:
+        copy(target, memoryview(data))
+        assert target[:4096] == bytes(data)
+    shm._bytes_copier()  # its function objects made, where it can
+    assert address_of(memoryview(data)) != 0
+    for name in ("PyObject_GetBuffer", "PyBuffer_Release", "PyBytes_FromStringAndSize"):
+        assert getattr(ctypes.pythonapi, name).argtypes is None, name

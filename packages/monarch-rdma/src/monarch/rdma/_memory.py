@@ -68,10 +68,12 @@ class _PyBuffer(ctypes.Structure):
     ]
 
 
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+# Indexing makes function objects of our own: attributes of ``ctypes.pythonapi`` are shared by
+# every module of the process (monarch-actor's shared memory sets prototypes on its own too).
+_get_buffer = ctypes.pythonapi["PyObject_GetBuffer"]
 _get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
 _get_buffer.restype = ctypes.c_int
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer = ctypes.pythonapi["PyBuffer_Release"]
 _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 _release_buffer.restype = None
 

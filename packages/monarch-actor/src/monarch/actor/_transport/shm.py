@@ -193,8 +193,10 @@ def _gil_free_copy() -> _RawCopy | None:
         try:
             import ctypes
 
+            # Indexing makes function objects of our own: attributes of ``ctypes.pythonapi``
+            # are shared by every module of the process, so their prototypes must stay unset.
             api = ctypes.pythonapi
-            get_buffer, release_buffer = api.PyObject_GetBuffer, api.PyBuffer_Release
+            get_buffer, release_buffer = api["PyObject_GetBuffer"], api["PyBuffer_Release"]
         except (ImportError, AttributeError, OSError):
             return None
 
@@ -476,7 +478,7 @@ def _bytes_copier() -> _Copier | None:
             try:
                 import ctypes  # only here: most processes never receive a large buffer
 
-                new = ctypes.pythonapi.PyBytes_FromStringAndSize
+                new = ctypes.pythonapi["PyBytes_FromStringAndSize"]  # our own (see above)
             except (ImportError, AttributeError, OSError):
                 return None
             new.restype = ctypes.py_object
