@@ -29,7 +29,7 @@ the machine.
 The probes are wrappers this script installs around runtime functions (``_encode``,
 ``NodeProcessTransport.send``, ``encode_frame``, ``LaneDecoder.get_buffer`` /
 ``buffer_updated``, ``_on_inbound``, ``_Mailbox.put``, ``_SyncRunner._call``,
-``ActorCell._begin`` / ``_reply_value``, ``OneSink.deliver``): the package has no
+``ActorCell._begin`` / ``_reply_value``, ``_Cell.set_result``): the package has no
 probe code at all, so with probes off (every program but this one) the hot path is unchanged.
 In the worker an endpoint of the profiled actor installs them. They cost some tens of microseconds
 per call when on, so the script also times the same calls without them (``plain``) and reports
@@ -83,9 +83,9 @@ from benchmarks._common import (  # noqa: E402
 )
 from monarch.actor import Actor, endpoint, this_host  # noqa: E402
 from monarch.actor._base.envelope import MessageKind  # noqa: E402
+from monarch.actor._base.future import _Cell  # noqa: E402
 from monarch.actor._mesh.adverbs import Endpoint  # noqa: E402
 from monarch.actor._runtime.cell import ActorCell, _Mailbox, _SyncRunner  # noqa: E402
-from monarch.actor._runtime.sinks import OneSink  # noqa: E402
 from monarch.actor._transport import node as _node  # noqa: E402
 from monarch.actor._transport import shm as _shm  # noqa: E402
 from monarch.actor._transport.lane_proto import LaneDecoder  # noqa: E402
@@ -254,7 +254,9 @@ class _Recorder:
             _node.NodeProcessTransport, "send", before=self._client_send, after=self._client_sent
         )
         self.wrap(_node.NodeProcessTransport, "_on_inbound", before=self._client_inbound)
-        self.wrap(OneSink, "deliver", before=self._client_delivered)
+        # The reply completes its call's cell (the port table hands a one-reply port's reply
+        # to the cell itself, without ``OneSink.deliver``).
+        self.wrap(_Cell, "set_result", before=self._client_delivered)
 
     def _client_encoded(self, _result: object, endpoint: Any, *_args: object) -> None:
         if self.active and endpoint.name in PROFILED:

@@ -30,9 +30,9 @@ from benchmarks.actor_profile import (  # noqa: E402
     stage_table,
     torch_available,
 )
+from monarch.actor._base.future import _Cell  # noqa: E402
 from monarch.actor._mesh.adverbs import Endpoint  # noqa: E402
 from monarch.actor._runtime.cell import ActorCell, _Mailbox, _SyncRunner  # noqa: E402
-from monarch.actor._runtime.sinks import OneSink  # noqa: E402
 from monarch.actor._transport import node as _node  # noqa: E402
 from monarch.actor._transport import shm as _shm  # noqa: E402
 from monarch.actor._transport.lane_proto import LaneDecoder  # noqa: E402
@@ -80,7 +80,7 @@ def test_probes_are_removed_without_a_trace() -> None:
         (LaneDecoder, "get_buffer"),
         (LaneDecoder, "buffer_updated"),
         (Endpoint, "_encode"),
-        (OneSink, "deliver"),
+        (_Cell, "set_result"),
         (_Mailbox, "put"),
         (_SyncRunner, "_call"),
         (ActorCell, "_begin"),
