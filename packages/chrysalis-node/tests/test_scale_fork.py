@@ -96,6 +96,7 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
                 assert group.forked
                 assert group._fork is not None
                 assert len(tree.pids) == 15
+                assert len(set(tree.pids)) == 15  # identities issued ahead: one each
                 entries = await tree.root.enumerate()
                 assert {entry.pid for entry in entries} == {tree.root.pid, *tree.pids}
                 for pid in group.pids():  # forked, not exec'd: the fork server's children
