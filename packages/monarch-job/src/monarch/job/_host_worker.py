@@ -34,6 +34,11 @@ import gc
 _STARTING_AS_MAIN = __name__ == "__main__" and gc.isenabled()
 if _STARTING_AS_MAIN:
     gc.disable()
+    # and the stack's dataclass methods compiled once across hosts (``chrysalis._startup``)
+    from chrysalis._startup import dataclass_code_cache
+
+    _code_cache = dataclass_code_cache()
+    _code_cache.__enter__()
 try:
     import argparse
     import contextlib
@@ -74,6 +79,7 @@ try:
     from monarch.job._slurm_text import REPORT_ENV, WorkerReport, node_addrs
 finally:
     if _STARTING_AS_MAIN:
+        _code_cache.__exit__(None, None, None)
         gc.freeze()
         gc.enable()
 
