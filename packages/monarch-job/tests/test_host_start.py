@@ -38,6 +38,7 @@ NOT_BEFORE_LISTENING = {
     "certifi": "aioquic.tls's default trust roots: never used by Chrysalis",
     "chrysalis.node.netns": "namespaces: only a host started with --netns",
     "kubernetes": "monarch.job's Kubernetes engine",
+    "encodings.idna": "non-ASCII host names only: ASCII ones are resolved as bytes",
 }
 
 

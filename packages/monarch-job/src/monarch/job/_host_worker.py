@@ -125,8 +125,10 @@ def host_address(host: str | None, slurm: bool) -> str:
             _log.warning("cannot read this node's NodeAddr (%s): using its host name", exc)
     if host is None:
         host = os.environ.get("MONARCH_HOST_IP") or socket.getfqdn()
+    # an ASCII name as bytes: a str loads the IDNA codec first (several ms of the start-up)
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+        return str(socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0])
     except OSError as exc:
         raise RuntimeError(f"cannot resolve this host's address {host!r}: {exc}") from None
 
