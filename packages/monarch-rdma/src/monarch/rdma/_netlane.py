@@ -80,7 +80,7 @@ _log = logging.getLogger("monarch.rdma.net")
 #: Connections one owner process serves at once (each a thread); more are closed at once.
 MAX_CONNECTIONS: Final = 64
 #: Idle connections a transferring process keeps per owner endpoint, and in all.
-MAX_IDLE: Final = 8
+MAX_IDLE: Final = 16  # the pool's threads: an action of many operations keeps them all
 MAX_IDLE_TOTAL: Final = 256
 #: Seconds a socket call may block without progress before the connection is given up (the
 #: transfer's own timeout cancels sooner; this bounds a thread whose caller went away).

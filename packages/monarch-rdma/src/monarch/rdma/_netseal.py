@@ -6,8 +6,9 @@ to 590-880 MB/s here while AES-256-GCM runs at 5-13 GB/s on one core. So a TLS d
 uses TLS 1.3 only to authenticate the owner (its certificate pinned by the connecting side)
 and to exchange one fresh AES-256-GCM key and nonce prefix per direction (``_netwire``'s
 ``SealHello``, inside TLS); then the same TCP connection carries records of up to
-``SEAL_MAX_RECORD`` (1 MiB) sealed with ``cryptography``'s ``AESGCM`` (which releases the GIL):
-one ``recv_into`` per record and one ``decrypt_into``, about 64 of each per 64 MiB. The record
+``SEAL_MAX_RECORD`` (256 KiB) sealed with ``cryptography``'s ``AESGCM`` (which releases the
+GIL): two ``recv_into`` per record (head, then body) and one ``decrypt_into``, 256 records per
+64 MiB instead of 4,100. The record
 layout, nonces and associated data are ``_netwire``'s (version 1).
 
 A record's plaintext is verified before any of it reaches the caller's memory: it is decrypted
@@ -15,7 +16,7 @@ into a buffer of the stream and copied out only when its tag checked, so a tampe
 writes nothing into a destination (AES-GCM is a stream cipher: decrypting a forged record in
 place would flip the bits an attacker chose before the tag failed). A record that fails is a
 ``WireError`` and the connection is unusable from then on (the lane closes it). Memory: three
-buffers of a record each per connection (about 3 MiB), nothing else.
+buffers of a record each per connection (768 KiB), nothing else.
 
 ``SealedStream`` offers the subset of a socket's interface the lanes use (``sendall``,
 ``recv_into``, ``settimeout``, ``close``; ``raw`` is the TCP socket, which a cancellation shuts

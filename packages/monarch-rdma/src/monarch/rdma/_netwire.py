@@ -173,7 +173,7 @@ SEAL_KEY_SIZE: Final = 32
 SEAL_PREFIX_SIZE: Final = 4
 SEAL_TAG_SIZE: Final = 16
 #: The largest plaintext of one sealed record.
-SEAL_MAX_RECORD: Final = 1 << 20
+SEAL_MAX_RECORD: Final = 256 << 10
 _HELLO: Final = struct.Struct(">4sB32s4s")
 _SEAL_HEAD: Final = struct.Struct(">B3xI")
 _SEAL_AAD: Final = struct.Struct(">B3xIQQ")
