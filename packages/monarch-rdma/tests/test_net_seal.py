@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import select
 import socket
 import ssl
 import struct
@@ -502,3 +503,30 @@ def test_a_transfer_buffers_no_more_than_a_connections_records(
         pool.close_idle()
     assert dst == memory
     assert peak < SEAL_MAX_RECORD // 4, peak
+
+
+@pytest.mark.parametrize("op", [Op.READ, Op.WRITE])
+def test_a_kept_sealed_connection_the_owner_closed_while_idle_is_replaced(op: Op) -> None:
+    """The owner's idle close ends its side between records (a clean end, not a truncation):
+    the next transfer retries once on a fresh connection, with fresh keys."""
+    table = _Table()
+    memory = bytearray(b"idle" * 64)
+    table.regions[1] = (memoryview(memory), SECRET)
+    server = LaneServer(table.lookup, table.drop, tcp_host="127.0.0.1", idle_timeout=0.2)
+    endpoint = dataclasses.replace(server.endpoint, addresses=("127.0.0.1",))
+    pool = LanePool()
+    try:
+        view = memoryview(bytearray(len(memory)))
+        _transfer(pool, endpoint, Op.READ, 1, view)
+        (kept,) = [conn for conns in pool._idle.values() for conn in conns]
+        assert isinstance(kept.sock, SealedStream)
+        readable, _, _ = select.select([kept.sock.raw], [], [], 10)  # the owner's end of it
+        assert readable
+        data = memoryview(bytearray(b"IDLE" * 64)) if op is Op.WRITE else view
+        _transfer(pool, endpoint, op, 1, data)
+        assert bytes(memory) == (b"IDLE" * 64 if op is Op.WRITE else bytes(view))
+        assert kept.sock.raw.fileno() == -1  # the stale one was closed, a fresh one is kept
+        assert pool._idle_count == 1
+    finally:
+        pool.close_idle()
+        server.close()
