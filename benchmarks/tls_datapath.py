@@ -11,12 +11,12 @@ lane's way (the sender's throw-away certificate pinned by its SHA-256 on the rec
   ``SSLObject.read``s into the destination in a loop; the sender ``SSLObject.write``s 4 MiB at a
   time and ``sendall``s the outgoing BIO's bytes;
 * ``tcp``: no encryption at all, a plain TCP socket (what no secure path can beat here);
-* ``seal`` (and ``seal256k``): TLS 1.3 for the handshake and one fresh AES-256-GCM key per
-  direction, then sealed records of 1 MiB (256 KiB) over the same TCP connection
+* ``seal``: TLS 1.3 for the handshake and one fresh AES-256-GCM key per direction, then
+  sealed records of 256 KiB over the same TCP connection
   (``monarch.rdma._netseal``: ``encrypt_into`` / ``decrypt_into``, a record verified before it
   is copied into the destination).
 
-Modes run interleaved (``ssl bio seal seal256k ssl ...``) for ``--rounds`` rounds; the table
+Modes run interleaved (``ssl bio seal tcp ssl ...``) for ``--rounds`` rounds; the table
 gives per mode the median MB/s (size / median time of one transfer) and the median ratio to
 ``ssl`` of the same round (min-max).
 
@@ -51,7 +51,7 @@ from monarch.rdma._netseal import (  # noqa: E402
 SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20}
 REPEATS = {"1MiB": 40, "64MiB": 6}
 WARMUP = 2
-MODES = ("ssl", "bio", "seal", "seal256k", "tcp")
+MODES = ("ssl", "bio", "seal", "tcp")
 BIO_READ = 4 << 20
 
 
@@ -165,8 +165,6 @@ def _sender(mode: str, sock: socket.socket, server: ssl.SSLContext, nbytes: int)
         peer = _Bio(sock, server, True)
     else:
         peer = server_handshake(sock, server)
-        if mode == "seal256k":
-            peer._record = 256 << 10
     while peer.recv_into(request, 1):
         peer.sendall(source)
 
