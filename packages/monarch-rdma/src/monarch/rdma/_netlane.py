@@ -5,17 +5,19 @@ lane's slot or TLS record, out of it, into the destination) and hops between the
 and the manager's actor thread on both sides. A data lane moves the bytes straight between the
 two memories: the owner's server thread ``sendall``s a ``memoryview`` slice of the registered
 memory and the reader ``recv_into``s the destination slice (a write goes the other way), so the
-only copies are the kernel's (and TLS's encryption across hosts), and no actor thread of the
-owner runs.
+only copies are the kernel's (across hosts, also the encryption, and one copy of each verified
+record out of its buffer), and no actor thread of the owner runs.
 
 The owner (``LaneServer``, one per process, started with its first registration) listens on
 an abstract Unix socket (within a host; the peer must run as the same user, ``SO_PEERCRED``) and
 on a TCP port with TLS 1.3 (across hosts). Its TLS certificate is a fresh self-signed one made
 at start; the key carries its SHA-256 fingerprint, and the connecting side checks it before it
 sends anything (the key travels only inside authenticated actor messages, so this pins the
-owner's process). A request names the region and carries the registration's 128-bit secret,
-also from the key. Each connection is served by a thread of its own (at most
-``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'s.
+owner's process). TLS only opens the connection: the bytes then travel as ``_netseal``'s sealed
+AES-256-GCM records of up to 256 KiB over the same TCP connection (Python's ``ssl`` moved one
+16 KiB record per call), with keys exchanged inside TLS. A request names the region and carries
+the registration's 128-bit secret, also from the key. Each connection is served by a thread of
+its own (at most ``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'s.
 
 The process that transfers (``LanePool``) keeps idle connections per owner endpoint (at most
 ``MAX_IDLE`` each, ``MAX_IDLE_TOTAL`` in all) and runs every chunk as blocking socket I/O in a
