@@ -50,7 +50,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from monarch.rdma._netseal import SealedStream, client_handshake, server_handshake
+from monarch.rdma._netseal import (
+    SealedStream,
+    TruncatedRecord,
+    client_handshake,
+    server_handshake,
+)
 from monarch.rdma._netwire import (
     REPLY_SIZE,
     REQUEST_SIZE,
@@ -296,6 +301,8 @@ class LaneServer:
                     return
             while self._one(conn):
                 pass
+        except TruncatedRecord as exc:  # the peer went away mid-record (a cancelled transfer)
+            _log.debug("RDMA net lane connection ended: %r", exc)
         except WireError as exc:  # malformed or forged: a peer that is not a lane, or an attack
             _log.warning("RDMA net lane: a connection sent bad data and is closed: %s", exc)
         except (OSError, OwnerGone) as exc:
