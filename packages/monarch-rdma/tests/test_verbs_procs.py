@@ -1,0 +1,86 @@
+"""The ``ibverbs`` provider between real processes, over the pyverbs emulation of
+``fake_pyverbs`` (no RDMA device exists here): the queue-pair handshake travels in actor
+messages between two worker processes (and the client), the emulated device copies between the
+processes' registered memory (``process_vm_readv``/``writev``) after checking keys, bounds and
+access, and a dropped buffer is refused."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monarch.actor import ProcMesh, this_host
+from monarch.rdma import RDMABuffer, _verbs
+
+sys.path.insert(0, str(Path(__file__).parent))  # workers import these modules by name
+from fake_pyverbs import Fabric
+from rdma_actors import Holder, Peer
+from verbs_actors import VerbsSetup
+
+T = 60.0
+pytestmark = pytest.mark.filterwarnings("ignore::monarch.rdma.RDMATcpFallbackWarning")
+
+
+def _pattern(size: int, seed: int = 0) -> bytes:
+    return bytes((i * 7 + seed) % 251 for i in range(size))
+
+
+@pytest.fixture(scope="module")
+def actors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Any]]:
+    directory = str(tmp_path_factory.mktemp("fabric"))
+    procs: ProcMesh = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        setup = procs.spawn("verbs_setup", VerbsSetup)
+        setup.install.call(directory).get(timeout=T)
+        _verbs.use_api(Fabric(directory).api, "fake0")
+        holders = procs.spawn("holder", Holder)
+        peers = procs.spawn("peer", Peer)
+        yield holders.slice(procs=0), peers.slice(procs=1), setup
+        setup.uninstall.call().get(timeout=T)
+    finally:
+        if _verbs._state is not None:
+            _verbs._state.close()
+        _verbs.use_api(None)
+        procs.stop().get(timeout=T)
+
+
+def test_a_peer_process_reads_and_writes_over_a_queue_pair_set_up_by_messages(
+    actors: tuple[Any, Any, Any],
+) -> None:
+    holder, peer, setup = actors
+    content = _pattern(3 << 20)
+    buffer = holder.create.call_one(content).get(timeout=T)
+    assert "ibverbs" in buffer._keys
+    assert peer.transport.call_one(buffer).get(timeout=T) == ("ibverbs", "ibverbs")
+    assert peer.read.call_one(buffer, len(content)).get(timeout=T) == content
+    peer.write.call_one(buffer, b"written by the peer").get(timeout=T)
+    assert holder.content.call_one().get(timeout=T)[:19] == b"written by the peer"
+    owner_side = setup.slice(procs=0).queue_pairs.call_one().get(timeout=T)
+    peer_side = setup.slice(procs=1).queue_pairs.call_one().get(timeout=T)
+    assert owner_side["accepted"] == 1
+    assert peer_side["connected"] == 1
+    assert owner_side["transitions"] == [["RESET", "INIT", "RTR", "RTS"]]
+    assert peer_side["transitions"] == [["RESET", "INIT", "RTR", "RTS"]]
+
+
+def test_the_client_reads_a_worker_buffer_and_a_drop_is_refused_after(
+    actors: tuple[Any, Any, Any],
+) -> None:
+    holder, peer, _ = actors
+    content = _pattern(100_000, seed=3)
+    buffer: RDMABuffer = holder.create.call_one(content).get(timeout=T)
+    assert buffer.transport == "ibverbs"
+    assert buffer.backend == "ibverbs"
+    dst = bytearray(len(content))
+    buffer.read_into(memoryview(dst)).get(timeout=T)
+    assert dst == content
+    holder.drop.call_one().get(timeout=T)
+    outcome = peer.read_after_drop.call_one(buffer).get(timeout=T)
+    assert outcome.startswith("error:"), outcome
+    assert "dropped" in outcome, outcome
+    with pytest.raises(RuntimeError, match="dropped"):
+        buffer.read_into(memoryview(dst)).get(timeout=T)
