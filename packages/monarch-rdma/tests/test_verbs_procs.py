@@ -22,7 +22,14 @@ from rdma_actors import Holder, Peer
 from verbs_actors import VerbsSetup
 
 T = 60.0
-pytestmark = pytest.mark.filterwarnings("ignore::monarch.rdma.RDMATcpFallbackWarning")
+_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::monarch.rdma.RDMATcpFallbackWarning"),
+    pytest.mark.skipif(
+        _SCOPE.exists() and _SCOPE.read_text().strip() != "0",
+        reason="the emulation copies with process_vm_readv, which Yama's ptrace_scope limits",
+    ),
+]
 
 
 def _pattern(size: int, seed: int = 0) -> bytes:

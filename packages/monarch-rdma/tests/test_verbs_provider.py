@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from monarch.config import configured
 from monarch.rdma import RDMAAction, RDMABuffer, _ibverbs, _verbs, get_rdma_backend
+from monarch.rdma._verbs_proto import QpInfo
 from monarch.rdma.providers import RemoteKey
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -274,3 +275,40 @@ def test_a_real_device_reads_and_writes_over_a_loopback_queue_pair() -> None:
     asyncio.run(provider.deregister(key))
     with pytest.raises(RuntimeError):
         asyncio.run(provider.read(key, 0, memoryview(dst)))
+
+
+def _real_pyverbs() -> Any:
+    try:
+        return _verbs.load_pyverbs()
+    except ImportError:
+        return None
+
+
+@pytest.mark.skipif(not _ibverbs.pyverbs_importable(), reason="pyverbs is not installed")
+def test_the_attributes_and_work_requests_are_built_with_pyverbs_own_classes() -> None:
+    """Device-free: pyverbs builds these structures without opening a device, so the calls
+    (keyword names, attribute names, enum names) are checked against the real library."""
+    api = _real_pyverbs()
+    assert api is not None
+    e_ = api.e
+    gid = bytes(range(16))
+    local = QpInfo(lid=1, gid=gid, qp_num=0x11, psn=0x22, mtu=5, port=1, gid_index=0)
+    remote = QpInfo(lid=2, gid=gid[::-1], qp_num=0x33, psn=0x44, mtu=3, port=1, gid_index=0)
+    init = _verbs.qp_init_attr(api, None)
+    assert init.qp_type == e_.IBV_QPT_RC
+    assert init.cap.max_send_wr == _verbs.SEND_QUEUE_DEPTH
+    attr = _verbs.init_attr(api)
+    assert attr.qp_access_flags & e_.IBV_ACCESS_REMOTE_READ
+    for is_global in (False, True):
+        rtr = _verbs.rtr_attr(api, local, remote, 16, is_global)
+        assert (rtr.dest_qp_num, rtr.rq_psn, rtr.path_mtu) == (0x33, 0x44, 3)
+        assert rtr.ah_attr.dlid == 2
+        assert bool(rtr.ah_attr.is_global) is is_global
+        rts = _verbs.rts_attr(rtr, local, 16)
+        assert (rts.sq_psn, rts.timeout, rts.retry_cnt) == (0x22, 14, 7)
+    wr = _verbs.work_request(api, 9, e_.IBV_WR_RDMA_READ, 0x1000, 4096, 5, 6, 0x2000)
+    assert (wr.wr_id, wr.opcode, wr.num_sge) == (9, e_.IBV_WR_RDMA_READ, 1)
+    for name in ("IBV_QP_STATE", "IBV_QPS_ERR", "IBV_PORT_ACTIVE", "IBV_LINK_LAYER_ETHERNET",
+                 "IBV_WC_SUCCESS", "IBV_WC_REM_ACCESS_ERR", "IBV_WC_RETRY_EXC_ERR",
+                 "IBV_WC_WR_FLUSH_ERR", "IBV_WC_LOC_PROT_ERR"):  # fmt: skip
+        assert isinstance(getattr(e_, name), int), name

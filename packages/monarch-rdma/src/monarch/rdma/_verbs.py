@@ -150,6 +150,65 @@ def _gid_text(raw: bytes) -> str:
     return ":".join(text[i : i + 4] for i in range(0, 32, 4))
 
 
+def qp_init_attr(api: Any, cq: Any) -> Any:
+    """An RC queue pair's creation attributes: both queues on ``cq``, ``SEND_QUEUE_DEPTH``
+    send slots, one scatter-gather element."""
+    cap = api.QPCap(max_send_wr=SEND_QUEUE_DEPTH, max_recv_wr=1, max_send_sge=1,
+                    max_recv_sge=1)  # fmt: skip
+    return api.QPInitAttr(qp_type=api.e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap)
+
+
+def init_attr(api: Any) -> Any:
+    """RESET -> INIT: the port, partition key 0, remote read and write allowed."""
+    e = api.e
+    attr = api.QPAttr(port_num=PORT)
+    attr.qp_access_flags = (
+        e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+    )
+    attr.pkey_index = 0
+    return attr
+
+
+def rtr_attr(api: Any, local: QpInfo, remote: QpInfo, rd_atomic: int, is_global: bool) -> Any:
+    """INIT -> RTR towards ``remote``: the smaller path MTU, its QP number and PSN, its address
+    (with a global route, by GID, on RoCE or where GIDs are set)."""
+    attr = api.QPAttr(port_num=PORT, path_mtu=min(local.mtu, remote.mtu))
+    attr.dest_qp_num = remote.qp_num
+    attr.rq_psn = remote.psn
+    attr.max_dest_rd_atomic = rd_atomic
+    attr.min_rnr_timer = 12
+    if is_global:
+        route = api.GlobalRoute(dgid=api.GID(_gid_text(remote.gid)), sgid_index=local.gid_index)
+        attr.ah_attr = api.AHAttr(port_num=PORT, is_global=1, gr=route, dlid=remote.lid)
+    else:
+        attr.ah_attr = api.AHAttr(port_num=PORT, is_global=0, dlid=remote.lid)
+    return attr
+
+
+def rts_attr(attr: Any, local: QpInfo, rd_atomic: int) -> Any:
+    """RTR -> RTS: this side's PSN, the transport timeout (4.096 us * 2**14, about 67 ms) and
+    7 retries."""
+    attr.sq_psn = local.psn
+    attr.timeout = 14
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    attr.max_rd_atomic = rd_atomic
+    return attr
+
+
+def work_request(
+    api: Any, wr_id: int, opcode: int, address: int, length: int, lkey: int, rkey: int,
+    remote_address: int,
+) -> Any:  # fmt: skip
+    """One signalled RDMA READ or WRITE of ``length`` bytes between local ``address`` (memory
+    region ``lkey``) and ``remote_address`` (remote key ``rkey``)."""
+    sge = api.SGE(address, length, lkey)
+    wr = api.SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge],
+                    send_flags=api.e.IBV_SEND_SIGNALED)  # fmt: skip
+    wr.set_wr_rdma(rkey, remote_address)
+    return wr
+
+
 @dataclass(frozen=True, slots=True)
 class VerbsDetail:
     """The ``ibverbs`` part of a ``RemoteKey``: the owner's ``process`` (host and pid), its
@@ -260,19 +319,8 @@ class _State:
             owned.mr.close()
 
     def _new_qp(self) -> Any:
-        api = self.api
-        cap = api.QPCap(max_send_wr=SEND_QUEUE_DEPTH, max_recv_wr=1, max_send_sge=1,
-                        max_recv_sge=1)  # fmt: skip
-        init = api.QPInitAttr(qp_type=self.e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
-        qp = api.QP(self.pd, init)
-        attr = api.QPAttr(port_num=PORT)
-        attr.qp_access_flags = (
-            self.e.IBV_ACCESS_LOCAL_WRITE
-            | self.e.IBV_ACCESS_REMOTE_READ
-            | self.e.IBV_ACCESS_REMOTE_WRITE
-        )
-        attr.pkey_index = 0
-        qp.to_init(attr)
+        qp = self.api.QP(self.pd, qp_init_attr(self.api, self.cq))
+        qp.to_init(init_attr(self.api))
         return qp
 
     def _info(self, qp: Any, psn: int) -> QpInfo:
@@ -280,24 +328,9 @@ class _State:
 
     def _connect_qp(self, qp: Any, local: QpInfo, remote: QpInfo) -> None:
         """INIT -> RTR -> RTS towards ``remote``."""
-        api = self.api
-        attr = api.QPAttr(port_num=PORT, path_mtu=min(local.mtu, remote.mtu))
-        attr.dest_qp_num = remote.qp_num
-        attr.rq_psn = remote.psn
-        attr.max_dest_rd_atomic = self.rd_atomic
-        attr.min_rnr_timer = 12
-        if self.is_global:
-            route = api.GlobalRoute(dgid=api.GID(_gid_text(remote.gid)),
-                                    sgid_index=self.gid_index)  # fmt: skip
-            attr.ah_attr = api.AHAttr(port_num=PORT, is_global=1, gr=route, dlid=remote.lid)
-        else:
-            attr.ah_attr = api.AHAttr(port_num=PORT, is_global=0, dlid=remote.lid)
+        attr = rtr_attr(self.api, local, remote, self.rd_atomic, self.is_global)
         qp.to_rtr(attr)
-        attr.sq_psn = local.psn
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.max_rd_atomic = self.rd_atomic
+        rts_attr(attr, local, self.rd_atomic)
         qp.to_rts(attr)
 
     def accept(self, rkey: int, request_bytes: bytes) -> bytes:
@@ -640,17 +673,18 @@ class VerbsProvider:
             while chunks or outstanding:
                 while chunks and len(outstanding) < window:
                     start, length = chunks.popleft()
-                    sge = state.api.SGE(local_address + start, length, mr.lkey)
                     wr_id = state.next_id()
-                    wr = state.api.SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge],
-                                          send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
-                    wr.set_wr_rdma(detail.region.rkey, detail.region.address + offset + start)
+                    wr = work_request(
+                        state.api, wr_id, opcode, local_address + start, length, mr.lkey,
+                        detail.region.rkey, detail.region.address + offset + start,
+                    )  # fmt: skip
                     future: asyncio.Future[int] = loop.create_future()
                     outstanding.add(future)
                     state.post(conn, wr, _Pending(loop, future, conn), wr_id)
                 done, _ = await asyncio.wait(outstanding, return_when=asyncio.FIRST_COMPLETED)
                 outstanding -= done
                 errors = [exc for exc in (f.exception() for f in done) if exc is not None]
+                errors.sort(key=lambda exc: "flushed" in str(exc))  # the cause before its flushes
                 if errors:
                     raise RuntimeError(
                         f"RDMA {what} of region {key.region} ({NAME} provider) failed: {errors[0]}"
