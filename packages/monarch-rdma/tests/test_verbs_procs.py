@@ -6,14 +6,18 @@ access, and a dropped buffer is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from monarch.actor import ProcMesh, this_host
+import monarch.actor
+from monarch.actor import MeshFailure, ProcMesh, this_host
 from monarch.rdma import RDMABuffer, _verbs
 
 sys.path.insert(0, str(Path(__file__).parent))  # workers import these modules by name
@@ -32,13 +36,18 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module")
+def fabric_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("fabric"))
+
+
 def _pattern(size: int, seed: int = 0) -> bytes:
     return bytes((i * 7 + seed) % 251 for i in range(size))
 
 
 @pytest.fixture(scope="module")
-def actors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Any]]:
-    directory = str(tmp_path_factory.mktemp("fabric"))
+def actors(fabric_dir: str) -> Iterator[tuple[Any, Any, Any]]:
+    directory = fabric_dir
     procs: ProcMesh = this_host().spawn_procs(per_host={"procs": 2})
     try:
         setup = procs.spawn("verbs_setup", VerbsSetup)
@@ -91,3 +100,31 @@ def test_the_client_reads_a_worker_buffer_and_a_drop_is_refused_after(
     assert "dropped" in outcome, outcome
     with pytest.raises(RuntimeError, match="dropped"):
         buffer.read_into(memoryview(dst)).get(timeout=T)
+
+
+def test_a_dead_owner_fails_a_transfer_on_a_kept_queue_pair(
+    actors: tuple[Any, Any, Any], fabric_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    died = threading.Event()
+
+    def on_fault(failure: MeshFailure) -> None:  # not fatal
+        died.set()
+
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", on_fault)
+    victim = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        victim.spawn("verbs_setup", VerbsSetup).install.call(fabric_dir).get(timeout=T)
+        holder = victim.spawn("holder", Holder)
+        buffer: RDMABuffer = holder.create.call_one(b"owner dies").get(timeout=T)
+        dst = bytearray(10)
+        buffer.read_into(memoryview(dst)).get(timeout=T)  # connected
+        assert dst == b"owner dies"
+        holder.die.broadcast()
+        assert died.wait(T), "the owner's death never reached the client"
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="exited or cannot be reached"):
+            buffer.read_into(memoryview(dst), timeout=10).get(timeout=T)
+        assert time.monotonic() - started < 15
+    finally:
+        with contextlib.suppress(Exception):
+            victim.stop().get(timeout=T)
