@@ -6,6 +6,7 @@ test against a real device (pyverbs, loopback in one process) skips without one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import sys
 import threading
@@ -163,6 +164,39 @@ def test_a_failed_completion_fails_the_transfer_and_the_next_one_reconnects(
     asyncio.run(provider.read(key, 0, memoryview(dst)))
     assert dst == owner
     assert len(fabric.transitions) == 4
+
+
+class _Messages:
+    """Stands in for an owner's ``VerbsManager`` in another process: the handshake is awaited
+    (as an actor message is), then answered by this process's state."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.connect = self
+
+    async def call_one(self, rkey: int, request: bytes) -> bytes:
+        self.calls += 1
+        await asyncio.sleep(0.01)
+        return _verbs._provider_state().accept(rkey, request)
+
+
+def test_concurrent_transfers_towards_one_owner_share_one_handshake(fabric: Fabric) -> None:
+    provider = _provider()
+    owner = bytearray(_pattern(2 * MIB))
+    key = provider.register(memoryview(owner), owner="test")
+    messages = _Messages()
+    remote = dataclasses.replace(
+        key, detail=dataclasses.replace(key.detail, process="elsewhere/1", manager=messages)
+    )
+    dsts = [bytearray(2 * MIB) for _ in range(4)]
+
+    async def together() -> None:
+        await asyncio.gather(*(provider.read(remote, 0, memoryview(d)) for d in dsts))
+
+    asyncio.run(together())
+    assert all(d == owner for d in dsts)
+    assert messages.calls == 1
+    assert len(fabric.transitions) == 2  # one queue pair each side
 
 
 def test_a_dropped_region_is_refused_on_a_kept_and_on_a_new_connection(fabric: Fabric) -> None:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import importlib
 import logging
@@ -286,12 +287,13 @@ class _State:
         self.gid = _gid_bytes(self.ctx.query_gid(PORT, self.gid_index))
         self.is_global = port.link_layer == e.IBV_LINK_LAYER_ETHERNET or any(self.gid)
         attr = self.ctx.query_device()
-        self.rd_atomic = max(1, min(16, int(attr.max_qp_rd_atom)))
+        self.rd_atomic = max(1, min(16, int(attr.max_qp_rd_atom), int(attr.max_qp_init_rd_atom)))
         self.lock = threading.Lock()
         self.regions: dict[int, _Owned] = {}
         self.connections: collections.OrderedDict[str, _Connection] = collections.OrderedDict()
         self.accepted: collections.OrderedDict[tuple[bytes, int], Any] = collections.OrderedDict()
         self.pending: dict[int, _Pending] = {}
+        self.connecting: dict[str, concurrent.futures.Future[_Connection]] = {}
         self.next_wr = 1
         self.closed = False
         self.poller = threading.Thread(target=self._poll, name="monarch-rdma-verbs-cq", daemon=True)
@@ -363,11 +365,35 @@ class _State:
     # ----- requester side ----------------------------------------------------------------
 
     async def connection(self, detail: VerbsDetail) -> _Connection:
-        with self.lock:
-            conn = self.connections.get(detail.process)
-            if conn is not None and conn.broken is None:
-                self.connections.move_to_end(detail.process)
-                return conn
+        """The kept queue pair towards the owner's process, connected on first use; concurrent
+        transfers towards one owner share one handshake."""
+        while True:
+            with self.lock:
+                conn = self.connections.get(detail.process)
+                if conn is not None and conn.broken is None:
+                    self.connections.move_to_end(detail.process)
+                    return conn
+                waiting = self.connecting.get(detail.process)
+                if waiting is None:
+                    mine: concurrent.futures.Future[_Connection] = concurrent.futures.Future()
+                    self.connecting[detail.process] = mine
+            if waiting is not None:
+                with contextlib.suppress(Exception):  # its handshake failed: try one of ours
+                    await asyncio.shield(asyncio.wrap_future(waiting))
+                continue
+            try:
+                conn = await self._connect(detail)
+            except BaseException as exc:
+                with self.lock:
+                    self.connecting.pop(detail.process, None)
+                mine.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                raise
+            with self.lock:
+                self.connecting.pop(detail.process, None)
+            mine.set_result(conn)
+            return conn
+
+    async def _connect(self, detail: VerbsDetail) -> _Connection:
         qp = self._new_qp()
         psn = secrets.randbits(24)
         local = self._info(qp, psn)
