@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from monarch.config import configured
 from monarch.rdma import RDMAAction, RDMABuffer, _ibverbs, _verbs, get_rdma_backend
 from monarch.rdma._verbs_proto import QpInfo
-from monarch.rdma.providers import RemoteKey
+from monarch.rdma.providers import RegistrationDeclined, RemoteKey
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -273,6 +273,25 @@ def test_the_buffer_api_takes_ibverbs_when_it_is_available(fabric: Fabric) -> No
     buffer.drop().get(timeout=T)
     with pytest.raises(RuntimeError):
         buffer.read_into(memoryview(dst)).get(timeout=T)
+
+
+def test_a_device_that_cannot_be_opened_declines_and_net_serves(tmp_path: Path) -> None:
+    def broken() -> Any:
+        raise OSError("device busy (emulated)")
+
+    _verbs.use_api(broken, "fake0")
+    try:
+        with pytest.raises(RegistrationDeclined, match="device busy"):
+            _provider().register(memoryview(bytearray(8)), owner="test")
+        buffer = RDMABuffer(memoryview(bytearray(b"net only")))
+        assert "ibverbs" not in buffer._keys
+        assert buffer.transport in ("shm", "net")
+        dst = bytearray(8)
+        buffer.read_into(memoryview(dst)).get(timeout=T)
+        assert dst == b"net only"
+        buffer.drop().get(timeout=T)
+    finally:
+        _verbs.use_api(None)
 
 
 def test_without_a_device_the_provider_is_not_offered() -> None:

@@ -54,6 +54,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -64,7 +65,13 @@ from monarch.rdma import _ibverbs
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
 from monarch.rdma._memory import address_of
-from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
+from monarch.rdma._provider import (
+    ProviderSpec,
+    RDMAProvider,
+    Reach,
+    RegistrationDeclined,
+    RemoteKey,
+)
 from monarch.rdma._verbs_proto import (
     ConnectAccept,
     ConnectReject,
@@ -656,9 +663,20 @@ class VerbsProvider:
         self._with_manager = manager
 
     def register(self, memory: memoryview, *, owner: str) -> RemoteKey:
-        state = _provider_state()
-        mgr = _this_manager() if self._with_manager else None
-        info = state.register(memory)
+        """Register ``memory`` as a memory region; ``RegistrationDeclined`` (other providers
+        then serve the buffer) where the device cannot be opened or the memory registered."""
+        try:
+            state = _provider_state()
+            info = state.register(memory)
+        except Exception as exc:
+            _log.warning("RDMA verbs: a buffer of %d bytes is not registered: %s",
+                         memory.nbytes, exc)  # fmt: skip
+            raise RegistrationDeclined(f"{NAME}: {exc}") from exc
+        try:
+            mgr = _this_manager() if self._with_manager else None
+        except BaseException:
+            state.deregister_local(info.rkey)
+            raise
         return RemoteKey(NAME, info.rkey, memory.nbytes, VerbsDetail(_process_id(), mgr, info))
 
     async def read(self, key: RemoteKey, offset: int, dst: memoryview) -> None:
@@ -748,10 +766,21 @@ async def _settle(futures: set[asyncio.Future[int]]) -> None:
                    sum(not f.done() for f in futures), FLUSH_WAIT)  # fmt: skip
 
 
+_probe: tuple[int, float, bool] = (0, 0.0, False)  # (pid, until, answer)
+#: How long the device probe's answer is kept (a transfer asks for it; sysfs is read on a miss).
+PROBE_TTL: Final = 5.0
+
+
 def _available() -> bool:
+    global _probe
     if _api_factory is not None:
         return True
-    return bool(_ibverbs.usable_devices()) and _ibverbs.pyverbs_importable()
+    pid, until, answer = _probe
+    now = time.monotonic()
+    if pid != os.getpid() or now >= until:
+        answer = bool(_ibverbs.usable_devices()) and _ibverbs.pyverbs_importable()
+        _probe = (os.getpid(), now + PROBE_TTL, answer)
+    return answer
 
 
 def _create() -> RDMAProvider:
