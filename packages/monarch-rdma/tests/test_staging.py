@@ -7,54 +7,23 @@ skips without ``torch.cuda.is_available()``."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from monarch.actor import this_host
 from monarch.rdma import RDMAAction, RDMABuffer, _staging
+
+sys.path.insert(0, str(Path(__file__).parent))  # workers import cuda_standin by name
+from cuda_standin import StagedHolder, StandIn
 
 torch: Any = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.filterwarnings("ignore::monarch.rdma.RDMATcpFallbackWarning")
 T = 30.0
-
-
-class StandIn:
-    """``DeviceOps`` where the 'device' tensors are CPU tensors marked as such; every copy is
-    logged with the stream it was queued on, and every wait with its token."""
-
-    def __init__(self) -> None:
-        self.devices: list[Any] = []
-        self.current = "default"
-        self.log: list[tuple[str, int, str]] = []
-
-    def device(self, data: bytes) -> Any:
-        tensor = torch.tensor(list(data), dtype=torch.uint8)
-        self.devices.append(tensor)
-        return tensor
-
-    def is_device(self, data: object) -> bool:
-        return any(data is tensor for tensor in self.devices)
-
-    def staging(self, data: Any) -> Any:
-        return torch.zeros(int(data.element_size()) * int(data.numel()), dtype=torch.uint8)
-
-    def stream(self, data: Any) -> str:
-        return self.current
-
-    def to_host(self, device: Any, host: Any, nbytes: int, stream: str) -> Any:
-        host[:nbytes].copy_(device.view(torch.uint8)[:nbytes])
-        self.log.append(("to_host", nbytes, stream))
-        return ("token", len(self.log))
-
-    def to_device(self, host: Any, device: Any, nbytes: int, stream: str) -> Any:
-        device.view(torch.uint8)[:nbytes].copy_(host[:nbytes])
-        self.log.append(("to_device", nbytes, stream))
-        return ("token", len(self.log))
-
-    def wait(self, token: Any) -> None:
-        self.log.append(("wait", token[1], ""))
 
 
 @pytest.fixture
@@ -137,6 +106,30 @@ def test_device_tensors_are_validated_like_others(ops: StandIn) -> None:
     with pytest.raises(ValueError, match="overlaps"):
         action.read_remote(dst, buffer)  # the device range is claimed, not the staging one
     buffer.drop().get(timeout=T)
+
+
+def test_the_owner_process_syncs_its_staging_when_another_process_transfers(
+    ops: StandIn,
+) -> None:
+    """The owner in a worker process: a read from the client has the worker copy the tensor to
+    its staging memory first, a write has it copy the staging memory back (its
+    ``StagingManager``, in actor messages)."""
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        holder = procs.spawn("staged", StagedHolder)
+        buffer: RDMABuffer = holder.create.call_one(b"in the gpu").get(timeout=T)
+        holder.set.call_one(b"changed!!!").get(timeout=T)  # on the device, after registration
+        dst = bytearray(10)
+        buffer.read_into(memoryview(dst)).get(timeout=T)
+        assert dst == b"changed!!!"
+        buffer.write_from(memoryview(b"from host")).get(timeout=T)
+        assert holder.content.call_one().get(timeout=T) == b"from host!"
+        assert holder.syncs.call_one().get(timeout=T) == ["to_host", "to_host", "to_device"]
+        buffer.drop().get(timeout=T)
+        with pytest.raises(RuntimeError, match="dropped"):
+            buffer.read_into(memoryview(dst)).get(timeout=T)
+    finally:
+        procs.stop().get(timeout=T)
 
 
 def test_tensors_of_other_devices_are_refused() -> None:
