@@ -369,6 +369,7 @@ class QP:
         self.dest: int | None = None
         self._lock = threading.Lock()
         self.outstanding = 0
+        self.closed = False
         while True:
             self.qp_num = secrets.randbits(24) or 1
             if self.fabric.publish("qp", self.qp_num, {"pid": os.getpid(), "state": 0}):
@@ -400,10 +401,14 @@ class QP:
         self._move(e.IBV_QPS_RTS)
 
     def modify(self, attr: QPAttr, mask: int) -> None:
+        if self.closed:
+            raise PyverbsError("modify of a destroyed QP")
         if attr.qp_state == e.IBV_QPS_ERR:
             self._move(e.IBV_QPS_ERR)
 
     def post_send(self, wr: SendWR) -> None:
+        if self.closed:
+            raise PyverbsError("post_send on a destroyed QP")
         if self.qp_state != e.IBV_QPS_RTS and self.qp_state != e.IBV_QPS_ERR:
             raise PyverbsError(f"post_send in state {_STATES[self.qp_state]}")
         with self._lock:
@@ -467,4 +472,5 @@ class QP:
         return e.IBV_WC_SUCCESS
 
     def close(self) -> None:
+        self.closed = True
         self.fabric.remove("qp", self.qp_num)

@@ -159,8 +159,11 @@ def test_a_failed_completion_fails_the_transfer_and_the_next_one_reconnects(
     fabric.fail_next(status)
     with configured(rdma_max_chunk_size_mb=1), pytest.raises(RuntimeError, match=message):
         asyncio.run(provider.read(key, 0, memoryview(dst)))
-    # the failed queue pair went to the error state; the next transfer connects afresh
-    assert any(seq[-1] == "ERR" for seq in fabric.transitions.values())
+    # the failed queue pair went to the error state and, drained, was destroyed; the next
+    # transfer connects afresh
+    failed = [qp for qp, seq in fabric.transitions.items() if seq[-1] == "ERR"]
+    assert len(failed) == 1
+    assert not (fabric.dir / f"qp-{failed[0]}").exists()
     asyncio.run(provider.read(key, 0, memoryview(dst)))
     assert dst == owner
     assert len(fabric.transitions) == 4

@@ -263,6 +263,18 @@ class _Connection:
     inflight: int = 0
     backlog: collections.deque[Any] = field(default_factory=collections.deque)
     broken: str | None = None
+    closed: bool = False
+
+    def close_if_drained(self) -> None:
+        """Destroy the queue pair once it is out of service and nothing is posted on it."""
+        with self.lock:
+            if self.closed or self.broken is None or self.inflight or self.backlog:
+                return
+            self.closed = True
+        try:
+            self.qp.close()
+        except Exception as exc:
+            _log.debug("RDMA verbs: destroying a retired queue pair: %s", exc)
 
 
 @dataclass(slots=True)
@@ -437,15 +449,19 @@ class _State:
         with conn.lock:
             if conn.broken is None:
                 conn.broken = why
+            closed = conn.closed
         with self.lock:
             if self.connections.get(conn.peer) is conn:
                 del self.connections[conn.peer]
+        if closed:
+            return
         try:
             attr = self.api.QPAttr()
             attr.qp_state = self.e.IBV_QPS_ERR
             conn.qp.modify(attr, self.e.IBV_QP_STATE)
         except Exception as exc:  # already in error, or closed
             _log.debug("RDMA verbs: moving a queue pair to the error state: %s", exc)
+        conn.close_if_drained()
 
     def post(self, conn: _Connection, wr: Any, pending: _Pending, wr_id: int) -> None:
         with self.lock:
@@ -537,8 +553,11 @@ class _State:
                 conn.backlog.clear()
             broken = conn.broken
         if status != self.e.IBV_WC_SUCCESS:
-            self._complete(wr_id, None, _status_text(self.e, status))
             self._retire(conn, broken or "failed")
+        if broken is not None:
+            conn.close_if_drained()  # before the last waiter hears of its completion
+        if status != self.e.IBV_WC_SUCCESS:
+            self._complete(wr_id, None, _status_text(self.e, status))
         else:
             self._complete(wr_id, status, None)
         for _, other in follow:
@@ -555,7 +574,9 @@ class _State:
             self.accepted.clear()
             self.regions.clear()
         for conn in conns:
-            conn.qp.close()
+            if not conn.closed:
+                conn.closed = True
+                conn.qp.close()
         for qp in accepted:
             qp.close()
         for owned in regions:
