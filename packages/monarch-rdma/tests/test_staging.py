@@ -77,11 +77,12 @@ def test_a_buffer_over_a_device_tensor_is_synced_around_each_transfer(ops: Stand
     dst = bytearray(8)
     buffer.read_into(memoryview(dst)).get(timeout=T)
     assert dst == b"changed!"  # copied to the staging memory before the read
+    tensor[7] = ord("?")  # on the device, after the read's copy to the staging memory
     buffer.write_from(memoryview(b"written")).get(timeout=T)
-    assert _bytes(tensor) == b"written!"  # copied back to the device after the write
+    assert _bytes(tensor) == b"written?"  # the 7 written bytes copied back, the rest kept
     both = ops.device(b"\0" * 8)
     RDMAAction().read_remote(both, buffer).submit(timeout=30).get(timeout=T)
-    assert _bytes(both) == b"written!"  # device to device, staged at both ends
+    assert _bytes(both) == b"written?"  # device to device, staged at both ends
     buffer.drop().get(timeout=T)
     assert not _staging._owned
     with pytest.raises(RuntimeError, match="dropped"):

@@ -380,10 +380,10 @@ async def _run(op: _Op, usable: dict[str, ProviderSpec], staged: tuple[Any, Any]
     if op.stage is not None:
         await op.stage.before(token)
     if op.buffer._stage is not None and op.kind == "read":
-        await _staging.sync_owner(op.buffer._stage, "to_host")
+        await _staging.sync_owner(op.buffer._stage, "to_host", op.buffer.size())
     await _transfer(op, usable)
     if op.buffer._stage is not None and op.kind == "write":
-        await _staging.sync_owner(op.buffer._stage, "to_device")
+        await _staging.sync_owner(op.buffer._stage, "to_device", op.local.nbytes)
     if op.stage is not None and op.kind == "read":
         await op.stage.after_read(stream, op.buffer.size())
 

@@ -230,28 +230,30 @@ def stage_owner(data: Any, *, manager: bool = True) -> tuple[Any, StageRef]:
     return host, StageRef(_process_id(), _manager() if manager else None, number)
 
 
-def _sync_here(number: int, direction: str) -> None:
+def _sync_here(number: int, direction: str, nbytes: int) -> None:
     with _owned_lock:
         owned = _owned.get(number)
     if owned is None:
         raise RuntimeError(f"RDMA buffer over device memory {number} was dropped")
+    nbytes = max(0, min(nbytes, owned.nbytes))
     stream = _ops.stream(owned.device)
     if direction == "to_host":
-        _ops.wait(_ops.to_host(owned.device, owned.host, owned.nbytes, stream))
+        _ops.wait(_ops.to_host(owned.device, owned.host, nbytes, stream))
     elif direction == "to_device":
-        _ops.wait(_ops.to_device(owned.host, owned.device, owned.nbytes, stream))
+        _ops.wait(_ops.to_device(owned.host, owned.device, nbytes, stream))
     else:
         raise ValueError(f"unknown staging direction {direction!r}")
 
 
-async def sync_owner(ref: StageRef, direction: str) -> None:
-    """Before a read (``"to_host"``) or after a write (``"to_device"``) through a buffer over
-    device memory: the owner's process copies between the tensor and its staging memory."""
+async def sync_owner(ref: StageRef, direction: str, nbytes: int) -> None:
+    """Before a read (``"to_host"``) or after a write (``"to_device"``) of the leading
+    ``nbytes`` of a buffer over device memory: the owner's process copies them between the
+    tensor and its staging memory (only those: a short write leaves the rest of the tensor)."""
     try:
         if ref.process == _process_id() or ref.manager is None:
-            await asyncio.to_thread(_sync_here, ref.number, direction)
+            await asyncio.to_thread(_sync_here, ref.number, direction, nbytes)
         else:
-            await ref.manager.sync.call_one(ref.number, direction)
+            await ref.manager.sync.call_one(ref.number, direction, nbytes)
     except ActorError as exc:
         raise RuntimeError(f"RDMA staging of a device buffer in its owner failed: {exc}") from exc
 
@@ -277,8 +279,8 @@ class StagingManager(Actor):
     for transfers of other processes. Not for direct use."""
 
     @endpoint
-    def sync(self, number: int, direction: str) -> None:
-        _sync_here(number, direction)
+    def sync(self, number: int, direction: str, nbytes: int) -> None:
+        _sync_here(number, direction, nbytes)
 
     @endpoint
     def release(self, number: int) -> None:

@@ -267,14 +267,14 @@ class _Connection:
 
     def close_if_drained(self) -> None:
         """Destroy the queue pair once it is out of service and nothing is posted on it."""
-        with self.lock:
+        with self.lock:  # never while another thread modifies it (_State._retire)
             if self.closed or self.broken is None or self.inflight or self.backlog:
                 return
             self.closed = True
-        try:
-            self.qp.close()
-        except Exception as exc:
-            _log.debug("RDMA verbs: destroying a retired queue pair: %s", exc)
+            try:
+                self.qp.close()
+            except Exception as exc:
+                _log.debug("RDMA verbs: destroying a retired queue pair: %s", exc)
 
 
 @dataclass(slots=True)
@@ -446,21 +446,19 @@ class _State:
 
     def _retire(self, conn: _Connection, why: str) -> None:
         """Take ``conn`` out of service: to the error state (its outstanding requests flush)."""
-        with conn.lock:
+        with conn.lock:  # the queue pair is destroyed under this lock too
             if conn.broken is None:
                 conn.broken = why
-            closed = conn.closed
+            if not conn.closed:
+                try:
+                    attr = self.api.QPAttr()
+                    attr.qp_state = self.e.IBV_QPS_ERR
+                    conn.qp.modify(attr, self.e.IBV_QP_STATE)
+                except Exception as exc:  # already in error
+                    _log.debug("RDMA verbs: moving a queue pair to the error state: %s", exc)
         with self.lock:
             if self.connections.get(conn.peer) is conn:
                 del self.connections[conn.peer]
-        if closed:
-            return
-        try:
-            attr = self.api.QPAttr()
-            attr.qp_state = self.e.IBV_QPS_ERR
-            conn.qp.modify(attr, self.e.IBV_QP_STATE)
-        except Exception as exc:  # already in error, or closed
-            _log.debug("RDMA verbs: moving a queue pair to the error state: %s", exc)
         conn.close_if_drained()
 
     def post(self, conn: _Connection, wr: Any, pending: _Pending, wr_id: int) -> None:
