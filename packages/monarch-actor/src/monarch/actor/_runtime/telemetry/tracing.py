@@ -9,13 +9,25 @@ endpoint in a span whose parent is that one (``wrap_endpoint``), in whatever pro
 Perfetto. Spans are made only while ``TRACING`` is on (``enable_telemetry``); while the
 OpenTelemetry mirror is on, each span has a twin there (``otel``).
 
+The runtime's own spans cost little on the call path (issue 21, the overhead target): the send
+side (``send_traced``) and the receive side of a sync call (``run_endpoint``) make no ``Span``
+object. Each reads the clock at its start and end (the receive span's two reads also time the
+endpoint for ``metrics``), the send side hands its 24-byte context straight to the envelopes it
+posts (no context-variable switch, no ``outgoing_trace`` per envelope), and the finished span is
+one plain tuple of ``Span``'s fields (a *row*) appended to ``_pending``; rows are packed exactly
+as spans are, and become ``Span`` objects only when read (``finished_spans``, ``span_records``,
+``_row_span``). The current span is held as its 24-byte context (``_CURRENT_SPAN``). With a span
+listener or the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
+
 Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
-span is appended to ``_pending`` (one ``deque.append`` on the finishing thread, and a length
-check). This process's *shipper* thread (``_Shipper``, never an actor thread) drains it every
-``SHIP_INTERVAL`` seconds, or as soon as ``SHIP_AT`` spans are pending, packs them
-(``encode_batch``: a ``Span`` is a ``msgspec.Struct``, so a batch is the list of them encoded
-as is, in C) and moves the span objects to the small ring of recent spans
-(``finished_spans()``: the ring, then what is still pending). A packed batch goes
+span (an object or a row) is appended to ``_pending`` (one ``deque.append`` on the finishing
+thread, and a length check; if ``MAX_PENDING_SPANS`` are already waiting the oldest goes,
+counted by ``dropped_spans`` and logged by the shipper). This process's *shipper* thread
+(``_Shipper``, never an actor thread) drains it every ``SHIP_INTERVAL`` seconds, or as soon
+as ``SHIP_AT`` spans are pending, packs them (``encode_batch``: a ``Span`` is a
+``msgspec.Struct`` and a row a tuple of the same fields, so a batch is the list of them
+encoded as is, in C) and moves them to the small ring of recent spans (``finished_spans()``:
+the ring, then what is still pending). A packed batch goes
 
 - to the *stream* when one is set (``set_stream``: a worker process streams to the client, which
   started it; ``_runtime.proc`` sends each batch to the client's agent, endpoint ``__spans__``,
