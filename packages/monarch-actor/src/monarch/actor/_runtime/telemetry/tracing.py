@@ -766,6 +766,9 @@ def set_stream(notify: Callable[[], None] | None) -> None:
         _shipper.start()  # else tracing's start, or the first kick, starts it
 
 
+_repeat = itertools.repeat
+
+
 def _ship() -> bool:
     """Pack everything pending, in batches of at most ``MAX_BATCH_SPANS`` (the shipper thread,
     or ``take_unsent``); whether a batch was made. Called with ``_ship_lock`` held."""
@@ -773,10 +776,13 @@ def _ship() -> bool:
     _shipper._full = False
     popleft = _pending.popleft
     while _pending:
-        batch: list[Span | _SpanRow] = []
-        with contextlib.suppress(IndexError):  # nobody else drains it: the lock is held
-            for _ in range(min(len(_pending), MAX_BATCH_SPANS)):
-                batch.append(popleft())
+        # Nobody else drains it (the lock is held) and appends never shorten it, so the first
+        # ``n`` are there to take.
+        n = min(len(_pending), MAX_BATCH_SPANS)
+        try:
+            batch: list[Span | _SpanRow] = [popleft() for _ in _repeat(None, n)]
+        except IndexError:  # cleared meanwhile (a fork's child): nothing more to pack
+            break
         if not batch:
             break
         data = encode_batch(batch)
