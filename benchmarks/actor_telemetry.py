@@ -41,14 +41,15 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --rounds 30       # more rounds (a busy box)
     .venv/bin/python benchmarks/actor_telemetry.py --profile-hooks   # only: each hook in situ
 
-``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks, the
-endpoint wrapper and what it returns, the send span's making, ``__enter__`` and ``__exit__``,
-``outgoing_trace``) with a ``perf_counter_ns`` pair, makes ``PIPELINE``-deep pipelined calls with
-metrics on, then with tracing on, and prints the median wall nanoseconds per hook call, in the
-running program (caches and threads as they are there, unlike ``telemetry_hooks.py``'s loops).
-Each figure includes one wrapper's own cost, given in the table (an empty function wrapped the
-same way, called on the same path); the endpoint row includes the body, given too (telemetry
-off, the same wrapper around the bare method).
+``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks,
+``run_endpoint``, ``send_traced``; and ``wrap_endpoint``, ``outgoing_trace`` and ``send_span``,
+which a sync call no longer reaches: rows appear only if they are hit) with a
+``perf_counter_ns`` pair, makes ``PIPELINE``-deep pipelined calls with metrics on, then with
+tracing on, and prints the median wall nanoseconds per hook call, in the running program
+(caches and threads as they are there, unlike ``telemetry_hooks.py``'s loops). Each figure
+includes one wrapper's own cost, given in the table (an empty function wrapped the same way,
+called on the same path); the ``run_endpoint`` row includes the body, given too (telemetry off,
+the same wrapper around the bare method), and the ``send_traced`` row the posts it makes.
 """
 
 from __future__ import annotations
@@ -167,35 +168,44 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
 
     hooks = ("on_sent", "on_received", "on_enqueued", "on_port_opened", "on_port_completed")
     saved_hooks = {name: getattr(_telemetry, name) for name in hooks}
-    saved = (_telemetry.wrap_endpoint, _telemetry.outgoing_trace, _tracing.send_span)
-    saved_span = (_tracing.Span.__enter__, _tracing.Span.__exit__)
+    saved = (
+        _telemetry.run_endpoint,
+        _telemetry.wrap_endpoint,
+        _telemetry.outgoing_trace,
+        _tracing.send_traced,
+        _tracing.send_span,
+    )
 
     def install(mode: str) -> None:
         samples.clear()
         for name in hooks:
             setattr(_telemetry, name, timed(name, saved_hooks[name]))
-        original_wrap = saved[0]
+        original_run = timed("run_endpoint (+ body)", saved[0])
         empty = timed("(an empty function, wrapped)", _empty)
 
-        def wrap(cell: Any, envelope: Any, fn: Any, prop: Any) -> Any:
+        def run(cell: Any, envelope: Any, fn: Any, args: Any, kwargs: Any) -> Any:
             empty()
             if mode == "off":
-                return timed("endpoint body alone", fn)
-            made = timed("wrap_endpoint (making the wrapper)", original_wrap)
-            return timed("endpoint wrapper run (+ body)", made(cell, envelope, fn, prop))
+                return timed("endpoint body alone", fn)(*args, **kwargs)
+            return original_run(cell, envelope, fn, args, kwargs)
 
-        _telemetry.wrap_endpoint = wrap
-        _telemetry.outgoing_trace = timed("outgoing_trace", saved[1])
-        _tracing.send_span = timed("send_span (making the span)", saved[2])
-        setattr(_tracing.Span, "__enter__", timed("send span __enter__", saved_span[0]))  # noqa: B010
-        setattr(_tracing.Span, "__exit__", timed("send span __exit__ (ends it)", saved_span[1]))  # noqa: B010
+        _telemetry.run_endpoint = run
+        # Not on a sync call's path any more (async endpoints, the slow paths): shown if hit.
+        _telemetry.wrap_endpoint = timed("wrap_endpoint (async endpoints)", saved[1])
+        _telemetry.outgoing_trace = timed("outgoing_trace", saved[2])
+        _tracing.send_traced = timed("send_traced (+ the posts)", saved[3])
+        _tracing.send_span = timed("send_span (a listener or the mirror)", saved[4])
 
     def uninstall() -> None:
         for name in hooks:
             setattr(_telemetry, name, saved_hooks[name])
-        _telemetry.wrap_endpoint, _telemetry.outgoing_trace, _tracing.send_span = saved
-        setattr(_tracing.Span, "__enter__", saved_span[0])  # noqa: B010
-        setattr(_tracing.Span, "__exit__", saved_span[1])  # noqa: B010
+        (
+            _telemetry.run_endpoint,
+            _telemetry.wrap_endpoint,
+            _telemetry.outgoing_trace,
+            _tracing.send_traced,
+            _tracing.send_span,
+        ) = saved
 
     out: dict[str, dict[str, tuple[int, float]]] = {}
     procs = _local_proc_mesh(per_host={"gpus": 1})
@@ -206,7 +216,7 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
             install(mode)
             if mode == "off":
                 _telemetry.disable_telemetry()
-                _telemetry.ACTIVE = True  # the endpoint wrapper only: every hook checks its flag
+                _telemetry.ACTIVE = True  # ``run_endpoint`` only: every hook checks its flag
             else:
                 _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
             try:
