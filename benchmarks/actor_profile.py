@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import gc
 import os
 import pstats
 import re
@@ -408,7 +409,7 @@ class Profiled(Actor):
         _RECORDER.uninstall()
 
     @endpoint
-    def usage(self) -> tuple[float, int, int, int]:
+    def usage(self) -> tuple[float, int, int, int, int]:
         return process_usage()
 
     @endpoint
@@ -429,11 +430,12 @@ class Profiled(Actor):
 # Python functions run per call (cProfile in every thread of both processes)
 
 
-def process_usage() -> tuple[float, int, int, int]:
+def process_usage() -> tuple[float, int, int, int, int]:
     """This process's CPU seconds (all threads), minor page faults, voluntary and involuntary
-    context switches so far."""
+    context switches, and garbage collections (all generations) so far."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return time.process_time(), ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw
+    collections_ = sum(generation["collections"] for generation in gc.get_stats())
+    return time.process_time(), ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw, collections_
 
 
 #: Functions that run on the runtime's threads at every call (the loop thread: lane reads,
@@ -563,6 +565,7 @@ def pipelined(actor: Any, kind: str, n: int, profile: bool = True) -> dict[str, 
             "minor_faults": (b[1] - a[1]) / n,
             "voluntary_switches": (b[2] - a[2]) / n,
             "involuntary_switches": (b[3] - a[3]) / n,
+            "gc_collections": (b[4] - a[4]) / n,
         }
         for side, a, b in (("client", c0, c1), ("worker", w0, w1))
     }
@@ -626,6 +629,7 @@ def pipelined_report(section: dict[str, Any], top: int = 25) -> str:
             ("minor_faults", "minor faults"),
             ("voluntary_switches", "voluntary context switches"),
             ("involuntary_switches", "involuntary context switches"),
+            ("gc_collections", "garbage collections"),
         ):
             lines.append(
                 f"| {side} {label} | {_fmt(small['per_call'][side][key], 2)} | "
