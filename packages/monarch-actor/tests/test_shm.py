@@ -406,6 +406,8 @@ def test_an_ack_ring_carries_slot_numbers_in_order_and_refuses_when_full() -> No
     assert ring.pushed == 3 + size + 1
     ring.close()
     reader.close()
+    assert ring._mapping.closed  # unmapped: no view of it was left behind
+    assert reader._mapping.closed
 
 
 def test_a_ring_that_is_not_a_sealed_file_of_its_size_is_refused() -> None:
