@@ -56,8 +56,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
+import gc
 import os
+import pstats
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -403,6 +407,256 @@ class Profiled(Actor):
     @endpoint
     def uninstall_probes(self) -> None:
         _RECORDER.uninstall()
+
+    @endpoint
+    def usage(self) -> tuple[float, int, int, int, int]:
+        return process_usage()
+
+    @endpoint
+    def start_thread_profiles(self) -> None:
+        _PROFILES.start()
+
+    @endpoint
+    def stop_thread_profiles(self) -> None:
+        _PROFILES.stop()
+
+    @endpoint
+    def take_thread_profiles(self) -> dict[str, tuple[int, float]]:
+        return _PROFILES.take()
+
+
+# --------------------------------------------------------------------------------------------
+# Pipelined calls: per-call CPU, faults and context switches of both processes, and which
+# Python functions run per call (cProfile in every thread of both processes)
+
+
+def process_usage() -> tuple[float, int, int, int, int]:
+    """This process's CPU seconds (all threads), minor page faults, voluntary and involuntary
+    context switches, and garbage collections (all generations) so far."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    collections_ = sum(generation["collections"] for generation in gc.get_stats())
+    return time.process_time(), ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw, collections_
+
+
+#: Functions that run on the runtime's threads at every call (the loop thread: lane reads,
+#: acknowledgements, the outbox drain; the worker's actor thread: ``_SyncRunner._call``): the
+#: first time one runs in a thread while profiling is on, that thread's profiler starts, and
+#: the first time after ``stop`` it stops (a profiler can only be switched in its own thread).
+THREAD_HOOKS: tuple[tuple[Any, str], ...] = (
+    (_node.NodeProcessTransport, "_on_inbound"),
+    (_node.NodeProcessTransport, "_drain_outbox"),
+    (_SyncRunner, "_call"),
+)
+
+
+class _ThreadProfiles:
+    """One ``cProfile.Profile`` per thread of this process that passes a hook (and the thread
+    that calls ``start``), merged by ``take``: function -> (calls, own seconds)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.profiles: dict[int, cProfile.Profile] = {}
+        self.stopped: set[int] = set()
+        self.installed: list[tuple[Any, str, Any]] = []
+        self.lock = threading.Lock()
+
+    def _visit(self) -> None:
+        ident = threading.get_ident()
+        with self.lock:
+            if self.on and ident not in self.profiles:
+                profile = self.profiles[ident] = cProfile.Profile()
+            elif not self.on and ident in self.profiles and ident not in self.stopped:
+                self.stopped.add(ident)
+                profile = self.profiles[ident]
+                profile.disable()
+                return
+            else:
+                return
+        profile.enable()
+
+    def start(self) -> None:
+        self.profiles.clear()
+        self.stopped.clear()
+        for owner, name in THREAD_HOOKS:
+            original = getattr(owner, name)
+
+            def wrapper(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                self._visit()
+                return __original(*args, **kwargs)
+
+            setattr(owner, name, wrapper)
+            self.installed.append((owner, name, original))
+        self.on = True
+        self._visit()
+
+    def stop(self) -> None:
+        """Stop profiling (the calling thread now, the others when they next pass a hook)."""
+        self.on = False
+        self._visit()
+
+    def take(self) -> dict[str, tuple[int, float]]:
+        """The merged profile of the threads that stopped; hooks removed."""
+        while self.installed:
+            owner, name, original = self.installed.pop()
+            setattr(owner, name, original)
+        merged: dict[str, tuple[int, float]] = {}
+        for ident, profile in self.profiles.items():
+            if ident not in self.stopped:
+                continue  # still on in a thread that never came back: its counts are unsafe
+            stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+            for (filename, line, function), (_cc, calls, own, _cum, _callers) in stats.items():
+                key = _function_name(filename, line, function)
+                old = merged.get(key, (0, 0.0))
+                merged[key] = (old[0] + calls, old[1] + own)
+        self.profiles.clear()
+        return merged
+
+
+def _function_name(filename: str, line: int, function: str) -> str:
+    if filename == "~":  # a built-in: "<method 'sendmsg' of '_socket.socket' objects>"
+        return function
+    parts = Path(filename).parts
+    short = "/".join(parts[-2:]) if len(parts) >= 2 else filename
+    return f"{short}:{line}({function})"
+
+
+_PROFILES = _ThreadProfiles()
+"""This process's per-thread profiles (pipelined section)."""
+
+PIPELINE_BATCH = 8
+"""Calls in flight at once in the pipelined section (``actor_bench.py``'s 1 MiB batches)."""
+
+
+def _pipelined_calls(actor: Any, kind: str, n: int, payload: Any) -> None:
+    done = 0
+    while done < n:
+        count = min(PIPELINE_BATCH, n - done)
+        if kind == "call_one":
+            futures = [actor.ping.call_one(done + i) for i in range(count)]
+            for i, future in enumerate(futures):
+                if future.get(timeout=30) != done + i:
+                    raise RuntimeError("wrong echo")
+        else:
+            futures = [actor.nbytes.call_one(payload) for _ in range(count)]
+            for future in futures:
+                if future.get(timeout=30) != len(payload):
+                    raise RuntimeError("wrong length")
+        done += count
+
+
+def pipelined(actor: Any, kind: str, n: int, profile: bool = True) -> dict[str, Any]:
+    """``n`` calls of ``kind`` in batches of ``PIPELINE_BATCH`` (as ``actor_bench.py``'s 1 MiB
+    figure): wall time, CPU, minor faults and context switches per call of both processes;
+    then, with ``profile``, the same calls again under cProfile in every thread of both
+    processes: which functions run how often per call (the times of that run are inflated by
+    the profiler; its call counts are exact)."""
+    payload = _payload(kind)
+    _pipelined_calls(actor, kind, max(2 * PIPELINE_BATCH, n // 10), payload)  # warm-up
+    w0 = actor.usage.call_one().get(timeout=30)
+    c0 = process_usage()
+    t0 = time.perf_counter_ns()
+    _pipelined_calls(actor, kind, n, payload)
+    wall = time.perf_counter_ns() - t0
+    c1 = process_usage()
+    w1 = actor.usage.call_one().get(timeout=30)
+    per = {
+        side: {
+            "cpu_us": (b[0] - a[0]) / n * 1e6,
+            "minor_faults": (b[1] - a[1]) / n,
+            "voluntary_switches": (b[2] - a[2]) / n,
+            "involuntary_switches": (b[3] - a[3]) / n,
+            "gc_collections": (b[4] - a[4]) / n,
+        }
+        for side, a, b in (("client", c0, c1), ("worker", w0, w1))
+    }
+    result: dict[str, Any] = {
+        "calls": n,
+        "batch": PIPELINE_BATCH,
+        "wall_us_per_call": wall / n / 1000,
+        "per_call": per,
+    }
+    if kind != "call_one":
+        result["MBps"] = n * len(payload) / (wall / 1e9) / 1e6
+    if profile:
+        actor.start_thread_profiles.call_one().get(timeout=30)
+        _PROFILES.start()
+        try:
+            _pipelined_calls(actor, kind, n, payload)
+        finally:
+            _PROFILES.stop()
+            actor.stop_thread_profiles.call_one().get(timeout=30)
+            # one more round so that every thread passes a hook and stops its profiler
+            _pipelined_calls(actor, "call_one", PIPELINE_BATCH, None)
+        functions = {
+            "client": _PROFILES.take(),
+            "worker": actor.take_thread_profiles.call_one().get(timeout=30),
+        }
+        result["functions"] = {
+            side: {name: [calls / n, own / n * 1e6] for name, (calls, own) in table.items()}
+            for side, table in functions.items()
+        }
+    return result
+
+
+def function_diff(
+    small: dict[str, list[float]], large: dict[str, list[float]], top: int
+) -> list[tuple[str, float, float, float]]:
+    """Functions whose per-call count or own time grew from ``small`` to ``large`` calls:
+    ``(name, calls per large call, extra calls per call, extra own us per call)``, most extra
+    time first, at most ``top``."""
+    rows = []
+    for name, (calls, own) in large.items():
+        base_calls, base_own = small.get(name, [0.0, 0.0])
+        if calls - base_calls > 0.05 or own - base_own > 1.0:
+            rows.append((name, calls, calls - base_calls, own - base_own))
+    rows.sort(key=lambda row: -row[3])
+    return rows[:top]
+
+
+def pipelined_report(section: dict[str, Any], top: int = 25) -> str:
+    """The pipelined section as Markdown."""
+    small, large = section["call_one"], section["payload_1mib"]
+    lines = [
+        f"### Pipelined calls (batches of {PIPELINE_BATCH}, as `actor_bench.py`'s 1 MiB figure)",
+        "",
+        "| per call | call_one | payload_1mib |",
+        "|---|---:|---:|",
+        f"| wall us | {_fmt(small['wall_us_per_call'])} | {_fmt(large['wall_us_per_call'])} |",
+    ]
+    for side in ("client", "worker"):
+        for key, label in (
+            ("cpu_us", "CPU us"),
+            ("minor_faults", "minor faults"),
+            ("voluntary_switches", "voluntary context switches"),
+            ("involuntary_switches", "involuntary context switches"),
+            ("gc_collections", "garbage collections"),
+        ):
+            lines.append(
+                f"| {side} {label} | {_fmt(small['per_call'][side][key], 2)} | "
+                f"{_fmt(large['per_call'][side][key], 2)} |"
+            )
+    if "MBps" in large:
+        lines.append(f"| 1 MiB MB/s | | {_fmt(large['MBps'])} |")
+    if "functions" in small and "functions" in large:
+        for side in ("client", "worker"):
+            lines += [
+                "",
+                f"{side}: what a pipelined 1 MiB call runs beyond a tiny one (cProfile in every "
+                "thread; own time inflated by the profiler, counts exact)",
+                "",
+                "| function | calls per 1 MiB call | extra calls | extra own us |",
+                "|---|---:|---:|---:|",
+            ]
+            diff = function_diff(small["functions"][side], large["functions"][side], top)
+            for name, calls, extra_calls, extra_own in diff:
+                lines.append(f"| `{name}` | {calls:.2f} | {extra_calls:+.2f} | {extra_own:+.1f} |")
+            total_small = sum(own for _c, own in small["functions"][side].values())
+            total_large = sum(own for _c, own in large["functions"][side].values())
+            lines.append(
+                f"| all profiled functions (own us per call) | | | "
+                f"{total_large - total_small:+.1f} ({total_small:.0f} -> {total_large:.0f}) |"
+            )
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -782,6 +1036,9 @@ MODES: dict[str, tuple[int, int, int]] = {
 }
 """Calls of each kind (``call_one``, 1 MiB, 64 MiB tensor) per mode."""
 
+PIPELINED_CALLS: dict[str, int] = {"full": 1600, "quick": 400, "smoke": 16}
+"""Calls of each kind in the pipelined section, per mode."""
+
 
 def torch_available() -> bool:
     """Whether the 64 MiB tensor case can run (torch importable)."""
@@ -798,6 +1055,22 @@ def main(argv: list[str] | None = None) -> int:
         "--callgrind",
         action="store_true",
         help="count instructions per call under valgrind's callgrind (times then mean nothing)",
+    )
+    parser.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="also profile pipelined calls (batches of 8) in both processes: CPU, faults, "
+        "context switches and the functions run per call (cProfile in every thread)",
+    )
+    parser.add_argument(
+        "--no-cprofile",
+        action="store_true",
+        help="pipelined section without its cProfile pass (for an outside profiler: perf)",
+    )
+    parser.add_argument(
+        "--only-pipelined",
+        action="store_true",
+        help="profile pipelined calls only (no call-at-a-time stage table)",
     )
     args = parser.parse_args(argv)
     under_callgrind = bool(os.environ.get(UNDER_CALLGRIND))
@@ -817,12 +1090,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         actor = procs.spawn("profiled", Profiled)
         worker_pid = actor.pid.call_one().get(timeout=120)
-        cases = {
-            "call_one": measure(actor, "call_one", n_small, worker_pid, counter),
-            "payload_1mib": measure(actor, "payload_1mib", n_large, worker_pid, counter),
-        }
-        if torch_available():
-            cases["tensor_64mib"] = measure(actor, "tensor_64mib", n_tensor, worker_pid, counter)
+        cases: dict[str, Any] = {}
+        if not args.only_pipelined:
+            cases["call_one"] = measure(actor, "call_one", n_small, worker_pid, counter)
+            cases["payload_1mib"] = measure(actor, "payload_1mib", n_large, worker_pid, counter)
+            if torch_available():
+                cases["tensor_64mib"] = measure(
+                    actor, "tensor_64mib", n_tensor, worker_pid, counter
+                )
+        section: dict[str, Any] | None = None
+        if args.pipelined or args.only_pipelined:
+            n_pipe = PIPELINED_CALLS[mode]
+            section = {
+                "call_one": pipelined(actor, "call_one", n_pipe, not args.no_cprofile),
+                "payload_1mib": pipelined(actor, "payload_1mib", n_pipe, not args.no_cprofile),
+            }
     finally:
         procs.stop().get(timeout=120)
     document: dict[str, Any] = {
@@ -833,7 +1115,15 @@ def main(argv: list[str] | None = None) -> int:
         "instructions": no_count,
         "cases": cases,
     }
-    print(report(document))
+    if section is not None:
+        document["pipelined"] = section
+    if cases:
+        print(report(document))
+    else:
+        print(f"## Actor call profile (`benchmarks/actor_profile.py`)\n\n{machine_line(document)}")
+    if section is not None:
+        print()
+        print(pipelined_report(section))
     if args.json is not None:
         write_json(args.json, document)
     return 0

@@ -21,11 +21,12 @@ Two roles in one file:
   TLS data lane that serves across hosts, here over loopback) and ``net-msg``
   (``MONARCH_RDMA_NET_LANE=messages``: chunks as actor messages, the path under ``force_quic``),
   one after the other, ``--rounds`` times (``ref shm net net-tls net-msg ref ...``), plus the
-  *floors* of the data lanes in each round: a raw Unix stream socket and a raw TLS 1.3 socket
-  (Python's ``ssl``) moving the same bytes between two processes (a ``recv_into`` loop into
-  one buffer; what a lane cannot beat). It reports per figure the median MB/s of each side and
-  the ratios ours / reference: the median of the per-round ratios (sides of one round ran back
-  to back, on about the same load) and their min-max (the noise).
+  *floors* of the data lanes in each round: a raw Unix stream socket, a raw TLS 1.3 socket
+  (Python's ``ssl``: what the TLS lane was before its sealed records) and a plain TCP loopback
+  socket without encryption (what the TLS lane cannot beat) moving the same bytes between two
+  processes (a ``recv_into`` loop into one buffer). It reports per figure the median MB/s of
+  each side and the ratios ours / reference: the median of the per-round ratios (sides of one
+  round ran back to back, on about the same load) and their min-max (the noise).
 
     python benchmarks/rdma_throughput.py                    # 3 rounds, Markdown table
     python benchmarks/rdma_throughput.py --rounds 5 --json out.json
@@ -214,8 +215,9 @@ def _certificate(directory: str) -> str:
 
 
 def _floor(kind: str, nbytes: int, repeats: int) -> float:
-    """MB/s of a raw ``kind`` (``unix``, ``tls``) stream socket moving ``nbytes`` from a forked
-    process into one buffer of this one (``recv_into``), one request byte per transfer."""
+    """MB/s of a raw ``kind`` (``unix``, ``tls``, ``tcp``: TCP loopback without encryption)
+    stream socket moving ``nbytes`` from a forked process into one buffer of this one
+    (``recv_into``), one request byte per transfer."""
     if kind == "unix":
         mine, theirs = socket.socketpair()
     else:
@@ -266,7 +268,7 @@ def _floor(kind: str, nbytes: int, repeats: int) -> float:
 def _floors() -> dict[str, Any]:
     return {
         f"{kind}_{label}_MBps": _floor(kind, nbytes, FLOOR_REPEATS[label])
-        for kind in ("unix", "tls")
+        for kind in ("unix", "tls", "tcp")
         for label, nbytes in FLOOR_SIZES.items()
     }
 
@@ -305,7 +307,7 @@ def _table(rounds: list[dict[str, dict[str, Any]]], sides: list[str]) -> str:
     if "shm" in sides:
         for label in SIZES:
             ratio_row(f"read {label}", "shm", f"read_{label}_MBps", "shm", f"memcpy_{label}_MBps")
-    for side, kind in (("net", "unix"), ("net-tls", "tls")):
+    for side, kind in (("net", "unix"), ("net-tls", "tls"), ("net-tls", "tcp")):
         if side in sides:
             for label in FLOOR_SIZES:
                 for op in ("read", "write"):

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -103,6 +103,7 @@ class _Cell:
     display = "<root>.<bench.Echo echo{'gpus': 0/1}>"
     rank = 0
     runtime = _Runtime()
+    endpoints: ClassVar[dict[str, Any]] = {}
 
 
 class _Sender:
@@ -133,17 +134,61 @@ def metric_trip(m: Any, n: int) -> Trial:
     return Trial(counted=n, seconds=seconds, received=n, sent=n)
 
 
+def _set_trace(envelope: _Envelope, trace: bytes) -> None:
+    """What ``ProcRuntime.post`` does with the trace context ``send_traced`` gives it."""
+    envelope.trace = trace
+
+
+def send_side(t: Any) -> Callable[[Any, Any, _Envelope], None]:
+    """The send side of one call in tracing module ``t``: ``send_traced`` (the posts inside
+    it are given the span's context), or, in a revision before it, ``send_span`` entered
+    around ``outgoing_trace``."""
+    send_traced = getattr(t, "send_traced", None)
+    if send_traced is not None:
+
+        def send(runtime: Any, sender: Any, envelope: _Envelope) -> None:
+            send_traced("call_one", "ping", "echo", 1, runtime, sender, _set_trace, envelope)
+
+        return send
+    send_span, outgoing = t.send_span, t.outgoing_trace
+
+    def send_old(runtime: Any, sender: Any, envelope: _Envelope) -> None:
+        with send_span("call_one", "ping", "echo", 1, runtime, sender):
+            envelope.trace = outgoing(1)
+
+    return send_old
+
+
+def receive_side(t: Any) -> Callable[[Any, Any, Callable[[int], int], int], Any]:
+    """The receive side of one sync call in tracing module ``t``, as the runtime runs it:
+    ``run_endpoint`` (no wrapper made), or, in a revision before it, the wrapper
+    ``wrap_endpoint`` makes, called."""
+    run_endpoint = getattr(t, "run_endpoint", None)
+    if run_endpoint is not None:
+
+        def run(cell: Any, envelope: Any, body: Callable[[int], int], i: int) -> Any:
+            return run_endpoint(cell, envelope, body, (i,), {})
+
+        return run
+    wrap = t.wrap_endpoint
+
+    def run_old(cell: Any, envelope: Any, body: Callable[[int], int], i: int) -> Any:
+        return wrap(cell, envelope, body, None)(i)
+
+    return run_old
+
+
 def tracing_trip(t: Any, n: int) -> Trial:
     envelope, cell, sender, runtime = _Envelope(MessageKind.CALL, 0), _Cell(), _Sender(), _Runtime()
+    send, receive = send_side(t), receive_side(t)
 
     def body(x: int) -> int:
         return x
 
     start = time.process_time()
     for i in range(n):
-        with t.send_span("call_one", "ping", "echo", 1, runtime, sender):
-            envelope.trace = t.outgoing_trace(1)
-        t.wrap_endpoint(cell, envelope, body, None)(i)
+        send(runtime, sender, envelope)
+        receive(cell, envelope, body, i)
     seconds = time.process_time() - start
     return Trial(counted=n, seconds=seconds, received=n, sent=n)
 
@@ -212,21 +257,20 @@ def per_hook_cases() -> list[tuple[str, str, Callable[[Any, Any, int], Trial]]]:
         return _timed(n, loop)
 
     def wrapper(m: Any, t: Any, n: int) -> Trial:
-        wrap = t.wrap_endpoint
+        receive = receive_side(t)
 
         def loop(n: int) -> None:
             for i in range(n):
-                wrap(cell, call, body, None)(i)
+                receive(cell, call, body, i)
 
         return _timed(n, loop)
 
     def send(m: Any, t: Any, n: int) -> Trial:
-        send_span, outgoing = t.send_span, t.outgoing_trace
+        one = send_side(t)
 
         def loop(n: int) -> None:
             for _ in range(n):
-                with send_span("call_one", "ping", "echo", 1, runtime, sender):
-                    call.trace = outgoing(1)
+                one(runtime, sender, call)
 
         return _timed(n, loop)
 
@@ -236,7 +280,7 @@ def per_hook_cases() -> list[tuple[str, str, Callable[[Any, Any, int], Trial]]]:
         ("envelope received (count)", "metrics", received),
         ("mailbox enqueue (depth)", "metrics", enqueued),
         ("endpoint latency (+ the caller's perf_counter)", "metrics", latency),
-        ("endpoint wrapper, metrics only (+ body)", "metrics", wrapper),
+        ("endpoint timed, metrics only (+ body)", "metrics", wrapper),
         ("send span + trace context for the envelope", "tracing", send),
         ("receive span, tracing only (+ body)", "tracing", wrapper),
         ("receive span and endpoint latency, both on (+ body)", "both", wrapper),

@@ -83,30 +83,52 @@ NAMES: Final = {
     "job_host": "job host (`-m monarch.job._host`) to listening",
 }
 NOTES: Final = """\
-Where the CPU time goes (this tree; `-X importtime`, the least self time of each module over
-7 runs, summed by group: about 275 ms of imports in all): the standard library 27% (asyncio,
-ssl, logging, dataclasses, inspect, ...), chrysalis.core 11%, chrysalis.nameserver 11%,
-cryptography 9%, aioquic's `tls` module's own imports 8% (service_identity, pyOpenSSL, attrs,
-idna, certifi), aioquic 7%, chrysalis.quic 7%, the monarch.actor layers 13% together,
-msgspec/pluggy 3%, chrysalis.datagram 3%. Of a worker loop's CPU time to listening, about 4%
-is the interpreter's own start (`python -c pass`), about 90% importing, and the rest issuing
-its TLS identity and starting the node (about 10 ms). Across the groups, the largest single
-cost is making dataclasses: 192 classes, 86 ms of the 277 ms of CPU an `import monarch.actor`
-takes here (31%; timed around `dataclasses._process_class`), 65 ms of it for chrysalis's 139
-`frozen=True, slots=True` ones (each about 0.44 ms: `exec` of generated methods, then the class
-made again for its slots; a `msgspec.Struct` of four fields takes 11 us, a plain slotted class
-5 us): the next lever, not pulled here. What changed: `importlib.metadata` (with
-`zipfile`, `csv`, ...) is imported on the first entry-point lookup, which no worker makes; the
-worker entry points import the stack with the cyclic collector paused and freeze what the
-imports made (a full collection after the imports walked all of it: about 20 ms before
-listening on the baseline). What cannot go: aioquic's `tls` module imports service_identity
-(hence pyOpenSSL and attrs) at its top, for host name checks that Chrysalis never asks for
-(its peers are PIDs), and the aioquic engine needs that module; qh3's own stack costs about
-half as much to import (26 against 55 ms of CPU on top of cryptography, measured side by
-side), but this tree's qh3 engine also imports `aioquic.quic.connection`, so choosing it saves
-nothing until that is split. The `import monarch.actor` row includes the interpreter's exit
-(about 110 ms of CPU in a forked child's `sys.exit` after the import; not analysed further);
-the worker rows end at listening.
+What changed in this round (issue 19's SlurmJob target; the earlier round's changes, the
+cyclic collector paused and frozen around a worker's imports and `importlib.metadata` only on
+an entry-point lookup, stay):
+
+- **Dataclass methods compiled once across processes** (`chrysalis._startup`): making the
+  stack's 190 dataclasses took about 87 ms of a worker's CPU, two thirds of it `exec`
+  compiling 1,029 generated method sources one at a time. The worker entry points
+  (`monarch.actor._attach`, `._worker`, `monarch.job._host`, `._host_worker`) now import the
+  stack with `dataclasses` compiling through a cache of code objects keyed by the complete
+  source, kept in a file beside the byte-code caches (`sys.pycache_prefix`, else
+  `chrysalis/__pycache__`; 0.9 MB; written by the first start that compiled something new,
+  like a `.pyc`; not when byte code is not written). With it the dataclasses cost about 24 ms
+  (5 ms of it reading the file). The classes are the same: only the compilation is saved
+  (`chrysalis-core/tests/test_startup.py` compares classes made with and without it).
+  Programs that import the stack themselves are untouched.
+- **aioquic's verification-only imports deferred** (`chrysalis.quic._engines._aioquic_tls`):
+  `aioquic.tls` imports service_identity (with pyOpenSSL, attrs, idna), `OpenSSL.crypto` and
+  certifi at its top for `verify_certificate`, which neither engine ever calls (`CERT_NONE`:
+  the endpoint checks peers itself). They now load on first use instead; a program that
+  imported them before keeps its own. This also cuts `import monarch.actor` in any process.
+- **No IDNA codec at start**: `socket.getaddrinfo` with a `str` host loads
+  `encodings.idna` (with stringprep and unicodedata, about 7 ms of CPU); the worker loop's
+  address resolution and the Slurm worker's report now pass ASCII names as bytes.
+  `monarch.job._host` imports `chrysalis.node.netns` only with `--netns`.
+
+`tests/test_start_cost.py` (monarch-actor) and `tests/test_host_start.py` (monarch-job) run
+each worker entry point under `-X importtime` until it prints its address and fail if any of
+the modules it must not import by then was imported (service_identity, pyOpenSSL, certifi,
+the IDNA codec, cloudpickle, torch, the CLIs, sqlite, trio, ...), and check that it wrote the
+dataclass code cache.
+
+Where a job host's CPU time to listening goes now (this tree; `-X importtime`, the least self
+time of each module over 7 runs: about 206 ms of imports): the standard library 39% (asyncio,
+ssl, logging, concurrent.futures, inspect, ...), cryptography 16% (`x509.name` alone 13 ms:
+regular expressions compiled when its module loads), chrysalis.nameserver 9%, aioquic 6%,
+chrysalis.core 6%, chrysalis.quic 6%, the monarch.actor layers 11% together, chrysalis.datagram
+2%, msgspec and pluggy 2%. By layer (CPU time, one process, imports in order): the standard
+library's base about 40 ms, the Chrysalis stack with cryptography and aioquic about 125 ms,
+`monarch.actor`'s facade on top about 57 ms. After the imports: the TLS identity (one P-256
+key and one signature: about 10 ms), the node's start, argument parsing. A checkout on
+`PYTHONPATH` (twelve `src` folders) costs about 10 ms more than the same modules in one folder,
+as an installation has them (measured side by side). The next levers, not pulled here: a
+worker loop that listens before importing `monarch.actor`'s runtime and meshes (the daemon's
+facade import is about a quarter of its imports, but its zygote is forked from it warm), and
+chrysalis.nameserver's dataclasses. The `import monarch.actor` row includes the interpreter's
+exit; the worker rows end at listening.
 """
 
 

@@ -20,9 +20,11 @@ from benchmarks.actor_profile import (  # noqa: E402
     KINDS,
     MODES,
     OVERLAPPING,
+    PIPELINED_CALLS,
     STAGES,
     WITHIN,
     _Recorder,
+    function_diff,
     join_records,
     parse_callgrind_totals,
     parse_perf_count,
@@ -151,3 +153,42 @@ def test_instruction_counts_are_parsed_and_the_counting_cost_subtracted() -> Non
     assert per_call(10_500, 500, 100) == 100.0
     assert per_call(None, 500, 100) is None
     assert per_call(10_500, None, 100) is None
+
+
+def test_pipelined_section_counts_both_processes_and_the_functions_they_run(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "pipelined.json"
+    proc = run_smoke(SCRIPT, out, "--only-pipelined", cwd=tmp_path, timeout=120)
+    document = json.loads(out.read_text())
+    assert document["cases"] == {}
+    section = document["pipelined"]
+    for kind in ("call_one", "payload_1mib"):
+        case = section[kind]
+        assert case["calls"] == PIPELINED_CALLS["smoke"]
+        for side in ("client", "worker"):
+            assert case["per_call"][side]["cpu_us"] > 0
+            functions = case["functions"][side]
+            # every call ran the transport's send on both sides (the worker's: its reply)
+            send = next(v for k, v in functions.items() if k.endswith("(send)") and "node" in k)
+            assert send[0] >= 1.0
+    large = section["payload_1mib"]["functions"]
+    # only the 1 MiB calls put buffers in shared memory, once per call
+    put = [v for k, v in large["client"].items() if "shm.py" in k and k.endswith("(put)")]
+    assert put
+    assert put[0][0] == 1.0
+    assert not any(
+        "shm.py" in k and k.endswith("(put)") for k in section["call_one"]["functions"]["client"]
+    )
+    assert "### Pipelined calls" in proc.stdout
+    assert "what a pipelined 1 MiB call runs beyond a tiny one" in proc.stdout
+
+
+def test_function_diff_keeps_what_grew_most_extra_time_first() -> None:
+    small = {"a": [1.0, 5.0], "b": [2.0, 1.0], "same": [1.0, 3.0]}
+    large = {"a": [1.0, 9.0], "b": [3.0, 1.5], "new": [1.0, 20.0], "same": [1.0, 3.2]}
+    rows = function_diff(small, large, top=10)
+    assert [row[0] for row in rows] == ["new", "a", "b"]
+    assert rows[0] == ("new", 1.0, 1.0, 20.0)
+    assert rows[2] == ("b", 3.0, 1.0, 0.5)
+    assert len(function_diff(small, large, top=1)) == 1

@@ -395,6 +395,73 @@ def test_a_give_back_without_its_descriptor_or_a_stray_ack_fails_the_lane() -> N
     assert "acknowledged shared memory never sent" in failures[0]
 
 
+def _send_ring(sock: socket.socket, fd: int | None) -> None:
+    import array
+
+    fds = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+    sock.sendmsg([b"\xff\xff\xff\xff"], fds)
+
+
+def test_a_bad_acknowledgement_ring_fails_the_lane() -> None:
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, _shm.RING_BYTES)
+    try:
+        _lane, failures = _sender_lane_against(lambda peer: _send_ring(peer, unsealed))
+    finally:
+        os.close(unsealed)
+    assert len(failures) == 1
+    assert "bad acknowledgement ring" in failures[0]
+    _lane, failures = _sender_lane_against(lambda peer: _send_ring(peer, None))
+    assert len(failures) == 1
+    assert "ring without its descriptor" in failures[0]
+
+
+def test_a_ring_entry_for_a_slot_never_sent_fails_the_lane() -> None:
+    failures: list[str] = []
+
+    async def run() -> tuple[int, int]:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        lane = UnixLane(mine, asyncio.get_running_loop(), b"\x01" * 16, LaneSettings())
+        failed = asyncio.Event()
+
+        def on_failed(reason: str) -> None:
+            failures.append(reason)
+            failed.set()
+
+        lane.on_failed = on_failed
+        ringed = asyncio.Event()
+        attach = lane.pool.attach_ring
+
+        def attaching(ring: _shm.AckRing) -> None:
+            attach(ring)
+            ringed.set()
+
+        lane.pool.attach_ring = attaching  # type: ignore[method-assign]
+        lane.start_sender()
+        ring, fd = _shm.AckRing.create()
+        try:
+            _send_ring(theirs, fd)
+        finally:
+            os.close(fd)
+        taken = lane.pool.put(memoryview(b"z" * 300_000))
+        assert taken is not None
+        os.close(taken[1])
+        await asyncio.wait_for(ringed.wait(), T)  # the sender's loop read the ring's message
+        ring.push(taken[0])  # a genuine acknowledgement, then one for a slot never sent
+        ring.push(4242)
+        outstanding = lane.shm_outstanding  # reads the ring: the first frees the slot
+        await asyncio.wait_for(failed.wait(), T)
+        theirs.close()
+        ring.close()
+        return outstanding, int(lane.closed)
+
+    outstanding, closed = asyncio.run(run())
+    assert outstanding == 0
+    assert closed == 1
+    assert len(failures) == 1
+    assert "acknowledged shared memory never sent" in failures[0]
+
+
 def test_a_corked_batch_of_frames_with_descriptors_arrives_in_order() -> None:
     """Frames with shared-memory descriptors queued together leave in one sendmsg (every
     descriptor with the batch's first byte, at most 32 per call); the receiver claims them in
@@ -519,14 +586,14 @@ def test_a_receiver_copies_bytes_out_of_its_views_of_the_senders_slots(views: in
             got.append(buffers[0])
             arrived.set()
 
-        released = asyncio.Event()
-        release = sender.pool.release
+        ringed = asyncio.Event()
+        attach = sender.pool.attach_ring
 
-        def releasing(slot: int) -> bool:
-            released.set()
-            return release(slot)
+        def attaching(ring: _shm.AckRing) -> None:
+            ringed.set()
+            attach(ring)
 
-        sender.pool.release = releasing  # type: ignore[method-assign]
+        sender.pool.attach_ring = attaching  # type: ignore[method-assign]
         receiver.start(on_message, lambda _reason: None)
         sender.start_sender()
         for seq in range(n):
@@ -540,11 +607,15 @@ def test_a_receiver_copies_bytes_out_of_its_views_of_the_senders_slots(views: in
             header = encoder.encode(env)
             pieces = [lane_prefix([(0, taken[0])]), prefix.pack(len(header), 0), header]
             arrived.clear()
-            released.clear()
             sender.send_frame(pieces, [taken[1]], 1)
             await asyncio.wait_for(arrived.wait(), T)
-            await asyncio.wait_for(released.wait(), T)  # the acknowledgement frees the slot
+            # The receiver's acknowledgement ring comes once, on the socket; from then on the
+            # acknowledgement is in the ring when the message is handed over.
+            await asyncio.wait_for(ringed.wait(), T)
             assert sender.shm_outstanding == 0
+        # every acknowledgement went through the ring, none on the socket after it
+        assert receiver._ring is not None
+        assert receiver._ring.pushed == n
         mapped = receiver.views.mapped if receiver.views is not None else -1
         copies = receiver.views.copies if receiver.views is not None else -1
         slots = sum(len(free) for free in sender.pool._free.values())

@@ -384,3 +384,79 @@ def test_a_slot_that_cannot_be_mapped_is_read_instead(monkeypatch: pytest.Monkey
     assert _shm.receive_buffer(taken[1], 300_000, 0b11, views) == (b"m" * 300_000, False)
     assert (views.mapped, views.copies) == (0, 0)
     pool.close()
+
+
+def test_an_ack_ring_carries_slot_numbers_in_order_and_refuses_when_full() -> None:
+    ring, fd = _shm.AckRing.create()
+    try:
+        reader = _shm.AckRing.adopt(fd)  # the sender's own mapping of the same memory
+    finally:
+        os.close(fd)
+    size = _shm.RING_BYTES // 4
+    assert reader.take() == []
+    assert all(ring.push(slot) for slot in (5, 6, 7))
+    assert reader.take() == [5, 6, 7]
+    assert reader.take() == []  # taken entries are zeroed
+    for slot in range(1, size + 1):  # round the ring: the positions wrap
+        assert ring.push(slot)
+    assert not ring.push(99)  # full until the reader takes
+    assert reader.take() == list(range(1, size + 1))
+    assert ring.push(99)
+    assert reader.take() == [99]
+    assert ring.pushed == 3 + size + 1
+    ring.close()
+    reader.close()
+    assert ring._mapping.closed  # unmapped: no view of it was left behind
+    assert reader._mapping.closed
+
+
+def test_a_ring_that_is_not_a_sealed_file_of_its_size_is_refused() -> None:
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, _shm.RING_BYTES)
+    wrong = os.memfd_create("wrong", os.MFD_ALLOW_SEALING)
+    os.ftruncate(wrong, 2 * _shm.RING_BYTES)
+    fcntl.fcntl(wrong, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    read_end, write_end = os.pipe()
+    try:
+        for fd in (unsealed, wrong, read_end):
+            with pytest.raises(_shm.ShmError):
+                _shm.AckRing.adopt(fd)
+    finally:
+        for fd in (unsealed, wrong, read_end, write_end):
+            os.close(fd)
+
+
+def test_a_pool_reads_acknowledgements_from_its_ring_when_it_needs_a_slot() -> None:
+    pool = _shm.ShmPool(1 << 20)
+    faults: list[str] = []
+    pool.on_fault = faults.append
+    ring, fd = _shm.AckRing.create()
+    try:
+        pool.attach_ring(_shm.AckRing.adopt(fd))
+    finally:
+        os.close(fd)
+    data = memoryview(b"r" * 300_000)  # a 512 KiB slot: two fit the bound
+    first = pool.put(data)
+    second = pool.put(data)
+    assert first is not None
+    assert second is not None
+    os.close(first[1])
+    os.close(second[1])
+    assert pool.put(data) is not None  # over the bound: detached
+    assert pool.detached_issued == 1
+    ring.push(first[0])
+    ring.push(second[0])
+    third = pool.put(data)  # took the acknowledgements first: a pooled slot again
+    assert third is not None
+    os.close(third[1])
+    assert pool.detached_issued == 1
+    assert pool.outstanding == 512 * 1024 + 512 * 1024  # the new one and the detached one
+    assert faults == []
+    ring.push(12345)  # never sent: the pool refuses every later buffer and says so once
+    assert pool.put(data) is None
+    assert pool.put(data) is None
+    assert len(faults) == 1
+    assert "never sent" in faults[0]
+    assert pool.fault == faults[0]
+    pool.close()
+    ring.close()

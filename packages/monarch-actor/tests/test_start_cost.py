@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +43,58 @@ LAZY = {
     "monarch.job": "a package of its own",
     "monarch.tensor": "a package of its own",
 }
+
+
+#: Modules a worker loop does not import before it listens (each comes with its first use),
+#: with why; the test below fails when one of them is back on the start-up path.
+NOT_BEFORE_LISTENING = {
+    **LAZY,
+    "service_identity": "aioquic.tls's host name checks: deferred (chrysalis.quic._engines)",
+    "OpenSSL": "aioquic.tls's chain checks: deferred, Chrysalis checks peers itself",
+    "attr": "service_identity's",
+    "idna": "service_identity's",
+    "certifi": "aioquic.tls's default trust roots: never used by Chrysalis",
+    "chrysalis.node.netns": "namespaces: only a host started with --netns",
+    "kubernetes": "monarch.job's Kubernetes engine",
+    "encodings.idna": "non-ASCII host names only: ASCII ones are resolved as bytes",
+}
+
+
+def _imported_before_listening(argv: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
+    """Run ``python -X importtime ARGV`` until it prints its address on stdout: (address, the
+    modules it imported until then, from the import-time log on stderr)."""
+    popen = subprocess.Popen(
+        [sys.executable, "-X", "importtime", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert popen.stdout is not None
+        ready = threading.Event()
+        line: list[str] = []
+
+        def read() -> None:
+            assert popen.stdout is not None
+            line.append(popen.stdout.readline())
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert ready.wait(120), "the worker loop did not report its address within 120 s"
+    finally:
+        popen.kill()
+        _, err = popen.communicate(timeout=60)
+    modules = {m.group(1) for m in re.finditer(r"\|\s*(\S+)\s*$", err, re.MULTILINE)}
+    return line[0].strip(), modules
+
+
+def _eager(modules: set[str], lazy: dict[str, str]) -> dict[str, str]:
+    return {
+        name: why
+        for name, why in lazy.items()
+        if name in modules or any(m.startswith(name + ".") for m in modules)
+    }
 
 
 def _imported_by(code: str) -> set[str]:
@@ -120,3 +175,24 @@ def test_a_worker_entry_point_imports_with_the_collector_paused_then_frozen() ->
 def test_any_other_program_keeps_its_collector_as_it_was() -> None:
     assert _collector_after_import(None) == (True, 0)
     assert _collector_after_import(["python", "-m", "my_program"]) == (True, 0)
+
+
+def test_the_worker_loop_listens_without_the_lazy_modules_and_caches_dataclass_code(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "CHRYSALIS_DEV_CA_DIR": str(tmp_path / "ca"),
+        "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc"),
+    }
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    argv = ["-m", "monarch.actor._attach", "--address", "udp://127.0.0.1:0"]
+    address, modules = _imported_before_listening(argv, env)
+    assert address.startswith("udp://127.0.0.1:")
+    assert {"monarch.actor._hosts.attach_daemon", "aioquic.tls"} <= modules  # the probe works
+    assert _eager(modules, NOT_BEFORE_LISTENING) == {}
+    # the entry point made the stack's dataclasses through the code cache (chrysalis._startup)
+    cached = list((tmp_path / "pyc" / "chrysalis").glob("dataclass-code.*.bin"))
+    assert len(cached) == 1
+    assert cached[0].stat().st_size > 100_000

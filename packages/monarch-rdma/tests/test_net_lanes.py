@@ -289,6 +289,7 @@ def test_a_kept_connection_the_owner_closed_while_idle_is_replaced(op: Op) -> No
         _run(pool.transfer("unix", server.endpoint, Op.READ, 1, SECRET, 0, view))
         assert pool._idle_count == 1
         (kept,) = [conn for conns in pool._idle.values() for conn in conns]
+        assert isinstance(kept.sock, socket.socket)  # the Unix lane: a plain socket
         readable, _, _ = select.select([kept.sock], [], [], 10)  # the owner's end of it
         assert readable
         assert kept.sock.recv(1, socket.MSG_PEEK) == b""

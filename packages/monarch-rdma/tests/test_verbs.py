@@ -1,5 +1,6 @@
-"""The device-free part of the ibverbs provider: discovery, the QP handshake codec, the region
-table. The test that needs a device skips cleanly without ``/dev/infiniband``."""
+"""The device-free part of the ibverbs provider: discovery (devices, active ports), the QP
+handshake codec, the region table. The test that needs a device skips cleanly without
+``/dev/infiniband``; the provider itself is tested in ``test_verbs_provider.py``."""
 
 from __future__ import annotations
 
@@ -38,11 +39,12 @@ def test_discovery_needs_both_the_sysfs_device_and_its_uverbs_file(tmp_path: Pat
 def test_without_pyverbs_or_a_device_ibverbs_is_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_ibverbs, "list_devices", lambda: ["mlx5_0"])
+    monkeypatch.setattr(_ibverbs, "usable_devices", lambda: ["mlx5_0"])
     monkeypatch.setattr(_ibverbs, "pyverbs_importable", lambda: False)
     assert _ibverbs.is_ibverbs_available() is False
-    monkeypatch.setattr(_ibverbs, "list_devices", list)
     monkeypatch.setattr(_ibverbs, "pyverbs_importable", lambda: True)
+    assert _ibverbs.is_ibverbs_available() is True
+    monkeypatch.setattr(_ibverbs, "usable_devices", list)
     assert _ibverbs.is_ibverbs_available() is False
 
 
@@ -56,6 +58,13 @@ def test_each_missing_piece_is_named_as_the_reason(
     dev.mkdir()
     (dev / "uverbs0").touch()
     monkeypatch.setattr(_ibverbs, "pyverbs_importable", lambda: False)
+    assert "no port of mlx5_0 is active" in (_ibverbs.unavailable_reason(sysfs, dev) or "")
+    (sysfs / "mlx5_0" / "ports" / "1").mkdir(parents=True)
+    (sysfs / "mlx5_0" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    assert "no port of mlx5_0 is active" in (_ibverbs.unavailable_reason(sysfs, dev) or "")
+    (sysfs / "mlx5_0" / "ports" / "2").mkdir()
+    (sysfs / "mlx5_0" / "ports" / "2" / "state").write_text("4: ACTIVE\n")
+    assert _ibverbs.usable_devices(sysfs, dev) == ["mlx5_0"]
     assert "pyverbs is not installed" in (_ibverbs.unavailable_reason(sysfs, dev) or "")
     monkeypatch.setattr(_ibverbs, "pyverbs_importable", lambda: True)
     assert _ibverbs.unavailable_reason(sysfs, dev) is None
@@ -73,8 +82,9 @@ def test_without_a_device_ibverbs_is_unavailable_with_a_clear_reason() -> None:
 @pytest.mark.skipif(not Path("/dev/infiniband").exists(), reason="no /dev/infiniband here")
 def test_a_device_is_discovered_where_one_exists() -> None:
     assert _ibverbs.list_devices()
-    assert is_ibverbs_available() == _ibverbs.pyverbs_importable()
-    assert get_rdma_backend() == "tcp"  # no ibverbs provider yet: the net provider serves
+    usable = bool(_ibverbs.usable_devices()) and _ibverbs.pyverbs_importable()
+    assert is_ibverbs_available() == usable
+    assert get_rdma_backend() == ("ibverbs" if usable else "tcp")
 
 
 GID = bytes(range(16))

@@ -45,9 +45,15 @@ def _dash_m_module() -> str | None:
 # before it is back on, else the first full collection walks all of it. About a fifteenth of
 # a worker loop's CPU time to listening (benchmarks/worker_start.py); ``monarch.job``'s host
 # worker does the same around its own imports.
+# The methods of the stack's dataclasses are compiled once across such processes too
+# (``chrysalis._startup``: about a fifth of the imports' CPU time).
 _STARTING_AS_ENTRY_POINT = _gc.isenabled() and _dash_m_module() in _ENTRY_POINTS
 if _STARTING_AS_ENTRY_POINT:
     _gc.disable()
+    from chrysalis._startup import dataclass_code_cache as _dataclass_code_cache
+
+    _code_cache = _dataclass_code_cache()
+    _code_cache.__enter__()
 try:
     from monarch.actor import config
     from monarch.actor._base.actor import Actor
@@ -110,6 +116,7 @@ try:
     )
 finally:
     if _STARTING_AS_ENTRY_POINT:
+        _code_cache.__exit__(None, None, None)
         _gc.freeze()
         _gc.enable()
 

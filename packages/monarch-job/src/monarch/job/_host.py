@@ -23,6 +23,11 @@ import gc
 _STARTING_AS_MAIN = __name__ == "__main__" and gc.isenabled()
 if _STARTING_AS_MAIN:
     gc.disable()
+    # and the stack's dataclass methods compiled once across hosts (``chrysalis._startup``)
+    from chrysalis._startup import dataclass_code_cache
+
+    _code_cache = dataclass_code_cache()
+    _code_cache.__enter__()
 try:
     import argparse
     import asyncio
@@ -34,13 +39,13 @@ try:
     import sys
     from collections.abc import Sequence
 
-    from chrysalis.node.netns import enter_netns
     from monarch.actor._hosts.attach_daemon import WorkerDaemon
     from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
     from monarch.actor._runtime import logging as runtime_logging
     from monarch.config import _registry as _config
 finally:
     if _STARTING_AS_MAIN:
+        _code_cache.__exit__(None, None, None)
         gc.freeze()
         gc.enable()
 
@@ -77,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.forked:
         _forget_the_client()
     if args.netns:
+        from chrysalis.node.netns import enter_netns  # only here: shutil, secrets, ipaddress...
+
         enter_netns(args.netns)
     if args.log:
         fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -34,6 +34,11 @@ import gc
 _STARTING_AS_MAIN = __name__ == "__main__" and gc.isenabled()
 if _STARTING_AS_MAIN:
     gc.disable()
+    # and the stack's dataclass methods compiled once across hosts (``chrysalis._startup``)
+    from chrysalis._startup import dataclass_code_cache
+
+    _code_cache = dataclass_code_cache()
+    _code_cache.__enter__()
 try:
     import argparse
     import contextlib
@@ -74,6 +79,7 @@ try:
     from monarch.job._slurm_text import REPORT_ENV, WorkerReport, node_addrs
 finally:
     if _STARTING_AS_MAIN:
+        _code_cache.__exit__(None, None, None)
         gc.freeze()
         gc.enable()
 
@@ -119,8 +125,10 @@ def host_address(host: str | None, slurm: bool) -> str:
             _log.warning("cannot read this node's NodeAddr (%s): using its host name", exc)
     if host is None:
         host = os.environ.get("MONARCH_HOST_IP") or socket.getfqdn()
+    # an ASCII name as bytes: a str loads the IDNA codec first (several ms of the start-up)
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+        return str(socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0])
     except OSError as exc:
         raise RuntimeError(f"cannot resolve this host's address {host!r}: {exc}") from None
 

@@ -119,13 +119,32 @@ def _read_line(conn: socket.socket) -> bytes:
     return data
 
 
+def _connect(host: str, port: int) -> socket.socket:
+    """``socket.create_connection((host, port), SEND_TIMEOUT)``, an ASCII host name given to the
+    resolver as bytes: as a str it would load the IDNA codec first (``encodings.idna``, several
+    ms of CPU on the worker's path to its report)."""
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    error: OSError = OSError(f"{host!r} resolves to no address")
+    for family, kind, proto, _, address in socket.getaddrinfo(name, port, 0, socket.SOCK_STREAM):
+        conn = socket.socket(family, kind, proto)
+        try:
+            conn.settimeout(SEND_TIMEOUT)
+            conn.connect(address)
+        except OSError as exc:
+            conn.close()
+            error = exc
+            continue
+        return conn
+    raise error
+
+
 def send_report(target: str, job_id: str, report: WorkerReport) -> bool:
     """The worker's side: deliver ``report`` to ``target`` (``$MONARCH_JOB_REPORT``); whether
     it was delivered (a failure is logged: the client falls back to polling)."""
     try:
         token, host, port = parse_report_target(target)
         line = report_line(token, job_id, report)
-        with socket.create_connection((host, port), timeout=SEND_TIMEOUT) as conn:
+        with _connect(host, port) as conn:
             conn.sendall(line)
             conn.shutdown(socket.SHUT_WR)
     except (OSError, ValueError) as exc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from monarch.actor import Future, context, returns_future
+from monarch.rdma import _staging
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
 from monarch.rdma._ibverbs import is_ibverbs_available, unavailable_reason
@@ -132,11 +133,19 @@ class RDMABuffer:
             )
         if backend == "tcp":
             _warn_fallback()
-        memory = local_memory(data)
+        stage: _staging.StageRef | None = None
+        if _staging.device_ops().is_device(data):  # CUDA: a pinned staging copy is registered
+            if int(data.dim()) == 1 and int(data.numel()) == 0:
+                raise ValueError("Cannot create RDMABuffer with size 0.")
+            context()
+            host, stage = _staging.stage_owner(data)
+            memory = local_memory(host)
+        else:
+            memory = local_memory(data)
         if memory.nbytes == 0:
             raise ValueError("Cannot create RDMABuffer with size 0.")
         owner = str(context().actor_instance.actor_id)
-        if "shm" in usable and _move_to_shared_memory(memory.owner):
+        if "shm" in usable and stage is None and _move_to_shared_memory(memory.owner):
             memory = local_memory(data)  # the tensor's storage moved
         registry = default_registry()
         keys = {}
@@ -153,16 +162,21 @@ class RDMABuffer:
         self._backend = backend
         self._peer = _local_peer(usable)
         self._keys: dict[str, RemoteKey] = keys
+        self._stage = stage  # the owner's staging of a device tensor, or None
         self._memory: LocalMemory | None = memory  # the owner's reference; not pickled
+        self._device: Any = data if stage is not None else None  # not pickled
 
     def __getstate__(self) -> dict[str, Any]:
         state = {slot: getattr(self, slot) for slot in ("_size", "_owner", "_backend", "_peer")}
         state["_keys"] = self._keys
+        state["_stage"] = self._stage
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self._stage = None
         self.__dict__.update(state)
         self._memory = None
+        self._device = None
 
     def __repr__(self) -> str:
         return f"RDMABuffer(size={self._size}, owner={self._owner!r}, backend={self._backend!r})"
@@ -210,7 +224,8 @@ class RDMABuffer:
         context()
         keys = dict(self._keys)
         self._memory = None
-        return _drop(keys)
+        self._device = None
+        return _drop(keys, self._stage)
 
 
 def _move_to_shared_memory(data: Any) -> bool:
@@ -232,10 +247,12 @@ def _move_to_shared_memory(data: Any) -> bool:
 
 
 @returns_future
-async def _drop(keys: dict[str, RemoteKey]) -> None:
+async def _drop(keys: dict[str, RemoteKey], stage: _staging.StageRef | None) -> None:
     registry = default_registry()
     for name, key in keys.items():
         await registry.provider(name).deregister(key)
+    if stage is not None:
+        await _staging.release(stage)
 
 
 def _forget_after_fork() -> None:
@@ -270,6 +287,14 @@ class _Op:
     kind: Literal["read", "write"]
     buffer: RDMABuffer
     local: LocalMemory
+    stage: _staging.LocalStage | None = None  # a CUDA tensor's staging
+
+
+def _local(data: Any) -> tuple[LocalMemory, _staging.LocalStage | None]:
+    if _staging.device_ops().is_device(data):
+        stage = _staging.stage_local(data)
+        return stage.memory, stage
+    return local_memory(data), None
 
 
 class RDMAAction:
@@ -301,7 +326,7 @@ class RDMAAction:
         """Queue a read of buffer ``src`` into local memory ``dst``."""
         if not isinstance(src, RDMABuffer):
             raise TypeError(f"read_remote reads from an RDMABuffer, got {type(src).__name__}")
-        local = local_memory(dst)
+        local, stage = _local(dst)
         if local.nbytes < src.size():
             raise ValueError(
                 f"Destination tensor size ({local.nbytes}) must be >= RDMA buffer size "
@@ -310,20 +335,20 @@ class RDMAAction:
         if local.readonly:
             raise ValueError("RDMA read destination is read-only memory")
         self._claim(local, written=True)
-        self._ops.append(_Op("read", src, local))
+        self._ops.append(_Op("read", src, local, stage))
         return self
 
     def write_remote(self, dst: RDMABuffer, src: Any) -> RDMAAction:
         """Queue a write of local memory ``src`` into buffer ``dst``."""
         if not isinstance(dst, RDMABuffer):
             raise TypeError(f"write_remote writes to an RDMABuffer, got {type(dst).__name__}")
-        local = local_memory(src)
+        local, stage = _local(src)
         if local.nbytes > dst.size():
             raise ValueError(
                 f"Source tensor size ({local.nbytes}) must be <= RDMA buffer size ({dst.size()})"
             )
         self._claim(local, written=False)
-        self._ops.append(_Op("write", dst, local))
+        self._ops.append(_Op("write", dst, local, stage))
         return self
 
     def fetch_add(self, src: RDMABuffer, dst: Any, add: int) -> RDMAAction:
@@ -339,10 +364,31 @@ class RDMAAction:
         fails with the first failure (``TimeoutError`` "timed out" after ``timeout`` seconds).
         ``TypeError`` for a timeout that is not an int, ``OverflowError`` for one out of range."""
         seconds = validate_timeout(timeout)
-        return _submit(list(self._ops), seconds)
+        staged: dict[int, tuple[Any, Any]] = {}
+        for index, op in enumerate(self._ops):
+            if op.stage is not None:  # the caller's stream; a write's copy is queued now
+                nbytes = op.local.nbytes if op.kind == "write" else op.buffer.size()
+                staged[index] = op.stage.begin(op.kind, nbytes)
+        return _submit(list(self._ops), seconds, staged)
 
 
-async def _run(op: _Op, usable: dict[str, ProviderSpec]) -> None:
+async def _run(op: _Op, usable: dict[str, ProviderSpec], staged: tuple[Any, Any] | None) -> None:
+    if op.stage is None and op.buffer._stage is None:
+        await _transfer(op, usable)
+        return
+    stream, token = staged if staged is not None else (None, None)
+    if op.stage is not None:
+        await op.stage.before(token)
+    if op.buffer._stage is not None and op.kind == "read":
+        await _staging.sync_owner(op.buffer._stage, "to_host", op.buffer.size())
+    await _transfer(op, usable)
+    if op.buffer._stage is not None and op.kind == "write":
+        await _staging.sync_owner(op.buffer._stage, "to_device", op.local.nbytes)
+    if op.stage is not None and op.kind == "read":
+        await op.stage.after_read(stream, op.buffer.size())
+
+
+async def _transfer(op: _Op, usable: dict[str, ProviderSpec]) -> None:
     buffer = op.buffer
     name = buffer._choose(usable)
     if name is None:
@@ -359,17 +405,18 @@ async def _run(op: _Op, usable: dict[str, ProviderSpec]) -> None:
 
 
 @returns_future
-async def _submit(ops: list[_Op], timeout: int) -> None:
+async def _submit(ops: list[_Op], timeout: int, staged: dict[int, tuple[Any, Any]]) -> None:
     if not ops:
         return
     usable = _usable()
     try:
         async with asyncio.timeout(timeout):  # no extra task (a 1 MiB shm read is ~40 us)
             if len(ops) == 1:
-                await _run(ops[0], usable)
+                await _run(ops[0], usable, staged.get(0))
                 return
             results = await asyncio.gather(
-                *(_run(op, usable) for op in ops), return_exceptions=True
+                *(_run(op, usable, staged.get(i)) for i, op in enumerate(ops)),
+                return_exceptions=True,
             )
     except TimeoutError:
         raise TimeoutError(

@@ -1,10 +1,10 @@
 """ibverbs device discovery (the part of the ``ibverbs`` provider that needs no device).
 
 ``is_ibverbs_available()`` is true only where an RDMA device is present (a character device in
-``/dev/infiniband`` and a device in ``/sys/class/infiniband``) *and* pyverbs can be imported
-(``pip install monarch-rdma[verbs]``). It imports nothing: pyverbs is looked up, not loaded.
-The provider that would transfer over verbs is a later increment, so this answer does not yet
-make ``get_rdma_backend()`` say ``"ibverbs"`` (it reports the provider that actually serves).
+``/dev/infiniband`` and a device in ``/sys/class/infiniband`` with an active port) *and*
+pyverbs can be imported (``pip install monarch-rdma[verbs]``). It imports nothing: pyverbs is
+looked up, not loaded, and the device is not opened (the port's state is read from sysfs).
+The ``ibverbs`` provider (``_verbs``) is offered exactly where this is true.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ __all__ = [
     "SYSFS_DIR",
     "is_ibverbs_available",
     "list_devices",
+    "usable_devices",
     "unavailable_reason",
 ]
 
@@ -38,6 +39,20 @@ def list_devices(sysfs: Path = SYSFS_DIR, dev: Path = DEV_DIR) -> list[str]:
     return names
 
 
+def usable_devices(sysfs: Path = SYSFS_DIR, dev: Path = DEV_DIR) -> list[str]:
+    """The devices of ``list_devices`` with an active port (``ports/N/state`` says
+    ``ACTIVE``): the ones a queue pair can be connected through."""
+    usable = []
+    for name in list_devices(sysfs, dev):
+        try:
+            states = [p.read_text() for p in (sysfs / name / "ports").glob("*/state")]
+        except OSError:
+            continue
+        if any("ACTIVE" in state and "INACTIVE" not in state for state in states):
+            usable.append(name)
+    return usable
+
+
 def pyverbs_importable() -> bool:
     """Whether ``pyverbs`` is installed (not imported)."""
     try:
@@ -48,7 +63,7 @@ def pyverbs_importable() -> bool:
 
 def is_ibverbs_available() -> bool:
     """Whether ibverbs RDMA hardware is usable from this process (a device and pyverbs)."""
-    return bool(list_devices()) and pyverbs_importable()
+    return bool(usable_devices()) and pyverbs_importable()
 
 
 def unavailable_reason(sysfs: Path = SYSFS_DIR, dev: Path = DEV_DIR) -> str | None:
@@ -64,6 +79,8 @@ def unavailable_reason(sysfs: Path = SYSFS_DIR, dev: Path = DEV_DIR) -> str | No
         return f"no RDMA device: no uverbs device file in {dev}"
     if not list_devices(sysfs, dev):
         return f"no usable RDMA device: the uverbs files of {dev} are not readable and writable"
+    if not usable_devices(sysfs, dev):
+        return f"no usable RDMA device: no port of {', '.join(list_devices(sysfs, dev))} is active"
     if not pyverbs_importable():
         return "pyverbs is not installed (pip install 'monarch-rdma[verbs]')"
     return None

@@ -8,8 +8,9 @@ Why: every operation of ``monarch.rdma`` takes local memory as a 1-D contiguous 
 
 torch is never imported here: a tensor is recognised only when ``torch`` is already in
 ``sys.modules`` (whoever made the tensor imported it). A tensor's bytes are reached through its
-data pointer with ``ctypes``, so numpy is not needed either. CUDA tensors are refused for now
-(``NotImplementedError``): staging them through host memory is a later increment.
+data pointer with ``ctypes``, so numpy is not needed either. CUDA tensors never reach this
+module: ``_staging`` serves them through pinned host memory; tensors of other devices are
+refused (``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _torch_tensor_type() -> type | None:
 def local_memory(data: object) -> LocalMemory:
     """``data`` as a ``LocalMemory``; ``ValueError`` (the reference's message) unless it is a
     1-D contiguous tensor or a 1-D C-contiguous memoryview; ``NotImplementedError`` for a
-    tensor that is not in host memory."""
+    tensor neither in host memory nor on a CUDA device (those are staged before this)."""
     if isinstance(data, memoryview):
         if data.ndim != 1 or not data.c_contiguous:
             raise _refuse(data)
@@ -112,8 +113,9 @@ def local_memory(data: object) -> LocalMemory:
             raise _refuse(data)
         if tensor.device.type != "cpu":
             raise NotImplementedError(
-                f"RDMABuffer over a {tensor.device.type} tensor is not implemented yet in "
-                "monarch-rdma (a later increment); copy it to a CPU tensor first"
+                f"RDMABuffer over a {tensor.device.type} tensor is not supported by monarch-rdma "
+                "(CPU tensors are registered, CUDA tensors staged through pinned host memory); "
+                "copy it to a CPU tensor first"
             )
         nbytes = int(tensor.element_size()) * int(tensor.numel())
         address = int(tensor.data_ptr()) if nbytes else 0

@@ -5,17 +5,19 @@ lane's slot or TLS record, out of it, into the destination) and hops between the
 and the manager's actor thread on both sides. A data lane moves the bytes straight between the
 two memories: the owner's server thread ``sendall``s a ``memoryview`` slice of the registered
 memory and the reader ``recv_into``s the destination slice (a write goes the other way), so the
-only copies are the kernel's (and TLS's encryption across hosts), and no actor thread of the
-owner runs.
+only copies are the kernel's (across hosts, also the encryption, and one copy of each verified
+record out of its buffer), and no actor thread of the owner runs.
 
 The owner (``LaneServer``, one per process, started with its first registration) listens on
 an abstract Unix socket (within a host; the peer must run as the same user, ``SO_PEERCRED``) and
 on a TCP port with TLS 1.3 (across hosts). Its TLS certificate is a fresh self-signed one made
 at start; the key carries its SHA-256 fingerprint, and the connecting side checks it before it
 sends anything (the key travels only inside authenticated actor messages, so this pins the
-owner's process). A request names the region and carries the registration's 128-bit secret,
-also from the key. Each connection is served by a thread of its own (at most
-``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'s.
+owner's process). TLS only opens the connection: the bytes then travel as ``_netseal``'s sealed
+AES-256-GCM records of up to 256 KiB over the same TCP connection (Python's ``ssl`` moved one
+16 KiB record per call), with keys exchanged inside TLS. A request names the region and carries
+the registration's 128-bit secret, also from the key. Each connection is served by a thread of
+its own (at most ``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'s.
 
 The process that transfers (``LanePool``) keeps idle connections per owner endpoint (at most
 ``MAX_IDLE`` each, ``MAX_IDLE_TOTAL`` in all) and runs every chunk as blocking socket I/O in a
@@ -37,7 +39,6 @@ import datetime
 import errno
 import fcntl
 import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -47,8 +48,14 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
+from monarch.rdma._netseal import (
+    SealedStream,
+    TruncatedRecord,
+    client_handshake,
+    server_handshake,
+)
 from monarch.rdma._netwire import (
     REPLY_SIZE,
     REQUEST_SIZE,
@@ -80,7 +87,7 @@ _log = logging.getLogger("monarch.rdma.net")
 #: Connections one owner process serves at once (each a thread); more are closed at once.
 MAX_CONNECTIONS: Final = 64
 #: Idle connections a transferring process keeps per owner endpoint, and in all.
-MAX_IDLE: Final = 8
+MAX_IDLE: Final = 16  # the pool's threads: an action of many operations keeps them all
 MAX_IDLE_TOTAL: Final = 256
 #: Seconds a socket call may block without progress before the connection is given up (the
 #: transfer's own timeout cancels sooner; this bounds a thread whose caller went away).
@@ -94,6 +101,21 @@ _SIOCGIFADDR: Final = 0x8915
 
 #: ``lookup(region, secret)``: the registered memory, or an error message.
 Lookup = Callable[[int, bytes], "memoryview | str"]
+
+
+class _Stream(Protocol):
+    """What the lanes' protocol needs of a connection: a socket (Unix lane) or a
+    ``SealedStream`` (TLS lane)."""
+
+    def settimeout(self, timeout: float | None, /) -> None: ...
+    def sendall(self, data: bytes | bytearray | memoryview, /) -> None: ...
+    def recv_into(self, buffer: bytearray | memoryview, nbytes: int = 0, /) -> int: ...
+    def close(self) -> None: ...
+
+
+def _raw(stream: _Stream) -> socket.socket:
+    """The socket under ``stream`` (what a cancellation shuts down)."""
+    return stream.raw if isinstance(stream, SealedStream) else stream  # type: ignore[return-value]
 
 
 class OwnerGone(RuntimeError):
@@ -134,13 +156,13 @@ def host_addresses() -> tuple[str, ...]:
     return tuple(found)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: _Stream, n: int) -> bytes:
     data = bytearray(n)
     _recv_into_all(sock, memoryview(data))
     return bytes(data)
 
 
-def _recv_into_all(sock: socket.socket, view: memoryview) -> None:
+def _recv_into_all(sock: _Stream, view: memoryview) -> None:
     got, n = 0, view.nbytes
     while got < n:
         k = sock.recv_into(view[got:], n - got)
@@ -149,7 +171,7 @@ def _recv_into_all(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def _drain(sock: socket.socket, n: int) -> None:
+def _drain(sock: _Stream, n: int) -> None:
     scratch = memoryview(bytearray(min(n, _DRAIN)))
     while n > 0:
         k = sock.recv_into(scratch, min(n, scratch.nbytes))
@@ -189,6 +211,7 @@ def _make_certificate() -> tuple[bytes, bytes]:
 def _server_context(pem: bytes) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.num_tickets = 0  # nothing in TLS after the hellos: the sealed records follow
     fd = os.memfd_create("monarch-rdma-net-identity", os.MFD_CLOEXEC)
     try:  # never in the file system
         os.write(fd, pem)
@@ -263,30 +286,33 @@ class LaneServer:
                 target=self._serve, args=(conn, tls), name="monarch-rdma-net-serve", daemon=True
             ).start()
 
-    def _serve(self, conn: socket.socket, tls: bool) -> None:
+    def _serve(self, raw: socket.socket, tls: bool) -> None:
+        conn: _Stream = raw
         try:
-            conn.settimeout(IO_TIMEOUT)
+            raw.settimeout(IO_TIMEOUT)
             if tls:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn = self._tls.wrap_socket(conn, server_side=True)
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = server_handshake(raw, self._tls)
             else:
-                creds = conn.getsockopt(
-                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
-                )
+                creds = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
                 pid, uid, _gid = struct.unpack("3i", creds)
                 if uid != os.getuid():
                     _log.warning("RDMA net lane: refused pid %d of another user (uid %d)", pid, uid)
                     return
             while self._one(conn):
                 pass
-        except (OSError, WireError, OwnerGone) as exc:
+        except TruncatedRecord as exc:  # the peer went away mid-record (a cancelled transfer)
+            _log.debug("RDMA net lane connection ended: %r", exc)
+        except WireError as exc:  # malformed or forged: a peer that is not a lane, or an attack
+            _log.warning("RDMA net lane: a connection sent bad data and is closed: %s", exc)
+        except (OSError, OwnerGone) as exc:
             _log.debug("RDMA net lane connection ended: %r", exc)
         finally:
-            conn.close()
+            raw.close()
             with self._lock:
                 self._active -= 1
 
-    def _one(self, conn: socket.socket) -> bool:
+    def _one(self, conn: _Stream) -> bool:
         """Serve one request; False when the peer closed the connection."""
         conn.settimeout(self._idle_timeout)  # between requests (a timeout ends the connection)
         head = bytearray(REQUEST_SIZE)
@@ -334,7 +360,7 @@ class _Conn:
 
     __slots__ = ("reused", "sock")
 
-    def __init__(self, sock: socket.socket, reused: bool = False) -> None:
+    def __init__(self, sock: _Stream, reused: bool = False) -> None:
         self.sock = sock
         self.reused = reused
 
@@ -489,7 +515,7 @@ class LanePool:
                     del self._idle[(kind, endpoint)]
         if conn is not None:
             try:
-                state.track(conn.sock)
+                state.track(_raw(conn.sock))
             except OwnerGone:
                 conn.close()
                 raise
@@ -518,7 +544,7 @@ class LanePool:
                 return
         conn.close()
 
-    def _connect(self, kind: str, endpoint: Endpoint, state: _Job) -> socket.socket:
+    def _connect(self, kind: str, endpoint: Endpoint, state: _Job) -> _Stream:
         if kind == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -550,12 +576,10 @@ class LanePool:
                 raise
             try:
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock = self._tls_context().wrap_socket(raw)
-                state.track(sock)
-                der = sock.getpeercert(binary_form=True) or b""
-                if not hmac.compare_digest(hashlib.sha256(der).digest(), endpoint.fingerprint):
-                    sock.close()
-                    raise ssl.SSLError("the owner's TLS certificate is not the one in its key")
+                try:  # pinned: nothing is sent unless the certificate is the key's
+                    sealed = client_handshake(raw, self._tls_context(), endpoint.fingerprint)
+                except WireError as exc:
+                    raise ssl.SSLError(f"the owner's TLS lane is not a sealed lane: {exc}") from exc
             except BaseException:
                 raw.close()
                 raise
@@ -563,7 +587,7 @@ class LanePool:
                 if len(self._reachable) >= MAX_IDLE_TOTAL:
                     self._reachable.clear()  # a cache: bounded, refilled on use
                 self._reachable[endpoint] = address
-            return sock
+            return sealed
         assert failure is not None
         raise failure
 

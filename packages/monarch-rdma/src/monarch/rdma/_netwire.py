@@ -28,16 +28,31 @@ __all__ = [
     "MAX_MESSAGE",
     "REPLY_SIZE",
     "REQUEST_SIZE",
+    "SEAL_HEAD_SIZE",
+    "SEAL_HELLO_SIZE",
+    "SEAL_KEY_SIZE",
+    "SEAL_MAGIC",
+    "SEAL_MAX_RECORD",
+    "SEAL_PREFIX_SIZE",
+    "SEAL_TAG_SIZE",
+    "SEAL_VERSION",
     "SECRET_SIZE",
     "Op",
     "Reply",
     "Request",
+    "SealHello",
     "WireError",
     "decode_reply",
     "decode_request",
+    "decode_seal_head",
+    "decode_seal_hello",
     "encode_error",
     "encode_ok",
     "encode_request",
+    "encode_seal_head",
+    "encode_seal_hello",
+    "seal_aad",
+    "seal_nonce",
 ]
 
 MAGIC: Final = b"MRN1"
@@ -133,3 +148,91 @@ def decode_reply(data: bytes | bytearray | memoryview) -> Reply:
             raise WireError(f"an error message of {length} bytes (at most {MAX_MESSAGE})")
         return Reply(False, length)
     raise WireError(f"unknown reply status {status}")
+
+
+# -- the sealed record layer of the TLS data lane (version 1) ------------------------------------
+#
+# A TLS data connection starts as TLS 1.3 (the owner's certificate pinned by the connecting side)
+# and carries exactly two TLS application messages, one each way: ``SEAL_HELLO`` (``"MRNS"``,
+# the version, the sender's fresh AES-256-GCM key for what it will send and a 4-byte nonce
+# prefix). The TLS session then ends without further records (the owner sends no session
+# tickets) and the same TCP connection carries *sealed records* both ways, each
+#
+#     version (1 byte) | reserved (3 bytes, zero) | length (u32) || ciphertext (length) | tag (16)
+#
+# sealed with the key of its direction: nonce = prefix (4) | record number (u64, from 0, never
+# sent), associated data = the 8-byte head | record number (u64) | stream offset (u64, the
+# bytes of plaintext sent before this record on this direction). So a record cannot be
+# reordered, replayed, dropped (the next one fails), moved to another connection or
+# direction (another key), nor its length or place changed. The plaintext stream they carry is
+# the lanes' protocol above (request headers, reply heads, data), byte for byte.
+
+SEAL_MAGIC: Final = b"MRNS"
+SEAL_VERSION: Final = 1
+SEAL_KEY_SIZE: Final = 32
+SEAL_PREFIX_SIZE: Final = 4
+SEAL_TAG_SIZE: Final = 16
+#: The largest plaintext of one sealed record.
+SEAL_MAX_RECORD: Final = 256 << 10
+_HELLO: Final = struct.Struct(">4sB32s4s")
+_SEAL_HEAD: Final = struct.Struct(">B3xI")
+_SEAL_AAD: Final = struct.Struct(">B3xIQQ")
+_NONCE: Final = struct.Struct(">4sQ")
+SEAL_HELLO_SIZE: Final = _HELLO.size
+SEAL_HEAD_SIZE: Final = _SEAL_HEAD.size
+
+
+@dataclass(frozen=True, slots=True)
+class SealHello:
+    """One side's key and nonce prefix for the records it sends."""
+
+    key: bytes
+    prefix: bytes
+
+
+def encode_seal_hello(hello: SealHello) -> bytes:
+    """The hello message (sent inside TLS)."""
+    if len(hello.key) != SEAL_KEY_SIZE or len(hello.prefix) != SEAL_PREFIX_SIZE:
+        raise WireError("a seal hello carries a 32-byte key and a 4-byte nonce prefix")
+    return _HELLO.pack(SEAL_MAGIC, SEAL_VERSION, hello.key, hello.prefix)
+
+
+def decode_seal_hello(data: bytes | bytearray | memoryview) -> SealHello:
+    """Decode a hello (``WireError`` for another length, magic or version)."""
+    if len(data) != SEAL_HELLO_SIZE:
+        raise WireError(f"a seal hello is {SEAL_HELLO_SIZE} bytes, got {len(data)}")
+    magic, version, key, prefix = _HELLO.unpack(data)
+    if magic != SEAL_MAGIC:
+        raise WireError(f"not a monarch.rdma sealed lane (magic {bytes(magic)!r})")
+    if version != SEAL_VERSION:
+        raise WireError(f"sealed lane version {version}; this side speaks {SEAL_VERSION}")
+    return SealHello(bytes(key), bytes(prefix))
+
+
+def encode_seal_head(length: int) -> bytes:
+    """The clear head of a record of ``length`` plaintext bytes."""
+    if not 0 < length <= SEAL_MAX_RECORD:
+        raise WireError(f"a sealed record holds 1 to {SEAL_MAX_RECORD} bytes, not {length}")
+    return _SEAL_HEAD.pack(SEAL_VERSION, length)
+
+
+def decode_seal_head(data: bytes | bytearray | memoryview) -> int:
+    """The plaintext length a record head announces (``WireError`` when malformed)."""
+    if len(data) != SEAL_HEAD_SIZE:
+        raise WireError(f"a sealed record head is {SEAL_HEAD_SIZE} bytes, got {len(data)}")
+    version, length = _SEAL_HEAD.unpack(data)
+    if version != SEAL_VERSION or bytes(data[1:4]) != b"\0\0\0":
+        raise WireError(f"a sealed record head of version {version} (expected {SEAL_VERSION})")
+    if not 0 < length <= SEAL_MAX_RECORD:
+        raise WireError(f"a sealed record of {length} bytes (1 to {SEAL_MAX_RECORD})")
+    return int(length)
+
+
+def seal_nonce(prefix: bytes, number: int) -> bytes:
+    """The nonce of record ``number`` (unique per key: a connection's records are counted)."""
+    return _NONCE.pack(prefix, number)
+
+
+def seal_aad(length: int, number: int, offset: int) -> bytes:
+    """The associated data of record ``number`` of ``length`` bytes at stream ``offset``."""
+    return _SEAL_AAD.pack(SEAL_VERSION, length, number, offset)

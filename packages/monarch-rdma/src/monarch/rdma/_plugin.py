@@ -1,11 +1,12 @@
 """The built-in provider plugin of ``monarch.rdma`` (entry point ``net`` of the ``monarch.rdma``
-group): the ``net`` provider, available everywhere, and the ``shm`` provider (one host, Linux)."""
+group): the ``net`` provider, available everywhere, the ``shm`` provider (one host, Linux) and
+the ``ibverbs`` provider (an RDMA device and pyverbs)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from monarch.rdma import _net, _shm
+from monarch.rdma import _net, _shm, _verbs
 from monarch.rdma._provider import ProviderSpec
 from monarch.rdma.hookspecs import hookimpl
 
@@ -14,5 +15,6 @@ __all__ = ["monarch_rdma_providers"]
 
 @hookimpl
 def monarch_rdma_providers() -> Sequence[ProviderSpec]:
-    """The ``net`` and ``shm`` providers."""
-    return (_net.SPEC, _shm.SPEC)
+    """The ``net``, ``shm`` and ``ibverbs`` providers (``ibverbs`` available only with a
+    device with an active port and pyverbs)."""
+    return (_net.SPEC, _shm.SPEC, _verbs.SPEC)

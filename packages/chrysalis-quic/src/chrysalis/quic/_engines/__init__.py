@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+# First: ``aioquic.tls`` with its verification-only imports deferred (every engine imports it).
+from chrysalis.quic._engines import _aioquic_tls  # noqa: F401
 from chrysalis.quic._engines.aioquic import AioquicEngine
 from chrysalis.quic._engines.base import EngineFactory
 

@@ -60,7 +60,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Final, final
 
-from aioquic import tls
 from aioquic.quic import events as aq_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
@@ -77,6 +76,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from chrysalis.core import CID_LEN, DatagramAddr
 from chrysalis.quic._config import QuicConfig
+from chrysalis.quic._engines._aioquic_tls import tls
 from chrysalis.quic._engines.aioquic_fast import FastQuicConnection
 from chrysalis.quic._engines.base import (
     CidIssued,

@@ -61,7 +61,6 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import aioquic
-from aioquic import tls
 from aioquic._buffer import Buffer, BufferReadError
 from aioquic._crypto import CryptoError
 from aioquic.buffer import UINT_VAR_MAX
@@ -114,6 +113,8 @@ from aioquic.quic.stream import (
     StreamFinishedError,
 )
 from cryptography.exceptions import InvalidTag
+
+from chrysalis.quic._engines._aioquic_tls import tls
 
 __all__ = ["SUPPORTED", "FastPacketBuilder", "FastPacketRecovery", "FastQuicConnection"]
 

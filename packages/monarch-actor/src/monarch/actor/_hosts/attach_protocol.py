@@ -391,8 +391,11 @@ def _udp_address(text: str, *, any_port: bool = False) -> str:
     lowest = 0 if any_port else 1
     if not sep or not host or not port.isdigit() or not lowest <= int(port) < 65536:
         raise ValueError(f"worker address {text!r} is not udp://HOST:PORT or tcp://HOST:PORT")
+    # An ASCII name goes to the resolver as bytes: a str would load the IDNA codec first
+    # (``encodings.idna``, with stringprep and unicodedata: several ms of a worker loop's start)
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        ip = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+        ip = socket.getaddrinfo(name, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
     except OSError as exc:
         raise ValueError(f"worker address {text!r}: cannot resolve {host!r}: {exc}") from None
     return f"udp://{ip}:{port}"

@@ -135,9 +135,22 @@ class Endpoint(Generic[P, R]):
         runtime, sender = opened_by if opened_by is not None else current_sender()
         flags = FLAG_EXPLICIT_PORT if self._explicit and self._prop is None else 0
         if _tracing.TRACING and (self._prop is None or self._prop._instrument):
-            name = self._mesh._user_name
-            with _tracing.send_span(adverb, self._name, name, len(targets), runtime, sender):
-                self._post_each(runtime, sender, payload, targets, reply_port, flags)
+            # the posts inside a send span, its trace context given to every envelope
+            _tracing.send_traced(
+                adverb,
+                self._name,
+                self._mesh._user_name,
+                len(targets),
+                runtime,
+                sender,
+                self._post_each,
+                runtime,
+                sender,
+                payload,
+                targets,
+                reply_port,
+                flags,
+            )
             return
         self._post_each(runtime, sender, payload, targets, reply_port, flags)
 
@@ -149,7 +162,9 @@ class Endpoint(Generic[P, R]):
         targets: list[tuple[ActorAddr, CastInfo]],
         reply_port: Any,
         flags: int,
+        trace: bytes | None = None,
     ) -> None:
+        # ``trace``: the send span's context for every envelope (``_tracing.send_traced``)
         for addr, cast in targets:
             runtime.post(
                 sender,
@@ -160,6 +175,7 @@ class Endpoint(Generic[P, R]):
                 cast=cast,
                 payload=payload,
                 flags=flags,
+                trace=trace,
             )
 
     def _open(self, sink: Any) -> Any:

@@ -693,8 +693,10 @@ class ActorCell(CellBase):
         return bool(env.flags & FLAG_EXPLICIT_PORT)
 
     def _begin(
-        self, item: _CallItem, explicit: bool
+        self, item: _CallItem, explicit: bool, wrap: bool = True
     ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        # ``wrap``: while telemetry is on, the endpoint comes wrapped (``wrap_endpoint``); a
+        # sync actor's call passes False and runs it through ``run_endpoint`` instead
         env = item.env
         if env.endpoint == "__monarch_ping__":
             return (lambda: None), (), {}
@@ -719,7 +721,7 @@ class ActorCell(CellBase):
             if env.reply_port is None:
                 raise RuntimeError(f"{env.endpoint}() needs a reply port but none was sent")
             args = (Port._bound(env.reply_port, env.cast), *args)
-        if _telemetry.ACTIVE:
+        if wrap and _telemetry.ACTIVE:
             fn = _telemetry.wrap_endpoint(self, env, fn, prop)
         return fn, args, kwargs
 
@@ -946,8 +948,11 @@ class _SyncRunner(_Runner):
         token = _set_context(cell._message_context(env))
         cell._inflight = env
         try:
-            fn, args, kwargs = cell._begin(item, explicit)
-            result = fn(*args, **kwargs)
+            fn, args, kwargs = cell._begin(item, explicit, False)
+            if _telemetry.ACTIVE:  # timed and in a receive span, without a wrapper
+                result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
+            else:
+                result = fn(*args, **kwargs)
             if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
                 result = asyncio.run(result)
         except Exception as exc:

@@ -331,10 +331,13 @@ class ProcRuntime:
         payload: _codec.Payload = _EMPTY,
         flags: int = 0,
         more: bool = False,
+        trace: bytes | None = None,
     ) -> None:
         """Send one envelope from ``sender`` (any thread; FIFO per thread and destination).
         Nothing leaves a fenced process (its lease ran out), nor a fenced actor. ``more``: the
-        sender posts again at once (the transport may write this envelope with the next)."""
+        sender posts again at once (the transport may write this envelope with the next).
+        ``trace``: the envelope's trace context (a send span's: ``_tracing.send_traced``),
+        else the current span's for a CALL while tracing is on."""
         if sender.fenced:
             raise RuntimeError(
                 f"{sender.display} was stopped (it did not stop within the stop timeout); it "
@@ -357,7 +360,9 @@ class ProcRuntime:
             tuple([b.nbytes for b in payload.buffers]) if payload.buffers else (),
             payload.kinds,
             flags,
-            _telemetry.outgoing_trace(kind) if _telemetry.TRACING else b"",
+            trace
+            if trace is not None
+            else (_telemetry.outgoing_trace(kind) if _telemetry.TRACING and kind == _CALL else b""),
         )
         if _telemetry.METRICS:
             _telemetry.on_sent(envelope)

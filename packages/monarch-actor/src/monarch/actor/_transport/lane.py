@@ -77,6 +77,9 @@ _FDS_PER_RECV: Final = 64
 _FDS_PER_SEND: Final = 32  # well under what one receive takes (no truncated descriptors)
 ZERO_SHM_HEAD: Final = b"E\x00\x00"
 _GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given back
+# Never a slot number either (they run 1 .. 2**31 - 2, DETACHED or not): the receiver's
+# acknowledgement ring, its descriptor beside it (``shm.AckRing``).
+_RING: Final = _ACK.pack(0xFFFF_FFFF)
 _MAX_KEPT: Final = 64  # detached slots a receiver keeps open to give back, per lane
 
 MessageCallback = Callable[[Envelope, list[Any]], None]
@@ -221,6 +224,9 @@ class UnixLane:
         self._on_end: EndCallback | None = None
         self.shm = settings.shm_threshold > 0 and _shm.available()
         self.pool = _shm.ShmPool(settings.max_shm_bytes)
+        self.pool.on_fault = self._pool_fault
+        self._ring: _shm.AckRing | None = None  # receiver: acknowledgements without a write
+        self._ring_failed = False  # receiver: no ring here (acknowledgements on the socket)
 
     @property
     def closed(self) -> bool:
@@ -387,6 +393,20 @@ class UnixLane:
                     self._fail(f"process {self.peer.hex()} gave back a slot without its descriptor")
                     return
                 self.pool.adopt(self._returned.popleft())
+            elif slot == 0xFFFF_FFFF:  # the receiver's acknowledgement ring
+                if not self._returned:
+                    self._fail(f"process {self.peer.hex()} sent a ring without its descriptor")
+                    return
+                fd = self._returned.popleft()
+                try:
+                    ring = _shm.AckRing.adopt(fd)
+                except (_shm.ShmError, OSError, ValueError) as exc:
+                    self._fail(f"process {self.peer.hex()} sent a bad acknowledgement ring: {exc}")
+                    return
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self.pool.attach_ring(ring)
             elif not self.pool.release(slot):
                 self._fail(f"process {self.peer.hex()} acknowledged shared memory never sent")
                 return
@@ -486,6 +506,11 @@ class UnixLane:
                     self._pending_acks.append(slot)
             self._on_message(envelope, buffers)
 
+    def _pool_fault(self, reason: str) -> None:
+        """The pool refused an acknowledgement read from the ring (any thread)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the lane is gone too
+            self._loop.call_soon_threadsafe(self._fail, f"process {self.peer.hex()} {reason}")
+
     def _release_later(self, slot: int) -> None:
         """A mapping that held ``slot`` was freed (any thread): acknowledge it on the loop."""
         if self._closed:
@@ -532,8 +557,49 @@ class UnixLane:
             self._pending_acks.append(slot)
             self._send_acks()
 
+    def _offer_ring(self) -> None:
+        """Create the acknowledgement ring and pass it to the sender (once; a lane whose ring
+        cannot be made or sent acknowledges on the socket)."""
+        try:
+            ring, fd = _shm.AckRing.create()
+        except (OSError, ValueError):
+            self._ring_failed = True
+            return
+        try:
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+            sent = self._sock.sendmsg([_RING], ancillary)
+            if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
+                self._sock.setblocking(True)
+                try:
+                    self._sock.sendall(_RING[sent:])
+                finally:
+                    self._sock.setblocking(False)
+        except (BlockingIOError, InterruptedError):
+            ring.close()  # tried again with the next acknowledgements
+            return
+        except OSError:
+            ring.close()
+            self._ring_failed = True
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._ring = ring
+
     def _send_acks(self) -> None:
         acks = self._pending_acks
+        if self._ring is None and not self._ring_failed and not self._closed:
+            self._offer_ring()
+        ring = self._ring
+        if ring is not None:
+            pushed = 0
+            for slot in acks:
+                if not ring.push(slot):
+                    break  # full: the rest take the socket
+                pushed += 1
+            del acks[:pushed]
+            if not acks:
+                return
         data = b"".join(_ACK.pack(slot) for slot in acks)
         try:
             sent = self._sock.send(data)
@@ -583,6 +649,9 @@ class UnixLane:
         if self.views is not None:
             self.views.close()
         self.pool.close()
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         while self._returned:
             with contextlib.suppress(OSError):
                 os.close(self._returned.popleft())

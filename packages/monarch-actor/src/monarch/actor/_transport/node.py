@@ -462,7 +462,10 @@ class NodeProcessTransport:
             and not more
             # Calls to this peer in flight (a pipelining sender): the outbox, without taking
             # the lock just to find that out (a stale read only picks the outbox, always safe).
-            and not peer.outstanding
+            # Not for a frame whose buffers went into shared memory: copying them took long
+            # enough that the outbox rarely batches it with another, and the loop's wake-up
+            # would cost more than the sendmsg.
+            and (shared is not None or not peer.outstanding)
             and self._send_direct(envelope, peer, lane, pieces, shared)
         ):
             return
@@ -544,8 +547,9 @@ class NodeProcessTransport:
                 or not lane.idle
                 or lane.closed
                 # Calls to this peer are in flight (a pipelining sender): take the outbox, whose
-                # drain writes the whole batch in one sendmsg, instead of one syscall per call.
-                or peer.outstanding
+                # drain writes the whole batch in one sendmsg, instead of one syscall per call
+                # (but a frame with shared memory goes now: see ``send``).
+                or (peer.outstanding and shared is None)
                 or (shared is not None and shared.lane is not lane)
                 or self._peers.get(envelope.target.pid) is not peer
             ):

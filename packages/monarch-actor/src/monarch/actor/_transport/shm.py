@@ -81,6 +81,8 @@ from typing import Any, Final
 
 __all__ = [
     "DETACHED",
+    "RING_BYTES",
+    "AckRing",
     "ShmError",
     "ShmPool",
     "SlotViews",
@@ -104,6 +106,8 @@ _M_MMAP_THRESHOLD: Final = -3
 _MMAP_THRESHOLD_MAX: Final = 32 * 1024 * 1024  # the most glibc accepts on 64-bit
 DETACHED: Final = 0x8000_0000
 """Slot-number bit of a detached slot: the sender keeps nothing of it; acknowledged on receipt."""
+RING_BYTES: Final = 16 * 1024
+"""Size of an acknowledgement ring (``AckRing``): 4,096 slot numbers."""
 
 
 class ShmError(ValueError):
@@ -255,12 +259,94 @@ def _copy_into(target: mmap.mmap, data: memoryview) -> None:
 _Slot = tuple[int, int, "mmap.mmap | None"]  # (fd, size, the sender's mapping)
 
 
+class AckRing:
+    """Slot acknowledgements through shared memory, without a socket write or a wake-up.
+
+    Why: a receiver that acknowledged each slot on the lane's socket cost a ``send`` on its side
+    and a loop wake-up, ``recvmsg`` and parse on the sender's, per pipelined 1 MiB call (the
+    sender needs to know only when it next takes a slot). The receiver creates the ring (a
+    sealed memfd of ``RING_BYTES``), passes it once on the socket, and writes the numbers of
+    the slots it is done with into it; the sender reads them when it next needs a slot (or
+    asks how much is in flight) and never waits for them.
+
+    Layout: ``RING_BYTES // 4`` native ``uint32`` entries, 0 meaning empty (slot numbers are
+    never 0). Each side keeps its own position: the receiver (one thread) writes the entry at
+    its position when that entry is 0 (else the ring is full and the acknowledgement takes the
+    socket), the sender reads entries from its position while they are not 0 and zeroes each
+    one it took. No counter is shared, so neither side trusts a number the other wrote except
+    slot numbers, which the sender checks (``ShmPool.release``) like those from the socket.
+    """
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        if len(mapping) != RING_BYTES:
+            raise ShmError(f"an acknowledgement ring has {len(mapping)} bytes, not {RING_BYTES}")
+        self._mapping = mapping
+        self._entries = memoryview(mapping).cast("I")
+        self._size = len(self._entries)
+        self._position = 0
+        self.pushed = 0
+        """Acknowledgements written so far (statistics)."""
+
+    @classmethod
+    def create(cls) -> tuple[AckRing, int]:
+        """A fresh ring and a descriptor of it to pass to the sender (the caller closes it)."""
+        fd = _sealed_memfd(RING_BYTES)
+        try:
+            return cls(mmap.mmap(fd, RING_BYTES, flags=mmap.MAP_SHARED)), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def adopt(cls, fd: int) -> AckRing:
+        """Map a ring a receiver passed (``fd`` not closed here). ``ShmError`` unless it is a
+        size-sealed regular file of exactly ``RING_BYTES``: a file that could shrink would
+        fault the sender that reads it."""
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != RING_BYTES or not _size_sealed(fd):
+            raise ShmError("an acknowledgement ring is not a size-sealed file of its size")
+        return cls(mmap.mmap(fd, RING_BYTES, flags=mmap.MAP_SHARED))
+
+    def push(self, slot: int) -> bool:
+        """(receiver, one thread) Write ``slot`` (not 0); False when the ring is full."""
+        entries, position = self._entries, self._position % self._size
+        if entries[position]:
+            return False
+        entries[position] = slot
+        self._position += 1
+        self.pushed += 1
+        return True
+
+    def take(self) -> list[int]:
+        """(sender, under its pool's lock) The slot numbers written since the last take (at
+        most one ring's worth)."""
+        entries, size = self._entries, self._size
+        taken: list[int] = []
+        position = self._position % size
+        while len(taken) < size and (slot := entries[position]):
+            entries[position] = 0
+            taken.append(slot)
+            position = (position + 1) % size
+        self._position += len(taken)
+        return taken
+
+    def close(self) -> None:
+        self._entries.release()
+        with contextlib.suppress(BufferError, ValueError):
+            self._mapping.close()
+
+
 class ShmPool:
     """One lane's sender-side slots (any thread; module docstring)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
         self._lock = threading.Lock()
+        self._ring: AckRing | None = None
+        self.fault: str | None = None
+        """Why the receiver's acknowledgements were refused (``None``: never); the pool is
+        closed then."""
+        self.on_fault: Callable[[str], None] = lambda _reason: None
         self._free: dict[int, list[_Slot]] = {}
         self._busy: dict[int, _Slot] = {}
         self._ids = itertools.count(1)
@@ -278,7 +364,44 @@ class ShmPool:
     @property
     def outstanding(self) -> int:
         """Bytes in slots sent (or being sent) and not yet acknowledged, detached ones too."""
+        if self._ring is not None:
+            with self._lock:
+                self._reap()
         return self._outstanding + self._detached
+
+    def attach_ring(self, ring: AckRing) -> None:
+        """Read acknowledgements from ``ring`` from now on (the socket's still count too);
+        a second ring replaces the first."""
+        with self._lock:
+            if self._closed:
+                ring.close()
+                return
+            old, self._ring = self._ring, ring
+            if old is not None:
+                self._reap_from(old)
+                old.close()
+
+    def _reap(self) -> None:
+        """(lock held) Take the acknowledgements in the ring."""
+        if self._ring is not None:
+            self._reap_from(self._ring)
+
+    def _reap_from(self, ring: AckRing) -> None:
+        victims: list[_Slot] = []
+        for slot in ring.take():
+            if not self._release_locked(slot, victims):
+                self._fault(f"acknowledged shared memory never sent (slot {slot})")
+                break
+        for victim in victims:
+            _close_slot(victim)
+
+    def _fault(self, reason: str) -> None:
+        """(lock held) Hostile acknowledgements: refuse every later buffer (they go inline) and
+        report once."""
+        if self.fault is None:
+            self.fault = reason
+            self._closed = True
+            self.on_fault(reason)
 
     def _next_slot(self) -> int:
         """(lock held) A slot number in 1 .. 2**31 - 1 (``DETACHED`` is a flag)."""
@@ -291,6 +414,8 @@ class ShmPool:
         size = _slot_size(view.nbytes)
         data = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         with self._lock:
+            if self._ring is not None:
+                self._reap()
             if self._closed:
                 return None
             detached = self._outstanding + size > self._max
@@ -356,6 +481,7 @@ class ShmPool:
                 and _size_sealed(fd)
             ):
                 with self._lock:
+                    self._reap()
                     victims = self._make_room(size)
                     keep = (
                         not self._closed
@@ -388,28 +514,35 @@ class ShmPool:
     def release(self, slot: int) -> bool:
         """The receiver is done with ``slot`` (or it was never sent): reuse it. False for a
         slot that is not in flight."""
+        victims: list[_Slot] = []
         with self._lock:
-            entry = self._busy.pop(slot, None)
-            if entry is None:
-                return False
-            fd, size, _mapping = entry
-            if slot & DETACHED:
-                self._detached -= size
-                return True
-            self._outstanding -= size
-            victims = self._make_room(size) if fd >= 0 and not self._closed else []
-            keep = (
-                fd >= 0
-                and not self._closed
-                and self._retained + self._outstanding + size <= 2 * self._max
-            )
-            if keep:
-                self._free.setdefault(size, []).append(entry)
-                self._retained += size
+            known = self._release_locked(slot, victims)
         for victim in victims:
             _close_slot(victim)
-        if not keep:
-            _close_slot(entry)
+        return known
+
+    def _release_locked(self, slot: int, victims: list[_Slot]) -> bool:
+        """(lock held) ``release``; slots to close (outside the lock) added to ``victims``."""
+        entry = self._busy.pop(slot, None)
+        if entry is None:
+            return False
+        fd, size, _mapping = entry
+        if slot & DETACHED:
+            self._detached -= size
+            return True
+        self._outstanding -= size
+        if fd >= 0 and not self._closed:
+            victims.extend(self._make_room(size))
+        keep = (
+            fd >= 0
+            and not self._closed
+            and self._retained + self._outstanding + size <= 2 * self._max
+        )
+        if keep:
+            self._free.setdefault(size, []).append(entry)
+            self._retained += size
+        else:
+            victims.append(entry)
         return True
 
     def _make_room(self, size: int) -> list[_Slot]:
@@ -435,11 +568,14 @@ class ShmPool:
         receiver's own mapping of one keeps its memory until freed)."""
         with self._lock:
             self._closed = True
+            ring, self._ring = self._ring, None
             entries = [entry for entries in self._free.values() for entry in entries]
             entries += list(self._busy.values())
             self._free.clear()
             self._busy.clear()
             self._outstanding = self._retained = self._detached = 0
+        if ring is not None:
+            ring.close()
         for entry in entries:
             _close_slot(entry)
 

@@ -116,6 +116,7 @@ from monarch.actor._runtime.telemetry.tracing import (
     traced,
 )
 from monarch.actor._runtime.telemetry.tracing import outgoing_trace as outgoing_trace
+from monarch.actor._runtime.telemetry.tracing import run_endpoint as run_endpoint
 from monarch.actor._runtime.telemetry.tracing import wrap_endpoint as wrap_endpoint
 
 __all__ = [

@@ -9,13 +9,25 @@ endpoint in a span whose parent is that one (``wrap_endpoint``), in whatever pro
 Perfetto. Spans are made only while ``TRACING`` is on (``enable_telemetry``); while the
 OpenTelemetry mirror is on, each span has a twin there (``otel``).
 
+The runtime's own spans cost little on the call path (issue 21, the overhead target): the send
+side (``send_traced``) and the receive side of a sync call (``run_endpoint``) make no ``Span``
+object. Each reads the clock at its start and end (the receive span's two reads also time the
+endpoint for ``metrics``), the send side hands its 24-byte context straight to the envelopes it
+posts (no context-variable switch, no ``outgoing_trace`` per envelope), and the finished span is
+one plain tuple of ``Span``'s fields (a *row*) appended to ``_pending``; rows are packed exactly
+as spans are, and become ``Span`` objects only when read (``finished_spans``, ``span_records``,
+``_row_span``). The current span is held as its 24-byte context (``_CURRENT_SPAN``). With a span
+listener or the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
+
 Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
-span is appended to ``_pending`` (one ``deque.append`` on the finishing thread, and a length
-check). This process's *shipper* thread (``_Shipper``, never an actor thread) drains it every
-``SHIP_INTERVAL`` seconds, or as soon as ``SHIP_AT`` spans are pending, packs them
-(``encode_batch``: a ``Span`` is a ``msgspec.Struct``, so a batch is the list of them encoded
-as is, in C) and moves the span objects to the small ring of recent spans
-(``finished_spans()``: the ring, then what is still pending). A packed batch goes
+span (an object or a row) is appended to ``_pending`` (one ``deque.append`` on the finishing
+thread, and a length check; if ``MAX_PENDING_SPANS`` are already waiting the oldest goes,
+counted by ``dropped_spans`` and logged by the shipper). This process's *shipper* thread
+(``_Shipper``, never an actor thread) drains it every ``SHIP_INTERVAL`` seconds, or as soon
+as ``SHIP_AT`` spans are pending, packs them (``encode_batch``: a ``Span`` is a
+``msgspec.Struct`` and a row a tuple of the same fields, so a batch is the list of them
+encoded as is, in C) and moves them to the small ring of recent spans (``finished_spans()``:
+the ring, then what is still pending). A packed batch goes
 
 - to the *stream* when one is set (``set_stream``: a worker process streams to the client, which
   started it; ``_runtime.proc`` sends each batch to the client's agent, endpoint ``__spans__``,
@@ -70,6 +82,7 @@ __all__ = [
     "add_remote_batch",
     "add_span_listener",
     "decode_batch",
+    "dropped_spans",
     "encode_batch",
     "process_label",
     "chrome_trace",
@@ -77,7 +90,9 @@ __all__ = [
     "has_spans",
     "outgoing_trace",
     "resize",
+    "run_endpoint",
     "send_span",
+    "send_traced",
     "set_enabled",
     "set_process_label",
     "set_stream",
@@ -141,9 +156,10 @@ def process_label() -> str:
     return _process_label
 
 
-_CURRENT_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
-    "monarch_span", default=None
-)
+#: The current span's trace context: its 16-byte trace id and 8-byte span id (24 bytes, what a
+#: CALL envelope carries: ``outgoing_trace``), or ``b""`` outside any span. The context, not the
+#: ``Span``, so that the runtime's receive spans need no object while their endpoint runs.
+_CURRENT_SPAN: contextvars.ContextVar[bytes] = contextvars.ContextVar("monarch_span", default=b"")
 _ZERO_SPAN_ID = bytes(8)
 
 
@@ -204,7 +220,7 @@ class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
         return max(0, self.end_ns - self.start_ns) / 1e9 if self.end_ns else 0.0
 
     def __enter__(self) -> Span:
-        self._token = _CURRENT_SPAN.set(self)
+        self._token = _CURRENT_SPAN.set(self.trace_id + self.span_id)
         return self
 
     def __exit__(self, et: object, exc: BaseException | None, tb: object) -> None:
@@ -325,8 +341,8 @@ def _start_span(
         trace_id, parent_id = remote_parent
     else:
         parent = _CURRENT_SPAN.get()
-        if parent is not None:
-            trace_id, parent_id = parent.trace_id, parent.span_id
+        if parent:
+            trace_id, parent_id = parent[:16], parent[16:]
         else:
             trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
     if _otel._otel_trace is None:  # no mirror: no call
@@ -369,8 +385,8 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     # span is the parent.
     span_id = _next_id().to_bytes(8, "big")
     parent = _CURRENT_SPAN.get()
-    if parent is not None:
-        trace_id, parent_id = parent.trace_id, parent.span_id
+    if parent:
+        trace_id, parent_id = parent[:16], parent[16:]
     else:
         trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
     return Span(
@@ -393,6 +409,78 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
+
+
+def send_traced(
+    adverb: str,
+    endpoint: str,
+    mesh: str,
+    ranks: int,
+    runtime: Any,
+    sender: Any,
+    post: Callable[..., None],
+    *args: Any,
+) -> None:
+    """``post(*args, trace)``: the send side of a call (only while ``TRACING``), the fan-out of
+    one adverb to ``ranks`` actors of ``mesh`` by ``sender`` (a cell of process runtime
+    ``runtime``) inside a send span, whose trace context ``trace`` (24 bytes) each CALL envelope
+    carries (``_mesh.adverbs`` passes it to ``ProcRuntime.post``), so every endpoint span is
+    its child.
+
+    The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
+    context variable: it reads the clock before and after the posts and appends one plain
+    tuple, in ``Span``'s field order (its name left ``None``: made from the attributes when
+    the span is read, ``_row_span``), to the pending spans. Otherwise it enters ``send_span``.
+    """
+    if _otel._otel_trace is not None or _span_listeners:
+        with send_span(adverb, endpoint, mesh, ranks, runtime, sender) as made:
+            post(*args, made.trace_id + made.span_id)
+        return
+    display = sender.display
+    if type(display) is not str:
+        display = str(display)
+    span_id = _next_id().to_bytes(8, "big")
+    parent = _CURRENT_SPAN.get()
+    if parent:
+        trace_id, parent_id = parent[:16], parent[16:]
+    else:
+        trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
+    start_ns = _time_ns()
+    try:
+        post(*args, trace_id + span_id)
+    except BaseException as exc:
+        failed = _row_span(
+            (None, trace_id, span_id, parent_id, start_ns, 0, _PID,
+             runtime.label or _process_label, display, _get_ident(), "unset", "", None,
+             ("send", adverb, endpoint, mesh, ranks, display))
+        )  # fmt: skip
+        failed._end(exc)
+        raise
+    _pending.append(
+        (None, trace_id, span_id, parent_id, start_ns, _time_ns(), _PID,
+         runtime.label or _process_label, display, _get_ident(), "ok", "", None,
+         ("send", adverb, endpoint, mesh, ranks, display), None, None)
+    )  # fmt: skip
+    if len(_pending) >= SHIP_AT:
+        _shipper.kick()
+
+
+def _lazy_name(lazy: Sequence[Any] | None) -> str:
+    """The name of a runtime span recorded as a row without one (``send_traced``)."""
+    if lazy is not None and len(lazy) == 6 and lazy[0] == "send":
+        return f"{lazy[1]} {lazy[3]}.{lazy[2]}"
+    if lazy is not None and len(lazy) == 4 and lazy[0] == "receive":
+        return str(lazy[2])
+    raise ValueError(f"a span row without a name has no runtime attributes: {lazy!r}")
+
+
+def _row_span(row: Span | tuple[Any, ...]) -> Span:
+    """The ``Span`` of a pending or recent span (itself), or of a row the runtime's hot path
+    recorded (a tuple in ``Span``'s field order: ``send_traced``, ``_run_traced``)."""
+    if isinstance(row, Span):
+        return row
+    name = row[0]
+    return Span(name if name is not None else _lazy_name(row[13]), *row[1:14])
 
 
 def _hot_span(
@@ -484,15 +572,22 @@ MAX_UNSENT_BATCHES: Final = 256
 MAX_STORED_SPANS: Final = 16 * DEFAULT_RING_CAPACITY
 MAX_STORED_BYTES: Final = 64 * 1024 * 1024
 
-_spans: collections.deque[Span] = collections.deque(maxlen=RECENT_SPANS)
-_pending: collections.deque[Span] = collections.deque(maxlen=MAX_PENDING_SPANS)
+#: A finished span as the hot path records it: a tuple of ``Span``'s 16 fields in order (the
+#: name ``None`` when the attributes give it), packed exactly as a ``Span`` is (``encode_batch``)
+#: and made a ``Span`` only when read (``_row_span``: ``finished_spans``, ``span_records``).
+_SpanRow = tuple[Any, ...]
+#: The ring of recent spans, and the finished spans waiting for the shipper: ``Span`` objects
+#: (user spans, and the runtime's while a listener or the OpenTelemetry mirror is set) and rows.
+_spans: collections.deque[Span | _SpanRow] = collections.deque(maxlen=RECENT_SPANS)
+_pending: collections.deque[Span | _SpanRow] = collections.deque(maxlen=MAX_PENDING_SPANS)
 _span_listeners: list[Callable[[Span], None]] = []
 
 
 def finished_spans() -> list[Span]:
     """The most recent finished spans of this process, oldest first (the ring of recent spans,
-    then those not yet packed: at least the last ``RECENT_SPANS``)."""
-    return list(_spans) + list(_pending)
+    then those not yet packed: at least the last ``RECENT_SPANS``). Rows the runtime recorded
+    are made ``Span`` objects here (a new object on every call)."""
+    return [_row_span(s) for s in (*_spans, *_pending)]
 
 
 def add_span_listener(listener: Callable[[Span], None]) -> Callable[[], None]:
@@ -570,7 +665,7 @@ def _plain(attributes: Mapping[str, Any]) -> dict[str, str | int | float | bool]
     return {k: v for k, v in attributes.items() if isinstance(v, _ATTRIBUTE_TYPES)}
 
 
-def encode_batch(spans: Sequence[Span]) -> bytes:
+def encode_batch(spans: Sequence[Span | _SpanRow]) -> bytes:
     """``spans`` packed: a msgpack array with one array per span (its fields in order; a
     runtime span's attributes still as their tuple), encoded as is, in C. Attribute values
     other than ``str``, ``int``, ``float`` and ``bool`` are left out (as ``SpanRecord.of``
@@ -580,6 +675,9 @@ def encode_batch(spans: Sequence[Span]) -> bytes:
     except (TypeError, ValueError, OverflowError):  # something msgpack cannot carry
         rows = []
         for s in spans:
+            if not isinstance(s, Span):  # a runtime row: plain values only
+                rows.append([*s[:14], None, None])
+                continue
             row = [*_pack_one(s), None, None]  # as ``Span``'s fields: token and twin left out
             row[12] = _plain(s.attributes)
             row[13] = None
@@ -588,7 +686,7 @@ def encode_batch(spans: Sequence[Span]) -> bytes:
 
 
 _Row = tuple[
-    str,
+    str | None,
     bytes,
     bytes,
     bytes,
@@ -619,6 +717,8 @@ def decode_batch(data: bytes) -> list[SpanRecord]:
         (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
         thread_id, status, error, attributes, lazy = row[9:14]
         try:
+            if name is None:
+                name = _lazy_name(lazy)
             plain = _plain(attributes if attributes is not None else _lazy_attributes(lazy))
         except (ValueError, TypeError, IndexError) as exc:
             raise ValueError(f"not a packed span batch: attributes {lazy!r}: {exc}") from exc
@@ -666,16 +766,23 @@ def set_stream(notify: Callable[[], None] | None) -> None:
         _shipper.start()  # else tracing's start, or the first kick, starts it
 
 
+_repeat = itertools.repeat
+
+
 def _ship() -> bool:
     """Pack everything pending, in batches of at most ``MAX_BATCH_SPANS`` (the shipper thread,
     or ``take_unsent``); whether a batch was made. Called with ``_ship_lock`` held."""
     made = False
+    _shipper._full = False
     popleft = _pending.popleft
     while _pending:
-        batch: list[Span] = []
-        with contextlib.suppress(IndexError):  # nobody else drains it: the lock is held
-            for _ in range(min(len(_pending), MAX_BATCH_SPANS)):
-                batch.append(popleft())
+        # Nobody else drains it (the lock is held) and appends never shorten it, so the first
+        # ``n`` are there to take.
+        n = min(len(_pending), MAX_BATCH_SPANS)
+        try:
+            batch: list[Span | _SpanRow] = [popleft() for _ in _repeat(None, n)]
+        except IndexError:  # cleared meanwhile (a fork's child): nothing more to pack
+            break
         if not batch:
             break
         data = encode_batch(batch)
@@ -777,6 +884,8 @@ class _Shipper:
     def __init__(self) -> None:
         self._wake = threading.Event()
         self._kicked = False
+        #: Whether the pending queue was full at the last kick (``_ship`` empties it).
+        self._full = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
@@ -789,7 +898,15 @@ class _Shipper:
                 self._thread.start()
 
     def kick(self) -> None:
-        """``SHIP_AT`` spans are pending: pack them now (any thread; cheap when repeated)."""
+        """``SHIP_AT`` spans are pending: pack them now (any thread; cheap when repeated). A
+        span added while ``MAX_PENDING_SPANS`` were pending pushed the oldest out: counted, and
+        the shipper says how many it lost (``dropped_spans``)."""
+        global _dropped
+        if len(_pending) >= MAX_PENDING_SPANS:
+            if self._full:  # it was full before this span came: the oldest went
+                _dropped += 1
+            else:
+                self._full = True
         if not self._kicked:
             self._kicked = True
             if self._thread is None:
@@ -802,6 +919,8 @@ class _Shipper:
             self._wake.clear()
             self._kicked = False
             try:
+                if _dropped > _dropped_told:
+                    _tell_dropped()
                 with _ship_lock:
                     made = _ship()
                 notify = _stream
@@ -817,6 +936,27 @@ class _Shipper:
 
 
 _shipper = _Shipper()
+#: Finished spans pushed out of the full pending queue (``_Shipper.kick``), ever; and how many
+#: of them the shipper has logged.
+_dropped = 0
+_dropped_told = 0
+
+
+def dropped_spans() -> int:
+    """How many finished spans this process lost because ``MAX_PENDING_SPANS`` were waiting
+    for the shipper (it did not keep up): each was logged as a warning."""
+    return _dropped
+
+
+def _tell_dropped() -> None:
+    global _dropped_told
+    now = _dropped
+    _log.warning(
+        "span shipper: %d finished spans dropped (more than %d waiting to be packed)",
+        now - _dropped_told,
+        MAX_PENDING_SPANS,
+    )
+    _dropped_told = now
 
 
 def has_spans() -> bool:
@@ -948,10 +1088,7 @@ def outgoing_trace(kind: int) -> bytes:
     """The trace context to put in an envelope of ``kind`` (CALL only): the current span's."""
     if not TRACING or kind != 1:  # MessageKind.CALL
         return b""
-    current = _CURRENT_SPAN.get()
-    if current is None:
-        return b""
-    return current.trace_id + current.span_id
+    return _CURRENT_SPAN.get()
 
 
 def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: Any) -> Any:
@@ -971,8 +1108,34 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
 _partial = functools.partial
 
 
+def run_endpoint(
+    cell: Any,
+    envelope: Envelope,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``wrap_endpoint(cell, envelope, fn, prop)(*args, **kwargs)`` without making the wrapper
+    (a sync actor's call: ``_runtime.cell``), ``prop`` being the endpoint's property on
+    ``cell`` (``cell.endpoints``)."""
+    if TRACING:
+        prop = cell.endpoints.get(envelope.endpoint)
+        if prop is None or getattr(prop, "_instrument", True):
+            return _run_traced_call(cell, envelope, fn, args, kwargs)
+    if _metrics.METRICS:
+        return _run_timed_call(envelope.endpoint, fn, args, kwargs)
+    return fn(*args, **kwargs)
+
+
 def _run_timed(endpoint: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with its latency recorded (metrics on, tracing off)."""
+    return _run_timed_call(endpoint, fn, args, kwargs)
+
+
+def _run_timed_call(
+    endpoint: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``_run_timed`` with the arguments as they are."""
     started = _perf_counter()
     try:
         result = fn(*args, **kwargs)
@@ -994,23 +1157,75 @@ def _run_timed(endpoint: str, fn: Callable[..., Any], *args: Any, **kwargs: Any)
 def _run_traced(
     cell: Any, envelope: Envelope, fn: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
+    """``fn(*args, **kwargs)`` in a receive span (``_run_traced_call``)."""
+    return _run_traced_call(cell, envelope, fn, args, kwargs)
+
+
+def _run_traced_call(
+    cell: Any,
+    envelope: Envelope,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
     """``fn(*args, **kwargs)`` in a receive span whose parent is the caller's span (the ids
     the envelope carries), timed too while metrics are on.
 
     The common case (the envelope carries a parent, no OpenTelemetry mirror, no listener, a
-    plain result) makes the span in place and reads the clock twice: the span's start and end
-    (``time.time_ns``), whose difference is also the endpoint latency metrics record (one
-    clock for both, instead of a ``perf_counter`` pair next to the span's pair)."""
+    plain result) makes no ``Span``: the current trace context is the envelope's trace id and
+    a new span id while ``fn`` runs, the clock is read twice (``time.time_ns``: the span's start
+    and end, whose difference is also the endpoint latency metrics record: one clock for both),
+    and the finished span is one plain tuple appended to the pending spans (``send_traced``).
+    An exception or an awaitable result makes the ``Span`` after all (``_run_traced_slow``'s
+    ending)."""
     trace = envelope.trace
-    if len(trace) != 24 or _otel._otel_trace is not None:
+    if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
         return _run_traced_slow(cell, envelope, fn, args, kwargs)
+    trace_id = trace[:16]
+    span_id = _next_id().to_bytes(8, "big")
+    token = _CURRENT_SPAN.set(trace_id + span_id)
+    start_ns = _time_ns()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _finish_endpoint_ns(
+            envelope.endpoint, start_ns, _receive_span(cell, envelope, span_id, start_ns), exc
+        )
+        raise
+    finally:
+        _CURRENT_SPAN.reset(token)
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        current = _receive_span(cell, envelope, span_id, start_ns)
+        return _await_endpoint(result, envelope.endpoint, 0.0, current, _metrics.METRICS, True)
+    end_ns = _time_ns()
     endpoint = envelope.endpoint
     display = cell.display
-    start_ns = _time_ns()
-    current = Span(
+    _pending.append(
+        (endpoint, trace_id, span_id, trace[16:], start_ns, end_ns, _PID,
+         cell.runtime.label or _process_label, display, _get_ident(), "ok", "", None,
+         ("receive", display, endpoint, cell.rank), None, None)
+    )  # fmt: skip
+    if len(_pending) >= SHIP_AT:
+        _shipper.kick()
+    if _metrics.METRICS:
+        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+        log = _metrics._latency_logs.get(endpoint)
+        if log is None:
+            log = _metrics.latency_log(endpoint)
+        log.append(elapsed)
+        if len(log) >= _FOLD_AT or _metrics._MIRROR:
+            _metrics.note_latency(endpoint, log, elapsed)
+    return result
+
+
+def _receive_span(cell: Any, envelope: Envelope, span_id: bytes, start_ns: int) -> Span:
+    """The open receive span ``_run_traced`` did not make (the body raised, or returned an
+    awaitable): as its fast path would have recorded it."""
+    trace, endpoint, display = envelope.trace, envelope.endpoint, cell.display
+    return Span(
         endpoint,
         trace[:16],
-        _next_id().to_bytes(8, "big"),
+        span_id,
         trace[16:],
         start_ns,
         0,
@@ -1023,33 +1238,6 @@ def _run_traced(
         None,
         ("receive", display, endpoint, cell.rank),
     )
-    token = _CURRENT_SPAN.set(current)
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        _finish_endpoint_ns(endpoint, start_ns, current, exc)
-        raise
-    finally:
-        _CURRENT_SPAN.reset(token)
-    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-        return _await_endpoint(result, endpoint, start_ns * 1e-9, current, _metrics.METRICS, True)
-    if _span_listeners or current.end_ns:
-        _finish_endpoint_ns(endpoint, start_ns, current, None)
-        return result
-    end_ns = current.end_ns = _time_ns()  # ``_end`` inlined for the common case
-    current.status = "ok"
-    _pending.append(current)
-    if len(_pending) >= SHIP_AT:
-        _shipper.kick()
-    if _metrics.METRICS:
-        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
-        log = _metrics._latency_logs.get(endpoint)
-        if log is None:
-            log = _metrics.latency_log(endpoint)
-        log.append(elapsed)
-        if len(log) >= _FOLD_AT or _metrics._MIRROR:
-            _metrics.note_latency(endpoint, log, elapsed)
-    return result
 
 
 def _finish_endpoint_ns(
@@ -1084,7 +1272,7 @@ def _run_traced_slow(
         display,
         ("receive", display, endpoint, cell.rank),
     )
-    token = _CURRENT_SPAN.set(current)
+    token = _CURRENT_SPAN.set(current.trace_id + current.span_id)
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
@@ -1109,7 +1297,7 @@ async def _await_endpoint(
     """Await an async endpoint's result inside ``current`` (if any), then end the span and
     record the latency. ``span_clock``: ``current`` started on ``time.time_ns`` and its clock
     gives the latency (``_run_traced``'s fast path); else ``started`` is a ``perf_counter``."""
-    token = _CURRENT_SPAN.set(current) if current is not None else None
+    token = _CURRENT_SPAN.set(current.trace_id + current.span_id) if current is not None else None
     try:
         result = await awaitable
     except BaseException as exc:

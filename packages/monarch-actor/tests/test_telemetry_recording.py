@@ -1,0 +1,295 @@
+"""How the runtime records telemetry on its hot path (issue 21, the overhead increment).
+
+Metric hooks append raw observations to bounded logs, folded when a log fills and before every
+snapshot; the runtime's send and receive spans are plain tuples (rows) until something reads
+them. These tests check that nothing is lost or mislinked on the way: a snapshot after calls
+from several threads counts every call, rows become spans with their parents and times, and
+every buffer stays bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from monarch.actor import Actor, ProcMesh, endpoint, finished_spans, metrics_snapshot, span
+from monarch.actor._runtime import telemetry as tm
+from monarch.actor._runtime.telemetry import metrics as tm_metrics
+from monarch.actor._runtime.telemetry import tracing as tm_tracing
+
+Procs = Callable[..., ProcMesh]
+T = 10.0
+
+
+@pytest.fixture
+def telemetry() -> Iterator[None]:
+    saved = os.environ.get("MONARCH_TELEMETRY")
+    tm.enable_telemetry(metrics=True, tracing=True)
+    tm.reset_metrics()
+    try:
+        yield
+    finally:
+        tm.disable_telemetry()
+        tm.reset_metrics()
+        if saved is None:
+            os.environ.pop("MONARCH_TELEMETRY", None)
+        else:
+            os.environ["MONARCH_TELEMETRY"] = saved
+
+
+class Counted(Actor):
+    @endpoint
+    def bump(self, x: int) -> int:
+        return x + 1
+
+    @endpoint
+    def fails(self) -> None:
+        raise ValueError("on purpose")
+
+
+def _points(name: str, **attributes: str) -> list[Any]:
+    return [p for p in metrics_snapshot().get(name, []) if dict(p.attributes) == attributes]
+
+
+def test_a_snapshot_after_calls_from_several_threads_counts_every_call(
+    telemetry: None, procs: Procs
+) -> None:
+    """4 client threads x 60 calls (single and pipelined) with metrics and tracing on: the
+    snapshot taken right after the last reply counts every call on both sides (the logs
+    still pending are folded first), and every call has its send span and its receive span,
+    the receive span the child of the send span."""
+    actor = procs(gpus=1).spawn("counted", Counted)
+    assert actor.bump.call_one(0).get(timeout=T) == 1  # spawned and warm
+    tm.reset_metrics()
+    per_thread, nthreads = 60, 4
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            for i in range(0, per_thread, 6):
+                assert actor.bump.call_one(i).get(timeout=T) == i + 1
+                futures = [actor.bump.call_one(i + k) for k in range(1, 6)]  # 5 in flight
+                assert [f.get(timeout=T) for f in futures] == [i + k + 1 for k in range(1, 6)]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(nthreads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    total = per_thread * nthreads
+    (served,) = _points("monarch.endpoint.latency", endpoint="bump")
+    (waited,) = _points("monarch.client.call_latency", endpoint="bump")
+    assert (served.count, waited.count) == (total, total)
+    assert served.min > 0
+    assert served.max >= served.min
+    records = tm_tracing.span_records(remote=False)
+    sends = {r.span_id: r for r in records if r.name == "call_one counted.bump"}
+    receives = [r for r in records if r.name == "bump" and r.parent_id in sends]
+    assert len(sends) == len(receives) == total + 1  # and the warm-up call
+    for received in receives:
+        sent = sends[received.parent_id]
+        assert received.trace_id == sent.trace_id
+        assert sent.start_ns <= received.start_ns <= received.end_ns
+        assert received.attributes["span.kind"] == "receive"
+
+
+class _Runtime:
+    label = "procs{'gpus': 0/1}"
+
+
+class _Cell:
+    display = "<root>.<test Counted counted{'gpus': 0/1}>"
+    rank = 0
+    runtime = _Runtime()
+    endpoints: ClassVar[dict[str, Any]] = {}
+
+
+class _Envelope:
+    endpoint = "bump"
+    trace = b""
+
+
+class _Sender:
+    display = "<root>"
+
+
+def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
+    telemetry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The send side (``send_traced``) and the receive side (``run_endpoint``) record plain
+    tuples; read (``finished_spans``, or packed and decoded) they are spans named, linked
+    (user span > send span > receive span, one trace) and timed as the objects were."""
+    monkeypatch.setattr(tm_tracing, "_pending", collections.deque(maxlen=64))
+    monkeypatch.setattr(tm_tracing, "_spans", collections.deque(maxlen=64))
+    envelope, cell = _Envelope(), _Cell()
+    posted: list[bytes] = []
+
+    def post(target: str, trace: bytes) -> None:
+        assert target == "the target"
+        posted.append(trace)
+        envelope.trace = trace
+
+    before = time.time_ns()
+    with span("step") as step:
+        tm_tracing.send_traced(
+            "call_one", "bump", "counted", 1, _Runtime(), _Sender(), post, "the target"
+        )
+    assert tm_tracing.run_endpoint(cell, envelope, lambda x: x + 1, (1,), {}) == 2  # type: ignore[arg-type]
+    after = time.time_ns()
+    rows = [r for r in tm_tracing._pending if not isinstance(r, tm.Span)]
+    assert len(rows) == 2
+    assert all(type(r) is tuple and len(r) == 16 for r in rows)
+    assert isinstance(step, tm.Span)
+    by_name = {s.name: s for s in finished_spans()}
+    sent, received = by_name["call_one counted.bump"], by_name["bump"]
+    assert posted == [sent.trace_id + sent.span_id]  # the envelope's context: the send span's
+    assert (sent.trace_id, sent.parent_id) == (step.trace_id, step.span_id)
+    assert (received.trace_id, received.parent_id) == (sent.trace_id, sent.span_id)
+    assert before <= step.start_ns <= sent.start_ns <= sent.end_ns <= step.end_ns
+    assert sent.end_ns <= received.start_ns <= received.end_ns <= after
+    assert sent.attributes == {
+        "span.kind": "send",
+        "adverb": "call_one",
+        "endpoint": "bump",
+        "mesh": "counted",
+        "ranks": 1,
+        "actor": "<root>",
+    }
+    assert received.attributes == {
+        "span.kind": "receive",
+        "actor": cell.display,
+        "endpoint": "bump",
+        "rank": 0,
+    }
+    assert (received.proc, received.track, received.status) == (_Runtime.label, cell.display, "ok")
+    assert received.os_pid == os.getpid()
+    assert received.thread_id == threading.get_ident()
+    packed = tm_tracing.decode_batch(tm_tracing.encode_batch(list(tm_tracing._pending)))
+    assert packed == [tm_tracing.SpanRecord.of(s) for s in finished_spans()]
+    latency = _points("monarch.endpoint.latency", endpoint="bump")[0]
+    assert latency.count == 1  # one clock: the receive span's duration
+    assert latency.sum == pytest.approx(received.duration_s, rel=1e-9, abs=1e-12)
+
+
+def test_a_failed_post_or_body_ends_its_span_with_the_error(
+    telemetry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tm_tracing, "_pending", collections.deque(maxlen=64))
+    envelope, cell = _Envelope(), _Cell()
+
+    def refused(trace: bytes) -> None:
+        envelope.trace = trace
+        raise RuntimeError("mailbox full")
+
+    with pytest.raises(RuntimeError, match="mailbox full"):
+        tm_tracing.send_traced("call_one", "bump", "counted", 1, _Runtime(), _Sender(), refused)
+
+    def body() -> None:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        tm_tracing.run_endpoint(cell, envelope, body, (), {})  # type: ignore[arg-type]
+    by_name = {s.name: s for s in finished_spans()}
+    sent, received = by_name["call_one counted.bump"], by_name["bump"]
+    assert (sent.status, sent.error) == ("error", "RuntimeError: mailbox full")
+    assert (received.status, received.error) == ("error", "ValueError: bad input")
+    assert received.parent_id == sent.span_id
+    (errors,) = _points("monarch.endpoint.errors", endpoint="bump", category="user")
+    assert errors.value == 1
+
+
+def test_with_a_listener_runtime_spans_are_objects_at_once(telemetry: None) -> None:
+    """A span listener wants ``Span`` objects as spans finish: the runtime's spans take the
+    object path then (the listener sees the send and the receive span, linked)."""
+    envelope, cell = _Envelope(), _Cell()
+    seen: list[tm.Span] = []
+    remove = tm.add_span_listener(seen.append)
+    try:
+
+        def post(trace: bytes) -> None:
+            envelope.trace = trace
+
+        tm_tracing.send_traced("call", "bump", "counted", 2, _Runtime(), _Sender(), post)
+        tm_tracing.run_endpoint(cell, envelope, lambda: 7, (), {})  # type: ignore[arg-type]
+    finally:
+        remove()
+    assert [s.name for s in seen] == ["call counted.bump", "bump"]
+    assert seen[1].parent_id == seen[0].span_id
+    assert all(s.end_ns >= s.start_ns > 0 for s in seen)
+
+
+def test_pending_spans_are_bounded_and_a_drop_is_counted_and_logged(
+    telemetry: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Rows wait in a bounded queue for the shipper; were it not to keep up, the oldest go,
+    counted (``dropped_spans``) and logged by the shipper, never silently."""
+    monkeypatch.setattr(tm_tracing, "MAX_PENDING_SPANS", 300)
+    pending: collections.deque[Any] = collections.deque(maxlen=300)
+    monkeypatch.setattr(tm_tracing, "_pending", pending)
+    caplog.set_level(logging.WARNING, logger="monarch.actor.telemetry")
+    told = threading.Event()
+
+    class _Told(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "finished spans dropped" in record.getMessage():
+                told.set()
+
+    handler = _Told()
+    logging.getLogger("monarch.actor.telemetry").addHandler(handler)
+    request.addfinalizer(
+        lambda: logging.getLogger("monarch.actor.telemetry").removeHandler(handler)
+    )
+    envelope, cell = _Envelope(), _Cell()
+    envelope.trace = bytes(24)
+    dropped = tm_tracing.dropped_spans()
+    with tm_tracing._ship_lock:  # the shipper cannot drain meanwhile: it does not keep up
+        tm_tracing._shipper._full = False
+        for _ in range(500):
+            tm_tracing.run_endpoint(cell, envelope, lambda: None, (), {})  # type: ignore[arg-type]
+        assert len(pending) == 300
+        assert tm_tracing.dropped_spans() - dropped == 200
+    assert told.wait(T)  # the shipper logged the loss
+    assert "finished spans dropped" in caplog.text
+    assert tm_tracing.wait_stored(lambda: not pending, T)  # and packed the rest
+
+
+def test_metric_logs_fold_when_full_from_several_threads(telemetry: None) -> None:
+    """Four threads fill the endpoint-latency and depth logs past ``FOLD_AT`` (folds racing
+    appends): no log ever holds ``FOLD_AT`` entries after its hook returned, and the snapshot
+    counts every observation, its sum and extremes exact."""
+    per_thread, nthreads = tm_metrics.FOLD_AT + 123, 4
+    longest = [0]
+
+    def work(k: int) -> None:
+        for _ in range(per_thread):
+            tm_metrics.record_elapsed("folded", 0.001 * (k + 1), None)
+            tm_metrics.on_enqueued(k)
+            longest[0] = max(longest[0], len(tm_metrics._latency_logs["folded"]))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(nthreads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert longest[0] < tm_metrics.FOLD_AT + nthreads  # each hook folds the log it filled
+    (latency,) = _points("monarch.endpoint.latency", endpoint="folded")
+    (depth,) = _points("monarch.mailbox.depth")
+    total = per_thread * nthreads
+    assert (latency.count, depth.count) == (total, total)
+    assert latency.sum == pytest.approx(per_thread * 0.001 * (1 + 2 + 3 + 4))
+    assert (latency.min, latency.max) == (0.001, 0.004)
+    assert depth.sum == per_thread * (0 + 1 + 2 + 3)
+    assert not tm_metrics._latency_logs["folded"]  # the snapshot folded what was pending

@@ -1,0 +1,532 @@
+"""The TLS data lane's sealed records (``_netseal``, ``_netwire``'s seal format): the format,
+a stream's records against tampering, replay, reordering and truncation, and the lane through a
+man-in-the-middle proxy in this process that flips, cuts or stalls bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import os
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone
+from monarch.rdma._netseal import SealedStream, TruncatedRecord, client_handshake
+from monarch.rdma._netwire import (
+    SEAL_HEAD_SIZE,
+    SEAL_HELLO_SIZE,
+    SEAL_MAX_RECORD,
+    SEAL_TAG_SIZE,
+    SEAL_VERSION,
+    Op,
+    SealHello,
+    WireError,
+    decode_seal_head,
+    decode_seal_hello,
+    encode_seal_head,
+    encode_seal_hello,
+    seal_aad,
+    seal_nonce,
+)
+
+SECRET = bytes(range(16))
+MiB = 1 << 20
+
+# -- the format ---------------------------------------------------------------------------------
+
+
+@given(st.binary(min_size=32, max_size=32), st.binary(min_size=4, max_size=4))
+def test_hellos_round_trip(key: bytes, prefix: bytes) -> None:
+    data = encode_seal_hello(SealHello(key, prefix))
+    assert len(data) == SEAL_HELLO_SIZE
+    assert decode_seal_hello(data) == SealHello(key, prefix)
+
+
+def test_malformed_hellos_and_heads_are_wire_errors() -> None:
+    good = encode_seal_hello(SealHello(bytes(32), bytes(4)))
+    with pytest.raises(WireError, match="magic"):
+        decode_seal_hello(b"XXXX" + good[4:])
+    with pytest.raises(WireError, match="version 2"):
+        decode_seal_hello(good[:4] + bytes([2]) + good[5:])
+    with pytest.raises(WireError, match="41 bytes"):
+        decode_seal_hello(good[:-1])
+    with pytest.raises(WireError, match="32-byte key"):
+        encode_seal_hello(SealHello(bytes(16), bytes(4)))
+    assert decode_seal_head(encode_seal_head(SEAL_MAX_RECORD)) == SEAL_MAX_RECORD
+    for length in (0, SEAL_MAX_RECORD + 1):
+        with pytest.raises(WireError, match="sealed record"):
+            encode_seal_head(length)
+    with pytest.raises(WireError, match="sealed record of"):
+        decode_seal_head(struct.pack(">B3xI", SEAL_VERSION, SEAL_MAX_RECORD + 1))
+    with pytest.raises(WireError, match="version"):
+        decode_seal_head(struct.pack(">B3xI", 9, 5))
+    with pytest.raises(WireError, match="version"):
+        decode_seal_head(bytes([SEAL_VERSION, 1, 0, 0, 0, 0, 0, 5]))
+
+
+def test_nonces_and_associated_data_differ_per_record() -> None:
+    nonces = {seal_nonce(b"pref", n) for n in range(1000)}
+    assert len(nonces) == 1000
+    assert all(len(n) == 12 for n in nonces)
+    assert seal_aad(5, 1, 0) != seal_aad(5, 1, 5) != seal_aad(6, 1, 5) != seal_aad(5, 2, 5)
+
+
+# -- one stream ---------------------------------------------------------------------------------
+
+
+class _Capture:
+    """A fake socket that keeps what is sent (to tamper with it before it is received)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def sendall(self, data: Any) -> None:
+        self.data += data
+
+
+_KEYS = (SealHello(b"k" * 32, b"p" * 4), SealHello(b"K" * 32, b"P" * 4))
+
+
+def _sealed(payloads: list[bytes], record: int = 4096) -> bytes:
+    sender = SealedStream(_Capture(), _KEYS[0], _KEYS[1], record)  # type: ignore[arg-type]
+    for payload in payloads:
+        sender.sendall(payload)
+    captured: bytearray = sender.raw.data  # type: ignore[attr-defined]
+    return bytes(captured)
+
+
+def _receive(wire: bytes, nbytes: int) -> tuple[bytearray, BaseException | None]:
+    """Feed ``wire`` to a receiving stream (then EOF); what landed in a zeroed destination."""
+    mine, theirs = socket.socketpair()
+    dst = bytearray(nbytes)
+    failure: BaseException | None = None
+
+    def feed() -> None:
+        with contextlib.suppress(OSError):
+            theirs.sendall(wire)
+        theirs.close()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    stream = SealedStream(mine, _KEYS[1], _KEYS[0])
+    view, got = memoryview(dst), 0
+    try:
+        mine.settimeout(10)
+        while got < nbytes:
+            k = stream.recv_into(view[got:], nbytes - got)
+            if k == 0:
+                raise EOFError("ended between records")
+            got += k
+    except (WireError, EOFError) as exc:
+        failure = exc
+    finally:
+        mine.close()
+        feeder.join(10)
+    return dst, failure
+
+
+@pytest.mark.parametrize("size", [1, 9, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_a_stream_moves_every_size_class(size: int) -> None:
+    payload = os.urandom(size)
+    wire = _sealed([payload])
+    records = -(-size // 4096)
+    assert len(wire) == size + records * (SEAL_HEAD_SIZE + SEAL_TAG_SIZE)
+    assert payload not in wire  # encrypted
+    dst, failure = _receive(wire, size)
+    assert failure is None
+    assert dst == payload
+
+
+def _records(wire: bytes) -> list[bytes]:
+    out, at = [], 0
+    while at < len(wire):
+        (length,) = struct.unpack(">I", wire[at + 4 : at + 8])
+        end = at + SEAL_HEAD_SIZE + length + SEAL_TAG_SIZE
+        out.append(wire[at:end])
+        at = end
+    return out
+
+
+def test_a_tampered_record_fails_and_nothing_of_it_lands() -> None:
+    payload = bytes(range(256)) * 48  # 3 records of 4096
+    wire = bytearray(_sealed([payload]))
+    second = SEAL_HEAD_SIZE + 4096 + SEAL_TAG_SIZE + SEAL_HEAD_SIZE + 100
+    wire[second] ^= 0x01  # one bit of the second record's ciphertext
+    dst, failure = _receive(bytes(wire), len(payload))
+    assert isinstance(failure, WireError)
+    assert "failed authentication" in str(failure)
+    assert dst[:4096] == payload[:4096]  # the first record was authentic
+    assert dst[4096:] == bytes(len(payload) - 4096)  # not one byte of the forged one
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda r: [r[0], r[0], r[1]], id="replayed"),
+        pytest.param(lambda r: [r[1], r[0], r[2]], id="reordered"),
+        pytest.param(lambda r: [r[0], r[2]], id="dropped"),
+        pytest.param(
+            lambda r: [r[0], r[1][:7] + bytes([r[1][7] ^ 1]) + r[1][8:-1], r[2]], id="resized"
+        ),
+    ],
+)
+def test_replayed_reordered_dropped_or_resized_records_fail(
+    change: Callable[[list[bytes]], list[bytes]],
+) -> None:
+    payload = os.urandom(3 * 4096)
+    records = _records(_sealed([payload]))
+    assert len(records) == 3
+    dst, failure = _receive(b"".join(change(records)), len(payload))
+    assert isinstance(failure, WireError)
+    assert dst[4096:] == bytes(len(payload) - 4096)
+
+
+def test_a_record_cut_short_is_a_truncation_not_an_end() -> None:
+    payload = os.urandom(2 * 4096)
+    wire = _sealed([payload])
+    dst, failure = _receive(wire[: len(wire) - 10], len(payload))
+    assert isinstance(failure, TruncatedRecord)
+    assert dst[4096:] == bytes(4096)
+
+
+def test_a_head_announcing_more_than_a_record_is_refused_before_its_body() -> None:
+    wire = struct.pack(">B3xI", SEAL_VERSION, 1 << 31) + bytes(64)
+    _, failure = _receive(wire, 10)
+    assert isinstance(failure, WireError)
+    assert "sealed record of" in str(failure)
+
+
+# -- the lane through a man in the middle -------------------------------------------------------
+
+#: ``mangle(direction, offset, data)``: the bytes to forward (``direction`` "up": client to
+#: owner, "down": owner to client; ``offset`` of ``data`` in that direction's stream); None
+#: cuts the connection; ``b""`` holds the rest of the direction back (a stall).
+Mangle = Callable[[str, int, bytes], "bytes | None"]
+
+
+class _Proxy:
+    """A TCP proxy on loopback in front of a lane server's TLS port (bounded: its threads end
+    with their connections; ``close`` ends them all)."""
+
+    def __init__(self, port: int, mangle: Mangle) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target, self.mangle = port, mangle
+        self.socks: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            owner = socket.create_connection(("127.0.0.1", self.target))
+            self.socks += [client, owner]
+            for direction, a, b in (("up", client, owner), ("down", owner, client)):
+                thread = threading.Thread(target=self._pump, args=(direction, a, b), daemon=True)
+                self.threads.append(thread)
+                thread.start()
+
+    def _pump(self, direction: str, a: socket.socket, b: socket.socket) -> None:
+        offset, held = 0, False
+        try:
+            while data := a.recv(1 << 16):
+                out = None if held else self.mangle(direction, offset, data)
+                offset += len(data)
+                if out is None and not held:
+                    break
+                if out == b"":
+                    held = True
+                    continue
+                if out:
+                    b.sendall(out)
+        except OSError:
+            pass
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept
+        self.listener.close()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        for thread in self.threads:
+            thread.join(5)
+
+
+class _Table:
+    def __init__(self) -> None:
+        self.regions: dict[int, tuple[memoryview, bytes]] = {}
+
+    def lookup(self, number: int, secret: bytes) -> memoryview | str:
+        found = self.regions.get(number)
+        if found is None or found[1] != secret:
+            return f"RDMA region {number} is not registered in this process"
+        return found[0]
+
+    def drop(self, number: int, secret: bytes) -> None:
+        self.regions.pop(number, None)
+
+
+@pytest.fixture(scope="module")
+def owner() -> Iterator[tuple[_Table, LaneServer]]:
+    table = _Table()
+    server = LaneServer(table.lookup, table.drop, tcp_host="127.0.0.1")
+    try:
+        yield table, server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def _through(server: LaneServer, mangle: Mangle) -> Iterator[tuple[LanePool, Endpoint]]:
+    proxy = _Proxy(server.endpoint.port, mangle)
+    pool = LanePool()
+    try:
+        yield pool, Endpoint("unused", proxy.port, ("127.0.0.1",), server.endpoint.fingerprint)
+    finally:
+        pool.close_idle()
+        proxy.close()
+
+
+def _passthrough(direction: str, offset: int, data: bytes) -> bytes:
+    return data
+
+
+def _flip_at(direction: str, position: int) -> Mangle:
+    def mangle(d: str, offset: int, data: bytes) -> bytes:
+        if d == direction and offset <= position < offset + len(data):
+            changed = bytearray(data)
+            changed[position - offset] ^= 0x01
+            return bytes(changed)
+        return data
+
+    return mangle
+
+
+def _cut_at(direction: str, position: int, stall: bool = False) -> Mangle:
+    def mangle(d: str, offset: int, data: bytes) -> bytes | None:
+        if d == direction and offset + len(data) > position:
+            if position > offset:  # what comes before the cut still passes, then nothing
+                return None if not stall else b""
+            return None if not stall else b""
+        return data
+
+    return mangle
+
+
+def _transfer(pool: LanePool, endpoint: Endpoint, op: Op, region: int, view: memoryview,
+              timeout: float = 30) -> None:  # fmt: skip
+    async def main() -> None:
+        await asyncio.wait_for(pool.transfer("tls", endpoint, op, region, SECRET, 0, view), timeout)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("size", [1, 9, MiB - 1, MiB, MiB + 1, 5 * MiB + 3])
+def test_the_tls_lane_moves_every_size_class_both_ways(
+    owner: tuple[_Table, LaneServer], size: int
+) -> None:
+    table, server = owner
+    memory = bytearray(os.urandom(size))
+    table.regions[1] = (memoryview(memory), SECRET)
+    with _through(server, _passthrough) as (pool, endpoint):  # the proxy sees only ciphertext
+        dst = bytearray(size)
+        _transfer(pool, endpoint, Op.READ, 1, memoryview(dst))
+        assert dst == memory
+        src = os.urandom(size)
+        _transfer(pool, endpoint, Op.WRITE, 1, memoryview(src))
+        assert memory == src
+
+
+def test_a_read_tampered_on_the_way_fails_and_no_forged_byte_lands(
+    owner: tuple[_Table, LaneServer],
+) -> None:
+    table, server = owner
+    memory = os.urandom(4 * MiB)
+    table.regions[2] = (memoryview(memory), SECRET)
+    with _through(server, _flip_at("down", 2 * MiB + 12345)) as (pool, endpoint):
+        dst = bytearray(len(memory))
+        started = time.monotonic()
+        with pytest.raises(OwnerGone, match="failed authentication"):
+            _transfer(pool, endpoint, Op.READ, 2, memoryview(dst))
+        assert time.monotonic() - started < 10
+    # Records of 1 MiB; the flipped bit is in the third (the TLS handshake, the hello and the
+    # reply head take a few KiB before them): the first two arrived, nothing of it nor after.
+    assert dst[: 2 * MiB] == memory[: 2 * MiB]
+    assert dst[2 * MiB :] == bytes(2 * MiB)
+
+
+def test_a_write_tampered_on_the_way_fails_and_no_forged_byte_lands(
+    owner: tuple[_Table, LaneServer],
+) -> None:
+    table, server = owner
+    memory = bytearray(3 * MiB)
+    table.regions[3] = (memoryview(memory), SECRET)
+    src = os.urandom(3 * MiB)
+    with _through(server, _flip_at("up", MiB + 5000)) as (pool, endpoint):
+        with pytest.raises(OwnerGone):
+            _transfer(pool, endpoint, Op.WRITE, 3, memoryview(src[: 3 * MiB]))
+    # The flipped bit is in the second record of 1 MiB: the first was stored (authentic),
+    # nothing of the forged one, nor after it.
+    assert memory[:MiB] == src[:MiB]
+    assert memory[MiB:] == bytes(2 * MiB)
+
+
+def test_a_stream_cut_mid_record_fails_at_once(owner: tuple[_Table, LaneServer]) -> None:
+    table, server = owner
+    memory = os.urandom(3 * MiB)
+    table.regions[4] = (memoryview(memory), SECRET)
+    with _through(server, _cut_at("down", 2 * MiB)) as (pool, endpoint):
+        started = time.monotonic()
+        with pytest.raises(OwnerGone):
+            _transfer(pool, endpoint, Op.READ, 4, memoryview(bytearray(len(memory))))
+        assert time.monotonic() - started < 5
+
+
+def test_a_stream_stalled_mid_record_fails_within_the_timeout(
+    owner: tuple[_Table, LaneServer],
+) -> None:
+    table, server = owner
+    memory = os.urandom(3 * MiB)
+    table.regions[5] = (memoryview(memory), SECRET)
+    with _through(server, _cut_at("down", 2 * MiB, stall=True)) as (pool, endpoint):
+        dst = bytearray(len(memory))
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            _transfer(pool, endpoint, Op.READ, 5, memoryview(dst), timeout=0.5)
+        assert time.monotonic() - started < 3
+
+
+def _plain_tls_server(hello: bytes) -> tuple[socket.socket, bytes, threading.Thread]:
+    """A TLS 1.3 server with a certificate of its own that answers with ``hello``."""
+    from monarch.rdma._netlane import _make_certificate, _server_context
+
+    pem, der = _make_certificate()
+    context = _server_context(pem)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with context.wrap_socket(conn, server_side=True) as tls:
+                tls.settimeout(10)
+                tls.recv(SEAL_HELLO_SIZE)
+                tls.sendall(hello)
+                tls.recv(1)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, hashlib.sha256(der).digest(), thread
+
+
+def test_a_pinned_owner_that_does_not_speak_sealed_records_is_refused() -> None:
+    listener, fingerprint, thread = _plain_tls_server(b"HTTP/1.1 400 Bad Request\r\n" * 2)
+    try:
+        endpoint = Endpoint("unused", listener.getsockname()[1], ("127.0.0.1",), fingerprint)
+        with pytest.raises(OwnerGone, match="not a sealed lane"):
+            _transfer(LanePool(), endpoint, Op.READ, 1, memoryview(bytearray(4)), timeout=10)
+    finally:
+        listener.close()
+        thread.join(10)
+
+
+def test_an_unpinned_owner_is_refused_before_anything_is_sent() -> None:
+    listener, _, thread = _plain_tls_server(b"")
+    try:
+        raw = socket.create_connection(listener.getsockname())
+        raw.settimeout(10)
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client.check_hostname = False
+        client.verify_mode = ssl.CERT_NONE
+        with pytest.raises(ssl.SSLError, match="not the one in its key"):
+            client_handshake(raw, client, bytes(32))
+        raw.close()
+    finally:
+        listener.close()
+        thread.join(10)
+
+
+def test_the_owner_closes_a_connection_whose_hello_is_not_a_lanes(
+    owner: tuple[_Table, LaneServer],
+) -> None:
+    _, server = owner
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", server.endpoint.port), timeout=10) as raw:
+        with client.wrap_socket(raw) as tls:
+            tls.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(SEAL_HELLO_SIZE))
+            with contextlib.suppress(ssl.SSLError, ConnectionError):
+                assert tls.recv(1) == b""  # closed without a hello back
+
+
+def test_a_transfer_buffers_no_more_than_a_connections_records(
+    owner: tuple[_Table, LaneServer],
+) -> None:
+    """The memory a transfer takes is its connections' fixed buffers (made at connect), not
+    its size: a 32 MiB read on a kept connection allocates less than one record."""
+    table, server = owner
+    memory = os.urandom(32 * MiB)
+    table.regions[6] = (memoryview(memory), SECRET)
+    endpoint = dataclasses.replace(server.endpoint, addresses=("127.0.0.1",))
+    pool = LanePool()  # no proxy: its copies would count
+    try:
+        dst = bytearray(len(memory))
+        _transfer(pool, endpoint, Op.READ, 6, memoryview(dst)[:MiB])  # connects
+        tracemalloc.start()
+        try:
+            _transfer(pool, endpoint, Op.READ, 6, memoryview(dst))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        pool.close_idle()
+    assert dst == memory
+    assert peak < SEAL_MAX_RECORD // 4, peak
+
+
+@pytest.mark.parametrize("op", [Op.READ, Op.WRITE])
+def test_a_kept_sealed_connection_the_owner_closed_while_idle_is_replaced(op: Op) -> None:
+    """The owner's idle close ends its side between records (a clean end, not a truncation):
+    the next transfer retries once on a fresh connection, with fresh keys."""
+    table = _Table()
+    memory = bytearray(b"idle" * 64)
+    table.regions[1] = (memoryview(memory), SECRET)
+    server = LaneServer(table.lookup, table.drop, tcp_host="127.0.0.1", idle_timeout=0.2)
+    endpoint = dataclasses.replace(server.endpoint, addresses=("127.0.0.1",))
+    pool = LanePool()
+    try:
+        view = memoryview(bytearray(len(memory)))
+        _transfer(pool, endpoint, Op.READ, 1, view)
+        (kept,) = [conn for conns in pool._idle.values() for conn in conns]
+        assert isinstance(kept.sock, SealedStream)
+        readable, _, _ = select.select([kept.sock.raw], [], [], 10)  # the owner's end of it
+        assert readable
+        data = memoryview(bytearray(b"IDLE" * 64)) if op is Op.WRITE else view
+        _transfer(pool, endpoint, op, 1, data)
+        assert bytes(memory) == (b"IDLE" * 64 if op is Op.WRITE else bytes(view))
+        assert kept.sock.raw.fileno() == -1  # the stale one was closed, a fresh one is kept
+        assert pool._idle_count == 1
+    finally:
+        pool.close_idle()
+        server.close()
