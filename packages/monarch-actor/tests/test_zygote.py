@@ -46,6 +46,26 @@ def _sleep_or_echo(argv: Sequence[str]) -> int:
     return int(argv[0])
 
 
+def _identity(argv: Sequence[str]) -> int:
+    """Print the identity handed to this child for the CA in ``argv[0]`` (its PID, whether its
+    leaf was signed by that CA), whether a second take finds none, and whether one is handed
+    for another CA directory."""
+    from chrysalis.quic import DevelopmentCA
+
+    ca = DevelopmentCA.load_or_create(Path(argv[0]))
+    identity = zygote_module.handed_identity(argv[0])
+    if identity is None:
+        print("none", flush=True)
+        return 0
+    leaf = identity.chain[0]
+    signed = leaf.issuer == ca.certificate.subject
+    ca.certificate.public_key().verify(  # type: ignore[call-arg,union-attr]
+        leaf.signature, leaf.tbs_certificate_bytes, leaf.signature_algorithm_parameters
+    )
+    print(identity.pid.hex(), signed, zygote_module.handed_identity(argv[0]) is None, flush=True)
+    return 0
+
+
 def _fail(argv: Sequence[str]) -> int:
     raise RuntimeError("boom in the child")
 
@@ -179,6 +199,35 @@ def test_a_batch_the_zygote_cannot_fork_whole_returns_those_it_forked(
         z.close()
 
 
+def test_each_child_is_handed_an_identity_of_its_own_issued_ahead_by_the_zygote(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    ca_dir = tmp_path / "ca"
+    seen: list[str] = []
+    # Two requests: the second takes identities left from the first's batch, a third one more
+    # than a batch holds (the zygote issues what it lacks).
+    for size in (3, 2, zygote_module.IDENTITY_BATCH + 1):
+        children, error = zygote.spawn_many(
+            [[str(ca_dir)]] * size, target=f"{HERE}:_identity", identities=ca_dir
+        )
+        assert error is None
+        for child in children:
+            pid, signed, taken_once = _read_line(child).split()
+            assert (signed, taken_once) == ("True", "True")
+            seen.append(pid)
+            assert child.wait(10) == 0
+    assert len(seen) == len(set(seen)) == 5 + zygote_module.IDENTITY_BATCH + 1
+    # Without ``identities`` (or for another CA) nothing is handed: the worker issues its own.
+    child = zygote.spawn([str(ca_dir)], target=f"{HERE}:_identity")
+    assert _read_line(child) == "none\n"
+    other = tmp_path / "other"
+    children, error = zygote.spawn_many(
+        [[str(other)]], target=f"{HERE}:_identity", identities=ca_dir
+    )
+    assert error is None
+    assert _read_line(children[0]) == "none\n"
+
+
 def test_malformed_request_is_refused_with_a_reason(zygote: Zygote) -> None:
     import array
     import json
@@ -197,6 +246,26 @@ def test_malformed_request_is_refused_with_a_reason(zygote: Zygote) -> None:
         os.close(write_fd)
     assert reply["spawned"] == []
     assert "expected 2 descriptors, got 1" in str(reply["error"])
+
+
+def test_a_request_naming_no_ca_directory_for_its_identities_is_refused(zygote: Zygote) -> None:
+    import array
+    import json
+    import socket
+
+    read_fd, write_fd = os.pipe()
+    try:
+        with zygote._lock:
+            zygote._sock.sendmsg(
+                [json.dumps({"workers": [["0"]], "identities": 5}).encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_fd]))],
+            )
+            reply = zygote._next_reply()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert reply["spawned"] == []
+    assert "identities must name a CA directory" in str(reply["error"])
 
 
 def test_closed_zygote_refuses_spawns_clearly() -> None:

@@ -28,6 +28,7 @@ called by ``worker.main``) and the client's zygote (``zygote``), forked on first
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import select
@@ -275,6 +276,15 @@ def _zygote() -> Zygote | None:
         current = _zygote_instance
         if current is not None and current.alive and current.parent == os.getpid():
             return current
+        # One full collection first. Why: the collector's first full pass after the imports
+        # (its threshold is relative to the objects alive at the previous one, made when few
+        # were) otherwise lands in a later spawn, on the runtime loop's thread while it takes
+        # the workers' joins: 25 to 130 ms of a 4-process spawn, the reason a client's first
+        # such spawn was its slowest. Here it costs about 18 ms once, on the calling thread,
+        # before any worker competes for the CPU, and the zygote is forked from a heap without
+        # that garbage. Only the collection runs: the program's collector settings stay as
+        # they are.
+        gc.collect()
         try:
             _zygote_instance = Zygote.start()
         except (ZygoteUnavailableError, OSError) as exc:
@@ -362,18 +372,24 @@ def _await_startup(popen: WorkerProcess, deadline: float) -> Pid | str:
 
 
 def read_worker_pids(
-    popens: Sequence[WorkerProcess], labels: Sequence[str], timeout: float
+    popens: Sequence[WorkerProcess],
+    labels: Sequence[str],
+    timeout: float,
+    on_ready: Callable[[int, Pid], None] | None = None,
 ) -> list[Pid] | str:
-    """Wait (bounded) for each worker's PID line (``_await_startup``); the reason on failure:
-    ``"worker process LABEL could not start: WHY"`` (the worker said why), ``... exited with
-    status N`` or ``... did not start in time``, with the stage it was in."""
+    """Wait (bounded) for each worker's PID line (``_await_startup``), in rank order, calling
+    ``on_ready(rank, pid)`` as each comes; the reason on failure: ``"worker process LABEL
+    could not start: WHY"`` (the worker said why), ``... exited with status N`` or ``... did
+    not start in time``, with the stage it was in."""
     pids: list[Pid] = []
     deadline = time.monotonic() + timeout
-    for label, popen in zip(labels, popens, strict=True):
+    for rank, (label, popen) in enumerate(zip(labels, popens, strict=True)):
         outcome = _await_startup(popen, deadline)
         if isinstance(outcome, str):
             return f"worker process {label} {outcome}"
         pids.append(outcome)
+        if on_ready is not None:
+            on_ready(rank, outcome)
     return pids
 
 
@@ -624,6 +640,7 @@ class LocalWorkerGroup(WorkerGroup):
                     target=FORKED_WORKER,
                     env=env,
                     stderr=True,
+                    identities=ca_dir,
                 )
             except ZygoteUnavailableError as exc:
                 started, error = [], str(exc)
@@ -670,11 +687,11 @@ class LocalWorkerGroup(WorkerGroup):
         if self.killed:
             self._abandon()
             raise RuntimeError("the processes were killed while they started")
-        pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
+        pids = read_worker_pids(self.popens, self.labels, spawn_timeout(), self._ready)
         if isinstance(pids, str):
             self._abandon()
             raise RuntimeError(pids)
-        self.pids = pids
+        assert pids == self.pids
         for rank in range(len(pids)):
             self.record("proc_ready", rank)
         self.output = OutputForwarder(
@@ -689,6 +706,24 @@ class LocalWorkerGroup(WorkerGroup):
                 target=self._reap, args=(rank, popen), name="monarch-reaper", daemon=True
             ).start()
         self.watch_liveness()
+
+    def _ready(self, rank: int, pid: Pid) -> None:
+        """The worker at ``rank`` sent its PID line (the others may still be starting): its
+        heartbeats start now. Why now: the first heartbeat opens the client's stream to it
+        and its lane (a QUIC handshake each way, the lane's negotiation), which the actor
+        spawned on the mesh next would otherwise open for every worker at once, after the
+        last one was ready (about a third of a 4-process spawn's time)."""
+        self.pids.append(pid)
+        watchdog = self._watchdog()
+        if watchdog is not None:
+            watchdog.watch(pid, partial(self._silent, rank))
+
+    def _silent(self, rank: int, silence: float, timeout: float) -> None:
+        """``on_unresponsive``, once the group started (its reapers run); a worker silent
+        while the others still start is left to the start's own bound (and watched afresh
+        by ``watch_liveness`` once they all started)."""
+        if rank < len(self.exited):
+            self.on_unresponsive(rank, silence, timeout)
 
     def _where(self, rank: int) -> str:
         return f" (os pid {self.popens[rank].pid})"

@@ -79,6 +79,7 @@ from monarch.actor._hosts.worker_exits import (
     exit_when_stdin_ends,
     say_last_words,
 )
+from monarch.actor._hosts.zygote import handed_identity
 from monarch.actor._runtime import logging as _logging
 from monarch.actor._runtime import telemetry as _telemetry
 from monarch.actor._runtime.client import (
@@ -226,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail_start(args.label, why)
         _startup_line(STAGE_LINE, "joining the client")
 
-    identity = DevelopmentIdentityProvider(args.ca_dir).issue_identity()
+    # Forked by the zygote: the identity it issued ahead for this worker (``zygote``).
+    identity = (
+        handed_identity(args.ca_dir) or DevelopmentIdentityProvider(args.ca_dir).issue_identity()
+    )
     register_worker(identity.pid.raw, bytes.fromhex(args.authority))
     loop = RuntimeLoop("monarch-worker")
     loop.start()
