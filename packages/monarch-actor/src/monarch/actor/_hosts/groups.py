@@ -372,24 +372,18 @@ def _await_startup(popen: WorkerProcess, deadline: float) -> Pid | str:
 
 
 def read_worker_pids(
-    popens: Sequence[WorkerProcess],
-    labels: Sequence[str],
-    timeout: float,
-    on_ready: Callable[[int, Pid], None] | None = None,
+    popens: Sequence[WorkerProcess], labels: Sequence[str], timeout: float
 ) -> list[Pid] | str:
-    """Wait (bounded) for each worker's PID line (``_await_startup``), in rank order, calling
-    ``on_ready(rank, pid)`` as each comes; the reason on failure: ``"worker process LABEL
-    could not start: WHY"`` (the worker said why), ``... exited with status N`` or ``... did
-    not start in time``, with the stage it was in."""
+    """Wait (bounded) for each worker's PID line (``_await_startup``); the reason on failure:
+    ``"worker process LABEL could not start: WHY"`` (the worker said why), ``... exited with
+    status N`` or ``... did not start in time``, with the stage it was in."""
     pids: list[Pid] = []
     deadline = time.monotonic() + timeout
-    for rank, (label, popen) in enumerate(zip(labels, popens, strict=True)):
+    for label, popen in zip(labels, popens, strict=True):
         outcome = _await_startup(popen, deadline)
         if isinstance(outcome, str):
             return f"worker process {label} {outcome}"
         pids.append(outcome)
-        if on_ready is not None:
-            on_ready(rank, outcome)
     return pids
 
 
@@ -687,11 +681,11 @@ class LocalWorkerGroup(WorkerGroup):
         if self.killed:
             self._abandon()
             raise RuntimeError("the processes were killed while they started")
-        pids = read_worker_pids(self.popens, self.labels, spawn_timeout(), self._ready)
+        pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
         if isinstance(pids, str):
             self._abandon()
             raise RuntimeError(pids)
-        assert pids == self.pids
+        self.pids = pids
         for rank in range(len(pids)):
             self.record("proc_ready", rank)
         self.output = OutputForwarder(
@@ -706,24 +700,6 @@ class LocalWorkerGroup(WorkerGroup):
                 target=self._reap, args=(rank, popen), name="monarch-reaper", daemon=True
             ).start()
         self.watch_liveness()
-
-    def _ready(self, rank: int, pid: Pid) -> None:
-        """The worker at ``rank`` sent its PID line (the others may still be starting): its
-        heartbeats start now. Why now: the first heartbeat opens the client's stream to it
-        and its lane (a QUIC handshake each way, the lane's negotiation), which the actor
-        spawned on the mesh next would otherwise open for every worker at once, after the
-        last one was ready (about a third of a 4-process spawn's time)."""
-        self.pids.append(pid)
-        watchdog = self._watchdog()
-        if watchdog is not None:
-            watchdog.watch(pid, partial(self._silent, rank))
-
-    def _silent(self, rank: int, silence: float, timeout: float) -> None:
-        """``on_unresponsive``, once the group started (its reapers run); a worker silent
-        while the others still start is left to the start's own bound (and watched afresh
-        by ``watch_liveness`` once they all started)."""
-        if rank < len(self.exited):
-            self.on_unresponsive(rank, silence, timeout)
 
     def _where(self, rank: int) -> str:
         return f" (os pid {self.popens[rank].pid})"
