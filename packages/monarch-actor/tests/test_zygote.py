@@ -59,9 +59,7 @@ def _identity(argv: Sequence[str]) -> int:
         return 0
     leaf = identity.chain[0]
     signed = leaf.issuer == ca.certificate.subject
-    ca.certificate.public_key().verify(  # type: ignore[call-arg,union-attr]
-        leaf.signature, leaf.tbs_certificate_bytes, leaf.signature_algorithm_parameters
-    )
+    leaf.verify_directly_issued_by(ca.certificate)  # raises unless the CA signed it
     print(identity.pid.hex(), signed, zygote_module.handed_identity(argv[0]) is None, flush=True)
     return 0
 

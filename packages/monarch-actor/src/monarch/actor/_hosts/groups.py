@@ -263,6 +263,27 @@ class OutputForwarder:
             self.set_window(None)  # write what was held
 
 
+_collected_once = False
+"""Whether this process ran its one full collection while its first workers started."""
+
+
+def _collect_once() -> None:
+    """One full collection of this process, the first time its workers start (called once
+    they were forked or exec'd, before waiting for them).
+
+    Why: the collector's first full pass after the imports (its threshold is relative to the
+    objects alive at the previous one, made when few were) otherwise lands in a later spawn,
+    on the runtime loop's thread while it takes the workers' joins: 25 to 130 ms of a
+    4-process spawn, why a client's first such spawn was its slowest. Here it takes about 18
+    ms of the calling thread while the first workers start up on their own (they dial the
+    client only some 40 ms after their fork). Only the collection runs: the program's
+    collector settings stay as they are."""
+    global _collected_once
+    if not _collected_once:
+        _collected_once = True
+        gc.collect()
+
+
 _zygote_lock = threading.Lock()
 _zygote_instance: Zygote | None = None
 #: The zygote's entry point for a worker (``worker.forked_main``).
@@ -276,15 +297,6 @@ def _zygote() -> Zygote | None:
         current = _zygote_instance
         if current is not None and current.alive and current.parent == os.getpid():
             return current
-        # One full collection first. Why: the collector's first full pass after the imports
-        # (its threshold is relative to the objects alive at the previous one, made when few
-        # were) otherwise lands in a later spawn, on the runtime loop's thread while it takes
-        # the workers' joins: 25 to 130 ms of a 4-process spawn, the reason a client's first
-        # such spawn was its slowest. Here it costs about 18 ms once, on the calling thread,
-        # before any worker competes for the CPU, and the zygote is forked from a heap without
-        # that garbage. Only the collection runs: the program's collector settings stay as
-        # they are.
-        gc.collect()
         try:
             _zygote_instance = Zygote.start()
         except (ZygoteUnavailableError, OSError) as exc:
@@ -681,6 +693,7 @@ class LocalWorkerGroup(WorkerGroup):
         if self.killed:
             self._abandon()
             raise RuntimeError("the processes were killed while they started")
+        _collect_once()
         pids = read_worker_pids(self.popens, self.labels, spawn_timeout())
         if isinstance(pids, str):
             self._abandon()
