@@ -27,9 +27,13 @@ from chrysalis.node._scale import (
     RestartPolicy,
     ScaleError,
     ScaleSettings,
+    _hand_identity,
+    _parse_worker,
+    _parser,
     _restart_error,
     _scale_handler,
     _serve_echo,
+    _worker_command,
     _worker_identity,
     decode_echo_reply,
     encode_echo_request,
@@ -161,6 +165,73 @@ def test_a_kept_identity_is_read_back_with_its_pid(tmp_path: Path) -> None:
     path.write_text('{"chain": "not pem"}')
     with pytest.raises(ScaleError, match="not usable"):
         _worker_identity(ca, path)
+
+
+def test_identities_issued_ahead_are_handed_once_each(tmp_path: Path) -> None:
+    """The fork server's batch (``_hand_identity`` before each fork): every worker gets an
+    identity of its own, issued by the same CA, taken exactly once; another CA's is not
+    used; with nothing handed a worker issues its own."""
+    import chrysalis.node._scale as scale
+
+    ca, other = tmp_path / "ca", tmp_path / "other"
+    taken = []
+    for _ in range(scale._IDENTITY_BATCH + 3):  # more than one batch
+        _hand_identity(ca)
+        taken.append(_worker_identity(ca, None))
+        assert scale._HANDED == []  # taken: a second call issues anew
+    assert len({identity.pid for identity in taken}) == len(taken)
+    assert {identity.roots for identity in taken} == {taken[0].roots}
+    _hand_identity(ca)
+    handed = scale._HANDED[0][1]
+    assert _worker_identity(other, None).pid != handed.pid  # another CA: not this one
+    assert scale._HANDED == []
+    assert _worker_identity(ca, None).pid != handed.pid  # nothing handed: a fresh one
+    scale._ISSUED.clear()
+
+
+def _worker_lines(tmp_path: Path) -> list[list[str]]:
+    settings = ScaleSettings(8, 4, "task-head", idle_timeout=12.5)
+    lines = []
+    for placement in plan_placement(8, 4, "task-head")[1:]:
+        head = placement.role == "head"
+        lines.append(
+            _worker_command(
+                settings,
+                placement,
+                udp="udp://127.0.0.1:0" if head else None,
+                unix=str(tmp_path / "t.sock"),
+                parent="unixgram:///p.sock",
+                authority=None if placement.rank % 3 == 0 else "ab" * 16,
+                ca_dir=tmp_path / "ca",
+                database=tmp_path / "db" if placement.rank % 2 else None,
+                host="127.0.0.1" if head else None,
+                identity_file=tmp_path / "id.json" if placement.rank == 2 else None,
+            )
+        )
+    return lines
+
+
+def test_the_workers_own_parse_equals_argparses(tmp_path: Path) -> None:
+    """A forked worker parses its command line without argparse (``_parse_worker``): the
+    same namespace for every line ``_worker_command`` writes, and ``None`` (argparse then
+    decides) for anything it does not handle."""
+    for line in _worker_lines(tmp_path):
+        assert _parse_worker(line) == _parser().parse_args(line), line
+    line = _worker_lines(tmp_path)[0]
+    rank = line.index("--rank")
+    role = line.index("--role")
+    for odd in (
+        ["run", "--nodes", "4"],  # another command
+        [*line[:rank], "--rank=1", *line[rank + 2 :]],  # --name=value
+        [*line[:rank], *line[rank + 2 :]],  # a required option missing
+        [*line, "--rank", "2"],  # given twice
+        [*line[: rank + 1], "one", *line[rank + 2 :]],  # not an integer
+        [*line[: role + 1], "root", *line[role + 2 :]],  # not a choice
+        [*line, "--bogus", "1"],  # unknown
+        [*line, "--unix"],  # a value missing
+        [*line[: rank + 1], "-1", *line[rank + 2 :]],  # a value that looks like an option
+    ):
+        assert _parse_worker(odd) is None, odd
 
 
 def test_relaunch_replaces_an_exited_process_and_owns_its_failures(tmp_path: Path) -> None:

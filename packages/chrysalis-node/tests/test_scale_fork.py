@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from chrysalis.core import DatagramAddr
+from chrysalis.node._forkserver import ForkServerError
 from chrysalis.node._scale import (
     ProcessGroup,
     ScaleError,
@@ -96,6 +97,7 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
                 assert group.forked
                 assert group._fork is not None
                 assert len(tree.pids) == 15
+                assert len(set(tree.pids)) == 15  # identities issued ahead: one each
                 entries = await tree.root.enumerate()
                 assert {entry.pid for entry in entries} == {tree.root.pid, *tree.pids}
                 for pid in group.pids():  # forked, not exec'd: the fork server's children
@@ -195,6 +197,48 @@ def test_forked_worker_crashing_before_its_ready_line_is_reported(tmp_path: Path
             await group.stop()
 
     asyncio.run(go())
+
+
+_PREPARED: list[str] = []
+"""In the fork server: what ``_prepare_or_fail`` did before each fork."""
+
+
+def _prepare_or_fail() -> None:
+    if not _PREPARED:
+        _PREPARED.append("failed")
+        raise RuntimeError("prepare failed on purpose")
+    _PREPARED.append(f"prepared {len(_PREPARED)}")
+
+
+def _ready_with_prepared(argv: list[str]) -> int:
+    print(f"ready {_PREPARED[-1]}", flush=True)
+    return 0
+
+
+def test_the_fork_server_prepares_each_worker_before_forking_it(tmp_path: Path) -> None:
+    """``prepare`` runs in the fork server before each fork and what it leaves is the
+    forked worker's; a failing ``prepare`` fails that spawn only, with its reason."""
+
+    async def go() -> None:
+        group = ProcessGroup(tmp_path)
+        group.start_forkserver(prepare=_prepare_or_fail)
+        try:
+            with pytest.raises(ForkServerError, match="prepare failed on purpose"):
+                await group.launch(
+                    [[f"{__name__}:_ready_with_prepared"]], names=["a"], concurrency=1, timeout=10
+                )
+            lines = await group.launch(
+                [[f"{__name__}:_ready_with_prepared"], [f"{__name__}:_ready_with_prepared"]],
+                names=["b", "c"],
+                concurrency=1,
+                timeout=10,
+            )
+            assert lines == ["ready prepared 1", "ready prepared 2"]
+        finally:
+            await group.stop()
+
+    asyncio.run(go())
+    assert _PREPARED == []  # this process never ran it: the fork server did
 
 
 def test_forked_worker_exiting_or_killed_after_ready_is_reported(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from aioquic import tls
 
 sys.path.append(str(Path(__file__).parent))
 
@@ -101,6 +102,54 @@ def test_engine_uses_endpoint_chosen_cids_and_requests_client_certificates() -> 
     assert [ConnectionId.from_bytes(e.cid).pid for e in issued] == [pair.client_pid]
     assert pair.client.peer_packet_seen
     assert pair.server.peer_packet_seen
+
+
+def _key_exchange(engine: object) -> tuple[list[str], bool, bool]:
+    """The key pairs ``engine``'s TLS context generated: EC curves, X25519, X448."""
+    assert isinstance(engine, AioquicConnection)
+    context = engine.tls
+    return (
+        [key.curve.name for key in context._ec_private_keys],
+        context._x25519_private_key is not None,
+        context._x448_private_key is not None,
+    )
+
+
+def test_client_offers_one_x25519_key_share_and_the_server_agrees_on_it() -> None:
+    pair = _Pair()
+    pair.step(10)
+    assert pair.of("client", HandshakeCompleted)
+    assert pair.of("server", HandshakeCompleted)
+    assert isinstance(pair.client, AioquicConnection)
+    assert pair.client.tls._supported_groups == [tls.Group.X25519]
+    assert _key_exchange(pair.client) == ([], True, False)  # one key pair generated
+    assert _key_exchange(pair.server) == ([], True, False)  # agreed on X25519
+    # Authentication is unchanged: each side holds the other's leaf.
+    assert Pid.from_certificate(pair.server.peer_certificate_chain()[0]) == pair.client_pid
+    assert Pid.from_certificate(pair.client.peer_certificate_chain()[0]) == pair.server_pid
+
+
+def test_server_still_accepts_a_client_offering_every_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that offers aioquic's four groups (an older peer) still connects: the server
+    keeps every group and takes the client's first, P-256."""
+    every = [tls.Group.SECP256R1, tls.Group.SECP384R1, tls.Group.X25519, tls.Group.X448]
+    initialize = AioquicConnection._initialize
+
+    def old_client(self: AioquicConnection, peer_cid: bytes) -> None:
+        initialize(self, peer_cid)
+        if self._is_client:
+            self.tls._supported_groups = list(every)
+
+    monkeypatch.setattr(AioquicConnection, "_initialize", old_client)
+    pair = _Pair()
+    pair.step(10)
+    assert pair.of("client", HandshakeCompleted)
+    assert pair.of("server", HandshakeCompleted)
+    assert _key_exchange(pair.client) == (["secp256r1", "secp384r1"], True, True)
+    assert _key_exchange(pair.server) == (["secp256r1"], False, False)
+    assert Pid.from_certificate(pair.server.peer_certificate_chain()[0]) == pair.client_pid
 
 
 def test_receive_window_slides_only_with_consumption() -> None:

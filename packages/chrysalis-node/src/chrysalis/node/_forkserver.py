@@ -112,14 +112,21 @@ class ForkServer:
         self.on_exit: Callable[[ForkedProcess], None] | None = None
 
     @classmethod
-    def start(cls, warm: Callable[[], None] | None = None) -> ForkServer:
+    def start(
+        cls,
+        warm: Callable[[], None] | None = None,
+        *,
+        prepare: Callable[[], None] | None = None,
+    ) -> ForkServer:
         """Fork the server from the calling thread; it runs ``warm()`` once (import and
         initialise what workers use), freezes the garbage collector's heap (so workers do
-        not copy its pages by collecting them) and serves. ``ForkServerError`` where this
-        platform cannot fork or pass descriptors."""
+        not copy its pages by collecting them) and serves, calling ``prepare()`` before each
+        fork (what it leaves in module state is the next worker's: e.g. an identity issued
+        ahead, in a batch; an exception there fails that spawn). ``ForkServerError`` where
+        this platform cannot fork or pass descriptors."""
         if not forking.can_fork_server():
             raise ForkServerError("this platform cannot run a fork server")
-        ours, pid = forking.fork_server(lambda sock: _serve(sock, warm), lifeline=True)
+        ours, pid = forking.fork_server(lambda sock: _serve(sock, warm, prepare), lifeline=True)
         ours.setblocking(False)
         return cls(ours, pid)
 
@@ -253,7 +260,9 @@ class ForkServer:
 
 
 def _serve(
-    sock: socket.socket, warm: Callable[[], None] | None
+    sock: socket.socket,
+    warm: Callable[[], None] | None,
+    prepare: Callable[[], None] | None = None,
 ) -> int:  # pragma: no cover - runs in the fork server
     """The server's loop: fork workers on request, report their exits, end on EOF."""
     signal.set_wakeup_fd(-1)  # the launcher's event loop owns the inherited wake-up socket
@@ -263,11 +272,16 @@ def _serve(
         warm()
     gc.collect()
     gc.freeze()  # workers inherit a frozen heap: collections in them do not touch its pages
-    return forking.serve(sock, _fork_worker, max_bytes=_MAX_MESSAGE, max_fds=3)
+    handler = functools.partial(_fork_worker, prepare=prepare)
+    return forking.serve(sock, handler, max_bytes=_MAX_MESSAGE, max_fds=3)
 
 
 def _fork_worker(
-    loop: forking.ServerLoop, data: bytes, fds: list[int]
+    loop: forking.ServerLoop,
+    data: bytes,
+    fds: list[int],
+    *,
+    prepare: Callable[[], None] | None = None,
 ) -> None:  # pragma: no cover - runs in the fork server
     """Serve one request (module docstring); the server's copies of the descriptors are closed
     in every case."""
@@ -282,9 +296,11 @@ def _fork_worker(
             raise ValueError(f"expected 3 descriptors, got {len(fds)}")
         if len(loop.children) >= _MAX_CHILDREN:
             raise ValueError(f"more than {_MAX_CHILDREN} workers")
+        if prepare is not None:
+            prepare()
         server = os.getpid()
         pid = os.fork()
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # the request fails; the server serves on
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):

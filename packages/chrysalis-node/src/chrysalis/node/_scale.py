@@ -557,12 +557,17 @@ class ProcessGroup:
         """Whether processes are forked from a fork server."""
         return self._fork is not None
 
-    def start_forkserver(self, warm: Callable[[], None] | None = None) -> None:
+    def start_forkserver(
+        self,
+        warm: Callable[[], None] | None = None,
+        prepare: Callable[[], None] | None = None,
+    ) -> None:
         """Fork the fork server now (before this process runs sockets or threads a worker
-        must not inherit); every later ``launch`` forks from it. ``warm`` runs once in it."""
+        must not inherit); every later ``launch`` forks from it. ``warm`` runs once in it,
+        ``prepare`` before each fork (``ForkServer.start``)."""
         if self._fork is not None:
             raise ScaleError("this group has a fork server already")
-        self._fork = ForkServer.start(warm)
+        self._fork = ForkServer.start(warm, prepare=prepare)
         self._fork.on_exit = lambda _process: self._exited_now()
 
     def _exited_now(self) -> None:
@@ -919,11 +924,13 @@ def _warm(ca_dir: Path, persist: bool) -> None:
     _provider(ca_dir).issue_identity()
     # Parsed once, not only built: parsing compiles (and caches) argparse's regular
     # expressions, about 1.5 ms of every worker's CPU otherwise.
-    _parser().parse_args(
-        ["worker", "--rank", "1", "--task", "0", "--role", "leaf", "--level", "1",
-         "--topology", "task-head", "--parent", "unixgram:///warm", "--ca-dir", str(ca_dir),
-         "--idle-timeout", "60", "--lifeline", "--authority", "0" * 32, "--unix", "/warm"]
-    )  # fmt: skip
+    warm_argv = [
+        "worker", "--rank", "1", "--task", "0", "--role", "leaf", "--level", "1",
+        "--topology", "task-head", "--parent", "unixgram:///warm", "--ca-dir", str(ca_dir),
+        "--idle-timeout", "60", "--lifeline", "--authority", "0" * 32, "--unix", "/warm",
+    ]  # fmt: skip
+    _parser().parse_args(warm_argv)
+    _parse_worker(warm_argv)  # the worker's own parse: its option table built once, here
     # Found with ``PYTHONPROFILEIMPORTTIME=1`` on an exec'd worker: what it imports after
     # ``chrysalis.node._scale`` (its event loop's default executor).
     modules = ["concurrent.futures.thread", "queue"]
@@ -973,8 +980,48 @@ def _warm_join(ca_dir: Path) -> None:
         raise ScaleError(f"{left} threads left running after the warm-up join")
 
 
+_IDENTITY_BATCH: Final = 16
+"""Identities the fork server issues in one go, ahead of the workers that take them."""
+_ISSUED: list[tuple[str, Identity]] = []
+"""The fork server's identities issued ahead (CA directory, identity), at most
+``_IDENTITY_BATCH``; each is handed to exactly one worker (``_hand_identity``)."""
+_HANDED: list[tuple[str, Identity]] = []
+"""At most one: the identity of the worker about to be forked (set in the fork server right
+before the fork, so the worker finds it here; the next fork replaces it)."""
+
+
+def _hand_identity(ca_dir: Path) -> None:
+    """Run in the fork server before each fork (``ForkServer.start(prepare=...)``): take the
+    next identity issued ahead, issuing ``_IDENTITY_BATCH`` at once when none is left, and
+    leave it in ``_HANDED`` for the worker (``_worker_identity``).
+
+    Why in batches, in the fork server: a forked worker pays a copy-on-write page fault for
+    every page of the fork server it writes, and a reference count is a write. Issuing one
+    identity touches about 500 such pages (key generation and the certificate builder's
+    objects, 3 ms of a worker's CPU, where a warm process issues one in 0.2 to 0.3 ms); the
+    fork server issuing 16 in a row pays those faults once per batch. The identity contract
+    is unchanged: every worker gets a key and certificate of its own (popped here, never
+    handed twice), its PID derived from that leaf. A worker's memory holds the identities
+    issued ahead for later workers, as it holds the CA's key (the fork server loaded it):
+    workers of one scale run share one trust domain."""
+    if not _ISSUED:
+        provider = _provider(ca_dir)
+        _ISSUED.extend((str(ca_dir), provider.issue_identity()) for _ in range(_IDENTITY_BATCH))
+    _HANDED[:] = [_ISSUED.pop()]
+
+
+def _handed_identity(ca_dir: Path) -> Identity | None:
+    """The identity the fork server handed this worker (``_hand_identity``), once; ``None``
+    if none was handed (an exec'd worker) or it is another CA's."""
+    if not _HANDED:
+        return None
+    directory, identity = _HANDED.pop()
+    return identity if directory == str(ca_dir) else None
+
+
 def _worker_identity(ca_dir: Path, path: Path | None) -> Identity:
-    """A new identity from the CA, or (``path`` given, ``--restart``) the one kept in the file
+    """A new identity from the CA (in a forked worker the one the fork server issued ahead
+    and handed it: ``_hand_identity``), or (``path`` given, ``--restart``) the one kept in the file
     ``path``: read when it exists (a restarted worker: same key and certificate, so the same
     PID), else issued and written there first (JSON of the three PEM blobs, mode 0600,
     replaced atomically), before the worker binds or joins anything."""
@@ -991,7 +1038,7 @@ def _worker_identity(ca_dir: Path, path: Path | None) -> Identity:
                 )
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ScaleError(f"identity file {path} is not usable: {exc}") from None
-    identity = _provider(ca_dir).issue_identity()
+    identity = _handed_identity(ca_dir) or _provider(ca_dir).issue_identity()
     if path is not None:
         record = {
             "chain": identity.chain_pem().decode(),
@@ -1264,7 +1311,10 @@ async def _launched(
     if settings.start == "fork":
         # Before the root binds a socket or starts its loop's I/O: the fork server (and so
         # every worker) must not inherit them.
-        group.start_forkserver(functools.partial(_warm, ca_dir, settings.persist))
+        group.start_forkserver(
+            functools.partial(_warm, ca_dir, settings.persist),
+            functools.partial(_hand_identity, ca_dir),
+        )
     root_identity = _provider(ca_dir).issue_identity()
     udp = DatagramAddr.udp(host[0], 0)
     root_carrier = _carrier(udp, head_sock(0))  # leaves of task 0 (all of them when flat)
@@ -1627,6 +1677,74 @@ def _parser() -> argparse.ArgumentParser:
     return _build_parser()
 
 
+_WORKER_OPTIONS: list[dict[str, argparse.Action]] = []
+"""At most one: the ``worker`` command's options by their ``--name`` (``_worker_options``)."""
+
+
+def _worker_options() -> dict[str, argparse.Action]:
+    """The ``worker`` command's options by their ``--name``, from ``_parser()`` (built once
+    per process: the fork server builds it in ``_warm``)."""
+    if not _WORKER_OPTIONS:
+        commands = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+        worker = commands[0].choices["worker"]
+        _WORKER_OPTIONS.append(
+            {
+                name: action
+                for action in worker._actions
+                for name in action.option_strings
+                if name.startswith("--")
+            }
+        )
+    return _WORKER_OPTIONS[0]
+
+
+def _parse_worker(argv: Sequence[str]) -> argparse.Namespace | None:
+    """``argv`` parsed as ``_parser()`` parses a ``worker`` command line written by
+    ``_worker_command`` (``--name value`` pairs and ``--lifeline``), with the same types,
+    choices, defaults and required options; ``None`` for anything else (another command,
+    ``--name=value``, an unknown option, a value argparse would reject or read otherwise),
+    which ``main`` then hands to argparse.
+
+    Why: a forked worker pays a copy-on-write page fault for every page of the fork server
+    it writes, and argparse's parse touches about 400 of them (about 2 ms of a worker's CPU;
+    the same parse takes 0.16 ms in a warm process); this loop touches few."""
+    if not argv or argv[0] != "worker":
+        return None
+    options = _worker_options()
+    values: dict[str, object] = {"command": "worker"}
+    for action in options.values():
+        if action.default is not argparse.SUPPRESS:
+            values[action.dest] = action.default
+    given: set[str] = set()
+    index = 1
+    while index < len(argv):
+        found = options.get(argv[index])
+        if found is None or found.dest in given:
+            return None
+        action = found
+        given.add(action.dest)
+        if type(action) is argparse._StoreTrueAction:
+            values[action.dest] = True
+            index += 1
+            continue
+        if type(action) is not argparse._StoreAction or action.nargs is not None:
+            return None
+        if index + 1 >= len(argv) or argv[index + 1].startswith("-"):
+            return None
+        raw = argv[index + 1]
+        try:
+            value = raw if action.type is None else action.type(raw)  # type: ignore[operator]
+        except (TypeError, ValueError):
+            return None
+        if action.choices is not None and value not in action.choices:
+            return None
+        values[action.dest] = value
+        index += 2
+    if any(action.required and action.dest not in given for action in options.values()):
+        return None
+    return argparse.Namespace(**values)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m chrysalis.node._scale",
@@ -1734,7 +1852,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     stdout = sys.stdout if out is None else out
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse_worker(argv) if argv is not None else None
+        if args is None:
+            args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:

@@ -44,6 +44,7 @@ sent just before closing its connection is not lost in the endpoint's buffers.
 
 from __future__ import annotations
 
+import mmap
 import selectors
 import socket
 import threading
@@ -69,6 +70,7 @@ from chrysalis.datagram import (
     DatagramTransmit,
     InvalidDataError,
     SocketClosedError,
+    SwitchSocket,
     UdpSocket,
     UnixDatagramSocket,
 )
@@ -297,8 +299,21 @@ class EndpointDriver:
             size, count = MAX_DATAGRAM_SIZE, 8
         else:
             size, count = min(max(max_datagram_size, 1500), MAX_DATAGRAM_SIZE), DATAGRAM_BATCH_SIZE
-        self._buffers = [bytearray(size) for _ in range(count)]
-        self._views = [memoryview(buffer) for buffer in self._buffers]
+        if isinstance(socket, SwitchSocket):
+            # A switch binding (a node's socket) copies queued datagrams into any writable
+            # buffer: one anonymous mapping, not ``count`` bytearrays. The kernel maps its
+            # zero pages on first write, so only the pages datagrams land in are faulted in
+            # and none is zeroed up front (issue 22 item 4: the bytearrays zeroed all 512 KiB
+            # of a local node's buffers at its start, 128 page faults in each forked scale
+            # worker). Carriers keep bytearrays: they batch ``recvmmsg`` only into those.
+            arena = memoryview(mmap.mmap(-1, size * count))
+            views = [arena[index * size : (index + 1) * size] for index in range(count)]
+            self._buffers: list[bytearray] | list[memoryview] = views
+            self._views = views
+        else:
+            buffers = [bytearray(size) for _ in range(count)]
+            self._buffers = buffers
+            self._views = [memoryview(buffer) for buffer in buffers]
         self._metas: list[Any] = []
         self._max_segments = max(1, min(socket.max_transmit_segments, DATAGRAM_BATCH_SIZE))
         self._receive_batches = max(1, receive_batches)

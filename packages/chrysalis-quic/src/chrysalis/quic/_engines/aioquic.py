@@ -39,6 +39,15 @@ its choices conflict with Chrysalis and are changed here, each as narrowly as ai
    ``_connection_limits_pending`` answers with the same rule; stream data events are mapped
    without a call per event.
 
+7. **One key share.** An aioquic client generates a key pair for every group it supports
+   (P-256, P-384, X25519, X448) and offers all four in its ClientHello; the server uses one
+   of them. A client here offers X25519 alone (where the ``cryptography`` build has it;
+   RFC 8446 9.1: the group every TLS 1.3 stack implements, and the cheapest to generate and
+   to agree on), so each handshake generates one key pair on each side instead of four on
+   the client, and the server agrees on X25519 instead of P-256. The server keeps every
+   group, so clients that offer others still connect. Authentication is unchanged: both
+   sides still sign with their certificate's key and verify the peer's chain.
+
 Addresses are the endpoint's ``DatagramAddr`` values: aioquic only compares them (its one use
 of IP structure, the server's preferred address, is never configured here), so no synthetic
 address mapping is needed.
@@ -172,6 +181,9 @@ class AioquicConnection(FastQuicConnection):
         if not self._is_client:
             # (2) aioquic asks for a client certificate only behind this private flag.
             self.tls._request_client_certificate = True
+        elif tls.Group.X25519 in self.tls._supported_groups:
+            # (7) One key share: X25519 only (the ClientHello is built later, in connect).
+            self.tls._supported_groups = [tls.Group.X25519]
 
     def _replenish_connection_ids(self) -> None:
         # (1) Same policy as aioquic, but CIDs from the endpoint's issuer, and a lifetime
