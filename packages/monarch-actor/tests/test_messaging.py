@@ -654,6 +654,11 @@ class HintGate(Actor):
     def echo(self, x: int) -> int:
         return x
 
+    @endpoint
+    def sized(self, x: int, data: bytes) -> int:
+        assert len(data) == 1 << 20
+        return x
+
 
 def test_replies_are_hinted_more_exactly_while_calls_are_queued(
     procs: Procs, monkeypatch: pytest.MonkeyPatch, wait_until: Callable[..., None]
@@ -692,3 +697,43 @@ def test_replies_are_hinted_more_exactly_while_calls_are_queued(
     assert hints == {-1: True, 1: True, 2: True, 3: True, 4: True, 5: False}
     assert gate.echo.call_one(6).get(timeout=T) == 6
     assert hints[6] is False  # one call at a time: every reply is a plain send
+
+
+def test_replies_are_not_batched_behind_queued_large_calls(
+    procs: Procs, monkeypatch: pytest.MonkeyPatch, wait_until: Callable[..., None]
+) -> None:
+    """With calls carrying large buffers queued (64 KiB or more in all), a reply is a plain send
+    (the actor's thread writes it at once where the lane is idle): each of those calls takes
+    long enough that batching would only add a wake-up of the runtime loop. Once only small
+    calls are left queued, the replies are hinted ``more=True`` again."""
+    from monarch.actor._base.codec import decode
+    from monarch.actor._runtime.proc import ProcRuntime
+
+    gate = procs().spawn("gate_large", HintGate)
+    assert gate.echo.call_one(0).get(timeout=T) == 0
+    hints: dict[int, bool] = {}
+    original = ProcRuntime.post
+
+    def recording(self: ProcRuntime, *args: Any, **kwargs: Any) -> None:
+        payload = kwargs.get("payload")
+        if kwargs.get("port", -1) >= 0 and payload is not None:
+            value = decode(payload.data, list(payload.buffers), payload.kinds)
+            if isinstance(value, int):
+                hints[value] = kwargs.get("more", False)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcRuntime, "post", recording)
+    big = b"y" * (1 << 20)
+    _GATE.clear()
+    _GATE_CELL.clear()
+    try:
+        blocked = gate.wait.call_one()
+        futures = [gate.sized.call_one(1, big), gate.sized.call_one(2, big)]
+        futures += [gate.echo.call_one(i) for i in range(3, 6)]
+        wait_until(lambda: len(_GATE_CELL) == 1 and len(_GATE_CELL[0].mailbox) == 5)
+    finally:
+        _GATE.set()
+    assert blocked.get(timeout=T) == -1
+    assert [f.get(timeout=T) for f in futures] == [1, 2, 3, 4, 5]
+    # -1 and 1 leave with a 1 MiB call still queued; from 2 on only small calls are.
+    assert hints == {-1: False, 1: False, 2: True, 3: True, 4: True, 5: False}

@@ -277,6 +277,10 @@ class _FailItem(_Item):
         self.env = env
 
 
+#: Bytes of queued messages up to which an actor's replies are batched (``_Mailbox.batching``).
+_BATCH_BYTES = 64 * 1024
+
+
 class _Mailbox:
     """Bounded FIFO of items for one actor; blocking ``get`` (sync) or awaitable ``aget``.
 
@@ -288,7 +292,13 @@ class _Mailbox:
     def __init__(self, capacity: int, max_bytes: int) -> None:
         self._items: collections.deque[_Item] = collections.deque()
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        # A sync actor's thread sleeps on this lock, held while nobody rang (a binary
+        # semaphore): ``put`` releases it once for a sleeping ``get``. Cheaper than a
+        # ``threading.Condition``, whose every wait makes, takes and drops a lock of its own
+        # and whose notify runs Python for each waiter.
+        self._doorbell = _thread.allocate_lock()
+        self._doorbell.acquire()
+        self._sleeping = False
         self._capacity = capacity
         self._max_bytes = max_bytes
         self.nbytes = 0
@@ -303,6 +313,7 @@ class _Mailbox:
 
     def put(self, item: _Item, force: bool = False) -> bool:
         wake = None
+        ring = False
         size = item.nbytes if isinstance(item, _InitItem) else 0
         with self._lock:
             if self._closed or (
@@ -317,18 +328,31 @@ class _Mailbox:
             self.nbytes += size
             if self.on_supervision is not None and type(item) is _SuperviseItem:
                 self.on_supervision()  # only schedules a callback: no lock taken
-            if self._wake is None:
-                self._cond.notify()
+            if self._sleeping:
+                self._sleeping = False
+                ring = True
             elif self._waiting:
                 self._waiting = False
                 wake = self._wake
-        if wake is not None:
+        if ring:
+            # open already (a ``get`` left by an exception was rung): nothing to do
+            with contextlib.suppress(RuntimeError):
+                self._doorbell.release()  # the one release for this sleep (``get``)
+        elif wake is not None:
             wake()
         return True
 
     def __len__(self) -> int:
         """Items queued now."""
         return len(self._items)
+
+    def batching(self) -> bool:
+        """Whether a reply sent now should wait in the transport's outbox for the replies of
+        the calls queued behind it (one ``sendmsg`` for the batch): only when calls are queued
+        and they are small. Queued calls carrying large buffers (``_BATCH_BYTES`` in all) take
+        long enough each that the outbox would hold the reply alone, at the price of a wake-up
+        of the runtime loop; the reply is then written at once by the actor's thread."""
+        return bool(self._items) and self.nbytes < _BATCH_BYTES
 
     def full_reason(self) -> str:
         """Why ``put`` refused a message (for the sender's error)."""
@@ -346,10 +370,19 @@ class _Mailbox:
         return item
 
     def get(self) -> _Item:
-        with self._cond:
-            while not self._items:
-                self._cond.wait()
-            return self._taken(self._items.popleft())
+        """The next item, waiting as long as it takes (one thread: the actor's)."""
+        lock = self._lock
+        while True:
+            with lock:
+                if self._items:  # (``take_supervision`` and ``close`` replace the deque)
+                    item = self._items.popleft()
+                    if isinstance(item, _InitItem):
+                        self.nbytes -= item.nbytes
+                    return item
+                self._sleeping = True
+            # ``put`` releases the doorbell once after setting an item and clearing
+            # ``_sleeping``; a release before this acquire just lets it through at once.
+            self._doorbell.acquire()
 
     def take_supervision(self) -> list[_SuperviseItem]:
         """Remove and return the queued supervision events (in order), ahead of the rest."""
@@ -874,9 +907,9 @@ class ActorCell(CellBase):
                 port=env.reply_port.index,
                 cast=env.cast,
                 payload=payload,
-                # More calls queued behind this one (a pipelining caller): the replies of the
-                # batch leave together, in one write, instead of one ``sendmsg`` each.
-                more=len(self.mailbox) > 0,
+                # More small calls queued behind this one (a pipelining caller): the replies
+                # of the batch leave together, in one write, instead of one ``sendmsg`` each.
+                more=self.mailbox.batching(),
             )
         except Exception as exc:  # e.g. the result is too large for a frame
             self._reply_error(
