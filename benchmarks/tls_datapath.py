@@ -26,7 +26,6 @@ gives per mode the median MB/s (size / median time of one transfer) and the medi
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import os
 import socket
@@ -43,6 +42,7 @@ for _src in sorted((ROOT / "packages").glob("*/src")):
     if str(_src) not in sys.path:
         sys.path.insert(0, str(_src))
 
+from monarch.rdma._netlane import _make_certificate  # noqa: E402
 from monarch.rdma._netseal import (  # noqa: E402
     client_handshake,
     server_handshake,
@@ -56,29 +56,10 @@ BIO_READ = 4 << 20
 
 
 def _certificate(directory: str) -> tuple[str, bytes]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "candidate")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(1).not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256())
-    )  # fmt: skip
+    """The lane's own self-signed certificate and key, written as PEM: (path, SHA-256 of DER)."""
+    pem, der = _make_certificate()
     path = os.path.join(directory, "candidate.pem")
-    Path(path).write_bytes(
-        cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    der = cert.public_bytes(serialization.Encoding.DER)
+    Path(path).write_bytes(pem)
     return path, hashlib.sha256(der).digest()
 
 

@@ -41,11 +41,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from monarch.actor import Actor, ActorError, endpoint, this_proc
+from monarch.actor import Actor, ActorError, endpoint
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
 from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone, Unreachable
 from monarch.rdma._netwire import SECRET_SIZE, Op
+from monarch.rdma._owned import spawn_process_actor
 from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
 
 __all__ = [
@@ -264,26 +265,8 @@ MAX_STREAMS: Final = 16
 
 
 def _spawn_manager(index: int) -> Any:
-    """Spawn one of this process's managers from a thread that runs no actor, so the process
-    (not the actor registering first) owns it and it outlives that actor."""
-    result: list[Any] = []
-    failure: list[BaseException] = []
     name = "rdma_manager" if index == 0 else f"rdma_manager_{index}"
-
-    def spawn() -> None:
-        try:
-            result.append(this_proc().spawn(name, RDMAManager))
-        except BaseException as exc:  # reported to the caller below
-            failure.append(exc)
-
-    thread = threading.Thread(target=spawn, name="monarch-rdma-manager-spawn", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise RuntimeError(f"cannot start this process's RDMA manager: {failure[0]!r}") from (
-            failure[0]
-        )
-    return result[0]
+    return spawn_process_actor(name, RDMAManager, "this process's RDMA manager")
 
 
 def managers(count: int = 1) -> tuple[Any, ...]:

@@ -33,9 +33,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from monarch.actor import Actor, ActorError, endpoint, this_proc
+from monarch.actor import Actor, ActorError, endpoint
 from monarch.rdma._host import HOST
 from monarch.rdma._memory import LocalMemory, _torch_tensor_type, local_memory
+from monarch.rdma._owned import spawn_process_actor
 
 __all__ = [
     "MAX_STAGED",
@@ -295,22 +296,9 @@ def _manager() -> Any:
     with _managers_lock:
         if _managers:
             return _managers[0]
-        result: list[Any] = []
-        failure: list[BaseException] = []
-
-        def spawn() -> None:
-            try:
-                result.append(this_proc().spawn("rdma_staging_manager", StagingManager))
-            except BaseException as exc:  # reported below
-                failure.append(exc)
-
-        thread = threading.Thread(target=spawn, name="monarch-rdma-staging-spawn", daemon=True)
-        thread.start()
-        thread.join()
-        if failure:
-            raise RuntimeError(f"cannot start the staging manager: {failure[0]!r}") from failure[0]
-        _managers.append(result[0])
-        return result[0]
+        spawned = spawn_process_actor("rdma_staging_manager", StagingManager, "the staging manager")
+        _managers.append(spawned)
+        return spawned
 
 
 def _forget_after_fork() -> None:

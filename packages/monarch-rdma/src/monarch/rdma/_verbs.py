@@ -60,11 +60,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Final
 
-from monarch.actor import Actor, ActorError, endpoint, this_proc
+from monarch.actor import Actor, ActorError, endpoint
 from monarch.rdma import _ibverbs
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
 from monarch.rdma._memory import address_of
+from monarch.rdma._owned import spawn_process_actor
 from monarch.rdma._provider import (
     ProviderSpec,
     RDMAProvider,
@@ -642,22 +643,9 @@ def _this_manager() -> Any:
     with _managers_lock:
         if _manager:
             return _manager[0]
-        result: list[Any] = []
-        failure: list[BaseException] = []
-
-        def spawn() -> None:
-            try:
-                result.append(this_proc().spawn("rdma_verbs_manager", VerbsManager))
-            except BaseException as exc:  # reported below
-                failure.append(exc)
-
-        thread = threading.Thread(target=spawn, name="monarch-rdma-verbs-spawn", daemon=True)
-        thread.start()
-        thread.join()
-        if failure:
-            raise RuntimeError(f"cannot start the ibverbs manager: {failure[0]!r}") from failure[0]
-        _manager.append(result[0])
-        return result[0]
+        spawned = spawn_process_actor("rdma_verbs_manager", VerbsManager, "the ibverbs manager")
+        _manager.append(spawned)
+        return spawned
 
 
 def _detail(key: RemoteKey) -> VerbsDetail:
