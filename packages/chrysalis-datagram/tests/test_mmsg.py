@@ -5,6 +5,7 @@ header reset between calls, truncation, and errors."""
 from __future__ import annotations
 
 import errno
+import mmap
 import select
 import socket
 from collections.abc import Iterator
@@ -161,8 +162,13 @@ def test_ring_shape_and_family_are_validated() -> None:
 def test_ring_buffers_cannot_be_resized_under_the_kernel() -> None:
     ring = RecvRing(socket.AF_INET, 2, 64)
     assert ring.slots == 2
+    buffer = ring.buffers[0]
+    assert isinstance(buffer, mmap.mmap)  # mapped, not zeroed up front (issue 22)
     with pytest.raises(BufferError):
-        ring.buffers[0].extend(b"x")
+        buffer.resize(128)
+    with pytest.raises(BufferError):
+        buffer.close()
+    assert not buffer.closed
 
 
 @settings(max_examples=25, deadline=None)

@@ -3,6 +3,7 @@ lifecycle; also exercises the DatagramSocket base-class defaults through a recor
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -53,7 +54,7 @@ class RecordingSocket(DatagramSocket):
         return True
 
     def try_recv(
-        self, buffers: Sequence[bytearray | memoryview], metas: list[DatagramRecvMeta]
+        self, buffers: Sequence[bytearray | memoryview | mmap.mmap], metas: list[DatagramRecvMeta]
     ) -> int:
         if self.closed:
             raise SocketClosedError()
@@ -311,7 +312,9 @@ def test_member_that_shut_itself_down_is_noticed_on_the_send_path() -> None:
 def test_base_class_try_recv_from_splits_aggregates() -> None:
     class Aggregating(RecordingSocket):
         def try_recv(
-            self, buffers: Sequence[bytearray | memoryview], metas: list[DatagramRecvMeta]
+            self,
+            buffers: Sequence[bytearray | memoryview | mmap.mmap],
+            metas: list[DatagramRecvMeta],
         ) -> int:
             if not self.incoming:
                 return 0

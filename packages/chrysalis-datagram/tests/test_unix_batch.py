@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import socket
 import threading
@@ -31,6 +32,7 @@ from chrysalis.datagram import (
     _recvmmsg,
 )
 from chrysalis.datagram._recvmmsg import BATCH_CACHE_LIMIT, recvmmsg_function
+from chrysalis.datagram._socket import mapped_buffers
 from chrysalis.datagram.testing import wait_readable
 
 _REAL_BATCH_FROM = UnixDatagramSocket._batch_from
@@ -80,7 +82,7 @@ def _batches(sock: UnixDatagramSocket) -> int:
 
 
 def _receive(
-    sock: UnixDatagramSocket, buffers: Sequence[bytearray | memoryview], expected: int
+    sock: UnixDatagramSocket, buffers: Sequence[bytearray | memoryview | mmap.mmap], expected: int
 ) -> list[tuple[bytes, DatagramAddr, int]]:
     """Receive ``expected`` datagrams into ``buffers`` (several calls if needed)."""
     got: list[tuple[bytes, DatagramAddr, int]] = []
@@ -130,6 +132,55 @@ def test_second_sighting_caches_and_batches_keep_sources_and_lengths(
     got = _receive(rx, buffers, len(sends))
     assert got == [(payload, sender.local_addr, len(payload)) for sender, payload in sends]
     assert abstract_sender.local_addr.opaque.startswith(b"\0")
+
+
+def test_mapped_buffers_are_cached_like_bytearrays(
+    trio: tuple[UnixDatagramSocket, UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    """Whole mmaps (a datagram switch's buffers, issue 22) take the batch path; a cached one
+    cannot be closed under the kernel until its batch is dropped."""
+    rx, path_sender, abstract_sender = trio
+    buffers = mapped_buffers(8, 1500)
+    assert all(type(buffer) is mmap.mmap for buffer in buffers)
+    assert path_sender.try_send_to(b"one", rx.local_addr)
+    assert _receive(rx, buffers, 1) == [(b"one", path_sender.local_addr, 3)]
+    assert _batches(rx) == 0  # first sighting: the per-datagram loop, nothing exported
+    for _ in range(2):
+        assert path_sender.try_send_to(b"warm", rx.local_addr)
+        assert _receive(rx, buffers, 1) == [(b"warm", path_sender.local_addr, 4)]
+    assert _batches(rx) == 1
+    sends = [
+        (path_sender, b"a" * 1200),
+        (path_sender, b"b" * 1200),
+        (abstract_sender, b"c" * 7),
+        (path_sender, b"e" * 1500),
+    ]
+    for sender, payload in sends:
+        assert sender.try_send_to(payload, rx.local_addr)
+    assert wait_readable(rx, 2.0)
+    got = _receive(rx, buffers, len(sends))
+    assert got == [(payload, sender.local_addr, len(payload)) for sender, payload in sends]
+    first = buffers[0]
+    assert isinstance(first, mmap.mmap)
+    with pytest.raises(BufferError):
+        first.close()
+    rx.release_buffers()
+    first.close()
+    assert first.closed
+
+
+def test_mapped_buffers_shape() -> None:
+    buffers = mapped_buffers(3, 100)
+    assert [len(buffer) for buffer in buffers] == [100, 100, 100]
+    assert all(bytes(buffer) == bytes(100) for buffer in buffers)
+    buffers[1][98:] = b"xy"
+    assert bytes(buffers[1][97:]) == b"\0xy"
+    assert bytes(buffers[2]) == bytes(100)
+    assert mapped_buffers(0, 1) == []
+    with pytest.raises(ValueError, match="receive buffers"):
+        mapped_buffers(1, 0)
+    with pytest.raises(ValueError, match="receive buffers"):
+        mapped_buffers(-1, 1)
 
 
 def test_uniform_batches_share_one_meta_and_follow_a_new_sender(
@@ -547,6 +598,9 @@ def test_sightings_and_expected_headers_are_bounded() -> None:
         assert len(cache._seen) <= 64
     assert cache.build([memoryview(bytearray(8))]) is None
     assert cache.build([memoryview(bytearray(8))]) is None  # never cached: not a bytearray
+    view = memoryview(mapped_buffers(1, 8)[0])
+    assert cache.build([view]) is None
+    assert cache.build([view]) is None  # a slice of a mapping neither: it can be released
     batch = cache.build(lists[-1]) or cache.build(lists[-1])
     assert batch is not None
     assert len(cache) == 1

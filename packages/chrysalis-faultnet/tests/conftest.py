@@ -9,6 +9,7 @@ package controls, independently of the carriers being written alongside it.
 from __future__ import annotations
 
 import itertools
+import mmap
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -92,7 +93,7 @@ class MemorySocket(DatagramSocket):
         return True
 
     def try_recv(
-        self, buffers: Sequence[bytearray | memoryview], metas: list[DatagramRecvMeta]
+        self, buffers: Sequence[bytearray | memoryview | mmap.mmap], metas: list[DatagramRecvMeta]
     ) -> int:
         if self._closed:
             raise SocketClosedError()

@@ -10,8 +10,9 @@ caller asks for one. The datagram switch uses it on the forward path (spec 3.4: 
 65,535 bytes").
 
 Memory safety: everything the kernel writes to is allocated once, by the ring, and never
-resized: the 32 data buffers (``bytearray``; their ctypes views keep a buffer export, so they
-*cannot* be resized while the ring lives), the iovecs, the source-address slots, the control
+resized: the 32 data buffers (private anonymous mappings, ``_socket.mapped_buffers``, faulted
+in only where datagrams land; their ctypes views keep a buffer export, so they *cannot* be
+closed while the ring lives), the iovecs, the source-address slots, the control
 slots and the ``mmsghdr`` array. After each call the headers the kernel modified
 (``msg_namelen``, ``msg_controllen``, ``msg_flags``, ``msg_len``) are restored from a template
 copy in one slice assignment. The C function runs with the interpreter lock held
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from typing import Final
 
 from chrysalis.core import UDP_SCHEME, DatagramAddr
+from chrysalis.datagram._socket import mapped_buffers
 
 __all__ = ["RecvRing", "recv_ring_supported"]
 
@@ -162,7 +164,7 @@ class RecvRing:
             raise ValueError(f"bad ring shape: {slots} slots of {size} bytes")
         self._family = family
         self._slots = slots
-        self.buffers = [bytearray(size) for _ in range(slots)]
+        self.buffers = mapped_buffers(slots, size)
         self.views = [memoryview(buffer) for buffer in self.buffers]
         data = [(ctypes.c_char * size).from_buffer(buffer) for buffer in self.buffers]
         iovecs = (_Iovec * slots)()

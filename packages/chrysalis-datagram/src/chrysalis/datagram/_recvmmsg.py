@@ -14,12 +14,14 @@ Memory safety: a :class:`RecvBatch` holds a strong reference to each of its buff
 export of each (``from_buffer``), so while it is cached a buffer can be neither freed nor
 resized and its address stays what the iovec says; every call checks, by identity, that the
 buffers it offers to the kernel are the very objects of the batch. Only plain ``bytearray``
-buffers are cached: a ``memoryview`` with an export cannot be ``release()``-d, which callers do
-(``with memoryview(...)``); anything else takes the carrier's per-datagram loop. The export is
-visible to a caller in one way: a cached ``bytearray`` cannot be resized until the batch is
-dropped (at most four are kept, the oldest dropped first; carriers drop them on shutdown and
-offer ``release_buffers()``). A buffer list is cached only when it is seen a second time, so
-one-off buffers never get an export.
+buffers and whole ``mmap`` objects (``_socket.mapped_buffers``: a datagram switch's, faulted in
+only where datagrams land) are cached: a ``memoryview`` with an export cannot be
+``release()``-d, which callers do (``with memoryview(...)``); anything else takes the carrier's
+per-datagram loop. The export is visible to a caller in one way: a cached ``bytearray`` cannot
+be resized, nor a cached ``mmap`` closed, until the batch is dropped (at most four are kept,
+the oldest dropped first; carriers drop them on shutdown and offer ``release_buffers()``). A
+buffer list is cached only when it is seen a second time, so one-off buffers never get an
+export.
 
 Every header the kernel rewrites (``msg_namelen``, ``msg_len``, ``msg_flags``) is restored from
 a template after each call; callers hold a lock from the call until they have read the
@@ -32,12 +34,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import operator
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from chrysalis.core import DatagramAddr
 from chrysalis.datagram._mmsg import _HDR_SIZE, _Iovec, _Mmsghdr, _recvmmsg
@@ -46,6 +49,7 @@ from chrysalis.datagram._socket import (
     Buffer,
     DatagramRecvMeta,
     InvalidDataError,
+    ReceiveBuffer,
     ShutdownState,
     SocketClosedError,
 )
@@ -92,6 +96,8 @@ _WANT: Final = tuple(min(DATAGRAM_BATCH_SIZE, max(4, 2 * i + 2)) for i in range(
 _PROBE_AFTER_DRAIN = True
 #: A datagram kept from a batch for a later call: its copy and source, or its error.
 _Pending = tuple[bytes, DatagramAddr] | OSError
+#: The buffer types a batch may cache (see the module docstring).
+_CACHEABLE: Final = frozenset((bytearray, mmap.mmap))
 
 
 class RecvBatch:
@@ -124,7 +130,7 @@ class RecvBatch:
         "words",
     )
 
-    def __init__(self, buffers: Sequence[bytearray], name_slot: int) -> None:
+    def __init__(self, buffers: Sequence[ReceiveBuffer], name_slot: int) -> None:
         count = len(buffers)
         if not 1 <= count <= 1024:
             raise ValueError(f"a batch holds 1 to 1024 buffers, not {count}")
@@ -137,7 +143,8 @@ class RecvBatch:
         self.name_slot = name_slot
         self.sizes = [len(buffer) for buffer in self.buffers]
         self.min_size = min(self.sizes)
-        # Exports: each keeps its bytearray from being resized or freed while the batch lives.
+        # Exports: each keeps its buffer from being resized (a bytearray), closed (an mmap)
+        # or freed while the batch lives.
         data = [(ctypes.c_char * len(buffer)).from_buffer(buffer) for buffer in self.buffers]
         iovecs = (_Iovec * count)()
         self.names = bytearray(name_slot * count)
@@ -210,8 +217,8 @@ class BatchCache:
 
     def build(self, buffers: Sequence[object]) -> RecvBatch | None:
         """A new cached batch for ``buffers``, or ``None`` when they are seen for the first
-        time or are not all plain ``bytearray`` objects (receive without one)."""
-        if type(buffers[0]) is not bytearray:  # memoryviews: never, and cheaply so
+        time or are not all plain ``bytearray`` or ``mmap`` objects (receive without one)."""
+        if type(buffers[0]) not in _CACHEABLE:  # memoryviews: never, and cheaply so
             return None
         # A sighting is recognised by the list's length and its end buffers: only a hint
         # (the batch is built from, and checked against, the objects themselves).
@@ -222,7 +229,7 @@ class BatchCache:
                 seen.clear()
             seen[key] = None
             return None
-        arrays = [buffer for buffer in buffers if type(buffer) is bytearray]
+        arrays = [cast("ReceiveBuffer", buffer) for buffer in buffers if type(buffer) in _CACHEABLE]
         if len(arrays) != len(buffers):
             return None
         del seen[key]
@@ -337,9 +344,10 @@ class BatchReceiver:
         assert batches is not None  # _recv_plain is set for good without batches
         # One recvmmsg call into the caller's buffers through headers cached for these buffer
         # objects (_recvmmsg.py); the first sighting of a list, and buffers that are not
-        # bytearrays, take the per-datagram loop. The call offers only the first ``want``
-        # buffers (about twice the last batch, 4 to 32), and only those are checked: the
-        # identity test costs about as much per buffer as the kernel's work per datagram.
+        # bytearrays or whole mmaps, take the per-datagram loop. The call offers only the
+        # first ``want`` buffers (about twice the last batch, 4 to 32), and only those are
+        # checked: the identity test costs about as much per buffer as the kernel's work per
+        # datagram.
         want = self._recv_want
         if len(buffers) < want:
             want = len(buffers)

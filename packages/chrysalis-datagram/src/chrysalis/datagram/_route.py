@@ -37,6 +37,7 @@ would be O(n) per insert. The default route is a single attribute, replaced atom
 from __future__ import annotations
 
 import enum
+import mmap
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,19 +117,20 @@ def _segment_keys(
     contents: bytes | bytearray | memoryview,
     size: int,
     first: bytes,
-    backing: bytes | bytearray | None = None,
+    backing: bytes | bytearray | mmap.mmap | None = None,
 ) -> list[bytes | None] | None:
     """The target keys of every ``size``-byte segment of ``contents``, or ``None`` when every
     segment targets ``first`` (the key of segment 0).
 
     The uniform case is the common one (a GSO/GRO batch of one connection) and is checked in
-    place for short headers with ``startswith`` instead of slicing each segment. ``backing``,
-    when given, is a bytes-like object whose first ``len(contents)`` bytes are ``contents``
-    (the switch passes its receive buffer, saving the copy a memoryview would need).
+    place for short headers by comparing 16-byte slices instead of reading each segment's key.
+    ``backing``, when given, is a bytes-like object whose first ``len(contents)`` bytes are
+    ``contents`` (the switch passes its receive buffer, a ``bytearray`` or an ``mmap``, saving
+    the copy a memoryview would need).
     """
     length = len(contents)
     if backing is not None:
-        data: bytes | bytearray = backing
+        data: bytes | bytearray | mmap.mmap = backing
     elif isinstance(contents, memoryview):
         data = contents.tobytes()
     else:
@@ -138,8 +140,9 @@ def _segment_keys(
     # could lack one.
     if data[0] < _LONG_HEADER_BIT and (tail == 0 or tail >= _SHORT_DCID_END):
         for offset in range(size, length, size):
-            if data[offset] >= _LONG_HEADER_BIT or not data.startswith(
-                first, offset + 1, offset + _SHORT_DCID_END
+            if (
+                data[offset] >= _LONG_HEADER_BIT
+                or data[offset + 1 : offset + _SHORT_DCID_END] != first
             ):
                 break
         else:

@@ -9,7 +9,10 @@ and is otherwise forwarded, byte-identical, through the ``Router``. Bindings are
 
 Runtime neutrality. The reference implementation spawns a receive task. Here the switch is
 driven from outside: ``pump()`` drains the carrier without blocking (``try_recv`` into 32
-preallocated 65,535-byte buffers) and dispatches what it got. Any runtime can drive it by
+preallocated 65,535-byte buffers) and dispatches what it got. The buffers are private
+anonymous mappings (``_socket.mapped_buffers``), not ``bytearray`` objects: the kernel faults
+a page in when a datagram first lands in it, so a switch that forwards little (every node has
+one) does not zero 2 MiB at its start (512 page faults; issue 22). Any runtime can drive it by
 waiting on the carrier's readiness (``readiness_fds()`` / ``add_recv_waker``) and calling
 ``pump()``; ``start_thread()`` (or ``DatagramSwitch.spawn``) does exactly that on a daemon
 thread with ``poll`` (not ``select``: descriptors above 1,023 must work). ``pump`` stops after
@@ -92,11 +95,13 @@ from chrysalis.datagram._socket import (
     DatagramTransmit,
     HostUnreachableError,
     InvalidDataError,
+    ReceiveBuffer,
     SocketClosedError,
     Waker,
     _Once,
     _park_waker,
     _remember_waker,
+    mapped_buffers,
 )
 from chrysalis.datagram._udp import UdpSocket
 
@@ -685,7 +690,7 @@ class DatagramSwitch:
             self._buffers = ring.buffers
             self._views = ring.views
         else:
-            self._buffers = [bytearray(MAX_DATAGRAM_SIZE) for _ in range(DATAGRAM_BATCH_SIZE)]
+            self._buffers = mapped_buffers(DATAGRAM_BATCH_SIZE, MAX_DATAGRAM_SIZE)
             self._views = [memoryview(buffer) for buffer in self._buffers]
         self._metas: list[DatagramRecvMeta] = []
         self._received = 0
@@ -853,7 +858,7 @@ class DatagramSwitch:
         count: int,
         source: DatagramAddr,
         sender: SwitchSocket | None,
-        backing: bytearray | None = None,
+        backing: ReceiveBuffer | None = None,
     ) -> int:
         """Dispatch ``count`` datagrams (local binding first, else the router).
 
@@ -1167,7 +1172,7 @@ class DatagramSwitch:
                         end = shape_end
                 while j < end:
                     buffer = buffers[j]
-                    if buffer[0] >= 0x80 or not buffer.startswith(key, 1):
+                    if buffer[0] >= 0x80 or buffer[1:17] != key:
                         break
                     j += 1
                 if j > i + 1:
@@ -1311,7 +1316,7 @@ class DatagramSwitch:
         ecn: int | None,
         count: int,
         source: DatagramAddr,
-        backing: bytearray,
+        backing: ReceiveBuffer,
     ) -> None:
         """Dispatch a received aggregate, retrying the unsent suffix after partial progress."""
         offset = 0

@@ -58,6 +58,7 @@ from chrysalis.datagram._socket import (
     SocketClosedError,
     UnsupportedSchemeError,
     Waker,
+    mapped_buffers,
 )
 
 __all__ = [
@@ -153,7 +154,8 @@ class UdpSocket(BatchReceiver, DatagramSocket):
         # The destination of the previous send and its sockaddr, as one tuple so that threads
         # sharing the socket never see a torn pair.
         self._last_sockaddr: tuple[object, Any] = (_NOTHING, None)
-        self._scratch = bytearray(_GRO_BUFFER_SIZE) if gro else None
+        # Mapped, not zeroed: its pages are faulted in when the first aggregates land.
+        self._scratch = mapped_buffers(1, _GRO_BUFFER_SIZE)[0] if gro else None
         # try_recv's memo of the last datagram it delivered: (sockaddr, length, meta); the
         # placeholder's sockaddr equals no kernel sockaddr, so the first datagram replaces it.
         self._recv_memo: tuple[Any, int, DatagramRecvMeta] = (

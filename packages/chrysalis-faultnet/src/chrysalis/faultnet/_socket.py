@@ -46,6 +46,7 @@ counted at all: the caller retries it, and it gets a fresh decision.
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 from collections import deque
@@ -439,7 +440,7 @@ class FaultySocket(DatagramSocket):
         )
 
     def try_recv(
-        self, buffers: Sequence[bytearray | memoryview], metas: list[DatagramRecvMeta]
+        self, buffers: Sequence[bytearray | memoryview | mmap.mmap], metas: list[DatagramRecvMeta]
     ) -> int:
         """Receive through the fault plan; the contract of ``DatagramSocket.try_recv``.
 
@@ -507,7 +508,7 @@ class FaultySocket(DatagramSocket):
             return None
 
     def _inner_recv_counted(
-        self, buffers: Sequence[bytearray | memoryview], metas: list[DatagramRecvMeta]
+        self, buffers: Sequence[bytearray | memoryview | mmap.mmap], metas: list[DatagramRecvMeta]
     ) -> int:
         start = len(metas)
         filled = self._inner_try_recv(buffers, metas)
@@ -740,7 +741,7 @@ class FaultySocket(DatagramSocket):
             raise
 
     def _inner_try_recv(
-        self, buffers: Sequence[bytearray | memoryview], metas: list[DatagramRecvMeta]
+        self, buffers: Sequence[bytearray | memoryview | mmap.mmap], metas: list[DatagramRecvMeta]
     ) -> int:
         try:
             return self._inner.try_recv(buffers, metas)

@@ -306,7 +306,9 @@ class EndpointDriver:
             # and none is zeroed up front (issue 22 item 4: the bytearrays zeroed all 512 KiB
             # of a local node's buffers at its start, 128 page faults in each forked scale
             # worker). Carriers keep bytearrays: they batch ``recvmmsg`` only into those.
-            arena = memoryview(mmap.mmap(-1, size * count))
+            # Private: a shared anonymous mapping is shared memory (each first write about a
+            # third dearer), and a fork would share it with the child.
+            arena = memoryview(mmap.mmap(-1, size * count, flags=mmap.MAP_PRIVATE))
             views = [arena[index * size : (index + 1) * size] for index in range(count)]
             self._buffers: list[bytearray] | list[memoryview] = views
             self._views = views
