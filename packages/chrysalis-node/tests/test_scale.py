@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -39,8 +42,10 @@ from chrysalis.node._scale import (
     encode_echo_request,
     main,
     plan_placement,
+    process_cpu_ms,
     run_scale,
     summarize_latencies,
+    tree_cpu,
 )
 
 
@@ -452,3 +457,40 @@ def test_worker_tells_its_baseline_addresses_and_refuses_an_oversized_pooled_fra
     oversized = (MAX_ECHO_PAYLOAD + 1).to_bytes(4, "big")
     refused = asyncio.run(go(bytes([POOLED_ECHO_OP]) + oversized, b"{}"))
     assert bytes(refused.written) == b""
+
+
+def test_process_cpu_counts_every_thread_and_declines_a_gone_process() -> None:
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before = process_cpu_ms(os.getpid())
+    assert before is not None
+    thread = threading.Thread(target=burn, args=(0.05,))
+    thread.start()
+    thread.join()
+    burn(0.05)
+    after = process_cpu_ms(os.getpid())
+    assert after is not None
+    # 100 ms burnt, 50 of them in a thread that has ended: /proc/PID/stat still counts it.
+    assert after - before >= 60
+    assert after <= time.process_time() * 1000 + 20
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert process_cpu_ms(child.pid) is None  # reaped: no /proc entry
+
+
+def test_tree_cpu_adds_up_roles() -> None:
+    me = os.getpid()
+    cpu = tree_cpu([me, me], [me], None, 30.0)
+    assert cpu is not None
+    own = cpu["leaf_ms_median"]
+    assert own > 0
+    assert cpu["workers"] == 3
+    assert cpu["head_ms_median"] == pytest.approx(own, rel=0.1)
+    assert cpu["forkserver_ms"] == 0
+    assert cpu["ms_per_worker"] == pytest.approx(
+        (cpu["leaf_ms_total"] + cpu["head_ms_total"] + 30.0) / 3
+    )
+    assert tree_cpu([], [], me, 1.0) is None

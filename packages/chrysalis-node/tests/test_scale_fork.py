@@ -90,7 +90,9 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
 
     own = Path("/proc/self/cmdline").read_bytes()
 
-    async def go() -> tuple[dict[int, tuple[str, str]], list[int], dict[str, float] | None]:
+    async def go() -> tuple[
+        dict[int, tuple[str, str]], list[int], dict[str, float] | None, dict[str, float] | None
+    ]:
         group = ProcessGroup(tmp_path / "logs")
         try:
             async with _launched(settings, tmp_path, group, sys.stderr) as tree:
@@ -104,11 +106,11 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
                     stat = Path(f"/proc/{pid}/stat").read_text()
                     assert int(stat[stat.rindex(")") + 2 :].split()[1]) == group._fork.pid
                     assert Path(f"/proc/{pid}/cmdline").read_bytes() == own
-                return dict(tree.tokens), group.pids(), tree.memory
+                return dict(tree.tokens), group.pids(), tree.memory, tree.cpu
         finally:
             await group.stop()
 
-    tokens, workers, memory = asyncio.run(go())
+    tokens, workers, memory, tree_cpu = asyncio.run(go())
     assert len(workers) == 15
     for placement in placements[1:]:
         scheme = DatagramAddr.parse(tokens[placement.rank][0]).scheme
@@ -116,6 +118,17 @@ def test_forked_tree_becomes_resolvable_and_leaves_nothing_behind(
     assert memory is not None
     assert memory["processes"] == 15
     assert 0 < memory["pss_mib_mean"] <= memory["rss_mib_mean"]
+    # Every process's CPU once all were resolvable: leaves and heads by role, the fork server
+    # and the root; per worker, all of it over the 15 workers.
+    assert tree_cpu is not None
+    assert tree_cpu["workers"] == 15
+    heads = sum(p.role == "head" for p in placements)
+    assert (tree_cpu["head_ms_total"] > 0) == (heads > 0)
+    assert 0 < tree_cpu["leaf_ms_median"] < FORKED_READY_CPU_MS
+    assert tree_cpu["forkserver_ms"] > 0
+    assert tree_cpu["root_ms"] > 0
+    parts = ("leaf_ms_total", "head_ms_total", "forkserver_ms", "root_ms")
+    assert tree_cpu["ms_per_worker"] == pytest.approx(sum(tree_cpu[k] for k in parts) / 15)
     assert _descendants(os.getpid()) - before == set()  # workers and fork server: all gone
     cpu = _ready_cpu_ms(tmp_path / "logs")
     assert len(cpu) == 15

@@ -103,7 +103,9 @@ __all__ = [
     "plan_placement",
     "run_scale",
     "serve_persistent",
+    "process_cpu_ms",
     "summarize_latencies",
+    "tree_cpu",
     "worker_memory",
 ]
 
@@ -343,7 +345,8 @@ class ScaleResult:
     connections (``None`` with one round); ``echo_seconds`` and ``echoes_per_second`` cover
     every echo of every round. ``memory``: the workers' resident and proportional set sizes
     once all were resolvable (``worker_memory``; ``None`` where ``/proc`` has no
-    ``smaps_rollup``).
+    ``smaps_rollup``). ``cpu``: the CPU every process of the tree had used once all were
+    resolvable (``tree_cpu``; ``None`` where ``/proc`` has no such figures).
     """
 
     settings: ScaleSettings
@@ -355,6 +358,7 @@ class ScaleResult:
     first_echo: LatencySummary
     echo: LatencySummary | None
     memory: dict[str, float] | None = None
+    cpu: dict[str, float] | None = None
 
     @property
     def echoes_per_second(self) -> float:
@@ -386,7 +390,74 @@ class ScaleResult:
             "start": s.start,
             "netns": s.netns,
             "memory": self.memory,
+            "cpu": self.cpu,
         }
+
+
+def process_cpu_ms(pid: int) -> float | None:
+    """The CPU time (user and system, milliseconds) process ``pid`` has used, from ``/proc``
+    (Linux); ``None`` when it cannot be read.
+
+    ``/proc/PID/stat`` counts every thread, dead ones too, but in clock ticks (10 ms), each
+    of its two figures rounded down: about 10 ms too low for a forked scale worker's 30.
+    ``/proc/PID/task/*/sched`` (scheduler statistics) counts each live thread to the
+    nanosecond. Both are lower bounds, so this is the larger of the two."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        ticks = (int(fields[11]) + int(fields[12])) * 1000 / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+    precise = 0.0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                text = Path(f"/proc/{pid}/task/{task}/sched").read_text()
+                start = text.find("se.sum_exec_runtime")
+                if start >= 0:
+                    line = text[start : text.find("\n", start)]
+                    precise += float(line.rpartition(":")[2])
+    except (OSError, ValueError):
+        precise = 0.0
+    return max(ticks, precise)
+
+
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu(
+    leaves: Sequence[int], heads: Sequence[int], forkserver: int | None, root_ms: float
+) -> dict[str, float] | None:
+    """The CPU a tree's processes used (``process_cpu_ms``): the leaves' and heads' medians
+    and sums, the fork server's, ``root_ms`` (the root and launcher's, since the launch
+    began) and ``ms_per_worker``, all of it divided by the number of workers: issue 22's
+    start-up cost, the root's and the fork server's shares included. ``None`` where no
+    worker could be read."""
+    leaf = [ms for ms in map(process_cpu_ms, leaves) if ms is not None]
+    head = [ms for ms in map(process_cpu_ms, heads) if ms is not None]
+    workers = len(leaf) + len(head)
+    if not workers:
+        return None
+    fork = None if forkserver is None else process_cpu_ms(forkserver)
+    root = root_ms
+    total = sum(leaf) + sum(head) + (fork or 0.0) + root
+    return {
+        "workers": workers,
+        "leaf_ms_median": _median(leaf) if leaf else 0.0,
+        "leaf_ms_total": sum(leaf),
+        "head_ms_median": _median(head) if head else 0.0,
+        "head_ms_total": sum(head),
+        "forkserver_ms": fork if fork is not None else 0.0,
+        "root_ms": root,
+        "ms_per_worker": total / workers,
+    }
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def worker_memory(pids: Sequence[int]) -> dict[str, float] | None:
@@ -598,6 +669,11 @@ class ProcessGroup:
                 break
             await self._exit_event.wait()
         return found
+
+    @property
+    def forkserver_pid(self) -> int | None:
+        """The fork server's process ID (``None`` before ``start_forkserver``)."""
+        return None if self._fork is None else self._fork.pid
 
     def pids(self) -> list[int]:
         """Process IDs of every process started and not yet stopped."""
@@ -1227,6 +1303,8 @@ class _Tree:
     relaunch: Callable[[int], tuple[list[str], str | None]] | None = None
     """A rank's command to start it again (same identity file, carrier address, parent,
     database) and the file naming its network namespace (``None``: this one's)."""
+    cpu: dict[str, float] | None = None
+    """Every process's CPU once all were resolvable (``tree_cpu``)."""
 
 
 async def _until_exit(group: ProcessGroup, work: Awaitable[object]) -> None:
@@ -1292,6 +1370,7 @@ async def _launched(
 
     _raise_open_files(settings.nodes, progress)
     started = loop.time()
+    cpu_started = time.process_time()
     host = dict.fromkeys(range(placements[-1].task + 1), settings.host)
     spaces: dict[int, str] = {}  # task -> the file naming its namespace
     if settings.netns:
@@ -1423,6 +1502,14 @@ async def _launched(
             )
         join_seconds = loop.time() - started
         progress.write(f"[root] all {settings.nodes} resolvable after {join_seconds:.2f} s\n")
+        ranks = group.named_pids()
+        roles = {f"rank-{p.rank}": p.role for p in placements[1:]}
+        cpu = tree_cpu(
+            [pid for name, pid in ranks.items() if roles.get(name) == "leaf"],
+            [pid for name, pid in ranks.items() if roles.get(name) == "head"],
+            group.forkserver_pid,
+            (time.process_time() - cpu_started) * 1000,
+        )
         memory = worker_memory(group.pids())
         if memory is not None:
             progress.write(
@@ -1430,9 +1517,15 @@ async def _launched(
                 f"{memory['pss_mib_mean']:.1f} MiB each, PSS {memory['pss_mib_total']:.0f} MiB "
                 f"in all ({settings.start})\n"
             )
+        if cpu is not None:
+            progress.write(
+                f"[root] CPU: {cpu['ms_per_worker']:.1f} ms per worker in all (leaf median "
+                f"{cpu['leaf_ms_median']:.1f} ms, head median {cpu['head_ms_median']:.1f} ms, "
+                f"fork server {cpu['forkserver_ms']:.0f} ms, root {cpu['root_ms']:.0f} ms)\n"
+            )
         names = {task: Path(path).name for task, path in spaces.items()}
         yield _Tree(
-            root, joined, pids, launch_seconds, join_seconds, store, memory, names, relaunch
+            root, joined, pids, launch_seconds, join_seconds, store, memory, names, relaunch, cpu
         )
 
 
@@ -1475,6 +1568,7 @@ async def run_scale(
                 summarize_latencies(rounds[0]),
                 summarize_latencies(later) if later else None,
                 tree.memory,
+                tree.cpu,
             )
     finally:
         await group.stop()
