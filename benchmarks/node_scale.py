@@ -28,14 +28,19 @@ For each size N (full run: 64, 256 and 512 processes, 3 rounds, 2 of 512; ``--qu
 4. **chrysalis, fresh interpreters** (informational, sizes given by ``--exec-size``; full run:
    64; in the first round of the size only): the same run with ``--start exec``, every worker
    a new ``python -m`` process.
-5. **Unix echo** (baseline for the echo): a plain asyncio Unix stream server in another
+5. **chrysalis, forked, another tree** (A/B, ``--compare PYTHONPATH``): the same run as 3
+   with another checkout's packages (``PYTHONPATH``: its ``packages/*/src`` joined by ``:``),
+   in the same round; the two runs alternate which goes first from round to round.
+6. **Unix echo** (baseline for the echo): a plain asyncio Unix stream server in another
    Python process; the client opens a fresh connection per echo, sends the same request, FIN,
    reads to EOF.
 
 The ratio of a size is the median over its rounds of (candidate / baseline of the same round);
-lower is better. The machine is shared and noisy: trust ratios more than times. Every wait is
-bounded, and every process the script starts is stopped (stdin closed, then SIGTERM, then
-SIGKILL; the scale runs' workers also die with their launcher).
+lower is better. Each run also reports the CPU every process of the tree had used once all
+were resolvable (the scale result's ``cpu`` record: leaves, heads, fork server, root), per
+worker: the figure that load moves least. The machine is shared and noisy: trust ratios more
+than times. Every wait is bounded, and every process the script starts is stopped (stdin
+closed, then SIGTERM, then SIGKILL; the scale runs' workers also die with their launcher).
 """
 
 from __future__ import annotations
@@ -137,6 +142,8 @@ class Round:
     """The machine's 1-minute load average at the round's start and end."""
     concurrency: int = 0
     """Processes starting at once in both launches of the round."""
+    compare_scale: dict[str, Any] | None = None
+    """``--compare``: the forked run of the other tree, same round."""
 
     @property
     def join_seconds(self) -> float:
@@ -166,6 +173,10 @@ class Round:
             "echo_p50_over_unix": echo["p50_ms"] / unix.p50_ms,
             "load_average": list(self.load),
             "launch_concurrency": self.concurrency,
+            "compare_scale": self.compare_scale,
+            "compare_join_over_bare": None
+            if self.compare_scale is None
+            else float(self.compare_scale["join_seconds"]) / self.bare_seconds,
         }
 
 
@@ -224,10 +235,13 @@ def run_scale(
     workdir: Path,
     start: str = "fork",
     concurrency: int = LAUNCH_CONCURRENCY,
+    pythonpath: str | None = None,
 ) -> dict[str, Any]:
     """One ``chrysalis.node._scale run`` in its own session (at most ``concurrency`` workers
-    starting at once); its result record."""
-    out = workdir / f"scale-{nodes}-{start}.json"
+    starting at once; ``pythonpath``: another tree's packages); its result record."""
+    out = workdir / f"scale-{nodes}-{start}{'-compare' * (pythonpath is not None)}.json"
+    out.unlink(missing_ok=True)
+    env = None if pythonpath is None else dict(os.environ, PYTHONPATH=pythonpath)
     command = [
         sys.executable, "-m", "chrysalis.node._scale", "run", "--nodes", str(nodes),
         "--start", start,
@@ -239,7 +253,7 @@ def run_scale(
         "--json", str(out),
     ]  # fmt: skip
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
     )
     try:
         _stdout, stderr = proc.communicate(timeout=config.run_timeout)
@@ -264,6 +278,7 @@ def measure(
     import_baseline: bool,
     exec_sizes: Sequence[int],
     concurrency: int = LAUNCH_CONCURRENCY,
+    compare: str | None = None,
 ) -> list[Round]:
     """Every round of every size (see the module docstring)."""
     result = []
@@ -280,23 +295,47 @@ def measure(
                     imported = asyncio.run(
                         timed_launch(IMPORT_ONLY, nodes, work / "imp", timeout, concurrency)
                     )
+                other = None
+                if compare is not None and index % 2 == 1:  # alternate which tree goes first
+                    other = run_scale(
+                        nodes, config, work, concurrency=concurrency, pythonpath=compare
+                    )
                 scale = run_scale(nodes, config, work, concurrency=concurrency)
+                if compare is not None and other is None:
+                    other = run_scale(
+                        nodes, config, work, concurrency=concurrency, pythonpath=compare
+                    )
                 fresh = None
                 if nodes in exec_sizes and index == 0:  # informational: the first round only
                     fresh = run_scale(nodes, config, work, "exec", concurrency)
                 echoes = asyncio.run(unix_echo(config.unix_echoes, work, timeout))
                 loads = (load, os.getloadavg()[0])
                 result.append(
-                    Round(nodes, bare, imported, scale, fresh, echoes, loads, concurrency)
+                    Round(nodes, bare, imported, scale, fresh, echoes, loads, concurrency, other)
                 )
                 print(
                     f"  bare {bare:.2f} s, import-only {_s(imported)} s, chrysalis forked "
                     f"{scale['join_seconds']:.2f} s "
                     f"({scale['join_seconds'] / bare:.2f}x), fresh interpreters "
-                    f"{_s(None if fresh is None else fresh['join_seconds'])} s",
+                    f"{_s(None if fresh is None else fresh['join_seconds'])} s, CPU per worker "
+                    f"{_cpu(scale)}"
+                    + (
+                        ""
+                        if other is None
+                        else f"; other tree {other['join_seconds']:.2f} s "
+                        f"({other['join_seconds'] / bare:.2f}x), CPU per worker {_cpu(other)}"
+                    ),
                     file=sys.stderr,
                 )
     return result
+
+
+def _cpu(scale: dict[str, Any] | None) -> str:
+    """``ms per worker (leaf median)`` of a run's cpu record."""
+    cpu = None if scale is None else scale.get("cpu")
+    if not cpu:
+        return "-"
+    return f"{cpu['ms_per_worker']:.1f} ({cpu['leaf_ms_median']:.1f})"
 
 
 def _s(seconds: float | None) -> str:
@@ -343,7 +382,10 @@ def markdown_table(rounds: Sequence[Round]) -> str:
         ratios = [rec["join_over_bare"] for rec in records]
         goal = "-"
         if nodes == GOAL_NODES:
-            goal = f"<= {GOAL_RATIO:g}x: {'met' if median(ratios) <= GOAL_RATIO else 'NOT met'}"
+            under = sum(ratio <= GOAL_RATIO for ratio in ratios)
+            goal = f"<= {GOAL_RATIO:g}x: {under} of {len(ratios)} rounds" + (
+                " (met in every round)" if under == len(ratios) else " (NOT met in every round)"
+            )
         fresh = [rec["exec_join_seconds"] for rec in records if rec["exec_join_seconds"]]
         fresh_ratios = [rec["exec_over_bare"] for rec in records if rec["exec_over_bare"]]
         imported = [r.import_seconds for r in group if r.import_seconds is not None]
@@ -360,6 +402,7 @@ def markdown_table(rounds: Sequence[Round]) -> str:
             f"| {_mib(memory[-1] if memory else None)} | {total} "
             f"| {_mib(exec_memory[-1] if exec_memory else None)} |"
         )
+    lines += ["", *round_table(rounds)]
     lines += [
         "",
         "| processes | tasks | first dial echo p50 / p90 ms | fresh-stream echo p50 / p90 ms "
@@ -375,6 +418,37 @@ def markdown_table(rounds: Sequence[Round]) -> str:
             f"| {_ms(last.scale['echo'])} | {_ms(record['unix_echo'])} | {ratio:.1f}x |"
         )
     return "\n".join(lines)
+
+
+def round_table(rounds: Sequence[Round]) -> list[str]:
+    """One row per round: load, both launches, the ratio, CPU per worker (and the other
+    tree's run with ``--compare``)."""
+    compared = any(r.compare_scale is not None for r in rounds)
+    header = (
+        "| processes | round | load average | bare launch s | forked: all resolvable s "
+        "| forked vs bare | CPU per worker ms (leaf median) |"
+    )
+    rule = "|---:|---:|---|---:|---:|---:|---:|"
+    if compared:
+        header += " other tree: all resolvable s | other tree vs bare | other tree CPU ms (leaf) |"
+        rule += "---:|---:|---:|"
+    lines = [header, rule]
+    for nodes, group in _by_size(rounds).items():
+        for index, r in enumerate(group, 1):
+            row = (
+                f"| {nodes} | {index} | {r.load[0]:.1f} to {r.load[1]:.1f} | {r.bare_seconds:.2f} "
+                f"| {r.join_seconds:.2f} | {r.join_seconds / r.bare_seconds:.2f}x "
+                f"| {_cpu(r.scale)} |"
+            )
+            if compared:
+                other = r.compare_scale
+                if other is None:
+                    row += " - | - | - |"
+                else:
+                    join = float(other["join_seconds"])
+                    row += f" {join:.2f} | {join / r.bare_seconds:.2f}x | {_cpu(other)} |"
+            lines.append(row)
+    return lines
 
 
 def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]) -> str:
@@ -407,6 +481,11 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
         "- Memory: mean resident (RSS) and proportional (PSS: shared pages divided among "
         "their sharers) set size per worker once all are resolvable (`/proc/PID/smaps_rollup`"
         ", last round), and the workers' PSS summed (median over the rounds).\n"
+        "- Per round: the 1-minute load average at the round's start and end, and the CPU "
+        "every process of the tree had used once all were resolvable, divided by the workers "
+        "(root since its start, fork server, heads, leaves; `/proc`), with the leaves' median "
+        "in brackets. *other tree* (`--compare PYTHONPATH`): the same forked run of another "
+        "checkout in the same round, the two alternating which goes first.\n"
         "- *first dial*: a fresh stream to every worker that also sets up the QUIC connection "
         "(through the worker's head for other tasks); *fresh-stream*: later rounds, a new "
         "stream on the pooled connection (both: the last round). The baseline opens a new "
@@ -415,6 +494,7 @@ def render_section(config: Config, rounds: Sequence[Round], meta: dict[str, Any]
         "busy cores; it loads the machine with 512 processes for a few seconds per round; "
         "`--quick`: 16 and 64 processes; `--size N --rounds R`: other sizes; "
         "`--launch-concurrency N`: processes starting at once in both launches; "
+        "`--compare PYTHONPATH`: A/B against another tree; "
         "`--json OUT`: every record).\n"
     )
 
@@ -444,6 +524,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=LAUNCH_CONCURRENCY,
         help=f"processes starting at once, bare and chrysalis alike ({LAUNCH_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="PYTHONPATH",
+        help="also run the forked launch of another tree (its packages/*/src joined by ':') "
+        "in every round, alternating which goes first",
     )
     parser.add_argument(
         "--exec-size",
@@ -477,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import_baseline=config.import_baseline or args.import_baseline,
             exec_sizes=exec_sizes,
             concurrency=args.launch_concurrency,
+            compare=args.compare,
         )
     except BenchmarkError as exc:
         print(f"node_scale: {exc}", file=sys.stderr)
