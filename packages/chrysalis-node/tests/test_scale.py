@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -30,12 +31,14 @@ from chrysalis.node._scale import (
     RestartPolicy,
     ScaleError,
     ScaleSettings,
+    _default_signals,
     _hand_identity,
     _parse_worker,
     _parser,
     _restart_error,
     _scale_handler,
     _serve_echo,
+    _stop_on_signals,
     _worker_command,
     _worker_identity,
     decode_echo_reply,
@@ -494,3 +497,25 @@ def test_tree_cpu_adds_up_roles() -> None:
         (cpu["leaf_ms_total"] + cpu["head_ms_total"] + 30.0) / 3
     )
     assert tree_cpu([], [], me, 1.0) is None
+
+
+def test_a_worker_s_signal_handlers_set_its_stop_event_and_are_restored() -> None:
+    async def go() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(asyncio.get_running_loop(), stop)
+        try:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                stop.clear()
+                os.kill(os.getpid(), signum)
+                await asyncio.wait_for(stop.wait(), 5)
+        finally:
+            _default_signals()
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        asyncio.run(go())
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1129,7 +1129,37 @@ def _worker_identity(ca_dir: Path, path: Path | None) -> Identity:
     return identity
 
 
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM set ``stop`` (in ``loop``), until ``_default_signals``.
+
+    Plain ``signal.signal`` handlers that hand over to the loop, not
+    ``loop.add_signal_handler``: that checks each signal against ``signal.valid_signals()``,
+    which builds a set of 64 enum members per call, about 0.5 ms of a forked worker's CPU (60
+    page faults: their pages are the fork server's until written). A signal interrupts the
+    loop's wait as asyncio's wake-up descriptor would: ``call_soon_threadsafe`` writes to the
+    loop's own."""
+
+    def handler(signum: int, frame: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: exiting anyway
+            loop.call_soon_threadsafe(stop.set)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        return await _worker_run(args, out)
+    finally:
+        _default_signals()
+
+
+async def _worker_run(args: argparse.Namespace, out: TextIO) -> int:
     placement = Placement(args.rank, args.task, args.role, args.level, None)
     identity = _worker_identity(args.ca_dir, args.identity_file)
     udp = None if args.udp is None else DatagramAddr.parse(args.udp)
@@ -1140,8 +1170,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    _stop_on_signals(loop, stop)
     if args.lifeline:
 
         def on_stdin() -> None:
