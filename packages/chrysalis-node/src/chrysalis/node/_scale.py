@@ -1211,10 +1211,15 @@ async def _worker_run(args: argparse.Namespace, out: TextIO) -> int:
         stopped.cancel()
         connected.result()
         background = [asyncio.create_task(serve_streams(node, handler))]
-        # In its log: the CPU this process used to get here (a forked worker's count starts
-        # at its fork; an exec'd one's includes the interpreter's start and imports). Written
-        # before the ready line, so that whoever saw the ready line finds it in the log.
-        print(f"rank {args.rank} ready: {time.process_time() * 1000:.1f} ms CPU", file=sys.stderr)
+        # In its log: the CPU this process used to get here and its page faults (a forked
+        # worker's counts start at its fork; an exec'd one's include the interpreter's start
+        # and imports). Written before the ready line, so that whoever saw the ready line
+        # finds it in the log. (``resource``: imported by the launcher before the fork server.)
+        import resource
+
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        cpu = time.process_time() * 1000
+        print(f"rank {args.rank} ready: {cpu:.1f} ms CPU, {faults} page faults", file=sys.stderr)
         out.write(f"{carrier.local_addr}?authority={node.pid.hex()}\n")
         out.flush()
         await stop.wait()
