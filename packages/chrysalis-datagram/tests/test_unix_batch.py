@@ -32,7 +32,7 @@ from chrysalis.datagram import (
     _recvmmsg,
 )
 from chrysalis.datagram._recvmmsg import BATCH_CACHE_LIMIT, recvmmsg_function
-from chrysalis.datagram._socket import mapped_buffers
+from chrysalis.datagram._socket import ReceiveBuffer, mapped_buffers
 from chrysalis.datagram.testing import wait_readable
 
 _REAL_BATCH_FROM = UnixDatagramSocket._batch_from
@@ -99,7 +99,9 @@ def _receive(
     return got
 
 
-def _warm(rx: UnixDatagramSocket, sender: UnixDatagramSocket, buffers: list[bytearray]) -> None:
+def _warm(
+    rx: UnixDatagramSocket, sender: UnixDatagramSocket, buffers: Sequence[ReceiveBuffer]
+) -> None:
     """Receive twice into ``buffers``, so that the list is cached."""
     for _ in range(2):
         assert sender.try_send_to(b"warm", rx.local_addr)
@@ -107,17 +109,14 @@ def _warm(rx: UnixDatagramSocket, sender: UnixDatagramSocket, buffers: list[byte
     assert _batches(rx) == 1
 
 
-def test_second_sighting_caches_and_batches_keep_sources_and_lengths(
-    trio: tuple[UnixDatagramSocket, UnixDatagramSocket, UnixDatagramSocket],
+def _send_and_receive(
+    rx: UnixDatagramSocket,
+    path_sender: UnixDatagramSocket,
+    abstract_sender: UnixDatagramSocket,
+    buffers: Sequence[ReceiveBuffer],
 ) -> None:
-    rx, path_sender, abstract_sender = trio
-    buffers = [bytearray(1500) for _ in range(8)]
-    assert path_sender.try_send_to(b"one", rx.local_addr)
-    assert _receive(rx, buffers, 1) == [(b"one", path_sender.local_addr, 3)]
-    assert _batches(rx) == 0  # first sighting: the per-datagram loop, nothing exported
-    buffers[0].extend(b"!")  # so the buffer is not locked
-    del buffers[0][-1]
-    _warm(rx, path_sender, buffers)
+    """A batch of mixed senders and lengths (an empty datagram, a full buffer) arrives
+    exactly, in order, through cached ``buffers``."""
     sends = [
         (path_sender, b"a" * 1200),
         (path_sender, b"b" * 1200),
@@ -131,6 +130,20 @@ def test_second_sighting_caches_and_batches_keep_sources_and_lengths(
     assert wait_readable(rx, 2.0)
     got = _receive(rx, buffers, len(sends))
     assert got == [(payload, sender.local_addr, len(payload)) for sender, payload in sends]
+
+
+def test_second_sighting_caches_and_batches_keep_sources_and_lengths(
+    trio: tuple[UnixDatagramSocket, UnixDatagramSocket, UnixDatagramSocket],
+) -> None:
+    rx, path_sender, abstract_sender = trio
+    buffers = [bytearray(1500) for _ in range(8)]
+    assert path_sender.try_send_to(b"one", rx.local_addr)
+    assert _receive(rx, buffers, 1) == [(b"one", path_sender.local_addr, 3)]
+    assert _batches(rx) == 0  # first sighting: the per-datagram loop, nothing exported
+    buffers[0].extend(b"!")  # so the buffer is not locked
+    del buffers[0][-1]
+    _warm(rx, path_sender, buffers)
+    _send_and_receive(rx, path_sender, abstract_sender, buffers)
     assert abstract_sender.local_addr.opaque.startswith(b"\0")
 
 
@@ -145,21 +158,8 @@ def test_mapped_buffers_are_cached_like_bytearrays(
     assert path_sender.try_send_to(b"one", rx.local_addr)
     assert _receive(rx, buffers, 1) == [(b"one", path_sender.local_addr, 3)]
     assert _batches(rx) == 0  # first sighting: the per-datagram loop, nothing exported
-    for _ in range(2):
-        assert path_sender.try_send_to(b"warm", rx.local_addr)
-        assert _receive(rx, buffers, 1) == [(b"warm", path_sender.local_addr, 4)]
-    assert _batches(rx) == 1
-    sends = [
-        (path_sender, b"a" * 1200),
-        (path_sender, b"b" * 1200),
-        (abstract_sender, b"c" * 7),
-        (path_sender, b"e" * 1500),
-    ]
-    for sender, payload in sends:
-        assert sender.try_send_to(payload, rx.local_addr)
-    assert wait_readable(rx, 2.0)
-    got = _receive(rx, buffers, len(sends))
-    assert got == [(payload, sender.local_addr, len(payload)) for sender, payload in sends]
+    _warm(rx, path_sender, buffers)
+    _send_and_receive(rx, path_sender, abstract_sender, buffers)
     first = buffers[0]
     assert isinstance(first, mmap.mmap)
     with pytest.raises(BufferError):

@@ -61,6 +61,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import struct
 import sys
 import tempfile
@@ -442,22 +443,14 @@ def tree_cpu(
     total = sum(leaf) + sum(head) + (fork or 0.0) + root
     return {
         "workers": workers,
-        "leaf_ms_median": _median(leaf) if leaf else 0.0,
+        "leaf_ms_median": statistics.median(leaf) if leaf else 0.0,
         "leaf_ms_total": sum(leaf),
-        "head_ms_median": _median(head) if head else 0.0,
+        "head_ms_median": statistics.median(head) if head else 0.0,
         "head_ms_total": sum(head),
         "forkserver_ms": fork if fork is not None else 0.0,
         "root_ms": root,
         "ms_per_worker": total / workers,
     }
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def worker_memory(pids: Sequence[int]) -> dict[str, float] | None:
