@@ -41,9 +41,11 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --rounds 30       # more rounds (a busy box)
     .venv/bin/python benchmarks/actor_telemetry.py --profile-hooks   # only: each hook in situ
 
-``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks,
-``run_endpoint``, ``send_traced``; and ``wrap_endpoint``, ``outgoing_trace`` and ``send_span``,
-which a sync call no longer reaches: rows appear only if they are hit) with a
+``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks:
+``on_sent``, ``on_received`` and ``on_enqueued``, which the runtime inlines unless
+``metrics.HOOKS`` is set, as it is here, and ``call_opened`` / ``call_completed`` of the
+call latency; ``run_endpoint``, ``send_traced``; and ``wrap_endpoint``, ``outgoing_trace``
+and ``send_span``, which a sync call no longer reaches: rows appear only if they are hit) with a
 ``perf_counter_ns`` pair, makes ``PIPELINE``-deep pipelined calls with metrics on, then with
 tracing on, and prints the median wall nanoseconds per hook call, in the running program
 (caches and threads as they are there, unlike ``telemetry_hooks.py``'s loops). Each figure
@@ -166,8 +168,12 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
 
         return wrapper
 
-    hooks = ("on_sent", "on_received", "on_enqueued", "on_port_opened", "on_port_completed")
+    from monarch.actor._runtime.telemetry import metrics as _metrics
+
+    hooks = ("on_sent", "on_received", "on_enqueued")
     saved_hooks = {name: getattr(_telemetry, name) for name in hooks}
+    port_hooks = ("call_opened", "call_completed")
+    saved_port_hooks = {name: getattr(_metrics, name) for name in port_hooks}
     saved = (
         _telemetry.run_endpoint,
         _telemetry.wrap_endpoint,
@@ -180,6 +186,8 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
         samples.clear()
         for name in hooks:
             setattr(_telemetry, name, timed(name, saved_hooks[name]))
+        for name in port_hooks:
+            setattr(_metrics, name, timed(name, saved_port_hooks[name]))
         original_run = timed("run_endpoint (+ body)", saved[0])
         empty = timed("(an empty function, wrapped)", _empty)
 
@@ -199,6 +207,8 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
     def uninstall() -> None:
         for name in hooks:
             setattr(_telemetry, name, saved_hooks[name])
+        for name in port_hooks:
+            setattr(_metrics, name, saved_port_hooks[name])
         (
             _telemetry.run_endpoint,
             _telemetry.wrap_endpoint,
@@ -219,12 +229,15 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
                 _telemetry.ACTIVE = True  # ``run_endpoint`` only: every hook checks its flag
             else:
                 _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
+                # the runtime records sends, receipts and enqueues inline: call the hooks
+                _metrics.HOOKS = True
             try:
                 for i in range(max(1, calls // PIPELINE)):
                     for future in [actor.ping.call_one(i) for _ in range(PIPELINE)]:
                         future.get(timeout=10)
             finally:
                 uninstall()
+                _metrics.HOOKS = False
                 _telemetry.disable_telemetry()
                 _telemetry.reset_metrics()
             out[mode] = {

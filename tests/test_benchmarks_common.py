@@ -156,8 +156,8 @@ def test_actor_telemetry_profile_hooks_times_every_hook_in_situ(tmp_path: Path) 
     assert per_trip["metrics"] == {
         "(an empty function, wrapped)": 1,
         "on_enqueued": 1,
-        "on_port_opened": 1,
-        "on_port_completed": 1,
+        "call_opened": 1,
+        "call_completed": 1,
         "run_endpoint (+ body)": 1,
     }
     # A sync call's spans: no wrapper, no ``outgoing_trace`` per envelope, no span object.
