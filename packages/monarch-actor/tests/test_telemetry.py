@@ -307,7 +307,18 @@ def test_packed_batches_round_trip(telemetry: None) -> None:
 def test_a_malformed_batch_is_refused_and_skipped(
     telemetry: None, store: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    for junk in (b"", b"\xc1", msgspec.msgpack.encode([["name", "not bytes"]]), b"\x92\x01"):
+    where = [1, "proc", "track", 2]
+    for junk in (
+        b"",
+        b"\xc1",
+        msgspec.msgpack.encode([["name", "not bytes"]]),
+        b"\x92\x01",
+        # runtime rows: a receive row whose trace context is short, one with a str for a time,
+        # and eight values (neither a receive nor a send row nor a span)
+        msgspec.msgpack.encode([[b"short", bytes(8), 1, 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(8), "1", 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(8), 1, 2, where, "a", "b", "c"]]),
+    ):
         with pytest.raises(ValueError, match="not a packed span batch"):
             tm_tracing.decode_batch(junk)
     tm_tracing.add_remote_batch(b"\x91\x01", "process deadbeef")
