@@ -158,6 +158,8 @@ _sent_log = _metrics._sent_log
 _received_tick = _metrics.received_tick
 _depth_tick = _metrics.depth_tick
 _SMALL_DEPTHS = _metrics.SMALL_DEPTHS
+_call_logs = _metrics._call_logs
+_perf_counter = time.perf_counter
 _KIND_BITS = _metrics._KIND_BITS
 _FOLD_AT = _metrics.FOLD_AT
 
@@ -421,7 +423,13 @@ class ProcRuntime:
             index = next(self._next_port)
             self._ports[index] = sink
         if _telemetry.METRICS:  # the call latency's start, kept on the sink
-            sink.opened = _metrics.call_opened(endpoint)
+            if _metrics.HOOKS:
+                sink.opened = _metrics.call_opened(endpoint)
+            else:  # ``call_opened`` inlined
+                log = _call_logs.get(endpoint)
+                if log is None:
+                    log = _metrics._log_of(_call_logs, endpoint)
+                sink.opened = (_perf_counter(), log, endpoint)
         if type(sink) is not OneSink:  # a OneSink's port leaves the table in ``_deliver_port``
             sink.closer = partial(self.close_port, index)
         return PortAddr(self.pid_raw, owner.path, index)
@@ -448,8 +456,15 @@ class ProcRuntime:
             return
         if type(sink) is OneSink:
             sink.cell.set_result(reply)
-            if sink.opened is not None and _telemetry.METRICS:
-                _metrics.call_completed(sink.opened)
+            opened = sink.opened
+            if opened is not None and _telemetry.METRICS:
+                if _metrics.HOOKS:
+                    _metrics.call_completed(opened)
+                else:  # ``call_completed`` inlined
+                    log = opened[1]
+                    log.append(_perf_counter() - opened[0])
+                    if len(log) >= _FOLD_AT:
+                        _metrics._fold()
             return
         if sink.deliver(reply):
             if index in self._ports:  # most sinks closed their port already (``closer``)

@@ -506,9 +506,10 @@ def _kind_key(kind: int) -> _Key:
 # -- hooks the runtime calls (only while telemetry is ACTIVE) ---------------------------------
 #: Whether the OpenTelemetry mirror is on (``set_mirrored``): the hooks then feed the twins too.
 _MIRROR = False
-#: Whether the runtime must call ``on_sent``, ``on_received`` and ``on_enqueued`` rather than
-#: append to their raw logs itself (``_runtime.proc``, on every envelope): while the mirror is
-#: on (``set_mirrored``), or when a profiler sets it to time those hooks.
+#: Whether the runtime must call ``on_sent``, ``on_received``, ``on_enqueued``, ``call_opened``
+#: and ``call_completed`` rather than do what they do itself (``_runtime.proc`` inlines them:
+#: one frame less each, per envelope or call): while the mirror is on (``set_mirrored``), or
+#: when a profiler sets it to time those hooks.
 HOOKS = False
 #: Entries a raw log holds before the hook that fills it folds every log (``_fold``).
 FOLD_AT: Final = 4096
