@@ -439,16 +439,19 @@ def send_traced(
         with send_span(adverb, endpoint, mesh, ranks, runtime, sender) as made:
             post(*args, made.trace_id + made.span_id)
         return
-    display = sender.display
-    if type(display) is not str:
-        display = str(display)
     span_id = _next_id().to_bytes(8, "big")
     parent = _CURRENT_SPAN.get()
     if parent:
         context, parent_id = parent[:16] + span_id, parent[16:]
     else:
         context, parent_id = _trace_prefix + span_id + span_id, _ZERO_SPAN_ID
-    where = (_PID, runtime.label or _process_label, display, _get_ident())
+    ident = _get_ident()
+    where = _getattr(sender, "_span_where", None)
+    if where is None or where[3] != ident or where[0] != _PID:  # kept while the thread sends
+        display = sender.display
+        if type(display) is not str:
+            display = str(display)
+        where = sender._span_where = (_PID, runtime.label or _process_label, display, ident)
     start_ns = _time_ns()
     try:
         post(*args, context)
@@ -1196,10 +1199,11 @@ def run_endpoint(
                 )
             end_ns = _time_ns()
             endpoint = envelope.endpoint
+            ident = _get_ident()
             where = _getattr(cell, "_span_where", None)
-            if where is None:  # made once per actor: a sync actor runs its calls on one thread
-                where = (_PID, cell.runtime.label or _process_label, cell.display, _get_ident())
-                cell._span_where = where
+            if where is None or where[3] != ident:  # made once: an actor's calls on one thread
+                label = cell.runtime.label or _process_label
+                where = cell._span_where = (_PID, label, cell.display, ident)
             _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
             if len(_pending) >= SHIP_AT:
                 _shipper.kick()
