@@ -11,17 +11,24 @@ are fed by the hooks at the end of this module, which the runtime calls only whi
 on (``telemetry.ACTIVE``); each records only while ``METRICS`` is on (``enable_telemetry``).
 While the OpenTelemetry mirror is on, every instrument also feeds its twin (``otel``).
 
-Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a kind, a
-payload size, a mailbox depth, a latency in seconds) to a bounded log of this module (one
-``list.append``, atomic under the GIL); the logs are folded into the instruments (counts by
-kind, histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when
-a log reaches ``FOLD_AT`` entries (so each holds at most that many), and before every
-``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation made before
-it. Folding a batch costs little per observation: sizes, kinds and depths repeat (counted with
-``collections.Counter``, in C), latencies are sorted once and their buckets found with one
-``bisect`` per bucket bound. Reply ports are remembered in a plain dict (setting and popping a
-key is atomic) and only evicting the oldest takes a lock. While the OpenTelemetry mirror is on,
-each hook also feeds the twins at once (an exporter wants its data when it happens).
+Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a sent
+envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
+bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
+values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``), ticks a counter of
+that value (``next`` of an ``itertools.count``, one C call, atomic under the GIL: no log entry,
+no bound to check, nothing to fold per observation). The logs and counters are folded into the
+instruments (counts by kind, histogram buckets, sums, minima and maxima) under the instruments'
+lock by ``_fold``: when a log reaches ``FOLD_AT`` entries (so each holds at most that many), and
+before every ``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation
+made before it. Folding a batch costs little per observation: sizes and depths repeat (counted
+with ``collections.Counter``, in C), latencies are sorted once and their buckets found with one
+``bisect`` per bucket bound. The runtime does what ``on_sent``, ``on_received``,
+``on_enqueued``, ``call_opened`` and ``call_completed`` do inline (``_runtime.proc``: no frame
+per envelope) unless ``HOOKS`` is set (the mirror, a profiler); a call's latency starts on its
+reply port's sink (``call_opened``), so nothing is keyed by port (``on_port_opened`` and
+``on_port_completed`` keep such a table for other callers: only evicting its oldest entry takes
+a lock). While the OpenTelemetry mirror is on, each hook also feeds the twins at once (an
+exporter wants its data when it happens).
 ``benchmarks/actor_telemetry.py`` measures the hooks' cost on real calls,
 ``benchmarks/telemetry_hooks.py`` the hook code alone.
 """
