@@ -1171,6 +1171,7 @@ def run_endpoint(
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
+    elapsed = -1.0
     if TRACING:
         prop = cell.endpoints.get(envelope.endpoint)
         if prop is None or getattr(prop, "_instrument", True):
@@ -1207,27 +1208,22 @@ def run_endpoint(
             _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
             if len(_pending) >= SHIP_AT:
                 _shipper.kick()
-            if _metrics.METRICS:
-                elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
-                log = _metrics._latency_logs.get(endpoint)
-                if log is None:
-                    log = _metrics.latency_log(endpoint)
-                log.append(elapsed)
-                if len(log) >= _FOLD_AT or _metrics._MIRROR:
-                    _metrics.note_latency(endpoint, log, elapsed)
-            return result
-    if not _metrics.METRICS:
-        return fn(*args, **kwargs)
-    endpoint = envelope.endpoint
-    started = _perf_counter()
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        _metrics.record_endpoint(endpoint, started, exc)
-        raise
-    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-        return _await_endpoint(result, endpoint, started, None, True)
-    elapsed = _perf_counter() - started
+            if not _metrics.METRICS:
+                return result
+            elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+    if elapsed < 0.0:  # not traced: timed only, while metrics are on
+        if not _metrics.METRICS:
+            return fn(*args, **kwargs)
+        endpoint = envelope.endpoint
+        started = _perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _metrics.record_endpoint(endpoint, started, exc)
+            raise
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            return _await_endpoint(result, endpoint, started, None, True)
+        elapsed = _perf_counter() - started
     log = _metrics._latency_logs.get(endpoint)
     if log is None:
         log = _metrics.latency_log(endpoint)
