@@ -41,9 +41,23 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --rounds 30       # more rounds (a busy box)
     .venv/bin/python benchmarks/actor_telemetry.py --profile-hooks   # only: each hook in situ
 
-``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks,
-``run_endpoint``, ``send_traced``; and ``wrap_endpoint``, ``outgoing_trace`` and ``send_span``,
-which a sync call no longer reaches: rows appear only if they are hit) with a
+``--instructions`` is not a ratio of rates either, and has no noise: the script runs again under
+``valgrind --tool=callgrind`` (instrumentation off until the calls), makes ``PIPELINE``-deep
+pipelined calls in each mode (telemetry off, metrics, tracing, both; every mode twice, in that
+order) and prints the instructions per call of the whole process (all threads) in each, less
+what an empty counting window costs, the lower of the two rounds (``callgrind_control``
+switches the counting on and reads it; every time of that run is 20 to 50 times too long, so
+only its counts mean something). Instructions are not CPU time (the caches, the thread
+hand-offs and the box's load are not in them), but they tell a change to the per-call work
+from the noise of ratios measured at a load of 5.
+
+    .venv/bin/python benchmarks/actor_telemetry.py --instructions   # ~1 min (640 calls a mode)
+
+``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks:
+``on_sent``, ``on_received`` and ``on_enqueued``, which the runtime inlines unless
+``metrics.HOOKS`` is set, as it is here, and ``call_opened`` / ``call_completed`` of the
+call latency; ``run_endpoint``, ``send_traced``; and ``wrap_endpoint``, ``outgoing_trace``
+and ``send_span``, which a sync call no longer reaches: rows appear only if they are hit) with a
 ``perf_counter_ns`` pair, makes ``PIPELINE``-deep pipelined calls with metrics on, then with
 tracing on, and prints the median wall nanoseconds per hook call, in the running program
 (caches and threads as they are there, unlike ``telemetry_hooks.py``'s loops). Each figure
@@ -55,8 +69,12 @@ the same wrapper around the bare method), and the ``send_traced`` row the posts 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -147,6 +165,114 @@ def _calls_trial(
         _telemetry.reset_metrics()
 
 
+UNDER_CALLGRIND = "ACTOR_TELEMETRY_UNDER_CALLGRIND"
+"""Set in the environment of the run ``--instructions`` starts under valgrind."""
+#: The modes ``--instructions`` counts, with their switches (metrics, tracing).
+INSTRUCTION_MODES: dict[str, tuple[bool, bool]] = {
+    "off": (False, False),
+    "metrics": (True, False),
+    "tracing": (False, True),
+    "metrics+tracing": (True, True),
+}
+
+
+def _pipelined(actor: Any, calls: int) -> None:
+    for i in range(max(1, calls // PIPELINE)):
+        for future in [actor.ping.call_one(i) for _ in range(PIPELINE)]:
+            future.get(timeout=120)
+
+
+def instructions_per_call(
+    actor: Any, calls: int, read: Callable[[], int | None], rounds: int = 2
+) -> dict[str, float | None]:
+    """Instructions per pipelined call in each of ``INSTRUCTION_MODES`` (``read()``: this
+    process's instructions so far, ``None`` if unknown), less an empty window's (the lowest of
+    three); the lowest of ``rounds`` rounds (the modes alternate within each round)."""
+
+    def window(work: Callable[[], None]) -> int | None:
+        before = read()
+        work()
+        after = read()
+        return None if before is None or after is None else after - before
+
+    empties = [w for w in (window(lambda: None) for _ in range(3)) if w is not None]
+    empty = min(empties) if empties else 0
+    per_call: dict[str, list[float]] = {mode: [] for mode in INSTRUCTION_MODES}
+    n = max(1, calls // PIPELINE) * PIPELINE
+    for _ in range(rounds):
+        for mode, (metrics, tracing) in INSTRUCTION_MODES.items():
+            if metrics or tracing:
+                _telemetry.enable_telemetry(metrics=metrics, tracing=tracing)
+            else:
+                _telemetry.disable_telemetry()
+            try:
+                _pipelined(actor, 2 * PIPELINE)  # warm-up: logs, rows, the shipper started
+                counted = window(lambda: _pipelined(actor, n))
+            finally:
+                _telemetry.disable_telemetry()
+                _telemetry.reset_metrics()
+            if counted is not None:
+                per_call[mode].append((counted - empty) / n)
+    return {mode: min(values) if values else None for mode, values in per_call.items()}
+
+
+def instructions_table(counts: dict[str, float | None]) -> str:
+    """``instructions_per_call``'s result as Markdown: per call, over telemetry off, and the
+    ratio off / on (what the ratio of rates would be if instructions were all that counted)."""
+    off = counts.get("off")
+    lines = [
+        "| mode | instructions per call | over off | off / on |",
+        "|---|---:|---:|---:|",
+    ]
+    for mode, count in counts.items():
+        if count is None or off is None:
+            lines.append(f"| {mode} | - | - | - |")
+            continue
+        lines.append(f"| {mode} | {count:,.0f} | {count - off:+,.0f} | {off / count:.3f}x |")
+    return "\n".join(lines)
+
+
+def _callgrind_total() -> int | None:
+    """This process's instructions so far (all threads), asked of callgrind."""
+    from benchmarks.actor_profile import _CallgrindCounters, parse_callgrind_totals
+
+    return parse_callgrind_totals(_CallgrindCounters._control("-e", "Ir", str(os.getpid())))
+
+
+def count_instructions(calls: int) -> dict[str, float | None]:
+    """``instructions_per_call`` of an in-process actor, this process running under callgrind
+    with its instrumentation off (switched on here, around the calls only)."""
+    from benchmarks.actor_profile import _CallgrindCounters
+
+    procs = _local_proc_mesh(per_host={"gpus": 1})
+    try:
+        actor = procs.spawn("echo", Echo)
+        actor.ping.call_one(0).get(timeout=120)
+        _CallgrindCounters._control("-i", "on", str(os.getpid()))
+        try:
+            return instructions_per_call(actor, calls, _callgrind_total)
+        finally:
+            _CallgrindCounters._control("-i", "off", str(os.getpid()))
+    finally:
+        procs.stop().get(timeout=120)
+
+
+def rerun_under_callgrind(argv: list[str]) -> int:
+    """Run this script again with ``argv`` under callgrind (instrumentation off at start)."""
+    with tempfile.TemporaryDirectory(prefix="actor-telemetry-cg-") as folder:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={folder}/callgrind.out.%p",
+            f"--log-file={folder}/valgrind.%p.log",
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *argv,
+        ]
+        return subprocess.call(command, env=dict(os.environ, **{UNDER_CALLGRIND: "1"}))
+
+
 def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
     """Median wall ns per call of each hook in situ (see the module docstring), by mode
     (``metrics``, ``tracing``, ``off``): ``{mode: {hook: (calls, median ns)}}``."""
@@ -166,8 +292,12 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
 
         return wrapper
 
-    hooks = ("on_sent", "on_received", "on_enqueued", "on_port_opened", "on_port_completed")
+    from monarch.actor._runtime.telemetry import metrics as _metrics
+
+    hooks = ("on_sent", "on_received", "on_enqueued")
     saved_hooks = {name: getattr(_telemetry, name) for name in hooks}
+    port_hooks = ("call_opened", "call_completed")
+    saved_port_hooks = {name: getattr(_metrics, name) for name in port_hooks}
     saved = (
         _telemetry.run_endpoint,
         _telemetry.wrap_endpoint,
@@ -180,6 +310,8 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
         samples.clear()
         for name in hooks:
             setattr(_telemetry, name, timed(name, saved_hooks[name]))
+        for name in port_hooks:
+            setattr(_metrics, name, timed(name, saved_port_hooks[name]))
         original_run = timed("run_endpoint (+ body)", saved[0])
         empty = timed("(an empty function, wrapped)", _empty)
 
@@ -199,6 +331,8 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
     def uninstall() -> None:
         for name in hooks:
             setattr(_telemetry, name, saved_hooks[name])
+        for name in port_hooks:
+            setattr(_metrics, name, saved_port_hooks[name])
         (
             _telemetry.run_endpoint,
             _telemetry.wrap_endpoint,
@@ -219,12 +353,15 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
                 _telemetry.ACTIVE = True  # ``run_endpoint`` only: every hook checks its flag
             else:
                 _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
+                # the runtime records sends, receipts and enqueues inline: call the hooks
+                _metrics.HOOKS = True
             try:
                 for i in range(max(1, calls // PIPELINE)):
                     for future in [actor.ping.call_one(i) for _ in range(PIPELINE)]:
                         future.get(timeout=10)
             finally:
                 uninstall()
+                _metrics.HOOKS = False
                 _telemetry.disable_telemetry()
                 _telemetry.reset_metrics()
             out[mode] = {
@@ -355,12 +492,35 @@ def main(argv: list[str] | None = None) -> int:
         help="ABAB rounds per case (default: the mode's); each case's time budget grows with it",
     )
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="only: instructions per pipelined call in each mode, under callgrind (no ratios)",
+    )
+    parser.add_argument(
         "--profile-hooks",
         action="store_true",
         help="only profile each hook in situ (median ns per call; no ratios)",
     )
     args = parser.parse_args(argv)
     mode = run_mode(args)
+    if args.instructions:
+        if not os.environ.get(UNDER_CALLGRIND):
+            if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+                print("--instructions needs valgrind and callgrind_control", file=sys.stderr)
+                return 2
+            return rerun_under_callgrind(sys.argv[1:] if argv is None else list(argv))
+        counts = count_instructions({"full": 640, "quick": 320, "smoke": 64}[mode])
+        print(instructions_table(counts))
+        if args.json is not None:
+            write_json(
+                args.json,
+                {
+                    "mode": mode,
+                    **machine_facts("benchmarks/actor_telemetry.py", argv),
+                    "instructions_per_call": counts,
+                },
+            )
+        return 0
     if args.profile_hooks:
         n_calls = {"full": 6400, "quick": 3200, "smoke": 320}[mode]
         profile = profile_hooks(n_calls)

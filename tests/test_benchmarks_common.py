@@ -156,8 +156,8 @@ def test_actor_telemetry_profile_hooks_times_every_hook_in_situ(tmp_path: Path) 
     assert per_trip["metrics"] == {
         "(an empty function, wrapped)": 1,
         "on_enqueued": 1,
-        "on_port_opened": 1,
-        "on_port_completed": 1,
+        "call_opened": 1,
+        "call_completed": 1,
         "run_endpoint (+ body)": 1,
     }
     # A sync call's spans: no wrapper, no ``outgoing_trace`` per envelope, no span object.
@@ -168,3 +168,40 @@ def test_actor_telemetry_profile_hooks_times_every_hook_in_situ(tmp_path: Path) 
     }
     assert set(per_trip["off"]) == {"(an empty function, wrapped)", "endpoint body alone"}
     assert "| tracing | send_traced (+ the posts) |" in proc.stdout
+
+
+def test_actor_telemetry_instructions_per_call_arithmetic() -> None:
+    """``--instructions``' counting (without valgrind): each mode's window, less an empty
+    window's cost, per call, the lowest round; the table's overhead and ratio."""
+    from benchmarks import actor_telemetry as bench
+    from monarch.actor._runtime import telemetry
+
+    cost = {"off": 100, "metrics": 110, "tracing": 120, "metrics+tracing": 130}
+    total = [0]
+
+    class _Future:
+        def get(self, timeout: float) -> None:
+            return None
+
+    class _Ping:
+        def call_one(self, x: int) -> _Future:
+            state = telemetry.telemetry_state()
+            mode = {(False, False): "off", (True, False): "metrics", (False, True): "tracing"}
+            total[0] += cost[mode.get((state["metrics"], state["tracing"]), "metrics+tracing")]
+            return _Future()
+
+    class _Actor:
+        ping = _Ping()
+
+    def read() -> int:
+        total[0] += 7  # reading costs something: the empty window's 7 is taken off
+        return total[0]
+
+    try:
+        counts = bench.instructions_per_call(_Actor(), 64, read)
+    finally:
+        telemetry.disable_telemetry()
+    assert counts == {mode: float(c) for mode, c in cost.items()}
+    table = bench.instructions_table(counts)
+    assert "| tracing | 120 | +20 | 0.833x |" in table
+    assert "| metrics+tracing | 130 | +30 | 0.769x |" in table

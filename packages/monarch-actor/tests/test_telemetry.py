@@ -195,21 +195,52 @@ def test_batched_histogram_fold_matches_one_record_each(
 
 def test_hook_logs_are_bounded_and_folded(telemetry: None) -> None:
     """Each raw log holds fewer than ``FOLD_AT`` observations (the hook that fills it folds);
-    a snapshot folds what is pending, ``reset_metrics`` forgets it."""
+    small mailbox depths are counted, not logged; a snapshot folds what is pending (logged and
+    counted), ``reset_metrics`` forgets it."""
     n = 2 * tm_metrics.FOLD_AT + 7
+    deep = tm_metrics.SMALL_DEPTHS  # logged from here
     for i in range(n):
         tm_metrics.on_enqueued(i % 3)
+        tm_metrics.on_enqueued(deep + i % 3)
         tm_metrics.record_endpoint("bounded", 0.0, None)
     assert len(tm_metrics._depth_log) < tm_metrics.FOLD_AT
     assert len(tm_metrics._latency_logs["bounded"]) < tm_metrics.FOLD_AT
     assert tm_metrics._depth_log  # 7 pending: the snapshot must see them
     (depth,) = tm.metrics_snapshot()["monarch.mailbox.depth"]
-    expected = (n, float(sum(i % 3 for i in range(n))), 0.0, 2.0)
+    expected = (2 * n, float(sum(deep + 2 * (i % 3) for i in range(n))), 0.0, deep + 2.0)
     assert (depth.count, depth.sum, depth.min, depth.max) == expected
     assert _value("monarch.endpoint.latency", endpoint="bounded") == n
-    tm_metrics.on_enqueued(5)  # pending when reset: forgotten with the rest
+    tm_metrics.on_enqueued(5)  # pending when reset (counted and logged): forgotten with the rest
+    tm_metrics.on_enqueued(deep)
     tm.reset_metrics()
     assert "monarch.mailbox.depth" not in tm.metrics_snapshot()
+    tm_metrics.on_enqueued(1)  # counted after the reset: only this one
+    (depth,) = tm.metrics_snapshot()["monarch.mailbox.depth"]
+    assert (depth.count, depth.sum) == (1, 1.0)
+
+
+def test_sent_and_received_counts_by_kind_and_payload_sizes(telemetry: None) -> None:
+    """Sent envelopes are logged as one int each (kind and payload size) and received ones
+    counted by kind: a snapshot gives the counts by kind name and the payload histogram."""
+    from monarch.actor._base.envelope import MessageKind
+
+    def envelope(kind: MessageKind, payload: bytes) -> Any:
+        return type("E", (), {"kind": kind, "payload": payload, "buffer_sizes": (3, 4)})()
+
+    for _ in range(5):
+        tm_metrics.on_sent(envelope(MessageKind.CALL, b"x" * 100))
+        tm_metrics.on_received(envelope(MessageKind.PORT_VALUE, b""))
+    tm_metrics.on_sent(envelope(MessageKind.STOP_PROC, b"x" * 5000))
+    assert _value("monarch.messages.sent", kind="call") == 5
+    assert _value("monarch.messages.sent", kind="stop_proc") == 1
+    assert _value("monarch.messages.received", kind="port_value") == 5
+    sizes = {
+        p.attributes["kind"]: p for p in tm.metrics_snapshot()["monarch.messages.payload_size"]
+    }
+    assert (sizes["call"].count, sizes["call"].sum) == (5, 5 * 107.0)
+    assert (sizes["stop_proc"].min, sizes["stop_proc"].max) == (5007.0, 5007.0)
+    tm.reset_metrics()
+    assert "monarch.messages.received" not in tm.metrics_snapshot()
 
 
 def test_span_ids_are_unique_and_differ_after_fork(telemetry: None) -> None:
@@ -276,7 +307,18 @@ def test_packed_batches_round_trip(telemetry: None) -> None:
 def test_a_malformed_batch_is_refused_and_skipped(
     telemetry: None, store: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    for junk in (b"", b"\xc1", msgspec.msgpack.encode([["name", "not bytes"]]), b"\x92\x01"):
+    where = [1, "proc", "track", 2]
+    for junk in (
+        b"",
+        b"\xc1",
+        msgspec.msgpack.encode([["name", "not bytes"]]),
+        b"\x92\x01",
+        # runtime rows: a receive row whose trace context is short, one with a str for a time,
+        # and eight values (neither a receive nor a send row nor a span)
+        msgspec.msgpack.encode([[b"short", bytes(8), 1, 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(8), "1", 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(8), 1, 2, where, "a", "b", "c"]]),
+    ):
         with pytest.raises(ValueError, match="not a packed span batch"):
             tm_tracing.decode_batch(junk)
     tm_tracing.add_remote_batch(b"\x91\x01", "process deadbeef")

@@ -148,7 +148,7 @@ def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
     after = time.time_ns()
     rows = [r for r in tm_tracing._pending if not isinstance(r, tm.Span)]
     assert len(rows) == 2
-    assert all(type(r) is tuple and len(r) == 16 for r in rows)
+    assert sorted(len(r) for r in rows) == [7, 9]  # a receive row, a send row
     assert isinstance(step, tm.Span)
     by_name = {s.name: s for s in finished_spans()}
     sent, received = by_name["call_one counted.bump"], by_name["bump"]

@@ -112,6 +112,7 @@ from monarch.actor._runtime.cell import (
 from monarch.actor._runtime.context import Context, _reset_context, _set_context
 from monarch.actor._runtime.liveness import Lease
 from monarch.actor._runtime.sinks import OneSink, PortSink, Reply, _encode_exception
+from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import report as _report
 from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._transport.seam import Attachable
@@ -149,6 +150,18 @@ _CALL = MessageKind.CALL
 _TELEMETRY_ENDPOINTS = (_report.TELEMETRY_ENDPOINT, _report.SPANS_ENDPOINT)
 #: System endpoints left out of the message metrics (their answers carry the same name).
 _UNCOUNTED = (HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS)
+# The metric hooks of every envelope, recorded inline while metrics are on and no hook must be
+# called (``_metrics.HOOKS``: the OpenTelemetry mirror, a profiler): what the hook would do,
+# one append to its raw log (folded as the hook's entries are: ``_metrics._fold``) or one tick
+# of its counter.
+_sent_log = _metrics._sent_log
+_received_tick = _metrics.received_tick
+_depth_tick = _metrics.depth_tick
+_SMALL_DEPTHS = _metrics.SMALL_DEPTHS
+_call_logs = _metrics._call_logs
+_perf_counter = time.perf_counter
+_KIND_BITS = _metrics._KIND_BITS
+_FOLD_AT = _metrics.FOLD_AT
 
 
 class ProcRuntime:
@@ -347,6 +360,8 @@ class ProcRuntime:
         if lease.armed and lease.expired(time.monotonic()):
             self._fence_process("no heartbeat from the client within its timeout")
             return
+        data = payload.data
+        sizes = tuple([b.nbytes for b in payload.buffers]) if payload.buffers else ()
         envelope = Envelope(
             kind,
             sender.addr,
@@ -356,8 +371,8 @@ class ProcRuntime:
             sender.next_sequence(),
             reply_port,
             cast,
-            payload.data,
-            tuple([b.nbytes for b in payload.buffers]) if payload.buffers else (),
+            data,
+            sizes,
             payload.kinds,
             flags,
             trace
@@ -365,7 +380,14 @@ class ProcRuntime:
             else (_telemetry.outgoing_trace(kind) if _telemetry.TRACING and kind == _CALL else b""),
         )
         if _telemetry.METRICS:
-            _telemetry.on_sent(envelope)
+            if _metrics.HOOKS:
+                _telemetry.on_sent(envelope)
+            else:  # ``on_sent`` inlined
+                _sent_log.append(
+                    (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
+                )
+                if len(_sent_log) >= _FOLD_AT:
+                    _metrics._fold()
         if more:
             self.transport.send(envelope, payload.buffers, True)
         else:
@@ -400,8 +422,14 @@ class ProcRuntime:
                 raise PortOverflowError(f"this process already has {limit} open ports")
             index = next(self._next_port)
             self._ports[index] = sink
-        if _telemetry.METRICS:
-            _telemetry.on_port_opened(self, index, endpoint)
+        if _telemetry.METRICS:  # the call latency's start, kept on the sink
+            if _metrics.HOOKS:
+                sink.opened = _metrics.call_opened(endpoint)
+            else:  # ``call_opened`` inlined
+                log = _call_logs.get(endpoint)
+                if log is None:
+                    log = _metrics._log_of(_call_logs, endpoint)
+                sink.opened = (_perf_counter(), log, endpoint)
         if type(sink) is not OneSink:  # a OneSink's port leaves the table in ``_deliver_port``
             sink.closer = partial(self.close_port, index)
         return PortAddr(self.pid_raw, owner.path, index)
@@ -428,19 +456,29 @@ class ProcRuntime:
             return
         if type(sink) is OneSink:
             sink.cell.set_result(reply)
-            if _telemetry.METRICS:
-                _telemetry.on_port_completed(self, index)
+            opened = sink.opened
+            if opened is not None and _telemetry.METRICS:
+                if _metrics.HOOKS:
+                    _metrics.call_completed(opened)
+                else:  # ``call_completed`` inlined
+                    log = opened[1]
+                    log.append(_perf_counter() - opened[0])
+                    if len(log) >= _FOLD_AT:
+                        _metrics._fold()
             return
         if sink.deliver(reply):
             if index in self._ports:  # most sinks closed their port already (``closer``)
                 self.close_port(index)
-            if _telemetry.METRICS:
-                _telemetry.on_port_completed(self, index)
+            if sink.opened is not None and _telemetry.METRICS:
+                _metrics.call_completed(sink.opened)
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
         if _telemetry.METRICS and env.endpoint not in _UNCOUNTED:
-            _telemetry.on_received(env)
+            if _metrics.HOOKS:
+                _telemetry.on_received(env)
+            else:  # ``on_received`` inlined
+                _received_tick[env.kind]()
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._received, env.sender.pid, 1)
         try:
@@ -504,7 +542,14 @@ class ProcRuntime:
         else:  # UNDELIVERABLE
             item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
         if _telemetry.METRICS:
-            _telemetry.on_enqueued(len(cell.mailbox._items))
+            if _metrics.HOOKS:
+                _telemetry.on_enqueued(len(cell.mailbox._items))
+            else:  # ``on_enqueued`` inlined
+                depth = len(cell.mailbox._items)
+                if depth < _SMALL_DEPTHS:
+                    _depth_tick[depth]()
+                else:
+                    _telemetry.on_enqueued(depth)
         if not cell.enqueue(item, force=kind != _CALL):
             event = FailureEvent(
                 category=str(ErrorCategory.SYSTEM),

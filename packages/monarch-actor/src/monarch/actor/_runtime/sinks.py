@@ -87,10 +87,13 @@ class PortSink:
     caller sees the result the port is already closed.
     """
 
-    __slots__ = ("closer",)
+    __slots__ = ("closer", "opened")
 
     def __init__(self) -> None:
         self.closer: Callable[[], None] = _nothing
+        #: While metrics are on: when the port opened, for the call latency
+        #: (``telemetry.metrics.call_opened``, set by ``ProcRuntime.open_port``).
+        self.opened: tuple[float, list[float], str] | None = None
 
     def deliver(self, reply: Reply) -> bool:
         raise NotImplementedError

@@ -11,17 +11,24 @@ are fed by the hooks at the end of this module, which the runtime calls only whi
 on (``telemetry.ACTIVE``); each records only while ``METRICS`` is on (``enable_telemetry``).
 While the OpenTelemetry mirror is on, every instrument also feeds its twin (``otel``).
 
-Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a kind, a
-payload size, a mailbox depth, a latency in seconds) to a bounded log of this module (one
-``list.append``, atomic under the GIL); the logs are folded into the instruments (counts by
-kind, histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when
-a log reaches ``FOLD_AT`` entries (so each holds at most that many), and before every
-``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation made before
-it. Folding a batch costs little per observation: sizes, kinds and depths repeat (counted with
-``collections.Counter``, in C), latencies are sorted once and their buckets found with one
-``bisect`` per bucket bound. Reply ports are remembered in a plain dict (setting and popping a
-key is atomic) and only evicting the oldest takes a lock. While the OpenTelemetry mirror is on,
-each hook also feeds the twins at once (an exporter wants its data when it happens).
+Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a sent
+envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
+bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
+values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``), ticks a counter of
+that value (``next`` of an ``itertools.count``, one C call, atomic under the GIL: no log entry,
+no bound to check, nothing to fold per observation). The logs and counters are folded into the
+instruments (counts by kind, histogram buckets, sums, minima and maxima) under the instruments'
+lock by ``_fold``: when a log reaches ``FOLD_AT`` entries (so each holds at most that many), and
+before every ``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation
+made before it. Folding a batch costs little per observation: sizes and depths repeat (counted
+with ``collections.Counter``, in C), latencies are sorted once and their buckets found with one
+``bisect`` per bucket bound. The runtime does what ``on_sent``, ``on_received``,
+``on_enqueued``, ``call_opened`` and ``call_completed`` do inline (``_runtime.proc``: no frame
+per envelope) unless ``HOOKS`` is set (the mirror, a profiler); a call's latency starts on its
+reply port's sink (``call_opened``), so nothing is keyed by port (``on_port_opened`` and
+``on_port_completed`` keep such a table for other callers: only evicting its oldest entry takes
+a lock). While the OpenTelemetry mirror is on, each hook also feeds the twins at once (an
+exporter wants its data when it happens).
 ``benchmarks/actor_telemetry.py`` measures the hooks' cost on real calls,
 ``benchmarks/telemetry_hooks.py`` the hook code alone.
 """
@@ -31,12 +38,14 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from monarch.actor._base.envelope import MessageKind
 from monarch.actor._base.errors import error_category
 from monarch.actor._runtime.telemetry import otel as _otel
 
@@ -51,10 +60,13 @@ __all__ = [
     "MAX_TRACKED_PORTS",
     "SECONDS_BOUNDS",
     "Counter",
+    "CallOpened",
     "Histogram",
     "Meter",
     "MetricPoint",
     "UpDownCounter",
+    "call_completed",
+    "call_opened",
     "descriptions",
     "instrument_specs",
     "get_meter",
@@ -408,8 +420,13 @@ def reset_metrics() -> None:
     """Forget every recorded value (instruments stay registered)."""
     with _HOOK_LOCK:
         _sent_log.clear()
-        _received_log.clear()
         _depth_log.clear()
+        for counters, seen in (
+            (_received_counters, _received_seen),
+            (_depth_counters, _depth_seen),
+        ):
+            for i, counter in enumerate(counters):
+                seen[i] = _count_of(counter)
         for logs in (_latency_logs, _call_logs):
             for log in list(logs.values()):
                 log.clear()
@@ -422,8 +439,8 @@ def reset_metrics() -> None:
 def set_mirrored(on: bool) -> None:
     """Give every registered instrument its OpenTelemetry twin (``on``; the mirror must be
     loaded) or drop the twins; instruments registered later follow the mirror's state."""
-    global _MIRROR
-    _MIRROR = bool(on)
+    global _MIRROR, HOOKS
+    _MIRROR = HOOKS = bool(on)
     with _instruments_lock:
         instruments = list(_instruments.values())
     for instrument in instruments:
@@ -487,6 +504,8 @@ _KIND_KEYS: dict[int, _Key] = {}
 def _kind_key(kind: int) -> _Key:
     key = _KIND_KEYS.get(kind)
     if key is None:
+        with contextlib.suppress(ValueError):
+            kind = MessageKind(kind)  # a plain int from the sent log: named by its kind
         key = _KIND_KEYS[kind] = (("kind", getattr(kind, "name", str(kind)).lower()),)
     return key
 
@@ -494,15 +513,55 @@ def _kind_key(kind: int) -> _Key:
 # -- hooks the runtime calls (only while telemetry is ACTIVE) ---------------------------------
 #: Whether the OpenTelemetry mirror is on (``set_mirrored``): the hooks then feed the twins too.
 _MIRROR = False
+#: Whether the runtime must call ``on_sent``, ``on_received``, ``on_enqueued``, ``call_opened``
+#: and ``call_completed`` rather than do what they do itself (``_runtime.proc`` inlines them:
+#: one frame less each, per envelope or call): while the mirror is on (``set_mirrored``), or
+#: when a profiler sets it to time those hooks.
+HOOKS = False
 #: Entries a raw log holds before the hook that fills it folds every log (``_fold``).
 FOLD_AT: Final = 4096
-#: Raw observations not yet folded (see the module docstring): (kind, payload size) of each
-#: sent envelope, the kind of each received one, the mailbox depth at each enqueue, and the
-#: latencies in seconds of endpoint bodies and of calls, by endpoint name (at most
-#: ``MAX_SERIES`` names each; later names share the overflow log).
-_sent_log: list[tuple[int, int]] = []
-_received_log: list[int] = []
+#: Raw observations not yet folded (see the module docstring): the kind and payload size of
+#: each sent envelope as one int (``size << _KIND_BITS | kind``: no tuple per envelope), the
+#: mailbox depths of ``SMALL_DEPTHS`` and more at an enqueue, and the latencies in seconds of
+#: endpoint bodies and of calls, by endpoint name (at most ``MAX_SERIES`` names each; later
+#: names share the overflow log).
+_sent_log: list[int] = []
+_KIND_BITS: Final = 4
+_KIND_MASK: Final = (1 << _KIND_BITS) - 1
+assert max(MessageKind) <= _KIND_MASK
 _depth_log: list[int] = []
+#: Envelopes received by kind, and mailbox depths below ``SMALL_DEPTHS`` by depth, are counted,
+#: not logged: one ``itertools.count`` per kind and per depth, whose ``next`` (``received_tick``,
+#: ``depth_tick``) is one C call, atomic under the GIL (no lock, no log entry, no bound to check,
+#: nothing to fold per observation); ``_fold`` adds what each counted since it last looked
+#: (``_received_seen``, ``_depth_seen``). A depth's sum, minimum and maximum follow from the
+#: counts of each exact depth. Deeper mailboxes go to ``_depth_log``.
+SMALL_DEPTHS: Final = 64
+_received_counters = [itertools.count() for _ in range(_KIND_MASK + 1)]
+_received_seen = [0] * len(_received_counters)
+received_tick: Final = [c.__next__ for c in _received_counters]
+_depth_counters = [itertools.count() for _ in range(SMALL_DEPTHS)]
+_depth_seen = [0] * SMALL_DEPTHS
+depth_tick: Final = [c.__next__ for c in _depth_counters]
+
+
+def _count_of(counter: itertools.count[int]) -> int:
+    """How often ``next`` was called on ``counter`` (made as ``itertools.count()``): its
+    ``repr`` is ``count(N)``, read without advancing it."""
+    return int(repr(counter)[6:-1])
+
+
+def _take_counts(counters: list[itertools.count[int]], seen: list[int]) -> list[tuple[int, int]]:
+    """``(index, times)`` of each counter that counted since the last call (``_fold``)."""
+    out = []
+    for i, counter in enumerate(counters):
+        now = _count_of(counter)
+        if now != seen[i]:
+            out.append((i, now - seen[i]))
+            seen[i] = now
+    return out
+
+
 _latency_logs: dict[str, list[float]] = {}
 _call_logs: dict[str, list[float]] = {}
 _OVERFLOW_NAME: Final = "\x00overflow"
@@ -545,18 +604,19 @@ def _fold() -> None:
     with _HOOK_LOCK:
         if _sent_log:
             sent = _sent._values
-            for (kind, size), times in collections.Counter(_take(_sent_log)).items():
+            for code, times in collections.Counter(_take(_sent_log)).items():
+                kind, size = code & _KIND_MASK, code >> _KIND_BITS
                 key = _KIND_KEYS.get(kind) or _kind_key(kind)
                 sent[key] = sent.get(key, 0) + times
                 _payload._record_counted_locked(size, times, key)
-        if _received_log:
-            received = _received._values
-            for kind, times in collections.Counter(_take(_received_log)).items():
-                key = _KIND_KEYS.get(kind) or _kind_key(kind)
-                received[key] = received.get(key, 0) + times
-        if _depth_log:
-            for depth, times in collections.Counter(_take(_depth_log)).items():
-                _depth._record_counted_locked(depth, times, ())
+        received = _received._values
+        for kind, times in _take_counts(_received_counters, _received_seen):
+            key = _KIND_KEYS.get(kind) or _kind_key(kind)
+            received[key] = received.get(key, 0) + times
+        for depth, times in _take_counts(_depth_counters, _depth_seen) + list(
+            collections.Counter(_take(_depth_log)).items()
+        ):
+            _depth._record_counted_locked(depth, times, ())
         for instrument, logs in ((_latency, _latency_logs), (_call_latency, _call_logs)):
             for endpoint, log in list(logs.items()):
                 if log:
@@ -568,7 +628,7 @@ def on_sent(envelope: Envelope) -> None:
     if METRICS:
         sizes = envelope.buffer_sizes
         size = len(envelope.payload) + sum(sizes) if sizes else len(envelope.payload)
-        _sent_log.append((envelope.kind, size))
+        _sent_log.append(size << _KIND_BITS | envelope.kind)
         if len(_sent_log) >= FOLD_AT:
             _fold()
         if _MIRROR:
@@ -582,9 +642,7 @@ def on_sent(envelope: Envelope) -> None:
 def on_received(envelope: Envelope) -> None:
     """An envelope reached this process's runtime (runtime loop thread)."""
     if METRICS:
-        _received_log.append(envelope.kind)
-        if len(_received_log) >= FOLD_AT:
-            _fold()
+        received_tick[envelope.kind]()
         if _MIRROR and _received._otel is not None:
             _received._otel.add(1, dict(_kind_key(envelope.kind)))
 
@@ -592,9 +650,12 @@ def on_received(envelope: Envelope) -> None:
 def on_enqueued(depth: int) -> None:
     """A message was added to a mailbox that already held ``depth`` items."""
     if METRICS:
-        _depth_log.append(depth)
-        if len(_depth_log) >= FOLD_AT:
-            _fold()
+        if depth < SMALL_DEPTHS:
+            depth_tick[depth]()
+        else:
+            _depth_log.append(depth)
+            if len(_depth_log) >= FOLD_AT:
+                _fold()
         if _MIRROR and _depth._otel is not None:
             _depth._otel.record(depth, {})
 
@@ -629,13 +690,35 @@ def on_port_completed(owner: object, index: int) -> None:
     """Port ``index`` of ``owner`` received its last reply: record the call latency."""
     opened = _opened.pop((owner, index), None)
     if opened is not None:
-        elapsed = _perf_counter() - opened[0]
-        log = opened[1]
-        log.append(elapsed)
-        if len(log) >= FOLD_AT:
-            _fold()
-        if _MIRROR and _call_latency._otel is not None:
-            _call_latency._otel.record(elapsed, dict(_endpoint_series(opened[2])))
+        call_completed(opened)
+
+
+#: When a reply port opened (``perf_counter``), the raw log of its endpoint's call latencies,
+#: and the endpoint (``call_opened``).
+CallOpened = tuple[float, list[float], str]
+
+
+def call_opened(endpoint: str = "") -> CallOpened:
+    """A reply port for the replies of a call to ``endpoint`` opens now (metrics on): what the
+    runtime keeps on the port's sink (``PortSink.opened``) until ``call_completed``. On the
+    sink, not in a table keyed by port (``on_port_opened``): no key made, set and popped per
+    call, and it is bounded by the open ports and goes with its port."""
+    log = _call_logs.get(endpoint)
+    if log is None:
+        log = _log_of(_call_logs, endpoint)
+    return (_perf_counter(), log, endpoint)
+
+
+def call_completed(opened: CallOpened) -> None:
+    """The port ``opened`` describes (``call_opened``) received its last reply: record the
+    call latency."""
+    elapsed = _perf_counter() - opened[0]
+    log = opened[1]
+    log.append(elapsed)
+    if len(log) >= FOLD_AT:
+        _fold()
+    if _MIRROR and _call_latency._otel is not None:
+        _call_latency._otel.record(elapsed, dict(_endpoint_series(opened[2])))
 
 
 def note_latency(endpoint: str, log: list[float], elapsed: float) -> None:

@@ -14,10 +14,12 @@ side (``send_traced``) and the receive side of a sync call (``run_endpoint``) ma
 object. Each reads the clock at its start and end (the receive span's two reads also time the
 endpoint for ``metrics``), the send side hands its 24-byte context straight to the envelopes it
 posts (no context-variable switch, no ``outgoing_trace`` per envelope), and the finished span is
-one plain tuple of ``Span``'s fields (a *row*) appended to ``_pending``; rows are packed exactly
-as spans are, and become ``Span`` objects only when read (``finished_spans``, ``span_records``,
-``_row_span``). The current span is held as its 24-byte context (``_CURRENT_SPAN``). With a span
-listener or the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
+one plain tuple of what varies (a *row*: 7 or 9 values, ``_row_fields``, not ``Span``'s 16)
+appended to ``_pending``; rows are packed as they are (about a third of a ``Span``'s packing
+time) and become ``Span`` objects or records only when read (``finished_spans``,
+``span_records``, ``decode_batch``). The current span is held as its 24-byte context
+(``_CURRENT_SPAN``). With a span listener or the OpenTelemetry mirror set, the runtime makes
+``Span`` objects at once, as before.
 
 Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
 span (an object or a row) is appended to ``_pending`` (one ``deque.append`` on the finishing
@@ -25,7 +27,7 @@ thread, and a length check; if ``MAX_PENDING_SPANS`` are already waiting the old
 counted by ``dropped_spans`` and logged by the shipper). This process's *shipper* thread
 (``_Shipper``, never an actor thread) drains it every ``SHIP_INTERVAL`` seconds, or as soon
 as ``SHIP_AT`` spans are pending, packs them (``encode_batch``: a ``Span`` is a
-``msgspec.Struct`` and a row a tuple of the same fields, so a batch is the list of them
+``msgspec.Struct`` and a row a tuple of plain values, so a batch is the list of them
 encoded as is, in C) and moves them to the small ring of recent spans (``finished_spans()``:
 the ring, then what is still pending). A packed batch goes
 
@@ -409,6 +411,7 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
+_getattr = getattr
 
 
 def send_traced(
@@ -429,58 +432,84 @@ def send_traced(
 
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
-    tuple, in ``Span``'s field order (its name left ``None``: made from the attributes when
-    the span is read, ``_row_span``), to the pending spans. Otherwise it enters ``send_span``.
+    tuple of what varies (a *row*, ``_row_fields``: made a ``Span`` when read, ``_row_span``)
+    to the pending spans. Otherwise it enters ``send_span``.
     """
     if _otel._otel_trace is not None or _span_listeners:
         with send_span(adverb, endpoint, mesh, ranks, runtime, sender) as made:
             post(*args, made.trace_id + made.span_id)
         return
-    display = sender.display
-    if type(display) is not str:
-        display = str(display)
     span_id = _next_id().to_bytes(8, "big")
     parent = _CURRENT_SPAN.get()
     if parent:
-        trace_id, parent_id = parent[:16], parent[16:]
+        context, parent_id = parent[:16] + span_id, parent[16:]
     else:
-        trace_id, parent_id = _trace_prefix + span_id, _ZERO_SPAN_ID
+        context, parent_id = _trace_prefix + span_id + span_id, _ZERO_SPAN_ID
+    ident = _get_ident()
+    where = _getattr(sender, "_span_where", None)
+    if where is None or where[3] != ident or where[0] != _PID:  # kept while the thread sends
+        display = sender.display
+        if type(display) is not str:
+            display = str(display)
+        where = sender._span_where = (_PID, runtime.label or _process_label, display, ident)
     start_ns = _time_ns()
     try:
-        post(*args, trace_id + span_id)
+        post(*args, context)
     except BaseException as exc:
-        failed = _row_span(
-            (None, trace_id, span_id, parent_id, start_ns, 0, _PID,
-             runtime.label or _process_label, display, _get_ident(), "unset", "", None,
-             ("send", adverb, endpoint, mesh, ranks, display))
-        )  # fmt: skip
+        failed = _row_span((context, parent_id, start_ns, 0, where, adverb, endpoint, mesh, ranks))
         failed._end(exc)
         raise
     _pending.append(
-        (None, trace_id, span_id, parent_id, start_ns, _time_ns(), _PID,
-         runtime.label or _process_label, display, _get_ident(), "ok", "", None,
-         ("send", adverb, endpoint, mesh, ranks, display), None, None)
-    )  # fmt: skip
+        (context, parent_id, start_ns, _time_ns(), where, adverb, endpoint, mesh, ranks)
+    )
     if len(_pending) >= SHIP_AT:
         _shipper.kick()
 
 
-def _lazy_name(lazy: Sequence[Any] | None) -> str:
-    """The name of a runtime span recorded as a row without one (``send_traced``)."""
-    if lazy is not None and len(lazy) == 6 and lazy[0] == "send":
-        return f"{lazy[1]} {lazy[3]}.{lazy[2]}"
-    if lazy is not None and len(lazy) == 4 and lazy[0] == "receive":
-        return str(lazy[2])
-    raise ValueError(f"a span row without a name has no runtime attributes: {lazy!r}")
+#: A finished runtime span as the hot path records it (``send_traced``, ``run_endpoint``): a
+#: *row*, a plain tuple of what varies, packed as it is (``encode_batch``: fewer values than a
+#: ``Span``'s 16 fields, so less to make and to encode per span) and made a ``Span`` or a
+#: ``SpanRecord`` only when read (``_row_span``, ``decode_batch``). ``where`` is ``(os_pid,
+#: proc, track, thread_id)``; the status is ``"ok"``, the error empty.
+#:
+#: - a send span, 9 values: ``(context, parent_id, start_ns, end_ns, where, adverb, endpoint,
+#:   mesh, ranks)``, ``context`` being its 16-byte trace id and 8-byte span id (what its
+#:   envelopes carry); named ``"ADVERB MESH.ENDPOINT"``, its actor the track;
+#: - a receive span, 7 values: ``(trace, span_id, start_ns, end_ns, where, endpoint, rank)``,
+#:   ``trace`` being the envelope's context (the trace id and the parent's span id); named
+#:   after the endpoint, its actor the track.
+_SEND_ROW: Final = 9
+_RECEIVE_ROW: Final = 7
+
+
+def _row_fields(row: Sequence[Any]) -> tuple[Any, ...]:
+    """``Span``'s first 14 fields (its status ``"ok"``; the attributes as the runtime's lazy
+    tuple, ``_lazy_attributes``) of a row (``_SEND_ROW`` or ``_RECEIVE_ROW`` values);
+    ``ValueError`` if it is neither."""
+    if len(row) == _SEND_ROW:
+        context, parent_id, start_ns, end_ns, where, adverb, endpoint, mesh, ranks = row
+        os_pid, proc, track, thread_id = where
+        return (
+            f"{adverb} {mesh}.{endpoint}", context[:16], context[16:], parent_id, start_ns,
+            end_ns, os_pid, proc, track, thread_id, "ok", "", None,
+            ("send", adverb, endpoint, mesh, ranks, track),
+        )  # fmt: skip
+    if len(row) == _RECEIVE_ROW:
+        trace, span_id, start_ns, end_ns, where, endpoint, rank = row
+        os_pid, proc, track, thread_id = where
+        return (
+            endpoint, trace[:16], span_id, trace[16:], start_ns, end_ns, os_pid, proc, track,
+            thread_id, "ok", "", None, ("receive", track, endpoint, rank),
+        )  # fmt: skip
+    raise ValueError(f"not a span row ({len(row)} values)")
 
 
 def _row_span(row: Span | tuple[Any, ...]) -> Span:
     """The ``Span`` of a pending or recent span (itself), or of a row the runtime's hot path
-    recorded (a tuple in ``Span``'s field order: ``send_traced``, ``_run_traced``)."""
+    recorded (``_row_fields``)."""
     if isinstance(row, Span):
         return row
-    name = row[0]
-    return Span(name if name is not None else _lazy_name(row[13]), *row[1:14])
+    return Span(*_row_fields(row))
 
 
 def _hot_span(
@@ -572,9 +601,9 @@ MAX_UNSENT_BATCHES: Final = 256
 MAX_STORED_SPANS: Final = 16 * DEFAULT_RING_CAPACITY
 MAX_STORED_BYTES: Final = 64 * 1024 * 1024
 
-#: A finished span as the hot path records it: a tuple of ``Span``'s 16 fields in order (the
-#: name ``None`` when the attributes give it), packed exactly as a ``Span`` is (``encode_batch``)
-#: and made a ``Span`` only when read (``_row_span``: ``finished_spans``, ``span_records``).
+#: A finished span as the hot path records it: a row (``_row_fields``), packed as it is
+#: (``encode_batch``) and made a ``Span`` only when read (``_row_span``: ``finished_spans``,
+#: ``span_records``).
 _SpanRow = tuple[Any, ...]
 #: The ring of recent spans, and the finished spans waiting for the shipper: ``Span`` objects
 #: (user spans, and the runtime's while a listener or the OpenTelemetry mirror is set) and rows.
@@ -676,7 +705,7 @@ def encode_batch(spans: Sequence[Span | _SpanRow]) -> bytes:
         rows = []
         for s in spans:
             if not isinstance(s, Span):  # a runtime row: plain values only
-                rows.append([*s[:14], None, None])
+                rows.append(list(s))
                 continue
             row = [*_pack_one(s), None, None]  # as ``Span``'s fields: token and twin left out
             row[12] = _plain(s.attributes)
@@ -686,7 +715,7 @@ def encode_batch(spans: Sequence[Span | _SpanRow]) -> bytes:
 
 
 _Row = tuple[
-    str | None,
+    str,
     bytes,
     bytes,
     bytes,
@@ -703,22 +732,31 @@ _Row = tuple[
     Any,
     Any,
 ]
-_decode_rows = msgspec.msgpack.Decoder(list[_Row]).decode
+_Where = tuple[int, str, str, int]
+_SendRow = tuple[bytes, bytes, int, int, _Where, str, str, str, int]
+_ReceiveRow = tuple[bytes, bytes, int, int, _Where, str, int]
+_ROW_TYPES: Final[dict[int, Any]] = {16: _Row, _SEND_ROW: _SendRow, _RECEIVE_ROW: _ReceiveRow}
+_decode_rows = msgspec.msgpack.Decoder(list[list[Any]]).decode
+_convert = msgspec.convert
 
 
 def decode_batch(data: bytes) -> list[SpanRecord]:
-    """The spans of a packed batch (``encode_batch``); ``ValueError`` if it is not one."""
+    """The spans of a packed batch (``encode_batch``: ``Span``'s 16 fields, or a runtime
+    span's row, ``_row_fields``); ``ValueError`` if it is not one."""
     try:
         rows = _decode_rows(data)
+        typed = [_convert(row, _ROW_TYPES.get(len(row), _Row)) for row in rows]
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"not a packed span batch: {exc}") from exc
     out = []
-    for row in rows:
+    for row in typed:
+        if len(row) != 16:
+            if len(row[0]) != 24:
+                raise ValueError(f"not a packed span batch: a trace context of {len(row[0])} bytes")
+            row = _row_fields(row)
         (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
         thread_id, status, error, attributes, lazy = row[9:14]
         try:
-            if name is None:
-                name = _lazy_name(lazy)
             plain = _plain(attributes if attributes is not None else _lazy_attributes(lazy))
         except (ValueError, TypeError, IndexError) as exc:
             raise ValueError(f"not a packed span batch: attributes {lazy!r}: {exc}") from exc
@@ -1098,14 +1136,19 @@ def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: A
     awaitable, a coroutine that awaits it inside the span (async endpoints). The callable is a
     ``functools.partial`` of a module function (made in C: no closure and no cells per call).
     """
-    if TRACING and (prop is None or getattr(prop, "_instrument", True)):
-        return _partial(_run_traced, cell, envelope, fn)
-    if _metrics.METRICS:
-        return _partial(_run_timed, envelope.endpoint, fn)
+    if (TRACING and (prop is None or getattr(prop, "_instrument", True))) or _metrics.METRICS:
+        return _partial(_run_wrapped, cell, envelope, fn)
     return fn
 
 
 _partial = functools.partial
+
+
+def _run_wrapped(
+    cell: Any, envelope: Envelope, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)`` timed and in a receive span (``wrap_endpoint``'s callable)."""
+    return run_endpoint(cell, envelope, fn, args, kwargs)
 
 
 def run_endpoint(
@@ -1115,36 +1158,72 @@ def run_endpoint(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """``wrap_endpoint(cell, envelope, fn, prop)(*args, **kwargs)`` without making the wrapper
-    (a sync actor's call: ``_runtime.cell``), ``prop`` being the endpoint's property on
-    ``cell`` (``cell.endpoints``)."""
+    """``fn(*args, **kwargs)`` timed while metrics are on, and, while tracing is on (unless
+    the endpoint's property on ``cell`` says ``instrument=False``), in a receive span whose
+    parent is the caller's span (the ids the envelope carries): ``wrap_endpoint(cell, envelope,
+    fn, prop)(*args, **kwargs)`` without making the wrapper (a sync actor's call:
+    ``_runtime.cell``). One frame on the call's path (issue 21: every frame there counts).
+
+    The common traced case (the envelope carries a parent, no OpenTelemetry mirror, no
+    listener, a plain result) makes no ``Span``: the current trace context is the envelope's
+    trace id and a new span id while ``fn`` runs, the clock is read twice (``time.time_ns``: the
+    span's start and end, whose difference is also the endpoint latency metrics record: one
+    clock for both), and the finished span is one plain tuple appended to the pending spans
+    (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
+    (``_run_traced_slow``'s ending)."""
+    elapsed = -1.0
     if TRACING:
         prop = cell.endpoints.get(envelope.endpoint)
         if prop is None or getattr(prop, "_instrument", True):
-            return _run_traced_call(cell, envelope, fn, args, kwargs)
-    if _metrics.METRICS:
-        return _run_timed_call(envelope.endpoint, fn, args, kwargs)
-    return fn(*args, **kwargs)
-
-
-def _run_timed(endpoint: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` with its latency recorded (metrics on, tracing off)."""
-    return _run_timed_call(endpoint, fn, args, kwargs)
-
-
-def _run_timed_call(
-    endpoint: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    """``_run_timed`` with the arguments as they are."""
-    started = _perf_counter()
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        _metrics.record_endpoint(endpoint, started, exc)
-        raise
-    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-        return _await_endpoint(result, endpoint, started, None, True)
-    elapsed = _perf_counter() - started
+            trace = envelope.trace
+            if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
+                return _run_traced_slow(cell, envelope, fn, args, kwargs)
+            span_id = _next_id().to_bytes(8, "big")
+            token = _CURRENT_SPAN.set(trace[:16] + span_id)
+            start_ns = _time_ns()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                _finish_endpoint_ns(
+                    envelope.endpoint,
+                    start_ns,
+                    _receive_span(cell, envelope, span_id, start_ns),
+                    exc,
+                )
+                raise
+            finally:
+                _CURRENT_SPAN.reset(token)
+            if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+                current = _receive_span(cell, envelope, span_id, start_ns)
+                return _await_endpoint(
+                    result, envelope.endpoint, 0.0, current, _metrics.METRICS, True
+                )
+            end_ns = _time_ns()
+            endpoint = envelope.endpoint
+            ident = _get_ident()
+            where = _getattr(cell, "_span_where", None)
+            if where is None or where[3] != ident:  # made once: an actor's calls on one thread
+                label = cell.runtime.label or _process_label
+                where = cell._span_where = (_PID, label, cell.display, ident)
+            _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
+            if len(_pending) >= SHIP_AT:
+                _shipper.kick()
+            if not _metrics.METRICS:
+                return result
+            elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+    if elapsed < 0.0:  # not traced: timed only, while metrics are on
+        if not _metrics.METRICS:
+            return fn(*args, **kwargs)
+        endpoint = envelope.endpoint
+        started = _perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _metrics.record_endpoint(endpoint, started, exc)
+            raise
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            return _await_endpoint(result, endpoint, started, None, True)
+        elapsed = _perf_counter() - started
     log = _metrics._latency_logs.get(endpoint)
     if log is None:
         log = _metrics.latency_log(endpoint)
@@ -1154,72 +1233,8 @@ def _run_timed_call(
     return result
 
 
-def _run_traced(
-    cell: Any, envelope: Envelope, fn: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
-    """``fn(*args, **kwargs)`` in a receive span (``_run_traced_call``)."""
-    return _run_traced_call(cell, envelope, fn, args, kwargs)
-
-
-def _run_traced_call(
-    cell: Any,
-    envelope: Envelope,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """``fn(*args, **kwargs)`` in a receive span whose parent is the caller's span (the ids
-    the envelope carries), timed too while metrics are on.
-
-    The common case (the envelope carries a parent, no OpenTelemetry mirror, no listener, a
-    plain result) makes no ``Span``: the current trace context is the envelope's trace id and
-    a new span id while ``fn`` runs, the clock is read twice (``time.time_ns``: the span's start
-    and end, whose difference is also the endpoint latency metrics record: one clock for both),
-    and the finished span is one plain tuple appended to the pending spans (``send_traced``).
-    An exception or an awaitable result makes the ``Span`` after all (``_run_traced_slow``'s
-    ending)."""
-    trace = envelope.trace
-    if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
-        return _run_traced_slow(cell, envelope, fn, args, kwargs)
-    trace_id = trace[:16]
-    span_id = _next_id().to_bytes(8, "big")
-    token = _CURRENT_SPAN.set(trace_id + span_id)
-    start_ns = _time_ns()
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        _finish_endpoint_ns(
-            envelope.endpoint, start_ns, _receive_span(cell, envelope, span_id, start_ns), exc
-        )
-        raise
-    finally:
-        _CURRENT_SPAN.reset(token)
-    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-        current = _receive_span(cell, envelope, span_id, start_ns)
-        return _await_endpoint(result, envelope.endpoint, 0.0, current, _metrics.METRICS, True)
-    end_ns = _time_ns()
-    endpoint = envelope.endpoint
-    display = cell.display
-    _pending.append(
-        (endpoint, trace_id, span_id, trace[16:], start_ns, end_ns, _PID,
-         cell.runtime.label or _process_label, display, _get_ident(), "ok", "", None,
-         ("receive", display, endpoint, cell.rank), None, None)
-    )  # fmt: skip
-    if len(_pending) >= SHIP_AT:
-        _shipper.kick()
-    if _metrics.METRICS:
-        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
-        log = _metrics._latency_logs.get(endpoint)
-        if log is None:
-            log = _metrics.latency_log(endpoint)
-        log.append(elapsed)
-        if len(log) >= _FOLD_AT or _metrics._MIRROR:
-            _metrics.note_latency(endpoint, log, elapsed)
-    return result
-
-
 def _receive_span(cell: Any, envelope: Envelope, span_id: bytes, start_ns: int) -> Span:
-    """The open receive span ``_run_traced`` did not make (the body raised, or returned an
+    """The open receive span ``run_endpoint`` did not make (the body raised, or returned an
     awaitable): as its fast path would have recorded it."""
     trace, endpoint, display = envelope.trace, envelope.endpoint, cell.display
     return Span(
@@ -1244,7 +1259,7 @@ def _finish_endpoint_ns(
     endpoint: str, start_ns: int, current: Span, exc: BaseException | None
 ) -> None:
     """End the receive span ``current`` (with ``exc`` if the body raised) and, while metrics
-    are on, record the endpoint's latency from the span's own clock (``_run_traced``)."""
+    are on, record the endpoint's latency from the span's own clock (``run_endpoint``)."""
     current._end(exc)
     if _metrics.METRICS:
         end_ns = current.end_ns
@@ -1259,7 +1274,8 @@ def _run_traced_slow(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """``_run_traced`` for an envelope without a parent, or with the OpenTelemetry mirror on."""
+    """``run_endpoint`` traced, for an envelope without a parent, or with the OpenTelemetry
+    mirror or a span listener set."""
     started = _perf_counter()
     endpoint = envelope.endpoint
     display = cell.display
@@ -1296,7 +1312,7 @@ async def _await_endpoint(
 ) -> Any:
     """Await an async endpoint's result inside ``current`` (if any), then end the span and
     record the latency. ``span_clock``: ``current`` started on ``time.time_ns`` and its clock
-    gives the latency (``_run_traced``'s fast path); else ``started`` is a ``perf_counter``."""
+    gives the latency (``run_endpoint``'s fast path); else ``started`` is a ``perf_counter``."""
     token = _CURRENT_SPAN.set(current.trace_id + current.span_id) if current is not None else None
     try:
         result = await awaitable
