@@ -40,6 +40,7 @@ import contextlib
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,14 +74,26 @@ IMPORT_CODE: Final = "import monarch.actor"
 LOOPS: Final = {
     "loop": ("-m", "monarch.actor._attach", "--address", "udp://127.0.0.1:0"),
     "job_host": ("-m", "monarch.job._host", "--listen", "udp://127.0.0.1:0", "--ready-stdout"),
+    "cluster_host": (
+        "-m",
+        "monarch.job._host_worker",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "PORT",
+        "--ready-file",
+        "/dev/stdout",
+    ),
 }
 """The processes measured from exec to listening: the worker loop's documented entry point
-(``run_worker_loop_forever``), and a job's host as ``ProcessJob`` starts it where it cannot
-fork (``SlurmJob``'s ``monarch.job._host_worker`` runs the same worker loop)."""
+(``run_worker_loop_forever``), a job's host as ``ProcessJob`` starts it where it cannot fork,
+and the worker loop of ``SlurmJob``'s and ``KubernetesJob``'s hosts (``PORT``: a free UDP
+port, as ``--port`` must be one; its address goes to stdout through ``--ready-file``)."""
 NAMES: Final = {
     "import": '`python -c "import monarch.actor"`',
     "loop": "worker loop (`-m monarch.actor._attach`) to listening",
     "job_host": "job host (`-m monarch.job._host`) to listening",
+    "cluster_host": "cluster host (`-m monarch.job._host_worker`) to listening",
 }
 NOTES: Final = """\
 What changed in this round (issue 19's SlurmJob target; the earlier round's changes, the
@@ -185,12 +198,19 @@ def run_command(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]
     return cpu, wall
 
 
+def _free_udp_port() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
 def run_loop(env: dict[str, str], case: str = "loop") -> tuple[float, float]:
     """Start the ``LOOPS[case]`` process; (CPU seconds up to its address line, wall seconds to
     that line)."""
+    argv = [_free_udp_port() if arg == "PORT" else arg for arg in LOOPS[case]]
     start = time.perf_counter()
     popen = subprocess.Popen(
-        [sys.executable, *LOOPS[case]],
+        [sys.executable, *argv],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
