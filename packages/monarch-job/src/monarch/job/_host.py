@@ -14,6 +14,7 @@ worker loop's log and the output of the worker processes it starts.
 from __future__ import annotations
 
 import gc
+import sys
 
 # Run with exec (``python -m``: where the client cannot fork its hosts), this process's
 # start-up is on the path of the job's ``apply()``, and importing the stack is most of it: as
@@ -26,7 +27,8 @@ if _STARTING_AS_MAIN:
 
     _window = import_window()
     _window.__enter__()
-    _facade = DeferredPackage("monarch.actor")
+    # (a program's sitecustomize may have imported it: then it is simply there)
+    _facade = None if "monarch.actor" in sys.modules else DeferredPackage("monarch.actor")
 try:
     import argparse
     import asyncio
@@ -35,7 +37,6 @@ try:
     import logging
     import os
     import stat
-    import sys
     from collections.abc import Sequence
 
     from monarch.actor._hosts.attach_daemon import WorkerDaemon, set_spawn_imports
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.forked:
         _forget_the_client()
-    if _STARTING_AS_MAIN:
+    if _STARTING_AS_MAIN and _facade is not None:
         set_spawn_imports(_facade.run)  # monarch.actor's facade on the first Spawn
     if args.netns:
         from chrysalis.node.netns import enter_netns  # only here: shutil, secrets, ipaddress...

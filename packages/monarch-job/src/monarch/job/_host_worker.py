@@ -23,6 +23,7 @@ node's address starts before the stack's imports and runs while they do.
 from __future__ import annotations
 
 import gc
+import sys
 
 # Run as the worker loop (``python -m``), this process's start-up is the critical path of a
 # job's ``apply()``: a cluster's hosts all start it at once, and the client waits for the
@@ -39,7 +40,8 @@ if _STARTING_AS_MAIN:
 
     _window = import_window()
     _window.__enter__()
-    _facade = DeferredPackage("monarch.actor")
+    # (a program's sitecustomize may have imported it: then it is simply there)
+    _facade = None if "monarch.actor" in sys.modules else DeferredPackage("monarch.actor")
 try:
     import argparse
     import contextlib
@@ -47,7 +49,6 @@ try:
     import os
     import socket
     import subprocess
-    import sys
     from collections.abc import Sequence
     from pathlib import Path
 
@@ -157,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port} is not a port")
-    if _STARTING_AS_MAIN:
+    if _STARTING_AS_MAIN and _facade is not None:
         set_spawn_imports(_facade.run)  # monarch.actor's facade on the first Spawn
     address = f"udp://{host_address(args.host, args.slurm_node_addr)}:{args.port}"
     _log.info("host %s: worker loop on %s", socket.gethostname(), address)
