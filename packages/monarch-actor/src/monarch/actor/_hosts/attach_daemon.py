@@ -17,7 +17,10 @@ client adopts):
   A peer that does not chain to those roots cannot complete the QUIC handshake.
 - Workers fork from the daemon's zygote (``zygote``: every module imported, as a client's local
   workers are), unless a custom ``bootstrap_command`` or numactl needs an exec; their stdin is
-  still a pipe the daemon holds.
+  still a pipe the daemon holds. Starting them is ``attach_procs``, which registers itself here
+  (``set_proc_starter``): this module imports nothing of it, so a worker loop entry point can
+  listen and be attached before it imports that and the facade (``set_spawn_imports``: on the
+  first ``Spawn``), which is the critical path of a cluster job's ``apply()``.
 - Process death: the daemon reaps its workers and sends ``Exited``. It SIGKILLs the workers of
   a lost client at once, and the workers watch the daemon through a stdin pipe
   (``--exit-with-stdin``): no worker outlives its host daemon or its client.
