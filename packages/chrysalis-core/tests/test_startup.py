@@ -267,7 +267,7 @@ def test_the_regex_window_patches_re_only_while_it_runs(tmp_path: Path) -> None:
 
 def test_a_damaged_regex_program_is_compiled_again(tmp_path: Path) -> None:
     key = (r"(\d+)-(\w+)", 0)
-    bogus = (32, [1, 2, 3, 999], 1, {}, (None, None))  # _sre refuses this program
+    bogus: tuple[Any, ...] = (32, [1, 2, 3, 999], 1, {}, (None, None))  # _sre refuses it
     data = marshal.dumps({key: bogus, ("x", 0): "not a program"})
     (tmp_path / REGEX_FILE_NAME).write_bytes(_startup._REGEX_FORMAT + data)
     with regex_program_cache(str(tmp_path)) as cache:
@@ -347,7 +347,7 @@ def test_a_deferred_package_runs_its_init_on_first_use_once(
         assert deferred.run() is module
         assert module.VALUE == 42
         assert module.light is light
-        assert builtins._deferred_runs == [name]  # once
+        assert builtins._deferred_runs == [name]  # type: ignore[attr-defined]  # once
         assert "__getattr__" not in vars(module)
         with pytest.raises(AttributeError):
             module.missing  # noqa: B018

@@ -46,7 +46,7 @@ have yet is looked up on it (PEP 562 ``__getattr__``), whichever comes first.
 
 from __future__ import annotations
 
-import _sre
+import _sre  # type: ignore[import-not-found]  # (no stubs: re's engine)
 import builtins
 import contextlib
 import dataclasses
