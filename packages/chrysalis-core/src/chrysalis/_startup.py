@@ -98,20 +98,7 @@ class DataclassCodeCache:
         self._used: dict[str, CodeType] = {}
 
     def _read(self) -> dict[str, CodeType]:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
-        except OSError:
-            return {}
-        head = _FORMAT + MAGIC_NUMBER
-        if len(data) > MAX_FILE_BYTES or not data.startswith(head):
-            return {}
-        try:
-            loaded = marshal.loads(data[len(head) :])
-        except (EOFError, ValueError, TypeError):
-            return {}
-        if not isinstance(loaded, dict):
-            return {}
+        loaded = _read_file(self.path, _FORMAT + MAGIC_NUMBER)
         return {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, CodeType)}
 
     def exec(
@@ -138,24 +125,49 @@ class DataclassCodeCache:
 
     def save(self) -> bool:
         """Write the file (atomically) if this process compiled something new; True if it did."""
-        if not self.misses or sys.dont_write_bytecode:
+        if not self.misses:
             return False
-        entries = dict(self._used)
-        for source, code in self._known.items():
-            if len(entries) >= MAX_ENTRIES:
-                break
-            entries.setdefault(source, code)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(_FORMAT + MAGIC_NUMBER + marshal.dumps(entries))
-            os.replace(tmp, self.path)
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            return False
-        return True
+        return _write_file(self.path, _FORMAT + MAGIC_NUMBER, self._used, self._known)
+
+
+def _read_file(path: str, head: bytes) -> dict[Any, Any]:
+    """The dict a cache file holds after its ``head``; empty when the file is missing, too
+    large, foreign (another head) or damaged."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError:
+        return {}
+    if len(data) > MAX_FILE_BYTES or not data.startswith(head):
+        return {}
+    try:
+        loaded = marshal.loads(data[len(head) :])
+    except (EOFError, ValueError, TypeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _write_file(path: str, head: bytes, used: dict[Any, Any], known: dict[Any, Any]) -> bool:
+    """Write a cache file atomically: the entries this process used, then others it knew, at
+    most ``MAX_ENTRIES``; none when byte code is not written. True if it was written."""
+    if sys.dont_write_bytecode:
+        return False
+    entries = dict(used)
+    for key, value in known.items():
+        if len(entries) >= MAX_ENTRIES:
+            break
+        entries.setdefault(key, value)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(head + marshal.dumps(entries))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True
 
 
 last: DataclassCodeCache | None = None
@@ -203,18 +215,7 @@ class RegexProgramCache:
         self._used: dict[tuple[str | bytes, int], _Program] = {}
 
     def _read(self) -> dict[tuple[str | bytes, int], _Program]:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
-        except OSError:
-            return {}
-        if len(data) > MAX_FILE_BYTES or not data.startswith(_REGEX_FORMAT):
-            return {}
-        try:
-            loaded = marshal.loads(data[len(_REGEX_FORMAT) :])
-        except (EOFError, ValueError, TypeError):
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
+        return _read_file(self.path, _REGEX_FORMAT)  # an entry is checked when it is used
 
     def compile(self, pattern: Any, flags: int = 0) -> Any:
         """``re._compiler.compile(pattern, flags)``, a string pattern's program made once across
@@ -250,24 +251,9 @@ class RegexProgramCache:
 
     def save(self) -> bool:
         """Write the file (atomically) if this process compiled something new; True if it did."""
-        if not self.misses or sys.dont_write_bytecode:
+        if not self.misses:
             return False
-        entries = dict(self._used)
-        for key, program in self._known.items():
-            if len(entries) >= MAX_ENTRIES:
-                break
-            entries.setdefault(key, program)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(_REGEX_FORMAT + marshal.dumps(entries))
-            os.replace(tmp, self.path)
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            return False
-        return True
+        return _write_file(self.path, _REGEX_FORMAT, self._used, self._known)
 
 
 _compile_program = re._compiler.compile  # type: ignore[attr-defined]
