@@ -40,6 +40,7 @@ import contextlib
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,62 +74,59 @@ IMPORT_CODE: Final = "import monarch.actor"
 LOOPS: Final = {
     "loop": ("-m", "monarch.actor._attach", "--address", "udp://127.0.0.1:0"),
     "job_host": ("-m", "monarch.job._host", "--listen", "udp://127.0.0.1:0", "--ready-stdout"),
+    "cluster_host": (
+        "-m",
+        "monarch.job._host_worker",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "PORT",
+        "--ready-file",
+        "/dev/stdout",
+    ),
 }
 """The processes measured from exec to listening: the worker loop's documented entry point
-(``run_worker_loop_forever``), and a job's host as ``ProcessJob`` starts it where it cannot
-fork (``SlurmJob``'s ``monarch.job._host_worker`` runs the same worker loop)."""
+(``run_worker_loop_forever``), a job's host as ``ProcessJob`` starts it where it cannot fork,
+and the worker loop of ``SlurmJob``'s and ``KubernetesJob``'s hosts (``PORT``: a free UDP
+port, as ``--port`` must be one; its address goes to stdout through ``--ready-file``)."""
 NAMES: Final = {
     "import": '`python -c "import monarch.actor"`',
     "loop": "worker loop (`-m monarch.actor._attach`) to listening",
     "job_host": "job host (`-m monarch.job._host`) to listening",
+    "cluster_host": "cluster host (`-m monarch.job._host_worker`) to listening",
 }
 NOTES: Final = """\
-What changed in this round (issue 19's SlurmJob target; the earlier round's changes, the
-cyclic collector paused and frozen around a worker's imports and `importlib.metadata` only on
-an entry-point lookup, stay):
+What changed in this round (issue 19's SlurmJob target, third round; the earlier rounds'
+changes stay: the cyclic collector paused and frozen around a worker's imports,
+`importlib.metadata` only on an entry-point lookup, dataclass methods compiled once across
+processes, aioquic's verification-only imports deferred, no IDNA codec at start):
 
-- **Dataclass methods compiled once across processes** (`chrysalis._startup`): making the
-  stack's 190 dataclasses took about 87 ms of a worker's CPU, two thirds of it `exec`
-  compiling 1,029 generated method sources one at a time. The worker entry points
-  (`monarch.actor._attach`, `._worker`, `monarch.job._host`, `._host_worker`) now import the
-  stack with `dataclasses` compiling through a cache of code objects keyed by the complete
-  source, kept in a file beside the byte-code caches (`sys.pycache_prefix`, else
-  `chrysalis/__pycache__`; 0.9 MB; written by the first start that compiled something new,
-  like a `.pyc`; not when byte code is not written). With it the dataclasses cost about 24 ms
-  (5 ms of it reading the file). The classes are the same: only the compilation is saved
-  (`chrysalis-core/tests/test_startup.py` compares classes made with and without it).
-  Programs that import the stack themselves are untouched.
-- **aioquic's verification-only imports deferred** (`chrysalis.quic._engines._aioquic_tls`):
-  `aioquic.tls` imports service_identity (with pyOpenSSL, attrs, idna), `OpenSSL.crypto` and
-  certifi at its top for `verify_certificate`, which neither engine ever calls (`CERT_NONE`:
-  the endpoint checks peers itself). They now load on first use instead; a program that
-  imported them before keeps its own. This also cuts `import monarch.actor` in any process.
-- **No IDNA codec at start**: `socket.getaddrinfo` with a `str` host loads
-  `encodings.idna` (with stringprep and unicodedata, about 7 ms of CPU); the worker loop's
-  address resolution and the Slurm worker's report now pass ASCII names as bytes.
-  `monarch.job._host` imports `chrysalis.node.netns` only with `--netns`.
+- **A cluster host listens before it imports `monarch.actor`'s facade.** Importing any
+  submodule of `monarch.actor` runs its `__init__`, the whole facade (runtime, meshes, the
+  client's host meshes, telemetry), and the worker daemon itself imported what starting
+  workers needs (the zygote, worker groups, and through them most of the runtime): none of it
+  is needed to listen and be attached, which is all a ready `HostMesh` waits for. The daemon's
+  spawn half moved to `_hosts.attach_procs` (it registers itself with `attach_daemon` when
+  imported), and `monarch.job._host_worker` (Slurm's and Kubernetes' hosts) and
+  `monarch.job._host` (a `ProcessJob` host started with exec) put `monarch.actor` into
+  `sys.modules` with its `__init__` not run yet (`chrysalis._startup.DeferredPackage`) and run
+  it on the daemon's first `Spawn` (`attach_daemon.set_spawn_imports`), on the spawning thread,
+  before its zygote forks. Other programs, `python -m monarch.actor._attach` and
+  `monarch.actor._worker` import the facade as before.
+- **Regular expressions compiled once across processes** (`chrysalis._startup`): the standard
+  library, cryptography and the stack compile about 55 patterns while a worker loop imports
+  (cryptography's `x509.name` alone 5 ms); the worker entry points' import window
+  (`import_window`: the collector paused, the dataclass cache, and now a cache of each
+  pattern's engine program beside it, `regex-code.<tag>.bin`) makes them from the file.
 
 `tests/test_start_cost.py` (monarch-actor) and `tests/test_host_start.py` (monarch-job) run
 each worker entry point under `-X importtime` until it prints its address and fail if any of
-the modules it must not import by then was imported (service_identity, pyOpenSSL, certifi,
-the IDNA codec, cloudpickle, torch, the CLIs, sqlite, trio, ...), and check that it wrote the
-dataclass code cache.
-
-Where a job host's CPU time to listening goes now (this tree; `-X importtime`, the least self
-time of each module over 7 runs: about 206 ms of imports): the standard library 39% (asyncio,
-ssl, logging, concurrent.futures, inspect, ...), cryptography 16% (`x509.name` alone 13 ms:
-regular expressions compiled when its module loads), chrysalis.nameserver 9%, aioquic 6%,
-chrysalis.core 6%, chrysalis.quic 6%, the monarch.actor layers 11% together, chrysalis.datagram
-2%, msgspec and pluggy 2%. By layer (CPU time, one process, imports in order): the standard
-library's base about 40 ms, the Chrysalis stack with cryptography and aioquic about 125 ms,
-`monarch.actor`'s facade on top about 57 ms. After the imports: the TLS identity (one P-256
-key and one signature: about 10 ms), the node's start, argument parsing. A checkout on
-`PYTHONPATH` (twelve `src` folders) costs about 10 ms more than the same modules in one folder,
-as an installation has them (measured side by side). The next levers, not pulled here: a
-worker loop that listens before importing `monarch.actor`'s runtime and meshes (the daemon's
-facade import is about a quarter of its imports, but its zygote is forked from it warm), and
-chrysalis.nameserver's dataclasses. The `import monarch.actor` row includes the interpreter's
-exit; the worker rows end at listening.
+the modules it must not import by then was imported (for the job hosts now also the runtime,
+the meshes, the transports, `attach_procs`, worker groups and the zygote), and check that both
+caches were written; monarch-job's `test_host_worker.py` checks that the facade ran only on
+first use, and `test_process_job.py`/`test_kubernetes.py` spawn through such hosts.
+The `import monarch.actor` row includes the interpreter's exit; the worker rows end at
+listening.
 """
 
 
@@ -185,12 +183,19 @@ def run_command(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]
     return cpu, wall
 
 
+def _free_udp_port() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
 def run_loop(env: dict[str, str], case: str = "loop") -> tuple[float, float]:
     """Start the ``LOOPS[case]`` process; (CPU seconds up to its address line, wall seconds to
     that line)."""
+    argv = [_free_udp_port() if arg == "PORT" else arg for arg in LOOPS[case]]
     start = time.perf_counter()
     popen = subprocess.Popen(
-        [sys.executable, *LOOPS[case]],
+        [sys.executable, *argv],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of scripts, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.slurm_apply import HEADING, SKIPPED, summarize  # noqa: E402
+from benchmarks.slurm_apply import HEADING, SKIPPED, _round_rows, summarize  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "slurm_apply.py"
 
@@ -53,3 +53,19 @@ def test_the_summary_takes_medians_and_the_spread_of_the_ratios() -> None:
     assert figures["ratio_ready"] == 2.0
     assert figures["ratio_ready_range"] == [1.0, 3.0]
     assert figures["rounds"] == 3
+
+
+def test_the_report_lists_every_round_and_counts_those_over_the_target() -> None:
+    rows = [
+        {
+            "round": i + 1, "order": "ours,ref", "load_before_ours": 3.0,
+            "ours_ready": o, "ref_ready": r, "ratio_ready": o / r,
+            "ours_first_call": o + 1, "ref_first_call": r + 1,
+            "ratio_first_call": (o + 1) / (r + 1),
+        }
+        for i, (o, r) in enumerate([(2.0, 1.0), (1.0, 2.0), (1.5, 3.0)])
+    ]  # fmt: skip
+    lines = _round_rows(rows)
+    assert "ready over 1.0x in 1 of 3" in lines[1]
+    assert [line.split(" | ")[4] for line in lines[-3:]] == ["2.00x", "0.50x", "0.50x"]
+    assert _round_rows([{"round": 1, "ours_ready": 1.0}]) == []  # no reference: no rows

@@ -1,11 +1,16 @@
-"""``chrysalis._startup``: dataclasses made through the code cache are the same as without it,
-the cache is kept across processes (a file), and a damaged file is only an empty cache."""
+"""``chrysalis._startup``: dataclasses and regular expressions made through the caches are the
+same as without them, the caches are kept across processes (files), a damaged file or entry is
+only a miss; the import window; a package whose ``__init__`` is deferred."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import importlib
 import inspect
+import marshal
 import pickle
+import re
 import sys
 import types
 from importlib.util import MAGIC_NUMBER
@@ -15,7 +20,16 @@ from typing import Any
 import pytest
 
 from chrysalis import _startup
-from chrysalis._startup import FILE_NAME, DataclassCodeCache, dataclass_code_cache
+from chrysalis._startup import (
+    FILE_NAME,
+    REGEX_FILE_NAME,
+    DataclassCodeCache,
+    DeferredPackage,
+    RegexProgramCache,
+    dataclass_code_cache,
+    import_window,
+    regex_program_cache,
+)
 
 # Classes covering what dataclasses generates: defaults, factories, keyword-only fields,
 # InitVar and __post_init__, ClassVar, inheritance, order, frozen with slots, unsafe_hash.
@@ -188,3 +202,164 @@ def test_an_unwritable_directory_is_skipped(tmp_path: Path) -> None:
         _make(cache)
     assert cache.misses > 0
     assert not cache.save()
+
+
+# Regular expressions covering what the compiler generates: literals and classes, named and
+# numbered groups, back references, look-arounds, conditionals, possessive and lazy repeats,
+# inline and given flags (case folding beyond ASCII, verbose, multi-line, ASCII), bytes.
+PATTERNS: list[tuple[str | bytes, int]] = [
+    (r"(?P<key>[A-Za-z_]\w*)\s*=\s*(?P<value>\"[^\"]*\"|\d+)", 0),
+    (r"^(\d{1,3})(?:\.(\d{1,3})){3}$", 0),
+    (r"(?i)stra(ss|ß)e", 0),
+    (r"(?<=@)\w+(?=\.)", 0),
+    (r"(<)?(\w+@\w+(?:\.\w+)+)(?(1)>|$)", 0),
+    (r"(a+?)(b*+)\1", 0),
+    (r"  \d+  # digits\n  [a-f]*  # hex", re.VERBOSE),
+    (r"^\s*#.*$", re.MULTILINE | re.IGNORECASE),
+    (r"\w+", re.ASCII),
+    (rb"[\x00-\x1f]+|(?P<word>[a-z]+)", re.IGNORECASE),
+]
+SAMPLES = ["name = \"v\"", "10.0.0.255", "STRASSE Straße", "me@host.org", "<a@b.c>", "aabbaa",
+           "12abc", "  # comment\nx", "héllo world", "ünï"]  # fmt: skip
+
+
+def _behaviour(compiled: list[re.Pattern[Any]]) -> list[Any]:
+    out: list[Any] = []
+    for pattern in compiled:
+        out.append((pattern.pattern, pattern.flags, pattern.groups, dict(pattern.groupindex)))
+        for sample in SAMPLES:
+            text: Any = sample.encode() if isinstance(pattern.pattern, bytes) else sample
+            out.append([(*m.groups(), m.span()) for m in pattern.finditer(text)])
+    return out
+
+
+def _compile_all(cache: RegexProgramCache | None) -> list[re.Pattern[Any]]:
+    compile_ = _startup._compile_program if cache is None else cache.compile
+    return [compile_(pattern, flags) for pattern, flags in PATTERNS]
+
+
+def test_patterns_made_through_the_regex_cache_are_the_same_as_without_it(tmp_path: Path) -> None:
+    plain = _behaviour(_compile_all(None))
+    with regex_program_cache(str(tmp_path)) as cold:
+        through_cold = _behaviour(_compile_all(cold))
+    with regex_program_cache(str(tmp_path)) as warm:
+        through_warm = _behaviour(_compile_all(warm))
+    assert (cold.misses, cold.hits) == (len(PATTERNS), 0)
+    assert (warm.misses, warm.hits) == (0, len(PATTERNS))  # every program came from the file
+    assert through_cold == plain
+    assert through_warm == plain
+
+
+def test_the_regex_window_patches_re_only_while_it_runs(tmp_path: Path) -> None:
+    compiler: Any = re._compiler  # type: ignore[attr-defined]
+    with regex_program_cache(str(tmp_path / "outer")) as outer:
+        assert compiler.compile == outer.compile
+        with regex_program_cache(str(tmp_path / "inner")) as inner:
+            re.compile(r"only-in-this-test-(\d+)x")  # through re's own per-process cache
+        assert compiler.compile == outer.compile
+    assert compiler.compile is _startup._compile_program
+    assert _startup.last_regex is outer
+    assert outer.misses == 1
+    assert inner.misses == inner.hits == 0
+    assert (tmp_path / "outer" / REGEX_FILE_NAME).exists()
+    assert not (tmp_path / "inner").exists()
+
+
+def test_a_damaged_regex_program_is_compiled_again(tmp_path: Path) -> None:
+    key = (r"(\d+)-(\w+)", 0)
+    bogus: tuple[Any, ...] = (32, [1, 2, 3, 999], 1, {}, (None, None))  # _sre refuses it
+    data = marshal.dumps({key: bogus, ("x", 0): "not a program"})
+    (tmp_path / REGEX_FILE_NAME).write_bytes(_startup._REGEX_FORMAT + data)
+    with regex_program_cache(str(tmp_path)) as cache:
+        pattern = cache.compile(*key)
+        other = cache.compile("x", 0)
+    assert pattern.match("12-ab") is not None
+    assert pattern.match("12-ab").groups() == ("12", "ab")
+    assert other.match("x") is not None
+    assert (cache.hits, cache.misses) == (0, 2)
+    assert RegexProgramCache(str(tmp_path))._read()[key] != bogus  # replaced
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"junk", b"chrysalis-regex-code-1 another-python\n" + marshal.dumps({}), b"\xe9"],
+)
+def test_a_foreign_regex_file_is_an_empty_cache(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / REGEX_FILE_NAME).write_bytes(content)
+    assert RegexProgramCache(str(tmp_path))._read() == {}
+
+
+def test_the_import_window_pauses_collection_caches_and_freezes(tmp_path: Path) -> None:
+    assert gc.isenabled()
+    before = gc.get_freeze_count()
+    try:
+        with import_window():
+            assert not gc.isenabled()
+            assert "exec" in vars(dataclasses)
+            assert re._compiler.compile is not _startup._compile_program  # type: ignore[attr-defined]
+            kept = [object() for _ in range(100)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(kept)
+        gc.disable()
+        with import_window():  # the collector was off: left off, nothing frozen
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def _package(tmp_path: Path, name: str) -> Path:
+    """A package whose ``__init__`` counts its runs and imports a submodule; a second
+    submodule that imports nothing of it."""
+    root = tmp_path / name
+    root.mkdir()
+    (root / "__init__.py").write_text(
+        "import builtins\n"
+        "builtins.__dict__.setdefault('_deferred_runs', []).append(__name__)\n"
+        f"from {name}.inner import VALUE\n"
+        "NAME = 'facade'\n"
+    )
+    (root / "inner.py").write_text("VALUE = 42\n")
+    (root / "light.py").write_text("LIGHT = 1\n")
+    return root
+
+
+def test_a_deferred_package_runs_its_init_on_first_use_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+
+    name = f"deferred_probe_{len(sys.modules)}"
+    _package(tmp_path, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(builtins, "_deferred_runs", [], raising=False)
+    deferred = DeferredPackage(name)
+    try:
+        light = importlib.import_module(f"{name}.light")  # a submodule: the __init__ waits
+        exec(f"from {name} import inner", {})  # a submodule by name: it waits too
+        assert light.LIGHT == 1
+        assert builtins._deferred_runs == []  # type: ignore[attr-defined]
+        assert not deferred.done
+        module = sys.modules[name]
+        assert module.NAME == "facade"  # a name it lacks: the __init__ runs
+        assert builtins._deferred_runs == [name]  # type: ignore[attr-defined]
+        assert deferred.run() is module
+        assert module.VALUE == 42
+        assert module.light is light
+        assert builtins._deferred_runs == [name]  # type: ignore[attr-defined]  # once
+        assert "__getattr__" not in vars(module)
+        with pytest.raises(AttributeError):
+            module.missing  # noqa: B018
+        with pytest.raises(RuntimeError, match="imported already"):
+            DeferredPackage(name)
+    finally:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[loaded]
+
+
+def test_only_a_findable_package_can_be_deferred() -> None:
+    with pytest.raises(ImportError):
+        DeferredPackage("no_such_package_anywhere")
+    with pytest.raises(RuntimeError):
+        DeferredPackage("json")  # imported already

@@ -89,18 +89,24 @@ def test_the_worker_loop_imports_only_what_it_needs_with_collection_back_on() ->
         "    code = exc.code\n"
         f"heavy = [m for m in {NOT_FOR_THE_WORKER_LOOP!r} if m in sys.modules]\n"
         "facts = [code, heavy, gc.isenabled(), gc.get_freeze_count() > 1000]\n"
-        "print(json.dumps([*facts, 'monarch.actor' in sys.modules]))\n"
+        "facade = sys.modules['monarch.actor']\n"
+        "loop = 'monarch.actor._hosts.attach_daemon' in sys.modules\n"
+        "deferred = loop and 'Actor' not in vars(facade)\n"
+        "print(json.dumps([*facts, deferred, facade.Actor.__module__]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
     )
     assert "is not a port" in done.stderr
-    code, heavy, collecting, frozen, actor = json.loads(done.stdout.strip().splitlines()[-1])
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    code, heavy, collecting, frozen, deferred, actor_module = facts
     assert code == 2
     assert heavy == []
     assert collecting is True  # off only while importing
     assert frozen is True  # what the imports made is out of later collections
-    assert actor is True  # the worker loop itself
+    # the worker loop itself, without monarch.actor's facade: that runs on first use
+    assert deferred is True
+    assert actor_module == "monarch.actor"
 
 
 def test_an_exec_started_job_host_imports_with_collection_paused_then_frozen() -> None:

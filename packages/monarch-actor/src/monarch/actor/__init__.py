@@ -45,15 +45,15 @@ def _dash_m_module() -> str | None:
 # before it is back on, else the first full collection walks all of it. About a fifteenth of
 # a worker loop's CPU time to listening (benchmarks/worker_start.py); ``monarch.job``'s host
 # worker does the same around its own imports.
-# The methods of the stack's dataclasses are compiled once across such processes too
-# (``chrysalis._startup``: about a fifth of the imports' CPU time).
+# The methods of the stack's dataclasses and its regular expressions are compiled once across
+# such processes too (``chrysalis._startup.import_window``: about a fifth and a tenth of the
+# imports' CPU time).
 _STARTING_AS_ENTRY_POINT = _gc.isenabled() and _dash_m_module() in _ENTRY_POINTS
 if _STARTING_AS_ENTRY_POINT:
-    _gc.disable()
-    from chrysalis._startup import dataclass_code_cache as _dataclass_code_cache
+    from chrysalis._startup import import_window as _import_window
 
-    _code_cache = _dataclass_code_cache()
-    _code_cache.__enter__()
+    _window = _import_window()
+    _window.__enter__()
 try:
     from monarch.actor import config
     from monarch.actor._base.actor import Actor
@@ -72,6 +72,7 @@ try:
     from monarch.actor._base.shape import Extent, MeshTrait, Point, Region, Shape, Slice
     from monarch.actor._base.uid import Uid
     from monarch.actor._base.value_mesh import ValueMesh
+    from monarch.actor._hosts import attach_procs as _attach_procs  # noqa: F401  (workers' start)
     from monarch.actor._hosts import worker as _worker_main  # noqa: F401  (for the zygote's forks)
     from monarch.actor._hosts.agent import get_or_spawn_controller
     from monarch.actor._hosts.attach_daemon import (
@@ -116,9 +117,7 @@ try:
     )
 finally:
     if _STARTING_AS_ENTRY_POINT:
-        _code_cache.__exit__(None, None, None)
-        _gc.freeze()
-        _gc.enable()
+        _window.__exit__(None, None, None)
 
 __all__ = [
     "Accumulator",

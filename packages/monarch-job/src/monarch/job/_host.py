@@ -14,20 +14,21 @@ worker loop's log and the output of the worker processes it starts.
 from __future__ import annotations
 
 import gc
+import sys
 
 # Run with exec (``python -m``: where the client cannot fork its hosts), this process's
 # start-up is on the path of the job's ``apply()``, and importing the stack is most of it: as
-# in ``_host_worker``, collection is off while importing (the imports make long-lived objects
-# only) and what they made is frozen before it is back on. Imported (a forked host, tests),
-# nothing changes.
+# in ``_host_worker``, it imports what listening needs in an import window
+# (``chrysalis._startup.import_window``) and ``monarch.actor``'s facade only on the first
+# ``Spawn``. Imported (a forked host, tests), nothing changes.
 _STARTING_AS_MAIN = __name__ == "__main__" and gc.isenabled()
 if _STARTING_AS_MAIN:
-    gc.disable()
-    # and the stack's dataclass methods compiled once across hosts (``chrysalis._startup``)
-    from chrysalis._startup import dataclass_code_cache
+    from chrysalis._startup import DeferredPackage, import_window
 
-    _code_cache = dataclass_code_cache()
-    _code_cache.__enter__()
+    _window = import_window()
+    _window.__enter__()
+    # (a program's sitecustomize may have imported it: then it is simply there)
+    _facade = None if "monarch.actor" in sys.modules else DeferredPackage("monarch.actor")
 try:
     import argparse
     import asyncio
@@ -36,18 +37,14 @@ try:
     import logging
     import os
     import stat
-    import sys
     from collections.abc import Sequence
 
-    from monarch.actor._hosts.attach_daemon import WorkerDaemon
+    from monarch.actor._hosts.attach_daemon import WorkerDaemon, set_spawn_imports
     from monarch.actor._hosts.attach_protocol import _ca_directory, _udp_address
-    from monarch.actor._runtime import logging as runtime_logging
     from monarch.config import _registry as _config
 finally:
     if _STARTING_AS_MAIN:
-        _code_cache.__exit__(None, None, None)
-        gc.freeze()
-        gc.enable()
+        _window.__exit__(None, None, None)
 
 __all__ = ["main"]
 
@@ -81,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.forked:
         _forget_the_client()
+    if _STARTING_AS_MAIN and _facade is not None:
+        set_spawn_imports(_facade.run)  # monarch.actor's facade on the first Spawn
     if args.netns:
         from chrysalis.node.netns import enter_netns  # only here: shutil, secrets, ipaddress...
 
@@ -118,6 +117,10 @@ def _forget_the_client() -> None:
     """Begin as an exec'd host would, in a process forked from a client: its own session
     (``ProcessJob.kill`` ends it whole), configuration only from the environment, and none of
     the client's exit handlers (its atexit would end *this* process's job)."""
+    # forked from a client: its runtime is imported already (a host started with exec
+    # imports none of it before listening)
+    from monarch.actor._runtime import logging as runtime_logging
+
     os.setsid()
     _config.clear_runtime_config()
     runtime_logging.uninstall_system_logging()

@@ -23,22 +23,25 @@ node's address starts before the stack's imports and runs while they do.
 from __future__ import annotations
 
 import gc
+import sys
 
 # Run as the worker loop (``python -m``), this process's start-up is the critical path of a
 # job's ``apply()``: a cluster's hosts all start it at once, and the client waits for the
-# slowest. The stack's imports allocate many long-lived objects, whose collections find no
-# garbage: collection is off while importing, and what the imports made goes into the
-# permanent generation (``gc.freeze``) before it is back on, else the first collection walks
-# all of it (together about a seventh of the start-up's CPU time here). ``monarch.job`` itself
-# imports nothing. Imported as a module (tests), nothing changes.
+# slowest. So it imports only what listening and a client's attach need: ``monarch.actor``'s
+# facade (and with it the runtime, the meshes and what starting workers needs: about a fifth
+# of the imports) is deferred to the first ``Spawn`` (``chrysalis._startup.DeferredPackage``,
+# ``attach_daemon.set_spawn_imports``), off the path to a ready mesh. The imports run in an
+# import window (``chrysalis._startup.import_window``: the cyclic collector paused, the stack's
+# dataclass methods compiled once across hosts, what the imports made frozen after).
+# ``monarch.job`` itself imports nothing. Imported as a module (tests), nothing changes.
 _STARTING_AS_MAIN = __name__ == "__main__" and gc.isenabled()
 if _STARTING_AS_MAIN:
-    gc.disable()
-    # and the stack's dataclass methods compiled once across hosts (``chrysalis._startup``)
-    from chrysalis._startup import dataclass_code_cache
+    from chrysalis._startup import DeferredPackage, import_window
 
-    _code_cache = dataclass_code_cache()
-    _code_cache.__enter__()
+    _window = import_window()
+    _window.__enter__()
+    # (a program's sitecustomize may have imported it: then it is simply there)
+    _facade = None if "monarch.actor" in sys.modules else DeferredPackage("monarch.actor")
 try:
     import argparse
     import contextlib
@@ -46,7 +49,6 @@ try:
     import os
     import socket
     import subprocess
-    import sys
     from collections.abc import Sequence
     from pathlib import Path
 
@@ -74,14 +76,16 @@ try:
 
     _node_query = _start_node_query(sys.argv[1:]) if _STARTING_AS_MAIN else None
 
-    from monarch.actor import run_worker_loop_forever, start_worker_loop_forever
+    from monarch.actor._hosts.attach_daemon import (
+        run_worker_loop_forever,
+        set_spawn_imports,
+        start_worker_loop_forever,
+    )
     from monarch.job._report import send_report
     from monarch.job._slurm_text import REPORT_ENV, WorkerReport, node_addrs
 finally:
     if _STARTING_AS_MAIN:
-        _code_cache.__exit__(None, None, None)
-        gc.freeze()
-        gc.enable()
+        _window.__exit__(None, None, None)
 
 _log = logging.getLogger("monarch.job.worker")
 
@@ -154,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port} is not a port")
+    if _STARTING_AS_MAIN and _facade is not None:
+        set_spawn_imports(_facade.run)  # monarch.actor's facade on the first Spawn
     address = f"udp://{host_address(args.host, args.slurm_node_addr)}:{args.port}"
     _log.info("host %s: worker loop on %s", socket.gethostname(), address)
     report_to = os.environ.get(REPORT_ENV)

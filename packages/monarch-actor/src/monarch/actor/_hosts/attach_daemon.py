@@ -17,7 +17,10 @@ client adopts):
   A peer that does not chain to those roots cannot complete the QUIC handshake.
 - Workers fork from the daemon's zygote (``zygote``: every module imported, as a client's local
   workers are), unless a custom ``bootstrap_command`` or numactl needs an exec; their stdin is
-  still a pipe the daemon holds.
+  still a pipe the daemon holds. Starting them is ``attach_procs``, which registers itself here
+  (``set_proc_starter``): this module imports nothing of it, so a worker loop entry point can
+  listen and be attached before it imports that and the facade (``set_spawn_imports``: on the
+  first ``Spawn``), which is the critical path of a cluster job's ``apply()``.
 - Process death: the daemon reaps its workers and sends ``Exited``. It SIGKILLs the workers of
   a lost client at once, and the workers watch the daemon through a stdin pipe
   (``--exit-with-stdin``): no worker outlives its host daemon or its client.
@@ -43,7 +46,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -78,23 +80,6 @@ from monarch.actor._hosts.attach_protocol import (
     _udp_address,
     spawn_problem,
 )
-from monarch.actor._hosts.commands import (
-    exec_spec,
-    source_ip_toward,
-    spawn_timeout,
-    worker_command,
-)
-from monarch.actor._hosts.groups import (
-    FORKED_WORKER,
-    OutputForwarder,
-    _zygote,
-    check_spawn_method,
-    copy_to_stderr,
-    forward_output,
-    read_worker_pids,
-)
-from monarch.actor._hosts.zygote import Zygote, ZygoteUnavailableError
-from monarch.actor._runtime.logging import rank_prefix
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
@@ -110,6 +95,30 @@ __all__ = [
 ]
 
 _log = logging.getLogger("monarch.actor.attach.daemon")
+
+#: Starts the workers of a checked ``Spawn`` on a thread: ``attach_procs.start_procs``, set by
+#: that module when it is imported (``set_proc_starter``). Not imported from here: what starting
+#: workers needs (the zygote, worker groups, most of the stack above the node) is not needed
+#: to listen and be attached, which is the critical path of a cluster job's ``apply()``.
+ProcStarter = Callable[[Path, "Pid", Hello, Spawn], list["_DaemonProc"]]
+_proc_starter: ProcStarter | None = None
+#: Imports what registers the starter, called on a thread before the first ``Spawn`` when none
+#: is registered (``set_spawn_imports``; the facade's import registers it, so only a worker
+#: loop entry point that listened before importing the facade sets this).
+_spawn_imports: Callable[[], object] | None = None
+
+
+def set_proc_starter(starter: ProcStarter) -> None:
+    """Register how this process's worker daemons start workers (``attach_procs``)."""
+    global _proc_starter
+    _proc_starter = starter
+
+
+def set_spawn_imports(load: Callable[[], object] | None) -> None:
+    """Register the import that makes this process able to start workers (its first ``Spawn``
+    runs it, on a thread, unless a starter is registered by then); None: none."""
+    global _spawn_imports
+    _spawn_imports = load
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,81 +286,16 @@ class WorkerDaemon:
         )
 
     def _start_procs(self, peer: Pid, hello: Hello, request: Spawn) -> list[_DaemonProc]:
-        """Start the workers of a checked ``request`` (``spawn_problem``) as the client starts
-        local ones: a custom command runs with the worker's options in
-        ``MONARCH_WORKER_ARGV``, numactl (found on this host) prefixes it."""
-        labels = list(request.labels)
-        client_ip = hello.address.removeprefix("udp://").rpartition(":")[0]
-        listen = f"udp://{source_ip_toward(client_ip)}:0"
-        popens: list[Any] = []  # subprocess.Popen, or ZygoteProcess
-        env = dict(os.environ)
-        if hello.force_quic:  # every process of the program takes the same path
-            env["MONARCH_FORCE_QUIC"] = "1"
-        prefixes: list[list[str]] = [[] for _ in labels]
-        if request.numactl is not None and any(request.numactl):
-            numactl = shutil.which("numactl")
-            if numactl is None:
-                keys = sorted({o.split("=")[0][2:] for opts in request.numactl for o in opts})
-                raise RuntimeError(
-                    f"proc_bind {', '.join(keys)} needs numactl, which is not installed on "
-                    f"host {socket.gethostname()} (a 'cpus' binding needs no tool)"
-                )
-            prefixes = [[numactl, *options] if options else [] for options in request.numactl]
-        # Workers fork from this host's zygote (every module imported), as a client's local
-        # workers do, unless a custom command or numactl needs an exec.
-        zygote = _zygote() if check_spawn_method() == "zygote" else None
-        for rank, label in enumerate(labels):
-            command = worker_command(
-                parent=hello.address, authority=peer.hex(), ca_dir=self.ca_dir, label=label,
-                idle=hello.idle_timeout, main=hello.main, listen=listen, exit_with_stdin=True,
-            )  # fmt: skip
-            wire = request.commands[rank] if request.commands is not None else None
-            custom = wire.bootstrap_command() if wire is not None else None
-            if zygote is not None and custom is None and not prefixes[rank]:
-                forked = _fork_worker(zygote, command, env)
-                if forked is not None:
-                    popens.append(forked)
-                    continue
-                zygote = None  # the zygote is gone: exec the rest
-            argv, executable, environment = exec_spec(command, custom, prefixes[rank], env)
-            try:
-                popen = subprocess.Popen(
-                    argv,
-                    executable=executable,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=environment,
-                )
-            except (OSError, ValueError) as exc:
-                _kill_all_of(popens)
-                for started in popens:  # no forwarder owns their stderr yet
-                    if started.stderr is not None:
-                        with contextlib.suppress(OSError):
-                            started.stderr.close()
-                raise RuntimeError(
-                    f"worker process {label} could not be started on host "
-                    f"{socket.gethostname()}: {exc}"
-                ) from None
-            popens.append(popen)
-        prefix = bool(_config.get("prefix_with_rank"))
-        # Their stderr to this daemon's, each line with its rank on this host, copied from the
-        # start (no handshake on it; a chatty start never blocks on a full pipe).
-        OutputForwarder(
-            [popen.stderr for popen in popens],
-            [rank_prefix(rank) if prefix else b"" for rank in range(len(popens))],
-            copy_to_stderr,
-        ).start()
-        pids = read_worker_pids(popens, labels, spawn_timeout())
-        if isinstance(pids, str):
-            _kill_all_of(popens)
-            raise RuntimeError(pids)
-        for rank, popen in enumerate(popens):  # its rank on this host, as Monarch's local rank
-            forward_output(popen.stdout, rank_prefix(rank) if prefix else b"")
-        return [
-            _DaemonProc(label, popen, pid.hex())
-            for label, popen, pid in zip(labels, popens, pids, strict=True)
-        ]
+        """Start the workers of a checked ``request`` (on a thread): by the registered starter,
+        after the imports that register it when that has not happened yet."""
+        if _proc_starter is None and _spawn_imports is not None:
+            _spawn_imports()
+        if _proc_starter is None:
+            raise RuntimeError(
+                "this worker loop cannot start processes: monarch.actor._hosts.attach_procs "
+                "is not imported"
+            )
+        return _proc_starter(self.ca_dir, peer, hello, request)
 
     def _reap(self, loop: asyncio.AbstractEventLoop, channel: _Channel, proc: _DaemonProc) -> None:
         status = proc.popen.wait()  # forward_output closes stdout at its end of file
@@ -372,25 +316,6 @@ class WorkerDaemon:
         procs, self._procs = list(self._procs.values()), {}
         for proc in procs:
             _kill(proc.popen)
-
-
-def _fork_worker(zygote: Zygote, command: list[str], env: dict[str, str]) -> Any:
-    """A worker forked by this host's zygote (``command`` as for exec): its stderr a pipe
-    (forwarded with its rank, as an exec'd worker's), its stdin a pipe this daemon holds
-    (``--exit-with-stdin``: it exits when the daemon dies); None when the zygote has gone."""
-    read_fd, write_fd = os.pipe()
-    try:
-        process = zygote.spawn(
-            command[3:], target=FORKED_WORKER, env=env, stdin=read_fd, stderr=True
-        )
-    except ZygoteUnavailableError as exc:
-        os.close(write_fd)
-        _log.warning("forking workers failed (%s); starting them with exec", exc)
-        return None
-    finally:
-        os.close(read_fd)
-    process.stdin = os.fdopen(write_fd, "wb", buffering=0)
-    return process
 
 
 def _kill_started(future: asyncio.Future[list[_DaemonProc]]) -> None:
