@@ -106,6 +106,9 @@ __all__ = [
 
 #: First bytes of every envelope stream (protocol name and version).
 STREAM_MAGIC: Final = b"MONARCH1"
+#: The link protocol (16 bytes) of envelope streams opened on an adjacent node's link-local
+#: connection (a parent's or a child's, already authenticated): no handshake of their own.
+LINK_PROTOCOL: Final = b"monarch.envelope"
 _WRITE_CHUNK: Final = 256 * 1024
 _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
@@ -341,6 +344,8 @@ class NodeProcessTransport:
         self._peers: dict[bytes, _Peer] = {}
         self._inbound: set[asyncio.Task[None]] = set()
         self._accept_task: asyncio.Task[None] | None = None
+        self._link_accept_task: asyncio.Task[None] | None = None
+        self._link_protocol: Any = None  # the node transport's ``LinkProtocol``, once started
         self._unreachable: dict[bytes, str] = {}
         self._fenced: dict[bytes, str] = {}  # declared dead while perhaps alive: refuse its input
         self._lock = threading.Lock()
@@ -403,7 +408,12 @@ class NodeProcessTransport:
         """Start accepting streams (call on the loop thread, once the node runs)."""
         if self._accept_task is None and not self._closed:
             loop = asyncio.get_running_loop()
-            self._accept_task = loop.create_task(self._accept_loop())
+            self._accept_task = loop.create_task(self._accept_loop(self._node.accept))
+            self._link_protocol = self._register_link_protocol()
+            if self._link_protocol is not None:
+                self._link_accept_task = loop.create_task(
+                    self._accept_loop(self._link_protocol.accept)
+                )
             if self._identity is not None and self._lane_settings.kinds:
                 self._lanes = LaneManager(
                     self._identity, self._lane_settings, lambda: self.limits, self._on_accepted
@@ -411,6 +421,33 @@ class NodeProcessTransport:
                 if self._lane_settings.tcp_host is not None:
                     task = loop.create_task(self._lanes.start_tcp())
                     task.add_done_callback(_log_failure)
+
+    def _register_link_protocol(self) -> Any:
+        """Accept envelope streams on adjacent nodes' link-local connections too (a node
+        without a QUIC transport, as in tests, has none)."""
+        transport = getattr(self._node, "transport", None)
+        register = getattr(transport, "register_link_protocol", None)
+        if register is None:
+            return None
+        try:
+            return register(LINK_PROTOCOL, queue_capacity=self._settings.max_inbound_streams)
+        except Exception as exc:  # another transport on this node serves it
+            _log.info("envelope streams on link connections not accepted: %r", exc)
+            return None
+
+    async def _dial(self, pid: Pid) -> Any:
+        """A new stream to ``pid``: on the link-local connection of an adjacent node (a
+        parent or child: it is authenticated and up, so no handshake is needed) when lanes
+        will carry the traffic, otherwise ``Node.dial`` (resolve, connect)."""
+        if self._lanes is not None and not self._lanes_forced_off():
+            # Only lanes' negotiation and the envelopes before the ``Switch`` use the stream,
+            # so the link's connection (the nameserver's too) never carries the bulk of it.
+            dial_link = getattr(getattr(self._node, "transport", None), "dial_link_pooled", None)
+            if dial_link is not None:
+                stream = await dial_link(pid, LINK_PROTOCOL)
+                if stream is not None:
+                    return stream
+        return await self._node.dial(pid)
 
     @staticmethod
     def _lanes_forced_off() -> bool:
@@ -750,7 +787,7 @@ class NodeProcessTransport:
         try:
             if peer.stream is None:
                 peer.stream = await asyncio.wait_for(
-                    self._node.dial(peer.pid), self._settings.dial_timeout
+                    self._dial(peer.pid), self._settings.dial_timeout
                 )
                 peer.stream.write(STREAM_MAGIC)
                 if self._lanes is not None and not self._shut and not self._lanes_forced_off():
@@ -931,10 +968,10 @@ class NodeProcessTransport:
         self._fail_peer(peer, reason)
 
     # -- inbound (loop thread) ------------------------------------------------------------------
-    async def _accept_loop(self) -> None:
+    async def _accept_loop(self, accept: Callable[[], Any]) -> None:
         while True:
             try:
-                peer, stream = await self._node.accept()
+                peer, stream = await accept()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -1122,6 +1159,13 @@ class NodeProcessTransport:
             accept, self._accept_task = self._accept_task, None
             if accept is not None:
                 accept.cancel()
+            link_accept, self._link_accept_task = self._link_accept_task, None
+            if link_accept is not None:
+                link_accept.cancel()
+            protocol, self._link_protocol = self._link_protocol, None
+            if protocol is not None:
+                with contextlib.suppress(Exception):
+                    self._node.transport.unregister_link_protocol(LINK_PROTOCOL)
             streams = []
             for peer in list(self._peers.values()):
                 if peer.task is not None:
