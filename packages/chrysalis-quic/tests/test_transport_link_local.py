@@ -100,7 +100,8 @@ def test_pooled_dial_opens_streams_on_the_link_connection_both_ways_without_dial
             assert peer == second.pid
             assert await got.readexactly(5) == b"reply"
             again = await first.dial_link_pooled(second.pid, NAMESERVER)
-            assert again is not None and again.connection is stream.connection
+            assert again is not None
+            assert again.connection is stream.connection
             assert (first.statistics().dials, second.statistics().dials) == (1, 0)
 
     run(main)

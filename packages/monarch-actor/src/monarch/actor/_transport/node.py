@@ -5,7 +5,13 @@ its Node's PID and "send an envelope to (PID, actor path)" becomes "write a fram
 to PID". Streams are long-lived and one-directional in use: the first envelope from process A
 to process B dials B (``Node.dial``: resolve, then an authenticated QUIC stream through the
 tree's gateways) and every later A-to-B envelope follows on the same stream, so per-sender
-order is the stream's order. B reads envelopes only from streams it *accepted*, so the
+order is the stream's order. Between a parent and its child (a client and the workers it
+spawned) the stream opens instead on the link connection the child's join already
+authenticated (link protocol ``LINK_PROTOCOL``, ``QuicTransport.dial_link_pooled``) whenever
+lanes are on, so that neither side pays a QUIC handshake of its own: the stream then carries
+only the lane's negotiation and the envelopes before the ``Switch``. Under ``force_quic``
+(everything on QUIC) each pair keeps a connection of its own, apart from the link.
+B reads envelopes only from streams it *accepted*, so the
 authenticated peer PID of a stream is the PID every envelope on it must name as its sender
 (an envelope that claims another sender ends that stream with ``FrameError``). Each stream
 starts with an 8-byte magic so a stray stream from another protocol is refused at once.
