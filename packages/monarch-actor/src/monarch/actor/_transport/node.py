@@ -352,6 +352,7 @@ class NodeProcessTransport:
         self._accept_task: asyncio.Task[None] | None = None
         self._link_accept_task: asyncio.Task[None] | None = None
         self._link_protocol: Any = None  # the node transport's ``LinkProtocol``, once started
+        self._link_transport: Any = None  # the node's ``QuicTransport``, where it serves it
         self._unreachable: dict[bytes, str] = {}
         self._fenced: dict[bytes, str] = {}  # declared dead while perhaps alive: refuse its input
         self._lock = threading.Lock()
@@ -431,15 +432,15 @@ class NodeProcessTransport:
     def _register_link_protocol(self) -> Any:
         """Accept envelope streams on adjacent nodes' link-local connections too (a node
         without a QUIC transport, as in tests, has none)."""
-        transport = getattr(self._node, "transport", None)
-        register = getattr(transport, "register_link_protocol", None)
-        if register is None:
-            return None
         try:
-            return register(LINK_PROTOCOL, queue_capacity=self._settings.max_inbound_streams)
-        except Exception as exc:  # another transport on this node serves it
+            transport = self._node.transport
+            register = transport.register_link_protocol
+            protocol = register(LINK_PROTOCOL, queue_capacity=self._settings.max_inbound_streams)
+        except Exception as exc:  # no such transport, or another one on this node serves it
             _log.info("envelope streams on link connections not accepted: %r", exc)
             return None
+        self._link_transport = transport
+        return protocol
 
     async def _dial(self, pid: Pid) -> Any:
         """A new stream to ``pid``: on the link-local connection of an adjacent node (a
@@ -448,9 +449,9 @@ class NodeProcessTransport:
         if self._lanes is not None and not self._lanes_forced_off():
             # Only lanes' negotiation and the envelopes before the ``Switch`` use the stream,
             # so the link's connection (the nameserver's too) never carries the bulk of it.
-            dial_link = getattr(getattr(self._node, "transport", None), "dial_link_pooled", None)
-            if dial_link is not None:
-                stream = await dial_link(pid, LINK_PROTOCOL)
+            link = self._link_transport
+            if link is not None:
+                stream = await link.dial_link_pooled(pid, LINK_PROTOCOL)
                 if stream is not None:
                     return stream
         return await self._node.dial(pid)
@@ -1171,7 +1172,7 @@ class NodeProcessTransport:
             protocol, self._link_protocol = self._link_protocol, None
             if protocol is not None:
                 with contextlib.suppress(Exception):
-                    self._node.transport.unregister_link_protocol(LINK_PROTOCOL)
+                    self._link_transport.unregister_link_protocol(LINK_PROTOCOL)
             streams = []
             for peer in list(self._peers.values()):
                 if peer.task is not None:
