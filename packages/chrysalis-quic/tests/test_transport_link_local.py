@@ -79,6 +79,34 @@ def test_link_streams_reach_their_protocol_with_the_peer_pid() -> None:
     run(main)
 
 
+def test_pooled_dial_opens_streams_on_the_link_connection_both_ways_without_dialling() -> None:
+    async def main() -> None:
+        async with open_transport_pair() as (first, second):
+            with pytest.raises(ValueError, match="process PID"):
+                await first.dial_link_pooled(Pid.LINK_LOCAL, NAMESERVER)
+            assert await first.dial_link_pooled(second.pid, NAMESERVER) is None  # no link yet
+            assert first.statistics().dials == 0
+            names = second.register_link_protocol(NAMESERVER)
+            back = first.register_link_protocol(NAMESERVER)
+            stream = await first.dial_link_local(second.pid, second.local_addr, NAMESERVER)
+            stream.write(b"join")
+            peer, _ = await names.accept()
+            assert peer == first.pid
+            # The acceptor opens its own stream on the connection the peer dialled.
+            reverse = await second.dial_link_pooled(first.pid, NAMESERVER)
+            assert reverse is not None
+            reverse.write(b"reply")
+            peer, got = await back.accept()
+            assert peer == second.pid
+            assert await got.readexactly(5) == b"reply"
+            again = await first.dial_link_pooled(second.pid, NAMESERVER)
+            assert again is not None
+            assert again.connection is stream.connection
+            assert (first.statistics().dials, second.statistics().dials) == (1, 0)
+
+    run(main)
+
+
 def test_unknown_selector_finishes_only_that_stream() -> None:
     async def main() -> None:
         async with open_transport_pair() as (first, second):

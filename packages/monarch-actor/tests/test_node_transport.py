@@ -28,6 +28,7 @@ from monarch.actor._base.loop import RuntimeLoop
 from monarch.actor._transport.lane import LaneSettings
 from monarch.actor._transport.node import NodeProcessTransport, NodeTransportSettings
 from monarch.actor._transport.seam import InProcessFabric, InProcessTransport
+from monarch.config import get_global_config
 from monarch.config._registry import configured
 
 T = 10.0
@@ -260,6 +261,29 @@ def test_a_reply_clears_the_outstanding_call(cluster: Cluster) -> None:
     a.transport.mark_unreachable(b.transport.pid, "gone")
     time.sleep(0.1)
     assert a.bounced == []  # nothing was waiting any more
+
+
+def test_parent_and_child_streams_ride_their_link_connection_when_lanes_carry_them(
+    cluster: Cluster, transport_mode: str
+) -> None:
+    """A parent and its child already share an authenticated link connection (the join's):
+    with lanes, their envelope streams open on it, so neither dials a connection of its own
+    (no handshake); with every message on QUIC they keep their own connections."""
+    root = cluster.add()
+    child = cluster.add(root)
+    for i in range(50):
+        root.transport.send(envelope(root, child.transport.pid, i), [])
+        child.transport.send(envelope(child, root.transport.pid, i), [])
+    root.wait("got", 50)
+    child.wait("got", 50)
+    assert [env.sequence for env, _ in root.got] == list(range(50))
+    assert [env.sequence for env, _ in child.got] == list(range(50))
+    dials = [m.node.transport.statistics().dials for m in (root, child)]
+    if transport_mode == "lanes" and not get_global_config()["force_quic"]:  # not set outside
+        assert dials == [0, 1]  # the child's join alone
+        assert root.transport.statistics().refused == 0
+    else:
+        assert sum(dials) >= 2  # the join, then application connections (both may dial)
 
 
 def test_self_addressed_envelopes_are_delivered_locally(cluster: Cluster) -> None:

@@ -638,6 +638,27 @@ class QuicTransport(Generic[S]):
         stream.write(key.raw)
         return self._wrap(stream)
 
+    async def dial_link_pooled(self, pid: Pid, protocol_id: LinkProtocolId | bytes) -> S | None:
+        """A stream of link protocol ``protocol_id`` on the established link-local connection
+        to the adjacent process ``pid`` (a parent or a child whose link is up), or None when
+        there is none: this never dials, so it costs no handshake. The id is written first,
+        as ``dial_link_local`` does; the peer's handler sees ``pid`` authenticated by that
+        connection's handshake."""
+        if not isinstance(pid, Pid) or pid.is_link_local:
+            raise ValueError("dial_link_pooled needs the peer's process PID")
+        self._check_open()
+        key = _protocol_id(protocol_id)
+        conn = self._link_pool.get(pid)
+        if conn is None or not conn.is_established:
+            return None
+        try:
+            stream = await conn.open_stream()
+        except ConnectionLostError:
+            return None
+        self._reused += 1
+        stream.write(key.raw)
+        return self._wrap(stream)
+
     async def dial_link_local_unpinned(
         self, address: DatagramAddr, protocol_id: LinkProtocolId | bytes
     ) -> tuple[Pid, S]:

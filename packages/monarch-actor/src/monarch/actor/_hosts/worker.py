@@ -4,10 +4,10 @@ Why a separate entry point: every process of a proc mesh is one Chrysalis Node j
 the client's node (the namespace tree is the supervision tree). The worker issues its own leaf
 from the client's development CA directory (``--ca-dir``), joins the client's node (pinned to
 ``--authority``), runs one ``ProcRuntime`` over a ``NodeProcessTransport`` and prints its PID
-(hex) on stdout once its parent link is active and its stream to the client is open
-(``NodeProcessTransport.connect``: the client's first message then reuses that QUIC
-connection instead of dialling one of its own): that line is the readiness handshake the
-client waits for.
+(hex) on stdout once its parent link is active: that line is the readiness handshake the
+client waits for. With lanes on, the client's envelope stream to the worker and the worker's
+to the client open on that parent link's connection (no handshake of their own: see
+``_transport.node``).
 
 Start-up lines: the handshake line, and before it a line per stage (``STAGE_LINE``: what the
 worker is doing, so that a client whose worker did not start in time can say where it was) or

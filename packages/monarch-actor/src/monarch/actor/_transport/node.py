@@ -5,7 +5,13 @@ its Node's PID and "send an envelope to (PID, actor path)" becomes "write a fram
 to PID". Streams are long-lived and one-directional in use: the first envelope from process A
 to process B dials B (``Node.dial``: resolve, then an authenticated QUIC stream through the
 tree's gateways) and every later A-to-B envelope follows on the same stream, so per-sender
-order is the stream's order. B reads envelopes only from streams it *accepted*, so the
+order is the stream's order. Between a parent and its child (a client and the workers it
+spawned) the stream opens instead on the link connection the child's join already
+authenticated (link protocol ``LINK_PROTOCOL``, ``QuicTransport.dial_link_pooled``) whenever
+lanes are on, so that neither side pays a QUIC handshake of its own: the stream then carries
+only the lane's negotiation and the envelopes before the ``Switch``. Under ``force_quic``
+(everything on QUIC) each pair keeps a connection of its own, apart from the link.
+B reads envelopes only from streams it *accepted*, so the
 authenticated peer PID of a stream is the PID every envelope on it must name as its sender
 (an envelope that claims another sender ends that stream with ``FrameError``). Each stream
 starts with an 8-byte magic so a stray stream from another protocol is refused at once.
@@ -106,6 +112,9 @@ __all__ = [
 
 #: First bytes of every envelope stream (protocol name and version).
 STREAM_MAGIC: Final = b"MONARCH1"
+#: The link protocol (16 bytes) of envelope streams opened on an adjacent node's link-local
+#: connection (a parent's or a child's, already authenticated): no handshake of their own.
+LINK_PROTOCOL: Final = b"monarch.envelope"
 _WRITE_CHUNK: Final = 256 * 1024
 _TRACKED_KINDS: Final = frozenset(
     {MessageKind.CALL, MessageKind.SPAWN, MessageKind.STOP, MessageKind.STOP_PROC}
@@ -341,6 +350,9 @@ class NodeProcessTransport:
         self._peers: dict[bytes, _Peer] = {}
         self._inbound: set[asyncio.Task[None]] = set()
         self._accept_task: asyncio.Task[None] | None = None
+        self._link_accept_task: asyncio.Task[None] | None = None
+        self._link_protocol: Any = None  # the node transport's ``LinkProtocol``, once started
+        self._link_transport: Any = None  # the node's ``QuicTransport``, where it serves it
         self._unreachable: dict[bytes, str] = {}
         self._fenced: dict[bytes, str] = {}  # declared dead while perhaps alive: refuse its input
         self._lock = threading.Lock()
@@ -403,7 +415,12 @@ class NodeProcessTransport:
         """Start accepting streams (call on the loop thread, once the node runs)."""
         if self._accept_task is None and not self._closed:
             loop = asyncio.get_running_loop()
-            self._accept_task = loop.create_task(self._accept_loop())
+            self._accept_task = loop.create_task(self._accept_loop(self._node.accept))
+            self._link_protocol = self._register_link_protocol()
+            if self._link_protocol is not None:
+                self._link_accept_task = loop.create_task(
+                    self._accept_loop(self._link_protocol.accept)
+                )
             if self._identity is not None and self._lane_settings.kinds:
                 self._lanes = LaneManager(
                     self._identity, self._lane_settings, lambda: self.limits, self._on_accepted
@@ -411,6 +428,33 @@ class NodeProcessTransport:
                 if self._lane_settings.tcp_host is not None:
                     task = loop.create_task(self._lanes.start_tcp())
                     task.add_done_callback(_log_failure)
+
+    def _register_link_protocol(self) -> Any:
+        """Accept envelope streams on adjacent nodes' link-local connections too (a node
+        without a QUIC transport, as in tests, has none)."""
+        try:
+            transport = self._node.transport
+            register = transport.register_link_protocol
+            protocol = register(LINK_PROTOCOL, queue_capacity=self._settings.max_inbound_streams)
+        except Exception as exc:  # no such transport, or another one on this node serves it
+            _log.info("envelope streams on link connections not accepted: %r", exc)
+            return None
+        self._link_transport = transport
+        return protocol
+
+    async def _dial(self, pid: Pid) -> Any:
+        """A new stream to ``pid``: on the link-local connection of an adjacent node (a
+        parent or child: it is authenticated and up, so no handshake is needed) when lanes
+        will carry the traffic, otherwise ``Node.dial`` (resolve, connect)."""
+        if self._lanes is not None and not self._lanes_forced_off():
+            # Only lanes' negotiation and the envelopes before the ``Switch`` use the stream,
+            # so the link's connection (the nameserver's too) never carries the bulk of it.
+            link = self._link_transport
+            if link is not None:
+                stream = await link.dial_link_pooled(pid, LINK_PROTOCOL)
+                if stream is not None:
+                    return stream
+        return await self._node.dial(pid)
 
     @staticmethod
     def _lanes_forced_off() -> bool:
@@ -750,7 +794,7 @@ class NodeProcessTransport:
         try:
             if peer.stream is None:
                 peer.stream = await asyncio.wait_for(
-                    self._node.dial(peer.pid), self._settings.dial_timeout
+                    self._dial(peer.pid), self._settings.dial_timeout
                 )
                 peer.stream.write(STREAM_MAGIC)
                 if self._lanes is not None and not self._shut and not self._lanes_forced_off():
@@ -931,10 +975,10 @@ class NodeProcessTransport:
         self._fail_peer(peer, reason)
 
     # -- inbound (loop thread) ------------------------------------------------------------------
-    async def _accept_loop(self) -> None:
+    async def _accept_loop(self, accept: Callable[[], Any]) -> None:
         while True:
             try:
-                peer, stream = await self._node.accept()
+                peer, stream = await accept()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -1122,6 +1166,13 @@ class NodeProcessTransport:
             accept, self._accept_task = self._accept_task, None
             if accept is not None:
                 accept.cancel()
+            link_accept, self._link_accept_task = self._link_accept_task, None
+            if link_accept is not None:
+                link_accept.cancel()
+            protocol, self._link_protocol = self._link_protocol, None
+            if protocol is not None:
+                with contextlib.suppress(Exception):
+                    self._link_transport.unregister_link_protocol(LINK_PROTOCOL)
             streams = []
             for peer in list(self._peers.values()):
                 if peer.task is not None:
