@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 
 from monarch.actor import Future
-from monarch.actor._runtime import returns_future as rf
+from monarch.actor._runtime.returns_future import _BodyCell, _local, _tasks
 
 T = 30.0
 
 
 def observe(body: Coroutine[Any, Any, Any]) -> Future[Any]:
-    return Future._create(rf._BodyCell(body, contextvars.copy_context()))
+    return Future._create(_BodyCell(body, contextvars.copy_context()))
 
 
 def run(body: Coroutine[Any, Any, Any], timeout: float | None = T) -> Any:
@@ -51,7 +51,12 @@ def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
 async def from_another_thread(pool: concurrent.futures.ThreadPoolExecutor) -> str:
     """Completed by a pool thread: the loop wakes through ``call_soon_threadsafe`` (its
     self-pipe), as a data lane's chunk or any executor job completes."""
-    return await asyncio.wrap_future(pool.submit(lambda: (time.sleep(0.05), "woken")[1]))
+
+    def job() -> str:
+        time.sleep(0.05)
+        return "woken"
+
+    return await asyncio.wrap_future(pool.submit(job))
 
 
 def test_consecutive_gets_on_a_thread_reuse_one_loop() -> None:
@@ -82,7 +87,7 @@ def test_a_task_a_body_leaves_behind_is_cancelled_and_awaited_before_get_returns
             events.append("background cleaned up")
 
     async def leaves_a_task() -> asyncio.AbstractEventLoop:
-        rf._tasks.add(asyncio.get_running_loop().create_task(background()))  # kept alive
+        _tasks.add(asyncio.get_running_loop().create_task(background()))  # kept alive
         await asyncio.sleep(0)
         return asyncio.get_running_loop()
 
@@ -108,7 +113,7 @@ def test_a_background_task_another_thread_waits_on_is_not_left_suspended() -> No
             raise
 
     async def body() -> None:
-        rf._tasks.add(asyncio.get_running_loop().create_task(settle_later()))
+        _tasks.add(asyncio.get_running_loop().create_task(settle_later()))
         await asyncio.sleep(0)
 
     waiter = concurrent.futures.ThreadPoolExecutor(1)
@@ -258,7 +263,7 @@ def test_a_forked_child_never_touches_the_parents_loop(
         try:
             os.close(ready_read)
             os.close(done_write)
-            inherited = rf._local.loop.loop
+            inherited = _local.loop.loop
             if child == "runs a body":
 
                 async def wait_in_the_loop() -> asyncio.AbstractEventLoop:
