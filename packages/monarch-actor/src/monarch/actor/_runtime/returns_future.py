@@ -167,6 +167,8 @@ class _ThreadLoop:
             del _LOOPS[id(self.loop)]
         if self.pid == os.getpid():
             self.runner.close()
+        else:  # a forked child's copy: never closed here
+            _abandon(self.loop)
 
     def __del__(self) -> None:  # the thread ended: its loop is clean (else closed already)
         loop = getattr(self, "loop", None)
@@ -228,10 +230,11 @@ _ABANDONED: list[asyncio.AbstractEventLoop] = []
 
 
 def _abandon_inherited() -> None:
-    running = asyncio._get_running_loop()  # a fork from inside a body: that thread goes on
+    """After a fork, in the child: every loop of the parent's threads is abandoned, also one
+    the forking thread was running a body on (asyncio itself no longer reports it running in
+    the child; a child that goes on in it fails loudly instead of sharing the parent's)."""
     for owner in list(_LOOPS.values()):
-        if owner.loop is not running:
-            _abandon(owner.loop)
+        _abandon(owner.loop)
     _LOOPS.clear()
 
 
