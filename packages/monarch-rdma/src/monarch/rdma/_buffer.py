@@ -308,12 +308,14 @@ def _one_sided(kind: Literal["read", "write"], buffer: RDMABuffer, data: Any,
             return Future._completed(None)
     except Exception as exc:  # the outcome, as a submitted action reports it
         return Future._failed(exc)
-    return _transfer_one(provider, kind, routed.key, view, seconds)
+    return _transfer_one(provider, kind, routed.key, local, view, seconds)
 
 
 @returns_future
 async def _transfer_one(provider: RDMAProvider, kind: Literal["read", "write"], key: RemoteKey,
-                        view: memoryview, timeout: int) -> None:  # fmt: skip
+                        local: LocalMemory, view: memoryview, timeout: int) -> None:  # fmt: skip
+    """One transfer as a future's body; ``local`` keeps the caller's memory alive until it ran
+    (a tensor's view is a bare address)."""
     try:
         async with asyncio.timeout(timeout):
             if kind == "read":
@@ -324,6 +326,8 @@ async def _transfer_one(provider: RDMAProvider, kind: Literal["read", "write"], 
         raise TimeoutError(
             f"RDMA transfer of 1 operation(s) timed out: not complete within {timeout} s"
         ) from None
+    finally:
+        del local
 
 
 def _check_read(local: LocalMemory, src: RDMABuffer) -> None:
