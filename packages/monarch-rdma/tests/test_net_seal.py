@@ -144,7 +144,8 @@ def test_a_stream_moves_every_size_class(size: int) -> None:
     wire = _sealed([payload])
     records = -(-size // 4096)
     assert len(wire) == size + records * (SEAL_HEAD_SIZE + SEAL_TAG_SIZE)
-    assert payload not in wire  # encrypted
+    if size >= 8:  # encrypted (a byte or two of random payload turns up by chance: 1 in 10)
+        assert payload not in wire
     dst, failure = _receive(wire, size)
     assert failure is None
     assert dst == payload
