@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from monarch.config import configured
 from monarch.rdma import RDMABuffer, _shm
 from monarch.rdma.providers import default_registry, shared_memory
 
@@ -144,3 +145,32 @@ def test_addresses_work_next_to_monarch_actors_shared_memory_and_change_no_share
     assert address_of(memoryview(data)) != 0
     for name in ("PyObject_GetBuffer", "PyBuffer_Release", "PyBytes_FromStringAndSize"):
         assert getattr(ctypes.pythonapi, name).argtypes is None, name
+
+
+def test_a_mapped_buffer_is_transferred_at_the_call_and_the_route_follows_the_settings() -> None:
+    """``read_into``/``write_from`` through ``transfer_now``: once this process has mapped the
+    owner's memory, a small transfer is done at the call (the reference submits eagerly) and
+    its future is complete; the provider chosen for the buffer is kept per process and chosen
+    again when a setting rules it out."""
+    memory = shared_memory(64)
+    memory[:] = bytes(range(64))
+    buffer = RDMABuffer(memory)
+    dst = bytearray(64)
+    buffer.read_into(memoryview(dst)).get(timeout=T)  # the first one maps it (a body)
+    dst[:] = bytes(64)
+    future = buffer.read_into(memoryview(dst))
+    assert future.done()
+    assert dst == bytes(range(64))  # already there: done at the call
+    future.get(timeout=T)
+    assert buffer.write_from(memoryview(b"now")).done()
+    assert bytes(memory[:3]) == b"now"
+    assert buffer._route().name == "shm"
+    with configured(rdma_disable_shm=True):
+        assert buffer._route().name == "net"
+        future = buffer.read_into(memoryview(dst))
+        future.get(timeout=T)
+        assert dst[:3] == b"now"
+    assert buffer._route().name == "shm"
+    buffer.drop().get(timeout=T)
+    with pytest.raises(RuntimeError, match="dropped"):
+        buffer.read_into(memoryview(dst)).get(timeout=T)

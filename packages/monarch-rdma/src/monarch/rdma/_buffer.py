@@ -6,10 +6,18 @@ buffer's size and owner, and one ``RemoteKey`` per provider. Any process that ho
 transfers one-sidedly: it picks a provider for the pair (``select_provider``) and calls it; the
 owner's user code takes no part.
 
-``read_into``/``write_from`` are one-operation ``RDMAAction``s, as in the reference. An action
-validates each operation when it is queued (sizes, contiguity, conflicting local ranges), runs
-all of them in parallel on ``submit`` and may be submitted again. The ``timeout`` (whole seconds)
-is checked before anything starts and bounds the whole submission.
+``read_into``/``write_from`` behave as one-operation ``RDMAAction``s, as in the reference, but
+go straight to the provider (``_one_sided``): no action is built, and the provider serving the
+pair is chosen once per buffer and process (``RDMABuffer._route``, chosen again when a setting
+that rules providers in or out changes, or the plugin set does). Where the provider can finish
+the transfer at once and cheaply (``transfer_now``: ``shm`` with the owner's memory mapped
+already and a copy below its thread threshold), it does so at the call, as the reference
+submits eagerly, and the returned ``Future`` is complete; otherwise the transfer runs as the
+future's body. (A 1 MiB ``shm`` read is a memcpy of about 40 us; the action, the provider
+choice and an event loop around it had cost several times that.) An action validates each
+operation when it is queued (sizes, contiguity, conflicting local ranges), runs all of them in
+parallel on ``submit`` and may be submitted again. The ``timeout`` (whole seconds) is checked
+before anything starts and bounds the whole submission.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from monarch.rdma._memory import LocalMemory, _torch_tensor_type, local_memory, 
 from monarch.rdma._provider import (
     PeerInfo,
     ProviderSpec,
+    RDMAProvider,
     RegistrationDeclined,
     RemoteKey,
     select_provider,
@@ -165,6 +174,7 @@ class RDMABuffer:
         self._stage = stage  # the owner's staging of a device tensor, or None
         self._memory: LocalMemory | None = memory  # the owner's reference; not pickled
         self._device: Any = data if stage is not None else None  # not pickled
+        self._routed: _Routed | None = None  # not pickled
 
     def __getstate__(self) -> dict[str, Any]:
         state = {slot: getattr(self, slot) for slot in ("_size", "_owner", "_backend", "_peer")}
@@ -177,6 +187,7 @@ class RDMABuffer:
         self.__dict__.update(state)
         self._memory = None
         self._device = None
+        self._routed = None
 
     def __repr__(self) -> str:
         return f"RDMABuffer(size={self._size}, owner={self._owner!r}, backend={self._backend!r})"
@@ -208,15 +219,45 @@ class RDMABuffer:
     def _choose(self, usable: dict[str, ProviderSpec]) -> str | None:
         return select_provider(usable, _local_peer(usable), self._peer, self._keys)
 
+    def _route(self) -> _Routed:
+        """The provider that serves this process's transfers through this buffer, with its key:
+        chosen once per process, and again when ``rdma_disable_ibverbs``,
+        ``rdma_disable_shm``, ``rdma_allow_tcp_fallback`` or the plugin set changed.
+        ``RuntimeError`` when none reaches the owner."""
+        registry = default_registry()
+        rules = (
+            os.getpid(),
+            registry.generation,
+            setting("rdma_disable_ibverbs"),
+            setting("rdma_disable_shm"),
+            setting("rdma_allow_tcp_fallback"),
+        )
+        routed = self._routed
+        if (
+            routed is not None
+            and routed.rules == rules
+            and self._keys.get(routed.name) is routed.key  # its keys replaced (tests)
+        ):
+            return routed
+        usable = _usable()
+        name = self._choose(usable)
+        if name is None:
+            raise RuntimeError(
+                f"no RDMA provider of this process reaches the owner of {self!r} (this process "
+                f"offers {sorted(usable)}, the owner {sorted(self._keys)})"
+            )
+        routed = self._routed = _Routed(rules, name, registry.provider(name), self._keys[name])
+        return routed
+
     def read_into(self, dst: Any, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
         """Copy the buffer into the leading bytes of ``dst`` (at least ``size()`` bytes, 1-D
         contiguous; ``ValueError`` at once otherwise)."""
-        return RDMAAction().read_remote(dst, self).submit(timeout=timeout)
+        return _one_sided("read", self, dst, timeout)
 
     def write_from(self, src: Any, *, timeout: int = DEFAULT_TIMEOUT) -> Future[None]:
         """Copy ``src`` (at most ``size()`` bytes, 1-D contiguous; ``ValueError`` at once
         otherwise) into the leading bytes of the buffer."""
-        return RDMAAction().write_remote(self, src).submit(timeout=timeout)
+        return _one_sided("write", self, src, timeout)
 
     def drop(self) -> Future[None]:
         """Release the registration everywhere; transfers through any copy of this handle fail
@@ -226,6 +267,83 @@ class RDMABuffer:
         self._memory = None
         self._device = None
         return _drop(keys, self._stage)
+
+
+@dataclass(frozen=True, slots=True)
+class _Routed:
+    """A buffer's provider for this process (``RDMABuffer._route``): what the choice depended
+    on (``rules``), the provider and the buffer's key for it."""
+
+    rules: tuple[Any, ...]
+    name: str
+    provider: RDMAProvider
+    key: RemoteKey
+
+
+def _one_sided(kind: Literal["read", "write"], buffer: RDMABuffer, data: Any,
+               timeout: int) -> Future[None]:  # fmt: skip
+    """``read_into``/``write_from`` (module docstring): the checks of ``read_remote`` /
+    ``write_remote`` and ``submit``, in that order, then the transfer straight through the
+    buffer's provider; done at once where the provider can (``transfer_now``)."""
+    if buffer._stage is not None or _staging.device_ops().is_device(data):
+        action = RDMAAction()
+        if kind == "read":
+            action.read_remote(data, buffer)
+        else:
+            action.write_remote(buffer, data)
+        return action.submit(timeout=timeout)
+    local = local_memory(data)
+    if kind == "read":
+        _check_read(local, buffer)
+        view = local.view[: buffer.size()]
+    else:
+        _check_write(local, buffer)
+        view = local.view
+    seconds = validate_timeout(timeout)
+    try:
+        routed = buffer._route()
+        provider = routed.provider
+        now = getattr(provider, "transfer_now", None)
+        if now is not None and now(kind, routed.key, 0, view):
+            return Future._completed(None)
+    except Exception as exc:  # the outcome, as a submitted action reports it
+        return Future._failed(exc)
+    return _transfer_one(provider, kind, routed.key, local, view, seconds)
+
+
+@returns_future
+async def _transfer_one(provider: RDMAProvider, kind: Literal["read", "write"], key: RemoteKey,
+                        local: LocalMemory, view: memoryview, timeout: int) -> None:  # fmt: skip
+    """One transfer as a future's body; ``local`` keeps the caller's memory alive until it ran
+    (a tensor's view is a bare address)."""
+    try:
+        async with asyncio.timeout(timeout):
+            if kind == "read":
+                await provider.read(key, 0, view)
+            else:
+                await provider.write(key, 0, view)
+    except TimeoutError:
+        raise TimeoutError(
+            f"RDMA transfer of 1 operation(s) timed out: not complete within {timeout} s"
+        ) from None
+    finally:
+        del local
+
+
+def _check_read(local: LocalMemory, src: RDMABuffer) -> None:
+    if local.nbytes < src.size():
+        raise ValueError(
+            f"Destination tensor size ({local.nbytes}) must be >= RDMA buffer size ({src.size()})"
+        )
+    if local.readonly:
+        raise ValueError("RDMA read destination is read-only memory")
+
+
+def _check_write(local: LocalMemory, dst: RDMABuffer) -> None:
+    if local.nbytes > dst.size():
+        raise ValueError(
+            f"Source tensor size ({local.nbytes}) must be <= RDMA buffer size ({dst.size()})"
+        )
 
 
 def _move_to_shared_memory(data: Any) -> bool:
@@ -327,13 +445,7 @@ class RDMAAction:
         if not isinstance(src, RDMABuffer):
             raise TypeError(f"read_remote reads from an RDMABuffer, got {type(src).__name__}")
         local, stage = _local(dst)
-        if local.nbytes < src.size():
-            raise ValueError(
-                f"Destination tensor size ({local.nbytes}) must be >= RDMA buffer size "
-                f"({src.size()})"
-            )
-        if local.readonly:
-            raise ValueError("RDMA read destination is read-only memory")
+        _check_read(local, src)
         self._claim(local, written=True)
         self._ops.append(_Op("read", src, local, stage))
         return self
@@ -343,10 +455,7 @@ class RDMAAction:
         if not isinstance(dst, RDMABuffer):
             raise TypeError(f"write_remote writes to an RDMABuffer, got {type(dst).__name__}")
         local, stage = _local(src)
-        if local.nbytes > dst.size():
-            raise ValueError(
-                f"Source tensor size ({local.nbytes}) must be <= RDMA buffer size ({dst.size()})"
-            )
+        _check_write(local, dst)
         self._claim(local, written=False)
         self._ops.append(_Op("write", dst, local, stage))
         return self

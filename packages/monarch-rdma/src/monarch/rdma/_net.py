@@ -314,7 +314,11 @@ def _streams() -> int:
 
 async def _bounded(jobs: list[Callable[[], Awaitable[None]]], window: int) -> None:
     """Run ``jobs`` with at most ``window`` outstanding; the first failure (or a cancellation:
-    the transfer's timeout) cancels the rest and waits until they have stopped."""
+    the transfer's timeout) cancels the rest and waits until they have stopped. One job (a
+    data-lane transfer of up to two chunks' worth: 1 MiB) is awaited in place, without a task."""
+    if len(jobs) == 1:
+        await jobs[0]()
+        return
     pending: set[asyncio.Task[None]] = set()
     queue = iter(jobs)
     try:

@@ -89,6 +89,12 @@ class RDMAProvider(Protocol):
       time (``asyncio.wait_for``), so they must be cancellable.
     * ``deregister(key)`` releases the registration from any process; transfers through that
       key fail afterwards. Deregistering twice is not an error.
+    * Optionally, ``transfer_now(kind, key, offset, memory) -> bool`` (``kind`` ``"read"`` or
+      ``"write"``): the transfer done synchronously, in the calling thread, where that is cheap
+      (bounded: no waiting on another process, no large copy), returning True; False to have
+      the caller await ``read``/``write`` instead; failures raise as those would.
+      ``RDMABuffer.read_into``/``write_from`` try it first (``shm``: a memcpy of a mapping it
+      holds already).
     """
 
     name: str

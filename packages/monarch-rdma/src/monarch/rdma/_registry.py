@@ -45,6 +45,8 @@ class ProviderRegistry:
         self._pm.add_hookspecs(hookspecs)
         self._specs: dict[str, ProviderSpec] | None = None
         self._instances: dict[str, RDMAProvider] = {}
+        #: Bumped whenever the plugin set changes (a cached choice of provider is then stale).
+        self.generation = 0
 
     def load_entry_points(self) -> int:
         """Register every plugin of the ``monarch.rdma`` entry-point group not registered yet;
@@ -71,6 +73,7 @@ class ProviderRegistry:
                 return
             self._pm.register(plugin, name=name)
             self._specs = None
+            self.generation += 1
 
     def is_registered(self, plugin: Any) -> bool:
         with self._lock:

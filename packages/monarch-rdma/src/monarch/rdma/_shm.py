@@ -360,6 +360,30 @@ class ShmProvider:
             raise _failed("drop", key, f"the owner's process is unreachable ({exc})") from exc
 
     # -- transfers
+    def transfer_now(self, kind: str, key: RemoteKey, offset: int, local: memoryview) -> bool:
+        """The transfer done here and now when it is cheap: this process holds the owner's
+        memory mapped already and the copy is below ``THREAD_COPY`` (``read``/``write`` copy
+        those inline too). False when not (the caller awaits ``read``/``write``); raises as
+        they would."""
+        if local.nbytes >= THREAD_COPY:
+            return False
+        detail: ShmDetail = key.detail
+        to_remote = kind == "write"
+        if to_remote and detail.readonly:
+            raise _failed("write", key, "the buffer is read-only memory: it cannot be written")
+        ident = (detail.socket, key.region)
+        with self._lock:
+            mapped = self._mapped.get(ident)
+            if mapped is None:
+                return False
+            self._mapped.move_to_end(ident)
+        self._check(key, mapped, kind)
+        _check_range(key, offset, local.nbytes)
+        if local.nbytes:
+            self._copy_inline(key, mapped, offset, local, to_remote=to_remote)
+        self._check(key, mapped, kind)
+        return True
+
     async def read(self, key: RemoteKey, offset: int, dst: memoryview) -> None:
         mapped = await self._mapping(key)
         self._check(key, mapped, "read")
@@ -395,18 +419,13 @@ class ShmProvider:
         n = local.nbytes
         if n == 0:
             return
+        if n < THREAD_COPY:
+            self._copy_inline(key, mapped, offset, local, to_remote=to_remote)
+            return
         try:
             remote = (ctypes.c_char * n).from_buffer(mapped.mapping, mapped.delta + offset)
         except (ValueError, TypeError) as exc:  # unmapped meanwhile: dropped or evicted
             raise _failed("transfer", key, f"the buffer was dropped ({exc})") from exc
-        if n < THREAD_COPY:
-            window = memoryview(remote).cast("B")
-            if to_remote:
-                window[:] = local
-            else:
-                local[:] = window
-            window.release()
-            return
         here, there = address_of(local), ctypes.addressof(remote)
         target, source = (there, here) if to_remote else (here, there)
         stop = threading.Event()
@@ -422,6 +441,27 @@ class ShmProvider:
                 concurrent.futures.wait([copy])
             raise
         finally:
+            del remote
+
+    @staticmethod
+    def _copy_inline(
+        key: RemoteKey, mapped: _Mapped, offset: int, local: memoryview, *, to_remote: bool
+    ) -> None:
+        """``_copy`` of fewer than ``THREAD_COPY`` bytes, in this thread."""
+        try:
+            remote = (ctypes.c_char * local.nbytes).from_buffer(
+                mapped.mapping, mapped.delta + offset
+            )
+        except (ValueError, TypeError) as exc:  # unmapped meanwhile: dropped or evicted
+            raise _failed("transfer", key, f"the buffer was dropped ({exc})") from exc
+        window = memoryview(remote).cast("B")
+        try:
+            if to_remote:
+                window[:] = local
+            else:
+                local[:] = window
+        finally:
+            window.release()
             del remote
 
     async def _mapping(self, key: RemoteKey) -> _Mapped:

@@ -12,6 +12,31 @@ callers ``.get()`` it and asyncio callers ``await`` it. The reference's rules, k
   runs a loop. Cancelling an ``await`` cancels only that observer; an owning ``.get(timeout)``
   that times out cancels the body and the future fails with ``TimeoutError`` for everyone.
 - A future dropped before anyone observed it closes its coroutine unstarted.
+
+One loop per thread (``.get()``). Making and closing an event loop for every ``.get()``
+(``asyncio.run``: an epoll instance, a socket pair, the shutdown steps) cost about 0.1 ms, more
+than a 1 MiB memcpy, and was most of a small RDMA transfer. So each thread keeps one loop for
+its ``.get()`` bodies (``_ThreadLoop``) and reuses it while it stays as ``asyncio.run`` would
+have left a fresh one: after a body, the loop is checked (``_ThreadLoop.clean``: no task made
+on it still pending, no callback or live timer queued, nothing registered but its self-pipe,
+no async generator, default executor, signal or exception handler, task factory or debug mode
+left behind by the body); where anything is left, the loop is shut down exactly as
+``asyncio.run`` shuts its loop down (leftover tasks cancelled and awaited, async generators
+and the default executor shut down, the loop closed) and the next ``.get()`` makes a new one.
+So a body never finds another body's leftovers, and nothing a body left behind waits,
+suspended, for a later ``.get()`` on that thread. The helper threads (a ``.get()`` inside a
+running loop, a callback added before anyone observed) run a fresh loop each, as before.
+
+Forks: an idle loop is shared with every child forked while it exists (the zygote forks from
+the client's thread that calls ``spawn_procs``): the child holds the same epoll instance and
+the same self-pipe. A child that ran that loop would take the parent's wake-ups (only one of
+the processes waiting on one epoll instance is woken, and the child would read the byte the
+parent's ``call_soon_threadsafe`` wrote, leaving the parent asleep until its timeout), and a
+child that closed it would remove the parent's self-pipe from the epoll instance they share
+(``EPOLL_CTL_DEL`` acts on the instance, not on the child's copy). So in a forked child every
+inherited loop is abandoned, never run or closed (``_abandon_inherited``: marked closed so that
+neither ``close()`` nor its finalizer touches the epoll instance; its descriptors are closed
+when it is collected, which does not affect the parent's), and the child makes its own.
 """
 
 from __future__ import annotations
@@ -19,8 +44,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import importlib
 import inspect
+import os
+import signal
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -29,8 +58,188 @@ from monarch.actor._runtime.context import context
 
 __all__ = ["returns_future"]
 
+#: ``signal``'s C module: ``signal.signal``/``getsignal`` convert handlers to enums, a failed
+#: conversion formatting the handler's ``repr`` (a few microseconds per ``.get()``).
+_signal: Any = importlib.import_module("_signal")
+
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def _track(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+    """The task factory of a ``_ThreadLoop``: every task made on it is recorded until done."""
+    task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+    owner = _LOOPS.get(id(loop))
+    if owner is not None and owner.loop is loop:
+        owner.tasks.add(task)
+        task.add_done_callback(owner.tasks.discard)
+    return task
+
+
+class _ThreadLoop:
+    """One thread's event loop for ``.get()`` bodies (module docstring, "One loop per thread"):
+    an ``asyncio.Runner`` kept open while every body leaves its loop clean."""
+
+    __slots__ = (
+        "__weakref__",
+        "debug",
+        "interrupts",
+        "loop",
+        "main_task",
+        "pid",
+        "runner",
+        "tasks",
+    )
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.main_task: asyncio.Task[Any] | None = None
+        self.interrupts = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+        self.loop = self.runner.get_loop()
+        self.debug = self.loop.get_debug()
+        _LOOPS[id(self.loop)] = self
+        self.loop.set_task_factory(_track)
+
+    def run(self, coro: Coroutine[Any, Any, Any], ctx: contextvars.Context) -> Any:
+        """``asyncio.Runner.run``: the body as a task in ``ctx``, Ctrl-C on the main thread
+        cancelling it (then ``KeyboardInterrupt``); afterwards, the loop is shut down unless
+        clean (``clean``). (``Runner.run`` itself spent about 25 us a call on the main thread
+        converting signal handlers to enums, formatting the task's ``repr`` each time.)"""
+        loop = self.loop
+        task = loop.create_task(coro, context=ctx)
+        sigint = (
+            threading.current_thread() is threading.main_thread()
+            and _signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )
+        if sigint:
+            self.main_task = task
+            self.interrupts = 0
+            try:
+                _signal.signal(signal.SIGINT, _on_sigint)
+            except ValueError:  # a main thread that cannot take signals (embedded)
+                sigint = False
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if sigint and self.interrupts > 0 and task.uncancel() == 0:
+                raise KeyboardInterrupt() from None
+            raise
+        finally:
+            if sigint:
+                self.main_task = None
+                if _signal.getsignal(signal.SIGINT) is _on_sigint:
+                    _signal.signal(signal.SIGINT, signal.default_int_handler)
+            if not self.clean():
+                self.close()
+
+    def clean(self) -> bool:
+        """Whether the loop is as a fresh one would be: what a body left queued to run now is
+        run first (one pass, as ``asyncio.run``'s shutdown would have run it)."""
+        loop: Any = self.loop
+        try:
+            if loop._ready:
+                loop.call_soon(loop.stop)
+                loop.run_forever()
+            return (
+                not self.tasks
+                and not loop._ready
+                and all(handle.cancelled() for handle in loop._scheduled)
+                and len(loop._selector.get_map()) == 1  # its self-pipe
+                and not loop._asyncgens
+                and loop._default_executor is None
+                and not getattr(loop, "_signal_handlers", None)
+                and loop._exception_handler is None
+                and loop.get_task_factory() is _track
+                and loop.get_debug() == self.debug
+                and not loop.is_closed()
+            )
+        except AttributeError:  # another event loop implementation: never reused
+            return False
+
+    def close(self) -> None:
+        """Shut the loop down as ``asyncio.run`` does (leftover tasks cancelled and awaited,
+        async generators and the default executor shut down, the loop closed) and forget it."""
+        if getattr(_local, "loop", None) is self:
+            del _local.loop
+        if _LOOPS.get(id(self.loop)) is self:
+            del _LOOPS[id(self.loop)]
+        if self.pid == os.getpid():
+            self.runner.close()
+        else:  # a forked child's copy: never closed here
+            _abandon(self.loop)
+
+    def __del__(self) -> None:  # the thread ended: its loop is clean (else closed already)
+        loop = getattr(self, "loop", None)
+        if loop is None or loop.is_running():
+            return
+        if getattr(self, "pid", None) == os.getpid():
+            loop.close()
+        else:
+            _abandon(loop)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """``asyncio.Runner``'s SIGINT handler, for the main thread's loop: the first Ctrl-C
+    cancels the running body, a second one raises ``KeyboardInterrupt`` at once."""
+    owner = getattr(_local, "loop", None)  # signal handlers run on the main thread
+    task = None if owner is None else owner.main_task
+    if owner is None or task is None:
+        raise KeyboardInterrupt()
+    owner.interrupts += 1
+    if owner.interrupts == 1 and not task.done():
+        task.cancel()
+        owner.loop.call_soon_threadsafe(_nothing)  # wake a loop blocked in select()
+        return
+    raise KeyboardInterrupt()
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Local(threading.local):
+    loop: _ThreadLoop
+
+
+_local = _Local()
+#: Live thread loops by ``id`` of their event loop (weakly: a thread's ends with it): the task
+#: factory finds its owner here, a fork abandons them.
+_LOOPS: weakref.WeakValueDictionary[int, _ThreadLoop] = weakref.WeakValueDictionary()
+
+
+def _thread_loop() -> _ThreadLoop:
+    """This thread's loop for ``.get()`` bodies, made on first use (and after a fork)."""
+    current = getattr(_local, "loop", None)
+    if current is None or current.pid != os.getpid():
+        current = _local.loop = _ThreadLoop()
+    return current
+
+
+def _abandon(loop: asyncio.AbstractEventLoop) -> None:
+    """In a forked child: make an inherited loop inert without touching the epoll instance and
+    self-pipe it shares with the parent (module docstring, "Forks")."""
+    if hasattr(loop, "_closed"):
+        loop._closed = True  # close() and the finalizer then leave it alone
+    else:  # pragma: no cover - not an asyncio selector loop: keep it, unclosed, for good
+        _ABANDONED.append(loop)
+
+
+_ABANDONED: list[asyncio.AbstractEventLoop] = []
+
+
+def _abandon_inherited() -> None:
+    """After a fork, in the child: every loop of the parent's threads is abandoned, also one
+    the forking thread was running a body on (asyncio itself no longer reports it running in
+    the child; a child that goes on in it fails loudly instead of sharing the parent's)."""
+    for owner in list(_LOOPS.values()):
+        _abandon(owner.loop)
+    _LOOPS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_abandon_inherited)
 
 
 class _BodyCell(_Cell[Any]):
@@ -68,8 +277,9 @@ class _BodyCell(_Cell[Any]):
                 task.add_done_callback(self._settle)
             else:
                 threading.Thread(
-                    target=self._run, args=(body, None), name="monarch-returns-future", daemon=True
-                ).start()
+                    target=self._run, args=(body, None, False), name="monarch-returns-future",
+                    daemon=True,
+                ).start()  # fmt: skip
         super().add_done_callback(callback)
 
     def wait(self, timeout: float | None) -> bool:
@@ -78,17 +288,19 @@ class _BodyCell(_Cell[Any]):
             return super().wait(timeout)
         if asyncio._get_running_loop() is not None:  # never a second loop inside a running one
             helper = threading.Thread(
-                target=self._run, args=(body, timeout), name="monarch-returns-future", daemon=True
-            )
+                target=self._run, args=(body, timeout, False), name="monarch-returns-future",
+                daemon=True,
+            )  # fmt: skip
             helper.start()
             helper.join()
         else:
-            self._run(body, timeout)
+            self._run(body, timeout, True)
         return True
 
-    def _run(self, body: Coroutine[Any, Any, Any], timeout: float | None) -> None:
-        """Run the body on a fresh loop of this thread (``asyncio.run``); a timeout publishes
-        ``TimeoutError`` first, then cancels the body and drives its cleanup."""
+    def _run(self, body: Coroutine[Any, Any, Any], timeout: float | None, reuse: bool) -> None:
+        """Run the body on this thread's loop (``reuse``) or a fresh one, as ``asyncio.run``
+        does; a timeout cancels the body, drives its cleanup, then fails the future with
+        ``TimeoutError``."""
 
         scopes: list[asyncio.Timeout] = []
 
@@ -97,10 +309,12 @@ class _BodyCell(_Cell[Any]):
                 scopes.append(scope)
                 return await body
 
-        runner = asyncio.Runner()
         try:
-            with runner:
-                result = runner.run(bounded(), context=self._context)
+            if reuse:
+                result = _thread_loop().run(bounded(), self._context)
+            else:
+                with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+                    result = runner.run(bounded(), context=self._context)
         except TimeoutError as exc:
             if scopes and scopes[0].expired():  # our deadline, not the body's own TimeoutError
                 self.set_exception(TimeoutError(f"monarch Future not ready after {timeout} s"))
