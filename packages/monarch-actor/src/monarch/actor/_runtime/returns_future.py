@@ -34,7 +34,7 @@ the processes waiting on one epoll instance is woken, and the child would read t
 parent's ``call_soon_threadsafe`` wrote, leaving the parent asleep until its timeout), and a
 child that closed it would remove the parent's self-pipe from the epoll instance they share
 (``EPOLL_CTL_DEL`` acts on the instance, not on the child's copy). So in a forked child every
-inherited loop is abandoned, never run or closed (``_abandon_inherited``: marked closed so that
+inherited loop is abandoned, never run or closed (``forked_loops``: marked closed so that
 neither ``close()`` nor its finalizer touches the epoll instance; its descriptors are closed
 when it is collected, which does not affect the parent's), and the child makes its own.
 """
@@ -49,12 +49,13 @@ import inspect
 import os
 import signal
 import threading
-import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._runtime.context import context
+from monarch.actor._runtime.forked_loops import LOOPS as _LOOPS
+from monarch.actor._runtime.forked_loops import abandon as _abandon
 
 __all__ = ["returns_future"]
 
@@ -170,14 +171,18 @@ class _ThreadLoop:
         else:  # a forked child's copy: never closed here
             _abandon(self.loop)
 
-    def __del__(self) -> None:  # the thread ended: its loop is clean (else closed already)
+    # kept at hand: late in interpreter exit the module's globals are gone
+    def __del__(
+        self, _getpid: Callable[[], int] = os.getpid, _inert: Callable[[Any], None] = _abandon
+    ) -> None:
+        # the thread ended: its loop is clean (else closed already)
         loop = getattr(self, "loop", None)
         if loop is None or loop.is_running():
             return
-        if getattr(self, "pid", None) == os.getpid():
+        if getattr(self, "pid", None) == _getpid():
             loop.close()
         else:
-            _abandon(loop)
+            _inert(loop)
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -204,9 +209,6 @@ class _Local(threading.local):
 
 
 _local = _Local()
-#: Live thread loops by ``id`` of their event loop (weakly: a thread's ends with it): the task
-#: factory finds its owner here, a fork abandons them.
-_LOOPS: weakref.WeakValueDictionary[int, _ThreadLoop] = weakref.WeakValueDictionary()
 
 
 def _thread_loop() -> _ThreadLoop:
@@ -215,31 +217,6 @@ def _thread_loop() -> _ThreadLoop:
     if current is None or current.pid != os.getpid():
         current = _local.loop = _ThreadLoop()
     return current
-
-
-def _abandon(loop: asyncio.AbstractEventLoop) -> None:
-    """In a forked child: make an inherited loop inert without touching the epoll instance and
-    self-pipe it shares with the parent (module docstring, "Forks")."""
-    if hasattr(loop, "_closed"):
-        loop._closed = True  # close() and the finalizer then leave it alone
-    else:  # pragma: no cover - not an asyncio selector loop: keep it, unclosed, for good
-        _ABANDONED.append(loop)
-
-
-_ABANDONED: list[asyncio.AbstractEventLoop] = []
-
-
-def _abandon_inherited() -> None:
-    """After a fork, in the child: every loop of the parent's threads is abandoned, also one
-    the forking thread was running a body on (asyncio itself no longer reports it running in
-    the child; a child that goes on in it fails loudly instead of sharing the parent's)."""
-    for owner in list(_LOOPS.values()):
-        _abandon(owner.loop)
-    _LOOPS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_abandon_inherited)
 
 
 class _BodyCell(_Cell[Any]):
