@@ -34,6 +34,8 @@ from chrysalis.nameserver import (
     TerminalRejection,
 )
 from chrysalis.node import JoinSettings, LinkSessionVersionError, Node, NodeError
+from chrysalis.node import _node as node_module
+from chrysalis.quic import QuicConfig
 from chrysalis.quic._transport import LinkProtocolId
 from chrysalis.quic.testing import issue_identity
 
@@ -322,6 +324,42 @@ def test_dial_to_a_lost_child_that_does_not_join_again_fails_after_the_bound(
             with pytest.raises(NodeError, match=r"NotFound\): .* did not join again within 0.3"):
                 await r.dial(c.pid, rejoin_timeout=0.3)
             gate.set()
+
+    runtime.run(main)
+
+
+def test_the_default_dial_wait_covers_one_idle_timeout_of_the_child_noticing_late(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that was starved (or stopped) notices its lost link up to one QUIC idle timeout
+    late (the keepalives queued meanwhile restart its idle timer when it runs again), so the
+    default wait of ``dial`` is the idle timeout plus ``DEFAULT_REJOIN_TIMEOUT``: a child back
+    after longer than ``DEFAULT_REJOIN_TIMEOUT`` alone is still reached (the CI flake of
+    ``test_starved_worker``: 3 s of idle timeout, a 5 s wait, a loaded machine)."""
+    monkeypatch.setattr(node_module, "DEFAULT_REJOIN_TIMEOUT", 0.2)
+
+    async def main() -> None:
+        net = InprocNetwork()
+        quic = QuicConfig(idle_timeout=1.5, keepalive_interval=0.3)
+        async with Node(issue_identity(), carrier=net.bind(), quic_config=quic) as r:
+            assert r.rejoin_timeout == pytest.approx(1.7)
+            async with child(net, r) as c:
+                await c.wait_connected()
+                gate = await lose_parent_link(runtime, r, c)
+                async with runtime.background() as tasks:
+                    tasks.spawn(echo_forever, runtime, c)
+
+                    async def rejoin_later() -> None:
+                        await runtime.sleep(0.6)  # past DEFAULT_REJOIN_TIMEOUT, within the bound
+                        gate.set()
+
+                    tasks.spawn(rejoin_later)
+                    async with runtime.bounded(5):
+                        assert await round_trip(runtime, r, c.pid, b"late") == b"etal"
+                gate = await lose_parent_link(runtime, r, c)
+                with pytest.raises(NodeError, match=r"did not join again within 1.7 s"):
+                    await r.dial(c.pid)  # the default bound: idle timeout + 0.2 s
+                gate.set()
 
     runtime.run(main)
 
