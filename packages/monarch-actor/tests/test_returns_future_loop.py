@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -242,6 +243,25 @@ def test_get_inside_a_running_loop_uses_a_helper_thread() -> None:
     assert run(running_loop()) is loop
 
 
+def wait_in_epoll_wait(pid: int) -> None:
+    """Until process ``pid`` sleeps in ``epoll_wait`` (its kernel wait channel), at most ``T``
+    seconds; where the kernel does not show wait channels, a short sleep instead."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    deadline = time.monotonic() + T
+    while time.monotonic() < deadline:
+        try:
+            channel = wchan.read_text()
+        except OSError:
+            channel = "0"
+        if channel == "0":  # hidden (or not a Linux /proc): no way to tell
+            time.sleep(0.1)
+            return
+        if "epoll" in channel:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} never waited in epoll_wait")
+
+
 @pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(os, "fork"), reason="epoll and fork (Linux)"
 )
@@ -286,7 +306,8 @@ def test_a_forked_child_never_touches_the_parents_loop(
     os.close(done_read)
     try:
         select.select([ready_read], [], [], T)
-        time.sleep(0.1)  # the child is in epoll_wait first (or has closed its copy)
+        if child == "runs a body":
+            wait_in_epoll_wait(pid)  # the child waits first: the kernel would wake it
         assert run(from_another_thread(pool), timeout=10) == "woken"
         assert run(running_loop()) is parent_loop
     finally:
