@@ -30,21 +30,35 @@ def _run(*args: str, cwd: Path = ROOT) -> str:
     return result.stdout
 
 
+TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _torchrun(script: Path, result: Path, *, cwd: Path) -> None:
+    """``torchrun --standalone --nproc-per-node 2 SCRIPT RESULT``, the baseline. Once on a
+    loaded CI machine a rank of this plain torch script died by ``SIGABRT`` with gloo's
+    ``terminate called without an active exception`` (torch's own threads, none of this
+    project's code runs under torchrun): that one failure of the baseline is run again once;
+    any other failure, or a second one, fails the test."""
+    args = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    command = [sys.executable, *args, str(script), str(result)]
+    for attempt in (1, 2):
+        done = subprocess.run(
+            command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT, check=False
+        )
+        if done.returncode == 0:
+            return
+        if attempt == 2 or TORCH_EXIT_ABORT not in done.stderr:
+            break
+        result.unlink(missing_ok=True)
+    raise AssertionError(f"torchrun {script.name} failed:\n{done.stdout}\n{done.stderr}")
+
+
 def test_a_torchrun_script_runs_unchanged_on_a_mesh_as_under_torchrun(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = _run(str(EXAMPLES / "run_script.py"))
     assert out == (EXAMPLES / "run_script.expected").read_text()
     # the same script under torchrun itself: the same result
-    _run(
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(EXAMPLES / "train.py"),
-        str(tmp_path / "result.json"),
-        cwd=tmp_path,
-    )
+    _torchrun(EXAMPLES / "train.py", tmp_path / "result.json", cwd=tmp_path)
     under_torchrun = json.loads((tmp_path / "result.json").read_text())
     lines = dict(line.split(": ", 1) for line in out.splitlines())
     assert under_torchrun == {
