@@ -398,15 +398,16 @@ def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, st
     assert off.returncode == 0, off.stderr
     assert not (own / "a.sock").exists()
     env["CHRYSALIS_AGENT_AUTOSTART"] = "1"
-    first = _run(["--log-level", "info", "ls", tree["token"]], env)
+    first = _run(["ls", tree["token"]], env)
     assert first.returncode == 0, first.stderr
     assert tree["root"][:8] in first.stdout
-    assert "started an agent (pid " in first.stderr, first.stderr
-    pid = int(first.stderr.split("started an agent (pid ", 1)[1].split(")", 1)[0])
+    assert first.stderr == ""  # started silently
+    eventually(lambda: (own / "a.sock").exists(), T, "the started agent's socket")
+    status = _status(env)
+    pid = int(str(status["pid"]))
     try:
-        eventually(lambda: (own / "a.sock").exists(), T, "the started agent's socket")
-        status = _status(env)
-        assert status["pid"] == pid
+        sessions = status["sessions"]  # started for the token at once: joining already
+        assert isinstance(sessions, list) and len(sessions) == 1, status
         assert Path(f"/proc/{pid}/comm").read_text().strip() == "chrysalis-agent"
         # In a session of its own (a terminal's Ctrl-C or hang-up does not reach it).
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -414,7 +415,9 @@ def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, st
         second = _run(["ls", tree["token"]], env)
         assert second.returncode == 0, second.stderr
         assert second.stdout.splitlines()[0] == first.stdout.splitlines()[0]
-        assert _status(env)["warm"] == 1  # answered by the started agent's session
+        status = _status(env)
+        assert status["warm"] == 1, status  # answered by the started agent's session
+        assert [s["pid"] for s in status["sessions"]] == [sessions[0]["pid"]]  # the same one
         with pytest.raises(_agent.AgentError, match="is locked"):
             _agent.serve(own / "a.sock", 1.0)  # the lock: one agent per socket
         assert _agent.autostart(own / "a.sock") is None  # one runs: nothing started

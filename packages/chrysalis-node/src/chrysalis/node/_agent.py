@@ -647,14 +647,31 @@ class _Agent:
                 self.path.unlink()
 
 
-def serve(path: Path, idle_exit: float = DEFAULT_IDLE_EXIT, *, log: TextIO | None = None) -> int:
-    """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command."""
+Command = tuple[list[str], str, dict[str, str]]
+"""A command as the agent receives it: its arguments, working directory and environment."""
+
+
+def serve(
+    path: Path,
+    idle_exit: float = DEFAULT_IDLE_EXIT,
+    *,
+    log: TextIO | None = None,
+    first: Command | None = None,
+) -> int:
+    """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command.
+    ``first``: a command just run alone (``autostart``): when a warm session could answer it,
+    that session is started at once, so the same command's next run finds it joined."""
     listener, lock = _bind(path)
     try:
         _warm_up()
         agent = _Agent(path, listener, log)
         signal.signal(signal.SIGTERM, _terminate)
         agent.note(f"serving on {path} (pid {os.getpid()})")
+        if first is not None:
+            argv, cwd, env = first
+            warm = agent.warm_key(argv, cwd, env)
+            if warm is not None:
+                agent.start_session(warm[0], warm[1], cwd, env)
         try:
             agent.run(idle_exit)
         except KeyboardInterrupt:
@@ -756,12 +773,18 @@ def autostart_enabled(environ: Mapping[str, str]) -> bool:
     return environ.get(_agent_client._NO_AGENT_ENV) != "1" and environ.get(AUTOSTART_ENV) != "0"
 
 
-def autostart(path: Path | None = None, idle_exit: float = DEFAULT_IDLE_EXIT) -> int | None:
+def autostart(
+    path: Path | None = None,
+    idle_exit: float = DEFAULT_IDLE_EXIT,
+    *,
+    first: Command | None = None,
+) -> int | None:
     """Start an agent on ``path`` (default: ``default_socket()``) from this process, which just
     ran a client command alone and so has imported what the agent needs: a double fork (the
     agent in a session of its own, not this process's child, its standard streams on the log
     beside the socket, no other descriptor of this process kept, the working directory ``/``)
-    that runs ``serve``. It costs this process a fork and one short wait, not an interpreter
+    that runs ``serve`` (with ``first``, the command this process ran: its session starts
+    joining at once). It costs this process a fork and one short wait, not an interpreter
     start: the next ``ls`` finds the agent warm. A process with other threads running does not
     fork (a fork copies none of them, and a lock one held stays held): it spawns ``agent
     serve`` as a fresh interpreter instead (``_spawn``). Returns the agent's process ID (0 for
@@ -787,7 +810,7 @@ def autostart(path: Path | None = None, idle_exit: float = DEFAULT_IDLE_EXIT) ->
             os.setsid()
             if os.fork() != 0:
                 os._exit(0)
-            _become_agent(path, idle_exit, write)
+            _become_agent(path, idle_exit, write, first)
             status = 0
         finally:
             os._exit(status)
@@ -800,7 +823,7 @@ def autostart(path: Path | None = None, idle_exit: float = DEFAULT_IDLE_EXIT) ->
     return int(reply) if reply.isdigit() else None
 
 
-def _become_agent(path: Path, idle_exit: float, report: int) -> None:
+def _become_agent(path: Path, idle_exit: float, report: int, first: Command | None) -> None:
     """In the grandchild of ``autostart``: detach from the caller and serve until idle."""
     log = os.open(_log_path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -818,4 +841,4 @@ def _become_agent(path: Path, idle_exit: float, report: int) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     with contextlib.suppress(AgentError):  # another agent took the socket first
-        serve(path, idle_exit, log=sys.stderr)
+        serve(path, idle_exit, log=sys.stderr, first=first)

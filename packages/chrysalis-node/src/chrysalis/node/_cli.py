@@ -561,13 +561,14 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         print(error_line(exc, expected), file=sys.stderr)
         status = _ERROR_EXIT
     if autostart:
-        _autostart_agent()
+        _autostart_agent(raw)
     return status
 
 
-def _autostart_agent() -> None:
-    """After a client command that found no agent: start one from this warm process
-    (``chrysalis.node._agent.autostart``), so the next command is answered warm; never fails
+def _autostart_agent(raw: list[str]) -> None:
+    """After a client command (``raw``) that found no agent: start one from this warm process
+    (``chrysalis.node._agent.autostart``) with a session for ``raw``'s token already joining,
+    so the next command is answered warm; never fails
     the command (``CHRYSALIS_AGENT_AUTOSTART=0`` or ``CHRYSALIS_NO_AGENT=1``: nothing)."""
     import logging
 
@@ -576,7 +577,7 @@ def _autostart_agent() -> None:
         agent = _import("chrysalis.node._agent")
         if not agent.autostart_enabled(os.environ):
             return
-        started = agent.autostart()
+        started = agent.autostart(first=(raw, os.getcwd(), dict(os.environ)))
     except Exception as exc:
         log.info("could not start an agent: %s", exc)
         return
