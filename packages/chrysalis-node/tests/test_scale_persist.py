@@ -190,6 +190,68 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
     assert scale.returncode == 0, log.read_text()[-2000:]
 
 
+def test_a_head_killed_with_sigkill_comes_back_and_its_leaf_reconnects(tmp_path: Path) -> None:
+    """A task head restarted (``--restart 1``) with its identity, port and Unix path: it comes
+    back as the same PID (incarnation 2); its leaf, never restarted (incarnation 1), reconnects
+    by its parent link's retries and is resolvable at the root again, and an echo from the
+    other task to that leaf crosses the restarted head."""
+    work = tmp_path / "w"
+    log = tmp_path / "scale.log"
+    argv = [*CLI, "scale", "--nodes", "5", "--nodes-per-task", "3", "--persist"]
+    argv += ["--workdir", str(work), "--idle-timeout", "3", "--join-timeout-secs", "80"]
+    argv += ["--restart", "1", "--restart-backoff", "0.2"]
+    with log.open("wb") as err:
+        scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+    try:
+        ready = read_ready(scale, log)
+        tokens = ready["tokens"]
+        env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=ready["ca_dir"])
+
+        def admin(token: str, *args: str) -> Any:
+            command = [*CLI, "admin", tokens[token], *args, "--json", "--timeout", "30"]
+            code, record, stderr = run_json(command, env, timeout=45)
+            assert code == 0, stderr
+            return record
+
+        def at_root() -> set[str]:
+            command = [*CLI, "ls", tokens["0"], "--json", "--timeout", "20"]
+            code, entries, stderr = run_json(command, env, timeout=30)
+            assert code == 0, stderr
+            return {str(entry["pid"]) for entry in entries}
+
+        by_rank = {n["rank"]: n for n in admin("1", "nodes")}
+        assert (by_rank[3]["role"], by_rank[4]["parent"]) == ("head", by_rank[3]["pid"])
+        pid = {rank: n["pid"] for rank, n in by_rank.items()}
+        assert set(pid.values()) <= at_root()
+
+        os.kill(ready["processes"]["3"], signal.SIGKILL)
+        eventually(lambda: restarted_as(log, 3, 1) is not None, 30, "head 3 to be restarted")
+        process = restarted_as(log, 3, 1)
+        assert process is not None and process != ready["processes"]["3"]
+
+        def back() -> bool:
+            nodes = {n["rank"]: n for n in admin("1", "nodes")}
+            head, leaf = nodes[3], nodes[4]
+            return bool(
+                (head["pid"], head["state"], head["incarnation"]) == (pid[3], "live", 2)
+                and (leaf["pid"], leaf["state"], leaf["incarnation"]) == (pid[4], "live", 1)
+                and set(pid.values()) <= at_root()  # the leaf under the new head too
+            )
+
+        eventually(back, 60, "the restarted head and its leaf to be live and resolvable")
+        done = admin(
+            "1", "submit", "through", "--sources", "rank:1", "--destinations", "rank:4",
+            "--count", "3", "--payload", "64", "--no-baselines", "--wait",
+        )  # fmt: skip
+        assert done["status"] == "done", done
+        (result,) = admin("2", "show", "through")["results"]
+        assert (result["status"], result["completed"], result["error"]) == ("ok", 3, "")
+        assert restarted_as(log, 4, 1) is None  # the leaf was never restarted
+    finally:
+        stop_all([scale])
+    assert scale.returncode == 0, log.read_text()[-2000:]
+
+
 def test_admin_at_a_node_without_experiment_tables_says_so(tmp_path: Path) -> None:
     env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=str(tmp_path / "ca"))
     root, token = start_node([*CLI, "serve", "--timeout", "20"], env, tmp_path / "root.log")
