@@ -8,9 +8,16 @@ once can *fork* a copy of itself per command instead (as ``ssh``'s control maste
 monarch-actor zygote do); the copy runs exactly what a fresh process would run.
 
 How: ``chrysalis agent start`` starts the agent (detached, its own session) on a Unix stream
-socket, by default ``$XDG_RUNTIME_DIR/chrysalis-agent/agent.sock`` (else
-``/tmp/chrysalis-agent-UID/agent.sock``; ``CHRYSALIS_AGENT_SOCKET`` or ``--socket`` name another),
-in a directory only its user may enter. While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
+socket, by default ``$XDG_RUNTIME_DIR/chrysalis-agent/agent-TAG.sock`` (else
+``/tmp/chrysalis-agent-UID/agent-TAG.sock``, ``TAG`` naming this installation:
+``chrysalis.node._agent_client.installation_tag``; ``CHRYSALIS_AGENT_SOCKET`` or ``--socket``
+name another), in a directory only its user may enter; it holds ``SOCKET.lock`` (``flock``)
+while it lives, so one agent serves a socket. **A client command that finds no agent starts
+one** (``autostart``): after running alone, ``chrysalis ls`` (``resolve``, ``ping``, ``pipe``)
+forks the agent from its own warm process, with a session for its token already joining, so
+the next command is answered warm (``CHRYSALIS_AGENT_AUTOSTART=0`` opts out;
+``CHRYSALIS_NO_AGENT=1`` neither uses nor starts one; a call of ``main`` from Python never
+starts one). While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
 ``chrysalis`` command, not ``main(out=...)`` from Python) send it their arguments, working
 directory and environment, with their standard input, output and error as file descriptors
 (``SCM_RIGHTS``; the caller's side is ``chrysalis.node._agent_client``, which imports almost
