@@ -117,13 +117,14 @@ LABELS: Final = {
     "bare": "`python -c pass`",
     "help": "`chrysalis --help`",
     "imports": "`import chrysalis.node._cli_commands` (informational)",
-    "ls": "`chrysalis ls TOKEN`",
+    "ls": "`chrysalis ls TOKEN` alone (`CHRYSALIS_NO_AGENT=1`: no agent used or started)",
     "ls_agent_fork": "`chrysalis --log-level info ls TOKEN` with an agent: forked per command "
     "(informational)",
     "ls_agent": "`chrysalis ls TOKEN` with an agent running (`chrysalis agent start`)",
     "ls_agent_script": "the same through the installed `chrysalis` script (no `runpy`)",
-    "ls_autostart": "`chrysalis ls TOKEN` cold: no agent, so it runs alone and starts one",
-    "ls_second": "the next `chrysalis ls TOKEN`, answered by the agent the first one started",
+    "ls_autostart": "**cold**: `chrysalis ls TOKEN`, no agent running, so it runs alone and "
+    "starts one",
+    "ls_second": "**the next** `chrysalis ls TOKEN`, answered by the agent the cold one started",
 }
 GOAL_CASES: Final = ("ls", "ls_agent", "ls_agent_script", "ls_autostart", "ls_second")
 """The rows issue 22's 3x goal applies to."""
