@@ -58,6 +58,7 @@ SIGKILL) however the run ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import selectors
 import signal
@@ -109,9 +110,7 @@ CASES: Final = (
     "ls_agent",
     "ls_autostart",
     "ls_second",
-) + (
-    ("ls_agent_script",) if SCRIPT.exists() else ()
-)
+) + (("ls_agent_script",) if SCRIPT.exists() else ())
 """The commands of one round, in the order they run (``bare`` is the baseline)."""
 LABELS: Final = {
     "bare": "`python -c pass`",
@@ -224,10 +223,8 @@ def _autostarted(
         if _control(socket, "status")["warm"] != 1:
             raise BenchmarkError("the second ls was not answered by the started agent")
     finally:
-        try:
+        with contextlib.suppress(AgentError):
             _control(socket, "stop")
-        except AgentError:
-            pass
         deadline = time.monotonic() + SERVE_TIMEOUT
         while socket.exists() and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -407,7 +407,8 @@ def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, st
     pid = int(str(status["pid"]))
     try:
         sessions = status["sessions"]  # started for the token at once: joining already
-        assert isinstance(sessions, list) and len(sessions) == 1, status
+        assert isinstance(sessions, list)
+        assert len(sessions) == 1, status
         assert Path(f"/proc/{pid}/comm").read_text().strip() == "chrysalis-agent"
         # In a session of its own (a terminal's Ctrl-C or hang-up does not reach it).
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -227,7 +227,8 @@ def test_a_head_killed_with_sigkill_comes_back_and_its_leaf_reconnects(tmp_path:
         os.kill(ready["processes"]["3"], signal.SIGKILL)
         eventually(lambda: restarted_as(log, 3, 1) is not None, 30, "head 3 to be restarted")
         process = restarted_as(log, 3, 1)
-        assert process is not None and process != ready["processes"]["3"]
+        assert process is not None
+        assert process != ready["processes"]["3"]
 
         def back() -> bool:
             nodes = {n["rank"]: n for n in admin("1", "nodes")}
