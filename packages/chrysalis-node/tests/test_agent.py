@@ -418,7 +418,7 @@ def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, st
         assert second.stdout.splitlines()[0] == first.stdout.splitlines()[0]
         status = _status(env)
         assert status["warm"] == 1, status  # answered by the started agent's session
-        assert [s["pid"] for s in status["sessions"]] == [sessions[0]["pid"]]  # the same one
+        assert status["sessions"] == [{**sessions[0], "served": 1}]  # the same session
         with pytest.raises(_agent.AgentError, match="is locked"):
             _agent.serve(own / "a.sock", 1.0)  # the lock: one agent per socket
         assert _agent.autostart(own / "a.sock") is None  # one runs: nothing started

@@ -293,7 +293,7 @@ def _median_ratios(
             continue
         summary[method] = {}
         for key in ("p50", "p99", "throughput"):
-            values = [float(x[key]) for x in ratios if x[key] is not None]
+            values = [value for x in ratios if (value := x[key]) is not None]
             summary[method][key] = _median(values) if values else None
     return summary
 
