@@ -387,6 +387,30 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     assert not path.exists()
 
 
+def test_the_default_socket_is_per_user_and_per_installation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two installations (checkouts, virtual environments) of one user get two agents: a
+    command is only answered by an agent that runs its own code."""
+    monkeypatch.delenv("CHRYSALIS_AGENT_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    tag = _agent_client.installation_tag()
+    assert len(tag) == 8
+    int(tag, 16)
+    assert tag == _agent_client.installation_tag()  # stable
+    assert _agent_client.default_socket() == str(tmp_path / "chrysalis-agent" / f"agent-{tag}.sock")
+    monkeypatch.setattr(_agent_client, "__file__", "/elsewhere/chrysalis/node/_agent_client.py")
+    other = _agent_client.installation_tag()
+    assert other != tag
+    assert _agent_client.default_socket().endswith(f"agent-{other}.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert (
+        _agent_client.default_socket() == f"/tmp/chrysalis-agent-{os.getuid()}/agent-{other}.sock"
+    )
+    monkeypatch.setenv("CHRYSALIS_AGENT_SOCKET", "/x/a.sock")
+    assert _agent_client.default_socket() == "/x/a.sock"
+
+
 def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, str]) -> None:
     """``chrysalis ls`` with no agent runs alone, then forks an agent from its warm process
     (detached: the caller's captured pipes close at its exit, so ``capture_output`` returns);
