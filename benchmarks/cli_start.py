@@ -28,7 +28,17 @@ so that the four see about the same machine load:
    prints the table. The run checks, through ``agent status``, that every round's command was
    answered by a session (not forked). The other cases run with ``CHRYSALIS_NO_AGENT=1``, so
    an agent of the user's never takes them.
-7. **ls_agent_script**: the same through the ``chrysalis`` console script installed next to
+7. **ls_autostart** (cold, the default since agents start themselves): ``chrysalis ls TOKEN``
+   with no agent running and nothing disabling the automatic start, on a socket of its own
+   for the round: the command runs alone (as **ls**) and then forks an agent from its warm
+   process (``chrysalis.node._agent.autostart``) before it exits, and the agent starts a
+   session for the token at once: what that fork adds to a lone command.
+8. **ls_second**: the next ``chrysalis ls TOKEN`` on that socket, once the agent's socket
+   exists (bounded wait, not timed; a person typing the next command takes longer): answered
+   by the session the agent started for the first command's token (which may still be
+   joining: then this command waits for it). The agent is stopped after the round (so every
+   round starts cold).
+9. **ls_agent_script**: the same through the ``chrysalis`` console script installed next to
    this interpreter (when there is one): what a user runs. It imports ``sys`` and
    ``chrysalis.node._cli``; ``python -m`` also imports ``runpy`` (and with it ``importlib.util``,
    ``contextlib``, ``collections``, ``functools``), about as much again as the thin path.
@@ -48,6 +58,7 @@ SIGKILL) however the run ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import selectors
 import signal
@@ -90,20 +101,32 @@ LS_GOAL: Final = 3.0
 
 SCRIPT: Final = Path(sys.executable).with_name("chrysalis")
 """The installed ``chrysalis`` console script of this interpreter's environment (if any)."""
-CASES: Final = ("bare", "help", "imports", "ls", "ls_agent_fork", "ls_agent") + (
-    ("ls_agent_script",) if SCRIPT.exists() else ()
-)
+CASES: Final = (
+    "bare",
+    "help",
+    "imports",
+    "ls",
+    "ls_agent_fork",
+    "ls_agent",
+    "ls_autostart",
+    "ls_second",
+) + (("ls_agent_script",) if SCRIPT.exists() else ())
 """The commands of one round, in the order they run (``bare`` is the baseline)."""
 LABELS: Final = {
     "bare": "`python -c pass`",
     "help": "`chrysalis --help`",
     "imports": "`import chrysalis.node._cli_commands` (informational)",
-    "ls": "`chrysalis ls TOKEN`",
+    "ls": "`chrysalis ls TOKEN` alone (`CHRYSALIS_NO_AGENT=1`: no agent used or started)",
     "ls_agent_fork": "`chrysalis --log-level info ls TOKEN` with an agent: forked per command "
     "(informational)",
     "ls_agent": "`chrysalis ls TOKEN` with an agent running (`chrysalis agent start`)",
     "ls_agent_script": "the same through the installed `chrysalis` script (no `runpy`)",
+    "ls_autostart": "**cold**: `chrysalis ls TOKEN`, no agent running, so it runs alone and "
+    "starts one",
+    "ls_second": "**the next** `chrysalis ls TOKEN`, answered by the agent the cold one started",
 }
+GOAL_CASES: Final = ("ls", "ls_agent", "ls_agent_script", "ls_autostart", "ls_second")
+"""The rows issue 22's 3x goal applies to."""
 IMPORTS: Final = "import chrysalis.node._cli, chrysalis.node._cli_commands"
 
 
@@ -132,6 +155,7 @@ def _child_env(folder: Path) -> dict[str, str]:
     env["PYTHONPYCACHEPREFIX"] = str(folder)
     env["CHRYSALIS_NO_AGENT"] = "1"
     env.pop("CHRYSALIS_AGENT_SOCKET", None)
+    env.pop("CHRYSALIS_AGENT_AUTOSTART", None)
     return env
 
 
@@ -178,6 +202,33 @@ class _Agent:
 
     def stop(self) -> None:
         _terminate(self._proc)
+
+
+def _autostarted(
+    ls: Sequence[str], env: dict[str, str], socket: Path
+) -> tuple[float, str, float, str]:
+    """``ls`` with no agent on ``socket`` (it starts one), then ``ls`` again once the started
+    agent's socket exists; both wall times and outputs. The agent is stopped (bounded) after."""
+    from chrysalis.node._agent import AgentError, _control
+
+    own = {**env, "CHRYSALIS_AGENT_SOCKET": str(socket), "CHRYSALIS_AGENT_AUTOSTART": "1"}
+    first, first_table = _timed(ls, own)
+    try:
+        deadline = time.monotonic() + SERVE_TIMEOUT
+        while not socket.exists():
+            if time.monotonic() >= deadline:
+                raise BenchmarkError("the lone ls started no agent")
+            time.sleep(0.01)
+        second, second_table = _timed(ls, own)
+        if _control(socket, "status")["warm"] != 1:
+            raise BenchmarkError("the second ls was not answered by the started agent")
+    finally:
+        with contextlib.suppress(AgentError):
+            _control(socket, "stop")
+        deadline = time.monotonic() + SERVE_TIMEOUT
+        while socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return first, first_table, second, second_table
 
 
 def _timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, str]:
@@ -256,6 +307,12 @@ def measure(rounds: int, loads: list[float]) -> list[Round]:
                 seconds["ls"], table = _timed(ls, env)
                 seconds["ls_agent_fork"], fork_table = _timed(forked, agent_env)
                 seconds["ls_agent"], agent_table = _timed(ls, agent_env)
+                seconds["ls_autostart"], auto_table, seconds["ls_second"], second_table = (
+                    _autostarted(ls, agent_env, Path(folder) / f"auto-{index}" / "a.sock")
+                )
+                for other in (auto_table, second_table):
+                    if other.splitlines()[:1] != table.splitlines()[:1]:
+                        raise BenchmarkError(f"the autostart case printed {other[:80]!r}")
                 if "ls_agent_script" in CASES:
                     seconds["ls_agent_script"], script_table = _timed(
                         [str(SCRIPT), *ls[len(CLI) :]], agent_env
@@ -308,7 +365,7 @@ def report(
         low, high = figures[f"{case}_ratio_range"]
         ratio = f"{figures[f'{case}_over_bare']:.1f}x ({low:.1f}-{high:.1f})"
         goal = ""
-        if case in ("ls", "ls_agent", "ls_agent_script"):
+        if case in GOAL_CASES:
             met = "met" if figures[f"{case}_over_bare"] <= LS_GOAL else "not met"
             goal = f"at most {LS_GOAL:g}x: {met}"
         rows.append(f"| {LABELS[case]} | {time_ms} | {ratio} | {goal} |".replace("|  |", "| |"))
@@ -348,6 +405,15 @@ def report(
         "(`chrysalis.node._agent_client`: `_socket` and `_struct`, no parser) and one request;",
         "the agent's warm session (a node joined once) asks the root for the namespace and",
         "sends the table back.",
+        "",
+        "Cold: a lone `ls` now starts that agent itself (it forks one from its warm process",
+        "as it exits; `CHRYSALIS_AGENT_AUTOSTART=0` opts out), so the first command of a",
+        f"session took {figures['ls_autostart_seconds'] * 1000:.0f} ms "
+        f"({figures['ls_autostart_over_bare']:.1f}x, against {figures['ls_over_bare']:.1f}x "
+        "for a lone `ls` that starts none), the second",
+        f"{figures['ls_second_seconds'] * 1000:.0f} ms ({figures['ls_second_over_bare']:.1f}x: "
+        "the agent started the token's session as it started)",
+        "and every later one is the warm row above.",
     ]
     if mode != "full":
         lines += ["", f"A {mode} run: too few rounds to trust; run without options for the table."]

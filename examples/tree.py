@@ -10,6 +10,7 @@ Run it with ``./dev demo`` or, in the workspace environment, ``python examples/t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,12 +37,15 @@ def start(*args: str, ca_dir: Path) -> tuple[subprocess.Popen[str], str]:
 
 
 def chrysalis(*args: str, ca_dir: Path) -> str:
+    # A lone `ls` would start an agent for the next commands: this demo leaves nothing behind.
+    env = {**os.environ, "CHRYSALIS_AGENT_AUTOSTART": "0"}
     result = subprocess.run(
         [*CLI, *args, "--ca-dir", str(ca_dir)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         check=True,
+        env=env,
     )
     return result.stdout
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# A `chrysalis ls` (resolve, ping, pipe) run alone starts an agent for the next commands
+# (chrysalis.node._agent.autostart). The tests' commands must not leave agents behind or be
+# answered by one another's: only a test that asks for it (CHRYSALIS_AGENT_AUTOSTART=1 in its
+# own environment, on its own socket) gets one.
+os.environ["CHRYSALIS_AGENT_AUTOSTART"] = "0"
 
 
 # --- Hypothesis profiles (issue 15). This block is the same in every tests/conftest.py of the

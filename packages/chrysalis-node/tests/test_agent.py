@@ -387,6 +387,71 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     assert not path.exists()
 
 
+def test_the_default_socket_is_per_user_and_per_installation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two installations (checkouts, virtual environments) of one user get two agents: a
+    command is only answered by an agent that runs its own code."""
+    monkeypatch.delenv("CHRYSALIS_AGENT_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    tag = _agent_client.installation_tag()
+    assert len(tag) == 8
+    int(tag, 16)
+    assert tag == _agent_client.installation_tag()  # stable
+    assert _agent_client.default_socket() == str(tmp_path / "chrysalis-agent" / f"agent-{tag}.sock")
+    monkeypatch.setattr(_agent_client, "__file__", "/elsewhere/chrysalis/node/_agent_client.py")
+    other = _agent_client.installation_tag()
+    assert other != tag
+    assert _agent_client.default_socket().endswith(f"agent-{other}.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert (
+        _agent_client.default_socket() == f"/tmp/chrysalis-agent-{os.getuid()}/agent-{other}.sock"
+    )
+    monkeypatch.setenv("CHRYSALIS_AGENT_SOCKET", "/x/a.sock")
+    assert _agent_client.default_socket() == "/x/a.sock"
+
+
+def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, str]) -> None:
+    """``chrysalis ls`` with no agent runs alone, then forks an agent from its warm process
+    (detached: the caller's captured pipes close at its exit, so ``capture_output`` returns);
+    the next ``ls`` is answered by that agent's warm session. ``CHRYSALIS_AGENT_AUTOSTART=0``
+    starts none; a second agent on the same socket is refused by its lock."""
+    own = Path(tree["tmp"]) / "auto"
+    env = {**_env(tree), "CHRYSALIS_AGENT_SOCKET": str(own / "a.sock")}
+    off = _run(["ls", tree["token"]], {**env, "CHRYSALIS_AGENT_AUTOSTART": "0"})
+    assert off.returncode == 0, off.stderr
+    assert not (own / "a.sock").exists()
+    env["CHRYSALIS_AGENT_AUTOSTART"] = "1"
+    first = _run(["ls", tree["token"]], env)
+    assert first.returncode == 0, first.stderr
+    assert tree["root"][:8] in first.stdout
+    assert first.stderr == ""  # started silently
+    eventually(lambda: (own / "a.sock").exists(), T, "the started agent's socket")
+    status = _status(env)
+    pid = int(str(status["pid"]))
+    try:
+        sessions = status["sessions"]  # started for the token at once: joining already
+        assert isinstance(sessions, list)
+        assert len(sessions) == 1, status
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "chrysalis-agent"
+        # In a session of its own (a terminal's Ctrl-C or hang-up does not reach it).
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[3]) != os.getsid(0)  # field 6, the session ID
+        second = _run(["ls", tree["token"]], env)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.splitlines()[0] == first.stdout.splitlines()[0]
+        status = _status(env)
+        assert status["warm"] == 1, status  # answered by the started agent's session
+        assert status["sessions"] == [{**sessions[0], "served": 1}]  # the same session
+        with pytest.raises(_agent.AgentError, match="is locked"):
+            _agent.serve(own / "a.sock", 1.0)  # the lock: one agent per socket
+        assert _agent.autostart(own / "a.sock") is None  # one runs: nothing started
+    finally:
+        with_stop = _run(["agent", "stop"], env)
+        assert with_stop.returncode == 0, with_stop.stderr
+        eventually(lambda: not Path(f"/proc/{pid}").exists(), 15, "the started agent gone")
+
+
 @pytest.mark.parametrize(
     ("argv", "name"),
     [

@@ -151,10 +151,38 @@ def test_show_prints_each_baseline_and_its_ratio() -> None:
         "p99": 2.0,
         "throughput": 0.25,
     }
+    assert report["summary"]["pooled_ratios"] == {}  # no pooled stream measured
     json.dumps(report)  # `show --json`
     text = _show_text(report)
     assert "median ratio to udp: p50 4.00x, p99 2.00x, throughput 0.25x" in text
+    assert "pooled stream" not in text
     assert any(line.split()[2:3] == ["quic"] and "2.00x" in line for line in text.splitlines())
+
+
+def test_show_reports_the_pooled_stream_against_the_direct_baselines() -> None:
+    """Fresh versus pooled streams, each against the same direct baselines: the pooled
+    stream's own figures over each direct method's (``summary.pooled_ratios``)."""
+    from chrysalis.node._admin import _show_text, experiment_report
+
+    store = _store()
+    pooled = MethodResult(3, 1.0, p50_ms=1.0, p99_ms=3.0, mib_per_second=2.0)
+    udp = MethodResult(3, 1.0, p50_ms=0.5, p99_ms=2.0, mib_per_second=4.0)
+    tcp = MethodResult(error="connection refused")  # no figures: no ratio
+    methods = {"chrysalis-pooled": pooled, "udp": udp, "tcp": tcp}
+    _finished(store, encode_baselines(methods))
+    report = experiment_report(store.ledger(), "e1")
+    summary = report["summary"]
+    assert summary["pooled_ratios"] == {
+        "udp": {"p50": 2.0, "p99": 1.5, "throughput": 0.5},
+        "tcp": {"p50": None, "p99": None, "throughput": None},
+    }
+    # the fresh stream (p50 2 ms, p99 4 ms, 1 MiB/s) against the same baselines
+    assert summary["baseline_ratios"]["udp"] == {"p50": 4.0, "p99": 2.0, "throughput": 0.25}
+    assert summary["baseline_ratios"]["chrysalis-pooled"]["p50"] == 2.0  # fresh over pooled
+    text = _show_text(report)
+    assert "pooled stream, median ratio to udp: p50 2.00x, p99 1.50x, throughput 0.50x" in text
+    assert "pooled stream, median ratio to tcp: p50 -, p99 -, throughput -" in text
+    assert "pooled stream, median ratio to chrysalis-pooled" not in text
 
 
 def test_the_runner_measures_baselines_after_its_pairs_and_keeps_a_failing_one_out() -> None:

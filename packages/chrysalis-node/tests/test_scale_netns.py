@@ -258,6 +258,78 @@ def test_32_processes_in_two_namespaces_run_experiments_administered_elsewhere(
 
 @pytest.mark.slow
 @pytest.mark.netns
+def test_a_hung_head_in_its_namespace_is_declared_lost_with_its_subtree(tmp_path: Path) -> None:
+    """Liveness across a namespace boundary: the root (in the test's namespace) declares the
+    head of task 1 and its leaf lost once the head, in namespace 1, stops answering (SIGSTOP:
+    no exit status for the launcher to see; the root's QUIC link to it idles out, the subtree
+    leaves the root's namespace and the root's liveness check, after ``--idle-timeout``, marks
+    both lost). The leaf's open claim is reported failed with that reason, and all of it is
+    read from a process in namespace 2. Task 2 stays live."""
+    _needs_netns()
+    work = tmp_path / "w"
+    log = tmp_path / "scale.log"
+    argv = [*CLI, "scale", "--nodes", "6", "--nodes-per-task", "2", "--persist", "--netns"]
+    argv += ["--workdir", str(work), "--idle-timeout", "3", "--join-timeout-secs", "80"]
+    with log.open("wb") as err:
+        scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+    ready: dict[str, Any] = {}
+    stopped: int | None = None
+    try:
+        ready = read_ready(scale, log)
+        tokens, processes = ready["tokens"], ready["processes"]
+        spaces = {int(task): name for task, name in ready["namespaces"].items()}
+        assert sorted(spaces) == [1, 2]
+        head, leaf = int(processes["2"]), int(processes["3"])  # task 1: ranks 2 (head) and 3
+        assert _netns_inode(head) == _netns_inode(leaf) == os.stat(f"/run/netns/{spaces[1]}").st_ino
+        assert _netns_inode(head) != _netns_inode(os.getpid())
+        env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=ready["ca_dir"])
+
+        def admin(*args: str) -> Any:
+            """``chrysalis admin`` at leaf 5, run in namespace 2."""
+            command = [*CLI, "admin", tokens["5"], *args, "--json", "--timeout", "30"]
+            command = ["ip", "netns", "exec", spaces[2], *command]
+            code, record, stderr = run_json(command, env, timeout=45)
+            assert code == 0, stderr
+            return record
+
+        nodes = {n["rank"]: n for n in admin("nodes")}
+        assert {n["state"] for n in nodes.values()} == {"live"}
+        assert nodes[3]["parent"] == nodes[2]["pid"]
+        admin(
+            "submit", "held", "--sources", "rank:3", "--destinations", "rank:1",
+            "--count", "100000", "--warmup", "0", "--run-timeout", "120", "--no-baselines",
+        )  # fmt: skip
+        os.kill(head, signal.SIGSTOP)  # hung, not dead: only liveness can tell
+        stopped = head
+
+        def states() -> dict[int, str]:
+            return {n["rank"]: n["state"] for n in admin("nodes")}
+
+        eventually(
+            lambda: states()[2] == states()[3] == "lost", 40, "head 2 and leaf 3 declared lost"
+        )
+        final = states()
+        assert [final[rank] for rank in (0, 1, 4, 5)] == ["live"] * 4, final
+        claim = admin("show", "held")["claims"][0]
+        assert claim["source"] == nodes[3]["pid"]
+        assert claim["state"] == "failed", claim
+        assert "left the namespace" in claim["error"], claim
+        assert f"{nodes[2]['pid'][:8]} lost: its node left the namespace" in log.read_text()
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)  # so that it can end with the others
+        if scale.poll() is None:
+            scale.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                scale.wait(timeout=30)
+        stop_all([scale])
+    assert scale.returncode == 0, log.read_text()[-2000:]
+    _assert_all_gone(ready, _tag(ready), timeout=15)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
 def test_a_launcher_killed_with_sigkill_leaves_no_namespace_or_process(tmp_path: Path) -> None:
     _needs_netns()
     log = tmp_path / "scale.log"

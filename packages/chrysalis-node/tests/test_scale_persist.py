@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,25 +53,48 @@ def restarted_as(log: Path, rank: int, nth: int) -> int | None:
     return None if found is None else int(found.group(1))
 
 
-def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_path: Path) -> None:
-    work = tmp_path / "w"
+class Tree:
+    """A running ``chrysalis scale --persist`` tree: its ``READY`` record, its launcher's log
+    and the environment of its clients (the tree's CA)."""
+
+    def __init__(self, ready: dict[str, Any], log: Path) -> None:
+        self.ready = ready
+        self.log = log
+        self.env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=ready["ca_dir"])
+
+    def json(self, *argv: str) -> Any:
+        """``chrysalis ARGV --json`` (bounded); its decoded output (it must succeed)."""
+        command = [*CLI, *argv, "--json", "--timeout", "30"]
+        code, record, stderr = run_json(command, self.env, timeout=45)
+        assert code == 0, stderr
+        return record
+
+    def admin(self, rank: str, *args: str) -> Any:
+        """``chrysalis admin`` at rank ``rank``'s token."""
+        return self.json("admin", self.ready["tokens"][rank], *args)
+
+
+@contextlib.contextmanager
+def persistent_tree(tmp_path: Path, idle_timeout: float) -> Iterator[Tree]:
+    """5 processes with ``--persist --restart 1`` (task-head: root + 2 Unix leaves, a UDP head
+    + 1 Unix leaf); stopped, and checked to exit cleanly, after the block."""
     log = tmp_path / "scale.log"
     argv = [*CLI, "scale", "--nodes", "5", "--nodes-per-task", "3", "--persist"]
-    argv += ["--workdir", str(work), "--idle-timeout", "5", "--join-timeout-secs", "80"]
-    argv += ["--restart", "1", "--restart-backoff", "0.2"]
+    argv += ["--workdir", str(tmp_path / "w"), "--idle-timeout", f"{idle_timeout:g}"]
+    argv += ["--join-timeout-secs", "80", "--restart", "1", "--restart-backoff", "0.2"]
     with log.open("wb") as err:
         scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
     try:
-        ready = read_ready(scale, log)
-        tokens = ready["tokens"]
-        env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=ready["ca_dir"])
+        yield Tree(read_ready(scale, log), log)
+    finally:
+        stop_all([scale])
+    assert scale.returncode == 0, log.read_text()[-2000:]
 
-        def admin(token: str, *args: str) -> Any:
-            command = [*CLI, "admin", tokens[token], *args, "--json", "--timeout", "30"]
-            code, record, stderr = run_json(command, env, timeout=45)
-            assert code == 0, stderr
-            return record
 
+def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    with persistent_tree(tmp_path, idle_timeout=5) as tree:
+        ready, log, admin = tree.ready, tree.log, tree.admin
         nodes = admin("2", "nodes")
         by_rank = {n["rank"]: n for n in nodes}
         assert sorted(by_rank) == [0, 1, 2, 3, 4]
@@ -185,9 +209,48 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
         assert "exited with status -9, given up after 1 restart" in claim["error"]
         assert admin("0", "nodes", "rank:4")[0]["state"] == "lost"
         assert restarted_as(log, 4, 2) is None
-    finally:
-        stop_all([scale])
-    assert scale.returncode == 0, log.read_text()[-2000:]
+
+
+def test_a_head_killed_with_sigkill_comes_back_and_its_leaf_reconnects(tmp_path: Path) -> None:
+    """A task head restarted (``--restart 1``) with its identity, port and Unix path: it comes
+    back as the same PID (incarnation 2); its leaf, never restarted (incarnation 1), reconnects
+    by its parent link's retries and is resolvable at the root again, and an echo from the
+    other task to that leaf crosses the restarted head."""
+    with persistent_tree(tmp_path, idle_timeout=3) as tree:
+        ready, log, admin = tree.ready, tree.log, tree.admin
+
+        def at_root() -> set[str]:
+            return {str(entry["pid"]) for entry in tree.json("ls", ready["tokens"]["0"])}
+
+        by_rank = {n["rank"]: n for n in admin("1", "nodes")}
+        assert (by_rank[3]["role"], by_rank[4]["parent"]) == ("head", by_rank[3]["pid"])
+        pid = {rank: n["pid"] for rank, n in by_rank.items()}
+        assert set(pid.values()) <= at_root()
+
+        os.kill(ready["processes"]["3"], signal.SIGKILL)
+        eventually(lambda: restarted_as(log, 3, 1) is not None, 30, "head 3 to be restarted")
+        process = restarted_as(log, 3, 1)
+        assert process is not None
+        assert process != ready["processes"]["3"]
+
+        def back() -> bool:
+            nodes = {n["rank"]: n for n in admin("1", "nodes")}
+            head, leaf = nodes[3], nodes[4]
+            return bool(
+                (head["pid"], head["state"], head["incarnation"]) == (pid[3], "live", 2)
+                and (leaf["pid"], leaf["state"], leaf["incarnation"]) == (pid[4], "live", 1)
+                and set(pid.values()) <= at_root()  # the leaf under the new head too
+            )
+
+        eventually(back, 60, "the restarted head and its leaf to be live and resolvable")
+        done = admin(
+            "1", "submit", "through", "--sources", "rank:1", "--destinations", "rank:4",
+            "--count", "3", "--payload", "64", "--no-baselines", "--wait",
+        )  # fmt: skip
+        assert done["status"] == "done", done
+        (result,) = admin("2", "show", "through")["results"]
+        assert (result["status"], result["completed"], result["error"]) == ("ok", 3, "")
+        assert restarted_as(log, 4, 1) is None  # the leaf was never restarted
 
 
 def test_admin_at_a_node_without_experiment_tables_says_so(tmp_path: Path) -> None:

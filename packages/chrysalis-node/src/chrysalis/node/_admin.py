@@ -36,7 +36,12 @@ from typing import Any, Final, TextIO
 
 from chrysalis.core import LinkSide
 from chrysalis.node._address import format_address
-from chrysalis.node._baselines import BASELINE_METHODS, decode_baselines, pair_ratios
+from chrysalis.node._baselines import (
+    BASELINE_METHODS,
+    MethodResult,
+    decode_baselines,
+    pair_ratios,
+)
 from chrysalis.node._claims import (
     TERMINAL,
     ExperimentLedger,
@@ -180,6 +185,7 @@ def experiment_report(ledger: ExperimentLedger, name: str) -> dict[str, Any]:
             {"median": _median(values), "min": min(values), "max": max(values)} if values else None
         )
     summary["baseline_ratios"] = _ratio_summary(ok)
+    summary["pooled_ratios"] = _pooled_ratio_summary(ok)
     pairs = [r for r in ledger.results.values() if r.experiment == name]
     longest = max((r.seconds for r in pairs), default=0.0)
     # every completed operation's payload (both ways for an echo) over the longest wall-clock
@@ -245,17 +251,49 @@ def _baselines_of(p50: float, p99: float, rate: float, text: str) -> dict[str, A
     }
 
 
+_POOLED: Final = "chrysalis-pooled"
+"""The baseline method that is Chrysalis itself on one pooled stream (every echo on it)."""
+
+
 def _ratio_summary(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Per method, the median over the ok pairs of each ratio (``None`` where no pair has
     it)."""
+    return _median_ratios([r.get("ratios", {}) for r in results])
+
+
+def _pooled_ratio_summary(
+    results: Sequence[dict[str, Any]],
+) -> dict[str, dict[str, float | None]]:
+    """The pooled Chrysalis stream against the direct baselines: per direct method (``udp``,
+    ``tcp``, ``unix``, ``quic``), the median over the ok pairs of the ``chrysalis-pooled``
+    figures over that method's (as ``baseline_ratios`` does for the fresh stream per echo);
+    empty where no pair measured a pooled stream (stream transfers, ``--no-baselines``)."""
+    per_pair: list[dict[str, dict[str, float | None]]] = []
+    for result in results:
+        baselines: dict[str, dict[str, Any]] = result.get("baselines") or {}
+        pooled = baselines.get(_POOLED)
+        if pooled is None:
+            continue
+        direct = {m: MethodResult(**b) for m, b in baselines.items() if m != _POOLED}
+        per_pair.append(
+            pair_ratios(pooled["p50_ms"], pooled["p99_ms"], pooled["mib_per_second"], direct)
+        )
+    return _median_ratios(per_pair)
+
+
+def _median_ratios(
+    per_pair: Sequence[Mapping[str, Mapping[str, float | None]]],
+) -> dict[str, dict[str, float | None]]:
+    """Per method (in ``BASELINE_METHODS`` order), the median of each ratio over the pairs
+    that have it (``None`` where none has)."""
     summary: dict[str, dict[str, float | None]] = {}
     for method in BASELINE_METHODS:
-        ratios = [r["ratios"][method] for r in results if method in r.get("ratios", {})]
+        ratios = [pair[method] for pair in per_pair if method in pair]
         if not ratios:
             continue
         summary[method] = {}
         for key in ("p50", "p99", "throughput"):
-            values = [float(x[key]) for x in ratios if x[key] is not None]
+            values = [value for x in ratios if (value := x[key]) is not None]
             summary[method][key] = _median(values) if values else None
     return summary
 
@@ -368,6 +406,11 @@ def _show_text(report: dict[str, Any]) -> str:
         lines.append(
             f"median ratio to {method}: p50 {_ratio(ratios['p50'])}, p99 {_ratio(ratios['p99'])}, "
             f"throughput {_ratio(ratios['throughput'])}"
+        )
+    for method, ratios in s.get("pooled_ratios", {}).items():
+        lines.append(
+            f"pooled stream, median ratio to {method}: p50 {_ratio(ratios['p50'])}, "
+            f"p99 {_ratio(ratios['p99'])}, throughput {_ratio(ratios['throughput'])}"
         )
     line = (
         f"pairs ok {s['pairs_ok']}, failed {s['pairs_failed']}; sources failed "

@@ -8,9 +8,16 @@ once can *fork* a copy of itself per command instead (as ``ssh``'s control maste
 monarch-actor zygote do); the copy runs exactly what a fresh process would run.
 
 How: ``chrysalis agent start`` starts the agent (detached, its own session) on a Unix stream
-socket, by default ``$XDG_RUNTIME_DIR/chrysalis-agent/agent.sock`` (else
-``/tmp/chrysalis-agent-UID/agent.sock``; ``CHRYSALIS_AGENT_SOCKET`` or ``--socket`` name another),
-in a directory only its user may enter. While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
+socket, by default ``$XDG_RUNTIME_DIR/chrysalis-agent/agent-TAG.sock`` (else
+``/tmp/chrysalis-agent-UID/agent-TAG.sock``, ``TAG`` naming this installation:
+``chrysalis.node._agent_client.installation_tag``; ``CHRYSALIS_AGENT_SOCKET`` or ``--socket``
+name another), in a directory only its user may enter; it holds ``SOCKET.lock`` (``flock``)
+while it lives, so one agent serves a socket. **A client command that finds no agent starts
+one** (``autostart``): after running alone, ``chrysalis ls`` (``resolve``, ``ping``, ``pipe``)
+forks the agent from its own warm process, with a session for its token already joining, so
+the next command is answered warm (``CHRYSALIS_AGENT_AUTOSTART=0`` opts out;
+``CHRYSALIS_NO_AGENT=1`` neither uses nor starts one; a call of ``main`` from Python never
+starts one). While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
 ``chrysalis`` command, not ``main(out=...)`` from Python) send it their arguments, working
 directory and environment, with their standard input, output and error as file descriptors
 (``SCM_RIGHTS``; the caller's side is ``chrysalis.node._agent_client``, which imports almost
@@ -50,6 +57,7 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
+import fcntl
 import importlib
 import io
 import json
@@ -60,8 +68,9 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -81,7 +90,10 @@ __all__ = [
     "MAX_CHILDREN",
     "MAX_REQUEST",
     "MAX_SESSIONS",
+    "AUTOSTART_ENV",
     "agent_command",
+    "autostart",
+    "autostart_enabled",
     "default_socket",
     "run_via_agent",
     "serve",
@@ -104,6 +116,9 @@ DEFAULT_IDLE_EXIT: Final = 600.0
 """Seconds an agent waits for a command before it exits."""
 START_TIMEOUT: Final = 30.0
 """Seconds ``agent start`` waits for the new agent to answer."""
+AUTOSTART_ENV: Final = "CHRYSALIS_AGENT_AUTOSTART"
+"""``0``: a command that found no agent does not start one (``CHRYSALIS_NO_AGENT=1``: nor uses
+one)."""
 _LENGTH: Final = struct.Struct("!I")
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -220,15 +235,41 @@ def _refuse_if_running(path: Path) -> None:
     raise AgentError(f"an agent already runs on {path} (pid {reply.get('pid')})")
 
 
-def _bind(path: Path) -> socket.socket:
+def _lock(path: Path) -> int:
+    """Take ``PATH.lock`` (``flock``, exclusive, not waiting): the descriptor holding it, which
+    an agent keeps open for its life, so that two agents starting at once on one socket cannot
+    both bind it (the second would unlink the first's socket). ``AgentError`` while another
+    process holds it (an agent runs or is starting)."""
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AgentError(f"an agent runs or is starting on {path} ({lock} is locked)") from None
+    return fd
+
+
+def _bind(path: Path) -> tuple[socket.socket, int]:
+    """The agent's listener on ``path`` and the descriptor of its lock (``_lock``)."""
     _prepare_directory(path)
-    _refuse_if_running(path)
+    lock = _lock(path)
+    try:
+        _refuse_if_running(path)
+    except BaseException:
+        os.close(lock)
+        raise
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket of an agent that died
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(64)
-    return listener
+    try:
+        listener.bind(str(path))
+        listener.listen(64)
+    except BaseException:
+        listener.close()
+        os.close(lock)
+        raise
+    return listener, lock
 
 
 def _warm_up() -> None:
@@ -613,19 +654,39 @@ class _Agent:
                 self.path.unlink()
 
 
-def serve(path: Path, idle_exit: float = DEFAULT_IDLE_EXIT, *, log: TextIO | None = None) -> int:
-    """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command."""
-    listener = _bind(path)
-    _warm_up()
-    agent = _Agent(path, listener, log)
-    signal.signal(signal.SIGTERM, _terminate)
-    agent.note(f"serving on {path} (pid {os.getpid()})")
+Command = tuple[list[str], str, dict[str, str]]
+"""A command as the agent receives it: its arguments, working directory and environment."""
+
+
+def serve(
+    path: Path,
+    idle_exit: float = DEFAULT_IDLE_EXIT,
+    *,
+    log: TextIO | None = None,
+    first: Command | None = None,
+) -> int:
+    """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command.
+    ``first``: a command just run alone (``autostart``): when a warm session could answer it,
+    that session is started at once, so the same command's next run finds it joined."""
+    listener, lock = _bind(path)
     try:
-        agent.run(idle_exit)
-    except KeyboardInterrupt:
-        agent.note("terminated")
+        _warm_up()
+        agent = _Agent(path, listener, log)
+        signal.signal(signal.SIGTERM, _terminate)
+        agent.note(f"serving on {path} (pid {os.getpid()})")
+        if first is not None:
+            argv, cwd, env = first
+            warm = agent.warm_key(argv, cwd, env)
+            if warm is not None:
+                agent.start_session(warm[0], warm[1], cwd, env)
+        try:
+            agent.run(idle_exit)
+        except KeyboardInterrupt:
+            agent.note("terminated")
+        finally:
+            agent.close()
     finally:
-        agent.close()
+        os.close(lock)  # the socket is gone: another agent may start
     return 0
 
 
@@ -656,27 +717,7 @@ def agent_command(args: argparse.Namespace, out: TextIO) -> int:
     assert action == "start"
     _refuse_if_running(path)
     _prepare_directory(path)
-    import subprocess
-
-    log = path.with_suffix(".log")
-    with open(log, "ab") as sink:
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chrysalis.node._cli",
-                "agent",
-                "serve",
-                "--socket",
-                str(path),
-                "--idle-exit",
-                str(args.idle_exit),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=sink,
-            start_new_session=True,
-        )
+    log = _spawn(path, args.idle_exit)
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         try:
@@ -697,3 +738,114 @@ def _status_text(reply: dict[str, Any]) -> str:
         f"agent {reply.get('pid')} on {reply.get('socket')}: "
         f"{reply.get('running')} running, {reply.get('served')} served"
     )
+
+
+# -- starting an agent from a command that found none --------------------------------------------
+
+
+def _log_path(path: Path) -> Path:
+    return path.with_suffix(".log")
+
+
+def _spawn(path: Path, idle_exit: float) -> Path:
+    """Start ``chrysalis agent serve`` on ``path`` as a fresh interpreter, detached (its own
+    session, output appended to the log beside the socket); the log's path."""
+    import subprocess
+
+    log = _log_path(path)
+    with open(log, "ab") as sink:
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "chrysalis.node._cli",
+                "agent",
+                "serve",
+                "--socket",
+                str(path),
+                "--idle-exit",
+                str(idle_exit),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,
+        )
+    return log
+
+
+def autostart_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether a command that found no agent starts one: not with ``CHRYSALIS_NO_AGENT=1``
+    (no agent is used at all) nor ``CHRYSALIS_AGENT_AUTOSTART=0``."""
+    return environ.get(_agent_client._NO_AGENT_ENV) != "1" and environ.get(AUTOSTART_ENV) != "0"
+
+
+def autostart(
+    path: Path | None = None,
+    idle_exit: float = DEFAULT_IDLE_EXIT,
+    *,
+    first: Command | None = None,
+) -> int | None:
+    """Start an agent on ``path`` (default: ``default_socket()``) from this process, which just
+    ran a client command alone and so has imported what the agent needs: a double fork (the
+    agent in a session of its own, not this process's child, its standard streams on the log
+    beside the socket, no other descriptor of this process kept, the working directory ``/``)
+    that runs ``serve`` (with ``first``, the command this process ran: its session starts
+    joining at once). It costs this process a fork and one short wait, not an interpreter
+    start: the next ``ls`` finds the agent warm. A process with other threads running does not
+    fork (a fork copies none of them, and a lock one held stays held): it spawns ``agent
+    serve`` as a fresh interpreter instead (``_spawn``). Returns the agent's process ID (0 for
+    a spawned one); ``None``, starting nothing, when an agent runs or is starting on ``path``
+    (its lock is held) or the socket's directory is not usable."""
+    path = default_socket() if path is None else path
+    try:
+        _prepare_directory(path)
+        os.close(_lock(path))  # free: the agent takes it again (a race loses there, harmlessly)
+    except (AgentError, OSError):
+        return None
+    if threading.active_count() > 1:
+        _spawn(path, idle_exit)
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked process
+        status = 1
+        try:
+            os.close(read)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            _become_agent(path, idle_exit, write, first)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    try:
+        os.waitpid(child, 0)
+        reply = os.read(read, 16)
+    finally:
+        os.close(read)
+    return int(reply) if reply.isdigit() else None
+
+
+def _become_agent(path: Path, idle_exit: float, report: int, first: Command | None) -> None:
+    """In the grandchild of ``autostart``: detach from the caller and serve until idle."""
+    log = os.open(_log_path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.write(report, str(os.getpid()).encode())
+    import gc
+
+    gc.collect()  # garbage closes its descriptors now, before they are closed and reused
+    os.closerange(3, _max_fd())  # the caller's pipes (a shell's `$(...)` waits for their EOF)
+    os.chdir("/")
+    with contextlib.suppress(OSError):  # its name in `ps -e` and `top` (argv stays the command's)
+        Path("/proc/self/comm").write_text("chrysalis-agent")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with contextlib.suppress(AgentError):  # another agent took the socket first
+        serve(path, idle_exit, log=sys.stderr, first=first)

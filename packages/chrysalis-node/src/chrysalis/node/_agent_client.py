@@ -46,6 +46,7 @@ __all__ = [
     "default_socket",
     "encode_reply",
     "encode_request",
+    "installation_tag",
     "run_via_agent",
 ]
 
@@ -64,15 +65,28 @@ _in_child = False
 """Set in a command the agent forked: it runs there, never handed to the agent again."""
 
 
+def installation_tag() -> str:
+    """8 hex digits naming this installation of chrysalis-node (FNV-1a of this package's
+    directory): the default socket's name carries it, so a command is only ever answered by an
+    agent running the same code (two virtual environments or checkouts of one user each get
+    their own agent). Pure Python: the thin path imports no hashing module for it."""
+    value = 0xCBF29CE484222325
+    for byte in os.fsencode(os.path.dirname(os.path.abspath(__file__))):
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{(value ^ (value >> 32)) & 0xFFFFFFFF:08x}"
+
+
 def default_socket() -> str:
-    """``CHRYSALIS_AGENT_SOCKET``, else a socket in a per-user directory."""
+    """``CHRYSALIS_AGENT_SOCKET``, else ``agent-TAG.sock`` (``installation_tag``) in a
+    per-user directory."""
     named = os.environ.get(_SOCKET_ENV)
     if named:
         return named
+    name = f"agent-{installation_tag()}.sock"
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "chrysalis-agent", "agent.sock")
-    return f"/tmp/chrysalis-agent-{os.getuid()}/agent.sock"
+        return os.path.join(runtime, "chrysalis-agent", name)
+    return os.path.join(f"/tmp/chrysalis-agent-{os.getuid()}", name)
 
 
 # -- wire ---------------------------------------------------------------------------------------

@@ -529,6 +529,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     if raw[:1] == ["scale"]:
         scale_main: Callable[..., int] = getattr(_import(_SCALE.module), _SCALE.function)
         return scale_main(["run", *raw[1:]], out=stdout)
+    autostart = False
     if out is None and _command_name(raw) in _AGENT_COMMANDS:
         # A running agent (``chrysalis agent start``) runs the command in a warm fork with
         # this process's streams, and parses it there (usage errors reach this stderr too):
@@ -538,6 +539,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         via_agent = run_via_agent(raw)
         if via_agent is not None:
             return int(via_agent)
+        autostart = argv is None  # the command line itself, not a call from Python
     parser = build_parser()
     try:
         args = parser.parse_args(raw)
@@ -552,12 +554,35 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     try:
         function, errors = _implementation(args.command)
         expected = (*_EXPECTED, *errors)
-        return function(args, stdout)
+        status = function(args, stdout)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         print(error_line(exc, expected), file=sys.stderr)
-        return _ERROR_EXIT
+        status = _ERROR_EXIT
+    if autostart:
+        _autostart_agent(raw)
+    return status
+
+
+def _autostart_agent(raw: list[str]) -> None:
+    """After a client command (``raw``) that found no agent: start one from this warm process
+    (``chrysalis.node._agent.autostart``) with a session for ``raw``'s token already joining,
+    so the next command is answered warm; never fails
+    the command (``CHRYSALIS_AGENT_AUTOSTART=0`` or ``CHRYSALIS_NO_AGENT=1``: nothing)."""
+    import logging
+
+    log = logging.getLogger("chrysalis.cli")
+    try:
+        agent = _import("chrysalis.node._agent")
+        if not agent.autostart_enabled(os.environ):
+            return
+        started = agent.autostart(first=(raw, os.getcwd(), dict(os.environ)))
+    except Exception as exc:
+        log.info("could not start an agent: %s", exc)
+        return
+    if started is not None:
+        log.info("started an agent (pid %s) for the next commands", started or "spawned")
 
 
 def error_line(exc: BaseException, expected: tuple[type[BaseException], ...]) -> str:
