@@ -18,7 +18,9 @@ one plain tuple of what varies (a *row*: 7 or 9 values, ``_row_fields``, not ``S
 appended to ``_pending``; rows are packed as they are (about a third of a ``Span``'s packing
 time) and become ``Span`` objects or records only when read (``finished_spans``,
 ``span_records``, ``decode_batch``). The current span is held as its 24-byte context
-(``_CURRENT_SPAN``). With a span listener or the OpenTelemetry mirror set, the runtime makes
+(``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
+context is kept on the message's ``Context`` instead (no context-variable switch per call), and
+``_current_span`` reads the variable first, then the message's context. With a span listener or the OpenTelemetry mirror set, the runtime makes
 ``Span`` objects at once, as before.
 
 Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
@@ -62,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
 
-from monarch.actor._runtime.context import _current
+from monarch.actor._runtime.context import _CURRENT, _current
 from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import otel as _otel
 from monarch.actor._runtime.telemetry.listeners import DEFAULT_RING_CAPACITY, add_listener
@@ -162,6 +164,19 @@ def process_label() -> str:
 #: CALL envelope carries: ``outgoing_trace``), or ``b""`` outside any span. The context, not the
 #: ``Span``, so that the runtime's receive spans need no object while their endpoint runs.
 _CURRENT_SPAN: contextvars.ContextVar[bytes] = contextvars.ContextVar("monarch_span", default=b"")
+_current_span_var = _CURRENT_SPAN.get
+_current_message = _CURRENT.get
+
+
+def _current_span() -> bytes:
+    """The current span's trace context: the innermost span entered (``_CURRENT_SPAN``), else
+    the receive span the runtime runs the current message's sync endpoint in (kept on the
+    message's ``Context``: ``run_endpoint``), else ``b""``."""
+    current = _current_span_var()
+    if current:
+        return current
+    message = _current_message()
+    return message._span if message is not None else b""
 _ZERO_SPAN_ID = bytes(8)
 
 
@@ -342,7 +357,7 @@ def _start_span(
     if remote_parent is not None:
         trace_id, parent_id = remote_parent
     else:
-        parent = _CURRENT_SPAN.get()
+        parent = _current_span()
         if parent:
             trace_id, parent_id = parent[:16], parent[16:]
         else:
@@ -386,7 +401,7 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     # ``_start_span`` and ``_hot_span`` inlined (two frames less on every call): the caller's
     # span is the parent.
     span_id = _next_id().to_bytes(8, "big")
-    parent = _CURRENT_SPAN.get()
+    parent = _current_span()
     if parent:
         trace_id, parent_id = parent[:16], parent[16:]
     else:
@@ -440,7 +455,11 @@ def send_traced(
             post(*args, made.trace_id + made.span_id)
         return
     span_id = _next_id().to_bytes(8, "big")
-    parent = _CURRENT_SPAN.get()
+    parent = _current_span_var()
+    if not parent:  # ``_current_span`` inlined
+        message = _current_message()
+        if message is not None:
+            parent = message._span
     if parent:
         context, parent_id = parent[:16] + span_id, parent[16:]
     else:
@@ -1126,7 +1145,7 @@ def outgoing_trace(kind: int) -> bytes:
     """The trace context to put in an envelope of ``kind`` (CALL only): the current span's."""
     if not TRACING or kind != 1:  # MessageKind.CALL
         return b""
-    return _CURRENT_SPAN.get()
+    return _current_span()
 
 
 def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: Any) -> Any:
@@ -1166,7 +1185,8 @@ def run_endpoint(
 
     The common traced case (the envelope carries a parent, no OpenTelemetry mirror, no
     listener, a plain result) makes no ``Span``: the current trace context is the envelope's
-    trace id and a new span id while ``fn`` runs, the clock is read twice (``time.time_ns``: the
+    trace id and a new span id while ``fn`` runs (kept on the message's ``Context``, which the
+    runtime makes per message: ``_current_span``), the clock is read twice (``time.time_ns``: the
     span's start and end, whose difference is also the endpoint latency metrics record: one
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
@@ -1179,7 +1199,18 @@ def run_endpoint(
             if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
                 return _run_traced_slow(cell, envelope, fn, args, kwargs)
             span_id = _next_id().to_bytes(8, "big")
-            token = _CURRENT_SPAN.set(trace[:16] + span_id)
+            # The current span while ``fn`` runs: kept on the message's context (the runtime
+            # makes one per message, current until it resets it after the call; whatever
+            # copied the context meanwhile keeps the span, as it would a context variable's
+            # value), without a context-variable switch; set in the variable instead when
+            # there is no such context (called from outside the runtime's call path), or a
+            # span was entered around this run.
+            token = None
+            message = _current_message()
+            if message is not None and not message._span and not _current_span_var():
+                message._span = trace[:16] + span_id
+            else:
+                token = _CURRENT_SPAN.set(trace[:16] + span_id)
             start_ns = _time_ns()
             try:
                 result = fn(*args, **kwargs)
@@ -1192,7 +1223,8 @@ def run_endpoint(
                 )
                 raise
             finally:
-                _CURRENT_SPAN.reset(token)
+                if token is not None:
+                    _CURRENT_SPAN.reset(token)
             if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
                 current = _receive_span(cell, envelope, span_id, start_ns)
                 return _await_endpoint(
