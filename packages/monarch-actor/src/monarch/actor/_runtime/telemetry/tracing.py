@@ -321,6 +321,7 @@ def _seed_ids() -> None:
 _seed_ids()
 _perf_counter = time.perf_counter
 _FOLD_AT: Final = _metrics.FOLD_AT
+_latency_logs: Final = _metrics._latency_logs  # the raw latency logs by endpoint (never rebound)
 #: Results no endpoint awaits (the receive span's fast path skips ``inspect.isawaitable``).
 _PLAIN_RESULTS: Final = frozenset({type(None), int, float, str, bytes, bool, list, dict, tuple})
 
@@ -1191,10 +1192,9 @@ def run_endpoint(
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
-    elapsed = -1.0
     if TRACING:
         prop = cell.endpoints.get(envelope.endpoint)
-        if prop is None or getattr(prop, "_instrument", True):
+        if prop is None or prop._instrument:
             trace = envelope.trace
             if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
                 return _run_traced_slow(cell, envelope, fn, args, kwargs)
@@ -1243,20 +1243,27 @@ def run_endpoint(
             if not _metrics.METRICS:
                 return result
             elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
-    if elapsed < 0.0:  # not traced: timed only, while metrics are on
-        if not _metrics.METRICS:
-            return fn(*args, **kwargs)
-        endpoint = envelope.endpoint
-        started = _perf_counter()
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            _metrics.record_endpoint(endpoint, started, exc)
-            raise
-        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return _await_endpoint(result, endpoint, started, None, True)
-        elapsed = _perf_counter() - started
-    log = _metrics._latency_logs.get(endpoint)
+            log = _latency_logs.get(endpoint)
+            if log is None:
+                log = _metrics.latency_log(endpoint)
+            log.append(elapsed)
+            if len(log) >= _FOLD_AT or _metrics._MIRROR:
+                _metrics.note_latency(endpoint, log, elapsed)
+            return result
+    # not traced: timed only, while metrics are on
+    if not _metrics.METRICS:
+        return fn(*args, **kwargs)
+    started = _perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _metrics.record_endpoint(envelope.endpoint, started, exc)
+        raise
+    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+        return _await_endpoint(result, envelope.endpoint, started, None, True)
+    elapsed = _perf_counter() - started
+    endpoint = envelope.endpoint
+    log = _latency_logs.get(endpoint)
     if log is None:
         log = _metrics.latency_log(endpoint)
     log.append(elapsed)
