@@ -825,6 +825,8 @@ def set_stream(notify: Callable[[], None] | None) -> None:
 
 
 _repeat = itertools.repeat
+_map = map
+_call = operator.call
 
 
 def _ship() -> bool:
@@ -838,7 +840,7 @@ def _ship() -> bool:
         # ``n`` are there to take.
         n = min(len(_pending), MAX_BATCH_SPANS)
         try:
-            batch: list[Span | _SpanRow] = [popleft() for _ in _repeat(None, n)]
+            batch: list[Span | _SpanRow] = list(_map(_call, _repeat(popleft, n)))  # all in C
         except IndexError:  # cleared meanwhile (a fork's child): nothing more to pack
             break
         if not batch:
