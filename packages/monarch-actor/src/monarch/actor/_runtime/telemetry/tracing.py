@@ -177,6 +177,8 @@ def _current_span() -> bytes:
         return current
     message = _current_message()
     return message._span if message is not None else b""
+
+
 _ZERO_SPAN_ID = bytes(8)
 
 
@@ -1194,77 +1196,70 @@ def run_endpoint(
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
+    traced = False
     if TRACING:
         prop = cell.endpoints.get(envelope.endpoint)
-        if prop is None or prop._instrument:
-            trace = envelope.trace
-            if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
-                return _run_traced_slow(cell, envelope, fn, args, kwargs)
-            span_id = _next_id().to_bytes(8, "big")
-            # The current span while ``fn`` runs: kept on the message's context (the runtime
-            # makes one per message, current until it resets it after the call; whatever
-            # copied the context meanwhile keeps the span, as it would a context variable's
-            # value), without a context-variable switch; set in the variable instead when
-            # there is no such context (called from outside the runtime's call path), or a
-            # span was entered around this run.
-            token = None
-            message = _current_message()
-            if message is not None and not message._span and not _current_span_var():
-                message._span = trace[:16] + span_id
-            else:
-                token = _CURRENT_SPAN.set(trace[:16] + span_id)
-            start_ns = _time_ns()
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                _finish_endpoint_ns(
-                    envelope.endpoint,
-                    start_ns,
-                    _receive_span(cell, envelope, span_id, start_ns),
-                    exc,
-                )
-                raise
-            finally:
-                if token is not None:
-                    _CURRENT_SPAN.reset(token)
-            if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-                current = _receive_span(cell, envelope, span_id, start_ns)
-                return _await_endpoint(
-                    result, envelope.endpoint, 0.0, current, _metrics.METRICS, True
-                )
-            end_ns = _time_ns()
-            endpoint = envelope.endpoint
-            ident = _get_ident()
-            where = _getattr(cell, "_span_where", None)
-            if where is None or where[3] != ident:  # made once: an actor's calls on one thread
-                label = cell.runtime.label or _process_label
-                where = cell._span_where = (_PID, label, cell.display, ident)
-            _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
-            if len(_pending) >= SHIP_AT:
-                _shipper.kick()
-            if not _metrics.METRICS:
-                return result
-            elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
-            log = _latency_logs.get(endpoint)
-            if log is None:
-                log = _metrics.latency_log(endpoint)
-            log.append(elapsed)
-            if len(log) >= _FOLD_AT or _metrics._MIRROR:
-                _metrics.note_latency(endpoint, log, elapsed)
+        traced = prop is None or prop._instrument
+    if traced:
+        trace = envelope.trace
+        if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
+            return _run_traced_slow(cell, envelope, fn, args, kwargs)
+        span_id = _next_id().to_bytes(8, "big")
+        # The current span while ``fn`` runs: kept on the message's context (the runtime
+        # makes one per message, current until it resets it after the call; whatever
+        # copied the context meanwhile keeps the span, as it would a context variable's
+        # value), without a context-variable switch; set in the variable instead when
+        # there is no such context (called from outside the runtime's call path), or a
+        # span was entered around this run.
+        token = None
+        message = _current_message()
+        if message is not None and not message._span and not _current_span_var():
+            message._span = trace[:16] + span_id
+        else:
+            token = _CURRENT_SPAN.set(trace[:16] + span_id)
+        start_ns = _time_ns()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _finish_endpoint_ns(
+                envelope.endpoint,
+                start_ns,
+                _receive_span(cell, envelope, span_id, start_ns),
+                exc,
+            )
+            raise
+        finally:
+            if token is not None:
+                _CURRENT_SPAN.reset(token)
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            current = _receive_span(cell, envelope, span_id, start_ns)
+            return _await_endpoint(result, envelope.endpoint, 0.0, current, _metrics.METRICS, True)
+        end_ns = _time_ns()
+        endpoint = envelope.endpoint
+        ident = _get_ident()
+        where = _getattr(cell, "_span_where", None)
+        if where is None or where[3] != ident:  # made once: an actor's calls on one thread
+            label = cell.runtime.label or _process_label
+            where = cell._span_where = (_PID, label, cell.display, ident)
+        _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
+        if len(_pending) >= SHIP_AT:
+            _shipper.kick()
+        if not _metrics.METRICS:
             return result
-    # not traced: timed only, while metrics are on
-    if not _metrics.METRICS:
-        return fn(*args, **kwargs)
-    started = _perf_counter()
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as exc:
-        _metrics.record_endpoint(envelope.endpoint, started, exc)
-        raise
-    if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-        return _await_endpoint(result, envelope.endpoint, started, None, True)
-    elapsed = _perf_counter() - started
-    endpoint = envelope.endpoint
+        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+    else:  # not traced: timed only, while metrics are on
+        if not _metrics.METRICS:
+            return fn(*args, **kwargs)
+        started = _perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _metrics.record_endpoint(envelope.endpoint, started, exc)
+            raise
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            return _await_endpoint(result, envelope.endpoint, started, None, True)
+        elapsed = _perf_counter() - started
+        endpoint = envelope.endpoint
     log = _latency_logs.get(endpoint)
     if log is None:
         log = _metrics.latency_log(endpoint)
