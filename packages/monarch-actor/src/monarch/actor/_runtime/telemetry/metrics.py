@@ -15,13 +15,14 @@ Cost: a hook takes no lock and builds no histogram. It appends its raw observati
 envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
 bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
 values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, a sent envelope's
-kind and size once logged: ``sent_ticks``), ticks a counter of that value (``next`` of an ``itertools.count``, one C call, atomic under the GIL: no log entry,
-no bound to check, nothing to fold per observation). The logs and counters are folded into the
-instruments (counts by kind, histogram buckets, sums, minima and maxima) under the instruments'
-lock by ``_fold``: when a log reaches ``FOLD_AT`` entries (so each holds at most that many), and
-before every ``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation
-made before it. Folding a batch costs little per observation: sizes and depths repeat (counted
-with ``collections.Counter``, in C), latencies are sorted once and their buckets found with one
+kind and size once logged: ``sent_ticks``), ticks a counter of that value (``next`` of an
+``itertools.count``, one C call, atomic under the GIL: no log entry, no bound to check, nothing
+to fold per observation). The logs and counters are folded into the instruments (counts by kind,
+histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when a log
+reaches ``FOLD_AT`` entries (so each holds at most that many), and before every
+``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation made before it.
+Folding a batch costs little per observation: sizes and depths repeat (counted with
+``collections.Counter``, in C), latencies are sorted once and their buckets found with one
 ``bisect`` per bucket bound. The runtime does what ``on_sent``, ``on_received``,
 ``on_enqueued``, ``call_opened`` and ``call_completed`` do inline (``_runtime.proc``: no frame
 per envelope) unless ``HOOKS`` is set (the mirror, a profiler); a call's latency starts on its

@@ -20,8 +20,8 @@ time) and become ``Span`` objects or records only when read (``finished_spans``,
 ``span_records``, ``decode_batch``). The current span is held as its 24-byte context
 (``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
 context is kept on the message's ``Context`` instead (no context-variable switch per call), and
-``_current_span`` reads the variable first, then the message's context. With a span listener or the OpenTelemetry mirror set, the runtime makes
-``Span`` objects at once, as before.
+``_current_span`` reads the variable first, then the message's context. With a span listener or
+the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
 
 Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
 span (an object or a row) is appended to ``_pending`` (one ``deque.append`` on the finishing
