@@ -86,6 +86,10 @@ class Worker(Actor):
             return int(other.double.call_one(5).get(timeout=T))
 
     @endpoint
+    def relay(self, other: Any) -> int:
+        return int(other.double.call_one(4).get(timeout=T))
+
+    @endpoint
     def die(self) -> None:
         context().actor_instance.abort("on purpose")
 
@@ -570,6 +574,32 @@ def test_endpoint_latency_is_the_receive_spans_duration(
     assert received.duration_s >= 0.02
     assert point.sum == pytest.approx(received.duration_s, rel=1e-9, abs=1e-12)
     assert point.min == point.max == point.sum
+
+
+def test_a_call_made_in_an_endpoint_is_a_child_of_its_receive_span(
+    telemetry: None, procs: Procs
+) -> None:
+    """No span entered in the body: the runtime's receive span (kept on the message's context,
+    not in the context variable) is the parent of the calls it makes, and is current only while
+    its endpoint runs."""
+    mesh = procs(gpus=1)
+    a = mesh.spawn("a", Worker)
+    b = mesh.spawn("b", Worker)
+    for _ in range(2):
+        assert a.relay.call_one(b).get(timeout=T) == 8
+    relays = [s for s in finished_spans() if s.name == "relay"][-2:]
+    traces = {s.trace_id for s in relays}
+    spans = [s for s in finished_spans() if s.trace_id in traces]  # earlier tests' spans stay
+    sends = [s for s in spans if s.name == "call_one b.double"]
+    doubles = [s for s in spans if s.name == "double"]
+    assert len(relays) == len(sends) == len(doubles) == 2
+    for relay in relays:
+        (send,) = [s for s in sends if s.parent_id == relay.span_id]
+        assert send.trace_id == relay.trace_id
+        (double,) = [s for s in doubles if s.parent_id == send.span_id]
+        assert double.trace_id == relay.trace_id
+    assert relays[0].trace_id != relays[1].trace_id  # two client calls: two traces
+    assert tm_tracing._current_span() == b""  # nothing left current on the client
 
 
 def test_uninstrumented_endpoints_get_no_span(telemetry: None, procs: Procs) -> None:

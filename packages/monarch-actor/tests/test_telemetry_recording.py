@@ -294,3 +294,43 @@ def test_metric_logs_fold_when_full_from_several_threads(telemetry: None) -> Non
     assert (latency.min, latency.max) == (0.001, 0.004)
     assert depth.sum == per_thread * (0 + 1 + 2 + 3)
     assert not tm_metrics._latency_logs["folded"]  # the snapshot folded what was pending
+
+
+def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
+    telemetry: None, procs: Procs
+) -> None:
+    """A sent envelope's kind and size are logged the first time, counted by a tick from the
+    next fold on (``sent_ticks``): across folds (snapshots) and a reset, the sent counts by
+    kind and the payload histogram's count and sum are those of the envelopes sent, and a
+    size never seen before is logged, then counted too."""
+    actor = procs(gpus=1).spawn("counted", Counted)
+    assert actor.bump.call_one(0).get(timeout=T) == 1
+    metrics_snapshot()  # the warm-up's codes: counted from now on
+    tm.reset_metrics()
+
+    def sent(kind: str) -> tuple[float, int, float]:
+        (count,) = _points("monarch.messages.sent", kind=kind)
+        (size,) = _points("monarch.messages.payload_size", kind=kind)
+        return count.value, size.count, size.sum
+
+    counted_before = len(tm_metrics.sent_ticks)
+    assert counted_before > 0
+    size = 0.0  # one call envelope's payload size (all alike)
+    for n in (3, 40):
+        for _ in range(n):
+            assert actor.bump.call_one(7).get(timeout=T) == 8
+        count, sizes, total = sent("call")
+        size = size or total / n
+        assert [count, sizes, total] == [n, n, size * n]  # n envelopes of one size
+        count, sizes, _ = sent("port_value")
+        assert [count, sizes] == [n, n]
+        tm.reset_metrics()
+    large = 10**400  # a payload of a size not sent before: logged first, then counted
+    for _ in range(2):
+        assert actor.bump.call_one(large).get(timeout=T) == large + 1
+        metrics_snapshot()
+    count, sizes, total = sent("call")
+    assert (count, sizes) == (2, 2)
+    assert total > 2 * size + 300  # the two large payloads
+    assert len(tm_metrics.sent_ticks) > counted_before  # their codes are counted now
+    assert len(tm_metrics.sent_ticks) <= tm_metrics.MAX_SENT_CODES

@@ -183,11 +183,16 @@ class Instance:
 class Context:
     """What ``context()`` returns: the actor instance and the rank of the current message."""
 
-    __slots__ = ("actor_instance", "message_rank")
+    __slots__ = ("_span", "actor_instance", "message_rank")
 
     def __init__(self, actor_instance: Instance, message_rank: Point) -> None:
         self.actor_instance = actor_instance
         self.message_rank = message_rank
+        #: The trace context (24 bytes) of the receive span the runtime runs this message's
+        #: sync endpoint in, ``b""`` if none: the current span below any span entered in it
+        #: (``telemetry.tracing.run_endpoint`` sets it instead of a context variable; a
+        #: message's context is made for that message alone).
+        self._span = b""
 
     @property
     def _cell(self) -> CellBase:

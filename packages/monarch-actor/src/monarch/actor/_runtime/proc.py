@@ -149,12 +149,13 @@ _REPLY_KINDS = frozenset({MessageKind.PORT_VALUE, MessageKind.PORT_ERROR})
 _CALL = MessageKind.CALL
 _TELEMETRY_ENDPOINTS = (_report.TELEMETRY_ENDPOINT, _report.SPANS_ENDPOINT)
 #: System endpoints left out of the message metrics (their answers carry the same name).
-_UNCOUNTED = (HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS)
+_UNCOUNTED = frozenset((HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS))
 # The metric hooks of every envelope, recorded inline while metrics are on and no hook must be
 # called (``_metrics.HOOKS``: the OpenTelemetry mirror, a profiler): what the hook would do,
 # one append to its raw log (folded as the hook's entries are: ``_metrics._fold``) or one tick
 # of its counter.
 _sent_log = _metrics._sent_log
+_sent_ticks = _metrics.sent_ticks
 _received_tick = _metrics.received_tick
 _depth_tick = _metrics.depth_tick
 _SMALL_DEPTHS = _metrics.SMALL_DEPTHS
@@ -382,12 +383,15 @@ class ProcRuntime:
         if _telemetry.METRICS:
             if _metrics.HOOKS:
                 _telemetry.on_sent(envelope)
-            else:  # ``on_sent`` inlined
-                _sent_log.append(
-                    (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
-                )
-                if len(_sent_log) >= _FOLD_AT:
-                    _metrics._fold()
+            else:  # ``on_sent`` inlined: counted if its code was seen before, else logged
+                code = (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
+                tick = _sent_ticks.get(code)
+                if tick is not None:
+                    tick()
+                else:
+                    _sent_log.append(code)
+                    if len(_sent_log) >= _FOLD_AT:
+                        _metrics._fold()
         if more:
             self.transport.send(envelope, payload.buffers, True)
         else:

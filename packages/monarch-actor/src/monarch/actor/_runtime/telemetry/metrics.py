@@ -14,14 +14,15 @@ While the OpenTelemetry mirror is on, every instrument also feeds its twin (``ot
 Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a sent
 envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
 bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
-values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``), ticks a counter of
-that value (``next`` of an ``itertools.count``, one C call, atomic under the GIL: no log entry,
-no bound to check, nothing to fold per observation). The logs and counters are folded into the
-instruments (counts by kind, histogram buckets, sums, minima and maxima) under the instruments'
-lock by ``_fold``: when a log reaches ``FOLD_AT`` entries (so each holds at most that many), and
-before every ``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation
-made before it. Folding a batch costs little per observation: sizes and depths repeat (counted
-with ``collections.Counter``, in C), latencies are sorted once and their buckets found with one
+values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, a sent envelope's
+kind and size once logged: ``sent_ticks``), ticks a counter of that value (``next`` of an
+``itertools.count``, one C call, atomic under the GIL: no log entry, no bound to check, nothing
+to fold per observation). The logs and counters are folded into the instruments (counts by kind,
+histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when a log
+reaches ``FOLD_AT`` entries (so each holds at most that many), and before every
+``metrics_snapshot`` and ``reset_metrics``, so a snapshot sees every observation made before it.
+Folding a batch costs little per observation: sizes and depths repeat (counted with
+``collections.Counter``, in C), latencies are sorted once and their buckets found with one
 ``bisect`` per bucket bound. The runtime does what ``on_sent``, ``on_received``,
 ``on_enqueued``, ``call_opened`` and ``call_completed`` do inline (``_runtime.proc``: no frame
 per envelope) unless ``HOOKS`` is set (the mirror, a profiler); a call's latency starts on its
@@ -41,7 +42,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -427,6 +428,8 @@ def reset_metrics() -> None:
         ):
             for i, counter in enumerate(counters):
                 seen[i] = _count_of(counter)
+        for code, counter in _sent_counters.items():
+            _sent_code_seen[code] = _count_of(counter)
         for logs in (_latency_logs, _call_logs):
             for log in list(logs.values()):
                 log.clear()
@@ -529,6 +532,15 @@ _sent_log: list[int] = []
 _KIND_BITS: Final = 4
 _KIND_MASK: Final = (1 << _KIND_BITS) - 1
 assert max(MessageKind) <= _KIND_MASK
+#: A sent envelope's code (``size << _KIND_BITS | kind``) that was logged once is counted from
+#: the next fold on, like a received kind (a program's messages mostly repeat their kinds and
+#: sizes): ``sent_ticks[code]`` is the ``next`` of its ``itertools.count`` (one dict lookup and
+#: one C call per envelope, nothing to fold per observation: counting the log cost about 65 ns
+#: an entry at each fold). At most ``MAX_SENT_CODES`` codes are counted; the others stay logged.
+MAX_SENT_CODES: Final = 256
+_sent_counters: dict[int, itertools.count[int]] = {}
+_sent_code_seen: dict[int, int] = {}
+sent_ticks: Final[dict[int, Callable[[], int]]] = {}
 _depth_log: list[int] = []
 #: Envelopes received by kind, and mailbox depths below ``SMALL_DEPTHS`` by depth, are counted,
 #: not logged: one ``itertools.count`` per kind and per depth, whose ``next`` (``received_tick``,
@@ -559,6 +571,19 @@ def _take_counts(counters: list[itertools.count[int]], seen: list[int]) -> list[
         if now != seen[i]:
             out.append((i, now - seen[i]))
             seen[i] = now
+    return out
+
+
+def _take_keyed_counts(
+    counters: dict[int, itertools.count[int]], seen: dict[int, int]
+) -> list[tuple[int, int]]:
+    """``(key, times)`` of each counter of ``counters`` that counted since the last call."""
+    out = []
+    for key, counter in counters.items():
+        now = _count_of(counter)
+        if now != seen[key]:
+            out.append((key, now - seen[key]))
+            seen[key] = now
     return out
 
 
@@ -602,13 +627,24 @@ def _endpoint_series(endpoint: str) -> _Key:
 def _fold() -> None:
     """Fold every raw log into the runtime's instruments (see the module docstring)."""
     with _HOOK_LOCK:
-        if _sent_log:
+        if _sent_log or _sent_counters:
             sent = _sent._values
-            for code, times in collections.Counter(_take(_sent_log)).items():
+            logged = collections.Counter(_take(_sent_log))
+            for code, times in _take_keyed_counts(_sent_counters, _sent_code_seen) + list(
+                logged.items()
+            ):
                 kind, size = code & _KIND_MASK, code >> _KIND_BITS
                 key = _KIND_KEYS.get(kind) or _kind_key(kind)
                 sent[key] = sent.get(key, 0) + times
                 _payload._record_counted_locked(size, times, key)
+            for code in logged:  # counted from now on (``sent_ticks``), within the bound
+                if len(_sent_counters) >= MAX_SENT_CODES:
+                    break
+                if code not in _sent_counters:
+                    counter = itertools.count()
+                    _sent_counters[code] = counter
+                    _sent_code_seen[code] = 0
+                    sent_ticks[code] = counter.__next__
         received = _received._values
         for kind, times in _take_counts(_received_counters, _received_seen):
             key = _KIND_KEYS.get(kind) or _kind_key(kind)

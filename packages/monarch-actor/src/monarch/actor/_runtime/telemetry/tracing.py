@@ -18,8 +18,10 @@ one plain tuple of what varies (a *row*: 7 or 9 values, ``_row_fields``, not ``S
 appended to ``_pending``; rows are packed as they are (about a third of a ``Span``'s packing
 time) and become ``Span`` objects or records only when read (``finished_spans``,
 ``span_records``, ``decode_batch``). The current span is held as its 24-byte context
-(``_CURRENT_SPAN``). With a span listener or the OpenTelemetry mirror set, the runtime makes
-``Span`` objects at once, as before.
+(``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
+context is kept on the message's ``Context`` instead (no context-variable switch per call), and
+``_current_span`` reads the variable first, then the message's context. With a span listener or
+the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
 
 Where finished spans go (issue 21: spans of processes that die without a stop). A finishing
 span (an object or a row) is appended to ``_pending`` (one ``deque.append`` on the finishing
@@ -62,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
 
-from monarch.actor._runtime.context import _current
+from monarch.actor._runtime.context import _CURRENT, _current
 from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import otel as _otel
 from monarch.actor._runtime.telemetry.listeners import DEFAULT_RING_CAPACITY, add_listener
@@ -162,6 +164,21 @@ def process_label() -> str:
 #: CALL envelope carries: ``outgoing_trace``), or ``b""`` outside any span. The context, not the
 #: ``Span``, so that the runtime's receive spans need no object while their endpoint runs.
 _CURRENT_SPAN: contextvars.ContextVar[bytes] = contextvars.ContextVar("monarch_span", default=b"")
+_current_span_var = _CURRENT_SPAN.get
+_current_message = _CURRENT.get
+
+
+def _current_span() -> bytes:
+    """The current span's trace context: the innermost span entered (``_CURRENT_SPAN``), else
+    the receive span the runtime runs the current message's sync endpoint in (kept on the
+    message's ``Context``: ``run_endpoint``), else ``b""``."""
+    current = _current_span_var()
+    if current:
+        return current
+    message = _current_message()
+    return message._span if message is not None else b""
+
+
 _ZERO_SPAN_ID = bytes(8)
 
 
@@ -306,6 +323,7 @@ def _seed_ids() -> None:
 _seed_ids()
 _perf_counter = time.perf_counter
 _FOLD_AT: Final = _metrics.FOLD_AT
+_latency_logs: Final = _metrics._latency_logs  # the raw latency logs by endpoint (never rebound)
 #: Results no endpoint awaits (the receive span's fast path skips ``inspect.isawaitable``).
 _PLAIN_RESULTS: Final = frozenset({type(None), int, float, str, bytes, bool, list, dict, tuple})
 
@@ -342,7 +360,7 @@ def _start_span(
     if remote_parent is not None:
         trace_id, parent_id = remote_parent
     else:
-        parent = _CURRENT_SPAN.get()
+        parent = _current_span()
         if parent:
             trace_id, parent_id = parent[:16], parent[16:]
         else:
@@ -386,7 +404,7 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
     # ``_start_span`` and ``_hot_span`` inlined (two frames less on every call): the caller's
     # span is the parent.
     span_id = _next_id().to_bytes(8, "big")
-    parent = _CURRENT_SPAN.get()
+    parent = _current_span()
     if parent:
         trace_id, parent_id = parent[:16], parent[16:]
     else:
@@ -440,7 +458,11 @@ def send_traced(
             post(*args, made.trace_id + made.span_id)
         return
     span_id = _next_id().to_bytes(8, "big")
-    parent = _CURRENT_SPAN.get()
+    parent = _current_span_var()
+    if not parent:  # ``_current_span`` inlined
+        message = _current_message()
+        if message is not None:
+            parent = message._span
     if parent:
         context, parent_id = parent[:16] + span_id, parent[16:]
     else:
@@ -805,6 +827,8 @@ def set_stream(notify: Callable[[], None] | None) -> None:
 
 
 _repeat = itertools.repeat
+_map = map
+_call = operator.call
 
 
 def _ship() -> bool:
@@ -818,7 +842,7 @@ def _ship() -> bool:
         # ``n`` are there to take.
         n = min(len(_pending), MAX_BATCH_SPANS)
         try:
-            batch: list[Span | _SpanRow] = [popleft() for _ in _repeat(None, n)]
+            batch: list[Span | _SpanRow] = list(_map(_call, _repeat(popleft, n)))  # all in C
         except IndexError:  # cleared meanwhile (a fork's child): nothing more to pack
             break
         if not batch:
@@ -1126,7 +1150,7 @@ def outgoing_trace(kind: int) -> bytes:
     """The trace context to put in an envelope of ``kind`` (CALL only): the current span's."""
     if not TRACING or kind != 1:  # MessageKind.CALL
         return b""
-    return _CURRENT_SPAN.get()
+    return _current_span()
 
 
 def wrap_endpoint(cell: Any, envelope: Envelope, fn: Callable[..., Any], prop: Any) -> Any:
@@ -1166,65 +1190,77 @@ def run_endpoint(
 
     The common traced case (the envelope carries a parent, no OpenTelemetry mirror, no
     listener, a plain result) makes no ``Span``: the current trace context is the envelope's
-    trace id and a new span id while ``fn`` runs, the clock is read twice (``time.time_ns``: the
+    trace id and a new span id while ``fn`` runs (kept on the message's ``Context``, which the
+    runtime makes per message: ``_current_span``), the clock is read twice (``time.time_ns``: the
     span's start and end, whose difference is also the endpoint latency metrics record: one
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
-    elapsed = -1.0
+    traced = False
     if TRACING:
         prop = cell.endpoints.get(envelope.endpoint)
-        if prop is None or getattr(prop, "_instrument", True):
-            trace = envelope.trace
-            if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
-                return _run_traced_slow(cell, envelope, fn, args, kwargs)
-            span_id = _next_id().to_bytes(8, "big")
+        traced = prop is None or prop._instrument
+    if traced:
+        trace = envelope.trace
+        if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
+            return _run_traced_slow(cell, envelope, fn, args, kwargs)
+        span_id = _next_id().to_bytes(8, "big")
+        # The current span while ``fn`` runs: kept on the message's context (the runtime
+        # makes one per message, current until it resets it after the call; whatever
+        # copied the context meanwhile keeps the span, as it would a context variable's
+        # value), without a context-variable switch; set in the variable instead when
+        # there is no such context (called from outside the runtime's call path), or a
+        # span was entered around this run.
+        token = None
+        message = _current_message()
+        if message is not None and not message._span and not _current_span_var():
+            message._span = trace[:16] + span_id
+        else:
             token = _CURRENT_SPAN.set(trace[:16] + span_id)
-            start_ns = _time_ns()
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                _finish_endpoint_ns(
-                    envelope.endpoint,
-                    start_ns,
-                    _receive_span(cell, envelope, span_id, start_ns),
-                    exc,
-                )
-                raise
-            finally:
+        start_ns = _time_ns()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _finish_endpoint_ns(
+                envelope.endpoint,
+                start_ns,
+                _receive_span(cell, envelope, span_id, start_ns),
+                exc,
+            )
+            raise
+        finally:
+            if token is not None:
                 _CURRENT_SPAN.reset(token)
-            if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-                current = _receive_span(cell, envelope, span_id, start_ns)
-                return _await_endpoint(
-                    result, envelope.endpoint, 0.0, current, _metrics.METRICS, True
-                )
-            end_ns = _time_ns()
-            endpoint = envelope.endpoint
-            ident = _get_ident()
-            where = _getattr(cell, "_span_where", None)
-            if where is None or where[3] != ident:  # made once: an actor's calls on one thread
-                label = cell.runtime.label or _process_label
-                where = cell._span_where = (_PID, label, cell.display, ident)
-            _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
-            if len(_pending) >= SHIP_AT:
-                _shipper.kick()
-            if not _metrics.METRICS:
-                return result
-            elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
-    if elapsed < 0.0:  # not traced: timed only, while metrics are on
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
+            current = _receive_span(cell, envelope, span_id, start_ns)
+            return _await_endpoint(result, envelope.endpoint, 0.0, current, _metrics.METRICS, True)
+        end_ns = _time_ns()
+        endpoint = envelope.endpoint
+        ident = _get_ident()
+        where = _getattr(cell, "_span_where", None)
+        if where is None or where[3] != ident:  # made once: an actor's calls on one thread
+            label = cell.runtime.label or _process_label
+            where = cell._span_where = (_PID, label, cell.display, ident)
+        _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
+        if len(_pending) >= SHIP_AT:
+            _shipper.kick()
+        if not _metrics.METRICS:
+            return result
+        elapsed = (end_ns - start_ns) * 1e-9 if end_ns > start_ns else 0.0
+    else:  # not traced: timed only, while metrics are on
         if not _metrics.METRICS:
             return fn(*args, **kwargs)
-        endpoint = envelope.endpoint
         started = _perf_counter()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            _metrics.record_endpoint(endpoint, started, exc)
+            _metrics.record_endpoint(envelope.endpoint, started, exc)
             raise
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            return _await_endpoint(result, endpoint, started, None, True)
+            return _await_endpoint(result, envelope.endpoint, started, None, True)
         elapsed = _perf_counter() - started
-    log = _metrics._latency_logs.get(endpoint)
+        endpoint = envelope.endpoint
+    log = _latency_logs.get(endpoint)
     if log is None:
         log = _metrics.latency_log(endpoint)
     log.append(elapsed)
