@@ -55,10 +55,13 @@ from monarch.job._slurm_text import (
     WorkerReport,
     node_addrs,
     node_share,
+    parse_granted,
     parse_job_id,
     parse_sinfo_nodes,
     parse_squeue,
+    salloc_argv,
     sbatch_script,
+    step_argv,
 )
 
 __all__ = ["SlurmJob"]
@@ -124,6 +127,7 @@ class SlurmJob(JobTrait):
         ca: str = "trust_all_connections",
         out_of_cluster: bool = False,
         attach_to: str | None = None,
+        immediate: bool = True,
     ) -> None:
         super().__init__()
         if not meshes:
@@ -161,6 +165,7 @@ class SlurmJob(JobTrait):
         self._qos = qos
         self._bind_to = bind_to
         self._ca = ca
+        self._immediate = immediate
         # the allocation (pickled)
         self._slurm_job_id: str | None = None
         self._all_hostnames: list[str] = []
@@ -170,6 +175,7 @@ class SlurmJob(JobTrait):
         # pickled)
         self._attached: dict[str, HostMesh] = {}
         self._reports: ReportListener | None = None
+        self._step: subprocess.Popen[bytes] | None = None  # the workers' srun (immediate)
         self.batch_script(self._unique_name())  # check every option now, not at apply()
 
     def add_mesh(self, name: str, num_nodes: int) -> None:
@@ -205,10 +211,11 @@ class SlurmJob(JobTrait):
         state = self.__dict__.copy()
         state["_attached"] = {}
         state["_reports"] = None
+        state["_step"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_immediate": True, "_step": None, **state})
         batch_job = os.environ.get("SLURM_JOB_ID") if in_batch_job() else None
         if self._slurm_job_id is None and self.__dict__.get("_batch") and batch_job:
             # saved by apply(client_script=...) before submission; loaded by that client
@@ -281,8 +288,12 @@ class SlurmJob(JobTrait):
             else:
                 env[REPORT_ENV] = self._reports.target
         try:
-            out = _run(["sbatch"], stdin=script, env=env)
-            self._slurm_job_id = parse_job_id(out)
+            job_id = self._allocate_now(script) if client_script is None else None
+            if job_id is None:
+                self._slurm_job_id = parse_job_id(_run(["sbatch"], stdin=script, env=env))
+            else:
+                self._slurm_job_id = job_id
+                self._start_step(job_id, name, env)
         except BaseException:
             self._close_reports()
             raise
@@ -293,6 +304,62 @@ class SlurmJob(JobTrait):
             self._slurm_job_id,
             sum(self._meshes.values()),
             os.path.join(self._log_dir, f"slurm_{self._slurm_job_id}_{name}.out"),
+        )
+
+    def _allocate_now(self, script: str) -> str | None:
+        """With ``immediate``: the job id of an allocation ``salloc`` granted at once (Slurm
+        schedules a batch job only at its controller's next pass, up to a second later), else
+        None (nodes busy, an option ``salloc`` refuses, no ``salloc``: ``sbatch`` then queues
+        the job, or says why not)."""
+        if not self._immediate:
+            return None
+        try:
+            argv = salloc_argv(script)
+        except ValueError as exc:  # a directive only sbatch's own reading accepts
+            _log.info("salloc: %s; submitting with sbatch", exc)
+            return None
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _log.info("salloc: %s; submitting with sbatch", exc)
+            return None
+        job_id = parse_granted(done.stderr) if done.returncode == 0 else None
+        if job_id is None:
+            _log.info("no allocation at once (%s); submitting with sbatch", done.stderr.strip())
+        else:
+            _log.info("Slurm job %s: allocated at once (salloc); starting its worker step", job_id)
+        return job_id
+
+    def _start_step(self, job_id: str, name: str, env: dict[str, str]) -> None:
+        """Start the worker loops of the granted allocation ``job_id``: the batch script's
+        ``srun`` step, run from here in a session of its own (it outlives this client, as the
+        allocation does, until ``kill()``), its output in the log files a batch job's would
+        be. The step's options come from the command line only (a client inside another job
+        does not pass that job's ``$SLURM_*`` on). ``scancel`` when it cannot start."""
+        step_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        stem = os.path.join(self._log_dir, f"slurm_{job_id}_{name}")
+        argv = step_argv(job_id, sum(self._meshes.values()), self.worker_argv())
+        try:
+            with open(stem + ".out", "ab") as out, open(stem + ".err", "ab") as err:
+                self._step = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=step_env,
+                    start_new_session=True,
+                )  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(RuntimeError):
+                _run(["scancel", job_id])
+            raise
+
+    def _step_ended(self, job_id: str) -> None:
+        """``RuntimeError`` when the worker step this client started has already exited."""
+        if self._step is None or self._step.poll() is None:
+            return
+        raise RuntimeError(
+            f"the worker step of Slurm job {job_id} ended before its workers listened (srun "
+            f"exited {self._step.returncode}; logs in {self._log_dir})"
         )
 
     def _state(self) -> JobState:
@@ -354,6 +421,13 @@ class SlurmJob(JobTrait):
                 )
             time.sleep(interval)
             interval = min(interval * 2, _POLL_MAX)
+        step, self._step = self._step, None
+        if step is not None:  # this client's srun of the worker step ends with the job
+            try:
+                step.wait(timeout=KILL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                step.kill()
+                step.wait()
         _log.info("Slurm job %s cancelled; its processes are gone", job_id)
         self._slurm_job_id = None
         self._all_hostnames = []
@@ -453,6 +527,7 @@ class SlurmJob(JobTrait):
         while len(reports) < expected:
             now = time.monotonic()
             if now >= next_poll:
+                self._step_ended(job_id)
                 listed = self._squeue(job_id)
                 if listed is None:
                     raise RuntimeError(f"Slurm job {job_id} is no longer listed by squeue")
