@@ -10,6 +10,7 @@ Slurm lists no job and that no process of the job is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,19 @@ def _processes_with(marker: str, program: str | None = None) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def _engine_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """``caplog`` sees the engine's INFO records also once the client's runtime started (its
+    logging stops ``monarch``'s records from reaching the root logger)."""
+    logger = logging.getLogger("monarch.job.slurm")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
 RECONNECT = textwrap.dedent("""
     import json, sys
     from monarch.job import job_load
@@ -129,7 +144,7 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         assert other.returncode == 0, f"{other.stderr[-3000:]}\n{logs[-2000:]}"
         assert json.loads(other.stdout.strip().splitlines()[-1]) == ["n1", "n2"]
 
-        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+        with _engine_log(caplog):
             hosts = job.state(cached_path=None).hosts
         # found by its worker loops' reports (_report), not by polling for them
         assert f"Slurm job {job_id}: every worker loop listens" in caplog.text
@@ -231,7 +246,7 @@ def test_worker_loops_that_cannot_report_are_found_by_polling(
     )
     job.apply()
     try:
-        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+        with _engine_log(caplog):
             hosts = job.state(cached_path=None).hosts
         assert "polling for them" in caplog.text
         where: Any = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)

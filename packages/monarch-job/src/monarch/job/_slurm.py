@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from monarch.actor import HostMesh
-from monarch.job._attach import attach_retrying
+from monarch.job._attach import attach_retrying, prepare_client
 from monarch.job._job import DEFAULT_JOB_PATH, JobState, JobTrait
 from monarch.job._report import ReportListener
 from monarch.job._slurm_text import (
@@ -353,10 +353,14 @@ class SlurmJob(JobTrait):
                 _run(["scancel", job_id])
             raise
 
-    def _step_ended(self, job_id: str) -> None:
-        """``RuntimeError`` when the worker step this client started has already exited."""
-        if self._step is None or self._step.poll() is None:
-            return
+    def _step_alive(self, job_id: str, waited: float) -> bool:
+        """Whether this client started the job's worker step and it runs (``srun`` ends when
+        the job does: cancelled, out of time, a node lost), for the first ``REPORT_GRACE``
+        seconds (then ``squeue`` decides, as for a batch job); ``RuntimeError`` when it ended."""
+        if self._step is None or waited > REPORT_GRACE:
+            return False
+        if self._step.poll() is None:
+            return True
         raise RuntimeError(
             f"the worker step of Slurm job {job_id} ended before its workers listened (srun "
             f"exited {self._step.returncode}; logs in {self._log_dir})"
@@ -524,10 +528,14 @@ class SlurmJob(JobTrait):
         interval = START_POLL_FAST
         next_poll = started + interval
         running_since: float | None = None
+        prepare_client()  # while the worker loops start
         while len(reports) < expected:
             now = time.monotonic()
-            if now >= next_poll:
-                self._step_ended(job_id)
+            if now >= next_poll and self._step_alive(job_id, now - started):
+                # a step this client started runs only while the job does: no squeue needed
+                interval = start_poll_interval(interval, now - started)
+                next_poll, running_since = now + interval, running_since or started
+            elif now >= next_poll:
                 listed = self._squeue(job_id)
                 if listed is None:
                     raise RuntimeError(f"Slurm job {job_id} is no longer listed by squeue")
