@@ -215,7 +215,7 @@ def dataclass_code_cache(directory: str | None = None) -> Iterator[DataclassCode
         cache.save()
         last = cache
 
-    with _patch_window(vars(dataclasses), "exec", _ABSENT, cache.exec, close):
+    with _patch_window(dataclasses.__dict__, "exec", _ABSENT, cache.exec, close):
         yield cache
 
 
@@ -297,7 +297,7 @@ def regex_program_cache(directory: str | None = None) -> Iterator[RegexProgramCa
         cache.save()
         last_regex = cache
 
-    namespace = vars(re._compiler)  # type: ignore[attr-defined]
+    namespace = re._compiler.__dict__  # type: ignore[attr-defined]
     with _patch_window(namespace, "compile", _compile_program, cache.compile, close):
         yield cache
 

@@ -1,20 +1,26 @@
 """``SlurmJob``: hosts from a Slurm cluster through the real ``sbatch``/``squeue``/``scontrol``/
 ``scancel`` commands.
 
-Why this shape (Monarch's ``SlurmJob``, API-compatible): ``apply()`` submits ONE batch job for
+Why this shape (Monarch's ``SlurmJob``, API-compatible): ``apply()`` makes ONE allocation for
 all meshes whose single ``srun`` step runs our worker loop (``python -m
 monarch.job._host_worker``) once on every allocated node, listening on the node's ``NodeAddr``
-and ``monarch_port``. Before ``sbatch`` the client opens a TCP listener and passes it to the job
-(``$MONARCH_JOB_REPORT``, ``_report``); each worker loop connects there once it listens and
-says where (its ``SLURM_NODEID``, node name and address), so ``state()`` attaches as soon as the
-last one did, polling ``squeue`` meanwhile only to see a job that ends or never starts. Nodes
-that cannot reach the client are found by polling instead (``REPORT_GRACE`` after the job
-runs): ``squeue`` until it runs, ``scontrol`` for the nodes' addresses, ``udp://NODEADDR:PORT``
-computed on both sides (no shared file system needed either way). The nodes are split among
-the meshes in allocation order (the order of ``SLURM_NODEID``). ``kill()`` ends what this
-client spawned there, ``scancel``s the job and waits (bounded) until Slurm no longer lists it,
-so its processes are gone. The job pickles as the job id and node list only: a later client
-process reconnects to the same allocation (``job_load`` then ``state()``) while the job runs.
+and ``monarch_port``. It first asks ``salloc --no-shell --immediate`` for the nodes (the
+controller grants an interactive allocation while it is submitted; a batch job waits for its
+next scheduling pass, up to a second later even on an idle cluster) and starts the step from
+here (``srun --jobid``, in a session of its own: it outlives this client, as the allocation
+does); when the nodes are not free at once (or ``immediate=False``, or in batch mode) it submits
+a batch job with ``sbatch`` whose script runs that step. Before either, the client opens a TCP
+listener and passes it to the job (``$MONARCH_JOB_REPORT``, ``_report``); each worker loop
+connects there once it listens and says where (its ``SLURM_NODEID``, node name and address), so
+``state()`` attaches as soon as the last one did, polling ``squeue`` meanwhile only to see a job
+that ends or never starts. Nodes that cannot reach the client are found by polling instead
+(``REPORT_GRACE`` after the job runs): ``squeue`` until it runs, ``scontrol`` for the nodes'
+addresses, ``udp://NODEADDR:PORT`` computed on both sides (no shared file system needed either
+way). The nodes are split among the meshes in allocation order (the order of ``SLURM_NODEID``).
+``kill()`` ends what this client spawned there, ``scancel``s the job and waits (bounded) until
+Slurm no longer lists it, so its processes are gone. The job pickles as the job id and node list
+only: a later client process reconnects to the same allocation (``job_load`` then ``state()``)
+while the job runs.
 
 Batch mode (``apply(client_script="train.py --lr 0.1")``): the job is saved to
 ``.monarch/job_state.pkl`` (in the submitting directory, which must be on a file system the
@@ -99,7 +105,9 @@ class SlurmJob(JobTrait):
     """A job whose meshes are nodes of a Slurm allocation (see the module docstring).
 
     ``meshes`` maps mesh names to node counts; the other options become ``#SBATCH``
-    directives (``slurm_args``: extra ones, each starting with ``-``). ``job_start_timeout``
+    directives (``slurm_args``: extra ones, each starting with ``-``), or the same options of
+    ``salloc`` (``immediate``: nodes free now are allocated with ``salloc --no-shell`` and the
+    worker step started from this client; False: always a batch job). ``job_start_timeout``
     bounds the wait for the job to start running (None: wait as long as it queues).
     ``ca``: the cluster CA directory the workers and the client share (on a shared file system;
     ``"trust_all_connections"``: the development CA).
