@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.job import SlurmJob
+from monarch.job._cluster_url import PORT_COMMENT, worker_port_in_comment
 from monarch.job._slurm import start_poll_interval
 from monarch.job._slurm_text import (
     NodeShape,
@@ -310,3 +311,14 @@ def test_salloc_s_grant_and_the_step_command_are_read_and_built() -> None:
         step_argv("42", 0, ["w"])
     with pytest.raises(ValueError, match="empty"):
         step_argv("42", 1, [])
+
+
+def test_a_salloc_job_names_its_port_in_its_comment_for_slurm_urls() -> None:
+    argv = salloc_argv(sbatch_script(_spec()), comment=f"{PORT_COMMENT}23001")
+    assert argv[3] == "--comment=monarch_port=23001"  # before the directives: a user's wins
+    assert worker_port_in_comment("monarch_port=23001") == 23001
+    assert worker_port_in_comment("mine, monarch_port=80") == 80
+    for other in ("", "monarch_port=", "monarch_port=99999", "monarch_port=0", "port=1"):
+        assert worker_port_in_comment(other) is None
+    with pytest.raises(ValueError):
+        salloc_argv("", comment="two\nlines")

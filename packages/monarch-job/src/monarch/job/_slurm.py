@@ -52,6 +52,7 @@ from typing import Any, Final
 
 from monarch.actor import HostMesh
 from monarch.job._attach import attach_retrying, prepare_client
+from monarch.job._cluster_url import PORT_COMMENT
 from monarch.job._job import DEFAULT_JOB_PATH, JobState, JobTrait
 from monarch.job._report import ReportListener
 from monarch.job._slurm_text import (
@@ -322,7 +323,8 @@ class SlurmJob(JobTrait):
         if not self._immediate:
             return None
         try:
-            argv = salloc_argv(script)
+            # the port in the job's comment, for slurm:// URLs (a batch job's is in its script)
+            argv = salloc_argv(script, comment=f"{PORT_COMMENT}{self._port}")
         except ValueError as exc:  # a directive only sbatch's own reading accepts
             _log.info("salloc: %s; submitting with sbatch", exc)
             return None

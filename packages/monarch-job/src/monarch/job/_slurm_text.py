@@ -180,14 +180,17 @@ def sbatch_script(spec: SbatchSpec) -> str:
     return "\n".join(lines)
 
 
-def salloc_argv(script: str) -> list[str]:
+def salloc_argv(script: str, comment: str | None = None) -> list[str]:
     """``salloc --no-shell --immediate`` asking for what a batch script's ``#SBATCH`` directives
     ask (but its output files): an allocation now, or a refusal now (then ``sbatch`` queues it).
 
     Why: Slurm schedules a batch job at its controller's next background pass (up to a second
     after ``sbatch`` returns, whatever the cluster's load), an interactive allocation while it is
-    submitted; ``--no-shell`` keeps the allocation without a process on the client's machine."""
+    submitted; ``--no-shell`` keeps the allocation without a process on the client's machine.
+    ``comment``: the job's comment (``SlurmJob`` names its port there: no batch script does)."""
     argv = ["salloc", "--no-shell", "--immediate=1"]
+    if comment is not None:  # before the directives: a --comment among them wins
+        argv.append(f"--comment={_clean('comment', comment)}")
     for line in script.splitlines():
         if line.startswith("#SBATCH "):
             argv += [w for w in shlex.split(line[8:]) if not w.startswith(_BATCH_ONLY)]
