@@ -182,13 +182,14 @@ def _patch_window(
     namespace: dict[str, Any],
     name: str,
     free: object,
+    cache: DataclassCodeCache | RegexProgramCache,
     patch: Callable[..., Any],
-    close: Callable[[], None],
+    last_name: str,
 ) -> Iterator[None]:
-    """While the block runs, ``namespace[name]`` is ``patch`` if it is ``free`` now
-    (``_ABSENT``: not set), then it is ``free`` again (unless someone replaced the patch) and
-    ``close()`` runs. Else (another window is active, or someone else's patch) nothing
-    changes, and ``close`` does not run: only the outermost window caches."""
+    """While the block runs, ``namespace[name]`` is ``patch`` (a method of ``cache``) if it is
+    ``free`` now (``_ABSENT``: not set), then it is ``free`` again (unless someone replaced the
+    patch), ``cache`` is saved and becomes this module's ``last_name``. Else (another window is
+    active, or someone else's patch) nothing changes: only the outermost window caches."""
     if namespace.get(name, _ABSENT) is not free:
         yield
         return
@@ -201,7 +202,8 @@ def _patch_window(
                 del namespace[name]
             else:
                 namespace[name] = free
-        close()
+        cache.save()
+        globals()[last_name] = cache
 
 
 @contextlib.contextmanager
@@ -209,13 +211,7 @@ def dataclass_code_cache(directory: str | None = None) -> Iterator[DataclassCode
     """While the block runs, ``dataclasses`` compiles through a ``DataclassCodeCache``; the file
     is saved when it ends. Nested or concurrent use: only the outermost window caches."""
     cache = DataclassCodeCache(directory)
-
-    def close() -> None:
-        global last
-        cache.save()
-        last = cache
-
-    with _patch_window(dataclasses.__dict__, "exec", _ABSENT, cache.exec, close):
+    with _patch_window(dataclasses.__dict__, "exec", _ABSENT, cache, cache.exec, "last"):
         yield cache
 
 
@@ -291,14 +287,8 @@ def regex_program_cache(directory: str | None = None) -> Iterator[RegexProgramCa
     """While the block runs, ``re`` compiles patterns through a ``RegexProgramCache``; the file
     is saved when it ends. Nested or concurrent use: only the outermost window caches."""
     cache = RegexProgramCache(directory)
-
-    def close() -> None:
-        global last_regex
-        cache.save()
-        last_regex = cache
-
     namespace = re._compiler.__dict__  # type: ignore[attr-defined]
-    with _patch_window(namespace, "compile", _compile_program, cache.compile, close):
+    with _patch_window(namespace, "compile", _compile_program, cache, cache.compile, "last_regex"):
         yield cache
 
 
