@@ -89,7 +89,7 @@ def test_slurm_urls_resolve_to_the_job_s_worker_loops(slurm_job: tuple[SlurmJob,
     job, port = slurm_job
     job_id = job.job_id
     assert _members(f"slurm://{job_id}") == [
-        ("n1", f"udp://127.0.0.2:{port}"),  # the port read from the job's batch script
+        ("n1", f"udp://127.0.0.2:{port}"),  # the port read from the job (its comment: salloc)
         ("n2", f"udp://127.0.0.3:{port}"),
     ]
     assert _members(f"slurm://{job_id}/n2") == [("n2", f"udp://127.0.0.3:{port}")]
@@ -207,3 +207,27 @@ def test_the_wheel_declares_the_entry_point() -> None:
     dists = {d.metadata["Name"] for d in __import__("importlib.metadata").metadata.distributions()}
     if "monarch-job" in dists:  # installed (the isolated check): the registry loaded it
         assert "monarch-job:cluster-resolvers" in default_registry().plugin_names()
+
+
+def test_a_batch_job_s_port_comes_from_its_script_when_its_comment_names_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job ``sbatch`` started (``immediate=False``, busy nodes) has no port in its comment:
+    its batch script's ``srun`` line gives it (no cluster needed: the commands are faked)."""
+    asked: list[str] = []
+    answers = {
+        "squeue -h -j 7 -o %T|%N": "RUNNING|n1\n",
+        "scontrol show hostnames n1": "n1\n",
+        "scontrol show node -o n1": "NodeName=n1 Arch=x86_64 NodeAddr=127.0.0.2 State=ALLOC\n",
+        "squeue -h -j 7 -o %k": "(null)\n",
+        "scontrol write batch_script 7 -": "#!/bin/bash\nexec srun w --port 4321 --slurm-node-a\n",
+    }
+
+    def run(argv: list[str], stdin: str | None = None, env: object = None) -> str:
+        asked.append(" ".join(argv))
+        return answers[" ".join(argv)]
+
+    monkeypatch.setattr("monarch.job._slurm._run", run)
+    settings = _resolvers.resolve_slurm("slurm://7")
+    assert settings.address == DatagramAddr.parse("udp://127.0.0.2:4321")
+    assert asked[-2:] == ["squeue -h -j 7 -o %k", "scontrol write batch_script 7 -"]

@@ -10,6 +10,7 @@ Slurm lists no job and that no process of the job is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,19 @@ def _processes_with(marker: str, program: str | None = None) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def _engine_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """``caplog`` sees the engine's INFO records also once the client's runtime started (its
+    logging stops ``monarch``'s records from reaching the root logger)."""
+    logger = logging.getLogger("monarch.job.slurm")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
 RECONNECT = textwrap.dedent("""
     import json, sys
     from monarch.job import job_load
@@ -110,9 +125,12 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         job_start_timeout=60,
         job_name="monarch_test",
     )
-    job.apply()
+    with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+        job.apply()
     job_id = job.job_id
     assert job_id is not None
+    # free nodes: allocated while submitted (salloc), not at the controller's next pass
+    assert f"Slurm job {job_id}: allocated at once (salloc)" in caplog.text
     try:
         saved = tmp_path / "job.pkl"
         job.dump(str(saved))
@@ -126,7 +144,7 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         assert other.returncode == 0, f"{other.stderr[-3000:]}\n{logs[-2000:]}"
         assert json.loads(other.stdout.strip().splitlines()[-1]) == ["n1", "n2"]
 
-        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+        with _engine_log(caplog):
             hosts = job.state(cached_path=None).hosts
         # found by its worker loops' reports (_report), not by polling for them
         assert f"Slurm job {job_id}: every worker loop listens" in caplog.text
@@ -228,7 +246,7 @@ def test_worker_loops_that_cannot_report_are_found_by_polling(
     )
     job.apply()
     try:
-        with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+        with _engine_log(caplog):
             hosts = job.state(cached_path=None).hosts
         assert "polling for them" in caplog.text
         where: Any = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
@@ -252,3 +270,38 @@ def test_share_node_asks_for_the_task_s_share_of_the_partition_s_nodes(
         job.share_node(tasks_per_node=2, gpus_per_task=0, partition="debug")
     with pytest.raises(ValueError, match="no nodes in partition 'nosuchpartition'"):
         job.share_node(tasks_per_node=1, gpus_per_task=0, partition="nosuchpartition")
+
+
+APPLY_AND_EXIT = textwrap.dedent("""
+    import sys
+    from monarch.job import SlurmJob
+    job = SlurmJob({"hosts": 2}, monarch_port=int(sys.argv[2]), log_dir=sys.argv[3],
+                   exclusive=False, time_limit="00:10:00", immediate=sys.argv[4] == "1")
+    job.apply()
+    job.dump(sys.argv[1])
+""")
+
+
+@pytest.mark.parametrize("immediate", [True, False], ids=["salloc", "sbatch"])
+def test_the_workers_outlive_the_client_that_applied(
+    slurm: SlurmCluster, tmp_path: Path, immediate: bool
+) -> None:
+    """The client applies and exits; another finds the same worker loops (with ``salloc``, the
+    step's ``srun`` this client started lives on in a session of its own)."""
+    saved, port = tmp_path / "job.pkl", _free_udp_port()
+    done = subprocess.run(
+        [sys.executable, "-c", APPLY_AND_EXIT, str(saved), str(port), str(tmp_path),
+         "1" if immediate else "0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = job_load(str(saved))
+    try:
+        hosts = job.state(cached_path=None).hosts
+        where: Any = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where", Where)
+        places = where.where.call().get(timeout=T).values()
+        assert sorted(node for node, _, _ in places) == ["n1", "n2"]
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
+    assert _processes_with(f"--port {port}") == []

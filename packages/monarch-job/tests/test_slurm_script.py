@@ -11,16 +11,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.job import SlurmJob
+from monarch.job._cluster_url import PORT_COMMENT, worker_port_in_comment
 from monarch.job._slurm import start_poll_interval
 from monarch.job._slurm_text import (
     NodeShape,
     SbatchSpec,
     node_addrs,
     node_share,
+    parse_granted,
     parse_job_id,
     parse_sinfo_nodes,
     parse_squeue,
+    salloc_argv,
     sbatch_script,
+    step_argv,
 )
 
 
@@ -271,3 +275,50 @@ def test_a_node_share_is_the_task_s_fraction_of_the_smallest_node() -> None:
         node_share([NodeShape(8, 64000, 0)], tasks_per_node=9, gpus_per_task=0)
     with pytest.raises(ValueError, match="positive"):
         node_share(gpu_nodes, tasks_per_node=0, gpus_per_task=1)
+
+
+def test_salloc_asks_for_what_the_batch_script_asks_but_its_output_files() -> None:
+    script = sbatch_script(
+        _spec(time_limit="01:00:00", partition="gpu", exclusive=True,
+              slurm_args=("--constraint=h100", "--comment='a b'"))
+    )  # fmt: skip
+    argv = salloc_argv(script)
+    assert argv[:3] == ["salloc", "--no-shell", "--immediate=1"]
+    assert argv[3:] == [
+        "--job-name=j",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--time=01:00:00",
+        "--partition=gpu",
+        "--exclusive",
+        "--constraint=h100",
+        "--comment=a b",
+    ]  # fmt: skip  (a directive's words as sbatch reads them: shell-split)
+    with pytest.raises(ValueError):  # the caller submits with sbatch then
+        salloc_argv("#SBATCH --comment='unclosed\n")
+
+
+def test_salloc_s_grant_and_the_step_command_are_read_and_built() -> None:
+    assert parse_granted("salloc: Granted job allocation 42\n") == "42"
+    assert parse_granted("salloc: error: Unable to allocate resources: busy\n") is None
+    assert step_argv("42", 3, ["py", "-m", "w"]) == [
+        "srun", "--jobid=42", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "py", "-m", "w",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="not a number"):
+        step_argv("42;rm", 1, ["w"])
+    with pytest.raises(ValueError, match="nodes"):
+        step_argv("42", 0, ["w"])
+    with pytest.raises(ValueError, match="empty"):
+        step_argv("42", 1, [])
+
+
+def test_a_salloc_job_names_its_port_in_its_comment_for_slurm_urls() -> None:
+    argv = salloc_argv(sbatch_script(_spec()), comment=f"{PORT_COMMENT}23001")
+    assert argv[3] == "--comment=monarch_port=23001"  # before the directives: a user's wins
+    assert worker_port_in_comment("monarch_port=23001") == 23001
+    assert worker_port_in_comment("mine, monarch_port=80") == 80
+    for other in ("", "monarch_port=", "monarch_port=99999", "monarch_port=0", "port=1"):
+        assert worker_port_in_comment(other) is None
+    with pytest.raises(ValueError):
+        salloc_argv("", comment="two\nlines")

@@ -57,7 +57,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.util import MAGIC_NUMBER
 from types import CodeType, ModuleType
 from typing import Any, Final
@@ -174,24 +174,45 @@ last: DataclassCodeCache | None = None
 """The cache of this process's last ``dataclass_code_cache`` window (for tests and reports)."""
 
 
+_ABSENT: Final = object()
+
+
+@contextlib.contextmanager
+def _patch_window(
+    namespace: dict[str, Any],
+    name: str,
+    free: object,
+    cache: DataclassCodeCache | RegexProgramCache,
+    patch: Callable[..., Any],
+    last_name: str,
+) -> Iterator[None]:
+    """While the block runs, ``namespace[name]`` is ``patch`` (a method of ``cache``) if it is
+    ``free`` now (``_ABSENT``: not set), then it is ``free`` again (unless someone replaced the
+    patch), ``cache`` is saved and becomes this module's ``last_name``. Else (another window is
+    active, or someone else's patch) nothing changes: only the outermost window caches."""
+    if namespace.get(name, _ABSENT) is not free:
+        yield
+        return
+    namespace[name] = patch
+    try:
+        yield
+    finally:
+        if namespace.get(name) == patch:
+            if free is _ABSENT:
+                del namespace[name]
+            else:
+                namespace[name] = free
+        cache.save()
+        globals()[last_name] = cache
+
+
 @contextlib.contextmanager
 def dataclass_code_cache(directory: str | None = None) -> Iterator[DataclassCodeCache]:
     """While the block runs, ``dataclasses`` compiles through a ``DataclassCodeCache``; the file
     is saved when it ends. Nested or concurrent use: only the outermost window caches."""
-    global last
     cache = DataclassCodeCache(directory)
-    namespace = vars(dataclasses)
-    if "exec" in namespace:  # another window is active (or someone else's patch): leave it
+    with _patch_window(dataclasses.__dict__, "exec", _ABSENT, cache, cache.exec, "last"):
         yield cache
-        return
-    namespace["exec"] = cache.exec
-    try:
-        yield cache
-    finally:
-        if namespace.get("exec") == cache.exec:
-            del namespace["exec"]
-        cache.save()
-        last = cache
 
 
 REGEX_FILE_NAME: Final = f"regex-code.{sys.implementation.cache_tag}.bin"
@@ -265,20 +286,10 @@ last_regex: RegexProgramCache | None = None
 def regex_program_cache(directory: str | None = None) -> Iterator[RegexProgramCache]:
     """While the block runs, ``re`` compiles patterns through a ``RegexProgramCache``; the file
     is saved when it ends. Nested or concurrent use: only the outermost window caches."""
-    global last_regex
     cache = RegexProgramCache(directory)
-    compiler = re._compiler  # type: ignore[attr-defined]
-    if compiler.compile is not _compile_program:  # another window (or someone's patch)
+    namespace = re._compiler.__dict__  # type: ignore[attr-defined]
+    with _patch_window(namespace, "compile", _compile_program, cache, cache.compile, "last_regex"):
         yield cache
-        return
-    compiler.compile = cache.compile
-    try:
-        yield cache
-    finally:
-        if compiler.compile == cache.compile:
-            compiler.compile = _compile_program
-        cache.save()
-        last_regex = cache
 
 
 @contextlib.contextmanager

@@ -18,6 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from monarch.actor import HostMesh, attach_to_workers
+from monarch.actor._runtime.client import client
+
+__all__ = ["attach_retrying", "prepare_client", "refused", "wait_listening"]
 
 _log = logging.getLogger("monarch.job")
 
@@ -86,6 +89,17 @@ def wait_listening(addresses: Sequence[str], timeout: float) -> list[str]:
             break
         time.sleep(PROBE_GAP)  # a closed UDP port sends no event when it opens
     return pending
+
+
+def prepare_client() -> None:
+    """Start this client's runtime and node now (what the first attach starts otherwise), for
+    an engine that waits for its worker loops to start: the work moves off the path from the
+    last worker listening to a ready mesh. A failure here is left for the attach to report."""
+    try:
+        runtime = client()
+        runtime.node_layer.ensure_started(runtime)
+    except Exception as exc:  # the attach reports it, with the job's context
+        _log.debug("the client's node did not start ahead of the attach: %s", exc)
 
 
 def attach_retrying(

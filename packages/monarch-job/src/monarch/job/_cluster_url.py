@@ -25,9 +25,11 @@ from typing import Final
 __all__ = [
     "DEFAULT_SLURM_PORT",
     "MAX_URL_LENGTH",
+    "PORT_COMMENT",
     "KubeTarget",
     "SlurmTarget",
     "parse_cluster_url",
+    "worker_port_in_comment",
     "worker_port_in_script",
 ]
 
@@ -117,6 +119,20 @@ def parse_cluster_url(url: str) -> SlurmTarget | KubeTarget:
             raise _bad(url, f"pod name {pod!r} is not a DNS-1123 subdomain")
         return KubeTarget(parts[0], parts[1], pod, port)
     raise _bad(url, f"unknown scheme {scheme!r} (slurm or k8s)")
+
+
+#: What a ``SlurmJob`` allocated with ``salloc`` (no batch script) says in its comment.
+PORT_COMMENT: Final = "monarch_port="
+
+
+def worker_port_in_comment(comment: str) -> int | None:
+    """The worker loops' port in the comment of a job ``SlurmJob`` allocated with ``salloc``
+    (``monarch_port=N``, ``squeue -o %k``); None when it names none."""
+    for word in comment.replace(",", " ").split():
+        value = word.removeprefix(PORT_COMMENT)
+        if value != word and _PORT.fullmatch(value) and int(value) <= 65535:
+            return int(value)
+    return None
 
 
 def worker_port_in_script(script: str) -> int:

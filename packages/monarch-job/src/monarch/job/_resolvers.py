@@ -33,6 +33,7 @@ from monarch.job._cluster_url import (
     KubeTarget,
     SlurmTarget,
     parse_cluster_url,
+    worker_port_in_comment,
     worker_port_in_script,
 )
 from monarch.job._kube_manifests import DEFAULT_PORT, RANK_LABEL, pod_is_ready, pod_port
@@ -86,6 +87,8 @@ def resolve_slurm(url: str) -> JoinSettings:
         names = [target.node]
     addrs = node_addrs(_run(["scontrol", "show", "node", "-o", ",".join(names)]), names)
     port = target.port
+    if port is None:  # a job allocated with salloc names it in its comment (no batch script)
+        port = worker_port_in_comment(_run(["squeue", "-h", "-j", target.job_id, "-o", "%k"]))
     if port is None:
         try:
             port = worker_port_in_script(

@@ -1,20 +1,26 @@
 """``SlurmJob``: hosts from a Slurm cluster through the real ``sbatch``/``squeue``/``scontrol``/
 ``scancel`` commands.
 
-Why this shape (Monarch's ``SlurmJob``, API-compatible): ``apply()`` submits ONE batch job for
+Why this shape (Monarch's ``SlurmJob``, API-compatible): ``apply()`` makes ONE allocation for
 all meshes whose single ``srun`` step runs our worker loop (``python -m
 monarch.job._host_worker``) once on every allocated node, listening on the node's ``NodeAddr``
-and ``monarch_port``. Before ``sbatch`` the client opens a TCP listener and passes it to the job
-(``$MONARCH_JOB_REPORT``, ``_report``); each worker loop connects there once it listens and
-says where (its ``SLURM_NODEID``, node name and address), so ``state()`` attaches as soon as the
-last one did, polling ``squeue`` meanwhile only to see a job that ends or never starts. Nodes
-that cannot reach the client are found by polling instead (``REPORT_GRACE`` after the job
-runs): ``squeue`` until it runs, ``scontrol`` for the nodes' addresses, ``udp://NODEADDR:PORT``
-computed on both sides (no shared file system needed either way). The nodes are split among
-the meshes in allocation order (the order of ``SLURM_NODEID``). ``kill()`` ends what this
-client spawned there, ``scancel``s the job and waits (bounded) until Slurm no longer lists it,
-so its processes are gone. The job pickles as the job id and node list only: a later client
-process reconnects to the same allocation (``job_load`` then ``state()``) while the job runs.
+and ``monarch_port``. It first asks ``salloc --no-shell --immediate`` for the nodes (the
+controller grants an interactive allocation while it is submitted; a batch job waits for its
+next scheduling pass, up to a second later even on an idle cluster) and starts the step from
+here (``srun --jobid``, in a session of its own: it outlives this client, as the allocation
+does); when the nodes are not free at once (or ``immediate=False``, or in batch mode) it submits
+a batch job with ``sbatch`` whose script runs that step. Before either, the client opens a TCP
+listener and passes it to the job (``$MONARCH_JOB_REPORT``, ``_report``); each worker loop
+connects there once it listens and says where (its ``SLURM_NODEID``, node name and address), so
+``state()`` attaches as soon as the last one did, polling ``squeue`` meanwhile only to see a job
+that ends or never starts. Nodes that cannot reach the client are found by polling instead
+(``REPORT_GRACE`` after the job runs): ``squeue`` until it runs, ``scontrol`` for the nodes'
+addresses, ``udp://NODEADDR:PORT`` computed on both sides (no shared file system needed either
+way). The nodes are split among the meshes in allocation order (the order of ``SLURM_NODEID``).
+``kill()`` ends what this client spawned there, ``scancel``s the job and waits (bounded) until
+Slurm no longer lists it, so its processes are gone. The job pickles as the job id and node list
+only: a later client process reconnects to the same allocation (``job_load`` then ``state()``)
+while the job runs.
 
 Batch mode (``apply(client_script="train.py --lr 0.1")``): the job is saved to
 ``.monarch/job_state.pkl`` (in the submitting directory, which must be on a file system the
@@ -45,7 +51,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from monarch.actor import HostMesh
-from monarch.job._attach import attach_retrying
+from monarch.job._attach import attach_retrying, prepare_client
+from monarch.job._cluster_url import PORT_COMMENT
 from monarch.job._job import DEFAULT_JOB_PATH, JobState, JobTrait
 from monarch.job._report import ReportListener
 from monarch.job._slurm_text import (
@@ -55,10 +62,13 @@ from monarch.job._slurm_text import (
     WorkerReport,
     node_addrs,
     node_share,
+    parse_granted,
     parse_job_id,
     parse_sinfo_nodes,
     parse_squeue,
+    salloc_argv,
     sbatch_script,
+    step_argv,
 )
 
 __all__ = ["SlurmJob"]
@@ -96,7 +106,9 @@ class SlurmJob(JobTrait):
     """A job whose meshes are nodes of a Slurm allocation (see the module docstring).
 
     ``meshes`` maps mesh names to node counts; the other options become ``#SBATCH``
-    directives (``slurm_args``: extra ones, each starting with ``-``). ``job_start_timeout``
+    directives (``slurm_args``: extra ones, each starting with ``-``), or the same options of
+    ``salloc`` (``immediate``: nodes free now are allocated with ``salloc --no-shell`` and the
+    worker step started from this client; False: always a batch job). ``job_start_timeout``
     bounds the wait for the job to start running (None: wait as long as it queues).
     ``ca``: the cluster CA directory the workers and the client share (on a shared file system;
     ``"trust_all_connections"``: the development CA).
@@ -124,6 +136,7 @@ class SlurmJob(JobTrait):
         ca: str = "trust_all_connections",
         out_of_cluster: bool = False,
         attach_to: str | None = None,
+        immediate: bool = True,
     ) -> None:
         super().__init__()
         if not meshes:
@@ -161,6 +174,7 @@ class SlurmJob(JobTrait):
         self._qos = qos
         self._bind_to = bind_to
         self._ca = ca
+        self._immediate = immediate
         # the allocation (pickled)
         self._slurm_job_id: str | None = None
         self._all_hostnames: list[str] = []
@@ -170,6 +184,7 @@ class SlurmJob(JobTrait):
         # pickled)
         self._attached: dict[str, HostMesh] = {}
         self._reports: ReportListener | None = None
+        self._step: subprocess.Popen[bytes] | None = None  # the workers' srun (immediate)
         self.batch_script(self._unique_name())  # check every option now, not at apply()
 
     def add_mesh(self, name: str, num_nodes: int) -> None:
@@ -205,10 +220,11 @@ class SlurmJob(JobTrait):
         state = self.__dict__.copy()
         state["_attached"] = {}
         state["_reports"] = None
+        state["_step"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_immediate": True, "_step": None, **state})
         batch_job = os.environ.get("SLURM_JOB_ID") if in_batch_job() else None
         if self._slurm_job_id is None and self.__dict__.get("_batch") and batch_job:
             # saved by apply(client_script=...) before submission; loaded by that client
@@ -281,8 +297,12 @@ class SlurmJob(JobTrait):
             else:
                 env[REPORT_ENV] = self._reports.target
         try:
-            out = _run(["sbatch"], stdin=script, env=env)
-            self._slurm_job_id = parse_job_id(out)
+            job_id = self._allocate_now(script) if client_script is None else None
+            if job_id is None:
+                self._slurm_job_id = parse_job_id(_run(["sbatch"], stdin=script, env=env))
+            else:
+                self._slurm_job_id = job_id
+                self._start_step(job_id, name, env)
         except BaseException:
             self._close_reports()
             raise
@@ -293,6 +313,67 @@ class SlurmJob(JobTrait):
             self._slurm_job_id,
             sum(self._meshes.values()),
             os.path.join(self._log_dir, f"slurm_{self._slurm_job_id}_{name}.out"),
+        )
+
+    def _allocate_now(self, script: str) -> str | None:
+        """With ``immediate``: the job id of an allocation ``salloc`` granted at once (Slurm
+        schedules a batch job only at its controller's next pass, up to a second later), else
+        None (nodes busy, an option ``salloc`` refuses, no ``salloc``: ``sbatch`` then queues
+        the job, or says why not)."""
+        if not self._immediate:
+            return None
+        try:
+            # the port in the job's comment, for slurm:// URLs (a batch job's is in its script)
+            argv = salloc_argv(script, comment=f"{PORT_COMMENT}{self._port}")
+        except ValueError as exc:  # a directive only sbatch's own reading accepts
+            _log.info("salloc: %s; submitting with sbatch", exc)
+            return None
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _log.info("salloc: %s; submitting with sbatch", exc)
+            return None
+        job_id = parse_granted(done.stderr) if done.returncode == 0 else None
+        if job_id is None:
+            _log.info("no allocation at once (%s); submitting with sbatch", done.stderr.strip())
+        else:
+            _log.info("Slurm job %s: allocated at once (salloc); starting its worker step", job_id)
+        return job_id
+
+    def _start_step(self, job_id: str, name: str, env: dict[str, str]) -> None:
+        """Start the worker loops of the granted allocation ``job_id``: the batch script's
+        ``srun`` step, run from here in a session of its own (it outlives this client, as the
+        allocation does, until ``kill()``), its output in the log files a batch job's would
+        be. The step's options come from the command line only (a client inside another job
+        does not pass that job's ``$SLURM_*`` on). ``scancel`` when it cannot start."""
+        step_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        stem = os.path.join(self._log_dir, f"slurm_{job_id}_{name}")
+        argv = step_argv(job_id, sum(self._meshes.values()), self.worker_argv())
+        try:
+            with open(stem + ".out", "ab") as out, open(stem + ".err", "ab") as err:
+                self._step = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=step_env,
+                    start_new_session=True,
+                )  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(RuntimeError):
+                _run(["scancel", job_id])
+            raise
+
+    def _step_alive(self, job_id: str, waited: float) -> bool:
+        """Whether this client started the job's worker step and it runs (``srun`` ends when
+        the job does: cancelled, out of time, a node lost), for the first ``REPORT_GRACE``
+        seconds (then ``squeue`` decides, as for a batch job); ``RuntimeError`` when it ended."""
+        if self._step is None or waited > REPORT_GRACE:
+            return False
+        if self._step.poll() is None:
+            return True
+        raise RuntimeError(
+            f"the worker step of Slurm job {job_id} ended before its workers listened (srun "
+            f"exited {self._step.returncode}; logs in {self._log_dir})"
         )
 
     def _state(self) -> JobState:
@@ -354,6 +435,13 @@ class SlurmJob(JobTrait):
                 )
             time.sleep(interval)
             interval = min(interval * 2, _POLL_MAX)
+        step, self._step = self._step, None
+        if step is not None:  # this client's srun of the worker step ends with the job
+            try:
+                step.wait(timeout=KILL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                step.kill()
+                step.wait()
         _log.info("Slurm job %s cancelled; its processes are gone", job_id)
         self._slurm_job_id = None
         self._all_hostnames = []
@@ -450,9 +538,14 @@ class SlurmJob(JobTrait):
         interval = START_POLL_FAST
         next_poll = started + interval
         running_since: float | None = None
+        prepare_client()  # while the worker loops start
         while len(reports) < expected:
             now = time.monotonic()
-            if now >= next_poll:
+            if now >= next_poll and self._step_alive(job_id, now - started):
+                # a step this client started runs only while the job does: no squeue needed
+                interval = start_poll_interval(interval, now - started)
+                next_poll, running_since = now + interval, running_since or started
+            elif now >= next_poll:
                 listed = self._squeue(job_id)
                 if listed is None:
                     raise RuntimeError(f"Slurm job {job_id} is no longer listed by squeue")

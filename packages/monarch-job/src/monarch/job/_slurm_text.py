@@ -26,12 +26,15 @@ __all__ = [
     "node_addrs",
     "node_share",
     "parse_sinfo_nodes",
+    "parse_granted",
     "parse_job_id",
     "parse_report",
     "parse_report_target",
     "parse_squeue",
     "report_line",
+    "salloc_argv",
     "sbatch_script",
+    "step_argv",
 ]
 
 #: Job states in which the allocation exists or will (``squeue``'s ``%T``).
@@ -49,6 +52,10 @@ TERMINAL_STATES: Final = frozenset(
 MAX_DIRECTIVES: Final = 256
 MAX_VALUE_CHARS: Final = 4096
 _JOB_ID = re.compile(r"Submitted batch job (\d+)")
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+#: ``#SBATCH`` options ``salloc`` has no use for (the worker step's output goes where its
+#: ``srun`` is told).
+_BATCH_ONLY: Final = ("--output=", "--error=")
 #: The environment variable through which a submitting client asks each node's worker loop to
 #: report once it listens: ``TOKEN@HOST:PORT`` (a TCP listener of the client).
 REPORT_ENV: Final = "MONARCH_JOB_REPORT"
@@ -171,6 +178,41 @@ def sbatch_script(spec: SbatchSpec) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def salloc_argv(script: str, comment: str | None = None) -> list[str]:
+    """``salloc --no-shell --immediate`` asking for what a batch script's ``#SBATCH`` directives
+    ask (but its output files): an allocation now, or a refusal now (then ``sbatch`` queues it).
+
+    Why: Slurm schedules a batch job at its controller's next background pass (up to a second
+    after ``sbatch`` returns, whatever the cluster's load), an interactive allocation while it is
+    submitted; ``--no-shell`` keeps the allocation without a process on the client's machine.
+    ``comment``: the job's comment (``SlurmJob`` names its port there: no batch script does)."""
+    argv = ["salloc", "--no-shell", "--immediate=1"]
+    if comment is not None:  # before the directives: a --comment among them wins
+        argv.append(f"--comment={_clean('comment', comment)}")
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            argv += [w for w in shlex.split(line[8:]) if not w.startswith(_BATCH_ONLY)]
+    return argv
+
+
+def parse_granted(stderr: str) -> str | None:
+    """The job id in ``salloc``'s ``Granted job allocation N``; None when it says none."""
+    match = _GRANTED.search(stderr)
+    return match.group(1) if match else None
+
+
+def step_argv(job_id: str, nodes: int, worker_argv: Sequence[str]) -> list[str]:
+    """The ``srun`` that starts the worker command once on each of ``nodes`` nodes of the
+    allocation ``job_id`` (the step a batch script runs, started from outside the job)."""
+    _positive("nodes", nodes)
+    if not job_id.isdigit():
+        raise ValueError(f"job id {job_id!r} is not a number")
+    if not worker_argv:
+        raise ValueError("the worker command is empty")
+    head = [f"--jobid={job_id}", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    return ["srun", *head, *worker_argv]
 
 
 def parse_job_id(stdout: str) -> str:

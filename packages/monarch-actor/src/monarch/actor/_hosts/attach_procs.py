@@ -25,7 +25,7 @@ from monarch.actor._hosts import attach_daemon
 from monarch.actor._hosts.attach_daemon import _DaemonProc, _kill_all_of
 from monarch.actor._hosts.attach_protocol import Hello, Spawn
 from monarch.actor._hosts.commands import (
-    exec_spec,
+    exec_worker,
     source_ip_toward,
     spawn_timeout,
     worker_command,
@@ -88,16 +88,8 @@ def start_procs(ca_dir: Path, peer: Pid, hello: Hello, request: Spawn) -> list[_
                 popens.append(forked)
                 continue
             zygote = None  # the zygote is gone: exec the rest
-        argv, executable, environment = exec_spec(command, custom, prefixes[rank], env)
         try:
-            popen = subprocess.Popen(
-                argv,
-                executable=executable,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=environment,
-            )
+            popen = exec_worker(command, custom, prefixes[rank], env, stdin=subprocess.PIPE)
         except (OSError, ValueError) as exc:
             _kill_all_of(popens)
             for started in popens:  # no forwarder owns their stderr yet

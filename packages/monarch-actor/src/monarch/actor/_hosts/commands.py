@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "ProcBinding",
     "bind_cpus",
     "bootstrap_commands",
+    "exec_worker",
     "check_proc_bind",
     "default_bootstrap_cmd",
     "exec_spec",
@@ -337,6 +339,28 @@ def exec_spec(
     if numactl:  # numactl execs the program: it sees the program as its argv[0]
         return [*numactl, custom.program, *custom.args], None, environment
     return [custom.arg0 or custom.program, *custom.args], custom.program, environment
+
+
+def exec_worker(
+    command: Sequence[str],
+    custom: BootstrapCommand | None,
+    numactl: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    stdin: int,
+) -> subprocess.Popen[bytes]:
+    """Start one exec'd worker (``exec_spec``) with its stdout and stderr on pipes and
+    ``stdin`` (``subprocess.PIPE``: it exits with its parent's end; ``DEVNULL``). ``OSError``
+    (or ``ValueError``) when it cannot start."""
+    argv, executable, environment = exec_spec(command, custom, numactl, env)
+    return subprocess.Popen(
+        argv,
+        executable=executable,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+    )
 
 
 class _SpawnOptions:

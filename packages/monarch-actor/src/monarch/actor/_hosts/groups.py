@@ -49,7 +49,7 @@ from monarch.actor._hosts.commands import (
     STARTUP_MARKER,
     BootstrapCommand,
     _describe_exit,
-    exec_spec,
+    exec_worker,
     exit_timeout,
     spawn_timeout,
     worker_command,
@@ -663,17 +663,13 @@ class LocalWorkerGroup(WorkerGroup):
                     if later in forked:
                         forked[later].kill()
                 break
-            argv, executable, environment = exec_spec(
-                commands_by_rank[rank], customs[rank], prefixes[rank], env
-            )
             try:
-                process = subprocess.Popen(
-                    argv,
-                    executable=executable,
+                process = exec_worker(
+                    commands_by_rank[rank],
+                    customs[rank],
+                    prefixes[rank],
+                    env,
                     stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=environment,
                 )
             except OSError as exc:
                 self._abandon()
