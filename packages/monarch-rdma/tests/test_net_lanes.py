@@ -24,8 +24,10 @@ from monarch.rdma import RDMABuffer, _net
 from monarch.rdma._net import LANE_CHUNK, MIN_CHUNK, plan_lane_chunks
 from monarch.rdma._netlane import (
     MAX_IDLE,
+    PIPELINE_DEPTH,
     Endpoint,
     LanePool,
+    LaneRequest,
     LaneServer,
     OwnerGone,
     Unreachable,
@@ -207,6 +209,55 @@ def test_refusals_carry_the_owners_message_and_keep_the_connection(
     assert 2 not in table.regions
     with pytest.raises(RuntimeError, match="not registered"):
         transfer(Op.READ, 2, SECRET, 0, memoryview(bytearray(1)))
+
+
+@pytest.mark.parametrize("kind", ["unix", "tls"])
+def test_a_pipeline_runs_its_requests_on_one_connection_with_refusals_in_step(
+    served: tuple[_Table, LaneServer, LanePool], kind: str
+) -> None:
+    table, server, _ = served
+    pool = LanePool()
+    memory = bytearray(os.urandom(3 << 20))
+    table.regions[11] = (memoryview(memory), SECRET)
+    dsts = [bytearray(1 << 20) for _ in range(3)]
+    reads = [LaneRequest(Op.READ, 11, SECRET, i << 20, memoryview(d)) for i, d in enumerate(dsts)]
+    reads.insert(1, LaneRequest(Op.READ, 11, bytes(16), 0, memoryview(bytearray(8))))
+    outcomes = _run(pool.pipeline(kind, server.endpoint, reads))
+    assert outcomes[0] is None
+    assert outcomes[2:] == [None, None]
+    assert outcomes[1] is not None
+    assert "not registered" in outcomes[1]
+    assert all(dst == memory[i << 20 : (i + 1) << 20] for i, dst in enumerate(dsts))
+    # more writes than one batch sends at once, a refused one (its payload drained) among them
+    srcs = [os.urandom(1024) for _ in range(PIPELINE_DEPTH + 3)]
+    writes = [
+        LaneRequest(Op.WRITE, 11, SECRET, i * 1024, memoryview(b)) for i, b in enumerate(srcs)
+    ]
+    writes.insert(
+        PIPELINE_DEPTH - 1, LaneRequest(Op.WRITE, 99, SECRET, 0, memoryview(bytes(1 << 20)))
+    )
+    outcomes = _run(pool.pipeline(kind, server.endpoint, writes))
+    assert [i for i, outcome in enumerate(outcomes) if outcome is not None] == [PIPELINE_DEPTH - 1]
+    assert "not registered" in str(outcomes[PIPELINE_DEPTH - 1])
+    assert bytes(memory[: len(srcs) * 1024]) == b"".join(srcs)
+    assert pool._idle_count == 1  # all of it on one connection, kept: it stayed in step
+    with pytest.raises(ValueError, match="reads and writes only"):
+        _run(
+            pool.pipeline(
+                kind, server.endpoint, [LaneRequest(Op.DROP, 11, SECRET, 0, memoryview(b""))]
+            )
+        )
+    pool.close_idle()
+
+
+def test_a_pipeline_to_an_owner_that_is_gone_fails_as_a_whole(
+    served: tuple[_Table, LaneServer, LanePool],
+) -> None:
+    _, server, _ = served
+    gone = dataclasses.replace(server.endpoint, unix=server.endpoint.unix + "-gone")
+    request = LaneRequest(Op.READ, 1, SECRET, 0, memoryview(bytearray(4)))
+    with pytest.raises(OwnerGone):
+        _run(LanePool().pipeline("unix", gone, [request, request]))
 
 
 def test_the_pool_keeps_a_bounded_number_of_idle_connections(

@@ -48,7 +48,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 from monarch.rdma._netseal import (
     SealedStream,
@@ -79,11 +79,14 @@ __all__ = [
     "LaneServer",
     "Lookup",
     "OwnerGone",
+    "PIPELINE_DEPTH",
+    "LaneRequest",
     "Unreachable",
     "host_addresses",
 ]
 
 _log = logging.getLogger("monarch.rdma.net")
+T = TypeVar("T")
 #: Connections one owner process serves at once (each a thread); more are closed at once.
 MAX_CONNECTIONS: Final = 64
 #: Idle connections a transferring process keeps per owner endpoint, and in all.
@@ -97,6 +100,10 @@ CONNECT_TIMEOUT: Final = 5.0
 #: side whose kept connection was closed meanwhile retries once on a fresh one.
 IDLE_TIMEOUT: Final = 120.0
 _DRAIN: Final = 1 << 20
+#: Requests a pipelined connection sends before it reads their replies (``LanePool.pipeline``):
+#: bounded so that the requests (45 bytes each; a write's payload is answered by 9 bytes)
+#: always fit in the peer's socket buffer and neither side blocks the other.
+PIPELINE_DEPTH: Final = 64
 _SIOCGIFADDR: Final = 0x8915
 
 #: ``lookup(region, secret)``: the registered memory, or an error message.
@@ -355,6 +362,18 @@ class LaneServer:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class LaneRequest:
+    """One request of a pipeline (``LanePool.pipeline``): ``op`` (``READ`` or ``WRITE``) of
+    ``view.nbytes`` bytes at ``offset`` of ``region``, with the registration's ``secret``."""
+
+    op: Op
+    region: int
+    secret: bytes
+    offset: int
+    view: memoryview
+
+
 class _Conn:
     """One client connection; ``reused`` when it came from the pool (it may have gone stale)."""
 
@@ -411,6 +430,20 @@ def _shutdown(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the fd's, even under an SSLSocket
 
 
+async def _finish(job: asyncio.Future[T], state: _Job) -> T:
+    """``job``'s result; when the caller is cancelled (its timeout), its socket is shut down
+    and the thread waited for first: nothing touches the caller's memory once this returns."""
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        state.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait([job])  # nothing touches the memory once we return
+        if job.done() and not job.cancelled():
+            job.exception()  # seen: no "exception never retrieved" noise
+        raise
+
+
 class LanePool:
     """The connecting side (module docstring): idle connections per endpoint, chunk I/O in a
     bounded thread pool. ``tls`` makes even a same-host transfer go over TLS (to 127.0.0.1)."""
@@ -445,15 +478,86 @@ class LanePool:
         job = loop.run_in_executor(
             self._pool(), self._blocking, kind, endpoint, op, region, secret, offset, view, state
         )
+        await _finish(job, state)
+
+    async def pipeline(
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest]
+    ) -> list[str | None]:
+        """Several requests on one connection of ``kind``, pipelined: up to ``PIPELINE_DEPTH``
+        of them sent at once (the reads' headers in one send), then their replies read in
+        order, so the connection never waits a round trip between two of them. Each one's
+        outcome in order: ``None``, or the owner's refusal (its message; the connection stays
+        in step). ``OwnerGone`` (``Unreachable``) when the owner cannot be reached: then any
+        of them may or may not have run (all are idempotent)."""
+        if any(request.op not in (Op.READ, Op.WRITE) for request in requests):
+            raise ValueError("a pipeline carries reads and writes only")
+        loop = asyncio.get_running_loop()
+        state = _Job()
+        job = loop.run_in_executor(
+            self._pool(), self._blocking_many, kind, endpoint, requests, state
+        )
+        return await _finish(job, state)
+
+    def _blocking_many(
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest], state: _Job
+    ) -> list[str | None]:
+        conn = self._take(kind, endpoint, state)
         try:
-            await asyncio.shield(job)
-        except asyncio.CancelledError:
-            state.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait([job])  # nothing touches ``view`` once we return
-            if job.done() and not job.cancelled():
-                job.exception()  # seen: no "exception never retrieved" noise
-            raise
+            return self._attempt_many(kind, endpoint, requests, state, conn)
+        except _Stale:  # all requests are idempotent: once more, on a fresh connection
+            conn = self._take(kind, endpoint, state, fresh=True)
+            return self._attempt_many(kind, endpoint, requests, state, conn)
+
+    def _attempt_many(
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest], state: _Job, conn: _Conn
+    ) -> list[str | None]:
+        outcomes: list[str | None] = []
+        ok = replied = False
+        try:
+            sock = conn.sock
+            sock.settimeout(IO_TIMEOUT)
+            for first in range(0, len(requests), PIPELINE_DEPTH):
+                batch = requests[first : first + PIPELINE_DEPTH]
+                heads = bytearray()
+                for request in batch:
+                    heads += encode_request(
+                        request.op, request.region, request.offset, request.view.nbytes,
+                        request.secret,
+                    )  # fmt: skip
+                    if request.op is Op.WRITE:
+                        sock.sendall(heads)
+                        heads.clear()
+                        sock.sendall(request.view)
+                if heads:
+                    sock.sendall(heads)
+                for request in batch:
+                    reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
+                    replied = True
+                    if not reply.ok:
+                        message = _recv_exact(sock, reply.length).decode("utf-8", "replace")
+                        outcomes.append(message)  # in step: the next reply follows
+                        continue
+                    if request.op is Op.READ:
+                        if reply.length != request.view.nbytes:
+                            raise WireError(
+                                f"asked for {request.view.nbytes} bytes, the owner sends "
+                                f"{reply.length}"
+                            )
+                        _recv_into_all(sock, request.view)
+                    outcomes.append(None)
+            ok = True
+        except (OSError, WireError, OwnerGone) as exc:
+            if state.cancelled:
+                raise OwnerGone("cancelled") from exc
+            if conn.reused and not replied and not isinstance(exc, WireError):
+                raise _Stale() from exc
+            raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
+        finally:
+            if state.release() and ok:
+                self._give_back(kind, endpoint, conn)
+            else:
+                conn.close()
+        return outcomes
 
     def _blocking(
         self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,
