@@ -307,16 +307,41 @@ def _one_sided(kind: Literal["read", "write"], buffer: RDMABuffer, data: Any,
         routed = buffer._route()
         now = routed.now
         if now is not None and now(kind, routed.key, 0, view):
-            return _DONE
+            return _DONE or _done()
     except Exception as exc:  # the outcome, as a submitted action reports it
-        return Future._failed(exc)
+        return _raise(exc)
     return _transfer_one(routed.provider, kind, routed.key, local, view, seconds)
 
 
 #: The outcome of every transfer finished at the call (``transfer_now``): one completed
-#: ``Future`` of ``None``, shared (a future only reports its outcome, and this one's never
-#: changes); making one per transfer was a tenth of a 1 MiB ``shm`` read's fixed cost.
-_DONE: Final[Future[None]] = Future._completed(None)
+#: ``Future`` of ``None`` per process, shared (a future only reports its outcome, and this
+#: one's never changes), made with monarch-actor's public API only (``_done``). A future made
+#: per transfer cost a tenth of a 1 MiB ``shm`` read's fixed cost.
+_DONE: Future[None] | None = None
+
+
+@returns_future
+async def _nothing() -> None:
+    return None
+
+
+@returns_future
+async def _raise(exc: BaseException) -> None:
+    """A failure found at the call, as the future's outcome (a rare path: its body runs when
+    the caller observes it)."""
+    raise exc
+
+
+def _done() -> Future[None]:
+    """``_DONE``, made on first use: a ``returns_future`` observed once, on a thread of its own
+    (the caller may be running an event loop, where ``.get()`` warns)."""
+    global _DONE
+    done = _nothing()
+    observer = threading.Thread(target=done.get, name="monarch-rdma-done", daemon=True)
+    observer.start()
+    observer.join()
+    _DONE = done
+    return done
 
 
 @returns_future

@@ -45,6 +45,7 @@ from monarch.actor import Actor, ActorError, endpoint
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
 from monarch.rdma._netlane import (
+    MAX_IDLE,
     Endpoint,
     LanePool,
     LaneRequest,
@@ -490,12 +491,14 @@ class NetProvider:
     ) -> list[BaseException | None]:
         """Several transfers at once (an ``RDMAAction``'s operations that this provider serves:
         ``(kind, key, offset, memory)``), each one's outcome in order. On the data lanes their
-        chunks are pipelined (``LanePool.pipeline``): per owner, lane and direction, spread
-        over up to ``rdma_net_chunks_in_flight`` connections, each sending all of its
-        requests at once and then reading the replies, so an action of many small operations
-        pays no round trip per operation. The message lane serves its operations one by one
-        (``read``/``write``), as does the message lane of an owner whose TLS lane does not
-        answer."""
+        chunks are pipelined (``LanePool.pipeline``): per owner, lane and direction, over up
+        to ``MAX_IDLE`` connections (as many as the pool keeps per owner and has threads: on a
+        busy machine fewer connections got fewer time slices, and a 32-operation action over 4
+        was slower than one request per connection) that take them from one queue, several in
+        flight on each, so an action of many small operations pays no round trip per
+        operation and a connection that falls behind leaves the rest to the others. The
+        message lane serves its operations one by one (``read``/``write``), as does the message
+        lane of an owner whose TLS lane does not answer."""
         outcomes: list[BaseException | None] = [None] * len(ops)
         max_chunk, window = _settings()
         groups: dict[tuple[str, Endpoint, Op], list[tuple[int, LaneRequest]]] = {}
@@ -522,41 +525,34 @@ class NetProvider:
         async def pipelined(
             lane: str, where: Endpoint, pieces: list[tuple[int, LaneRequest]]
         ) -> None:
-            try:
-                refusals = await _lanes.pipeline(lane, where, [r for _, r in pieces])
-            except Unreachable as exc:
+            results = await _lanes.pipeline(lane, where, [r for _, r in pieces], MAX_IDLE)
+            fallback = set()
+            for (index, _), result in zip(pieces, results, strict=True):
+                if result is None or outcomes[index] is not None:
+                    continue
+                kind, key = ops[index][0], ops[index][1]
+                if isinstance(result, Unreachable):
+                    fallback.add(index)
+                elif isinstance(result, OwnerGone):
+                    outcomes[index] = RuntimeError(
+                        f"RDMA {kind} of region {key.region} ({NAME} provider, {lane} lane) "
+                        f"failed: the owner's process has exited or cannot be reached ({result})"
+                    )
+                else:
+                    outcomes[index] = _failed(kind, key, RuntimeError(result))
+            if fallback:  # its TLS lane does not answer: the message lane, from now on
                 if len(_unreachable) >= _MAX_UNREACHABLE:
                     _unreachable.clear()
                 _unreachable.add(where)
-                _log.warning("RDMA net: %s; the message lane serves this owner from now on", exc)
-                singles.extend(sorted({index for index, _ in pieces} - set(singles)))
-                return
-            except OwnerGone as exc:
-                for index, _ in pieces:
-                    if outcomes[index] is None:
-                        outcomes[index] = RuntimeError(
-                            f"RDMA {ops[index][0]} of region {ops[index][1].region} ({NAME} "
-                            f"provider, {lane} lane) failed: the owner's process has exited or "
-                            f"cannot be reached ({exc})"
-                        )
-                return
-            for (index, _), refusal in zip(pieces, refusals, strict=True):
-                if refusal is not None and outcomes[index] is None:
-                    kind, key = ops[index][0], ops[index][1]
-                    outcomes[index] = _failed(kind, key, RuntimeError(refusal))
+                _log.warning(
+                    "RDMA net: the owner's TLS lane does not answer; the message lane serves "
+                    "this owner from now on"
+                )
+                singles.extend(sorted(fallback - set(singles)))
 
-        jobs = []
-        for (lane, where, _op), pieces in groups.items():
-            connections = max(1, min(window, len(pieces)))
-            buckets: list[list[tuple[int, LaneRequest]]] = [[] for _ in range(connections)]
-            loads = [0] * connections
-            for piece in pieces:  # the least loaded connection next: even bytes on each
-                least = loads.index(min(loads))
-                buckets[least].append(piece)
-                loads[least] += piece[1].view.nbytes
-            jobs.extend(pipelined(lane, where, bucket) for bucket in buckets if bucket)
         # return_exceptions: every pipeline has stopped before this returns or raises (a
         # cancellation, too, waits for them all)
+        jobs = [pipelined(lane, where, pieces) for (lane, where, _op), pieces in groups.items()]
         for result in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result

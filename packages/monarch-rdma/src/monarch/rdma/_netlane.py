@@ -79,6 +79,7 @@ __all__ = [
     "LaneServer",
     "Lookup",
     "OwnerGone",
+    "PIPELINE_BYTES",
     "PIPELINE_DEPTH",
     "LaneRequest",
     "Unreachable",
@@ -100,10 +101,13 @@ CONNECT_TIMEOUT: Final = 5.0
 #: side whose kept connection was closed meanwhile retries once on a fresh one.
 IDLE_TIMEOUT: Final = 120.0
 _DRAIN: Final = 1 << 20
-#: Requests a pipelined connection sends before it reads their replies (``LanePool.pipeline``):
-#: bounded so that the requests (45 bytes each; a write's payload is answered by 9 bytes)
-#: always fit in the peer's socket buffer and neither side blocks the other.
+#: Requests a pipelined connection keeps in flight (``LanePool.pipeline``): bounded so that the
+#: requests (45 bytes each; a write's payload is answered by 9 bytes) always fit in the peer's
+#: socket buffer and neither side blocks the other ...
 PIPELINE_DEPTH: Final = 64
+#: ... and, beyond the oldest, at most this many bytes of them (two 1 MiB reads in flight per
+#: connection: no round trip between them, and the rest left to whichever connection is free).
+PIPELINE_BYTES: Final = 1 << 20
 _SIOCGIFADDR: Final = 0x8915
 
 #: ``lookup(region, secret)``: the registered memory, or an error message.
@@ -481,45 +485,114 @@ class LanePool:
         await _finish(job, state)
 
     async def pipeline(
-        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest]
-    ) -> list[str | None]:
-        """Several requests on one connection of ``kind``, pipelined: up to ``PIPELINE_DEPTH``
-        of them sent at once (the reads' headers in one send), then their replies read in
-        order, so the connection never waits a round trip between two of them. Each one's
-        outcome in order: ``None``, or the owner's refusal (its message; the connection stays
-        in step). ``OwnerGone`` (``Unreachable``) when the owner cannot be reached: then any
-        of them may or may not have run (all are idempotent)."""
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest], connections: int = 1
+    ) -> list[str | OwnerGone | None]:
+        """Several requests over up to ``connections`` connections of ``kind``, pipelined:
+        each connection (a pool thread) takes the next request from one shared queue and keeps
+        several in flight (its first ones sent at once; up to ``PIPELINE_DEPTH``, and at most
+        ``PIPELINE_BYTES`` beyond the oldest), sending another as each reply is read, so no
+        request waits a round trip and no connection waits for a slow one (the work goes to
+        whichever is free). Each request's outcome in order: ``None``, the owner's refusal
+        (its message; the connection stays in step) or the ``OwnerGone`` (``Unreachable``) of
+        the connection that carried it (it may or may not have run: all are idempotent)."""
         if any(request.op not in (Op.READ, Op.WRITE) for request in requests):
             raise ValueError("a pipeline carries reads and writes only")
+        outcomes: list[str | OwnerGone | None] = [None] * len(requests)
+        if not requests:
+            return outcomes
+        queue = collections.deque(range(len(requests)))
+        failures: list[OwnerGone] = []
         loop = asyncio.get_running_loop()
-        state = _Job()
-        job = loop.run_in_executor(
-            self._pool(), self._blocking_many, kind, endpoint, requests, state
-        )
-        return await _finish(job, state)
-
-    def _blocking_many(
-        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest], state: _Job
-    ) -> list[str | None]:
-        conn = self._take(kind, endpoint, state)
+        states = [_Job() for _ in range(max(1, min(connections, len(requests))))]
+        jobs = [
+            loop.run_in_executor(
+                self._pool(),
+                self._drain_queue,
+                kind,
+                endpoint,
+                requests,
+                queue,
+                outcomes,
+                failures,
+                state,
+            )
+            for state in states
+        ]
+        gathered = asyncio.gather(*jobs, return_exceptions=True)
         try:
-            return self._attempt_many(kind, endpoint, requests, state, conn)
-        except _Stale:  # all requests are idempotent: once more, on a fresh connection
-            conn = self._take(kind, endpoint, state, fresh=True)
-            return self._attempt_many(kind, endpoint, requests, state, conn)
+            results = await asyncio.shield(gathered)
+        except asyncio.CancelledError:
+            for state in states:
+                state.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait(jobs)  # nothing touches the memory once we return
+            raise
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        for index in queue:  # every connection failed before these were sent
+            outcomes[index] = failures[-1] if failures else OwnerGone("the requests were not sent")
+        return outcomes
 
-    def _attempt_many(
-        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest], state: _Job, conn: _Conn
-    ) -> list[str | None]:
-        outcomes: list[str | None] = []
-        ok = replied = False
+    def _drain_queue(
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest],
+        queue: collections.deque[int], outcomes: list[str | OwnerGone | None],
+        failures: list[OwnerGone], state: _Job,
+    ) -> None:  # fmt: skip
+        """One connection of ``pipeline``: requests from ``queue`` until it is empty. A kept
+        connection the owner had closed while idle is replaced once (its requests queued
+        again); a failure ends this connection and fails the requests it carried."""
+        fresh = False
+        while queue:
+            try:
+                conn = self._take(kind, endpoint, state, fresh=fresh)
+            except OwnerGone as exc:
+                failures.append(exc)
+                return
+            inflight: collections.deque[int] = collections.deque()
+            try:
+                self._serve_queue(conn, requests, queue, inflight, outcomes, state)
+                ok = True
+            except _Stale:
+                queue.extendleft(reversed(inflight))  # sent again, on a fresh connection
+                ok, fresh = False, True
+                continue
+            except OwnerGone as exc:
+                failures.append(exc)
+                for index in inflight:
+                    outcomes[index] = exc
+                ok = False
+                return
+            finally:
+                if state.release() and ok:
+                    self._give_back(kind, endpoint, conn)
+                else:
+                    conn.close()
+
+    @staticmethod
+    def _serve_queue(
+        conn: _Conn, requests: list[LaneRequest], queue: collections.deque[int],
+        inflight: collections.deque[int], outcomes: list[str | OwnerGone | None], state: _Job,
+    ) -> None:  # fmt: skip
+        replied = False
         try:
             sock = conn.sock
             sock.settimeout(IO_TIMEOUT)
-            for first in range(0, len(requests), PIPELINE_DEPTH):
-                batch = requests[first : first + PIPELINE_DEPTH]
+            pending = 0  # bytes of the requests in flight after the oldest
+            while True:
                 heads = bytearray()
-                for request in batch:
+                while len(inflight) < PIPELINE_DEPTH:
+                    try:
+                        index = queue.popleft()  # atomic: the other connections take too
+                    except IndexError:
+                        break
+                    request = requests[index]
+                    if inflight and pending + request.view.nbytes > PIPELINE_BYTES:
+                        queue.appendleft(index)  # for the next free connection, or this one
+                        break
+                    if inflight:
+                        pending += request.view.nbytes
+                    inflight.append(index)
                     heads += encode_request(
                         request.op, request.region, request.offset, request.view.nbytes,
                         request.secret,
@@ -530,34 +603,29 @@ class LanePool:
                         sock.sendall(request.view)
                 if heads:
                     sock.sendall(heads)
-                for request in batch:
-                    reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
-                    replied = True
-                    if not reply.ok:
-                        message = _recv_exact(sock, reply.length).decode("utf-8", "replace")
-                        outcomes.append(message)  # in step: the next reply follows
-                        continue
-                    if request.op is Op.READ:
-                        if reply.length != request.view.nbytes:
-                            raise WireError(
-                                f"asked for {request.view.nbytes} bytes, the owner sends "
-                                f"{reply.length}"
-                            )
-                        _recv_into_all(sock, request.view)
-                    outcomes.append(None)
-            ok = True
+                if not inflight:
+                    return
+                request = requests[inflight[0]]
+                reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
+                replied = True
+                if not reply.ok:
+                    message = _recv_exact(sock, reply.length).decode("utf-8", "replace")
+                    outcomes[inflight[0]] = message  # in step: the next reply follows
+                elif request.op is Op.READ:
+                    if reply.length != request.view.nbytes:
+                        raise WireError(
+                            f"asked for {request.view.nbytes} bytes, the owner sends {reply.length}"
+                        )
+                    _recv_into_all(sock, request.view)
+                inflight.popleft()
+                if inflight:
+                    pending -= requests[inflight[0]].view.nbytes
         except (OSError, WireError, OwnerGone) as exc:
             if state.cancelled:
                 raise OwnerGone("cancelled") from exc
             if conn.reused and not replied and not isinstance(exc, WireError):
                 raise _Stale() from exc
             raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
-        finally:
-            if state.release() and ok:
-                self._give_back(kind, endpoint, conn)
-            else:
-                conn.close()
-        return outcomes
 
     def _blocking(
         self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,

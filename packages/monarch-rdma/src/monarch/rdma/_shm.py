@@ -25,7 +25,11 @@ and opens a pidfd of the owner (its pid taken from the socket's credentials).
 A transfer is then a memcpy into or out of the mapping, with no message at all: before and after
 the copy the transferring process checks the control slot (dropped: ``RuntimeError`` "dropped")
 and the pidfd (exited: ``RuntimeError`` "exited"), so a drop or the owner's death is an error
-and never a silent success. Copies of at least ``THREAD_COPY`` bytes run in a worker thread
+and never a silent success (a copy done at the call, ``transfer_now``, checks the slot before
+it and both after it: the mapping of an exited owner keeps its pages, so copying through it
+harms nothing, and the transfer fails all the same). Smaller copies slice a view of the
+buffer's bytes made once per mapping (``_Mapped.window``; the slice keeps the mapping mapped)
+and run in the caller's thread. Copies of at least ``THREAD_COPY`` bytes run in a worker thread
 (``ctypes.memmove`` releases the GIL), so the caller's event loop stays responsive and the
 operations of an ``RDMAAction`` overlap. Such a copy runs in ``COPY_CHUNK`` pieces: a transfer
 cancelled meanwhile (its timeout passed) stops the copy at the end of the current piece and
