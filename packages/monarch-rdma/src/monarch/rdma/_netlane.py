@@ -434,6 +434,17 @@ def _shutdown(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the fd's, even under an SSLSocket
 
 
+def _io_failure(exc: BaseException, state: _Job, conn: _Conn, replied: bool) -> Exception:
+    """What a connection's I/O failure means: the caller's cancellation, a kept connection the
+    owner had closed while idle (``_Stale``: nothing answered yet, so it is retried on a fresh
+    one), or the owner gone."""
+    if state.cancelled:
+        return OwnerGone("cancelled")
+    if conn.reused and not replied and not isinstance(exc, WireError):
+        return _Stale()
+    return OwnerGone(f"the connection to the owner's process failed: {exc!r}")
+
+
 async def _finish(job: asyncio.Future[T], state: _Job) -> T:
     """``job``'s result; when the caller is cancelled (its timeout), its socket is shut down
     and the thread waited for first: nothing touches the caller's memory once this returns."""
@@ -621,11 +632,7 @@ class LanePool:
                 if inflight:
                     pending -= requests[inflight[0]].view.nbytes
         except (OSError, WireError, OwnerGone) as exc:
-            if state.cancelled:
-                raise OwnerGone("cancelled") from exc
-            if conn.reused and not replied and not isinstance(exc, WireError):
-                raise _Stale() from exc
-            raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
+            raise _io_failure(exc, state, conn, replied) from exc
 
     def _blocking(
         self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,
@@ -664,11 +671,7 @@ class LanePool:
                 _recv_into_all(sock, view)
             ok = True
         except (OSError, WireError, OwnerGone) as exc:
-            if state.cancelled:
-                raise OwnerGone("cancelled") from exc
-            if conn.reused and not replied and not isinstance(exc, WireError):
-                raise _Stale() from exc
-            raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
+            raise _io_failure(exc, state, conn, replied) from exc
         finally:
             if state.release() and ok:
                 self._give_back(kind, endpoint, conn)
