@@ -24,8 +24,10 @@ from monarch.rdma import RDMABuffer, _net
 from monarch.rdma._net import LANE_CHUNK, MIN_CHUNK, plan_lane_chunks
 from monarch.rdma._netlane import (
     MAX_IDLE,
+    PIPELINE_DEPTH,
     Endpoint,
     LanePool,
+    LaneRequest,
     LaneServer,
     OwnerGone,
     Unreachable,
@@ -207,6 +209,75 @@ def test_refusals_carry_the_owners_message_and_keep_the_connection(
     assert 2 not in table.regions
     with pytest.raises(RuntimeError, match="not registered"):
         transfer(Op.READ, 2, SECRET, 0, memoryview(bytearray(1)))
+
+
+@pytest.mark.parametrize(("kind", "connections"), [("unix", 1), ("tls", 1), ("unix", 3)])
+def test_a_pipeline_runs_its_requests_with_refusals_in_step(
+    served: tuple[_Table, LaneServer, LanePool], kind: str, connections: int
+) -> None:
+    table, server, _ = served
+    pool = LanePool()
+    memory = bytearray(os.urandom(3 << 20))
+    table.regions[11] = (memoryview(memory), SECRET)
+    dsts = [bytearray(1 << 20) for _ in range(3)]
+    reads = [LaneRequest(Op.READ, 11, SECRET, i << 20, memoryview(d)) for i, d in enumerate(dsts)]
+    reads.insert(1, LaneRequest(Op.READ, 11, bytes(16), 0, memoryview(bytearray(8))))
+    outcomes = _run(pool.pipeline(kind, server.endpoint, reads, connections))
+    assert outcomes[0] is None
+    assert outcomes[2:] == [None, None]
+    assert isinstance(outcomes[1], str)
+    assert "not registered" in outcomes[1]  # the wrong secret
+    assert all(dst == memory[i << 20 : (i + 1) << 20] for i, dst in enumerate(dsts))
+    # more small writes than one connection keeps in flight, a refused one (its 1 MiB payload
+    # drained) among them
+    srcs = [os.urandom(1024) for _ in range(PIPELINE_DEPTH + 3)]
+    writes = [
+        LaneRequest(Op.WRITE, 11, SECRET, i * 1024, memoryview(b)) for i, b in enumerate(srcs)
+    ]
+    refused = LaneRequest(Op.WRITE, 99, SECRET, 0, memoryview(bytes(1 << 20)))
+    writes.insert(PIPELINE_DEPTH - 1, refused)
+    outcomes = _run(pool.pipeline(kind, server.endpoint, writes, connections))
+    assert [i for i, outcome in enumerate(outcomes) if outcome is not None] == [PIPELINE_DEPTH - 1]
+    assert "not registered" in str(outcomes[PIPELINE_DEPTH - 1])
+    assert bytes(memory[: len(srcs) * 1024]) == b"".join(srcs)
+    assert 1 <= pool._idle_count <= connections  # kept: every connection stayed in step
+    assert _run(pool.pipeline(kind, server.endpoint, [], connections)) == []
+    drop = LaneRequest(Op.DROP, 11, SECRET, 0, memoryview(b""))
+    with pytest.raises(ValueError, match="reads and writes only"):
+        _run(pool.pipeline(kind, server.endpoint, [drop]))
+    pool.close_idle()
+
+
+def test_a_pipeline_to_an_owner_that_is_gone_fails_every_request(
+    served: tuple[_Table, LaneServer, LanePool],
+) -> None:
+    _, server, _ = served
+    gone = dataclasses.replace(server.endpoint, unix=server.endpoint.unix + "-gone")
+    request = LaneRequest(Op.READ, 1, SECRET, 0, memoryview(bytearray(4)))
+    outcomes = _run(LanePool().pipeline("unix", gone, [request, request, request], 2))
+    assert len(outcomes) == 3
+    assert all(isinstance(outcome, OwnerGone) for outcome in outcomes)
+
+
+def test_a_pipeline_replaces_a_kept_connection_the_owner_closed_while_idle(
+    served: tuple[_Table, LaneServer, LanePool],
+) -> None:
+    table, server, _ = served
+    pool = LanePool()
+    memory = os.urandom(4096)
+    table.regions[12] = (memoryview(memory), SECRET)
+    dst = bytearray(4096)
+    _run(pool.transfer("unix", server.endpoint, Op.READ, 12, SECRET, 0, memoryview(dst)))
+    (kept,) = next(iter(pool._idle.values()))
+    assert isinstance(kept.sock, socket.socket)  # the Unix lane: a plain socket
+    kept.sock.shutdown(socket.SHUT_RDWR)  # it fails before any reply, as a closed one would
+    dsts = [bytearray(1024) for _ in range(4)]
+    requests = [
+        LaneRequest(Op.READ, 12, SECRET, i * 1024, memoryview(d)) for i, d in enumerate(dsts)
+    ]
+    assert _run(pool.pipeline("unix", server.endpoint, requests)) == [None] * 4
+    assert b"".join(dsts) == memory
+    pool.close_idle()
 
 
 def test_the_pool_keeps_a_bounded_number_of_idle_connections(

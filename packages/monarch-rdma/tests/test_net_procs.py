@@ -164,6 +164,34 @@ def test_an_action_batches_reads_and_writes_over_two_owners(actors: Any) -> None
     RDMAAction().submit().get(timeout=T)  # empty: a no-op
 
 
+def test_an_action_of_many_operations_reports_a_dropped_buffer_and_moves_the_rest(
+    actors: Any,
+) -> None:
+    """The operations an owner's data lane serves are pipelined (``transfer_many``): one
+    refused by the owner fails the action with its message, the others land all the same."""
+    holder, _, _, _ = actors
+    content = _pattern(3 << 20, seed=9)
+    kept = holder.create.call_one(content).get(timeout=T)
+    gone = RDMABuffer(memoryview(bytearray(64)))  # the client's own, dropped
+    gone.drop().get(timeout=T)
+    dsts = [bytearray(len(content)) for _ in range(6)]
+    action = RDMAAction()
+    for dst in dsts[:3]:
+        action.read_remote(memoryview(dst), kept)
+    action.read_remote(memoryview(bytearray(64)), gone)
+    for dst in dsts[3:]:
+        action.read_remote(memoryview(dst), kept)
+    with pytest.raises(RuntimeError, match="not registered"):
+        action.submit(timeout=int(T)).get(timeout=T)
+    assert all(dst == content for dst in dsts)
+    dsts = [bytearray(len(content)) for _ in range(6)]
+    action = RDMAAction()
+    for dst in dsts:
+        action.read_remote(memoryview(dst), kept)
+    action.submit(timeout=int(T)).get(timeout=T)  # again, with nothing refused
+    assert all(dst == content for dst in dsts)
+
+
 def test_drop_then_use_fails(actors: Any) -> None:
     holder, peer, _, _ = actors
     buffer = holder.create.call_one(b"soon gone").get(timeout=T)

@@ -37,14 +37,22 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from monarch.actor import Actor, ActorError, endpoint
 from monarch.rdma._config import setting
 from monarch.rdma._host import HOST
-from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone, Unreachable
+from monarch.rdma._netlane import (
+    MAX_IDLE,
+    Endpoint,
+    LanePool,
+    LaneRequest,
+    LaneServer,
+    OwnerGone,
+    Unreachable,
+)
 from monarch.rdma._netwire import SECRET_SIZE, Op
 from monarch.rdma._owned import spawn_process_actor
 from monarch.rdma._provider import ProviderSpec, RDMAProvider, Reach, RemoteKey
@@ -477,6 +485,90 @@ class NetProvider:
         except RuntimeError as exc:
             raise _failed(what, key, exc) from exc
         return True
+
+    async def transfer_many(
+        self, ops: Sequence[tuple[str, RemoteKey, int, memoryview]]
+    ) -> list[BaseException | None]:
+        """Several transfers at once (an ``RDMAAction``'s operations that this provider serves:
+        ``(kind, key, offset, memory)``), each one's outcome in order. On the data lanes their
+        chunks are pipelined (``LanePool.pipeline``): per owner, lane and direction, over up
+        to ``MAX_IDLE`` connections (as many as the pool keeps per owner and has threads: on a
+        busy machine fewer connections got fewer time slices, and a 32-operation action over 4
+        was slower than one request per connection) that take them from one queue, several in
+        flight on each, so an action of many small operations pays no round trip per
+        operation and a connection that falls behind leaves the rest to the others. The
+        message lane serves its operations one by one (``read``/``write``), as does the message
+        lane of an owner whose TLS lane does not answer."""
+        outcomes: list[BaseException | None] = [None] * len(ops)
+        max_chunk, window = _settings()
+        groups: dict[tuple[str, Endpoint, Op], list[tuple[int, LaneRequest]]] = {}
+        singles: list[int] = []
+        for index, (kind, key, offset, view) in enumerate(ops):
+            try:
+                detail = _detail(key)
+                lane = lane_kind(detail)
+                if lane == "messages":
+                    singles.append(index)
+                    continue
+                where = _lane_endpoint(lane, detail)
+            except Exception as exc:  # an operation's own failure
+                outcomes[index] = exc
+                continue
+            op = Op.READ if kind == "read" else Op.WRITE
+            pieces = groups.setdefault((lane, where, op), [])
+            for start, length in plan_lane_chunks(view.nbytes, max_chunk, window):
+                request = LaneRequest(
+                    op, key.region, detail.secret, offset + start, view[start : start + length]
+                )
+                pieces.append((index, request))
+
+        async def pipelined(
+            lane: str, where: Endpoint, pieces: list[tuple[int, LaneRequest]]
+        ) -> None:
+            results = await _lanes.pipeline(lane, where, [r for _, r in pieces], MAX_IDLE)
+            fallback = set()
+            for (index, _), result in zip(pieces, results, strict=True):
+                if result is None or outcomes[index] is not None:
+                    continue
+                kind, key = ops[index][0], ops[index][1]
+                if isinstance(result, Unreachable):
+                    fallback.add(index)
+                elif isinstance(result, OwnerGone):
+                    outcomes[index] = RuntimeError(
+                        f"RDMA {kind} of region {key.region} ({NAME} provider, {lane} lane) "
+                        f"failed: the owner's process has exited or cannot be reached ({result})"
+                    )
+                else:
+                    outcomes[index] = _failed(kind, key, RuntimeError(result))
+            if fallback:  # its TLS lane does not answer: the message lane, from now on
+                if len(_unreachable) >= _MAX_UNREACHABLE:
+                    _unreachable.clear()
+                _unreachable.add(where)
+                _log.warning(
+                    "RDMA net: the owner's TLS lane does not answer; the message lane serves "
+                    "this owner from now on"
+                )
+                singles.extend(sorted(fallback - set(singles)))
+
+        # return_exceptions: every pipeline has stopped before this returns or raises (a
+        # cancellation, too, waits for them all)
+        jobs = [pipelined(lane, where, pieces) for (lane, where, _op), pieces in groups.items()]
+        for result in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+        if singles:
+            results = await asyncio.gather(
+                *(self._one(*ops[index]) for index in singles), return_exceptions=True
+            )
+            for index, result in zip(singles, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result
+                    outcomes[index] = result
+        return outcomes
+
+    def _one(self, kind: str, key: RemoteKey, offset: int, view: memoryview) -> Awaitable[None]:
+        return self.read(key, offset, view) if kind == "read" else self.write(key, offset, view)
 
     async def deregister(self, key: RemoteKey) -> None:
         detail = _detail(key)

@@ -48,7 +48,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 from monarch.rdma._netseal import (
     SealedStream,
@@ -79,11 +79,15 @@ __all__ = [
     "LaneServer",
     "Lookup",
     "OwnerGone",
+    "PIPELINE_BYTES",
+    "PIPELINE_DEPTH",
+    "LaneRequest",
     "Unreachable",
     "host_addresses",
 ]
 
 _log = logging.getLogger("monarch.rdma.net")
+T = TypeVar("T")
 #: Connections one owner process serves at once (each a thread); more are closed at once.
 MAX_CONNECTIONS: Final = 64
 #: Idle connections a transferring process keeps per owner endpoint, and in all.
@@ -97,6 +101,13 @@ CONNECT_TIMEOUT: Final = 5.0
 #: side whose kept connection was closed meanwhile retries once on a fresh one.
 IDLE_TIMEOUT: Final = 120.0
 _DRAIN: Final = 1 << 20
+#: Requests a pipelined connection keeps in flight (``LanePool.pipeline``): bounded so that the
+#: requests (45 bytes each; a write's payload is answered by 9 bytes) always fit in the peer's
+#: socket buffer and neither side blocks the other ...
+PIPELINE_DEPTH: Final = 64
+#: ... and, beyond the oldest, at most this many bytes of them (two 1 MiB reads in flight per
+#: connection: no round trip between them, and the rest left to whichever connection is free).
+PIPELINE_BYTES: Final = 1 << 20
 _SIOCGIFADDR: Final = 0x8915
 
 #: ``lookup(region, secret)``: the registered memory, or an error message.
@@ -355,6 +366,18 @@ class LaneServer:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class LaneRequest:
+    """One request of a pipeline (``LanePool.pipeline``): ``op`` (``READ`` or ``WRITE``) of
+    ``view.nbytes`` bytes at ``offset`` of ``region``, with the registration's ``secret``."""
+
+    op: Op
+    region: int
+    secret: bytes
+    offset: int
+    view: memoryview
+
+
 class _Conn:
     """One client connection; ``reused`` when it came from the pool (it may have gone stale)."""
 
@@ -411,6 +434,31 @@ def _shutdown(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the fd's, even under an SSLSocket
 
 
+def _io_failure(exc: BaseException, state: _Job, conn: _Conn, replied: bool) -> Exception:
+    """What a connection's I/O failure means: the caller's cancellation, a kept connection the
+    owner had closed while idle (``_Stale``: nothing answered yet, so it is retried on a fresh
+    one), or the owner gone."""
+    if state.cancelled:
+        return OwnerGone("cancelled")
+    if conn.reused and not replied and not isinstance(exc, WireError):
+        return _Stale()
+    return OwnerGone(f"the connection to the owner's process failed: {exc!r}")
+
+
+async def _finish(job: asyncio.Future[T], state: _Job) -> T:
+    """``job``'s result; when the caller is cancelled (its timeout), its socket is shut down
+    and the thread waited for first: nothing touches the caller's memory once this returns."""
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        state.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait([job])  # nothing touches the memory once we return
+        if job.done() and not job.cancelled():
+            job.exception()  # seen: no "exception never retrieved" noise
+        raise
+
+
 class LanePool:
     """The connecting side (module docstring): idle connections per endpoint, chunk I/O in a
     bounded thread pool. ``tls`` makes even a same-host transfer go over TLS (to 127.0.0.1)."""
@@ -445,15 +493,146 @@ class LanePool:
         job = loop.run_in_executor(
             self._pool(), self._blocking, kind, endpoint, op, region, secret, offset, view, state
         )
+        await _finish(job, state)
+
+    async def pipeline(
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest], connections: int = 1
+    ) -> list[str | OwnerGone | None]:
+        """Several requests over up to ``connections`` connections of ``kind``, pipelined:
+        each connection (a pool thread) takes the next request from one shared queue and keeps
+        several in flight (its first ones sent at once; up to ``PIPELINE_DEPTH``, and at most
+        ``PIPELINE_BYTES`` beyond the oldest), sending another as each reply is read, so no
+        request waits a round trip and no connection waits for a slow one (the work goes to
+        whichever is free). Each request's outcome in order: ``None``, the owner's refusal
+        (its message; the connection stays in step) or the ``OwnerGone`` (``Unreachable``) of
+        the connection that carried it (it may or may not have run: all are idempotent)."""
+        if any(request.op not in (Op.READ, Op.WRITE) for request in requests):
+            raise ValueError("a pipeline carries reads and writes only")
+        outcomes: list[str | OwnerGone | None] = [None] * len(requests)
+        if not requests:
+            return outcomes
+        queue = collections.deque(range(len(requests)))
+        failures: list[OwnerGone] = []
+        loop = asyncio.get_running_loop()
+        states = [_Job() for _ in range(max(1, min(connections, len(requests))))]
+        jobs = [
+            loop.run_in_executor(
+                self._pool(),
+                self._drain_queue,
+                kind,
+                endpoint,
+                requests,
+                queue,
+                outcomes,
+                failures,
+                state,
+            )
+            for state in states
+        ]
+        gathered = asyncio.gather(*jobs, return_exceptions=True)
         try:
-            await asyncio.shield(job)
+            results = await asyncio.shield(gathered)
         except asyncio.CancelledError:
-            state.cancel()
+            for state in states:
+                state.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.wait([job])  # nothing touches ``view`` once we return
-            if job.done() and not job.cancelled():
-                job.exception()  # seen: no "exception never retrieved" noise
+                await asyncio.wait(jobs)  # nothing touches the memory once we return
             raise
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        for index in queue:  # every connection failed before these were sent
+            outcomes[index] = failures[-1] if failures else OwnerGone("the requests were not sent")
+        return outcomes
+
+    def _drain_queue(
+        self, kind: str, endpoint: Endpoint, requests: list[LaneRequest],
+        queue: collections.deque[int], outcomes: list[str | OwnerGone | None],
+        failures: list[OwnerGone], state: _Job,
+    ) -> None:  # fmt: skip
+        """One connection of ``pipeline``: requests from ``queue`` until it is empty. A kept
+        connection the owner had closed while idle is replaced once (its requests queued
+        again); a failure ends this connection and fails the requests it carried."""
+        fresh = False
+        while queue:
+            try:
+                conn = self._take(kind, endpoint, state, fresh=fresh)
+            except OwnerGone as exc:
+                failures.append(exc)
+                return
+            inflight: collections.deque[int] = collections.deque()
+            try:
+                self._serve_queue(conn, requests, queue, inflight, outcomes, state)
+                ok = True
+            except _Stale:
+                queue.extendleft(reversed(inflight))  # sent again, on a fresh connection
+                ok, fresh = False, True
+                continue
+            except OwnerGone as exc:
+                failures.append(exc)
+                for index in inflight:
+                    outcomes[index] = exc
+                ok = False
+                return
+            finally:
+                if state.release() and ok:
+                    self._give_back(kind, endpoint, conn)
+                else:
+                    conn.close()
+
+    @staticmethod
+    def _serve_queue(
+        conn: _Conn, requests: list[LaneRequest], queue: collections.deque[int],
+        inflight: collections.deque[int], outcomes: list[str | OwnerGone | None], state: _Job,
+    ) -> None:  # fmt: skip
+        replied = False
+        try:
+            sock = conn.sock
+            sock.settimeout(IO_TIMEOUT)
+            pending = 0  # bytes of the requests in flight after the oldest
+            while True:
+                heads = bytearray()
+                while len(inflight) < PIPELINE_DEPTH:
+                    try:
+                        index = queue.popleft()  # atomic: the other connections take too
+                    except IndexError:
+                        break
+                    request = requests[index]
+                    if inflight and pending + request.view.nbytes > PIPELINE_BYTES:
+                        queue.appendleft(index)  # for the next free connection, or this one
+                        break
+                    if inflight:
+                        pending += request.view.nbytes
+                    inflight.append(index)
+                    heads += encode_request(
+                        request.op, request.region, request.offset, request.view.nbytes,
+                        request.secret,
+                    )  # fmt: skip
+                    if request.op is Op.WRITE:
+                        sock.sendall(heads)
+                        heads.clear()
+                        sock.sendall(request.view)
+                if heads:
+                    sock.sendall(heads)
+                if not inflight:
+                    return
+                request = requests[inflight[0]]
+                reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
+                replied = True
+                if not reply.ok:
+                    message = _recv_exact(sock, reply.length).decode("utf-8", "replace")
+                    outcomes[inflight[0]] = message  # in step: the next reply follows
+                elif request.op is Op.READ:
+                    if reply.length != request.view.nbytes:
+                        raise WireError(
+                            f"asked for {request.view.nbytes} bytes, the owner sends {reply.length}"
+                        )
+                    _recv_into_all(sock, request.view)
+                inflight.popleft()
+                if inflight:
+                    pending -= requests[inflight[0]].view.nbytes
+        except (OSError, WireError, OwnerGone) as exc:
+            raise _io_failure(exc, state, conn, replied) from exc
 
     def _blocking(
         self, kind: str, endpoint: Endpoint, op: Op, region: int, secret: bytes, offset: int,
@@ -492,11 +671,7 @@ class LanePool:
                 _recv_into_all(sock, view)
             ok = True
         except (OSError, WireError, OwnerGone) as exc:
-            if state.cancelled:
-                raise OwnerGone("cancelled") from exc
-            if conn.reused and not replied and not isinstance(exc, WireError):
-                raise _Stale() from exc
-            raise OwnerGone(f"the connection to the owner's process failed: {exc!r}") from exc
+            raise _io_failure(exc, state, conn, replied) from exc
         finally:
             if state.release() and ok:
                 self._give_back(kind, endpoint, conn)

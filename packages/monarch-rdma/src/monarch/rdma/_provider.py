@@ -95,6 +95,11 @@ class RDMAProvider(Protocol):
       the caller await ``read``/``write`` instead; failures raise as those would.
       ``RDMABuffer.read_into``/``write_from`` try it first (``shm``: a memcpy of a mapping it
       holds already).
+    * Optionally, ``transfer_many(ops) -> Awaitable[list[BaseException | None]]`` (``ops``: a
+      sequence of ``(kind, key, offset, memory)``): several transfers at once, each one's
+      outcome in order (``None`` or its exception), the provider free to pipeline them.
+      ``RDMAAction.submit`` hands it every operation this provider serves (``net``: the
+      operations' chunks pipelined on a few connections per owner, no round trip each).
     """
 
     name: str

@@ -25,7 +25,11 @@ and opens a pidfd of the owner (its pid taken from the socket's credentials).
 A transfer is then a memcpy into or out of the mapping, with no message at all: before and after
 the copy the transferring process checks the control slot (dropped: ``RuntimeError`` "dropped")
 and the pidfd (exited: ``RuntimeError`` "exited"), so a drop or the owner's death is an error
-and never a silent success. Copies of at least ``THREAD_COPY`` bytes run in a worker thread
+and never a silent success (a copy done at the call, ``transfer_now``, checks the slot before
+it and both after it: the mapping of an exited owner keeps its pages, so copying through it
+harms nothing, and the transfer fails all the same). Smaller copies slice a view of the
+buffer's bytes made once per mapping (``_Mapped.window``; the slice keeps the mapping mapped)
+and run in the caller's thread. Copies of at least ``THREAD_COPY`` bytes run in a worker thread
 (``ctypes.memmove`` releases the GIL), so the caller's event loop stays responsive and the
 operations of an ``RDMAAction`` overlap. Such a copy runs in ``COPY_CHUNK`` pieces: a transfer
 cancelled meanwhile (its timeout passed) stops the copy at the end of the current piece and
@@ -303,6 +307,9 @@ class _Mapped:
     mapping: mmap.mmap
     delta: int  # where the buffer starts in the mapping
     peer: _Peer
+    #: the buffer's bytes in ``mapping``: a view made once (an export, which keeps the mapping
+    #: mapped while any slice of it is alive), sliced by the copies done in the caller's thread
+    window: memoryview
 
 
 def _exited(peer: _Peer) -> bool:
@@ -364,8 +371,11 @@ class ShmProvider:
         """The transfer done here and now when it is cheap: this process holds the owner's
         memory mapped already and the copy is below ``THREAD_COPY`` (``read``/``write`` copy
         those inline too). False when not (the caller awaits ``read``/``write``); raises as
-        they would."""
-        if local.nbytes >= THREAD_COPY:
+        they would. Before the copy only the drop is checked (a copy out of, or into, the
+        mapping of an owner that has exited touches nothing of anyone's: the mapping keeps
+        its pages); after it, the drop and the owner's exit, so neither is a silent success."""
+        n = local.nbytes
+        if n >= THREAD_COPY:
             return False
         detail: ShmDetail = key.detail
         to_remote = kind == "write"
@@ -377,9 +387,12 @@ class ShmProvider:
             if mapped is None:
                 return False
             self._mapped.move_to_end(ident)
-        self._check(key, mapped, kind)
-        _check_range(key, offset, local.nbytes)
-        if local.nbytes:
+        slot = detail.slot * _SLOT.size
+        if _SLOT.unpack_from(mapped.peer.control, slot)[0] != key.region:
+            self._forget(key)
+            raise _failed(kind, key, "the buffer was dropped: it is not registered any more")
+        _check_range(key, offset, n)
+        if n:
             self._copy_inline(key, mapped, offset, local, to_remote=to_remote)
         self._check(key, mapped, kind)
         return True
@@ -447,22 +460,19 @@ class ShmProvider:
     def _copy_inline(
         key: RemoteKey, mapped: _Mapped, offset: int, local: memoryview, *, to_remote: bool
     ) -> None:
-        """``_copy`` of fewer than ``THREAD_COPY`` bytes, in this thread."""
+        """``_copy`` of fewer than ``THREAD_COPY`` bytes, in this thread, holding the GIL (a
+        slice assignment: a memcpy): the slice of the window keeps the mapping mapped."""
         try:
-            remote = (ctypes.c_char * local.nbytes).from_buffer(
-                mapped.mapping, mapped.delta + offset
-            )
-        except (ValueError, TypeError) as exc:  # unmapped meanwhile: dropped or evicted
+            remote = mapped.window[offset : offset + local.nbytes]
+        except ValueError as exc:  # released: dropped or evicted meanwhile
             raise _failed("transfer", key, f"the buffer was dropped ({exc})") from exc
-        window = memoryview(remote).cast("B")
         try:
             if to_remote:
-                window[:] = local
+                remote[:] = local
             else:
-                local[:] = window
+                local[:] = remote
         finally:
-            window.release()
-            del remote
+            remote.release()
 
     async def _mapping(self, key: RemoteKey) -> _Mapped:
         detail: ShmDetail = key.detail
@@ -502,7 +512,7 @@ class ShmProvider:
         finally:
             os.close(region_fd)
             os.close(control_fd)
-        mapped = _Mapped(mapping, delta, peer)
+        mapped = _Mapped(mapping, delta, peer, memoryview(mapping)[delta : delta + key.size])
         with self._lock:
             self._mapped[(detail.socket, key.region)] = mapped
             while len(self._mapped) > MAX_MAPPINGS:
@@ -550,6 +560,7 @@ class ShmProvider:
 
 
 def _unmap(mapped: _Mapped) -> None:
+    mapped.window.release()  # slices of it taken by copies still running keep it mapped
     with contextlib.suppress(BufferError):  # a copy still running holds it: unmapped when done
         mapped.mapping.close()
 

@@ -93,7 +93,7 @@ class TorchCuda:
         if tensor_type is None or not isinstance(data, tensor_type):
             return False
         tensor: Any = data
-        return bool(tensor.device.type == "cuda")
+        return bool(tensor.is_cuda)  # no ``torch.device`` object: on every transfer's path
 
     @staticmethod
     def _torch() -> Any:
