@@ -257,6 +257,8 @@ class _Shared:
 
 
 _Queued = tuple[Envelope, list[Any], int, _Shared | None]
+#: A frame made by ``_prepare``: its peer and lane (as found), lane pieces and shared slots.
+_Frame = tuple["_Peer | None", "Lane | None", list[Any], _Shared | None]
 
 
 class _Peer:
@@ -479,7 +481,7 @@ class NodeProcessTransport:
         after the other, so the last destination does not wait for the encoding of the frames
         before its own (its worker starts as soon after the first one's as the writes allow).
         ``MessageTooLargeError`` before anything is sent."""
-        prepared: list[tuple[Envelope, Any]] = []
+        prepared: list[tuple[Envelope, _Frame | None]] = []
         try:
             for envelope in envelopes:
                 prepared.append((envelope, self._prepare(envelope, buffers)))
@@ -490,11 +492,12 @@ class NodeProcessTransport:
             raise
         for envelope, frame in prepared:
             if frame is not None:
-                self._submit(envelope, *frame, False)
+                peer, lane, pieces, shared = frame
+                self._submit(envelope, peer, lane, pieces, shared, False)
 
     def _prepare(
         self, envelope: Envelope, buffers: Sequence[memoryview]
-    ) -> tuple[_Peer | None, Lane | None, list[Any], _Shared | None] | None:
+    ) -> _Frame | None:
         """The frame for ``envelope`` (size checked), or ``None`` once it was handled here (a
         local delivery, a bounce)."""
         limits = self.limits
