@@ -495,9 +495,7 @@ class NodeProcessTransport:
                 peer, lane, pieces, shared = frame
                 self._submit(envelope, peer, lane, pieces, shared, False)
 
-    def _prepare(
-        self, envelope: Envelope, buffers: Sequence[memoryview]
-    ) -> _Frame | None:
+    def _prepare(self, envelope: Envelope, buffers: Sequence[memoryview]) -> _Frame | None:
         """The frame for ``envelope`` (size checked), or ``None`` once it was handled here (a
         local delivery, a bounce)."""
         limits = self.limits
