@@ -376,7 +376,16 @@ class ProcRuntime:
     ) -> None:
         """``post`` of one CALL to each of ``targets`` (a mesh's ranks), in order: the
         envelopes are made first, then handed to the transport together (``send_each``: the
-        frames encoded, then written back to back)."""
+        frames encoded, then written back to back). One target (``call_one``, ``choose``):
+        the plain ``post`` (no list, no lookup: a pipelining client's path)."""
+        if len(targets) == 1:
+            target, cast = targets[0]
+            envelope = self._envelope(
+                sender, _CALL, target, -1, endpoint, reply_port, cast, payload, flags, trace
+            )
+            if envelope is not None:
+                self.transport.send(envelope, payload.buffers)
+            return
         envelopes = []
         for target, cast in targets:
             envelope = self._envelope(
