@@ -259,3 +259,28 @@ def test_all_done_joins_cells() -> None:
     cells[1].set_result(2)
     assert joined.done()
     assert _all_done([]).done()
+
+
+def test_every_waiter_of_a_cell_wakes_once_it_completes() -> None:
+    """Several threads block on one pending cell (one of them after a timed-out wait): the one
+    completion releases all of them, and a wait after completion returns at once."""
+    cell: _Cell[int] = _Cell()
+    assert not cell.wait(0.01)  # times out, leaves the cell pending and waitable
+    ready = threading.Barrier(5)
+    woke: list[bool] = []
+
+    def waiter() -> None:
+        ready.wait()
+        woke.append(cell.wait(30.0))
+
+    threads = [threading.Thread(target=waiter) for _ in range(4)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    cell.set_result(7)
+    for t in threads:
+        t.join(30.0)
+    assert woke == [True] * 4
+    assert cell.wait(0)
+    assert cell.wait(None)
+    assert cell.outcome() == (True, 7)

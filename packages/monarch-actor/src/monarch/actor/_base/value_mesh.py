@@ -9,6 +9,7 @@ value of ``vm.slice(x=1)`` is local index 0.
 
 from __future__ import annotations
 
+import functools
 import pprint
 import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -148,6 +149,17 @@ def _rebuild_value_mesh(labels: list[str], ndslice: Slice, values: list[Any]) ->
     return ValueMesh(Shape(labels, ndslice), values)
 
 
+@functools.lru_cache(maxsize=256)
+def _dense(extent: Extent) -> tuple[Shape, tuple[int, ...]]:
+    # A mesh's ``call()`` gathers over the same extent every time: its shape (immutable,
+    # shared by every value mesh over it) and global ranks are made once, not per call.
+    shape = Shape.from_extent(extent)
+    return shape, tuple(shape.ndslice)
+
+
 def _value_mesh_over(extent: Extent, values: Sequence[R]) -> ValueMesh[R]:
     """A dense value mesh over ``extent`` (used for ``call()`` results)."""
-    return ValueMesh(Shape.from_extent(extent), values)
+    shape, ranks = _dense(extent)
+    if len(values) != len(ranks):
+        raise ValueError(f"shape has {len(ranks)} ranks but {len(values)} values were given")
+    return ValueMesh._from_table(shape, dict(zip(ranks, values, strict=True)))

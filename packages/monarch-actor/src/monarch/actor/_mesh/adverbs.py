@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn, ParamS
 
 from monarch.actor._base import codec as _codec
 from monarch.actor._base.endpoint import EndpointProperty
-from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo, MessageKind
+from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo
 from monarch.actor._base.future import Future, _Cell
 from monarch.actor._base.value_mesh import ValueMesh, _value_mesh_over
 from monarch.actor._runtime.context import (
@@ -165,18 +165,15 @@ class Endpoint(Generic[P, R]):
         trace: bytes | None = None,
     ) -> None:
         # ``trace``: the send span's context for every envelope (``_tracing.send_traced``)
-        for addr, cast in targets:
-            runtime.post(
-                sender,
-                MessageKind.CALL,
-                addr,
-                endpoint=self._name,
-                reply_port=reply_port,
-                cast=cast,
-                payload=payload,
-                flags=flags,
-                trace=trace,
-            )
+        runtime.post_calls(
+            sender,
+            targets,
+            endpoint=self._name,
+            reply_port=reply_port,
+            payload=payload,
+            flags=flags,
+            trace=trace,
+        )
 
     def _open(self, sink: Any) -> Any:
         runtime, sender = current_sender()

@@ -63,7 +63,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -352,6 +352,71 @@ class ProcRuntime:
         sender posts again at once (the transport may write this envelope with the next).
         ``trace``: the envelope's trace context (a send span's: ``_tracing.send_traced``),
         else the current span's for a CALL while tracing is on."""
+        envelope = self._envelope(
+            sender, kind, target, port, endpoint, reply_port, cast, payload, flags, trace
+        )
+        if envelope is None:
+            return
+        if more:
+            self.transport.send(envelope, payload.buffers, True)
+        else:
+            self.transport.send(envelope, payload.buffers)
+        if kind in _SUPERVISION_TRAFFIC:
+            self._count(self._sent, target.pid, 1)
+
+    def post_calls(
+        self,
+        sender: CellBase,
+        targets: Sequence[tuple[ActorAddr, CastInfo]],
+        *,
+        endpoint: str,
+        reply_port: PortAddr | None,
+        payload: _codec.Payload,
+        flags: int = 0,
+        trace: bytes | None = None,
+    ) -> None:
+        """``post`` of one CALL to each of ``targets`` (a mesh's ranks), in order: the
+        envelopes are made first, then handed to the transport together (``send_each``: the
+        frames encoded, then written back to back). One target (``call_one``, ``choose``):
+        the plain ``post`` (no list, no lookup: a pipelining client's path)."""
+        if len(targets) == 1:
+            target, cast = targets[0]
+            envelope = self._envelope(
+                sender, _CALL, target, -1, endpoint, reply_port, cast, payload, flags, trace
+            )
+            if envelope is not None:
+                self.transport.send(envelope, payload.buffers)
+            return
+        envelopes = []
+        for target, cast in targets:
+            envelope = self._envelope(
+                sender, _CALL, target, -1, endpoint, reply_port, cast, payload, flags, trace
+            )
+            if envelope is None:
+                return
+            envelopes.append(envelope)
+        send_each = getattr(self.transport, "send_each", None)
+        if send_each is not None and len(envelopes) > 1:
+            send_each(envelopes, payload.buffers)
+            return
+        for envelope in envelopes:
+            self.transport.send(envelope, payload.buffers)
+
+    def _envelope(
+        self,
+        sender: CellBase,
+        kind: MessageKind,
+        target: ActorAddr,
+        port: int,
+        endpoint: str,
+        reply_port: PortAddr | None,
+        cast: CastInfo | None,
+        payload: _codec.Payload,
+        flags: int,
+        trace: bytes | None,
+    ) -> Envelope | None:
+        """The envelope ``post`` sends (counted as sent), or ``None`` when this process was
+        just fenced (nothing leaves it); ``RuntimeError`` for a fenced sender."""
         if sender.fenced:
             raise RuntimeError(
                 f"{sender.display} was stopped (it did not stop within the stop timeout); it "
@@ -360,7 +425,7 @@ class ProcRuntime:
         lease = self.lease
         if lease.armed and lease.expired(time.monotonic()):
             self._fence_process("no heartbeat from the client within its timeout")
-            return
+            return None
         data = payload.data
         sizes = tuple([b.nbytes for b in payload.buffers]) if payload.buffers else ()
         envelope = Envelope(
@@ -392,12 +457,7 @@ class ProcRuntime:
                     _sent_log.append(code)
                     if len(_sent_log) >= _FOLD_AT:
                         _metrics._fold()
-        if more:
-            self.transport.send(envelope, payload.buffers, True)
-        else:
-            self.transport.send(envelope, payload.buffers)
-        if kind in _SUPERVISION_TRAFFIC:
-            self._count(self._sent, target.pid, 1)
+        return envelope
 
     def reply_error(
         self, sender: CellBase, reply_port: PortAddr, cast: CastInfo | None, exc: BaseException

@@ -257,6 +257,8 @@ class _Shared:
 
 
 _Queued = tuple[Envelope, list[Any], int, _Shared | None]
+#: A frame made by ``_prepare``: its peer and lane (as found), lane pieces and shared slots.
+_Frame = tuple["_Peer | None", "Lane | None", list[Any], _Shared | None]
 
 
 class _Peer:
@@ -469,6 +471,33 @@ class NodeProcessTransport:
         takes the outbox instead of a ``sendmsg`` of its own: the loop's drain writes it with
         the ones that follow in one ``sendmsg``.
         """
+        prepared = self._prepare(envelope, buffers)
+        if prepared is not None:
+            self._submit(envelope, *prepared, more)
+
+    def send_each(self, envelopes: Sequence[Envelope], buffers: Sequence[memoryview]) -> None:
+        """``send`` of several envelopes carrying the same payload and ``buffers`` (a
+        broadcast), in order: every frame is encoded first, then they are written one right
+        after the other, so the last destination does not wait for the encoding of the frames
+        before its own (its worker starts as soon after the first one's as the writes allow).
+        ``MessageTooLargeError`` before anything is sent."""
+        prepared: list[tuple[Envelope, _Frame | None]] = []
+        try:
+            for envelope in envelopes:
+                prepared.append((envelope, self._prepare(envelope, buffers)))
+        except BaseException:
+            for _envelope, frame in prepared:  # nothing was sent: free their slots
+                if frame is not None and frame[3] is not None:
+                    frame[3].close()
+            raise
+        for envelope, frame in prepared:
+            if frame is not None:
+                peer, lane, pieces, shared = frame
+                self._submit(envelope, peer, lane, pieces, shared, False)
+
+    def _prepare(self, envelope: Envelope, buffers: Sequence[memoryview]) -> _Frame | None:
+        """The frame for ``envelope`` (size checked), or ``None`` once it was handled here (a
+        local delivery, a bounce)."""
         limits = self.limits
         if buffers:
             check_size(len(envelope.payload), sum(b.nbytes for b in buffers), len(buffers), limits)
@@ -477,7 +506,7 @@ class NodeProcessTransport:
         target = envelope.target.pid
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
-            return
+            return None
         if target == self._pid.raw or (self._hosts is not None and self._hosts(target)):
             owned = detach_buffers(buffers, envelope.buffer_kinds)
             try:
@@ -486,7 +515,7 @@ class NodeProcessTransport:
                 raise  # to the sender: the loop would refuse the bounce as well
             except RuntimeLoopClosedError:
                 pass  # closed under us: nobody is left to tell
-            return
+            return None
         shared: _Shared | None = None
         pieces: list[Any] | None = None
         peer = self._peers.get(target)
@@ -499,6 +528,18 @@ class NodeProcessTransport:
             pieces = encode_frame(
                 envelope, detach_buffers(buffers, envelope.buffer_kinds) if buffers else [], limits
             )
+        return peer, lane, pieces, shared
+
+    def _submit(
+        self,
+        envelope: Envelope,
+        peer: _Peer | None,
+        lane: Lane | None,
+        pieces: list[Any],
+        shared: _Shared | None,
+        more: bool,
+    ) -> None:
+        """Write ``envelope``'s frame at once (``_send_direct``) or queue it for the loop."""
         if (
             peer is not None
             and lane is not None

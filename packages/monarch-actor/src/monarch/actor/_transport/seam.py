@@ -222,6 +222,20 @@ class InProcessTransport:
         except RuntimeLoopClosedError:
             self._bounce(envelope, "the destination process has shut down")
 
+    def send_each(self, envelopes: Sequence[Envelope], buffers: Sequence[memoryview]) -> None:
+        """``send`` of each envelope in order; through the uplink's ``send_each`` (frames
+        encoded first, then written back to back) when none is for a member."""
+        fabric = self._fabric
+        uplink = fabric.uplink
+        send_each = getattr(uplink, "send_each", None)
+        if send_each is not None and not any(
+            fabric._lookup(envelope.target.pid) is not None for envelope in envelopes
+        ):
+            send_each(envelopes, buffers)
+            return
+        for envelope in envelopes:
+            self.send(envelope, buffers)
+
     def _bounce(self, envelope: Envelope, reason: str) -> None:
         # If the sender's own loop is gone, nobody is left to tell.
         with contextlib.suppress(RuntimeLoopClosedError):
