@@ -41,9 +41,11 @@ def _host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def refused(addresses: Sequence[str]) -> list[str]:
-    """The addresses whose UDP port is refused now (nothing listens there). An address that
-    cannot be probed counts as not refused: the attach will say what is wrong with it."""
+def refused(addresses: Sequence[str], probe_wait: float = PROBE_WAIT) -> list[str]:
+    """The addresses whose UDP port is refused now (nothing listens there), as far as their
+    refusals arrive within ``probe_wait`` seconds (on a loaded machine the kernel may deliver
+    one later: the port then counts as listening, which costs the attach a retry). An address
+    that cannot be probed counts as not refused: the attach will say what is wrong with it."""
     probes: dict[socket.socket, str] = {}
     try:
         for address in addresses:
@@ -60,7 +62,7 @@ def refused(addresses: Sequence[str]) -> list[str]:
                 del probes[sock]
                 sock.close()
         found: list[str] = []
-        deadline = time.monotonic() + PROBE_WAIT
+        deadline = time.monotonic() + probe_wait
         waiting = list(probes)
         while waiting and (left := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select(waiting, [], [], left)
@@ -78,13 +80,15 @@ def refused(addresses: Sequence[str]) -> list[str]:
             sock.close()
 
 
-def wait_listening(addresses: Sequence[str], timeout: float) -> list[str]:
-    """Wait until no address in ``addresses`` is refused, at most ``timeout`` seconds; the
-    ones still refused."""
+def wait_listening(
+    addresses: Sequence[str], timeout: float, probe_wait: float = PROBE_WAIT
+) -> list[str]:
+    """Wait until no address in ``addresses`` is refused (see ``refused``), at most
+    ``timeout`` seconds; the ones still refused."""
     deadline = time.monotonic() + timeout
     pending = list(addresses)
     while pending:
-        pending = refused(pending)
+        pending = refused(pending, probe_wait)
         if not pending or time.monotonic() > deadline:
             break
         time.sleep(PROBE_GAP)  # a closed UDP port sends no event when it opens
