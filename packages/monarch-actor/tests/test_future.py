@@ -284,3 +284,38 @@ def test_every_waiter_of_a_cell_wakes_once_it_completes() -> None:
     assert cell.wait(0)
     assert cell.wait(None)
     assert cell.outcome() == (True, 7)
+
+
+def test_an_interrupt_after_the_gate_was_taken_leaves_it_open() -> None:
+    """A signal handler's exception can come on the main thread between taking a completed
+    cell's gate and passing it on: the gate is opened again, so another thread's wait on the
+    cell does not hang."""
+    import _thread
+
+    cell: _Cell[int] = _Cell()
+    real = _thread.allocate_lock()
+    real.acquire()  # held while the cell is pending, as ``wait`` makes it
+
+    class Interrupted:  # the exception right after the acquire succeeded
+        def acquire(self, blocking: bool, timeout: float) -> bool:
+            if real.acquire(blocking, timeout):
+                raise KeyboardInterrupt
+            return False
+
+        def release(self) -> None:
+            real.release()
+
+    cell._gate = Interrupted()
+    timer = later(cell, 5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cell.wait(10)
+    finally:
+        timer.join()
+    assert not real.locked()  # open: the next waiter, on any thread, passes
+    cell._gate = real
+    waiter: list[bool] = []
+    thread = threading.Thread(target=lambda: waiter.append(cell.wait(10)))
+    thread.start()
+    thread.join(10)
+    assert waiter == [True]

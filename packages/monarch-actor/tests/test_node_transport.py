@@ -298,6 +298,24 @@ def test_oversize_message_is_refused_at_the_sender(cluster: Cluster) -> None:
         root.transport.send(envelope(root, b"\x01" * 16, 0, payload=b"x" * 2048), [])
 
 
+def test_a_broadcast_sends_the_envelopes_before_one_that_fails(cluster: Cluster) -> None:
+    """``send_each`` encodes every frame first, yet an envelope that fails raises only once
+    the ones before it were sent, as one ``send`` after the other would."""
+    root = cluster.add(limits=FrameLimits(max_frame_bytes=1024))
+    a, b = cluster.add(root), cluster.add(root)
+    envelopes = [
+        envelope(root, a.transport.pid, 0),
+        envelope(root, b.transport.pid, 0, payload=b"x" * 2048),
+        envelope(root, a.transport.pid, 1),
+    ]
+    with pytest.raises(MessageTooLargeError):
+        root.transport.send_each(envelopes, [])
+    a.wait("got", 1)
+    time.sleep(0.2)  # the one after the failure is not sent
+    assert [env.sequence for env, _ in a.got] == [0]
+    assert b.got == []
+
+
 def test_full_outbound_queue_bounces_instead_of_growing() -> None:
     c = Cluster(NodeTransportSettings(dial_timeout=1.0, max_queued_frames=2))
     try:

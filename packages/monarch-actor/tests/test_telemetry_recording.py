@@ -303,6 +303,13 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
     next fold on (``sent_ticks``): across folds (snapshots) and a reset, the sent counts by
     kind and the payload histogram's count and sum are those of the envelopes sent, and a
     size never seen before is logged, then counted too."""
+    # The code table is per process and bounded (``MAX_SENT_CODES``): earlier tests of this
+    # process may have filled it. Start from an empty one (what it counted folded first).
+    tm_metrics._fold()
+    with tm_metrics._HOOK_LOCK:
+        tm_metrics._sent_counters.clear()
+        tm_metrics._sent_code_seen.clear()
+        tm_metrics.sent_ticks.clear()
     actor = procs(gpus=1).spawn("counted", Counted)
     assert actor.bump.call_one(0).get(timeout=T) == 1
     metrics_snapshot()  # the warm-up's codes: counted from now on

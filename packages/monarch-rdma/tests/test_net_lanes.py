@@ -403,6 +403,56 @@ def test_an_owner_host_without_an_ipv4_address_is_unreachable_not_gone() -> None
         _run(LanePool().transfer("tls", nowhere, Op.READ, 1, SECRET, 0, memoryview(bytearray(1))))
 
 
+def test_a_stalled_pipeline_leaves_threads_to_other_transfers(
+    served: tuple[_Table, LaneServer, LanePool],
+) -> None:
+    """A pipeline takes at most half the pool's threads: transfers started while two large
+    actions are stuck on a stalled owner still run, a pipeline among them on the one thread
+    left (before that bound, the first big action took every thread and this failed)."""
+    table, server, _ = served
+    memory = bytearray(os.urandom(64))
+    table.regions[3] = (memoryview(memory), SECRET)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    name = f"monarch-rdma-test/{os.getpid()}/{time.monotonic_ns()}"
+    listener.bind("\0" + name)
+    listener.listen(16)  # connections queue, nobody ever answers
+    stalled = Endpoint(name, 0, (), bytes(32))
+    pool = LanePool(threads=5)  # a pipeline takes 2 of them at most
+
+    def big() -> list[LaneRequest]:  # every connection keeps its most in flight: all blocked
+        return [
+            LaneRequest(Op.READ, 1, SECRET, 0, memoryview(bytearray(8)))
+            for _ in range(8 * PIPELINE_DEPTH)
+        ]
+
+    small = [LaneRequest(Op.READ, 3, SECRET, i * 8, memoryview(bytearray(8))) for i in range(8)]
+
+    async def main() -> None:
+        stuck = [asyncio.ensure_future(pool.pipeline("unix", stalled, big(), 8)) for _ in "ab"]
+        await asyncio.sleep(0.2)  # their connections are up, blocked on the stalled owner
+        assert not any(s.done() for s in stuck)
+        dst = bytearray(64)
+        await asyncio.wait_for(
+            pool.transfer("unix", server.endpoint, Op.READ, 3, SECRET, 0, memoryview(dst)), 10
+        )
+        assert dst == memory
+        # one thread is free: the small pipeline runs on it (its connections in turn)
+        outcomes = await asyncio.wait_for(pool.pipeline("unix", server.endpoint, small, 8), 10)
+        assert outcomes == [None] * 8
+        assert b"".join(bytes(r.view) for r in small) == memory
+        for s in stuck:
+            s.cancel()
+        for s in stuck:
+            with pytest.raises(asyncio.CancelledError):
+                await s
+
+    try:
+        _run(main())
+    finally:
+        listener.close()
+        pool.close_idle()
+
+
 def test_a_stalled_owner_is_cut_off_when_the_transfer_times_out() -> None:
     """Cancellation shuts the socket down: the blocked thread ends at once and is waited for,
     so nothing touches the destination once the caller has its error."""

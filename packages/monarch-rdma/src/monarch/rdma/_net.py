@@ -557,6 +557,8 @@ class NetProvider:
             if isinstance(result, BaseException):
                 raise result
         if singles:
+            for index in singles:  # a fallen-back operation is done anew: its chunks' outcomes
+                outcomes[index] = None  # on the data lane (a refusal among them) are moot
             results = await asyncio.gather(
                 *(self._one(*ops[index]) for index in singles), return_exceptions=True
             )

@@ -22,11 +22,14 @@ its own (at most ``MAX_CONNECTIONS`` per process); the protocol is ``_netwire``'
 The process that transfers (``LanePool``) keeps idle connections per owner endpoint (at most
 ``MAX_IDLE`` each, ``MAX_IDLE_TOTAL`` in all) and runs every chunk as blocking socket I/O in a
 thread of a bounded pool (``recv_into``/``sendall`` release the GIL), so several chunks of one
-transfer run at once on several connections. A chunk cancelled (its transfer's timeout passed)
-shuts its socket down, which ends the blocked call at once, and waits for the thread before it
-lets the cancellation through: once the caller has its error, nothing more is written into
-either memory. A connection refused, or one that ends mid-request, is the owner's death:
-``OwnerGone`` (a ``RuntimeError``); a refusal by a live owner (a dropped region) is its message.
+transfer run at once on several connections. The pool has twice the threads one pipeline may
+take (``MAX_IDLE``), so a large ``RDMAAction`` never leaves a transfer started meanwhile
+waiting for the whole action: it gets threads of its own. A chunk cancelled (its transfer's
+timeout passed) shuts its socket down, which ends the blocked call at once, and waits for the
+thread before it lets the cancellation through: once the caller has its error, nothing more is
+written into either memory. A connection refused, or one that ends mid-request, is the
+owner's death: ``OwnerGone`` (a ``RuntimeError``); a refusal by a live owner (a dropped region)
+is its message.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ T = TypeVar("T")
 #: Connections one owner process serves at once (each a thread); more are closed at once.
 MAX_CONNECTIONS: Final = 64
 #: Idle connections a transferring process keeps per owner endpoint, and in all.
-MAX_IDLE: Final = 16  # the pool's threads: an action of many operations keeps them all
+MAX_IDLE: Final = 16  # the connections one pipeline takes at most (half the pool's threads)
 MAX_IDLE_TOTAL: Final = 256
 #: Seconds a socket call may block without progress before the connection is given up (the
 #: transfer's own timeout cancels sooner; this bounds a thread whose caller went away).
@@ -463,7 +466,7 @@ class LanePool:
     """The connecting side (module docstring): idle connections per endpoint, chunk I/O in a
     bounded thread pool. ``tls`` makes even a same-host transfer go over TLS (to 127.0.0.1)."""
 
-    def __init__(self, threads: int = 16) -> None:
+    def __init__(self, threads: int = 2 * MAX_IDLE) -> None:
         self._threads = threads
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._idle: dict[tuple[str, Endpoint], collections.deque[_Conn]] = {}
@@ -505,7 +508,12 @@ class LanePool:
         request waits a round trip and no connection waits for a slow one (the work goes to
         whichever is free). Each request's outcome in order: ``None``, the owner's refusal
         (its message; the connection stays in step) or the ``OwnerGone`` (``Unreachable``) of
-        the connection that carried it (it may or may not have run: all are idempotent)."""
+        the connection that carried it (it may or may not have run: all are idempotent).
+
+        ``connections`` is bounded by half the pool's threads, so other transfers find threads
+        while a pipeline runs; once the queue is empty, the connections no thread has taken up
+        yet are called off (their threads would find nothing to do), so a pipeline never waits
+        for threads that other transfers hold."""
         if any(request.op not in (Op.READ, Op.WRITE) for request in requests):
             raise ValueError("a pipeline carries reads and writes only")
         outcomes: list[str | OwnerGone | None] = [None] * len(requests)
@@ -513,34 +521,34 @@ class LanePool:
             return outcomes
         queue = collections.deque(range(len(requests)))
         failures: list[OwnerGone] = []
-        loop = asyncio.get_running_loop()
-        states = [_Job() for _ in range(max(1, min(connections, len(requests))))]
-        jobs = [
-            loop.run_in_executor(
-                self._pool(),
-                self._drain_queue,
-                kind,
-                endpoint,
-                requests,
-                queue,
-                outcomes,
-                failures,
-                state,
+        pool = self._pool()
+        width = max(1, min(connections, len(requests), self._threads // 2))
+        states = [_Job() for _ in range(width)]
+        started = [
+            pool.submit(
+                self._drain_queue, kind, endpoint, requests, queue, outcomes, failures, state
             )
             for state in states
         ]
-        gathered = asyncio.gather(*jobs, return_exceptions=True)
+        jobs = [asyncio.wrap_future(future) for future in started]
         try:
-            results = await asyncio.shield(gathered)
+            waiting: set[asyncio.Future[None]] = set(jobs)
+            while waiting:
+                _, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if not queue:  # all taken: the connections not begun have nothing to carry
+                    for future in started:
+                        future.cancel()  # False (nothing done) for one a thread runs
         except asyncio.CancelledError:
+            for future in started:
+                future.cancel()
             for state in states:
                 state.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait(jobs)  # nothing touches the memory once we return
             raise
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        for job in jobs:
+            if not job.cancelled() and (exc := job.exception()) is not None:
+                raise exc
         for index in queue:  # every connection failed before these were sent
             outcomes[index] = failures[-1] if failures else OwnerGone("the requests were not sent")
         return outcomes
@@ -555,6 +563,7 @@ class LanePool:
         again); a failure ends this connection and fails the requests it carried."""
         fresh = False
         while queue:
+            ok = False
             try:
                 conn = self._take(kind, endpoint, state, fresh=fresh)
             except OwnerGone as exc:

@@ -109,17 +109,33 @@ class _Cell(Generic[T]):
                 gate.acquire()  # held until ``_complete`` releases it
         if threading.current_thread() is not threading.main_thread():
             if gate.acquire(True, -1 if timeout is None else timeout):
-                gate.release()  # open for the next waiter
+                try:  # noqa: SIM105 (no context manager on the hot path)
+                    gate.release()  # open for the next waiter
+                except RuntimeError:
+                    pass  # reopened already by an interrupted main-thread waiter
                 return True
             return self._state != _PENDING
         # Main thread: wait in slices so an interrupt (unhandled fault) is raised promptly.
         remaining = math.inf if timeout is None else timeout
-        while remaining > 0:
-            step = min(remaining, _MAIN_WAIT_SLICE)
-            if gate.acquire(True, step):
-                gate.release()
-                return True
-            remaining -= step
+        try:
+            while remaining > 0:
+                step = min(remaining, _MAIN_WAIT_SLICE)
+                if gate.acquire(True, step):
+                    try:  # noqa: SIM105 (no context manager on the hot path)
+                        gate.release()
+                    except RuntimeError:
+                        pass  # reopened already by an interrupted waiter (below)
+                    return True
+                remaining -= step
+        except BaseException:
+            # An interrupt (a signal handler's exception) may come between taking the gate and
+            # passing it on: once the cell is complete, its gate is open for good, so open it
+            # (a waiter that held it in transit then finds it open: the ``RuntimeError``
+            # above); a pending cell's gate is left held for its completion.
+            if self._state != _PENDING:
+                with contextlib.suppress(RuntimeError):
+                    gate.release()
+            raise
         return self._state != _PENDING
 
     def outcome(self) -> tuple[bool, Any]:

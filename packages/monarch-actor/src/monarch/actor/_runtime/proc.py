@@ -393,7 +393,7 @@ class ProcRuntime:
                 sender, _CALL, target, -1, endpoint, reply_port, cast, payload, flags, trace
             )
             if envelope is None:
-                return
+                break  # fenced meanwhile: the ones made before it still go, as ``post`` sent them
             envelopes.append(envelope)
         send_each = getattr(self.transport, "send_each", None)
         if send_each is not None and len(envelopes) > 1:

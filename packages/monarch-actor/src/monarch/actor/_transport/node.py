@@ -480,20 +480,17 @@ class NodeProcessTransport:
         broadcast), in order: every frame is encoded first, then they are written one right
         after the other, so the last destination does not wait for the encoding of the frames
         before its own (its worker starts as soon after the first one's as the writes allow).
-        ``MessageTooLargeError`` before anything is sent."""
+        An envelope that fails (``MessageTooLargeError``, a local target's full queue) raises
+        once the envelopes before it are sent, as one ``send`` after the other would."""
         prepared: list[tuple[Envelope, _Frame | None]] = []
         try:
             for envelope in envelopes:
                 prepared.append((envelope, self._prepare(envelope, buffers)))
-        except BaseException:
-            for _envelope, frame in prepared:  # nothing was sent: free their slots
-                if frame is not None and frame[3] is not None:
-                    frame[3].close()
-            raise
-        for envelope, frame in prepared:
-            if frame is not None:
-                peer, lane, pieces, shared = frame
-                self._submit(envelope, peer, lane, pieces, shared, False)
+        finally:  # on a failure too: the ones before it go (a local one was delivered already)
+            for envelope, frame in prepared:
+                if frame is not None:
+                    peer, lane, pieces, shared = frame
+                    self._submit(envelope, peer, lane, pieces, shared, False)
 
     def _prepare(self, envelope: Envelope, buffers: Sequence[memoryview]) -> _Frame | None:
         """The frame for ``envelope`` (size checked), or ``None`` once it was handled here (a
