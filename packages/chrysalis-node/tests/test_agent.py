@@ -670,4 +670,7 @@ def test_ctrl_c_while_an_agent_starts_is_quiet(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(_agent, "autostart_enabled", lambda environ: True)
     monkeypatch.setattr(_agent, "autostart", interrupted)
-    _cli._autostart_agent(["ls", "TOKEN"])  # no KeyboardInterrupt, no traceback
+    try:
+        _cli._autostart_agent(["ls", "TOKEN"])
+    except KeyboardInterrupt:  # (caught here, or it would end the test run)
+        pytest.fail("Ctrl-C while an agent started escaped: the command printed a traceback")
