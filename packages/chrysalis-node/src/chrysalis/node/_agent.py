@@ -734,6 +734,11 @@ class _Agent:
                         os.kill(child.pid, signal.SIGINT)
 
     def close(self) -> None:
+        if self.listener.fileno() >= 0:  # first: new callers run alone, not wait on a backlog
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
         for child in self.children.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGKILL)
@@ -751,10 +756,6 @@ class _Agent:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(session.pid, 0)
         self.selector.close()
-        if self.listener.fileno() >= 0:
-            self.listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
 
 
 Command = tuple[list[str], str, dict[str, str]]
