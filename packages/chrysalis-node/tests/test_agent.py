@@ -19,6 +19,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -371,10 +372,19 @@ def test_start_stop_and_the_idle_exit(tree: dict[str, str]) -> None:
     stopped = _run(["agent", "stop"], env)
     assert stopped.returncode == 0, stopped.stderr
     assert not path.exists()
+    # `stop` returns once the agent let go of its lock (its session left), so that an agent
+    # can start at once (it used to return at the socket's removal: `start` then failed).
+    assert _agent._lock_is_free(path)
     eventually(lambda: not Path(f"/proc/{pid}").exists(), 10, "the agent process gone")
     # Its session left the tree with it (a clean leave: gone from the root's namespace).
     assert not Path(f"/proc/{session['pid']}").exists()
     assert len(_agent_entries(lone, tree["token"])) == len(before) - 1
+    restarted = _run(["agent", "start"], env)
+    assert restarted.returncode == 0, restarted.stderr
+    again_pid = int(str(_status(env)["pid"]))
+    assert again_pid != pid
+    assert _run(["agent", "stop"], env).returncode == 0
+    eventually(lambda: not Path(f"/proc/{again_pid}").exists(), 10, "the new agent gone")
     idle = subprocess.run(
         [*CLI, "agent", "serve", "--idle-exit", "0.5"],
         env=env,
@@ -411,25 +421,35 @@ def test_the_default_socket_is_per_user_and_per_installation(
     assert _agent_client.default_socket() == "/x/a.sock"
 
 
+def _stop_started_agent(env: dict[str, str], pid: int | None) -> None:
+    """Stop the agent a test's command started (if it did: ``pid``, else whatever may run)."""
+    stopped = _run(["agent", "stop"], env)
+    if pid is not None:
+        assert stopped.returncode == 0, stopped.stderr
+        eventually(lambda: not Path(f"/proc/{pid}").exists(), 15, "the started agent gone")
+
+
 def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, str]) -> None:
     """``chrysalis ls`` with no agent runs alone, then forks an agent from its warm process
     (detached: the caller's captured pipes close at its exit, so ``capture_output`` returns);
     the next ``ls`` is answered by that agent's warm session. ``CHRYSALIS_AGENT_AUTOSTART=0``
     starts none; a second agent on the same socket is refused by its lock."""
     own = Path(tree["tmp"]) / "auto"
+    own.mkdir(mode=0o700)  # a directory named explicitly: autostart never creates it
     env = {**_env(tree), "CHRYSALIS_AGENT_SOCKET": str(own / "a.sock")}
     off = _run(["ls", tree["token"]], {**env, "CHRYSALIS_AGENT_AUTOSTART": "0"})
     assert off.returncode == 0, off.stderr
     assert not (own / "a.sock").exists()
     env["CHRYSALIS_AGENT_AUTOSTART"] = "1"
     first = _run(["ls", tree["token"]], env)
-    assert first.returncode == 0, first.stderr
-    assert tree["root"][:8] in first.stdout
-    assert first.stderr == ""  # started silently
-    eventually(lambda: (own / "a.sock").exists(), T, "the started agent's socket")
-    status = _status(env)
-    pid = int(str(status["pid"]))
-    try:
+    pid: int | None = None
+    try:  # from the command that may have started an agent on: it never lingers
+        assert first.returncode == 0, first.stderr
+        assert tree["root"][:8] in first.stdout
+        assert first.stderr == ""  # started silently
+        eventually(lambda: (own / "a.sock").exists(), T, "the started agent's socket")
+        status = _status(env)
+        pid = int(str(status["pid"]))
         sessions = status["sessions"]  # started for the token at once: joining already
         assert isinstance(sessions, list)
         assert len(sessions) == 1, status
@@ -443,13 +463,53 @@ def test_a_lone_command_starts_an_agent_that_answers_the_next(tree: dict[str, st
         status = _status(env)
         assert status["warm"] == 1, status  # answered by the started agent's session
         assert status["sessions"] == [{**sessions[0], "served": 1}]  # the same session
-        with pytest.raises(_agent.AgentError, match="is locked"):
+        with pytest.raises(_agent.AgentError, match="already runs"):
             _agent.serve(own / "a.sock", 1.0)  # the lock: one agent per socket
         assert _agent.autostart(own / "a.sock") is None  # one runs: nothing started
     finally:
-        with_stop = _run(["agent", "stop"], env)
-        assert with_stop.returncode == 0, with_stop.stderr
-        eventually(lambda: not Path(f"/proc/{pid}").exists(), 15, "the started agent gone")
+        _stop_started_agent(env, pid)
+
+
+def test_an_agent_started_at_debug_level_runs_commands_at_their_own(
+    tree: dict[str, str],
+) -> None:
+    """The agent a ``--log-level debug`` command started does not pass that level on: the
+    next plain command (forked) logs at its own level on the caller's stderr, a session at
+    its own level in the agent's log, and a ``--log-level debug`` command still gets its
+    debug lines."""
+    own = Path(tree["tmp"]) / "auto-debug"
+    own.mkdir(mode=0o700)
+    env = {**_env(tree), "CHRYSALIS_AGENT_SOCKET": str(own / "a.sock")}
+    env["CHRYSALIS_AGENT_AUTOSTART"] = "1"
+
+    def pipe(*options: str) -> subprocess.CompletedProcess[bytes]:
+        argv = [*CLI, *options, "pipe", tree["token"], tree["root"]]
+        return subprocess.run(argv, input=b"\x00x", capture_output=True, env=env, timeout=T)
+
+    first = pipe("--log-level", "debug")
+    pid: int | None = None
+    try:
+        assert first.returncode == 0, first.stderr
+        assert b" DEBUG " in first.stderr  # run alone, at its own level
+        eventually(lambda: (own / "a.sock").exists(), T, "the started agent's socket")
+        pid = int(str(_status(env)["pid"]))
+        plain = pipe()
+        assert plain.returncode == 0, plain.stderr
+        assert plain.stdout == b"\x00x"
+        assert plain.stderr == b"", plain.stderr[-2000:]  # was: asyncio/quic DEBUG lines
+        assert _status(env)["served"] == 1  # forked by the agent
+        listed = _run(["ls", tree["token"]], env)  # a session (forked from the agent)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stderr == ""
+        assert _status(env)["sessions"], _status(env)
+        debug = pipe("--log-level", "debug")
+        assert debug.returncode == 0, debug.stderr
+        assert b" DEBUG " in debug.stderr  # its own level, through the agent
+        assert _status(env)["served"] == 3
+    finally:
+        _stop_started_agent(env, pid)
+    log = (own / "a.log").read_text()
+    assert " DEBUG " not in log, log[-2000:]  # neither the agent nor its session
 
 
 @pytest.mark.parametrize(
@@ -469,3 +529,148 @@ def test_the_command_word_is_found_without_the_parser(argv: list[str], name: str
     from chrysalis.node._cli import _command_name
 
     assert _command_name(argv) == name
+
+
+def test_serve_waits_for_the_lock_of_an_agent_that_is_ending(tmp_path: Path) -> None:
+    """``agent serve`` finding the lock held while no agent answers (one stopping: its
+    sessions leaving) waits for it (``LOCK_WAIT``) instead of giving up at once."""
+    path = tmp_path / "run" / "a.sock"
+    path.parent.mkdir(mode=0o700)
+    env = {**os.environ, "CHRYSALIS_AGENT_SOCKET": str(path)}
+    held = _agent._lock(path)
+    released = False
+    proc = subprocess.Popen(
+        [*CLI, "agent", "serve", "--idle-exit", "30"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline().decode()  # it used to fail at once: "... is locked"
+        assert said.startswith("chrysalis agent: waiting up to"), said
+        assert proc.poll() is None
+        assert not path.exists()
+        os.close(held)
+        released = True
+        eventually(lambda: path.exists(), T, "the agent's socket once the lock was free")
+        assert int(str(_status(env)["pid"])) == proc.pid
+        assert _run(["agent", "stop"], env).returncode == 0
+        assert proc.wait(timeout=T) == 0
+    finally:
+        if not released:
+            os.close(held)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=T)
+
+
+def _listen_and_record(path: Path) -> tuple[socket.socket, threading.Thread, list[bytes]]:
+    """A listener of this process's on ``path`` that records what one caller sends."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    listener.settimeout(T)
+    got: list[bytes] = []
+
+    def serve_one() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(2.0)
+            try:
+                got.append(conn.recv(1 << 16))
+            except TimeoutError:
+                got.append(b"")
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    return listener, thread, got
+
+
+def test_the_caller_sends_nothing_to_a_socket_of_another_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A socket at the agent's path served by another user (``SO_PEERCRED``; here: this
+    process, seen by a caller told it runs as another user) gets neither the command's
+    environment nor its streams: a warning, and the command runs alone."""
+    monkeypatch.delenv("CHRYSALIS_NO_AGENT", raising=False)
+    monkeypatch.setattr(_agent_client, "_in_child", False)
+    real = os.getuid()
+    path = tmp_path / "a.sock"
+    listener, thread, got = _listen_and_record(path)
+    with listener:
+        monkeypatch.setattr(os, "getuid", lambda: real + 1)
+        assert _agent_client.run_via_agent(["ls", "TOKEN"], str(path)) is None
+        thread.join(T)
+    assert got == [b""]  # connected, and not a byte sent
+    assert f"served by another user (uid {real})" in capsys.readouterr().err
+    path.unlink()
+    listener, thread, got = _listen_and_record(path)
+    with listener:
+        with pytest.raises(_agent.AgentError, match="served by another user"):
+            _agent._control(path, "stop")  # `agent stop|status` do not talk to it either
+        thread.join(T)
+    assert got == [b""]
+
+
+def test_the_agents_directory_must_be_the_users_and_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``_prepare_directory`` (lstat): this user's, no symbolic link, the default directory
+    mode 0700, an explicit one writable by no one else; only the default one is created on
+    the autostart path, and no directory is ever chmodded."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("CHRYSALIS_AGENT_SOCKET", raising=False)
+    default = Path(_agent_client.default_directory())
+    assert default == tmp_path / "chrysalis-agent"
+    prepare = _agent._prepare_directory
+    prepare(default / "a.sock", create=True)
+    assert default.is_dir()
+    assert (default.stat().st_mode & 0o777) == 0o700
+    default.chmod(0o750)
+    with pytest.raises(_agent.AgentError, match="mode 0750"):
+        prepare(default / "a.sock")
+    assert (default.stat().st_mode & 0o777) == 0o750  # not chmodded
+    default.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    default.symlink_to(elsewhere)
+    with pytest.raises(_agent.AgentError, match="symbolic link"):
+        prepare(default / "a.sock")
+    real = os.getuid()
+    with monkeypatch.context() as other:
+        other.setattr(os, "getuid", lambda: real + 1)
+        with pytest.raises(_agent.AgentError, match=f"belongs to another user \\(uid {real}\\)"):
+            prepare(elsewhere / "a.sock")
+    # A directory named explicitly (CHRYSALIS_AGENT_SOCKET=$HOME/x.sock): used as it is.
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    prepare(home / "x.sock", create=False)
+    assert (home.stat().st_mode & 0o777) == 0o755
+    home.chmod(0o775)
+    with pytest.raises(_agent.AgentError, match="mode 0775"):
+        prepare(home / "x.sock", create=False)
+    with pytest.raises(_agent.AgentError, match="does not exist"):
+        prepare(tmp_path / "missing" / "x.sock", create=False)
+    # The autostart path neither creates nor chmods an explicit directory, and says why.
+    assert _agent.autostart(home / "x.sock", idle_exit=0.5) is None
+    assert (home.stat().st_mode & 0o777) == 0o775
+    assert _agent.autostart(tmp_path / "missing" / "x.sock", idle_exit=0.5) is None
+    assert not (tmp_path / "missing").exists()
+    err = capsys.readouterr().err
+    assert err.count("chrysalis: warning: not starting an agent:") == 2, err
+
+
+def test_ctrl_c_while_an_agent_starts_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chrysalis.node import _cli
+
+    def interrupted(**_kwargs: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_agent, "autostart_enabled", lambda environ: True)
+    monkeypatch.setattr(_agent, "autostart", interrupted)
+    try:
+        _cli._autostart_agent(["ls", "TOKEN"])
+    except KeyboardInterrupt:  # (caught here, or it would end the test run)
+        pytest.fail("Ctrl-C while an agent started escaped: the command printed a traceback")

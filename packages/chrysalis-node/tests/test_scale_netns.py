@@ -269,7 +269,7 @@ def test_a_hung_head_in_its_namespace_is_declared_lost_with_its_subtree(tmp_path
     work = tmp_path / "w"
     log = tmp_path / "scale.log"
     argv = [*CLI, "scale", "--nodes", "6", "--nodes-per-task", "2", "--persist", "--netns"]
-    argv += ["--workdir", str(work), "--idle-timeout", "3", "--join-timeout-secs", "80"]
+    argv += ["--workdir", str(work), "--idle-timeout", "5", "--join-timeout-secs", "80"]
     with log.open("wb") as err:
         scale = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
     ready: dict[str, Any] = {}
@@ -306,7 +306,7 @@ def test_a_hung_head_in_its_namespace_is_declared_lost_with_its_subtree(tmp_path
             return {n["rank"]: n["state"] for n in admin("nodes")}
 
         eventually(
-            lambda: states()[2] == states()[3] == "lost", 40, "head 2 and leaf 3 declared lost"
+            lambda: states()[2] == states()[3] == "lost", 60, "head 2 and leaf 3 declared lost"
         )
         final = states()
         assert [final[rank] for rank in (0, 1, 4, 5)] == ["live"] * 4, final

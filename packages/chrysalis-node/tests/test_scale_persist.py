@@ -216,7 +216,7 @@ def test_a_head_killed_with_sigkill_comes_back_and_its_leaf_reconnects(tmp_path:
     back as the same PID (incarnation 2); its leaf, never restarted (incarnation 1), reconnects
     by its parent link's retries and is resolvable at the root again, and an echo from the
     other task to that leaf crosses the restarted head."""
-    with persistent_tree(tmp_path, idle_timeout=3) as tree:
+    with persistent_tree(tmp_path, idle_timeout=5) as tree:
         ready, log, admin = tree.ready, tree.log, tree.admin
 
         def at_root() -> set[str]:

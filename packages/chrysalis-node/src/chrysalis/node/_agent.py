@@ -16,8 +16,11 @@ while it lives, so one agent serves a socket. **A client command that finds no a
 one** (``autostart``): after running alone, ``chrysalis ls`` (``resolve``, ``ping``, ``pipe``)
 forks the agent from its own warm process, with a session for its token already joining, so
 the next command is answered warm (``CHRYSALIS_AGENT_AUTOSTART=0`` opts out;
-``CHRYSALIS_NO_AGENT=1`` neither uses nor starts one; a call of ``main`` from Python never
-starts one). While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
+``CHRYSALIS_NO_AGENT=1`` neither uses nor starts one; a call of ``main(argv)`` from Python
+never starts one, ``main()`` with no arguments being the command line). A socket's directory
+is checked (``_prepare_directory``: this user's, not a symbolic link, closed to others; only
+the default one is ever created, none chmodded), and so is the agent's user, by the caller,
+before it sends anything (``SO_PEERCRED``). While it runs, ``chrysalis ls|resolve|ping|pipe`` (the
 ``chrysalis`` command, not ``main(out=...)`` from Python) send it their arguments, working
 directory and environment, with their standard input, output and error as file descriptors
 (``SCM_RIGHTS``; the caller's side is ``chrysalis.node._agent_client``, which imports almost
@@ -44,7 +47,9 @@ What differs from a fresh process: modules are imported once, with the agent's e
 settings read at import time come from the environment ``agent start`` saw (the command's own
 environment variables are in place before ``main`` runs; restart the agent after changing
 module-level settings). ``chrysalis agent stop`` ends it; it also ends after ``--idle-exit``
-seconds without a command (600 by default); its sessions leave the tree when it ends (or
+seconds without a command (600 by default; ``stop`` returns once it ended and released its
+lock, and ``serve`` waits up to ``LOCK_WAIT`` seconds for the lock of one that no longer
+answers); its sessions leave the tree when it ends (or
 after ``chrysalis.node._agent_session.SESSION_IDLE_EXIT`` idle seconds).
 
 Bounds: a request is at most ``MAX_REQUEST`` bytes and carries exactly three descriptors; at
@@ -66,6 +71,7 @@ import re
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -115,7 +121,11 @@ KILL_GRACE: Final = 2.0
 DEFAULT_IDLE_EXIT: Final = 600.0
 """Seconds an agent waits for a command before it exits."""
 START_TIMEOUT: Final = 30.0
-"""Seconds ``agent start`` waits for the new agent to answer."""
+"""Seconds ``agent start`` waits for the new agent to answer (and ``agent stop`` for the old
+one to end)."""
+LOCK_WAIT: Final = 15.0
+"""Seconds ``agent serve`` waits for the lock of an agent that no longer answers (a stopping
+one, whose sessions are leaving and forked commands finishing)."""
 AUTOSTART_ENV: Final = "CHRYSALIS_AGENT_AUTOSTART"
 """``0``: a command that found no agent does not start one (``CHRYSALIS_NO_AGENT=1``: nor uses
 one)."""
@@ -201,6 +211,9 @@ def _control(path: Path, op: str, timeout: float = 5.0) -> dict[str, Any]:
     sock.settimeout(timeout)
     try:
         sock.connect(str(path))
+        uid = _peer_uid(sock)
+        if uid != os.getuid():
+            raise AgentError(f"{path} is served by another user (uid {uid}), not an agent")
         _send_frame(sock, {"op": op})
         reply, _ = _recv_frame(sock)
     except (OSError, ValueError) as exc:
@@ -215,15 +228,49 @@ def _control(path: Path, op: str, timeout: float = 5.0) -> dict[str, Any]:
 # -- the agent ----------------------------------------------------------------------------------
 
 
-def _prepare_directory(path: Path) -> None:
-    """The socket's directory exists, belongs to this user and only they may enter it."""
+def _peer_uid(sock: socket.socket) -> int:
+    """The user ID of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    uid: int = struct.unpack("3i", creds)[1]
+    return uid
+
+
+def _is_default_directory(directory: Path) -> bool:
+    return directory == Path(_agent_client.default_directory())
+
+
+def _prepare_directory(path: Path, *, create: bool = True) -> None:
+    """Check the socket's directory (``AgentError``, saying why, when an agent must not use
+    it): a real directory (not a symbolic link: ``lstat``) of this user's; the per-user
+    default (``_agent_client.default_directory``) must be mode 0700, a directory named
+    explicitly (``--socket``, ``CHRYSALIS_AGENT_SOCKET``) must at least be writable by no one
+    else. Nothing is ever chmodded. ``create``: a missing directory is created first, mode
+    0700 (the autostart path creates only the default one)."""
     directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = directory.stat()
+    default = _is_default_directory(directory)
+    if create:
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700, parents=not default)
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        raise AgentError(f"the agent's directory {directory} does not exist") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise AgentError(f"the agent's directory {directory} is a symbolic link: not using it")
+    if not stat.S_ISDIR(info.st_mode):
+        raise AgentError(f"the agent's directory {directory} is not a directory")
     if info.st_uid != os.getuid():
-        raise AgentError(f"{directory} belongs to another user")
-    if info.st_mode & 0o077:
-        os.chmod(directory, 0o700)
+        raise AgentError(
+            f"the agent's directory {directory} belongs to another user (uid {info.st_uid}):"
+            " not using it"
+        )
+    loose = info.st_mode & (0o077 if default else 0o022)
+    if loose:
+        mode = stat.S_IMODE(info.st_mode)
+        raise AgentError(
+            f"the agent's directory {directory} is mode {mode:04o}, open to other users"
+            " (chmod 700 it to use an agent there)"
+        )
 
 
 def _refuse_if_running(path: Path) -> None:
@@ -235,12 +282,16 @@ def _refuse_if_running(path: Path) -> None:
     raise AgentError(f"an agent already runs on {path} (pid {reply.get('pid')})")
 
 
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
 def _lock(path: Path) -> int:
     """Take ``PATH.lock`` (``flock``, exclusive, not waiting): the descriptor holding it, which
     an agent keeps open for its life, so that two agents starting at once on one socket cannot
     both bind it (the second would unlink the first's socket). ``AgentError`` while another
     process holds it (an agent runs or is starting)."""
-    lock = path.with_name(path.name + ".lock")
+    lock = _lock_path(path)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -250,10 +301,46 @@ def _lock(path: Path) -> int:
     return fd
 
 
-def _bind(path: Path) -> tuple[socket.socket, int]:
-    """The agent's listener on ``path`` and the descriptor of its lock (``_lock``)."""
+def _lock_when_free(path: Path, wait: float, log: TextIO | None = None) -> int:
+    """``_lock``, waiting up to ``wait`` seconds while the lock's holder answers on no socket
+    (an agent that was stopped and is still ending: its sessions leave, its forked commands
+    finish; said once on ``log``). ``AgentError`` at once when an agent answers on
+    ``path``."""
+    deadline = time.monotonic() + wait
+    said = False
+    while True:
+        try:
+            return _lock(path)
+        except AgentError:
+            _refuse_if_running(path)
+            if time.monotonic() >= deadline:
+                raise
+            if not said and log is not None:
+                print(
+                    f"chrysalis agent: waiting up to {wait:g} s for {_lock_path(path)}"
+                    " (an agent that no longer answers is ending)",
+                    file=log,
+                    flush=True,
+                )
+                said = True
+            time.sleep(0.1)
+
+
+def _lock_is_free(path: Path) -> bool:
+    try:
+        os.close(_lock(path))
+    except AgentError:
+        return False
+    return True
+
+
+def _bind(
+    path: Path, lock_wait: float = LOCK_WAIT, log: TextIO | None = None
+) -> tuple[socket.socket, int]:
+    """The agent's listener on ``path`` and the descriptor of its lock (``_lock``, waited
+    for up to ``lock_wait`` seconds while no agent answers: ``_lock_when_free``)."""
     _prepare_directory(path)
-    lock = _lock(path)
+    lock = _lock_when_free(path, lock_wait, log)
     try:
         _refuse_if_running(path)
     except BaseException:
@@ -310,6 +397,7 @@ def _in_child(listener: socket.socket, keep: int = -1) -> None:
     children's pidfds) but descriptors 0 to 2 and ``keep``."""
     _agent_client._in_child = True
     listener.close()
+    _reset_logging()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if keep < 0:
@@ -317,6 +405,21 @@ def _in_child(listener: socket.socket, keep: int = -1) -> None:
     else:
         os.closerange(3, keep)
         os.closerange(keep + 1, _max_fd())
+
+
+def _reset_logging(level: str | None = None) -> None:
+    """Forget the logging configuration this process inherited (the root logger's level and
+    handlers, set by whichever command's ``--log-level`` started the agent, writing to that
+    process's stderr): a forked command's ``main`` and a session configure it again from
+    their own arguments. ``level``: configure it now (``basicConfig``, on ``sys.stderr``)."""
+    import logging
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    if level is not None:
+        logging.basicConfig(level=level.upper(), format="%(name)s %(levelname)s %(message)s")
 
 
 def _adopt(cwd: str, env: dict[str, str]) -> None:
@@ -631,6 +734,11 @@ class _Agent:
                         os.kill(child.pid, signal.SIGINT)
 
     def close(self) -> None:
+        if self.listener.fileno() >= 0:  # first: new callers run alone, not wait on a backlog
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
         for child in self.children.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGKILL)
@@ -648,10 +756,6 @@ class _Agent:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(session.pid, 0)
         self.selector.close()
-        if self.listener.fileno() >= 0:
-            self.listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
 
 
 Command = tuple[list[str], str, dict[str, str]]
@@ -668,7 +772,7 @@ def serve(
     """Run an agent on ``path`` until ``stop`` or ``idle_exit`` seconds without a command.
     ``first``: a command just run alone (``autostart``): when a warm session could answer it,
     that session is started at once, so the same command's next run finds it joined."""
-    listener, lock = _bind(path)
+    listener, lock = _bind(path, log=log)
     try:
         _warm_up()
         agent = _Agent(path, listener, log)
@@ -709,10 +813,19 @@ def agent_command(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     if action == "stop":
         reply = _control(path, "stop")
+        # Its socket goes at once; its lock when its sessions left and its forked commands
+        # ended: until then no new agent could start on this socket.
         deadline = time.monotonic() + START_TIMEOUT
         while path.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
+        while not _lock_is_free(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
         out.write(f"stopped the agent {reply.get('pid')} on {path}\n")
+        if not _lock_is_free(path):
+            out.write(
+                f"(it is still finishing its commands after {START_TIMEOUT:g} s; a new agent"
+                f" waits up to {LOCK_WAIT:g} s for it)\n"
+            )
         return 0
     assert action == "start"
     _refuse_if_running(path)
@@ -799,7 +912,15 @@ def autostart(
     (its lock is held) or the socket's directory is not usable."""
     path = default_socket() if path is None else path
     try:
-        _prepare_directory(path)
+        # Only the default per-user directory is created: a directory named explicitly
+        # (CHRYSALIS_AGENT_SOCKET) is used as it is, or not at all; none is ever chmodded.
+        _prepare_directory(path, create=_is_default_directory(path.parent))
+    except AgentError as exc:
+        sys.stderr.write(f"chrysalis: warning: not starting an agent: {exc}\n")
+        return None
+    except OSError:
+        return None
+    try:
         os.close(_lock(path))  # free: the agent takes it again (a race loses there, harmlessly)
     except (AgentError, OSError):
         return None
@@ -847,5 +968,6 @@ def _become_agent(path: Path, idle_exit: float, report: int, first: Command | No
         Path("/proc/self/comm").write_text("chrysalis-agent")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _reset_logging("warning")  # the agent's own level (`agent serve`'s), not the command's
     with contextlib.suppress(AgentError):  # another agent took the socket first
         serve(path, idle_exit, log=sys.stderr, first=first)

@@ -21,6 +21,9 @@ that many bytes, at most ``MAX_REQUEST``):
   exit with the status (a forked command wrote to the descriptors itself: both are empty);
   ``REFUSED``: the agent did not run it (busy, or its warm node lost its root): run it here.
 
+Before sending anything the caller checks that the socket's listener runs as its own user
+(``SO_PEERCRED``; else a warning and the command runs alone), as the agent checks its callers.
+
 Control requests (``agent status``/``stop``) are JSON frames (``chrysalis.node._agent``).
 """
 
@@ -43,6 +46,7 @@ __all__ = [
     "REQUEST_MAGIC",
     "decode_reply",
     "decode_request",
+    "default_directory",
     "default_socket",
     "encode_reply",
     "encode_request",
@@ -76,17 +80,23 @@ def installation_tag() -> str:
     return f"{(value ^ (value >> 32)) & 0xFFFFFFFF:08x}"
 
 
+def default_directory() -> str:
+    """The per-user directory of the default socket: ``$XDG_RUNTIME_DIR/chrysalis-agent``,
+    else ``/tmp/chrysalis-agent-UID`` (the one directory an agent creates on its own, mode
+    0700; ``CHRYSALIS_AGENT_SOCKET`` is not consulted)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "chrysalis-agent")
+    return f"/tmp/chrysalis-agent-{os.getuid()}"
+
+
 def default_socket() -> str:
-    """``CHRYSALIS_AGENT_SOCKET``, else ``agent-TAG.sock`` (``installation_tag``) in a
-    per-user directory."""
+    """``CHRYSALIS_AGENT_SOCKET``, else ``agent-TAG.sock`` (``installation_tag``) in the
+    per-user directory (``default_directory``)."""
     named = os.environ.get(_SOCKET_ENV)
     if named:
         return named
-    name = f"agent-{installation_tag()}.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "chrysalis-agent", name)
-    return os.path.join(f"/tmp/chrysalis-agent-{os.getuid()}", name)
+    return os.path.join(default_directory(), f"agent-{installation_tag()}.sock")
 
 
 # -- wire ---------------------------------------------------------------------------------------
@@ -149,6 +159,24 @@ def _recv_exactly(sock: _socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def _served_by_this_user(sock: _socket.socket, target: str) -> bool:
+    """Whether the process listening on ``sock`` (connected to ``target``) runs as this user
+    (``SO_PEERCRED``). Another user's socket at the agent's path (say one created in
+    ``/tmp`` before the agent's directory) must not get this command's environment and
+    streams: a warning, and the command runs alone."""
+    _pid, uid, _gid = _struct.unpack(
+        "3i", sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _struct.calcsize("3i"))
+    )
+    if uid == os.getuid():
+        return True
+    sys.stderr.write(
+        f"chrysalis: warning: {target} is served by another user (uid {uid}), not an agent"
+        " of yours: running the command alone\n"
+    )
+    sys.stderr.flush()
+    return False
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -176,6 +204,8 @@ def run_via_agent(argv: Sequence[str], path: str | None = None) -> int | None:
     try:
         try:
             sock.connect(target)
+            if not _served_by_this_user(sock, target):
+                return None  # nothing was sent: run it here
             frame = _struct.pack("!I", len(payload)) + payload
             fds = _struct.pack("3i", 0, 1, 2)
             sent = sock.sendmsg([frame], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])

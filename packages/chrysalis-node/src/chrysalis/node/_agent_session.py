@@ -116,7 +116,11 @@ def session_key(args: argparse.Namespace, cwd: str, env: Mapping[str, str]) -> s
 def run_session(ctrl: socket.socket, args: argparse.Namespace) -> int:
     """In the forked session process: join at ``args.token`` and answer the commands the
     agent hands over ``ctrl`` until idle, told to stop, or lost. Returns the exit status."""
-    logging.basicConfig(level="WARNING", format="%(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(name)s %(levelname)s %(message)s",
+        force=True,  # not the level of the command that started the agent
+    )
     return asyncio.run(_Session(ctrl, args).run())
 
 

@@ -521,6 +521,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     """Run the ``chrysalis`` command; returns the exit code (0, 1 for an error, 2 for usage).
 
     ``out`` receives the normal output (default: stdout); errors go to stderr as one line.
+    With neither ``argv`` nor ``out`` this is the command line (``sys.argv``; what the
+    ``chrysalis`` script calls): ``ls``, ``resolve``, ``ping`` and ``pipe`` go to a running
+    agent, and one run alone starts an agent as it exits (``chrysalis.node._agent``). A call
+    with ``argv`` never starts an agent (it uses one that runs, unless ``out`` is given).
     """
     stdout = sys.stdout if out is None else out
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -578,6 +582,8 @@ def _autostart_agent(raw: list[str]) -> None:
         if not agent.autostart_enabled(os.environ):
             return
         started = agent.autostart(first=(raw, os.getcwd(), dict(os.environ)))
+    except KeyboardInterrupt:
+        return  # Ctrl-C while the agent was starting: the command itself is done, quietly
     except Exception as exc:
         log.info("could not start an agent: %s", exc)
         return
