@@ -16,8 +16,10 @@ from monarch.job._slurm import start_poll_interval
 from monarch.job._slurm_text import (
     NodeShape,
     SbatchSpec,
+    jobs_with_comment,
     node_addrs,
     node_share,
+    parse_allocation,
     parse_granted,
     parse_job_id,
     parse_sinfo_nodes,
@@ -25,6 +27,7 @@ from monarch.job._slurm_text import (
     salloc_argv,
     sbatch_script,
     step_argv,
+    submission_defaults,
 )
 
 
@@ -301,10 +304,14 @@ def test_salloc_asks_for_what_the_batch_script_asks_but_its_output_files() -> No
 def test_salloc_s_grant_and_the_step_command_are_read_and_built() -> None:
     assert parse_granted("salloc: Granted job allocation 42\n") == "42"
     assert parse_granted("salloc: error: Unable to allocate resources: busy\n") is None
-    assert step_argv("42", 3, ["py", "-m", "w"]) == [
+    argv = step_argv("42", 3, ["py", "-m", "w"])
+    assert argv[:2] == ["sh", "-c"]
+    assert argv[3] == "42"  # $0: the job the step cancels at its end
+    assert argv[4:] == [
         "srun", "--jobid=42", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         "py", "-m", "w",
     ]  # fmt: skip
+    assert 'scancel "$0"' in argv[2]
     with pytest.raises(ValueError, match="not a number"):
         step_argv("42;rm", 1, ["w"])
     with pytest.raises(ValueError, match="nodes"):
@@ -315,10 +322,49 @@ def test_salloc_s_grant_and_the_step_command_are_read_and_built() -> None:
 
 def test_a_salloc_job_names_its_port_in_its_comment_for_slurm_urls() -> None:
     argv = salloc_argv(sbatch_script(_spec()), comment=f"{PORT_COMMENT}23001")
-    assert argv[3] == "--comment=monarch_port=23001"  # before the directives: a user's wins
+    assert argv[-1] == "--comment=monarch_port=23001"
+    assert [a for a in argv if a.startswith("--comment")] == [argv[-1]]
     assert worker_port_in_comment("monarch_port=23001") == 23001
     assert worker_port_in_comment("mine, monarch_port=80") == 80
+    assert worker_port_in_comment("monarch_port=1 mine monarch_port=80") == 80  # ours: last
     for other in ("", "monarch_port=", "monarch_port=99999", "monarch_port=0", "port=1"):
         assert worker_port_in_comment(other) is None
     with pytest.raises(ValueError):
         salloc_argv("", comment="two\nlines")
+
+
+@pytest.mark.parametrize(
+    "directives",
+    [("--comment='mine, monarch_port=9'",), ("--comment 'mine, monarch_port=9'",),
+     ("--comment=old", "--comment='mine, monarch_port=9'")],
+)  # fmt: skip
+def test_a_user_s_comment_keeps_the_port_in_the_salloc_job_s_comment(
+    directives: tuple[str, ...],
+) -> None:
+    argv = salloc_argv(sbatch_script(_spec(slurm_args=directives)), comment="monarch_port=23001")
+    comments = [a for a in argv if a.startswith("--comment")]
+    assert comments == ["--comment=mine, monarch_port=9 monarch_port=23001"]
+    assert argv[-1] == comments[0]  # one --comment, the last option
+    assert worker_port_in_comment(comments[0].partition("=")[2]) == 23001
+    assert "mine, monarch_port=9" not in argv  # a separate value word is not passed on alone
+
+
+def test_any_allocation_salloc_names_is_read_also_from_partial_output() -> None:
+    assert parse_allocation("salloc: Granted job allocation 42\n") == "42"
+    assert parse_allocation("salloc: Pending job allocation 7\nsalloc: job 7 queued") == "7"
+    assert parse_allocation(b"salloc: Job allocation 9 has been revoked.\n") == "9"
+    assert parse_allocation(None) is None
+    assert parse_allocation("salloc: error: Unable to allocate resources: busy\n") is None
+
+
+def test_the_jobs_of_a_salloc_request_are_found_by_its_comment_token() -> None:
+    listed = "12|monarch_port=1 monarch_request=ab\n13|monarch_request=abc\n14|x,monarch_request=ab"
+    assert jobs_with_comment(listed, "monarch_request=ab") == ["12", "14"]
+    assert jobs_with_comment("", "monarch_request=ab") == []
+    assert jobs_with_comment("junk monarch_request=ab\n", "monarch_request=ab") == []
+
+
+def test_sbatch_and_salloc_defaults_in_the_environment_are_named() -> None:
+    environ = {"SBATCH_ACCOUNT": "lab", "SALLOC_QOS": "hi", "SBATCH_EMPTY": "", "SLURM_CONF": "x"}
+    assert submission_defaults(environ) == ["SALLOC_QOS", "SBATCH_ACCOUNT"]
+    assert submission_defaults({"PATH": "/bin"}) == []
