@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import secrets
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import monarch.job._slurm
 from monarch.job import SlurmJob
 from monarch.job._cluster_url import PORT_COMMENT, worker_port_in_comment
 from monarch.job._slurm import start_poll_interval
@@ -368,3 +373,68 @@ def test_sbatch_and_salloc_defaults_in_the_environment_are_named() -> None:
     environ = {"SBATCH_ACCOUNT": "lab", "SALLOC_QOS": "hi", "SBATCH_EMPTY": "", "SLURM_CONF": "x"}
     assert submission_defaults(environ) == ["SALLOC_QOS", "SBATCH_ACCOUNT"]
     assert submission_defaults({"PATH": "/bin"}) == []
+
+
+def _fake_commands(directory: Path, **scripts: str) -> Path:
+    """Shell scripts named after Slurm commands in ``directory`` (put first on ``PATH``); each
+    appends its arguments to ``calls`` before running its body."""
+    calls = directory / "calls"
+    for name, body in scripts.items():
+        path = directory / name
+        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{body}\n')
+        path.chmod(0o755)
+    return calls
+
+
+def _calls(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_worker_step_cancels_its_allocation_when_it_ends(tmp_path: Path) -> None:
+    calls = _fake_commands(tmp_path, srun="exit 3", scancel="exit 0")
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(step_argv("42", 2, ["w", "--port 1"]), env=env, timeout=30, check=False)
+    assert done.returncode == 3  # the step's status
+    assert _calls(calls) == [
+        "srun --jobid=42 --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 w --port 1",
+        "scancel 42",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("salloc", "cancelled"),
+    [
+        ('echo "salloc: Granted job allocation 77" >&2; exec sleep 30', "scancel 77"),  # timed out
+        ("exit 0", "scancel 12"),  # granted silently (--quiet): found by its request token
+        ('echo "salloc: Pending job allocation 78" >&2; exit 1', "scancel 78"),
+    ],
+)
+def test_an_allocation_salloc_made_but_did_not_grant_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, salloc: str, cancelled: str
+) -> None:
+    squeue = 'echo "11|monarch_request=other"; echo "12|monarch_port=22222 monarch_request=feed"'
+    calls = _fake_commands(tmp_path, salloc=salloc, squeue=squeue, scancel="exit 0")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(monarch.job._slurm, "COMMAND_TIMEOUT", 1.0)
+    monkeypatch.setattr(secrets, "token_hex", lambda _: "feed")
+    for name in submission_defaults(os.environ):
+        monkeypatch.delenv(name)
+    job = SlurmJob({"hosts": 1}, log_dir=str(tmp_path))
+    assert job._allocate_now(job.batch_script("j")) is None  # sbatch then
+    assert [c for c in _calls(calls) if c.startswith("scancel")] == [cancelled]
+
+
+def test_salloc_is_not_asked_while_sbatch_defaults_are_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_commands(tmp_path, salloc='echo "salloc: Granted job allocation 5" >&2')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    job = SlurmJob({"hosts": 1}, log_dir=str(tmp_path))
+    monkeypatch.setenv("SBATCH_ACCOUNT", "lab")
+    assert job._allocate_now(job.batch_script("j")) is None
+    assert _calls(calls) == []
+    monkeypatch.delenv("SBATCH_ACCOUNT")
+    for name in submission_defaults(os.environ):
+        monkeypatch.delenv(name)
+    assert job._allocate_now(job.batch_script("j")) == "5"
+    assert len(_calls(calls)) == 1
