@@ -28,6 +28,7 @@ from chrysalis.node import join_members
 from chrysalis.node._cli import main as chrysalis
 from monarch.actor import attach_to_workers
 from monarch.job import SlurmJob, _resolvers
+from monarch.job._slurm import _run
 
 T = 60.0
 
@@ -76,6 +77,7 @@ def slurm_job(
         time_limit="00:10:00",
         job_start_timeout=60,
         job_name="monarch_resolve",
+        slurm_args=["--comment='a user note'"],  # kept with the port's (salloc)
     )
     job.apply()
     try:
@@ -88,6 +90,9 @@ def slurm_job(
 def test_slurm_urls_resolve_to_the_job_s_worker_loops(slurm_job: tuple[SlurmJob, int]) -> None:
     job, port = slurm_job
     job_id = job.job_id
+    assert job_id is not None
+    comment = _run(["squeue", "-h", "-j", job_id, "-o", "%k"]).strip()
+    assert comment.startswith(f"a user note monarch_port={port} ")  # the user's and ours
     assert _members(f"slurm://{job_id}") == [
         ("n1", f"udp://127.0.0.2:{port}"),  # the port read from the job (its comment: salloc)
         ("n2", f"udp://127.0.0.3:{port}"),

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,17 @@ def _processes_with(marker: str, program: str | None = None) -> list[int]:
     return found
 
 
+def eventually(predicate: Callable[[], bool], timeout: float = T) -> bool:
+    """Whether ``predicate`` holds within ``timeout`` seconds (checked every 0.1 s): for what
+    ends shortly after the call that ends it (a process tearing down, Slurm's bookkeeping)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 @contextlib.contextmanager
 def _engine_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """``caplog`` sees the engine's INFO records also once the client's runtime started (its
@@ -125,7 +137,7 @@ def test_a_two_host_job_reconnects_runs_actors_on_both_nodes_and_is_killed(
         job_start_timeout=60,
         job_name="monarch_test",
     )
-    with caplog.at_level(logging.INFO, logger="monarch.job.slurm"):
+    with _engine_log(caplog):
         job.apply()
     job_id = job.job_id
     assert job_id is not None
@@ -304,4 +316,90 @@ def test_the_workers_outlive_the_client_that_applied(
     finally:
         job.kill()
     assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
-    assert _processes_with(f"--port {port}") == []
+    # the step the exited client left (salloc) may still be tearing down just after kill()
+    assert eventually(lambda: _processes_with(f"--port {port}") == []), _processes_with(
+        f"--port {port}"
+    )
+
+
+def _no_job(slurm: SlurmCluster) -> Callable[[], bool]:
+    return lambda: slurm.run("squeue", "-h", "-o", "%i %T") == ""
+
+
+def test_an_allocation_ends_with_its_worker_loops_after_a_shutdown(
+    slurm: SlurmCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``salloc --no-shell`` allocations outlive their steps: the step's ``sh`` cancels it, as
+    a batch job ends with its ``exec srun``, so a later ``state()`` submits anew."""
+    port = _free_udp_port()
+    job = SlurmJob(
+        {"hosts": 1}, monarch_port=port, log_dir=str(tmp_path), exclusive=False,
+        time_limit="00:10:00", job_start_timeout=60,
+    )  # fmt: skip
+    with _engine_log(caplog):
+        job.apply()
+    try:
+        assert "allocated at once (salloc)" in caplog.text
+        hosts = job.state(cached_path=None).hosts
+        hosts.shutdown().get(timeout=T)  # the worker loop ends normally
+        assert eventually(_no_job(slurm)), slurm.run("squeue", "-h", "-o", "%i %T")
+        assert not job.can_run(job)  # a cached state() submits anew, not reconnects
+        assert eventually(lambda: _processes_with(f"--port {port}") == [])
+    finally:
+        job.kill()
+
+
+def test_an_allocation_whose_workers_fail_at_start_is_released(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = SlurmJob(
+        {"hosts": 2}, python_exe="/bin/false", log_dir=str(tmp_path), exclusive=False,
+        time_limit="00:10:00", job_start_timeout=60,
+    )  # fmt: skip
+    job.apply()
+    try:
+        with pytest.raises(RuntimeError, match="ended before its workers listened"):
+            job.state(cached_path=None)
+        assert eventually(_no_job(slurm)), slurm.run("squeue", "-h", "-o", "%i %T")
+    finally:
+        job.kill()
+
+
+def test_an_allocation_salloc_made_silently_is_cancelled_before_sbatch(
+    slurm: SlurmCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--quiet``: ``salloc`` is granted but does not say so; the job is found by its request
+    token and cancelled, and the batch job holds the only allocation."""
+    job = SlurmJob(
+        {"hosts": 1}, log_dir=str(tmp_path), exclusive=False, time_limit="00:10:00",
+        slurm_args=["--quiet"],
+    )  # fmt: skip
+    with _engine_log(caplog):
+        job.apply()
+    try:
+        assert "allocated by salloc but not used; cancelling it" in caplog.text
+        assert eventually(lambda: slurm.run("squeue", "-h", "-o", "%i").split() == [job.job_id]), (
+            slurm.run("squeue", "-h", "-o", "%i %T")
+        )
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""
+
+
+def test_sbatch_defaults_in_the_environment_are_honoured(
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``salloc`` reads no ``SBATCH_*``: with one set the job is submitted with ``sbatch``."""
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "00:07:00")
+    job = SlurmJob({"hosts": 1}, log_dir=str(tmp_path), exclusive=False)
+    with _engine_log(caplog):
+        job.apply()
+    try:
+        assert "SBATCH_TIMELIMIT set: submitting with sbatch" in caplog.text
+        assert slurm.run("squeue", "-h", "-o", "%l").split() == ["7:00"]
+    finally:
+        job.kill()
+    assert slurm.run("squeue", "-h", "-o", "%i %T") == ""

@@ -3,21 +3,28 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import secrets
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import monarch.job._slurm
 from monarch.job import SlurmJob
 from monarch.job._cluster_url import PORT_COMMENT, worker_port_in_comment
 from monarch.job._slurm import start_poll_interval
 from monarch.job._slurm_text import (
     NodeShape,
     SbatchSpec,
+    jobs_with_comment,
     node_addrs,
     node_share,
+    parse_allocation,
     parse_granted,
     parse_job_id,
     parse_sinfo_nodes,
@@ -25,6 +32,7 @@ from monarch.job._slurm_text import (
     salloc_argv,
     sbatch_script,
     step_argv,
+    submission_defaults,
 )
 
 
@@ -301,10 +309,14 @@ def test_salloc_asks_for_what_the_batch_script_asks_but_its_output_files() -> No
 def test_salloc_s_grant_and_the_step_command_are_read_and_built() -> None:
     assert parse_granted("salloc: Granted job allocation 42\n") == "42"
     assert parse_granted("salloc: error: Unable to allocate resources: busy\n") is None
-    assert step_argv("42", 3, ["py", "-m", "w"]) == [
+    argv = step_argv("42", 3, ["py", "-m", "w"])
+    assert argv[:2] == ["sh", "-c"]
+    assert argv[3] == "42"  # $0: the job the step cancels at its end
+    assert argv[4:] == [
         "srun", "--jobid=42", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         "py", "-m", "w",
     ]  # fmt: skip
+    assert 'scancel "$0"' in argv[2]
     with pytest.raises(ValueError, match="not a number"):
         step_argv("42;rm", 1, ["w"])
     with pytest.raises(ValueError, match="nodes"):
@@ -315,10 +327,114 @@ def test_salloc_s_grant_and_the_step_command_are_read_and_built() -> None:
 
 def test_a_salloc_job_names_its_port_in_its_comment_for_slurm_urls() -> None:
     argv = salloc_argv(sbatch_script(_spec()), comment=f"{PORT_COMMENT}23001")
-    assert argv[3] == "--comment=monarch_port=23001"  # before the directives: a user's wins
+    assert argv[-1] == "--comment=monarch_port=23001"
+    assert [a for a in argv if a.startswith("--comment")] == [argv[-1]]
     assert worker_port_in_comment("monarch_port=23001") == 23001
     assert worker_port_in_comment("mine, monarch_port=80") == 80
+    assert worker_port_in_comment("monarch_port=1 mine monarch_port=80") == 80  # ours: last
     for other in ("", "monarch_port=", "monarch_port=99999", "monarch_port=0", "port=1"):
         assert worker_port_in_comment(other) is None
     with pytest.raises(ValueError):
         salloc_argv("", comment="two\nlines")
+
+
+@pytest.mark.parametrize(
+    "directives",
+    [("--comment='mine, monarch_port=9'",), ("--comment 'mine, monarch_port=9'",),
+     ("--comment=old", "--comment='mine, monarch_port=9'")],
+)  # fmt: skip
+def test_a_user_s_comment_keeps_the_port_in_the_salloc_job_s_comment(
+    directives: tuple[str, ...],
+) -> None:
+    argv = salloc_argv(sbatch_script(_spec(slurm_args=directives)), comment="monarch_port=23001")
+    comments = [a for a in argv if a.startswith("--comment")]
+    assert comments == ["--comment=mine, monarch_port=9 monarch_port=23001"]
+    assert argv[-1] == comments[0]  # one --comment, the last option
+    assert worker_port_in_comment(comments[0].partition("=")[2]) == 23001
+    assert "mine, monarch_port=9" not in argv  # a separate value word is not passed on alone
+
+
+def test_any_allocation_salloc_names_is_read_also_from_partial_output() -> None:
+    assert parse_allocation("salloc: Granted job allocation 42\n") == "42"
+    assert parse_allocation("salloc: Pending job allocation 7\nsalloc: job 7 queued") == "7"
+    assert parse_allocation(b"salloc: Job allocation 9 has been revoked.\n") == "9"
+    assert parse_allocation(None) is None
+    assert parse_allocation("salloc: error: Unable to allocate resources: busy\n") is None
+
+
+def test_the_jobs_of_a_salloc_request_are_found_by_its_comment_token() -> None:
+    listed = "12|monarch_port=1 monarch_request=ab\n13|monarch_request=abc\n14|x,monarch_request=ab"
+    assert jobs_with_comment(listed, "monarch_request=ab") == ["12", "14"]
+    assert jobs_with_comment("", "monarch_request=ab") == []
+    assert jobs_with_comment("junk monarch_request=ab\n", "monarch_request=ab") == []
+
+
+def test_sbatch_and_salloc_defaults_in_the_environment_are_named() -> None:
+    environ = {"SBATCH_ACCOUNT": "lab", "SALLOC_QOS": "hi", "SBATCH_EMPTY": "", "SLURM_CONF": "x"}
+    assert submission_defaults(environ) == ["SALLOC_QOS", "SBATCH_ACCOUNT"]
+    assert submission_defaults({"PATH": "/bin"}) == []
+
+
+def _fake_commands(directory: Path, **scripts: str) -> Path:
+    """Shell scripts named after Slurm commands in ``directory`` (put first on ``PATH``); each
+    appends its arguments to ``calls`` before running its body."""
+    calls = directory / "calls"
+    for name, body in scripts.items():
+        path = directory / name
+        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{body}\n')
+        path.chmod(0o755)
+    return calls
+
+
+def _calls(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_worker_step_cancels_its_allocation_when_it_ends(tmp_path: Path) -> None:
+    calls = _fake_commands(tmp_path, srun="exit 3", scancel="exit 0")
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(step_argv("42", 2, ["w", "--port 1"]), env=env, timeout=30, check=False)
+    assert done.returncode == 3  # the step's status
+    assert _calls(calls) == [
+        "srun --jobid=42 --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 w --port 1",
+        "scancel 42",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("salloc", "cancelled"),
+    [
+        ('echo "salloc: Granted job allocation 77" >&2; exec sleep 30', "scancel 77"),  # timed out
+        ("exit 0", "scancel 12"),  # granted silently (--quiet): found by its request token
+        ('echo "salloc: Pending job allocation 78" >&2; exit 1', "scancel 78"),
+    ],
+)
+def test_an_allocation_salloc_made_but_did_not_grant_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, salloc: str, cancelled: str
+) -> None:
+    squeue = 'echo "11|monarch_request=other"; echo "12|monarch_port=22222 monarch_request=feed"'
+    calls = _fake_commands(tmp_path, salloc=salloc, squeue=squeue, scancel="exit 0")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(monarch.job._slurm, "COMMAND_TIMEOUT", 1.0)
+    monkeypatch.setattr(secrets, "token_hex", lambda _: "feed")
+    for name in submission_defaults(os.environ):
+        monkeypatch.delenv(name)
+    job = SlurmJob({"hosts": 1}, log_dir=str(tmp_path))
+    assert job._allocate_now(job.batch_script("j")) is None  # sbatch then
+    assert [c for c in _calls(calls) if c.startswith("scancel")] == [cancelled]
+
+
+def test_salloc_is_not_asked_while_sbatch_defaults_are_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_commands(tmp_path, salloc='echo "salloc: Granted job allocation 5" >&2')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    job = SlurmJob({"hosts": 1}, log_dir=str(tmp_path))
+    monkeypatch.setenv("SBATCH_ACCOUNT", "lab")
+    assert job._allocate_now(job.batch_script("j")) is None
+    assert _calls(calls) == []
+    monkeypatch.delenv("SBATCH_ACCOUNT")
+    for name in submission_defaults(os.environ):
+        monkeypatch.delenv(name)
+    assert job._allocate_now(job.batch_script("j")) == "5"
+    assert len(_calls(calls)) == 1

@@ -127,12 +127,14 @@ PORT_COMMENT: Final = "monarch_port="
 
 def worker_port_in_comment(comment: str) -> int | None:
     """The worker loops' port in the comment of a job ``SlurmJob`` allocated with ``salloc``
-    (``monarch_port=N``, ``squeue -o %k``); None when it names none."""
+    (``monarch_port=N``, ``squeue -o %k``, anywhere in it: ``SlurmJob`` adds it after the
+    user's own comment, so the last one counts); None when it names none."""
+    found = None
     for word in comment.replace(",", " ").split():
         value = word.removeprefix(PORT_COMMENT)
         if value != word and _PORT.fullmatch(value) and int(value) <= 65535:
-            return int(value)
-    return None
+            found = int(value)
+    return found
 
 
 def worker_port_in_script(script: str) -> int:

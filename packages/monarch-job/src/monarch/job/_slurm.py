@@ -8,8 +8,10 @@ and ``monarch_port``. It first asks ``salloc --no-shell --immediate`` for the no
 controller grants an interactive allocation while it is submitted; a batch job waits for its
 next scheduling pass, up to a second later even on an idle cluster) and starts the step from
 here (``srun --jobid``, in a session of its own: it outlives this client, as the allocation
-does); when the nodes are not free at once (or ``immediate=False``, or in batch mode) it submits
-a batch job with ``sbatch`` whose script runs that step. Before either, the client opens a TCP
+does, and ``scancel``s the allocation when it ends, as a batch job ends with its step); when
+the nodes are not free at once (or ``immediate=False``, or in batch mode) it submits
+a batch job with ``sbatch`` whose script runs that step (also while ``SBATCH_*``/``SALLOC_*``
+defaults are set: each command reads only its own). Before either, the client opens a TCP
 listener and passes it to the job (``$MONARCH_JOB_REPORT``, ``_report``); each worker loop
 connects there once it listens and says where (its ``SLURM_NODEID``, node name and address), so
 ``state()`` attaches as soon as the last one did, polling ``squeue`` meanwhile only to see a job
@@ -43,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -58,10 +61,13 @@ from monarch.job._report import ReportListener
 from monarch.job._slurm_text import (
     ACTIVE_STATES,
     REPORT_ENV,
+    REQUEST_COMMENT,
     SbatchSpec,
     WorkerReport,
+    jobs_with_comment,
     node_addrs,
     node_share,
+    parse_allocation,
     parse_granted,
     parse_job_id,
     parse_sinfo_nodes,
@@ -69,6 +75,7 @@ from monarch.job._slurm_text import (
     salloc_argv,
     sbatch_script,
     step_argv,
+    submission_defaults,
 )
 
 __all__ = ["SlurmJob"]
@@ -318,13 +325,22 @@ class SlurmJob(JobTrait):
     def _allocate_now(self, script: str) -> str | None:
         """With ``immediate``: the job id of an allocation ``salloc`` granted at once (Slurm
         schedules a batch job only at its controller's next pass, up to a second later), else
-        None (nodes busy, an option ``salloc`` refuses, no ``salloc``: ``sbatch`` then queues
-        the job, or says why not)."""
+        None (nodes busy, an option ``salloc`` refuses, no ``salloc``, ``SBATCH_*``/``SALLOC_*``
+        defaults set: ``sbatch`` then queues the job, or says why not). An allocation
+        ``salloc`` may have made but did not name as granted (it timed out, ``--quiet``) is
+        cancelled first: none is left held until its time limit."""
         if not self._immediate:
             return None
+        defaults = submission_defaults(os.environ)
+        if defaults:  # salloc reads SALLOC_*, sbatch SBATCH_*: the user's would be lost
+            _log.info("%s set: submitting with sbatch", ", ".join(defaults))
+            return None
+        # the port in the job's comment, for slurm:// URLs (a batch job's is in its script),
+        # and a token naming this request (to find an allocation salloc did not name)
+        token = secrets.token_hex(8)
+        comment = f"{PORT_COMMENT}{self._port} {REQUEST_COMMENT}{token}"
         try:
-            # the port in the job's comment, for slurm:// URLs (a batch job's is in its script)
-            argv = salloc_argv(script, comment=f"{PORT_COMMENT}{self._port}")
+            argv = salloc_argv(script, comment=comment)
         except ValueError as exc:  # a directive only sbatch's own reading accepts
             _log.info("salloc: %s; submitting with sbatch", exc)
             return None
@@ -333,21 +349,48 @@ class SlurmJob(JobTrait):
                 argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False,
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except OSError as exc:  # no salloc
             _log.info("salloc: %s; submitting with sbatch", exc)
+            return None
+        except subprocess.TimeoutExpired as exc:  # granted or pending, perhaps: cancel it
+            _log.info("salloc: %s; submitting with sbatch", exc)
+            self._cancel_request(parse_allocation(exc.stderr), token)
             return None
         job_id = parse_granted(done.stderr) if done.returncode == 0 else None
         if job_id is None:
             _log.info("no allocation at once (%s); submitting with sbatch", done.stderr.strip())
+            named = parse_allocation(done.stderr)
+            if named is not None or done.returncode <= 0:  # <= 0: allocated, maybe silently
+                self._cancel_request(named, token)
         else:
             _log.info("Slurm job %s: allocated at once (salloc); starting its worker step", job_id)
         return job_id
+
+    def _cancel_request(self, job_id: str | None, token: str) -> None:
+        """Cancel the allocation an unused ``salloc`` made: ``job_id`` when its output named
+        it, else this user's jobs of this name whose comment holds the request's ``token``."""
+        ids = [job_id] if job_id is not None else []
+        if job_id is None:
+            with contextlib.suppress(RuntimeError):
+                listed = _run(
+                    ["squeue", "-h", "-u", str(os.getuid()), "-n", self._unique_name(),
+                     "-o", "%i|%k"]
+                )  # fmt: skip
+                ids = jobs_with_comment(listed, f"{REQUEST_COMMENT}{token}")
+        for stray in ids:
+            _log.warning("Slurm job %s: allocated by salloc but not used; cancelling it", stray)
+            try:
+                _run(["scancel", stray])
+            except RuntimeError as exc:
+                _log.warning("scancel %s: %s", stray, exc)
 
     def _start_step(self, job_id: str, name: str, env: dict[str, str]) -> None:
         """Start the worker loops of the granted allocation ``job_id``: the batch script's
         ``srun`` step, run from here in a session of its own (it outlives this client, as the
         allocation does, until ``kill()``), its output in the log files a batch job's would
-        be. The step's options come from the command line only (a client inside another job
+        be; when the step ends (the worker loops shut down, one failed, ``kill()``) its ``sh``
+        cancels the allocation, as a batch job ends with its script's ``exec srun``. The
+        step's options come from the command line only (a client inside another job
         does not pass that job's ``$SLURM_*`` on). ``scancel`` when it cannot start."""
         step_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
         stem = os.path.join(self._log_dir, f"slurm_{job_id}_{name}")
@@ -371,6 +414,8 @@ class SlurmJob(JobTrait):
             return False
         if self._step.poll() is None:
             return True
+        with contextlib.suppress(RuntimeError):  # its sh cancels it too; it may not have run
+            _run(["scancel", job_id])
         raise RuntimeError(
             f"the worker step of Slurm job {job_id} ended before its workers listened (srun "
             f"exited {self._step.returncode}; logs in {self._log_dir})"

@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
     "ACTIVE_STATES",
+    "DEFAULTS_PREFIXES",
     "MAX_REPORT_BYTES",
     "REPORT_ENV",
+    "REQUEST_COMMENT",
     "TERMINAL_STATES",
     "SbatchSpec",
     "WorkerReport",
     "NodeShape",
+    "jobs_with_comment",
     "node_addrs",
     "node_share",
     "parse_sinfo_nodes",
+    "parse_allocation",
     "parse_granted",
     "parse_job_id",
     "parse_report",
@@ -35,6 +39,7 @@ __all__ = [
     "salloc_argv",
     "sbatch_script",
     "step_argv",
+    "submission_defaults",
 ]
 
 #: Job states in which the allocation exists or will (``squeue``'s ``%T``).
@@ -53,9 +58,13 @@ MAX_DIRECTIVES: Final = 256
 MAX_VALUE_CHARS: Final = 4096
 _JOB_ID = re.compile(r"Submitted batch job (\d+)")
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
+_ALLOCATION = re.compile(r"[Jj]ob allocation (\d+)")
 #: ``#SBATCH`` options ``salloc`` has no use for (the worker step's output goes where its
 #: ``srun`` is told).
 _BATCH_ONLY: Final = ("--output=", "--error=")
+#: What names one ``salloc`` request in its job's comment (``REQUEST_COMMENT`` + a random token):
+#: an allocation ``salloc`` made without saying so is found by it (and cancelled).
+REQUEST_COMMENT: Final = "monarch_request="
 #: The environment variable through which a submitting client asks each node's worker loop to
 #: report once it listens: ``TOKEN@HOST:PORT`` (a TCP listener of the client).
 REPORT_ENV: Final = "MONARCH_JOB_REPORT"
@@ -187,13 +196,32 @@ def salloc_argv(script: str, comment: str | None = None) -> list[str]:
     Why: Slurm schedules a batch job at its controller's next background pass (up to a second
     after ``sbatch`` returns, whatever the cluster's load), an interactive allocation while it is
     submitted; ``--no-shell`` keeps the allocation without a process on the client's machine.
-    ``comment``: the job's comment (``SlurmJob`` names its port there: no batch script does)."""
+    ``comment``: added to the job's comment (``SlurmJob`` names its port there: no batch script
+    does), after the user's own ``--comment`` when the directives have one (one ``--comment``,
+    the last option: a user's alone would hide the port from ``slurm://`` URLs)."""
     argv = ["salloc", "--no-shell", "--immediate=1"]
-    if comment is not None:  # before the directives: a --comment among them wins
-        argv.append(f"--comment={_clean('comment', comment)}")
+    words: list[str] = []
     for line in script.splitlines():
         if line.startswith("#SBATCH "):
-            argv += [w for w in shlex.split(line[8:]) if not w.startswith(_BATCH_ONLY)]
+            words += [w for w in shlex.split(line[8:]) if not w.startswith(_BATCH_ONLY)]
+    if comment is None:
+        return argv + words
+    _clean("comment", comment)
+    theirs: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--comment" and index + 1 < len(words):  # sbatch reads the next word
+            theirs.append(words[index + 1])
+            index += 2
+            continue
+        if word.startswith("--comment="):
+            theirs.append(word.removeprefix("--comment="))
+        else:
+            argv.append(word)
+        index += 1
+    merged = " ".join([theirs[-1], comment] if theirs and theirs[-1] else [comment])
+    argv.append(f"--comment={_clean('comment', merged)}")
     return argv
 
 
@@ -203,16 +231,55 @@ def parse_granted(stderr: str) -> str | None:
     return match.group(1) if match else None
 
 
+def parse_allocation(output: str | bytes | None) -> str | None:
+    """The job id of any allocation ``salloc``'s output names (``Granted``, ``Pending``, ``Job
+    allocation N has been revoked``), also partial output (a ``TimeoutExpired``'s bytes); None
+    when it names none."""
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    match = _ALLOCATION.search(output or "")
+    return match.group(1) if match else None
+
+
+#: The ``sbatch`` and ``salloc`` input environment variables (a site's or a user's defaults:
+#: ``SBATCH_ACCOUNT``, ``SBATCH_PARTITION``, ``SALLOC_QOS``, ...): each command reads only its
+#: own, so while any is set the allocation is asked with ``sbatch`` only.
+DEFAULTS_PREFIXES: Final = ("SBATCH_", "SALLOC_")
+
+
+def submission_defaults(environ: Mapping[str, str]) -> list[str]:
+    """The names of the ``SBATCH_*``/``SALLOC_*`` variables set (non-empty) in ``environ``,
+    sorted: ``salloc`` would not ask for what ``sbatch`` would (or the other way round)."""
+    return sorted(k for k, v in environ.items() if k.startswith(DEFAULTS_PREFIXES) and v)
+
+
 def step_argv(job_id: str, nodes: int, worker_argv: Sequence[str]) -> list[str]:
-    """The ``srun`` that starts the worker command once on each of ``nodes`` nodes of the
-    allocation ``job_id`` (the step a batch script runs, started from outside the job)."""
+    """The command that starts the worker command once on each of ``nodes`` nodes of the
+    allocation ``job_id`` (the ``srun`` step a batch script runs, started from outside the job)
+    and then ends the allocation (``scancel``, whatever the step's exit): a ``salloc
+    --no-shell`` allocation, unlike a batch job, outlives its last step. ``sh`` exits with the
+    step's status."""
     _positive("nodes", nodes)
     if not job_id.isdigit():
         raise ValueError(f"job id {job_id!r} is not a number")
     if not worker_argv:
         raise ValueError("the worker command is empty")
     head = [f"--jobid={job_id}", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    return ["srun", *head, *worker_argv]
+    return ["sh", "-c", _STEP_THEN_CANCEL, job_id, "srun", *head, *worker_argv]
+
+
+#: ``sh -c`` script of ``step_argv``: ``$0`` is the job id, ``"$@"`` the ``srun`` command.
+_STEP_THEN_CANCEL: Final = '"$@"; status=$?; scancel "$0"; exit "$status"'
+
+
+def jobs_with_comment(squeue_stdout: str, word: str) -> list[str]:
+    """The job ids in ``squeue -h -o '%i|%k'`` whose comment holds ``word`` (a whole word)."""
+    ids = []
+    for line in squeue_stdout.splitlines():
+        job_id, bar, comment = line.strip().partition("|")
+        if bar and job_id.isdigit() and word in comment.replace(",", " ").split():
+            ids.append(job_id)
+    return ids
 
 
 def parse_job_id(stdout: str) -> str:
