@@ -212,6 +212,9 @@ def _autostarted(
     from chrysalis.node._agent import AgentError, _control
 
     own = {**env, "CHRYSALIS_AGENT_SOCKET": str(socket), "CHRYSALIS_AGENT_AUTOSTART": "1"}
+    # autostart creates only the default per-user directory: a socket named explicitly needs
+    # its directory made first (this user's, closed to others)
+    socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     first, first_table = _timed(ls, own)
     try:
         deadline = time.monotonic() + SERVE_TIMEOUT
