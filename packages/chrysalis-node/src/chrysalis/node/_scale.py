@@ -1671,7 +1671,11 @@ async def serve_persistent(
             out.write(f"[root] READY {json.dumps(ready)}\n")
             out.flush()
             root_pid = tree.root.pid.hex()
-            watch = Liveness(grace=settings.idle_timeout)
+            # Twice the idle timeout: a leaf whose head was restarted leaves the root's view
+            # when the new head joins and comes back only once it noticed its lost link (one
+            # idle timeout) and joined again; with one idle timeout of grace such a live leaf
+            # was declared lost in most runs of a 5 s timeout (test_scale_persist's restart)
+            watch = Liveness(grace=2 * settings.idle_timeout)
             policy = RestartPolicy(settings.restart, settings.restart_backoff)
             restarting: dict[int, asyncio.Task[None]] = {}  # rank -> its restart
 
@@ -1749,7 +1753,7 @@ async def serve_persistent(
                 for pid in watch.observe(live, seen, time.monotonic()):
                     reason = (
                         "its node left the namespace (not resolvable at the root for "
-                        f"{settings.idle_timeout:g} s)"
+                        f"{2 * settings.idle_timeout:g} s)"
                     )
                     progress.write(f"[root] {pid[:8]} lost: {reason}\n")
                     tree.store.apply(
