@@ -211,7 +211,7 @@ def _control(path: Path, op: str, timeout: float = 5.0) -> dict[str, Any]:
     sock.settimeout(timeout)
     try:
         sock.connect(str(path))
-        uid = _peer_uid(sock)
+        uid = _agent_client.peer_uid(sock)
         if uid != os.getuid():
             raise AgentError(f"{path} is served by another user (uid {uid}), not an agent")
         _send_frame(sock, {"op": op})
@@ -226,13 +226,6 @@ def _control(path: Path, op: str, timeout: float = 5.0) -> dict[str, Any]:
 
 
 # -- the agent ----------------------------------------------------------------------------------
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    """The user ID of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    uid: int = struct.unpack("3i", creds)[1]
-    return uid
 
 
 def _is_default_directory(directory: Path) -> bool:
@@ -623,8 +616,7 @@ class _Agent:
         warm session (handed over) or one to fork. Returns whether ``stop`` was asked."""
         conn.settimeout(5.0)
         try:
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-            if uid != os.getuid():
+            if _agent_client.peer_uid(conn) != os.getuid():
                 conn.close()  # another user: not a word
                 return False
             payload, fds = _recv_raw(conn, max_fds=3)

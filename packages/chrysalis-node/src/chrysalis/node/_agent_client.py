@@ -51,6 +51,7 @@ __all__ = [
     "encode_reply",
     "encode_request",
     "installation_tag",
+    "peer_uid",
     "run_via_agent",
 ]
 
@@ -159,14 +160,20 @@ def _recv_exactly(sock: _socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def peer_uid(sock: _socket.socket) -> int:
+    """The user ID of the process at the other end of a connected Unix socket
+    (``SO_PEERCRED``): how the caller checks the agent, and the agent its callers."""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _struct.calcsize("3i"))
+    uid: int = _struct.unpack("3i", creds)[1]
+    return uid
+
+
 def _served_by_this_user(sock: _socket.socket, target: str) -> bool:
     """Whether the process listening on ``sock`` (connected to ``target``) runs as this user
-    (``SO_PEERCRED``). Another user's socket at the agent's path (say one created in
-    ``/tmp`` before the agent's directory) must not get this command's environment and
-    streams: a warning, and the command runs alone."""
-    _pid, uid, _gid = _struct.unpack(
-        "3i", sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _struct.calcsize("3i"))
-    )
+    (``peer_uid``). Another user's socket at the agent's path (say one created in ``/tmp``
+    before the agent's directory) must not get this command's environment and streams: a
+    warning, and the command runs alone."""
+    uid = peer_uid(sock)
     if uid == os.getuid():
         return True
     sys.stderr.write(

@@ -1675,7 +1675,8 @@ async def serve_persistent(
             # when the new head joins and comes back only once it noticed its lost link (one
             # idle timeout) and joined again; with one idle timeout of grace such a live leaf
             # was declared lost in most runs of a 5 s timeout (test_scale_persist's restart)
-            watch = Liveness(grace=2 * settings.idle_timeout)
+            grace = 2 * settings.idle_timeout
+            watch = Liveness(grace=grace)
             policy = RestartPolicy(settings.restart, settings.restart_backoff)
             restarting: dict[int, asyncio.Task[None]] = {}  # rank -> its restart
 
@@ -1752,8 +1753,7 @@ async def serve_persistent(
                 seen = {pid for pid in live if isinstance(resolve(Pid.parse(pid)), Found)}
                 for pid in watch.observe(live, seen, time.monotonic()):
                     reason = (
-                        "its node left the namespace (not resolvable at the root for "
-                        f"{2 * settings.idle_timeout:g} s)"
+                        f"its node left the namespace (not resolvable at the root for {grace:g} s)"
                     )
                     progress.write(f"[root] {pid[:8]} lost: {reason}\n")
                     tree.store.apply(
