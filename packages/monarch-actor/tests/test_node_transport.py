@@ -310,10 +310,13 @@ def test_a_broadcast_sends_the_envelopes_before_one_that_fails(cluster: Cluster)
     ]
     with pytest.raises(MessageTooLargeError):
         root.transport.send_each(envelopes, [])
-    a.wait("got", 1)
-    time.sleep(0.2)  # the one after the failure is not sent
-    assert [env.sequence for env, _ in a.got] == [0]
-    assert b.got == []
+    # markers sent after it: in order per sender, so what the broadcast sent came before them
+    root.transport.send(envelope(root, a.transport.pid, 2), [])
+    root.transport.send(envelope(root, b.transport.pid, 3), [])
+    a.wait("got", 2)
+    b.wait("got", 1)
+    assert [env.sequence for env, _ in a.got] == [0, 2]  # not the one after the failure
+    assert [env.sequence for env, _ in b.got] == [3]
 
 
 def test_full_outbound_queue_bounces_instead_of_growing() -> None:

@@ -416,6 +416,8 @@ def test_a_stalled_pipeline_leaves_threads_to_other_transfers(
     name = f"monarch-rdma-test/{os.getpid()}/{time.monotonic_ns()}"
     listener.bind("\0" + name)
     listener.listen(16)  # connections queue, nobody ever answers
+    listener.setblocking(False)
+    accepted: list[socket.socket] = []
     stalled = Endpoint(name, 0, (), bytes(32))
     pool = LanePool(threads=5)  # a pipeline takes 2 of them at most
 
@@ -429,7 +431,13 @@ def test_a_stalled_pipeline_leaves_threads_to_other_transfers(
 
     async def main() -> None:
         stuck = [asyncio.ensure_future(pool.pipeline("unix", stalled, big(), 8)) for _ in "ab"]
-        await asyncio.sleep(0.2)  # their connections are up, blocked on the stalled owner
+        deadline = time.monotonic() + 30
+        while len(accepted) < 4:  # both pipelines' two connections are up, never answered
+            try:
+                accepted.append(listener.accept()[0])
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the stuck pipelines did not connect"
+                await asyncio.sleep(0.01)
         assert not any(s.done() for s in stuck)
         dst = bytearray(64)
         await asyncio.wait_for(
@@ -449,6 +457,8 @@ def test_a_stalled_pipeline_leaves_threads_to_other_transfers(
     try:
         _run(main())
     finally:
+        for conn in accepted:
+            conn.close()
         listener.close()
         pool.close_idle()
 

@@ -563,25 +563,24 @@ class LanePool:
         again); a failure ends this connection and fails the requests it carried."""
         fresh = False
         while queue:
-            ok = False
             try:
                 conn = self._take(kind, endpoint, state, fresh=fresh)
             except OwnerGone as exc:
                 failures.append(exc)
                 return
             inflight: collections.deque[int] = collections.deque()
+            ok = False  # kept only once served in step (any other exit closes it)
             try:
                 self._serve_queue(conn, requests, queue, inflight, outcomes, state)
                 ok = True
             except _Stale:
                 queue.extendleft(reversed(inflight))  # sent again, on a fresh connection
-                ok, fresh = False, True
+                fresh = True
                 continue
             except OwnerGone as exc:
                 failures.append(exc)
                 for index in inflight:
                     outcomes[index] = exc
-                ok = False
                 return
             finally:
                 if state.release() and ok:
