@@ -71,6 +71,31 @@ def test_decisions_persist_and_a_reopened_node_resumes_its_claim(tmp_path: Path)
     assert after.results[("e1", B, A)] == result
 
 
+def test_a_nodes_losses_and_returns_persist_in_the_sibling_table(tmp_path: Path) -> None:
+    path = str(tmp_path / "node.db")
+    store = ExperimentStore(open_replica(path))
+    store.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+    rows = "SELECT COUNT(*) FROM scale_node_history"
+    assert store.replica.connection.execute(rows).fetchone() == (0,)  # never lost: no row
+    store.apply(lambda ledger: ledger.node_lost(B, 2.0, "its node left the namespace"))
+    assert (store.live_pids(), store.lost_pids()) == ([A], [B])
+    store.apply(lambda ledger: ledger.node_returned(B, 3.0, "in view again"))
+    store.apply(lambda ledger: ledger.node_lost(B, 4.0, "exit status -9"))
+    store.replica.close()
+
+    store = ExperimentStore(open_replica(path))
+    node = store.ledger().nodes[B]
+    assert (node.state.value, node.incarnation, node.losses) == ("lost", 1, 2)
+    assert (node.lost_at, node.lost_reason) == (4.0, "exit status -9")
+    assert (node.returned_at, node.returned_reason) == (3.0, "in view again")
+    assert store.ledger().nodes[A].losses == 0
+    store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=5.0))
+    node = store.ledger().nodes[B]
+    assert (node.state.value, node.incarnation, node.losses) == ("live", 2, 2)
+    assert node.returned_reason == "registered again as incarnation 2"
+
+
 def test_a_refused_operation_writes_nothing() -> None:
     store = ExperimentStore(open_replica(":memory:"))
     store.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
