@@ -29,6 +29,7 @@ from chrysalis.node._claims import (
     ExperimentSpec,
     LedgerError,
     Liveness,
+    LossVerdict,
     NodeRecord,
     NodeState,
     ResultRecord,
@@ -188,6 +189,25 @@ def test_a_node_lost_twice_records_each_loss_and_return() -> None:
     assert (node.state, node.losses, node.returned_at) == (NodeState.LIVE, 2, 7.0)
     with pytest.raises(StaleClaimError):
         ledger.start(work.claim, 8.0)
+
+
+def test_a_loss_verdict_wins_over_the_sources_rows_in_any_order() -> None:
+    a, b = PIDS[:2]
+    ledger = _ledger(a, b)
+    ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=2.0)
+    work, _ = ledger.next_work(a, 3.0)
+    assert work is not None
+    base = list(ledger.nodes.values()) + list(ledger.experiments.values())
+    base += list(ledger.targets.values())
+    (verdict,) = [r for r in ledger.node_lost(a, 4.0, "lost").records if isinstance(r, LossVerdict)]
+    # what the cut-off source wrote meanwhile: its claim done, with its results
+    stale = [*_ok(work.claim, (b,)), replace(work.claim, state=ClaimState.DONE, updated_at=5.0)]
+    first = ExperimentLedger.from_records([*base, verdict, *stale])
+    second = ExperimentLedger.from_records([*base, *stale, verdict])
+    assert first == second
+    assert first.claims[("e1", a)] == verdict.claim
+    assert (verdict.claim.state, first.results) == (ClaimState.FAILED, {})
+    assert first.status("e1") == "failed"
 
 
 def test_a_lost_node_registering_again_returns_as_a_new_incarnation() -> None:
@@ -431,8 +451,10 @@ class ClaimModel(RuleBasedStateMachine):
                 assert claim.state in TERMINAL
         if not clean:
             for record in decision.records:
-                if isinstance(record, ClaimRecord):
-                    self.failed_at_loss[(record.experiment, record.source)] = record
+                assert not isinstance(record, ClaimRecord)  # a loss writes verdicts
+                if isinstance(record, LossVerdict):
+                    claim = record.claim
+                    self.failed_at_loss[(claim.experiment, claim.source)] = claim
             if before is not None and before.state is NodeState.LIVE:
                 self.losses[pid] = self.losses.get(pid, 0) + 1
 

@@ -137,6 +137,54 @@ def test_records_replicate_between_an_admin_and_a_node() -> None:
     assert node.decide(lambda ledger: ledger.next_work(A, 5.0)) is None
 
 
+def test_a_loss_verdict_outlasts_what_a_cut_off_source_wrote_meanwhile() -> None:
+    """The root declares a source lost while the source, cut off (hung, partitioned), still
+    finishes its run in its own replica; once the link heals, the replicas merge by last
+    writer and the source's later claim row wins the ``scale_claim`` row, yet every ledger
+    reads the pair failed by the loss, without the source's results."""
+    network = ReplicaNetwork(seed=5)
+    network.add("root", open_replica(":memory:"))
+    network.add("node", open_replica(":memory:"))
+    network.connect("root", "node")
+    root = ExperimentStore(network.replica("root"))
+    node = ExperimentStore(network.replica("node"))
+    root.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    node.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+    network.settle()
+    root.apply(
+        lambda ledger: ledger.submit(ExperimentSpec("e1"), [B], [A], submitted_by=A, now=2.0)
+    )
+    network.settle()
+    work = node.decide(lambda ledger: ledger.next_work(B, 3.0))
+    assert work is not None
+    node.apply(lambda ledger: ledger.start(work.claim, 4.0))
+    network.settle()
+
+    network.cut("root", "node")
+    root.apply(lambda ledger: ledger.node_lost(B, 5.0, "its node left the namespace"))
+    for done in range(50):  # the source's clock runs ahead of the root's meanwhile
+        node.publish_progress("e1", B, done, 100, 5.5)
+    result = ResultRecord("e1", B, A, "ok", 10, 10, 0.5, 1.0, 2.0, 2.5, 1.5, 2.5)
+    node.apply(lambda ledger: ledger.finish(work.claim, [result], 6.0))
+    network.heal("root", "node")
+    network.settle()
+    node.apply(lambda ledger: ledger.node_returned(B, 7.0))  # nothing to refuse or retract
+    network.settle()
+
+    raw = "SELECT state FROM scale_claim"
+    assert root.replica.connection.execute(raw).fetchall() == [("done",)]  # the source won
+    for store in (root, node):
+        ledger = store.ledger()
+        claim = ledger.claims[("e1", B)]
+        assert (claim.state, claim.error) == (ClaimState.FAILED, "its node left the namespace")
+        assert ledger.results == {}
+        assert ledger.status("e1") == "failed"
+        assert ledger.nodes[B].state.value == "live"
+        assert not store.has_open_work(B)
+        with pytest.raises(LedgerError):  # its late report is still refused
+            store.apply(lambda ledger: ledger.finish(work.claim, [result], 8.0))
+
+
 # -- the runner (fake echoes, no network) --------------------------------------------------------
 
 C = "c3" * 16

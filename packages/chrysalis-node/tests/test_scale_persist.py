@@ -256,6 +256,70 @@ def test_a_head_killed_with_sigkill_comes_back_and_its_leaf_reconnects(tmp_path:
         assert restarted_as(log, 4, 1) is None  # the leaf was never restarted
 
 
+def test_a_hung_head_declared_lost_returns_live_and_claims_new_work(tmp_path: Path) -> None:
+    """A UDP head stopped with SIGSTOP while it runs a claim leaves the root's view with its
+    leaf (their links idle out) and both are declared lost after the grace, its claim failed;
+    resumed with SIGCONT, the head joins the root again and its leaf joins the head: the root
+    records both live again (the same incarnation, the loss and the return recorded), the
+    failed claim stays failed, and the head claims and runs new work.
+
+    A head and not a Unix leaf of the root: a Unix leaf that stops while it exchanges data
+    with the root fills its receive queue, and the root's QUIC driver then waits on that one
+    destination with every other datagram queued behind it (and spins on the descriptor that
+    says "writable"), so the root drops out for every node (README, "Not done yet"). A UDP
+    destination never blocks the sender."""
+    with persistent_tree(tmp_path, idle_timeout=3) as tree:
+        ready, log, admin = tree.ready, tree.log, tree.admin
+        before = {n["rank"]: n for n in admin("1", "nodes")}
+        admin(
+            "1", "submit", "before", "--sources", "rank:3", "--destinations", "rank:1",
+            "--count", "100000", "--warmup", "0", "--run-timeout", "300", "--no-baselines",
+        )  # fmt: skip
+        source_db = tmp_path / "w" / "db" / "node-3.db"
+        eventually(lambda: claim_state(source_db, "before") == "running", 20, "the claim to run")
+        process = ready["processes"]["3"]
+
+        def states() -> tuple[str, str]:
+            nodes = {n["rank"]: n for n in admin("1", "nodes")}
+            return (str(nodes[3]["state"]), str(nodes[4]["state"]))
+
+        os.kill(process, signal.SIGSTOP)
+        try:
+            # its links idle out (3 s), then the root's grace (6 s) runs out
+            eventually(lambda: states() == ("lost", "lost"), 60, "head and leaf to be lost")
+        finally:
+            os.kill(process, signal.SIGCONT)
+        (failed,) = admin("1", "show", "before")["claims"]
+        assert failed["state"] == "failed", failed
+        assert "its node left the namespace" in failed["error"]
+
+        eventually(lambda: states() == ("live", "live"), 60, "head and leaf to be live again")
+        after = {n["rank"]: n for n in admin("1", "nodes")}
+        text = log.read_text(errors="replace")
+        for rank in (3, 4):
+            node = after[rank]
+            assert (node["pid"], node["incarnation"], node["losses"]) == (
+                before[rank]["pid"],
+                1,
+                1,
+            ), node
+            assert node["returned_reason"] == "it is resolvable at the root again"
+            assert 0 < node["lost_at"] <= node["returned_at"]
+            assert f"[root] {node['pid'][:8]} returned: " in text
+
+        done = admin(
+            "2", "submit", "after", "--sources", "rank:3", "--destinations", "rank:1",
+            "--count", "3", "--payload", "64", "--no-baselines", "--wait",
+        )  # fmt: skip
+        assert done["status"] == "done", done
+        (claim,) = admin("1", "show", "after")["claims"]
+        assert (claim["state"], claim["incarnation"], claim["attempt"]) == ("done", 1, 1)
+        report = admin("0", "show", "before")  # the failure at the loss was not retracted
+        assert report["status"] == "failed"
+        assert report["claims"] == [failed]
+        assert report["results"] == []
+
+
 def test_admin_at_a_node_without_experiment_tables_says_so(tmp_path: Path) -> None:
     env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=str(tmp_path / "ca"))
     root, token = start_node([*CLI, "serve", "--timeout", "20"], env, tmp_path / "root.log")

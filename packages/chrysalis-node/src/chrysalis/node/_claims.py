@@ -22,7 +22,10 @@ The rules, each enforced here and checked by ``tests/test_claims.py``'s model:
   incarnation cannot overwrite what the newer one reports.
 - **Never silently lost.** When a node is declared lost (``node_lost``: the supervisor saw
   its process exit, or it left the namespace), every open pair it is the source of becomes
-  ``failed`` with the reason, claimed or not. Every pair thus ends ``done``, ``failed`` or
+  ``failed`` with the reason, claimed or not, recorded as a ``LossVerdict``: final, kept
+  apart from the claim row, so that what the node wrote before it learnt of its loss (a
+  hung process that resumes and finishes its run, a healed partition) cannot replace it
+  when the replicas merge by last writer. Every pair thus ends ``done``, ``failed`` or
   ``cancelled``, or is still owned by a live node.
 - **A lost node can return.** Being declared lost is a judgement from outside (an exit
   status, or an absence from the namespace longer than a grace) and can be wrong: a leaf
@@ -36,7 +39,8 @@ The rules, each enforced here and checked by ``tests/test_claims.py``'s model:
   incarnation on a return is enough for fencing: the work it held ended ``failed`` when it
   was lost, and that failure is never retracted: the transition table has no way out of
   ``failed``, so the old claim's late ``start``, results or failure are ``StaleClaimError``
-  whatever the incarnation (a new incarnation would misreport a process restart). Work
+  whatever the incarnation (a new incarnation would misreport a process restart), and what
+  the node wrote before it learnt of the loss yields to the ``LossVerdict``. Work
   addressed to it afterwards is claimed as usual, and it can be declared lost again.
 - **Sources are live when submitted.** Work for a node that is lost (or stopped) is refused
   at ``submit`` with an error that says so, not kept pending: most losses are real (killed,
@@ -82,6 +86,7 @@ __all__ = [
     "ExperimentSpec",
     "LedgerError",
     "Liveness",
+    "LossVerdict",
     "NodeRecord",
     "NodeState",
     "Record",
@@ -340,7 +345,20 @@ class ResultRecord:
     (``chrysalis.node._baselines.encode_baselines``; empty when none were measured)."""
 
 
-Record = NodeRecord | ExperimentRecord | TargetRecord | ClaimRecord | ResultRecord
+@final
+@dataclass(frozen=True, slots=True)
+class LossVerdict:
+    """The failure ``node_lost`` decided for one pair of a lost source (``claim``, state
+    ``failed``): final. A store keeps it apart from the claim row, which the source itself
+    also writes, so that a write the source made before it learnt of its loss (a resumed
+    process finishing its run, a partition healing) cannot replace it when the replicas
+    merge: the ledger reads the pair as this verdict, whatever its claim row says, and
+    ignores the pair's result rows."""
+
+    claim: ClaimRecord
+
+
+Record = NodeRecord | ExperimentRecord | TargetRecord | ClaimRecord | ResultRecord | LossVerdict
 
 
 @final
@@ -394,6 +412,8 @@ class ExperimentLedger:
     targets: dict[tuple[str, str, int], TargetRecord] = field(default_factory=dict)
     claims: dict[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     results: dict[tuple[str, str, str], ResultRecord] = field(default_factory=dict)
+    verdicts: dict[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    """The pairs failed by a loss (``LossVerdict``): final, over any claim or result row."""
 
     @classmethod
     def from_records(cls, records: Iterable[Record]) -> ExperimentLedger:
@@ -404,7 +424,8 @@ class ExperimentLedger:
 
     def absorb(self, records: Iterable[Record]) -> None:
         """Take records as they are (a store's rows, a replica's delivery; replaying one is
-        a no-op)."""
+        a no-op), except that a pair with a ``LossVerdict`` stays that verdict: its claim
+        rows and result rows, in whatever order they come, are ignored."""
         for record in records:
             if isinstance(record, NodeRecord):
                 self.nodes[record.pid] = record
@@ -413,8 +434,15 @@ class ExperimentLedger:
             elif isinstance(record, TargetRecord):
                 self.targets[(record.experiment, record.role, record.position)] = record
             elif isinstance(record, ClaimRecord):
-                self.claims[(record.experiment, record.source)] = record
-            else:
+                key = (record.experiment, record.source)
+                self.claims[key] = self.verdicts.get(key, record)
+            elif isinstance(record, LossVerdict):
+                claim = record.claim
+                key = (claim.experiment, claim.source)
+                self.verdicts[key] = self.claims[key] = claim
+                for pair in [k for k in self.results if k[:2] == key]:
+                    del self.results[pair]
+            elif (record.experiment, record.source) not in self.verdicts:
                 self.results[(record.experiment, record.source, record.destination)] = record
 
     def _decide(self, *records: Record) -> Decision:
@@ -543,7 +571,9 @@ class ExperimentLedger:
                 claim = ClaimRecord(name, source, 0, 0, ClaimState.FAILED, now, now, _cut(reason))
             else:
                 claim = replace(claim, state=ClaimState.FAILED, updated_at=now, error=_cut(reason))
-            records.append(claim)
+            # a clean stop is the node's own word; a loss is decided elsewhere, so its
+            # verdict must outlast the node's concurrent writes (``LossVerdict``)
+            records.append(LossVerdict(claim) if state is NodeState.LOST else claim)
         return self._decide(*records)
 
     # -- experiments ----------------------------------------------------------------------

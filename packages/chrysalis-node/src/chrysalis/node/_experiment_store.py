@@ -34,6 +34,11 @@ epoch):
 - ``scale_experiment_option`` (pk ``experiment``): options (JSON: ``{"baselines": bool}``),
   the spec's fields added after ``scale_experiment`` existed (a sibling table, so an older
   database needs no ``ALTER TABLE``; an experiment without a row has the defaults);
+- ``scale_claim_lost`` (pk ``experiment, source``): the ``scale_claim`` columns: the
+  failure a loss decided for the pair (``LossVerdict``), written only by ``node_lost``,
+  never by the pair's source, so a claim or result row the source wrote before it learnt of
+  its loss does not replace it when replicas merge (the ledger reads the verdict and
+  ignores that pair's results);
 - ``scale_node_history`` (pk ``pid``): losses, lost_at, lost_reason, returned_at,
   returned_reason: how often a node was declared lost, its last loss and its last return
   (written with the node row once it was lost; a sibling table like the options; a node
@@ -57,6 +62,7 @@ from chrysalis.node._claims import (
     ExperimentLedger,
     ExperimentRecord,
     ExperimentSpec,
+    LossVerdict,
     NodeRecord,
     NodeState,
     Record,
@@ -118,6 +124,12 @@ OPTION_TABLE: Final = _schema(
     "experiment TEXT, options TEXT",
     ["experiment"],
 )
+LOSS_TABLE: Final = _schema(
+    "scale_claim_lost",
+    "experiment TEXT, source TEXT, incarnation INTEGER, attempt INTEGER, state TEXT,"
+    " claimed_at REAL, updated_at REAL, error TEXT",
+    ["experiment", "source"],
+)
 NODE_HISTORY_TABLE: Final = _schema(
     "scale_node_history",
     "pid TEXT, losses INTEGER, lost_at REAL, lost_reason TEXT, returned_at REAL,"
@@ -131,7 +143,7 @@ PROGRESS_TABLE: Final = _schema(
 )
 SCHEMAS: Final = (
     NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE, BASELINE_TABLE,
-    OPTION_TABLE, NODE_HISTORY_TABLE, PROGRESS_TABLE,
+    OPTION_TABLE, NODE_HISTORY_TABLE, LOSS_TABLE, PROGRESS_TABLE,
 )  # fmt: skip
 """The trusted descriptors, in load order."""
 TABLES: Final = tuple(schema.table for schema in SCHEMAS)
@@ -143,6 +155,9 @@ def open_replica(path: str) -> Replica:
 
 
 def _rows(record: Record) -> list[tuple[str, tuple[SqlValue, ...]]]:
+    if isinstance(record, LossVerdict):  # the claim row, and the verdict that outlasts it
+        table, row = _row(record.claim)
+        return [(table, row), (LOSS_TABLE.table, row)]
     rows = [_row(record)]
     if isinstance(record, ResultRecord) and record.baselines:
         key = (record.experiment, record.source, record.destination)
@@ -158,6 +173,7 @@ def _rows(record: Record) -> list[tuple[str, tuple[SqlValue, ...]]]:
 
 
 def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
+    assert not isinstance(record, LossVerdict)  # two rows: ``_rows``
     if isinstance(record, NodeRecord):
         r = record
         return NODE_TABLE.table, (
@@ -207,8 +223,10 @@ def _records(execute: Callable[[str], Any]) -> list[Record]:
         found.append(ExperimentRecord(spec, row[7], row[8], row[9]))
     for row in execute(f"SELECT {', '.join(TARGET_TABLE.columns)} FROM scale_target"):
         found.append(TargetRecord(*row))
-    for row in execute(f"SELECT {', '.join(CLAIM_TABLE.columns)} FROM scale_claim"):
-        found.append(ClaimRecord(row[0], row[1], row[2], row[3], ClaimState(row[4]), *row[5:]))
+    for table in (CLAIM_TABLE, LOSS_TABLE):
+        for row in execute(f"SELECT {', '.join(table.columns)} FROM {table.table}"):
+            claim = ClaimRecord(row[0], row[1], row[2], row[3], ClaimState(row[4]), *row[5:])
+            found.append(claim if table is CLAIM_TABLE else LossVerdict(claim))
     baselines = {
         (row[0], row[1], row[2]): str(row[3])
         for row in execute(
@@ -276,7 +294,9 @@ class ExperimentStore:
         row = self._replica.connection.execute(
             "SELECT 1 FROM scale_target AS t WHERE t.role = 'source' AND t.pid = ?"
             " AND NOT EXISTS (SELECT 1 FROM scale_claim AS c WHERE c.experiment = t.experiment"
-            " AND c.source = t.pid AND c.state IN ('done', 'failed', 'cancelled')) LIMIT 1",
+            " AND c.source = t.pid AND c.state IN ('done', 'failed', 'cancelled'))"
+            " AND NOT EXISTS (SELECT 1 FROM scale_claim_lost AS l"
+            " WHERE l.experiment = t.experiment AND l.source = t.pid) LIMIT 1",
             (pid,),
         ).fetchone()
         return row is not None
