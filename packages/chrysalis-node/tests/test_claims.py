@@ -32,6 +32,7 @@ from chrysalis.node._claims import (
     LossVerdict,
     NodeRecord,
     NodeState,
+    Record,
     ResultRecord,
     StaleClaimError,
     select_nodes,
@@ -197,11 +198,12 @@ def test_a_loss_verdict_wins_over_the_sources_rows_in_any_order() -> None:
     ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=2.0)
     work, _ = ledger.next_work(a, 3.0)
     assert work is not None
-    base = list(ledger.nodes.values()) + list(ledger.experiments.values())
-    base += list(ledger.targets.values())
+    base: list[Record] = [*ledger.nodes.values(), *ledger.experiments.values()]
+    base += ledger.targets.values()
     (verdict,) = [r for r in ledger.node_lost(a, 4.0, "lost").records if isinstance(r, LossVerdict)]
     # what the cut-off source wrote meanwhile: its claim done, with its results
-    stale = [*_ok(work.claim, (b,)), replace(work.claim, state=ClaimState.DONE, updated_at=5.0)]
+    stale: list[Record] = [*_ok(work.claim, (b,))]
+    stale.append(replace(work.claim, state=ClaimState.DONE, updated_at=5.0))
     first = ExperimentLedger.from_records([*base, verdict, *stale])
     second = ExperimentLedger.from_records([*base, *stale, verdict])
     assert first == second
@@ -221,7 +223,9 @@ def test_a_lost_node_registering_again_returns_as_a_new_incarnation() -> None:
     assert (node.returned_at, node.returned_reason) == (3.0, "registered again as incarnation 2")
     ledger.register(_node(a), 4.0)  # a restart of a live node is no return
     assert (ledger.nodes[a].incarnation, ledger.nodes[a].returned_at) == (3, 3.0)
-    assert ledger.register(replace(_node(b), losses=3), 5.0).records[0].losses == 0
+    (again,) = ledger.register(replace(_node(b), losses=3), 5.0).records
+    assert isinstance(again, NodeRecord)
+    assert again.losses == 0  # its own history: never lost
 
 
 def test_only_a_lost_node_returns() -> None:
