@@ -35,6 +35,7 @@ from chrysalis.node._claims import (
     Record,
     ResultRecord,
     StaleClaimError,
+    Work,
     select_nodes,
 )
 
@@ -58,6 +59,15 @@ def _ledger(*pids: str) -> ExperimentLedger:
     for rank, pid in enumerate(pids):
         ledger.register(_node(pid, rank), now=1.0)
     return ledger
+
+
+def _claimed(a: str, b: str) -> tuple[ExperimentLedger, Work]:
+    """A ledger of ``a`` and ``b`` where ``a`` claimed experiment e1 (``a`` to ``b``)."""
+    ledger = _ledger(a, b)
+    ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=2.0)
+    work, _ = ledger.next_work(a, 3.0)
+    assert work is not None
+    return ledger, work
 
 
 # -- unit tests --------------------------------------------------------------------------------
@@ -123,10 +133,7 @@ def test_a_lost_source_fails_claimed_and_unclaimed_work() -> None:
 
 def test_a_lost_node_that_returns_claims_new_work_and_its_old_failure_stands() -> None:
     a, b = PIDS[:2]
-    ledger = _ledger(a, b)
-    ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=2.0)
-    old, _ = ledger.next_work(a, 3.0)
-    assert old is not None
+    ledger, old = _claimed(a, b)
     ledger.start(old.claim, 4.0)
     ledger.node_lost(a, 5.0, "its node left the namespace")
     with pytest.raises(LedgerError, match="is lost, not live"):  # no new work while lost
@@ -194,10 +201,7 @@ def test_a_node_lost_twice_records_each_loss_and_return() -> None:
 
 def test_a_loss_verdict_wins_over_the_sources_rows_in_any_order() -> None:
     a, b = PIDS[:2]
-    ledger = _ledger(a, b)
-    ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=2.0)
-    work, _ = ledger.next_work(a, 3.0)
-    assert work is not None
+    ledger, work = _claimed(a, b)
     base: list[Record] = [*ledger.nodes.values(), *ledger.experiments.values()]
     base += ledger.targets.values()
     (verdict,) = [r for r in ledger.node_lost(a, 4.0, "lost").records if isinstance(r, LossVerdict)]

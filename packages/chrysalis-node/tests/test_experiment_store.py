@@ -19,6 +19,7 @@ from chrysalis.node._claims import (
     LedgerError,
     NodeRecord,
     ResultRecord,
+    Work,
 )
 from chrysalis.node._experiment_store import (
     SCHEMAS,
@@ -113,22 +114,36 @@ def test_a_replica_without_the_tables_is_refused() -> None:
         ExperimentStore(Replica(":memory:", [SCHEMAS[1]]))
 
 
-def test_records_replicate_between_an_admin_and_a_node() -> None:
-    network = ReplicaNetwork(seed=3)
-    network.add("node", open_replica(":memory:"))
-    network.add("admin", open_replica(":memory:"))
-    network.connect("node", "admin")
-    node = ExperimentStore(network.replica("node"))
-    admin = ExperimentStore(network.replica("admin"))
-    node.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
-    node.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+def _linked(seed: int, parent: str, child: str) -> tuple[ReplicaNetwork, list[ExperimentStore]]:
+    """Two replicas linked ``parent`` to ``child`` (their stores, in that order), node ``A``
+    registered at the parent and ``B`` at the child, replicated."""
+    network = ReplicaNetwork(seed=seed)
+    for name in (parent, child):
+        network.add(name, open_replica(":memory:"))
+    network.connect(parent, child)
+    stores = [ExperimentStore(network.replica(name)) for name in (parent, child)]
+    stores[0].apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    stores[1].apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
     network.settle()
-    admin.apply(
-        lambda ledger: ledger.submit(ExperimentSpec("e1"), [A], [B], submitted_by=B, now=2.0)
-    )
+    return network, stores
+
+
+def _claimed(
+    network: ReplicaNetwork, at: ExperimentStore, by: ExperimentStore, source: str, to: str
+) -> Work:
+    """Experiment e1 from ``source`` to ``to`` submitted ``at`` one store, replicated, and
+    claimed ``by`` another (the claim not replicated yet)."""
+    spec = ExperimentSpec("e1")
+    at.apply(lambda ledger: ledger.submit(spec, [source], [to], submitted_by=to, now=2.0))
     network.settle()
-    work = node.decide(lambda ledger: ledger.next_work(A, 3.0))
+    work = by.decide(lambda ledger: ledger.next_work(source, 3.0))
     assert work is not None
+    return work
+
+
+def test_records_replicate_between_an_admin_and_a_node() -> None:
+    network, (node, admin) = _linked(3, "node", "admin")
+    work = _claimed(network, admin, node, A, B)
     network.settle()
     assert admin.ledger().claims[("e1", A)] == work.claim
     admin.apply(lambda ledger: ledger.cancel("e1", 4.0))
@@ -142,21 +157,8 @@ def test_a_loss_verdict_outlasts_what_a_cut_off_source_wrote_meanwhile() -> None
     finishes its run in its own replica; once the link heals, the replicas merge by last
     writer and the source's later claim row wins the ``scale_claim`` row, yet every ledger
     reads the pair failed by the loss, without the source's results."""
-    network = ReplicaNetwork(seed=5)
-    network.add("root", open_replica(":memory:"))
-    network.add("node", open_replica(":memory:"))
-    network.connect("root", "node")
-    root = ExperimentStore(network.replica("root"))
-    node = ExperimentStore(network.replica("node"))
-    root.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
-    node.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
-    network.settle()
-    root.apply(
-        lambda ledger: ledger.submit(ExperimentSpec("e1"), [B], [A], submitted_by=A, now=2.0)
-    )
-    network.settle()
-    work = node.decide(lambda ledger: ledger.next_work(B, 3.0))
-    assert work is not None
+    network, (root, node) = _linked(5, "root", "node")
+    work = _claimed(network, root, node, B, A)
     node.apply(lambda ledger: ledger.start(work.claim, 4.0))
     network.settle()
 

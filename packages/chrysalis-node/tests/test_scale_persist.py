@@ -73,6 +73,17 @@ class Tree:
         """``chrysalis admin`` at rank ``rank``'s token."""
         return self.json("admin", self.ready["tokens"][rank], *args)
 
+    def echo(self, rank: str, name: str, source: str, destination: str) -> None:
+        """Submit (at ``rank``) and wait for a 3-echo experiment without baselines from the
+        ``source`` selector to ``destination``, which must end ``done`` with every echo."""
+        done = self.admin(
+            rank, "submit", name, "--sources", source, "--destinations", destination,
+            "--count", "3", "--payload", "64", "--no-baselines", "--wait",
+        )  # fmt: skip
+        assert done["status"] == "done", done
+        (result,) = self.admin(rank, "show", name)["results"]
+        assert (result["status"], result["completed"], result["error"]) == ("ok", 3, "")
+
 
 @contextlib.contextmanager
 def persistent_tree(tmp_path: Path, idle_timeout: float) -> Iterator[Tree]:
@@ -246,13 +257,7 @@ def test_a_head_killed_with_sigkill_comes_back_and_its_leaf_reconnects(tmp_path:
             )
 
         eventually(back, 60, "the restarted head and its leaf to be live and resolvable")
-        done = admin(
-            "1", "submit", "through", "--sources", "rank:1", "--destinations", "rank:4",
-            "--count", "3", "--payload", "64", "--no-baselines", "--wait",
-        )  # fmt: skip
-        assert done["status"] == "done", done
-        (result,) = admin("2", "show", "through")["results"]
-        assert (result["status"], result["completed"], result["error"]) == ("ok", 3, "")
+        tree.echo("1", "through", "rank:1", "rank:4")
         assert restarted_as(log, 4, 1) is None  # the leaf was never restarted
 
 
@@ -307,11 +312,7 @@ def test_a_hung_head_declared_lost_returns_live_and_claims_new_work(tmp_path: Pa
             assert 0 < node["lost_at"] <= node["returned_at"]
             assert f"[root] {node['pid'][:8]} returned: " in text
 
-        done = admin(
-            "2", "submit", "after", "--sources", "rank:3", "--destinations", "rank:1",
-            "--count", "3", "--payload", "64", "--no-baselines", "--wait",
-        )  # fmt: skip
-        assert done["status"] == "done", done
+        tree.echo("2", "after", "rank:3", "rank:1")
         (claim,) = admin("1", "show", "after")["claims"]
         assert (claim["state"], claim["incarnation"], claim["attempt"]) == ("done", 1, 1)
         report = admin("0", "show", "before")  # the failure at the loss was not retracted
