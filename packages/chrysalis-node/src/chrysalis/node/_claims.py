@@ -425,7 +425,8 @@ class ExperimentLedger:
     def absorb(self, records: Iterable[Record]) -> None:
         """Take records as they are (a store's rows, a replica's delivery; replaying one is
         a no-op), except that a pair with a ``LossVerdict`` stays that verdict: its claim
-        rows and result rows, in whatever order they come, are ignored."""
+        rows and result rows, before or after it, are ignored (results already taken are
+        dropped by the experiment's destinations: a store loads targets first)."""
         for record in records:
             if isinstance(record, NodeRecord):
                 self.nodes[record.pid] = record
@@ -440,8 +441,8 @@ class ExperimentLedger:
                 claim = record.claim
                 key = (claim.experiment, claim.source)
                 self.verdicts[key] = self.claims[key] = claim
-                for pair in [k for k in self.results if k[:2] == key]:
-                    del self.results[pair]
+                for destination in self.role_pids(claim.experiment, "destination"):
+                    self.results.pop((*key, destination), None)
             elif (record.experiment, record.source) not in self.verdicts:
                 self.results[(record.experiment, record.source, record.destination)] = record
 

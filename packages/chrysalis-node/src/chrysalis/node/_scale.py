@@ -45,8 +45,8 @@ no sweep: every process (root included) keeps a replicated experiment database
 (``chrysalis.node._experiments.node_experiments``, imported only in this mode since it needs
 chrysalis-sqlite), records its node row, and claims and runs the experiments that
 ``chrysalis admin`` submits; the root prints ``[root] READY {json}`` with every rank's token
-once every node row reached it, declares exited workers lost, and serves until SIGINT or
-SIGTERM.
+once every node row reached it, declares exited workers and nodes out of view lost (and
+records a lost node back in view live again), and serves until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -1766,7 +1766,7 @@ async def serve_persistent(
                 for pid in watch.returned(gone, seen):
                     reason = "it is resolvable at the root again"
                     progress.write(f"[root] {pid[:8]} returned: {reason}\n")
-                    with contextlib.suppress(LedgerError):  # registered again meanwhile
+                    with contextlib.suppress(LedgerError):  # stopped meanwhile: no return
                         tree.store.apply(
                             lambda ledger, p=pid, r=reason: ledger.node_returned(p, time.time(), r)
                         )
