@@ -298,7 +298,8 @@ def test_a_hung_head_declared_lost_returns_live_and_claims_new_work(tmp_path: Pa
         assert failed["state"] == "failed", failed
         assert "its node left the namespace" in failed["error"]
 
-        eventually(lambda: states() == ("live", "live"), 60, "head and leaf to be live again")
+        # a resumed head rejoined in 7 s in one run and about 40 s in another (README)
+        eventually(lambda: states() == ("live", "live"), 120, "head and leaf to be live again")
         after = {n["rank"]: n for n in admin("1", "nodes")}
         text = log.read_text(errors="replace")
         for rank in (3, 4):
