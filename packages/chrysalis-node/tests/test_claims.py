@@ -29,10 +29,13 @@ from chrysalis.node._claims import (
     ExperimentSpec,
     LedgerError,
     Liveness,
+    LossVerdict,
     NodeRecord,
     NodeState,
+    Record,
     ResultRecord,
     StaleClaimError,
+    Work,
     select_nodes,
 )
 
@@ -56,6 +59,15 @@ def _ledger(*pids: str) -> ExperimentLedger:
     for rank, pid in enumerate(pids):
         ledger.register(_node(pid, rank), now=1.0)
     return ledger
+
+
+def _claimed(a: str, b: str) -> tuple[ExperimentLedger, Work]:
+    """A ledger of ``a`` and ``b`` where ``a`` claimed experiment e1 (``a`` to ``b``)."""
+    ledger = _ledger(a, b)
+    ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=2.0)
+    work, _ = ledger.next_work(a, 3.0)
+    assert work is not None
+    return ledger, work
 
 
 # -- unit tests --------------------------------------------------------------------------------
@@ -117,6 +129,119 @@ def test_a_lost_source_fails_claimed_and_unclaimed_work() -> None:
     assert ledger.status("e1") == "failed"
     with pytest.raises(StaleClaimError):
         ledger.start(work.claim, 5.0)
+
+
+def test_a_lost_node_that_returns_claims_new_work_and_its_old_failure_stands() -> None:
+    a, b = PIDS[:2]
+    ledger, old = _claimed(a, b)
+    ledger.start(old.claim, 4.0)
+    ledger.node_lost(a, 5.0, "its node left the namespace")
+    with pytest.raises(LedgerError, match="is lost, not live"):  # no new work while lost
+        ledger.submit(ExperimentSpec("e2"), [a], [b], submitted_by=b, now=6.0)
+    with pytest.raises(LedgerError, match="not registered as live"):
+        ledger.next_work(a, 6.0)
+    decision = ledger.node_returned(a, 7.0, "it is resolvable at the root again")
+    node = ledger.nodes[a]
+    assert decision.records == (node,)
+    assert (node.state, node.incarnation, node.losses) == (NodeState.LIVE, 1, 1)
+    assert (node.lost_at, node.lost_reason) == (5.0, "its node left the namespace")
+    assert (node.returned_at, node.returned_reason) == (7.0, "it is resolvable at the root again")
+    assert not ledger.node_returned(a, 8.0)  # a duplicate report: nothing written
+    # the failure of its pre-loss work is not retracted; that claim's reports are refused
+    failed = ledger.claims[("e1", a)]
+    assert (failed.state, failed.error) == (ClaimState.FAILED, "its node left the namespace")
+    with pytest.raises(StaleClaimError):
+        ledger.finish(old.claim, _ok(old.claim, (b,)), 9.0)
+    with pytest.raises(StaleClaimError):
+        ledger.start(old.claim, 9.0)
+    with pytest.raises(StaleClaimError):
+        ledger.fail(old.claim, "late", 9.0)
+    nothing, decision = ledger.next_work(a, 9.0)  # e1 is not retried
+    assert nothing is None
+    assert not decision
+    assert ledger.claims[("e1", a)] == failed
+    assert ledger.status("e1") == "failed"
+    # new work addressed to it is claimed as usual, by the same incarnation
+    ledger.submit(ExperimentSpec("e2"), [a], [b], submitted_by=b, now=10.0)
+    new, _ = ledger.next_work(a, 11.0)
+    assert new is not None
+    assert (new.experiment.name, new.claim.incarnation, new.claim.attempt) == ("e2", 1, 1)
+    ledger.start(new.claim, 12.0)
+    ledger.finish(new.claim, _ok(new.claim, (b,)), 13.0)
+    assert ledger.status("e2") == "done"
+    with pytest.raises(StaleClaimError):  # still refused after the new work ran
+        ledger.finish(old.claim, _ok(old.claim, (b,)), 14.0)
+
+
+def test_a_node_lost_twice_records_each_loss_and_return() -> None:
+    a, b = PIDS[:2]
+    ledger = _ledger(a, b)
+    ledger.node_lost(a, 2.0, "first")
+    ledger.node_returned(a, 3.0, "back once")
+    ledger.submit(ExperimentSpec("e1"), [a], [b], submitted_by=b, now=4.0)
+    work, _ = ledger.next_work(a, 5.0)
+    assert work is not None
+    ledger.node_lost(a, 6.0, "second")
+    assert ledger.node_lost(a, 6.5, "again") == ledger.node_lost(a, 6.5, "again")  # no-op
+    node = ledger.nodes[a]
+    assert (node.state, node.losses, node.lost_at, node.lost_reason) == (
+        NodeState.LOST,
+        2,
+        6.0,
+        "second",
+    )
+    assert (node.returned_at, node.returned_reason) == (3.0, "back once")
+    assert ledger.claims[("e1", a)].error == "second"
+    ledger.node_returned(a, 7.0, "back twice")
+    node = ledger.nodes[a]
+    assert (node.state, node.losses, node.returned_at) == (NodeState.LIVE, 2, 7.0)
+    with pytest.raises(StaleClaimError):
+        ledger.start(work.claim, 8.0)
+
+
+def test_a_loss_verdict_wins_over_the_sources_rows_in_any_order() -> None:
+    a, b = PIDS[:2]
+    ledger, work = _claimed(a, b)
+    base: list[Record] = [*ledger.nodes.values(), *ledger.experiments.values()]
+    base += ledger.targets.values()
+    (verdict,) = [r for r in ledger.node_lost(a, 4.0, "lost").records if isinstance(r, LossVerdict)]
+    # what the cut-off source wrote meanwhile: its claim done, with its results
+    stale: list[Record] = [*_ok(work.claim, (b,))]
+    stale.append(replace(work.claim, state=ClaimState.DONE, updated_at=5.0))
+    first = ExperimentLedger.from_records([*base, verdict, *stale])
+    second = ExperimentLedger.from_records([*base, *stale, verdict])
+    assert first == second
+    assert first.claims[("e1", a)] == verdict.claim
+    assert (verdict.claim.state, first.results) == (ClaimState.FAILED, {})
+    assert first.status("e1") == "failed"
+
+
+def test_a_lost_node_registering_again_returns_as_a_new_incarnation() -> None:
+    a, b = PIDS[:2]
+    ledger = _ledger(a, b)
+    ledger.node_lost(a, 2.0, "exit status -9")
+    # whatever history a caller passes, the ledger keeps its own
+    ledger.register(replace(_node(a), losses=9, returned_reason="made up"), 3.0)
+    node = ledger.nodes[a]
+    assert (node.state, node.incarnation, node.losses) == (NodeState.LIVE, 2, 1)
+    assert (node.returned_at, node.returned_reason) == (3.0, "registered again as incarnation 2")
+    ledger.register(_node(a), 4.0)  # a restart of a live node is no return
+    assert (ledger.nodes[a].incarnation, ledger.nodes[a].returned_at) == (3, 3.0)
+    (again,) = ledger.register(replace(_node(b), losses=3), 5.0).records
+    assert isinstance(again, NodeRecord)
+    assert again.losses == 0  # its own history: never lost
+
+
+def test_only_a_lost_node_returns() -> None:
+    a, b = PIDS[:2]
+    ledger = _ledger(a)
+    with pytest.raises(LedgerError, match="not registered"):
+        ledger.node_returned(b, 2.0)
+    ledger.node_stopped(a, 2.0)
+    with pytest.raises(LedgerError, match="is stopped, not lost"):
+        ledger.node_returned(a, 3.0)
+    with pytest.raises(LedgerError, match="not a PID"):
+        ledger.node_returned("a1", 3.0)
 
 
 def test_cancel_ends_open_pairs_and_refuses_late_results() -> None:
@@ -205,7 +330,8 @@ def test_every_transition_leaves_an_open_state_or_ends() -> None:
 
 class ClaimModel(RuleBasedStateMachine):
     """Random registrations, restarts, submissions, polls (often twice), starts, finishes
-    (often twice, sometimes from a stale holder), losses and cancels against one ledger.
+    (often twice, sometimes from a stale holder), losses, returns from a loss (seen again,
+    or registered again) and cancels against one ledger.
     Every decision is also delivered, each twice, to a second ledger (a replica), which
     must end identical."""
 
@@ -217,6 +343,8 @@ class ClaimModel(RuleBasedStateMachine):
         self.replica = ExperimentLedger()
         self.now = 1.0
         self.first_claim: dict[tuple[str, str], float] = {}
+        self.failed_at_loss: dict[tuple[str, str], ClaimRecord] = {}
+        self.losses: dict[str, int] = {}
 
     def _tick(self) -> float:
         self.now += 1.0
@@ -322,11 +450,40 @@ class ClaimModel(RuleBasedStateMachine):
 
     @rule(pid=st.sampled_from(PIDS), clean=st.booleans())
     def lose(self, pid: str, clean: bool) -> None:
+        before = self.ledger.nodes.get(pid)
         down = self.ledger.node_stopped if clean else self.ledger.node_lost
-        self._deliver(down(pid, self._tick()))
+        decision = down(pid, self._tick())
+        self._deliver(decision)
         for (_name, source), claim in self.ledger.claims.items():
             if source == pid:
                 assert claim.state in TERMINAL
+        if not clean:
+            for record in decision.records:
+                assert not isinstance(record, ClaimRecord)  # a loss writes verdicts
+                if isinstance(record, LossVerdict):
+                    claim = record.claim
+                    self.failed_at_loss[(claim.experiment, claim.source)] = claim
+            if before is not None and before.state is NodeState.LIVE:
+                self.losses[pid] = self.losses.get(pid, 0) + 1
+
+    @rule(pid=st.sampled_from(PIDS))
+    def come_back(self, pid: str) -> None:
+        """The supervisor sees the node in view again (the same process: same incarnation)."""
+        before = self.ledger.nodes.get(pid)
+        if before is None or before.state is NodeState.STOPPED:
+            with pytest.raises(LedgerError):
+                self.ledger.node_returned(pid, self._tick())
+            return
+        decision = self.ledger.node_returned(pid, self._tick(), "seen again")
+        self._deliver(decision)
+        after = self.ledger.nodes[pid]
+        assert after.state is NodeState.LIVE
+        assert after.incarnation == before.incarnation
+        if before.state is NodeState.LIVE:
+            assert not decision  # a duplicate report writes nothing
+        else:
+            assert (after.returned_at, after.returned_reason) == (self.now, "seen again")
+            assert (after.lost_at, after.lost_reason) == (before.lost_at, before.lost_reason)
 
     @precondition(lambda self: bool(self.ledger.experiments))
     @rule(data=st.data())
@@ -359,6 +516,20 @@ class ClaimModel(RuleBasedStateMachine):
                 wanted = set(self.ledger.role_pids(name, "destination")) - {source}
                 got = {d for (e, s, d) in self.ledger.results if (e, s) == (name, source)}
                 assert got == wanted
+
+    @invariant()
+    def failures_at_a_loss_are_never_retracted(self) -> None:
+        for key, failed in self.failed_at_loss.items():
+            assert self.ledger.claims[key] == failed
+
+    @invariant()
+    def node_history_is_consistent(self) -> None:
+        for pid, node in self.ledger.nodes.items():
+            assert node.losses == self.losses.get(pid, 0)
+            assert (node.lost_at > 0) == (node.losses > 0)
+            assert node.returned_at <= 0 or node.losses > 0  # a return follows a loss
+            if node.state is NodeState.LOST:
+                assert node.lost_at > node.returned_at
 
     @invariant()
     def the_replica_matches(self) -> None:
@@ -457,3 +628,34 @@ def test_a_node_seen_again_within_the_grace_is_not_lost() -> None:
     assert watch.observe([a], set(), 11.0) == [a]
     with pytest.raises(LedgerError, match="grace"):
         Liveness(grace=0.0)
+
+
+def test_a_lost_node_back_in_view_is_reported_returned_then_can_be_lost_again() -> None:
+    a, b = PIDS[:2]
+    watch = Liveness(grace=5.0)
+    assert watch.observe([a, b], {a}, 0.0) == []
+    assert watch.observe([a, b], {a}, 5.0) == [b]  # the ledger now holds b lost
+    assert watch.returned([b], {a}) == []
+    assert watch.returned([b], {a, b}) == [b]  # in view again: once per return
+    assert watch.returned([b], {a, b}) == []
+    # the ledger holds it live again: a later absence is a fresh one, reported again
+    assert watch.observe([a, b], {a, b}, 6.0) == []
+    assert watch.observe([a, b], {a}, 7.0) == []
+    assert watch.observe([a, b], {a}, 11.9) == []
+    assert watch.observe([a, b], {a}, 12.0) == [b]
+    # seen at once, before the ledger's next call: still a return
+    assert watch.returned([b], {a, b}) == [b]
+
+
+def test_a_stale_entry_of_a_node_lost_for_its_exit_is_no_return() -> None:
+    a = PIDS[0]
+    watch = Liveness(grace=5.0)
+    # lost for its exit status while its parent still resolves it (the link not idled out)
+    assert watch.returned([a], {a}) == []
+    assert watch.returned([a], {a}) == []
+    assert watch.returned([a], set()) == []  # now out of view
+    assert watch.returned([a], {a}) == [a]  # joined again: a return
+    # a node registered again is no longer passed as lost, and is forgotten
+    assert watch.returned([a], set()) == []
+    assert watch.returned([], {a}) == []
+    assert watch.returned([a], {a}) == []

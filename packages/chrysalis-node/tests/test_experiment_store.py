@@ -19,6 +19,7 @@ from chrysalis.node._claims import (
     LedgerError,
     NodeRecord,
     ResultRecord,
+    Work,
 )
 from chrysalis.node._experiment_store import (
     SCHEMAS,
@@ -71,6 +72,31 @@ def test_decisions_persist_and_a_reopened_node_resumes_its_claim(tmp_path: Path)
     assert after.results[("e1", B, A)] == result
 
 
+def test_a_nodes_losses_and_returns_persist_in_the_sibling_table(tmp_path: Path) -> None:
+    path = str(tmp_path / "node.db")
+    store = ExperimentStore(open_replica(path))
+    store.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+    rows = "SELECT COUNT(*) FROM scale_node_history"
+    assert store.replica.connection.execute(rows).fetchone() == (0,)  # never lost: no row
+    store.apply(lambda ledger: ledger.node_lost(B, 2.0, "its node left the namespace"))
+    assert (store.live_pids(), store.lost_pids()) == ([A], [B])
+    store.apply(lambda ledger: ledger.node_returned(B, 3.0, "in view again"))
+    store.apply(lambda ledger: ledger.node_lost(B, 4.0, "exit status -9"))
+    store.replica.close()
+
+    store = ExperimentStore(open_replica(path))
+    node = store.ledger().nodes[B]
+    assert (node.state.value, node.incarnation, node.losses) == ("lost", 1, 2)
+    assert (node.lost_at, node.lost_reason) == (4.0, "exit status -9")
+    assert (node.returned_at, node.returned_reason) == (3.0, "in view again")
+    assert store.ledger().nodes[A].losses == 0
+    store.apply(lambda ledger: ledger.register(_node(B, 1, A), now=5.0))
+    node = store.ledger().nodes[B]
+    assert (node.state.value, node.incarnation, node.losses) == ("live", 2, 2)
+    assert node.returned_reason == "registered again as incarnation 2"
+
+
 def test_a_refused_operation_writes_nothing() -> None:
     store = ExperimentStore(open_replica(":memory:"))
     store.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
@@ -88,28 +114,77 @@ def test_a_replica_without_the_tables_is_refused() -> None:
         ExperimentStore(Replica(":memory:", [SCHEMAS[1]]))
 
 
-def test_records_replicate_between_an_admin_and_a_node() -> None:
-    network = ReplicaNetwork(seed=3)
-    network.add("node", open_replica(":memory:"))
-    network.add("admin", open_replica(":memory:"))
-    network.connect("node", "admin")
-    node = ExperimentStore(network.replica("node"))
-    admin = ExperimentStore(network.replica("admin"))
-    node.apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
-    node.apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
+def _linked(seed: int, parent: str, child: str) -> tuple[ReplicaNetwork, list[ExperimentStore]]:
+    """Two replicas linked ``parent`` to ``child`` (their stores, in that order), node ``A``
+    registered at the parent and ``B`` at the child, replicated."""
+    network = ReplicaNetwork(seed=seed)
+    for name in (parent, child):
+        network.add(name, open_replica(":memory:"))
+    network.connect(parent, child)
+    stores = [ExperimentStore(network.replica(name)) for name in (parent, child)]
+    stores[0].apply(lambda ledger: ledger.register(_node(A, 0), now=1.0))
+    stores[1].apply(lambda ledger: ledger.register(_node(B, 1, A), now=1.0))
     network.settle()
-    admin.apply(
-        lambda ledger: ledger.submit(ExperimentSpec("e1"), [A], [B], submitted_by=B, now=2.0)
-    )
+    return network, stores
+
+
+def _claimed(
+    network: ReplicaNetwork, at: ExperimentStore, by: ExperimentStore, source: str, to: str
+) -> Work:
+    """Experiment e1 from ``source`` to ``to`` submitted ``at`` one store, replicated, and
+    claimed ``by`` another (the claim not replicated yet)."""
+    spec = ExperimentSpec("e1")
+    at.apply(lambda ledger: ledger.submit(spec, [source], [to], submitted_by=to, now=2.0))
     network.settle()
-    work = node.decide(lambda ledger: ledger.next_work(A, 3.0))
+    work = by.decide(lambda ledger: ledger.next_work(source, 3.0))
     assert work is not None
+    return work
+
+
+def test_records_replicate_between_an_admin_and_a_node() -> None:
+    network, (node, admin) = _linked(3, "node", "admin")
+    work = _claimed(network, admin, node, A, B)
     network.settle()
     assert admin.ledger().claims[("e1", A)] == work.claim
     admin.apply(lambda ledger: ledger.cancel("e1", 4.0))
     network.settle()
     assert node.ledger().status("e1") == "cancelled"
     assert node.decide(lambda ledger: ledger.next_work(A, 5.0)) is None
+
+
+def test_a_loss_verdict_outlasts_what_a_cut_off_source_wrote_meanwhile() -> None:
+    """The root declares a source lost while the source, cut off (hung, partitioned), still
+    finishes its run in its own replica; once the link heals, the replicas merge by last
+    writer and the source's later claim row wins the ``scale_claim`` row, yet every ledger
+    reads the pair failed by the loss, without the source's results."""
+    network, (root, node) = _linked(5, "root", "node")
+    work = _claimed(network, root, node, B, A)
+    node.apply(lambda ledger: ledger.start(work.claim, 4.0))
+    network.settle()
+
+    network.cut("root", "node")
+    root.apply(lambda ledger: ledger.node_lost(B, 5.0, "its node left the namespace"))
+    for done in range(50):  # the source's clock runs ahead of the root's meanwhile
+        node.publish_progress("e1", B, done, 100, 5.5)
+    result = ResultRecord("e1", B, A, "ok", 10, 10, 0.5, 1.0, 2.0, 2.5, 1.5, 2.5)
+    node.apply(lambda ledger: ledger.finish(work.claim, [result], 6.0))
+    network.heal("root", "node")
+    network.settle()
+    node.apply(lambda ledger: ledger.node_returned(B, 7.0))  # nothing to refuse or retract
+    network.settle()
+
+    raw = "SELECT state FROM scale_claim"
+    assert root.replica.connection.execute(raw).fetchall() == [("done",)]  # the source won
+    for store in (root, node):
+        ledger = store.ledger()
+        claim = ledger.claims[("e1", B)]
+        assert (claim.state, claim.error) == (ClaimState.FAILED, "its node left the namespace")
+        assert ledger.results == {}
+        assert ledger.status("e1") == "failed"
+        assert ledger.nodes[B].state.value == "live"
+        assert not store.has_open_work(B)
+        with pytest.raises(LedgerError):  # its late report is still refused
+            store.apply(lambda ledger: ledger.finish(work.claim, [result], 8.0))
 
 
 # -- the runner (fake echoes, no network) --------------------------------------------------------

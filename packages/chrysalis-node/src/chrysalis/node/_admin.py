@@ -90,6 +90,11 @@ def node_row(node: NodeRecord) -> dict[str, Any]:
         "state": node.state.value,
         "incarnation": node.incarnation,
         "started_at": node.started_at,
+        "losses": node.losses,
+        "lost_at": node.lost_at,
+        "lost_reason": node.lost_reason,
+        "returned_at": node.returned_at,
+        "returned_reason": node.returned_reason,
     }
 
 
@@ -585,7 +590,7 @@ async def _command(
 
     def nodes_table(nodes: Sequence[NodeRecord]) -> str:
         return format_rows(
-            ("PID", "RANK", "TASK", "ROLE", "LEVEL", "PARENT", "STATE", "INC", "ADDRESS"),
+            ("PID", "RANK", "TASK", "ROLE", "LEVEL", "PARENT", "STATE", "INC", "LOSSES", "ADDRESS"),
             [
                 (
                     n.pid if args.full else n.pid[:8],
@@ -596,6 +601,7 @@ async def _command(
                     n.parent[:8],
                     n.state.value,
                     n.incarnation,
+                    n.losses,
                     n.address,
                 )
                 for n in nodes

@@ -22,8 +22,31 @@ The rules, each enforced here and checked by ``tests/test_claims.py``'s model:
   incarnation cannot overwrite what the newer one reports.
 - **Never silently lost.** When a node is declared lost (``node_lost``: the supervisor saw
   its process exit, or it left the namespace), every open pair it is the source of becomes
-  ``failed`` with the reason, claimed or not. Every pair thus ends ``done``, ``failed`` or
+  ``failed`` with the reason, claimed or not, recorded as a ``LossVerdict``: final, kept
+  apart from the claim row, so that what the node wrote before it learnt of its loss (a
+  hung process that resumes and finishes its run, a healed partition) cannot replace it
+  when the replicas merge by last writer. Every pair thus ends ``done``, ``failed`` or
   ``cancelled``, or is still owned by a live node.
+- **A lost node can return.** Being declared lost is a judgement from outside (an exit
+  status, or an absence from the namespace longer than a grace) and can be wrong: a leaf
+  whose head restarted, a process hung and resumed (``SIGSTOP``/``SIGCONT``), a healed
+  partition. A lost node seen again comes back ``live`` by one of the two signals the ledger
+  and its supervisor have: it *registers* again (a new process with the same PID: a new
+  incarnation, as for any restart), or its supervisor sees it back in view
+  (``node_returned``: the *same* incarnation, since it is the same process). Either way the
+  node row records when and why (``returned_at``, ``returned_reason``) next to the last loss
+  (``lost_at``, ``lost_reason``) and how many times it was lost (``losses``). The same
+  incarnation on a return is enough for fencing: the work it held ended ``failed`` when it
+  was lost, and that failure is never retracted: the transition table has no way out of
+  ``failed``, so the old claim's late ``start``, results or failure are ``StaleClaimError``
+  whatever the incarnation (a new incarnation would misreport a process restart), and what
+  the node wrote before it learnt of the loss yields to the ``LossVerdict``. Work
+  addressed to it afterwards is claimed as usual, and it can be declared lost again.
+- **Sources are live when submitted.** Work for a node that is lost (or stopped) is refused
+  at ``submit`` with an error that says so, not kept pending: most losses are real (killed,
+  given up after its restarts), and a pair pending for a node that never returns would
+  never end (``submit --wait`` would wait for ever). Resubmit once ``admin nodes`` shows it
+  live again. A lost node may still be a *destination*; its pairs then report failures.
 - **Cancel.** ``cancel`` marks the experiment cancelled and every open pair ``cancelled``; a
   node that had already claimed it sees the experiment cancelled at its next poll, and its
   late results are refused.
@@ -63,6 +86,7 @@ __all__ = [
     "ExperimentSpec",
     "LedgerError",
     "Liveness",
+    "LossVerdict",
     "NodeRecord",
     "NodeState",
     "Record",
@@ -181,7 +205,8 @@ class NodeRecord:
     """One scale process: its PID, ``incarnation`` (1, then one more per restart with the
     same PID), lineage (``parent`` PID, ``''`` for the root; ``level``; ``rank``), ``task``,
     ``role``, ``carrier`` (``udp``/``unixgram``), the ``address`` it advertises, its labels
-    as ``k=v,...``, when it started and its ``state``."""
+    as ``k=v,...``, when it started and its ``state``; then its losses and returns (the
+    ledger keeps them: whatever a caller passes to ``register`` is replaced)."""
 
     pid: str
     incarnation: int
@@ -195,6 +220,14 @@ class NodeRecord:
     labels: str
     started_at: float
     state: NodeState = NodeState.LIVE
+    losses: int = 0
+    """How many times the node was declared lost."""
+    lost_at: float = 0.0
+    """When it was last declared lost (0: never)."""
+    lost_reason: str = ""
+    returned_at: float = 0.0
+    """When it last came back from ``lost`` (0: never): seen again or registered again."""
+    returned_reason: str = ""
 
 
 @final
@@ -312,7 +345,20 @@ class ResultRecord:
     (``chrysalis.node._baselines.encode_baselines``; empty when none were measured)."""
 
 
-Record = NodeRecord | ExperimentRecord | TargetRecord | ClaimRecord | ResultRecord
+@final
+@dataclass(frozen=True, slots=True)
+class LossVerdict:
+    """The failure ``node_lost`` decided for one pair of a lost source (``claim``, state
+    ``failed``): final. A store keeps it apart from the claim row, which the source itself
+    also writes, so that a write the source made before it learnt of its loss (a resumed
+    process finishing its run, a partition healing) cannot replace it when the replicas
+    merge: the ledger reads the pair as this verdict, whatever its claim row says, and
+    ignores the pair's result rows."""
+
+    claim: ClaimRecord
+
+
+Record = NodeRecord | ExperimentRecord | TargetRecord | ClaimRecord | ResultRecord | LossVerdict
 
 
 @final
@@ -366,6 +412,8 @@ class ExperimentLedger:
     targets: dict[tuple[str, str, int], TargetRecord] = field(default_factory=dict)
     claims: dict[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     results: dict[tuple[str, str, str], ResultRecord] = field(default_factory=dict)
+    verdicts: dict[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    """The pairs failed by a loss (``LossVerdict``): final, over any claim or result row."""
 
     @classmethod
     def from_records(cls, records: Iterable[Record]) -> ExperimentLedger:
@@ -376,7 +424,9 @@ class ExperimentLedger:
 
     def absorb(self, records: Iterable[Record]) -> None:
         """Take records as they are (a store's rows, a replica's delivery; replaying one is
-        a no-op)."""
+        a no-op), except that a pair with a ``LossVerdict`` stays that verdict: its claim
+        rows and result rows, before or after it, are ignored (results already taken are
+        dropped by the experiment's destinations: a store loads targets first)."""
         for record in records:
             if isinstance(record, NodeRecord):
                 self.nodes[record.pid] = record
@@ -385,8 +435,15 @@ class ExperimentLedger:
             elif isinstance(record, TargetRecord):
                 self.targets[(record.experiment, record.role, record.position)] = record
             elif isinstance(record, ClaimRecord):
-                self.claims[(record.experiment, record.source)] = record
-            else:
+                key = (record.experiment, record.source)
+                self.claims[key] = self.verdicts.get(key, record)
+            elif isinstance(record, LossVerdict):
+                claim = record.claim
+                key = (claim.experiment, claim.source)
+                self.verdicts[key] = self.claims[key] = claim
+                for destination in self.role_pids(claim.experiment, "destination"):
+                    self.results.pop((*key, destination), None)
+            elif (record.experiment, record.source) not in self.verdicts:
                 self.results[(record.experiment, record.source, record.destination)] = record
 
     def _decide(self, *records: Record) -> Decision:
@@ -451,7 +508,40 @@ class ExperimentLedger:
         if old is None and len(self.nodes) >= MAX_NODES:
             raise LedgerError(f"the ledger holds {MAX_NODES} nodes already")
         incarnation = 1 if old is None else old.incarnation + 1
-        return self._decide(replace(node, incarnation=incarnation, state=NodeState.LIVE))
+        record = replace(
+            node,
+            incarnation=incarnation,
+            state=NodeState.LIVE,
+            losses=0 if old is None else old.losses,
+            lost_at=0.0 if old is None else old.lost_at,
+            lost_reason="" if old is None else old.lost_reason,
+            returned_at=0.0 if old is None else old.returned_at,
+            returned_reason="" if old is None else old.returned_reason,
+        )
+        if old is not None and old.state is NodeState.LOST:
+            why = f"registered again as incarnation {incarnation}"
+            record = replace(record, returned_at=now, returned_reason=why)
+        return self._decide(record)
+
+    def node_returned(self, pid: str, now: float, reason: str = "it is in view again") -> Decision:
+        """A node declared lost is seen again (its supervisor resolves it once more): it is
+        ``live`` again, the same incarnation, with ``returned_at`` and ``reason`` recorded.
+        The work that failed when it was lost stays failed. A live node: a no-op (a
+        duplicate report). A stopped node left cleanly and comes back only by registering
+        (``LedgerError``), as does an unknown PID."""
+        _time(now)
+        old = self.nodes.get(check_pid(pid))
+        if old is None:
+            raise LedgerError(f"node {pid[:8]} is not registered")
+        if old.state is NodeState.LIVE:
+            return Decision()
+        if old.state is not NodeState.LOST:
+            raise LedgerError(
+                f"node {pid[:8]} is {old.state.value}, not lost: it comes back by registering"
+            )
+        return self._decide(
+            replace(old, state=NodeState.LIVE, returned_at=now, returned_reason=_cut(reason))
+        )
 
     def node_stopped(self, pid: str, now: float) -> Decision:
         """A node left cleanly: like ``node_lost`` for its open work (``failed``, "stopped"),
@@ -459,7 +549,9 @@ class ExperimentLedger:
         return self._down(pid, now, NodeState.STOPPED, "its node stopped before finishing")
 
     def node_lost(self, pid: str, now: float, reason: str = "its node was lost") -> Decision:
-        """A node died: every open pair it is the source of fails with ``reason``."""
+        """A node died (or is taken for dead): every open pair it is the source of fails with
+        ``reason``, and a live node row becomes ``lost`` (``losses`` + 1, ``lost_at``,
+        ``lost_reason``). It may come back: ``node_returned``, ``register``."""
         return self._down(pid, now, NodeState.LOST, reason)
 
     def _down(self, pid: str, now: float, state: NodeState, reason: str) -> Decision:
@@ -468,6 +560,8 @@ class ExperimentLedger:
         old = self.nodes.get(pid)
         records: list[Record] = []
         if old is not None and old.state is NodeState.LIVE:
+            if state is NodeState.LOST:
+                old = replace(old, losses=old.losses + 1, lost_at=now, lost_reason=_cut(reason))
             records.append(replace(old, state=state))
         for name, source in self.open_pairs():
             if source != pid:
@@ -478,7 +572,9 @@ class ExperimentLedger:
                 claim = ClaimRecord(name, source, 0, 0, ClaimState.FAILED, now, now, _cut(reason))
             else:
                 claim = replace(claim, state=ClaimState.FAILED, updated_at=now, error=_cut(reason))
-            records.append(claim)
+            # a clean stop is the node's own word; a loss is decided elsewhere, so its
+            # verdict must outlast the node's concurrent writes (``LossVerdict``)
+            records.append(LossVerdict(claim) if state is NodeState.LOST else claim)
         return self._decide(*records)
 
     # -- experiments ----------------------------------------------------------------------
@@ -668,22 +764,28 @@ class ExperimentLedger:
 @final
 class Liveness:
     """Which live nodes to declare lost because they stayed out of view for ``grace``
-    seconds (sans-IO: the caller says, at ``now``, which node PIDs the ledger holds live and
-    which PIDs it can resolve). A supervisor feeds it its namespace, so a node that was
-    killed or hung (fenced by the QUIC idle timeout) and left the namespace is declared
-    lost even where no exit status is seen. Holds one timestamp per node missing now."""
+    seconds, and which lost nodes are back in view (sans-IO: the caller says, at ``now``,
+    which node PIDs the ledger holds live or lost and which PIDs it can resolve). A
+    supervisor feeds it its namespace, so a node that was killed or hung (fenced by the QUIC
+    idle timeout) and left the namespace is declared lost even where no exit status is seen,
+    and one that joins again (resumed, its partition healed, its head back) is reported
+    returned. Holds one timestamp per live node missing now and one PID per lost node seen
+    out of view since it was lost (both bounded by the PIDs the caller passes)."""
 
-    __slots__ = ("_grace", "_missing_since")
+    __slots__ = ("_away", "_grace", "_missing_since")
 
     def __init__(self, grace: float) -> None:
         if not math.isfinite(grace) or grace <= 0:
             raise LedgerError(f"grace must be a positive number of seconds, got {grace!r}")
         self._grace = grace
         self._missing_since: dict[str, float] = {}
+        self._away: set[str] = set()
 
     def observe(self, live: Iterable[str], visible: Collection[str], now: float) -> list[str]:
         """The live nodes missing from ``visible`` for at least ``grace`` seconds, in PID
-        order; each is reported once per absence (it is forgotten until seen again)."""
+        order; each is reported once per absence (``math.inf`` until it is seen again or is
+        no longer passed as live: once the ledger holds it lost, it is forgotten here, so
+        after a return a later absence starts a fresh grace and is reported again)."""
         _time(now)
         live_set = set(live)
         for pid in list(self._missing_since):
@@ -696,7 +798,20 @@ class Liveness:
                 lost.append(pid)
         for pid in lost:
             self._missing_since[pid] = math.inf  # reported: not again while it stays away
+            self._away.add(pid)  # out of view when reported: its next sighting is a return
         return lost
+
+    def returned(self, lost: Iterable[str], visible: Collection[str]) -> list[str]:
+        """The lost nodes back in ``visible``, in PID order, each reported once per return.
+        Only a node seen *out* of view since it was lost counts (every node this object
+        reported lost was): a node declared lost for its exit status stays resolvable
+        until its parent's link to it idles out, and that stale entry is no return."""
+        lost_set = set(lost)
+        self._away &= lost_set  # forget nodes no longer lost (returned, registered again)
+        back = sorted(pid for pid in self._away if pid in visible)
+        self._away.difference_update(back)
+        self._away.update(pid for pid in lost_set if pid not in visible)
+        return back
 
 
 # -- choosing targets ----------------------------------------------------------------------------

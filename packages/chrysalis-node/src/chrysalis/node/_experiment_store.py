@@ -1,5 +1,5 @@
-"""Persistent scale experiments in replicated SQLite: the trusted tables (five, plus the
-results' baselines) and the store that applies the claim ledger's decisions as transactions
+"""Persistent scale experiments in replicated SQLite: the trusted tables (five, plus their
+sibling tables) and the store that applies the claim ledger's decisions as transactions
 (issue 22).
 
 Why SQLite and why these tables: every scale process keeps a ``chrysalis.sqlite.Replica``
@@ -34,6 +34,15 @@ epoch):
 - ``scale_experiment_option`` (pk ``experiment``): options (JSON: ``{"baselines": bool}``),
   the spec's fields added after ``scale_experiment`` existed (a sibling table, so an older
   database needs no ``ALTER TABLE``; an experiment without a row has the defaults);
+- ``scale_claim_lost`` (pk ``experiment, source``): the ``scale_claim`` columns: the
+  failure a loss decided for the pair (``LossVerdict``), written only by ``node_lost``,
+  never by the pair's source, so a claim or result row the source wrote before it learnt of
+  its loss does not replace it when replicas merge (the ledger reads the verdict and
+  ignores that pair's results);
+- ``scale_node_history`` (pk ``pid``): losses, lost_at, lost_reason, returned_at,
+  returned_reason: how often a node was declared lost, its last loss and its last return
+  (written with the node row once it was lost; a sibling table like the options; a node
+  without a row was never lost);
 - ``scale_progress`` (pk ``experiment, source``): done, planned, updated_at: a running
   source's timed operations so far (``publish_progress``, at most one write a second per
   source; informational, outside the ledger: ``submit``'s progress bar reads it).
@@ -53,6 +62,7 @@ from chrysalis.node._claims import (
     ExperimentLedger,
     ExperimentRecord,
     ExperimentSpec,
+    LossVerdict,
     NodeRecord,
     NodeState,
     Record,
@@ -114,6 +124,18 @@ OPTION_TABLE: Final = _schema(
     "experiment TEXT, options TEXT",
     ["experiment"],
 )
+LOSS_TABLE: Final = _schema(
+    "scale_claim_lost",
+    "experiment TEXT, source TEXT, incarnation INTEGER, attempt INTEGER, state TEXT,"
+    " claimed_at REAL, updated_at REAL, error TEXT",
+    ["experiment", "source"],
+)
+NODE_HISTORY_TABLE: Final = _schema(
+    "scale_node_history",
+    "pid TEXT, losses INTEGER, lost_at REAL, lost_reason TEXT, returned_at REAL,"
+    " returned_reason TEXT",
+    ["pid"],
+)
 PROGRESS_TABLE: Final = _schema(
     "scale_progress",
     "experiment TEXT, source TEXT, done INTEGER, planned INTEGER, updated_at REAL",
@@ -121,7 +143,7 @@ PROGRESS_TABLE: Final = _schema(
 )
 SCHEMAS: Final = (
     NODE_TABLE, EXPERIMENT_TABLE, TARGET_TABLE, CLAIM_TABLE, RESULT_TABLE, BASELINE_TABLE,
-    OPTION_TABLE, PROGRESS_TABLE,
+    OPTION_TABLE, NODE_HISTORY_TABLE, LOSS_TABLE, PROGRESS_TABLE,
 )  # fmt: skip
 """The trusted descriptors, in load order."""
 TABLES: Final = tuple(schema.table for schema in SCHEMAS)
@@ -133,10 +155,17 @@ def open_replica(path: str) -> Replica:
 
 
 def _rows(record: Record) -> list[tuple[str, tuple[SqlValue, ...]]]:
+    if isinstance(record, LossVerdict):  # the claim row, and the verdict that outlasts it
+        table, row = _row(record.claim)
+        return [(table, row), (LOSS_TABLE.table, row)]
     rows = [_row(record)]
     if isinstance(record, ResultRecord) and record.baselines:
         key = (record.experiment, record.source, record.destination)
         rows.append((BASELINE_TABLE.table, (*key, record.baselines)))
+    if isinstance(record, NodeRecord) and (record.losses or record.returned_at):
+        r = record
+        history = (r.losses, float(r.lost_at), r.lost_reason, float(r.returned_at))
+        rows.append((NODE_HISTORY_TABLE.table, (r.pid, *history, r.returned_reason)))
     if isinstance(record, ExperimentRecord):
         options = json.dumps({"baselines": record.spec.baselines})
         rows.append((OPTION_TABLE.table, (record.spec.name, options)))
@@ -144,6 +173,7 @@ def _rows(record: Record) -> list[tuple[str, tuple[SqlValue, ...]]]:
 
 
 def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
+    assert not isinstance(record, LossVerdict)  # two rows: ``_rows``
     if isinstance(record, NodeRecord):
         r = record
         return NODE_TABLE.table, (
@@ -174,10 +204,16 @@ def _row(record: Record) -> tuple[str, tuple[SqlValue, ...]]:
 
 def _records(execute: Callable[[str], Any]) -> list[Record]:
     found: list[Record] = []
+    history = {
+        str(row[0]): row[1:]
+        for row in execute(
+            f"SELECT {', '.join(NODE_HISTORY_TABLE.columns)} FROM {NODE_HISTORY_TABLE.table}"
+        )
+    }
     for row in execute(f"SELECT {', '.join(NODE_TABLE.columns)} FROM scale_node"):
         values = list(row)
         values[11] = NodeState(values[11])
-        found.append(NodeRecord(*values))
+        found.append(NodeRecord(*values, *history.get(str(row[0]), ())))
     options = {
         str(row[0]): _options(str(row[1]))
         for row in execute(f"SELECT {', '.join(OPTION_TABLE.columns)} FROM {OPTION_TABLE.table}")
@@ -187,8 +223,10 @@ def _records(execute: Callable[[str], Any]) -> list[Record]:
         found.append(ExperimentRecord(spec, row[7], row[8], row[9]))
     for row in execute(f"SELECT {', '.join(TARGET_TABLE.columns)} FROM scale_target"):
         found.append(TargetRecord(*row))
-    for row in execute(f"SELECT {', '.join(CLAIM_TABLE.columns)} FROM scale_claim"):
-        found.append(ClaimRecord(row[0], row[1], row[2], row[3], ClaimState(row[4]), *row[5:]))
+    for table in (CLAIM_TABLE, LOSS_TABLE):
+        for row in execute(f"SELECT {', '.join(table.columns)} FROM {table.table}"):
+            claim = ClaimRecord(row[0], row[1], row[2], row[3], ClaimState(row[4]), *row[5:])
+            found.append(claim if table is CLAIM_TABLE else LossVerdict(claim))
     baselines = {
         (row[0], row[1], row[2]): str(row[3])
         for row in execute(
@@ -238,7 +276,16 @@ class ExperimentStore:
 
     def live_pids(self) -> list[str]:
         """PIDs of the nodes recorded ``live`` (one query, no ledger load)."""
-        rows = self._replica.connection.execute("SELECT pid FROM scale_node WHERE state = 'live'")
+        return self._pids(NodeState.LIVE)
+
+    def lost_pids(self) -> list[str]:
+        """PIDs of the nodes recorded ``lost`` (one query, no ledger load)."""
+        return self._pids(NodeState.LOST)
+
+    def _pids(self, state: NodeState) -> list[str]:
+        rows = self._replica.connection.execute(
+            "SELECT pid FROM scale_node WHERE state = ?", (state.value,)
+        )
         return [str(pid) for (pid,) in rows]
 
     def has_open_work(self, pid: str) -> bool:
@@ -247,7 +294,9 @@ class ExperimentStore:
         row = self._replica.connection.execute(
             "SELECT 1 FROM scale_target AS t WHERE t.role = 'source' AND t.pid = ?"
             " AND NOT EXISTS (SELECT 1 FROM scale_claim AS c WHERE c.experiment = t.experiment"
-            " AND c.source = t.pid AND c.state IN ('done', 'failed', 'cancelled')) LIMIT 1",
+            " AND c.source = t.pid AND c.state IN ('done', 'failed', 'cancelled'))"
+            " AND NOT EXISTS (SELECT 1 FROM scale_claim_lost AS l"
+            " WHERE l.experiment = t.experiment AND l.source = t.pid) LIMIT 1",
             (pid,),
         ).fetchone()
         return row is not None

@@ -25,7 +25,9 @@ row's ``seconds`` stays the pair's wall-clock span (the aggregate rate uses it).
 ``echo_once`` (kind ``echo``: ``[1][len][payload]`` on a fresh stream, the reply checked)
 and ``transfer_once`` (kind ``stream-transfer``: ``[2]``, the payload in 64 KiB writes, FIN;
 the destination answers the byte count). A claim that ends meanwhile (cancelled, or the node
-declared lost) stops the run; its late results are refused by the ledger, never written.
+declared lost) stops the run; its late results are refused by the ledger, never written
+(and what the node wrote before it learnt of its loss yields to the loss's verdict:
+``chrysalis.node._claims.LossVerdict``).
 
 Imports chrysalis-sqlite: imported only where persistence is asked for (see
 ``_experiment_store``).

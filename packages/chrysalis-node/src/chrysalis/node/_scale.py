@@ -45,8 +45,8 @@ no sweep: every process (root included) keeps a replicated experiment database
 (``chrysalis.node._experiments.node_experiments``, imported only in this mode since it needs
 chrysalis-sqlite), records its node row, and claims and runs the experiments that
 ``chrysalis admin`` submits; the root prints ``[root] READY {json}`` with every rank's token
-once every node row reached it, declares exited workers lost, and serves until SIGINT or
-SIGTERM.
+once every node row reached it, declares exited workers and nodes out of view lost (and
+records a lost node back in view live again), and serves until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from chrysalis.core import DatagramAddr, Pid
 from chrysalis.datagram import DatagramSocket, DatagramSocketSet, UdpSocket
 from chrysalis.nameserver import Consistency, Found, Labels
 from chrysalis.node._address import format_address
-from chrysalis.node._claims import Liveness, NodeRecord
+from chrysalis.node._claims import LedgerError, Liveness, NodeRecord
 from chrysalis.node._echo import echo_raw, serve_streams
 from chrysalis.node._forkserver import ForkedProcess, ForkServer, ForkServerError
 from chrysalis.node._node import JoinSettings, Node, bind_carrier
@@ -1642,8 +1642,10 @@ async def serve_persistent(
     as ``chrysalis admin`` need ``--ca-dir``) and serve experiments until
     ``stop`` is set (SIGINT/SIGTERM in ``main``). A worker process that exits meanwhile is
     declared lost (its open work fails with its exit status), and so is any registered node
-    not resolvable at the root for ``idle_timeout`` seconds (``Liveness``: killed or hung
-    elsewhere, fenced by the QUIC idle timeout). ``workdir`` is kept (databases
+    not resolvable at the root for twice ``idle_timeout`` seconds (``Liveness``: killed or hung
+    elsewhere, fenced by the QUIC idle timeout); a lost node resolvable at the root again
+    (resumed, its partition healed) is recorded live again (``node_returned``; the work
+    failed at its loss stays failed). ``workdir`` is kept (databases
     and logs) unless it was made here."""
     if not settings.persist:
         raise ValueError("serve_persistent needs ScaleSettings(persist=True)")
@@ -1759,6 +1761,15 @@ async def serve_persistent(
                     tree.store.apply(
                         lambda ledger, p=pid, r=reason: ledger.node_lost(p, time.time(), r)
                     )
+                gone = [pid for pid in tree.store.lost_pids() if pid != root_pid]
+                seen = {pid for pid in gone if isinstance(resolve(Pid.parse(pid)), Found)}
+                for pid in watch.returned(gone, seen):
+                    reason = "it is resolvable at the root again"
+                    progress.write(f"[root] {pid[:8]} returned: {reason}\n")
+                    with contextlib.suppress(LedgerError):  # stopped meanwhile: no return
+                        tree.store.apply(
+                            lambda ledger, p=pid, r=reason: ledger.node_returned(p, time.time(), r)
+                        )
                 for name, status in group.exited():
                     rank = int(name.rpartition("-")[2])
                     delay = policy.exited(rank, status)
