@@ -81,6 +81,9 @@ _GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given 
 # Never a slot number either (they run 1 .. 2**31 - 2, DETACHED or not): the receiver's
 # acknowledgement ring, its descriptor beside it (``shm.AckRing``).
 _RING: Final = _ACK.pack(0xFFFF_FFFF)
+# Nor this (LENT and DETACHED together): the receiver reads lent buffers (``shm.PeerReader``).
+_LEND_VALUE: Final = 0xFFFF_FFFE
+_LEND: Final = _ACK.pack(_LEND_VALUE)
 _MAX_KEPT: Final = 64  # detached slots a receiver keeps open to give back, per lane
 
 MessageCallback = Callable[[Envelope, list[Any]], None]
@@ -109,6 +112,9 @@ class LaneSettings:
             read a shared-memory buffer into the process's own memory (``shm.retain_heap``:
             without it every 1 MiB ``bytes`` received faulted its pages in again; 0: leave
             malloc as it is).
+        lend: a Unix lane's receiver that can read its sender's memory (``shm.PeerReader``)
+            asks it to lend its large ``bytes`` instead of copying them into slots: one copy
+            end to end (``False``: every large buffer goes through a slot).
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
         force_tcp: offer TCP even to processes on this host (tests).
     """
@@ -121,6 +127,7 @@ class LaneSettings:
     max_fds: int = 1024
     shm_views: int = 32 * 1024 * 1024
     heap_retain: int = 16 * 1024 * 1024
+    lend: bool = True
     tcp_host: str | None = None
     force_tcp: bool = False
 
@@ -228,6 +235,9 @@ class UnixLane:
         self.pool.on_fault = self._pool_fault
         self._ring: _shm.AckRing | None = None  # receiver: acknowledgements without a write
         self._ring_failed = False  # receiver: no ring here (acknowledgements on the socket)
+        self._reader: _shm.PeerReader | None = None  # receiver: reads lent buffers
+        self.lend = False
+        """(sender) The receiver reads lent ``bytes`` (``shm.PeerReader``): lend them."""
 
     @property
     def closed(self) -> bool:
@@ -394,6 +404,8 @@ class UnixLane:
                     self._fail(f"process {self.peer.hex()} gave back a slot without its descriptor")
                     return
                 self.pool.adopt(self._returned.popleft())
+            elif slot == _LEND_VALUE:  # the receiver reads lent buffers from now on
+                self.lend = self.shm
             elif slot == 0xFFFF_FFFF:  # the receiver's acknowledgement ring
                 if not self._returned:
                     self._fail(f"process {self.peer.hex()} sent a ring without its descriptor")
@@ -421,8 +433,32 @@ class UnixLane:
         self._decoder = LaneDecoder(self._limits, self._settings.max_fds)
         self._on_message = on_message
         self._on_end = on_end
+        if self._settings.lend and self.shm:
+            self._offer_reads(self._decoder)
         self._loop.add_reader(self._fd, self._on_readable)
         self._on_readable()
+
+    def _offer_reads(self, decoder: LaneDecoder) -> None:
+        """Ask the sender to lend its large ``bytes`` when this process can read its memory
+        (once, before any frame is read; kept to ourselves when the socket refuses it now)."""
+        reader = _shm.PeerReader.open(self._sock)
+        if reader is None:
+            return
+        try:
+            sent = self._sock.send(_LEND)
+            if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
+                self._sock.setblocking(True)
+                try:
+                    self._sock.sendall(_LEND[sent:])
+                finally:
+                    self._sock.setblocking(False)
+            elif not sent:
+                raise BlockingIOError
+        except OSError:
+            reader.close()
+            return
+        self._reader = reader
+        decoder.accept_lent()
 
     def _on_readable(self) -> None:
         decoder = self._decoder
@@ -471,6 +507,9 @@ class UnixLane:
         while (message := decoder.next_message()) is not None:
             envelope, buffers, shm = message
             for position, (index, fd, size, slot) in enumerate(shm):
+                if slot & _shm.LENT:  # every buffer of this frame was lent: ``fd`` is an address
+                    self._read_lent(envelope, buffers, index, fd, size, slot)
+                    continue
                 # A detached slot is ours: given back to the sender when we are done with it,
                 # so that its pages are reused warm (a bounded number kept open meanwhile).
                 keep = -1
@@ -506,6 +545,23 @@ class UnixLane:
                 else:
                     self._pending_acks.append(slot)
             self._on_message(envelope, buffers)
+
+    def _read_lent(
+        self, envelope: Envelope, buffers: list[Any], index: int, address: int, size: int, slot: int
+    ) -> None:
+        """Read a lent buffer out of the sender's memory and acknowledge the loan."""
+        reader = self._reader
+        assert reader is not None  # the decoder accepts lent frames only with a reader
+        if not envelope.buffer_kinds[index] & 1:  # KIND_READONLY: only ``bytes`` are lent
+            raise FrameError("a lent buffer that is not read-only")
+        try:
+            buffers[index] = reader.read(address, size)
+        except _shm.ShmError as exc:
+            raise FrameError(str(exc)) from None
+        self._pending_acks.append(slot)
+        if not self._heap_ready:
+            self._heap_ready = True
+            _shm.retain_heap(self._settings.heap_retain)
 
     def _pool_fault(self, reason: str) -> None:
         """The pool refused an acknowledgement read from the ring (any thread)."""
@@ -653,6 +709,8 @@ class UnixLane:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._reader is not None:
+            self._reader.close()
         while self._returned:
             with contextlib.suppress(OSError):
                 os.close(self._returned.popleft())
@@ -672,6 +730,7 @@ class TcpLane:
 
     shm = False
     direct = False
+    lend = False
 
     def __init__(
         self,
