@@ -97,7 +97,8 @@ def test_order_holds_across_the_switch_to_the_lane(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize("lend", [True, False])
 def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(lend: bool) -> None:
-    cluster = Cluster(NodeTransportSettings(dial_timeout=2.0), lane_settings=LaneSettings(lend=lend))
+    settings = NodeTransportSettings(dial_timeout=2.0)
+    cluster = Cluster(settings, lane_settings=LaneSettings(lend=lend))
     try:
         _large_buffers_travel_as_shared_memory(cluster, lend)
     finally:
@@ -139,7 +140,8 @@ def _large_buffers_travel_as_shared_memory(cluster: Cluster, lend: bool) -> None
     b.wait("got", 20)
     assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got)
     assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got)
-    if lend and _reads_itself():  # a ``bytes`` is lent (read out of the sender by the receiver), the rest in slots
+    # A ``bytes`` is lent (read out of the sender by the receiver), the rest goes in slots.
+    if lend and _reads_itself():
         assert lane.lend
         assert (lane.pool.issued, lane.pool.lent) == (1, 20)
     else:
@@ -703,7 +705,10 @@ def test_lending_is_asked_for_once_and_a_bad_loan_fails_the_lane() -> None:
     lend, ended, reads = asyncio.run(run(b"\x03"))
     assert lend
     assert reads == 0
-    assert len(ended) == 1 and ended[0] is not None
-    assert "sent bad bytes on its lane" in ended[0] and "cannot read a lent buffer" in ended[0]
+    assert len(ended) == 1
+    assert ended[0] is not None
+    assert "sent bad bytes on its lane" in ended[0]
+    assert "cannot read a lent buffer" in ended[0]
     _lend, ended, _reads = asyncio.run(run(b"\x02"))
-    assert ended[0] is not None and "not read-only" in ended[0]
+    assert ended[0] is not None
+    assert "not read-only" in ended[0]

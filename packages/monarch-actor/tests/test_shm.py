@@ -481,21 +481,32 @@ def test_a_lent_bytes_is_read_out_of_the_lender_and_held_until_acknowledged() ->
     taken = pool.lend(view)
     assert taken is not None
     slot, address = taken
-    assert slot & _shm.LENT and not slot & _shm.DETACHED
+    assert slot & _shm.LENT
+    assert not slot & _shm.DETACHED
     assert pool.outstanding == 1 << 20
     assert pool.lend(memoryview(os.urandom(1 << 20) + b"x")) is None  # over the bound
     out = reader.read(address, len(data))
-    assert out == data and out is not data and type(out) is bytes
+    assert out == data
+    assert out is not data
+    assert type(out) is bytes
     assert reader.read(address + 10, 5) == data[10:15]
     assert pool.release(slot)
-    assert pool.outstanding == 0 and not pool._lent
+    assert pool.outstanding == 0
+    assert not pool._lent
     assert not pool.release(slot)  # acknowledged twice: not in flight
     with pytest.raises(_shm.ShmError, match="cannot read a lent buffer"):
         reader.read(8, 100)  # nothing mapped there
     again = pool.lend(view)
     assert again is not None
-    pool.close()
-    assert not pool._lent  # a closed pool holds no loan
+    assert pool.lending
+    pool.close()  # closed by the sender: the receiver may still read the loan, which stays
+    assert not pool._lent
+    assert [p for p in _shm._parked if p is view] == [view]
+    _shm._parked[:] = [p for p in _shm._parked if p is not view]
+    other = _shm.ShmPool(2 << 20)
+    assert other.lend(view) is not None
+    other.close(park=False)  # the receiver's end is gone: nothing will read it
+    assert not [p for p in _shm._parked if p is view]
     reader.close()
     reader.close()
     one.close()

@@ -238,6 +238,7 @@ class UnixLane:
         self._reader: _shm.PeerReader | None = None  # receiver: reads lent buffers
         self.lend = False
         """(sender) The receiver reads lent ``bytes`` (``shm.PeerReader``): lend them."""
+        self._peer_gone = False  # (sender) the receiver's end closed: it reads nothing more
 
     @property
     def closed(self) -> bool:
@@ -253,6 +254,11 @@ class UnixLane:
     def shm_outstanding(self) -> int:
         """Shared bytes sent on this lane and not yet acknowledged."""
         return self.pool.outstanding
+
+    @property
+    def lending(self) -> bool:
+        """(sender) Lent buffers the receiver has not yet read."""
+        return self.pool.lending
 
     def send_direct(self, pieces: Sequence[Any], fds: Sequence[int] | None) -> None:
         """Write a frame from any thread while nothing else is queued (the caller serialises
@@ -385,6 +391,7 @@ class UnixLane:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
+            self._peer_gone = True
             self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
             return
         for level, kind, raw in ancdata:
@@ -393,6 +400,7 @@ class UnixLane:
                 fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
                 self._returned.extend(fds)
         if not data:
+            self._peer_gone = True
             self._fail(f"process {self.peer.hex()} closed its lane")
             return
         self._ack_buf += data
@@ -705,7 +713,7 @@ class UnixLane:
             self._decoder.close()
         if self.views is not None:
             self.views.close()
-        self.pool.close()
+        self.pool.close(park=not self._peer_gone)
         if self._ring is not None:
             self._ring.close()
             self._ring = None
@@ -731,6 +739,7 @@ class TcpLane:
     shm = False
     direct = False
     lend = False
+    lending = False
 
     def __init__(
         self,

@@ -1246,8 +1246,10 @@ class NodeProcessTransport:
             if writers:
                 await asyncio.wait(writers, timeout=self._settings.flush_timeout)
             deadline = loop.time() + self._settings.flush_timeout
+            # ... and until the receivers read what was lent to them (``shm.ShmPool.lend``)
             while loop.time() < deadline and any(
-                p.lane is not None and not p.lane.idle for p in self._peers.values()
+                p.lane is not None and (not p.lane.idle or p.lane.lending)
+                for p in self._peers.values()
             ):
                 await asyncio.sleep(0.005)
             self._shut = True

@@ -69,7 +69,11 @@ slot, which drops the sender's reference. One copy end to end instead of two. Th
 reads only the process that connected the lane (``SO_PEERCRED``), and checks after each read,
 through a pidfd opened when the lane started, that this process is still alive, so a PID reused
 after the sender died can never be read. Nothing new is exposed: a process that may
-``process_vm_readv`` another may read all of its memory anyway.
+``process_vm_readv`` another may read all of its memory anyway. A sender that closes a lane
+with loans not yet acknowledged (its own shutdown, after the transport waited for them within
+its flush bound, or a fault) keeps those objects for the rest of its life (``close(park=True)``):
+frames already in the socket may still be read, and must never find the memory reused. A lane
+closed because the receiver's end went away drops them.
 
 An unsealed descriptor (nothing this package sends) is never mapped: it is read like a
 ``bytes``, so a file that shrinks under the read is a ``ShmError``, never a fault.
@@ -279,6 +283,9 @@ def _copy_into(target: mmap.mmap, data: memoryview) -> None:
 
 
 _Slot = tuple[int, int, "mmap.mmap | None"]  # (fd, size, the sender's mapping)
+# Loans of pools closed while a receiver could still read them (``ShmPool.close``): kept for
+# the life of the process, at most ``max_bytes`` per such pool.
+_parked: list[memoryview] = []
 
 
 class AckRing:
@@ -611,10 +618,21 @@ class ShmPool:
                 self._retained -= other
         return victims
 
-    def close(self) -> None:
-        """Close every descriptor and mapping (idempotent); slots in flight are closed too (a
-        receiver's own mapping of one keeps its memory until freed)."""
+    @property
+    def lending(self) -> bool:
+        """Whether lent buffers are not yet acknowledged."""
         with self._lock:
+            self._reap()
+            return bool(self._lent)
+
+    def close(self, park: bool = True) -> None:
+        """Close every descriptor and mapping (idempotent); slots in flight are closed too (a
+        receiver's own mapping of one keeps its memory until freed). Loans not yet
+        acknowledged are kept for the life of the process with ``park`` (the receiver may
+        still read them), else dropped (it never will: its end is gone)."""
+        with self._lock:
+            if park:
+                _parked.extend(self._lent.values())
             self._closed = True
             ring, self._ring = self._ring, None
             entries = [entry for entries in self._free.values() for entry in entries]
@@ -649,7 +667,7 @@ def _size_sealed(fd: int) -> bool:
 _Copier = Callable[[int, int], bytes]
 _BYTES_OFFSET: Final = bytes.__basicsize__ - 1  # where a ``bytes`` object's ``ob_sval`` begins
 # An uninitialised ``bytes`` of a size (``PyBytes_FromStringAndSize``) once ``_bytes_copier`` ran.
-_new_bytes: Callable[[None, int], bytes] = bytes
+_new_bytes: Callable[[None, int], bytes] | None = None
 _copier: _Copier | None = None
 _copier_checked = False
 
@@ -944,9 +962,9 @@ class PeerReader:
     def read(self, address: int, size: int) -> bytes:
         """``size`` (> 0) bytes at ``address`` in the peer as a new ``bytes``. ``ShmError`` when
         the peer's memory is not there, or the peer exited (its PID may name another process)."""
-        copier = _bytes_copier()
-        assert copier is not None  # checked by ``open``
-        out = _new_bytes(None, size)  # size > 0: never the shared empty bytes
+        new = _new_bytes
+        assert new is not None  # set with the copier, which ``open`` checked
+        out = new(None, size)  # size > 0: never the shared empty bytes
         local = id(out) + _BYTES_OFFSET
         done = 0
         while done < size:
