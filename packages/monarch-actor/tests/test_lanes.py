@@ -712,3 +712,42 @@ def test_lending_is_asked_for_once_and_a_bad_loan_fails_the_lane() -> None:
     _lend, ended, _reads = asyncio.run(run(b"\x02"))
     assert ended[0] is not None
     assert "not read-only" in ended[0]
+
+
+def test_a_lent_frame_that_cannot_take_its_lane_goes_inline_and_frees_the_loan() -> None:
+    """A frame prepared with lent buffers whose lane is no longer the way out (it broke, or
+    another replaced it) is re-encoded with the caller's bytes inline, and its loans freed
+    (the receiver will never read them)."""
+    from types import SimpleNamespace
+
+    from monarch.actor._base.envelope import FrameDecoder
+    from monarch.actor._transport.node import NodeProcessTransport, _Shared
+
+    pool = _shm.ShmPool(4 << 20)
+    data = bytes(range(256)) * 1024
+    view = memoryview(data)
+    taken = pool.lend(view)
+    assert taken is not None
+    small = b"abc"
+    env = with_buffers(envelope_for_unshare(), [data, small])
+    lane: Any = SimpleNamespace(pool=pool)
+    shared = _Shared(lane, [(0, taken[0])], [], [None, small], [view])
+    fake: Any = SimpleNamespace(limits=FrameLimits())
+    pieces = NodeProcessTransport._unshare(fake, env, shared)
+    assert not pool.lending
+    assert pool.outstanding == 0
+    decoder = FrameDecoder(FrameLimits())
+    decoder.receive_data(b"".join(bytes(p) for p in pieces))
+    message = decoder.next_message()
+    assert message is not None
+    assert [bytes(b) for b in message[1]] == [data, small]
+    pool.close()
+
+
+def envelope_for_unshare() -> Envelope:
+    from monarch.actor._base.envelope import ActorAddr, MessageKind
+
+    return Envelope(
+        MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
+        -1, "ep", 0, None, None, b"", (), b"",
+    )  # fmt: skip

@@ -744,14 +744,13 @@ class NodeProcessTransport:
     def _unshare(self, envelope: Envelope, shared: _Shared) -> list[Any]:
         """Stream pieces for a frame prepared for a lane that is no longer the way out."""
         owned: list[Any] = list(shared.inline)
-        lent = shared.lent
-        if lent is not None:  # the caller's own ``bytes``, still held
-            for (index, _slot), view in zip(shared.slots, lent, strict=True):
+        if shared.lent is not None:  # the caller's own ``bytes``, still held
+            for (index, _slot), view in zip(shared.slots, shared.lent, strict=True):
                 owned[index] = bytes(view)
-        fds = shared.fds if lent is None else []
-        for (index, _slot), fd in zip(shared.slots, fds, strict=True):
-            data = os.pread(fd, envelope.buffer_sizes[index], 0)  # our own descriptor of it
-            owned[index] = data if envelope.buffer_kinds[index] & 1 else bytearray(data)
+        else:
+            for (index, _slot), fd in zip(shared.slots, shared.fds, strict=True):
+                data = os.pread(fd, envelope.buffer_sizes[index], 0)  # our own descriptor of it
+                owned[index] = data if envelope.buffer_kinds[index] & 1 else bytearray(data)
         shared.close()
         return encode_frame(envelope, owned, self.limits)
 
