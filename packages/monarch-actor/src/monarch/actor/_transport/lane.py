@@ -454,14 +454,9 @@ class UnixLane:
             return
         try:
             sent = self._sock.send(_LEND)
-            if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
-                self._sock.setblocking(True)
-                try:
-                    self._sock.sendall(_LEND[sent:])
-                finally:
-                    self._sock.setblocking(False)
-            elif not sent:
+            if not sent:
                 raise BlockingIOError
+            self._finish_ack(_LEND, sent)
         except OSError:
             reader.close()
             return
@@ -605,17 +600,22 @@ class UnixLane:
                 if not self._pending_acks:
                     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
                     sent = self._sock.sendmsg([_GIVE_BACK], ancillary)
-                    if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
-                        self._sock.setblocking(True)
-                        try:
-                            self._sock.sendall(_GIVE_BACK[sent:])
-                        finally:
-                            self._sock.setblocking(False)
+                    self._finish_ack(_GIVE_BACK, sent)
         except OSError:
             pass  # not sent (a full socket, or its end): the memory goes with the descriptor
         finally:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _finish_ack(self, ack: bytes, sent: int) -> None:
+        """Write the rest of ``ack`` when a send took only part of it: an acknowledgement is
+        never split (as ``_send_acks``; 4 bytes, blocking briefly)."""
+        if 0 < sent < len(ack):
+            self._sock.setblocking(True)
+            try:
+                self._sock.sendall(ack[sent:])
+            finally:
+                self._sock.setblocking(False)
 
     def _ack_now(self, slot: int) -> None:
         if not self._closed:
@@ -633,12 +633,7 @@ class UnixLane:
         try:
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
             sent = self._sock.sendmsg([_RING], ancillary)
-            if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
-                self._sock.setblocking(True)
-                try:
-                    self._sock.sendall(_RING[sent:])
-                finally:
-                    self._sock.setblocking(False)
+            self._finish_ack(_RING, sent)
         except (BlockingIOError, InterruptedError):
             ring.close()  # tried again with the next acknowledgements
             return
