@@ -16,7 +16,10 @@ halves of the handshake. Everything runs on the runtime loop.
   freed. The acknowledgements (on the same socket) bound the shared bytes a sender has
   outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes in a
   detached slot (the receiver's, acknowledged on receipt and given back, descriptor and all,
-  when it is done with it, so that its pages are reused warm), over both bounds inline.
+  when it is done with it, so that its pages are reused warm), over both bounds inline. A
+  receiver that can read its sender's memory asks it once to lend its large ``bytes``
+  (``LaneSettings.lend``, ``shm.PeerReader``): those are read straight into the receiver's
+  ``bytes``, one copy end to end, and acknowledged like slots.
 - TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
   both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
   compared with the PID the negotiation named.

@@ -53,7 +53,8 @@ stream does. ``force_quic`` (setting ``MONARCH_FORCE_QUIC``) keeps everything on
 path. On a Unix lane, buffers of at least ``LaneSettings.shm_threshold`` bytes travel as memfd
 slots (``shm``): the sender copies them once, straight from the caller's memory into a pooled
 memfd slot, and the receiver copies a ``bytes`` out once or rebuilds an array or tensor over a
-private mapping of the slot (no copy).
+private mapping of the slot (no copy). A ``bytes`` is lent instead where the receiver can read
+this process (``shm.ShmPool.lend``): no copy here, one read into the receiver's ``bytes`` there.
 """
 
 from __future__ import annotations
