@@ -714,6 +714,40 @@ def test_lending_is_asked_for_once_and_a_bad_loan_fails_the_lane() -> None:
     assert "not read-only" in ended[0]
 
 
+def test_a_sender_with_lending_off_keeps_using_slots_when_asked_to_lend() -> None:
+    """``lane_lend_bytes`` off at the sender: the receiver's request is read (the ring and
+    acknowledgements still work) but the sender never lends; the default setting lends."""
+
+    async def run(settings: LaneSettings) -> bool:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender = UnixLane(one, loop, b"\x01" * 16, settings)
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        receiver.start(lambda _env, _buffers: None, lambda _reason: None)
+        sender.start_sender()
+        deadline = time.monotonic() + 0.5
+        while not sender.lend and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        asked = receiver._reader is not None
+        lend = sender.lend
+        sender.close()
+        receiver.close()
+        return asked and not lend
+
+    if not _reads_itself():
+        pytest.skip("this process cannot read itself with process_vm_readv")
+    assert asyncio.run(run(LaneSettings(lend=False)))
+    assert not asyncio.run(run(LaneSettings()))  # the check can fail: on, the sender lends
+
+
+def test_the_lane_lend_bytes_setting_reaches_the_default_lane_settings() -> None:
+    from monarch.actor._transport.node import default_lane_settings
+
+    assert default_lane_settings(object()).lend
+    with configured(lane_lend_bytes=False):
+        assert not default_lane_settings(object()).lend
+
+
 def test_a_lent_frame_that_cannot_take_its_lane_goes_inline_and_frees_the_loan() -> None:
     """A frame prepared with lent buffers whose lane is no longer the way out (it broke, or
     another replaced it) is re-encoded with the caller's bytes inline, and its loans freed

@@ -117,7 +117,9 @@ class LaneSettings:
             malloc as it is).
         lend: a Unix lane's receiver that can read its sender's memory (``shm.PeerReader``)
             asks it to lend its large ``bytes`` instead of copying them into slots: one copy
-            end to end (``False``: every large buffer goes through a slot).
+            end to end; its sender lends only where its own setting allows it too (``False``
+            on either side: every large buffer goes through a slot; the ``lane_lend_bytes``
+            setting, ``MONARCH_LANE_LEND_BYTES``).
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
         force_tcp: offer TCP even to processes on this host (tests).
     """
@@ -416,7 +418,7 @@ class UnixLane:
                     return
                 self.pool.adopt(self._returned.popleft())
             elif slot == _LEND_VALUE:  # the receiver reads lent buffers from now on
-                self.lend = self.shm
+                self.lend = self.shm and self._settings.lend  # unless lending is off here
             elif slot == 0xFFFF_FFFF:  # the receiver's acknowledgement ring
                 if not self._returned:
                     self._fail(f"process {self.peer.hex()} sent a ring without its descriptor")

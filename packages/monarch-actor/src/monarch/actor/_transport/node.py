@@ -166,7 +166,7 @@ def default_lane_settings(node: Any) -> LaneSettings:
     host = _tcp_host(node)
     if _config.get("default_transport") in _TCP_TRANSPORTS:
         return LaneSettings(kinds=("tcp",), tcp_host=host or "127.0.0.1", force_tcp=True)
-    return LaneSettings(tcp_host=host)
+    return LaneSettings(tcp_host=host, lend=bool(_config.get("lane_lend_bytes")))
 
 
 @dataclass(frozen=True, slots=True)
