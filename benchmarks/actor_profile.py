@@ -130,7 +130,8 @@ OVERLAPPING: tuple[tuple[str, str, str, str], ...] = (
 #: the others): the sender's copy into its memfd slots (``ShmPool.put``, inside "frame encode /
 #: shm copy") and the receiver's taking of the slots (``shm.receive_buffer``: a copy out of a
 #: view, a read, or a mapping; inside "worker read + frame decode"). Each is the sum over the
-#: call's slots.
+#: call's slots. A lent ``bytes`` (``ShmPool.lend``, no copy on the sender) is read by the
+#: receiver out of the sender's memory (``PeerReader.read``), which counts as its slot take.
 WITHIN: tuple[tuple[str, str, str], ...] = (
     ("(within) client shm slot copy", "client", "shm_put"),
     ("(within) worker shm slot take", "worker", "w.shm_take"),
@@ -243,7 +244,9 @@ class _Recorder:
 
     def _install_common(self) -> None:
         self._timed(_shm.ShmPool, "put", self._add_put)
+        self._timed(_shm.ShmPool, "lend", self._add_put)
         self._timed(_shm, "receive_buffer", self._add_take)
+        self._timed(_shm.PeerReader, "read", self._add_take)
         self.wrap(_node, "encode_frame", after=self._on_framed)
         self.wrap(_node.NodeProcessTransport, "_share", after=self._on_framed)
         self.wrap(LaneDecoder, "get_buffer", before=self._on_get_buffer)

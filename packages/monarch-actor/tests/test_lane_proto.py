@@ -32,6 +32,7 @@ from monarch.actor._transport.lane_proto import (
     Switch,
     encode_control,
     lane_prefix,
+    lent_prefix,
     proof_bytes,
     sign,
     verify_signature,
@@ -174,6 +175,40 @@ def test_a_frame_naming_a_missing_descriptor_is_refused() -> None:
     data = lane_prefix([(0, 1), (0, 2)]) + FRAME_PREFIX.pack(len(header), 0) + header
     with pytest.raises(FrameError, match="twice"):
         feed_lane(LaneDecoder(FrameLimits()), data)
+
+
+def test_lent_buffers_are_accepted_only_when_asked_for_and_claim_no_descriptor() -> None:
+    """A frame of lent buffers names each one's address (no descriptor): refused by a decoder
+    that did not ``accept_lent``; the slot number must say lent in such a frame, and only
+    there."""
+    env = make_envelope(0, (5, 3))
+    body = b"abc"  # buffer 1 inline, buffer 0 lent
+    header = msgspec.msgpack.encode(env)
+    tail = FRAME_PREFIX.pack(len(header), len(body)) + header + body
+    data = lent_prefix([(0, 0x4000_0009, 0x1234_5678_9ABC)]) + tail
+    with pytest.raises(FrameError, match="unknown lane frame type 76"):
+        feed_lane(LaneDecoder(FrameLimits()), data)
+    decoder = LaneDecoder(FrameLimits())
+    decoder.accept_lent()
+    r, w = os.pipe()
+    decoder.add_fds([r])  # a descriptor passed meanwhile stays for the next descriptor frame
+    (message,) = feed_lane(decoder, data)
+    _env, buffers, shm = message
+    assert buffers[0] is None
+    assert bytes(buffers[1]) == b"abc"
+    assert shm == [(0, 0x1234_5678_9ABC, 5, 0x4000_0009)]
+    assert decoder.pending_fds == 1
+    decoder.close()
+    os.close(w)
+    for bad, error in [
+        (lent_prefix([(0, 9, 0x1000)]), "lent buffer with slot 0x9"),
+        (lent_prefix([(0, 0x4000_0009, 0)]), "lent buffer with slot"),
+        (lane_prefix([(0, 0x4000_0009)]), "says lent"),
+    ]:
+        decoder = LaneDecoder(FrameLimits())
+        decoder.accept_lent()
+        with pytest.raises(FrameError, match=error):
+            feed_lane(decoder, bad + tail)
 
 
 def test_too_many_pending_descriptors_fail_the_lane() -> None:

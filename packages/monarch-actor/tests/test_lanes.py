@@ -95,7 +95,17 @@ def test_order_holds_across_the_switch_to_the_lane(cluster: Cluster) -> None:
     assert b.transport.statistics().inbound_lanes == 1
 
 
-def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Cluster) -> None:
+@pytest.mark.parametrize("lend", [True, False])
+def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(lend: bool) -> None:
+    settings = NodeTransportSettings(dial_timeout=2.0)
+    cluster = Cluster(settings, lane_settings=LaneSettings(lend=lend))
+    try:
+        _large_buffers_travel_as_shared_memory(cluster, lend)
+    finally:
+        cluster.close()
+
+
+def _large_buffers_travel_as_shared_memory(cluster: Cluster, lend: bool) -> None:
     root = cluster.add()
     a, b = cluster.add(root), cluster.add(root)
     on_lane(a, b)
@@ -130,9 +140,16 @@ def test_large_buffers_travel_as_shared_memory_and_are_acknowledged(cluster: Clu
     b.wait("got", 20)
     assert all(bytes(env_buffers[1][0]) == frozen for env_buffers in b.got)
     assert all(type(env_buffers[1][0]) is bytes for env_buffers in b.got)
-    assert lane.pool.issued == 21  # every large buffer went through a slot
+    # A ``bytes`` is lent (read out of the sender by the receiver), the rest goes in slots.
+    if lend and _reads_itself():
+        assert lane.lend
+        assert (lane.pool.issued, lane.pool.lent) == (1, 20)
+    else:
+        assert not lane.lend
+        assert (lane.pool.issued, lane.pool.lent) == (21, 0)  # every large buffer in a slot
     assert lane.pool.detached_issued == 0  # and a pooled one: copied out, acknowledged at once
     wait_for(lambda: lane.shm_outstanding == 0)
+    assert not lane.pool._lent  # every loan acknowledged: the sender holds none of them
 
 
 def test_a_held_mapping_sends_later_buffers_in_detached_slots_then_recycles() -> None:
@@ -627,3 +644,144 @@ def test_a_receiver_copies_bytes_out_of_its_views_of_the_senders_slots(views: in
     assert got == [bytes([seq]) * (1 << 20) for seq in range(n)]
     assert slots == 1  # one slot, reused every call
     assert (mapped, copies) == ((1, n) if views else (-1, -1))
+
+
+def _reads_itself() -> bool:
+    """Whether this process may ``process_vm_readv`` itself (what lending needs)."""
+    one, two = socket.socketpair()
+    try:
+        reader = _shm.PeerReader.open(two)
+        if reader is not None:
+            reader.close()
+        return reader is not None
+    finally:
+        one.close()
+        two.close()
+
+
+def test_lending_is_asked_for_once_and_a_bad_loan_fails_the_lane() -> None:
+    """A receiver that can read its sender says so once (the sender lends from then on); a
+    lent buffer it cannot read (an address with nothing there) is a clear frame error that
+    ends the lane, like any hostile bytes; one that is not read-only too."""
+    from monarch.actor._base.envelope import FRAME_PREFIX as prefix
+    from monarch.actor._base.envelope import ActorAddr, MessageKind
+    from monarch.actor._transport.lane_proto import lent_prefix
+
+    encoder = msgspec.msgpack.Encoder()
+
+    async def run(kind: bytes) -> tuple[bool, list[str | None], int]:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender = UnixLane(one, loop, b"\x01" * 16, LaneSettings())
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        ended: list[str | None] = []
+        done = asyncio.Event()
+
+        def on_end(reason: str | None) -> None:
+            ended.append(reason)
+            done.set()
+
+        receiver.start(lambda _env, _buffers: None, on_end)
+        sender.start_sender()
+        deadline = time.monotonic() + T
+        while not sender.lend and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        env = Envelope(
+            MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
+            -1, "ep", 0, None, None, b"", (4096,), kind,
+        )  # fmt: skip
+        header = encoder.encode(env)
+        pieces = [lent_prefix([(0, 0x4000_0001, 8)]), prefix.pack(len(header), 0), header]
+        sender.send_frame(pieces, None, 1)
+        await asyncio.wait_for(done.wait(), T)
+        lend = sender.lend
+        reads = receiver._reader.reads if receiver._reader is not None else -1
+        sender.close()
+        receiver.close()
+        return lend, ended, reads
+
+    if not _reads_itself():
+        pytest.skip("this process cannot read itself with process_vm_readv")
+    lend, ended, reads = asyncio.run(run(b"\x03"))
+    assert lend
+    assert reads == 0
+    assert len(ended) == 1
+    assert ended[0] is not None
+    assert "sent bad bytes on its lane" in ended[0]
+    assert "cannot read a lent buffer" in ended[0]
+    _lend, ended, _reads = asyncio.run(run(b"\x02"))
+    assert ended[0] is not None
+    assert "not read-only" in ended[0]
+
+
+def test_a_sender_with_lending_off_keeps_using_slots_when_asked_to_lend() -> None:
+    """``lane_lend_bytes`` off at the sender: the receiver's request is read (the ring and
+    acknowledgements still work) but the sender never lends; the default setting lends."""
+
+    async def run(settings: LaneSettings) -> bool:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender = UnixLane(one, loop, b"\x01" * 16, settings)
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        receiver.start(lambda _env, _buffers: None, lambda _reason: None)
+        sender.start_sender()
+        deadline = time.monotonic() + 0.5
+        while not sender.lend and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        asked = receiver._reader is not None
+        lend = sender.lend
+        sender.close()
+        receiver.close()
+        return asked and not lend
+
+    if not _reads_itself():
+        pytest.skip("this process cannot read itself with process_vm_readv")
+    assert asyncio.run(run(LaneSettings(lend=False)))
+    assert not asyncio.run(run(LaneSettings()))  # the check can fail: on, the sender lends
+
+
+def test_the_lane_lend_bytes_setting_reaches_the_default_lane_settings() -> None:
+    from monarch.actor._transport.node import default_lane_settings
+
+    assert default_lane_settings(object()).lend
+    with configured(lane_lend_bytes=False):
+        assert not default_lane_settings(object()).lend
+
+
+def test_a_lent_frame_that_cannot_take_its_lane_goes_inline_and_frees_the_loan() -> None:
+    """A frame prepared with lent buffers whose lane is no longer the way out (it broke, or
+    another replaced it) is re-encoded with the caller's bytes inline, and its loans freed
+    (the receiver will never read them)."""
+    from types import SimpleNamespace
+
+    from monarch.actor._base.envelope import FrameDecoder
+    from monarch.actor._transport.node import NodeProcessTransport, _Shared
+
+    pool = _shm.ShmPool(4 << 20)
+    data = bytes(range(256)) * 1024
+    view = memoryview(data)
+    taken = pool.lend(view)
+    assert taken is not None
+    small = b"abc"
+    env = with_buffers(envelope_for_unshare(), [data, small])
+    lane: Any = SimpleNamespace(pool=pool)
+    shared = _Shared(lane, [(0, taken[0])], [], [None, small], [view])
+    fake: Any = SimpleNamespace(limits=FrameLimits())
+    pieces = NodeProcessTransport._unshare(fake, env, shared)
+    assert not pool.lending
+    assert pool.outstanding == 0
+    decoder = FrameDecoder(FrameLimits())
+    decoder.receive_data(b"".join(bytes(p) for p in pieces))
+    message = decoder.next_message()
+    assert message is not None
+    assert [bytes(b) for b in message[1]] == [data, small]
+    pool.close()
+
+
+def envelope_for_unshare() -> Envelope:
+    from monarch.actor._base.envelope import ActorAddr, MessageKind
+
+    return Envelope(
+        MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
+        -1, "ep", 0, None, None, b"", (), b"",
+    )  # fmt: skip

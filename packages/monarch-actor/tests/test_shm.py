@@ -7,6 +7,7 @@ import fcntl
 import gc
 import mmap
 import os
+import socket
 import weakref
 
 import pytest
@@ -460,3 +461,70 @@ def test_a_pool_reads_acknowledgements_from_its_ring_when_it_needs_a_slot() -> N
     assert pool.fault == faults[0]
     pool.close()
     ring.close()
+
+
+def test_a_lent_bytes_is_read_out_of_the_lender_and_held_until_acknowledged() -> None:
+    """``lend`` keeps the sender's ``bytes`` (counted as in flight) and gives its address; the
+    reader (here this very process, the peer of a socket pair) copies it into a new ``bytes``;
+    the acknowledgement drops the sender's reference. Over the bound nothing is lent."""
+    one, two = socket.socketpair()
+    reader = _shm.PeerReader.open(two)
+    if reader is None:
+        one.close()
+        two.close()
+        pytest.skip("this process cannot read itself with process_vm_readv")
+    pool = _shm.ShmPool(2 << 20)
+    data = os.urandom(1 << 20)
+    view = memoryview(data)
+    assert _shm.lendable(view)
+    assert not _shm.lendable(memoryview(bytearray(data)))  # it could change under the reader
+    taken = pool.lend(view)
+    assert taken is not None
+    slot, address = taken
+    assert slot & _shm.LENT
+    assert not slot & _shm.DETACHED
+    assert pool.outstanding == 1 << 20
+    assert pool.lend(memoryview(os.urandom(1 << 20) + b"x")) is None  # over the bound
+    out = reader.read(address, len(data))
+    assert out == data
+    assert out is not data
+    assert type(out) is bytes
+    assert reader.read(address + 10, 5) == data[10:15]
+    assert pool.release(slot)
+    assert pool.outstanding == 0
+    assert not pool._lent
+    assert not pool.release(slot)  # acknowledged twice: not in flight
+    with pytest.raises(_shm.ShmError, match="cannot read a lent buffer"):
+        reader.read(8, 100)  # nothing mapped there
+    again = pool.lend(view)
+    assert again is not None
+    assert pool.lending
+    pool.close()  # closed by the sender: the receiver may still read the loan, which stays
+    assert not pool._lent
+    assert [p for p in _shm._parked if p is view] == [view]
+    _shm._parked[:] = [p for p in _shm._parked if p is not view]
+    other = _shm.ShmPool(2 << 20)
+    assert other.lend(view) is not None
+    other.close(park=False)  # the receiver's end is gone: nothing will read it
+    assert not [p for p in _shm._parked if p is view]
+    reader.close()
+    reader.close()
+    one.close()
+    two.close()
+
+
+def test_no_reader_where_the_kernel_refuses_to_read_the_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe (a read of nothing, the kernel's permission check only) decides: refused
+    (another user, Yama's ptrace_scope) means no reader, so the lane never asks for loans."""
+    one, two = socket.socketpair()
+    try:
+        if _shm._vm_reader() is None:
+            pytest.skip("no process_vm_readv here")
+        assert _shm.PeerReader.open(two) is not None
+        monkeypatch.setattr(_shm, "_reader", lambda *_args: -1)  # EPERM
+        assert _shm.PeerReader.open(two) is None
+    finally:
+        one.close()
+        two.close()

@@ -221,6 +221,16 @@ _SETTINGS: dict[str, Setting] = {
             "shared memory)",
         ),
         Setting(
+            "lane_lend_bytes",
+            bool,
+            True,
+            "MONARCH_LANE_LEND_BYTES",
+            "Unix lanes: lend a large immutable bytes payload to a receiver that can read this "
+            "process's memory (process_vm_readv: one copy instead of two); a lent message not "
+            "yet read when its sender crashes is lost; off: shared-memory slots (either side "
+            "off: slots)",
+        ),
+        Setting(
             "worker_spawn_method",
             str,
             "zygote",

@@ -16,7 +16,10 @@ halves of the handshake. Everything runs on the runtime loop.
   freed. The acknowledgements (on the same socket) bound the shared bytes a sender has
   outstanding (``max_shm_bytes``) and let it reuse the slot; over the bound a buffer goes in a
   detached slot (the receiver's, acknowledged on receipt and given back, descriptor and all,
-  when it is done with it, so that its pages are reused warm), over both bounds inline.
+  when it is done with it, so that its pages are reused warm), over both bounds inline. A
+  receiver that can read its sender's memory asks it once to lend its large ``bytes``
+  (``LaneSettings.lend``, ``shm.PeerReader``): those are read straight into the receiver's
+  ``bytes``, one copy end to end, and acknowledged like slots.
 - TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
   both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
   compared with the PID the negotiation named.
@@ -81,6 +84,9 @@ _GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given 
 # Never a slot number either (they run 1 .. 2**31 - 2, DETACHED or not): the receiver's
 # acknowledgement ring, its descriptor beside it (``shm.AckRing``).
 _RING: Final = _ACK.pack(0xFFFF_FFFF)
+# Nor this (LENT and DETACHED together): the receiver reads lent buffers (``shm.PeerReader``).
+_LEND_VALUE: Final = 0xFFFF_FFFE
+_LEND: Final = _ACK.pack(_LEND_VALUE)
 _MAX_KEPT: Final = 64  # detached slots a receiver keeps open to give back, per lane
 
 MessageCallback = Callable[[Envelope, list[Any]], None]
@@ -109,6 +115,11 @@ class LaneSettings:
             read a shared-memory buffer into the process's own memory (``shm.retain_heap``:
             without it every 1 MiB ``bytes`` received faulted its pages in again; 0: leave
             malloc as it is).
+        lend: a Unix lane's receiver that can read its sender's memory (``shm.PeerReader``)
+            asks it to lend its large ``bytes`` instead of copying them into slots: one copy
+            end to end; its sender lends only where its own setting allows it too (``False``
+            on either side: every large buffer goes through a slot; the ``lane_lend_bytes``
+            setting, ``MONARCH_LANE_LEND_BYTES``).
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
         force_tcp: offer TCP even to processes on this host (tests).
     """
@@ -121,6 +132,7 @@ class LaneSettings:
     max_fds: int = 1024
     shm_views: int = 32 * 1024 * 1024
     heap_retain: int = 16 * 1024 * 1024
+    lend: bool = True
     tcp_host: str | None = None
     force_tcp: bool = False
 
@@ -228,6 +240,10 @@ class UnixLane:
         self.pool.on_fault = self._pool_fault
         self._ring: _shm.AckRing | None = None  # receiver: acknowledgements without a write
         self._ring_failed = False  # receiver: no ring here (acknowledgements on the socket)
+        self._reader: _shm.PeerReader | None = None  # receiver: reads lent buffers
+        self.lend = False
+        """(sender) The receiver reads lent ``bytes`` (``shm.PeerReader``): lend them."""
+        self._peer_gone = False  # (sender) the receiver's end closed: it reads nothing more
 
     @property
     def closed(self) -> bool:
@@ -243,6 +259,11 @@ class UnixLane:
     def shm_outstanding(self) -> int:
         """Shared bytes sent on this lane and not yet acknowledged."""
         return self.pool.outstanding
+
+    @property
+    def lending(self) -> bool:
+        """(sender) Lent buffers the receiver has not yet read."""
+        return self.pool.lending
 
     def send_direct(self, pieces: Sequence[Any], fds: Sequence[int] | None) -> None:
         """Write a frame from any thread while nothing else is queued (the caller serialises
@@ -375,6 +396,7 @@ class UnixLane:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
+            self._peer_gone = True
             self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
             return
         for level, kind, raw in ancdata:
@@ -383,6 +405,7 @@ class UnixLane:
                 fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
                 self._returned.extend(fds)
         if not data:
+            self._peer_gone = True
             self._fail(f"process {self.peer.hex()} closed its lane")
             return
         self._ack_buf += data
@@ -394,6 +417,8 @@ class UnixLane:
                     self._fail(f"process {self.peer.hex()} gave back a slot without its descriptor")
                     return
                 self.pool.adopt(self._returned.popleft())
+            elif slot == _LEND_VALUE:  # the receiver reads lent buffers from now on
+                self.lend = self.shm and self._settings.lend  # unless lending is off here
             elif slot == 0xFFFF_FFFF:  # the receiver's acknowledgement ring
                 if not self._returned:
                     self._fail(f"process {self.peer.hex()} sent a ring without its descriptor")
@@ -421,8 +446,27 @@ class UnixLane:
         self._decoder = LaneDecoder(self._limits, self._settings.max_fds)
         self._on_message = on_message
         self._on_end = on_end
+        if self._settings.lend and self.shm:
+            self._offer_reads(self._decoder)
         self._loop.add_reader(self._fd, self._on_readable)
         self._on_readable()
+
+    def _offer_reads(self, decoder: LaneDecoder) -> None:
+        """Ask the sender to lend its large ``bytes`` when this process can read its memory
+        (once, before any frame is read; kept to ourselves when the socket refuses it now)."""
+        reader = _shm.PeerReader.open(self._sock)
+        if reader is None:
+            return
+        try:
+            sent = self._sock.send(_LEND)
+            if not sent:
+                raise BlockingIOError
+            self._finish_ack(_LEND, sent)
+        except OSError:
+            reader.close()
+            return
+        self._reader = reader
+        decoder.accept_lent()
 
     def _on_readable(self) -> None:
         decoder = self._decoder
@@ -471,6 +515,9 @@ class UnixLane:
         while (message := decoder.next_message()) is not None:
             envelope, buffers, shm = message
             for position, (index, fd, size, slot) in enumerate(shm):
+                if slot & _shm.LENT:  # every buffer of this frame was lent: ``fd`` is an address
+                    self._read_lent(envelope, buffers, index, fd, size, slot)
+                    continue
                 # A detached slot is ours: given back to the sender when we are done with it,
                 # so that its pages are reused warm (a bounded number kept open meanwhile).
                 keep = -1
@@ -507,6 +554,23 @@ class UnixLane:
                     self._pending_acks.append(slot)
             self._on_message(envelope, buffers)
 
+    def _read_lent(
+        self, envelope: Envelope, buffers: list[Any], index: int, address: int, size: int, slot: int
+    ) -> None:
+        """Read a lent buffer out of the sender's memory and acknowledge the loan."""
+        reader = self._reader
+        assert reader is not None  # the decoder accepts lent frames only with a reader
+        if not envelope.buffer_kinds[index] & 1:  # KIND_READONLY: only ``bytes`` are lent
+            raise FrameError("a lent buffer that is not read-only")
+        try:
+            buffers[index] = reader.read(address, size)
+        except _shm.ShmError as exc:
+            raise FrameError(str(exc)) from None
+        self._pending_acks.append(slot)
+        if not self._heap_ready:
+            self._heap_ready = True
+            _shm.retain_heap(self._settings.heap_retain)
+
     def _pool_fault(self, reason: str) -> None:
         """The pool refused an acknowledgement read from the ring (any thread)."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: the lane is gone too
@@ -541,17 +605,22 @@ class UnixLane:
                 if not self._pending_acks:
                     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
                     sent = self._sock.sendmsg([_GIVE_BACK], ancillary)
-                    if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
-                        self._sock.setblocking(True)
-                        try:
-                            self._sock.sendall(_GIVE_BACK[sent:])
-                        finally:
-                            self._sock.setblocking(False)
+                    self._finish_ack(_GIVE_BACK, sent)
         except OSError:
             pass  # not sent (a full socket, or its end): the memory goes with the descriptor
         finally:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _finish_ack(self, ack: bytes, sent: int) -> None:
+        """Write the rest of ``ack`` when a send took only part of it: an acknowledgement is
+        never split (as ``_send_acks``; 4 bytes, blocking briefly)."""
+        if 0 < sent < len(ack):
+            self._sock.setblocking(True)
+            try:
+                self._sock.sendall(ack[sent:])
+            finally:
+                self._sock.setblocking(False)
 
     def _ack_now(self, slot: int) -> None:
         if not self._closed:
@@ -569,12 +638,7 @@ class UnixLane:
         try:
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
             sent = self._sock.sendmsg([_RING], ancillary)
-            if 0 < sent < _ACK.size:  # never split an acknowledgement (as _send_acks)
-                self._sock.setblocking(True)
-                try:
-                    self._sock.sendall(_RING[sent:])
-                finally:
-                    self._sock.setblocking(False)
+            self._finish_ack(_RING, sent)
         except (BlockingIOError, InterruptedError):
             ring.close()  # tried again with the next acknowledgements
             return
@@ -649,10 +713,12 @@ class UnixLane:
             self._decoder.close()
         if self.views is not None:
             self.views.close()
-        self.pool.close()
+        self.pool.close(park=not self._peer_gone)
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._reader is not None:
+            self._reader.close()
         while self._returned:
             with contextlib.suppress(OSError):
                 os.close(self._returned.popleft())
@@ -672,6 +738,8 @@ class TcpLane:
 
     shm = False
     direct = False
+    lend = False
+    lending = False
 
     def __init__(
         self,

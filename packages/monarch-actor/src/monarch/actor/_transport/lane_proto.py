@@ -30,7 +30,10 @@ Lane frames: ``u8 type ('E') | u16 nshm | nshm x (u16 buffer index, u32 slot) | 
 where the envelope frame is the stream frame of ``_base.envelope``
 (``u32 header_len | u64 body_len | header | inline buffers``) whose body holds only the buffers
 that travel inline; the others arrive as descriptors (``shm``), in order, and the receiver
-acknowledges their slot numbers. ``LaneDecoder`` reads frames with ``get_buffer``/
+acknowledges their slot numbers. A frame of type ``'L'`` (only to a receiver that asked for
+them, ``shm.PeerReader``) carries ``u64 address`` after each entry's slot instead: buffers lent
+out of the sender's memory, no descriptors (``shm.LENT`` set in every slot number, and only
+there). ``LaneDecoder`` reads frames with ``get_buffer``/
 ``buffer_updated`` (large buffers are received straight into their final ``bytearray``), takes
 the shared-memory descriptors passed beside the bytes in order, and enforces the frame limits
 before reserving memory.
@@ -54,11 +57,13 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, paddin
 from monarch.actor._base.codec import KIND_READONLY
 from monarch.actor._base.envelope import FRAME_PREFIX, Envelope, FrameLimits, decode_header
 from monarch.actor._base.errors import FrameError
+from monarch.actor._transport.shm import LENT
 
 __all__ = [
     "CONTEXT_ACCEPTOR",
     "CONTEXT_DIALER",
     "LANE_TYPE_ENVELOPE",
+    "LANE_TYPE_LENT",
     "MAX_CONTROL_BYTES",
     "Auth",
     "Control",
@@ -73,6 +78,7 @@ __all__ = [
     "encode_handshake",
     "host_key",
     "lane_prefix",
+    "lent_prefix",
     "proof_bytes",
     "sign",
     "verify_signature",
@@ -81,10 +87,13 @@ __all__ = [
 #: Largest control message body (a certificate chain of a few kilobytes in practice).
 MAX_CONTROL_BYTES: Final = 640 * 1024
 LANE_TYPE_ENVELOPE: Final = 0x45  # "E"
+LANE_TYPE_LENT: Final = 0x4C  # "L"
 CONTEXT_DIALER: Final = b"monarch lane v1: dialer proof"
 CONTEXT_ACCEPTOR: Final = b"monarch lane v1: acceptor proof"
 _LANE_HEAD = struct.Struct(">BH")
 _SHM_ENTRY = struct.Struct(">HI")
+_LENT_ENTRY = struct.Struct(">HIQ")
+_SLOT: Final = 0xFFFF_FFFF  # a slot number out of a decoder's shm value (lent: address above)
 _PLAIN_HEAD = _LANE_HEAD.size + FRAME_PREFIX.size  # a lane frame's head without slots
 _HANDSHAKE_PREFIX = struct.Struct(">I")
 _DIRECT_MIN: Final = 64 * 1024
@@ -287,13 +296,24 @@ def lane_prefix(shm: Sequence[tuple[int, int]]) -> bytes:
     return head
 
 
+def lent_prefix(lent: Sequence[tuple[int, int, int]]) -> bytes:
+    """The head of a frame whose large buffers are lent: type and the ``(buffer index, slot,
+    address)`` of each."""
+    head = _LANE_HEAD.pack(LANE_TYPE_LENT, len(lent))
+    for index, slot, address in lent:
+        head += _LENT_ENTRY.pack(index, slot, address)
+    return head
+
+
 class LaneDecoder:
     """Bytes (and passed descriptors) in, ``(Envelope, buffers, shm)`` out, for one lane.
 
     Use: ``view = get_buffer()``, receive into it, ``buffer_updated(n)``; descriptors received
     beside the bytes go to ``add_fds`` in arrival order; then ``next_message()`` until ``None``.
     ``shm`` lists ``(index, fd, size, slot)`` for the buffers of the message that arrived as
-    descriptors (the caller reads them, owns the descriptors and acknowledges the slots). Any
+    descriptors (the caller reads them, owns the descriptors and acknowledges the slots), or,
+    with ``lent`` (``accept_lent``), were lent: ``(index, address, size, slot)``, ``shm.LENT``
+    set in the slot number and no descriptor. Any
     violation raises ``FrameError`` and the decoder stays failed; ``close()`` closes the
     descriptors it still holds.
     """
@@ -308,6 +328,7 @@ class LaneDecoder:
         "_error",
         "_fds",
         "_frame",
+        "_lent",
         "_limits",
         "_max_fds",
         "_start",
@@ -329,6 +350,11 @@ class LaneDecoder:
         self._dest_index = 0
         self._dest_pos = 0
         self._direct = False
+        self._lent = False
+
+    def accept_lent(self) -> None:
+        """Accept frames of lent buffers from now on (the lane can read them)."""
+        self._lent = True
 
     @property
     def pending_fds(self) -> int:
@@ -404,8 +430,11 @@ class LaneDecoder:
             return None
         start = self._start
         kind, nshm = _LANE_HEAD.unpack_from(self._buf, start)
+        entry = _SHM_ENTRY
         if kind != LANE_TYPE_ENVELOPE:
-            raise FrameError(f"unknown lane frame type {kind}")
+            if kind != LANE_TYPE_LENT or not self._lent:
+                raise FrameError(f"unknown lane frame type {kind}")
+            entry = _LENT_ENTRY
         if not nshm and avail >= _PLAIN_HEAD:
             # The common small message (a call, a reply): no slots, no body, all here. Anything
             # else, or anything wrong, takes the full path below, which checks and reports it.
@@ -423,18 +452,27 @@ class LaneDecoder:
                     return envelope, [], []
         if nshm > self._limits.max_buffers:
             raise FrameError(f"frame claims {nshm} shared-memory buffers")
-        head = 3 + _SHM_ENTRY.size * nshm + FRAME_PREFIX.size
+        head = 3 + entry.size * nshm + FRAME_PREFIX.size
         if avail < head:
             return None
+        # index -> slot, or for a lent buffer slot | address << 32 (claimed without a descriptor)
         shm: dict[int, int] = {}
         for i in range(nshm):
-            index, slot = _SHM_ENTRY.unpack_from(self._buf, start + 3 + _SHM_ENTRY.size * i)
-            shm[index] = slot
+            if entry is _SHM_ENTRY:
+                index, slot = _SHM_ENTRY.unpack_from(self._buf, start + 3 + _SHM_ENTRY.size * i)
+                if slot & LENT:
+                    raise FrameError(f"a descriptor's slot number {slot:#x} says lent")
+                shm[index] = slot
+            else:
+                index, slot, address = _LENT_ENTRY.unpack_from(
+                    self._buf, start + 3 + _LENT_ENTRY.size * i
+                )
+                if not slot & LENT or not address:
+                    raise FrameError(f"a lent buffer with slot {slot:#x} at {address:#x}")
+                shm[index] = slot | address << 32
         if len(shm) != nshm:
             raise FrameError("a frame names one shared-memory buffer twice")
-        header_len, body_len = FRAME_PREFIX.unpack_from(
-            self._buf, start + 3 + _SHM_ENTRY.size * nshm
-        )
+        header_len, body_len = FRAME_PREFIX.unpack_from(self._buf, start + 3 + entry.size * nshm)
         if header_len == 0:
             raise FrameError("frame has an empty header")
         if FRAME_PREFIX.size + header_len + body_len > self._limits.max_frame_bytes:
@@ -464,7 +502,7 @@ class LaneDecoder:
             return (
                 envelope,
                 buffers,
-                [(i, fd, envelope.buffer_sizes[i], shm[i]) for i, fd in claimed.items()],
+                [(i, fd, envelope.buffer_sizes[i], shm[i] & _SLOT) for i, fd in claimed.items()],
             )
         if avail < head + header_len:
             if head + header_len > len(self._buf) // 2:
@@ -516,6 +554,10 @@ class LaneDecoder:
         return envelope
 
     def _claim(self, envelope: Envelope, shm: dict[int, int]) -> dict[int, int]:
+        """Each shared buffer's descriptor, or a lent one's address (a frame is all one or all
+        the other)."""
+        if any(value & LENT for value in shm.values()):
+            return {index: value >> 32 for index, value in shm.items()}
         if len(self._fds) < len(shm):
             raise FrameError("a frame names shared-memory buffers whose descriptors did not come")
         return {index: self._fds.popleft() for index in shm}
@@ -556,4 +598,4 @@ class LaneDecoder:
             for index, size in enumerate(envelope.buffer_sizes)
         ]
         sizes = envelope.buffer_sizes
-        return envelope, buffers, [(i, fd, sizes[i], shm[i]) for i, fd in claimed.items()]
+        return envelope, buffers, [(i, fd, sizes[i], shm[i] & _SLOT) for i, fd in claimed.items()]

@@ -53,7 +53,8 @@ stream does. ``force_quic`` (setting ``MONARCH_FORCE_QUIC``) keeps everything on
 path. On a Unix lane, buffers of at least ``LaneSettings.shm_threshold`` bytes travel as memfd
 slots (``shm``): the sender copies them once, straight from the caller's memory into a pooled
 memfd slot, and the receiver copies a ``bytes`` out once or rebuilds an array or tensor over a
-private mapping of the slot (no copy).
+private mapping of the slot (no copy). A ``bytes`` is lent instead where the receiver can read
+this process (``shm.ShmPool.lend``): no copy here, one read into the receiver's ``bytes`` there.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ from monarch.actor._base.loop import (
     RuntimeLoopClosedError,
     RuntimeLoopOverloadedError,
 )
+from monarch.actor._transport import shm as _shm
 from monarch.actor._transport.lane import ZERO_SHM_HEAD, Lane, LaneManager, LaneSettings, UnixLane
 from monarch.actor._transport.lane_proto import (
     ControlSplitter,
@@ -97,6 +99,7 @@ from monarch.actor._transport.lane_proto import (
     Switch,
     encode_control,
     lane_prefix,
+    lent_prefix,
 )
 from monarch.actor._transport.seam import DeliverCallback, UndeliverableCallback
 from monarch.config import _registry as _config
@@ -163,7 +166,7 @@ def default_lane_settings(node: Any) -> LaneSettings:
     host = _tcp_host(node)
     if _config.get("default_transport") in _TCP_TRANSPORTS:
         return LaneSettings(kinds=("tcp",), tcp_host=host or "127.0.0.1", force_tcp=True)
-    return LaneSettings(tcp_host=host)
+    return LaneSettings(tcp_host=host, lend=bool(_config.get("lane_lend_bytes")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,12 +240,22 @@ _OutstandingKey = tuple[bytes, int, int]
 class _Shared:
     """A frame whose large buffers were put in ``lane``'s shared-memory slots: ``slots`` pairs
     each such buffer's index with its slot, ``fds`` holds the descriptors to pass (taken by the
-    writer), ``inline`` the other buffers (``None`` at shared positions)."""
+    writer), ``inline`` the other buffers (``None`` at shared positions). A frame whose buffers
+    were lent instead (``shm.ShmPool.lend``) has no descriptors: ``lent`` holds those buffers,
+    in the order of ``slots``, until the writer takes the frame."""
 
     lane: Lane
     slots: list[tuple[int, int]]
     fds: list[int]
     inline: list[ReceivedBuffer | None]
+    lent: list[memoryview] | None = None
+
+    def take(self) -> list[int]:
+        """The frame leaves on ``lane`` now: the descriptors to pass (the writer owns them);
+        the slots are the receiver's to acknowledge from here on."""
+        fds, self.fds = self.fds, []
+        self.lent = None
+        return fds
 
     def close(self) -> None:
         """The frame will not leave with its descriptors: free the slots (the receiver will
@@ -250,10 +263,11 @@ class _Shared:
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if self.fds:
+        if self.fds or self.lent is not None:
             for _index, slot in self.slots:
                 self.lane.pool.release(slot)
         self.fds = []
+        self.lent = None
 
 
 _Queued = tuple[Envelope, list[Any], int, _Shared | None]
@@ -639,7 +653,7 @@ class NodeProcessTransport:
             self._track(peer, envelope)
             fds: list[int] | None = None
             if shared is not None:
-                fds, shared.fds = shared.fds, []
+                fds = shared.take()
             else:
                 pieces = _lane_pieces(pieces)
             lane.send_direct(pieces, fds)
@@ -663,8 +677,12 @@ class NodeProcessTransport:
         self, envelope: Envelope, buffers: Sequence[memoryview], lane: Lane, threshold: int
     ) -> tuple[list[Any] | None, _Shared | None]:
         """Lane pieces with the buffers over ``threshold`` in shared-memory slots (one copy,
-        from the caller's memory), or ``(None, None)`` when the shared-bytes bound or the
-        kernel says no."""
+        from the caller's memory) or lent (``_lend``), or ``(None, None)`` when the shared-bytes
+        bound or the kernel says no."""
+        if lane.lend:
+            lent = self._lend(envelope, buffers, lane, threshold)
+            if lent is not None:
+                return lent
         slots: list[tuple[int, int]] = []
         fds: list[int] = []
         for index, buffer in enumerate(buffers):
@@ -676,28 +694,64 @@ class NodeProcessTransport:
                 return None, None
             slots.append((index, taken[0]))
             fds.append(taken[1])
-        shared_indexes = {index for index, _slot in slots}
+        shared = _Shared(lane, slots, fds, [])
+        return self._shared_pieces(envelope, buffers, lane_prefix(slots), shared)
+
+    def _lend(
+        self, envelope: Envelope, buffers: Sequence[memoryview], lane: Lane, threshold: int
+    ) -> tuple[list[Any], _Shared] | None:
+        """Lane pieces with every buffer over ``threshold`` lent (no copy: the receiver reads
+        it out of this process, ``shm.PeerReader``), or ``None`` when one of them cannot be
+        (not a ``bytes``, or over the in-flight bound): the caller puts them in slots."""
+        large = [(i, b) for i, b in enumerate(buffers) if b.nbytes >= threshold]
+        if not all(_shm.lendable(b) for _i, b in large):
+            return None
+        slots: list[tuple[int, int]] = []
+        entries: list[tuple[int, int, int]] = []
+        for index, buffer in large:
+            taken = lane.pool.lend(buffer)
+            if taken is None:
+                for _index, slot in slots:
+                    lane.pool.release(slot)
+                return None
+            slots.append((index, taken[0]))
+            entries.append((index, *taken))
+        shared = _Shared(lane, slots, [], [], [b for _i, b in large])
+        return self._shared_pieces(envelope, buffers, lent_prefix(entries), shared)
+
+    @staticmethod
+    def _shared_pieces(
+        envelope: Envelope, buffers: Sequence[memoryview], prefix: bytes, shared: _Shared
+    ) -> tuple[list[Any], _Shared]:
+        """A shared frame's pieces: ``prefix``, the envelope and the buffers not in
+        ``shared.slots`` (copied into ``shared.inline``)."""
+        shared_indexes = {index for index, _slot in shared.slots}
         kinds = envelope.buffer_kinds
         inline: list[ReceivedBuffer | None] = [
             None if i in shared_indexes else detach_buffers([b], kinds[i : i + 1])[0]
             for i, b in enumerate(buffers)
         ]
+        shared.inline = inline
         header = _HEADER_ENCODER.encode(envelope)
         body = [b for b in inline if b is not None]
         pieces: list[Any] = [
-            lane_prefix(slots),
+            prefix,
             FRAME_PREFIX.pack(len(header), sum(len(b) for b in body)),
             header,
             *body,
         ]
-        return pieces, _Shared(lane, slots, fds, inline)
+        return pieces, shared
 
     def _unshare(self, envelope: Envelope, shared: _Shared) -> list[Any]:
         """Stream pieces for a frame prepared for a lane that is no longer the way out."""
         owned: list[Any] = list(shared.inline)
-        for (index, _slot), fd in zip(shared.slots, shared.fds, strict=True):
-            data = os.pread(fd, envelope.buffer_sizes[index], 0)  # our own descriptor of it
-            owned[index] = data if envelope.buffer_kinds[index] & 1 else bytearray(data)
+        if shared.lent is not None:  # the caller's own ``bytes``, still held
+            for (index, _slot), view in zip(shared.slots, shared.lent, strict=True):
+                owned[index] = bytes(view)
+        else:
+            for (index, _slot), fd in zip(shared.slots, shared.fds, strict=True):
+                data = os.pread(fd, envelope.buffer_sizes[index], 0)  # our own descriptor of it
+                owned[index] = data if envelope.buffer_kinds[index] & 1 else bytearray(data)
         shared.close()
         return encode_frame(envelope, owned, self.limits)
 
@@ -810,7 +864,7 @@ class NodeProcessTransport:
         fds: list[int] | None = None
         if shared is not None:
             if shared.lane is lane:
-                fds, shared.fds = shared.fds, []
+                fds = shared.take()
             else:
                 pieces = [ZERO_SHM_HEAD, *self._unshare(envelope, shared)]
         else:
@@ -1192,8 +1246,10 @@ class NodeProcessTransport:
             if writers:
                 await asyncio.wait(writers, timeout=self._settings.flush_timeout)
             deadline = loop.time() + self._settings.flush_timeout
+            # ... and until the receivers read what was lent to them (``shm.ShmPool.lend``)
             while loop.time() < deadline and any(
-                p.lane is not None and not p.lane.idle for p in self._peers.values()
+                p.lane is not None and (not p.lane.idle or p.lane.lending)
+                for p in self._peers.values()
             ):
                 await asyncio.sleep(0.005)
             self._shut = True

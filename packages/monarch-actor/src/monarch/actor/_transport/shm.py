@@ -58,6 +58,23 @@ time for a pipelined 1 MiB call went into the ``pread``, 40 % of that in those f
 malloc's thresholds once per process so that freed buffers stay in the heap, warm, for the
 next ones: bounded by the trim threshold it sets (the lane passes ``heap_retain``, 16 MiB).
 
+Lent ``bytes`` (``ShmPool.lend``, ``PeerReader``): a ``bytes`` cannot change, so the sender need
+not copy it at all. Where the receiver can read the sender's memory (``process_vm_readv``: the
+same user, and no ptrace restriction such as Yama's ``ptrace_scope`` >= 1 in the way; probed once
+per lane), it says so once, and from then on the sender lends such a buffer: the frame carries
+its address, the sender keeps a reference to the object (counted against ``max_bytes`` like a
+slot in flight), and the receiver reads it with one ``process_vm_readv`` straight into the new
+``bytes`` it hands to the codec (the GIL released meanwhile), then acknowledges the loan like a
+slot, which drops the sender's reference. One copy end to end instead of two. The receiver
+reads only the process that connected the lane (``SO_PEERCRED``), and checks after each read,
+through a pidfd opened when the lane started, that this process is still alive, so a PID reused
+after the sender died can never be read. Nothing new is exposed: a process that may
+``process_vm_readv`` another may read all of its memory anyway. A sender that closes a lane
+with loans not yet acknowledged (its own shutdown, after the transport waited for them within
+its flush bound, or a fault) keeps those objects for the rest of its life (``close(park=True)``):
+frames already in the socket may still be read, and must never find the memory reused. A lane
+closed because the receiver's end went away drops them.
+
 An unsealed descriptor (nothing this package sends) is never mapped: it is read like a
 ``bytes``, so a file that shrinks under the read is a ``ShmError``, never a fault.
 
@@ -81,12 +98,15 @@ from typing import Any, Final
 
 __all__ = [
     "DETACHED",
+    "LENT",
     "RING_BYTES",
     "AckRing",
+    "PeerReader",
     "ShmError",
     "ShmPool",
     "SlotViews",
     "available",
+    "lendable",
     "read_buffer",
     "receive_buffer",
     "retain_heap",
@@ -106,6 +126,9 @@ _M_MMAP_THRESHOLD: Final = -3
 _MMAP_THRESHOLD_MAX: Final = 32 * 1024 * 1024  # the most glibc accepts on 64-bit
 DETACHED: Final = 0x8000_0000
 """Slot-number bit of a detached slot: the sender keeps nothing of it; acknowledged on receipt."""
+LENT: Final = 0x4000_0000
+"""Slot-number bit of a lent buffer: the receiver reads it out of the sender's memory (module
+docstring); acknowledged once read."""
 RING_BYTES: Final = 16 * 1024
 """Size of an acknowledgement ring (``AckRing``): 4,096 slot numbers."""
 
@@ -183,6 +206,7 @@ _RawCopy = Callable[[mmap.mmap, memoryview], None]
 _raw_copy: _RawCopy | None = None
 _raw_copy_checked = False
 _RAW_COPY_MIN: Final = 64 * 1024
+_buffer_api: tuple[Any, Any, Any] | None = None  # PyObject_GetBuffer, PyBuffer_Release, Py_buffer
 
 
 def _gil_free_copy() -> _RawCopy | None:
@@ -237,6 +261,8 @@ def _gil_free_copy() -> _RawCopy | None:
             finally:
                 release_buffer(view)
 
+        global _buffer_api
+        _buffer_api = (get_buffer, release_buffer, PyBuffer)
         _raw_copy = copy
     return _raw_copy
 
@@ -257,6 +283,9 @@ def _copy_into(target: mmap.mmap, data: memoryview) -> None:
 
 
 _Slot = tuple[int, int, "mmap.mmap | None"]  # (fd, size, the sender's mapping)
+# Loans of pools closed while a receiver could still read them (``ShmPool.close``): kept for
+# the life of the process, at most ``max_bytes`` per such pool.
+_parked: list[memoryview] = []
 
 
 class AckRing:
@@ -349,6 +378,7 @@ class ShmPool:
         self.on_fault: Callable[[str], None] = lambda _reason: None
         self._free: dict[int, list[_Slot]] = {}
         self._busy: dict[int, _Slot] = {}
+        self._lent: dict[int, memoryview] = {}  # slot -> the lent buffer, kept alive till acked
         self._ids = itertools.count(1)
         self._outstanding = 0
         self._detached = 0
@@ -360,6 +390,8 @@ class ShmPool:
         """Of those, buffers put in detached slots (statistics)."""
         self.adopted = 0
         """Slots the receiver gave back and that were kept (statistics)."""
+        self.lent = 0
+        """Buffers lent so far (statistics)."""
 
     @property
     def outstanding(self) -> int:
@@ -405,7 +437,7 @@ class ShmPool:
 
     def _next_slot(self) -> int:
         """(lock held) A slot number in 1 .. 2**31 - 1 (``DETACHED`` is a flag)."""
-        return (next(self._ids) - 1) % (DETACHED - 1) + 1
+        return (next(self._ids) - 1) % (LENT - 1) + 1
 
     def put(self, view: memoryview) -> tuple[int, int] | None:
         """Copy ``view`` into a slot; ``(slot number, a descriptor of it)`` for the frame (the
@@ -466,6 +498,26 @@ class ShmPool:
                 os.close(fd)
             self.release(slot)
             return None
+
+    def lend(self, view: memoryview) -> tuple[int, int] | None:
+        """Lend ``view`` (``lendable``) to the receiver: ``(slot number with LENT, its address
+        in this process)`` for the frame, the view kept until the slot is acknowledged; ``None``
+        over the in-flight bound, or when closed."""
+        address = _address_of(view)
+        if address is None:
+            return None
+        size = view.nbytes
+        with self._lock:
+            if self._ring is not None:
+                self._reap()
+            if self._closed or self._outstanding + size > self._max:
+                return None
+            self._outstanding += size
+            slot = self._next_slot() | LENT
+            self._busy[slot] = (-1, size, None)
+            self._lent[slot] = view
+            self.lent += 1
+        return slot, address
 
     def adopt(self, fd: int) -> bool:
         """A slot the receiver gives back (a detached one it no longer uses): kept as a free
@@ -531,6 +583,9 @@ class ShmPool:
             self._detached -= size
             return True
         self._outstanding -= size
+        if slot & LENT:
+            del self._lent[slot]  # the receiver has read it: the sender's object is free again
+            return True
         if fd >= 0 and not self._closed:
             victims.extend(self._make_room(size))
         keep = (
@@ -563,16 +618,28 @@ class ShmPool:
                 self._retained -= other
         return victims
 
-    def close(self) -> None:
-        """Close every descriptor and mapping (idempotent); slots in flight are closed too (a
-        receiver's own mapping of one keeps its memory until freed)."""
+    @property
+    def lending(self) -> bool:
+        """Whether lent buffers are not yet acknowledged."""
         with self._lock:
+            self._reap()
+            return bool(self._lent)
+
+    def close(self, park: bool = True) -> None:
+        """Close every descriptor and mapping (idempotent); slots in flight are closed too (a
+        receiver's own mapping of one keeps its memory until freed). Loans not yet
+        acknowledged are kept for the life of the process with ``park`` (the receiver may
+        still read them), else dropped (it never will: its end is gone)."""
+        with self._lock:
+            if park:
+                _parked.extend(self._lent.values())
             self._closed = True
             ring, self._ring = self._ring, None
             entries = [entry for entries in self._free.values() for entry in entries]
             entries += list(self._busy.values())
             self._free.clear()
             self._busy.clear()
+            self._lent.clear()
             self._outstanding = self._retained = self._detached = 0
         if ring is not None:
             ring.close()
@@ -598,6 +665,9 @@ def _size_sealed(fd: int) -> bool:
 
 
 _Copier = Callable[[int, int], bytes]
+_BYTES_OFFSET: Final = bytes.__basicsize__ - 1  # where a ``bytes`` object's ``ob_sval`` begins
+# An uninitialised ``bytes`` of a size (``PyBytes_FromStringAndSize``) once ``_bytes_copier`` ran.
+_new_bytes: Callable[[None, int], bytes] | None = None
 _copier: _Copier | None = None
 _copier_checked = False
 
@@ -620,13 +690,15 @@ def _bytes_copier() -> _Copier | None:
             new.restype = ctypes.py_object
             new.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
             memmove = ctypes.memmove
-            offset = bytes.__basicsize__ - 1  # where ``ob_sval`` begins
+            offset = _BYTES_OFFSET
 
             def copy(address: int, size: int) -> bytes:
                 out: bytes = new(None, size)  # size > 0: never the shared empty bytes
                 memmove(id(out) + offset, address, size)
                 return out
 
+            global _new_bytes
+            _new_bytes = new
             _copier = copy
     return _copier
 
@@ -784,3 +856,139 @@ def receive_buffer(
             os.close(fd)
             raise
     return read_buffer(fd, size, writable, in_place), False
+
+
+def lendable(view: memoryview) -> bool:
+    """Whether ``view`` may be lent (``ShmPool.lend``): a contiguous view of a ``bytes``,
+    which nothing can change while the pool holds it, on CPython (``_address_of``)."""
+    return type(view.obj) is bytes and view.c_contiguous and _gil_free_copy() is not None
+
+
+def _address_of(view: memoryview) -> int | None:
+    """Where ``view``'s bytes begin in this process (valid while ``view`` is alive: a ``bytes``
+    never moves); ``None`` where that cannot be known (not CPython)."""
+    if _gil_free_copy() is None or _buffer_api is None:
+        return None
+    get_buffer, release_buffer, struct_type = _buffer_api
+    raw = struct_type()
+    get_buffer(view, raw, 0)  # PyBUF_SIMPLE: contiguous bytes, or an exception
+    try:
+        return int(raw.buf or 0) or None
+    finally:
+        release_buffer(raw)
+
+
+_Reader = Callable[[int, int, int, int], int]  # (pid, local address, remote address, size)
+_reader: _Reader | None = None
+_reader_checked = False
+
+
+def _vm_reader() -> _Reader | None:
+    """``read(pid, local, remote, size)``: one ``process_vm_readv`` (the GIL released), the
+    bytes read or ``-errno``; ``None`` where the C library has no such call."""
+    global _reader, _reader_checked
+    if not _reader_checked:
+        _reader_checked = True
+        if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):
+            return None
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)  # our own instance: prototypes stay ours
+            call = libc.process_vm_readv
+        except (ImportError, AttributeError, OSError):
+            return None
+
+        class IoVec(ctypes.Structure):
+            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+        vec = ctypes.POINTER(IoVec)
+        call.argtypes = [ctypes.c_int, vec, ctypes.c_ulong, vec, ctypes.c_ulong, ctypes.c_ulong]
+        call.restype = ctypes.c_ssize_t
+        get_errno, byref = ctypes.get_errno, ctypes.byref
+
+        def read(pid: int, local: int, remote: int, size: int) -> int:
+            mine, theirs = IoVec(local, size), IoVec(remote, size)
+            n = int(call(pid, byref(mine), 1, byref(theirs), 1, 0))
+            return n if n >= 0 else -get_errno()
+
+        _reader = read
+    return _reader
+
+
+class PeerReader:
+    """Reads buffers lent by the process at the other end of a Unix socket out of its memory
+    (module docstring). Loop thread of the receiving lane."""
+
+    def __init__(self, pid: int, pidfd: int, read: _Reader) -> None:
+        self._pid = pid
+        self._pidfd = pidfd
+        self._read = read
+        self.reads = 0
+        """Buffers read so far (statistics)."""
+
+    @classmethod
+    def open(cls, sock: Any) -> PeerReader | None:
+        """A reader of ``sock``'s peer (the process that connected it), or ``None`` when this
+        process may not read that one's memory (another user, a ptrace restriction, another
+        PID namespace, no ``process_vm_readv`` or pidfds here)."""
+        import signal
+        import socket
+        import struct
+
+        read, copier = _vm_reader(), _bytes_copier()
+        if read is None or copier is None or not hasattr(os, "pidfd_open"):
+            return None
+        if not hasattr(signal, "pidfd_send_signal"):
+            return None
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid = struct.unpack("3i", raw)[0]
+            if pid <= 0:  # the peer is not in this PID namespace
+                return None
+            pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError, struct.error):
+            return None
+        # A read of nothing checks the permission (the kernel's ptrace access check) only.
+        probe = bytearray(1)
+        import ctypes
+
+        local = ctypes.addressof(ctypes.c_char.from_buffer(probe))
+        if read(pid, local, 0, 0) != 0:
+            os.close(pidfd)
+            return None
+        return cls(pid, pidfd, read)
+
+    def read(self, address: int, size: int) -> bytes:
+        """``size`` (> 0) bytes at ``address`` in the peer as a new ``bytes``. ``ShmError`` when
+        the peer's memory is not there, or the peer exited (its PID may name another process)."""
+        new = _new_bytes
+        assert new is not None  # set with the copier, which ``open`` checked
+        out = new(None, size)  # size > 0: never the shared empty bytes
+        local = id(out) + _BYTES_OFFSET
+        done = 0
+        while done < size:
+            n = self._read(self._pid, local + done, address + done, size - done)
+            if n <= 0:
+                raise ShmError(
+                    f"cannot read a lent buffer of {size} bytes at {address:#x} in process "
+                    f"{self._pid}: {os.strerror(-n) if n else 'nothing read'}"
+                )
+            done += n
+        import signal
+
+        try:
+            signal.pidfd_send_signal(self._pidfd, 0)  # still that process: the PID is its own
+        except ProcessLookupError:
+            raise ShmError(f"process {self._pid} exited while its buffer was read") from None
+        except OSError:
+            pass  # EPERM and the like: it exists
+        self.reads += 1
+        return out
+
+    def close(self) -> None:
+        """Close the pidfd (idempotent)."""
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = -1
