@@ -351,6 +351,7 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
             if mode == "off":
                 _telemetry.disable_telemetry()
                 _telemetry.ACTIVE = True  # ``run_endpoint`` only: every hook checks its flag
+                _metrics.HOOKS = True  # a sync call goes through ``run_endpoint`` (not inlined)
             else:
                 _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
                 # the runtime records sends, receipts and enqueues inline: call the hooks
