@@ -994,27 +994,28 @@ class _SyncRunner(_Runner):
         cell._inflight = env
         try:
             fn, args, kwargs = cell._begin(item, explicit, False)
-            if not _telemetry.ACTIVE:
+            if _telemetry.ACTIVE:
+                if _telemetry.TRACING or _metrics.HOOKS:  # timed and in a receive span
+                    result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
+                else:  # metrics only: ``run_endpoint``'s timed case inlined (no frame per call)
+                    started = _perf_counter()
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as exc:
+                        _metrics.record_endpoint(env.endpoint, started, exc)
+                        raise
+                    if type(result) in PLAIN_RESULTS or not inspect.isawaitable(result):
+                        elapsed = _perf_counter() - started
+                        log = _latency_logs.get(env.endpoint)
+                        if log is None:
+                            log = _metrics.latency_log(env.endpoint)
+                        log.append(elapsed)
+                        if len(log) >= _FOLD_AT:  # (the mirror sets ``HOOKS``: not this branch)
+                            _metrics.note_latency(env.endpoint, log, elapsed)
+                    else:
+                        result = time_awaitable(result, env.endpoint, started)
+            else:  # telemetry off: the branch last, so no jump after it (as before)
                 result = fn(*args, **kwargs)
-            elif _telemetry.TRACING or _metrics.HOOKS:  # timed and in a receive span
-                result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
-            else:  # metrics only: ``run_endpoint``'s timed case inlined (no frame per call)
-                started = _perf_counter()
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:
-                    _metrics.record_endpoint(env.endpoint, started, exc)
-                    raise
-                if type(result) in PLAIN_RESULTS or not inspect.isawaitable(result):
-                    elapsed = _perf_counter() - started
-                    log = _latency_logs.get(env.endpoint)
-                    if log is None:
-                        log = _metrics.latency_log(env.endpoint)
-                    log.append(elapsed)
-                    if len(log) >= _FOLD_AT:  # (the mirror sets ``HOOKS``: not this branch)
-                        _metrics.note_latency(env.endpoint, log, elapsed)
-                else:
-                    result = time_awaitable(result, env.endpoint, started)
             if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
                 result = asyncio.run(result)
         except Exception as exc:
