@@ -39,6 +39,7 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --smoke    # about 3 s
     .venv/bin/python benchmarks/actor_telemetry.py --json out.json   # every trial as JSON
     .venv/bin/python benchmarks/actor_telemetry.py --rounds 30       # more rounds (a busy box)
+    .venv/bin/python benchmarks/actor_telemetry.py --only metrics    # metrics' two cases only
     .venv/bin/python benchmarks/actor_telemetry.py --profile-hooks   # only: each hook in situ
 
 ``--instructions`` is not a ratio of rates either, and has no noise: the script runs again under
@@ -351,6 +352,7 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
             if mode == "off":
                 _telemetry.disable_telemetry()
                 _telemetry.ACTIVE = True  # ``run_endpoint`` only: every hook checks its flag
+                _metrics.HOOKS = True  # a sync call goes through ``run_endpoint`` (not inlined)
             else:
                 _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
                 # the runtime records sends, receipts and enqueues inline: call the hooks
@@ -424,7 +426,18 @@ def bracketed(
     return tuple(base), tuple(cand)
 
 
-def run(rounds: int, trial_s: float, budget_s: float) -> list[CaseResult]:
+#: The call cases' telemetry modes: name, metrics on, tracing on.
+CALL_MODES: tuple[tuple[str, bool, bool], ...] = (
+    ("metrics", True, False),
+    ("tracing", False, True),
+    ("metrics+tracing", True, True),
+)
+
+
+def run(
+    rounds: int, trial_s: float, budget_s: float, only: frozenset[str] | None = None
+) -> list[CaseResult]:
+    """Every case (the call cases of ``only``'s modes if given), in order."""
     results = []
     base, cand = alternate(
         lambda: _loop_trial(_empty, trial_s),
@@ -447,11 +460,9 @@ def run(rounds: int, trial_s: float, budget_s: float) -> list[CaseResult]:
         actor = procs.spawn("echo", Echo)
         actor.ping.call_one(0).get(timeout=10)
         for pipeline in (1, PIPELINE):
-            for name, metrics, tracing in (
-                ("metrics", True, False),
-                ("tracing", False, True),
-                ("metrics+tracing", True, True),
-            ):
+            for name, metrics, tracing in CALL_MODES:
+                if only is not None and name not in only:
+                    continue
                 base, cand = bracketed(
                     lambda pipeline=pipeline: _calls_trial(  # type: ignore[misc]
                         actor, trial_s, False, False, pipeline
@@ -490,6 +501,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="ABAB rounds per case (default: the mode's); each case's time budget grows with it",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=[name for name, _, _ in CALL_MODES],
+        default=None,
+        help="only the call cases of this telemetry mode (repeatable; default: every mode)",
     )
     parser.add_argument(
         "--instructions",
@@ -544,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--rounds must be at least 1")
         budget_s = budget_s * max(1.0, args.rounds / rounds)
         rounds = args.rounds
-    results = run(rounds, trial_s, budget_s)
+    results = run(rounds, trial_s, budget_s, None if args.only is None else frozenset(args.only))
     print(table(results))
     if args.json is not None:
         document = {

@@ -132,6 +132,15 @@ def test_actor_telemetry_smoke_run_measures_every_case(tmp_path: Path) -> None:
         assert f"| {name} |" in proc.stdout
 
 
+def test_actor_telemetry_only_runs_the_call_cases_of_one_mode(tmp_path: Path) -> None:
+    out = tmp_path / "telemetry.json"
+    common.run_smoke(
+        ROOT / "benchmarks" / "actor_telemetry.py", out, "--only", "metrics", cwd=tmp_path
+    )
+    cases = {case["case"] for case in json.loads(out.read_text())["cases"]}
+    assert cases == {"disabled-checks", "metrics", "pipelined metrics"}
+
+
 def test_actor_telemetry_profile_hooks_times_every_hook_in_situ(tmp_path: Path) -> None:
     """``--profile-hooks`` finds every hook on the call path: each wrapped hook fires on every
     round trip (the counts per round trip are what one ``call_one`` makes)."""

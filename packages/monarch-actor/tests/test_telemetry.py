@@ -602,6 +602,39 @@ def test_a_call_made_in_an_endpoint_is_a_child_of_its_receive_span(
     assert tm_tracing._current_span() == b""  # nothing left current on the client
 
 
+class Later(Actor):
+    @endpoint
+    def later(self, x: int) -> Any:
+        return asyncio.sleep(0, result=3 * x)  # a coroutine: the runner awaits it
+
+
+def test_metrics_alone_time_a_sync_actors_calls_exactly(procs: Procs) -> None:
+    """Metrics on, tracing off: a sync actor's calls are timed without ``run_endpoint`` (the
+    runner inlines the timing): each call is one latency on each side, a raising body is one
+    latency and one error, and a body returning a coroutine is timed once, awaited."""
+    tm.enable_telemetry(metrics=True, tracing=False)
+    tm.reset_metrics()
+    try:
+        mesh = procs(gpus=1)
+        workers: Any = mesh.spawn("w", Worker)
+        later: Any = mesh.spawn("l", Later)
+        calls = 7
+        futures = [workers.double.call_one(i) for i in range(calls)]
+        assert [f.get(timeout=T) for f in futures] == [2 * i for i in range(calls)]
+        with pytest.raises(ActorError):
+            workers.boom.call_one().get(timeout=T)
+        assert later.later.call_one(5).get(timeout=T) == 15
+        assert _value("monarch.endpoint.latency", endpoint="double") == calls
+        assert _value("monarch.client.call_latency", endpoint="double") == calls
+        assert _value("monarch.endpoint.latency", endpoint="boom") == 1
+        assert _value("monarch.endpoint.errors", endpoint="boom", category="user") == 1
+        assert _value("monarch.endpoint.latency", endpoint="later") == 1
+        assert not [s for s in finished_spans() if s.name == "later"]  # tracing is off
+    finally:
+        tm.disable_telemetry()
+        tm.reset_metrics()
+
+
 def test_uninstrumented_endpoints_get_no_span(telemetry: None, procs: Procs) -> None:
     before = len([s for s in finished_spans() if s.name == "ping"])
     assert procs(gpus=1).spawn("q", Quiet).ping.call_one().get(timeout=T) == 1

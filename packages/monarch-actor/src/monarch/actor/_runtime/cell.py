@@ -87,7 +87,9 @@ from monarch.actor._runtime.context import (
     _set_context,
 )
 from monarch.actor._runtime.ports import Port
+from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry.report import ActorStatus
+from monarch.actor._runtime.telemetry.tracing import PLAIN_RESULTS, time_awaitable
 from monarch.config import _registry as _config
 
 if TYPE_CHECKING:
@@ -109,6 +111,12 @@ _log = logging.getLogger("monarch.actor.runtime")
 #: Pending unhandled faults waiting for the fault hook; more are dropped (and logged).
 MAX_PENDING_FAULTS = 10_000
 _NONE_PAYLOAD = _codec.encode(None)
+#: A sync call's endpoint timing with metrics only (``_SyncRunner._call``, ``run_endpoint``'s
+#: timed case inlined): the clock, the raw latency logs by endpoint, when they fold, and the
+#: results that are never awaited.
+_perf_counter = time.perf_counter
+_latency_logs = _metrics._latency_logs
+_FOLD_AT = _metrics.FOLD_AT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -986,9 +994,27 @@ class _SyncRunner(_Runner):
         cell._inflight = env
         try:
             fn, args, kwargs = cell._begin(item, explicit, False)
-            if _telemetry.ACTIVE:  # timed and in a receive span, without a wrapper
-                result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
-            else:
+            if _telemetry.ACTIVE:
+                if _telemetry.TRACING or _metrics.HOOKS:  # timed and in a receive span
+                    result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
+                else:  # metrics only: ``run_endpoint``'s timed case inlined (no frame per call)
+                    started = _perf_counter()
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as exc:
+                        _metrics.record_endpoint(env.endpoint, started, exc)
+                        raise
+                    if type(result) in PLAIN_RESULTS or not inspect.isawaitable(result):
+                        elapsed = _perf_counter() - started
+                        log = _latency_logs.get(env.endpoint)
+                        if log is None:
+                            log = _metrics.latency_log(env.endpoint)
+                        log.append(elapsed)
+                        if len(log) >= _FOLD_AT:  # (the mirror sets ``HOOKS``: not this branch)
+                            _metrics.note_latency(env.endpoint, log, elapsed)
+                    else:
+                        result = time_awaitable(result, env.endpoint, started)
+            else:  # telemetry off: the branch last, so no jump after it (as before)
                 result = fn(*args, **kwargs)
             if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
                 result = asyncio.run(result)

@@ -25,11 +25,12 @@ Folding a batch costs little per observation: sizes and depths repeat (counted w
 ``collections.Counter``, in C), latencies are sorted once and their buckets found with one
 ``bisect`` per bucket bound. The runtime does what ``on_sent``, ``on_received``,
 ``on_enqueued``, ``call_opened`` and ``call_completed`` do inline (``_runtime.proc``: no frame
-per envelope) unless ``HOOKS`` is set (the mirror, a profiler); a call's latency starts on its
-reply port's sink (``call_opened``), so nothing is keyed by port (``on_port_opened`` and
-``on_port_completed`` keep such a table for other callers: only evicting its oldest entry takes
-a lock). While the OpenTelemetry mirror is on, each hook also feeds the twins at once (an
-exporter wants its data when it happens).
+per envelope), and times a sync actor's endpoint bodies inline with metrics alone
+(``_runtime.cell``: no ``run_endpoint`` frame per call), unless ``HOOKS`` is set (the mirror, a
+profiler); a call's latency starts on its reply port's sink (``call_opened``), so nothing is
+keyed by port (``on_port_opened`` and ``on_port_completed`` keep such a table for other callers:
+only evicting its oldest entry takes a lock). While the OpenTelemetry mirror is on, each hook
+also feeds the twins at once (an exporter wants its data when it happens).
 ``benchmarks/actor_telemetry.py`` measures the hooks' cost on real calls,
 ``benchmarks/telemetry_hooks.py`` the hook code alone.
 """

@@ -78,6 +78,7 @@ __all__ = [
     "MAX_STORED_BYTES",
     "MAX_STORED_SPANS",
     "MAX_UNSENT_BATCHES",
+    "PLAIN_RESULTS",
     "RECENT_SPANS",
     "SHIP_AT",
     "SHIP_INTERVAL",
@@ -104,6 +105,7 @@ __all__ = [
     "span_records",
     "stored_spans",
     "take_unsent",
+    "time_awaitable",
     "traced",
     "wait_stored",
     "wrap_endpoint",
@@ -326,6 +328,8 @@ _FOLD_AT: Final = _metrics.FOLD_AT
 _latency_logs: Final = _metrics._latency_logs  # the raw latency logs by endpoint (never rebound)
 #: Results no endpoint awaits (the receive span's fast path skips ``inspect.isawaitable``).
 _PLAIN_RESULTS: Final = frozenset({type(None), int, float, str, bytes, bool, list, dict, tuple})
+#: The same, for ``_runtime.cell``'s inlined timing (metrics only).
+PLAIN_RESULTS: Final = _PLAIN_RESULTS
 
 
 def _lazy_attributes(lazy: Sequence[Any] | None) -> dict[str, Any]:
@@ -1366,6 +1370,13 @@ async def _await_endpoint(
     else:
         _finish_endpoint(endpoint, started, current, None, timed)
     return result
+
+
+def time_awaitable(awaitable: Awaitable[Any], endpoint: str, started: float) -> Any:
+    """A coroutine awaiting ``awaitable`` (an endpoint body's result, the body having started
+    at ``started``, a ``perf_counter``), then recording the endpoint's latency (metrics only:
+    ``_runtime.cell``'s inlined timing, for an async result)."""
+    return _await_endpoint(awaitable, endpoint, started, None, True)
 
 
 def _finish_endpoint(
