@@ -83,16 +83,16 @@ def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def stop_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
-    """Stop every process (SIGTERM; SIGKILL for one still running 10 s later), reap it and
-    close its stdout."""
+def stop_all(procs: Iterable[subprocess.Popen[bytes]], grace: float = 10) -> None:
+    """Stop every process (SIGTERM; SIGKILL for one still running ``grace`` seconds later),
+    reap it and close its stdout."""
     procs = list(procs)
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
     for proc in procs:
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

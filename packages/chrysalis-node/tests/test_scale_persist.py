@@ -98,7 +98,9 @@ def persistent_tree(tmp_path: Path, idle_timeout: float) -> Iterator[Tree]:
     try:
         yield Tree(read_ready(scale, log), log)
     finally:
-        stop_all([scale])
+        # the root's own stop is bounded at three 5 s graces (lifeline, SIGTERM, SIGKILL of
+        # its workers); 10 s here cut a root short in a loaded CI run, its workers still ending
+        stop_all([scale], grace=30)
     assert scale.returncode == 0, log.read_text()[-2000:]
 
 
