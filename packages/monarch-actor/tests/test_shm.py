@@ -3,11 +3,14 @@ refusals of bad input, and an unsealed descriptor read rather than mapped."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import mmap
 import os
 import socket
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -516,14 +519,23 @@ def test_a_lent_bytes_is_read_out_of_the_lender_and_held_until_acknowledged() ->
 def test_no_reader_where_the_kernel_refuses_to_read_the_peer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The probe (a read of nothing, the kernel's permission check only) decides: refused
-    (another user, Yama's ptrace_scope) means no reader, so the lane never asks for loans."""
+    """The probe (one byte at address 0: EFAULT only once the kernel found the process and
+    its permission check passed) decides: refused (another user, Yama's ptrace_scope) means
+    no reader, so the lane never asks for loans."""
     one, two = socket.socketpair()
     try:
-        if _shm._vm_reader() is None:
+        read = _shm._vm_reader()
+        if read is None:
             pytest.skip("no process_vm_readv here")
         assert _shm.PeerReader.open(two) is not None
-        monkeypatch.setattr(_shm, "_reader", lambda *_args: -1)  # EPERM
+        # A process that is gone is refused by the kernel's own checks (ESRCH), which a read of
+        # nothing (the first probe, which returned 0 before any check) never reached.
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        assert read(gone.pid, 0, 0, 0) == 0  # why a read of nothing cannot probe
+        assert not _shm._may_read(read, gone.pid)
+        assert _shm._may_read(read, os.getpid())
+        monkeypatch.setattr(_shm, "_reader", lambda *_args: -errno.EPERM)
         assert _shm.PeerReader.open(two) is None
     finally:
         one.close()

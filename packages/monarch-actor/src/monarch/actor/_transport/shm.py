@@ -916,6 +916,20 @@ def _vm_reader() -> _Reader | None:
     return _reader
 
 
+def _may_read(read: _Reader, pid: int) -> bool:
+    """Whether this process may read process ``pid``'s memory: one byte at address 0, which
+    the kernel refuses with ``EFAULT`` (nothing is mapped there) only once the process was
+    found (``ESRCH`` before) and the ptrace access check passed (``EPERM`` before: another
+    user, Yama's ``ptrace_scope``, a process that is not dumpable). A read of nothing would
+    not do: the kernel returns 0 for it before either check."""
+    import ctypes
+    import errno
+
+    probe = bytearray(1)
+    local = ctypes.addressof(ctypes.c_char.from_buffer(probe))
+    return read(pid, local, 0, 1) == -errno.EFAULT
+
+
 class PeerReader:
     """Reads buffers lent by the process at the other end of a Unix socket out of its memory
     (module docstring). Loop thread of the receiving lane."""
@@ -949,12 +963,7 @@ class PeerReader:
             pidfd = os.pidfd_open(pid)
         except (OSError, AttributeError, struct.error):
             return None
-        # A read of nothing checks the permission (the kernel's ptrace access check) only.
-        probe = bytearray(1)
-        import ctypes
-
-        local = ctypes.addressof(ctypes.c_char.from_buffer(probe))
-        if read(pid, local, 0, 0) != 0:
+        if not _may_read(read, pid):
             os.close(pidfd)
             return None
         return cls(pid, pidfd, read)
