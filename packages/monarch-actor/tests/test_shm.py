@@ -466,7 +466,9 @@ def test_a_pool_reads_acknowledgements_from_its_ring_when_it_needs_a_slot() -> N
     ring.close()
 
 
-def test_a_lent_bytes_is_read_out_of_the_lender_and_held_until_acknowledged() -> None:
+def test_a_lent_bytes_is_read_out_of_the_lender_and_held_until_acknowledged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``lend`` keeps the sender's ``bytes`` (counted as in flight) and gives its address; the
     reader (here this very process, the peer of a socket pair) copies it into a new ``bytes``;
     the acknowledgement drops the sender's reference. Over the bound nothing is lent."""
@@ -506,6 +508,12 @@ def test_a_lent_bytes_is_read_out_of_the_lender_and_held_until_acknowledged() ->
     assert not pool._lent
     assert [p for p in _shm._parked if p is view] == [view]
     _shm._parked[:] = [p for p in _shm._parked if p is not view]
+    # Once parked loans reach the process's limit, no pool lends any more (slots instead).
+    monkeypatch.setattr(_shm, "_parked_bytes", _shm.PARKED_LIMIT)
+    full = _shm.ShmPool(2 << 20)
+    assert full.lend(view) is None
+    full.close()
+    monkeypatch.undo()
     other = _shm.ShmPool(2 << 20)
     assert other.lend(view) is not None
     other.close(park=False)  # the receiver's end is gone: nothing will read it
@@ -540,3 +548,20 @@ def test_no_reader_where_the_kernel_refuses_to_read_the_peer(
     finally:
         one.close()
         two.close()
+
+
+def test_slot_numbers_wrap_around_the_ones_still_in_flight() -> None:
+    """After 2**30 - 1 numbers the count wraps; a number whose slot or loan is still in flight
+    (held that long) is skipped, so its acknowledgement can never free a newer one."""
+    import itertools
+
+    pool = _shm.ShmPool(2 << 20)
+    try:
+        pool._busy[1 | _shm.LENT] = (-1, 1, None)  # a loan numbered 1, never acknowledged
+        pool._busy[2] = (-1, 1, None)  # and a slot numbered 2
+        pool._ids = itertools.count(_shm.LENT - 1)
+        assert pool._next_slot() == _shm.LENT - 1
+        assert pool._next_slot() == 3  # 1 and 2 are still in flight
+    finally:
+        pool._busy.clear()
+        pool.close()

@@ -81,7 +81,8 @@ _FDS_PER_SEND: Final = 32  # well under what one receive takes (no truncated des
 _MSG_CTRUNC: Final = int(socket.MSG_CTRUNC)  # a plain int: an enum flag test costs 1 to 2 us
 ZERO_SHM_HEAD: Final = b"E\x00\x00"
 _GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given back
-# Never a slot number either (they run 1 .. 2**31 - 2, DETACHED or not): the receiver's
+# Never a slot number either (they run 1 .. 2**30 - 1, with DETACHED or LENT or neither, never
+# both): the receiver's
 # acknowledgement ring, its descriptor beside it (``shm.AckRing``).
 _RING: Final = _ACK.pack(0xFFFF_FFFF)
 # Nor this (LENT and DETACHED together): the receiver reads lent buffers (``shm.PeerReader``).

@@ -284,8 +284,13 @@ def _copy_into(target: mmap.mmap, data: memoryview) -> None:
 
 _Slot = tuple[int, int, "mmap.mmap | None"]  # (fd, size, the sender's mapping)
 # Loans of pools closed while a receiver could still read them (``ShmPool.close``): kept for
-# the life of the process, at most ``max_bytes`` per such pool.
+# the life of the process, at most ``max_bytes`` per such pool. Once they hold
+# ``PARKED_LIMIT`` bytes, no pool of this process lends any more (its large ``bytes`` take
+# slots), so a peer fenced and reconnected again and again cannot pin memory without bound.
 _parked: list[memoryview] = []
+_parked_bytes = 0
+_parked_lock = threading.Lock()
+PARKED_LIMIT: Final = 256 * 1024 * 1024
 
 
 class AckRing:
@@ -436,8 +441,13 @@ class ShmPool:
             self.on_fault(reason)
 
     def _next_slot(self) -> int:
-        """(lock held) A slot number in 1 .. 2**31 - 1 (``DETACHED`` is a flag)."""
-        return (next(self._ids) - 1) % (LENT - 1) + 1
+        """(lock held) A slot number in 1 .. ``LENT`` - 1 (``DETACHED`` and ``LENT`` are
+        flags), never one still in flight (after a wrap, a slot or loan held that long keeps
+        its number)."""
+        while True:
+            number = (next(self._ids) - 1) % (LENT - 1) + 1
+            if not any((number | flag) in self._busy for flag in (0, DETACHED, LENT)):
+                return number
 
     def put(self, view: memoryview) -> tuple[int, int] | None:
         """Copy ``view`` into a slot; ``(slot number, a descriptor of it)`` for the frame (the
@@ -510,7 +520,11 @@ class ShmPool:
         with self._lock:
             if self._ring is not None:
                 self._reap()
-            if self._closed or self._outstanding + size > self._max:
+            if (
+                self._closed
+                or self._outstanding + size > self._max
+                or _parked_bytes >= PARKED_LIMIT
+            ):
                 return None
             self._outstanding += size
             slot = self._next_slot() | LENT
@@ -630,9 +644,12 @@ class ShmPool:
         receiver's own mapping of one keeps its memory until freed). Loans not yet
         acknowledged are kept for the life of the process with ``park`` (the receiver may
         still read them), else dropped (it never will: its end is gone)."""
+        global _parked_bytes
         with self._lock:
-            if park:
-                _parked.extend(self._lent.values())
+            if park and self._lent:
+                with _parked_lock:
+                    _parked.extend(self._lent.values())
+                    _parked_bytes += sum(view.nbytes for view in self._lent.values())
             self._closed = True
             ring, self._ring = self._ring, None
             entries = [entry for entries in self._free.values() for entry in entries]
