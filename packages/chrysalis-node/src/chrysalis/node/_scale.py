@@ -1746,11 +1746,17 @@ async def serve_persistent(
                 if not task.cancelled() and (exc := task.exception()) is not None:
                     progress.write(f"[root] rank {rank} restart failed: {exc!r}\n")
 
+            # PIDs of ranks restarted since the ledger last held them live: their new process
+            # comes back by registering (a new incarnation), never as a return of the lost
+            # one (it may be resolvable before its registration reached this replica, and a
+            # return written then would put back the old incarnation and address)
+            restarted: set[str] = set()
             while not stop.is_set():
                 down = {tree.tokens[rank][1] for rank in restarting}  # not lost: restarting
                 live = [
                     pid for pid in tree.store.live_pids() if pid != root_pid and pid not in down
                 ]
+                restarted.difference_update(live)
                 resolve = tree.root.nameserver.resolve
                 seen = {pid for pid in live if isinstance(resolve(Pid.parse(pid)), Found)}
                 for pid in watch.observe(live, seen, time.monotonic()):
@@ -1761,7 +1767,11 @@ async def serve_persistent(
                     tree.store.apply(
                         lambda ledger, p=pid, r=reason: ledger.node_lost(p, time.time(), r)
                     )
-                gone = [pid for pid in tree.store.lost_pids() if pid != root_pid]
+                gone = [
+                    pid
+                    for pid in tree.store.lost_pids()
+                    if pid != root_pid and pid not in down and pid not in restarted
+                ]
                 seen = {pid for pid in gone if isinstance(resolve(Pid.parse(pid)), Found)}
                 for pid in watch.returned(gone, seen):
                     reason = "it is resolvable at the root again"
@@ -1774,6 +1784,7 @@ async def serve_persistent(
                     rank = int(name.rpartition("-")[2])
                     delay = policy.exited(rank, status)
                     if delay is not None and rank not in restarting:
+                        restarted.add(tree.tokens[rank][1])
                         task = asyncio.create_task(restart(rank, status, delay))
                         task.add_done_callback(functools.partial(restart_done, rank))
                         restarting[rank] = task
