@@ -446,7 +446,9 @@ def test_a_full_receiver_refuses_while_the_sender_still_polls_writable(tmp_path:
         _close(sender, stuck, live)
 
 
-def test_enobufs_is_reported_as_would_block(tmp_path: Path) -> None:
+def test_enobufs_is_reported_as_would_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sender = UnixDatagramSocket.bind(tmp_path / "s.sock")
     peer = UnixDatagramSocket.bind(tmp_path / "p.sock")
 
@@ -454,7 +456,7 @@ def test_enobufs_is_reported_as_would_block(tmp_path: Path) -> None:
         raise OSError(errno.ENOBUFS, "No buffer space available")
 
     try:
-        sender._sendto = no_buffers  # type: ignore[method-assign]
+        monkeypatch.setattr(sender, "_sendto", no_buffers)
         assert sender.try_send_to(b"x", peer.local_addr) is False
         assert sender.try_send_transmit(DatagramTransmit(peer.local_addr, b"ab" * 4, 2)) == 0
     finally:

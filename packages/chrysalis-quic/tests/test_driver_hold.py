@@ -90,7 +90,7 @@ def test_a_refusing_destination_delays_no_other_and_is_retried_after_its_backoff
     assert sent_to(sock, LIVE) == [1, 2]
     assert sent_to(sock, OTHER) == [1]
     assert sock.attempts[STUCK] == 1  # the rest of its output queued behind, untried
-    assert driver.held_destinations == (STUCK,)
+    assert list(driver.held_destinations) == [STUCK]
     assert driver.deadline == clock.now + HOLD_RETRY_FIRST  # before the endpoint's timer
     stats = driver.statistics()
     assert (stats.pending_datagrams, stats.datagrams_held, stats.held_destinations) == (3, 3, 1)
@@ -127,10 +127,39 @@ def test_a_refusing_destination_delays_no_other_and_is_retried_after_its_backoff
     clock.now = deadline
     driver.step()
     assert sent_to(sock, STUCK) == [1, 2, 3, *range(4, 41)]
-    assert driver.held_destinations == ()
+    assert not driver.held_destinations
     assert driver.deadline == endpoint.timer
     stats = driver.statistics()
     assert (stats.pending_datagrams, stats.send_drops, stats.hold_drops) == (0, 0, 0)
+
+
+def test_a_datagram_from_a_held_destination_makes_it_due_at_once() -> None:
+    """It reads again (its acknowledgements come back): no need to wait out the delay."""
+    endpoint, sock, driver, clock = make()
+    sock.refusing.add(STUCK)
+    endpoint.output = to(STUCK, 1)
+    driver.step()
+    for _ in range(6):  # refused retries: the delay grows to 3.2 ms
+        deadline = driver.deadline
+        assert deadline is not None
+        clock.now = deadline
+        driver.step()
+    assert sock.attempts[STUCK] == 7
+    deadline = driver.deadline
+    assert deadline is not None
+    assert deadline - clock.now > 3e-3
+    sock.inbox = [(b"from another", LIVE, 12)]
+    driver.step()
+    assert sock.attempts[STUCK] == 7  # a datagram from elsewhere changes nothing
+    sock.inbox = [(b"ack", STUCK, 3)]
+    driver.step()
+    assert sock.attempts[STUCK] == 8  # retried in that step's flush, before its delay
+    assert driver.deadline == clock.now + HOLD_RETRY_FIRST * 2  # the delay starts over
+    sock.refusing.clear()
+    sock.inbox = [(b"ack", STUCK, 3)]
+    driver.step()
+    assert sent_to(sock, STUCK) == [1]
+    assert endpoint.fed[-1] == (b"ack", STUCK)
 
 
 def test_a_hold_is_bounded_and_drops_its_oldest_datagrams() -> None:
@@ -157,7 +186,7 @@ def test_the_total_bound_is_shared_and_never_stops_the_destinations_that_accept(
     # STUCK filled the total bound; OTHER's datagrams were dropped, STUCK keeps its 8.
     stats = driver.statistics()
     assert (stats.pending_datagrams, stats.hold_drops, stats.held_destinations) == (8, 2, 1)
-    assert driver.held_destinations == (STUCK,)
+    assert list(driver.held_destinations) == [STUCK]
 
 
 def test_a_refused_lone_datagram_is_held_too() -> None:
@@ -166,7 +195,7 @@ def test_a_refused_lone_datagram_is_held_too() -> None:
     sock.refusing.add(STUCK)
     endpoint.output = to(STUCK, 1)
     driver.step()
-    assert driver.held_destinations == (STUCK,)
+    assert list(driver.held_destinations) == [STUCK]
     endpoint.output = to(LIVE, 2)
     driver.step()
     assert sent_to(sock, LIVE) == [2]
@@ -211,7 +240,7 @@ class CountingUnixSocket(UnixDatagramSocket):
 
 
 def test_a_unix_peer_that_never_reads_delays_no_other_peer_and_is_not_spun_on() -> None:
-    sender = CountingUnixSocket.bind_unique()
+    sender = cast(CountingUnixSocket, CountingUnixSocket.bind_unique())
     sender.attempts = {}
     stuck = UnixDatagramSocket.bind_unique()  # stands in for a SIGSTOPped leaf: never read
     live = UnixDatagramSocket.bind_unique()

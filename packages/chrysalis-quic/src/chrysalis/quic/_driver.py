@@ -41,10 +41,11 @@ Fixes of the reference adapter's recorded defects (spec 4.7):
   socket reports "writable" while the *receiver's* queue is full (a SIGSTOPped leaf), so
   waiting for writability spun at 100% CPU, and the one FIFO for all destinations stopped
   every send behind D's. The retry delay starts at ``HOLD_RETRY_FIRST`` (50 us) and doubles
-  per refused retry up to ``HOLD_RETRY_MAX`` (2 ms); an accepted retry ends the hold. The
+  per refused retry up to ``HOLD_RETRY_MAX`` (8 ms); an accepted retry ends the hold. The
   earliest retry is folded into ``deadline``; a step that runs earlier for any other reason
-  also retries a destination whose delay has passed (at most one attempt per destination
-  per step).
+  also retries a destination whose delay has passed, and a datagram received from D (it
+  reads again: its acknowledgements come back) makes D due at once, its delay reset (at
+  most one attempt per destination per step).
 * **No per-operation map.** Operations on a stream complete in submission order, so a stream
   only keeps counters (bytes in flight, one posted receive); completions are routed by their
   stream with one dictionary lookup.
@@ -177,7 +178,7 @@ HOLD_PER_DESTINATION: Final = 1024
 """Most datagrams held for one destination that refuses them; past it the oldest are dropped."""
 HOLD_RETRY_FIRST: Final = 50e-6
 """Seconds before the first retry of a destination that refused (doubles per refusal)."""
-HOLD_RETRY_MAX: Final = 0.002
+HOLD_RETRY_MAX: Final = 0.008
 """The longest retry delay of a held destination."""
 
 
@@ -565,7 +566,9 @@ class EndpointDriver:
         buffers = self._buffers
         views = self._views
         metas = self._metas
-        feed = self._endpoint.receive_datagram
+        # While output is held, a datagram from a held destination says that it reads again:
+        # it is retried in this step's flush (no cost while nothing is held).
+        feed = self._feed_waking if self._held else self._endpoint.receive_datagram
         counters = self._counters
         drains_fully = self._drains_fully
         lone = self._lone
@@ -636,6 +639,14 @@ class EndpointDriver:
                     return False
         return True
 
+    def _feed_waking(self, data: bytes, source: DatagramAddr, now: float) -> None:
+        hold = self._held.get(source)
+        if hold is not None and hold.retry_at > now:
+            hold.delay = HOLD_RETRY_FIRST
+            hold.retry_at = now
+            self._retry_at = now
+        self._endpoint.receive_datagram(data, source, now)
+
     def _fail_socket(self) -> None:
         if self._socket_failed:
             return
@@ -674,11 +685,9 @@ class EndpointDriver:
             else:
                 self._hold(DatagramTransmit(destination, data), now)
             return
-        if held and now >= self._retry_at:
-            self._retry_held(now)
-            if self._socket_failed:
-                self._counters[4] += len(batch)
-                return
+        if held and now >= self._retry_at and not self._retry_held(now):
+            self._counters[4] += len(batch)  # the socket failed
+            return
         if not batch:
             return
         if len(batch) > 2:
@@ -758,8 +767,9 @@ class EndpointDriver:
         if held:
             self._retry_at = min(hold.retry_at for hold in held.values())
 
-    def _retry_held(self, now: float) -> None:
-        """Retry every held destination whose delay has passed, once each."""
+    def _retry_held(self, now: float) -> bool:
+        """Retry every held destination whose delay has passed, once each; False if the
+        socket failed meanwhile."""
         sock = self._socket
         counters = self._counters
         for destination, hold in list(self._held.items()):
@@ -774,7 +784,7 @@ class EndpointDriver:
                     accepted = sock.try_send_transmit(transmit)
                 except SocketClosedError:
                     self._fail_socket()
-                    return
+                    return False
                 except OSError:  # this destination refused (unreachable, gone, too large)
                     transmits.popleft()
                     hold.count -= count
@@ -799,6 +809,7 @@ class EndpointDriver:
         held = self._held
         if held:
             self._retry_at = min(hold.retry_at for hold in held.values())
+        return True
 
     def _queue(self, batch: list[tuple[bytes, DatagramAddr]]) -> None:
         """Group consecutive datagrams to one destination with equal sizes (the last of a
