@@ -209,10 +209,10 @@ class DriverStatistics:
     receive_errors: int
     pending_datagrams: int
     socket_failed: bool
-    datagrams_held: int = 0
-    hold_drops: int = 0
-    send_retries: int = 0
-    held_destinations: int = 0
+    datagrams_held: int
+    hold_drops: int
+    send_retries: int
+    held_destinations: int
 
 
 @final
