@@ -9,17 +9,20 @@ is stopped, and holds (not sends, not spins on) the stopped leaf's datagrams."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers, by name
 from node_processes import CLI, start_node, stop_all
-from node_runtimes import AsyncioRuntime, Runtime, directory_until, eventually
+from node_runtimes import AsyncioRuntime, Runtime, TrioRuntime, directory_until, eventually
 
 from chrysalis.datagram import UnixDatagramSocket
 from chrysalis.nameserver import Consistency
@@ -27,28 +30,46 @@ from chrysalis.node import JoinSettings, Node
 from chrysalis.node._address import JoinToken, parse_join_token
 from chrysalis.quic import DevelopmentIdentityProvider
 
-RT: Runtime = AsyncioRuntime()
+T = TypeVar("T")
 
 
-async def echo_forever(node: Node) -> None:
+@pytest.fixture(params=["asyncio", "trio"])
+def runtime(request: pytest.FixtureRequest) -> Runtime:
+    if request.param == "trio":
+        pytest.importorskip("trio")
+        return TrioRuntime()
+    return AsyncioRuntime()
+
+
+async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a worker thread, so that this runtime's loop keeps running."""
+    if rt.name == "trio":
+        import trio
+
+        return await trio.to_thread.run_sync(functools.partial(fn, *args))
+    return await asyncio.to_thread(fn, *args)
+
+
+async def echo_forever(rt: Runtime, node: Node) -> None:
     """Answer every stream opened to ``node`` with its bytes reversed, one at a time."""
     while True:
         _peer, stream = await node.accept()
-        data = await RT.receive_all(stream)
-        await RT.send(stream, data[::-1])
-        await RT.send_eof(stream)
+        data = await rt.receive_all(stream)
+        await rt.send(stream, data[::-1])
+        await rt.send_eof(stream)
 
 
-async def stream_forever(stream: object) -> None:
+async def stream_forever(rt: Runtime, stream: object) -> None:
     chunk = bytes(64 * 1024)
     while True:
-        await RT.send(stream, chunk)
+        await rt.send(stream, chunk)
 
 
 @pytest.mark.slow
 def test_a_stopped_unix_leaf_does_not_stop_its_parent_answering_another_child(
-    tmp_path: Path,
+    runtime: Runtime, tmp_path: Path
 ) -> None:
+    RT = runtime
     provider = DevelopmentIdentityProvider(tmp_path / "ca")
     provider.issue_identity()  # creates the CA the leaf process shares
     env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=str(tmp_path / "ca"))
@@ -60,7 +81,8 @@ def test_a_stopped_unix_leaf_does_not_stop_its_parent_answering_another_child(
         async with Node(provider.issue_identity(), carrier=carrier) as root:
             token = str(JoinToken(root.local_addr, root.pid))
             # (On a thread: the root, on this loop, must answer the leaf's join meanwhile.)
-            leaf, leaf_token = await asyncio.to_thread(
+            leaf, leaf_token = await in_thread(
+                RT,
                 start_node,
                 [*CLI, "join", token, "--listen", f"unix://{tmp_path}/leaf.sock", "--echo"],
                 env,
@@ -80,13 +102,13 @@ def test_a_stopped_unix_leaf_does_not_stop_its_parent_answering_another_child(
                     RT, root, lambda: root.nameserver.get(leaf_pid) is not None, timeout=15
                 )
                 async with RT.background() as tasks:
-                    tasks.spawn(echo_forever, other)
+                    tasks.spawn(echo_forever, RT, other)
                     # The root streams to the leaf (the leaf's echo reads it all)...
                     stream = await root.dial(leaf_pid, Consistency.REFRESH)
                     async with RT.bounded(15):
                         for _ in range(16):
                             await RT.send(stream, bytes(64 * 1024))
-                    tasks.spawn(stream_forever, stream)
+                    tasks.spawn(stream_forever, RT, stream)
                     # ...and the leaf hangs mid-transfer.
                     os.kill(leaf.pid, signal.SIGSTOP)
                     stopped.append(leaf.pid)
