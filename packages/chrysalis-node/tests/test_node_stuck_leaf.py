@@ -23,6 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers, by name
 from node_processes import CLI, start_node, stop_all
 from node_runtimes import AsyncioRuntime, Runtime, TrioRuntime, directory_until, eventually
+from test_node import echo_forever
 
 from chrysalis.datagram import UnixDatagramSocket
 from chrysalis.nameserver import Consistency
@@ -31,14 +32,6 @@ from chrysalis.node._address import JoinToken, parse_join_token
 from chrysalis.quic import DevelopmentIdentityProvider
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def runtime(request: pytest.FixtureRequest) -> Runtime:
-    if request.param == "trio":
-        pytest.importorskip("trio")
-        return TrioRuntime()
-    return AsyncioRuntime()
 
 
 async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
@@ -50,15 +43,6 @@ async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
-async def echo_forever(rt: Runtime, node: Node) -> None:
-    """Answer every stream opened to ``node`` with its bytes reversed, one at a time."""
-    while True:
-        _peer, stream = await node.accept()
-        data = await rt.receive_all(stream)
-        await rt.send(stream, data[::-1])
-        await rt.send_eof(stream)
-
-
 async def stream_forever(rt: Runtime, stream: object) -> None:
     chunk = bytes(64 * 1024)
     while True:
@@ -66,10 +50,13 @@ async def stream_forever(rt: Runtime, stream: object) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["asyncio", "trio"])
 def test_a_stopped_unix_leaf_does_not_stop_its_parent_answering_another_child(
-    runtime: Runtime, tmp_path: Path
+    runtime: str, tmp_path: Path
 ) -> None:
-    RT = runtime
+    if runtime == "trio":
+        pytest.importorskip("trio")
+    RT: Runtime = TrioRuntime() if runtime == "trio" else AsyncioRuntime()
     provider = DevelopmentIdentityProvider(tmp_path / "ca")
     provider.issue_identity()  # creates the CA the leaf process shares
     env = dict(os.environ, CHRYSALIS_DEV_CA_DIR=str(tmp_path / "ca"))
