@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import select
 import socket
 import threading
 import time
@@ -421,3 +422,42 @@ def test_segmented_send_checks_once_and_reports_errors_only_before_progress(
     a.shutdown()
     with pytest.raises(SocketClosedError):
         a.try_send_transmit(DatagramTransmit(b.local_addr, b"xy", 1))
+
+
+def test_a_full_receiver_refuses_while_the_sender_still_polls_writable(tmp_path: Path) -> None:
+    """Why a sender must not wait for writability to retry a full Unix destination (the QUIC
+    driver retries it on a timer): the receiver's full queue answers would-block, while the
+    sender's own descriptor stays writable, and another destination is still served."""
+    sender = UnixDatagramSocket.bind(tmp_path / "s.sock")
+    stuck = UnixDatagramSocket.bind(tmp_path / "stuck.sock")
+    live = UnixDatagramSocket.bind(tmp_path / "live.sock")
+    try:
+        accepted = 0
+        while sender.try_send_to(b"x" * 100, stuck.local_addr):
+            accepted += 1
+            assert accepted < 100_000
+        assert accepted > 0
+        _, writable, _ = select.select([], [sender.fileno()], [], 0)
+        assert writable
+        assert not sender.try_send_to(b"x" * 100, stuck.local_addr)
+        assert sender.try_send_to(b"y", live.local_addr)
+        assert live.try_recv_from() == (b"y", sender.local_addr)
+    finally:
+        _close(sender, stuck, live)
+
+
+def test_enobufs_is_reported_as_would_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sender = UnixDatagramSocket.bind(tmp_path / "s.sock")
+    peer = UnixDatagramSocket.bind(tmp_path / "p.sock")
+
+    def no_buffers(data: object, path: object) -> int:
+        raise OSError(errno.ENOBUFS, "No buffer space available")
+
+    try:
+        monkeypatch.setattr(sender, "_sendto", no_buffers)
+        assert sender.try_send_to(b"x", peer.local_addr) is False
+        assert sender.try_send_transmit(DatagramTransmit(peer.local_addr, b"ab" * 4, 2)) == 0
+    finally:
+        _close(sender, peer)

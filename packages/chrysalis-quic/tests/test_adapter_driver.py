@@ -207,28 +207,27 @@ def test_backpressure_keeps_order_and_resumes_where_it_stopped(threadsafe: bool)
     endpoint.output = list(first)
     sock.accept = [2, 0]  # two datagrams go out, then the carrier would block
     driver.step()
-    blocked = driver.blocked_destination
-    assert blocked == ADDRS[0]
+    assert list(driver.held_destinations) == [ADDRS[0]]
     assert driver.statistics().pending_datagrams == 3
     second = [(b"z" * 1200, ADDRS[1])]
     endpoint.output = list(second)
-    driver.step()  # the carrier accepts again: the queue drains first, then new output
+    driver.step()  # the carrier accepts again: the hold drains first, then new output
     assert sock.sent() == first + second
-    assert driver.blocked_destination is None
+    assert not driver.held_destinations
     assert driver.statistics().pending_datagrams == 0
 
 
-def test_output_beyond_the_pending_bound_is_dropped_and_counted() -> None:
+def test_output_beyond_the_pending_bound_drops_the_oldest_and_is_counted() -> None:
     endpoint, sock, driver = make(segments=1, max_pending=4)
     endpoint.output = [(bytes([i]) * 100, ADDRS[0]) for i in range(10)]
     sock.accept = [0] * 10
     driver.step()
     stats = driver.statistics()
     assert stats.pending_datagrams == 4
-    assert stats.send_drops == 6
+    assert stats.send_drops == stats.hold_drops == 6
     sock.accept = []
     driver.step()
-    assert [data[0] for data, _ in sock.sent()] == [0, 1, 2, 3]
+    assert [data[0] for data, _ in sock.sent()] == [6, 7, 8, 9]
 
 
 def test_an_unreachable_destination_drops_only_its_datagrams() -> None:

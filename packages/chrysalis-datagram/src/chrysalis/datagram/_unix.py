@@ -12,8 +12,10 @@ block" is common; and both ends must be bound for replies to work: a datagram fr
 socket is consumed and reported as :class:`AddressNotAvailableError`.
 
 Writability of an unconnected Unix datagram socket only reflects its own send buffer, not the
-destination's queue, so a "writable" wake can be followed by another would-block; the
-runtime adapters back off briefly in that case.
+destination's queue (a full queue answers ``EAGAIN`` while ``poll`` on the sender still says
+writable), so a "writable" wake can be followed by another would-block; the runtime adapters
+back off briefly in that case, and the QUIC driver retries such a destination on a timer
+(never on writability). ``ENOBUFS`` is reported as would-block too.
 
 The socket file is removed when the socket shuts down (only if it is still the file this
 socket created); the descriptor is closed by ``join``.
@@ -278,6 +280,8 @@ class UnixDatagramSocket(BatchReceiver, DatagramSocket):
         except BlockingIOError:
             return False
         except OSError as error:
+            if error.errno == errno.ENOBUFS:  # no memory for it now: would block, not an error
+                return False
             raise self._send_error(error, destination, len(data)) from error
         return True
 
@@ -315,7 +319,7 @@ class UnixDatagramSocket(BatchReceiver, DatagramSocket):
         except BlockingIOError:
             pass
         except OSError as error:
-            if sent == 0:
+            if sent == 0 and error.errno != errno.ENOBUFS:  # ENOBUFS: would block
                 raise self._send_error(error, destination, size) from error
         return sent
 

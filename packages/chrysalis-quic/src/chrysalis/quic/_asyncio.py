@@ -274,7 +274,6 @@ class _InlineDriver:
         "_stop",
         "_timer",
         "_timer_at",
-        "_write_fd",
         "_wrote",
         "done",
     )
@@ -306,7 +305,6 @@ class _InlineDriver:
         # A second loop timer for a deadline earlier than ``_timer`` (see ``_arm``).
         self._near: asyncio.TimerHandle | None = None
         self._near_at = _NEVER
-        self._write_fd: int | None = None
         self.done: asyncio.Future[None] = loop.create_future()
 
     def start(self) -> None:
@@ -359,10 +357,6 @@ class _InlineDriver:
                 self._near = self._loop.call_at(deadline, self._on_near)
                 self._near_at = deadline
             return
-        self._run()
-
-    def _on_writable(self) -> None:
-        self._drop_writer()
         self._run()
 
     def write_through(self, ref: StreamRef, data: bytes) -> bool:
@@ -538,20 +532,11 @@ class _InlineDriver:
     def _arm(self) -> None:
         driver = self._driver
         loop = self._loop
-        # Registered descriptors and nothing blocked (the common case): only the timer. (The
-        # driver's attributes behind its properties: this runs after every step.)
-        if (not self._fds or driver._blocked is not None) and not driver._socket_failed:
-            sock = driver.socket
-            if not self._fds:
-                sock.add_recv_waker(self._notifier.notify_io)
-            blocked = driver.blocked_destination
-            if blocked is not None and self._write_fd is None:
-                write_fd = sock.send_readiness_fd(blocked)
-                if write_fd is None:
-                    sock.add_send_waker(blocked, self._notifier.notify_io)
-                else:
-                    loop.add_writer(write_fd, self._on_writable)
-                    self._write_fd = write_fd
+        # Registered descriptors (the common case): only the timer, which also retries the
+        # destinations whose output the driver holds (never writability: see the driver).
+        # (The driver's attributes behind its properties: this runs after every step.)
+        if not self._fds and not driver._socket_failed:
+            driver.socket.add_recv_waker(self._notifier.notify_io)
         # Two loop timers, so that a deadline that comes and goes does not move the one
         # that covers the others: qh3 holds every other ACK for about 1 ms, so the deadline
         # alternates between that ACK timer and the loss timer (tens of ms, pushed out by
@@ -585,13 +570,6 @@ class _InlineDriver:
         self._near = loop.call_at(deadline, self._on_near)
         self._near_at = deadline
 
-    def _drop_writer(self) -> None:
-        write_fd = self._write_fd
-        if write_fd is not None:
-            self._write_fd = None
-            with contextlib.suppress(Exception):
-                self._loop.remove_writer(write_fd)
-
     def _fail(self, exc: BaseException) -> None:
         self.close()
         if not self.done.done():
@@ -618,7 +596,6 @@ class _InlineDriver:
             self._near.cancel()
             self._near = None
             self._near_at = _NEVER
-        self._drop_writer()
         for fd in self._fds:
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(fd)

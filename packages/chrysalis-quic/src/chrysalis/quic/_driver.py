@@ -33,6 +33,19 @@ Fixes of the reference adapter's recorded defects (spec 4.7):
 * **No busy spin.** A submission refused with ``WouldBlock`` waits on exactly the released
   bound (``WouldBlock.released``); a write that could not be submitted at once is retried
   after the next batch of completions.
+* **One stuck destination delays no other, and is never polled for writability.** Output
+  the carrier refuses ("would block") for destination D goes to D's own bounded *hold*
+  (``HOLD_PER_DESTINATION`` datagrams; past it the oldest are dropped and counted); later
+  output for D queues behind it (D's order is kept) while every other destination's goes
+  out at once. D is retried on a timer, not on writability: an unconnected Unix datagram
+  socket reports "writable" while the *receiver's* queue is full (a SIGSTOPped leaf), so
+  waiting for writability spun at 100% CPU, and the one FIFO for all destinations stopped
+  every send behind D's. The retry delay starts at ``HOLD_RETRY_FIRST`` (50 us) and doubles
+  per refused retry up to ``HOLD_RETRY_MAX`` (8 ms); an accepted retry ends the hold. The
+  earliest retry is folded into ``deadline``; a step that runs earlier for any other reason
+  also retries a destination whose delay has passed, and a datagram received from D (it
+  reads again: its acknowledgements come back) makes D due at once, its delay reset (at
+  most one attempt per destination per step).
 * **No per-operation map.** Operations on a stream complete in submission order, so a stream
   only keeps counters (bytes in flight, one posted receive); completions are routed by their
   stream with one dictionary lookup.
@@ -161,6 +174,12 @@ _LONE_RECHECK: Final = 8  # then every 8th step drains fully again
 _LONE_LIMIT: Final = 1 << 20  # the counter wraps back to _LONE_STEPS here
 _BULK_DATAGRAM: Final = 1000  # a datagram this large is taken as part of a bulk transfer
 _THREAD_MAX_WAIT: Final = 1.0
+HOLD_PER_DESTINATION: Final = 1024
+"""Most datagrams held for one destination that refuses them; past it the oldest are dropped."""
+HOLD_RETRY_FIRST: Final = 50e-6
+"""Seconds before the first retry of a destination that refused (doubles per refusal)."""
+HOLD_RETRY_MAX: Final = 0.008
+"""The longest retry delay of a held destination."""
 
 
 # --- the I/O step ------------------------------------------------------------------------------
@@ -174,7 +193,12 @@ class DriverStatistics:
     and accepted by the carrier; ``transmits``: carrier send calls that accepted something
     (a segmented transmit carries several datagrams); ``send_drops``: datagrams dropped
     because the carrier refused them or the output queue was full (QUIC retransmits);
-    ``receive_errors``: carrier receive errors (oversized datagrams included).
+    ``receive_errors``: carrier receive errors (oversized datagrams included);
+    ``pending_datagrams``: datagrams held now (for destinations that refused them);
+    ``datagrams_held``: datagrams ever put on hold; ``hold_drops``: held datagrams dropped
+    because their destination's hold or the total bound was full (also in ``send_drops``);
+    ``send_retries``: retries of held destinations (refused or not);
+    ``held_destinations``: destinations held now.
     """
 
     steps: int
@@ -185,6 +209,24 @@ class DriverStatistics:
     receive_errors: int
     pending_datagrams: int
     socket_failed: bool
+    datagrams_held: int
+    hold_drops: int
+    send_retries: int
+    held_destinations: int
+
+
+@final
+class _Hold:
+    """The datagrams held for one destination that refused them, oldest first, and when to
+    retry it (the driver's clock)."""
+
+    __slots__ = ("count", "delay", "retry_at", "transmits")
+
+    def __init__(self, now: float) -> None:
+        self.transmits: deque[DatagramTransmit] = deque()
+        self.count = 0  # datagrams in ``transmits``
+        self.delay = HOLD_RETRY_FIRST
+        self.retry_at = now + HOLD_RETRY_FIRST
 
 
 @final
@@ -239,33 +281,39 @@ class EndpointDriver:
 
     ``step()`` is the whole I/O cycle (see the module docstring) and never blocks; the caller
     waits for the socket (``socket.readiness_fds()`` or the receive waker), the channels'
-    driver notifier, writability of ``blocked_destination`` when it is set, or ``deadline``.
-    ``step()`` returns True when it stopped draining at its batch limit (call it again soon).
+    driver notifier, or ``deadline`` (which includes the retry of held destinations: the
+    driver never asks to wait for writability, see the module docstring). ``step()`` returns
+    True when it stopped draining at its batch limit (call it again soon).
 
     Args:
         endpoint: the endpoint to drive (this object becomes its only caller).
         socket: the carrier; errors sending to one destination drop those datagrams (QUIC
-            recovers); a shut-down or broken socket calls ``on_socket_failure`` once (the
-            adapters abort the endpoint then) and drops all further output.
+            recovers), a refusal ("would block") holds them (see the module docstring); a
+            shut-down or broken socket calls ``on_socket_failure`` once (the adapters abort
+            the endpoint then) and drops all further output.
         clock: monotonic seconds; the endpoint's ``now``.
         max_datagram_size: the largest datagram expected (the endpoint's
             ``max_udp_payload``); receive buffers are sized from it unless the socket
             delivers aggregates.
         receive_batches: carrier batches drained per step before the endpoint is polled.
-        max_pending_datagrams: datagrams queued while the carrier would block; beyond it
-            new output is dropped.
+        max_pending_datagrams: datagrams held in all (over every destination that would
+            block); beyond it new output for a held destination drops that destination's
+            oldest (or the new one). Each destination holds at most
+            ``HOLD_PER_DESTINATION`` of them.
         threadsafe: False promises that every method is called from one thread (the inline
             drivers: the event loop's); ``step`` and ``flush`` then take no lock.
     """
 
     __slots__ = (
-        "_blocked",
         "_buffers",
         "_clock",
         "_counters",
         "_deadline",
         "_drains_fully",
         "_endpoint",
+        "_held",
+        "_held_count",
+        "_hold_limit",
         "_lock",
         "_lone",
         "_max_pending",
@@ -275,6 +323,7 @@ class EndpointDriver:
         "_pending",
         "_pending_count",
         "_receive_batches",
+        "_retry_at",
         "_socket",
         "_socket_failed",
         "_views",
@@ -341,16 +390,22 @@ class EndpointDriver:
         self._one = self._buffers[:1]
         self._lone = 0
         self._max_pending = max(1, max_pending_datagrams)
+        # ``_pending`` is the flush's working queue (empty between flushes); what a
+        # destination refused waits in its ``_Hold``.
         self._pending: deque[DatagramTransmit] = deque()
         self._pending_count = 0
-        self._blocked: DatagramAddr | None = None
+        self._held: dict[DatagramAddr, _Hold] = {}
+        self._held_count = 0
+        self._hold_limit = min(HOLD_PER_DESTINATION, self._max_pending)
+        self._retry_at = 0.0  # the earliest ``retry_at`` of ``_held`` (when it is not empty)
         self._deadline: float | None = None
         self._socket_failed = False
         # ``threadsafe=False`` (the inline drivers): every call comes from the event loop's
         # thread, so ``step`` and ``flush`` skip the lock (an uncontended ``with lock:`` still
         # costs about ten Python calls' worth of time, twice per request/response step).
         self._lock: threading.Lock | None = threading.Lock() if threadsafe else None
-        self._counters = [0, 0, 0, 0, 0, 0]  # steps, received, sent, transmits, drops, errors
+        # steps, received, sent, transmits, drops, errors, held, hold drops, retries
+        self._counters = [0, 0, 0, 0, 0, 0, 0, 0, 0]
         self.on_socket_failure: Callable[[], None] | None = None
 
     @property
@@ -374,9 +429,9 @@ class EndpointDriver:
         return self._deadline
 
     @property
-    def blocked_destination(self) -> DatagramAddr | None:
-        """The destination whose writability the caller must wait for, or None."""
-        return self._blocked
+    def held_destinations(self) -> tuple[DatagramAddr, ...]:
+        """The destinations whose datagrams are held (retried by ``deadline``)."""
+        return tuple(self._held)
 
     @property
     def socket_failed(self) -> bool:
@@ -387,7 +442,18 @@ class EndpointDriver:
         """An immutable snapshot of the driver's counters."""
         c = self._counters
         return DriverStatistics(
-            c[0], c[1], c[2], c[3], c[4], c[5], self._pending_count, self._socket_failed
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            self._held_count + self._pending_count,
+            self._socket_failed,
+            c[6],
+            c[7],
+            c[8],
+            len(self._held),
         )
 
     def endpoint_statistics(self) -> EndpointStatistics:
@@ -441,7 +507,8 @@ class EndpointDriver:
             endpoint.poll(now)
             if flush:
                 self._flush(now)
-                self._deadline = endpoint.get_timer()
+                deadline = endpoint.get_timer()
+                self._deadline = self._with_retry(deadline) if self._held else deadline
             return more
         finally:
             if lock is not None:
@@ -463,7 +530,8 @@ class EndpointDriver:
             if poll:
                 endpoint.poll(now)
             self._flush(now)
-            self._deadline = endpoint.get_timer()
+            deadline = endpoint.get_timer()
+            self._deadline = self._with_retry(deadline) if self._held else deadline
         finally:
             if lock is not None:
                 lock.release()
@@ -485,14 +553,22 @@ class EndpointDriver:
         endpoint.poll(now)
         if endpoint._dirty or endpoint._outbox:  # ``has_output`` without the property call
             self._flush(now)
-            self._deadline = endpoint.get_timer()
+            deadline = endpoint.get_timer()
+            self._deadline = self._with_retry(deadline) if self._held else deadline
+
+    def _with_retry(self, deadline: float | None) -> float:
+        """``deadline`` or the earliest retry of a held destination, whichever is first."""
+        retry = self._retry_at
+        return retry if deadline is None or retry < deadline else deadline
 
     def _receive(self, now: float) -> bool:
         sock = self._socket
         buffers = self._buffers
         views = self._views
         metas = self._metas
-        feed = self._endpoint.receive_datagram
+        # While output is held, a datagram from a held destination says that it reads again:
+        # it is retried in this step's flush (no cost while nothing is held).
+        feed = self._feed_waking if self._held else self._endpoint.receive_datagram
         counters = self._counters
         drains_fully = self._drains_fully
         lone = self._lone
@@ -563,6 +639,14 @@ class EndpointDriver:
                     return False
         return True
 
+    def _feed_waking(self, data: bytes, source: DatagramAddr, now: float) -> None:
+        hold = self._held.get(source)
+        if hold is not None and hold.retry_at > now:
+            hold.delay = HOLD_RETRY_FIRST
+            hold.retry_at = now
+            self._retry_at = now
+        self._endpoint.receive_datagram(data, source, now)
+
     def _fail_socket(self) -> None:
         if self._socket_failed:
             return
@@ -570,20 +654,21 @@ class EndpointDriver:
         callback = self.on_socket_failure
         if callback is not None:
             callback()
-        self._counters[4] += self._pending_count
+        self._counters[4] += self._pending_count + self._held_count
         self._pending.clear()
         self._pending_count = 0
-        self._blocked = None
+        self._held = {}
+        self._held_count = 0
 
     def _flush(self, now: float) -> None:
         batch = self._endpoint.datagrams_to_send(now)
         if self._socket_failed:
             self._counters[4] += len(batch)
             return
-        pending = self._pending
-        if len(batch) == 1 and not pending:
-            # One datagram and nothing queued before it (every request/response step): send
-            # it straight away, without building a transmit. A refusal queues it as usual.
+        held = self._held
+        if len(batch) == 1 and not held:
+            # One datagram and nothing held (every request/response step): send it straight
+            # away, without building a transmit. A refusal holds it.
             data, destination = batch[0]
             counters = self._counters
             try:
@@ -593,22 +678,32 @@ class EndpointDriver:
                 return
             except OSError:  # this destination refused (unreachable, gone, too large)
                 counters[4] += 1
-                self._blocked = None
                 return
             if sent:
                 counters[2] += 1
                 counters[3] += 1
-                self._blocked = None
-                return
-        if batch:
-            if len(batch) > 2:
-                self._lone = 0  # sending a stream of data: its acknowledgements come in bursts
-            self._queue(batch)
+            else:
+                self._hold(DatagramTransmit(destination, data), now)
+            return
+        if held and now >= self._retry_at and not self._retry_held(now):
+            self._counters[4] += len(batch)  # the socket failed
+            return
+        if not batch:
+            return
+        if len(batch) > 2:
+            self._lone = 0  # sending a stream of data: its acknowledgements come in bursts
+        self._queue(batch)
+        pending = self._pending
         sock = self._socket
         counters = self._counters
         while pending:
             transmit = pending[0]
             count = transmit.segment_count
+            if held and transmit.destination in held:
+                pending.popleft()  # behind what its destination holds: keeps its order
+                self._pending_count -= count
+                self._hold(transmit, now)
+                continue
             try:
                 accepted = sock.try_send_transmit(transmit)
             except SocketClosedError:
@@ -620,8 +715,12 @@ class EndpointDriver:
                 counters[4] += count
                 continue
             if not accepted:
-                self._blocked = transmit.destination
-                return
+                # Would block: hold it, and go on with the other destinations' output.
+                pending.popleft()
+                self._pending_count -= count
+                self._hold(transmit, now)
+                held = self._held
+                continue
             counters[2] += accepted
             counters[3] += 1
             self._pending_count -= accepted
@@ -629,13 +728,94 @@ class EndpointDriver:
                 pending.popleft()
             else:
                 pending[0] = transmit.suffix(accepted)
-        self._blocked = None
+
+    def _hold(self, transmit: DatagramTransmit, now: float) -> None:
+        """Hold ``transmit`` behind what its destination holds already, within the bounds
+        (the destination's oldest datagrams, or this one, are dropped past them)."""
+        destination = transmit.destination
+        hold = self._held.get(destination)
+        if hold is None:
+            hold = self._held[destination] = _Hold(now)
+            if len(self._held) == 1 or hold.retry_at < self._retry_at:
+                self._retry_at = hold.retry_at
+        counters = self._counters
+        count = transmit.segment_count
+        transmits = hold.transmits
+        while transmits and (
+            hold.count + count > self._hold_limit or self._held_count + count > self._max_pending
+        ):
+            oldest = transmits.popleft()
+            dropped = oldest.segment_count
+            hold.count -= dropped
+            self._held_count -= dropped
+            counters[4] += dropped
+            counters[7] += dropped
+        if hold.count + count > self._hold_limit or self._held_count + count > self._max_pending:
+            counters[4] += count  # (larger than the bound alone, or the others fill it)
+            counters[7] += count
+            if not transmits:
+                self._forget(destination)
+            return
+        transmits.append(transmit)
+        hold.count += count
+        self._held_count += count
+        counters[6] += count
+
+    def _forget(self, destination: DatagramAddr) -> None:
+        del self._held[destination]
+        held = self._held
+        if held:
+            self._retry_at = min(hold.retry_at for hold in held.values())
+
+    def _retry_held(self, now: float) -> bool:
+        """Retry every held destination whose delay has passed, once each; False if the
+        socket failed meanwhile."""
+        sock = self._socket
+        counters = self._counters
+        for destination, hold in list(self._held.items()):
+            if hold.retry_at > now:
+                continue
+            counters[8] += 1
+            transmits = hold.transmits
+            while transmits:
+                transmit = transmits[0]
+                count = transmit.segment_count
+                try:
+                    accepted = sock.try_send_transmit(transmit)
+                except SocketClosedError:
+                    self._fail_socket()
+                    return False
+                except OSError:  # this destination refused (unreachable, gone, too large)
+                    transmits.popleft()
+                    hold.count -= count
+                    self._held_count -= count
+                    counters[4] += count
+                    continue
+                if not accepted:
+                    delay = min(hold.delay * 2, HOLD_RETRY_MAX)
+                    hold.delay = delay
+                    hold.retry_at = now + delay
+                    break
+                counters[2] += accepted
+                counters[3] += 1
+                hold.count -= accepted
+                self._held_count -= accepted
+                if accepted >= count:
+                    transmits.popleft()
+                else:
+                    transmits[0] = transmit.suffix(accepted)
+            if not transmits:
+                del self._held[destination]
+        held = self._held
+        if held:
+            self._retry_at = min(hold.retry_at for hold in held.values())
+        return True
 
     def _queue(self, batch: list[tuple[bytes, DatagramAddr]]) -> None:
         """Group consecutive datagrams to one destination with equal sizes (the last of a
-        group may be shorter) into segmented transmits and queue them, within the bound."""
+        group may be shorter) into segmented transmits and queue them (one endpoint batch,
+        which the endpoint bounds; the flush empties the queue, holding what is refused)."""
         pending = self._pending
-        limit = self._max_pending
         max_segments = self._max_segments
         total = len(batch)
         index = 0
@@ -655,9 +835,6 @@ class EndpointDriver:
                     if length < size:
                         break
             count = end - index
-            if self._pending_count + count > limit:
-                self._counters[4] += total - index
-                return
             if count == 1:
                 pending.append(DatagramTransmit(destination, data))
             else:
@@ -671,9 +848,9 @@ class EndpointDriver:
     def run_forever(self, notifier: ThreadNotifier, stop: threading.Event) -> None:
         """Run steps on the calling thread until the endpoint stopped or ``stop`` is set.
 
-        Waits with ``select`` on the socket's descriptors, ``notifier`` (which must be the
-        channels' driver notifier) and, while output is blocked, the destination's send
-        descriptor; descriptor-less carriers wake it through their wakers.
+        Waits with ``select`` on the socket's descriptors and ``notifier`` (which must be
+        the channels' driver notifier) until ``deadline`` (held output is retried by it);
+        descriptor-less carriers wake it through their wakers.
         """
         sock = self._socket
         selector = selectors.DefaultSelector()
@@ -682,7 +859,6 @@ class EndpointDriver:
             fds = [] if self._socket_failed else sock.readiness_fds()
             for fd in fds:
                 selector.register(fd, selectors.EVENT_READ)
-            write_fd: int | None = None
             while not stop.is_set():
                 notifier.clear()
                 more = self.step()
@@ -690,18 +866,6 @@ class EndpointDriver:
                     return
                 if more:
                     continue
-                blocked = self._blocked
-                wanted: int | None = None
-                if blocked is not None and not self._socket_failed:
-                    wanted = sock.send_readiness_fd(blocked)
-                    if wanted is None:
-                        sock.add_send_waker(blocked, notifier.notify)
-                if wanted != write_fd:
-                    if write_fd is not None:
-                        _set_write(selector, write_fd, fds, False)
-                    if wanted is not None:
-                        _set_write(selector, wanted, fds, True)
-                    write_fd = wanted
                 if not fds and not self._socket_failed:
                     sock.add_recv_waker(notifier.notify)
                 deadline = self._deadline
@@ -711,22 +875,6 @@ class EndpointDriver:
                 selector.select(timeout)
         finally:
             selector.close()
-
-
-def _set_write(selector: selectors.BaseSelector, fd: int, readers: list[int], on: bool) -> None:
-    events = selectors.EVENT_READ if fd in readers else 0
-    if on:
-        events |= selectors.EVENT_WRITE
-    try:
-        if events:
-            try:
-                selector.modify(fd, events)
-            except KeyError:
-                selector.register(fd, events)
-        else:
-            selector.unregister(fd)
-    except (KeyError, ValueError, OSError):
-        pass
 
 
 # --- construction shared by the adapters ---------------------------------------------------------

@@ -68,7 +68,7 @@ from chrysalis.quic._stream_core import (
 )
 
 if TYPE_CHECKING:
-    from chrysalis.quic._driver import EndpointDriver
+    from chrysalis.quic._driver import DriverStatistics, EndpointDriver
 
 __all__ = [
     "DEFAULT_ACCEPT_BACKLOG",
@@ -359,6 +359,11 @@ class EndpointView:
     def statistics(self) -> EndpointStatistics:
         """The endpoint's statistics snapshot."""
         return self._driver.endpoint_statistics()
+
+    def driver_statistics(self) -> DriverStatistics:
+        """The I/O step's counters: datagrams sent, held for a destination that would block
+        (``pending_datagrams``, ``datagrams_held``, ``held_destinations``), dropped..."""
+        return self._driver.statistics()
 
 
 class EndpointFacade(EndpointView, Generic[ConnT, StreamT]):

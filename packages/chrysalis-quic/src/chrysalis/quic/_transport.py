@@ -51,7 +51,7 @@ from chrysalis.core.completion import SubmissionLimits
 from chrysalis.core.runtime import current_async_library
 from chrysalis.datagram import DatagramSocket
 from chrysalis.quic._config import EndpointLimits, QuicConfig
-from chrysalis.quic._driver import DEFAULT_DRIVER_MODE
+from chrysalis.quic._driver import DEFAULT_DRIVER_MODE, DriverStatistics
 from chrysalis.quic._endpoint_core import (
     AdapterOptions,
     AsyncEvent,
@@ -181,6 +181,8 @@ class TransportEndpoint(Protocol[S_co]):
     def local_addr(self) -> DatagramAddr: ...
 
     def wrap_stream(self, stream: StreamCore) -> S_co: ...
+
+    def driver_statistics(self) -> DriverStatistics: ...
 
     async def aclose(self, *, abort: bool = False, grace: float = 1.0) -> None: ...
 

@@ -165,11 +165,6 @@ async def _wait_fd_readable(fd: int, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _wait_fd_writable(fd: int, scope: trio.CancelScope) -> None:
-    await trio.lowlevel.wait_writable(fd)
-    scope.cancel()
-
-
 # --- the endpoint ------------------------------------------------------------------------------
 
 
@@ -412,27 +407,21 @@ class TrioEndpoint(EndpointFacade["TrioConnection", "TrioStream"]):
                 deadline = driver.deadline
                 if deadline is not None:
                     scope.deadline = trio.current_time() + max(0.0, deadline - time.monotonic())
-                write_fd: int | None = None
+                # (Held output is retried by the deadline, never on writability: see the
+                # driver.)
                 if not driver.socket_failed:
                     if not fds:
                         sock.add_recv_waker(notifier.notify_io)
-                    blocked = driver.blocked_destination
-                    if blocked is not None:
-                        write_fd = sock.send_readiness_fd(blocked)
-                        if write_fd is None:
-                            sock.add_send_waker(blocked, notifier.notify_io)
                 else:
                     fds = []
-                if write_fd is None and len(fds) == 1:
+                if len(fds) == 1:
                     await trio.lowlevel.wait_readable(fds[0])
-                elif write_fd is None and not fds:
+                elif not fds:
                     await trio.sleep_forever()
                 else:
                     async with trio.open_nursery() as nursery:
                         for fd in fds:
                             nursery.start_soon(_wait_fd_readable, fd, scope)
-                        if write_fd is not None:
-                            nursery.start_soon(_wait_fd_writable, write_fd, scope)
             except trio.ClosedResourceError:
                 pass
             finally:
