@@ -4,6 +4,7 @@ memory, TLS over TCP, failure and hostile peers (real Nodes on an in-process net
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import mmap
 import os
@@ -785,3 +786,36 @@ def envelope_for_unshare() -> Envelope:
         MessageKind.CALL, ActorAddr(b"\x01" * 16, "root"), ActorAddr(b"\x02" * 16, "a"),
         -1, "ep", 0, None, None, b"", (), b"",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("error", "gone"), [(errno.ECONNRESET, True), (errno.EPIPE, True), (errno.ENOMEM, False)]
+)
+def test_only_a_reset_or_closed_end_counts_as_the_receiver_gone(error: int, gone: bool) -> None:
+    """A sender whose acknowledgement read fails drops its unread loans only when the error
+    says the receiver's end is gone; another error (ENOMEM) keeps them parked, since the
+    receiver may still read frames already in its socket."""
+
+    class Failing:
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def recvmsg(self, *_args: object) -> Any:
+            raise OSError(error, os.strerror(error))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    async def run() -> bool:
+        loop = asyncio.get_running_loop()
+        one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender = UnixLane(one, loop, b"\x01" * 16, LaneSettings())
+        sender._sock = Failing(one)  # type: ignore[assignment]
+        sender._on_acks()
+        result = sender._peer_gone
+        sender._sock = one
+        sender.close()
+        two.close()
+        return result
+
+    assert asyncio.run(run()) is gone

@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import errno
 import itertools
 import logging
 import os
@@ -88,6 +89,7 @@ _RING: Final = _ACK.pack(0xFFFF_FFFF)
 # Nor this (LENT and DETACHED together): the receiver reads lent buffers (``shm.PeerReader``).
 _LEND_VALUE: Final = 0xFFFF_FFFE
 _LEND: Final = _ACK.pack(_LEND_VALUE)
+_PEER_GONE: Final = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN})
 _MAX_KEPT: Final = 64  # detached slots a receiver keeps open to give back, per lane
 
 MessageCallback = Callable[[Envelope, list[Any]], None]
@@ -397,7 +399,9 @@ class UnixLane:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._peer_gone = True
+            # only a reset or closed end says the receiver reads nothing more (its loans may
+            # be dropped); any other error (ENOMEM, ENOBUFS) fails the lane with them parked
+            self._peer_gone = exc.errno in _PEER_GONE
             self._fail(f"the lane to {self.peer.hex()} broke: {exc}")
             return
         for level, kind, raw in ancdata:
