@@ -12,6 +12,7 @@ import asyncio
 import functools
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from contextlib import suppress
@@ -41,6 +42,19 @@ async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
 
         return await trio.to_thread.run_sync(functools.partial(fn, *args))
     return await asyncio.to_thread(fn, *args)
+
+
+def fill_queue(path: Path) -> None:
+    """Send junk datagrams to the Unix socket at ``path`` until its receive queue is full (a
+    stopped reader: the kernel refuses the next one); the reader drops them as not QUIC."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as junk:
+        junk.setblocking(False)
+        for _ in range(100_000):
+            try:
+                junk.sendto(b"\x00" * 64, str(path))
+            except BlockingIOError:
+                return
+    raise AssertionError(f"the receive queue of {path} never filled")
 
 
 async def stream_forever(rt: Runtime, stream: object) -> None:
@@ -99,6 +113,11 @@ def test_a_stopped_unix_leaf_does_not_stop_its_parent_answering_another_child(
                     # ...and the leaf hangs mid-transfer.
                     os.kill(leaf.pid, signal.SIGSTOP)
                     stopped.append(leaf.pid)
+                    # Its receive queue fills: whether the root's own datagrams in flight
+                    # would fill it depends on its congestion window at that moment (a loaded
+                    # CI run waited 10 s for a hold in vain), so the test fills the rest, and
+                    # the root's next datagram to the leaf (data, or a loss probe) is refused.
+                    fill_queue(tmp_path / "leaf.sock")
                     endpoint = root.transport.endpoint
                     before = endpoint.driver_statistics()
                     await eventually(
