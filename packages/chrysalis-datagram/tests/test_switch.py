@@ -474,6 +474,56 @@ def test_a_stalled_destination_holds_only_its_own_share_and_delays_no_other(
         assert got == [(segment(PID_B, 40, fill), carrier.local_addr) for fill in range(4)] + [None]
 
 
+def test_stalled_destinations_cannot_keep_the_hold_full_for_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two stopped destinations, each with its share held, fill the whole hold; the switch
+    # would then receive nothing for anyone. Once their held datagrams expired they are
+    # stalled: what they refuse is dropped at once and the hold stays free for the live one.
+    monkeypatch.setattr(switch_module, "HELD_PER_DESTINATION", 1)
+    monkeypatch.setattr(switch_module, "HELD_DATAGRAMS", 2)
+    monkeypatch.setattr(switch_module, "HELD_SECONDS", 0.0)  # the first holds expire at once
+    pid_d = Pid(bytes([0xD4] * 16))
+    net = InprocNetwork(queue_capacity=2)
+    source, carrier = net.bind(), net.bind()
+    stalled_b, stalled_d, live = net.bind(), net.bind(), net.bind()
+    router = Router()
+    router.insert(PID_B, Route.permanent(stalled_b.local_addr))
+    router.insert(pid_d, Route.permanent(stalled_d.local_addr))
+    router.insert(PID_C, Route.permanent(live.local_addr))
+
+    def send(*items: tuple[Pid, int]) -> None:
+        for pid, fill in items:
+            assert source.try_send_to(segment(pid, 40, fill), carrier.local_addr)
+
+    def full_drops() -> int:
+        return router.statistics().dropped[DropReason.EGRESS_QUEUE_FULL]
+
+    with DatagramSwitch(carrier, router) as switch:
+        send((PID_B, 0), (PID_B, 1))
+        switch.pump()
+        send((pid_d, 0), (pid_d, 1))
+        switch.pump()  # both stopped destinations' queues are full now
+        send((PID_B, 2), (pid_d, 2))
+        switch.pump()  # held: the hold is full
+        monkeypatch.setattr(switch_module, "HELD_SECONDS", 60.0)
+        send((PID_C, 0))
+        assert switch.pump() == 1  # B 2 and D 2 expired (dropped, stalled); C 0 forwarded
+        assert full_drops() == 2
+        send((PID_B, 3), (pid_d, 3))
+        switch.pump()  # refused again: dropped at once, not held (before: the hold full again)
+        assert full_drops() == 4
+        send((PID_C, 1))
+        assert switch.pump() == 1  # received and forwarded: nothing holds the switch back
+        assert _received(live) == [0, 1]
+        # A stalled destination that reads again is forwarded to as before.
+        assert _received(stalled_b) == [0, 1]
+        send((PID_B, 4))
+        switch.pump()
+        assert _received(stalled_b) == [4]
+        assert full_drops() == 4
+
+
 def test_pump_thread_forwards_a_burst_past_a_unix_destination_queue(tmp_path: Path) -> None:
     # A Unix datagram socket queues net.unix.max_dgram_qlen datagrams (10 by default): a
     # burst of 40 to a destination that is not reading is held and paced, none lost.

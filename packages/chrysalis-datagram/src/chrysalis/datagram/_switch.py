@@ -138,7 +138,14 @@ HELD_PER_DESTINATION: Final = 64
 """Of those, the most held for one destination PID: one stalled destination (a stopped
 process whose socket still exists) cannot fill the whole hold."""
 HELD_SECONDS: Final = 0.05
-"""The longest a forwarded datagram is held before it is dropped (``EGRESS_QUEUE_FULL``)."""
+"""The longest a forwarded datagram is held before it is dropped (``EGRESS_QUEUE_FULL``).
+A destination whose held datagram was dropped so is *stalled* (a stopped process, most
+likely): while it goes on refusing, less than ``HELD_SECONDS`` after its last refusal, what
+it refuses is dropped at once instead of held, so several stalled destinations cannot keep
+the hold full (and the switch from receiving) for the others; the first datagram it accepts,
+or a pause in its refusals, and it is held for again."""
+_STALLED_KEYS: Final = 1024
+"""The most stalled destinations remembered (the oldest forgotten first: held for again)."""
 _HELD_RETRY_MS: Final = 1
 """The pump thread's poll timeout while it holds datagrams: the retry pace (an unconnected
 Unix datagram socket gets no wake-up when a full destination queue drains)."""
@@ -698,6 +705,8 @@ class DatagramSwitch:
         # deadline), in arrival order; used by the pump only (under _pump_lock).
         self._held: deque[tuple[bytes, bytes, float]] = deque()
         self._held_keys: dict[bytes, int] = {}  # datagrams held per target key
+        # Stalled target keys (a held datagram expired): the time of their last refusal.
+        self._stalled: dict[bytes, float] = {}
         # Counters of slow paths.
         self._stats_lock = threading.Lock()
         self._drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
@@ -1223,7 +1232,16 @@ class DatagramSwitch:
         count = keys.get(key, 0)
         if len(held) >= HELD_DATAGRAMS or count >= HELD_PER_DESTINATION:
             return _EGRESS_QUEUE_FULL
-        held.append((datagram, key, time.monotonic() + HELD_SECONDS))
+        now = time.monotonic()
+        stalled = self._stalled
+        if stalled:
+            since = stalled.get(key)
+            if since is not None:
+                if now - since < HELD_SECONDS:
+                    stalled[key] = now  # still refusing: still stalled, not held
+                    return _EGRESS_QUEUE_FULL
+                del stalled[key]
+        held.append((datagram, key, now + HELD_SECONDS))
         keys[key] = count + 1
         return None
 
@@ -1254,10 +1272,12 @@ class DatagramSwitch:
                     reason = None
                     self._count_error(1)
                 else:
-                    if reason is _EGRESS_QUEUE_FULL and now < deadline:
-                        blocked.add(key)
-                        kept.append(item)
-                        continue
+                    if reason is _EGRESS_QUEUE_FULL:
+                        if now < deadline:
+                            blocked.add(key)
+                            kept.append(item)
+                            continue
+                        self._stall(key, now)
                     if reason is None:
                         forwarded += 1
                     else:
@@ -1272,6 +1292,13 @@ class DatagramSwitch:
             if forwarded or drops:
                 router._add_counts(forwarded, drops)
         return kept
+
+    def _stall(self, key: bytes, now: float) -> None:
+        """Remember ``key`` as stalled (a held datagram of it expired). Pump only."""
+        stalled = self._stalled
+        if key not in stalled and len(stalled) >= _STALLED_KEYS:
+            del stalled[next(iter(stalled))]
+        stalled[key] = now
 
     def _forward_group(
         self, contents: bytes, size: int, ecn: int | None, count: int, key: bytes
