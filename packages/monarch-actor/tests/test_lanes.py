@@ -833,6 +833,11 @@ def test_one_mib_payloads_move_whichever_side_has_lending_off(off: str) -> None:
 
             lanes.hello = old_hello  # type: ignore[method-assign]
         on_lane(a, b)
+        lane = a.transport._peers[b.transport.pid.raw].lane
+        assert isinstance(lane, UnixLane)
+        lends = off == "nowhere" and _reads_itself()
+        if lends:  # the request is on its way: every payload below is lent
+            wait_for(lambda: lane.lend)
         n = 8
         payloads = [bytes([i]) * (1 << 20) + os.urandom(64) for i in range(n)]
         for i, data in enumerate(payloads):
@@ -842,12 +847,11 @@ def test_one_mib_payloads_move_whichever_side_has_lending_off(off: str) -> None:
         b.wait("got", n)
         assert [env.sequence for env, _ in b.got] == list(range(1, n + 1))
         assert [bytes(buffers[0]) for _env, buffers in b.got] == payloads
-        lane = a.transport._peers[b.transport.pid.raw].lane
+        # These went on the lane: the receiver started it (and asked then, or never).
         (inbound,) = b.transport._inbound_lanes
-        assert isinstance(lane, UnixLane)
         assert isinstance(inbound, UnixLane)
         wait_for(lambda: lane.shm_outstanding == 0)
-        if off == "nowhere" and _reads_itself():
+        if lends:
             assert lane.lend
             assert inbound._reader is not None
             assert (lane.pool.issued, lane.pool.lent) == (0, n)  # the sender lent every one
