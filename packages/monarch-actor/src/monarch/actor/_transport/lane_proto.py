@@ -48,6 +48,9 @@ sender that did not name it. ``features`` is an optional trailing field of the a
 ``Hello``: the decoder of the first version-1 release (no such field) skips extra trailing
 elements, so it accepts a ``Hello`` with features, and a ``Hello`` of that release (no
 features) decodes here with ``features == ()``: no lending on that lane, slots as before.
+(A ``Hello`` without features still ends with an empty list, skipped the same way.) At most 32
+names; a longer list, or anything but strings, makes the ``Hello`` malformed. A later optional
+field goes after ``features`` in the same way; no version change is needed for one.
 """
 
 from __future__ import annotations
