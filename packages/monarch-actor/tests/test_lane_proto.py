@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
@@ -25,11 +25,15 @@ from monarch.actor._base.errors import FrameError
 from monarch.actor._transport.lane_proto import (
     CONTEXT_ACCEPTOR,
     CONTEXT_DIALER,
+    FEATURE_LEND,
+    Auth,
     ControlSplitter,
     Hello,
     LaneDecoder,
     Offer,
+    Refuse,
     Switch,
+    decode_control,
     encode_control,
     lane_prefix,
     lent_prefix,
@@ -269,3 +273,60 @@ def test_proofs_bind_context_nonces_pids_and_token() -> None:
             verify_signature(identity.leaf.public_key(), signature, other)
     with pytest.raises(FrameError, match="does not verify"):
         verify_signature(issue_identity().leaf.public_key(), signature, data)
+
+
+class _HelloV1(msgspec.Struct, tag="hello", array_like=True, frozen=True):
+    """``Hello`` exactly as the first version-1 release (before ``features``) defines it."""
+
+    version: int
+    host: Annotated[bytes, msgspec.Meta(max_length=128)]
+    nonce: Annotated[bytes, msgspec.Meta(min_length=16, max_length=64)]
+    kinds: Annotated[
+        tuple[Annotated[str, msgspec.Meta(max_length=256)], ...], msgspec.Meta(max_length=4)
+    ]
+
+
+#: The control decoder of that release (its other messages are unchanged).
+_V1_DECODER = msgspec.msgpack.Decoder(_HelloV1 | Offer | Switch | Auth | Refuse)
+#: What that release writes for ``Hello(1, b"h" * 32, b"n" * 32, ("unix", "tcp"))``.
+_V1_HELLO_BODY = bytes.fromhex(
+    "95a568656c6c6f01c420" + "68" * 32 + "c420" + "6e" * 32 + "92a4756e6978a3746370"
+)
+
+
+def test_a_hello_of_the_first_version_1_release_is_accepted_without_features() -> None:
+    """A ``Hello`` without the trailing ``features`` (a sender that does not know lending is
+    negotiated) decodes, on the stream too, with no features: no request to lend."""
+    assert msgspec.msgpack.encode(_HelloV1(1, b"h" * 32, b"n" * 32, ("unix", "tcp"))) == (
+        _V1_HELLO_BODY
+    )
+    hello = decode_control(_V1_HELLO_BODY)
+    assert hello == Hello(1, b"h" * 32, b"n" * 32, ("unix", "tcp"))
+    assert isinstance(hello, Hello)
+    assert hello.features == ()
+    assert FEATURE_LEND not in hello.features
+    framed = FRAME_PREFIX.pack(0, len(_V1_HELLO_BODY)) + _V1_HELLO_BODY
+    assert ControlSplitter().feed(framed) == [hello]
+
+
+def test_a_hello_with_features_is_accepted_by_a_first_version_1_release() -> None:
+    """``features`` is a trailing field that release's decoder skips: it still reads the
+    ``Hello`` (and answers it as before); this release reads the features, unknown ones too."""
+    hello = Hello(1, b"h" * 32, b"n" * 32, ("unix",), (FEATURE_LEND, "a-later-feature"))
+    body = encode_control(hello)[FRAME_PREFIX.size :]
+    assert _V1_DECODER.decode(body) == _HelloV1(1, b"h" * 32, b"n" * 32, ("unix",))
+    assert decode_control(body) == hello
+    assert FEATURE_LEND in hello.features
+    # Without features (lending off here) an empty trailing list, skipped the same way.
+    bare = encode_control(Hello(1, b"h" * 32, b"n" * 32, ("unix", "tcp")))[FRAME_PREFIX.size :]
+    assert _V1_DECODER.decode(bare) == _V1_DECODER.decode(_V1_HELLO_BODY)
+
+
+def test_hello_features_are_bounded() -> None:
+    many = tuple(f"f{i}" for i in range(33))
+    body = msgspec.msgpack.encode(("hello", 1, b"h" * 32, b"n" * 32, ("unix",), many))
+    with pytest.raises(FrameError, match="malformed lane control"):
+        decode_control(body)
+    body = msgspec.msgpack.encode(("hello", 1, b"h" * 32, b"n" * 32, ("unix",), 7))
+    with pytest.raises(FrameError, match="malformed lane control"):
+        decode_control(body)

@@ -24,7 +24,9 @@ from monarch.actor._base.envelope import Envelope, FrameLimits
 from monarch.actor._transport import shm as _shm
 from monarch.actor._transport.lane import LaneManager, LaneSettings, TcpLane, UnixLane
 from monarch.actor._transport.lane_proto import (
+    FEATURE_LEND,
     Auth,
+    Hello,
     Offer,
     Refuse,
     decode_control,
@@ -674,7 +676,7 @@ def test_lending_is_asked_for_once_and_a_bad_loan_fails_the_lane() -> None:
         loop = asyncio.get_running_loop()
         one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sender = UnixLane(one, loop, b"\x01" * 16, LaneSettings())
-        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits(), peer_lends=True)
         ended: list[str | None] = []
         done = asyncio.Event()
 
@@ -723,7 +725,7 @@ def test_a_sender_with_lending_off_keeps_using_slots_when_asked_to_lend() -> Non
         loop = asyncio.get_running_loop()
         one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sender = UnixLane(one, loop, b"\x01" * 16, settings)
-        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits())
+        receiver = UnixLane(two, loop, b"\x02" * 16, LaneSettings(), FrameLimits(), peer_lends=True)
         receiver.start(lambda _env, _buffers: None, lambda _reason: None)
         sender.start_sender()
         deadline = time.monotonic() + 0.5
@@ -739,6 +741,127 @@ def test_a_sender_with_lending_off_keeps_using_slots_when_asked_to_lend() -> Non
         pytest.skip("this process cannot read itself with process_vm_readv")
     assert asyncio.run(run(LaneSettings(lend=False)))
     assert not asyncio.run(run(LaneSettings()))  # the check can fail: on, the sender lends
+
+
+def _v1_hello(host: bytes, nonce: bytes) -> Hello:
+    """A ``Hello`` as a sender of the release before lending was negotiated writes it (no
+    ``features`` element: the bytes that release's ``encode_control`` produces)."""
+    old = decode_control(msgspec.msgpack.encode(("hello", 1, host, nonce, ("unix", "tcp"))))
+    assert isinstance(old, Hello)
+    return old
+
+
+def test_a_sender_names_lending_in_its_hello_only_where_it_lends() -> None:
+    identity = issue_identity()
+
+    def features(settings: LaneSettings) -> tuple[str, ...]:
+        return LaneManager(identity, settings, FrameLimits, lambda _t, _l: None).hello()[0].features
+
+    assert features(LaneSettings()) == ((FEATURE_LEND,) if _shm.available() else ())
+    assert features(LaneSettings(lend=False)) == ()
+    assert features(LaneSettings(shm_threshold=0)) == ()
+    assert features(LaneSettings(kinds=("tcp",))) == ()
+
+
+@pytest.mark.parametrize("hello", ["lends", "v1", "lending-off"])
+def test_the_request_to_lend_goes_only_to_a_sender_whose_hello_named_it(hello: str) -> None:
+    """Through the real negotiation and handshake: the accepted lane's receiver asks to borrow
+    (acknowledgement ``0xFFFFFFFE`` on the socket) only when the dialer's ``Hello`` named
+    ``FEATURE_LEND``; a ``Hello`` of the earlier release (no features) or of a sender with
+    lending off gets nothing on its socket."""
+    if not _reads_itself():
+        pytest.skip("this process cannot read itself with process_vm_readv")
+    ids = {name: issue_identity() for name in ("a", "b")}
+
+    async def scenario() -> tuple[bytes, bool]:
+        accepted: list[UnixLane | TcpLane] = []
+        b = LaneManager(
+            ids["b"], LaneSettings(), FrameLimits, lambda _t, lane: accepted.append(lane)
+        )
+        dialer_settings = LaneSettings(lend=hello != "lending-off")
+        a = LaneManager(ids["a"], dialer_settings, FrameLimits, lambda _t, lane: lane.close())
+        message, nonce = a.hello()
+        if hello == "v1":
+            message = _v1_hello(message.host, nonce)
+        offer = b.offer(ids["a"].pid.raw, message, asyncio.get_running_loop().time())
+        assert offer.kind == "unix"
+        sender = await a.dial(ids["b"].pid.raw, offer, nonce)
+        for _ in range(100):
+            if accepted:
+                break
+            await asyncio.sleep(0.01)
+        (receiver,) = accepted
+        assert isinstance(sender, UnixLane)
+        assert isinstance(receiver, UnixLane)
+        receiver.start(lambda _env, _buffers: None, lambda _reason: None)
+        try:  # what the receiver wrote on starting (it writes nothing else before a frame)
+            got = sender._sock.recv(64, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            got = b""
+        asked = receiver._reader is not None
+        sender.close()
+        receiver.close()
+        a.close()
+        b.close()
+        return got, asked
+
+    got, asked = asyncio.run(scenario())
+    if hello == "lends":
+        assert (got, asked) == (b"\xff\xff\xff\xfe", True)
+    else:
+        assert (got, asked) == (b"", False)
+
+
+@pytest.mark.parametrize("off", ["nowhere", "sender", "receiver", "v1-sender"])
+def test_one_mib_payloads_move_whichever_side_has_lending_off(off: str) -> None:
+    """1 MiB ``bytes`` through real transports: lent when both sides allow it (and this process
+    can read itself), in slots when lending is off at the sender or the receiver, or when the
+    sender's ``Hello`` is of the earlier release (no features): then the receiver never asks."""
+    cluster = Cluster(NodeTransportSettings(dial_timeout=2.0))
+    try:
+        root = cluster.add()
+        a = cluster.add(root, lane_settings=LaneSettings(lend=off != "sender"))
+        b = cluster.add(root, lane_settings=LaneSettings(lend=off != "receiver"))
+        if off == "v1-sender":
+            lanes = a.transport._lanes
+            assert lanes is not None
+            hello = lanes.hello
+
+            def old_hello() -> tuple[Hello, bytes]:
+                message, nonce = hello()
+                return _v1_hello(message.host, nonce), nonce
+
+            lanes.hello = old_hello  # type: ignore[method-assign]
+        on_lane(a, b)
+        lane = a.transport._peers[b.transport.pid.raw].lane
+        assert isinstance(lane, UnixLane)
+        lends = off == "nowhere" and _reads_itself()
+        if lends:  # the request is on its way: every payload below is lent
+            wait_for(lambda: lane.lend)
+        n = 8
+        payloads = [bytes([i]) * (1 << 20) + os.urandom(64) for i in range(n)]
+        for i, data in enumerate(payloads):
+            a.transport.send(
+                with_buffers(envelope(a, b.transport.pid, 1 + i), [data]), [memoryview(data)]
+            )
+        b.wait("got", n)
+        assert [env.sequence for env, _ in b.got] == list(range(1, n + 1))
+        assert [bytes(buffers[0]) for _env, buffers in b.got] == payloads
+        # These went on the lane: the receiver started it (and asked then, or never).
+        (inbound,) = b.transport._inbound_lanes
+        assert isinstance(inbound, UnixLane)
+        wait_for(lambda: lane.shm_outstanding == 0)
+        if lends:
+            assert lane.lend
+            assert inbound._reader is not None
+            assert (lane.pool.issued, lane.pool.lent) == (0, n)  # the sender lent every one
+        else:
+            assert not lane.lend
+            assert inbound._reader is None  # never asked (so never read the sender's memory)
+            assert lane.pool.lent == 0
+            assert (lane.pool.issued, lane.pool.detached_issued) == (n, 0)  # slots instead
+    finally:
+        cluster.close()
 
 
 def test_the_lane_lend_bytes_setting_reaches_the_default_lane_settings() -> None:

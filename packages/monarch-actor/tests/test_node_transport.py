@@ -85,7 +85,10 @@ class Cluster:
         parent: Member | None = None,
         limits: FrameLimits | None = None,
         hosts: Callable[[bytes], bool] | None = None,
+        lane_settings: LaneSettings | None = None,
     ) -> Member:
+        """A new member (``lane_settings``: this one's, instead of the cluster's)."""
+
         async def start() -> Member:
             join = None if parent is None else JoinSettings(parent.node.local_addr, parent.node.pid)
             identity = issue_identity()
@@ -94,7 +97,8 @@ class Cluster:
             await node.wait_connected()
             transport = NodeProcessTransport(
                 node, self.loop, limits=limits, settings=self.settings, hosts=hosts,
-                identity=identity if self.lanes else None, lanes=self.lane_settings,
+                identity=identity if self.lanes else None,
+                lanes=lane_settings or self.lane_settings,
             )  # fmt: skip
             member = Member(node, transport)
             transport.attach(self.loop, member.deliver, member.bounce)

@@ -18,8 +18,10 @@ halves of the handshake. Everything runs on the runtime loop.
   detached slot (the receiver's, acknowledged on receipt and given back, descriptor and all,
   when it is done with it, so that its pages are reused warm), over both bounds inline. A
   receiver that can read its sender's memory asks it once to lend its large ``bytes``
-  (``LaneSettings.lend``, ``shm.PeerReader``): those are read straight into the receiver's
-  ``bytes``, one copy end to end, and acknowledged like slots.
+  (``LaneSettings.lend``, ``shm.PeerReader``), only when the sender's ``Hello`` named
+  ``FEATURE_LEND`` (a sender of a release without it takes the request for a stray
+  acknowledgement): those are read straight into the receiver's ``bytes``, one copy end to end,
+  and acknowledged like slots.
 - TCP lanes (another host) use ``ssl`` through asyncio streams: TLS 1.3, certificates required
   both ways and verified against the cluster roots, and the peer PID taken from the TLS leaf and
   compared with the PID the negotiation named.
@@ -58,6 +60,7 @@ from monarch.actor._transport import shm as _shm
 from monarch.actor._transport.lane_proto import (
     CONTEXT_ACCEPTOR,
     CONTEXT_DIALER,
+    FEATURE_LEND,
     Auth,
     Hello,
     LaneDecoder,
@@ -86,7 +89,8 @@ _GIVE_BACK: Final = _ACK.pack(0)  # slot 0 is never sent: a detached slot given 
 # both): the receiver's
 # acknowledgement ring, its descriptor beside it (``shm.AckRing``).
 _RING: Final = _ACK.pack(0xFFFF_FFFF)
-# Nor this (LENT and DETACHED together): the receiver reads lent buffers (``shm.PeerReader``).
+# Nor this (LENT and DETACHED together): the receiver reads lent buffers (``shm.PeerReader``);
+# sent only to a sender whose ``Hello`` named ``FEATURE_LEND``.
 _LEND_VALUE: Final = 0xFFFF_FFFE
 _LEND: Final = _ACK.pack(_LEND_VALUE)
 _PEER_GONE: Final = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN})
@@ -120,7 +124,8 @@ class LaneSettings:
             malloc as it is).
         lend: a Unix lane's receiver that can read its sender's memory (``shm.PeerReader``)
             asks it to lend its large ``bytes`` instead of copying them into slots: one copy
-            end to end; its sender lends only where its own setting allows it too (``False``
+            end to end. A sender names ``FEATURE_LEND`` in its ``Hello`` only where this is on
+            (and shared memory is), and a receiver asks only a sender that named it (``False``
             on either side: every large buffer goes through a slot; the ``lane_lend_bytes``
             setting, ``MONARCH_LANE_LEND_BYTES``).
         tcp_host: address the TCP listener binds and offers (``None``: no TCP lanes offered).
@@ -194,6 +199,7 @@ class _Pending:
     nonce: bytes
     kind: str
     deadline: float
+    lends: bool = False  # the dialer's Hello named FEATURE_LEND
 
 
 class UnixLane:
@@ -202,7 +208,8 @@ class UnixLane:
     Outbound: ``send_frame(pieces, fds, nbytes)`` writes at once when the socket accepts it and
     buffers the rest (the transport bounds what it hands over); ``on_written(nbytes)`` reports
     each frame handed to the kernel, ``on_failed(reason)`` the end of the lane. Inbound:
-    ``start(on_message, on_end)`` begins reading.
+    ``start(on_message, on_end)`` begins reading; ``peer_lends`` (the sender's ``Hello`` named
+    ``FEATURE_LEND``) allows it to ask the sender to lend.
     """
 
     shm: bool = True
@@ -215,6 +222,8 @@ class UnixLane:
         peer: bytes,
         settings: LaneSettings,
         limits: FrameLimits | None = None,
+        *,
+        peer_lends: bool = False,
     ) -> None:
         sock.setblocking(False)
         self._sock = sock
@@ -244,6 +253,7 @@ class UnixLane:
         self._ring: _shm.AckRing | None = None  # receiver: acknowledgements without a write
         self._ring_failed = False  # receiver: no ring here (acknowledgements on the socket)
         self._reader: _shm.PeerReader | None = None  # receiver: reads lent buffers
+        self._peer_lends = peer_lends  # receiver: the sender understands a request to lend
         self.lend = False
         """(sender) The receiver reads lent ``bytes`` (``shm.PeerReader``): lend them."""
         self._peer_gone = False  # (sender) the receiver's end closed: it reads nothing more
@@ -451,14 +461,16 @@ class UnixLane:
         self._decoder = LaneDecoder(self._limits, self._settings.max_fds)
         self._on_message = on_message
         self._on_end = on_end
-        if self._settings.lend and self.shm:
+        if self._settings.lend and self.shm and self._peer_lends:
             self._offer_reads(self._decoder)
         self._loop.add_reader(self._fd, self._on_readable)
         self._on_readable()
 
     def _offer_reads(self, decoder: LaneDecoder) -> None:
         """Ask the sender to lend its large ``bytes`` when this process can read its memory
-        (once, before any frame is read; kept to ourselves when the socket refuses it now)."""
+        (once, before any frame is read; kept to ourselves when the socket refuses it now).
+        Only for a sender that named ``FEATURE_LEND`` (``peer_lends``): one of an earlier
+        release would end the lane on this acknowledgement of a slot it never sent."""
         reader = _shm.PeerReader.open(self._sock)
         if reader is None:
             return
@@ -918,7 +930,11 @@ class LaneManager:
     def hello(self) -> tuple[Hello, bytes]:
         """The ``Hello`` to send, and its nonce (kept by the caller for the proof)."""
         nonce = os.urandom(32)
-        return Hello(1, self.host, nonce, self.settings.kinds), nonce
+        settings = self.settings
+        # Named only where this process would lend when asked (``UnixLane._on_acks``).
+        lends = settings.lend and settings.shm_threshold > 0 and _shm.available()
+        features = (FEATURE_LEND,) if lends and "unix" in settings.kinds else ()
+        return Hello(1, self.host, nonce, settings.kinds, features), nonce
 
     async def dial(self, peer: bytes, offer: Offer, nonce: bytes) -> Lane:
         """Connect and authenticate the offered lane (bounded by ``handshake_timeout``)."""
@@ -1006,8 +1022,9 @@ class LaneManager:
         if not kind:
             return none
         self._pending[token] = _Pending(
-            peer, hello.nonce, nonce, kind, now + self.settings.handshake_timeout
-        )
+            peer, hello.nonce, nonce, kind, now + self.settings.handshake_timeout,
+            FEATURE_LEND in hello.features,
+        )  # fmt: skip
         if kind == "unix":
             return Offer("unix", "@" + self._unix_name, 0, nonce, token)
         assert self.settings.tcp_host is not None
@@ -1075,7 +1092,7 @@ class LaneManager:
         try:
             async with asyncio.timeout(self.settings.handshake_timeout):
                 auth = await _read_message(_sock_reader(loop, conn))
-                answer, token, peer = self._judge(auth, "unix")
+                answer, token, peer, lends = self._judge(auth, "unix")
                 await loop.sock_sendall(conn, encode_handshake(answer))
         except (Exception, asyncio.CancelledError) as exc:
             _log.debug("Unix lane handshake failed: %r", exc)
@@ -1084,7 +1101,7 @@ class LaneManager:
         if token is None:
             conn.close()
             return
-        lane = UnixLane(conn, loop, peer, self.settings, self._limits())
+        lane = UnixLane(conn, loop, peer, self.settings, self._limits(), peer_lends=lends)
         self._on_accepted(token, lane)
 
     async def _accept_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -1092,7 +1109,7 @@ class LaneManager:
             async with asyncio.timeout(self.settings.handshake_timeout):
                 tls_peer = _tls_peer(writer)
                 auth = await _read_message(reader.readexactly)
-                answer, token, peer = self._judge(auth, "tcp", tls_peer)
+                answer, token, peer, _lends = self._judge(auth, "tcp", tls_peer)
                 writer.write(encode_handshake(answer))
                 await writer.drain()
         except (Exception, asyncio.CancelledError) as exc:
@@ -1106,15 +1123,17 @@ class LaneManager:
 
     def _judge(
         self, auth: Any, kind: str, tls_peer: bytes | None = None
-    ) -> tuple[Auth | Refuse, bytes | None, bytes]:
-        """Check a dialer's ``Auth``; the answer to send, and the token when accepted."""
+    ) -> tuple[Auth | Refuse, bytes | None, bytes, bool]:
+        """Check a dialer's ``Auth``; the answer to send, and the token, the peer and whether
+        its ``Hello`` named ``FEATURE_LEND`` when accepted."""
         if not isinstance(auth, Auth):
-            return Refuse("expected an Auth message"), None, b""
+            return Refuse("expected an Auth message"), None, b"", False
         pending = self._pending.pop(auth.token, None)
         if pending is None or pending.kind != kind:
-            return Refuse("unknown or expired lane token"), None, b""
+            return Refuse("unknown or expired lane token"), None, b"", False
         if tls_peer is not None and tls_peer != pending.peer:
-            return Refuse("the TLS peer is not the process that negotiated this lane"), None, b""
+            refusal = Refuse("the TLS peer is not the process that negotiated this lane")
+            return refusal, None, b"", False
         try:
             _check_auth(
                 auth, self._identity.roots, pending.peer,
@@ -1122,13 +1141,13 @@ class LaneManager:
                             self._pid, auth.token),
             )  # fmt: skip
         except FrameError as exc:
-            return Refuse(str(exc)), None, b""
+            return Refuse(str(exc)), None, b"", False
         signature = sign(
             self._identity.private_key,
             proof_bytes(CONTEXT_ACCEPTOR, pending.dialer_nonce, pending.nonce, pending.peer,
                         self._pid, auth.token),
         )  # fmt: skip
-        return Auth(auth.token, self._chain, signature), auth.token, pending.peer
+        return Auth(auth.token, self._chain, signature), auth.token, pending.peer, pending.lends
 
     # -- TLS ------------------------------------------------------------------------------------
     def _load_chain(self, context: ssl.SSLContext) -> None:

@@ -11,8 +11,9 @@ reverse direction carries B's answers). Control messages are frames whose 12-byt
 prefix has ``header_len == 0`` (never a valid envelope frame) and whose body is a msgpack
 ``Control`` value:
 
-1. A writes ``Hello`` (its host key, a nonce, the lane kinds it accepts) right after the stream
-   magic, and keeps sending envelopes on the stream meanwhile.
+1. A writes ``Hello`` (its host key, a nonce, the lane kinds it accepts, and the optional
+   features it understands, ``features``) right after the stream magic, and keeps sending
+   envelopes on the stream meanwhile.
 2. B answers ``Offer``: the lane kind (``unix`` when the host keys match, ``tcp`` otherwise, ``""``
    for none), where to connect, its own nonce and a single-use token.
 3. A connects and proves its identity on the lane with ``Auth``: token, certificate chain and a
@@ -37,6 +38,19 @@ there). ``LaneDecoder`` reads frames with ``get_buffer``/
 ``buffer_updated`` (large buffers are received straight into their final ``bytearray``), takes
 the shared-memory descriptors passed beside the bytes in order, and enforces the frame limits
 before reserving memory.
+
+Features (``Hello.features``, version 1 throughout): names of optional behaviour the sender
+understands; a receiver uses one only where the sender named it and ignores names it does not
+know. ``FEATURE_LEND``: the sender understands the receiver's request to lend (an
+acknowledgement value, ``lane``) and lends its large ``bytes`` once asked, where its own
+setting allows it (it names the feature only then). A receiver never sends that request to a
+sender that did not name it. ``features`` is an optional trailing field of the array-encoded
+``Hello``: the decoder of the first version-1 release (no such field) skips extra trailing
+elements, so it accepts a ``Hello`` with features, and a ``Hello`` of that release (no
+features) decodes here with ``features == ()``: no lending on that lane, slots as before.
+(A ``Hello`` without features still ends with an empty list, skipped the same way.) At most 32
+names; a longer list, or anything but strings, makes the ``Hello`` malformed. A later optional
+field goes after ``features`` in the same way; no version change is needed for one.
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ from monarch.actor._transport.shm import LENT
 __all__ = [
     "CONTEXT_ACCEPTOR",
     "CONTEXT_DIALER",
+    "FEATURE_LEND",
     "LANE_TYPE_ENVELOPE",
     "LANE_TYPE_LENT",
     "MAX_CONTROL_BYTES",
@@ -96,6 +111,8 @@ _LENT_ENTRY = struct.Struct(">HIQ")
 _SLOT: Final = 0xFFFF_FFFF  # a slot number out of a decoder's shm value (lent: address above)
 _PLAIN_HEAD = _LANE_HEAD.size + FRAME_PREFIX.size  # a lane frame's head without slots
 _HANDSHAKE_PREFIX = struct.Struct(">I")
+#: ``Hello.features``: the sender lends its large ``bytes`` when its receiver asks.
+FEATURE_LEND: Final = "lend"
 _DIRECT_MIN: Final = 64 * 1024
 
 _Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=64)]
@@ -104,12 +121,15 @@ _Short = Annotated[str, msgspec.Meta(max_length=256)]
 
 
 class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
-    """A -> B on the stream: A's host key, nonce and the lane kinds it accepts."""
+    """A -> B on the stream: A's host key, nonce, the lane kinds it accepts and the features it
+    understands (``FEATURE_LEND``; a trailing field with a default, which a version-1 peer
+    without it skips and omits: module docstring)."""
 
     version: int
     host: Annotated[bytes, msgspec.Meta(max_length=128)]
     nonce: _Nonce
     kinds: Annotated[tuple[_Short, ...], msgspec.Meta(max_length=4)]
+    features: Annotated[tuple[_Short, ...], msgspec.Meta(max_length=32)] = ()
 
 
 class Offer(msgspec.Struct, tag="offer", array_like=True, frozen=True):

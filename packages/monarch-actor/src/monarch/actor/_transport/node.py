@@ -54,7 +54,8 @@ path. On a Unix lane, buffers of at least ``LaneSettings.shm_threshold`` bytes t
 slots (``shm``): the sender copies them once, straight from the caller's memory into a pooled
 memfd slot, and the receiver copies a ``bytes`` out once or rebuilds an array or tensor over a
 private mapping of the slot (no copy). A ``bytes`` is lent instead where the receiver can read
-this process (``shm.ShmPool.lend``): no copy here, one read into the receiver's ``bytes`` there.
+this process (``shm.ShmPool.lend``; negotiated: the ``Hello`` names ``FEATURE_LEND`` where
+lending is on here): no copy here, one read into the receiver's ``bytes`` there.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ next ones: bounded by the trim threshold it sets (the lane passes ``heap_retain`
 Lent ``bytes`` (``ShmPool.lend``, ``PeerReader``): a ``bytes`` cannot change, so the sender need
 not copy it at all. Where the receiver can read the sender's memory (``process_vm_readv``: the
 same user, and no ptrace restriction such as Yama's ``ptrace_scope`` >= 1 in the way; probed once
-per lane), it says so once, and from then on the sender lends such a buffer: the frame carries
+per lane) and the sender named lending in its ``Hello`` (``lane_proto.FEATURE_LEND``), it says
+so once, and from then on the sender lends such a buffer: the frame carries
 its address, the sender keeps a reference to the object (counted against ``max_bytes`` like a
 slot in flight), and the receiver reads it with one ``process_vm_readv`` straight into the new
 ``bytes`` it hands to the codec (the GIL released meanwhile), then acknowledges the loan like a
