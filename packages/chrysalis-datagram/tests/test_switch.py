@@ -516,12 +516,22 @@ def test_stalled_destinations_cannot_keep_the_hold_full_for_the_others(
         send((PID_C, 1))
         assert switch.pump() == 1  # received and forwarded: nothing holds the switch back
         assert _received(live) == [0, 1]
-        # A stalled destination that reads again is forwarded to as before.
+        # A stalled destination that reads again is forwarded to, and held for, as before.
         assert _received(stalled_b) == [0, 1]
-        send((PID_B, 4))
-        switch.pump()
-        assert _received(stalled_b) == [4]
+        send((PID_B, 4), (PID_B, 5))
+        switch.pump()  # both accepted: its queue is full again, and B is no longer stalled
+        send((PID_B, 6))
+        switch.pump()  # refused: held (not dropped), although less than 60 s went by
         assert full_drops() == 4
+        assert _received(stalled_b) == [4, 5]
+        switch.pump()
+        assert _received(stalled_b) == [6]
+        assert full_drops() == 4
+        # D, still stopped, stays stalled: its next refused datagram is dropped, not held.
+        send((pid_d, 4))
+        switch.pump()
+        assert full_drops() == 5
+        assert _received(stalled_d) == [0, 1]
 
 
 def test_pump_thread_forwards_a_burst_past_a_unix_destination_queue(tmp_path: Path) -> None:

@@ -142,10 +142,11 @@ HELD_SECONDS: Final = 0.05
 A destination whose held datagram was dropped so is *stalled* (a stopped process, most
 likely): while it goes on refusing, less than ``HELD_SECONDS`` after its last refusal, what
 it refuses is dropped at once instead of held, so several stalled destinations cannot keep
-the hold full (and the switch from receiving) for the others; the first datagram it accepts,
-or a pause in its refusals, and it is held for again."""
+the hold full (and the switch from receiving) for the others. Once it accepts a forwarded
+datagram, or after a pause in its refusals, it is held for again."""
 _STALLED_KEYS: Final = 1024
-"""The most stalled destinations remembered (the oldest forgotten first: held for again)."""
+"""The most stalled destinations remembered (the one refused longest ago is forgotten first:
+held for again)."""
 _HELD_RETRY_MS: Final = 1
 """The pump thread's poll timeout while it holds datagrams: the retry pace (an unconnected
 Unix datagram socket gets no wake-up when a full destination queue drains)."""
@@ -1114,6 +1115,7 @@ class DatagramSwitch:
         buffers = self._buffers
         bindings = self._bindings
         held_keys = self._held_keys
+        stalled = self._stalled
         send_one = self._router._send_one
         egress = self._carrier
         received = 0
@@ -1188,7 +1190,7 @@ class DatagramSwitch:
                     received += j - i - 1
                     if ecn is None and key in held_keys:  # behind its held ones, in order
                         for k in range(i, j):
-                            reason = self._hold(bytes(views[k][:length]), key)
+                            reason = self._hold(bytes(views[k][:length]), key, refused=False)
                             if reason is not None:
                                 drops[reason] = drops.get(reason, 0) + 1
                         i = j
@@ -1199,7 +1201,7 @@ class DatagramSwitch:
                     continue
                 i += 1
                 if ecn is None and key in held_keys:  # behind its held ones, in order
-                    reason = self._hold(bytes(view), key)
+                    reason = self._hold(bytes(view), key, refused=False)
                     if reason is not None:
                         drops[reason] = drops.get(reason, 0) + 1
                     continue
@@ -1214,6 +1216,8 @@ class DatagramSwitch:
                     continue
                 if reason is None:
                     forwarded += 1
+                    if stalled:
+                        stalled.pop(key, None)  # it accepts again: held for again
                 elif reason is _EGRESS_QUEUE_FULL and self._hold(bytes(view), key) is None:
                     pass  # held: retried by the next pump
                 else:
@@ -1223,10 +1227,11 @@ class DatagramSwitch:
                 self._router._add_counts(forwarded, drops)
         return received
 
-    def _hold(self, datagram: bytes, key: bytes) -> DropReason | None:
+    def _hold(self, datagram: bytes, key: bytes, *, refused: bool = True) -> DropReason | None:
         """Hold a forwarded datagram whose egress queue is full (``None``), or say it must
-        be dropped (``EGRESS_QUEUE_FULL``: the hold, or its destination's share, is full).
-        Pump only."""
+        be dropped (``EGRESS_QUEUE_FULL``: the hold, or its destination's share, is full, or
+        the destination is stalled). ``refused``: its egress refused it just now (not: it
+        queues behind its destination's held ones unsent). Pump only."""
         held = self._held
         keys = self._held_keys
         count = keys.get(key, 0)
@@ -1238,7 +1243,9 @@ class DatagramSwitch:
             since = stalled.get(key)
             if since is not None:
                 if now - since < HELD_SECONDS:
-                    stalled[key] = now  # still refusing: still stalled, not held
+                    if refused:  # still refusing: still stalled (and the newest), not held
+                        del stalled[key]
+                        stalled[key] = now
                     return _EGRESS_QUEUE_FULL
                 del stalled[key]
         held.append((datagram, key, now + HELD_SECONDS))
@@ -1280,6 +1287,8 @@ class DatagramSwitch:
                         self._stall(key, now)
                     if reason is None:
                         forwarded += 1
+                        if self._stalled:
+                            self._stalled.pop(key, None)  # it accepts again
                     else:
                         drops[reason] = drops.get(reason, 0) + 1
                 left = keys[key] - 1
@@ -1296,8 +1305,8 @@ class DatagramSwitch:
     def _stall(self, key: bytes, now: float) -> None:
         """Remember ``key`` as stalled (a held datagram of it expired). Pump only."""
         stalled = self._stalled
-        if key not in stalled and len(stalled) >= _STALLED_KEYS:
-            del stalled[next(iter(stalled))]
+        if stalled.pop(key, None) is None and len(stalled) >= _STALLED_KEYS:
+            del stalled[next(iter(stalled))]  # the one refused longest ago
         stalled[key] = now
 
     def _forward_group(
@@ -1333,6 +1342,8 @@ class DatagramSwitch:
                 return
             if reason is not None:
                 return
+            if accepted and self._stalled:
+                self._stalled.pop(key, None)  # it accepts again
             count -= accepted
             offset += accepted * size
 
