@@ -117,3 +117,37 @@ def test_a_dead_peer_still_reaches_the_idle_timeout() -> None:
     # interval: the first PING after it restarts the timer, RFC 9000 section 10.1).
     assert net.now - dead_at <= IDLE + 0.5 + 0.01
     assert client.endpoint.statistics().keepalive_pings >= 1
+
+
+def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_resumes() -> None:
+    """A process stopped (``SIGSTOP``, starved) for longer than the idle timeout reads, when it
+    runs again, the datagrams queued meanwhile before its timers fire (a driver reads first).
+    Those must not revive the connection the peer has discarded: fed first, they restarted
+    the idle timer and their acknowledgements, late by the whole stop, inflated the RTT and
+    with it the idle timeout's floor of three PTOs (38 s measured after a 10 s stop). The
+    connection ends (idle) with the first of them; they are dropped."""
+    net = Net()
+    client = net.add("client", role=EndpointRole.CLIENT, config=_config(0.5))
+    server = net.add("server", role=EndpointRole.SERVER, config=_config(0.5))
+    conn = client.connect(server)
+    stream = client.open(conn)
+    client.send(stream, b"request")
+    net.pump()  # the request leaves; its acknowledgement arrives while the client is stopped
+    queued: list[tuple[DatagramAddr, bytes]] = []
+    client_addr: DatagramAddr = client.addr
+
+    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
+        if destination == client_addr:
+            queued.append((source, data))
+
+    net.observers.append(queue)
+    del net.nodes[client_addr]  # stopped: nothing delivered, no timer fired
+    net.run_for(3 * IDLE)
+    assert len(_closed(server)) == 1  # the peer idled out and forgot the connection
+    assert queued  # its acknowledgement and PINGs wait in the stopped process's socket
+    net.observers.remove(queue)
+    net.nodes[client_addr] = client  # resumed: the queued datagrams are read first
+    for source, data in queued:
+        client.endpoint.receive_datagram(data, source, net.now)
+    net.pump()
+    assert _closed(client) == [ConnectionClosed(conn)]  # at once, not one idle timeout later

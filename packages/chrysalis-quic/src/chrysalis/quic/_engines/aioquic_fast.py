@@ -949,6 +949,18 @@ class FastQuicConnection(QuicConnection):
     # -- receive ------------------------------------------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: NetworkAddress, now: float) -> None:
+        close_at = self._close_at
+        if close_at is not None and now >= close_at:
+            # Not aioquic's order (with or without the fast paths): a datagram read once the
+            # idle timeout (or the closing period) has run out ends the connection first and
+            # is dropped. A process stopped or starved for longer than the idle timeout
+            # reads, when it runs again, the datagrams queued meanwhile before its timer
+            # fires; fed first, they restarted the idle timer of a connection the peer had
+            # already discarded, and their acknowledgements, seconds late, made RTT samples
+            # of the whole stop (3 PTOs, the floor of the idle timeout, then reached 30 s
+            # and more). See ``chrysalis.quic`` README, "Keepalive".
+            self.handle_timer(now)
+            return
         if (
             not self._chrysalis_fast
             or self._state is not _CONNECTED
