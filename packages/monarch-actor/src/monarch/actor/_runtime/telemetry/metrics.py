@@ -67,6 +67,7 @@ __all__ = [
     "Meter",
     "MetricPoint",
     "UpDownCounter",
+    "add_switch_listener",
     "call_completed",
     "call_opened",
     "descriptions",
@@ -85,7 +86,9 @@ __all__ = [
     "record_endpoint",
     "reset_metrics",
     "set_enabled",
+    "set_hooks",
     "set_mirrored",
+    "switched",
 ]
 
 #: Distinct attribute sets per instrument; later ones are counted in one overflow series.
@@ -443,8 +446,9 @@ def reset_metrics() -> None:
 def set_mirrored(on: bool) -> None:
     """Give every registered instrument its OpenTelemetry twin (``on``; the mirror must be
     loaded) or drop the twins; instruments registered later follow the mirror's state."""
-    global _MIRROR, HOOKS
-    _MIRROR = HOOKS = bool(on)
+    global _MIRROR
+    _MIRROR = bool(on)
+    set_hooks(_MIRROR)
     with _instruments_lock:
         instruments = list(_instruments.values())
     for instrument in instruments:
@@ -460,6 +464,35 @@ def set_enabled(on: bool) -> None:
     METRICS = bool(on)
     if not METRICS:
         _opened.clear()  # calls opened while on are not timed once it is off
+    switched()
+
+
+def set_hooks(on: bool) -> None:
+    """Make the runtime call the hooks (``on_sent``, ...) rather than record inline (``HOOKS``:
+    the mirror sets it, a profiler may)."""
+    global HOOKS
+    HOOKS = bool(on)
+    switched()
+
+
+#: Told (called) whenever a switch changes (``switched``): the runtime's modules keep the
+#: switches their hot paths test as module globals of their own (one ``LOAD_GLOBAL`` each,
+#: and one test where ``METRICS`` and ``HOOKS`` were two), rebound by their listener.
+_switch_listeners: list[Callable[[], None]] = []
+
+
+def add_switch_listener(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` now and whenever ``METRICS``, ``HOOKS`` or the tracing switch
+    changes (``switched``); it reads the switches it needs."""
+    _switch_listeners.append(listener)
+    listener()
+
+
+def switched() -> None:
+    """A switch changed (``set_enabled``, ``set_hooks``; ``enable_telemetry`` after it set
+    every switch): tell the listeners (``add_switch_listener``)."""
+    for listener in list(_switch_listeners):
+        listener()
 
 
 # The runtime's own instruments.
@@ -520,7 +553,8 @@ _MIRROR = False
 #: Whether the runtime must call ``on_sent``, ``on_received``, ``on_enqueued``, ``call_opened``
 #: and ``call_completed`` rather than do what they do itself (``_runtime.proc`` inlines them:
 #: one frame less each, per envelope or call): while the mirror is on (``set_mirrored``), or
-#: when a profiler sets it to time those hooks.
+#: when a profiler times those hooks (``set_hooks``: assigning it directly would not reach
+#: the runtime's copies, ``add_switch_listener``).
 HOOKS = False
 #: Entries a raw log holds before the hook that fills it folds every log (``_fold``).
 FOLD_AT: Final = 4096
