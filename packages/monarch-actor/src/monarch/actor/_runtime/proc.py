@@ -158,6 +158,7 @@ _sent_log = _metrics._sent_log
 _sent_ticks = _metrics.sent_ticks
 _received_tick = _metrics.received_tick
 _depth_tick = _metrics.depth_tick
+_SMALL_DEPTHS = _metrics.SMALL_DEPTHS
 _call_logs = _metrics._call_logs
 _perf_counter = time.perf_counter
 _KIND_BITS = _metrics._KIND_BITS
@@ -619,9 +620,9 @@ class ProcRuntime:
             item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
         if _INLINE:  # ``on_enqueued`` inlined: a depth below ``SMALL_DEPTHS`` is ticked
             depth = len(cell.mailbox._items)
-            try:
+            if depth < _SMALL_DEPTHS:
                 _depth_tick[depth]()
-            except IndexError:
+            else:  # (not by ``IndexError``: a backlogged actor's every enqueue would raise)
                 _telemetry.on_enqueued(depth)
         elif _HOOKED:
             _telemetry.on_enqueued(len(cell.mailbox._items))
