@@ -155,9 +155,9 @@ _UNCOUNTED = frozenset((HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS))
 # one append to its raw log (folded as the hook's entries are: ``_metrics._fold``) or one tick
 # of its counter.
 _sent_log = _metrics._sent_log
-_sent_ticks = _metrics.sent_ticks
-_received_tick = _metrics.received_tick
-_depth_tick = _metrics.depth_tick
+_sent_counters = _metrics.sent_counters
+_received_counters = _metrics.received_counters
+_depth_counters = _metrics.depth_counters
 _SMALL_DEPTHS = _metrics.SMALL_DEPTHS
 _call_logs = _metrics._call_logs
 _perf_counter = time.perf_counter
@@ -461,9 +461,9 @@ class ProcRuntime:
         )
         if _INLINE:  # ``on_sent`` inlined: counted if its code was seen before, else logged
             code = (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
-            tick = _sent_ticks.get(code)
-            if tick is not None:
-                tick()
+            counter = _sent_counters.get(code)
+            if counter is not None:
+                next(counter)
             else:
                 _sent_log.append(code)
                 if len(_sent_log) >= _FOLD_AT:
@@ -553,7 +553,7 @@ class ProcRuntime:
     def _on_envelope(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
         if _INLINE:  # ``on_received`` inlined
             if env.endpoint not in _UNCOUNTED:
-                _received_tick[env.kind]()
+                next(_received_counters[env.kind])
         elif _HOOKED and env.endpoint not in _UNCOUNTED:
             _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
@@ -621,7 +621,7 @@ class ProcRuntime:
         if _INLINE:  # ``on_enqueued`` inlined: a depth below ``SMALL_DEPTHS`` is ticked
             depth = len(cell.mailbox._items)
             if depth < _SMALL_DEPTHS:
-                _depth_tick[depth]()
+                next(_depth_counters[depth])
             else:  # (not by ``IndexError``: a backlogged actor's every enqueue would raise)
                 _telemetry.on_enqueued(depth)
         elif _HOOKED:

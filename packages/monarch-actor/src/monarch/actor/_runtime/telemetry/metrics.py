@@ -15,7 +15,7 @@ Cost: a hook takes no lock and builds no histogram. It appends its raw observati
 envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
 bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
 values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, a sent envelope's
-kind and size once logged: ``sent_ticks``), ticks a counter of that value (``next`` of an
+kind and size once logged: ``sent_counters``), ticks a counter of that value (``next`` of an
 ``itertools.count``, one C call, atomic under the GIL: no log entry, no bound to check, nothing
 to fold per observation). The logs and counters are folded into the instruments (counts by kind,
 histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when a log
@@ -569,27 +569,29 @@ _KIND_MASK: Final = (1 << _KIND_BITS) - 1
 assert max(MessageKind) <= _KIND_MASK
 #: A sent envelope's code (``size << _KIND_BITS | kind``) that was logged once is counted from
 #: the next fold on, like a received kind (a program's messages mostly repeat their kinds and
-#: sizes): ``sent_ticks[code]`` is the ``next`` of its ``itertools.count`` (one dict lookup and
+#: sizes): ``next(sent_counters[code])`` ticks its ``itertools.count`` (one dict lookup and
 #: one C call per envelope, nothing to fold per observation: counting the log cost about 65 ns
 #: an entry at each fold). At most ``MAX_SENT_CODES`` codes are counted; the others stay logged.
 MAX_SENT_CODES: Final = 256
-_sent_counters: dict[int, itertools.count[int]] = {}
+sent_counters: Final[dict[int, itertools.count[int]]] = {}
+_sent_counters = sent_counters
 _sent_code_seen: dict[int, int] = {}
-sent_ticks: Final[dict[int, Callable[[], int]]] = {}
 _depth_log: list[int] = []
 #: Envelopes received by kind, and mailbox depths below ``SMALL_DEPTHS`` by depth, are counted,
-#: not logged: one ``itertools.count`` per kind and per depth, whose ``next`` (``received_tick``,
-#: ``depth_tick``) is one C call, atomic under the GIL (no lock, no log entry, no bound to check,
-#: nothing to fold per observation); ``_fold`` adds what each counted since it last looked
+#: not logged: one ``itertools.count`` per kind and per depth (``received_counters``,
+#: ``depth_counters``), ticked by ``next(counter)``: one C call, atomic under the GIL (no lock, no
+#: log entry, no bound to check, nothing to fold per observation; the builtin ``next`` reaches the
+#: counter's C ``__next__`` directly, where calling its bound ``__next__`` method-wrapper costs
+#: about 80 instructions more a tick); ``_fold`` adds what each counted since it last looked
 #: (``_received_seen``, ``_depth_seen``). A depth's sum, minimum and maximum follow from the
 #: counts of each exact depth. Deeper mailboxes go to ``_depth_log``.
 SMALL_DEPTHS: Final = 64
-_received_counters = [itertools.count() for _ in range(_KIND_MASK + 1)]
+received_counters: Final = [itertools.count() for _ in range(_KIND_MASK + 1)]
+_received_counters = received_counters
 _received_seen = [0] * len(_received_counters)
-received_tick: Final = [c.__next__ for c in _received_counters]
-_depth_counters = [itertools.count() for _ in range(SMALL_DEPTHS)]
+depth_counters: Final = [itertools.count() for _ in range(SMALL_DEPTHS)]
+_depth_counters = depth_counters
 _depth_seen = [0] * SMALL_DEPTHS
-depth_tick: Final = [c.__next__ for c in _depth_counters]
 
 
 def _count_of(counter: itertools.count[int]) -> int:
@@ -672,14 +674,12 @@ def _fold() -> None:
                 key = _KIND_KEYS.get(kind) or _kind_key(kind)
                 sent[key] = sent.get(key, 0) + times
                 _payload._record_counted_locked(size, times, key)
-            for code in logged:  # counted from now on (``sent_ticks``), within the bound
+            for code in logged:  # counted from now on (``sent_counters``), within the bound
                 if len(_sent_counters) >= MAX_SENT_CODES:
                     break
                 if code not in _sent_counters:
-                    counter = itertools.count()
-                    _sent_counters[code] = counter
-                    _sent_code_seen[code] = 0
-                    sent_ticks[code] = counter.__next__
+                    _sent_code_seen[code] = 0  # (before the counter is seen by the senders)
+                    _sent_counters[code] = itertools.count()
         received = _received._values
         for kind, times in _take_counts(_received_counters, _received_seen):
             key = _KIND_KEYS.get(kind) or _kind_key(kind)
@@ -713,7 +713,7 @@ def on_sent(envelope: Envelope) -> None:
 def on_received(envelope: Envelope) -> None:
     """An envelope reached this process's runtime (runtime loop thread)."""
     if METRICS:
-        received_tick[envelope.kind]()
+        next(_received_counters[envelope.kind])
         if _MIRROR and _received._otel is not None:
             _received._otel.add(1, dict(_kind_key(envelope.kind)))
 
@@ -722,7 +722,7 @@ def on_enqueued(depth: int) -> None:
     """A message was added to a mailbox that already held ``depth`` items."""
     if METRICS:
         if depth < SMALL_DEPTHS:
-            depth_tick[depth]()
+            next(_depth_counters[depth])
         else:
             _depth_log.append(depth)
             if len(_depth_log) >= FOLD_AT:
