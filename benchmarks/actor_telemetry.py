@@ -352,18 +352,18 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
             if mode == "off":
                 _telemetry.disable_telemetry()
                 _telemetry.ACTIVE = True  # ``run_endpoint`` only: every hook checks its flag
-                _metrics.HOOKS = True  # a sync call goes through ``run_endpoint`` (not inlined)
+                _metrics.set_hooks(True)  # a sync call goes through ``run_endpoint`` (not inlined)
             else:
                 _telemetry.enable_telemetry(metrics=mode == "metrics", tracing=mode == "tracing")
                 # the runtime records sends, receipts and enqueues inline: call the hooks
-                _metrics.HOOKS = True
+                _metrics.set_hooks(True)
             try:
                 for i in range(max(1, calls // PIPELINE)):
                     for future in [actor.ping.call_one(i) for _ in range(PIPELINE)]:
                         future.get(timeout=10)
             finally:
                 uninstall()
-                _metrics.HOOKS = False
+                _metrics.set_hooks(False)
                 _telemetry.disable_telemetry()
                 _telemetry.reset_metrics()
             out[mode] = {

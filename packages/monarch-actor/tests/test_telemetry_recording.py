@@ -300,7 +300,7 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
     telemetry: None, procs: Procs
 ) -> None:
     """A sent envelope's kind and size are logged the first time, counted by a tick from the
-    next fold on (``sent_ticks``): across folds (snapshots) and a reset, the sent counts by
+    next fold on (``sent_counters``): across folds (snapshots) and a reset, the sent counts by
     kind and the payload histogram's count and sum are those of the envelopes sent, and a
     size never seen before is logged, then counted too."""
     # The code table is per process and bounded (``MAX_SENT_CODES``): earlier tests of this
@@ -309,7 +309,6 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
     with tm_metrics._HOOK_LOCK:
         tm_metrics._sent_counters.clear()
         tm_metrics._sent_code_seen.clear()
-        tm_metrics.sent_ticks.clear()
     actor = procs(gpus=1).spawn("counted", Counted)
     assert actor.bump.call_one(0).get(timeout=T) == 1
     metrics_snapshot()  # the warm-up's codes: counted from now on
@@ -320,7 +319,7 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
         (size,) = _points("monarch.messages.payload_size", kind=kind)
         return count.value, size.count, size.sum
 
-    counted_before = len(tm_metrics.sent_ticks)
+    counted_before = len(tm_metrics.sent_counters)
     assert counted_before > 0
     size = 0.0  # one call envelope's payload size (all alike)
     for n in (3, 40):
@@ -339,5 +338,5 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
     count, sizes, total = sent("call")
     assert (count, sizes) == (2, 2)
     assert total > 2 * size + 300  # the two large payloads
-    assert len(tm_metrics.sent_ticks) > counted_before  # their codes are counted now
-    assert len(tm_metrics.sent_ticks) <= tm_metrics.MAX_SENT_CODES
+    assert len(tm_metrics.sent_counters) > counted_before  # their codes are counted now
+    assert len(tm_metrics.sent_counters) <= tm_metrics.MAX_SENT_CODES

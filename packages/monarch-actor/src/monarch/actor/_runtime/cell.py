@@ -88,6 +88,7 @@ from monarch.actor._runtime.context import (
 )
 from monarch.actor._runtime.ports import Port
 from monarch.actor._runtime.telemetry import metrics as _metrics
+from monarch.actor._runtime.telemetry import tracing as _tracing
 from monarch.actor._runtime.telemetry.report import ActorStatus
 from monarch.actor._runtime.telemetry.tracing import PLAIN_RESULTS, time_awaitable
 from monarch.config import _registry as _config
@@ -117,6 +118,17 @@ _NONE_PAYLOAD = _codec.encode(None)
 _perf_counter = time.perf_counter
 _latency_logs = _metrics._latency_logs
 _FOLD_AT = _metrics.FOLD_AT
+#: Whether a sync call is timed here (metrics on, tracing off, no hooks: ``_SyncRunner._call``)
+#: rather than by ``run_endpoint``, copied from the switches by ``_metrics``' switch listener.
+_TIMED_HERE = False
+
+
+def _metrics_switched() -> None:
+    global _TIMED_HERE
+    _TIMED_HERE = _metrics.METRICS and not _metrics.HOOKS and not _tracing.TRACING
+
+
+_metrics.add_switch_listener(_metrics_switched)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -995,7 +1007,7 @@ class _SyncRunner(_Runner):
         try:
             fn, args, kwargs = cell._begin(item, explicit, False)
             if _telemetry.ACTIVE:
-                if _telemetry.TRACING or _metrics.HOOKS:  # timed and in a receive span
+                if not _TIMED_HERE:  # timed and in a receive span
                     result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
                 else:  # metrics only: ``run_endpoint``'s timed case inlined (no frame per call)
                     started = _perf_counter()
@@ -1006,8 +1018,9 @@ class _SyncRunner(_Runner):
                         raise
                     if type(result) in PLAIN_RESULTS or not inspect.isawaitable(result):
                         elapsed = _perf_counter() - started
-                        log = _latency_logs.get(env.endpoint)
-                        if log is None:
+                        try:
+                            log = _latency_logs[env.endpoint]
+                        except KeyError:
                             log = _metrics.latency_log(env.endpoint)
                         log.append(elapsed)
                         if len(log) >= _FOLD_AT:  # (the mirror sets ``HOOKS``: not this branch)

@@ -155,14 +155,28 @@ _UNCOUNTED = frozenset((HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS))
 # one append to its raw log (folded as the hook's entries are: ``_metrics._fold``) or one tick
 # of its counter.
 _sent_log = _metrics._sent_log
-_sent_ticks = _metrics.sent_ticks
-_received_tick = _metrics.received_tick
-_depth_tick = _metrics.depth_tick
+_sent_counters = _metrics.sent_counters
+_received_counters = _metrics.received_counters
+_depth_counters = _metrics.depth_counters
 _SMALL_DEPTHS = _metrics.SMALL_DEPTHS
 _call_logs = _metrics._call_logs
 _perf_counter = time.perf_counter
 _KIND_BITS = _metrics._KIND_BITS
 _FOLD_AT = _metrics.FOLD_AT
+#: The metric switches the per-envelope sites test, copied from ``_metrics`` by its switch
+#: listener (one ``LOAD_GLOBAL`` a test, and one test where ``METRICS`` then ``HOOKS`` were two):
+#: ``_INLINE``, metrics on and recorded here; ``_HOOKED``, metrics on through the hooks.
+_INLINE = False
+_HOOKED = False
+
+
+def _metrics_switched() -> None:
+    global _INLINE, _HOOKED
+    _INLINE = _metrics.METRICS and not _metrics.HOOKS
+    _HOOKED = _metrics.METRICS and _metrics.HOOKS
+
+
+_metrics.add_switch_listener(_metrics_switched)
 
 
 class ProcRuntime:
@@ -445,18 +459,17 @@ class ProcRuntime:
             if trace is not None
             else (_telemetry.outgoing_trace(kind) if _telemetry.TRACING and kind == _CALL else b""),
         )
-        if _telemetry.METRICS:
-            if _metrics.HOOKS:
-                _telemetry.on_sent(envelope)
-            else:  # ``on_sent`` inlined: counted if its code was seen before, else logged
-                code = (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
-                tick = _sent_ticks.get(code)
-                if tick is not None:
-                    tick()
-                else:
-                    _sent_log.append(code)
-                    if len(_sent_log) >= _FOLD_AT:
-                        _metrics._fold()
+        if _INLINE:  # ``on_sent`` inlined: counted if its code was seen before, else logged
+            code = (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
+            counter = _sent_counters.get(code)
+            if counter is not None:
+                next(counter)
+            else:
+                _sent_log.append(code)
+                if len(_sent_log) >= _FOLD_AT:
+                    _metrics._fold()
+        elif _HOOKED:
+            _telemetry.on_sent(envelope)
         return envelope
 
     def reply_error(
@@ -486,14 +499,14 @@ class ProcRuntime:
                 raise PortOverflowError(f"this process already has {limit} open ports")
             index = next(self._next_port)
             self._ports[index] = sink
-        if _telemetry.METRICS:  # the call latency's start, kept on the sink
-            if _metrics.HOOKS:
-                sink.opened = _metrics.call_opened(endpoint)
-            else:  # ``call_opened`` inlined
-                log = _call_logs.get(endpoint)
-                if log is None:
-                    log = _metrics._log_of(_call_logs, endpoint)
-                sink.opened = (_perf_counter(), log, endpoint)
+        if _INLINE:  # the call latency's start, kept on the sink (``call_opened`` inlined)
+            try:
+                log = _call_logs[endpoint]
+            except KeyError:
+                log = _metrics._log_of(_call_logs, endpoint)
+            sink.opened = (_perf_counter(), log, endpoint)
+        elif _HOOKED:
+            sink.opened = _metrics.call_opened(endpoint)
         if type(sink) is not OneSink:  # a OneSink's port leaves the table in ``_deliver_port``
             sink.closer = partial(self.close_port, index)
         return PortAddr(self.pid_raw, owner.path, index)
@@ -521,14 +534,14 @@ class ProcRuntime:
         if type(sink) is OneSink:
             sink.cell.set_result(reply)
             opened = sink.opened
-            if opened is not None and _telemetry.METRICS:
-                if _metrics.HOOKS:
-                    _metrics.call_completed(opened)
-                else:  # ``call_completed`` inlined
+            if opened is not None:  # opened while metrics were on: timed if they still are
+                if _INLINE:  # ``call_completed`` inlined
                     log = opened[1]
                     log.append(_perf_counter() - opened[0])
                     if len(log) >= _FOLD_AT:
                         _metrics._fold()
+                elif _HOOKED:
+                    _metrics.call_completed(opened)
             return
         if sink.deliver(reply):
             if index in self._ports:  # most sinks closed their port already (``closer``)
@@ -538,11 +551,11 @@ class ProcRuntime:
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
-        if _telemetry.METRICS and env.endpoint not in _UNCOUNTED:
-            if _metrics.HOOKS:
-                _telemetry.on_received(env)
-            else:  # ``on_received`` inlined
-                _received_tick[env.kind]()
+        if _INLINE:  # ``on_received`` inlined
+            if env.endpoint not in _UNCOUNTED:
+                next(_received_counters[env.kind])
+        elif _HOOKED and env.endpoint not in _UNCOUNTED:
+            _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._received, env.sender.pid, 1)
         try:
@@ -605,15 +618,14 @@ class ProcRuntime:
             _telemetry.record_supervision("supervision_received", item.event, self.label)
         else:  # UNDELIVERABLE
             item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
-        if _telemetry.METRICS:
-            if _metrics.HOOKS:
-                _telemetry.on_enqueued(len(cell.mailbox._items))
-            else:  # ``on_enqueued`` inlined
-                depth = len(cell.mailbox._items)
-                if depth < _SMALL_DEPTHS:
-                    _depth_tick[depth]()
-                else:
-                    _telemetry.on_enqueued(depth)
+        if _INLINE:  # ``on_enqueued`` inlined: a depth below ``SMALL_DEPTHS`` is ticked
+            depth = len(cell.mailbox._items)
+            if depth < _SMALL_DEPTHS:
+                next(_depth_counters[depth])
+            else:  # (not by ``IndexError``: a backlogged actor's every enqueue would raise)
+                _telemetry.on_enqueued(depth)
+        elif _HOOKED:
+            _telemetry.on_enqueued(len(cell.mailbox._items))
         if not cell.enqueue(item, force=kind != _CALL):
             event = FailureEvent(
                 category=str(ErrorCategory.SYSTEM),

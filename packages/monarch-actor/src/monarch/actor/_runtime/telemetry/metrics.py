@@ -15,7 +15,7 @@ Cost: a hook takes no lock and builds no histogram. It appends its raw observati
 envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
 bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
 values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, a sent envelope's
-kind and size once logged: ``sent_ticks``), ticks a counter of that value (``next`` of an
+kind and size once logged: ``sent_counters``), ticks a counter of that value (``next`` of an
 ``itertools.count``, one C call, atomic under the GIL: no log entry, no bound to check, nothing
 to fold per observation). The logs and counters are folded into the instruments (counts by kind,
 histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when a log
@@ -67,6 +67,7 @@ __all__ = [
     "Meter",
     "MetricPoint",
     "UpDownCounter",
+    "add_switch_listener",
     "call_completed",
     "call_opened",
     "descriptions",
@@ -85,7 +86,9 @@ __all__ = [
     "record_endpoint",
     "reset_metrics",
     "set_enabled",
+    "set_hooks",
     "set_mirrored",
+    "switched",
 ]
 
 #: Distinct attribute sets per instrument; later ones are counted in one overflow series.
@@ -443,8 +446,9 @@ def reset_metrics() -> None:
 def set_mirrored(on: bool) -> None:
     """Give every registered instrument its OpenTelemetry twin (``on``; the mirror must be
     loaded) or drop the twins; instruments registered later follow the mirror's state."""
-    global _MIRROR, HOOKS
-    _MIRROR = HOOKS = bool(on)
+    global _MIRROR
+    _MIRROR = bool(on)
+    set_hooks(_MIRROR)
     with _instruments_lock:
         instruments = list(_instruments.values())
     for instrument in instruments:
@@ -460,6 +464,35 @@ def set_enabled(on: bool) -> None:
     METRICS = bool(on)
     if not METRICS:
         _opened.clear()  # calls opened while on are not timed once it is off
+    switched()
+
+
+def set_hooks(on: bool) -> None:
+    """Make the runtime call the hooks (``on_sent``, ...) rather than record inline (``HOOKS``:
+    the mirror sets it, a profiler may)."""
+    global HOOKS
+    HOOKS = bool(on)
+    switched()
+
+
+#: Told (called) whenever a switch changes (``switched``): the runtime's modules keep the
+#: switches their hot paths test as module globals of their own (one ``LOAD_GLOBAL`` each,
+#: and one test where ``METRICS`` and ``HOOKS`` were two), rebound by their listener.
+_switch_listeners: list[Callable[[], None]] = []
+
+
+def add_switch_listener(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` now and whenever ``METRICS``, ``HOOKS`` or the tracing switch
+    changes (``switched``); it reads the switches it needs."""
+    _switch_listeners.append(listener)
+    listener()
+
+
+def switched() -> None:
+    """A switch changed (``set_enabled``, ``set_hooks``; ``enable_telemetry`` after it set
+    every switch): tell the listeners (``add_switch_listener``)."""
+    for listener in list(_switch_listeners):
+        listener()
 
 
 # The runtime's own instruments.
@@ -520,7 +553,8 @@ _MIRROR = False
 #: Whether the runtime must call ``on_sent``, ``on_received``, ``on_enqueued``, ``call_opened``
 #: and ``call_completed`` rather than do what they do itself (``_runtime.proc`` inlines them:
 #: one frame less each, per envelope or call): while the mirror is on (``set_mirrored``), or
-#: when a profiler sets it to time those hooks.
+#: when a profiler times those hooks (``set_hooks``: assigning it directly would not reach
+#: the runtime's copies, ``add_switch_listener``).
 HOOKS = False
 #: Entries a raw log holds before the hook that fills it folds every log (``_fold``).
 FOLD_AT: Final = 4096
@@ -535,27 +569,29 @@ _KIND_MASK: Final = (1 << _KIND_BITS) - 1
 assert max(MessageKind) <= _KIND_MASK
 #: A sent envelope's code (``size << _KIND_BITS | kind``) that was logged once is counted from
 #: the next fold on, like a received kind (a program's messages mostly repeat their kinds and
-#: sizes): ``sent_ticks[code]`` is the ``next`` of its ``itertools.count`` (one dict lookup and
+#: sizes): ``next(sent_counters[code])`` ticks its ``itertools.count`` (one dict lookup and
 #: one C call per envelope, nothing to fold per observation: counting the log cost about 65 ns
 #: an entry at each fold). At most ``MAX_SENT_CODES`` codes are counted; the others stay logged.
 MAX_SENT_CODES: Final = 256
-_sent_counters: dict[int, itertools.count[int]] = {}
+sent_counters: Final[dict[int, itertools.count[int]]] = {}
+_sent_counters = sent_counters
 _sent_code_seen: dict[int, int] = {}
-sent_ticks: Final[dict[int, Callable[[], int]]] = {}
 _depth_log: list[int] = []
 #: Envelopes received by kind, and mailbox depths below ``SMALL_DEPTHS`` by depth, are counted,
-#: not logged: one ``itertools.count`` per kind and per depth, whose ``next`` (``received_tick``,
-#: ``depth_tick``) is one C call, atomic under the GIL (no lock, no log entry, no bound to check,
-#: nothing to fold per observation); ``_fold`` adds what each counted since it last looked
+#: not logged: one ``itertools.count`` per kind and per depth (``received_counters``,
+#: ``depth_counters``), ticked by ``next(counter)``: one C call, atomic under the GIL (no lock, no
+#: log entry, no bound to check, nothing to fold per observation; the builtin ``next`` reaches the
+#: counter's C ``__next__`` directly, where calling its bound ``__next__`` method-wrapper costs
+#: about 80 instructions more a tick); ``_fold`` adds what each counted since it last looked
 #: (``_received_seen``, ``_depth_seen``). A depth's sum, minimum and maximum follow from the
 #: counts of each exact depth. Deeper mailboxes go to ``_depth_log``.
 SMALL_DEPTHS: Final = 64
-_received_counters = [itertools.count() for _ in range(_KIND_MASK + 1)]
+received_counters: Final = [itertools.count() for _ in range(_KIND_MASK + 1)]
+_received_counters = received_counters
 _received_seen = [0] * len(_received_counters)
-received_tick: Final = [c.__next__ for c in _received_counters]
-_depth_counters = [itertools.count() for _ in range(SMALL_DEPTHS)]
+depth_counters: Final = [itertools.count() for _ in range(SMALL_DEPTHS)]
+_depth_counters = depth_counters
 _depth_seen = [0] * SMALL_DEPTHS
-depth_tick: Final = [c.__next__ for c in _depth_counters]
 
 
 def _count_of(counter: itertools.count[int]) -> int:
@@ -638,14 +674,12 @@ def _fold() -> None:
                 key = _KIND_KEYS.get(kind) or _kind_key(kind)
                 sent[key] = sent.get(key, 0) + times
                 _payload._record_counted_locked(size, times, key)
-            for code in logged:  # counted from now on (``sent_ticks``), within the bound
+            for code in logged:  # counted from now on (``sent_counters``), within the bound
                 if len(_sent_counters) >= MAX_SENT_CODES:
                     break
                 if code not in _sent_counters:
-                    counter = itertools.count()
-                    _sent_counters[code] = counter
-                    _sent_code_seen[code] = 0
-                    sent_ticks[code] = counter.__next__
+                    _sent_code_seen[code] = 0  # (before the counter is seen by the senders)
+                    _sent_counters[code] = itertools.count()
         received = _received._values
         for kind, times in _take_counts(_received_counters, _received_seen):
             key = _KIND_KEYS.get(kind) or _kind_key(kind)
@@ -679,7 +713,7 @@ def on_sent(envelope: Envelope) -> None:
 def on_received(envelope: Envelope) -> None:
     """An envelope reached this process's runtime (runtime loop thread)."""
     if METRICS:
-        received_tick[envelope.kind]()
+        next(_received_counters[envelope.kind])
         if _MIRROR and _received._otel is not None:
             _received._otel.add(1, dict(_kind_key(envelope.kind)))
 
@@ -688,7 +722,7 @@ def on_enqueued(depth: int) -> None:
     """A message was added to a mailbox that already held ``depth`` items."""
     if METRICS:
         if depth < SMALL_DEPTHS:
-            depth_tick[depth]()
+            next(_depth_counters[depth])
         else:
             _depth_log.append(depth)
             if len(_depth_log) >= FOLD_AT:
