@@ -347,9 +347,10 @@ class _Mailbox:
                 self._waiting = False
                 wake = self._wake
         if ring:
-            # open already (a ``get`` left by an exception was rung): nothing to do
-            with contextlib.suppress(RuntimeError):
+            try:  # noqa: SIM105 (no context manager on the hot path: three calls per message)
                 self._doorbell.release()  # the one release for this sleep (``get``)
+            except RuntimeError:
+                pass  # open already (a ``get`` left by an exception was rung): nothing to do
         elif wake is not None:
             wake()
         return True
@@ -1016,8 +1017,8 @@ class _SyncRunner(_Runner):
                         result = time_awaitable(result, env.endpoint, started)
             else:  # telemetry off: the branch last, so no jump after it (as before)
                 result = fn(*args, **kwargs)
-            if inspect.iscoroutine(result):  # an async method exposed with as_endpoint
-                result = asyncio.run(result)
+            if type(result) not in PLAIN_RESULTS and inspect.iscoroutine(result):
+                result = asyncio.run(result)  # an async method exposed with as_endpoint
         except Exception as exc:
             cell._raised(env, exc, explicit)
             return
