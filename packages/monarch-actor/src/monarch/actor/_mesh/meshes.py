@@ -625,8 +625,10 @@ class ActorMesh(ShapedMesh, Generic[T]):
         self._procs = tuple(procs) if procs is not None else None
         self._pending = pending
         self._shape = shape
-        #: ``len(self)``, asked by every ``call_one`` (the shape never changes)
+        #: ``len(self)``, asked by every ``call_one``, and the extent, by every ``call`` (to
+        #: gather the replies): made once (the shape never changes; an ``Extent`` is immutable)
         self._size = len(shape.ndslice)
+        self._extent: Extent | None = None
         self._owned = owned
         self._initialized = initialized
         self._owner: CellBase | None = None
@@ -664,6 +666,14 @@ class ActorMesh(ShapedMesh, Generic[T]):
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def extent(self) -> Extent:
+        """The mesh's ``Extent``."""
+        extent = self._extent
+        if extent is None:
+            extent = self._extent = Extent(self._shape.labels, self._shape.ndslice.sizes)
+        return extent
 
     # -- endpoints -------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:

@@ -108,18 +108,6 @@ def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
 
 _client: _Client | None = None
 _client_lock = threading.Lock()
-#: This process's PID, kept by a fork handler: ``client()`` runs on every call a program makes
-#: outside actors, and ``os.getpid()`` is a system call each time (issue 23).
-_pid = os.getpid()
-
-
-def _after_fork() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 _atexit_registered = False
 
 
@@ -137,7 +125,7 @@ def client() -> _Client:
     """The client runtime of this OS process, bootstrapped on first use (and after fork)."""
     global _client, _atexit_registered
     current = _client
-    if current is not None and current.pid == _pid:
+    if current is not None and current.pid == os.getpid():
         return current
     with _client_lock:
         if _client is None or _client.pid != os.getpid():
