@@ -210,8 +210,9 @@ def _needs_persistent(obj: object, depth: int) -> bool:
             continue
         if (kind is dict or kind is tuple) and not item:
             continue  # empty (a call's ``{}`` keywords): nothing to scan, no call
-        if kind is tuple and len(item) <= _SCAN_WIDTH:  # (a call's arguments) scalars only:
-            for inner in item:  # nothing to find, scanned here without a call
+        if kind is tuple and len(item) <= _SCAN_WIDTH:  # type: ignore[arg-type]
+            # (a call's arguments) scalars only: nothing to find, scanned here without a call
+            for inner in item:  # type: ignore[attr-defined]
                 if type(inner) not in _SCALARS:
                     break
             else:

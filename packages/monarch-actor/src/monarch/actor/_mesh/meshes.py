@@ -683,7 +683,8 @@ class ActorMesh(ShapedMesh, Generic[T]):
         if prop is not None:
             # kept on the mesh (an ``Endpoint`` never changes): ``mesh.method`` is then found
             # without this hook, on every call's path (``__reduce__`` leaves it out)
-            endpoint = self.__dict__[name] = Endpoint(self, name, prop)
+            endpoint: Endpoint[Any, Any] = Endpoint(self, name, prop)
+            self.__dict__[name] = endpoint
             return endpoint
         if callable(getattr(self._class, name, None)) and not name.startswith("_"):
             return NotAnEndpoint(self, name)

@@ -968,7 +968,7 @@ class _SyncRunner(_Runner):
             return
         while not cell.fenced:  # fenced: a stop gave up on it; its thread just ends
             stop = self._handle(cell.mailbox.get())
-            if cell.fenced:  # (``_gave_up``, without a call per message)
+            if cell._gave_up():
                 return  # a stop gave up on it while it ran: it is retired already
             if cell._pending_failure is not None:
                 self.die()
