@@ -152,14 +152,7 @@ class Endpoint(Generic[P, R]):
                 flags,
             )
             return
-        runtime.post_calls(  # ``_post_each`` inlined (every call's path)
-            sender,
-            targets,
-            endpoint=self._name,
-            reply_port=reply_port,
-            payload=payload,
-            flags=flags,
-        )
+        self._post_each(runtime, sender, payload, targets, reply_port, flags)
 
     def _post_each(
         self,
