@@ -123,6 +123,8 @@ def _this_pid() -> int:
     if pid is None:
         pid = _own_pid[0] = os.getpid()
     return pid
+
+
 _atexit_registered = False
 
 
