@@ -1074,7 +1074,8 @@ def get(name: str) -> Any:
     setting = _SETTINGS.get(name) or _setting(name)
     if setting.env is not None:
         variable = setting.env
-        raw = _env_text(variable)
+        key = _env_keys.get(variable)  # known once read: ``_env_text`` inlined (every message)
+        raw = _env_data.get(key) if key is not None else _env_text(variable)
         for alias in setting.aliases:
             if raw is not None:
                 break

@@ -210,6 +210,13 @@ def _needs_persistent(obj: object, depth: int) -> bool:
             continue
         if (kind is dict or kind is tuple) and not item:
             continue  # empty (a call's ``{}`` keywords): nothing to scan, no call
+        if kind is tuple and len(item) <= _SCAN_WIDTH:  # type: ignore[arg-type]
+            # (a call's arguments) scalars only: nothing to find, scanned here without a call
+            for inner in item:  # type: ignore[attr-defined]
+                if type(inner) not in _SCALARS:
+                    break
+            else:
+                continue
         if _needs_persistent(item, depth - 1):
             return True
     return False

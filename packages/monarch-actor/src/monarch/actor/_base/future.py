@@ -281,7 +281,7 @@ class Future(Generic[R]):
                 UserWarning,
                 stacklevel=2,
             )
-        if not self._wait(timeout):
+        if not self._cell.wait(timeout):  # (``_wait``'s check made above)
             raise TimeoutError(f"monarch Future not ready after {timeout} s")
         return self._outcome()
 

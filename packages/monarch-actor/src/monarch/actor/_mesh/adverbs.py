@@ -210,8 +210,16 @@ class Endpoint(Generic[P, R]):
         if size != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {size}")
         payload = self._encode(args, kwargs)
+        targets = self._mesh._targets()
         cell: _Cell[Reply] = _Cell()
-        self._send_with(payload, self._mesh._targets(), OneSink(cell), "call_one")
+        # ``_send_with`` inlined (every call's path)
+        runtime, sender = current_sender()
+        port = runtime.open_port(sender, OneSink(cell), self._name)
+        try:
+            self._post_all(payload, targets, port, "call_one", (runtime, sender))
+        except BaseException:
+            runtime.close_port(port.index)
+            raise
         return Future._create(cell, decode_reply)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:

@@ -625,6 +625,10 @@ class ActorMesh(ShapedMesh, Generic[T]):
         self._procs = tuple(procs) if procs is not None else None
         self._pending = pending
         self._shape = shape
+        #: ``len(self)``, asked by every ``call_one``, and the extent, by every ``call`` (to
+        #: gather the replies): made once (the shape never changes; an ``Extent`` is immutable)
+        self._size = len(shape.ndslice)
+        self._extent: Extent | None = None
         self._owned = owned
         self._initialized = initialized
         self._owner: CellBase | None = None
@@ -660,13 +664,28 @@ class ActorMesh(ShapedMesh, Generic[T]):
             targets = self._targets_cache = _targets_of(self._proc_ids(), self._shape, self._path)
         return targets
 
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def extent(self) -> Extent:
+        """The mesh's ``Extent``."""
+        extent = self._extent
+        if extent is None:
+            extent = self._extent = Extent(self._shape.labels, self._shape.ndslice.sizes)
+        return extent
+
     # -- endpoints -------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_class", "_endpoints"):
             raise AttributeError(name)
         prop = self._endpoints.get(name)
         if prop is not None:
-            return Endpoint(self, name, prop)
+            # kept on the mesh (an ``Endpoint`` never changes): ``mesh.method`` is then found
+            # without this hook, on every call's path (``__reduce__`` leaves it out)
+            endpoint: Endpoint[Any, Any] = Endpoint(self, name, prop)
+            self.__dict__[name] = endpoint
+            return endpoint
         if callable(getattr(self._class, name, None)) and not name.startswith("_"):
             return NotAnEndpoint(self, name)
         raise AttributeError(f"{self._class.__qualname__} has no endpoint {name!r}")

@@ -108,6 +108,23 @@ def set_node_layer(factory: Callable[[], ClientNodeLayer]) -> None:
 
 _client: _Client | None = None
 _client_lock = threading.Lock()
+#: This process's PID once asked (key 0), emptied in a forked child: ``client()`` runs on every
+#: call a program makes outside actors, and ``os.getpid()`` is a system call each time. The
+#: fork handler is the dict's own ``clear`` (as ``_base.loop`` does): a function of this module
+#: there would keep the module's globals alive until the interpreter's last teardown, and an
+#: exec-started worker then no longer ran its actor modules' finalizers (``test_lifecycle``).
+_own_pid: dict[int, int] = {}
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_own_pid.clear)
+
+
+def _this_pid() -> int:
+    pid = _own_pid.get(0)
+    if pid is None:
+        pid = _own_pid[0] = os.getpid()
+    return pid
+
+
 _atexit_registered = False
 
 
@@ -125,7 +142,7 @@ def client() -> _Client:
     """The client runtime of this OS process, bootstrapped on first use (and after fork)."""
     global _client, _atexit_registered
     current = _client
-    if current is not None and current.pid == os.getpid():
+    if current is not None and current.pid == (_own_pid.get(0) or _this_pid()):
         return current
     with _client_lock:
         if _client is None or _client.pid != os.getpid():

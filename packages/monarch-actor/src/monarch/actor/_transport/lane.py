@@ -81,6 +81,8 @@ _log = logging.getLogger("monarch.actor.lane")
 _ACK = struct.Struct(">I")
 _IOV_MAX: Final = 512
 _FDS_PER_RECV: Final = 64
+#: Room for the descriptors of one ``recvmsg`` (asked on every read: computed once).
+_ANCSIZE: Final = socket.CMSG_SPACE(_FDS_PER_RECV * 4)
 _FDS_PER_SEND: Final = 32  # well under what one receive takes (no truncated descriptors)
 _MSG_CTRUNC: Final = int(socket.MSG_CTRUNC)  # a plain int: an enum flag test costs 1 to 2 us
 ZERO_SHM_HEAD: Final = b"E\x00\x00"
@@ -490,7 +492,7 @@ class UnixLane:
         if decoder is None or self._closed:
             return
         sock = self._sock
-        ancsize = socket.CMSG_SPACE(_FDS_PER_RECV * 4)
+        ancsize = _ANCSIZE
         try:
             for _ in range(16):
                 view = decoder.get_buffer()

@@ -438,7 +438,8 @@ class LaneDecoder:
             raise self._error
         try:
             if self._frame is None:
-                return self._parse_frame()
+                # nothing buffered (after the last message of a read): no parse call
+                return self._parse_frame() if self._end - self._start >= 3 else None
             return self._fill()
         except FrameError as exc:
             self._error = exc

@@ -358,6 +358,7 @@ class NodeProcessTransport:
     ) -> None:
         self._node = node
         self._pid: Pid = node.pid
+        self._pid_raw = self._pid.raw  # compared with every envelope's target (no call)
         self._loop = loop
         self._deliver: DeliverCallback = deliver or _ignore_envelope
         self._undeliverable: UndeliverableCallback = undeliverable or _ignore_envelope
@@ -519,7 +520,7 @@ class NodeProcessTransport:
         if self._closed:
             self._bounce_soon(envelope, "the sending process's transport is closed")
             return None
-        if target == self._pid.raw or (self._hosts is not None and self._hosts(target)):
+        if target == self._pid_raw or (self._hosts is not None and self._hosts(target)):
             owned = detach_buffers(buffers, envelope.buffer_kinds)
             try:
                 self._loop.call_soon(self._deliver, envelope, owned)
@@ -1222,7 +1223,7 @@ class NodeProcessTransport:
             )
             return
         target = envelope.target.pid
-        if target != self._pid.raw and not (self._hosts is not None and self._hosts(target)):
+        if target != self._pid_raw and not (self._hosts is not None and self._hosts(target)):
             _log.warning("dropping an envelope for %s (not hosted here)", target.hex())
             return
         if envelope.kind in _REPLY_KINDS:
