@@ -26,19 +26,22 @@ def _config(keepalive: float | None) -> QuicConfig:
     return QuicConfig(idle_timeout=IDLE, keepalive_interval=keepalive)
 
 
-def _pair(engine: str, client_keepalive: float | None) -> tuple[Net, Node, Node]:
+def _pair(
+    engine: str, client_keepalive: float | None, server_keepalive: float | None = None
+) -> tuple[Net, Node, Node]:
     """A client (pinging every ``client_keepalive`` seconds of silence, or never) and a
-    server that never pings on its own, with the same idle timeout."""
+    server (by default never pinging on its own), with the same idle timeout."""
     net = Net()
+    client_config, server_config = _config(client_keepalive), _config(server_keepalive)
     if engine == "aioquic":
-        client = net.add("client", role=EndpointRole.CLIENT, config=_config(client_keepalive))
-        server = net.add("server", role=EndpointRole.SERVER, config=_config(None))
+        client = net.add("client", role=EndpointRole.CLIENT, config=client_config)
+        server = net.add("server", role=EndpointRole.SERVER, config=server_config)
     else:
         pytest.importorskip("qh3")
         from test_qh3_harness import add  # skips with its module when qh3 is absent
 
-        client = add(net, "client", role=EndpointRole.CLIENT, config=_config(client_keepalive))
-        server = add(net, "server", role=EndpointRole.SERVER, config=_config(None))
+        client = add(net, "client", role=EndpointRole.CLIENT, config=client_config)
+        server = add(net, "server", role=EndpointRole.SERVER, config=server_config)
     return net, client, server
 
 
@@ -119,16 +122,17 @@ def test_a_dead_peer_still_reaches_the_idle_timeout() -> None:
     assert client.endpoint.statistics().keepalive_pings >= 1
 
 
-def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_resumes() -> None:
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])
+def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_resumes(
+    engine: str,
+) -> None:
     """A process stopped (``SIGSTOP``, starved) for longer than the idle timeout reads, when it
     runs again, the datagrams queued meanwhile before its timers fire (a driver reads first).
     Those must not revive the connection the peer has discarded: fed first, they restarted
     the idle timer and their acknowledgements, late by the whole stop, inflated the RTT and
     with it the idle timeout's floor of three PTOs (38 s measured after a 10 s stop). The
     connection ends (idle) with the first of them; they are dropped."""
-    net = Net()
-    client = net.add("client", role=EndpointRole.CLIENT, config=_config(0.5))
-    server = net.add("server", role=EndpointRole.SERVER, config=_config(0.5))
+    net, client, server = _pair(engine, 0.5, 0.5)
     conn = client.connect(server)
     stream = client.open(conn)
     client.send(stream, b"request")
@@ -151,3 +155,25 @@ def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_res
         client.endpoint.receive_datagram(data, source, net.now)
     net.pump()
     assert _closed(client) == [ConnectionClosed(conn)]  # at once, not one idle timeout later
+
+
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])
+def test_a_process_stopped_past_its_idle_timeout_reports_an_idle_close_when_its_timer_fires_first(
+    engine: str,
+) -> None:
+    """The same stop, with the timer fired before the queued datagrams are read: the
+    connection ends idle (no code), although the engine's earliest timer at the stop was an
+    acknowledgement's (qh3's core then ends the connection with error 1, "Idle timeout", which
+    the engine reported as a transport error)."""
+    net, client, server = _pair(engine, 0.5, 0.5)
+    conn = client.connect(server)
+    stream = client.open(conn)
+    client.send(stream, b"request")
+    net.pump()
+    client_addr: DatagramAddr = client.addr
+    del net.nodes[client_addr]  # stopped
+    net.run_for(3 * IDLE)
+    net.nodes[client_addr] = client
+    client.endpoint.handle_timer(net.now)  # resumed: its timer fires first this time
+    net.pump()
+    assert _closed(client) == [ConnectionClosed(conn)]

@@ -71,6 +71,16 @@ difference from what the endpoint needs is handled here, as narrowly as qh3 allo
    connection's first stream bytes leave (the client proof is exempt: the server needs it).
    Kept bytes count as handed over and unacknowledged, so the endpoint's
    ``stream_send_buffer`` bounds them per stream.
+9. **Overdue timers.** As the aioquic engine does (``chrysalis.quic`` README, "Keepalive"), a
+   datagram read once the core's timer is due fires the timer first; when that ends the
+   connection (the idle deadline, or the end of the closing period, passed) the datagram is
+   dropped. Why: a process resumed after ``SIGSTOP`` reads the datagrams queued meanwhile
+   before its timers fire; fed first, they revived connections the peer had discarded. The
+   idle deadline lives in the Rust core, which tells only its earliest timer, so the engine
+   keeps the deadline ``get_timer`` last reported (the endpoint asks after every step that
+   can move it): no deadline can have passed before that one, and the receive path adds one
+   comparison. A timer that ends the connection without any close (ours, the peer's or a
+   protocol error) is reported as ``IDLE``, whichever timer was due first.
 
 qh3 runs its own congestion controller (``QuicConfig.congestion_control`` is not used). qh3
 itself imports ``socket`` and, through its package, ``asyncio``; nothing in this module does
@@ -157,6 +167,8 @@ _NOTHING: Final = object()
 """A placeholder that is no ``DatagramAddr`` (the last-path memo before the first datagram)."""
 _CORE_HAS_EVENTS: Final = hasattr(QuicConnectionCore, "has_events")
 """The native core tells, as an attribute, whether ``next_event`` has anything (qh3 2.1)."""
+_NO_TIMER: Final = float("inf")
+"""The cached core deadline while the core has no timer (or none was asked for yet)."""
 
 
 def _internal(exc: RuntimeError) -> QuicConnectionError:
@@ -289,6 +301,9 @@ class Qh3Connection(QuicConnection):
         # datagram. The placeholder is no address, so the first datagram takes the lookup.
         self._ch_last_addr: object = _NOTHING
         self._ch_last_synthetic: tuple[str, int] = (_SYNTHETIC_HOST, 0)
+        # The core's earliest deadline (caller's clock) as ``get_timer`` last saw it: a
+        # datagram read at or after it finds a timer overdue (module docstring, 9.).
+        self._ch_timer_at = _NO_TIMER
 
     # -- qh3 internals replaced -----------------------------------------------------------------
 
@@ -708,6 +723,12 @@ class Qh3Connection(QuicConnection):
         self._take_tls_events()  # keep ``event_queue`` the whole story (``EngineHints``)
 
     def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
+        if now >= self._ch_timer_at:
+            # A timer is overdue (a process resumed after a stop reads its socket first):
+            # fire it first; a connection it ended drops the datagram (module docstring, 9.).
+            self._overdue(now)
+            if self._ch_terminated:
+                return
         if addr is self._ch_last_addr:
             synthetic = self._ch_last_synthetic  # the same sender as last time (every datagram)
         else:
@@ -744,6 +765,15 @@ class Qh3Connection(QuicConnection):
                 self._forget_failed_start()
         if self._ch_unacked:
             self._refresh_acks(elapsed)
+
+    def _overdue(self, now: float) -> None:
+        """Fire the timers due at ``now`` before a datagram, then cache the next deadline (the
+        datagram may restart the idle timer, never move a deadline before this one)."""
+        self.handle_timer(now)
+        core = self._core
+        timer = None if core is None or self._ch_terminated else core.get_timer()
+        epoch = self._ch_epoch
+        self._ch_timer_at = _NO_TIMER if timer is None or epoch is None else timer[1] + epoch
 
     def _forget_failed_start(self) -> None:
         """A server's first datagram that the core refused without seeing a ClientHello (qh3
@@ -815,6 +845,7 @@ class Qh3Connection(QuicConnection):
         core = self._core
         timer = None if core is None else core.get_timer()
         at = None if timer is None or self._ch_epoch is None else timer[1] + self._ch_epoch
+        self._ch_timer_at = _NO_TIMER if at is None else at
         verifier = self._ch_verifier
         if verifier is None or self._ch_judged:
             return at  # a judged proof has no deadline (no property call per timer query)
@@ -831,8 +862,11 @@ class Qh3Connection(QuicConnection):
         if core is not None and epoch is not None:
             timer = core.get_timer()
             if timer is not None and timer[1] + epoch <= now:
-                if timer[0] == "idle" and self._ch_cause is None:
-                    self._ch_idle = True
+                # A timer that ends the connection with no close of either side nor protocol
+                # error ends it idle, even when another timer (an ACK, a loss) was due first:
+                # the core fires every due deadline (after a stop, the idle one is often
+                # behind an earlier one; qh3 reports it as error 1, "Idle timeout").
+                self._ch_idle = self._ch_cause is None
                 # Due by the caller's clock: fire it at its own deadline even if the
                 # subtraction above rounded a hair below it.
                 if timer[1] > elapsed:
@@ -842,6 +876,8 @@ class Qh3Connection(QuicConnection):
                 except RuntimeError as exc:
                     raise _internal(exc) from exc
                 self._drain_core()
+                if not self._ch_terminated:
+                    self._ch_idle = False
         verifier = self._ch_verifier
         if verifier is not None and not self._ch_judged and verifier.expire(now):
             self._proof_decided()
