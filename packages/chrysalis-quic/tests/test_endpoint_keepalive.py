@@ -177,3 +177,43 @@ def test_a_process_stopped_past_its_idle_timeout_reports_an_idle_close_when_its_
     client.endpoint.handle_timer(net.now)  # resumed: its timer fires first this time
     net.pump()
     assert _closed(client) == [ConnectionClosed(conn)]
+
+
+def test_qh3_a_process_stopped_below_its_idle_timeout_reads_before_its_overdue_timers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shorter stop: the client's loss and ACK timers fell due meanwhile, its idle deadline
+    did not. The queued datagrams go in first and the driver fires those timers after them,
+    as before the change (fired first, a late driver would send probes, or declare losses,
+    that the datagrams refute); only the idle or closing deadline is fired before a read."""
+    net, client, server = _pair("qh3", None, None)
+    conn = client.connect(server)
+    stream = client.open(conn)
+    client.send(stream, b"request")
+    net.pump()  # the request leaves; the server's acknowledgement arrives while stopped
+    engine = client.endpoint._conns[conn].engine
+    due = engine.get_timer()
+    queued: list[tuple[DatagramAddr, bytes]] = []
+    client_addr: DatagramAddr = client.addr
+
+    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
+        if destination == client_addr:
+            queued.append((source, data))
+
+    net.observers.append(queue)
+    del net.nodes[client_addr]
+    net.run_for(IDLE / 4)
+    assert due is not None
+    assert due < net.now  # a timer fell due during the stop
+    assert queued
+    net.observers.remove(queue)
+    net.nodes[client_addr] = client
+    fired: list[float] = []
+    handle_timer = engine.handle_timer
+    monkeypatch.setattr(engine, "handle_timer", lambda now: (fired.append(now), handle_timer(now)))
+    for source, data in queued:
+        client.endpoint.receive_datagram(data, source, net.now)
+    assert fired == []  # the datagrams went in before the overdue timers
+    net.pump()
+    assert _closed(client) == []
+    assert _closed(server) == []

@@ -175,7 +175,8 @@ _NOTHING: Final = object()
 _CORE_HAS_EVENTS: Final = hasattr(QuicConnectionCore, "has_events")
 """The native core tells, as an attribute, whether ``next_event`` has anything (qh3 2.1)."""
 _NO_TIMER: Final = float("inf")
-"""The cached core deadline while the core has no timer (or none was asked for yet)."""
+"""``_ch_timer_at`` while the core has no timer (or none was asked for yet), and the idle
+floor without an idle timeout."""
 
 
 def _internal(exc: RuntimeError) -> QuicConnectionError:
@@ -308,8 +309,9 @@ class Qh3Connection(QuicConnection):
         # datagram. The placeholder is no address, so the first datagram takes the lookup.
         self._ch_last_addr: object = _NOTHING
         self._ch_last_synthetic: tuple[str, int] = (_SYNTHETIC_HOST, 0)
-        # The core's earliest deadline (caller's clock) as ``get_timer`` last saw it: a
-        # datagram read at or after it finds a timer overdue (module docstring, 9.).
+        # Kept by ``get_timer`` (caller's clock): neither the idle deadline nor the closing
+        # period's end can pass before it; a datagram read at or after it looks further
+        # (``_overdue``, module docstring, 9.).
         self._ch_timer_at = _NO_TIMER
         self._ch_heard = 0.0  # the caller's clock at the latest datagram (or at ``start``)
         # The shortest idle timeout the connection can have (the peer's joins at handshake).
