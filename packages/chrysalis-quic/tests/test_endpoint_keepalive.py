@@ -15,7 +15,7 @@ import pytest
 from test_endpoint_harness import Net, Node
 
 from chrysalis.core import DatagramAddr
-from chrysalis.core.completion import ConnectionClosed, ReceiveCompletion
+from chrysalis.core.completion import ConnectionClosed, ConnectionRef, ReceiveCompletion
 from chrysalis.quic._config import QuicConfig
 from chrysalis.quic._endpoint import EndpointRole
 
@@ -122,6 +122,35 @@ def test_a_dead_peer_still_reaches_the_idle_timeout() -> None:
     assert client.endpoint.statistics().keepalive_pings >= 1
 
 
+def _stop(net: Net, node: Node, seconds: float) -> list[tuple[DatagramAddr, bytes]]:
+    """Stop ``node`` (``SIGSTOP``) while the network runs ``seconds``: nothing is delivered to
+    it and none of its timers fires. It runs again on return; the result is what waits in its
+    socket (source, datagram), which a driver reads before it fires the timers now due."""
+    queued: list[tuple[DatagramAddr, bytes]] = []
+    addr: DatagramAddr = node.addr
+
+    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
+        if destination == addr:
+            queued.append((source, data))
+
+    net.observers.append(queue)
+    del net.nodes[addr]
+    net.run_for(seconds)
+    net.observers.remove(queue)
+    net.nodes[addr] = node
+    return queued
+
+
+def _request(engine: str, keepalive: float | None) -> tuple[Net, Node, Node, ConnectionRef]:
+    """A client and a server (both pinging every ``keepalive``), and a request the client
+    sent on a new connection (its acknowledgement not yet delivered)."""
+    net, client, server = _pair(engine, keepalive, keepalive)
+    conn = client.connect(server)
+    client.send(client.open(conn), b"request")
+    net.pump()
+    return net, client, server, conn
+
+
 @pytest.mark.parametrize("engine", ["aioquic", "qh3"])
 def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_resumes(
     engine: str,
@@ -132,26 +161,11 @@ def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_res
     the idle timer and their acknowledgements, late by the whole stop, inflated the RTT and
     with it the idle timeout's floor of three PTOs (38 s measured after a 10 s stop). The
     connection ends (idle) with the first of them; they are dropped."""
-    net, client, server = _pair(engine, 0.5, 0.5)
-    conn = client.connect(server)
-    stream = client.open(conn)
-    client.send(stream, b"request")
-    net.pump()  # the request leaves; its acknowledgement arrives while the client is stopped
-    queued: list[tuple[DatagramAddr, bytes]] = []
-    client_addr: DatagramAddr = client.addr
-
-    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
-        if destination == client_addr:
-            queued.append((source, data))
-
-    net.observers.append(queue)
-    del net.nodes[client_addr]  # stopped: nothing delivered, no timer fired
-    net.run_for(3 * IDLE)
+    net, client, server, conn = _request(engine, 0.5)
+    queued = _stop(net, client, 3 * IDLE)
     assert len(_closed(server)) == 1  # the peer idled out and forgot the connection
     assert queued  # its acknowledgement and PINGs wait in the stopped process's socket
-    net.observers.remove(queue)
-    net.nodes[client_addr] = client  # resumed: the queued datagrams are read first
-    for source, data in queued:
+    for source, data in queued:  # resumed: the queued datagrams are read first
         client.endpoint.receive_datagram(data, source, net.now)
     net.pump()
     assert _closed(client) == [ConnectionClosed(conn)]  # at once, not one idle timeout later
@@ -165,15 +179,8 @@ def test_a_process_stopped_past_its_idle_timeout_reports_an_idle_close_when_its_
     connection ends idle (no code), although the engine's earliest timer at the stop was an
     acknowledgement's (qh3's core then ends the connection with error 1, "Idle timeout", which
     the engine reported as a transport error)."""
-    net, client, server = _pair(engine, 0.5, 0.5)
-    conn = client.connect(server)
-    stream = client.open(conn)
-    client.send(stream, b"request")
-    net.pump()
-    client_addr: DatagramAddr = client.addr
-    del net.nodes[client_addr]  # stopped
-    net.run_for(3 * IDLE)
-    net.nodes[client_addr] = client
+    net, client, _server, conn = _request(engine, 0.5)
+    _stop(net, client, 3 * IDLE)
     client.endpoint.handle_timer(net.now)  # resumed: its timer fires first this time
     net.pump()
     assert _closed(client) == [ConnectionClosed(conn)]
@@ -186,28 +193,13 @@ def test_qh3_a_process_stopped_below_its_idle_timeout_reads_before_its_overdue_t
     did not. The queued datagrams go in first and the driver fires those timers after them,
     as before the change (fired first, a late driver would send probes, or declare losses,
     that the datagrams refute); only the idle or closing deadline is fired before a read."""
-    net, client, server = _pair("qh3", None, None)
-    conn = client.connect(server)
-    stream = client.open(conn)
-    client.send(stream, b"request")
-    net.pump()  # the request leaves; the server's acknowledgement arrives while stopped
+    net, client, server, conn = _request("qh3", None)
     engine = client.endpoint._conns[conn].engine
     due = engine.get_timer()
-    queued: list[tuple[DatagramAddr, bytes]] = []
-    client_addr: DatagramAddr = client.addr
-
-    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
-        if destination == client_addr:
-            queued.append((source, data))
-
-    net.observers.append(queue)
-    del net.nodes[client_addr]
-    net.run_for(IDLE / 4)
+    queued = _stop(net, client, IDLE / 4)
     assert due is not None
     assert due < net.now  # a timer fell due during the stop
     assert queued
-    net.observers.remove(queue)
-    net.nodes[client_addr] = client
     fired: list[float] = []
     handle_timer = engine.handle_timer
     monkeypatch.setattr(engine, "handle_timer", lambda now: (fired.append(now), handle_timer(now)))
