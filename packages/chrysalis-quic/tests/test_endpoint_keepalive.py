@@ -15,7 +15,7 @@ import pytest
 from test_endpoint_harness import Net, Node
 
 from chrysalis.core import DatagramAddr
-from chrysalis.core.completion import ConnectionClosed, ReceiveCompletion
+from chrysalis.core.completion import ConnectionClosed, ConnectionRef, ReceiveCompletion
 from chrysalis.quic._config import QuicConfig
 from chrysalis.quic._endpoint import EndpointRole
 
@@ -26,19 +26,22 @@ def _config(keepalive: float | None) -> QuicConfig:
     return QuicConfig(idle_timeout=IDLE, keepalive_interval=keepalive)
 
 
-def _pair(engine: str, client_keepalive: float | None) -> tuple[Net, Node, Node]:
+def _pair(
+    engine: str, client_keepalive: float | None, server_keepalive: float | None = None
+) -> tuple[Net, Node, Node]:
     """A client (pinging every ``client_keepalive`` seconds of silence, or never) and a
-    server that never pings on its own, with the same idle timeout."""
+    server (by default never pinging on its own), with the same idle timeout."""
     net = Net()
+    client_config, server_config = _config(client_keepalive), _config(server_keepalive)
     if engine == "aioquic":
-        client = net.add("client", role=EndpointRole.CLIENT, config=_config(client_keepalive))
-        server = net.add("server", role=EndpointRole.SERVER, config=_config(None))
+        client = net.add("client", role=EndpointRole.CLIENT, config=client_config)
+        server = net.add("server", role=EndpointRole.SERVER, config=server_config)
     else:
         pytest.importorskip("qh3")
         from test_qh3_harness import add  # skips with its module when qh3 is absent
 
-        client = add(net, "client", role=EndpointRole.CLIENT, config=_config(client_keepalive))
-        server = add(net, "server", role=EndpointRole.SERVER, config=_config(None))
+        client = add(net, "client", role=EndpointRole.CLIENT, config=client_config)
+        server = add(net, "server", role=EndpointRole.SERVER, config=server_config)
     return net, client, server
 
 
@@ -119,35 +122,95 @@ def test_a_dead_peer_still_reaches_the_idle_timeout() -> None:
     assert client.endpoint.statistics().keepalive_pings >= 1
 
 
-def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_resumes() -> None:
+def _stop(net: Net, node: Node, seconds: float) -> list[tuple[DatagramAddr, bytes]]:
+    """Stop ``node`` (``SIGSTOP``) while the network runs ``seconds``: nothing is delivered to
+    it and none of its timers fires. It runs again on return; the result is what waits in its
+    socket (source, datagram), which a driver reads before it fires the timers now due."""
+    queued: list[tuple[DatagramAddr, bytes]] = []
+    addr: DatagramAddr = node.addr
+
+    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
+        if destination == addr:
+            queued.append((source, data))
+
+    net.observers.append(queue)
+    del net.nodes[addr]
+    net.run_for(seconds)
+    net.observers.remove(queue)
+    net.nodes[addr] = node
+    return queued
+
+
+def _request(engine: str, keepalive: float | None) -> tuple[Net, Node, Node, ConnectionRef]:
+    """A client and a server (both pinging every ``keepalive``), and a request the client
+    sent on a new connection (its acknowledgement not yet delivered)."""
+    net, client, server = _pair(engine, keepalive, keepalive)
+    conn = client.connect(server)
+    client.send(client.open(conn), b"request")
+    net.pump()
+    return net, client, server, conn
+
+
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])
+def test_a_process_stopped_past_its_idle_timeout_ends_the_connection_when_it_resumes(
+    engine: str,
+) -> None:
     """A process stopped (``SIGSTOP``, starved) for longer than the idle timeout reads, when it
     runs again, the datagrams queued meanwhile before its timers fire (a driver reads first).
     Those must not revive the connection the peer has discarded: fed first, they restarted
     the idle timer and their acknowledgements, late by the whole stop, inflated the RTT and
     with it the idle timeout's floor of three PTOs (38 s measured after a 10 s stop). The
     connection ends (idle) with the first of them; they are dropped."""
-    net = Net()
-    client = net.add("client", role=EndpointRole.CLIENT, config=_config(0.5))
-    server = net.add("server", role=EndpointRole.SERVER, config=_config(0.5))
-    conn = client.connect(server)
-    stream = client.open(conn)
-    client.send(stream, b"request")
-    net.pump()  # the request leaves; its acknowledgement arrives while the client is stopped
-    queued: list[tuple[DatagramAddr, bytes]] = []
-    client_addr: DatagramAddr = client.addr
-
-    def queue(source: DatagramAddr, destination: DatagramAddr, data: bytes) -> None:
-        if destination == client_addr:
-            queued.append((source, data))
-
-    net.observers.append(queue)
-    del net.nodes[client_addr]  # stopped: nothing delivered, no timer fired
-    net.run_for(3 * IDLE)
+    net, client, server, conn = _request(engine, 0.5)
+    queued = _stop(net, client, 3 * IDLE)
     assert len(_closed(server)) == 1  # the peer idled out and forgot the connection
     assert queued  # its acknowledgement and PINGs wait in the stopped process's socket
-    net.observers.remove(queue)
-    net.nodes[client_addr] = client  # resumed: the queued datagrams are read first
-    for source, data in queued:
+    for source, data in queued:  # resumed: the queued datagrams are read first
         client.endpoint.receive_datagram(data, source, net.now)
     net.pump()
     assert _closed(client) == [ConnectionClosed(conn)]  # at once, not one idle timeout later
+
+
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])
+def test_a_process_stopped_past_its_idle_timeout_reports_an_idle_close_when_its_timer_fires_first(
+    engine: str,
+) -> None:
+    """The same stop, with the timer fired before the queued datagrams are read: the
+    connection ends idle (no code), although the engine's earliest timer at the stop was an
+    acknowledgement's (qh3's core then ends the connection with error 1, "Idle timeout", which
+    the engine reported as a transport error)."""
+    net, client, _server, conn = _request(engine, 0.5)
+    _stop(net, client, 3 * IDLE)
+    client.endpoint.handle_timer(net.now)  # resumed: its timer fires first this time
+    net.pump()
+    assert _closed(client) == [ConnectionClosed(conn)]
+
+
+def test_qh3_a_process_stopped_below_its_idle_timeout_reads_before_its_overdue_timers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shorter stop: the client's loss and ACK timers fell due meanwhile, its idle deadline
+    did not. The queued datagrams go in first and the driver fires those timers after them,
+    as before the change (fired first, a late driver would send probes, or declare losses,
+    that the datagrams refute); only the idle or closing deadline is fired before a read."""
+    net, client, server, conn = _request("qh3", None)
+    engine = client.endpoint._conns[conn].engine
+    due = engine.get_timer()
+    queued = _stop(net, client, IDLE / 4)
+    assert due is not None
+    assert due < net.now  # a timer fell due during the stop
+    assert queued
+    fired: list[float] = []
+    handle_timer = engine.handle_timer
+
+    def spy(now: float) -> None:
+        fired.append(now)
+        handle_timer(now)
+
+    monkeypatch.setattr(engine, "handle_timer", spy)
+    for source, data in queued:
+        client.endpoint.receive_datagram(data, source, net.now)
+    assert fired == []  # the datagrams went in before the overdue timers
+    net.pump()
+    assert _closed(client) == []
+    assert _closed(server) == []

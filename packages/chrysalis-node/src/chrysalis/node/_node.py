@@ -104,10 +104,10 @@ beyond the node's QUIC idle timeout, before it reports ``NotFound`` (``Node.rejo
 The idle timeout is added because a child that was starved of CPU (or stopped) could notice its
 lost link up to one idle timeout late: the keepalives its parent sent meanwhile waited in its
 socket and restarted its own idle timer when it ran again (measured: 3.06 s of a 3 s idle
-timeout after ``SIGCONT``, in 7 of 8 runs), and only then did it dial again. The aioquic engine
-now ends a connection whose idle deadline passed before such datagrams were read (README, "A
-hung head that resumes"); the qh3 engine, and a child whose deadline falls after its parent's,
-may still be one idle timeout late."""
+timeout after ``SIGCONT``, in 7 of 8 runs), and only then did it dial again. Both QUIC engines
+now end a connection whose idle deadline passed before such datagrams were read (README, "A
+hung head that resumes"); a child whose deadline falls after its parent's may still be one
+idle timeout late."""
 _SWITCH_JOIN: Final = 5.0
 _CHILD_REJOIN_WAIT_MAX: Final = 8.0
 """At most this long a child's resolve of a PID that is joining again is held (the nameserver's

@@ -71,6 +71,23 @@ difference from what the endpoint needs is handled here, as narrowly as qh3 allo
    connection's first stream bytes leave (the client proof is exempt: the server needs it).
    Kept bytes count as handed over and unacknowledged, so the endpoint's
    ``stream_send_buffer`` bounds them per stream.
+9. **Overdue deadlines.** As the aioquic engine does (``chrysalis.quic`` README,
+   "Keepalive"), a datagram read at or after the connection's idle deadline (or the end of
+   its closing period) fires the core's timers first, which ends the connection, and is
+   dropped. Why: a process resumed after ``SIGSTOP`` reads the datagrams queued meanwhile
+   before its timers fire; fed first, they revived connections the peer had discarded. The
+   idle deadline lives in the Rust core, which tells only its earliest timer and its kind,
+   so ``get_timer`` (the endpoint asks after every step that can move a deadline) keeps a
+   time before which neither can have passed: the core's deadline when it is the idle or
+   closing one, else the later of that deadline and the last datagram's time plus
+   ``min(idle_timeout, peer's max_idle_timeout)`` (the idle timer restarts with every
+   packet received and never runs shorter, RFC 9000 section 10.1). The receive path adds
+   one comparison with it. A datagram read past it, and still that long after the one
+   before, fires the core's due timers first (the idle deadline is often behind an ACK or
+   loss timer armed before a stop); any other datagram goes in first and the driver fires
+   the ACK, loss or pacing timers after it, as before (a late driver must not declare
+   losses the datagram refutes). A timer that ends the connection without any close (ours,
+   the peer's or a protocol error) is reported as ``IDLE``, whichever timer was due first.
 
 qh3 runs its own congestion controller (``QuicConfig.congestion_control`` is not used). qh3
 itself imports ``socket`` and, through its package, ``asyncio``; nothing in this module does
@@ -157,6 +174,9 @@ _NOTHING: Final = object()
 """A placeholder that is no ``DatagramAddr`` (the last-path memo before the first datagram)."""
 _CORE_HAS_EVENTS: Final = hasattr(QuicConnectionCore, "has_events")
 """The native core tells, as an attribute, whether ``next_event`` has anything (qh3 2.1)."""
+_NO_TIMER: Final = float("inf")
+"""``_ch_timer_at`` while the core has no timer (or none was asked for yet), and the idle
+floor without an idle timeout."""
 
 
 def _internal(exc: RuntimeError) -> QuicConnectionError:
@@ -289,6 +309,13 @@ class Qh3Connection(QuicConnection):
         # datagram. The placeholder is no address, so the first datagram takes the lookup.
         self._ch_last_addr: object = _NOTHING
         self._ch_last_synthetic: tuple[str, int] = (_SYNTHETIC_HOST, 0)
+        # Kept by ``get_timer`` (caller's clock): neither the idle deadline nor the closing
+        # period's end can pass before it; a datagram read at or after it looks further
+        # (``_overdue``, module docstring, 9.).
+        self._ch_timer_at = _NO_TIMER
+        self._ch_heard = 0.0  # the caller's clock at the latest datagram (or at ``start``)
+        # The shortest idle timeout the connection can have (the peer's joins at handshake).
+        self._ch_idle_floor = configuration.idle_timeout or _NO_TIMER
 
     # -- qh3 internals replaced -----------------------------------------------------------------
 
@@ -496,6 +523,10 @@ class Qh3Connection(QuicConnection):
 
     def _handshake(self, alpn: str | None) -> None:
         self._ch_alpn = alpn
+        tls = self._tls
+        parameters = None if tls is None else tls.remote_transport_parameters
+        if parameters is not None and parameters.max_idle_timeout:  # milliseconds
+            self._ch_idle_floor = min(self._ch_idle_floor, parameters.max_idle_timeout / 1000.0)
         verifier = self._ch_verifier
         if verifier is None:
             self._send_proof()
@@ -703,11 +734,16 @@ class Qh3Connection(QuicConnection):
         """Client only: begin the handshake towards ``addr`` (sends nothing yet)."""
         synthetic = self._synthetic(addr)
         assert synthetic is not None
-        self._ch_now = now
+        self._ch_now = self._ch_heard = now
         self.connect(synthetic, self._core_time(now))
         self._take_tls_events()  # keep ``event_queue`` the whole story (``EngineHints``)
 
     def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
+        if now >= self._ch_timer_at and self._overdue(now):
+            # The idle deadline (or the closing period's end) passed before this datagram was
+            # read (a process resumed after a stop): the connection ended first and the
+            # datagram is dropped (module docstring, 9.).
+            return
         if addr is self._ch_last_addr:
             synthetic = self._ch_last_synthetic  # the same sender as last time (every datagram)
         else:
@@ -720,7 +756,7 @@ class Qh3Connection(QuicConnection):
             self._ch_last_addr = addr
         if not data:
             return
-        self._ch_now = now
+        self._ch_now = self._ch_heard = now
         core = self._core
         epoch = self._ch_epoch
         if epoch is not None and now - epoch >= self._ch_core_now:
@@ -744,6 +780,30 @@ class Qh3Connection(QuicConnection):
                 self._forget_failed_start()
         if self._ch_unacked:
             self._refresh_acks(elapsed)
+
+    def _overdue(self, now: float) -> bool:
+        """A datagram read at ``now`` found the deadline ``get_timer`` kept passed: fire the
+        core's due timers first when the idle deadline or the closing period's end may have
+        passed (module docstring, 9.). True when that ended the connection (the datagram is
+        dropped); otherwise the kept deadline is brought up to date."""
+        core = self._core
+        timer = None if core is None else core.get_timer()
+        if timer is None:
+            self._ch_timer_at = _NO_TIMER
+            return False
+        kind = timer[0]
+        if kind != "idle" and kind != "close":
+            quiet = self._ch_heard + self._ch_idle_floor
+            if now < quiet:
+                # Datagrams read since ``get_timer`` restarted the idle timer: only an ACK,
+                # loss or pacing timer is due, which the driver fires after this datagram.
+                self._ch_timer_at = quiet
+                return False
+        self.handle_timer(now)
+        if self._ch_terminated:
+            return True
+        self.get_timer()
+        return False
 
     def _forget_failed_start(self) -> None:
         """A server's first datagram that the core refused without seeing a ClientHello (qh3
@@ -814,7 +874,20 @@ class Qh3Connection(QuicConnection):
     def get_timer(self) -> float | None:
         core = self._core
         timer = None if core is None else core.get_timer()
-        at = None if timer is None or self._ch_epoch is None else timer[1] + self._ch_epoch
+        epoch = self._ch_epoch
+        if timer is None or epoch is None:
+            at = None
+            self._ch_timer_at = _NO_TIMER
+        else:
+            at = timer[1] + epoch
+            kind = timer[0]
+            if kind == "idle" or kind == "close":
+                self._ch_timer_at = at
+            else:
+                # An ACK, loss or pacing timer first: the idle deadline is no earlier than the
+                # shortest idle timeout after the last datagram (module docstring, 9.).
+                quiet = self._ch_heard + self._ch_idle_floor
+                self._ch_timer_at = quiet if quiet > at else at
         verifier = self._ch_verifier
         if verifier is None or self._ch_judged:
             return at  # a judged proof has no deadline (no property call per timer query)
@@ -831,8 +904,11 @@ class Qh3Connection(QuicConnection):
         if core is not None and epoch is not None:
             timer = core.get_timer()
             if timer is not None and timer[1] + epoch <= now:
-                if timer[0] == "idle" and self._ch_cause is None:
-                    self._ch_idle = True
+                # A timer that ends the connection with no close of either side nor protocol
+                # error ends it idle, even when another timer (an ACK, a loss) was due first:
+                # the core fires every due deadline (after a stop, the idle one is often
+                # behind an earlier one; qh3 reports it as error 1, "Idle timeout").
+                self._ch_idle = self._ch_cause is None
                 # Due by the caller's clock: fire it at its own deadline even if the
                 # subtraction above rounded a hair below it.
                 if timer[1] > elapsed:
@@ -842,6 +918,8 @@ class Qh3Connection(QuicConnection):
                 except RuntimeError as exc:
                     raise _internal(exc) from exc
                 self._drain_core()
+                if not self._ch_terminated:
+                    self._ch_idle = False
         verifier = self._ch_verifier
         if verifier is not None and not self._ch_judged and verifier.expire(now):
             self._proof_decided()
