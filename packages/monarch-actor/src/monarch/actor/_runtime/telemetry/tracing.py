@@ -124,6 +124,7 @@ def set_enabled(on: bool) -> None:
     TRACING = bool(on)
     if TRACING:
         _shipper.start()
+    _metrics.switched()  # the runtime's copies of the switches (``add_switch_listener``)
 
 
 #: This OS process's id (kept current across forks) and the label of its main process
