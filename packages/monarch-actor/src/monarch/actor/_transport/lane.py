@@ -158,6 +158,12 @@ class LaneSettings:
             raise ValueError(f"invalid lane settings {self!r}")
 
 
+def _uses_shm(settings: LaneSettings) -> bool:
+    """Whether a Unix lane of this process moves large buffers as shared memory (slots or
+    loans): a threshold set and memfd shared memory available here."""
+    return settings.shm_threshold > 0 and _shm.available()
+
+
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -249,7 +255,7 @@ class UnixLane:
         self._decoder: LaneDecoder | None = None
         self._on_message: MessageCallback | None = None
         self._on_end: EndCallback | None = None
-        self.shm = settings.shm_threshold > 0 and _shm.available()
+        self.shm = _uses_shm(settings)
         self.pool = _shm.ShmPool(settings.max_shm_bytes)
         self.pool.on_fault = self._pool_fault
         self._ring: _shm.AckRing | None = None  # receiver: acknowledgements without a write
@@ -934,7 +940,7 @@ class LaneManager:
         nonce = os.urandom(32)
         settings = self.settings
         # Named only where this process would lend when asked (``UnixLane._on_acks``).
-        lends = settings.lend and settings.shm_threshold > 0 and _shm.available()
+        lends = settings.lend and _uses_shm(settings)
         features = (FEATURE_LEND,) if lends and "unix" in settings.kinds else ()
         return Hello(1, self.host, nonce, settings.kinds, features), nonce
 

@@ -177,7 +177,6 @@ def enable_telemetry(metrics: bool = True, tracing: bool = True, otel: bool = Fa
     _metrics.set_enabled(METRICS)
     _tracing.set_enabled(TRACING)
     ACTIVE = METRICS or TRACING
-    _metrics.switched()  # the runtime's copies of the switches (tracing's included)
     parts = [n for n, on in (("metrics", METRICS), ("tracing", TRACING), ("otel", otel)) if on]
     if ACTIVE:
         os.environ["MONARCH_TELEMETRY"] = ",".join(parts)

@@ -489,8 +489,8 @@ def add_switch_listener(listener: Callable[[], None]) -> None:
 
 
 def switched() -> None:
-    """A switch changed (``set_enabled``, ``set_hooks``; ``enable_telemetry`` after it set
-    every switch): tell the listeners (``add_switch_listener``)."""
+    """A switch changed (``set_enabled``, ``set_hooks``, ``tracing.set_enabled``): tell the
+    listeners (``add_switch_listener``)."""
     for listener in list(_switch_listeners):
         listener()
 
