@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from monarch.actor import Future
+from monarch.actor._base import future as future_module
 from monarch.actor._base.future import _all_done, _Cell
 from monarch.actor._base.loop import RuntimeLoop
+from monarch.config import configured
 
 
 def pending() -> tuple[_Cell[Any], Future[Any]]:
@@ -319,3 +321,90 @@ def test_an_interrupt_after_the_gate_was_taken_leaves_it_open() -> None:
     thread.start()
     thread.join(10)
     assert waiter == [True]
+
+
+class _CountingClock:
+    """A clock for the spin that advances ``step_ns`` at every reading, and counts the polls
+    (``give_way`` calls); ``on_poll`` runs at each poll (to complete the cell mid-spin)."""
+
+    def __init__(self, step_ns: int, on_poll: Any = None) -> None:
+        self.now = 0
+        self.step = step_ns
+        self.polls = 0
+        self.on_poll = on_poll
+
+    def clock(self) -> int:
+        now = self.now
+        self.now += self.step
+        return now
+
+    def give_way(self) -> None:
+        self.polls += 1
+        if self.on_poll is not None:
+            self.on_poll(self.polls)
+
+
+@pytest.fixture
+def spin_clock(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def make(step_ns: int, on_poll: Any = None) -> _CountingClock:
+        counting = _CountingClock(step_ns, on_poll)
+        monkeypatch.setattr(future_module, "_spin_clock", counting.clock)
+        monkeypatch.setattr(future_module, "_spin_yield", counting.give_way)
+        return counting
+
+    return make
+
+
+def test_spin_wait_zero_sleeps_at_once(spin_clock: Any) -> None:
+    """``future_spin_wait`` 0: a wait on a pending cell polls nothing and sleeps on its gate."""
+    counting = spin_clock(1_000)
+    cell: _Cell[int] = _Cell()
+    with configured(future_spin_wait="0s"):
+        assert not cell.wait(0.01)
+    assert counting.polls == 0
+    assert cell._gate is not None  # it slept on the gate
+
+
+def test_spin_wait_polls_for_its_window_then_sleeps(spin_clock: Any) -> None:
+    """A pending cell is polled until the window ends on the (counting) clock, then the waiter
+    sleeps on the gate; a completion after that still wakes it."""
+    counting = spin_clock(10_000)  # 10 us per clock reading
+    cell: _Cell[int] = _Cell()
+    with configured(future_spin_wait="300us"):
+        assert not cell.wait(0.05)
+        # The first reading sets the end (300 us on); each poll reads the clock once more.
+        assert counting.polls == 300 // 10 - 1
+        assert cell._gate is not None
+        timer = later(cell, 3)
+        try:
+            assert cell.wait(30.0)
+        finally:
+            timer.join()
+    assert cell.outcome() == (True, 3)
+
+
+def test_spin_wait_is_bounded_by_the_timeout(spin_clock: Any) -> None:
+    """A timeout shorter than the window bounds the spin."""
+    counting = spin_clock(1_000_000)  # 1 ms per reading
+    cell: _Cell[int] = _Cell()
+    with configured(future_spin_wait="1s"):
+        assert not cell.wait(0.01)
+    assert counting.polls == 10 - 1
+    assert cell.wait(0) is False  # a zero timeout neither spins nor sleeps
+    assert counting.polls == 10 - 1
+
+
+def test_a_completion_during_the_spin_returns_without_sleeping(spin_clock: Any) -> None:
+    """The cell completed while the waiter polls (another thread, here at the third poll): the
+    wait returns True and never made a gate (nobody had to be woken)."""
+    cell: _Cell[int] = _Cell()
+
+    def complete_at_third(polls: int) -> None:
+        if polls == 3:
+            cell.set_result(11)
+
+    counting = spin_clock(1_000, complete_at_third)
+    with configured(future_spin_wait="1s"):
+        assert Future._create(cell).get() == 11
+    assert counting.polls == 3
+    assert cell._gate is None

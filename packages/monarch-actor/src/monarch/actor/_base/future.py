@@ -28,12 +28,15 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from monarch.actor._base.loop import is_runtime_thread
+from monarch.config import _registry as _config
 
 __all__ = ["Future"]
 
@@ -43,6 +46,10 @@ _log = logging.getLogger("monarch.actor.future")
 
 _PENDING, _OK, _ERROR = 0, 1, 2
 _MAIN_WAIT_SLICE = 0.1  # the main thread waits in slices so KeyboardInterrupt gets through
+#: The spin before a blocking wait (``future_spin_wait``): its clock (nanoseconds) and how a
+#: poll gives way; module attributes so a test can count the polls with a clock of its own.
+_spin_clock = time.monotonic_ns
+_spin_yield = os.sched_yield
 
 
 class _Cell(Generic[T]):
@@ -100,6 +107,8 @@ class _Cell(Generic[T]):
         """Block until complete or ``timeout`` seconds passed; True if complete."""
         if self._state != _PENDING:
             return True
+        if timeout != 0 and self._spin(timeout):
+            return True
         with self._lock:
             if self._state != _PENDING:
                 return True
@@ -137,6 +146,24 @@ class _Cell(Generic[T]):
                     gate.release()
             raise
         return self._state != _PENDING
+
+    def _spin(self, timeout: float | None) -> bool:
+        """Poll for at most ``future_spin_wait`` (and ``timeout``) before a blocking wait;
+        True once complete. Each poll yields the CPU and the GIL (``os.sched_yield``): the
+        thread completing the cell runs in the meantime, and finds no sleeper to wake."""
+        window = float(_config.get("future_spin_wait"))
+        if window <= 0:
+            return False
+        if timeout is not None and timeout < window:
+            window = timeout
+        clock = _spin_clock
+        give_way = _spin_yield
+        end = clock() + int(window * 1e9)
+        while self._state == _PENDING:
+            if clock() >= end:
+                return False
+            give_way()
+        return True
 
     def outcome(self) -> tuple[bool, Any]:
         """``(ok, value_or_exception)`` of a completed cell."""
