@@ -14,8 +14,9 @@ While the OpenTelemetry mirror is on, every instrument also feeds its twin (``ot
 Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a sent
 envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
 bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
-values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, a sent envelope's
-kind and size once logged: ``sent_counters``), ticks a counter of that value (``next`` of an
+values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, both at once for a
+received call, ``call_depth_counters``, a sent envelope's kind and size: ``sent_counters``, the
+first ``MAX_SENT_CODES`` sizes), ticks a counter of that value (``next`` of an
 ``itertools.count``, one C call, atomic under the GIL: no log entry, no bound to check, nothing
 to fold per observation). The logs and counters are folded into the instruments (counts by kind,
 histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when a log
