@@ -72,18 +72,24 @@ class _FakeCell:
         return True
 
 
-def test_parked_calls_reach_the_actor_in_order_once_it_exists(runtime: rt.ProcRuntime) -> None:
-    futures = [_call_to(runtime, "late-0001") for _ in range(3)]
+def _spawn_lands(runtime: rt.ProcRuntime, path: str) -> _FakeCell:
+    """An actor appears at ``path`` (a fake cell) and the calls parked for it are routed."""
     cell = _FakeCell()
     done = threading.Event()
 
     def spawn_lands() -> None:
-        runtime.cells["late-0001"] = cell  # type: ignore[assignment]
-        runtime._unpark("late-0001")
+        runtime.cells[path] = cell  # type: ignore[assignment]
+        runtime._unpark(path)
         done.set()
 
     runtime.loop.loop.call_soon_threadsafe(spawn_lands)
     assert done.wait(5)
+    return cell
+
+
+def test_parked_calls_reach_the_actor_in_order_once_it_exists(runtime: rt.ProcRuntime) -> None:
+    futures = [_call_to(runtime, "late-0001") for _ in range(3)]
+    cell = _spawn_lands(runtime, "late-0001")
     ports = [item.env.reply_port for item in cell.items]  # type: ignore[attr-defined]
     assert len(ports) == 3
     assert all(p is not None for p in ports)
@@ -116,16 +122,7 @@ def test_parked_calls_are_counted_as_received_once_with_metrics_on(
         for _ in range(3):
             _call_to(runtime, "late-0002", received=True)
         assert runtime._parked_count == 3
-        cell = _FakeCell()
-        done = threading.Event()
-
-        def spawn_lands() -> None:
-            runtime.cells["late-0002"] = cell  # type: ignore[assignment]
-            runtime._unpark("late-0002")
-            done.set()
-
-        runtime.loop.loop.call_soon_threadsafe(spawn_lands)
-        assert done.wait(5)
+        cell = _spawn_lands(runtime, "late-0002")
         assert len(cell.items) == 3
         snapshot = tm.metrics_snapshot()
         received = snapshot["monarch.messages.received"]
