@@ -42,15 +42,18 @@ so 1.0x means no cost and 0.9x means 10% fewer round trips per CPU second):
     .venv/bin/python benchmarks/actor_telemetry.py --only metrics    # metrics' two cases only
     .venv/bin/python benchmarks/actor_telemetry.py --profile-hooks   # only: each hook in situ
 
-``--instructions`` is not a ratio of rates either, and has no noise: the script runs again under
-``valgrind --tool=callgrind`` (instrumentation off until the calls), makes ``PIPELINE``-deep
-pipelined calls in each mode (telemetry off, metrics, tracing, both; every mode twice, in that
-order) and prints the instructions per call of the whole process (all threads) in each, less
-what an empty counting window costs, the lower of the two rounds (``callgrind_control``
-switches the counting on and reads it; every time of that run is 20 to 50 times too long, so
-only its counts mean something). Instructions are not CPU time (the caches, the thread
-hand-offs and the box's load are not in them), but they tell a change to the per-call work
-from the noise of ratios measured at a load of 5.
+``--instructions`` is not a ratio of rates either, and has little noise (its rounds differ by a
+few hundred instructions a call: thread hand-offs batch differently): the script runs again
+under ``valgrind --tool=callgrind`` (instrumentation off until the calls), makes
+``PIPELINE``-deep pipelined calls in each mode (telemetry off, metrics, tracing, both; every
+mode twice, in that order; each after a warm-up and a snapshot, so that what a long run counts
+rather than logs, a sent envelope's size, is counted here too) and prints the instructions per
+call of the whole process (all threads) in each, less what an empty counting window costs,
+the lower of the two rounds (``callgrind_control`` switches the counting on and reads it;
+every time of that run is 20 to 50 times too long, so only its counts mean something).
+Instructions are not CPU time (the caches, the thread hand-offs and the box's load are not in
+them), but they tell a change to the per-call work from the noise of ratios measured at a load
+of 5.
 
     .venv/bin/python benchmarks/actor_telemetry.py --instructions   # ~1 min (640 calls a mode)
 
@@ -208,6 +211,7 @@ def instructions_per_call(
                 _telemetry.disable_telemetry()
             try:
                 _pipelined(actor, 2 * PIPELINE)  # warm-up: logs, rows, the shipper started
+                _telemetry.metrics_snapshot()  # folded: what a long run counts, counted here
                 counted = window(lambda: _pipelined(actor, n))
             finally:
                 _telemetry.disable_telemetry()

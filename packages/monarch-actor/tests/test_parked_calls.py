@@ -10,6 +10,7 @@ import pytest
 from monarch.actor import Future, SupervisionError
 from monarch.actor._base.envelope import ActorAddr, Envelope, MessageKind
 from monarch.actor._runtime import proc as rt
+from monarch.actor._runtime import telemetry as tm
 from monarch.actor._runtime.client import new_local_runtime
 from monarch.actor._runtime.sinks import Reply, decode_reply, gather_future
 
@@ -22,7 +23,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[rt.ProcRuntime]:
     runtime.close()
 
 
-def _call_to(runtime: rt.ProcRuntime, path: str) -> Future[list[Reply]]:
+def _call_to(runtime: rt.ProcRuntime, path: str, received: bool = False) -> Future[list[Reply]]:
     port, future = gather_future(1, lambda replies: replies)
     sender = ActorAddr(port.actor.pid, port.actor.path)
     env = Envelope(
@@ -32,7 +33,7 @@ def _call_to(runtime: rt.ProcRuntime, path: str) -> Future[list[Reply]]:
     done = threading.Event()
 
     def route() -> None:
-        runtime._route(env, [])
+        runtime._route(env, [], received)  # ``received``: as ``_on_envelope`` routes it
         done.set()
 
     runtime.loop.loop.call_soon_threadsafe(route)
@@ -54,29 +55,41 @@ def test_call_to_an_actor_that_never_arrives_is_rejected_after_the_park_timeout(
     assert not runtime._parked
 
 
+class _FakeMailbox:
+    def __init__(self) -> None:
+        self._items: list[object] = []
+
+
 class _FakeCell:
     """Stands in for an actor cell that appears after the calls were parked."""
 
     def __init__(self) -> None:
         self.items: list[object] = []
+        self.mailbox = _FakeMailbox()  # (its depth, with metrics on)
 
     def enqueue(self, item: object, force: bool = False) -> bool:
         self.items.append(item)
         return True
 
 
-def test_parked_calls_reach_the_actor_in_order_once_it_exists(runtime: rt.ProcRuntime) -> None:
-    futures = [_call_to(runtime, "late-0001") for _ in range(3)]
+def _spawn_lands(runtime: rt.ProcRuntime, path: str) -> _FakeCell:
+    """An actor appears at ``path`` (a fake cell) and the calls parked for it are routed."""
     cell = _FakeCell()
     done = threading.Event()
 
     def spawn_lands() -> None:
-        runtime.cells["late-0001"] = cell  # type: ignore[assignment]
-        runtime._unpark("late-0001")
+        runtime.cells[path] = cell  # type: ignore[assignment]
+        runtime._unpark(path)
         done.set()
 
     runtime.loop.loop.call_soon_threadsafe(spawn_lands)
     assert done.wait(5)
+    return cell
+
+
+def test_parked_calls_reach_the_actor_in_order_once_it_exists(runtime: rt.ProcRuntime) -> None:
+    futures = [_call_to(runtime, "late-0001") for _ in range(3)]
+    cell = _spawn_lands(runtime, "late-0001")
     ports = [item.env.reply_port for item in cell.items]  # type: ignore[attr-defined]
     assert len(ports) == 3
     assert all(p is not None for p in ports)
@@ -95,3 +108,28 @@ def test_parked_calls_are_bounded(runtime: rt.ProcRuntime, monkeypatch: pytest.M
     assert runtime._parked_count == 2
     for future in held:
         assert future.get(timeout=5)[0].ok is False
+
+
+def test_parked_calls_are_counted_as_received_once_with_metrics_on(
+    runtime: rt.ProcRuntime,
+) -> None:
+    """Metrics on: a parked call is counted as received when it arrives and observed at its
+    mailbox depth when it reaches the actor, not received a second time then (``_route``
+    counts a call to an actor and its depth with one tick, only for a call just received)."""
+    tm.enable_telemetry(metrics=True, tracing=False)
+    tm.reset_metrics()
+    try:
+        for _ in range(3):
+            _call_to(runtime, "late-0002", received=True)
+        assert runtime._parked_count == 3
+        cell = _spawn_lands(runtime, "late-0002")
+        assert len(cell.items) == 3
+        snapshot = tm.metrics_snapshot()
+        received = snapshot["monarch.messages.received"]
+        assert [p.value for p in received if p.attributes == {"kind": "call"}] == [3]
+        (depth,) = snapshot["monarch.mailbox.depth"]
+        assert depth.count == 3
+        runtime.cells.pop("late-0002")
+    finally:
+        tm.disable_telemetry()
+        tm.reset_metrics()

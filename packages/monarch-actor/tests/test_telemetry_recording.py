@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import pytest
 
 from monarch.actor import Actor, ProcMesh, endpoint, finished_spans, metrics_snapshot, span
+from monarch.actor._base.envelope import MessageKind
 from monarch.actor._runtime import telemetry as tm
 from monarch.actor._runtime.telemetry import metrics as tm_metrics
 from monarch.actor._runtime.telemetry import tracing as tm_tracing
@@ -90,6 +91,12 @@ def test_a_snapshot_after_calls_from_several_threads_counts_every_call(
     (served,) = _points("monarch.endpoint.latency", endpoint="bump")
     (waited,) = _points("monarch.client.call_latency", endpoint="bump")
     assert (served.count, waited.count) == (total, total)
+    # Both sides run in this process: each call received once (with its mailbox depth, one
+    # tick for both: ``_runtime.proc``), each reply received once.
+    (calls,) = _points("monarch.messages.received", kind="call")
+    (replies,) = _points("monarch.messages.received", kind="port_value")
+    (depth,) = _points("monarch.mailbox.depth")
+    assert (calls.value, replies.value, depth.count) == (total, total, total)
     assert served.min > 0
     assert served.max >= served.min
     records = tm_tracing.span_records(remote=False)
@@ -296,19 +303,16 @@ def test_metric_logs_fold_when_full_from_several_threads(telemetry: None) -> Non
     assert not tm_metrics._latency_logs["folded"]  # the snapshot folded what was pending
 
 
-def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
+def test_sent_envelopes_are_counted_by_kind_and_size_and_sum_exactly(
     telemetry: None, procs: Procs
 ) -> None:
-    """A sent envelope's kind and size are logged the first time, counted by a tick from the
-    next fold on (``sent_counters``): across folds (snapshots) and a reset, the sent counts by
-    kind and the payload histogram's count and sum are those of the envelopes sent, and a
-    size never seen before is logged, then counted too."""
-    # The code table is per process and bounded (``MAX_SENT_CODES``): earlier tests of this
-    # process may have filled it. Start from an empty one (what it counted folded first).
-    tm_metrics._fold()
-    with tm_metrics._HOOK_LOCK:
-        tm_metrics._sent_counters.clear()
-        tm_metrics._sent_code_seen.clear()
+    """A sent envelope's kind and size are counted by a tick (``sent_counters``; a size seen
+    first gets its counter then): across folds (snapshots) and a reset, the sent counts by kind
+    and the payload histogram's count and sum are those of the envelopes sent, and a size never
+    seen before is counted too, within the bound (``MAX_SENT_CODES``)."""
+    # The size tables are per process and bounded (``MAX_SENT_CODES``): earlier tests of this
+    # process may have filled them. Start from empty ones (what they counted folded first).
+    tm_metrics._forget_sent_codes()
     actor = procs(gpus=1).spawn("counted", Counted)
     assert actor.bump.call_one(0).get(timeout=T) == 1
     metrics_snapshot()  # the warm-up's codes: counted from now on
@@ -319,7 +323,7 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
         (size,) = _points("monarch.messages.payload_size", kind=kind)
         return count.value, size.count, size.sum
 
-    counted_before = len(tm_metrics.sent_counters)
+    counted_before = tm_metrics._sent_codes_counted()
     assert counted_before > 0
     size = 0.0  # one call envelope's payload size (all alike)
     for n in (3, 40):
@@ -331,12 +335,32 @@ def test_sent_envelopes_are_counted_once_their_size_was_seen_and_sum_exactly(
         count, sizes, _ = sent("port_value")
         assert [count, sizes] == [n, n]
         tm.reset_metrics()
-    large = 10**400  # a payload of a size not sent before: logged first, then counted
+    large = 10**400  # a payload of a size not sent before: counted from its first envelope
     for _ in range(2):
         assert actor.bump.call_one(large).get(timeout=T) == large + 1
         metrics_snapshot()
     count, sizes, total = sent("call")
     assert (count, sizes) == (2, 2)
     assert total > 2 * size + 300  # the two large payloads
-    assert len(tm_metrics.sent_counters) > counted_before  # their codes are counted now
-    assert len(tm_metrics.sent_counters) <= tm_metrics.MAX_SENT_CODES
+    assert tm_metrics._sent_codes_counted() > counted_before  # their codes are counted now
+    assert tm_metrics._sent_codes_counted() <= tm_metrics.MAX_SENT_CODES
+
+
+def test_sent_sizes_past_the_bound_are_logged_and_still_sum_exactly(telemetry: None) -> None:
+    """Sizes of one kind beyond ``MAX_SENT_CODES`` distinct ones are logged, not counted
+    (``_SentSizes.__missing__``): the table stops growing, and the sent count and the
+    payload histogram's count and sum still equal what was ticked, across a fold."""
+    tm_metrics._forget_sent_codes()
+    sizes = tm_metrics.sent_counters[MessageKind.CALL]
+    n = tm_metrics.MAX_SENT_CODES + 40
+    for size in range(1000, 1000 + n):
+        for _ in range(2):
+            next(sizes[size])  # what ``ProcRuntime._prepare`` does per envelope
+    assert tm_metrics._sent_codes_counted() == tm_metrics.MAX_SENT_CODES
+    assert len(tm_metrics._sent_log) == 2 * 40  # the sizes past the bound, logged
+    (count,) = _points("monarch.messages.sent", kind="call")
+    (payload,) = _points("monarch.messages.payload_size", kind="call")
+    assert count.value == payload.count == 2 * n
+    assert payload.sum == 2 * sum(range(1000, 1000 + n))
+    assert (payload.min, payload.max) == (1000, 1000 + n - 1)
+    tm_metrics._forget_sent_codes()

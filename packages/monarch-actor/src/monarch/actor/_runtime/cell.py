@@ -132,6 +132,17 @@ def _metrics_switched() -> None:
 _metrics.add_switch_listener(_metrics_switched)
 
 
+def _timed_result(result: Any, endpoint: str, started: float) -> Any:
+    """A sync call's result that is not a plain value (``_SyncRunner._call``, metrics only):
+    an awaitable is timed through its await (and run, if a coroutine: an async method exposed
+    with ``as_endpoint``); anything else is timed now."""
+    if inspect.isawaitable(result):
+        result = time_awaitable(result, endpoint, started)
+        return asyncio.run(result) if inspect.iscoroutine(result) else result
+    _metrics.record_elapsed(endpoint, _perf_counter() - started, None)
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # Cells: anything that can send and own (actors, the root client, a process's agent)
 # ---------------------------------------------------------------------------------------------
@@ -1009,16 +1020,14 @@ class _SyncRunner(_Runner):
         try:
             fn, args, kwargs = cell._begin(item, explicit, False)
             if _telemetry.ACTIVE:
-                if not _TIMED_HERE:  # timed and in a receive span
-                    result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
-                else:  # metrics only: ``run_endpoint``'s timed case inlined (no frame per call)
+                if _TIMED_HERE:  # metrics only: ``run_endpoint``'s timed case inlined (no frame)
                     started = _perf_counter()
                     try:
                         result = fn(*args, **kwargs)
                     except BaseException as exc:
                         _metrics.record_endpoint(env.endpoint, started, exc)
                         raise
-                    if type(result) in PLAIN_RESULTS or not inspect.isawaitable(result):
+                    if type(result) in PLAIN_RESULTS:  # (no coroutine: one type test, not two)
                         elapsed = _perf_counter() - started
                         try:
                             log = _latency_logs[env.endpoint]
@@ -1028,11 +1037,15 @@ class _SyncRunner(_Runner):
                         if len(log) >= _FOLD_AT:  # (the mirror sets ``HOOKS``: not this branch)
                             _metrics.note_latency(env.endpoint, log, elapsed)
                     else:
-                        result = time_awaitable(result, env.endpoint, started)
+                        result = _timed_result(result, env.endpoint, started)
+                else:  # timed and in a receive span
+                    result = _telemetry.run_endpoint(cell, env, fn, args, kwargs)
+                    if type(result) not in PLAIN_RESULTS and inspect.iscoroutine(result):
+                        result = asyncio.run(result)
             else:  # telemetry off: the branch last, so no jump after it (as before)
                 result = fn(*args, **kwargs)
-            if type(result) not in PLAIN_RESULTS and inspect.iscoroutine(result):
-                result = asyncio.run(result)  # an async method exposed with as_endpoint
+                if type(result) not in PLAIN_RESULTS and inspect.iscoroutine(result):
+                    result = asyncio.run(result)  # an async method exposed with as_endpoint
         except Exception as exc:
             cell._raised(env, exc, explicit)
             return

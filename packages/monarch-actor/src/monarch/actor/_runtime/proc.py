@@ -154,14 +154,13 @@ _UNCOUNTED = frozenset((HEARTBEAT_ENDPOINT, *_TELEMETRY_ENDPOINTS))
 # called (``_metrics.HOOKS``: the OpenTelemetry mirror, a profiler): what the hook would do,
 # one append to its raw log (folded as the hook's entries are: ``_metrics._fold``) or one tick
 # of its counter.
-_sent_log = _metrics._sent_log
 _sent_counters = _metrics.sent_counters
 _received_counters = _metrics.received_counters
 _depth_counters = _metrics.depth_counters
+_call_depth_counters = _metrics.call_depth_counters
 _SMALL_DEPTHS = _metrics.SMALL_DEPTHS
 _call_logs = _metrics._call_logs
 _perf_counter = time.perf_counter
-_KIND_BITS = _metrics._KIND_BITS
 _FOLD_AT = _metrics.FOLD_AT
 #: The metric switches the per-envelope sites test, copied from ``_metrics`` by its switch
 #: listener (one ``LOAD_GLOBAL`` a test, and one test where ``METRICS`` then ``HOOKS`` were two):
@@ -177,6 +176,24 @@ def _metrics_switched() -> None:
 
 
 _metrics.add_switch_listener(_metrics_switched)
+
+
+def _count_received(env: Envelope) -> None:
+    """``on_received`` for the runtime (metrics on, ``_INLINE``), where ``_route`` does not
+    count a received envelope with something else."""
+    if env.endpoint not in _UNCOUNTED:
+        next(_received_counters[env.kind])
+
+
+def _count_enqueued(env: Envelope, depth: int, received: bool) -> None:
+    """``on_enqueued(depth)`` for the runtime (metrics on, ``_INLINE``), and ``env``'s receipt
+    if it was ``received``, where they are not one tick (``_route``)."""
+    if depth < _SMALL_DEPTHS:
+        next(_depth_counters[depth])
+    else:
+        _metrics.on_enqueued(depth)
+    if received:
+        _count_received(env)
 
 
 class ProcRuntime:
@@ -459,15 +476,8 @@ class ProcRuntime:
             if trace is not None
             else (_telemetry.outgoing_trace(kind) if _telemetry.TRACING and kind == _CALL else b""),
         )
-        if _INLINE:  # ``on_sent`` inlined: counted if its code was seen before, else logged
-            code = (len(data) + sum(sizes) if sizes else len(data)) << _KIND_BITS | kind
-            counter = _sent_counters.get(code)
-            if counter is not None:
-                next(counter)
-            else:
-                _sent_log.append(code)
-                if len(_sent_log) >= _FOLD_AT:
-                    _metrics._fold()
+        if _INLINE:  # ``on_sent`` inlined: its kind and size counted (or logged: ``__missing__``)
+            next(_sent_counters[kind][len(data) + sum(sizes) if sizes else len(data)])
         elif _HOOKED:
             _telemetry.on_sent(envelope)
         return envelope
@@ -551,21 +561,26 @@ class ProcRuntime:
 
     # -- inbound (runtime loop thread) ---------------------------------------------------------
     def _on_envelope(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
-        if _INLINE:  # ``on_received`` inlined
-            if env.endpoint not in _UNCOUNTED:
-                next(_received_counters[env.kind])
-        elif _HOOKED and env.endpoint not in _UNCOUNTED:
+        # Metrics inline (``_INLINE``): ``on_received`` is done by ``_route`` where it routes
+        # (a call's receipt and its mailbox depth are one tick there).
+        if _HOOKED and env.endpoint not in _UNCOUNTED:
             _telemetry.on_received(env)
         if env.kind in _SUPERVISION_TRAFFIC:
             self._count(self._received, env.sender.pid, 1)
         try:
-            self._route(env, buffers)
+            self._route(env, buffers, True)
         except Exception:
             _log.exception("failed to route %s envelope", env.kind.name)
 
-    def _route(self, env: Envelope, buffers: list[_codec.ReceivedBuffer]) -> None:
+    def _route(
+        self, env: Envelope, buffers: list[_codec.ReceivedBuffer], received: bool = False
+    ) -> None:
+        """Deliver ``env``; ``received``: it just arrived (``_on_envelope``), not a parked call
+        routed again or an envelope made here, so metrics count it as received (inline)."""
         kind = env.kind
         if kind in _REPLY_KINDS:
+            if _INLINE and env.endpoint not in _UNCOUNTED:  # ``on_received`` inlined
+                next(_received_counters[kind])
             cast = env.cast
             reply = Reply(
                 kind == _PORT_VALUE,
@@ -577,17 +592,25 @@ class ProcRuntime:
             self._deliver_port(env.port, reply)
             return
         if kind == MessageKind.SPAWN:
+            if _INLINE and received:
+                _count_received(env)
             self._spawn(env, buffers)
             return
         if kind == MessageKind.STOP_PROC:
+            if _INLINE and received:
+                _count_received(env)
             self._stop_proc(env)
             return
         path = env.target.path
         if path == "root" and self.root is not None:
+            if _INLINE and received:
+                _count_received(env)
             self._to_root(env)
             return
         cell = self.cells.get(path)
         if cell is None:
+            if _INLINE and received:  # (a parked call is not counted again when routed)
+                _count_received(env)
             if not path and kind == MessageKind.SUPERVISION:  # a process-death notice
                 notice = msgspec.msgpack.decode(env.payload, type=ProcDeath)
                 self.proc_died(notice.pid, notice.reason, fenced=notice.fenced)
@@ -608,24 +631,32 @@ class ProcRuntime:
         item: _Item
         if kind == _CALL:
             item = _CallItem(env, buffers)
-        elif kind == MessageKind.STOP:
-            item = _StopItem("stopped by its owner", env)
-            self.loop.loop.call_later(
-                float(_config.get("stop_actor_timeout")), self._fence, cell, "stopped by its owner"
-            )
-        elif kind == MessageKind.SUPERVISION:
-            item = _SuperviseItem(msgspec.msgpack.decode(env.payload, type=FailureEvent))
-            _telemetry.record_supervision("supervision_received", item.event, self.label)
-        else:  # UNDELIVERABLE
-            item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
-        if _INLINE:  # ``on_enqueued`` inlined: a depth below ``SMALL_DEPTHS`` is ticked
-            depth = len(cell.mailbox._items)
-            if depth < _SMALL_DEPTHS:
-                next(_depth_counters[depth])
-            else:  # (not by ``IndexError``: a backlogged actor's every enqueue would raise)
-                _telemetry.on_enqueued(depth)
-        elif _HOOKED:
-            _telemetry.on_enqueued(len(cell.mailbox._items))
+            if _INLINE:  # ``on_received`` and ``on_enqueued`` inlined: one tick for both
+                depth = len(cell.mailbox._items)
+                if depth < _SMALL_DEPTHS and received:
+                    next(_call_depth_counters[depth])
+                else:  # (a deep mailbox not by ``IndexError``: each enqueue would raise)
+                    _count_enqueued(env, depth, received)
+            elif _HOOKED:
+                _telemetry.on_enqueued(len(cell.mailbox._items))
+        else:
+            if kind == MessageKind.STOP:
+                item = _StopItem("stopped by its owner", env)
+                self.loop.loop.call_later(
+                    float(_config.get("stop_actor_timeout")),
+                    self._fence,
+                    cell,
+                    "stopped by its owner",
+                )
+            elif kind == MessageKind.SUPERVISION:
+                item = _SuperviseItem(msgspec.msgpack.decode(env.payload, type=FailureEvent))
+                _telemetry.record_supervision("supervision_received", item.event, self.label)
+            else:  # UNDELIVERABLE
+                item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
+            if _INLINE:
+                _count_enqueued(env, len(cell.mailbox._items), received)
+            elif _HOOKED:
+                _telemetry.on_enqueued(len(cell.mailbox._items))
         if not cell.enqueue(item, force=kind != _CALL):
             event = FailureEvent(
                 category=str(ErrorCategory.SYSTEM),

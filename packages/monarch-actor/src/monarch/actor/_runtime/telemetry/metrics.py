@@ -14,8 +14,9 @@ While the OpenTelemetry mirror is on, every instrument also feeds its twin (``ot
 Cost: a hook takes no lock and builds no histogram. It appends its raw observation (a sent
 envelope's kind and payload size as one int, a deep mailbox's depth, a latency in seconds) to a
 bounded log of this module (one ``list.append``, atomic under the GIL), or, for what has few
-values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, a sent envelope's
-kind and size once logged: ``sent_counters``), ticks a counter of that value (``next`` of an
+values (a received envelope's kind, a mailbox depth below ``SMALL_DEPTHS``, both at once for a
+received call, ``call_depth_counters``, a sent envelope's kind and size: ``sent_counters``, the
+first ``MAX_SENT_CODES`` sizes), ticks a counter of that value (``next`` of an
 ``itertools.count``, one C call, atomic under the GIL: no log entry, no bound to check, nothing
 to fold per observation). The logs and counters are folded into the instruments (counts by kind,
 histogram buckets, sums, minima and maxima) under the instruments' lock by ``_fold``: when a log
@@ -429,11 +430,13 @@ def reset_metrics() -> None:
         for counters, seen in (
             (_received_counters, _received_seen),
             (_depth_counters, _depth_seen),
+            (_call_depth_counters, _call_depth_seen),
         ):
             for i, counter in enumerate(counters):
                 seen[i] = _count_of(counter)
-        for code, counter in _sent_counters.items():
-            _sent_code_seen[code] = _count_of(counter)
+        for sizes in _sent_counters:
+            for size, counter in sizes.items():
+                sizes.seen[size] = _count_of(counter)
         for logs in (_latency_logs, _call_logs):
             for log in list(logs.values()):
                 log.clear()
@@ -567,15 +570,71 @@ _sent_log: list[int] = []
 _KIND_BITS: Final = 4
 _KIND_MASK: Final = (1 << _KIND_BITS) - 1
 assert max(MessageKind) <= _KIND_MASK
-#: A sent envelope's code (``size << _KIND_BITS | kind``) that was logged once is counted from
-#: the next fold on, like a received kind (a program's messages mostly repeat their kinds and
-#: sizes): ``next(sent_counters[code])`` ticks its ``itertools.count`` (one dict lookup and
-#: one C call per envelope, nothing to fold per observation: counting the log cost about 65 ns
-#: an entry at each fold). At most ``MAX_SENT_CODES`` codes are counted; the others stay logged.
+#: A sent envelope's kind and payload size are counted, like a received kind (a program's
+#: messages mostly repeat their kinds and sizes): one table per kind (``sent_counters[kind]``, a
+#: ``_SentSizes``) of an ``itertools.count`` per payload size, ticked by
+#: ``next(sent_counters[kind][size])`` (two subscripts and one C call per envelope, nothing to
+#: fold per observation: counting a log cost about 65 ns an entry at each fold, and one code per
+#: envelope, ``size << _KIND_BITS | kind``, cost three integer objects). A size seen first gets
+#: its counter from the table's ``__missing__``; at most ``MAX_SENT_CODES`` sizes (of all kinds)
+#: are counted, later ones are logged as codes (and ``on_sent``, the hook, logs every envelope).
 MAX_SENT_CODES: Final = 256
-sent_counters: Final[dict[int, itertools.count[int]]] = {}
+
+
+class _SentSizes(dict[int, "itertools.count[int]"]):
+    """One message kind's sent-size counters (``sent_counters``): a size seen first gets its
+    counter (``__missing__``), or, past ``MAX_SENT_CODES``, is logged (a spare counter ticked
+    instead)."""
+
+    __slots__ = ("kind", "seen")
+
+    def __init__(self, kind: int) -> None:
+        super().__init__()
+        self.kind = kind
+        #: What each counter had counted when ``_fold`` last read it.
+        self.seen: dict[int, int] = {}
+
+    def __missing__(self, size: int) -> itertools.count[int]:
+        global _sent_codes
+        with _HOOK_LOCK:  # (``_fold`` reads the tables under it)
+            counter = self.get(size)
+            if counter is not None:  # another thread made it meanwhile
+                return counter
+            if _sent_codes < MAX_SENT_CODES:
+                _sent_codes += 1
+                self.seen[size] = 0  # (before the counter is seen by the senders)
+                counter = self[size] = itertools.count()
+                return counter
+        _sent_log.append(size << _KIND_BITS | self.kind)
+        if len(_sent_log) >= FOLD_AT:
+            _fold()
+        return _SPARE
+
+
+_SPARE: Final = itertools.count()  # ticked for a logged size, never read
+sent_counters: Final = [_SentSizes(kind) for kind in range(_KIND_MASK + 1)]
 _sent_counters = sent_counters
-_sent_code_seen: dict[int, int] = {}
+
+
+_sent_codes = 0  # sizes counted, of every kind (under ``_HOOK_LOCK``)
+
+
+def _sent_codes_counted() -> int:
+    """How many sent kinds and sizes are counted rather than logged (``sent_counters``)."""
+    return sum(len(sizes) for sizes in _sent_counters)
+
+
+def _forget_sent_codes() -> None:
+    """Forget every counted sent size (after a fold: for tests of the bound)."""
+    global _sent_codes
+    _fold()
+    with _HOOK_LOCK:
+        for sizes in _sent_counters:
+            sizes.clear()
+            sizes.seen.clear()
+        _sent_codes = 0
+
+
 _depth_log: list[int] = []
 #: Envelopes received by kind, and mailbox depths below ``SMALL_DEPTHS`` by depth, are counted,
 #: not logged: one ``itertools.count`` per kind and per depth (``received_counters``,
@@ -592,6 +651,12 @@ _received_seen = [0] * len(_received_counters)
 depth_counters: Final = [itertools.count() for _ in range(SMALL_DEPTHS)]
 _depth_counters = depth_counters
 _depth_seen = [0] * SMALL_DEPTHS
+#: A received CALL enqueued in a mailbox of a depth below ``SMALL_DEPTHS`` is counted once for
+#: both (``_runtime.proc``): a tick of ``call_depth_counters[depth]`` is one CALL received and
+#: one observation of ``depth`` (one tick a call where there were two).
+call_depth_counters: Final = [itertools.count() for _ in range(SMALL_DEPTHS)]
+_call_depth_counters = call_depth_counters
+_call_depth_seen = [0] * SMALL_DEPTHS
 
 
 def _count_of(counter: itertools.count[int]) -> int:
@@ -627,6 +692,7 @@ def _take_keyed_counts(
 _latency_logs: dict[str, list[float]] = {}
 _call_logs: dict[str, list[float]] = {}
 _OVERFLOW_NAME: Final = "\x00overflow"
+_CALL_KIND: Final = int(MessageKind.CALL)
 
 
 def _log_of(logs: dict[str, list[float]], endpoint: str) -> list[float]:
@@ -664,28 +730,30 @@ def _endpoint_series(endpoint: str) -> _Key:
 def _fold() -> None:
     """Fold every raw log into the runtime's instruments (see the module docstring)."""
     with _HOOK_LOCK:
-        if _sent_log or _sent_counters:
-            sent = _sent._values
-            logged = collections.Counter(_take(_sent_log))
-            for code, times in _take_keyed_counts(_sent_counters, _sent_code_seen) + list(
-                logged.items()
-            ):
+        sent = _sent._values
+        for sizes in _sent_counters:
+            if sizes:
+                key = _KIND_KEYS.get(sizes.kind) or _kind_key(sizes.kind)
+                for size, times in _take_keyed_counts(sizes, sizes.seen):
+                    sent[key] = sent.get(key, 0) + times
+                    _payload._record_counted_locked(size, times, key)
+        if _sent_log:
+            for code, times in collections.Counter(_take(_sent_log)).items():
                 kind, size = code & _KIND_MASK, code >> _KIND_BITS
                 key = _KIND_KEYS.get(kind) or _kind_key(kind)
                 sent[key] = sent.get(key, 0) + times
                 _payload._record_counted_locked(size, times, key)
-            for code in logged:  # counted from now on (``sent_counters``), within the bound
-                if len(_sent_counters) >= MAX_SENT_CODES:
-                    break
-                if code not in _sent_counters:
-                    _sent_code_seen[code] = 0  # (before the counter is seen by the senders)
-                    _sent_counters[code] = itertools.count()
         received = _received._values
-        for kind, times in _take_counts(_received_counters, _received_seen):
-            key = _KIND_KEYS.get(kind) or _kind_key(kind)
-            received[key] = received.get(key, 0) + times
-        for depth, times in _take_counts(_depth_counters, _depth_seen) + list(
-            collections.Counter(_take(_depth_log)).items()
+        call_depths = _take_counts(_call_depth_counters, _call_depth_seen)
+        calls = sum(times for _, times in call_depths)  # received calls counted with a depth
+        for kind, times in [*_take_counts(_received_counters, _received_seen), (_CALL_KIND, calls)]:
+            if times:
+                key = _KIND_KEYS.get(kind) or _kind_key(kind)
+                received[key] = received.get(key, 0) + times
+        for depth, times in (
+            _take_counts(_depth_counters, _depth_seen)
+            + call_depths
+            + list(collections.Counter(_take(_depth_log)).items())
         ):
             _depth._record_counted_locked(depth, times, ())
         for instrument, logs in ((_latency, _latency_logs), (_call_latency, _call_logs)):
