@@ -226,7 +226,7 @@ class RDMABuffer:
         ``RuntimeError`` when none reaches the owner."""
         registry = default_registry()
         rules = (
-            os.getpid(),
+            _pid,
             registry.generation,
             setting("rdma_disable_ibverbs"),
             setting("rdma_disable_shm"),
@@ -406,8 +406,13 @@ async def _drop(keys: dict[str, RemoteKey], stage: _staging.StageRef | None) -> 
         await _staging.release(stage)
 
 
+#: This process's id (``os.getpid()`` is a system call, on every transfer's path).
+_pid = os.getpid()
+
+
 def _forget_after_fork() -> None:
-    global _fallback_warned, _fallback_lock
+    global _fallback_warned, _fallback_lock, _pid
+    _pid = os.getpid()
     _fallback_warned = False  # once per process: a forked child warns on its own
     _fallback_lock = threading.Lock()  # a fork while another thread held it left it held
 

@@ -27,11 +27,13 @@ __all__ = ["MAX_TIMEOUT", "LocalMemory", "address_of", "local_memory", "validate
 MAX_TIMEOUT: Final = (1 << 64) - 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LocalMemory:
     """One local memory region: ``view`` (format ``B``, 1-D, the region's bytes, no copy),
     ``address`` (of the first byte; 0 for an empty region), ``readonly`` and ``owner`` (the
-    object the caller passed, kept alive with the record)."""
+    object the caller passed, kept alive with the record). Not frozen: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__`` (about 1 us a record, made on
+    every transfer); nothing changes a record after it is made."""
 
     view: memoryview
     address: int
@@ -91,10 +93,33 @@ def address_of(view: memoryview) -> int:
         _release_buffer(ctypes.byref(raw))
 
 
+_tensor_type: type | None = None  # ``torch.Tensor`` once seen (torch is never unloaded)
+
+
 def _torch_tensor_type() -> type | None:
-    torch = sys.modules.get("torch")
-    tensor = getattr(torch, "Tensor", None)
-    return tensor if isinstance(tensor, type) else None
+    global _tensor_type
+    if _tensor_type is None:
+        tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+        _tensor_type = tensor if isinstance(tensor, type) else None
+    return _tensor_type
+
+
+#: Byte views over tensors' memory by (address, size): a view is only the address and the size
+#: (the tensor keeps the memory alive, through ``LocalMemory.owner``), so one made earlier is
+#: the same as a new one, and making it (a ctypes array and a memoryview cast) was a sixth of a
+#: small ``shm`` transfer's fixed cost. Bounded: emptied when full.
+_views: dict[tuple[int, int], memoryview] = {}
+_MAX_VIEWS: Final = 256
+
+
+def _tensor_view(address: int, nbytes: int) -> memoryview:
+    key = (address, nbytes)
+    view = _views.get(key)
+    if view is None:
+        if len(_views) >= _MAX_VIEWS:
+            _views.clear()
+        view = _views[key] = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+    return view
 
 
 def local_memory(data: object) -> LocalMemory:
@@ -123,8 +148,7 @@ def local_memory(data: object) -> LocalMemory:
         nbytes = int(tensor.nbytes)
         if nbytes:
             address = int(tensor.data_ptr())
-            view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
-            return LocalMemory(view, address, False, tensor)
+            return LocalMemory(_tensor_view(address, nbytes), address, False, tensor)
         return LocalMemory(memoryview(b""), 0, False, tensor)
     raise _refuse(data)
 
