@@ -394,6 +394,24 @@ def test_spin_wait_is_bounded_by_the_timeout(spin_clock: Any) -> None:
     assert counting.polls == 10 - 1
 
 
+def test_the_spin_comes_off_the_timeout(spin_clock: Any) -> None:
+    """The poll's time is taken off the wait's timeout: with the (counting) clock past the
+    whole timeout when the poll ends, the wait returns at once instead of sleeping the full
+    30 s on the gate (a waiting thread, joined with a bound far below 30 s)."""
+    spin_clock(30_000_000_000)  # 30 s per clock reading
+    cell: _Cell[int] = _Cell()
+    outcome: list[bool] = []
+    with configured(future_spin_wait="1s"):
+        waiter = threading.Thread(target=lambda: outcome.append(cell.wait(30.0)), daemon=True)
+        waiter.start()
+        waiter.join(10.0)
+    alive = waiter.is_alive()
+    cell.set_result(0)  # (releases a waiter that overran, so the thread ends either way)
+    waiter.join(10.0)
+    assert not alive, "the wait slept the whole timeout after the poll"
+    assert outcome == [False]
+
+
 def test_a_completion_during_the_spin_returns_without_sleeping(spin_clock: Any) -> None:
     """The cell completed while the waiter polls (another thread, here at the third poll): the
     wait returns True and never made a gate (nobody had to be woken)."""

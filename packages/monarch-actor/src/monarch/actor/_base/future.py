@@ -49,7 +49,7 @@ _MAIN_WAIT_SLICE = 0.1  # the main thread waits in slices so KeyboardInterrupt g
 #: The spin before a blocking wait (``future_spin_wait``): its clock (nanoseconds) and how a
 #: poll gives way; module attributes so a test can count the polls with a clock of its own.
 _spin_clock = time.monotonic_ns
-_spin_yield = os.sched_yield
+_spin_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class _Cell(Generic[T]):
@@ -107,8 +107,16 @@ class _Cell(Generic[T]):
         """Block until complete or ``timeout`` seconds passed; True if complete."""
         if self._state != _PENDING:
             return True
-        if timeout != 0 and self._spin(timeout):
-            return True
+        if timeout != 0:
+            if timeout is None:
+                if self._spin(None):
+                    return True
+            else:
+                start = _spin_clock()
+                if self._spin(timeout):
+                    return True
+                # the poll's time comes off the timeout (a wait never overruns it)
+                timeout = max(0.0, timeout - (_spin_clock() - start) / 1e9)
         with self._lock:
             if self._state != _PENDING:
                 return True

@@ -579,7 +579,7 @@ class ProcRuntime:
         routed again or an envelope made here, so metrics count it as received (inline)."""
         kind = env.kind
         if kind in _REPLY_KINDS:
-            if _INLINE and env.endpoint not in _UNCOUNTED:  # ``on_received`` inlined
+            if _INLINE and received and env.endpoint not in _UNCOUNTED:  # ``on_received`` inlined
                 next(_received_counters[kind])
             cast = env.cast
             reply = Reply(

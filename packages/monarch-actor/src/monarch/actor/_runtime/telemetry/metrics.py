@@ -596,15 +596,16 @@ class _SentSizes(dict[int, "itertools.count[int]"]):
 
     def __missing__(self, size: int) -> itertools.count[int]:
         global _sent_codes
-        with _HOOK_LOCK:  # (``_fold`` reads the tables under it)
-            counter = self.get(size)
-            if counter is not None:  # another thread made it meanwhile
-                return counter
-            if _sent_codes < MAX_SENT_CODES:
-                _sent_codes += 1
-                self.seen[size] = 0  # (before the counter is seen by the senders)
-                counter = self[size] = itertools.count()
-                return counter
+        if _sent_codes < MAX_SENT_CODES:  # (past the bound: no lock taken per send)
+            with _HOOK_LOCK:  # (``_fold`` reads the tables under it)
+                counter = self.get(size)
+                if counter is not None:  # another thread made it meanwhile
+                    return counter
+                if _sent_codes < MAX_SENT_CODES:
+                    _sent_codes += 1
+                    self.seen[size] = 0  # (before the counter is seen by the senders)
+                    counter = self[size] = itertools.count()
+                    return counter
         _sent_log.append(size << _KIND_BITS | self.kind)
         if len(_sent_log) >= FOLD_AT:
             _fold()
