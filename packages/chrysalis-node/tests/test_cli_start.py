@@ -21,6 +21,9 @@ import pytest
 
 from chrysalis.node._cli import COMMANDS, build_parser
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
+from node_processes import CLI, start_node, stop_all
+
 HEAVY = (
     "aioquic",
     "qh3",
@@ -231,3 +234,56 @@ def test_a_command_answered_by_the_agent_imports_only_the_thin_client(tmp_path: 
     assert got["fds"] == 3
     extra = set(record["modules"]) - set(record["before"])
     assert extra <= THIN_IMPORTS, sorted(extra - THIN_IMPORTS)
+
+
+# ``chrysalis ls TOKEN`` run alone, as the console script runs it (``main()`` reads
+# ``sys.argv``, so a lone command would start an agent: here ``CHRYSALIS_NO_AGENT=1`` says no).
+LONE_RUN = """
+import json, sys
+from chrysalis.node._cli import main
+out = sys.argv[1]
+sys.argv = ["chrysalis", *sys.argv[2:]]
+code = main()
+with open(out, "w") as handle:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, handle)
+"""
+NOT_FOR_LS = (
+    "chrysalis.core._plugins",  # the plugin registry (a token of udp:// or unix:// needs none)
+    "chrysalis.datagram._inproc",  # the in-process carrier
+    "chrysalis.node._agent",  # the agent: CHRYSALIS_NO_AGENT=1 is decided without it
+    "chrysalis.node._echo",  # what ``serve --echo`` runs
+    "chrysalis.node._stats",
+    "chrysalis.node._scale",
+    "chrysalis.node._cli_sqlite",
+    "sqlite3",
+    "qh3",
+)
+"""Modules a lone ``ls`` must not import (issue 22, item 5: what it imports is most of its
+time): each is imported on first use by the code that needs it."""
+
+
+def test_a_lone_ls_imports_what_it_uses_only(tmp_path: Path) -> None:
+    """A real ``ls`` against a root, run alone: it lists the root and imported the node
+    machinery, and none of ``NOT_FOR_LS``."""
+    env = {**os.environ, "CHRYSALIS_NO_AGENT": "1"}
+    ca = ["--ca-dir", str(tmp_path / "ca")]
+    root, token = start_node([*CLI, *ca, "serve", "--listen", "udp://127.0.0.1:0"], env)
+    try:
+        out = tmp_path / "modules.json"
+        proc = subprocess.run(
+            [sys.executable, "-c", LONE_RUN, str(out), *ca, "ls", token],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+            env=env,
+        )
+    finally:
+        stop_all([root])
+    assert proc.returncode == 0, proc.stderr
+    assert "role=root" in proc.stdout, proc.stdout
+    record = json.loads(out.read_text())
+    assert record["code"] == 0
+    modules = set(record["modules"])
+    assert {"chrysalis.node._cli_commands", "chrysalis.quic", "chrysalis.nameserver"} <= modules
+    assert sorted(m for m in NOT_FOR_LS if m in modules) == []

@@ -576,11 +576,13 @@ def _autostart_agent(raw: list[str]) -> None:
     the command (``CHRYSALIS_AGENT_AUTOSTART=0`` or ``CHRYSALIS_NO_AGENT=1``: nothing)."""
     import logging
 
+    from chrysalis.node import _agent_client
+
     log = logging.getLogger("chrysalis.cli")
     try:
+        if not _agent_client.autostart_enabled(os.environ):
+            return  # decided before importing the agent, which this command would not use
         agent = _import("chrysalis.node._agent")
-        if not agent.autostart_enabled(os.environ):
-            return
         started = agent.autostart(first=(raw, os.getcwd(), dict(os.environ)))
     except KeyboardInterrupt:
         return  # Ctrl-C while the agent was starting: the command itself is done, quietly
