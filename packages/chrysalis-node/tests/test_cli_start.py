@@ -7,8 +7,10 @@ imported nothing before."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import socket
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from chrysalis.node._cli import COMMANDS, build_parser
+from chrysalis.node._cli import COMMANDS, _command_name, build_parser
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
 from node_processes import CLI, start_node, stop_all
@@ -287,3 +289,50 @@ def test_a_lone_ls_imports_what_it_uses_only(tmp_path: Path) -> None:
     modules = set(record["modules"])
     assert {"chrysalis.node._cli_commands", "chrysalis.quic", "chrysalis.nameserver"} <= modules
     assert sorted(m for m in NOT_FOR_LS if m in modules) == []
+
+
+TOKEN = "udp://127.0.0.1:5?authority=" + "ab" * 16
+
+
+def _parsed(command: str | None, argv: list[str]) -> tuple[object, str | None, str, str]:
+    """``build_parser(command).parse_args(argv)``: exit code, namespace, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code: object = None
+    namespace = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            namespace = repr(sorted(vars(build_parser(command).parse_args(argv)).items()))
+        except SystemExit as exc:
+            code = exc.code
+    return code, namespace, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        [],
+        ["ls", "--help"],
+        ["ls"],
+        ["ls", TOKEN, "extra"],
+        ["--ca-dir", "/x", "ls", TOKEN, "--full", "--json"],
+        ["--log-level=info", "--label", "ls", "ls", TOKEN, "--timeout", "3"],
+        ["--log-level", "bogus", "ls", TOKEN],
+        ["--ca", "/x", "ls", TOKEN],  # an abbreviation: the whole parser decides
+        ["lss", TOKEN],
+        ["resolve", TOKEN, "zz"],
+        ["ping", TOKEN, "ab", "cd"],
+        ["serve", "--listen", "udp://127.0.0.1:0", "--echo"],
+        ["join", "--help"],
+        ["identity", "issue", "--out", "/tmp/x"],
+        ["identity", "init", "--help"],
+        ["admin", TOKEN, "submit", "e", "--sources", "all", "--destinations", "all"],
+        ["agent", "start", "--idle-exit", "5"],
+        ["sqlite", "db", "query", "select 1", "--write"],
+        ["top", TOKEN, "--once"],
+    ],
+)
+def test_the_parser_of_one_command_parses_as_the_whole_parser(argv: list[str]) -> None:
+    """``main`` builds only the subcommand it is about to parse (``build_parser(command)``):
+    the result, the help and the usage errors are those of the whole parser."""
+    assert _parsed(_command_name(argv), argv) == _parsed(None, argv)
