@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from chrysalis.node._cli import COMMANDS, _command_name, build_parser
+from chrysalis.node._cli import COMMANDS, _command_name, build_parser, main
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
 from node_processes import CLI, start_node, stop_all
@@ -336,3 +336,28 @@ def test_the_parser_of_one_command_parses_as_the_whole_parser(argv: list[str]) -
     """``main`` builds only the subcommand it is about to parse (``build_parser(command)``):
     the result, the help and the usage errors are those of the whole parser."""
     assert _parsed(_command_name(argv), argv) == _parsed(None, argv)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["ls"], ["identity", "show", "--chain", "/nonexistent"]]
+)
+def test_main_gives_the_collector_back_as_it_found_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``main`` pauses the garbage collector while it imports (``_pause_collection``): after
+    a help, a usage error or a failed command it runs again, stays off if it was off, and a
+    call from Python (``main(argv)``) freezes none of its caller's objects."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    assert gc.isenabled()
+    main(argv)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        main(argv)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert gc.get_freeze_count() == frozen
+    capsys.readouterr()
