@@ -570,14 +570,11 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         if via_agent is not None:
             return int(via_agent)
         autostart = argv is None  # the command line itself, not a call from Python
-    collecting = _pause_collection()
+    parser = build_parser(_command_name(raw))
     try:
-        parser = build_parser(_command_name(raw))
         args = parser.parse_args(raw)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
-    finally:
-        _resume_collection(collecting, freeze=argv is None)
     import logging
 
     logging.basicConfig(
@@ -585,11 +582,18 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     )
     expected = _EXPECTED
     try:
-        collecting = _pause_collection()
-        try:
+        if argv is None:
+            # The command line's own process imports the command's modules (for ``ls``, the
+            # node stack) in a worker's import window: the stack's dataclasses and regular
+            # expressions compiled through the caches beside the byte code, the collector
+            # paused, and what the imports made frozen (``chrysalis._startup``, chrysalis-core's
+            # README; issue 22, item 5). A call of ``main(argv)`` from Python is left alone.
+            from chrysalis._startup import import_window
+
+            with import_window():
+                function, errors = _implementation(args.command)
+        else:
             function, errors = _implementation(args.command)
-        finally:
-            _resume_collection(collecting, freeze=argv is None)
         expected = (*_EXPECTED, *errors)
         status = function(args, stdout)
     except KeyboardInterrupt:
@@ -600,31 +604,6 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     if autostart:
         _autostart_agent(raw)
     return status
-
-
-def _pause_collection() -> bool:
-    """Stop the cyclic garbage collector while a command's modules are imported; whether it
-    ran. Importing the node machinery allocates some hundred thousand objects, almost all for
-    the life of the process, and the collector would walk them about 90 times on the way (3%
-    of a lone ``ls``'s instructions; issue 22, item 5)."""
-    import gc
-
-    collecting = gc.isenabled()
-    gc.disable()
-    return collecting
-
-
-def _resume_collection(collecting: bool, *, freeze: bool) -> None:
-    """Start the collector again if it ran before ``_pause_collection``; with ``freeze`` (the
-    command line's own process, never a caller of ``main(argv)``), first move what the
-    imports allocated out of its sight (``gc.freeze``): modules, classes and functions that
-    live as long as the process, which no later collection needs to walk."""
-    import gc
-
-    if freeze:
-        gc.freeze()
-    if collecting:
-        gc.enable()
 
 
 def _autostart_agent(raw: list[str]) -> None:
