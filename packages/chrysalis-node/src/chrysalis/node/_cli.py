@@ -570,40 +570,64 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         if via_agent is not None:
             return int(via_agent)
         autostart = argv is None  # the command line itself, not a call from Python
-    parser = build_parser(_command_name(raw))
-    try:
-        args = parser.parse_args(raw)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
-    import logging
+    # The command line's own process parses (a join token imports chrysalis.core) and imports
+    # the command's modules (for ``ls``, the node stack) in an import window (``_Window``),
+    # closed before the command runs. A call of ``main(argv)`` from Python opens none.
+    with _Window(argv is None and _command_name(raw) in COMMANDS) as window:
+        parser = build_parser(_command_name(raw))
+        try:
+            args = parser.parse_args(raw)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
+        import logging
 
-    logging.basicConfig(
-        level=str(args.log_level).upper(), format="%(name)s %(levelname)s %(message)s"
-    )
-    expected = _EXPECTED
-    try:
-        if argv is None:
-            # The command line's own process imports the command's modules (for ``ls``, the
-            # node stack) in a worker's import window: the stack's dataclasses and regular
-            # expressions compiled through the caches beside the byte code, the collector
-            # paused, and what the imports made frozen (``chrysalis._startup``, chrysalis-core's
-            # README; issue 22, item 5). A call of ``main(argv)`` from Python is left alone.
-            from chrysalis._startup import import_window
-
-            with import_window():
+        logging.basicConfig(
+            level=str(args.log_level).upper(), format="%(name)s %(levelname)s %(message)s"
+        )
+        expected = _EXPECTED
+        try:
+            try:
                 function, errors = _implementation(args.command)
-        else:
-            function, errors = _implementation(args.command)
-        expected = (*_EXPECTED, *errors)
-        status = function(args, stdout)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        print(error_line(exc, expected), file=sys.stderr)
-        status = _ERROR_EXIT
+            finally:
+                window.close()
+            expected = (*_EXPECTED, *errors)
+            status = function(args, stdout)
+        except KeyboardInterrupt:
+            return 130
+        except Exception as exc:
+            print(error_line(exc, expected), file=sys.stderr)
+            status = _ERROR_EXIT
     if autostart:
         _autostart_agent(raw)
     return status
+
+
+class _Window:
+    """``chrysalis._startup.import_window()`` held open from construction until ``close``
+    (idempotent; also on leaving a ``with`` block), when ``opened``; else nothing, and nothing
+    imported (not even ``contextlib``, for ``--help``). The worker entry points' window: the
+    stack's dataclasses and regular expressions compiled through caches kept beside the byte
+    code, the collector paused, and what the imports made frozen at the end (chrysalis-core's
+    README, "Start-up of worker processes"; issue 22, item 5)."""
+
+    def __init__(self, opened: bool) -> None:
+        self._window: Any = None
+        if opened:
+            from chrysalis._startup import import_window
+
+            self._window = import_window()
+            self._window.__enter__()
+
+    def close(self) -> None:
+        window, self._window = self._window, None
+        if window is not None:
+            window.__exit__(None, None, None)
+
+    def __enter__(self) -> _Window:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _autostart_agent(raw: list[str]) -> None:
