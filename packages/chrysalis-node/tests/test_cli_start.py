@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,17 +69,26 @@ def _heavy(modules: list[str]) -> list[str]:
     )
 
 
-def _console_run(tmp_path: Path, *argv: str) -> tuple[int, list[str], str]:
-    out = tmp_path / "modules.json"
+def _script_run(
+    script: str, out: Path, argv: list[str], env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """``python -c script OUT ARGV...`` (bounded): the JSON record it wrote to ``out``, and the
+    finished process (which must have exited with 0)."""
     proc = subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(out), *argv],
+        [sys.executable, "-c", script, str(out), *argv],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         check=False,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
-    record = json.loads(out.read_text())
+    record: dict[str, Any] = json.loads(out.read_text())
+    return record, proc
+
+
+def _console_run(tmp_path: Path, *argv: str) -> tuple[int, list[str], str]:
+    record, proc = _script_run(WRAPPER, tmp_path / "modules.json", list(argv))
     return record["code"], record["modules"], proc.stdout + proc.stderr
 
 
@@ -271,20 +281,10 @@ def test_a_lone_ls_imports_what_it_uses_only(tmp_path: Path) -> None:
     ca = ["--ca-dir", str(tmp_path / "ca")]
     root, token = start_node([*CLI, *ca, "serve", "--listen", "udp://127.0.0.1:0"], env)
     try:
-        out = tmp_path / "modules.json"
-        proc = subprocess.run(
-            [sys.executable, "-c", LONE_RUN, str(out), *ca, "ls", token],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-            env=env,
-        )
+        record, proc = _script_run(LONE_RUN, tmp_path / "modules.json", [*ca, "ls", token], env)
     finally:
         stop_all([root])
-    assert proc.returncode == 0, proc.stderr
     assert "role=root" in proc.stdout, proc.stdout
-    record = json.loads(out.read_text())
     assert record["code"] == 0
     modules = set(record["modules"])
     assert {"chrysalis.node._cli_commands", "chrysalis.quic", "chrysalis.nameserver"} <= modules
@@ -360,18 +360,8 @@ def test_the_command_line_imports_its_command_in_an_import_window(tmp_path: Path
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
-    out = tmp_path / "state.json"
     argv = ["identity", "show", "--chain", str(tmp_path / "missing.pem")]
-    proc = subprocess.run(
-        [sys.executable, "-c", WINDOW_RUN, str(out), *argv],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    record = json.loads(out.read_text())
+    record, _ = _script_run(WINDOW_RUN, tmp_path / "state.json", argv, env)
     assert record["code"] == 1  # no such chain: one error line
     assert record["enabled"] is True
     assert record["frozen"] > 0
