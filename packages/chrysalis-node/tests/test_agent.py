@@ -668,7 +668,7 @@ def test_ctrl_c_while_an_agent_starts_is_quiet(monkeypatch: pytest.MonkeyPatch) 
     def interrupted(**_kwargs: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_agent, "autostart_enabled", lambda environ: True)
+    monkeypatch.setattr(_agent_client, "autostart_enabled", lambda environ: True)
     monkeypatch.setattr(_agent, "autostart", interrupted)
     try:
         _cli._autostart_agent(["ls", "TOKEN"])

@@ -7,8 +7,10 @@ imported nothing before."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import socket
@@ -16,10 +18,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from chrysalis.node._cli import COMMANDS, build_parser
+from chrysalis.node._cli import COMMANDS, _command_name, build_parser, main
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared process helper, by name
+from node_processes import CLI, start_node, stop_all
 
 HEAVY = (
     "aioquic",
@@ -63,17 +69,26 @@ def _heavy(modules: list[str]) -> list[str]:
     )
 
 
-def _console_run(tmp_path: Path, *argv: str) -> tuple[int, list[str], str]:
-    out = tmp_path / "modules.json"
+def _script_run(
+    script: str, out: Path, argv: list[str], env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """``python -c script OUT ARGV...`` (bounded): the JSON record it wrote to ``out``, and the
+    finished process (which must have exited with 0)."""
     proc = subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(out), *argv],
+        [sys.executable, "-c", script, str(out), *argv],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         check=False,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
-    record = json.loads(out.read_text())
+    record: dict[str, Any] = json.loads(out.read_text())
+    return record, proc
+
+
+def _console_run(tmp_path: Path, *argv: str) -> tuple[int, list[str], str]:
+    record, proc = _script_run(WRAPPER, tmp_path / "modules.json", list(argv))
     return record["code"], record["modules"], proc.stdout + proc.stderr
 
 
@@ -231,3 +246,130 @@ def test_a_command_answered_by_the_agent_imports_only_the_thin_client(tmp_path: 
     assert got["fds"] == 3
     extra = set(record["modules"]) - set(record["before"])
     assert extra <= THIN_IMPORTS, sorted(extra - THIN_IMPORTS)
+
+
+# ``chrysalis ls TOKEN`` run alone, as the console script runs it (``main()`` reads
+# ``sys.argv``, so a lone command would start an agent: here ``CHRYSALIS_NO_AGENT=1`` says no).
+LONE_RUN = """
+import json, sys
+from chrysalis.node._cli import main
+out = sys.argv[1]
+sys.argv = ["chrysalis", *sys.argv[2:]]
+code = main()
+with open(out, "w") as handle:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, handle)
+"""
+NOT_FOR_LS = (
+    "chrysalis.core._plugins",  # the plugin registry (a token of udp:// or unix:// needs none)
+    "chrysalis.datagram._inproc",  # the in-process carrier
+    "chrysalis.node._agent",  # the agent: CHRYSALIS_NO_AGENT=1 is decided without it
+    "chrysalis.node._echo",  # what ``serve --echo`` runs
+    "chrysalis.node._stats",
+    "chrysalis.node._scale",
+    "chrysalis.node._cli_sqlite",
+    "sqlite3",
+    "qh3",
+)
+"""Modules a lone ``ls`` must not import (issue 22, item 5: what it imports is most of its
+time): each is imported on first use by the code that needs it."""
+
+
+def test_a_lone_ls_imports_what_it_uses_only(tmp_path: Path) -> None:
+    """A real ``ls`` against a root, run alone: it lists the root and imported the node
+    machinery, and none of ``NOT_FOR_LS``."""
+    env = {**os.environ, "CHRYSALIS_NO_AGENT": "1"}
+    ca = ["--ca-dir", str(tmp_path / "ca")]
+    root, token = start_node([*CLI, *ca, "serve", "--listen", "udp://127.0.0.1:0"], env)
+    try:
+        record, proc = _script_run(LONE_RUN, tmp_path / "modules.json", [*ca, "ls", token], env)
+    finally:
+        stop_all([root])
+    assert "role=root" in proc.stdout, proc.stdout
+    assert record["code"] == 0
+    modules = set(record["modules"])
+    assert {"chrysalis.node._cli_commands", "chrysalis.quic", "chrysalis.nameserver"} <= modules
+    assert sorted(m for m in NOT_FOR_LS if m in modules) == []
+
+
+TOKEN = "udp://127.0.0.1:5?authority=" + "ab" * 16
+
+
+def _parsed(command: str | None, argv: list[str]) -> tuple[object, str | None, str, str]:
+    """``build_parser(command).parse_args(argv)``: exit code, namespace, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code: object = None
+    namespace = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            namespace = repr(sorted(vars(build_parser(command).parse_args(argv)).items()))
+        except SystemExit as exc:
+            code = exc.code
+    return code, namespace, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        [],
+        ["ls", "--help"],
+        ["ls"],
+        ["ls", TOKEN, "extra"],
+        ["--ca-dir", "/x", "ls", TOKEN, "--full", "--json"],
+        ["--log-level=info", "--label", "ls", "ls", TOKEN, "--timeout", "3"],
+        ["--log-level", "bogus", "ls", TOKEN],
+        ["--ca", "/x", "ls", TOKEN],  # an abbreviation: the whole parser decides
+        ["lss", TOKEN],
+        ["resolve", TOKEN, "zz"],
+        ["ping", TOKEN, "ab", "cd"],
+        ["serve", "--listen", "udp://127.0.0.1:0", "--echo"],
+        ["join", "--help"],
+        ["identity", "issue", "--out", "/tmp/x"],
+        ["identity", "init", "--help"],
+        ["admin", TOKEN, "submit", "e", "--sources", "all", "--destinations", "all"],
+        ["agent", "start", "--idle-exit", "5"],
+        ["sqlite", "db", "query", "select 1", "--write"],
+        ["top", TOKEN, "--once"],
+    ],
+)
+def test_the_parser_of_one_command_parses_as_the_whole_parser(argv: list[str]) -> None:
+    """``main`` builds only the subcommand it is about to parse (``build_parser(command)``):
+    the result, the help and the usage errors are those of the whole parser."""
+    assert _parsed(_command_name(argv), argv) == _parsed(None, argv)
+
+
+# The command line (``main()`` reading ``sys.argv``) of a command that imports its module, then
+# the collector's state and the caches' files as JSON to the file given as the first argument.
+WINDOW_RUN = """
+import gc, json, os, sys
+from chrysalis.node._cli import main
+out = sys.argv[1]
+sys.argv = ["chrysalis", *sys.argv[2:]]
+code = main()
+with open(out, "w") as handle:
+    json.dump({"code": code, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}, handle)
+"""
+
+
+def test_the_command_line_imports_its_command_in_an_import_window(tmp_path: Path) -> None:
+    """``chrysalis identity show`` (a command whose module imports the node stack) run as the
+    command line: its imports ran in ``chrysalis._startup.import_window`` (the collector on
+    again afterwards, what the imports made frozen, the dataclass and regex caches written
+    beside the byte code); ``main(argv)`` from Python freezes nothing of its caller."""
+    import gc
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
+    argv = ["identity", "show", "--chain", str(tmp_path / "missing.pem")]
+    record, _ = _script_run(WINDOW_RUN, tmp_path / "state.json", argv, env)
+    assert record["code"] == 1  # no such chain: one error line
+    assert record["enabled"] is True
+    assert record["frozen"] > 0
+    caches = sorted(
+        p.name.split(".")[0] for p in (tmp_path / "pycache" / "chrysalis").glob("*.bin")
+    )
+    assert caches == ["dataclass-code", "regex-code"]
+    frozen = gc.get_freeze_count()
+    main(argv)
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen

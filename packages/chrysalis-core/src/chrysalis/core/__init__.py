@@ -7,6 +7,10 @@ no stability promise. Everything here is pure Python without I/O.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
 # --- wire types: identities, connection IDs, carrier addresses, their errors ---------------
 from chrysalis.core._addr import (
     INPROC_SCHEME,
@@ -35,23 +39,62 @@ from chrysalis.core._link import LinkContext, LinkId, LinkSide
 from chrysalis.core._pid import LINK_ID_LEN, PID_LEN, Pid, PidPrefix
 
 # --- plugin hookspecs -------------------------------------------------------------------------
-# The hook contracts live in the public submodule ``chrysalis.core.hookspecs``.
-from chrysalis.core._plugin_types import (
-    AddressResolverSpec,
-    CarrierFactory,
-    CarrierSpec,
-    IdentityMaterial,
-    IdentityProvider,
-    IdentityProviderSpec,
-    JoinSettings,
-    PluginConflictError,
-    PluginError,
-    PluginLoadError,
-    PluginSpecError,
-    UnknownPluginError,
-)
-from chrysalis.core._plugins import PluginRegistry, default_registry
-from chrysalis.core.hookspecs import hookimpl
+# The hook contracts live in the public submodule ``chrysalis.core.hookspecs``. The plugin names
+# load on first use (``__getattr__`` below, ``_LAZY``): the registry imports pluggy and builds a
+# dozen dataclasses, and a process that only speaks the wire protocol (``chrysalis ls``) never
+# looks a plugin up (issue 22, item 5). The ``TYPE_CHECKING`` imports show them to type checkers.
+if TYPE_CHECKING:
+    from chrysalis.core._plugin_types import (
+        AddressResolverSpec,
+        CarrierFactory,
+        CarrierSpec,
+        IdentityMaterial,
+        IdentityProvider,
+        IdentityProviderSpec,
+        JoinSettings,
+        PluginConflictError,
+        PluginError,
+        PluginLoadError,
+        PluginSpecError,
+        UnknownPluginError,
+    )
+    from chrysalis.core._plugins import PluginRegistry, default_registry
+    from chrysalis.core.hookspecs import hookimpl
+
+_PLUGIN_TYPES: Final = "chrysalis.core._plugin_types"
+_LAZY: Final[Mapping[str, str]] = {
+    "AddressResolverSpec": _PLUGIN_TYPES,
+    "CarrierFactory": _PLUGIN_TYPES,
+    "CarrierSpec": _PLUGIN_TYPES,
+    "IdentityMaterial": _PLUGIN_TYPES,
+    "IdentityProvider": _PLUGIN_TYPES,
+    "IdentityProviderSpec": _PLUGIN_TYPES,
+    "JoinSettings": _PLUGIN_TYPES,
+    "PluginConflictError": _PLUGIN_TYPES,
+    "PluginError": _PLUGIN_TYPES,
+    "PluginLoadError": _PLUGIN_TYPES,
+    "PluginSpecError": _PLUGIN_TYPES,
+    "UnknownPluginError": _PLUGIN_TYPES,
+    "PluginRegistry": "chrysalis.core._plugins",
+    "default_registry": "chrysalis.core._plugins",
+    "hookimpl": "chrysalis.core.hookspecs",
+}
+"""The public names defined on first use: name -> defining module."""
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __import__(module)
+    value: object = getattr(sys.modules[module], name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 # Public wire classes claim the facade as their module, so reprs, docs and pickles name
 # ``chrysalis.core.Pid`` rather than a private module that may be reorganised.

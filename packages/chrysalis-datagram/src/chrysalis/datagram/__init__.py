@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chrysalis.datagram._inproc import InprocNetwork, InprocSocket
 from chrysalis.datagram._route import (
     DEFAULT_MAX_ROUTES,
     Dropped,
@@ -60,6 +59,7 @@ from chrysalis.datagram._unix import UnixDatagramSocket
 
 if TYPE_CHECKING:
     from chrysalis.datagram._asyncio import AsyncDatagramSocket
+    from chrysalis.datagram._inproc import InprocNetwork, InprocSocket
     from chrysalis.datagram._trio import TrioDatagramSocket
 
 __all__ = [
@@ -112,14 +112,19 @@ __all__ = [
     "SwitchStatistics",
 ]
 
+# The in-process carrier (tests and single-process meshes) loads on first use too: a process on
+# real sockets (``chrysalis ls``) never needs it (issue 22, item 5).
 _LAZY = {
+    "InprocNetwork": "chrysalis.datagram._inproc",
+    "InprocSocket": "chrysalis.datagram._inproc",
     "AsyncDatagramSocket": "chrysalis.datagram._asyncio",
     "TrioDatagramSocket": "chrysalis.datagram._trio",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Import the runtime adapters on first use (trio is an optional dependency)."""
+    """Import the runtime adapters (trio is an optional dependency) and the in-process carrier
+    on first use."""
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -76,16 +76,18 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 from chrysalis.node import _agent_client
 from chrysalis.node._agent_client import (
+    AUTOSTART_ENV,
     DONE,
     REFUSED,
     REQUEST_MAGIC,
     _recv_exactly,
+    autostart_enabled,
     decode_request,
     encode_reply,
 )
@@ -126,9 +128,6 @@ one to end)."""
 LOCK_WAIT: Final = 15.0
 """Seconds ``agent serve`` waits for the lock of an agent that no longer answers (a stopping
 one, whose sessions are leaving and forked commands finishing)."""
-AUTOSTART_ENV: Final = "CHRYSALIS_AGENT_AUTOSTART"
-"""``0``: a command that found no agent does not start one (``CHRYSALIS_NO_AGENT=1``: nor uses
-one)."""
 _LENGTH: Final = struct.Struct("!I")
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -877,12 +876,6 @@ def _spawn(path: Path, idle_exit: float) -> Path:
             start_new_session=True,
         )
     return log
-
-
-def autostart_enabled(environ: Mapping[str, str]) -> bool:
-    """Whether a command that found no agent starts one: not with ``CHRYSALIS_NO_AGENT=1``
-    (no agent is used at all) nor ``CHRYSALIS_AGENT_AUTOSTART=0``."""
-    return environ.get(_agent_client._NO_AGENT_ENV) != "1" and environ.get(AUTOSTART_ENV) != "0"
 
 
 def autostart(

@@ -36,14 +36,16 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Final
 
 __all__ = [
+    "AUTOSTART_ENV",
     "DONE",
     "MAX_REQUEST",
     "REFUSED",
     "REQUEST_MAGIC",
+    "autostart_enabled",
     "decode_reply",
     "decode_request",
     "default_directory",
@@ -65,9 +67,20 @@ REFUSED: Final = 1
 _REPLY_HEAD: Final = "!BiI"
 _REPLY_HEAD_SIZE: Final = _struct.calcsize(_REPLY_HEAD)
 _NO_AGENT_ENV: Final = "CHRYSALIS_NO_AGENT"
+AUTOSTART_ENV: Final = "CHRYSALIS_AGENT_AUTOSTART"
+"""``0``: a command that found no agent does not start one (``CHRYSALIS_NO_AGENT=1``: nor uses
+one)."""
 _SOCKET_ENV: Final = "CHRYSALIS_AGENT_SOCKET"
 _in_child = False
 """Set in a command the agent forked: it runs there, never handed to the agent again."""
+
+
+def autostart_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether a command that found no agent starts one: not with ``CHRYSALIS_NO_AGENT=1``
+    (no agent is used at all) nor ``CHRYSALIS_AGENT_AUTOSTART=0``. Here, not in
+    ``chrysalis.node._agent`` (which re-exports it): a lone command decides without importing
+    the agent (issue 22, item 5)."""
+    return environ.get(_NO_AGENT_ENV) != "1" and environ.get(AUTOSTART_ENV) != "0"
 
 
 def installation_tag() -> str:

@@ -195,8 +195,14 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``chrysalis`` command."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``chrysalis`` command. ``command``: the command word of the
+    arguments it is about to parse (``_command_name``), or ``None`` for the whole parser. A
+    command of this parser gets a parser with that one subcommand: the others are only read
+    by ``--help`` before the command and by the invalid-choice error, which a known command
+    word meets in neither; any other word gets the whole parser. Building every subcommand
+    cost a lone ``chrysalis ls`` 10 to 15 ms of CPU (argparse looks up translations and the
+    terminal size for each parser and option; issue 22, item 5)."""
     import argparse
     from pathlib import Path
 
@@ -208,26 +214,40 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(common, suppress=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    identity = commands.add_parser("identity", parents=[common], help="development identities")
-    identity_commands = identity.add_subparsers(dest="identity_command", required=True)
-    init = identity_commands.add_parser(
-        "init", parents=[common], help="create (or load) the development CA"
-    )
-    init.add_argument("--dir", type=Path, help="CA directory (default: --ca-dir or per-user)")
-    issue = identity_commands.add_parser(
-        "issue", parents=[common], help="issue a leaf as chain.pem, key.pem and roots.pem"
-    )
-    issue.add_argument("--out", type=Path, required=True, help="directory to write into")
-    show = identity_commands.add_parser(
-        "show", parents=[common], help="the PID of a certificate chain"
-    )
-    show.add_argument("--chain", type=Path, help="a PEM chain file (default: --identity-dir)")
+    only = command if command in COMMANDS or command == "scale" else None
+
+    def add(name: str, text: str) -> argparse.ArgumentParser | None:
+        """The subcommand ``name`` (with the global options), ``None`` when another one is
+        the only one parsed."""
+        if only is not None and only != name:
+            return None
+        built: argparse.ArgumentParser = commands.add_parser(name, parents=[common], help=text)
+        return built
+
+    identity = add("identity", "development identities")
+    if identity is not None:
+        identity_commands = identity.add_subparsers(dest="identity_command", required=True)
+        init = identity_commands.add_parser(
+            "init", parents=[common], help="create (or load) the development CA"
+        )
+        init.add_argument("--dir", type=Path, help="CA directory (default: --ca-dir or per-user)")
+        issue = identity_commands.add_parser(
+            "issue", parents=[common], help="issue a leaf as chain.pem, key.pem and roots.pem"
+        )
+        issue.add_argument("--out", type=Path, required=True, help="directory to write into")
+        show = identity_commands.add_parser(
+            "show", parents=[common], help="the PID of a certificate chain"
+        )
+        show.add_argument("--chain", type=Path, help="a PEM chain file (default: --identity-dir)")
 
     listen_help = "carrier to bind: udp://IP:PORT, unix:///PATH or unix://* (repeatable)"
-    serve = commands.add_parser("serve", parents=[common], help="run a root node")
-    join = commands.add_parser("join", parents=[common], help="run a node joined at TOKEN")
-    join.add_argument("token", type=_token, metavar="TOKEN", help="parent join token")
+    serve = add("serve", "run a root node")
+    join = add("join", "run a node joined at TOKEN")
+    if join is not None:
+        join.add_argument("token", type=_token, metavar="TOKEN", help="parent join token")
     for node_parser in (serve, join):
+        if node_parser is None:
+            continue
         node_parser.add_argument(
             "--listen", type=_listen, action="append", metavar="CARRIER", help=listen_help
         )
@@ -241,44 +261,60 @@ def build_parser() -> argparse.ArgumentParser:
             "interface toward the parent or of the default route)",
         )
 
-    ls = commands.add_parser("ls", parents=[common], help="processes in the namespace")
-    ls.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
-    ls.add_argument("--full", action="store_true", help="print whole PIDs")
+    ls = add("ls", "processes in the namespace")
+    if ls is not None:
+        ls.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
+        ls.add_argument("--full", action="store_true", help="print whole PIDs")
 
-    resolve = commands.add_parser("resolve", parents=[common], help="look up one process")
-    pipe = commands.add_parser("pipe", parents=[common], help="bridge stdin/stdout to a PID")
+    resolve = add("resolve", "look up one process")
+    pipe = add("pipe", "bridge stdin/stdout to a PID")
     for lookup in (resolve, pipe):
+        if lookup is None:
+            continue
         lookup.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
         lookup.add_argument("pid", type=_reference, metavar="PID", help="a PID or unique prefix")
 
-    ping = commands.add_parser(
-        "ping", parents=[common], help="check that echo nodes answer through TOKEN"
-    )
-    ping.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
-    ping.add_argument(
-        "pids", type=_reference, nargs="*", metavar="PID", help="targets (default: echo nodes)"
-    )
+    ping = add("ping", "check that echo nodes answer through TOKEN")
+    if ping is not None:
+        ping.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
+        ping.add_argument(
+            "pids", type=_reference, nargs="*", metavar="PID", help="targets (default: echo nodes)"
+        )
 
-    top = commands.add_parser(
-        "top", parents=[common], help="watch the tree's nodes and links (echo nodes answer)"
-    )
-    top.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
-    top.add_argument("--once", action="store_true", help="print one table and exit")
-    top.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between polls (default 1)"
-    )
+    top = add("top", "watch the tree's nodes and links (echo nodes answer)")
+    if top is not None:
+        top.add_argument("token", type=_token, metavar="TOKEN", help="a node's join token")
+        top.add_argument("--once", action="store_true", help="print one table and exit")
+        top.add_argument(
+            "--interval", type=float, default=1.0, help="seconds between polls (default 1)"
+        )
 
     # `chrysalis scale ...` is handed whole to the scale tool (see main); listed here for --help.
-    commands.add_parser(
-        "scale", help="launch N local processes and measure them (chrysalis scale --help)"
-    )
+    if only in (None, "scale"):
+        commands.add_parser(
+            "scale", help="launch N local processes and measure them (chrysalis scale --help)"
+        )
 
-    _admin_parser(commands, common)
-    _agent_parser(commands, common)
-
-    sqlite = commands.add_parser(
-        "sqlite", parents=[common], help="a shell on a node's database (needs chrysalis-sqlite)"
+    admin = add(
+        "admin",
+        "persistent scale experiments: nodes, submit, show, cancel (needs chrysalis-sqlite)",
     )
+    if admin is not None:
+        _admin_parser(admin, common)
+    agent = add(
+        "agent", "a warm process that runs ls, resolve, ping and pipe without start-up cost"
+    )
+    if agent is not None:
+        _agent_parser(agent, common)
+
+    sqlite = add("sqlite", "a shell on a node's database (needs chrysalis-sqlite)")
+    if sqlite is not None:
+        _sqlite_parser(sqlite, common)
+    return parser
+
+
+def _sqlite_parser(sqlite: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """The arguments and actions of ``sqlite DB ACTION``."""
     sqlite.add_argument("database", metavar="DB", help="the node's SQLite database file")
     sqlite_commands = sqlite.add_subparsers(dest="sqlite_command", metavar="ACTION")
     sql_query = sqlite_commands.add_parser(
@@ -295,15 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     sqlite_commands.add_parser(
         "shell", parents=[common], help="interactive shell (the default; --json has no effect)"
     )
-    return parser
 
 
-def _agent_parser(commands: Any, common: argparse.ArgumentParser) -> None:
-    agent = commands.add_parser(
-        "agent",
-        parents=[common],
-        help="a warm process that runs ls, resolve, ping and pipe without start-up cost",
-    )
+def _agent_parser(agent: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """The actions of ``agent ACTION``."""
     actions = agent.add_subparsers(dest="agent_command", required=True, metavar="ACTION")
     for name, text in (
         ("start", "start an agent in the background"),
@@ -325,13 +356,8 @@ def _agent_parser(commands: Any, common: argparse.ArgumentParser) -> None:
             )
 
 
-def _admin_parser(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``admin TOKEN COMMAND ...`` to the ``chrysalis`` parser's subcommands."""
-    admin = commands.add_parser(
-        "admin",
-        parents=[common],
-        help="persistent scale experiments: nodes, submit, show, cancel (needs chrysalis-sqlite)",
-    )
+def _admin_parser(admin: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """The arguments and actions of ``admin TOKEN ACTION ...``."""
     admin.add_argument("token", type=_token, metavar="TOKEN", help="any scale node's join token")
     actions = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
     nodes = actions.add_parser("nodes", parents=[common], help="the registered scale nodes")
@@ -544,29 +570,64 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         if via_agent is not None:
             return int(via_agent)
         autostart = argv is None  # the command line itself, not a call from Python
-    parser = build_parser()
-    try:
-        args = parser.parse_args(raw)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
-    import logging
+    # The command line's own process parses (a join token imports chrysalis.core) and imports
+    # the command's modules (for ``ls``, the node stack) in an import window (``_Window``),
+    # closed before the command runs. A call of ``main(argv)`` from Python opens none.
+    with _Window(argv is None and _command_name(raw) in COMMANDS) as window:
+        parser = build_parser(_command_name(raw))
+        try:
+            args = parser.parse_args(raw)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
+        import logging
 
-    logging.basicConfig(
-        level=str(args.log_level).upper(), format="%(name)s %(levelname)s %(message)s"
-    )
-    expected = _EXPECTED
-    try:
-        function, errors = _implementation(args.command)
-        expected = (*_EXPECTED, *errors)
-        status = function(args, stdout)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        print(error_line(exc, expected), file=sys.stderr)
-        status = _ERROR_EXIT
+        logging.basicConfig(
+            level=str(args.log_level).upper(), format="%(name)s %(levelname)s %(message)s"
+        )
+        expected = _EXPECTED
+        try:
+            try:
+                function, errors = _implementation(args.command)
+            finally:
+                window.close()
+            expected = (*_EXPECTED, *errors)
+            status = function(args, stdout)
+        except KeyboardInterrupt:
+            return 130
+        except Exception as exc:
+            print(error_line(exc, expected), file=sys.stderr)
+            status = _ERROR_EXIT
     if autostart:
         _autostart_agent(raw)
     return status
+
+
+class _Window:
+    """``chrysalis._startup.import_window()`` held open from construction until ``close``
+    (idempotent; also on leaving a ``with`` block), when ``opened``; else nothing, and nothing
+    imported (not even ``contextlib``, for ``--help``). The worker entry points' window: the
+    stack's dataclasses and regular expressions compiled through caches kept beside the byte
+    code, the collector paused, and what the imports made frozen at the end (chrysalis-core's
+    README, "Start-up of worker processes"; issue 22, item 5)."""
+
+    def __init__(self, opened: bool) -> None:
+        self._window: Any = None
+        if opened:
+            from chrysalis._startup import import_window
+
+            self._window = import_window()
+            self._window.__enter__()
+
+    def close(self) -> None:
+        window, self._window = self._window, None
+        if window is not None:
+            window.__exit__(None, None, None)
+
+    def __enter__(self) -> _Window:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _autostart_agent(raw: list[str]) -> None:
@@ -576,11 +637,13 @@ def _autostart_agent(raw: list[str]) -> None:
     the command (``CHRYSALIS_AGENT_AUTOSTART=0`` or ``CHRYSALIS_NO_AGENT=1``: nothing)."""
     import logging
 
+    from chrysalis.node import _agent_client
+
     log = logging.getLogger("chrysalis.cli")
     try:
+        if not _agent_client.autostart_enabled(os.environ):
+            return  # decided before importing the agent, which this command would not use
         agent = _import("chrysalis.node._agent")
-        if not agent.autostart_enabled(os.environ):
-            return
         started = agent.autostart(first=(raw, os.getcwd(), dict(os.environ)))
     except KeyboardInterrupt:
         return  # Ctrl-C while the agent was starting: the command itself is done, quietly

@@ -45,9 +45,7 @@ from chrysalis.nameserver import (
 from chrysalis.node._address import AddressSyntaxError, JoinToken, format_address
 from chrysalis.node._advertise import advertised_address, route_source
 from chrysalis.node._cli import _ERROR_EXIT, CliError, _emit, ping_payload
-from chrysalis.node._echo import serve_streams
 from chrysalis.node._node import JoinSettings, Node, NodeError, bind_carrier
-from chrysalis.node._stats import stats_or_echo
 from chrysalis.node._tempdirs import (
     OwnedTempDir,
     reclaim_dead_tempdirs,
@@ -363,6 +361,9 @@ async def _run_node(args: argparse.Namespace, out: TextIO) -> int:
                 await wait_connected(node, args.timeout, token.address)
             if args.echo:
                 # Echo, and the report ``chrysalis top`` asks for (``_stats``).
+                from chrysalis.node._echo import serve_streams
+                from chrysalis.node._stats import stats_or_echo
+
                 background.append(asyncio.create_task(serve_streams(node, stats_or_echo(node))))
             token_addr = advertised_address(
                 carriers.token_addr,
