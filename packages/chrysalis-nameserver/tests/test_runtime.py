@@ -158,10 +158,12 @@ def test_trio_supersede_idle_timeout_and_keepalives() -> None:
     link open."""
 
     async def main() -> None:
-        with trio.fail_after(5):
+        with trio.fail_after(15):
             async with trio.open_nursery() as nursery:
                 spawner = TrioSpawner(nursery)
-                root = NameserverService(pid(1), router=Router(), idle_timeout=0.3)
+                # 1 s, well above the 0.05 s keepalives: at 0.3 s, this process held off the
+                # CPU for 0.25 s (no keepalive sent meanwhile) idled the quiet link out
+                root = NameserverService(pid(1), router=Router(), idle_timeout=1.0)
                 root.set_local_entry(
                     ProcEntry(pid(1), "n1", locators=(Locator(DatagramAddr.udp("10.0.0.1", 1)),))
                 )
@@ -189,7 +191,7 @@ def test_trio_supersede_idle_timeout_and_keepalives() -> None:
                 while server.active_links > 1:  # the silent stream times out; not `fresh`
                     await trio.sleep(0.01)
                 closed = False
-                with trio.move_on_after(0.4):  # past the idle timeout: keepalives keep it
+                with trio.move_on_after(1.3):  # past the idle timeout: keepalives keep it
                     await fresh.wait_closed()
                     closed = True
                 assert not closed

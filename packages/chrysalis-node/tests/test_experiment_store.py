@@ -305,8 +305,11 @@ def test_a_pair_rate_is_over_its_own_operations_not_the_slots_it_waited_for() ->
     for pid, delay in delays.items():
         result = ledger.results[("t1", A, pid)]
         assert result.completed == 3
-        # 1 MiB per transfer of `delay` seconds (sleeps overshoot a little, never undershoot)
-        assert 0.6 / delay < result.mib_per_second <= 1 / delay
+        # 1 MiB per transfer of `delay` seconds (sleeps never undershoot; on a loaded machine
+        # they overshoot, by up to 1.5 x delay here): above 0.4 / delay is still well clear of
+        # a rate over the slots it waited for (3 MiB over >= 3 x delay + 2 x other: B's would
+        # be below 0.34 / delay)
+        assert 0.4 / delay < result.mib_per_second <= 1 / delay
         # its wall-clock span also held (at least two of) the other pair's transfers
         other = sum(delays.values()) - delay
         assert result.seconds >= 3 * delay + 2 * other

@@ -214,6 +214,9 @@ def test_an_experiment_submitted_at_a_leaf_is_run_and_inspected_elsewhere(tmp_pa
             "2", "submit", "long", "--sources", "rank:4", "--destinations", "rank:3",
             "--count", "100000", "--warmup", "0", "--run-timeout", "120",
         )  # fmt: skip
+        # killed once it holds the claim: a kill racing the submission's replication (the
+        # root reaping the exit before the submission reached it) is not what is tested here
+        eventually(lambda: claim_state(source_db, "long") == "running", 20, "the claim to run")
         os.kill(process, signal.SIGKILL)
 
         def failed() -> bool:

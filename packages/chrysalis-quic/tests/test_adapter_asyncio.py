@@ -508,14 +508,16 @@ def test_establishes_streams_over_udp_on_ipv6_loopback_then_shuts_down_and_joins
 
 @pytest.mark.parametrize("mode", MODES)
 def test_keepalive_carries_a_silent_connection_past_its_idle_timeout(mode: str) -> None:
-    """With ``keepalive_interval`` set, a connection silent for three idle timeouts is still
-    open and usable, because the endpoint pinged (real clock, in-process carrier)."""
-    config = QuicConfig(idle_timeout=0.4, keepalive_interval=0.08)
+    """With ``keepalive_interval`` set, a connection silent for two idle timeouts is still
+    open and usable, because the endpoint pinged (real clock, in-process carrier). The idle
+    timeout is well above the ping interval: this process held off the CPU for longer than
+    their difference (both ends stopped: no ping sent) would idle out even with keepalives."""
+    config = QuicConfig(idle_timeout=1.5, keepalive_interval=0.1)
 
     async def main() -> None:
         async with open_endpoint_pair(config=config, driver=mode) as (a, b):
             opened, accepted = await connected_stream_pair(a, b)
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(3.0)
             assert [conn.is_closed for conn in a.connections()] == [False]
             assert a.statistics().keepalive_pings + b.statistics().keepalive_pings >= 3
             opened.write(b"still here")

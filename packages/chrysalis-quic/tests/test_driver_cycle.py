@@ -456,7 +456,9 @@ def test_the_inline_driver_fires_timers_after_alternating_deadlines(engine: str)
 
     async def main() -> None:
         first_id, second_id = issue_identities(2)
-        config = QuicConfig(idle_timeout=0.5)
+        # 2 s: the ping-pong and the lone writes run on a real clock; at 0.5 s, this process
+        # held off the CPU that long (both ends stopped) idled the connection out mid-test
+        config = QuicConfig(idle_timeout=2.0)
         with FaultyNetwork() as net:
             async with (
                 AsyncioEndpoint.spawn_duplex(

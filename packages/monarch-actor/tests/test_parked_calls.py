@@ -17,7 +17,10 @@ from monarch.actor._runtime.sinks import Reply, decode_reply, gather_future
 
 @pytest.fixture
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[rt.ProcRuntime]:
-    monkeypatch.setattr(rt, "PARK_TIMEOUT", 0.2)
+    # 2 s: the checks that a call is still held run on this thread while the runtime's loop
+    # thread times it out; at 0.2 s, this thread held off the CPU (or the GIL) that long saw
+    # a call already rejected
+    monkeypatch.setattr(rt, "PARK_TIMEOUT", 2.0)
     runtime = new_local_runtime("parking")
     yield runtime
     runtime.close()
@@ -87,7 +90,10 @@ def _spawn_lands(runtime: rt.ProcRuntime, path: str) -> _FakeCell:
     return cell
 
 
-def test_parked_calls_reach_the_actor_in_order_once_it_exists(runtime: rt.ProcRuntime) -> None:
+def test_parked_calls_reach_the_actor_in_order_once_it_exists(
+    runtime: rt.ProcRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rt, "PARK_TIMEOUT", 60.0)  # no call may time out before the spawn lands
     futures = [_call_to(runtime, "late-0001") for _ in range(3)]
     cell = _spawn_lands(runtime, "late-0001")
     ports = [item.env.reply_port for item in cell.items]  # type: ignore[attr-defined]

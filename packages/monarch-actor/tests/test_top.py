@@ -88,7 +88,9 @@ def _top(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_once_json_lists_the_programs_actors_with_rates(program: str) -> None:
-    done = _top("--token", program, "--once", "--json", "--interval", "0.3")
+    # two polls 2 s apart: each worker must receive a tick between them for a rate above 0,
+    # and the program ticks at its own pace (0.3 s apart, a starved program missed the window)
+    done = _top("--token", program, "--once", "--json", "--interval", "2")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     tickers = [r for r in doc["rows"] if r["cls"] == "admin_actors.Ticker"]
