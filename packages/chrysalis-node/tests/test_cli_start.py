@@ -373,3 +373,19 @@ def test_the_command_line_imports_its_command_in_an_import_window(tmp_path: Path
     main(argv)
     assert gc.isenabled()
     assert gc.get_freeze_count() == frozen
+    # ``main(out=...)`` with ``sys.argv`` as the arguments is a call from Python too
+    saved = sys.argv
+    sys.argv = ["chrysalis", *argv]
+    try:
+        main(out=io.StringIO())
+    finally:
+        sys.argv = saved
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
+
+
+def test_global_options_before_scale_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """``chrysalis --json scale``: the scale tool parses its own options, so options of the
+    command line before the word are refused with a usage error (not a ``KeyError``)."""
+    assert main(["--json", "scale"]) == 2
+    assert "takes its options after the word" in capsys.readouterr().err

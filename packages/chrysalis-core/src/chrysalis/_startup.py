@@ -22,8 +22,9 @@ compilation, keyed by the complete source, and the file is tied to the interpret
 magic number. A missing, unreadable, foreign or damaged file is an empty cache; a file that
 cannot be written is skipped.
 
-Only the entry points of worker processes (``monarch.actor``'s and ``monarch.job``'s) activate
-it, around their own imports; a program that imports Chrysalis keeps ``dataclasses`` as it is.
+Only the entry points of worker processes (``monarch.actor``'s and ``monarch.job``'s) and the
+``chrysalis`` command line's own process (around its parsing and its command's imports) activate
+it; a program that imports Chrysalis keeps ``dataclasses`` as it is.
 This module imports the standard library only: it must be importable before the stack.
 
 Regular expressions: the stack's modules (and the standard library's and cryptography's under
@@ -167,6 +168,10 @@ def _write_file(path: str, head: bytes, used: dict[Any, Any], known: dict[Any, A
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return False
+    except BaseException:  # an interrupt while writing: leave no temporary file behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return True
 
 

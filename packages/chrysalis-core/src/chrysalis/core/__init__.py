@@ -81,8 +81,15 @@ _LAZY: Final[Mapping[str, str]] = {
 }
 """The public names defined on first use: name -> defining module."""
 
+_SUBMODULES: Final = frozenset({"hookspecs"})
+"""Public submodules that ``__init__`` imported before the plugin names became lazy, still
+reachable as attributes of the package (imported on first use)."""
+
 
 def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:  # ``chrysalis.core.hookspecs`` after a plain ``import chrysalis.core``
+        __import__(f"{__name__}.{name}")
+        return sys.modules[f"{__name__}.{name}"]
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

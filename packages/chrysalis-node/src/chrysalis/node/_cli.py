@@ -572,13 +572,21 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         autostart = argv is None  # the command line itself, not a call from Python
     # The command line's own process parses (a join token imports chrysalis.core) and imports
     # the command's modules (for ``ls``, the node stack) in an import window (``_Window``),
-    # closed before the command runs. A call of ``main(argv)`` from Python opens none.
-    with _Window(argv is None and _command_name(raw) in COMMANDS) as window:
+    # closed before the command runs. A call of ``main(argv)`` or ``main(out=...)`` from Python
+    # opens none.
+    with _Window(argv is None and out is None and _command_name(raw) in COMMANDS) as window:
         parser = build_parser(_command_name(raw))
         try:
             args = parser.parse_args(raw)
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else _USAGE_EXIT
+        if args.command == "scale":  # global options before it: the scale tool parses its own
+            print(
+                "chrysalis: error: `scale` takes its options after the word: chrysalis scale "
+                "[OPTIONS] (see chrysalis scale --help)",
+                file=sys.stderr,
+            )
+            return _USAGE_EXIT
         import logging
 
         logging.basicConfig(
