@@ -303,11 +303,14 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
     saved_hooks = {name: getattr(_telemetry, name) for name in hooks}
     port_hooks = ("call_opened", "call_completed")
     saved_port_hooks = {name: getattr(_metrics, name) for name in port_hooks}
+    # The send side the runtime's endpoints call (``send_call_traced`` where the tree has it,
+    # ``send_traced`` before it), shown as ``send_traced`` either way.
+    send_side = "send_call_traced" if hasattr(_tracing, "send_call_traced") else "send_traced"
     saved = (
         _telemetry.run_endpoint,
         _telemetry.wrap_endpoint,
         _telemetry.outgoing_trace,
-        _tracing.send_traced,
+        getattr(_tracing, send_side),
         _tracing.send_span,
     )
 
@@ -330,7 +333,7 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
         # Not on a sync call's path any more (async endpoints, the slow paths): shown if hit.
         _telemetry.wrap_endpoint = timed("wrap_endpoint (async endpoints)", saved[1])
         _telemetry.outgoing_trace = timed("outgoing_trace", saved[2])
-        _tracing.send_traced = timed("send_traced (+ the posts)", saved[3])
+        setattr(_tracing, send_side, timed("send_traced (+ the posts)", saved[3]))
         _tracing.send_span = timed("send_span (a listener or the mirror)", saved[4])
 
     def uninstall() -> None:
@@ -342,9 +345,10 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
             _telemetry.run_endpoint,
             _telemetry.wrap_endpoint,
             _telemetry.outgoing_trace,
-            _tracing.send_traced,
+            _,
             _tracing.send_span,
         ) = saved
+        setattr(_tracing, send_side, saved[3])
 
     out: dict[str, dict[str, tuple[int, float]]] = {}
     procs = _local_proc_mesh(per_host={"gpus": 1})

@@ -139,10 +139,41 @@ def _set_trace(envelope: _Envelope, trace: bytes) -> None:
     envelope.trace = trace
 
 
+class _Port:
+    """What ``send_call_traced`` reads of an endpoint: its name, its mesh's, its posts."""
+
+    _name = "ping"
+    _user_name = "echo"
+
+    @property
+    def _mesh(self) -> _Port:
+        return self
+
+    def _post_each(
+        self,
+        runtime: Any,
+        sender: Any,
+        payload: Any,
+        targets: Any,
+        reply: Any,
+        flags: int,
+        trace: bytes,
+    ) -> None:
+        _set_trace(targets[0], trace)
+
+
 def send_side(t: Any) -> Callable[[Any, Any, _Envelope], None]:
-    """The send side of one call in tracing module ``t``: ``send_traced`` (the posts inside
-    it are given the span's context), or, in a revision before it, ``send_span`` entered
-    around ``outgoing_trace``."""
+    """The send side of one call in tracing module ``t``: ``send_call_traced`` or, before it,
+    ``send_traced`` (the posts inside it are given the span's context), or, in a revision
+    before those, ``send_span`` entered around ``outgoing_trace``."""
+    send_call_traced = getattr(t, "send_call_traced", None)
+    if send_call_traced is not None:
+        port = _Port()
+
+        def send_call(runtime: Any, sender: Any, envelope: _Envelope) -> None:
+            send_call_traced("call_one", port, runtime, sender, None, (envelope,), None, 0)
+
+        return send_call
     send_traced = getattr(t, "send_traced", None)
     if send_traced is not None:
 

@@ -136,20 +136,8 @@ class Endpoint(Generic[P, R]):
         flags = FLAG_EXPLICIT_PORT if self._explicit and self._prop is None else 0
         if _tracing.TRACING and (self._prop is None or self._prop._instrument):
             # the posts inside a send span, its trace context given to every envelope
-            _tracing.send_traced(
-                adverb,
-                self._name,
-                self._mesh._user_name,
-                len(targets),
-                runtime,
-                sender,
-                self._post_each,
-                runtime,
-                sender,
-                payload,
-                targets,
-                reply_port,
-                flags,
+            _tracing.send_call_traced(
+                adverb, self, runtime, sender, payload, targets, reply_port, flags
             )
             return
         self._post_each(runtime, sender, payload, targets, reply_port, flags)

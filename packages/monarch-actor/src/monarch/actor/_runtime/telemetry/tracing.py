@@ -59,7 +59,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
@@ -97,6 +97,7 @@ __all__ = [
     "resize",
     "run_endpoint",
     "send_span",
+    "send_call_traced",
     "send_traced",
     "set_enabled",
     "set_process_label",
@@ -450,8 +451,58 @@ def send_traced(
     """``post(*args, trace)``: the send side of a call (only while ``TRACING``), the fan-out of
     one adverb to ``ranks`` actors of ``mesh`` by ``sender`` (a cell of process runtime
     ``runtime``) inside a send span, whose trace context ``trace`` (24 bytes) each CALL envelope
-    carries (``_mesh.adverbs`` passes it to ``ProcRuntime.post``), so every endpoint span is
-    its child.
+    carries, so every endpoint span is its child: ``send_call_traced`` for any poster (the
+    runtime's own endpoints call that directly, without this call's variable arguments)."""
+    send_call_traced(
+        adverb, _Poster(endpoint, mesh, post, args), runtime, sender, None, range(ranks), None, 0
+    )
+
+
+class _Poster:
+    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``), for any
+    ``post(*args, trace)`` (``send_traced``)."""
+
+    __slots__ = ("_args", "_mesh", "_name", "_post", "_user_name")
+
+    def __init__(
+        self, endpoint: str, mesh: str, post: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
+        self._name = endpoint
+        self._user_name = mesh
+        self._mesh = self
+        self._post = post
+        self._args = args
+
+    def _post_each(
+        self,
+        runtime: Any,
+        sender: Any,
+        payload: Any,
+        targets: Any,
+        reply_port: Any,
+        flags: int,
+        trace: bytes,
+    ) -> None:
+        self._post(*self._args, trace)
+
+
+def send_call_traced(
+    adverb: str,
+    port: Any,
+    runtime: Any,
+    sender: Any,
+    payload: Any,
+    targets: Sized,
+    reply_port: Any,
+    flags: int,
+) -> None:
+    """``port._post_each(runtime, sender, payload, targets, reply_port, flags, trace)``: the
+    send side of a call (only while ``TRACING``), the fan-out of one adverb of endpoint ``port``
+    (``_mesh.adverbs.Endpoint``: its ``_name``, its mesh's ``_user_name``) to ``len(targets)``
+    actors by ``sender`` (a cell of process runtime ``runtime``) inside a send span, whose trace
+    context ``trace`` (24 bytes) each CALL envelope carries (``_mesh.adverbs`` passes it to
+    ``ProcRuntime.post``), so every endpoint span is its child. A fixed number of arguments:
+    the variable ones of ``send_traced`` cost two tuples and an unpacking a call (issue 21).
 
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
@@ -459,8 +510,12 @@ def send_traced(
     to the pending spans. Otherwise it enters ``send_span``.
     """
     if _otel._otel_trace is not None or _span_listeners:
-        with send_span(adverb, endpoint, mesh, ranks, runtime, sender) as made:
-            post(*args, made.trace_id + made.span_id)
+        with send_span(
+            adverb, port._name, port._mesh._user_name, len(targets), runtime, sender
+        ) as made:
+            port._post_each(
+                runtime, sender, payload, targets, reply_port, flags, made.trace_id + made.span_id
+            )
         return
     span_id = _next_id().to_bytes(8, "big")
     parent = _current_span_var()
@@ -481,14 +536,18 @@ def send_traced(
         where = sender._span_where = (_PID, runtime.label or _process_label, display, ident)
     start_ns = _time_ns()
     try:
-        post(*args, context)
+        port._post_each(runtime, sender, payload, targets, reply_port, flags, context)
     except BaseException as exc:
-        failed = _row_span((context, parent_id, start_ns, 0, where, adverb, endpoint, mesh, ranks))
+        row = (context, parent_id, start_ns, 0, where, adverb, port._name)
+        failed = _row_span((*row, port._mesh._user_name, len(targets)))
         failed._end(exc)
         raise
     _pending.append(
-        (context, parent_id, start_ns, _time_ns(), where, adverb, endpoint, mesh, ranks)
-    )
+        (
+            context, parent_id, start_ns, _time_ns(), where, adverb, port._name,
+            port._mesh._user_name, len(targets),
+        )
+    )  # fmt: skip
     if len(_pending) >= SHIP_AT:
         _shipper.kick()
 
