@@ -119,6 +119,7 @@ class _Cell:
     rank = 0
     runtime = _Runtime()
     endpoints: ClassVar[dict[str, Any]] = {}
+    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
 
 
 class _Envelope:
@@ -128,6 +129,7 @@ class _Envelope:
 
 class _Sender:
     display = "<root>"
+    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
 
 
 def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(

@@ -435,7 +435,6 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
-_getattr = getattr
 
 
 def send_traced(
@@ -528,7 +527,7 @@ def send_call_traced(
     else:
         context, parent_id = _trace_prefix + span_id + span_id, _ZERO_SPAN_ID
     ident = _get_ident()
-    where = _getattr(sender, "_span_where", None)
+    where = sender._span_where  # a cell's (``_runtime.cell.CellBase``), None until made
     if where is None or where[3] != ident or where[0] != _PID:  # kept while the thread sends
         display = sender.display
         if type(display) is not str:
@@ -1301,7 +1300,7 @@ def run_endpoint(
         end_ns = _time_ns()
         endpoint = envelope.endpoint
         ident = _get_ident()
-        where = _getattr(cell, "_span_where", None)
+        where = cell._span_where
         if where is None or where[3] != ident:  # made once: an actor's calls on one thread
             label = cell.runtime.label or _process_label
             where = cell._span_where = (_PID, label, cell.display, ident)
