@@ -151,17 +151,9 @@ class _Port:
     def _mesh(self) -> _Port:
         return self
 
-    def _post_each(
-        self,
-        runtime: Any,
-        sender: Any,
-        payload: Any,
-        targets: Any,
-        reply: Any,
-        flags: int,
-        trace: bytes,
-    ) -> None:
-        _set_trace(targets[0], trace)
+    def _post_each(self, *posted: Any) -> None:
+        # (runtime, sender, payload, targets, reply_port, flags, trace): one target here
+        _set_trace(posted[3][0], posted[6])
 
 
 def send_side(t: Any) -> Callable[[Any, Any, _Envelope], None]:
