@@ -137,7 +137,7 @@ def metric_trip(m: Any, n: int) -> Trial:
 
 
 def _set_trace(envelope: _Envelope, trace: bytes) -> None:
-    """What ``ProcRuntime.post`` does with the trace context ``send_traced`` gives it."""
+    """What ``ProcRuntime.post`` does with the trace context ``send_call_traced`` gives it."""
     envelope.trace = trace
 
 
@@ -157,9 +157,9 @@ class _Port:
 
 
 def send_side(t: Any) -> Callable[[Any, Any, _Envelope], None]:
-    """The send side of one call in tracing module ``t``: ``send_call_traced`` or, before it,
-    ``send_traced`` (the posts inside it are given the span's context), or, in a revision
-    before those, ``send_span`` entered around ``outgoing_trace``."""
+    """The send side of one call in tracing module ``t``: ``send_call_traced`` or, in a
+    revision before it, ``send_traced`` (gone since; the posts inside it are given the span's
+    context), or, in a revision before those, ``send_span`` entered around ``outgoing_trace``."""
     send_call_traced = getattr(t, "send_call_traced", None)
     if send_call_traced is not None:
         port = _Port()

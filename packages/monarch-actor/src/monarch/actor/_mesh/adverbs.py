@@ -152,7 +152,7 @@ class Endpoint(Generic[P, R]):
         flags: int,
         trace: bytes | None = None,
     ) -> None:
-        # ``trace``: the send span's context for every envelope (``_tracing.send_traced``)
+        # ``trace``: the send span's context for every envelope (``_tracing.send_call_traced``)
         runtime.post_calls(
             sender,
             targets,

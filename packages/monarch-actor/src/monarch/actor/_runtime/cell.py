@@ -171,7 +171,7 @@ class CellBase:
     fenced = False
     #: Where this actor's receive spans ran, ``(os_pid, proc, track, thread_id)``: made by the
     #: first one (``telemetry.tracing.run_endpoint``), shared by the rest; the send spans it
-    #: makes use it too while it sends from the same thread (``send_traced``).
+    #: makes use it too while it sends from the same thread (``send_call_traced``).
     _span_where: tuple[int, str, str, int] | None = None
 
     def __init__(self, runtime: ProcRuntime, path: str, display: str, user_name: str) -> None:

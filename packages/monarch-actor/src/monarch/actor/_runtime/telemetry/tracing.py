@@ -10,15 +10,16 @@ Perfetto. Spans are made only while ``TRACING`` is on (``enable_telemetry``); wh
 OpenTelemetry mirror is on, each span has a twin there (``otel``).
 
 The runtime's own spans cost little on the call path (issue 21, the overhead target): the send
-side (``send_traced``) and the receive side of a sync call (``run_endpoint``) make no ``Span``
-object. Each reads the clock at its start and end (the receive span's two reads also time the
-endpoint for ``metrics``), the send side hands its 24-byte context straight to the envelopes it
+side (``send_call_traced``) and the receive side of a sync call (``run_endpoint``) make no
+``Span`` object. Each reads the clock at its start and end (the receive span's two reads also
+time the endpoint for ``metrics``), takes its span id as an int and makes its 24-byte context in
+one C call (``_pack_context``), the send side hands that context straight to the envelopes it
 posts (no context-variable switch, no ``outgoing_trace`` per envelope), and the finished span is
-one plain tuple of what varies (a *row*: 7 or 9 values, ``_row_fields``, not ``Span``'s 16)
-appended to ``_pending``; rows are packed as they are (about a third of a ``Span``'s packing
-time) and become ``Span`` objects or records only when read (``finished_spans``,
-``span_records``, ``decode_batch``). The current span is held as its 24-byte context
-(``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
+one plain tuple of what the hot path has (a *row*: 7 or 9 values, ``_row_fields``, not
+``Span``'s 16) appended to ``_pending``; rows are packed as they are (about a third of a
+``Span``'s packing time) and become ``Span`` objects or records only when read
+(``finished_spans``, ``span_records``, ``decode_batch``). The current span is held as its 24-byte
+context (``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
 context is kept on the message's ``Context`` instead (no context-variable switch per call), and
 ``_current_span`` reads the variable first, then the message's context. With a span listener or
 the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
@@ -57,10 +58,11 @@ import logging
 import operator
 import os
 import random
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Annotated, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
 
@@ -98,7 +100,6 @@ __all__ = [
     "run_endpoint",
     "send_span",
     "send_call_traced",
-    "send_traced",
     "set_enabled",
     "set_process_label",
     "set_stream",
@@ -311,11 +312,18 @@ _NO_SPAN: Final = _NoSpan()
 #: Span ids: a counter from a random start (62 bits, drawn again in a forked child), so a span
 #: id is unique in its process, and across processes unless two random starts fall within as
 #: many spans of each other; a root span's trace id is this process's random 8-byte prefix and
-#: its span id. Ids need to be unique, not secret: one ``next`` and one ``to_bytes`` per span
-#: instead of two random draws (``benchmarks/telemetry_hooks.py``).
+#: its span id. Ids need to be unique, not secret: one ``next`` per span instead of two random
+#: draws (``benchmarks/telemetry_hooks.py``). The runtime's spans keep an id as the int until
+#: it goes into a trace context, made in one C call (``_pack_context``: the parent's trace id
+#: and the new id; ``_pack_root``: a new trace's), with no ``to_bytes``, slice or join.
 _getrandbits = random.getrandbits
 _next_id: Callable[[], int]
 _trace_prefix = b""
+#: ``_pack_context(parent, span_id)``: the 24-byte context of a new span whose parent's context
+#: (24 bytes: the first 16 are taken) is ``parent``, ``span_id`` an int (``_next_id``).
+_pack_context: Final = struct.Struct(">16sQ").pack
+#: ``_pack_root(_trace_prefix, span_id, span_id)``: the 24-byte context of a new trace's root.
+_pack_root: Final = struct.Struct(">8sQQ").pack
 
 
 def _seed_ids() -> None:
@@ -437,54 +445,6 @@ _time_ns = time.time_ns
 _get_ident = threading.get_ident
 
 
-def send_traced(
-    adverb: str,
-    endpoint: str,
-    mesh: str,
-    ranks: int,
-    runtime: Any,
-    sender: Any,
-    post: Callable[..., None],
-    *args: Any,
-) -> None:
-    """``post(*args, trace)``: the send side of a call (only while ``TRACING``), the fan-out of
-    one adverb to ``ranks`` actors of ``mesh`` by ``sender`` (a cell of process runtime
-    ``runtime``) inside a send span, whose trace context ``trace`` (24 bytes) each CALL envelope
-    carries, so every endpoint span is its child: ``send_call_traced`` for any poster (the
-    runtime's own endpoints call that directly, without this call's variable arguments)."""
-    send_call_traced(
-        adverb, _Poster(endpoint, mesh, post, args), runtime, sender, None, range(ranks), None, 0
-    )
-
-
-class _Poster:
-    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``), for any
-    ``post(*args, trace)`` (``send_traced``)."""
-
-    __slots__ = ("_args", "_mesh", "_name", "_post", "_user_name")
-
-    def __init__(
-        self, endpoint: str, mesh: str, post: Callable[..., None], args: tuple[Any, ...]
-    ) -> None:
-        self._name = endpoint
-        self._user_name = mesh
-        self._mesh = self
-        self._post = post
-        self._args = args
-
-    def _post_each(
-        self,
-        runtime: Any,
-        sender: Any,
-        payload: Any,
-        targets: Any,
-        reply_port: Any,
-        flags: int,
-        trace: bytes,
-    ) -> None:
-        self._post(*self._args, trace)
-
-
 def send_call_traced(
     adverb: str,
     port: Any,
@@ -500,8 +460,8 @@ def send_call_traced(
     (``_mesh.adverbs.Endpoint``: its ``_name``, its mesh's ``_user_name``) to ``len(targets)``
     actors by ``sender`` (a cell of process runtime ``runtime``) inside a send span, whose trace
     context ``trace`` (24 bytes) each CALL envelope carries (``_mesh.adverbs`` passes it to
-    ``ProcRuntime.post``), so every endpoint span is its child. A fixed number of arguments:
-    the variable ones of ``send_traced`` cost two tuples and an unpacking a call (issue 21).
+    ``ProcRuntime.post``), so every endpoint span is its child. A fixed number of arguments
+    (variable ones cost two tuples and an unpacking a call: issue 21).
 
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
@@ -516,16 +476,16 @@ def send_call_traced(
                 runtime, sender, payload, targets, reply_port, flags, made.trace_id + made.span_id
             )
         return
-    span_id = _next_id().to_bytes(8, "big")
+    span_id = _next_id()
     parent = _current_span_var()
     if not parent:  # ``_current_span`` inlined
         message = _current_message()
         if message is not None:
             parent = message._span
     if parent:
-        context, parent_id = parent[:16] + span_id, parent[16:]
+        context = _pack_context(parent, span_id)
     else:
-        context, parent_id = _trace_prefix + span_id + span_id, _ZERO_SPAN_ID
+        context = _pack_root(_trace_prefix, span_id, span_id)
     ident = _get_ident()
     where = sender._span_where  # a cell's (``_runtime.cell.CellBase``), None until made
     if where is None or where[3] != ident or where[0] != _PID:  # kept while the thread sends
@@ -537,13 +497,13 @@ def send_call_traced(
     try:
         port._post_each(runtime, sender, payload, targets, reply_port, flags, context)
     except BaseException as exc:
-        row = (context, parent_id, start_ns, 0, where, adverb, port._name)
+        row = (context, parent, start_ns, 0, where, adverb, port._name)
         failed = _row_span((*row, port._mesh._user_name, len(targets)))
         failed._end(exc)
         raise
     _pending.append(
         (
-            context, parent_id, start_ns, _time_ns(), where, adverb, port._name,
+            context, parent, start_ns, _time_ns(), where, adverb, port._name,
             port._mesh._user_name, len(targets),
         )
     )  # fmt: skip
@@ -551,18 +511,22 @@ def send_call_traced(
         _shipper.kick()
 
 
-#: A finished runtime span as the hot path records it (``send_traced``, ``run_endpoint``): a
+#: A finished runtime span as the hot path records it (``send_call_traced``, ``run_endpoint``): a
 #: *row*, a plain tuple of what varies, packed as it is (``encode_batch``: fewer values than a
 #: ``Span``'s 16 fields, so less to make and to encode per span) and made a ``Span`` or a
 #: ``SpanRecord`` only when read (``_row_span``, ``decode_batch``). ``where`` is ``(os_pid,
 #: proc, track, thread_id)``; the status is ``"ok"``, the error empty.
 #:
-#: - a send span, 9 values: ``(context, parent_id, start_ns, end_ns, where, adverb, endpoint,
+#: - a send span, 9 values: ``(context, parent, start_ns, end_ns, where, adverb, endpoint,
 #:   mesh, ranks)``, ``context`` being its 16-byte trace id and 8-byte span id (what its
-#:   envelopes carry); named ``"ADVERB MESH.ENDPOINT"``, its actor the track;
+#:   envelopes carry), ``parent`` its parent's context (24 bytes: the parent's span id is its
+#:   last 8), or ``b""`` for a root; named ``"ADVERB MESH.ENDPOINT"``, its actor the track;
 #: - a receive span, 7 values: ``(trace, span_id, start_ns, end_ns, where, endpoint, rank)``,
-#:   ``trace`` being the envelope's context (the trace id and the parent's span id); named
-#:   after the endpoint, its actor the track.
+#:   ``trace`` being the envelope's context (the trace id and the parent's span id),
+#:   ``span_id`` the span's id as an int (``_next_id``); named after the endpoint, its actor
+#:   the track.
+#:
+#: Both keep what the hot path has, so that recording a span slices and joins no bytes.
 _SEND_ROW: Final = 9
 _RECEIVE_ROW: Final = 7
 
@@ -572,19 +536,19 @@ def _row_fields(row: Sequence[Any]) -> tuple[Any, ...]:
     tuple, ``_lazy_attributes``) of a row (``_SEND_ROW`` or ``_RECEIVE_ROW`` values);
     ``ValueError`` if it is neither."""
     if len(row) == _SEND_ROW:
-        context, parent_id, start_ns, end_ns, where, adverb, endpoint, mesh, ranks = row
+        context, parent, start_ns, end_ns, where, adverb, endpoint, mesh, ranks = row
         os_pid, proc, track, thread_id = where
         return (
-            f"{adverb} {mesh}.{endpoint}", context[:16], context[16:], parent_id, start_ns,
-            end_ns, os_pid, proc, track, thread_id, "ok", "", None,
-            ("send", adverb, endpoint, mesh, ranks, track),
+            f"{adverb} {mesh}.{endpoint}", context[:16], context[16:],
+            parent[16:] if parent else _ZERO_SPAN_ID, start_ns, end_ns, os_pid, proc, track,
+            thread_id, "ok", "", None, ("send", adverb, endpoint, mesh, ranks, track),
         )  # fmt: skip
     if len(row) == _RECEIVE_ROW:
         trace, span_id, start_ns, end_ns, where, endpoint, rank = row
         os_pid, proc, track, thread_id = where
         return (
-            endpoint, trace[:16], span_id, trace[16:], start_ns, end_ns, os_pid, proc, track,
-            thread_id, "ok", "", None, ("receive", track, endpoint, rank),
+            endpoint, trace[:16], span_id.to_bytes(8, "big"), trace[16:], start_ns, end_ns,
+            os_pid, proc, track, thread_id, "ok", "", None, ("receive", track, endpoint, rank),
         )  # fmt: skip
     raise ValueError(f"not a span row ({len(row)} values)")
 
@@ -819,7 +783,9 @@ _Row = tuple[
 ]
 _Where = tuple[int, str, str, int]
 _SendRow = tuple[bytes, bytes, int, int, _Where, str, str, str, int]
-_ReceiveRow = tuple[bytes, bytes, int, int, _Where, str, int]
+#: A span id as an int (``_next_id``): eight bytes unsigned.
+_SpanIdInt = Annotated[int, msgspec.Meta(ge=0)]  # (msgpack: at most 64 bits)
+_ReceiveRow = tuple[bytes, _SpanIdInt, int, int, _Where, str, int]
 _ROW_TYPES: Final[dict[int, Any]] = {16: _Row, _SEND_ROW: _SendRow, _RECEIVE_ROW: _ReceiveRow}
 _decode_rows = msgspec.msgpack.Decoder(list[list[Any]]).decode
 _convert = msgspec.convert
@@ -838,6 +804,9 @@ def decode_batch(data: bytes) -> list[SpanRecord]:
         if len(row) != 16:
             if len(row[0]) != 24:
                 raise ValueError(f"not a packed span batch: a trace context of {len(row[0])} bytes")
+            if len(row) == _SEND_ROW and len(row[1]) not in (0, 24):
+                size = len(row[1])
+                raise ValueError(f"not a packed span batch: a parent context of {size} bytes")
             row = _row_fields(row)
         (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
         thread_id, status, error, attributes, lazy = row[9:14]
@@ -1257,7 +1226,7 @@ def run_endpoint(
     runtime makes per message: ``_current_span``), the clock is read twice (``time.time_ns``: the
     span's start and end, whose difference is also the endpoint latency metrics record: one
     clock for both), and the finished span is one plain tuple appended to the pending spans
-    (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
+    (``send_call_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
     traced = False
     if TRACING:
@@ -1267,7 +1236,7 @@ def run_endpoint(
         trace = envelope.trace
         if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
             return _run_traced_slow(cell, envelope, fn, args, kwargs)
-        span_id = _next_id().to_bytes(8, "big")
+        span_id = _next_id()
         # The current span while ``fn`` runs: kept on the message's context (the runtime
         # makes one per message, current until it resets it after the call; whatever
         # copied the context meanwhile keeps the span, as it would a context variable's
@@ -1277,9 +1246,9 @@ def run_endpoint(
         token = None
         message = _current_message()
         if message is not None and not message._span and not _current_span_var():
-            message._span = trace[:16] + span_id
+            message._span = _pack_context(trace, span_id)
         else:
-            token = _CURRENT_SPAN.set(trace[:16] + span_id)
+            token = _CURRENT_SPAN.set(_pack_context(trace, span_id))
         start_ns = _time_ns()
         try:
             result = fn(*args, **kwargs)
@@ -1332,14 +1301,14 @@ def run_endpoint(
     return result
 
 
-def _receive_span(cell: Any, envelope: Envelope, span_id: bytes, start_ns: int) -> Span:
+def _receive_span(cell: Any, envelope: Envelope, span_id: int, start_ns: int) -> Span:
     """The open receive span ``run_endpoint`` did not make (the body raised, or returned an
-    awaitable): as its fast path would have recorded it."""
+    awaitable): as its fast path would have recorded it (``span_id`` as an int)."""
     trace, endpoint, display = envelope.trace, envelope.endpoint, cell.display
     return Span(
         endpoint,
         trace[:16],
-        span_id,
+        span_id.to_bytes(8, "big"),
         trace[16:],
         start_ns,
         0,
