@@ -98,6 +98,11 @@ class _Envelope:
 class _Runtime:
     label = "procs{'gpus': 0/1}"
 
+    def post_calls(self, sender: Any, targets: Any, **posted: Any) -> None:
+        """What ``ProcRuntime.post_calls`` does with the trace context ``send_call_traced``
+        gives it (this tree's; a revision's posts through ``_Port._post_each``)."""
+        _set_trace(targets[0], posted["trace"])
+
 
 class _Cell:
     display = "<root>.<bench.Echo echo{'gpus': 0/1}>"
@@ -142,7 +147,8 @@ def _set_trace(envelope: _Envelope, trace: bytes) -> None:
 
 
 class _Port:
-    """What ``send_call_traced`` reads of an endpoint: its name, its mesh's, its posts."""
+    """What ``send_call_traced`` reads of an endpoint: its name, its mesh's, and, in revisions
+    that post through it, its ``_post_each``."""
 
     _name = "ping"
     _user_name = "echo"

@@ -133,29 +133,37 @@ class _Sender:
 
 
 class _Endpoint:
-    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name,
-    its mesh's, and its posts, here ``post(targets, trace)``."""
+    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name
+    and its mesh's."""
 
     _name = "bump"
     _user_name = "counted"
-
-    def __init__(self, post: Callable[[Any, bytes], None]) -> None:
-        self._post = post
 
     @property
     def _mesh(self) -> _Endpoint:
         return self
 
-    def _post_each(
+
+class _Posting(_Runtime):
+    """A process runtime whose posts (``post_calls``, as ``send_call_traced`` makes them) go
+    to ``post(targets, trace)``."""
+
+    def __init__(self, post: Callable[[Any, bytes], None]) -> None:
+        self._post = post
+
+    def post_calls(
         self,
-        runtime: Any,
         sender: Any,
-        payload: Any,
         targets: Any,
+        *,
+        endpoint: str,
         reply_port: Any,
-        flags: int,
-        trace: bytes,
+        payload: Any,
+        flags: int = 0,
+        trace: bytes | None = None,
     ) -> None:
+        assert endpoint == "bump"
+        assert trace is not None
         self._post(targets, trace)
 
 
@@ -178,7 +186,7 @@ def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
     before = time.time_ns()
     with span("step") as step:
         tm_tracing.send_call_traced(
-            "call_one", _Endpoint(post), _Runtime(), _Sender(), None, ["the target"], None, 0
+            "call_one", _Endpoint(), _Posting(post), _Sender(), None, ["the target"], None, 0
         )
     assert tm_tracing.run_endpoint(cell, envelope, lambda x: x + 1, (1,), {}) == 2  # type: ignore[arg-type]
     after = time.time_ns()
@@ -232,7 +240,7 @@ def test_a_root_send_row_starts_a_trace_and_its_ids_survive_packing(
 
     for _ in range(3):
         tm_tracing.send_call_traced(
-            "call_one", _Endpoint(post), _Runtime(), _Sender(), None, ["one"], None, 0
+            "call_one", _Endpoint(), _Posting(post), _Sender(), None, ["one"], None, 0
         )
         tm_tracing.run_endpoint(cell, envelope, lambda: None, (), {})  # type: ignore[arg-type]
     spans = finished_spans()
@@ -260,7 +268,7 @@ def test_a_failed_post_or_body_ends_its_span_with_the_error(
 
     with pytest.raises(RuntimeError, match="mailbox full"):
         tm_tracing.send_call_traced(
-            "call_one", _Endpoint(refused), _Runtime(), _Sender(), None, ["one"], None, 0
+            "call_one", _Endpoint(), _Posting(refused), _Sender(), None, ["one"], None, 0
         )
 
     def body() -> None:
@@ -289,7 +297,7 @@ def test_with_a_listener_runtime_spans_are_objects_at_once(telemetry: None) -> N
             envelope.trace = trace
 
         tm_tracing.send_call_traced(
-            "call", _Endpoint(post), _Runtime(), _Sender(), None, ["one", "two"], None, 0
+            "call", _Endpoint(), _Posting(post), _Sender(), None, ["one", "two"], None, 0
         )
         tm_tracing.run_endpoint(cell, envelope, lambda: 7, (), {})  # type: ignore[arg-type]
     finally:

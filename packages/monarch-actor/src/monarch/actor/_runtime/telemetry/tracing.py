@@ -62,7 +62,7 @@ import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Annotated, Any, Final, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 import msgspec
 
@@ -138,8 +138,9 @@ _process_label = "client"
 def _after_fork() -> None:
     """A forked child (the zygote, a worker forked from it, a program's own fork) starts
     with no spans: those in the ring were its parent's."""
-    global _PID, _shipper, _stream, _store_lock, _store_changed, _ship_lock
+    global _PID, _shipper, _stream, _store_lock, _store_changed, _ship_lock, _kick_at
     _PID = os.getpid()
+    _kick_at = SHIP_AT
     _seed_ids()  # after ``random`` reseeded itself (registered first, runs first)
     _spans.clear()
     _pending.clear()
@@ -257,7 +258,7 @@ class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
             self.end_ns = time.time_ns()
             self.status = "ok"
             _pending.append(self)
-            if len(_pending) >= SHIP_AT:
+            if len(_pending) >= _kick_at:
                 _shipper.kick()
             return
         self._end(exc)
@@ -274,7 +275,7 @@ class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
         if self._otel is not None:
             _otel.end_span(self._otel, exc)
         _pending.append(self)
-        if len(_pending) >= SHIP_AT:
+        if len(_pending) >= _kick_at:
             _shipper.kick()
         if not _span_listeners:
             return
@@ -313,17 +314,22 @@ _NO_SPAN: Final = _NoSpan()
 #: id is unique in its process, and across processes unless two random starts fall within as
 #: many spans of each other; a root span's trace id is this process's random 8-byte prefix and
 #: its span id. Ids need to be unique, not secret: one ``next`` per span instead of two random
-#: draws (``benchmarks/telemetry_hooks.py``). The runtime's spans keep an id as the int until
-#: it goes into a trace context, made in one C call (``_pack_context``: the parent's trace id
-#: and the new id; ``_pack_root``: a new trace's), with no ``to_bytes``, slice or join.
+#: draws (``benchmarks/telemetry_hooks.py``). The runtime's spans take an id as the int and
+#: make their context with it in one C call (``_pack_context``: the parent's trace id and the
+#: new id; ``_pack_root``: a new trace's), with no ``to_bytes``, slice or join. An id's bytes
+#: are the int's in this machine's order (``struct``'s native ``Q``: a plain 64-bit store, where
+#: ``>Q`` and ``to_bytes`` go through CPython's generic, slower conversion); ids are opaque,
+#: compared as bytes, never turned back into ints, so the order does not matter.
 _getrandbits = random.getrandbits
 _next_id: Callable[[], int]
 _trace_prefix = b""
 #: ``_pack_context(parent, span_id)``: the 24-byte context of a new span whose parent's context
 #: (24 bytes: the first 16 are taken) is ``parent``, ``span_id`` an int (``_next_id``).
-_pack_context: Final = struct.Struct(">16sQ").pack
+_pack_context: Final = struct.Struct("16sQ").pack
 #: ``_pack_root(_trace_prefix, span_id, span_id)``: the 24-byte context of a new trace's root.
-_pack_root: Final = struct.Struct(">8sQQ").pack
+_pack_root: Final = struct.Struct("8sQQ").pack
+#: ``_pack_id(span_id)``: a span id's 8 bytes (spans made as objects: ``_start_span``).
+_pack_id: Final = struct.Struct("Q").pack
 
 
 def _seed_ids() -> None:
@@ -370,7 +376,7 @@ def _start_span(
     track: str = "",
     lazy: tuple[Any, ...] | None = None,
 ) -> Span:
-    span_id = _next_id().to_bytes(8, "big")
+    span_id = _pack_id(_next_id())
     if remote_parent is not None:
         trace_id, parent_id = remote_parent
     else:
@@ -417,7 +423,7 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
         return _start_span(f"{adverb} {mesh}.{endpoint}", None, None, runtime.label, display, lazy)
     # ``_start_span`` and ``_hot_span`` inlined (two frames less on every call): the caller's
     # span is the parent.
-    span_id = _next_id().to_bytes(8, "big")
+    span_id = _pack_id(_next_id())
     parent = _current_span()
     if parent:
         trace_id, parent_id = parent[:16], parent[16:]
@@ -455,25 +461,31 @@ def send_call_traced(
     reply_port: Any,
     flags: int,
 ) -> None:
-    """``port._post_each(runtime, sender, payload, targets, reply_port, flags, trace)``: the
-    send side of a call (only while ``TRACING``), the fan-out of one adverb of endpoint ``port``
-    (``_mesh.adverbs.Endpoint``: its ``_name``, its mesh's ``_user_name``) to ``len(targets)``
-    actors by ``sender`` (a cell of process runtime ``runtime``) inside a send span, whose trace
-    context ``trace`` (24 bytes) each CALL envelope carries (``_mesh.adverbs`` passes it to
-    ``ProcRuntime.post``), so every endpoint span is its child. A fixed number of arguments
-    (variable ones cost two tuples and an unpacking a call: issue 21).
+    """``runtime.post_calls(sender, targets, endpoint=port._name, reply_port=reply_port,
+    payload=payload, flags=flags, trace=trace)``: the send side of a call (only while
+    ``TRACING``), the fan-out of one adverb of endpoint ``port`` (``_mesh.adverbs.Endpoint``:
+    its ``_name``, its mesh's ``_user_name``) to ``len(targets)`` actors by ``sender`` (a cell
+    of process runtime ``runtime``, a ``ProcRuntime``) inside a send span, whose trace context
+    ``trace`` (24 bytes) each CALL envelope carries, so every endpoint span is its child. What
+    the endpoint's ``_post_each`` does untraced, called here directly (issue 21: one frame less
+    a call), with a fixed number of arguments (variable ones cost two tuples and an unpacking).
 
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
     tuple of what varies (a *row*, ``_row_fields``: made a ``Span`` when read, ``_row_span``)
     to the pending spans. Otherwise it enters ``send_span``.
     """
+    name = port._name
     if _otel._otel_trace is not None or _span_listeners:
-        with send_span(
-            adverb, port._name, port._mesh._user_name, len(targets), runtime, sender
-        ) as made:
-            port._post_each(
-                runtime, sender, payload, targets, reply_port, flags, made.trace_id + made.span_id
+        with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender) as made:
+            runtime.post_calls(
+                sender,
+                targets,
+                endpoint=name,
+                reply_port=reply_port,
+                payload=payload,
+                flags=flags,
+                trace=made.trace_id + made.span_id,
             )
         return
     span_id = _next_id()
@@ -495,19 +507,27 @@ def send_call_traced(
         where = sender._span_where = (_PID, runtime.label or _process_label, display, ident)
     start_ns = _time_ns()
     try:
-        port._post_each(runtime, sender, payload, targets, reply_port, flags, context)
+        runtime.post_calls(
+            sender,
+            targets,
+            endpoint=name,
+            reply_port=reply_port,
+            payload=payload,
+            flags=flags,
+            trace=context,
+        )
     except BaseException as exc:
-        row = (context, parent, start_ns, 0, where, adverb, port._name)
+        row = (context, parent, start_ns, 0, where, adverb, name)
         failed = _row_span((*row, port._mesh._user_name, len(targets)))
         failed._end(exc)
         raise
     _pending.append(
         (
-            context, parent, start_ns, _time_ns(), where, adverb, port._name,
-            port._mesh._user_name, len(targets),
+            context, parent, start_ns, _time_ns(), where, adverb, name, port._mesh._user_name,
+            len(targets),
         )
     )  # fmt: skip
-    if len(_pending) >= SHIP_AT:
+    if len(_pending) >= _kick_at:
         _shipper.kick()
 
 
@@ -521,10 +541,10 @@ def send_call_traced(
 #:   mesh, ranks)``, ``context`` being its 16-byte trace id and 8-byte span id (what its
 #:   envelopes carry), ``parent`` its parent's context (24 bytes: the parent's span id is its
 #:   last 8), or ``b""`` for a root; named ``"ADVERB MESH.ENDPOINT"``, its actor the track;
-#: - a receive span, 7 values: ``(trace, span_id, start_ns, end_ns, where, endpoint, rank)``,
+#: - a receive span, 7 values: ``(trace, context, start_ns, end_ns, where, endpoint, rank)``,
 #:   ``trace`` being the envelope's context (the trace id and the parent's span id),
-#:   ``span_id`` the span's id as an int (``_next_id``); named after the endpoint, its actor
-#:   the track.
+#:   ``context`` its own (the same trace id and its span id: what the calls made in its
+#:   endpoint carry); named after the endpoint, its actor the track.
 #:
 #: Both keep what the hot path has, so that recording a span slices and joins no bytes.
 _SEND_ROW: Final = 9
@@ -544,10 +564,10 @@ def _row_fields(row: Sequence[Any]) -> tuple[Any, ...]:
             thread_id, "ok", "", None, ("send", adverb, endpoint, mesh, ranks, track),
         )  # fmt: skip
     if len(row) == _RECEIVE_ROW:
-        trace, span_id, start_ns, end_ns, where, endpoint, rank = row
+        trace, context, start_ns, end_ns, where, endpoint, rank = row
         os_pid, proc, track, thread_id = where
         return (
-            endpoint, trace[:16], span_id.to_bytes(8, "big"), trace[16:], start_ns, end_ns,
+            endpoint, trace[:16], context[16:], trace[16:], start_ns, end_ns,
             os_pid, proc, track, thread_id, "ok", "", None, ("receive", track, endpoint, rank),
         )  # fmt: skip
     raise ValueError(f"not a span row ({len(row)} values)")
@@ -644,6 +664,11 @@ MAX_BATCH_SPANS: Final = 1024
 #: Finished spans waiting for the shipper at most (the oldest are dropped beyond: only if the
 #: shipper thread cannot keep up).
 MAX_PENDING_SPANS: Final = 16 * SHIP_AT
+#: The pending length at which a finishing span kicks the shipper (``_Shipper.kick``):
+#: ``SHIP_AT``, raised to ``MAX_PENDING_SPANS`` by a kick until the shipper has woken, so that
+#: the spans finishing meanwhile make no call each (before the shipper got the GIL, about one
+#: span in five kicked it again), while a full queue still counts every drop.
+_kick_at = SHIP_AT
 #: Packed batches waiting to be sent on the stream at most (the oldest are dropped beyond).
 MAX_UNSENT_BATCHES: Final = 256
 #: The store of packed spans (this process's own, and those other processes sent to it).
@@ -783,9 +808,7 @@ _Row = tuple[
 ]
 _Where = tuple[int, str, str, int]
 _SendRow = tuple[bytes, bytes, int, int, _Where, str, str, str, int]
-#: A span id as an int (``_next_id``): eight bytes unsigned.
-_SpanIdInt = Annotated[int, msgspec.Meta(ge=0)]  # (msgpack: at most 64 bits)
-_ReceiveRow = tuple[bytes, _SpanIdInt, int, int, _Where, str, int]
+_ReceiveRow = tuple[bytes, bytes, int, int, _Where, str, int]
 _ROW_TYPES: Final[dict[int, Any]] = {16: _Row, _SEND_ROW: _SendRow, _RECEIVE_ROW: _ReceiveRow}
 _decode_rows = msgspec.msgpack.Decoder(list[list[Any]]).decode
 _convert = msgspec.convert
@@ -804,9 +827,9 @@ def decode_batch(data: bytes) -> list[SpanRecord]:
         if len(row) != 16:
             if len(row[0]) != 24:
                 raise ValueError(f"not a packed span batch: a trace context of {len(row[0])} bytes")
-            if len(row) == _SEND_ROW and len(row[1]) not in (0, 24):
+            if len(row[1]) != 24 and (len(row) == _RECEIVE_ROW or row[1]):
                 size = len(row[1])
-                raise ValueError(f"not a packed span batch: a parent context of {size} bytes")
+                raise ValueError(f"not a packed span batch: a second context of {size} bytes")
             row = _row_fields(row)
         (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
         thread_id, status, error, attributes, lazy = row[9:14]
@@ -995,7 +1018,7 @@ class _Shipper:
         """``SHIP_AT`` spans are pending: pack them now (any thread; cheap when repeated). A
         span added while ``MAX_PENDING_SPANS`` were pending pushed the oldest out: counted, and
         the shipper says how many it lost (``dropped_spans``)."""
-        global _dropped
+        global _dropped, _kick_at
         if len(_pending) >= MAX_PENDING_SPANS:
             if self._full:  # it was full before this span came: the oldest went
                 _dropped += 1
@@ -1003,15 +1026,18 @@ class _Shipper:
                 self._full = True
         if not self._kicked:
             self._kicked = True
+            _kick_at = MAX_PENDING_SPANS  # no more kicks until woken, unless full
             if self._thread is None:
                 self.start()
             self._wake.set()
 
     def _run(self) -> None:
+        global _kick_at
         while True:
             kicked = self._wake.wait(SHIP_INTERVAL)
             self._wake.clear()
             self._kicked = False
+            _kick_at = SHIP_AT
             try:
                 if _dropped > _dropped_told:
                     _tell_dropped()
@@ -1228,27 +1254,23 @@ def run_endpoint(
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_call_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
-    traced = False
-    if TRACING:
-        prop = cell.endpoints.get(envelope.endpoint)
-        traced = prop is None or prop._instrument
-    if traced:
+    if TRACING and ((prop := cell.endpoints.get(envelope.endpoint)) is None or prop._instrument):
         trace = envelope.trace
         if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
             return _run_traced_slow(cell, envelope, fn, args, kwargs)
-        span_id = _next_id()
+        context = _pack_context(trace, _next_id())  # the trace id, a new span id
         # The current span while ``fn`` runs: kept on the message's context (the runtime
         # makes one per message, current until it resets it after the call; whatever
         # copied the context meanwhile keeps the span, as it would a context variable's
         # value), without a context-variable switch; set in the variable instead when
         # there is no such context (called from outside the runtime's call path), or a
         # span was entered around this run.
-        token = None
         message = _current_message()
         if message is not None and not message._span and not _current_span_var():
-            message._span = _pack_context(trace, span_id)
+            message._span = context
+            token = None
         else:
-            token = _CURRENT_SPAN.set(_pack_context(trace, span_id))
+            token = _CURRENT_SPAN.set(context)
         start_ns = _time_ns()
         try:
             result = fn(*args, **kwargs)
@@ -1256,7 +1278,7 @@ def run_endpoint(
             _finish_endpoint_ns(
                 envelope.endpoint,
                 start_ns,
-                _receive_span(cell, envelope, span_id, start_ns),
+                _receive_span(cell, envelope, context, start_ns),
                 exc,
             )
             raise
@@ -1264,7 +1286,7 @@ def run_endpoint(
             if token is not None:
                 _CURRENT_SPAN.reset(token)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            current = _receive_span(cell, envelope, span_id, start_ns)
+            current = _receive_span(cell, envelope, context, start_ns)
             return _await_endpoint(result, envelope.endpoint, 0.0, current, _metrics.METRICS, True)
         end_ns = _time_ns()
         endpoint = envelope.endpoint
@@ -1273,8 +1295,8 @@ def run_endpoint(
         if where is None or where[3] != ident:  # made once: an actor's calls on one thread
             label = cell.runtime.label or _process_label
             where = cell._span_where = (_PID, label, cell.display, ident)
-        _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
-        if len(_pending) >= SHIP_AT:
+        _pending.append((trace, context, start_ns, end_ns, where, endpoint, cell.rank))
+        if len(_pending) >= _kick_at:
             _shipper.kick()
         if not _metrics.METRICS:
             return result
@@ -1301,14 +1323,14 @@ def run_endpoint(
     return result
 
 
-def _receive_span(cell: Any, envelope: Envelope, span_id: int, start_ns: int) -> Span:
+def _receive_span(cell: Any, envelope: Envelope, context: bytes, start_ns: int) -> Span:
     """The open receive span ``run_endpoint`` did not make (the body raised, or returned an
-    awaitable): as its fast path would have recorded it (``span_id`` as an int)."""
+    awaitable): as its fast path would have recorded it (``context``: its own)."""
     trace, endpoint, display = envelope.trace, envelope.endpoint, cell.display
     return Span(
         endpoint,
         trace[:16],
-        span_id.to_bytes(8, "big"),
+        context[16:],
         trace[16:],
         start_ns,
         0,
