@@ -109,12 +109,12 @@ class _Cell:
     rank = 0
     runtime = _Runtime()
     endpoints: ClassVar[dict[str, Any]] = {}
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 class _Sender:
     display = "<root>"
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 def metric_trip(m: Any, n: int) -> Trial:

@@ -119,7 +119,7 @@ class _Cell:
     rank = 0
     runtime = _Runtime()
     endpoints: ClassVar[dict[str, Any]] = {}
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 class _Envelope:
@@ -129,7 +129,7 @@ class _Envelope:
 
 class _Sender:
     display = "<root>"
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 class _Endpoint:
