@@ -124,6 +124,7 @@ def set_enabled(on: bool) -> None:
     shipper runs (``_Shipper``)."""
     global TRACING
     TRACING = bool(on)
+    _refresh_plain()  # (``enable_telemetry`` has loaded or unloaded the mirror already)
     if TRACING:
         _shipper.start()
     _metrics.switched()  # the runtime's copies of the switches (``add_switch_listener``)
@@ -474,7 +475,7 @@ def send_call_traced(
     to the pending spans. Otherwise it enters ``send_span``.
     """
     name = port._name
-    if _otel._otel_trace is not None or _span_listeners:
+    if not _PLAIN:
         with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender) as made:
             runtime.post_calls(
                 sender,
@@ -713,7 +714,27 @@ def finished_spans() -> list[Span]:
 def add_span_listener(listener: Callable[[Span], None]) -> Callable[[], None]:
     """Call ``listener(span)`` for every span as it finishes (on the finishing thread; keep it
     short). Returns a function that removes the listener."""
-    return add_listener(_span_listeners, listener)
+    remove = add_listener(_span_listeners, listener)
+    _refresh_plain()
+
+    def removed() -> None:
+        remove()
+        _refresh_plain()
+
+    return removed
+
+
+#: Whether the runtime's spans may be rows (``send_call_traced``, ``run_endpoint``): no span
+#: listener and no OpenTelemetry mirror, which want ``Span`` objects as spans finish. One
+#: global test on the hot path (issue 21), kept by ``_refresh_plain`` when either changes
+#: (``add_span_listener`` and its remover; ``set_enabled``, which ``enable_telemetry`` calls
+#: after loading or unloading the mirror).
+_PLAIN = True
+
+
+def _refresh_plain() -> None:
+    global _PLAIN
+    _PLAIN = _otel._otel_trace is None and not _span_listeners
 
 
 class SpanRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -1273,7 +1294,7 @@ def run_endpoint(
     (``_run_traced_slow``'s ending)."""
     if TRACING and ((prop := cell.endpoints.get(envelope.endpoint)) is None or prop._instrument):
         trace = envelope.trace
-        if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
+        if len(trace) != 24 or not _PLAIN:
             return _run_traced_slow(cell, envelope, fn, args, kwargs)
         context = _pack_context(trace, _next_id())  # the trace id, a new span id
         # The current span while ``fn`` runs: kept on the message's context (the runtime
