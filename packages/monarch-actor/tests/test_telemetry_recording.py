@@ -133,8 +133,8 @@ class _Sender:
 
 
 class _Endpoint:
-    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name
-    and its mesh's."""
+    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name,
+    its mesh's, and its untraced posts (which a span listener's send span goes through)."""
 
     _name = "bump"
     _user_name = "counted"
@@ -142,6 +142,13 @@ class _Endpoint:
     @property
     def _mesh(self) -> _Endpoint:
         return self
+
+    def _post_each(
+        self, runtime: Any, sender: Any, payload: Any, targets: Any, reply_port: Any, flags: int
+    ) -> None:
+        runtime.post_calls(
+            sender, targets, endpoint=self._name, reply_port=reply_port, payload=payload
+        )
 
 
 class _Posting(_Runtime):
@@ -163,8 +170,8 @@ class _Posting(_Runtime):
         trace: bytes | None = None,
     ) -> None:
         assert endpoint == "bump"
-        assert trace is not None
-        self._post(targets, trace)
+        # (``ProcRuntime.post``: no context given, a CALL takes the current span's)
+        self._post(targets, tm_tracing.outgoing_trace(1) if trace is None else trace)
 
 
 def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(

@@ -472,20 +472,13 @@ def send_call_traced(
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
     tuple of what varies (a *row*, ``_row_fields``: made a ``Span`` when read, ``_row_span``)
-    to the pending spans. Otherwise it enters ``send_span``.
+    to the pending spans. Otherwise it enters ``send_span`` around ``port._post_each``, whose
+    envelopes take the entered span's context (``outgoing_trace``, in ``ProcRuntime.post``).
     """
     name = port._name
-    if not _PLAIN:
-        with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender) as made:
-            runtime.post_calls(
-                sender,
-                targets,
-                endpoint=name,
-                reply_port=reply_port,
-                payload=payload,
-                flags=flags,
-                trace=made.trace_id + made.span_id,
-            )
+    if not _PLAIN:  # a ``Span`` wanted at once: entered, the envelopes take its context
+        with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender):
+            port._post_each(runtime, sender, payload, targets, reply_port, flags)
         return
     span_id = _next_id()
     parent = _current_span_var()
