@@ -60,14 +60,14 @@ of 5.
 ``--profile-hooks`` is not a ratio: it wraps each hook the runtime calls (the metric hooks:
 ``on_sent``, ``on_received`` and ``on_enqueued``, which the runtime inlines unless
 ``metrics.HOOKS`` is set, as it is here, and ``call_opened`` / ``call_completed`` of the
-call latency; ``run_endpoint``, ``send_traced``; and ``wrap_endpoint``, ``outgoing_trace``
+call latency; ``run_endpoint``, ``send_call_traced``; and ``wrap_endpoint``, ``outgoing_trace``
 and ``send_span``, which a sync call no longer reaches: rows appear only if they are hit) with a
 ``perf_counter_ns`` pair, makes ``PIPELINE``-deep pipelined calls with metrics on, then with
 tracing on, and prints the median wall nanoseconds per hook call, in the running program
 (caches and threads as they are there, unlike ``telemetry_hooks.py``'s loops). Each figure
 includes one wrapper's own cost, given in the table (an empty function wrapped the same way,
 called on the same path); the ``run_endpoint`` row includes the body, given too (telemetry off,
-the same wrapper around the bare method), and the ``send_traced`` row the posts it makes.
+the same wrapper around the bare method), and the ``send_call_traced`` row the posts it makes.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
     port_hooks = ("call_opened", "call_completed")
     saved_port_hooks = {name: getattr(_metrics, name) for name in port_hooks}
     # The send side the runtime's endpoints call (``send_call_traced`` where the tree has it,
-    # ``send_traced`` before it), shown as ``send_traced`` either way.
+    # ``send_traced`` in older revisions), shown as ``send_call_traced`` either way.
     send_side = "send_call_traced" if hasattr(_tracing, "send_call_traced") else "send_traced"
     saved = (
         _telemetry.run_endpoint,
@@ -333,7 +333,7 @@ def profile_hooks(calls: int) -> dict[str, dict[str, tuple[int, float]]]:
         # Not on a sync call's path any more (async endpoints, the slow paths): shown if hit.
         _telemetry.wrap_endpoint = timed("wrap_endpoint (async endpoints)", saved[1])
         _telemetry.outgoing_trace = timed("outgoing_trace", saved[2])
-        setattr(_tracing, send_side, timed("send_traced (+ the posts)", saved[3]))
+        setattr(_tracing, send_side, timed("send_call_traced (+ the posts)", saved[3]))
         _tracing.send_span = timed("send_span (a listener or the mirror)", saved[4])
 
     def uninstall() -> None:

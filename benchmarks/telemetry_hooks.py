@@ -98,18 +98,23 @@ class _Envelope:
 class _Runtime:
     label = "procs{'gpus': 0/1}"
 
+    def post_calls(self, sender: Any, targets: Any, **posted: Any) -> None:
+        """What ``ProcRuntime.post_calls`` does with the trace context ``send_call_traced``
+        gives it (this tree's; a revision's posts through ``_Port._post_each``)."""
+        _set_trace(targets[0], posted["trace"])
+
 
 class _Cell:
     display = "<root>.<bench.Echo echo{'gpus': 0/1}>"
     rank = 0
     runtime = _Runtime()
     endpoints: ClassVar[dict[str, Any]] = {}
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 class _Sender:
     display = "<root>"
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 def metric_trip(m: Any, n: int) -> Trial:
@@ -137,12 +142,13 @@ def metric_trip(m: Any, n: int) -> Trial:
 
 
 def _set_trace(envelope: _Envelope, trace: bytes) -> None:
-    """What ``ProcRuntime.post`` does with the trace context ``send_traced`` gives it."""
+    """What ``ProcRuntime.post`` does with the trace context ``send_call_traced`` gives it."""
     envelope.trace = trace
 
 
 class _Port:
-    """What ``send_call_traced`` reads of an endpoint: its name, its mesh's, its posts."""
+    """What ``send_call_traced`` reads of an endpoint: its name, its mesh's, and, in revisions
+    that post through it, its ``_post_each``."""
 
     _name = "ping"
     _user_name = "echo"
@@ -157,9 +163,9 @@ class _Port:
 
 
 def send_side(t: Any) -> Callable[[Any, Any, _Envelope], None]:
-    """The send side of one call in tracing module ``t``: ``send_call_traced`` or, before it,
-    ``send_traced`` (the posts inside it are given the span's context), or, in a revision
-    before those, ``send_span`` entered around ``outgoing_trace``."""
+    """The send side of one call in tracing module ``t``: ``send_call_traced`` or, in a
+    revision before it, ``send_traced`` (gone since; the posts inside it are given the span's
+    context), or, in a revision before those, ``send_span`` entered around ``outgoing_trace``."""
     send_call_traced = getattr(t, "send_call_traced", None)
     if send_call_traced is not None:
         port = _Port()

@@ -172,11 +172,11 @@ def test_actor_telemetry_profile_hooks_times_every_hook_in_situ(tmp_path: Path) 
     # A sync call's spans: no wrapper, no ``outgoing_trace`` per envelope, no span object.
     assert per_trip["tracing"] == {
         "(an empty function, wrapped)": 1,
-        "send_traced (+ the posts)": 1,
+        "send_call_traced (+ the posts)": 1,
         "run_endpoint (+ body)": 1,
     }
     assert set(per_trip["off"]) == {"(an empty function, wrapped)", "endpoint body alone"}
-    assert "| tracing | send_traced (+ the posts) |" in proc.stdout
+    assert "| tracing | send_call_traced (+ the posts) |" in proc.stdout
 
 
 def test_actor_telemetry_instructions_per_call_arithmetic() -> None:

@@ -318,9 +318,12 @@ def test_a_malformed_batch_is_refused_and_skipped(
         msgspec.msgpack.encode([["name", "not bytes"]]),
         b"\x92\x01",
         # runtime rows: a receive row whose trace context is short, one with a str for a time,
-        # and eight values (neither a receive nor a send row nor a span)
-        msgspec.msgpack.encode([[b"short", bytes(8), 1, 2, where, "ping", 0]]),
-        msgspec.msgpack.encode([[bytes(24), bytes(8), "1", 2, where, "ping", 0]]),
+        # one whose own context is not 24 bytes, a send row whose parent context is neither 24
+        # bytes nor empty, and eight values (neither a receive nor a send row nor a span)
+        msgspec.msgpack.encode([[b"short", bytes(24), 1, 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(24), "1", 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(8), 1, 2, where, "ping", 0]]),
+        msgspec.msgpack.encode([[bytes(24), bytes(8), 1, 2, where, "call", "y", "x", 1]]),
         msgspec.msgpack.encode([[bytes(24), bytes(8), 1, 2, where, "a", "b", "c"]]),
     ):
         with pytest.raises(ValueError, match="not a packed span batch"):

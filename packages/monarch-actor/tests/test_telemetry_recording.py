@@ -119,7 +119,7 @@ class _Cell:
     rank = 0
     runtime = _Runtime()
     endpoints: ClassVar[dict[str, Any]] = {}
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 
 class _Envelope:
@@ -129,13 +129,55 @@ class _Envelope:
 
 class _Sender:
     display = "<root>"
-    _span_where: tuple[int, str, str, int] | None = None  # as a runtime cell's
+    _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
+
+
+class _Endpoint:
+    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name,
+    its mesh's, and its untraced posts (which a span listener's send span goes through)."""
+
+    _name = "bump"
+    _user_name = "counted"
+
+    @property
+    def _mesh(self) -> _Endpoint:
+        return self
+
+    def _post_each(
+        self, runtime: Any, sender: Any, payload: Any, targets: Any, reply_port: Any, flags: int
+    ) -> None:
+        runtime.post_calls(
+            sender, targets, endpoint=self._name, reply_port=reply_port, payload=payload
+        )
+
+
+class _Posting(_Runtime):
+    """A process runtime whose posts (``post_calls``, as ``send_call_traced`` makes them) go
+    to ``post(targets, trace)``."""
+
+    def __init__(self, post: Callable[[Any, bytes], None]) -> None:
+        self._post = post
+
+    def post_calls(
+        self,
+        sender: Any,
+        targets: Any,
+        *,
+        endpoint: str,
+        reply_port: Any,
+        payload: Any,
+        flags: int = 0,
+        trace: bytes | None = None,
+    ) -> None:
+        assert endpoint == "bump"
+        # (``ProcRuntime.post``: no context given, a CALL takes the current span's)
+        self._post(targets, tm_tracing.outgoing_trace(1) if trace is None else trace)
 
 
 def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
     telemetry: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The send side (``send_traced``) and the receive side (``run_endpoint``) record plain
+    """The send side (``send_call_traced``) and the receive side (``run_endpoint``) record plain
     tuples; read (``finished_spans``, or packed and decoded) they are spans named, linked
     (user span > send span > receive span, one trace) and timed as the objects were."""
     monkeypatch.setattr(tm_tracing, "_pending", collections.deque(maxlen=64))
@@ -143,15 +185,15 @@ def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
     envelope, cell = _Envelope(), _Cell()
     posted: list[bytes] = []
 
-    def post(target: str, trace: bytes) -> None:
-        assert target == "the target"
+    def post(targets: Any, trace: bytes) -> None:
+        assert targets == ["the target"]
         posted.append(trace)
         envelope.trace = trace
 
     before = time.time_ns()
     with span("step") as step:
-        tm_tracing.send_traced(
-            "call_one", "bump", "counted", 1, _Runtime(), _Sender(), post, "the target"
+        tm_tracing.send_call_traced(
+            "call_one", _Endpoint(), _Posting(post), _Sender(), None, ["the target"], None, 0
         )
     assert tm_tracing.run_endpoint(cell, envelope, lambda x: x + 1, (1,), {}) == 2  # type: ignore[arg-type]
     after = time.time_ns()
@@ -190,18 +232,51 @@ def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
     assert latency.sum == pytest.approx(received.duration_s, rel=1e-9, abs=1e-12)
 
 
+def test_a_root_send_row_starts_a_trace_and_its_ids_survive_packing(
+    telemetry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send outside any span is a trace's root (its trace id this process's prefix and its
+    span id, no parent); its receive span is its child; ids are distinct per span; the rows
+    decode to the same records ``finished_spans`` makes of them."""
+    monkeypatch.setattr(tm_tracing, "_pending", collections.deque(maxlen=64))
+    monkeypatch.setattr(tm_tracing, "_spans", collections.deque(maxlen=64))
+    envelope, cell = _Envelope(), _Cell()
+
+    def post(targets: Any, trace: bytes) -> None:
+        envelope.trace = trace
+
+    for _ in range(3):
+        tm_tracing.send_call_traced(
+            "call_one", _Endpoint(), _Posting(post), _Sender(), None, ["one"], None, 0
+        )
+        tm_tracing.run_endpoint(cell, envelope, lambda: None, (), {})  # type: ignore[arg-type]
+    spans = finished_spans()
+    assert [s.name for s in spans] == ["call_one counted.bump", "bump"] * 3
+    assert len({s.span_id for s in spans}) == 6
+    assert all(len(s.span_id) == 8 and len(s.trace_id) == 16 for s in spans)
+    for sent, received in zip(spans[::2], spans[1::2], strict=True):
+        assert sent.parent_id == bytes(8)
+        assert sent.trace_id == tm_tracing._trace_prefix + sent.span_id
+        assert (received.trace_id, received.parent_id) == (sent.trace_id, sent.span_id)
+    assert len({s.trace_id for s in spans}) == 3  # each root send, its own trace
+    packed = tm_tracing.decode_batch(tm_tracing.encode_batch(list(tm_tracing._pending)))
+    assert packed == [tm_tracing.SpanRecord.of(s) for s in spans]
+
+
 def test_a_failed_post_or_body_ends_its_span_with_the_error(
     telemetry: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tm_tracing, "_pending", collections.deque(maxlen=64))
     envelope, cell = _Envelope(), _Cell()
 
-    def refused(trace: bytes) -> None:
+    def refused(targets: Any, trace: bytes) -> None:
         envelope.trace = trace
         raise RuntimeError("mailbox full")
 
     with pytest.raises(RuntimeError, match="mailbox full"):
-        tm_tracing.send_traced("call_one", "bump", "counted", 1, _Runtime(), _Sender(), refused)
+        tm_tracing.send_call_traced(
+            "call_one", _Endpoint(), _Posting(refused), _Sender(), None, ["one"], None, 0
+        )
 
     def body() -> None:
         raise ValueError("bad input")
@@ -225,10 +300,12 @@ def test_with_a_listener_runtime_spans_are_objects_at_once(telemetry: None) -> N
     remove = tm.add_span_listener(seen.append)
     try:
 
-        def post(trace: bytes) -> None:
+        def post(targets: Any, trace: bytes) -> None:
             envelope.trace = trace
 
-        tm_tracing.send_traced("call", "bump", "counted", 2, _Runtime(), _Sender(), post)
+        tm_tracing.send_call_traced(
+            "call", _Endpoint(), _Posting(post), _Sender(), None, ["one", "two"], None, 0
+        )
         tm_tracing.run_endpoint(cell, envelope, lambda: 7, (), {})  # type: ignore[arg-type]
     finally:
         remove()

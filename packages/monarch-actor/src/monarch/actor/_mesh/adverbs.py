@@ -150,9 +150,8 @@ class Endpoint(Generic[P, R]):
         targets: list[tuple[ActorAddr, CastInfo]],
         reply_port: Any,
         flags: int,
-        trace: bytes | None = None,
     ) -> None:
-        # ``trace``: the send span's context for every envelope (``_tracing.send_traced``)
+        # (traced, ``_tracing.send_call_traced`` posts the same itself, with its span's context)
         runtime.post_calls(
             sender,
             targets,
@@ -160,7 +159,6 @@ class Endpoint(Generic[P, R]):
             reply_port=reply_port,
             payload=payload,
             flags=flags,
-            trace=trace,
         )
 
     def _open(self, sink: Any) -> Any:

@@ -169,10 +169,11 @@ class CellBase:
     #: Set once a stop gave up waiting for this actor (``ProcRuntime._fence``): it is retired,
     #: and whatever its thread still tries to send is refused.
     fenced = False
-    #: Where this actor's receive spans ran, ``(os_pid, proc, track, thread_id)``: made by the
-    #: first one (``telemetry.tracing.run_endpoint``), shared by the rest; the send spans it
-    #: makes use it too while it sends from the same thread (``send_traced``).
-    _span_where: tuple[int, str, str, int] | None = None
+    #: Where this actor's receive spans ran, ``(os_pid, proc, track, thread_id, packed)``
+    #: (``packed``: the four packed once, what its span rows carry): made by the first one
+    #: (``telemetry.tracing.run_endpoint``), shared by the rest; the send spans it makes use it
+    #: too while it sends from the same thread (``send_call_traced``).
+    _span_where: tuple[int, str, str, int, msgspec.Raw] | None = None
 
     def __init__(self, runtime: ProcRuntime, path: str, display: str, user_name: str) -> None:
         self.runtime = runtime

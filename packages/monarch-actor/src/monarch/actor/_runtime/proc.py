@@ -381,7 +381,7 @@ class ProcRuntime:
         """Send one envelope from ``sender`` (any thread; FIFO per thread and destination).
         Nothing leaves a fenced process (its lease ran out), nor a fenced actor. ``more``: the
         sender posts again at once (the transport may write this envelope with the next).
-        ``trace``: the envelope's trace context (a send span's: ``_tracing.send_traced``),
+        ``trace``: the envelope's trace context (a send span's: ``_tracing.send_call_traced``),
         else the current span's for a CALL while tracing is on."""
         envelope = self._envelope(
             sender, kind, target, port, endpoint, reply_port, cast, payload, flags, trace

@@ -10,15 +10,16 @@ Perfetto. Spans are made only while ``TRACING`` is on (``enable_telemetry``); wh
 OpenTelemetry mirror is on, each span has a twin there (``otel``).
 
 The runtime's own spans cost little on the call path (issue 21, the overhead target): the send
-side (``send_traced``) and the receive side of a sync call (``run_endpoint``) make no ``Span``
-object. Each reads the clock at its start and end (the receive span's two reads also time the
-endpoint for ``metrics``), the send side hands its 24-byte context straight to the envelopes it
+side (``send_call_traced``) and the receive side of a sync call (``run_endpoint``) make no
+``Span`` object. Each reads the clock at its start and end (the receive span's two reads also
+time the endpoint for ``metrics``), takes its span id as an int and makes its 24-byte context in
+one C call (``_pack_context``), the send side hands that context straight to the envelopes it
 posts (no context-variable switch, no ``outgoing_trace`` per envelope), and the finished span is
-one plain tuple of what varies (a *row*: 7 or 9 values, ``_row_fields``, not ``Span``'s 16)
-appended to ``_pending``; rows are packed as they are (about a third of a ``Span``'s packing
-time) and become ``Span`` objects or records only when read (``finished_spans``,
-``span_records``, ``decode_batch``). The current span is held as its 24-byte context
-(``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
+one plain tuple of what the hot path has (a *row*: 7 or 9 values, ``_row_fields``, not
+``Span``'s 16) appended to ``_pending``; rows are packed as they are (about a third of a
+``Span``'s packing time) and become ``Span`` objects or records only when read
+(``finished_spans``, ``span_records``, ``decode_batch``). The current span is held as its 24-byte
+context (``_CURRENT_SPAN``); while a sync endpoint runs in the runtime's receive span, that span's
 context is kept on the message's ``Context`` instead (no context-variable switch per call), and
 ``_current_span`` reads the variable first, then the message's context. With a span listener or
 the OpenTelemetry mirror set, the runtime makes ``Span`` objects at once, as before.
@@ -57,6 +58,7 @@ import logging
 import operator
 import os
 import random
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
@@ -98,7 +100,6 @@ __all__ = [
     "run_endpoint",
     "send_span",
     "send_call_traced",
-    "send_traced",
     "set_enabled",
     "set_process_label",
     "set_stream",
@@ -123,6 +124,7 @@ def set_enabled(on: bool) -> None:
     shipper runs (``_Shipper``)."""
     global TRACING
     TRACING = bool(on)
+    _refresh_plain()  # (``enable_telemetry`` has loaded or unloaded the mirror already)
     if TRACING:
         _shipper.start()
     _metrics.switched()  # the runtime's copies of the switches (``add_switch_listener``)
@@ -137,8 +139,9 @@ _process_label = "client"
 def _after_fork() -> None:
     """A forked child (the zygote, a worker forked from it, a program's own fork) starts
     with no spans: those in the ring were its parent's."""
-    global _PID, _shipper, _stream, _store_lock, _store_changed, _ship_lock
+    global _PID, _shipper, _stream, _store_lock, _store_changed, _ship_lock, _kick_at
     _PID = os.getpid()
+    _kick_at = SHIP_AT
     _seed_ids()  # after ``random`` reseeded itself (registered first, runs first)
     _spans.clear()
     _pending.clear()
@@ -256,7 +259,7 @@ class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
             self.end_ns = time.time_ns()
             self.status = "ok"
             _pending.append(self)
-            if len(_pending) >= SHIP_AT:
+            if len(_pending) >= _kick_at:
                 _shipper.kick()
             return
         self._end(exc)
@@ -273,7 +276,7 @@ class Span(msgspec.Struct, array_like=True, gc=False, eq=False):
         if self._otel is not None:
             _otel.end_span(self._otel, exc)
         _pending.append(self)
-        if len(_pending) >= SHIP_AT:
+        if len(_pending) >= _kick_at:
             _shipper.kick()
         if not _span_listeners:
             return
@@ -311,11 +314,21 @@ _NO_SPAN: Final = _NoSpan()
 #: Span ids: a counter from a random start (62 bits, drawn again in a forked child), so a span
 #: id is unique in its process, and across processes unless two random starts fall within as
 #: many spans of each other; a root span's trace id is this process's random 8-byte prefix and
-#: its span id. Ids need to be unique, not secret: one ``next`` and one ``to_bytes`` per span
-#: instead of two random draws (``benchmarks/telemetry_hooks.py``).
+#: its span id. Ids need to be unique, not secret: one ``next`` per span instead of two random
+#: draws (``benchmarks/telemetry_hooks.py``). The runtime's spans take an id as the int and
+#: make their context with it in one C call (``_pack_context``: the parent's trace id and the
+#: new id; ``_pack_root``: a new trace's), with no ``to_bytes``, slice or join (about half the
+#: time, in a loop: 145 against 310 ns a span).
 _getrandbits = random.getrandbits
 _next_id: Callable[[], int]
 _trace_prefix = b""
+#: ``_pack_context(parent, span_id)``: the 24-byte context of a new span whose parent's context
+#: (24 bytes: the first 16 are taken) is ``parent``, ``span_id`` an int (``_next_id``).
+_pack_context: Final = struct.Struct(">16sQ").pack
+#: ``_pack_root(_trace_prefix, span_id, span_id)``: the 24-byte context of a new trace's root.
+_pack_root: Final = struct.Struct(">8sQQ").pack
+#: ``_pack_id(span_id)``: a span id's 8 bytes (spans made as objects: ``_start_span``).
+_pack_id: Final = struct.Struct(">Q").pack
 
 
 def _seed_ids() -> None:
@@ -362,7 +375,7 @@ def _start_span(
     track: str = "",
     lazy: tuple[Any, ...] | None = None,
 ) -> Span:
-    span_id = _next_id().to_bytes(8, "big")
+    span_id = _pack_id(_next_id())
     if remote_parent is not None:
         trace_id, parent_id = remote_parent
     else:
@@ -409,7 +422,7 @@ def send_span(adverb: str, endpoint: str, mesh: str, ranks: int, runtime: Any, s
         return _start_span(f"{adverb} {mesh}.{endpoint}", None, None, runtime.label, display, lazy)
     # ``_start_span`` and ``_hot_span`` inlined (two frames less on every call): the caller's
     # span is the parent.
-    span_id = _next_id().to_bytes(8, "big")
+    span_id = _pack_id(_next_id())
     parent = _current_span()
     if parent:
         trace_id, parent_id = parent[:16], parent[16:]
@@ -437,54 +450,6 @@ _time_ns = time.time_ns
 _get_ident = threading.get_ident
 
 
-def send_traced(
-    adverb: str,
-    endpoint: str,
-    mesh: str,
-    ranks: int,
-    runtime: Any,
-    sender: Any,
-    post: Callable[..., None],
-    *args: Any,
-) -> None:
-    """``post(*args, trace)``: the send side of a call (only while ``TRACING``), the fan-out of
-    one adverb to ``ranks`` actors of ``mesh`` by ``sender`` (a cell of process runtime
-    ``runtime``) inside a send span, whose trace context ``trace`` (24 bytes) each CALL envelope
-    carries, so every endpoint span is its child: ``send_call_traced`` for any poster (the
-    runtime's own endpoints call that directly, without this call's variable arguments)."""
-    send_call_traced(
-        adverb, _Poster(endpoint, mesh, post, args), runtime, sender, None, range(ranks), None, 0
-    )
-
-
-class _Poster:
-    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``), for any
-    ``post(*args, trace)`` (``send_traced``)."""
-
-    __slots__ = ("_args", "_mesh", "_name", "_post", "_user_name")
-
-    def __init__(
-        self, endpoint: str, mesh: str, post: Callable[..., None], args: tuple[Any, ...]
-    ) -> None:
-        self._name = endpoint
-        self._user_name = mesh
-        self._mesh = self
-        self._post = post
-        self._args = args
-
-    def _post_each(
-        self,
-        runtime: Any,
-        sender: Any,
-        payload: Any,
-        targets: Any,
-        reply_port: Any,
-        flags: int,
-        trace: bytes,
-    ) -> None:
-        self._post(*self._args, trace)
-
-
 def send_call_traced(
     adverb: str,
     port: Any,
@@ -495,76 +460,106 @@ def send_call_traced(
     reply_port: Any,
     flags: int,
 ) -> None:
-    """``port._post_each(runtime, sender, payload, targets, reply_port, flags, trace)``: the
-    send side of a call (only while ``TRACING``), the fan-out of one adverb of endpoint ``port``
-    (``_mesh.adverbs.Endpoint``: its ``_name``, its mesh's ``_user_name``) to ``len(targets)``
-    actors by ``sender`` (a cell of process runtime ``runtime``) inside a send span, whose trace
-    context ``trace`` (24 bytes) each CALL envelope carries (``_mesh.adverbs`` passes it to
-    ``ProcRuntime.post``), so every endpoint span is its child. A fixed number of arguments:
-    the variable ones of ``send_traced`` cost two tuples and an unpacking a call (issue 21).
+    """``runtime.post_calls(sender, targets, endpoint=port._name, reply_port=reply_port,
+    payload=payload, flags=flags, trace=trace)``: the send side of a call (only while
+    ``TRACING``), the fan-out of one adverb of endpoint ``port`` (``_mesh.adverbs.Endpoint``:
+    its ``_name``, its mesh's ``_user_name``) to ``len(targets)`` actors by ``sender`` (a cell
+    of process runtime ``runtime``, a ``ProcRuntime``) inside a send span, whose trace context
+    ``trace`` (24 bytes) each CALL envelope carries, so every endpoint span is its child. What
+    the endpoint's ``_post_each`` does untraced, called here directly (issue 21: one frame less
+    a call), with a fixed number of arguments (variable ones cost two tuples and an unpacking).
 
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
     tuple of what varies (a *row*, ``_row_fields``: made a ``Span`` when read, ``_row_span``)
-    to the pending spans. Otherwise it enters ``send_span``.
+    to the pending spans. Otherwise it enters ``send_span`` around ``port._post_each``, whose
+    envelopes take the entered span's context (``outgoing_trace``, in ``ProcRuntime.post``).
     """
-    if _otel._otel_trace is not None or _span_listeners:
-        with send_span(
-            adverb, port._name, port._mesh._user_name, len(targets), runtime, sender
-        ) as made:
-            port._post_each(
-                runtime, sender, payload, targets, reply_port, flags, made.trace_id + made.span_id
-            )
+    name = port._name
+    if not _PLAIN:  # a ``Span`` wanted at once: entered, the envelopes take its context
+        with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender):
+            port._post_each(runtime, sender, payload, targets, reply_port, flags)
         return
-    span_id = _next_id().to_bytes(8, "big")
+    span_id = _next_id()
     parent = _current_span_var()
     if not parent:  # ``_current_span`` inlined
         message = _current_message()
         if message is not None:
             parent = message._span
     if parent:
-        context, parent_id = parent[:16] + span_id, parent[16:]
+        context = _pack_context(parent, span_id)
     else:
-        context, parent_id = _trace_prefix + span_id + span_id, _ZERO_SPAN_ID
+        context = _pack_root(_trace_prefix, span_id, span_id)
     ident = _get_ident()
     where = sender._span_where  # a cell's (``_runtime.cell.CellBase``), None until made
     if where is None or where[3] != ident or where[0] != _PID:  # kept while the thread sends
         display = sender.display
         if type(display) is not str:
             display = str(display)
-        where = sender._span_where = (_PID, runtime.label or _process_label, display, ident)
+        where = sender._span_where = _where(runtime.label or _process_label, display, ident)
+    packed = where[4]
     start_ns = _time_ns()
     try:
-        port._post_each(runtime, sender, payload, targets, reply_port, flags, context)
+        runtime.post_calls(
+            sender,
+            targets,
+            endpoint=name,
+            reply_port=reply_port,
+            payload=payload,
+            flags=flags,
+            trace=context,
+        )
     except BaseException as exc:
-        row = (context, parent_id, start_ns, 0, where, adverb, port._name)
+        row = (context, parent, start_ns, 0, packed, adverb, name)
         failed = _row_span((*row, port._mesh._user_name, len(targets)))
         failed._end(exc)
         raise
     _pending.append(
         (
-            context, parent_id, start_ns, _time_ns(), where, adverb, port._name,
-            port._mesh._user_name, len(targets),
+            context, parent, start_ns, _time_ns(), packed, adverb, name, port._mesh._user_name,
+            len(targets),
         )
     )  # fmt: skip
-    if len(_pending) >= SHIP_AT:
+    if len(_pending) >= _kick_at:
         _shipper.kick()
 
 
-#: A finished runtime span as the hot path records it (``send_traced``, ``run_endpoint``): a
+#: A finished runtime span as the hot path records it (``send_call_traced``, ``run_endpoint``): a
 #: *row*, a plain tuple of what varies, packed as it is (``encode_batch``: fewer values than a
 #: ``Span``'s 16 fields, so less to make and to encode per span) and made a ``Span`` or a
 #: ``SpanRecord`` only when read (``_row_span``, ``decode_batch``). ``where`` is ``(os_pid,
-#: proc, track, thread_id)``; the status is ``"ok"``, the error empty.
+#: proc, track, thread_id)``, already packed in a row on the hot path (a ``msgspec.Raw`` made
+#: once per actor and thread: ``_where``), a tuple or list once decoded; the status is
+#: ``"ok"``, the error empty.
 #:
-#: - a send span, 9 values: ``(context, parent_id, start_ns, end_ns, where, adverb, endpoint,
+#: - a send span, 9 values: ``(context, parent, start_ns, end_ns, where, adverb, endpoint,
 #:   mesh, ranks)``, ``context`` being its 16-byte trace id and 8-byte span id (what its
-#:   envelopes carry); named ``"ADVERB MESH.ENDPOINT"``, its actor the track;
-#: - a receive span, 7 values: ``(trace, span_id, start_ns, end_ns, where, endpoint, rank)``,
-#:   ``trace`` being the envelope's context (the trace id and the parent's span id); named
-#:   after the endpoint, its actor the track.
+#:   envelopes carry), ``parent`` its parent's context (24 bytes: the parent's span id is its
+#:   last 8), or ``b""`` for a root; named ``"ADVERB MESH.ENDPOINT"``, its actor the track;
+#: - a receive span, 7 values: ``(trace, context, start_ns, end_ns, where, endpoint, rank)``,
+#:   ``trace`` being the envelope's context (the trace id and the parent's span id),
+#:   ``context`` its own (the same trace id and its span id: what the calls made in its
+#:   endpoint carry); named after the endpoint, its actor the track.
+#:
+#: Both keep what the hot path has, so that recording a span slices and joins no bytes.
 _SEND_ROW: Final = 9
 _RECEIVE_ROW: Final = 7
+
+
+def _where(proc: str, track: str, thread_id: int) -> tuple[int, str, str, int, msgspec.Raw]:
+    """Where a cell's spans run on thread ``thread_id`` of this OS process, as the runtime
+    keeps it on the cell (``CellBase._span_where``): ``(os_pid, proc, track, thread_id,
+    packed)``, ``packed`` being the first four packed (msgpack), what its rows carry: encoded
+    once, not with every span (about a quarter of a row's packing)."""
+    where = (_PID, proc, track, thread_id)
+    return (*where, msgspec.Raw(_encode(where)))
+
+
+def _unpacked_where(where: Any) -> Sequence[Any]:
+    """A row's ``where`` as its four values (a hot-path row's is still packed: ``_where``)."""
+    if type(where) is msgspec.Raw:
+        return _decode(where)  # type: ignore[no-any-return]
+    return where  # type: ignore[no-any-return]
 
 
 def _row_fields(row: Sequence[Any]) -> tuple[Any, ...]:
@@ -572,19 +567,19 @@ def _row_fields(row: Sequence[Any]) -> tuple[Any, ...]:
     tuple, ``_lazy_attributes``) of a row (``_SEND_ROW`` or ``_RECEIVE_ROW`` values);
     ``ValueError`` if it is neither."""
     if len(row) == _SEND_ROW:
-        context, parent_id, start_ns, end_ns, where, adverb, endpoint, mesh, ranks = row
-        os_pid, proc, track, thread_id = where
+        context, parent, start_ns, end_ns, where, adverb, endpoint, mesh, ranks = row
+        os_pid, proc, track, thread_id = _unpacked_where(where)
         return (
-            f"{adverb} {mesh}.{endpoint}", context[:16], context[16:], parent_id, start_ns,
-            end_ns, os_pid, proc, track, thread_id, "ok", "", None,
-            ("send", adverb, endpoint, mesh, ranks, track),
+            f"{adverb} {mesh}.{endpoint}", context[:16], context[16:],
+            parent[16:] if parent else _ZERO_SPAN_ID, start_ns, end_ns, os_pid, proc, track,
+            thread_id, "ok", "", None, ("send", adverb, endpoint, mesh, ranks, track),
         )  # fmt: skip
     if len(row) == _RECEIVE_ROW:
-        trace, span_id, start_ns, end_ns, where, endpoint, rank = row
-        os_pid, proc, track, thread_id = where
+        trace, context, start_ns, end_ns, where, endpoint, rank = row
+        os_pid, proc, track, thread_id = _unpacked_where(where)
         return (
-            endpoint, trace[:16], span_id, trace[16:], start_ns, end_ns, os_pid, proc, track,
-            thread_id, "ok", "", None, ("receive", track, endpoint, rank),
+            endpoint, trace[:16], context[16:], trace[16:], start_ns, end_ns,
+            os_pid, proc, track, thread_id, "ok", "", None, ("receive", track, endpoint, rank),
         )  # fmt: skip
     raise ValueError(f"not a span row ({len(row)} values)")
 
@@ -680,6 +675,11 @@ MAX_BATCH_SPANS: Final = 1024
 #: Finished spans waiting for the shipper at most (the oldest are dropped beyond: only if the
 #: shipper thread cannot keep up).
 MAX_PENDING_SPANS: Final = 16 * SHIP_AT
+#: The pending length at which a finishing span kicks the shipper (``_Shipper.kick``):
+#: ``SHIP_AT``, raised to ``MAX_PENDING_SPANS`` by a kick until the shipper has woken, so that
+#: the spans finishing meanwhile make no call each (before the shipper got the GIL, about one
+#: span in five kicked it again), while a full queue still counts every drop.
+_kick_at = SHIP_AT
 #: Packed batches waiting to be sent on the stream at most (the oldest are dropped beyond).
 MAX_UNSENT_BATCHES: Final = 256
 #: The store of packed spans (this process's own, and those other processes sent to it).
@@ -707,7 +707,27 @@ def finished_spans() -> list[Span]:
 def add_span_listener(listener: Callable[[Span], None]) -> Callable[[], None]:
     """Call ``listener(span)`` for every span as it finishes (on the finishing thread; keep it
     short). Returns a function that removes the listener."""
-    return add_listener(_span_listeners, listener)
+    remove = add_listener(_span_listeners, listener)
+    _refresh_plain()
+
+    def removed() -> None:
+        remove()
+        _refresh_plain()
+
+    return removed
+
+
+#: Whether the runtime's spans may be rows (``send_call_traced``, ``run_endpoint``): no span
+#: listener and no OpenTelemetry mirror, which want ``Span`` objects as spans finish. One
+#: global test on the hot path (issue 21), kept by ``_refresh_plain`` when either changes
+#: (``add_span_listener`` and its remover; ``set_enabled``, which ``enable_telemetry`` calls
+#: after loading or unloading the mirror).
+_PLAIN = True
+
+
+def _refresh_plain() -> None:
+    global _PLAIN
+    _PLAIN = _otel._otel_trace is None and not _span_listeners
 
 
 class SpanRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -838,6 +858,9 @@ def decode_batch(data: bytes) -> list[SpanRecord]:
         if len(row) != 16:
             if len(row[0]) != 24:
                 raise ValueError(f"not a packed span batch: a trace context of {len(row[0])} bytes")
+            if len(row[1]) != 24 and (len(row) == _RECEIVE_ROW or row[1]):
+                size = len(row[1])
+                raise ValueError(f"not a packed span batch: a second context of {size} bytes")
             row = _row_fields(row)
         (name, trace_id, span_id, parent_id, start_ns, end_ns, os_pid, proc, track) = row[:9]
         thread_id, status, error, attributes, lazy = row[9:14]
@@ -1026,7 +1049,7 @@ class _Shipper:
         """``SHIP_AT`` spans are pending: pack them now (any thread; cheap when repeated). A
         span added while ``MAX_PENDING_SPANS`` were pending pushed the oldest out: counted, and
         the shipper says how many it lost (``dropped_spans``)."""
-        global _dropped
+        global _dropped, _kick_at
         if len(_pending) >= MAX_PENDING_SPANS:
             if self._full:  # it was full before this span came: the oldest went
                 _dropped += 1
@@ -1034,15 +1057,18 @@ class _Shipper:
                 self._full = True
         if not self._kicked:
             self._kicked = True
+            _kick_at = MAX_PENDING_SPANS  # no more kicks until woken, unless full
             if self._thread is None:
                 self.start()
             self._wake.set()
 
     def _run(self) -> None:
+        global _kick_at
         while True:
             kicked = self._wake.wait(SHIP_INTERVAL)
             self._wake.clear()
             self._kicked = False
+            _kick_at = SHIP_AT
             try:
                 if _dropped > _dropped_told:
                     _tell_dropped()
@@ -1257,29 +1283,25 @@ def run_endpoint(
     runtime makes per message: ``_current_span``), the clock is read twice (``time.time_ns``: the
     span's start and end, whose difference is also the endpoint latency metrics record: one
     clock for both), and the finished span is one plain tuple appended to the pending spans
-    (``send_traced``). An exception or an awaitable result makes the ``Span`` after all
+    (``send_call_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
-    traced = False
-    if TRACING:
-        prop = cell.endpoints.get(envelope.endpoint)
-        traced = prop is None or prop._instrument
-    if traced:
+    if TRACING and ((prop := cell.endpoints.get(envelope.endpoint)) is None or prop._instrument):
         trace = envelope.trace
-        if len(trace) != 24 or _otel._otel_trace is not None or _span_listeners:
+        if len(trace) != 24 or not _PLAIN:
             return _run_traced_slow(cell, envelope, fn, args, kwargs)
-        span_id = _next_id().to_bytes(8, "big")
+        context = _pack_context(trace, _next_id())  # the trace id, a new span id
         # The current span while ``fn`` runs: kept on the message's context (the runtime
         # makes one per message, current until it resets it after the call; whatever
         # copied the context meanwhile keeps the span, as it would a context variable's
         # value), without a context-variable switch; set in the variable instead when
         # there is no such context (called from outside the runtime's call path), or a
         # span was entered around this run.
-        token = None
         message = _current_message()
         if message is not None and not message._span and not _current_span_var():
-            message._span = trace[:16] + span_id
+            message._span = context
+            token = None
         else:
-            token = _CURRENT_SPAN.set(trace[:16] + span_id)
+            token = _CURRENT_SPAN.set(context)
         start_ns = _time_ns()
         try:
             result = fn(*args, **kwargs)
@@ -1287,7 +1309,7 @@ def run_endpoint(
             _finish_endpoint_ns(
                 envelope.endpoint,
                 start_ns,
-                _receive_span(cell, envelope, span_id, start_ns),
+                _receive_span(cell, envelope, context, start_ns),
                 exc,
             )
             raise
@@ -1295,7 +1317,7 @@ def run_endpoint(
             if token is not None:
                 _CURRENT_SPAN.reset(token)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
-            current = _receive_span(cell, envelope, span_id, start_ns)
+            current = _receive_span(cell, envelope, context, start_ns)
             return _await_endpoint(result, envelope.endpoint, 0.0, current, _metrics.METRICS, True)
         end_ns = _time_ns()
         endpoint = envelope.endpoint
@@ -1303,9 +1325,9 @@ def run_endpoint(
         where = cell._span_where
         if where is None or where[3] != ident:  # made once: an actor's calls on one thread
             label = cell.runtime.label or _process_label
-            where = cell._span_where = (_PID, label, cell.display, ident)
-        _pending.append((trace, span_id, start_ns, end_ns, where, endpoint, cell.rank))
-        if len(_pending) >= SHIP_AT:
+            where = cell._span_where = _where(label, cell.display, ident)
+        _pending.append((trace, context, start_ns, end_ns, where[4], endpoint, cell.rank))
+        if len(_pending) >= _kick_at:
             _shipper.kick()
         if not _metrics.METRICS:
             return result
@@ -1332,14 +1354,14 @@ def run_endpoint(
     return result
 
 
-def _receive_span(cell: Any, envelope: Envelope, span_id: bytes, start_ns: int) -> Span:
+def _receive_span(cell: Any, envelope: Envelope, context: bytes, start_ns: int) -> Span:
     """The open receive span ``run_endpoint`` did not make (the body raised, or returned an
-    awaitable): as its fast path would have recorded it."""
+    awaitable): as its fast path would have recorded it (``context``: its own)."""
     trace, endpoint, display = envelope.trace, envelope.endpoint, cell.display
     return Span(
         endpoint,
         trace[:16],
-        span_id,
+        context[16:],
         trace[16:],
         start_ns,
         0,
