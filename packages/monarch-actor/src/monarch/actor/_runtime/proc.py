@@ -603,8 +603,9 @@ class ProcRuntime:
             cell = self.cells.get(path)
         if cell is None:
             # Every envelope not for a live actor is counted here, once (a parked call is not
-            # counted again when routed); one for a live actor where it is enqueued, with the
-            # mailbox depth. (The same tests as one count per route, on the way to a live actor.)
+            # counted again when routed); a call to a live actor with its mailbox depth, one
+            # tick, and any other envelope to one before its payload is decoded (below). (The
+            # same tests on the way to a live actor as one count per route took.)
             if _INLINE and received:
                 _count_received(env)
             if kind == MessageKind.SPAWN:
@@ -645,6 +646,8 @@ class ProcRuntime:
             elif _HOOKED:
                 _telemetry.on_enqueued(len(cell.mailbox._items))
         else:
+            if _INLINE and received:  # before its payload is decoded: a malformed one too
+                _count_received(env)
             if kind == MessageKind.STOP:
                 item = _StopItem("stopped by its owner", env)
                 self.loop.loop.call_later(
@@ -659,7 +662,7 @@ class ProcRuntime:
             else:  # UNDELIVERABLE
                 item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
             if _INLINE:
-                _count_enqueued(env, len(cell.mailbox._items), received)
+                _count_enqueued(env, len(cell.mailbox._items), False)
             elif _HOOKED:
                 _telemetry.on_enqueued(len(cell.mailbox._items))
         if not cell.enqueue(item, force=kind != _CALL):
