@@ -48,7 +48,7 @@ def test_a_name_is_imported_on_first_use_and_then_kept(facade: types.ModuleType)
     thing = facade.Thing
     assert thing is sys.modules[TARGET].Thing
     assert vars(facade)["Thing"] is thing  # cached: later look-ups never reach __getattr__
-    sys.modules[TARGET].Thing = object()
+    vars(sys.modules[TARGET])["Thing"] = object()
     assert facade.Thing is thing
     assert facade.VALUE == 42
     assert "VALUE" in vars(facade)

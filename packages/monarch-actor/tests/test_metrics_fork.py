@@ -7,7 +7,7 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,20 +18,10 @@ from monarch.actor._runtime.telemetry import metrics as tm_metrics
 TIMEOUT = 30.0
 
 
-@pytest.fixture
-def metrics_on() -> Iterator[None]:
-    tm.enable_telemetry(metrics=True, tracing=False)
-    tm.reset_metrics()
-    try:
-        yield
-    finally:
-        tm.disable_telemetry()
-        tm.reset_metrics()
-
-
 def _fork_while_held(lock: Any) -> bytes:
-    """Fork while another thread holds ``lock``; the child records, folds and reads metrics
-    and writes ``ok`` (bounded: a child stuck on a lock is killed and the answer is empty)."""
+    """Fork while another thread holds ``lock``; the child registers an instrument, records,
+    folds and reads metrics, resets them and writes ``ok`` (bounded: a child stuck on a lock
+    is killed and the answer is empty)."""
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -48,7 +38,6 @@ def _fork_while_held(lock: Any) -> bytes:
         if pid == 0:  # the child: use metrics, answer, out without cleanup
             try:
                 tm.get_meter("fork-test").create_counter("fork_test.count").add(1)
-                tm_metrics.on_supervision("failed", "user")
                 points = tm.metrics_snapshot()
                 tm.reset_metrics()
                 os.write(write, b"ok" if "fork_test.count" in points else b"no")
@@ -77,11 +66,11 @@ LOCKS: dict[str, Callable[[], Any]] = {
 
 
 @pytest.mark.parametrize("which", sorted(LOCKS))
-def test_a_child_forked_while_a_lock_is_held_uses_metrics(metrics_on: None, which: str) -> None:
+def test_a_child_forked_while_a_lock_is_held_uses_metrics(which: str) -> None:
     assert _fork_while_held(LOCKS[which]()) == b"ok"
 
 
-def test_the_runtime_instruments_still_share_one_lock_in_a_child(metrics_on: None) -> None:
+def test_the_runtime_instruments_still_share_one_lock_in_a_child() -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:

@@ -5,8 +5,10 @@ does not decode included."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -18,6 +20,9 @@ from monarch.actor._runtime import telemetry as tm
 from monarch.actor._runtime.client import new_local_runtime
 from monarch.actor._runtime.telemetry import metrics as tm_metrics
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared stand-ins, by name
+from fake_cells import FakeCell
+
 MALFORMED = b"\xc1"  # never valid msgpack
 
 
@@ -27,23 +32,6 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[rt.ProcRuntime]:
     runtime = new_local_runtime("counting")
     yield runtime
     runtime.close()
-
-
-class _FakeMailbox:
-    def __init__(self) -> None:
-        self._items: list[object] = []
-
-
-class _FakeCell:
-    """A live actor: takes every item."""
-
-    def __init__(self) -> None:
-        self.items: list[object] = []
-        self.mailbox = _FakeMailbox()
-
-    def enqueue(self, item: object, force: bool = False) -> bool:
-        self.items.append(item)
-        return True
 
 
 class _FakeRoot:
@@ -87,7 +75,7 @@ def test_every_route_counts_a_received_envelope_once(
     event = FailureEvent(
         category="user", kind="failed", actor="a", mesh_name="m", rank=0, reason="x"
     )
-    cell, root = _FakeCell(), _FakeRoot()
+    cell, root = FakeCell(), _FakeRoot()
     runtime.cells["alive"] = cell  # type: ignore[assignment]
     runtime.root = root  # type: ignore[assignment]
     tm.enable_telemetry(metrics=True, tracing=False)
