@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,9 @@ from monarch.actor._runtime import proc as rt
 from monarch.actor._runtime import telemetry as tm
 from monarch.actor._runtime.client import new_local_runtime
 from monarch.actor._runtime.sinks import Reply, decode_reply, gather_future
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared stand-ins, by name
+from fake_cells import FakeCell
 
 
 @pytest.fixture
@@ -58,26 +63,9 @@ def test_call_to_an_actor_that_never_arrives_is_rejected_after_the_park_timeout(
     assert not runtime._parked
 
 
-class _FakeMailbox:
-    def __init__(self) -> None:
-        self._items: list[object] = []
-
-
-class _FakeCell:
-    """Stands in for an actor cell that appears after the calls were parked."""
-
-    def __init__(self) -> None:
-        self.items: list[object] = []
-        self.mailbox = _FakeMailbox()  # (its depth, with metrics on)
-
-    def enqueue(self, item: object, force: bool = False) -> bool:
-        self.items.append(item)
-        return True
-
-
-def _spawn_lands(runtime: rt.ProcRuntime, path: str) -> _FakeCell:
+def _spawn_lands(runtime: rt.ProcRuntime, path: str) -> FakeCell:
     """An actor appears at ``path`` (a fake cell) and the calls parked for it are routed."""
-    cell = _FakeCell()
+    cell = FakeCell()
     done = threading.Event()
 
     def spawn_lands() -> None:

@@ -7,9 +7,10 @@ no stability promise. Everything here is pure Python without I/O.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
+
+from chrysalis._lazy import lazy_exports
 
 # --- wire types: identities, connection IDs, carrier addresses, their errors ---------------
 from chrysalis.core._addr import (
@@ -40,9 +41,10 @@ from chrysalis.core._pid import LINK_ID_LEN, PID_LEN, Pid, PidPrefix
 
 # --- plugin hookspecs -------------------------------------------------------------------------
 # The hook contracts live in the public submodule ``chrysalis.core.hookspecs``. The plugin names
-# load on first use (``__getattr__`` below, ``_LAZY``): the registry imports pluggy and builds a
-# dozen dataclasses, and a process that only speaks the wire protocol (``chrysalis ls``) never
-# looks a plugin up (issue 22, item 5). The ``TYPE_CHECKING`` imports show them to type checkers.
+# load on first use (``__getattr__`` below: ``_LAZY`` through ``chrysalis._lazy``): the registry
+# imports pluggy and builds a dozen dataclasses, and a process that only speaks the wire protocol
+# (``chrysalis ls``) never looks a plugin up (issue 22, item 5). The ``TYPE_CHECKING`` imports
+# show them to type checkers.
 if TYPE_CHECKING:
     from chrysalis.core._plugin_types import (
         AddressResolverSpec,
@@ -85,22 +87,7 @@ _SUBMODULES: Final = frozenset({"hookspecs"})
 """Public submodules that ``__init__`` imported before the plugin names became lazy, still
 reachable as attributes of the package (imported on first use)."""
 
-
-def __getattr__(name: str) -> object:
-    if name in _SUBMODULES:  # ``chrysalis.core.hookspecs`` after a plain ``import chrysalis.core``
-        __import__(f"{__name__}.{name}")
-        return sys.modules[f"{__name__}.{name}"]
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    __import__(module)
-    value: object = getattr(sys.modules[module], name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY, _SUBMODULES)
 
 
 # Public wire classes claim the facade as their module, so reprs, docs and pickles name

@@ -8,8 +8,9 @@ imported lazily so that neither runtime is a hard dependency.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from chrysalis._lazy import lazy_exports
 from chrysalis.datagram._route import (
     DEFAULT_MAX_ROUTES,
     Dropped,
@@ -121,19 +122,6 @@ _LAZY = {
     "TrioDatagramSocket": "chrysalis.datagram._trio",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Import the runtime adapters (trio is an optional dependency) and the in-process carrier
-    on first use."""
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
+"""Import the runtime adapters (trio is an optional dependency) and the in-process carrier on
+first use (``chrysalis._lazy``)."""

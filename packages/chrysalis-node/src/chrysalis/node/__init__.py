@@ -13,8 +13,6 @@ in QUIC, TLS and the nameserver unless it uses them (issue 22, item 5).
 
 from __future__ import annotations
 
-import sys
-
 TYPE_CHECKING = False  # not typing's: the CLI's thin path imports no typing (issue 22, item 5)
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -88,15 +86,16 @@ _LAZY: Final[Mapping[str, str]] = {
 """Where each public name is defined."""
 
 
+# The shared helper (``chrysalis._lazy``) is imported at the first look-up of a missing name, not
+# with the package: a command the agent answers imports this package and no name from it, and
+# nothing beyond its thin client (``tests/test_cli_start.py``, ``THIN_IMPORTS``).
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    __import__(module)  # not importlib (it imports warnings): see TYPE_CHECKING above
-    value: object = getattr(sys.modules[module], name)
-    globals()[name] = value
-    return value
+    from chrysalis._lazy import lazy_exports
+
+    return lazy_exports(globals(), _LAZY)[0](name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    from chrysalis._lazy import lazy_exports
+
+    return lazy_exports(globals(), _LAZY)[1]()

@@ -9,8 +9,9 @@ adapters (``AsyncioEndpoint``, ``TrioEndpoint``) and ``QuicTransport``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from chrysalis._lazy import lazy_exports
 from chrysalis.quic._asyncio import (
     AsyncioConnection,
     AsyncioEndpoint,
@@ -198,14 +199,6 @@ _LAZY = {
     "TrioStream": "chrysalis.quic._trio",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Import the trio adapter and the qh3 engine on first use (optional dependencies)."""
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
+"""Import the trio adapter and the qh3 engine on first use (optional dependencies;
+``chrysalis._lazy``)."""

@@ -15,8 +15,9 @@ what the worker loop needs (see ``_host_worker``), not for the client's side of 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from chrysalis._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from monarch.job._job import (
@@ -62,15 +63,4 @@ __all__ = [
     "SlurmJob",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'monarch.job' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _WHERE)

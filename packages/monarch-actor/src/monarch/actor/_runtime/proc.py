@@ -591,26 +591,32 @@ class ProcRuntime:
             )
             self._deliver_port(env.port, reply)
             return
-        if kind == MessageKind.SPAWN:
-            if _INLINE and received:
-                _count_received(env)
-            self._spawn(env, buffers)
-            return
-        if kind == MessageKind.STOP_PROC:
-            if _INLINE and received:
-                _count_received(env)
-            self._stop_proc(env)
-            return
         path = env.target.path
-        if path == "root" and self.root is not None:
+        cell: ActorCell | None
+        if (
+            kind == MessageKind.SPAWN
+            or kind == MessageKind.STOP_PROC
+            or (path == "root" and self.root is not None)
+        ):
+            cell = None  # the process's own and the root client's envelopes, routed below
+        else:
+            cell = self.cells.get(path)
+        if cell is None:
+            # Every envelope not for a live actor is counted here, once (a parked call is not
+            # counted again when routed); a call to a live actor with its mailbox depth, one
+            # tick, and any other envelope to one before its payload is decoded (below). (The
+            # same tests on the way to a live actor as one count per route took.)
             if _INLINE and received:
                 _count_received(env)
-            self._to_root(env)
-            return
-        cell = self.cells.get(path)
-        if cell is None:
-            if _INLINE and received:  # (a parked call is not counted again when routed)
-                _count_received(env)
+            if kind == MessageKind.SPAWN:
+                self._spawn(env, buffers)
+                return
+            if kind == MessageKind.STOP_PROC:
+                self._stop_proc(env)
+                return
+            if path == "root" and self.root is not None:
+                self._to_root(env)
+                return
             if not path and kind == MessageKind.SUPERVISION:  # a process-death notice
                 notice = msgspec.msgpack.decode(env.payload, type=ProcDeath)
                 self.proc_died(notice.pid, notice.reason, fenced=notice.fenced)
@@ -640,6 +646,8 @@ class ProcRuntime:
             elif _HOOKED:
                 _telemetry.on_enqueued(len(cell.mailbox._items))
         else:
+            if _INLINE and received:  # before its payload is decoded: a malformed one too
+                _count_received(env)
             if kind == MessageKind.STOP:
                 item = _StopItem("stopped by its owner", env)
                 self.loop.loop.call_later(
@@ -654,7 +662,7 @@ class ProcRuntime:
             else:  # UNDELIVERABLE
                 item = _BounceItem(msgspec.msgpack.decode(env.payload, type=_Bounce))
             if _INLINE:
-                _count_enqueued(env, len(cell.mailbox._items), received)
+                _count_enqueued(env, len(cell.mailbox._items), False)
             elif _HOOKED:
                 _telemetry.on_enqueued(len(cell.mailbox._items))
         if not cell.enqueue(item, force=kind != _CALL):

@@ -42,6 +42,7 @@ import bisect
 import collections
 import contextlib
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -890,3 +891,20 @@ def on_supervision(event: str, category: str) -> None:
     """A supervision record was made (``records``)."""
     if METRICS:
         _supervision.add(1, {"event": event, "category": category})
+
+
+def _after_fork() -> None:
+    """A forked child (the zygote, a worker forked from it, a program's own fork) gets new
+    locks: one held by another thread of the parent at the fork (a fold, a snapshot, a reset,
+    a registration) would stay held in the child, whose next hook fold or snapshot would wait
+    for good; that thread is not here. The values are the parent's, as they stood."""
+    global _HOOK_LOCK, _instruments_lock, _opened_lock
+    shared = _HOOK_LOCK
+    _HOOK_LOCK = threading.Lock()
+    _instruments_lock = threading.Lock()
+    _opened_lock = threading.Lock()
+    for instrument in _instruments.values():
+        instrument._lock = _HOOK_LOCK if instrument._lock is shared else threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
