@@ -128,6 +128,8 @@ LABELS: Final = {
 }
 GOAL_CASES: Final = ("ls", "ls_agent", "ls_agent_script", "ls_autostart", "ls_second")
 """The rows issue 22's 3x goal applies to."""
+
+
 def imports_program(modules: Sequence[str]) -> str:
     """The imports row's program: ``modules`` (those an ``ls`` imported, in its order) imported
     inside ``chrysalis._startup.import_window()``, the window ``chrysalis.node._cli.main`` opens
@@ -153,7 +155,9 @@ def ls_modules(ls: Sequence[str], env: dict[str, str]) -> list[str]:
         env=env,
     )
     if proc.returncode != 0:
-        raise BenchmarkError(f"ls -X importtime exited with {proc.returncode}: {proc.stderr[-2000:]}")
+        raise BenchmarkError(
+            f"ls -X importtime exited with {proc.returncode}: {proc.stderr[-2000:]}"
+        )
     modules: list[str] = []
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and line.count("|") == 2:
