@@ -7,16 +7,24 @@ uses TLS 1.3 only to authenticate the owner (its certificate pinned by the conne
 and to exchange one fresh AES-256-GCM key and nonce prefix per direction (``_netwire``'s
 ``SealHello``, inside TLS); then the same TCP connection carries records of up to
 ``SEAL_MAX_RECORD`` (256 KiB) sealed with ``cryptography``'s ``AESGCM`` (which releases the
-GIL): two ``recv_into`` per record (head, then body) and one ``decrypt_into``, 256 records per
-64 MiB instead of 4,100. The record
-layout, nonces and associated data are ``_netwire``'s (version 1).
+GIL): 256 records per 64 MiB instead of 4,100. The record layout, nonces and associated data
+are ``_netwire``'s (version 1).
+
+Per record, as few steps as the format allows: the receiver reads a record's rest together
+with the next record's head when it has come (``recv_into`` for at most a head's 8 bytes beyond
+the record, so nothing else is ever carried over), so back-to-back records cost one
+``recv_into`` each, not a head's and then the body's; a small head that precedes data (a
+read's reply head, a write's request header) is still a record of its own but leaves in the
+same ``sendall`` as the data's first record (``send_headed``); the socket's timeout is set only
+when it changes (each ``settimeout`` is a system call).
 
 A record's plaintext is verified before any of it reaches the caller's memory: it is decrypted
-into a buffer of the stream and copied out only when its tag checked, so a tampered record
-writes nothing into a destination (AES-GCM is a stream cipher: decrypting a forged record in
-place would flip the bits an attacker chose before the tag failed). A record that fails is a
-``WireError`` and the connection is unusable from then on (the lane closes it). Memory: three
-buffers of a record each per connection (768 KiB), nothing else.
+in place in the stream's receive buffer and copied out only when its tag checked, so a
+tampered record writes nothing into a destination (AES-GCM is a stream cipher:
+``decrypt_into`` a destination leaves there the forged plaintext, bits an attacker chose, when
+the tag fails; checked with ``cryptography`` 50). A record that fails is a ``WireError`` and
+the connection is unusable from then on (the lane closes it). Memory: two buffers of a record
+each per connection (about 516 KiB), nothing else.
 
 ``SealedStream`` offers the subset of a socket's interface the lanes use (``sendall``,
 ``recv_into``, ``settimeout``, ``close``; ``raw`` is the TCP socket, which a cancellation shuts
