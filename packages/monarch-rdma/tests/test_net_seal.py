@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import os
 import select
 import socket
@@ -24,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.rdma._netlane import Endpoint, LanePool, LaneServer, OwnerGone
-from monarch.rdma._netseal import SealedStream, TruncatedRecord, client_handshake
+from monarch.rdma._netseal import SEAL_HEADED, SealedStream, TruncatedRecord, client_handshake
 from monarch.rdma._netwire import (
     SEAL_HEAD_SIZE,
     SEAL_HELLO_SIZE,
@@ -208,6 +209,77 @@ def test_a_head_announcing_more_than_a_record_is_refused_before_its_body() -> No
     _, failure = _receive(wire, 10)
     assert isinstance(failure, WireError)
     assert "sealed record of" in str(failure)
+
+
+class _Counting(_Capture):
+    """A ``_Capture`` that counts the system calls a stream makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def sendall(self, data: Any) -> None:
+        self.calls += 1
+        super().sendall(data)
+
+
+@pytest.mark.parametrize(
+    ("head_size", "size"),
+    [(9, 0), (45, 1), (45, 4096), (2880, 2 * 4096 + 3), (SEAL_HEADED, 5), (SEAL_HEADED + 1, 5000)],
+)
+def test_a_headed_send_is_two_sends_in_fewer_system_calls(head_size: int, size: int) -> None:
+    head, payload = os.urandom(head_size), os.urandom(size)
+    sender = SealedStream(_Counting(), _KEYS[0], _KEYS[1], 4096)  # type: ignore[arg-type]
+    sender.send_headed(head, payload)
+    capture: _Counting = sender.raw  # type: ignore[assignment]
+    head_records = -(-head_size // 4096) if head_size > SEAL_HEADED else 1
+    data_records = -(-size // 4096)
+    assert len(_records(bytes(capture.data))) == head_records + data_records
+    # A head that fits leaves with the data's first record; a larger one in records of its own.
+    assert capture.calls == (head_records if head_size > SEAL_HEADED else 0) + max(data_records, 1)
+    dst, failure = _receive(bytes(capture.data), head_size + size)
+    assert failure is None
+    assert dst == head + payload
+
+
+class _Trickle:
+    """A fake socket that hands out ``wire`` a few bytes per ``recv_into`` and checks that the
+    receiver never asks for more than the rest of the record it is in and the next record's
+    head (the peer may send nothing more before it has an answer)."""
+
+    def __init__(self, wire: bytes, step: int) -> None:
+        self.wire, self.at, self.step = wire, 0, step
+        self.ends = list(itertools.accumulate(len(r) for r in _records(wire)))
+
+    def recv_into(self, view: memoryview, nbytes: int) -> int:
+        within = [end for end in self.ends if end > self.at]
+        if within:  # inside a record, or at its start (then at least its head is asked for)
+            assert nbytes <= within[0] - self.at + SEAL_HEAD_SIZE, (nbytes, self.at, within[0])
+        k = min(nbytes, self.step, len(self.wire) - self.at, view.nbytes)
+        view[:k] = self.wire[self.at : self.at + k]
+        self.at += k
+        return k
+
+
+@pytest.mark.parametrize("step", [1, 3, 8, 33, 1 << 20])
+def test_records_read_a_few_bytes_at_a_time_or_all_at_once_come_out_whole(step: int) -> None:
+    payloads = [os.urandom(9), os.urandom(45), os.urandom(300_000), os.urandom(17)]
+    sender = SealedStream(_Capture(), _KEYS[0], _KEYS[1])  # type: ignore[arg-type]
+    sender.send_headed(payloads[0], payloads[2])
+    sender.sendall(payloads[1])
+    sender.sendall(payloads[3])
+    wire: bytearray = sender.raw.data  # type: ignore[attr-defined]
+    raw = _Trickle(bytes(wire), step)
+    receiver = SealedStream(raw, _KEYS[1], _KEYS[0])  # type: ignore[arg-type]
+    dst = bytearray(sum(len(p) for p in payloads))
+    view, got = memoryview(dst), 0
+    while got < len(dst):
+        k = receiver.recv_into(view[got:])
+        assert k > 0
+        got += k
+    assert dst == payloads[0] + payloads[2] + payloads[1] + payloads[3]
+    assert receiver.recv_into(bytearray(1)) == 0  # a clean end between records
+    assert raw.at == len(wire)
 
 
 # -- the lane through a man in the middle -------------------------------------------------------

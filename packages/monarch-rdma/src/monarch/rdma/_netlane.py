@@ -170,6 +170,16 @@ def host_addresses() -> tuple[str, ...]:
     return tuple(found)
 
 
+def _send_headed(sock: _Stream, head: bytes | bytearray, data: memoryview) -> None:
+    """``head`` then ``data``; on the TLS lane the head's record leaves in the same system call
+    as the data's first record."""
+    if isinstance(sock, SealedStream):
+        sock.send_headed(head, data)
+    else:
+        sock.sendall(head)
+        sock.sendall(data)
+
+
 def _recv_exact(sock: _Stream, n: int) -> bytes:
     data = bytearray(n)
     _recv_into_all(sock, memoryview(data))
@@ -356,8 +366,8 @@ class LaneServer:
                 conn.sendall(encode_error(error))
                 return True
             assert isinstance(found, memoryview)
-            conn.sendall(encode_ok(request.length))
-            conn.sendall(found[request.offset : request.offset + request.length])
+            data = found[request.offset : request.offset + request.length]
+            _send_headed(conn, encode_ok(request.length), data)
             return True
         if error is not None:
             _drain(conn, request.length)  # stay in step: the payload follows the header
@@ -617,9 +627,8 @@ class LanePool:
                         request.secret,
                     )  # fmt: skip
                     if request.op is Op.WRITE:
-                        sock.sendall(heads)
+                        _send_headed(sock, heads, request.view)
                         heads.clear()
-                        sock.sendall(request.view)
                 if heads:
                     sock.sendall(heads)
                 if not inflight:
@@ -662,9 +671,11 @@ class LanePool:
             sock = conn.sock
             sock.settimeout(IO_TIMEOUT)
             length = 0 if op is Op.DROP else view.nbytes
-            sock.sendall(encode_request(op, region, offset, length, secret))
+            head = encode_request(op, region, offset, length, secret)
             if op is Op.WRITE:
-                sock.sendall(view)
+                _send_headed(sock, head, view)
+            else:
+                sock.sendall(head)
             reply = decode_reply(_recv_exact(sock, REPLY_SIZE))
             replied = True
             if not reply.ok:

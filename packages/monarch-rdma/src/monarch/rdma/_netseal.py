@@ -7,16 +7,24 @@ uses TLS 1.3 only to authenticate the owner (its certificate pinned by the conne
 and to exchange one fresh AES-256-GCM key and nonce prefix per direction (``_netwire``'s
 ``SealHello``, inside TLS); then the same TCP connection carries records of up to
 ``SEAL_MAX_RECORD`` (256 KiB) sealed with ``cryptography``'s ``AESGCM`` (which releases the
-GIL): two ``recv_into`` per record (head, then body) and one ``decrypt_into``, 256 records per
-64 MiB instead of 4,100. The record
-layout, nonces and associated data are ``_netwire``'s (version 1).
+GIL): 256 records per 64 MiB instead of 4,100. The record layout, nonces and associated data
+are ``_netwire``'s (version 1).
+
+Per record, as few steps as the format allows: the receiver reads a record's rest together
+with the next record's head when it has come (``recv_into`` for at most a head's 8 bytes beyond
+the record, so nothing else is ever carried over), so back-to-back records cost one
+``recv_into`` each, not a head's and then the body's; a small head that precedes data (a
+read's reply head, a write's request header) is still a record of its own but leaves in the
+same ``sendall`` as the data's first record (``send_headed``); the socket's timeout is set only
+when it changes (each ``settimeout`` is a system call).
 
 A record's plaintext is verified before any of it reaches the caller's memory: it is decrypted
-into a buffer of the stream and copied out only when its tag checked, so a tampered record
-writes nothing into a destination (AES-GCM is a stream cipher: decrypting a forged record in
-place would flip the bits an attacker chose before the tag failed). A record that fails is a
-``WireError`` and the connection is unusable from then on (the lane closes it). Memory: three
-buffers of a record each per connection (768 KiB), nothing else.
+in place in the stream's receive buffer and copied out only when its tag checked, so a
+tampered record writes nothing into a destination (AES-GCM is a stream cipher:
+``decrypt_into`` a destination leaves there the forged plaintext, bits an attacker chose, when
+the tag fails; checked with ``cryptography`` 50). A record that fails is a ``WireError`` and
+the connection is unusable from then on (the lane closes it). Memory: two buffers of a record
+each per connection (about 516 KiB), nothing else.
 
 ``SealedStream`` offers the subset of a socket's interface the lanes use (``sendall``,
 ``recv_into``, ``settimeout``, ``close``; ``raw`` is the TCP socket, which a cancellation shuts
@@ -52,11 +60,25 @@ from monarch.rdma._netwire import (
     seal_nonce,
 )
 
-__all__ = ["SealedStream", "TruncatedRecord", "client_handshake", "server_handshake"]
+__all__ = [
+    "SEAL_HEADED",
+    "SealedStream",
+    "TruncatedRecord",
+    "client_handshake",
+    "server_handshake",
+]
 
 _HANDSHAKE_READ: Final = 16384
 #: Records one direction may seal with one key (nonces never repeat; far beyond any transfer).
 _MAX_RECORDS: Final = (1 << 64) - 1
+#: The largest head ``SealedStream.send_headed`` seals into a record of its own in front of the
+#: data (64 pipelined request headers); a larger one is sent as records of its own.
+SEAL_HEADED: Final = 4096
+_HEADED: Final = SEAL_HEAD_SIZE + SEAL_HEADED + SEAL_TAG_SIZE
+#: The fewest bytes of a record: its head, a byte of plaintext and the tag.
+_SMALLEST: Final = SEAL_HEAD_SIZE + 1 + SEAL_TAG_SIZE
+#: The plaintext of the records this side seals (at most ``SEAL_MAX_RECORD``, what a peer takes).
+_RECORD = SEAL_MAX_RECORD
 
 
 class TruncatedRecord(WireError):
@@ -122,7 +144,7 @@ def client_handshake(raw: socket.socket, context: ssl.SSLContext,
     mine = _fresh()
     obj.write(encode_seal_hello(mine))
     _flush(raw, outgoing)
-    return SealedStream(raw, mine, _read_hello(raw, obj, incoming))
+    return SealedStream(raw, mine, _read_hello(raw, obj, incoming), _RECORD)
 
 
 def server_handshake(raw: socket.socket, context: ssl.SSLContext) -> SealedStream:
@@ -134,7 +156,7 @@ def server_handshake(raw: socket.socket, context: ssl.SSLContext) -> SealedStrea
     mine = _fresh()
     obj.write(encode_seal_hello(mine))
     _flush(raw, outgoing)
-    return SealedStream(raw, mine, theirs)
+    return SealedStream(raw, mine, theirs, _RECORD)
 
 
 class SealedStream:
@@ -143,6 +165,7 @@ class SealedStream:
     record this side seals. Not thread-safe: one connection, one thread at a time."""
 
     __slots__ = (
+        "_ahead",
         "_cipher_in",
         "_in_number",
         "_in_offset",
@@ -152,12 +175,13 @@ class SealedStream:
         "_out_number",
         "_out_offset",
         "_out_prefix",
-        "_plain",
         "_plain_end",
         "_plain_start",
+        "_plain_view",
         "_record",
         "_seal",
         "_stage",
+        "_timeout",
         "raw",
     )
 
@@ -167,46 +191,82 @@ class SealedStream:
             raise ValueError(f"a record holds 1 to {SEAL_MAX_RECORD} bytes, not {record}")
         self.raw = raw
         self._record = record
+        self._timeout: float | None = -1.0  # not set through this stream yet
         self._seal = AESGCM(send.key)
         self._out_prefix = send.prefix
         self._out_number = self._out_offset = 0
         self._open = AESGCM(receive.key)
         self._in_prefix = receive.prefix
         self._in_number = self._in_offset = 0
-        self._out = bytearray(SEAL_HEAD_SIZE + record + SEAL_TAG_SIZE)
-        self._stage = bytearray(SEAL_MAX_RECORD + SEAL_TAG_SIZE)  # a received record, sealed
+        # What this side seals: room for one small record (a request or reply head) right
+        # before a whole one, so the two leave in one system call (``send_headed``).
+        self._out = bytearray(_HEADED + SEAL_HEAD_SIZE + record + SEAL_TAG_SIZE)
+        # A received record (head, ciphertext and tag) and up to a head's bytes of the next one
+        # read with it (``_ahead`` of them, moved to the front once it is opened). A record is
+        # opened in place: its plaintext replaces its ciphertext here, and is copied out only
+        # once its tag checked.
+        self._stage = bytearray(2 * SEAL_HEAD_SIZE + SEAL_MAX_RECORD + SEAL_TAG_SIZE)
         self._cipher_in = memoryview(self._stage)
-        self._plain = bytearray(SEAL_MAX_RECORD)  # ... and opened (verified)
+        self._ahead = 0
+        self._plain_view = self._cipher_in[SEAL_HEAD_SIZE:]
         self._plain_start = self._plain_end = 0
 
     def settimeout(self, timeout: float | None) -> None:
-        self.raw.settimeout(timeout)
+        if timeout != self._timeout:  # each call is a system call: only when it changes
+            self.raw.settimeout(timeout)
+            self._timeout = timeout
 
     def close(self) -> None:
         self.raw.close()
 
     def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """Seal ``data`` into records and send them."""
+        self.send_headed(b"", data)
+
+    def send_headed(self, head: bytes | bytearray, data: bytes | bytearray | memoryview) -> None:
+        """Seal and send ``head`` (at most ``SEAL_HEADED`` bytes; may be empty) then ``data``:
+        the same plaintext stream as two ``sendall`` calls, but the head's record leaves in the
+        same system call as the first record of ``data``."""
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         out = memoryview(self._out)
         total = view.nbytes
-        for start in range(0, total, self._record):
-            length = min(self._record, total - start)
-            if self._out_number >= _MAX_RECORDS:
-                raise WireError("this connection sealed all the records one key may seal")
-            out[:SEAL_HEAD_SIZE] = encode_seal_head(length)
-            end = SEAL_HEAD_SIZE + length + SEAL_TAG_SIZE
-            self._seal.encrypt_into(
-                seal_nonce(self._out_prefix, self._out_number),
-                view[start : start + length],
-                seal_aad(length, self._out_number, self._out_offset),
-                out[SEAL_HEAD_SIZE:end],
-            )
-            self._out_number += 1
-            self._out_offset += length
-            self.raw.sendall(out[:end])
+        start = _HEADED  # where this system call's records begin in ``out``
+        size = len(head)
+        if size > SEAL_HEADED:  # records of its own
+            self.send_headed(b"", head)
+        elif size:
+            start -= SEAL_HEAD_SIZE + size + SEAL_TAG_SIZE
+            self._seal_one(head, size, out, start)
+        if total == 0 and start < _HEADED:
+            self.raw.sendall(out[start:_HEADED])
+        record, offset = self._record, 0
+        while offset < total:
+            length = min(record, total - offset)
+            end = self._seal_one(view[offset : offset + length], length, out, _HEADED)
+            offset += length
+            self.raw.sendall(out[start:end])
+            start = _HEADED
+
+    def _seal_one(self, plain: bytes | bytearray | memoryview, length: int, out: memoryview,
+                  at: int) -> int:  # fmt: skip
+        """Seal one record of ``length`` bytes into ``out`` at ``at``; where it ends there."""
+        number = self._out_number
+        if number >= _MAX_RECORDS:
+            raise WireError("this connection sealed all the records one key may seal")
+        body = at + SEAL_HEAD_SIZE
+        end = body + length + SEAL_TAG_SIZE
+        out[at:body] = encode_seal_head(length)
+        self._seal.encrypt_into(
+            seal_nonce(self._out_prefix, number),
+            plain,
+            seal_aad(length, number, self._out_offset),
+            out[body:end],
+        )
+        self._out_number = number + 1
+        self._out_offset += length
+        return end
 
     def recv_into(self, buffer: bytearray | memoryview, nbytes: int = 0) -> int:
         """Up to ``nbytes`` (all of ``buffer`` when 0) verified bytes into ``buffer``; 0 when the
@@ -216,47 +276,56 @@ class SealedStream:
         wanted = nbytes or view.nbytes
         if wanted <= 0:
             return 0
-        if self._plain_start == self._plain_end:
-            length = self._next_record()
+        start = self._plain_start
+        if start == self._plain_end:
+            length = self._open_next()
             if length == 0:
                 return 0
-            try:
-                self._open.decrypt_into(
-                    seal_nonce(self._in_prefix, self._in_number),
-                    self._cipher_in[: length + SEAL_TAG_SIZE],
-                    seal_aad(length, self._in_number, self._in_offset),
-                    memoryview(self._plain)[:length],
-                )
-            except InvalidTag:
-                raise WireError(
-                    f"sealed record {self._in_number} failed authentication (tampered, "
-                    "replayed or out of order): the connection is closed"
-                ) from None
-            self._in_number += 1
-            self._in_offset += length
-            self._plain_start, self._plain_end = 0, length
-        k = min(wanted, self._plain_end - self._plain_start)
-        view[:k] = memoryview(self._plain)[self._plain_start : self._plain_start + k]
-        self._plain_start += k
+            start = 0
+        k = min(wanted, self._plain_end - start)
+        view[:k] = self._plain_view[start : start + k]
+        self._plain_start = start + k
         return k
 
-    def _next_record(self) -> int:
-        """Receive one whole sealed record into the stage; its plaintext length (0: clean end)."""
-        head = bytearray(SEAL_HEAD_SIZE)
-        got = self._fill(memoryview(head), allow_end=True)
-        if got == 0:
-            return 0
-        length = decode_seal_head(head)
-        self._fill(self._cipher_in[: length + SEAL_TAG_SIZE], allow_end=False)
-        return length
-
-    def _fill(self, view: memoryview, allow_end: bool) -> int:
-        got, n = 0, view.nbytes
-        while got < n:
-            k = self.raw.recv_into(view[got:], n - got)
+    def _open_next(self) -> int:
+        """Receive and open the next record (``_plain_view``); its length (0: a clean end)."""
+        stage = self._cipher_in
+        have = self._ahead
+        # The head, and what surely follows it (a record holds at least a byte and its tag).
+        while have < SEAL_HEAD_SIZE:
+            k = self.raw.recv_into(stage[have:_SMALLEST], _SMALLEST - have)
             if k == 0:
-                if got == 0 and allow_end:
+                if have == 0:
+                    self._ahead = 0
                     return 0
                 raise TruncatedRecord("the connection ended inside a sealed record")
-            got += k
-        return got
+            have += k
+        length = decode_seal_head(stage[:SEAL_HEAD_SIZE])
+        end = SEAL_HEAD_SIZE + length + SEAL_TAG_SIZE
+        # The rest of the record, and at most the next record's head with it (never more, so
+        # nothing but a head is ever carried over).
+        while have < end:
+            k = self.raw.recv_into(stage[have : end + SEAL_HEAD_SIZE], end + SEAL_HEAD_SIZE - have)
+            if k == 0:
+                raise TruncatedRecord("the connection ended inside a sealed record")
+            have += k
+        number = self._in_number
+        try:
+            self._open.decrypt_into(
+                seal_nonce(self._in_prefix, number),
+                stage[SEAL_HEAD_SIZE:end],
+                seal_aad(length, number, self._in_offset),
+                self._plain_view[:length],
+            )
+        except InvalidTag:
+            raise WireError(
+                f"sealed record {number} failed authentication (tampered, "
+                "replayed or out of order): the connection is closed"
+            ) from None
+        self._ahead = have - end
+        if self._ahead:
+            stage[: self._ahead] = stage[end:have]
+        self._in_number = number + 1
+        self._in_offset += length
+        self._plain_start, self._plain_end = 0, length
+        return length
