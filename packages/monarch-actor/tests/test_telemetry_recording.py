@@ -22,6 +22,7 @@ import pytest
 from monarch.actor import Actor, ProcMesh, endpoint, finished_spans, metrics_snapshot, span
 from monarch.actor._base.envelope import MessageKind
 from monarch.actor._runtime import telemetry as tm
+from monarch.actor._runtime.telemetry import listeners as tm_listeners
 from monarch.actor._runtime.telemetry import metrics as tm_metrics
 from monarch.actor._runtime.telemetry import tracing as tm_tracing
 
@@ -133,8 +134,8 @@ class _Sender:
 
 
 class _Endpoint:
-    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name,
-    its mesh's, and its untraced posts (which a span listener's send span goes through)."""
+    """What ``send_call_traced`` reads of an endpoint (``_mesh.adverbs.Endpoint``): its name
+    and its mesh's."""
 
     _name = "bump"
     _user_name = "counted"
@@ -143,13 +144,6 @@ class _Endpoint:
     def _mesh(self) -> _Endpoint:
         return self
 
-    def _post_each(
-        self, runtime: Any, sender: Any, payload: Any, targets: Any, reply_port: Any, flags: int
-    ) -> None:
-        runtime.post_calls(
-            sender, targets, endpoint=self._name, reply_port=reply_port, payload=payload
-        )
-
 
 class _Posting(_Runtime):
     """A process runtime whose posts (``post_calls``, as ``send_call_traced`` makes them) go
@@ -157,6 +151,7 @@ class _Posting(_Runtime):
 
     def __init__(self, post: Callable[[Any, bytes], None]) -> None:
         self._post = post
+        self.given: list[bytes | None] = []
 
     def post_calls(
         self,
@@ -170,8 +165,12 @@ class _Posting(_Runtime):
         trace: bytes | None = None,
     ) -> None:
         assert endpoint == "bump"
-        # (``ProcRuntime.post``: no context given, a CALL takes the current span's)
-        self._post(targets, tm_tracing.outgoing_trace(1) if trace is None else trace)
+        self.given.append(trace)
+        # As ``ProcRuntime._envelope``: no context given, a CALL takes the current span's only
+        # while the package-level switch is on.
+        if trace is None:
+            trace = tm.outgoing_trace(1) if tm.TRACING else b""
+        self._post(targets, trace)
 
 
 def test_runtime_spans_are_rows_until_read_and_keep_their_links_and_times(
@@ -443,3 +442,107 @@ def test_sent_sizes_past_the_bound_are_logged_and_still_sum_exactly(telemetry: N
     assert payload.sum == 2 * sum(range(1000, 1000 + n))
     assert (payload.min, payload.max) == (1000, 1000 + n - 1)
     tm_metrics._forget_sent_codes()
+
+
+def _plain() -> bool:
+    """``tracing._PLAIN`` as it is now (a call: no narrowing between reads)."""
+    return tm_tracing._PLAIN
+
+
+def test_plain_follows_span_listeners_and_the_otel_mirror(telemetry: None) -> None:
+    """``_PLAIN`` (the runtime's spans may be rows) is off while a span listener is set or the
+    OpenTelemetry mirror is loaded, and back on when the last listener goes and the mirror is
+    unloaded (``otel.load``/``unload`` called directly, as ``enable_telemetry`` does)."""
+    assert _plain() is True
+    first, second = tm.add_span_listener(lambda s: None), tm.add_span_listener(lambda s: None)
+    assert _plain() is False
+    first()
+    assert _plain() is False  # one left
+    second()
+    assert _plain() is True
+    pytest.importorskip("opentelemetry.trace")
+    from monarch.actor._runtime.telemetry import otel as tm_otel
+
+    try:
+        tm_otel.load()
+        assert _plain() is False
+    finally:
+        tm_otel.unload()
+    assert _plain() is True
+
+
+class _RacedListeners(list[Any]):
+    """A span-listener list whose truth test (what ``_PLAIN`` is computed from) lets a
+    concurrent ``add_span_listener`` land right after it, as a thread switch would: at once
+    when the listeners' lock is free (nothing keeps the add out), else once the remover is done
+    (the add would wait for the lock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.deferred: list[Callable[[], None]] = []
+        self.added: list[Callable[[], None]] = []
+
+    def _add(self) -> None:
+        self.added.append(tm.add_span_listener(lambda s: None))
+
+    def __bool__(self) -> bool:
+        result = len(self) > 0
+        if self.armed:  # once
+            self.armed = False
+            if tm_listeners._listeners_lock.locked():
+                self.deferred.append(self._add)
+            else:
+                self._add()
+        return result
+
+
+def test_a_remove_racing_an_add_leaves_plain_off(
+    telemetry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remover computing ``_PLAIN`` (no listener left: on) while an add lands (off) must not
+    store its stale value last: the listener added would never see the runtime's spans."""
+    raced = _RacedListeners()
+    monkeypatch.setattr(tm_tracing, "_span_listeners", raced)
+    remove = tm.add_span_listener(lambda s: None)
+    raced.armed = True
+    try:
+        remove()  # its ``_PLAIN`` computation lets the racing add in
+        for add in raced.deferred:
+            add()
+        assert len(raced) == 1  # the racing add's listener
+        assert _plain() is False
+    finally:
+        for removed in raced.added:
+            removed()
+    assert _plain() is True
+
+
+def test_with_tracing_alone_switched_on_the_send_context_is_given(telemetry: None) -> None:
+    """With a listener, the send span's context goes to the envelopes explicitly: during
+    ``disable_telemetry()`` with ``tracing.set_enabled(True)`` called directly (the package-level
+    ``TRACING`` off, so ``ProcRuntime._envelope`` would put no context), the receive span is
+    still the send span's child."""
+    tm.disable_telemetry()
+    tm_tracing.set_enabled(True)
+    envelope, cell = _Envelope(), _Cell()
+    seen: list[tm.Span] = []
+    remove = tm.add_span_listener(seen.append)
+
+    def post(targets: Any, trace: bytes) -> None:
+        envelope.trace = trace
+
+    posting = _Posting(post)
+    try:
+        assert tm.TRACING is False
+        assert tm_tracing.TRACING is True
+        tm_tracing.send_call_traced(
+            "call_one", _Endpoint(), posting, _Sender(), None, ["one"], None, 0
+        )
+        tm_tracing.run_endpoint(cell, envelope, lambda: 7, (), {})  # type: ignore[arg-type]
+    finally:
+        remove()
+        tm_tracing.set_enabled(False)
+    sent, received = seen
+    assert posting.given == [sent.trace_id + sent.span_id]
+    assert (received.trace_id, received.parent_id) == (sent.trace_id, sent.span_id)

@@ -87,8 +87,11 @@ _LAZY: Final[Mapping[str, str]] = {
 
 
 # The shared helper (``chrysalis._lazy``) is imported at the first look-up of a missing name, not
-# with the package: a command the agent answers imports this package and no name from it, and
-# nothing beyond its thin client (``tests/test_cli_start.py``, ``THIN_IMPORTS``).
+# with the package. A missing name includes a submodule not imported yet: ``from chrysalis.node
+# import _agent_client`` asks the package for the name first (the import system's ``hasattr``),
+# which calls ``__getattr__`` and so imports the helper. A command the agent answers imports its
+# thin client as ``from chrysalis.node._agent_client import ...``, which looks nothing up on the
+# package, so it imports nothing beyond ``THIN_IMPORTS`` (``tests/test_cli_start.py``).
 def __getattr__(name: str) -> object:
     from chrysalis._lazy import lazy_exports
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["end_span", "enabled", "instrument", "load", "start_span", "unload"]
@@ -25,18 +26,29 @@ _otel_trace: Any = None
 _NO_PARENT = bytes(8)
 
 
+def _unchanged() -> None:
+    return None
+
+
+#: Called after the mirror is turned on or off: ``tracing._refresh_plain`` (set by ``tracing``,
+#: which imports this module), so the runtime's spans take the object path while it is on.
+_changed: Callable[[], None] = _unchanged
+
+
 def load() -> None:
     """Turn the mirror on: import the OpenTelemetry API (``ImportError`` if it is missing)."""
     global _otel_metrics, _otel_trace
     otel_metrics = importlib.import_module("opentelemetry.metrics")
     otel_trace = importlib.import_module("opentelemetry.trace")
     _otel_metrics, _otel_trace = otel_metrics, otel_trace
+    _changed()
 
 
 def unload() -> None:
     """Turn the mirror off (twins made so far are left to their owners to drop)."""
     global _otel_metrics, _otel_trace
     _otel_metrics = _otel_trace = None
+    _changed()
 
 
 def enabled() -> bool:

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 import msgspec
 
 from monarch.actor._runtime.context import _CURRENT, _current
+from monarch.actor._runtime.telemetry import listeners as _listeners
 from monarch.actor._runtime.telemetry import metrics as _metrics
 from monarch.actor._runtime.telemetry import otel as _otel
 from monarch.actor._runtime.telemetry.listeners import DEFAULT_RING_CAPACITY, add_listener
@@ -472,13 +473,22 @@ def send_call_traced(
     The common case (no OpenTelemetry mirror, no span listener) makes no ``Span`` and sets no
     context variable: it reads the clock before and after the posts and appends one plain
     tuple of what varies (a *row*, ``_row_fields``: made a ``Span`` when read, ``_row_span``)
-    to the pending spans. Otherwise it enters ``send_span`` around ``port._post_each``, whose
-    envelopes take the entered span's context (``outgoing_trace``, in ``ProcRuntime.post``).
+    to the pending spans. Otherwise it enters ``send_span`` and posts with that span's context
+    given (not left to ``ProcRuntime._envelope``, which reads the current span only while the
+    package-level ``telemetry.TRACING`` is on: not with ``set_enabled`` called directly).
     """
     name = port._name
-    if not _PLAIN:  # a ``Span`` wanted at once: entered, the envelopes take its context
-        with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender):
-            port._post_each(runtime, sender, payload, targets, reply_port, flags)
+    if not _PLAIN:  # a ``Span`` wanted at once: entered, its context given to the envelopes
+        with send_span(adverb, name, port._mesh._user_name, len(targets), runtime, sender) as made:
+            runtime.post_calls(
+                sender,
+                targets,
+                endpoint=name,
+                reply_port=reply_port,
+                payload=payload,
+                flags=flags,
+                trace=made.trace_id + made.span_id,
+            )
         return
     span_id = _next_id()
     parent = _current_span_var()
@@ -707,27 +717,32 @@ def finished_spans() -> list[Span]:
 def add_span_listener(listener: Callable[[Span], None]) -> Callable[[], None]:
     """Call ``listener(span)`` for every span as it finishes (on the finishing thread; keep it
     short). Returns a function that removes the listener."""
-    remove = add_listener(_span_listeners, listener)
-    _refresh_plain()
-
-    def removed() -> None:
-        remove()
-        _refresh_plain()
-
-    return removed
+    return add_listener(_span_listeners, listener, _store_plain)
 
 
 #: Whether the runtime's spans may be rows (``send_call_traced``, ``run_endpoint``): no span
 #: listener and no OpenTelemetry mirror, which want ``Span`` objects as spans finish. One
-#: global test on the hot path (issue 21), kept by ``_refresh_plain`` when either changes
-#: (``add_span_listener`` and its remover; ``set_enabled``, which ``enable_telemetry`` calls
-#: after loading or unloading the mirror).
+#: global test on the hot path (issue 21), computed and stored under the listeners' lock when
+#: either changes (``add_span_listener`` and its remover, through ``add_listener``'s
+#: ``changed``; ``otel.load`` and ``otel.unload``, and ``set_enabled``, through
+#: ``_refresh_plain``), so that concurrent changes cannot store a stale value last.
 _PLAIN = True
 
 
-def _refresh_plain() -> None:
+def _store_plain() -> None:
+    """``_PLAIN`` computed and stored (the caller holds ``listeners._listeners_lock``)."""
     global _PLAIN
     _PLAIN = _otel._otel_trace is None and not _span_listeners
+
+
+def _refresh_plain() -> None:
+    """``_store_plain`` under the listeners' lock (read as the module's attribute: a forked
+    child replaces it)."""
+    with _listeners._listeners_lock:
+        _store_plain()
+
+
+_otel._changed = _refresh_plain  # (``otel`` cannot import this module: it imports ``otel``)
 
 
 class SpanRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
