@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -245,17 +247,19 @@ def test_a_headed_send_is_two_sends_in_fewer_system_calls(head_size: int, size: 
 class _Trickle:
     """A fake socket that hands out ``wire`` a few bytes per ``recv_into`` and checks that the
     receiver never asks for more than the rest of the record it is in and the next record's
-    head (the peer may send nothing more before it has an answer)."""
+    head (the peer may send nothing more before it has an answer). The stream ends (EOF) after
+    ``cut`` bytes of ``wire`` (all of it when None)."""
 
-    def __init__(self, wire: bytes, step: int) -> None:
+    def __init__(self, wire: bytes, step: int, cut: int | None = None) -> None:
         self.wire, self.at, self.step = wire, 0, step
+        self.cut = len(wire) if cut is None else cut
         self.ends = list(itertools.accumulate(len(r) for r in _records(wire)))
 
     def recv_into(self, view: memoryview, nbytes: int) -> int:
         within = [end for end in self.ends if end > self.at]
         if within:  # inside a record, or at its start (then at least its head is asked for)
             assert nbytes <= within[0] - self.at + SEAL_HEAD_SIZE, (nbytes, self.at, within[0])
-        k = min(nbytes, self.step, len(self.wire) - self.at, view.nbytes)
+        k = min(nbytes, self.step, self.cut - self.at, view.nbytes)
         view[:k] = self.wire[self.at : self.at + k]
         self.at += k
         return k
@@ -280,6 +284,121 @@ def test_records_read_a_few_bytes_at_a_time_or_all_at_once_come_out_whole(step: 
     assert dst == payloads[0] + payloads[2] + payloads[1] + payloads[3]
     assert receiver.recv_into(bytearray(1)) == 0  # a clean end between records
     assert raw.at == len(wire)
+
+
+def test_eof_inside_a_carried_over_head_returns_the_record_then_is_a_truncation() -> None:
+    first, second = os.urandom(100), os.urandom(50)
+    wire = _sealed([first, second])
+    cut = len(_records(wire)[0]) + 3  # 3 bytes into the second record's head
+    raw = _Trickle(wire, 1 << 20, cut)  # the first record comes with those 3 bytes
+    receiver = SealedStream(raw, _KEYS[1], _KEYS[0])  # type: ignore[arg-type]
+    dst = bytearray(200)
+    assert receiver.recv_into(dst) == len(first)  # whole, though the next head was cut
+    assert dst[: len(first)] == first
+    assert raw.at == cut  # the 3 bytes were carried over with it
+    with pytest.raises(TruncatedRecord):
+        receiver.recv_into(dst)
+
+
+class _Reads(_Trickle):
+    """A ``_Trickle`` that counts its reads and times out (``TimeoutError``, as a socket with a
+    timeout does) at the cut instead of ending there, when ``stall``."""
+
+    def __init__(self, wire: bytes, step: int, cut: int | None = None, stall: bool = False) -> None:
+        super().__init__(wire, step, cut)
+        self.reads, self.stall = 0, stall
+
+    def recv_into(self, view: memoryview, nbytes: int) -> int:
+        self.reads += 1
+        if self.stall and self.at == self.cut:
+            raise TimeoutError("timed out")
+        return super().recv_into(view, nbytes)
+
+
+def _tampered_second() -> bytes:
+    wire = bytearray(_sealed([os.urandom(2 * 4096)]))
+    wire[len(_records(bytes(wire))[0]) + SEAL_HEAD_SIZE + 7] ^= 0x01
+    return bytes(wire)
+
+
+@pytest.mark.parametrize(
+    ("wire", "cut", "stall", "first"),
+    [
+        pytest.param(_tampered_second(), None, False, "failed authentication", id="forged"),
+        pytest.param(_sealed([os.urandom(2 * 4096)]), 5000, True, "timed out", id="timeout"),
+        pytest.param(_sealed([os.urandom(2 * 4096)]), 5000, False, "ended inside", id="cut"),
+    ],
+)
+def test_a_stream_that_failed_receiving_refuses_further_use_without_reading(
+    wire: bytes, cut: int | None, stall: bool, first: str
+) -> None:
+    raw = _Reads(wire, 1000, cut, stall)
+    receiver = SealedStream(raw, _KEYS[1], _KEYS[0])  # type: ignore[arg-type]
+    dst = bytearray(2 * 4096)
+    view = memoryview(dst)
+    assert receiver.recv_into(view) == 4096  # the first record, authentic
+    with pytest.raises((WireError, TimeoutError), match=first):
+        receiver.recv_into(view[4096:])
+    reads, at = raw.reads, raw.at
+    for _ in range(2):
+        with pytest.raises(WireError, match="unusable after an earlier failure: .*" + first):
+            receiver.recv_into(view[4096:])
+    assert (raw.reads, raw.at) == (reads, at)  # not one more read from the socket
+    with pytest.raises(WireError, match="unusable after an earlier failure"):
+        receiver.sendall(b"x")  # the whole stream is done with, both ways
+
+
+class _FailingSend(_Counting):
+    """A ``_Counting`` whose ``sendall`` fails (the peer reset) after ``ok`` calls."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+
+    def sendall(self, data: Any) -> None:
+        if self.calls == self.ok:
+            self.calls += 1
+            raise ConnectionResetError("reset by peer")
+        super().sendall(data)
+
+
+def test_a_stream_that_failed_sending_refuses_further_use_without_sending() -> None:
+    raw = _FailingSend(1)
+    sender = SealedStream(raw, _KEYS[0], _KEYS[1], 4096)  # type: ignore[arg-type]
+    with pytest.raises(ConnectionResetError):
+        sender.send_headed(b"head", os.urandom(3 * 4096))  # the second record's send fails
+    calls, sent = raw.calls, bytes(raw.data)
+    sends: list[Callable[[], None]] = [
+        lambda: sender.sendall(b"more"),
+        lambda: sender.send_headed(b"h", b"data"),
+    ]
+    for send in sends:
+        with pytest.raises(WireError, match="unusable after an earlier failure: Connection"):
+            send()
+    assert (raw.calls, bytes(raw.data)) == (calls, sent)  # nothing more sent
+    with pytest.raises(WireError, match="unusable after an earlier failure"):
+        sender.recv_into(bytearray(1))
+
+
+def test_decrypt_into_in_place() -> None:
+    """What ``SealedStream._open_next`` relies on: ``AESGCM.decrypt_into`` with its output
+    aliasing its input exactly (same buffer, same offset) opens the record, and a forged tag is
+    ``InvalidTag`` (that nothing of a failed record is then copied out is
+    ``test_a_tampered_record_fails_and_nothing_of_it_lands``)."""
+    cipher, nonce, aad = AESGCM(b"k" * 32), b"n" * 12, b"aad"
+    plain = os.urandom(5000)
+    for forged in (False, True):
+        buffer = bytearray(SEAL_HEAD_SIZE) + cipher.encrypt(nonce, plain, aad)
+        if forged:
+            buffer[-1] ^= 0x01  # the tag
+        stage = memoryview(buffer)
+        sealed = stage[SEAL_HEAD_SIZE:]
+        if forged:
+            with pytest.raises(InvalidTag):
+                cipher.decrypt_into(nonce, sealed, aad, stage[SEAL_HEAD_SIZE:-SEAL_TAG_SIZE])
+        else:
+            cipher.decrypt_into(nonce, sealed, aad, stage[SEAL_HEAD_SIZE:-SEAL_TAG_SIZE])
+            assert buffer[SEAL_HEAD_SIZE:-SEAL_TAG_SIZE] == plain
 
 
 # -- the lane through a man in the middle -------------------------------------------------------
@@ -443,8 +562,8 @@ def test_a_read_tampered_on_the_way_fails_and_no_forged_byte_lands(
         with pytest.raises(OwnerGone, match="failed authentication"):
             _transfer(pool, endpoint, Op.READ, 2, memoryview(dst))
         assert time.monotonic() - started < 10
-    # Records of 1 MiB; the flipped bit is in the third (the TLS handshake, the hello and the
-    # reply head take a few KiB before them): the first two arrived, nothing of it nor after.
+    # Records of 256 KiB; the flipped bit is in the ninth (the TLS handshake, the hello and the
+    # reply head take a few KiB before them): the first eight arrived, nothing of it nor after.
     assert dst[: 2 * MiB] == memory[: 2 * MiB]
     assert dst[2 * MiB :] == bytes(2 * MiB)
 
@@ -459,7 +578,7 @@ def test_a_write_tampered_on_the_way_fails_and_no_forged_byte_lands(
     with _through(server, _flip_at("up", MiB + 5000)) as (pool, endpoint):
         with pytest.raises(OwnerGone):
             _transfer(pool, endpoint, Op.WRITE, 3, memoryview(src[: 3 * MiB]))
-    # The flipped bit is in the second record of 1 MiB: the first was stored (authentic),
+    # The flipped bit is in the fifth record of 256 KiB: the first four were stored (authentic),
     # nothing of the forged one, nor after it.
     assert memory[:MiB] == src[:MiB]
     assert memory[MiB:] == bytes(2 * MiB)

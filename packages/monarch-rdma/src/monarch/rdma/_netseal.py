@@ -7,8 +7,9 @@ uses TLS 1.3 only to authenticate the owner (its certificate pinned by the conne
 and to exchange one fresh AES-256-GCM key and nonce prefix per direction (``_netwire``'s
 ``SealHello``, inside TLS); then the same TCP connection carries records of up to
 ``SEAL_MAX_RECORD`` (256 KiB) sealed with ``cryptography``'s ``AESGCM`` (which releases the
-GIL): 256 records per 64 MiB instead of 4,100. The record layout, nonces and associated data
-are ``_netwire``'s (version 1).
+GIL; its ``encrypt_into``/``decrypt_into`` need ``cryptography`` 47 or later): 256 records per
+64 MiB instead of 4,100. The record layout, nonces and associated data are ``_netwire``'s
+(version 1).
 
 Per record, as few steps as the format allows: the receiver reads a record's rest together
 with the next record's head when it has come (``recv_into`` for at most a head's 8 bytes beyond
@@ -16,14 +17,18 @@ the record, so nothing else is ever carried over), so back-to-back records cost 
 ``recv_into`` each, not a head's and then the body's; a small head that precedes data (a
 read's reply head, a write's request header) is still a record of its own but leaves in the
 same ``sendall`` as the data's first record (``send_headed``); the socket's timeout is set only
-when it changes (each ``settimeout`` is a system call).
+when it changes (each ``settimeout`` is a system call), so nothing else may change the raw
+socket's timeout once a stream wraps it.
 
 A record's plaintext is verified before any of it reaches the caller's memory: it is decrypted
 in place in the stream's receive buffer and copied out only when its tag checked, so a
 tampered record writes nothing into a destination (AES-GCM is a stream cipher:
 ``decrypt_into`` a destination leaves there the forged plaintext, bits an attacker chose, when
 the tag fails; checked with ``cryptography`` 50). A record that fails is a ``WireError`` and
-the connection is unusable from then on (the lane closes it). Memory: two buffers of a record
+the connection is unusable from then on (the lane closes it): any exception out of the receive or
+the send path (a forged record, a timeout or a cut mid-record, a failed send) leaves the stream
+out of step with the peer, so every later ``recv_into``/``sendall`` raises a ``WireError`` at
+once, without touching the socket. Memory: two buffers of a record
 each per connection (about 516 KiB), nothing else.
 
 ``SealedStream`` offers the subset of a socket's interface the lanes use (``sendall``,
@@ -166,6 +171,7 @@ class SealedStream:
 
     __slots__ = (
         "_ahead",
+        "_broken",
         "_cipher_in",
         "_in_number",
         "_in_offset",
@@ -189,8 +195,14 @@ class SealedStream:
                  record: int = SEAL_MAX_RECORD) -> None:  # fmt: skip
         if not 0 < record <= SEAL_MAX_RECORD:
             raise ValueError(f"a record holds 1 to {SEAL_MAX_RECORD} bytes, not {record}")
+        # The stream caches the timeout it set on ``raw`` (``settimeout``): once wrapped, ``raw``'s
+        # timeout (``settimeout``/``setblocking``) must change only through this stream. What
+        # else may be done to it: ``shutdown`` (a cancellation) and ``close``.
         self.raw = raw
         self._record = record
+        #: Why the stream is out of step with its peer (an exception left the receive or the
+        #: send path); None while it is usable.
+        self._broken: str | None = None
         self._timeout: float | None = -1.0  # not set through this stream yet
         self._seal = AESGCM(send.key)
         self._out_prefix = send.prefix
@@ -219,6 +231,13 @@ class SealedStream:
     def close(self) -> None:
         self.raw.close()
 
+    def _unusable(self) -> WireError:
+        return WireError(f"sealed stream unusable after an earlier failure: {self._broken}")
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._broken is None:
+            self._broken = f"{type(exc).__name__}: {exc}"
+
     def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """Seal ``data`` into records and send them."""
         self.send_headed(b"", data)
@@ -227,9 +246,18 @@ class SealedStream:
         """Seal and send ``head`` (at most ``SEAL_HEADED`` bytes; may be empty) then ``data``:
         the same plaintext stream as two ``sendall`` calls, but the head's record leaves in the
         same system call as the first record of ``data``."""
+        if self._broken is not None:
+            raise self._unusable()
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
+        try:
+            self._send(head, view)
+        except BaseException as exc:  # records may have left, or part of one: out of step
+            self._fail(exc)
+            raise
+
+    def _send(self, head: bytes | bytearray, view: memoryview) -> None:
         out = memoryview(self._out)
         total = view.nbytes
         start = _HEADED  # where this system call's records begin in ``out``
@@ -272,13 +300,19 @@ class SealedStream:
         """Up to ``nbytes`` (all of ``buffer`` when 0) verified bytes into ``buffer``; 0 when the
         peer closed the connection between records. ``WireError`` for a record that fails its
         tag or is malformed (nothing of it is copied), ``TruncatedRecord`` for one cut short."""
+        if self._broken is not None:
+            raise self._unusable()
         view = memoryview(buffer)
         wanted = nbytes or view.nbytes
         if wanted <= 0:
             return 0
         start = self._plain_start
         if start == self._plain_end:
-            length = self._open_next()
+            try:
+                length = self._open_next()
+            except BaseException as exc:  # part of a record read, or one that failed: out of step
+                self._fail(exc)
+                raise
             if length == 0:
                 return 0
             start = 0
@@ -288,7 +322,13 @@ class SealedStream:
         return k
 
     def _open_next(self) -> int:
-        """Receive and open the next record (``_plain_view``); its length (0: a clean end)."""
+        """Receive and open the next record (``_plain_view``); its length (0: a clean end).
+
+        The record is opened in place: ``decrypt_into``'s output (``_plain_view[:length]``)
+        aliases its input (``stage[SEAL_HEAD_SIZE:end]``) exactly, at the same address. That is
+        what OpenSSL's GCM allows (in == out); an output shifted from its input by any other
+        offset is not supported (``cryptography`` 50 fails it as ``InvalidTag``), so the two
+        views must keep starting at the same byte (``test_decrypt_into_in_place``)."""
         stage = self._cipher_in
         have = self._ahead
         # The head, and what surely follows it (a record holds at least a byte and its tag).
