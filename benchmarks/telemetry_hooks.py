@@ -109,6 +109,7 @@ class _Cell:
     rank = 0
     runtime = _Runtime()
     endpoints: ClassVar[dict[str, Any]] = {}
+    _untraced: frozenset[str] = frozenset()  # as a runtime cell's
     _span_where: tuple[Any, ...] | None = None  # as a runtime cell's
 
 

@@ -553,6 +553,9 @@ class ActorCell(CellBase):
         #: Whether the class is async (``check_actor_class``): which ``_Runner`` runs it.
         self.is_async = False
         self.endpoints: dict[str, EndpointProperty[Any, Any]] = {}
+        #: The endpoints declared ``instrument=False`` (no receive span: ``run_endpoint``'s one
+        #: set test, where a lookup of the property and its flag were).
+        self._untraced: frozenset[str] = frozenset()
         self.instance: Instance | None = None
         self._pending_failure: tuple[FailureEvent, BaseException | None, Envelope | None] | None
         self._pending_failure = None
@@ -682,6 +685,7 @@ class ActorCell(CellBase):
         self.cls = cls
         self.user_name = spec.name
         self.endpoints = endpoints_of(cls)
+        self._untraced = frozenset(n for n, p in self.endpoints.items() if not p._instrument)
         module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__  # main_module
         class_name = f"{module}.{cls.__qualname__}"
         creator_chain = spec.creator.chain if spec.creator is not None else "<root>"

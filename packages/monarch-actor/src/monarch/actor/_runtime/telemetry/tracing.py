@@ -1287,9 +1287,9 @@ def run_endpoint(
     kwargs: dict[str, Any],
 ) -> Any:
     """``fn(*args, **kwargs)`` timed while metrics are on, and, while tracing is on (unless
-    the endpoint's property on ``cell`` says ``instrument=False``), in a receive span whose
-    parent is the caller's span (the ids the envelope carries): ``wrap_endpoint(cell, envelope,
-    fn, prop)(*args, **kwargs)`` without making the wrapper (a sync actor's call:
+    ``cell._untraced`` names the endpoint: its property says ``instrument=False``), in a
+    receive span whose parent is the caller's span (the ids the envelope carries):
+    ``wrap_endpoint(cell, envelope, fn, prop)(*args, **kwargs)`` without making the wrapper (a sync actor's call:
     ``_runtime.cell``). One frame on the call's path (issue 21: every frame there counts).
 
     The common traced case (the envelope carries a parent, no OpenTelemetry mirror, no
@@ -1300,7 +1300,7 @@ def run_endpoint(
     clock for both), and the finished span is one plain tuple appended to the pending spans
     (``send_call_traced``). An exception or an awaitable result makes the ``Span`` after all
     (``_run_traced_slow``'s ending)."""
-    if TRACING and ((prop := cell.endpoints.get(envelope.endpoint)) is None or prop._instrument):
+    if TRACING and envelope.endpoint not in cell._untraced:
         trace = envelope.trace
         if len(trace) != 24 or not _PLAIN:
             return _run_traced_slow(cell, envelope, fn, args, kwargs)
