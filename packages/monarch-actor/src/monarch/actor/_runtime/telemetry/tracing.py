@@ -1290,7 +1290,8 @@ def run_endpoint(
     ``cell._untraced`` names the endpoint: its property says ``instrument=False``), in a
     receive span whose parent is the caller's span (the ids the envelope carries):
     ``wrap_endpoint(cell, envelope, fn, prop)(*args, **kwargs)`` without making the wrapper
-    (a sync actor's call: ``_runtime.cell``). One frame on the call's path (issue 21: every frame there counts).
+    (a sync actor's call: ``_runtime.cell``). One frame on the call's path (issue 21: every
+    frame there counts).
 
     The common traced case (the envelope carries a parent, no OpenTelemetry mirror, no
     listener, a plain result) makes no ``Span``: the current trace context is the envelope's
