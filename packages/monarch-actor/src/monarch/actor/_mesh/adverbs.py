@@ -32,7 +32,7 @@ from monarch.actor._base import codec as _codec
 from monarch.actor._base.endpoint import EndpointProperty
 from monarch.actor._base.envelope import FLAG_EXPLICIT_PORT, ActorAddr, CastInfo
 from monarch.actor._base.future import Future, _Cell
-from monarch.actor._base.value_mesh import ValueMesh, _value_mesh_over
+from monarch.actor._base.value_mesh import ValueMesh, _dense
 from monarch.actor._runtime.context import (
     current_sender,
 )
@@ -57,12 +57,30 @@ R = TypeVar("R")
 
 
 def _gathered(extent: Extent) -> Callable[[list[Reply]], ValueMesh[Any]]:
+    """The decoder of a ``call()``'s gathered replies over ``extent``, made once per endpoint
+    (the extent's dense shape and ranks looked up here, not per call). ``GatherSink`` completes
+    with the replies already in rank order (slot ``i`` holds cast rank ``i``), so they are not
+    sorted again."""
+    shape, ranks = _dense(extent)
+    n = len(ranks)
+    decode_payload = _codec.decode
+
     def decode(replies: list[Reply]) -> ValueMesh[Any]:
-        ordered = sorted(replies, key=lambda r: r.rank)
-        for reply in ordered:
+        for reply in replies:
             if not reply.ok:
                 decode_reply(reply)  # raises the lowest-ranked failure
-        return _value_mesh_over(extent, [decode_reply(r) for r in ordered])
+        if len(replies) != n:
+            raise ValueError(f"shape has {n} ranks but {len(replies)} values were given")
+        return ValueMesh._from_table(
+            shape,
+            dict(
+                zip(
+                    ranks,
+                    [decode_payload(r.payload, r.buffers, r.kinds) for r in replies],
+                    strict=True,
+                )
+            ),
+        )
 
     return decode
 
@@ -98,7 +116,7 @@ def load_tensor_engine(feature: str) -> None:
 class Endpoint(Generic[P, R]):
     """An endpoint of an actor mesh, with the adverbs as methods (see the module docstring)."""
 
-    __slots__ = ("_explicit", "_mesh", "_name", "_prop")
+    __slots__ = ("_explicit", "_gather", "_mesh", "_name", "_prop")
 
     def __init__(
         self,
@@ -112,6 +130,8 @@ class Endpoint(Generic[P, R]):
         self._name = name
         self._prop = prop
         self._explicit = explicit if prop is None else prop._user_port
+        #: ``call()``'s decoder of the gathered replies (``_gathered``), made on first use
+        self._gather: Callable[[list[Reply]], ValueMesh[Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -185,10 +205,20 @@ class Endpoint(Generic[P, R]):
         targets = self._mesh._targets()
         cell: _Cell[list[Reply]] = _Cell()
         if targets:
-            self._send_with(payload, targets, GatherSink(len(targets), cell), "call")
+            # ``_send_with`` inlined (every broadcast's path)
+            runtime, sender = current_sender()
+            port = runtime.open_port(sender, GatherSink(len(targets), cell), self._name)
+            try:
+                self._post_all(payload, targets, port, "call", (runtime, sender))
+            except BaseException:
+                runtime.close_port(port.index)
+                raise
         else:
             cell.set_result([])
-        return Future._create(cell, _gathered(self._mesh.extent))
+        gather = self._gather
+        if gather is None:
+            gather = self._gather = _gathered(self._mesh.extent)
+        return Future._create(cell, gather)
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call a mesh of exactly one rank (``ValueError`` otherwise, before binding)."""

@@ -126,7 +126,8 @@ class GatherSink(PortSink):
     __slots__ = ("cell", "count", "slots")
 
     def __init__(self, n: int, cell: _Cell[list[Reply]]) -> None:
-        super().__init__()
+        self.closer = _nothing  # ``PortSink.__init__`` inlined (every ``call()``)
+        self.opened = None
         self.slots: list[Reply | None] = [None] * n
         self.count = 0
         self.cell = cell

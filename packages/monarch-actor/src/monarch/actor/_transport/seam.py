@@ -228,11 +228,14 @@ class InProcessTransport:
         fabric = self._fabric
         uplink = fabric.uplink
         send_each = getattr(uplink, "send_each", None)
-        if send_each is not None and not any(
-            fabric._lookup(envelope.target.pid) is not None for envelope in envelopes
-        ):
-            send_each(envelopes, buffers)
-            return
+        if send_each is not None:
+            lookup = fabric._lookup
+            for envelope in envelopes:  # (a loop, not ``any`` of a generator: every broadcast)
+                if lookup(envelope.target.pid) is not None:
+                    break
+            else:
+                send_each(envelopes, buffers)
+                return
         for envelope in envelopes:
             self.send(envelope, buffers)
 
