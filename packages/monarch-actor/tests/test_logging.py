@@ -23,6 +23,7 @@ from monarch.actor._runtime.logging import (
     LineAggregator,
     LinePrefixer,
     _level,
+    edit_distance,
     rank_prefix,
     system_log_path,
 )
@@ -158,6 +159,8 @@ def test_separation_in_a_fresh_process(tmp_path: Path) -> None:
         procs = _local_proc_mesh(per_host={"gpus": 1})
         t = procs.spawn("t", talker_module.T)
         t.run.call_one().get(timeout=10)
+        logging.getLogger("chrysalis.quic").info("client transport info line")
+        logging.getLogger("quic").info("client aioquic info line")
         procs.stop().get(timeout=10)
         """
     )
@@ -174,6 +177,9 @@ def test_separation_in_a_fresh_process(tmp_path: Path) -> None:
                     print("printed line")
                     logging.getLogger("monarch.actor.runtime").warning("system line")
                     logging.getLogger("monarch.actor.runtime").info("quiet system line")
+                    logging.getLogger("chrysalis.quic").info("transport info line")
+                    logging.getLogger("quic").info("aioquic info line")
+                    logging.getLogger("chrysalis.node").warning("transport warning line")
             """
         )
     )
@@ -193,7 +199,15 @@ def test_separation_in_a_fresh_process(tmp_path: Path) -> None:
     assert "system line" not in out.stdout
     assert "[monarch client] WARNING monarch.actor.runtime: system line" in out.stderr
     assert "quiet system line" not in out.stderr
+    # The transport's and aioquic's records are system logs too: never in the program's root
+    # handlers (at INFO here), on the system handlers at their levels.
+    for line in ("transport info line", "aioquic info line", "transport warning line"):
+        assert line not in out.stdout, out.stdout
+    assert "info line" not in out.stderr, out.stderr
+    assert "[monarch client] WARNING chrysalis.node: transport warning line" in out.stderr
     text = log_file.read_text()
+    assert "INFO chrysalis.quic: transport info line" in text
+    assert "INFO quic: aioquic info line" in text
     assert "system line" in text
     assert "quiet system line" in text
     assert "user line" not in text
@@ -367,6 +381,94 @@ def test_line_aggregator_counts_every_line_once(lines: list[bytes]) -> None:
         if line.startswith(b"[") and b"similar log lines]" in line
     ]
     assert sum(counts) == len(lines)
+
+
+def _levenshtein(a: bytes, b: bytes) -> int:
+    """The textbook dynamic programme, the oracle of ``edit_distance``."""
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i] + [0] * len(b)
+        for j, y in enumerate(b, 1):
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y))
+        previous = current
+    return previous[-1]
+
+
+@given(st.binary(max_size=40), st.binary(max_size=40))
+def test_edit_distance_is_levenshtein(a: bytes, b: bytes) -> None:
+    assert edit_distance(a, b) == _levenshtein(a, b) == edit_distance(b, a)
+
+
+@given(st.lists(st.sampled_from(b"ab"), max_size=70), st.lists(st.sampled_from(b"ab"), max_size=70))
+def test_edit_distance_beyond_one_machine_word(a: list[int], b: list[int]) -> None:
+    """Lines longer than 64 bytes (the bit vectors span several machine words)."""
+    assert edit_distance(bytes(a), bytes(b)) == _levenshtein(bytes(a), bytes(b))
+
+
+def test_line_aggregator_merges_similar_lines_as_monarch_does() -> None:
+    """A line is counted under the held line nearest it by normalized edit distance (whole
+    lines, rank prefix and all), if below Monarch's 0.15; the block shows the first line of
+    each group. The lines and the block are what torchmonarch 0.7.0 printed for two ranks
+    (``logging_option(stream_to_client=True, aggregate_window_sec=2)``, 2026-12-04)."""
+    agg = LineAggregator(10.0)
+    for line in (
+        b"[1] step 11 loss 0.51",
+        b"[1] step 12 loss 0.49",  # 3 edits in 21 bytes: 0.143, merged
+        b"[1] eval done",
+        b"[0] step 10 loss 0.50",  # 3 edits: merged
+        b"[0] step 12 loss 0.48",  # 4 edits from the first line: 0.19, a line of its own
+        b"[0] eval done",  # 1 edit in 13: merged
+    ):
+        assert agg.add(line + b"\n", 0.0) == []
+    assert _body(agg.flush(1.0)) == [
+        b"[3 similar log lines] [1] step 11 loss 0.51\n",
+        b"[2 similar log lines] [1] eval done\n",
+        b"[1 similar log lines] [0] step 12 loss 0.48\n",
+    ]
+    agg.add(b"[0] ok", 0.0)
+    agg.add(b"[1] ok", 0.0)  # 1 edit in 6: 0.167, as in Monarch not merged
+    assert len(agg) == 2
+    agg.flush(1.0)
+    # The nearest held line wins, the first one on a tie.
+    agg.add(b"abcdefghij0000000000", 0.0)
+    agg.add(b"abcdefghij1111111111", 0.0)
+    agg.add(b"abcdefghij0000000001", 0.0)  # 1 edit from the first, 9 from the second
+    agg.add(b"abcdefghij1111111110", 0.0)  # 1 edit from the second
+    assert _body(agg.flush(1.0)) == [
+        b"[2 similar log lines] abcdefghij0000000000\n",
+        b"[2 similar log lines] abcdefghij1111111111\n",
+    ]
+    agg.add(b"a" * 20, 0.0)
+    agg.add(b"a" * 16 + b"bbbb", 0.0)  # 4 edits: 0.2, a line of its own
+    agg.add(b"a" * 18 + b"bb", 0.0)  # 2 edits from each: the first
+    assert _body(agg.flush(1.0)) == [
+        b"[2 similar log lines] " + b"a" * 20 + b"\n",
+        b"[1 similar log lines] " + b"a" * 16 + b"bbbb\n",
+    ]
+    exact = LineAggregator(10.0, similarity=0.0)
+    exact.add(b"step 10 loss 0.51", 0.0)
+    exact.add(b"step 11 loss 0.51", 0.0)
+    assert len(exact) == 2
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="similarity"):
+            LineAggregator(1.0, similarity=bad)
+
+
+def test_line_aggregator_bounds_its_similarity_search() -> None:
+    """Lines longer than ``max_compared_bytes`` merge only when equal, and a line is compared
+    with the window's first ``max_compared`` held lines only."""
+    long_line = b"x" * 600
+    agg = LineAggregator(10.0)
+    agg.add(long_line, 0.0)
+    agg.add(long_line[:-1] + b"y", 0.0)  # 1 edit in 600, but too long to compare
+    agg.add(long_line, 0.0)
+    assert len(agg) == 2
+    few = LineAggregator(10.0, max_compared=2)
+    for line in (b"aaaaaaaaaa", b"bbbbbbbbbb", b"cccccccccc", b"cccccccccd"):
+        few.add(line, 0.0)
+    assert len(few) == 4  # the last is near the third, which it is not compared with
+    few.add(b"aaaaaaaaab", 0.0)
+    assert len(few) == 4
 
 
 def test_worker_output_carries_its_rank_and_repeats_aggregate(tmp_path: Path) -> None:

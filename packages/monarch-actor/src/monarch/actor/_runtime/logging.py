@@ -4,8 +4,9 @@ cleanly separated"; reference section 1.14).
 Two kinds of log records exist in a Monarch process:
 
 - **System logs**: the runtime's own, on loggers under ``monarch`` (``monarch.actor.runtime``,
-  ``monarch.actor.worker``, ``monarch.supervision``, ...). ``install_system_logging`` gives the
-  ``monarch`` logger its own handlers and stops it from propagating, so they never reach the
+  ``monarch.actor.worker``, ``monarch.supervision``, ...), and the transport's beneath them
+  (``chrysalis.*``, aioquic's ``quic``). ``install_system_logging`` gives these loggers their
+  own handlers and stops them from propagating, so they never reach the
   handlers the program installed on the root logger, and the program's log configuration never
   floods them: stderr at ``MONARCH_STDERR_LOG`` (default ``warning``; ``off`` for none), and a
   file at ``MONARCH_FILE_LOG`` (a level; default off) written to ``MONARCH_LOG_FILE``
@@ -19,7 +20,7 @@ Two kinds of log records exist in a Monarch process:
   every handler sees it, also handlers added later; empty messages are left alone, and
   ``monarch.actor.config.prefix_python_logs_with_actor = False`` turns it off. Each such record
   also carries the chain as ``record.actor`` for filters and structured formatters. Records
-  of ``monarch.*`` and ``chrysalis.*`` loggers are system logs and are never prefixed.
+  of the system loggers are never prefixed.
 
 User-visible faults travel as exceptions and supervision events (``monarch.supervision``
 records), never as user-log noise.
@@ -37,9 +38,9 @@ rather than grow).
 from __future__ import annotations
 
 import getpass
+import itertools
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -52,8 +53,10 @@ from monarch.actor._runtime.context import _current
 
 __all__ = [
     "SYSTEM_LOGGER",
+    "SIMILARITY",
     "LineAggregator",
     "LinePrefixer",
+    "edit_distance",
     "install",
     "install_actor_log_prefix",
     "install_system_logging",
@@ -64,7 +67,12 @@ __all__ = [
 
 #: Root of the runtime's own loggers.
 SYSTEM_LOGGER: Final = "monarch"
-_SYSTEM_PREFIXES: Final = ("monarch.", "chrysalis.")
+#: The loggers whose records are system logs: the runtime's, the transport's (``chrysalis.*``)
+#: and aioquic's (``quic``, whose INFO records, such as each connection's close, would otherwise
+#: reach the program's root handlers once it lowers the root level, as
+#: ``logging_option(level=logging.INFO)`` does in every worker).
+_SYSTEM_LOGGERS: Final = frozenset((SYSTEM_LOGGER, "chrysalis", "quic"))
+_SYSTEM_PREFIXES: Final = ("monarch.", "chrysalis.", "quic.")
 _LEVELS: Final = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -77,6 +85,7 @@ _LEVELS: Final = {
 _lock = threading.Lock()
 _installed_label: str | None = None
 _handlers: list[logging.Handler] = []
+_levels_set: list[str] = []  # the system loggers whose level ``install_system_logging`` set
 _factory_installed = False
 
 
@@ -114,7 +123,6 @@ def install_system_logging(label: str) -> None:
         if _installed_label is not None:
             return
         _installed_label = label
-        logger = logging.getLogger(SYSTEM_LOGGER)
         levels = []
         formatter = _SystemFormatter()
         stderr_level = _level("MONARCH_STDERR_LOG", logging.WARNING)
@@ -139,10 +147,14 @@ def install_system_logging(label: str) -> None:
             _handlers.append(logging.NullHandler())
         for handler in _handlers:
             handler.setFormatter(formatter)
-            logger.addHandler(handler)
-        if levels and logger.level == logging.NOTSET:
-            logger.setLevel(min(levels))
-        logger.propagate = False
+        for name in _SYSTEM_LOGGERS:
+            logger = logging.getLogger(name)
+            for handler in _handlers:
+                logger.addHandler(handler)
+            if logger.level == logging.NOTSET:
+                logger.setLevel(min(levels) if levels else logging.CRITICAL + 1)
+                _levels_set.append(name)
+            logger.propagate = False
 
 
 def install(label: str) -> None:
@@ -159,13 +171,17 @@ def uninstall_system_logging() -> None:
     client's handlers and its ``client`` label, and must install its own."""
     global _installed_label
     with _lock:
-        logger = logging.getLogger(SYSTEM_LOGGER)
+        for name in _SYSTEM_LOGGERS:
+            logger = logging.getLogger(name)
+            for handler in _handlers:
+                logger.removeHandler(handler)
+            logger.propagate = True
+            if name in _levels_set:
+                logger.setLevel(logging.NOTSET)
         for handler in _handlers:
-            logger.removeHandler(handler)
             handler.close()
         _handlers.clear()
-        logger.propagate = True
-        logger.setLevel(logging.NOTSET)
+        _levels_set.clear()
         _installed_label = None
 
 
@@ -216,7 +232,7 @@ def install_actor_log_prefix() -> None:
         def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
             record = previous(*args, **kwargs)
             name = record.name
-            if name == SYSTEM_LOGGER or name.startswith(_SYSTEM_PREFIXES):
+            if name in _SYSTEM_LOGGERS or name.startswith(_SYSTEM_PREFIXES):
                 return record
             try:
                 chain = _chain_here()
@@ -300,34 +316,69 @@ def rank_prefix(rank: int) -> bytes:
     return b"[%d] " % rank
 
 
-_RANK_PREFIX = re.compile(rb"\[\d+\] ")
+SIMILARITY: Final = 0.15
+"""Monarch's threshold: lines whose normalized edit distance is below it are counted as one."""
 
 
 class LineAggregator:
     """Merges repeated lines of one window of ``window`` seconds (sans-IO: ``now`` is passed in,
     Unix seconds).
 
-    A window opens with the first line added; ``add(line, now)`` counts the line (two lines are
-    the same if they are equal once a leading rank prefix ``[N] `` is set aside, so the ranks of
-    a mesh printing the same thing merge) and returns what must be written now: nothing, or the
-    previous window's block if ``now`` is past its end or it is full (``max_lines`` distinct
-    lines or ``max_bytes`` bytes). ``deadline()`` is when the open window ends (None: no window
+    A window opens with the first line added; ``add(line, now)`` counts the line and returns
+    what must be written now: nothing, or the previous window's block if ``now`` is past its end
+    or it is full (``max_lines`` distinct lines or ``max_bytes`` bytes). As in Monarch, a line
+    is counted under the held line it is most *similar* to: the one of smallest normalized edit
+    distance (Levenshtein distance over the longer length; the first such line on a tie), if
+    that is below ``similarity`` (Monarch's 0.15). Lines are compared whole, rank prefix and
+    all, as Monarch does, so ``[1] step 11 loss 0.52`` merges into ``[0] step 10 loss 0.51``
+    (3 edits in 21 bytes) and the same line of two ranks merges if it is at least 7 bytes long;
+    ``similarity=0`` merges equal lines only. The search is bounded: an equal line is found by
+    hash, and a line is compared with at
+    most ``max_compared`` held lines (the window's first), and only if both are at most
+    ``max_compared_bytes`` long (longer lines merge only when equal), so hostile output costs a
+    bounded time a line. ``deadline()`` is when the open window ends (None: no window
     open); ``poll(now)`` returns its block once that passed; ``flush(now)`` returns it at once
     (end of output, or aggregation turned off). A block is Monarch's: a header line, each line
     once in the order it first came, as ``[N similar log lines] LINE`` (the first one seen),
     and a footer line, with the window's start and end times.
     """
 
-    __slots__ = ("_bytes", "_lines", "_start", "max_bytes", "max_lines", "window")
+    __slots__ = (
+        "_bytes",
+        "_lines",
+        "_start",
+        "max_bytes",
+        "max_compared",
+        "max_compared_bytes",
+        "max_lines",
+        "similarity",
+        "window",
+    )
 
-    def __init__(self, window: float, max_lines: int = 1024, max_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        window: float,
+        max_lines: int = 1024,
+        max_bytes: int = 1 << 20,
+        *,
+        similarity: float = SIMILARITY,
+        max_compared: int = 64,
+        max_compared_bytes: int = 512,
+    ) -> None:
         if window <= 0:
             raise ValueError("the aggregation window must be positive")
         if max_lines < 1 or max_bytes < 1:
             raise ValueError("max_lines and max_bytes must be positive")
+        if not 0.0 <= similarity <= 1.0:
+            raise ValueError(f"similarity must be within 0..1, got {similarity!r}")
+        if max_compared < 0 or max_compared_bytes < 0:
+            raise ValueError("max_compared and max_compared_bytes must not be negative")
         self.window = float(window)
         self.max_lines = max_lines
         self.max_bytes = max_bytes
+        self.similarity = float(similarity)
+        self.max_compared = max_compared
+        self.max_compared_bytes = max_compared_bytes
         self._lines: dict[bytes, list[Any]] = {}  # key -> [first line, count]
         self._bytes = 0
         self._start: float | None = None
@@ -344,9 +395,9 @@ class LineAggregator:
         """Count ``line`` (one line, with or without its newline); the lines to write now."""
         out = self.poll(now)
         line = line.rstrip(b"\n")
-        match = _RANK_PREFIX.match(line)
-        key = line[match.end() :] if match else line
-        entry = self._lines.get(key)
+        entry = self._lines.get(line)
+        if entry is None and self.similarity > 0.0:
+            entry = self._most_similar(line)
         if entry is not None:
             entry[1] += 1
             return out
@@ -354,9 +405,31 @@ class LineAggregator:
             out += self.flush(now)
         if self._start is None:
             self._start = now
-        self._lines[key] = [line, 1]
+        self._lines[line] = [line, 1]
         self._bytes += len(line)
         return out
+
+    def _most_similar(self, key: bytes) -> list[Any] | None:
+        """The held entry whose key is nearest ``key`` below the similarity threshold, or None
+        (bounded: ``max_compared`` keys, each at most ``max_compared_bytes`` long)."""
+        size = len(key)
+        limit = self.max_compared_bytes
+        if size > limit:
+            return None
+        threshold = self.similarity
+        best: list[Any] | None = None
+        best_distance = threshold
+        for held, entry in itertools.islice(self._lines.items(), self.max_compared):
+            longer = max(size, len(held))
+            if len(held) > limit or longer == 0:
+                continue
+            # The distance is at least the lengths' difference: most lines skip the count.
+            if abs(size - len(held)) / longer >= best_distance:
+                continue
+            distance = edit_distance(key, held) / longer
+            if distance < best_distance:
+                best, best_distance = entry, distance
+        return best
 
     def poll(self, now: float) -> list[bytes]:
         """The open window's block if it ended by ``now``, else nothing."""
@@ -376,6 +449,39 @@ class LineAggregator:
         out += [b"[%d similar log lines] %s\n" % (count, line) for line, count in lines.values()]
         out.append(b"<<< Aggregated Logs (%s) <<<\n" % _stamp(now))
         return out
+
+
+def edit_distance(a: bytes, b: bytes) -> int:
+    """The Levenshtein distance of ``a`` and ``b`` (insertions, deletions and substitutions of
+    one byte each), in O(len(a) + len(b)) big-integer operations: Myers' bit-parallel algorithm
+    in Hyyrö's formulation, one bit of ``a`` a position (the pure-Python dynamic programme's
+    ``len(a) * len(b)`` steps are some 30 times slower on 100-byte lines)."""
+    if len(a) < len(b):
+        a, b = b, a
+    m = len(a)
+    if not b:
+        return m
+    peq: dict[int, int] = {}
+    for i, byte in enumerate(a):
+        peq[byte] = peq.get(byte, 0) | (1 << i)
+    full = (1 << m) - 1
+    top = 1 << (m - 1)
+    pv, mv, score = full, 0, m
+    for byte in b:
+        eq = peq.get(byte, 0)
+        xv = eq | mv
+        xh = (((eq & pv) + pv) ^ pv) | eq
+        ph = mv | (~(xh | pv) & full)
+        mh = pv & xh
+        if ph & top:
+            score += 1
+        elif mh & top:
+            score -= 1
+        ph = ((ph << 1) | 1) & full
+        mh = (mh << 1) & full
+        pv = mh | (~(xv | ph) & full)
+        mv = ph & xv
+    return score
 
 
 def _stamp(when: float) -> bytes:
