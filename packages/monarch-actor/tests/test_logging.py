@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import monarch.actor
+import monarch.actor._runtime.logging as logging_module
 from monarch.actor import Actor, ProcMesh, endpoint
 from monarch.actor._hosts import groups
 from monarch.actor._runtime.logging import (
@@ -177,8 +178,8 @@ def test_separation_in_a_fresh_process(tmp_path: Path) -> None:
                     print("printed line")
                     logging.getLogger("monarch.actor.runtime").warning("system line")
                     logging.getLogger("monarch.actor.runtime").info("quiet system line")
-                    logging.getLogger("chrysalis.quic").info("transport info line")
-                    logging.getLogger("quic").info("aioquic info line")
+                    logging.getLogger("chrysalis.quic").info("actor transport info line")
+                    logging.getLogger("quic").info("actor aioquic info line")
                     logging.getLogger("chrysalis.node").warning("transport warning line")
             """
         )
@@ -206,8 +207,9 @@ def test_separation_in_a_fresh_process(tmp_path: Path) -> None:
     assert "info line" not in out.stderr, out.stderr
     assert "[monarch client] WARNING chrysalis.node: transport warning line" in out.stderr
     text = log_file.read_text()
-    assert "INFO chrysalis.quic: transport info line" in text
-    assert "INFO quic: aioquic info line" in text
+    for who in ("client", "actor"):
+        assert f"INFO chrysalis.quic: {who} transport info line" in text
+        assert f"INFO quic: {who} aioquic info line" in text
     assert "system line" in text
     assert "quiet system line" in text
     assert "user line" not in text
@@ -454,21 +456,40 @@ def test_line_aggregator_merges_similar_lines_as_monarch_does() -> None:
             LineAggregator(1.0, similarity=bad)
 
 
-def test_line_aggregator_bounds_its_similarity_search() -> None:
-    """Lines longer than ``max_compared_bytes`` merge only when equal, and a line is compared
-    with the window's first ``max_compared`` held lines only."""
-    long_line = b"x" * 600
+def test_line_aggregator_bounds_its_similarity_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines longer than ``max_compared_bytes`` merge only when equal; a line is compared with
+    held lines until their lengths add up to ``compare_budget``; a similar line seen again is
+    found by hash (no distance computed)."""
+    long_line = b"x" * 300
     agg = LineAggregator(10.0)
     agg.add(long_line, 0.0)
-    agg.add(long_line[:-1] + b"y", 0.0)  # 1 edit in 600, but too long to compare
+    agg.add(long_line[:-1] + b"y", 0.0)  # 1 edit in 300, but too long to compare
     agg.add(long_line, 0.0)
     assert len(agg) == 2
-    few = LineAggregator(10.0, max_compared=2)
+    few = LineAggregator(10.0, compare_budget=20)
     for line in (b"aaaaaaaaaa", b"bbbbbbbbbb", b"cccccccccc", b"cccccccccd"):
         few.add(line, 0.0)
-    assert len(few) == 4  # the last is near the third, which it is not compared with
+    assert len(few) == 4  # the last is near the third, past the budget of two 10-byte lines
     few.add(b"aaaaaaaaab", 0.0)
     assert len(few) == 4
+    counted: list[bytes] = []
+
+    def counting(a: bytes, b: bytes) -> int:
+        counted.append(a)
+        return edit_distance(a, b)
+
+    monkeypatch.setattr(logging_module, "edit_distance", counting)
+    seen = LineAggregator(10.0)
+    seen.add(b"[0] the same line", 0.0)
+    seen.add(b"[1] the same line", 0.0)  # merged by distance
+    assert counted == [b"[1] the same line"]
+    for _ in range(3):
+        seen.add(b"[1] the same line", 0.0)  # by hash
+    assert counted == [b"[1] the same line"]
+    assert _body(seen.flush(1.0)) == [b"[5 similar log lines] [0] the same line\n"]
+    seen.add(b"[1] the same line", 2.0)  # a new window forgets what the last one saw
+    seen.add(b"[1] the same line", 2.0)
+    assert _body(seen.flush(3.0)) == [b"[2 similar log lines] [1] the same line\n"]
 
 
 def test_worker_output_carries_its_rank_and_repeats_aggregate(tmp_path: Path) -> None:

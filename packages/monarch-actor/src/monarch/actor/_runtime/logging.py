@@ -38,7 +38,6 @@ rather than grow).
 from __future__ import annotations
 
 import getpass
-import itertools
 import logging
 import os
 import sys
@@ -116,8 +115,9 @@ def system_log_path() -> Path:
 
 
 def install_system_logging(label: str) -> None:
-    """Give the ``monarch`` logger its own handlers (see the module docstring), naming this
-    process ``label`` in each line; idempotent per process (the first label stays)."""
+    """Give the system loggers (``monarch``, ``chrysalis``, ``quic``) their own handlers (see
+    the module docstring), naming this process ``label`` in each line; idempotent per process
+    (the first label stays)."""
     global _installed_label
     with _lock:
         if _installed_label is not None:
@@ -151,8 +151,8 @@ def install_system_logging(label: str) -> None:
             logger = logging.getLogger(name)
             for handler in _handlers:
                 logger.addHandler(handler)
-            if logger.level == logging.NOTSET:
-                logger.setLevel(min(levels) if levels else logging.CRITICAL + 1)
+            if levels and logger.level == logging.NOTSET:
+                logger.setLevel(min(levels))
                 _levels_set.append(name)
             logger.propagate = False
 
@@ -171,6 +171,8 @@ def uninstall_system_logging() -> None:
     client's handlers and its ``client`` label, and must install its own."""
     global _installed_label
     with _lock:
+        if _installed_label is None:
+            return
         for name in _SYSTEM_LOGGERS:
             logger = logging.getLogger(name)
             for handler in _handlers:
@@ -332,23 +334,31 @@ class LineAggregator:
     that is below ``similarity`` (Monarch's 0.15). Lines are compared whole, rank prefix and
     all, as Monarch does, so ``[1] step 11 loss 0.52`` merges into ``[0] step 10 loss 0.51``
     (3 edits in 21 bytes) and the same line of two ranks merges if it is at least 7 bytes long;
-    ``similarity=0`` merges equal lines only. The search is bounded: an equal line is found by
-    hash, and a line is compared with at
-    most ``max_compared`` held lines (the window's first), and only if both are at most
-    ``max_compared_bytes`` long (longer lines merge only when equal), so hostile output costs a
-    bounded time a line. ``deadline()`` is when the open window ends (None: no window
-    open); ``poll(now)`` returns its block once that passed; ``flush(now)`` returns it at once
-    (end of output, or aggregation turned off). A block is Monarch's: a header line, each line
-    once in the order it first came, as ``[N similar log lines] LINE`` (the first one seen),
-    and a footer line, with the window's start and end times.
+    ``similarity=0`` merges equal lines only.
+
+    The search is bounded, so hostile output costs a bounded time a line: an equal line is
+    found by hash, and so is a line seen before in the window (it counts where it counted
+    first; at most ``max_lines`` such lines and ``max_bytes`` bytes are remembered); otherwise
+    the line is compared with the held lines in the order they came until their lengths add up
+    to ``compare_budget`` bytes, lines whose length alone puts them too far skipped without
+    counting, and only if it and they are at most ``max_compared_bytes`` long (longer lines
+    merge only when equal).
+
+    ``deadline()`` is when the open window ends (None: no window open); ``poll(now)`` returns
+    its block once that passed; ``flush(now)`` returns it at once (end of output, or
+    aggregation turned off). A block is Monarch's: a header line, each line once in the order
+    it first came, as ``[N similar log lines] LINE`` (the first one seen), and a footer line,
+    with the window's start and end times.
     """
 
     __slots__ = (
+        "_alias_bytes",
+        "_aliases",
         "_bytes",
         "_lines",
         "_start",
+        "compare_budget",
         "max_bytes",
-        "max_compared",
         "max_compared_bytes",
         "max_lines",
         "similarity",
@@ -362,8 +372,8 @@ class LineAggregator:
         max_bytes: int = 1 << 20,
         *,
         similarity: float = SIMILARITY,
-        max_compared: int = 64,
-        max_compared_bytes: int = 512,
+        max_compared_bytes: int = 256,
+        compare_budget: int = 4096,
     ) -> None:
         if window <= 0:
             raise ValueError("the aggregation window must be positive")
@@ -371,16 +381,18 @@ class LineAggregator:
             raise ValueError("max_lines and max_bytes must be positive")
         if not 0.0 <= similarity <= 1.0:
             raise ValueError(f"similarity must be within 0..1, got {similarity!r}")
-        if max_compared < 0 or max_compared_bytes < 0:
-            raise ValueError("max_compared and max_compared_bytes must not be negative")
+        if max_compared_bytes < 0 or compare_budget < 0:
+            raise ValueError("max_compared_bytes and compare_budget must not be negative")
         self.window = float(window)
         self.max_lines = max_lines
         self.max_bytes = max_bytes
         self.similarity = float(similarity)
-        self.max_compared = max_compared
         self.max_compared_bytes = max_compared_bytes
-        self._lines: dict[bytes, list[Any]] = {}  # key -> [first line, count]
+        self.compare_budget = compare_budget
+        self._lines: dict[bytes, list[Any]] = {}  # first line -> [first line, count]
+        self._aliases: dict[bytes, list[Any]] = {}  # a similar line seen -> its entry
         self._bytes = 0
+        self._alias_bytes = 0
         self._start: float | None = None
 
     def __len__(self) -> int:
@@ -395,9 +407,15 @@ class LineAggregator:
         """Count ``line`` (one line, with or without its newline); the lines to write now."""
         out = self.poll(now)
         line = line.rstrip(b"\n")
-        entry = self._lines.get(line)
+        entry = self._lines.get(line) or self._aliases.get(line)
         if entry is None and self.similarity > 0.0:
             entry = self._most_similar(line)
+            if entry is not None and (
+                len(self._aliases) < self.max_lines
+                and self._alias_bytes + len(line) <= self.max_bytes
+            ):
+                self._aliases[line] = entry
+                self._alias_bytes += len(line)
         if entry is not None:
             entry[1] += 1
             return out
@@ -409,24 +427,28 @@ class LineAggregator:
         self._bytes += len(line)
         return out
 
-    def _most_similar(self, key: bytes) -> list[Any] | None:
-        """The held entry whose key is nearest ``key`` below the similarity threshold, or None
-        (bounded: ``max_compared`` keys, each at most ``max_compared_bytes`` long)."""
-        size = len(key)
+    def _most_similar(self, line: bytes) -> list[Any] | None:
+        """The held entry nearest ``line`` below the similarity threshold, or None (bounded:
+        ``compare_budget`` bytes of held lines compared, none over ``max_compared_bytes``)."""
+        size = len(line)
         limit = self.max_compared_bytes
         if size > limit:
             return None
-        threshold = self.similarity
+        budget = self.compare_budget
         best: list[Any] | None = None
-        best_distance = threshold
-        for held, entry in itertools.islice(self._lines.items(), self.max_compared):
-            longer = max(size, len(held))
-            if len(held) > limit or longer == 0:
+        best_distance = self.similarity
+        for held, entry in self._lines.items():
+            length = len(held)
+            longer = max(size, length)
+            if length > limit or longer == 0:
                 continue
             # The distance is at least the lengths' difference: most lines skip the count.
-            if abs(size - len(held)) / longer >= best_distance:
+            if abs(size - length) / longer >= best_distance:
                 continue
-            distance = edit_distance(key, held) / longer
+            budget -= length
+            if budget < 0:
+                break
+            distance = edit_distance(line, held) / longer
             if distance < best_distance:
                 best, best_distance = entry, distance
         return best
@@ -445,6 +467,7 @@ class LineAggregator:
             return []
         start, self._start = self._start, None
         lines, self._lines, self._bytes = self._lines, {}, 0
+        self._aliases, self._alias_bytes = {}, 0
         out = [b">>> Aggregated Logs (%s) >>>\n" % _stamp(start)]
         out += [b"[%d similar log lines] %s\n" % (count, line) for line, count in lines.values()]
         out.append(b"<<< Aggregated Logs (%s) <<<\n" % _stamp(now))
