@@ -30,3 +30,27 @@ def test_the_package_imports_its_names_on_first_use() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_lazy_pair_is_built_at_the_first_look_up_and_kept() -> None:
+    """The package's ``__getattr__``/``__dir__`` pair is made once, at the first look-up of a
+    missing name (not at import: the CLI's thin path must not import ``chrysalis._lazy``)."""
+    code = (
+        "import sys, chrysalis.node as node\n"
+        "assert node._EXPORTS is None and 'chrysalis._lazy' not in sys.modules\n"
+        "dir(node)\n"
+        "pair = node._EXPORTS\n"
+        "assert pair is not None and 'chrysalis._lazy' in sys.modules\n"
+        "node.NodeError, dir(node)\n"
+        "assert node._EXPORTS is pair\n"
+        "try:\n"
+        "    node.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    assert 'no_such_name' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr

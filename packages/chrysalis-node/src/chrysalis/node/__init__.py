@@ -15,7 +15,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not typing's: the CLI's thin path imports no typing (issue 22, item 5)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Final
 
     from chrysalis.node._address import join_members, member_options
@@ -92,13 +92,22 @@ _LAZY: Final[Mapping[str, str]] = {
 # which calls ``__getattr__`` and so imports the helper. A command the agent answers imports its
 # thin client as ``from chrysalis.node._agent_client import ...``, which looks nothing up on the
 # package, so it imports nothing beyond ``THIN_IMPORTS`` (``tests/test_cli_start.py``).
-def __getattr__(name: str) -> object:
-    from chrysalis._lazy import lazy_exports
+# The pair is built at that first look-up and kept (``_EXPORTS``), not built again per look-up.
+_EXPORTS: tuple[Callable[[str], object], Callable[[], list[str]]] | None = None
 
-    return lazy_exports(globals(), _LAZY)[0](name)
+
+def _exports() -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    global _EXPORTS
+    if _EXPORTS is None:
+        from chrysalis._lazy import lazy_exports
+
+        _EXPORTS = lazy_exports(globals(), _LAZY)
+    return _EXPORTS
+
+
+def __getattr__(name: str) -> object:
+    return _exports()[0](name)
 
 
 def __dir__() -> list[str]:
-    from chrysalis._lazy import lazy_exports
-
-    return lazy_exports(globals(), _LAZY)[1]()
+    return _exports()[1]()
