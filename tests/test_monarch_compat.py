@@ -104,6 +104,23 @@ def test_differences_finds_a_changed_line_and_nothing_else() -> None:
     assert not [line for line in diff if line in ("-a", "+a", "-c", "+c")]
 
 
+def test_differences_forgive_the_last_digit_of_a_fraction_only() -> None:
+    """A printed float32 loss may move by a unit of its sixth decimal with the CPU (the
+    reference printed ``0.923506`` on a machine where it had recorded ``0.923507``); integers,
+    words and larger moves still differ."""
+    want = "step 3: loss 0.923507\nrank 1 of 4\n"
+    assert compat.differences(want, "step 3: loss 0.923506\nrank 1 of 4\n", "x", "y") == []
+    for got in (
+        "step 3: loss 0.923607\nrank 1 of 4\n",  # a real change
+        "step 3: loss 0.923507\nrank 2 of 4\n",  # an integer
+        "step 4: loss 0.923507\nrank 1 of 4\n",  # the words around it
+        "step 3: loss 0.923507 0.1\nrank 1 of 4\n",  # one number more
+    ):
+        assert compat.differences(want, got, "x", "y"), got
+    assert compat.same_line("a 1.5e-03 b", "a 1.500001e-03 b")
+    assert not compat.same_line("a 1.5e-03 b", "a 1.6e-03 b")
+
+
 def test_a_program_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
     hang = tmp_path / "hang.py"
     hang.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
