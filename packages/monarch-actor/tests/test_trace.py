@@ -199,6 +199,8 @@ def test_metrics_summed_across_processes_equal_the_calls(traced_relays: Any) -> 
     assert _count(local, "monarch.client.call_latency", endpoint="work") == 4
     assert _count(local, "monarch.client.call_latency", endpoint="fail") == 1
     assert _count(local, "monarch.messages.sent", kind="call") >= 14
+    # The runtime's own requests (the two snapshots above) are not calls: no latency of theirs.
+    assert _count(local, "monarch.client.call_latency") == 5
     # A slice asks only its own processes.
     one = mesh_metrics(relays.slice(gpus=2), T)
     assert _count(one, "monarch.endpoint.latency", endpoint="work") == 4

@@ -57,9 +57,12 @@ def check_logging_option(
             raise ValueError("aggregate_window_sec needs stream_to_client=True")
     if stream_to_client and not _config.get("enable_log_forwarding"):
         warnings.warn(
-            "logging_option(stream_to_client=True) has no effect: log forwarding was disabled "
-            "when this ProcMesh was spawned. Call configure(enable_log_forwarding=True) before "
-            "creating the ProcMesh, or set HYPERACTOR_MESH_ENABLE_LOG_FORWARDING=true.",
+            "logging_option(stream_to_client=True): log forwarding was disabled when this "
+            "ProcMesh was spawned, and Monarch would not stream its output to the client. Here "
+            "its output reaches this process's output in any case (with each rank's prefix, "
+            "aggregated as asked). Call configure(enable_log_forwarding=True) before creating "
+            "the ProcMesh, or set HYPERACTOR_MESH_ENABLE_LOG_FORWARDING=true, for the same "
+            "behaviour under Monarch.",
             stacklevel=3,
         )
 

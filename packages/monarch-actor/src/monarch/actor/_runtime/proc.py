@@ -502,20 +502,22 @@ class ProcRuntime:
     # -- ports ----------------------------------------------------------------------------------
     def open_port(self, owner: CellBase, sink: PortSink, endpoint: str = "") -> PortAddr:
         """Register ``sink`` under a new port index owned by ``owner`` (any thread); it
-        collects the replies of calls to ``endpoint``, if given (metrics by endpoint)."""
+        collects the replies of calls to ``endpoint``, if given: the calls' latency is then
+        timed, by endpoint (a port opened without one, for the runtime's own requests such as
+        a metrics snapshot, or a user's channel, is not a call and is not timed)."""
         limit = int(_config.get("max_open_ports"))
         with self._port_lock:
             if len(self._ports) >= limit:
                 raise PortOverflowError(f"this process already has {limit} open ports")
             index = next(self._next_port)
             self._ports[index] = sink
-        if _INLINE:  # the call latency's start, kept on the sink (``call_opened`` inlined)
+        if _INLINE and endpoint:  # the call latency's start (``call_opened`` inlined)
             try:
                 log = _call_logs[endpoint]
             except KeyError:
                 log = _metrics._log_of(_call_logs, endpoint)
             sink.opened = (_perf_counter(), log, endpoint)
-        elif _HOOKED:
+        elif _HOOKED and endpoint:
             sink.opened = _metrics.call_opened(endpoint)
         if type(sink) is not OneSink:  # a OneSink's port leaves the table in ``_deliver_port``
             sink.closer = partial(self.close_port, index)
