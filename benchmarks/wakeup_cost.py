@@ -34,6 +34,7 @@ import _thread
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -110,7 +111,8 @@ def threads_trial(n: int, cpu: int | None) -> list[float]:
         for i in range(total):
             start = time.perf_counter()
             ping.release()
-            pong.acquire()
+            if not pong.acquire(timeout=10.0):
+                raise RuntimeError("the echo thread stopped answering")
             if i >= WARMUP:
                 times.append(time.perf_counter() - start)
         thread.join(10.0)
@@ -121,12 +123,17 @@ def threads_trial(n: int, cpu: int | None) -> list[float]:
 
 def processes_trial(n: int, cpu: int | None) -> list[float]:
     """Round trips (seconds) of one byte between two processes over a Unix socket pair."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     total = WARMUP + n
     mask = os.sched_getaffinity(0)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     _pin(cpu)
     try:
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
         if pid == 0:  # the echo: no Python objects made per byte, exits without cleanup
             try:
                 ours.close()
@@ -189,16 +196,24 @@ def actor_trial(n: int, mode: str) -> list[float]:
     with tempfile.TemporaryDirectory() as folder:  # workers import the main module: a file
         program = Path(folder) / "wakeup_actor.py"
         program.write_text(ACTOR_PROGRAM)
-        proc = subprocess.run(
+        # Its own session: on a timeout the client and the workers it started go together.
+        proc = subprocess.Popen(
             [sys.executable, str(program), mode, str(n), str(WARMUP)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
-            check=False,
+            start_new_session=True,
         )
-    if proc.returncode != 0:
-        raise RuntimeError(f"the actor trial ({mode}) failed:\n{proc.stderr[-3000:]}")
-    times: list[float] = json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RuntimeError(f"the actor trial ({mode}) took over 120 s") from None
+    lines = out.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the actor trial ({mode}) failed:\n{err[-3000:]}")
+    times: list[float] = json.loads(lines[-1])
     return times
 
 

@@ -37,7 +37,8 @@ def test_smoke_run_measures_our_engine(tmp_path: Path) -> None:
         assert row[f"ours_{kind}"][key] > 0
     assert not any(k.startswith("reference_") for k in row)
     # The training example's loss after 2 warm-up and 2 timed steps (its recorded output).
-    # (Its last printed digit depends on the CPU's float32 kernels: see ``FLOAT_TOLERANCE``.)
-    assert math.isclose(float(row["ours_train"]["last_loss"]), 0.923507, abs_tol=5e-6)
+    # (Its last printed digit depends on the CPU's float32 kernels: see the compat script's
+    # ``LAST_DIGIT_UNITS``.)
+    assert math.isclose(float(row["ours_train"]["last_loss"]), 0.923507, abs_tol=2.5e-6)
     assert "| issued ops/s (2 processes) |" in proc.stdout
     assert "| training step, s (2x2 mesh) |" in proc.stdout

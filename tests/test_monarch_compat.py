@@ -117,8 +117,18 @@ def test_differences_forgive_the_last_digit_of_a_fraction_only() -> None:
         "step 3: loss 0.923507 0.1\nrank 1 of 4\n",  # one number more
     ):
         assert compat.differences(want, got, "x", "y"), got
-    assert compat.same_line("a 1.5e-03 b", "a 1.500001e-03 b")
-    assert not compat.same_line("a 1.5e-03 b", "a 1.6e-03 b")
+    assert compat.same_line("a 1.500002e-03 b", "a 1.500001e-03 b")
+    assert compat.same_line("loss -0.923507 -0.923505", "loss -0.923505 -0.923507")
+    assert not compat.same_line("loss -0.10", "loss -0.11")  # one unit, but 10 %
+    for want, got in (
+        ("a 1.5e-03 b", "a 1.6e-03 b"),  # one unit of a short fraction is a real change
+        ("lr 1.0e-07", "lr 1.0e-06"),  # another exponent
+        ("lr 0.000001", "lr 0.000005"),  # 4 units of the last digit
+        ("ip 10.0.0.1", "ip 10.0.0.10"),  # written differently
+        ("Python 3.10", "Python 3.1"),
+        ("x 0.923507", "x 0.9235070"),
+    ):
+        assert not compat.same_line(want, got), (want, got)
 
 
 def test_a_program_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:

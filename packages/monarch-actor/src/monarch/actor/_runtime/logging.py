@@ -373,7 +373,7 @@ class LineAggregator:
         *,
         similarity: float = SIMILARITY,
         max_compared_bytes: int = 256,
-        compare_budget: int = 4096,
+        compare_budget: int = 1024,
     ) -> None:
         if window <= 0:
             raise ValueError("the aggregation window must be positive")
