@@ -42,7 +42,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 __all__ = [
     "BenchmarkError",
@@ -220,21 +222,22 @@ def alternate(
 
 
 def alternate_sides(
-    sides: Sequence[Callable[[], Trial]],
+    sides: Sequence[Callable[[], _T]],
     rounds: int,
     *,
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
-) -> tuple[tuple[Trial, ...], ...]:
+) -> tuple[tuple[_T, ...], ...]:
     """:func:`alternate` for any number of sides: each round runs every side once, in order
     (``A B C A B C ...``), so trial ``i`` of every side comes from the same round. Returns
-    one tuple of trials per side."""
+    one tuple of trials per side (a trial is whatever a side returns: a :class:`Trial`, or a
+    latency)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not sides:
         raise ValueError("alternate_sides needs at least one side")
     start = clock()
-    trials: list[list[Trial]] = [[] for _ in sides]
+    trials: list[list[_T]] = [[] for _ in sides]
     for _ in range(rounds):
         for run, record in zip(sides, trials, strict=True):
             record.append(run())

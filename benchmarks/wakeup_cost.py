@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 from benchmarks._common import (
     add_run_arguments,
+    alternate_sides,
     check_cases,
     machine_facts,
     machine_line,
@@ -89,6 +93,17 @@ def _pin(cpu: int | None) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
+@contextlib.contextmanager
+def _pinned(cpu: int | None) -> Iterator[None]:
+    """The calling thread bound to ``cpu`` meanwhile (None: as it is), its mask restored after."""
+    mask = os.sched_getaffinity(0)
+    _pin(cpu)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mask)
+
+
 def threads_trial(n: int, cpu: int | None) -> list[float]:
     """Round trips (seconds) of a token passed between two threads through two locks."""
     ping, pong = _thread.allocate_lock(), _thread.allocate_lock()
@@ -102,10 +117,8 @@ def threads_trial(n: int, cpu: int | None) -> list[float]:
             ping.acquire()
             pong.release()
 
-    mask = os.sched_getaffinity(0)
     thread = threading.Thread(target=echo, daemon=True)
-    _pin(cpu)
-    try:
+    with _pinned(cpu):
         thread.start()
         times = []
         for i in range(total):
@@ -116,18 +129,14 @@ def threads_trial(n: int, cpu: int | None) -> list[float]:
             if i >= WARMUP:
                 times.append(time.perf_counter() - start)
         thread.join(10.0)
-    finally:
-        os.sched_setaffinity(0, mask)
     return times
 
 
 def processes_trial(n: int, cpu: int | None) -> list[float]:
     """Round trips (seconds) of one byte between two processes over a Unix socket pair."""
     total = WARMUP + n
-    mask = os.sched_getaffinity(0)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    _pin(cpu)
-    try:
+    with _pinned(cpu):
         try:
             pid = os.fork()
         except OSError:
@@ -155,8 +164,6 @@ def processes_trial(n: int, cpu: int | None) -> list[float]:
         finally:
             ours.close()
             os.waitpid(pid, 0)
-    finally:
-        os.sched_setaffinity(0, mask)
     return times
 
 
@@ -226,32 +233,35 @@ def have_actor() -> bool:
 
 
 def run_case(case: str, n: int, trials: int) -> dict[str, Any]:
-    """Alternate the sides of ``case`` (pinned first) ``trials`` times; each side's median."""
+    """Alternate the sides of ``case`` (one CPU first) ``trials`` times; each side's median."""
     cpu = sorted(os.sched_getaffinity(0))[0]
-    if case == "actor":
-        sides = {"same CPU": "same", "split": "split", "free": "free"}
-    else:
-        sides = {"same CPU": "pinned", "free": "free"}
-    medians: dict[str, list[float]] = {side: [] for side in sides}
-    for _ in range(trials):
-        for side, how in sides.items():
+    sides = {"same CPU": "same", "split": "split", "free": "free"}
+    if case != "actor":
+        del sides["split"]
+
+    def side(how: str) -> Callable[[], float]:
+        def run() -> float:
             if case == "threads":
-                times = threads_trial(n, cpu if how == "pinned" else None)
+                times = threads_trial(n, cpu if how == "same" else None)
             elif case == "processes":
-                times = processes_trial(n, cpu if how == "pinned" else None)
+                times = processes_trial(n, cpu if how == "same" else None)
             else:
                 times = actor_trial(n, how)
-            medians[side].append(statistics.median(times) * 1e6)
-    result = {side: statistics.median(values) for side, values in medians.items()}
+            return statistics.median(times) * 1e6
+
+        return run
+
+    runs = alternate_sides([side(how) for how in sides.values()], trials, budget_s=math.inf)
+    medians = {name: list(values) for name, values in zip(sides, runs, strict=True)}
+    result = {name: statistics.median(values) for name, values in medians.items()}
     return {"case": case, "wakeups": WAKEUPS[case], "p50_us": result, "trials": medians}
 
 
 def report(results: list[dict[str, Any]], meta: dict[str, str], mode: str) -> str:
     lines = [HEADING, "", *partial_run_warning(mode)]
-    idle = meta
     lines.append(
-        f"{machine_line(meta)}; idle driver {idle['cpuidle_driver']}, governor "
-        f"{idle['cpuidle_governor']}, guest halt polling {idle['guest_halt_poll_ns']} ns."
+        f"{machine_line(meta)}; idle driver {meta['cpuidle_driver']}, governor "
+        f"{meta['cpuidle_governor']}, guest halt polling {meta['guest_halt_poll_ns']} ns."
     )
     lines += [
         "",
