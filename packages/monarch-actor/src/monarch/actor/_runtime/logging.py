@@ -71,7 +71,7 @@ SYSTEM_LOGGER: Final = "monarch"
 #: reach the program's root handlers once it lowers the root level, as
 #: ``logging_option(level=logging.INFO)`` does in every worker).
 _SYSTEM_LOGGERS: Final = frozenset((SYSTEM_LOGGER, "chrysalis", "quic"))
-_SYSTEM_PREFIXES: Final = ("monarch.", "chrysalis.", "quic.")
+_SYSTEM_PREFIXES: Final = tuple(f"{name}." for name in _SYSTEM_LOGGERS)
 _LEVELS: Final = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -389,8 +389,8 @@ class LineAggregator:
         self.similarity = float(similarity)
         self.max_compared_bytes = max_compared_bytes
         self.compare_budget = compare_budget
-        self._lines: dict[bytes, list[Any]] = {}  # first line -> [first line, count]
-        self._aliases: dict[bytes, list[Any]] = {}  # a similar line seen -> its entry
+        self._lines: dict[bytes, list[int]] = {}  # first line -> [count]
+        self._aliases: dict[bytes, list[int]] = {}  # a similar line seen -> its entry
         self._bytes = 0
         self._alias_bytes = 0
         self._start: float | None = None
@@ -417,17 +417,17 @@ class LineAggregator:
                 self._aliases[line] = entry
                 self._alias_bytes += len(line)
         if entry is not None:
-            entry[1] += 1
+            entry[0] += 1
             return out
         if len(self._lines) >= self.max_lines or self._bytes + len(line) > self.max_bytes:
             out += self.flush(now)
         if self._start is None:
             self._start = now
-        self._lines[line] = [line, 1]
+        self._lines[line] = [1]
         self._bytes += len(line)
         return out
 
-    def _most_similar(self, line: bytes) -> list[Any] | None:
+    def _most_similar(self, line: bytes) -> list[int] | None:
         """The held entry nearest ``line`` below the similarity threshold, or None (bounded:
         ``compare_budget`` bytes of held lines compared, none over ``max_compared_bytes``)."""
         size = len(line)
@@ -435,7 +435,7 @@ class LineAggregator:
         if size > limit:
             return None
         budget = self.compare_budget
-        best: list[Any] | None = None
+        best: list[int] | None = None
         best_distance = self.similarity
         for held, entry in self._lines.items():
             length = len(held)
@@ -469,7 +469,7 @@ class LineAggregator:
         lines, self._lines, self._bytes = self._lines, {}, 0
         self._aliases, self._alias_bytes = {}, 0
         out = [b">>> Aggregated Logs (%s) >>>\n" % _stamp(start)]
-        out += [b"[%d similar log lines] %s\n" % (count, line) for line, count in lines.values()]
+        out += [b"[%d similar log lines] %s\n" % (count, line) for line, (count,) in lines.items()]
         out.append(b"<<< Aggregated Logs (%s) <<<\n" % _stamp(now))
         return out
 
