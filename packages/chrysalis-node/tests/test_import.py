@@ -3,6 +3,14 @@ import subprocess
 import sys
 
 
+def _run_fresh(code: str) -> None:
+    """Run ``code`` in a fresh interpreter (nothing imported yet); it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_package_imports_and_declares_all() -> None:
     module = importlib.import_module("chrysalis.node")
     assert isinstance(module.__all__, list)
@@ -26,10 +34,7 @@ def test_the_package_imports_its_names_on_first_use() -> None:
         "assert Node.__module__ == LinkSessions.__module__ == 'chrysalis.node'\n"
         "assert node.Node is Node and set(node.__all__) <= set(dir(node))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
+    _run_fresh(code)
 
 
 def test_the_lazy_pair_is_built_at_the_first_look_up_and_kept() -> None:
@@ -50,7 +55,4 @@ def test_the_lazy_pair_is_built_at_the_first_look_up_and_kept() -> None:
         "else:\n"
         "    raise AssertionError('no AttributeError')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
+    _run_fresh(code)
